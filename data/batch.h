@@ -1,0 +1,47 @@
+#pragma once
+// What one optimizer step trains on: sequences (spans of documents, each a
+// causal unit whose positions start at 0) packed into micro-batches.
+
+#include <cstdint>
+#include <vector>
+
+namespace hdp {
+
+// Tokens [offset, offset + length) of document `document`.
+struct SequenceSpan {
+  int64_t document = 0;
+  int64_t offset = 0;
+  int64_t length = 0;
+};
+
+// Where the sampler stands in the document stream; stored in checkpoints so a
+// resumed run continues with exactly the next batch.
+struct SamplerState {
+  uint64_t epoch = 0;
+  int64_t cursor = 0;           // index into the epoch's document order
+  int64_t document_offset = 0;  // tokens of the cursor's document already consumed
+  bool operator==(const SamplerState&) const = default;
+};
+
+// One micro-batch, ready for the model: several sequences back to back.
+struct PackedMicroBatch {
+  std::vector<SequenceSpan> spans;
+  std::vector<int32_t> tokens;      // input ids
+  std::vector<int32_t> targets;     // next token of the same sequence; -1 at each sequence's last token
+  std::vector<int32_t> positions;   // position inside the sequence (RoPE), restarting at 0
+  std::vector<int32_t> cu_seqlens;  // sequence i holds rows [cu_seqlens[i], cu_seqlens[i+1])
+
+  int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
+  int64_t num_predictions() const;
+};
+
+struct GlobalBatch {
+  std::vector<SequenceSpan> sequences;        // in sampling order
+  std::vector<PackedMicroBatch> micro_batches;
+  int64_t tokens = 0;
+  int64_t predictions = 0;                    // sum over sequences of (length - 1)
+  SamplerState start;                         // sampler position before this batch
+  SamplerState next;                          // sampler position after this batch
+};
+
+}  // namespace hdp

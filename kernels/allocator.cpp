@@ -1,0 +1,92 @@
+#include "kernels/allocator.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <new>
+#include <stdexcept>
+#include <utility>
+
+namespace hdp {
+namespace {
+
+class CpuAllocator final : public DeviceAllocator {
+ public:
+  void* allocate(size_t bytes) override {
+    if (bytes == 0) return nullptr;
+    size_t rounded = (bytes + Arena::kAlignment - 1) / Arena::kAlignment * Arena::kAlignment;
+    void* p = std::aligned_alloc(Arena::kAlignment, rounded);
+    if (!p) throw std::bad_alloc();
+    return p;
+  }
+  void deallocate(void* ptr) override { std::free(ptr); }
+  Device device() const override { return Device::CPU; }
+};
+
+size_t align_up(size_t n) { return (n + Arena::kAlignment - 1) / Arena::kAlignment * Arena::kAlignment; }
+
+}  // namespace
+
+DeviceAllocator& allocator_for(Device device) {
+  static CpuAllocator cpu;
+  if (device == Device::CPU) return cpu;
+  throw UnsupportedDevice("allocator", device);
+}
+
+Arena::Arena(Device device, std::string name) : device_(device), name_(std::move(name)) {}
+
+Arena::Arena(Device device, size_t capacity_bytes, std::string name)
+    : device_(device), name_(std::move(name)), capacity_(align_up(capacity_bytes)) {
+  base_ = static_cast<char*>(allocator_for(device).allocate(capacity_));
+}
+
+Arena Arena::counting(Device device, std::string name) {
+  Arena a(device, std::move(name));
+  a.counting_ = true;
+  return a;
+}
+
+Arena::~Arena() {
+  if (base_) allocator_for(device_).deallocate(base_);
+}
+
+Arena::Arena(Arena&& o) noexcept
+    : device_(o.device_), name_(std::move(o.name_)), base_(std::exchange(o.base_, nullptr)),
+      capacity_(o.capacity_), used_(o.used_), peak_(o.peak_), counting_(o.counting_) {}
+
+Arena& Arena::operator=(Arena&& o) noexcept {
+  if (this != &o) {
+    if (base_) allocator_for(device_).deallocate(base_);
+    device_ = o.device_;
+    name_ = std::move(o.name_);
+    base_ = std::exchange(o.base_, nullptr);
+    capacity_ = o.capacity_;
+    used_ = o.used_;
+    peak_ = o.peak_;
+    counting_ = o.counting_;
+  }
+  return *this;
+}
+
+void* Arena::allocate_bytes(size_t bytes) {
+  size_t size = align_up(bytes);
+  if (counting_) {
+    used_ += size;
+    peak_ = std::max(peak_, used_);
+    return nullptr;
+  }
+  if (used_ + size > capacity_) {
+    throw std::length_error("arena '" + name_ + "' exhausted: " + std::to_string(used_ + size) + " bytes needed, " +
+                            std::to_string(capacity_) + " reserved");
+  }
+  void* p = base_ + used_;
+  used_ += size;
+  peak_ = std::max(peak_, used_);
+  return p;
+}
+
+void Arena::release_to(size_t mark) {
+  if (mark > used_) throw std::invalid_argument("arena '" + name_ + "': release_to beyond the used size");
+  used_ = mark;
+}
+
+}  // namespace hdp

@@ -1,0 +1,78 @@
+#pragma once
+// Device-aware memory: one allocator per device, and arenas that carve a block
+// sized up front into tensors, so a training step never allocates.
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "kernels/device.h"
+#include "kernels/tensor.h"
+
+namespace hdp {
+
+class DeviceAllocator {
+ public:
+  virtual ~DeviceAllocator() = default;
+  virtual void* allocate(size_t bytes) = 0;
+  virtual void deallocate(void* ptr) = 0;
+  virtual Device device() const = 0;
+};
+
+// The process-wide allocator for a device; throws UnsupportedDevice when the
+// backend is not compiled in.
+DeviceAllocator& allocator_for(Device device);
+
+// Bump allocator over one block. An arena made with Arena::counting() hands out
+// no memory and only adds up sizes, so a layout function can run once to size
+// the real arena and once to fill it.
+class Arena {
+ public:
+  static constexpr size_t kAlignment = 64;
+
+  Arena(Device device, size_t capacity_bytes, std::string name);
+  static Arena counting(Device device, std::string name);
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  Arena(Arena&& other) noexcept;
+  Arena& operator=(Arena&& other) noexcept;
+
+  template <class T>
+  T* allocate(size_t count) {
+    return static_cast<T*>(allocate_bytes(count * sizeof(T)));
+  }
+  Tensor tensor(std::initializer_list<int64_t> dims) { return make<float>(dims); }
+  IndexTensor index_tensor(std::initializer_list<int64_t> dims) { return make<int32_t>(dims); }
+
+  // Everything allocated after mark() is released by release_to(mark).
+  size_t mark() const { return used_; }
+  void release_to(size_t mark);
+
+  Device device() const { return device_; }
+  size_t used() const { return used_; }
+  size_t peak() const { return peak_; }
+  size_t capacity() const { return capacity_; }
+  bool is_counting() const { return counting_; }
+  const std::string& name() const { return name_; }
+
+ private:
+  Arena(Device device, std::string name);
+  void* allocate_bytes(size_t bytes);
+  template <class T>
+  TensorOf<T> make(std::initializer_list<int64_t> dims) {
+    TensorOf<T> t(nullptr, dims, device_);
+    t.data = allocate<T>(static_cast<size_t>(t.numel()));
+    return t;
+  }
+
+  Device device_;
+  std::string name_;
+  char* base_ = nullptr;
+  size_t capacity_ = 0;
+  size_t used_ = 0;
+  size_t peak_ = 0;
+  bool counting_ = false;
+};
+
+}  // namespace hdp

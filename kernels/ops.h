@@ -1,0 +1,106 @@
+#pragma once
+// The op interface the model is written against. Each function checks shapes,
+// checks that all tensors live on one device, and dispatches to that device's
+// backend (kernels/cpu today). Forward and backward of an op sit side by side
+// in one backend file. All tensors are fp32, contiguous, row-major.
+//
+// Conventions
+//   T  tokens in the micro-batch       H  hidden size
+//   Hq query heads, Hkv key/value heads, d head dim
+//   Weights are stored [out, in] as in Hugging Face checkpoints.
+//   "adds into" means the result is accumulated (+=); otherwise it is overwritten.
+
+#include <cstdint>
+
+#include "kernels/tensor.h"
+
+namespace hdp {
+
+// ---- dense algebra -------------------------------------------------------------
+// c = alpha * op(a) * op(b) + beta * c, with op(x) = x or x^T; all 2-D.
+void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, float alpha = 1.0f,
+            float beta = 0.0f);
+
+// y[T, out] = x[T, in] * w[out, in]^T
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w);
+// dx[T, in] = dy * w (adds into dx when accumulate_dx); dw[out, in] adds dy^T * x.
+void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, bool accumulate_dx);
+
+// y += x (same shape)
+void add_inplace(Tensor y, const Tensor& x);
+// y *= s
+void scale_inplace(Tensor y, float s);
+void fill(Tensor y, float value);
+void copy(Tensor dst, const Tensor& src);
+// sum of x^2 accumulated in double
+double sum_squares(const Tensor& x);
+
+// ---- embedding ---------------------------------------------------------------
+// out[T, H] = table[token - vocab_begin] for tokens in [vocab_begin, vocab_begin + V_local), zero otherwise
+// (vocab_begin lets a tensor-parallel rank hold a slice of the vocabulary).
+void embedding_forward(Tensor out, const IndexTensor& tokens, const Tensor& table, int64_t vocab_begin);
+// dtable[V_local, H] adds the rows of dout for the tokens it holds.
+void embedding_backward(Tensor dtable, const IndexTensor& tokens, const Tensor& dout, int64_t vocab_begin);
+
+// ---- RMSNorm (Hugging Face LlamaRMSNorm: y = w * x * rsqrt(mean(x^2) + eps)) ------
+// x, y [T, H]; w [H]; rstd [T] receives rsqrt(mean(x^2) + eps) for backward.
+void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps);
+// Adds into dx [T, H] and dw [H].
+void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd);
+
+// ---- rotary position embedding (rotate-half pairing: element i with i + d/2) ----
+// x [T, heads, d] rotated in place by angle positions[t] * theta^(-2j/d).
+void rope_forward(Tensor x, const IndexTensor& positions, float theta);
+// The inverse rotation applied in place to a gradient.
+void rope_backward(Tensor dx, const IndexTensor& positions, float theta);
+
+// ---- causal attention over packed documents ------------------------------------
+// q [T, Hq, d], k and v [T, Hkv, d]; query head h reads key/value head h / (Hq / Hkv).
+// cu_seqlens [docs + 1]: document i holds rows [cu_seqlens[i], cu_seqlens[i+1]); attention
+// never crosses a document and is causal inside it; scale d^-0.5.
+// out [T, Hq, d]; lse [Hq, T] receives each row's log-sum-exp of scaled scores.
+// Tiled with an on-line softmax: memory is linear in T.
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const IndexTensor& cu_seqlens);
+// Overwrites dq, dk, dv (shapes of q, k, v) from dout, recomputing scores tile by tile.
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens);
+
+// ---- SwiGLU -------------------------------------------------------------------
+// out = silu(gate) * up, all [T, F]
+void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
+// Overwrites dgate and dup.
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
+
+// ---- fused softmax cross-entropy ------------------------------------------------
+// Split in two passes so a vocabulary-parallel caller can reduce the per-row
+// statistics across ranks between them. logits [T, V_local] hold vocabulary ids
+// [vocab_begin, vocab_begin + V_local); targets [T] are global ids, -1 = no prediction.
+//
+// Pass 1: per row, row_max = max logit, row_sumexp = sum exp(logit - row_max),
+// target_logit = the target's logit if this shard holds it, else 0. The vocabulary is
+// streamed once with an on-line max, never materialising probabilities.
+void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit, const Tensor& logits,
+                         const IndexTensor& targets, int64_t vocab_begin);
+// Pass 2: given each row's global log-sum-exp lse [T], overwrites logits in place with
+// grad_scale * (softmax - onehot(target)) (zero rows where target = -1).
+void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const IndexTensor& targets, int64_t vocab_begin,
+                                    float grad_scale);
+// Single-shard convenience: both passes; returns the sum over predicted rows of
+// -log softmax(target) (in double) and leaves the scaled gradient in logits.
+double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT);
+
+// ---- AdamW (decoupled weight decay, bias correction) ----------------------------
+struct AdamWStep {
+  float lr = 0;
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0;
+  int64_t step = 1;         // 1-based, for bias correction
+  float grad_scale = 1.0f;  // applied to grad first (gradient clipping)
+};
+// param, grad, m, v have equal shapes; m and v are the first and second moments.
+void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s);
+
+}  // namespace hdp

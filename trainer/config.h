@@ -1,0 +1,80 @@
+#pragma once
+// The training configuration: one YAML file, sections model / data / optim /
+// train / parallel, overridable with --set key.path=value. Parsing is strict:
+// unknown keys, wrong types and impossible values are ConfigErrors that name the
+// key, where it came from (file:line or --set) and what would be valid.
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "trainer/model_config.h"
+
+namespace hdp {
+
+struct DataConfig {
+  std::string path;                      // HDF5 token dataset (docs/dataset-format.md)
+  std::string format = "hdf5";
+  int64_t max_seq_len = 1024;            // longer documents are split into pieces of at most this
+  int64_t global_batch_tokens = 4096;    // tokens per optimizer step (batches never exceed it)
+  int64_t micro_batch_tokens = 4096;     // capacity of one packed micro-batch
+  bool shuffle = true;
+  uint64_t seed = 1234;
+};
+
+struct OptimConfig {
+  double lr = 3e-4;
+  double min_lr = 3e-5;
+  int64_t warmup_steps = 10;
+  double weight_decay = 0.1;
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
+  double grad_clip = 1.0;                // 0 disables clipping
+};
+
+struct TrainConfig {
+  int64_t steps = 100;
+  uint64_t seed = 42;
+  int64_t log_every = 10;
+  std::string run_dir = "runs/default";
+  int64_t checkpoint_every = 0;          // 0 disables
+  std::string checkpoint_dir = "checkpoints/default";
+  int64_t keep_checkpoints = 3;          // newest K complete checkpoints are kept
+  std::string resume = "auto";           // auto | never
+  std::string init_from;                 // checkpoint file whose weights start training
+  double peak_flops = 0;                 // FLOP/s for MFU; 0 = measure with a GEMM probe
+  int64_t threads = 0;                   // OpenMP/BLAS threads per rank; 0 = cores / ranks on the node
+};
+
+struct ParallelConfig {
+  int64_t tp = 1;
+  int64_t pp = 1;
+  int64_t hdp = 1;
+};
+
+struct Config {
+  ModelConfig model;
+  DataConfig data;
+  OptimConfig optim;
+  TrainConfig train;
+  ParallelConfig parallel;
+  std::string source;                    // file the config was read from
+  std::string yaml;                      // the effective config as YAML (overrides applied)
+};
+
+class ConfigError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Reads `path`, applies overrides ("key.path=value", in order), validates.
+// Throws ConfigError on any problem. Does not touch the data file beyond
+// checking that it exists and that its vocabulary fits (validate_dataset).
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// Parses YAML text (used for the config stored inside checkpoints).
+Config parse_config_text(const std::string& yaml_text, const std::string& source_name,
+                         const std::vector<std::string>& overrides = {});
+
+}  // namespace hdp
