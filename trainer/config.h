@@ -5,6 +5,7 @@
 // key, where it came from (file:line or --set) and what would be valid.
 
 #include <cstdint>
+#include <map>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -62,6 +63,11 @@ struct Config {
   ParallelConfig parallel;
   std::string source;                    // file the config was read from
   std::string yaml;                      // the effective config as YAML (overrides applied)
+  // Where each explicitly set key came from, by key path ("model.num_heads"):
+  // "<file>:<line>" or "--set model.num_heads=6"; sections present in the file
+  // map their name ("model") to the header's "<file>:<line>". Keys left at
+  // their default are absent. Used to point error messages at the right place.
+  std::map<std::string, std::string> origins;
 };
 
 class ConfigError : public std::runtime_error {
@@ -70,11 +76,24 @@ class ConfigError : public std::runtime_error {
 };
 
 // Reads `path`, applies overrides ("key.path=value", in order), validates.
-// Throws ConfigError on any problem. Does not touch the data file beyond
-// checking that it exists and that its vocabulary fits (validate_dataset).
+// Throws ConfigError on any problem. Does not open the data file, only checks
+// that it exists; its vocabulary is checked by validate_dataset_vocab later.
+// Relative paths in the config stay relative to the working directory.
 Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
-// Parses YAML text (used for the config stored inside checkpoints).
+// Parses YAML text (used for the config stored inside checkpoints); `source_name`
+// stands in for the file name in error messages. With check_files = false the
+// existence of data.path and train.init_from is not checked (everything else is),
+// so a config stored in a checkpoint can be read on another machine.
 Config parse_config_text(const std::string& yaml_text, const std::string& source_name,
-                         const std::vector<std::string>& overrides = {});
+                         const std::vector<std::string>& overrides = {}, bool check_files = true);
+
+// The config as YAML with every key, in schema order (what Config::yaml holds).
+// parse_config_text(emit_config_yaml(c), ...) gives back the same values.
+std::string emit_config_yaml(const Config& config);
+
+// Called once the dataset is open: throws ConfigError (naming data.path and
+// model.vocab_size) when the dataset holds a token id >= model.vocab_size.
+void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size,
+                            uint32_t dataset_max_token_id);
 
 }  // namespace hdp

@@ -1,0 +1,712 @@
+// Configuration loading: values, defaults, --set overrides, the error messages
+// (file:line, key path, hint) and the round trip through Config::yaml.
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+#include "trainer/config.h"
+
+namespace hdp {
+namespace {
+
+::testing::AssertionResult Contains(const std::string& text, const std::string& part) {
+  if (text.find(part) != std::string::npos) return ::testing::AssertionSuccess();
+  return ::testing::AssertionFailure() << "expected the text to contain\n  " << part << "\nbut it is\n  " << text;
+}
+#define EXPECT_CONTAINS(text, part) EXPECT_TRUE(Contains((text), (part)))
+
+std::string write_file(const std::string& path, const std::string& text) {
+  std::ofstream out(path, std::ios::binary);
+  out << text;
+  return path;
+}
+
+std::string replace_all(std::string text, const std::string& from, const std::string& to) {
+  for (size_t pos = text.find(from); pos != std::string::npos; pos = text.find(from, pos + to.size()))
+    text.replace(pos, from.size(), to);
+  return text;
+}
+
+// A scratch directory with an empty dummy data file and config files written
+// on demand; "DATA" in a config text stands for the dummy file's path.
+struct Scratch {
+  std::string dir;
+  std::string data;
+  explicit Scratch(const std::string& name) : dir(hdp::testing::scratch_dir("config_test_" + name)) {
+    data = write_file(dir + "/corpus.h5", "");
+  }
+  std::string config(const std::string& text, const std::string& name = "run.yaml") const {
+    return write_file(dir + "/" + name, replace_all(text, "DATA", data));
+  }
+};
+
+// Runs `fn`, which must throw ConfigError; returns the message.
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const ConfigError& e) {
+    return e.what();
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "expected ConfigError, got another exception: " << e.what();
+    return "";
+  }
+  ADD_FAILURE() << "expected ConfigError, nothing was thrown";
+  return "";
+}
+
+std::string load_error(const std::string& path, const std::vector<std::string>& overrides = {}) {
+  return error_of([&] { load_config(path, overrides); });
+}
+
+void expect_same(const Config& a, const Config& b) {
+  EXPECT_EQ(a.model.arch, b.model.arch);
+  EXPECT_EQ(a.model.vocab_size, b.model.vocab_size);
+  EXPECT_EQ(a.model.hidden_size, b.model.hidden_size);
+  EXPECT_EQ(a.model.num_layers, b.model.num_layers);
+  EXPECT_EQ(a.model.num_heads, b.model.num_heads);
+  EXPECT_EQ(a.model.num_kv_heads, b.model.num_kv_heads);
+  EXPECT_EQ(a.model.ffn_hidden_size, b.model.ffn_hidden_size);
+  EXPECT_EQ(a.model.rope_theta, b.model.rope_theta);
+  EXPECT_EQ(a.model.norm_eps, b.model.norm_eps);
+  EXPECT_EQ(a.model.tie_embeddings, b.model.tie_embeddings);
+  EXPECT_EQ(a.model.init_std, b.model.init_std);
+  EXPECT_EQ(a.data.path, b.data.path);
+  EXPECT_EQ(a.data.format, b.data.format);
+  EXPECT_EQ(a.data.max_seq_len, b.data.max_seq_len);
+  EXPECT_EQ(a.data.global_batch_tokens, b.data.global_batch_tokens);
+  EXPECT_EQ(a.data.micro_batch_tokens, b.data.micro_batch_tokens);
+  EXPECT_EQ(a.data.shuffle, b.data.shuffle);
+  EXPECT_EQ(a.data.seed, b.data.seed);
+  EXPECT_EQ(a.optim.lr, b.optim.lr);
+  EXPECT_EQ(a.optim.min_lr, b.optim.min_lr);
+  EXPECT_EQ(a.optim.warmup_steps, b.optim.warmup_steps);
+  EXPECT_EQ(a.optim.weight_decay, b.optim.weight_decay);
+  EXPECT_EQ(a.optim.beta1, b.optim.beta1);
+  EXPECT_EQ(a.optim.beta2, b.optim.beta2);
+  EXPECT_EQ(a.optim.eps, b.optim.eps);
+  EXPECT_EQ(a.optim.grad_clip, b.optim.grad_clip);
+  EXPECT_EQ(a.train.steps, b.train.steps);
+  EXPECT_EQ(a.train.seed, b.train.seed);
+  EXPECT_EQ(a.train.log_every, b.train.log_every);
+  EXPECT_EQ(a.train.run_dir, b.train.run_dir);
+  EXPECT_EQ(a.train.checkpoint_every, b.train.checkpoint_every);
+  EXPECT_EQ(a.train.checkpoint_dir, b.train.checkpoint_dir);
+  EXPECT_EQ(a.train.keep_checkpoints, b.train.keep_checkpoints);
+  EXPECT_EQ(a.train.resume, b.train.resume);
+  EXPECT_EQ(a.train.init_from, b.train.init_from);
+  EXPECT_EQ(a.train.peak_flops, b.train.peak_flops);
+  EXPECT_EQ(a.train.threads, b.train.threads);
+  EXPECT_EQ(a.parallel.tp, b.parallel.tp);
+  EXPECT_EQ(a.parallel.pp, b.parallel.pp);
+  EXPECT_EQ(a.parallel.hdp, b.parallel.hdp);
+}
+
+// Every key set to a non-default value. Line numbers matter to the tests.
+const char* kFullConfig =
+    "# full config\n"                      // 1
+    "model:\n"                             // 2
+    "  arch: llama\n"                      // 3
+    "  vocab_size: 512\n"                  // 4
+    "  hidden_size: 96\n"                  // 5
+    "  num_layers: 3\n"                    // 6
+    "  num_heads: 6\n"                     // 7
+    "  num_kv_heads: 2\n"                  // 8
+    "  ffn_hidden_size: 256\n"             // 9
+    "  rope_theta: 500000.0\n"             // 10
+    "  norm_eps: 1e-6\n"                   // 11
+    "  tie_embeddings: true\n"             // 12
+    "  init_std: 0.01\n"                   // 13
+    "data:\n"                              // 14
+    "  path: DATA\n"                       // 15
+    "  format: hdf5\n"                     // 16
+    "  max_seq_len: 256\n"                 // 17
+    "  global_batch_tokens: 8192\n"        // 18
+    "  micro_batch_tokens: 1024\n"         // 19
+    "  shuffle: false\n"                   // 20
+    "  seed: 99\n"                         // 21
+    "optim:\n"                             // 22
+    "  lr: 2e-3\n"                         // 23
+    "  min_lr: 2.0e-4\n"                   // 24
+    "  warmup_steps: 20\n"                 // 25
+    "  weight_decay: 0.05\n"               // 26
+    "  beta1: 0.8\n"                       // 27
+    "  beta2: 0.99\n"                      // 28
+    "  eps: 1e-10\n"                       // 29
+    "  grad_clip: 0.5\n"                   // 30
+    "train:\n"                             // 31
+    "  steps: 200\n"                       // 32
+    "  seed: 7\n"                          // 33
+    "  log_every: 5\n"                     // 34
+    "  run_dir: runs/x\n"                  // 35
+    "  checkpoint_every: 50\n"             // 36
+    "  checkpoint_dir: runs/x/ckpt\n"      // 37
+    "  keep_checkpoints: 2\n"              // 38
+    "  resume: never\n"                    // 39
+    "  init_from: DATA\n"                  // 40
+    "  peak_flops: 1.5e12\n"               // 41
+    "  threads: 2\n"                       // 42
+    "parallel:\n"                          // 43
+    "  tp: 1\n"                            // 44
+    "  pp: 1\n"                            // 45
+    "  hdp: 1\n";                          // 46
+
+const char* kMinimalConfig =
+    "data:\n"
+    "  path: DATA\n";
+
+TEST(Config, FullConfigParsesExactValues) {
+  Scratch s("full");
+  const std::string path = s.config(kFullConfig);
+  const Config c = load_config(path);
+  EXPECT_EQ(c.model.arch, "llama");
+  EXPECT_EQ(c.model.vocab_size, 512);
+  EXPECT_EQ(c.model.hidden_size, 96);
+  EXPECT_EQ(c.model.num_layers, 3);
+  EXPECT_EQ(c.model.num_heads, 6);
+  EXPECT_EQ(c.model.num_kv_heads, 2);
+  EXPECT_EQ(c.model.head_dim(), 16);
+  EXPECT_EQ(c.model.ffn_hidden_size, 256);
+  EXPECT_EQ(c.model.rope_theta, 500000.0);
+  EXPECT_EQ(c.model.norm_eps, 1e-6);
+  EXPECT_TRUE(c.model.tie_embeddings);
+  EXPECT_EQ(c.model.init_std, 0.01);
+  EXPECT_EQ(c.data.path, s.data);
+  EXPECT_EQ(c.data.format, "hdf5");
+  EXPECT_EQ(c.data.max_seq_len, 256);
+  EXPECT_EQ(c.data.global_batch_tokens, 8192);
+  EXPECT_EQ(c.data.micro_batch_tokens, 1024);
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.data.seed, 99u);
+  EXPECT_EQ(c.optim.lr, 2e-3);
+  EXPECT_EQ(c.optim.min_lr, 2e-4);
+  EXPECT_EQ(c.optim.warmup_steps, 20);
+  EXPECT_EQ(c.optim.weight_decay, 0.05);
+  EXPECT_EQ(c.optim.beta1, 0.8);
+  EXPECT_EQ(c.optim.beta2, 0.99);
+  EXPECT_EQ(c.optim.eps, 1e-10);
+  EXPECT_EQ(c.optim.grad_clip, 0.5);
+  EXPECT_EQ(c.train.steps, 200);
+  EXPECT_EQ(c.train.seed, 7u);
+  EXPECT_EQ(c.train.log_every, 5);
+  EXPECT_EQ(c.train.run_dir, "runs/x");
+  EXPECT_EQ(c.train.checkpoint_every, 50);
+  EXPECT_EQ(c.train.checkpoint_dir, "runs/x/ckpt");
+  EXPECT_EQ(c.train.keep_checkpoints, 2);
+  EXPECT_EQ(c.train.resume, "never");
+  EXPECT_EQ(c.train.init_from, s.data);
+  EXPECT_EQ(c.train.peak_flops, 1.5e12);
+  EXPECT_EQ(c.train.threads, 2);
+  EXPECT_EQ(c.parallel.tp, 1);
+  EXPECT_EQ(c.parallel.pp, 1);
+  EXPECT_EQ(c.parallel.hdp, 1);
+  EXPECT_EQ(c.source, path);
+  EXPECT_EQ(c.origins.at("model.num_heads"), path + ":7");
+  EXPECT_EQ(c.origins.at("parallel.hdp"), path + ":46");
+  EXPECT_EQ(c.origins.at("model"), path + ":2");
+  EXPECT_EQ(c.origins.size(), 45u);  // 40 keys and 5 section headers
+}
+
+TEST(Config, DefaultsForEverythingButDataPath) {
+  Scratch s("defaults");
+  const Config c = load_config(s.config(kMinimalConfig));
+  Config expected;
+  expected.data.path = s.data;
+  expect_same(c, expected);
+  // The struct defaults, spelled out so that a changed default is noticed.
+  EXPECT_EQ(c.model.vocab_size, 258);
+  EXPECT_EQ(c.model.hidden_size, 128);
+  EXPECT_EQ(c.data.max_seq_len, 1024);
+  EXPECT_EQ(c.optim.lr, 3e-4);
+  EXPECT_EQ(c.train.resume, "auto");
+  EXPECT_EQ(c.train.init_from, "");
+  EXPECT_EQ(c.origins.size(), 2u);  // data and data.path
+}
+
+TEST(Config, EmptySectionsAndBooleanSpellings) {
+  Scratch s("empty_sections");
+  const Config c = load_config(s.config(
+      "model:\n"
+      "optim: {}\n"
+      "data:\n"
+      "  path: DATA\n"
+      "  shuffle: no\n"
+      "train:\n"
+      "  init_from: ~\n"));
+  EXPECT_FALSE(c.data.shuffle);
+  EXPECT_EQ(c.train.init_from, "");
+  EXPECT_EQ(c.model.hidden_size, 128);
+  const Config d = load_config(s.config("data: {path: DATA, shuffle: Yes}\n", "flow.yaml"));
+  EXPECT_TRUE(d.data.shuffle);
+}
+
+TEST(Config, OverridesAreAppliedInOrder) {
+  Scratch s("overrides");
+  const std::string path = s.config(kFullConfig);
+  const Config c = load_config(path, {
+                                         "model.hidden_size=192",        // int
+                                         "optim.lr=5e-4",                // float
+                                         "model.tie_embeddings=false",   // bool
+                                         "train.resume=auto",            // string
+                                         "train.run_dir=runs/a b",       // string with a space
+                                         "model.num_heads=4",
+                                         "model.num_heads=12",           // later wins
+                                         "train.init_from=",             // empty string
+                                         "data.seed=18446744073709551615",
+                                         " parallel.tp = 1",             // spaces around the key
+                                     });
+  EXPECT_EQ(c.model.hidden_size, 192);
+  EXPECT_EQ(c.optim.lr, 5e-4);
+  EXPECT_FALSE(c.model.tie_embeddings);
+  EXPECT_EQ(c.train.resume, "auto");
+  EXPECT_EQ(c.train.run_dir, "runs/a b");
+  EXPECT_EQ(c.model.num_heads, 12);
+  EXPECT_EQ(c.train.init_from, "");
+  EXPECT_EQ(c.data.seed, std::numeric_limits<uint64_t>::max());
+  EXPECT_EQ(c.model.vocab_size, 512);  // untouched keys keep the file's values
+  EXPECT_EQ(c.origins.at("model.num_heads"), "--set model.num_heads=12");
+  EXPECT_EQ(c.origins.at("model.vocab_size"), path + ":4");
+  // Overrides are in the effective YAML.
+  EXPECT_CONTAINS(c.yaml, "hidden_size: 192");
+  EXPECT_CONTAINS(c.yaml, "num_heads: 12");
+}
+
+TEST(Config, OverrideCanFixAFileValueAndBreakIt) {
+  Scratch s("override_validation");
+  // The file alone is invalid (6 heads do not divide 128) but the override fixes it:
+  // validation runs after the overrides.
+  const std::string path = s.config(
+      "model:\n"
+      "  num_heads: 6\n"
+      "data:\n"
+      "  path: DATA\n");
+  EXPECT_EQ(load_config(path, {"model.num_heads=8", "model.num_kv_heads=2"}).model.num_heads, 8);
+  // An override's bad value is reported at the override.
+  const std::string msg = load_error(s.config(kMinimalConfig, "min.yaml"), {"model.num_heads=6"});
+  EXPECT_EQ(msg, "--set model.num_heads=6: model.num_heads: 6 does not divide model.hidden_size 128 (default); "
+                 "choose a divisor of 128");
+}
+
+TEST(ConfigErrors, UnknownKeySuggestsTheClosest) {
+  Scratch s("unknown_key");
+  const std::string path = s.config(
+      "model:\n"
+      "  vocab_size: 258\n"
+      "  hiden_size: 64\n"
+      "data:\n"
+      "  path: DATA\n");
+  const std::string msg = load_error(path);
+  EXPECT_CONTAINS(msg, path + ":3: model.hiden_size: unknown key in section 'model'");
+  EXPECT_CONTAINS(msg, "did you mean 'hidden_size'?");
+  EXPECT_CONTAINS(msg, "valid keys in model: arch, vocab_size, hidden_size, num_layers, num_heads, "
+                             "num_kv_heads, ffn_hidden_size, rope_theta, norm_eps, tie_embeddings, init_std");
+}
+
+TEST(ConfigErrors, UnknownKeyFarFromAnyHasNoSuggestion) {
+  Scratch s("unknown_key_far");
+  const std::string path = s.config(
+      "data:\n"
+      "  path: DATA\n"
+      "  compression: gzip\n");
+  const std::string msg = load_error(path);
+  EXPECT_CONTAINS(msg, path + ":3: data.compression: unknown key in section 'data'");
+  EXPECT_CONTAINS(msg, "valid keys in data: path, format, max_seq_len");
+  EXPECT_EQ(msg.find("did you mean"), std::string::npos) << msg;
+}
+
+TEST(ConfigErrors, UnknownSection) {
+  Scratch s("unknown_section");
+  std::string path = s.config(
+      "data:\n"
+      "  path: DATA\n"
+      "modle:\n"
+      "  hidden_size: 64\n");
+  std::string msg = load_error(path);
+  EXPECT_CONTAINS(msg, path + ":3: modle: unknown section");
+  EXPECT_CONTAINS(msg, "did you mean 'model'?");
+  EXPECT_CONTAINS(msg, "valid sections: model, data, optim, train, parallel");
+
+  // A key written at the top level points to its section.
+  path = s.config("lr: 0.1\n", "toplevel.yaml");
+  msg = load_error(path);
+  EXPECT_CONTAINS(msg, path + ":1: lr: unknown section");
+  EXPECT_CONTAINS(msg, "did you mean 'optim.lr'?");
+}
+
+TEST(ConfigErrors, WrongTypes) {
+  Scratch s("wrong_type");
+  struct Case {
+    std::string line;     // goes into the model/data/train section below
+    std::string section;
+    std::string key;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"hidden_size: abc", "model", "model.hidden_size", "expected an integer, got 'abc'; write a whole number"},
+      {"hidden_size: 1.5", "model", "model.hidden_size", "expected an integer, got '1.5'"},
+      {"hidden_size: \"128\"", "model", "model.hidden_size",
+       "expected an integer, got the quoted string \"128\" (remove the quotes)"},
+      {"hidden_size: [1, 2]", "model", "model.hidden_size", "expected an integer, got a list"},
+      {"hidden_size:", "model", "model.hidden_size", "expected an integer, got nothing (null)"},
+      {"hidden_size: 99999999999999999999", "model", "model.hidden_size", "is out of range"},
+      {"tie_embeddings: maybe", "model", "model.tie_embeddings",
+       "expected true or false, got 'maybe'; write true or false"},
+      {"rope_theta: fast", "model", "model.rope_theta", "expected a number, got 'fast'"},
+      {"rope_theta: .nan", "model", "model.rope_theta", "expected a number"},
+      {"seed: -1", "train", "train.seed", "expected a non-negative integer, got '-1'"},
+      {"run_dir: {a: 1}", "train", "train.run_dir", "expected a string, got a mapping"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.line);
+    std::string text = "data:\n  path: DATA\n" + c.section + ":\n  " + c.line + "\n";
+    if (c.section == "data") text = "data:\n  path: DATA\n  " + c.line + "\n";
+    const std::string path = s.config(text);
+    const std::string msg = load_error(path);
+    EXPECT_CONTAINS(msg, path + ":4: " + c.key + ": ");
+    EXPECT_CONTAINS(msg, c.expected);
+  }
+  // A section that is not a mapping.
+  const std::string path = s.config("data:\n  path: DATA\noptim: 0.1\n", "section.yaml");
+  EXPECT_CONTAINS(load_error(path), path + ":3: optim: expected a mapping of keys, got '0.1'");
+}
+
+TEST(ConfigErrors, NonPositiveValues) {
+  Scratch s("non_positive");
+  const std::string path = s.config(
+      "data:\n"
+      "  path: DATA\n"
+      "model:\n"
+      "  num_layers: 0\n");
+  EXPECT_EQ(load_error(path), path + ":4: model.num_layers: 0 is not positive; it must be at least 1");
+  EXPECT_EQ(load_error(s.config(kMinimalConfig, "min.yaml"), {"optim.eps=-1e-8"}),
+            "--set optim.eps=-1e-8: optim.eps: -1e-08 is not positive; it must be greater than 0");
+}
+
+TEST(ConfigErrors, HeadsMustDivideHidden) {
+  Scratch s("heads_divide");
+  const std::string path = s.config(
+      "data:\n"
+      "  path: DATA\n"
+      "model:\n"
+      "  hidden_size: 128\n"
+      "  num_kv_heads: 1\n"
+      "  # the next line is the culprit\n"
+      "  num_heads: 6\n");
+  EXPECT_EQ(load_error(path),
+            path + ":7: model.num_heads: 6 does not divide model.hidden_size 128; choose a divisor of 128");
+}
+
+TEST(ConfigErrors, KvHeadsMustDivideHeads) {
+  Scratch s("kv_heads_divide");
+  const std::string path = s.config(
+      "data:\n"
+      "  path: DATA\n"
+      "model:\n"
+      "  num_heads: 8\n"
+      "  num_kv_heads: 3\n");
+  const std::string msg = load_error(path);
+  EXPECT_CONTAINS(msg, path + ":5: model.num_kv_heads: 3 does not divide model.num_heads 8; "
+                                    "choose a divisor of 8");
+}
+
+TEST(ConfigErrors, CrossFieldErrorWithADefaultPointsAtTheKeyThatWasSet) {
+  Scratch s("cross_default");
+  const std::string path = s.config(
+      "data:\n"
+      "  path: DATA\n"
+      "model:\n"
+      "  num_heads: 6\n"
+      "  hidden_size: 96\n");
+  // num_kv_heads keeps its default 4, which does not divide the 6 heads set on line 4.
+  EXPECT_EQ(load_error(path), path + ":4: model.num_kv_heads: 4 (default) does not divide model.num_heads 6; "
+                                     "choose a divisor of 6 (grouped-query attention shares each KV head "
+                                     "among num_heads/num_kv_heads query heads)");
+}
+
+TEST(ConfigErrors, HeadDimMustBeEven) {
+  Scratch s("head_dim_even");
+  const std::string path = s.config(
+      "data:\n"
+      "  path: DATA\n"
+      "model:\n"
+      "  hidden_size: 36\n"
+      "  num_heads: 4\n"
+      "  num_kv_heads: 2\n");
+  const std::string msg = load_error(path);
+  EXPECT_CONTAINS(msg, path + ":5: model.num_heads: head dimension model.hidden_size/model.num_heads = "
+                                    "36/4 = 9 is odd; RoPE rotates pairs");
+}
+
+TEST(ConfigErrors, OtherConstraints) {
+  Scratch s("other_constraints");
+  const std::string path = s.config(kMinimalConfig);
+  struct Case {
+    std::string override_;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"model.arch=gpt2", "model.arch: unsupported architecture 'gpt2'; the only architecture in this build is 'llama'"},
+      {"data.format=bin", "data.format: unsupported dataset format 'bin'; the only format in this build is 'hdf5'"},
+      {"data.max_seq_len=1", "data.max_seq_len: 1 is too small; it must be at least 2"},
+      {"data.micro_batch_tokens=512",
+       "data.micro_batch_tokens: 512 is smaller than data.max_seq_len 1024 (default); for now every sequence must "
+       "fit in one micro-batch"},
+      {"data.global_batch_tokens=1000", "data.global_batch_tokens: 1000 is smaller than data.max_seq_len 1024"},
+      {"optim.lr=0", "optim.lr: 0 is not positive"},
+      {"optim.min_lr=0.01", "optim.min_lr: 0.01 is larger than optim.lr 0.0003 (default); choose 0 <= min_lr <= 0.0003 (the schedule decays from lr to min_lr)"},
+      {"optim.min_lr=-1", "optim.min_lr: -1 is negative"},
+      {"optim.warmup_steps=-1", "optim.warmup_steps: -1 is negative"},
+      {"optim.weight_decay=-0.1", "optim.weight_decay: -0.1 is negative"},
+      {"optim.beta1=1", "optim.beta1: 1 is outside [0, 1); choose 0 <= beta1 < 1"},
+      {"optim.beta2=-0.5", "optim.beta2: -0.5 is outside [0, 1)"},
+      {"optim.grad_clip=-1", "optim.grad_clip: -1 is negative; it must be 0 or more (0 disables clipping)"},
+      {"train.steps=0", "train.steps: 0 is not positive"},
+      {"train.log_every=0", "train.log_every: 0 is not positive"},
+      {"train.checkpoint_every=-5", "train.checkpoint_every: -5 is negative"},
+      {"train.keep_checkpoints=0", "train.keep_checkpoints: 0 is less than 1"},
+      {"train.resume=always", "train.resume: unknown mode 'always'; choose auto"},
+      {"train.threads=-1", "train.threads: -1 is negative"},
+      {"train.peak_flops=-1", "train.peak_flops: -1 is negative"},
+      {"train.run_dir=", "train.run_dir: is empty"},
+      {"model.norm_eps=0", "model.norm_eps: 0 is not positive"},
+      {"model.init_std=0", "model.init_std: 0 is not positive"},
+      {"model.rope_theta=-1", "model.rope_theta: -1 is not positive"},
+      {"model.ffn_hidden_size=0", "model.ffn_hidden_size: 0 is not positive"},
+      {"model.vocab_size=-3", "model.vocab_size: -3 is not positive"},
+      {"parallel.tp=0", "parallel.tp: 0 is not positive"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.override_);
+    EXPECT_CONTAINS(load_error(path, {c.override_}), "--set " + c.override_ + ": " + c.expected);
+  }
+}
+
+TEST(ConfigErrors, MissingDataFile) {
+  Scratch s("missing_data");
+  const std::string missing = s.dir + "/nope/corpus.h5";
+  const std::string path = s.config(
+      "model:\n"
+      "  hidden_size: 128\n"
+      "data:\n"
+      "  max_seq_len: 512\n"
+      "  path: " + missing + "\n");
+  const std::string msg = load_error(path);
+  EXPECT_CONTAINS(msg, path + ":5: data.path: file '" + missing + "' does not exist");
+  EXPECT_CONTAINS(msg, "trainer make-corpus --output " + missing);
+  EXPECT_CONTAINS(msg, "trainer prepare-data");
+  // A relative path is relative to the working directory, and the message says so.
+  const std::string relative = s.config("data:\n  path: data-cache/does-not-exist.h5\n", "relative.yaml");
+  EXPECT_CONTAINS(load_error(relative), "does not exist (relative to the working directory " +
+                                              std::filesystem::current_path().string() + ")");
+  // A directory is not a dataset.
+  const std::string dir = s.config("data:\n  path: " + s.dir + "\n", "dir.yaml");
+  EXPECT_CONTAINS(load_error(dir), dir + ":2: data.path: '" + s.dir + "' is a directory, not a file");
+}
+
+TEST(ConfigErrors, MissingDataPathKey) {
+  Scratch s("no_data_path");
+  std::string path = s.config(
+      "model:\n"
+      "  hidden_size: 128\n"
+      "data:\n"
+      "  max_seq_len: 512\n");
+  std::string msg = load_error(path);
+  EXPECT_CONTAINS(msg, path + ":3: data.path: required key is missing; set it to an HDF5 token dataset");
+  EXPECT_CONTAINS(msg, "trainer make-corpus --output <path>");
+  // Without a data section the location is the top of the file.
+  path = s.config("model:\n  hidden_size: 128\n", "nodata.yaml");
+  EXPECT_CONTAINS(load_error(path), path + ":1: data.path: required key is missing");
+  // The data path is required even when files are not checked.
+  EXPECT_CONTAINS(error_of([] { parse_config_text("model: {}\n", "stored", {}, false); }),
+              "stored:1: data.path: required key is missing");
+}
+
+TEST(ConfigErrors, MissingInitFrom) {
+  Scratch s("missing_init_from");
+  const std::string path = s.config(
+      "data:\n"
+      "  path: DATA\n"
+      "train:\n"
+      "  init_from: " + s.dir + "/missing.ckpt\n");
+  const std::string msg = load_error(path);
+  EXPECT_CONTAINS(msg, path + ":4: train.init_from: file '" + s.dir + "/missing.ckpt' does not exist");
+  EXPECT_CONTAINS(msg, "checkpoint file");
+}
+
+TEST(Config, CheckFilesFalseSkipsExistence) {
+  const Config c = parse_config_text(
+      "data:\n  path: /definitely/not/here.h5\ntrain:\n  init_from: /not/here.ckpt\n", "ckpt:config", {}, false);
+  EXPECT_EQ(c.data.path, "/definitely/not/here.h5");
+  EXPECT_EQ(c.source, "ckpt:config");
+  EXPECT_CONTAINS(error_of([] { parse_config_text("data:\n  path: /definitely/not/here.h5\n", "ckpt:config"); }),
+              "ckpt:config:2: data.path: file '/definitely/not/here.h5' does not exist");
+}
+
+TEST(ConfigErrors, DatasetVocabularyTooLarge) {
+  Scratch s("vocab");
+  const std::string path = s.config(
+      "data:\n"
+      "  path: DATA\n"
+      "model:\n"
+      "  vocab_size: 258\n");
+  const Config c = load_config(path);
+  EXPECT_NO_THROW(validate_dataset_vocab(c, 258, 257));
+  EXPECT_NO_THROW(validate_dataset_vocab(c, 32000, 100));  // a larger declared vocabulary is fine if ids fit
+  const std::string msg = error_of([&] { validate_dataset_vocab(c, 32000, 31999); });
+  EXPECT_CONTAINS(msg, path + ":4: model.vocab_size: 258 is too small for data.path '" + s.data +
+                             "', which holds token id 31999 (dataset vocabulary size 32000)");
+  EXPECT_CONTAINS(msg, "set model.vocab_size to at least 32000");
+  EXPECT_CONTAINS(error_of([&] { validate_dataset_vocab(c, 258, 258); }), "token id 258");
+  // With vocab_size at its default, the error points at the config file.
+  const Config d = load_config(s.config(kMinimalConfig, "min.yaml"));
+  EXPECT_CONTAINS(error_of([&] { validate_dataset_vocab(d, 300, 299); }),
+              s.dir + "/min.yaml:1: model.vocab_size: 258 is too small");
+}
+
+TEST(ConfigErrors, BadOverrideSyntax) {
+  Scratch s("bad_override");
+  const std::string path = s.config(kMinimalConfig);
+  EXPECT_EQ(load_error(path, {"model.hidden_size"}),
+            "--set model.hidden_size: malformed override, there is no '='; write --set section.key=value, "
+            "e.g. --set optim.lr=1e-3");
+  EXPECT_CONTAINS(load_error(path, {"=3"}), "--set =3: malformed override, the key path before '=' is empty");
+  EXPECT_CONTAINS(load_error(path, {"model=3"}),
+              "--set model=3: model: an override must name a key inside the section; write --set "
+                        "model.<key>=value with one of: arch, vocab_size");
+  EXPECT_CONTAINS(load_error(path, {"optim.lr=[1, "}), "--set optim.lr=[1, : optim.lr: cannot read the value as YAML");
+  EXPECT_CONTAINS(load_error(path, {"optim.lr=fast"}),
+              "--set optim.lr=fast: optim.lr: expected a number, got 'fast'");
+}
+
+TEST(ConfigErrors, UnknownOverrideKey) {
+  Scratch s("unknown_override");
+  const std::string path = s.config(kMinimalConfig);
+  std::string msg = load_error(path, {"optim.lr=1e-3", "model.hiden_size=64"});
+  EXPECT_CONTAINS(msg, "--set model.hiden_size=64: model.hiden_size: unknown key in section 'model'; "
+                             "did you mean 'hidden_size'? valid keys in model: arch, vocab_size");
+  msg = load_error(path, {"optimizer.lr=1e-3"});
+  EXPECT_CONTAINS(msg, "--set optimizer.lr=1e-3: optimizer: unknown section");
+  EXPECT_CONTAINS(msg, "valid sections: model, data, optim, train, parallel");
+  msg = load_error(path, {"lr=1e-3"});
+  EXPECT_CONTAINS(msg, "--set lr=1e-3: lr: unknown section; keys go inside their section: did you mean "
+                             "'optim.lr'?");
+  msg = load_error(path, {"model.hidden_size.x=1"});
+  EXPECT_CONTAINS(msg, "model.hidden_size.x: unknown key in section 'model'");
+}
+
+TEST(ConfigErrors, UnsupportedParallelDegree) {
+  Scratch s("parallel");
+  const std::string path = s.config(
+      "data:\n"
+      "  path: DATA\n"
+      "parallel:\n"
+      "  tp: 2\n");
+  EXPECT_EQ(load_error(path), path + ":4: parallel.tp=2: tensor parallelism is not available yet "
+                                     "(only tp=pp=hdp=1 in this build); set parallel.tp to 1");
+  const std::string min = s.config(kMinimalConfig, "min.yaml");
+  EXPECT_CONTAINS(load_error(min, {"parallel.pp=4"}),
+              "--set parallel.pp=4: parallel.pp=4: pipeline parallelism is not available yet "
+                        "(only tp=pp=hdp=1 in this build)");
+  EXPECT_CONTAINS(load_error(min, {"parallel.hdp=8"}),
+              "--set parallel.hdp=8: parallel.hdp=8: hybrid data parallelism is not available yet "
+                        "(only tp=pp=hdp=1 in this build)");
+}
+
+TEST(ConfigErrors, DuplicateKeysAndSyntaxErrors) {
+  Scratch s("syntax");
+  std::string path = s.config(
+      "data:\n"
+      "  path: DATA\n"
+      "  path: other.h5\n");
+  EXPECT_CONTAINS(load_error(path), path + ":3: data.path: key given twice (first at " + path + ":2)");
+  path = s.config(
+      "data:\n"
+      "  path: DATA\n"
+      "model: [unclosed\n", "broken.yaml");
+  const std::string msg = load_error(path);
+  EXPECT_CONTAINS(msg, path + ":");
+  EXPECT_CONTAINS(msg, "YAML syntax error");
+  path = s.config("- a\n- b\n", "list.yaml");
+  EXPECT_CONTAINS(load_error(path), path + ":1: (top level): expected a mapping of sections");
+  EXPECT_CONTAINS(load_error(s.dir + "/absent.yaml"),
+              s.dir + "/absent.yaml: cannot open the config file (No such file or directory)");
+}
+
+TEST(Config, EffectiveYamlRoundTrips) {
+  Scratch s("round_trip");
+  const std::string path = s.config(kFullConfig);
+  const Config c = load_config(path, {"train.run_dir=\"runs/odd: name\" # a comment",
+                                      "train.checkpoint_dir='null'",  // the string "null", which must stay quoted
+                                      "data.seed=18446744073709551615", "optim.lr=0.1",
+                                      "optim.min_lr=0.030000000000000002", "model.rope_theta=123456.789"});
+  EXPECT_EQ(c.train.run_dir, "runs/odd: name");  // YAML quoting and comments work in --set
+  EXPECT_EQ(c.train.checkpoint_dir, "null");
+  // Every key is written, in schema order.
+  for (const char* key : {"arch:", "vocab_size:", "init_std:", "path:", "seed:", "grad_clip:", "threads:", "hdp:"})
+    EXPECT_CONTAINS(c.yaml, key);
+  EXPECT_LT(c.yaml.find("model:"), c.yaml.find("data:"));
+  EXPECT_LT(c.yaml.find("train:"), c.yaml.find("parallel:"));
+  const Config back = parse_config_text(c.yaml, "stored", {}, /*check_files=*/false);
+  expect_same(back, c);
+  EXPECT_EQ(back.yaml, c.yaml);
+  EXPECT_EQ(back.source, "stored");
+
+  // Defaults round-trip as well, including the empty init_from.
+  const Config d = load_config(s.config(kMinimalConfig, "min.yaml"));
+  const Config d_back = parse_config_text(d.yaml, "stored", {}, false);
+  expect_same(d_back, d);
+  EXPECT_EQ(d_back.yaml, d.yaml);
+  EXPECT_EQ(emit_config_yaml(d), d.yaml);
+}
+
+// The shipped configs parse and hold the documented shapes.
+TEST(Config, ShippedConfigs) {
+  auto read = [](const std::string& name) {
+    std::ifstream in(std::string(HDP_SOURCE_DIR) + "/configs/" + name);
+    std::stringstream text;
+    text << in.rdbuf();
+    EXPECT_FALSE(text.str().empty()) << name;
+    return text.str();
+  };
+  const Config tiny = parse_config_text(read("tiny-llama.yaml"), "configs/tiny-llama.yaml", {}, false);
+  EXPECT_EQ(tiny.model.vocab_size, 258);
+  EXPECT_EQ(tiny.model.hidden_size, 128);
+  EXPECT_EQ(tiny.model.num_layers, 4);
+  EXPECT_EQ(tiny.model.num_heads, 4);
+  EXPECT_EQ(tiny.model.num_kv_heads, 2);
+  EXPECT_EQ(tiny.data.max_seq_len, 512);
+  EXPECT_EQ(tiny.data.micro_batch_tokens, 2048);
+  EXPECT_EQ(tiny.data.global_batch_tokens, 4096);
+  EXPECT_EQ(tiny.data.path, "data-cache/demo-corpus.h5");
+  EXPECT_EQ(tiny.train.run_dir, "runs/tiny-llama");
+  EXPECT_EQ(tiny.train.checkpoint_dir, "runs/tiny-llama/checkpoints");
+  EXPECT_EQ(tiny.train.checkpoint_every, 100);
+  EXPECT_EQ(tiny.train.log_every, 10);
+  EXPECT_EQ(tiny.optim.warmup_steps, 20);
+  EXPECT_EQ(tiny.optim.min_lr, 2e-4);
+
+  const Config bench = parse_config_text(read("bench-llama.yaml"), "configs/bench-llama.yaml", {}, false);
+  EXPECT_EQ(bench.model.vocab_size, 32000);
+  EXPECT_EQ(bench.model.hidden_size, 512);
+  EXPECT_EQ(bench.model.num_layers, 8);
+  EXPECT_EQ(bench.model.num_heads, 8);
+  EXPECT_EQ(bench.model.num_kv_heads, 4);
+  EXPECT_EQ(bench.model.ffn_hidden_size, 1376);
+  EXPECT_EQ(bench.data.max_seq_len, 1024);
+  EXPECT_EQ(bench.data.global_batch_tokens, 4096);
+  EXPECT_EQ(bench.data.micro_batch_tokens, 4096);
+  EXPECT_EQ(bench.data.path, "data-cache/bench-corpus.h5");
+  EXPECT_EQ(bench.train.steps, 10);
+  EXPECT_EQ(bench.train.checkpoint_every, 0);
+}
+
+}  // namespace
+}  // namespace hdp

@@ -1,0 +1,636 @@
+// Strict YAML configuration: a schema table (section -> key -> typed field)
+// drives parsing, --set overrides, re-emission and the error messages.
+// Every error is one line: "<where>: <key.path>: <problem>; <what is valid>".
+
+#include "trainer/config.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <sstream>
+#include <system_error>
+#include <variant>
+
+namespace hdp {
+namespace {
+
+// ---------------------------------------------------------------------------
+// Schema
+
+using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+
+struct Field {
+  std::string key;
+  std::function<FieldRef(Config&)> ref;
+};
+
+struct Section {
+  std::string name;
+  std::vector<Field> fields;
+};
+
+template <class S, class T>
+Field field(const char* key, S Config::*section, T S::*member) {
+  return Field{key, [section, member](Config& c) -> FieldRef { return &((c.*section).*member); }};
+}
+
+const std::vector<Section>& schema() {
+  static const std::vector<Section> sections = {
+      {"model",
+       {field("arch", &Config::model, &ModelConfig::arch),
+        field("vocab_size", &Config::model, &ModelConfig::vocab_size),
+        field("hidden_size", &Config::model, &ModelConfig::hidden_size),
+        field("num_layers", &Config::model, &ModelConfig::num_layers),
+        field("num_heads", &Config::model, &ModelConfig::num_heads),
+        field("num_kv_heads", &Config::model, &ModelConfig::num_kv_heads),
+        field("ffn_hidden_size", &Config::model, &ModelConfig::ffn_hidden_size),
+        field("rope_theta", &Config::model, &ModelConfig::rope_theta),
+        field("norm_eps", &Config::model, &ModelConfig::norm_eps),
+        field("tie_embeddings", &Config::model, &ModelConfig::tie_embeddings),
+        field("init_std", &Config::model, &ModelConfig::init_std)}},
+      {"data",
+       {field("path", &Config::data, &DataConfig::path),
+        field("format", &Config::data, &DataConfig::format),
+        field("max_seq_len", &Config::data, &DataConfig::max_seq_len),
+        field("global_batch_tokens", &Config::data, &DataConfig::global_batch_tokens),
+        field("micro_batch_tokens", &Config::data, &DataConfig::micro_batch_tokens),
+        field("shuffle", &Config::data, &DataConfig::shuffle),
+        field("seed", &Config::data, &DataConfig::seed)}},
+      {"optim",
+       {field("lr", &Config::optim, &OptimConfig::lr),
+        field("min_lr", &Config::optim, &OptimConfig::min_lr),
+        field("warmup_steps", &Config::optim, &OptimConfig::warmup_steps),
+        field("weight_decay", &Config::optim, &OptimConfig::weight_decay),
+        field("beta1", &Config::optim, &OptimConfig::beta1),
+        field("beta2", &Config::optim, &OptimConfig::beta2),
+        field("eps", &Config::optim, &OptimConfig::eps),
+        field("grad_clip", &Config::optim, &OptimConfig::grad_clip)}},
+      {"train",
+       {field("steps", &Config::train, &TrainConfig::steps),
+        field("seed", &Config::train, &TrainConfig::seed),
+        field("log_every", &Config::train, &TrainConfig::log_every),
+        field("run_dir", &Config::train, &TrainConfig::run_dir),
+        field("checkpoint_every", &Config::train, &TrainConfig::checkpoint_every),
+        field("checkpoint_dir", &Config::train, &TrainConfig::checkpoint_dir),
+        field("keep_checkpoints", &Config::train, &TrainConfig::keep_checkpoints),
+        field("resume", &Config::train, &TrainConfig::resume),
+        field("init_from", &Config::train, &TrainConfig::init_from),
+        field("peak_flops", &Config::train, &TrainConfig::peak_flops),
+        field("threads", &Config::train, &TrainConfig::threads)}},
+      {"parallel",
+       {field("tp", &Config::parallel, &ParallelConfig::tp),
+        field("pp", &Config::parallel, &ParallelConfig::pp),
+        field("hdp", &Config::parallel, &ParallelConfig::hdp)}},
+  };
+  return sections;
+}
+
+const Section* find_section(const std::string& name) {
+  for (const Section& s : schema())
+    if (s.name == name) return &s;
+  return nullptr;
+}
+
+const Field* find_field(const Section& section, const std::string& key) {
+  for (const Field& f : section.fields)
+    if (f.key == key) return &f;
+  return nullptr;
+}
+
+// ---------------------------------------------------------------------------
+// Messages
+
+[[noreturn]] void fail(const std::string& where, const std::string& key, const std::string& problem,
+                       const std::string& valid) {
+  std::string message = where + ": ";
+  if (!key.empty()) message += key + ": ";
+  message += problem;
+  if (!valid.empty()) message += "; " + valid;
+  throw ConfigError(message);
+}
+
+// Optimal string alignment distance (Levenshtein plus adjacent transpositions).
+size_t edit_distance(const std::string& a, const std::string& b) {
+  const size_t n = a.size(), m = b.size();
+  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
+  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
+  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
+  for (size_t i = 1; i <= n; ++i) {
+    for (size_t j = 1; j <= m; ++j) {
+      const size_t cost = std::tolower(static_cast<unsigned char>(a[i - 1])) ==
+                                  std::tolower(static_cast<unsigned char>(b[j - 1]))
+                              ? 0
+                              : 1;
+      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
+      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
+        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
+    }
+  }
+  return d[n][m];
+}
+
+// "did you mean 'x'? " when some candidate is within edit distance 2, else "".
+std::string suggestion(const std::string& given, const std::vector<std::string>& candidates) {
+  size_t best = 3;
+  std::string best_name;
+  for (const std::string& c : candidates) {
+    const size_t d = edit_distance(given, c);
+    if (d < best) {
+      best = d;
+      best_name = c;
+    }
+  }
+  return best_name.empty() ? "" : "did you mean '" + best_name + "'? ";
+}
+
+std::string join(const std::vector<std::string>& items) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
+  return out;
+}
+
+std::vector<std::string> section_names() {
+  std::vector<std::string> names;
+  for (const Section& s : schema()) names.push_back(s.name);
+  return names;
+}
+
+std::vector<std::string> key_names(const Section& section) {
+  std::vector<std::string> names;
+  for (const Field& f : section.fields) names.push_back(f.key);
+  return names;
+}
+
+// A section name that is really a key of some section ("lr" -> "optim.lr").
+std::string misplaced_key_hint(const std::string& name) {
+  for (const Section& s : schema())
+    if (find_field(s, name)) return "keys go inside their section: did you mean '" + s.name + "." + name + "'? ";
+  return "";
+}
+
+[[noreturn]] void unknown_section(const std::string& where, const std::string& name) {
+  std::string hint = misplaced_key_hint(name);
+  if (hint.empty()) hint = suggestion(name, section_names());
+  fail(where, name, "unknown section", hint + "valid sections: " + join(section_names()));
+}
+
+[[noreturn]] void unknown_key(const std::string& where, const Section& section, const std::string& key) {
+  fail(where, section.name + "." + key, "unknown key in section '" + section.name + "'",
+       suggestion(key, key_names(section)) + "valid keys in " + section.name + ": " +
+           join(key_names(section)));
+}
+
+// Shortest text that reads back as the same double ("0.0003", "1e-08").
+std::string format_double(double v) {
+  char buf[64];
+  auto result = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::general);
+  return std::string(buf, result.ptr);
+}
+
+std::string value_text(const FieldRef& ref) {
+  return std::visit(
+      [](auto* p) -> std::string {
+        using T = std::remove_pointer_t<decltype(p)>;
+        if constexpr (std::is_same_v<T, std::string>) return "'" + *p + "'";
+        else if constexpr (std::is_same_v<T, bool>) return *p ? "true" : "false";
+        else if constexpr (std::is_same_v<T, double>) return format_double(*p);
+        else return std::to_string(*p);
+      },
+      ref);
+}
+
+// ---------------------------------------------------------------------------
+// Scalar conversion
+
+std::string describe(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null: return "nothing (null)";
+    case YAML::NodeType::Sequence: return "a list";
+    case YAML::NodeType::Map: return "a mapping";
+    case YAML::NodeType::Scalar:
+      return node.Tag() == "!" ? "the quoted string \"" + node.Scalar() + "\"" : "'" + node.Scalar() + "'";
+    default: return "nothing";
+  }
+}
+
+// A scalar written without quotes (quoted scalars are strings, never numbers).
+bool plain_scalar(const YAML::Node& node) { return node.IsScalar() && node.Tag() != "!"; }
+
+std::string unquote_hint(const YAML::Node& node) {
+  return node.IsScalar() && node.Tag() == "!" ? " (remove the quotes)" : "";
+}
+
+template <class Int>
+bool parse_integer(std::string text, Int& out, bool& out_of_range) {
+  out_of_range = false;
+  if (!text.empty() && text[0] == '+') text.erase(0, 1);
+  if (text.empty()) return false;
+  auto result = std::from_chars(text.data(), text.data() + text.size(), out);
+  if (result.ec == std::errc::result_out_of_range && result.ptr == text.data() + text.size()) {
+    out_of_range = true;
+    return false;
+  }
+  return result.ec == std::errc() && result.ptr == text.data() + text.size();
+}
+
+bool parse_double(std::string text, double& out) {
+  if (!text.empty() && text[0] == '+') text.erase(0, 1);
+  if (text.empty()) return false;
+  auto result = std::from_chars(text.data(), text.data() + text.size(), out);
+  return result.ec == std::errc() && result.ptr == text.data() + text.size() && std::isfinite(out);
+}
+
+// Converts `node` into the field's type, or fails naming `where` and `key`.
+void assign(const FieldRef& ref, const YAML::Node& node, const std::string& where, const std::string& key) {
+  std::visit(
+      [&](auto* p) {
+        using T = std::remove_pointer_t<decltype(p)>;
+        const std::string got = "got " + describe(node);
+        if constexpr (std::is_same_v<T, std::string>) {
+          if (node.IsNull()) *p = "";
+          else if (node.IsScalar()) *p = node.Scalar();
+          else fail(where, key, "expected a string, " + got, "write a single value such as \"" + *p + "\"");
+        } else if constexpr (std::is_same_v<T, bool>) {
+          bool v = false;
+          if (!plain_scalar(node) || !YAML::convert<bool>::decode(node, v))
+            fail(where, key, "expected true or false, " + got + unquote_hint(node), "write true or false");
+          *p = v;
+        } else if constexpr (std::is_same_v<T, double>) {
+          double v = 0;
+          if (!plain_scalar(node) || !parse_double(node.Scalar(), v))
+            fail(where, key, "expected a number, " + got + unquote_hint(node),
+                 "write a finite number such as " + format_double(*p));
+          *p = v;
+        } else {
+          T v = 0;
+          bool out_of_range = false;
+          const bool is_unsigned = std::is_unsigned_v<T>;
+          const std::string kind = is_unsigned ? "a non-negative integer" : "an integer";
+          if (!plain_scalar(node) || !parse_integer(node.Scalar(), v, out_of_range)) {
+            if (out_of_range)
+              fail(where, key, node.Scalar() + " is out of range",
+                   std::string("the value must fit a ") + (is_unsigned ? "64-bit unsigned" : "64-bit signed") +
+                       " integer");
+            fail(where, key, "expected " + kind + ", " + got + unquote_hint(node),
+                 "write a whole number such as " + std::to_string(*p));
+          }
+          *p = v;
+        }
+      },
+      ref);
+}
+
+// ---------------------------------------------------------------------------
+// Parsing
+
+struct Parser {
+  std::string source;
+  Config config;
+
+  std::string at(const YAML::Mark& mark) const {
+    return source + ":" + std::to_string(mark.is_null() ? 1 : mark.line + 1);
+  }
+  static YAML::Mark mark_of(const YAML::Node& node, const YAML::Mark& fallback) {
+    const YAML::Mark m = node.Mark();
+    return m.is_null() ? fallback : m;
+  }
+
+  void read_document(const YAML::Node& root) {
+    if (root.IsNull()) return;
+    if (!root.IsMap())
+      fail(at(root.Mark()), "(top level)", "expected a mapping of sections, " + std::string("got ") + describe(root),
+           "write sections " + join(section_names()) + " at the top level");
+    std::map<std::string, std::string> seen;
+    for (auto it = root.begin(); it != root.end(); ++it) {
+      const YAML::Node key_node = it->first;
+      const YAML::Node value = it->second;
+      const std::string where = at(key_node.Mark());
+      if (!key_node.IsScalar())
+        fail(where, "(top level)", "section names must be plain words, got " + describe(key_node),
+             "valid sections: " + join(section_names()));
+      const std::string name = key_node.Scalar();
+      const Section* section = find_section(name);
+      if (!section) unknown_section(where, name);
+      if (seen.count(name)) fail(where, name, "section given twice (first at " + seen[name] + ")", "merge the two");
+      seen[name] = where;
+      config.origins[name] = where;
+      read_section(*section, value, key_node.Mark());
+    }
+  }
+
+  void read_section(const Section& section, const YAML::Node& node, const YAML::Mark& header) {
+    if (node.IsNull()) return;
+    if (!node.IsMap())
+      fail(at(header), section.name, "expected a mapping of keys, got " + describe(node),
+           "valid keys in " + section.name + ": " + join(key_names(section)));
+    std::map<std::string, std::string> seen;
+    for (auto it = node.begin(); it != node.end(); ++it) {
+      const YAML::Node key_node = it->first;
+      const YAML::Node value = it->second;
+      const std::string where = at(mark_of(key_node, header));
+      if (!key_node.IsScalar())
+        fail(where, section.name, "keys must be plain words, got " + describe(key_node),
+             "valid keys in " + section.name + ": " + join(key_names(section)));
+      const std::string key = key_node.Scalar();
+      const std::string path = section.name + "." + key;
+      const Field* f = find_field(section, key);
+      if (!f) unknown_key(where, section, key);
+      if (seen.count(key)) fail(where, path, "key given twice (first at " + seen[key] + ")", "keep only one");
+      seen[key] = where;
+      const std::string value_where = where;  // the key's line, also for values on later lines
+      assign(f->ref(config), value, value_where, path);
+      config.origins[path] = value_where;
+    }
+  }
+
+  void apply_override(const std::string& text) {
+    const std::string where = "--set " + text;
+    const size_t eq = text.find('=');
+    auto trim = [](std::string s) {
+      const char* ws = " \t\r\n";
+      s.erase(0, s.find_first_not_of(ws));
+      const size_t last = s.find_last_not_of(ws);
+      s.erase(last == std::string::npos ? 0 : last + 1);
+      return s;
+    };
+    if (eq == std::string::npos)
+      fail(where, "", "malformed override, there is no '='",
+           "write --set section.key=value, e.g. --set optim.lr=1e-3");
+    const std::string path = trim(text.substr(0, eq));
+    const std::string raw_value = text.substr(eq + 1);
+    if (path.empty())
+      fail(where, "", "malformed override, the key path before '=' is empty",
+           "write --set section.key=value, e.g. --set optim.lr=1e-3");
+    const size_t dot = path.find('.');
+    const std::string section_name = path.substr(0, dot);
+    const Section* section = find_section(section_name);
+    if (!section) unknown_section(where, section_name);
+    if (dot == std::string::npos)
+      fail(where, path, "an override must name a key inside the section",
+           "write --set " + path + ".<key>=value with one of: " + join(key_names(*section)));
+    const std::string key = path.substr(dot + 1);
+    const Field* f = find_field(*section, key);
+    if (!f) unknown_key(where, *section, key);
+    YAML::Node value;
+    try {
+      value = YAML::Load(raw_value);
+    } catch (const YAML::Exception& e) {
+      fail(where, path, "cannot read the value as YAML (" + e.msg + ")",
+           "quote it for the shell, e.g. --set '" + path + "=...'");
+    }
+    assign(f->ref(config), value, where, path);
+    config.origins[path] = where;
+  }
+
+  // Where to point for `key`: where it was set, else where one of `related`
+  // was set, else its section header, else the top of the file.
+  std::string origin(const std::string& key, const std::vector<std::string>& related = {}) const {
+    if (auto it = config.origins.find(key); it != config.origins.end()) return it->second;
+    for (const std::string& r : related)
+      if (auto it = config.origins.find(r); it != config.origins.end()) return it->second;
+    const std::string section = key.substr(0, key.find('.'));
+    if (auto it = config.origins.find(section); it != config.origins.end()) return it->second;
+    return source + ":1";
+  }
+
+  // Value of `key` for messages, marked "(default)" when it was not set.
+  std::string shown(const std::string& key) {
+    const size_t dot = key.find('.');
+    const Field* f = find_field(*find_section(key.substr(0, dot)), key.substr(dot + 1));
+    std::string text = value_text(f->ref(config));
+    if (!config.origins.count(key)) text += " (default)";
+    return text;
+  }
+
+  void require(bool ok, const std::string& key, const std::string& problem, const std::string& valid,
+               const std::vector<std::string>& related = {}) {
+    if (!ok) fail(origin(key, related), key, problem, valid);
+  }
+  void positive(int64_t v, const std::string& key) {
+    require(v > 0, key, shown(key) + " is not positive", "it must be at least 1");
+  }
+  void positive(double v, const std::string& key) {
+    require(v > 0, key, shown(key) + " is not positive", "it must be greater than 0");
+  }
+  void non_negative(int64_t v, const std::string& key, const std::string& valid = "it must be 0 or more") {
+    require(v >= 0, key, shown(key) + " is negative", valid);
+  }
+  void non_negative(double v, const std::string& key, const std::string& valid = "it must be 0 or more") {
+    require(v >= 0, key, shown(key) + " is negative", valid);
+  }
+
+  void check_file(const std::string& path, const std::string& key, const std::string& hint) {
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::file_status status = fs::status(path, ec);
+    std::string cwd;
+    {
+      std::error_code cwd_ec;
+      cwd = fs::current_path(cwd_ec).string();
+    }
+    const std::string relative =
+        fs::path(path).is_relative() ? " (relative to the working directory " + cwd + ")" : "";
+    if (!fs::exists(status)) require(false, key, "file '" + path + "' does not exist" + relative, hint);
+    if (fs::is_directory(status))
+      require(false, key, "'" + path + "' is a directory, not a file" + relative, hint);
+  }
+
+  void validate(bool check_files) {
+    const ModelConfig& m = config.model;
+    const DataConfig& d = config.data;
+    const OptimConfig& o = config.optim;
+    const TrainConfig& t = config.train;
+    const ParallelConfig& p = config.parallel;
+
+    // model
+    require(m.arch == "llama", "model.arch", "unsupported architecture " + shown("model.arch"),
+            "the only architecture in this build is 'llama'");
+    positive(m.vocab_size, "model.vocab_size");
+    positive(m.hidden_size, "model.hidden_size");
+    positive(m.num_layers, "model.num_layers");
+    positive(m.num_heads, "model.num_heads");
+    require(m.hidden_size % m.num_heads == 0, "model.num_heads",
+            shown("model.num_heads") + " does not divide model.hidden_size " + shown("model.hidden_size"),
+            "choose a divisor of " + std::to_string(m.hidden_size), {"model.hidden_size"});
+    positive(m.num_kv_heads, "model.num_kv_heads");
+    require(m.num_heads % m.num_kv_heads == 0, "model.num_kv_heads",
+            shown("model.num_kv_heads") + " does not divide model.num_heads " + shown("model.num_heads"),
+            "choose a divisor of " + std::to_string(m.num_heads) + " (grouped-query attention shares each KV head among num_heads/num_kv_heads query heads)",
+            {"model.num_heads"});
+    require(m.head_dim() % 2 == 0, "model.num_heads",
+            "head dimension model.hidden_size/model.num_heads = " + std::to_string(m.hidden_size) + "/" +
+                std::to_string(m.num_heads) + " = " + std::to_string(m.head_dim()) + " is odd",
+            "RoPE rotates pairs of dimensions, so choose hidden_size and num_heads with an even quotient",
+            {"model.hidden_size"});
+    positive(m.ffn_hidden_size, "model.ffn_hidden_size");
+    positive(m.rope_theta, "model.rope_theta");
+    positive(m.norm_eps, "model.norm_eps");
+    positive(m.init_std, "model.init_std");
+
+    // data
+    require(!d.path.empty(), "data.path", "required key is missing",
+            "set it to an HDF5 token dataset, e.g. data.path: data-cache/demo-corpus.h5 (make one with "
+            "'trainer make-corpus --output <path>' or 'trainer prepare-data')");
+    require(d.format == "hdf5", "data.format", "unsupported dataset format " + shown("data.format"),
+            "the only format in this build is 'hdf5' (docs/dataset-format.md)");
+    require(d.max_seq_len >= 2, "data.max_seq_len", shown("data.max_seq_len") + " is too small",
+            "it must be at least 2 (a sequence needs an input and a next-token target)");
+    require(d.micro_batch_tokens >= d.max_seq_len, "data.micro_batch_tokens",
+            shown("data.micro_batch_tokens") + " is smaller than data.max_seq_len " + shown("data.max_seq_len"),
+            "for now every sequence must fit in one micro-batch, so choose micro_batch_tokens >= " +
+                std::to_string(d.max_seq_len) + " or lower data.max_seq_len",
+            {"data.max_seq_len"});
+    require(d.global_batch_tokens >= d.max_seq_len, "data.global_batch_tokens",
+            shown("data.global_batch_tokens") + " is smaller than data.max_seq_len " + shown("data.max_seq_len"),
+            "a batch must hold at least one full sequence, so choose global_batch_tokens >= " +
+                std::to_string(d.max_seq_len) + " or lower data.max_seq_len",
+            {"data.max_seq_len"});
+
+    // optim
+    positive(o.lr, "optim.lr");
+    non_negative(o.min_lr, "optim.min_lr", "choose 0 <= min_lr <= optim.lr");
+    require(o.min_lr <= o.lr, "optim.min_lr",
+            shown("optim.min_lr") + " is larger than optim.lr " + shown("optim.lr"),
+            "choose 0 <= min_lr <= " + format_double(o.lr) + " (the schedule decays from lr to min_lr)",
+            {"optim.lr"});
+    non_negative(o.warmup_steps, "optim.warmup_steps");
+    non_negative(o.weight_decay, "optim.weight_decay");
+    require(o.beta1 >= 0 && o.beta1 < 1, "optim.beta1", shown("optim.beta1") + " is outside [0, 1)",
+            "choose 0 <= beta1 < 1, e.g. 0.9");
+    require(o.beta2 >= 0 && o.beta2 < 1, "optim.beta2", shown("optim.beta2") + " is outside [0, 1)",
+            "choose 0 <= beta2 < 1, e.g. 0.95");
+    positive(o.eps, "optim.eps");
+    non_negative(o.grad_clip, "optim.grad_clip", "it must be 0 or more (0 disables clipping)");
+
+    // train
+    positive(t.steps, "train.steps");
+    positive(t.log_every, "train.log_every");
+    require(!t.run_dir.empty(), "train.run_dir", "is empty", "name a directory, e.g. runs/my-run");
+    non_negative(t.checkpoint_every, "train.checkpoint_every", "it must be 0 or more (0 disables checkpoints)");
+    require(!t.checkpoint_dir.empty(), "train.checkpoint_dir", "is empty",
+            "name a directory, e.g. runs/my-run/checkpoints");
+    require(t.keep_checkpoints >= 1, "train.keep_checkpoints", shown("train.keep_checkpoints") + " is less than 1",
+            "keep at least 1 checkpoint");
+    require(t.resume == "auto" || t.resume == "never", "train.resume", "unknown mode " + shown("train.resume"),
+            "choose auto (continue from the newest checkpoint in checkpoint_dir, if any) or never");
+    non_negative(t.threads, "train.threads", "it must be 0 or more (0 = cores / ranks on the node)");
+    non_negative(t.peak_flops, "train.peak_flops", "it must be 0 or more (0 = measure with a GEMM probe)");
+
+    // parallel
+    positive(p.tp, "parallel.tp");
+    positive(p.pp, "parallel.pp");
+    positive(p.hdp, "parallel.hdp");
+    const struct {
+      const char* key;
+      int64_t value;
+      const char* what;
+    } dims[] = {{"tp", p.tp, "tensor parallelism"},
+                {"pp", p.pp, "pipeline parallelism"},
+                {"hdp", p.hdp, "hybrid data parallelism"}};
+    for (const auto& dim : dims) {
+      if (dim.value != 1)
+        fail(origin(std::string("parallel.") + dim.key), "",
+             std::string("parallel.") + dim.key + "=" + std::to_string(dim.value) + ": " + dim.what +
+                 " is not available yet (only tp=pp=hdp=1 in this build)",
+             std::string("set parallel.") + dim.key + " to 1");
+    }
+
+    // files last, so that value errors are reported even before the data exists
+    if (check_files) {
+      check_file(d.path, "data.path",
+                 "point data.path at an HDF5 token dataset, or create this one with 'trainer make-corpus "
+                 "--output " + d.path + "' (synthetic demo corpus) or 'trainer prepare-data' (from text)");
+      if (!t.init_from.empty())
+        check_file(t.init_from, "train.init_from",
+                   "point it at a checkpoint file written by the trainer, or leave it empty to start from "
+                   "random weights");
+    }
+  }
+};
+
+}  // namespace
+
+std::string emit_config_yaml(const Config& config) {
+  Config& c = const_cast<Config&>(config);  // FieldRef is non-const; nothing is written
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  for (const Section& section : schema()) {
+    out << YAML::Key << section.name << YAML::Value << YAML::BeginMap;
+    for (const Field& f : section.fields) {
+      out << YAML::Key << f.key << YAML::Value;
+      std::visit(
+          [&](auto* p) {
+            using T = std::remove_pointer_t<decltype(p)>;
+            if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
+            else if constexpr (std::is_same_v<T, double>) out << format_double(*p);
+            else out << *p;
+          },
+          f.ref(c));
+    }
+    out << YAML::EndMap;
+  }
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+Config parse_config_text(const std::string& yaml_text, const std::string& source_name,
+                         const std::vector<std::string>& overrides, bool check_files) {
+  Parser parser;
+  parser.source = source_name;
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::ParserException& e) {
+    fail(source_name + ":" + std::to_string(e.mark.line + 1), "", "YAML syntax error: " + e.msg,
+         "fix the YAML at line " + std::to_string(e.mark.line + 1) + ", column " + std::to_string(e.mark.column + 1));
+  } catch (const YAML::Exception& e) {
+    fail(source_name, "", "cannot read YAML: " + e.msg, "fix the YAML syntax");
+  }
+  parser.read_document(root);
+  for (const std::string& o : overrides) parser.apply_override(o);
+  parser.validate(check_files);
+  parser.config.source = source_name;
+  parser.config.yaml = emit_config_yaml(parser.config);
+  return parser.config;
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    std::error_code ec;
+    const bool is_dir = std::filesystem::is_directory(path, ec);
+    fail(path, "", is_dir ? "is a directory, not a config file" : "cannot open the config file (" + std::string(std::strerror(errno)) + ")",
+         "pass an existing YAML file, e.g. configs/tiny-llama.yaml");
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) fail(path, "", "cannot read the config file", "check the file's permissions");
+  return parse_config_text(text.str(), path, overrides, /*check_files=*/true);
+}
+
+void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size, uint32_t dataset_max_token_id) {
+  if (static_cast<int64_t>(dataset_max_token_id) < config.model.vocab_size) return;
+  std::string where = (config.source.empty() ? "(config)" : config.source) + ":1";
+  if (auto it = config.origins.find("model.vocab_size"); it != config.origins.end()) where = it->second;
+  else if (auto it = config.origins.find("model"); it != config.origins.end()) where = it->second;
+  const int64_t needed = static_cast<int64_t>(dataset_max_token_id) + 1;
+  std::string valid = "set model.vocab_size to at least " + std::to_string(needed);
+  if (dataset_vocab_size >= needed)
+    valid += ", e.g. the dataset's vocabulary size " + std::to_string(dataset_vocab_size);
+  valid += ", or point data.path at a dataset made for this model";
+  fail(where, "model.vocab_size",
+       std::to_string(config.model.vocab_size) + " is too small for data.path '" + config.data.path +
+           "', which holds token id " + std::to_string(dataset_max_token_id) + " (dataset vocabulary size " +
+           std::to_string(dataset_vocab_size) + ")",
+       valid);
+}
+
+}  // namespace hdp
