@@ -195,6 +195,16 @@ std::string format_double(double v) {
   return std::string(buf, result.ptr);
 }
 
+// A double as a YAML float that YAML 1.1 readers also see as a float: always
+// with a dot ("10000.0", "1.0e-08"), still reading back exactly.
+std::string yaml_double(double v) {
+  std::string text = format_double(v);
+  const size_t e = text.find('e');
+  const std::string mantissa = text.substr(0, e);
+  if (mantissa.find('.') == std::string::npos) text.insert(mantissa.size(), ".0");
+  return text;
+}
+
 std::string value_text(const FieldRef& ref) {
   return std::visit(
       [](auto* p) -> std::string {
@@ -570,7 +580,7 @@ std::string emit_config_yaml(const Config& config) {
           [&](auto* p) {
             using T = std::remove_pointer_t<decltype(p)>;
             if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
-            else if constexpr (std::is_same_v<T, double>) out << format_double(*p);
+            else if constexpr (std::is_same_v<T, double>) out << yaml_double(*p);
             else out << *p;
           },
           f.ref(c));
