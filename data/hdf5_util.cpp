@@ -1,0 +1,153 @@
+#include "data/hdf5_util.h"
+
+#include <vector>
+
+#include "data/hdf5_lock.h"
+
+namespace hdp {
+
+std::mutex& hdf5_mutex() {
+  static std::mutex m;
+  return m;
+}
+
+void hdf5_silence_errors() {
+  // The setting lives in the library's (global, non-thread-safe build) default
+  // error stack; re-applying it is cheap and also covers an H5close/H5open cycle.
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+namespace {
+
+struct StackEntry {
+  std::string func;
+  std::string desc;
+  std::string minor;
+};
+
+herr_t collect_entry(unsigned, const H5E_error2_t* err, void* data) {
+  auto* out = static_cast<std::vector<StackEntry>*>(data);
+  StackEntry e;
+  if (err->func_name) e.func = err->func_name;
+  if (err->desc) e.desc = err->desc;
+  char buf[256];
+  H5E_type_t type;
+  if (H5Eget_msg(err->min_num, &type, buf, sizeof buf) > 0) e.minor = buf;
+  out->push_back(std::move(e));
+  return 0;
+}
+
+std::string describe(const StackEntry& e) {
+  std::string s = e.desc.empty() ? e.minor : e.desc;
+  if (!e.minor.empty() && !e.desc.empty() && e.minor != e.desc) s += " (" + e.minor + ")";
+  return s;
+}
+
+}  // namespace
+
+std::string hdf5_error_stack_message() {
+  std::vector<StackEntry> entries;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, collect_entry, &entries);
+  H5Eclear2(H5E_DEFAULT);
+  if (entries.empty()) return "HDF5 call failed (no error details)";
+  // Downward: the API call first, the innermost cause last. Both are useful.
+  std::string msg = describe(entries.front());
+  if (entries.size() > 1) msg += ": " + describe(entries.back());
+  return msg;
+}
+
+hid_t h5check(hid_t id, const std::string& what) {
+  if (id < 0) throw Hdf5Error(what + ": " + hdf5_error_stack_message());
+  return id;
+}
+
+herr_t h5check_status(herr_t status, const std::string& what) {
+  if (status < 0) throw Hdf5Error(what + ": " + hdf5_error_stack_message());
+  return status;
+}
+
+bool h5check_tri(htri_t value, const std::string& what) {
+  if (value < 0) throw Hdf5Error(what + ": " + hdf5_error_stack_message());
+  return value > 0;
+}
+
+namespace {
+
+void write_scalar_attr(hid_t obj, const char* name, hid_t file_type, hid_t mem_type, const void* value) {
+  std::string what = std::string("writing attribute '") + name + "'";
+  if (h5check_tri(H5Aexists(obj, name), what)) h5check_status(H5Adelete(obj, name), what);
+  H5Handle space = h5_space(H5Screate(H5S_SCALAR), what);
+  H5Handle attr = h5_attr(H5Acreate2(obj, name, file_type, space.get(), H5P_DEFAULT, H5P_DEFAULT), what);
+  h5check_status(H5Awrite(attr.get(), mem_type, value), what);
+  attr.close(what);
+}
+
+}  // namespace
+
+void h5_write_attr_u64(hid_t obj, const char* name, uint64_t value) {
+  write_scalar_attr(obj, name, H5T_STD_U64LE, H5T_NATIVE_UINT64, &value);
+}
+
+void h5_write_attr_u32(hid_t obj, const char* name, uint32_t value) {
+  write_scalar_attr(obj, name, H5T_STD_U32LE, H5T_NATIVE_UINT32, &value);
+}
+
+void h5_write_attr_string(hid_t obj, const char* name, const std::string& value) {
+  std::string what = std::string("writing attribute '") + name + "'";
+  H5Handle type = h5_type(H5Tcopy(H5T_C_S1), what);
+  h5check_status(H5Tset_size(type.get(), value.empty() ? 1 : value.size()), what);
+  h5check_status(H5Tset_strpad(type.get(), H5T_STR_NULLPAD), what);
+  h5check_status(H5Tset_cset(type.get(), H5T_CSET_UTF8), what);
+  std::string padded = value.empty() ? std::string(1, '\0') : value;
+  write_scalar_attr(obj, name, type.get(), type.get(), padded.data());
+}
+
+bool h5_has_attr(hid_t obj, const char* name) {
+  return h5check_tri(H5Aexists(obj, name), std::string("checking attribute '") + name + "'");
+}
+
+uint64_t h5_read_attr_uint(hid_t obj, const char* name) {
+  std::string what = std::string("attribute '") + name + "'";
+  if (!h5_has_attr(obj, name)) throw Hdf5Error(what + " is missing");
+  H5Handle attr = h5_attr(H5Aopen(obj, name, H5P_DEFAULT), "opening " + what);
+  H5Handle space = h5_space(H5Aget_space(attr.get()), what);
+  if (H5Sget_simple_extent_npoints(space.get()) != 1) throw Hdf5Error(what + " is not a single value");
+  H5Handle type = h5_type(H5Aget_type(attr.get()), what);
+  if (H5Tget_class(type.get()) != H5T_INTEGER) throw Hdf5Error(what + " is not an integer");
+  if (H5Tget_sign(type.get()) == H5T_SGN_2) {
+    int64_t v = 0;
+    h5check_status(H5Aread(attr.get(), H5T_NATIVE_INT64, &v), "reading " + what);
+    if (v < 0) throw Hdf5Error(what + " is negative (" + std::to_string(v) + ")");
+    return static_cast<uint64_t>(v);
+  }
+  uint64_t v = 0;
+  h5check_status(H5Aread(attr.get(), H5T_NATIVE_UINT64, &v), "reading " + what);
+  return v;
+}
+
+std::string h5_read_attr_string(hid_t obj, const char* name) {
+  std::string what = std::string("attribute '") + name + "'";
+  if (!h5_has_attr(obj, name)) throw Hdf5Error(what + " is missing");
+  H5Handle attr = h5_attr(H5Aopen(obj, name, H5P_DEFAULT), "opening " + what);
+  H5Handle space = h5_space(H5Aget_space(attr.get()), what);
+  if (H5Sget_simple_extent_npoints(space.get()) != 1) throw Hdf5Error(what + " is not a single value");
+  H5Handle type = h5_type(H5Aget_type(attr.get()), what);
+  if (H5Tget_class(type.get()) != H5T_STRING) throw Hdf5Error(what + " is not a string");
+  if (h5check_tri(H5Tis_variable_str(type.get()), what)) {
+    H5Handle mem = h5_type(H5Tcopy(H5T_C_S1), what);
+    h5check_status(H5Tset_size(mem.get(), H5T_VARIABLE), what);
+    h5check_status(H5Tset_cset(mem.get(), H5Tget_cset(type.get())), what);
+    char* ptr = nullptr;
+    h5check_status(H5Aread(attr.get(), mem.get(), &ptr), "reading " + what);
+    std::string value = ptr ? ptr : "";
+    H5free_memory(ptr);
+    return value;
+  }
+  size_t size = H5Tget_size(type.get());
+  if (size == 0) throw Hdf5Error(what + " has size 0");
+  std::vector<char> buf(size + 1, '\0');
+  h5check_status(H5Aread(attr.get(), type.get(), buf.data()), "reading " + what);
+  return std::string(buf.data());  // stops at the first NUL (null-terminated or padded)
+}
+
+}  // namespace hdp

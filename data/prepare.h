@@ -1,0 +1,39 @@
+#pragma once
+// `trainer prepare-data --input FILE... --output DATA.h5`: turns text files into
+// a byte-level token dataset (docs/dataset-format.md).
+//
+// - An input whose name ends in ".jsonl" holds one JSON object per line; each
+//   non-blank line is one document, the object's "text" string (fully
+//   unescaped, \uXXXX and surrogate pairs to UTF-8). Other members are ignored.
+// - Any other input is one document: the file's bytes, unchanged.
+// - Every document gets EOS (257) appended; documents with empty text are
+//   skipped (counted in stats.skipped), so no document is just an EOS.
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "data/dataset.h"
+
+namespace hdp {
+
+// A problem with an input file; the message starts with "<file>:" or
+// "<file>:<line>:" and says what is wrong.
+class DataInputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+struct PrepareOptions {
+  int64_t progress_every_bytes = 64ll << 20;  // log progress after each such amount of input
+};
+
+// Writes `output` (via output + ".tmp", see TokenDatasetWriter). Throws
+// DataInputError for input problems (missing/unreadable file, invalid JSON at
+// file:line, missing or non-string "text" at file:line, no documents at all)
+// and DatasetError for output problems. Logs progress and a summary via spdlog.
+DatasetBuildStats prepare_dataset(const std::vector<std::string>& inputs, const std::string& output,
+                                  const PrepareOptions& options = {});
+
+}  // namespace hdp
