@@ -1,0 +1,268 @@
+#include "trainer/commands.h"
+
+#include <spdlog/sinks/stdout_color_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdio>
+#include <exception>
+#include <optional>
+#include <stdexcept>
+
+#include "data/corpus.h"
+#include "data/dataset.h"
+#include "data/prepare.h"
+#include "parallel/runtime.h"
+#include "trainer/checkpoint.h"
+#include "trainer/config.h"
+#include "trainer/training.h"
+
+namespace hdp {
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitBadInput = 2;
+
+class UsageError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// Command-line arguments of one subcommand, consumed option by option; whatever
+// is left at the end is an error.
+class Arguments {
+ public:
+  Arguments(std::string command, std::vector<std::string> args) : command_(std::move(command)), args_(std::move(args)) {}
+
+  bool flag(const std::string& name) {
+    for (size_t i = 0; i < args_.size(); ++i) {
+      if (args_[i] == name) {
+        args_.erase(args_.begin() + static_cast<long>(i));
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Every value of an option that may repeat: "--set a=1 --set b=2" or "--set=a=1".
+  std::vector<std::string> repeated(const std::string& name) {
+    std::vector<std::string> values;
+    for (size_t i = 0; i < args_.size();) {
+      if (args_[i] == name) {
+        if (i + 1 >= args_.size()) throw UsageError(name + " needs a value");
+        values.push_back(args_[i + 1]);
+        args_.erase(args_.begin() + static_cast<long>(i), args_.begin() + static_cast<long>(i) + 2);
+      } else if (args_[i].rfind(name + "=", 0) == 0) {
+        values.push_back(args_[i].substr(name.size() + 1));
+        args_.erase(args_.begin() + static_cast<long>(i));
+      } else {
+        ++i;
+      }
+    }
+    return values;
+  }
+
+  // All values following an option up to the next option: "--input a.txt b.jsonl".
+  std::vector<std::string> list(const std::string& name) {
+    std::vector<std::string> values;
+    for (size_t i = 0; i < args_.size(); ++i) {
+      if (args_[i] != name) continue;
+      size_t j = i + 1;
+      while (j < args_.size() && args_[j].rfind("--", 0) != 0) values.push_back(args_[j++]);
+      args_.erase(args_.begin() + static_cast<long>(i), args_.begin() + static_cast<long>(j));
+      break;
+    }
+    return values;
+  }
+
+  std::optional<std::string> option(const std::string& name) {
+    auto values = repeated(name);
+    if (values.size() > 1) throw UsageError(name + " given more than once");
+    if (values.empty()) return std::nullopt;
+    return values.front();
+  }
+
+  template <class T>
+  T number(const std::string& name, T fallback) {
+    auto value = option(name);
+    if (!value) return fallback;
+    try {
+      size_t used = 0;
+      long long v = std::stoll(*value, &used);
+      if (used != value->size()) throw std::invalid_argument("trailing characters");
+      return static_cast<T>(v);
+    } catch (const std::exception&) {
+      throw UsageError(name + " expects an integer, got '" + *value + "'");
+    }
+  }
+
+  std::vector<std::string> positional() {
+    std::vector<std::string> values;
+    for (size_t i = 0; i < args_.size();) {
+      if (args_[i].rfind("--", 0) != 0) {
+        values.push_back(args_[i]);
+        args_.erase(args_.begin() + static_cast<long>(i));
+      } else {
+        ++i;
+      }
+    }
+    return values;
+  }
+
+  void expect_empty() const {
+    if (!args_.empty()) throw UsageError("unknown argument '" + args_.front() + "'");
+  }
+
+  const std::string& command() const { return command_; }
+
+ private:
+  std::string command_;
+  std::vector<std::string> args_;
+};
+
+void setup_logging(int rank) {
+  auto logger = spdlog::stderr_color_mt("trainer");
+  logger->set_pattern(rank == 0 ? "[%H:%M:%S.%e] %^%l%$ %v" : "[%H:%M:%S.%e] [rank " + std::to_string(rank) + "] %^%l%$ %v");
+  spdlog::set_default_logger(logger);
+}
+
+void ensure_logging() {
+  if (!spdlog::get("trainer")) setup_logging(0);
+}
+
+// Maps an exception to its exit code and message. Bad input (usage, config, data
+// files, checkpoints) is 2; anything else is 1.
+int report(const std::string& command, const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const UsageError& e) {
+    std::fprintf(stderr, "trainer %s: %s (see trainer %s --help)\n", command.c_str(), e.what(), command.c_str());
+    return kExitBadInput;
+  } catch (const ConfigError& e) {
+    spdlog::error("config error: {}", e.what());
+    return kExitBadInput;
+  } catch (const DatasetError& e) {
+    spdlog::error("dataset error: {}", e.what());
+    return kExitBadInput;
+  } catch (const DataInputError& e) {
+    spdlog::error("input error: {}", e.what());
+    return kExitBadInput;
+  } catch (const CheckpointError& e) {
+    spdlog::error("checkpoint error: {}", e.what());
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    spdlog::error("{}", e.what());
+    return kExitFailure;
+  }
+}
+
+const char* const kTrainHelp = R"(usage: trainer train CONFIG.yaml [--set key.path=value ...]
+
+Trains the model the config describes (see docs/configuration.md).
+  --set key.path=value   override one config key (repeatable, applied in order)
+
+Run under mpirun or srun for several ranks; without them it is a single rank.
+)";
+
+const char* const kPrepareHelp = R"(usage: trainer prepare-data --input FILE... --output DATA.h5
+
+Tokenizes text into the project's HDF5 token dataset (docs/dataset-format.md) with
+the byte-level tokenizer (ids 0-255 bytes, 256 BOS, 257 EOS; EOS ends every document).
+  --input FILE...   .jsonl files give one document per line from {"text": ...};
+                    any other file is one document
+  --output PATH     the dataset to write
+)";
+
+const char* const kCorpusHelp = R"(usage: trainer make-corpus --output DATA.h5 [options]
+
+Writes the built-in demo corpus: synthetic English-like documents a small model can
+learn, with a long-tailed length distribution (lognormal, truncated).
+  --output PATH        the dataset to write
+  --documents N        number of documents (default 5000)
+  --seed S             generator seed (default 1234)
+  --max-length L       longest document in bytes (default 8192)
+  --min-length L       shortest document in bytes (default 16)
+  --median-length L    median document length in bytes (default 300)
+)";
+
+}  // namespace
+
+int command_train(int argc, char** argv, const std::vector<std::string>& raw) {
+  Arguments args("train", raw);
+  if (args.flag("--help") || args.flag("-h")) {
+    std::fputs(kTrainHelp, stdout);
+    return 0;
+  }
+  MpiRuntime runtime(&argc, &argv);
+  const ProcessInfo& process = runtime.info();
+  setup_logging(process.rank);
+  int code = 0;
+  try {
+    const std::vector<std::string> overrides = args.repeated("--set");
+    const std::vector<std::string> files = args.positional();
+    args.expect_empty();
+    if (files.size() != 1) throw UsageError("expects exactly one CONFIG.yaml");
+    const Config config = load_config(files[0], overrides);
+    if (process.rank == 0) spdlog::info("config {} ({} ranks)", files[0], process.world_size);
+    run_training(config, process);
+  } catch (...) {
+    code = report("train", std::current_exception());
+  }
+  // One rank failing takes the whole job down at once rather than leaving the
+  // others waiting in a collective.
+  if (code != 0 && process.world_size > 1) {
+    spdlog::error("rank {} on {} failed; aborting the job", process.rank, process.hostname);
+    runtime.abort(code);
+  }
+  return code;
+}
+
+int command_prepare_data(const std::vector<std::string>& raw) {
+  Arguments args("prepare-data", raw);
+  if (args.flag("--help") || args.flag("-h")) {
+    std::fputs(kPrepareHelp, stdout);
+    return 0;
+  }
+  ensure_logging();
+  try {
+    const std::vector<std::string> inputs = args.list("--input");
+    const std::optional<std::string> output = args.option("--output");
+    args.expect_empty();
+    if (inputs.empty()) throw UsageError("--input needs at least one file");
+    if (!output) throw UsageError("--output is required");
+    prepare_dataset(inputs, *output);
+    return 0;
+  } catch (...) {
+    return report("prepare-data", std::current_exception());
+  }
+}
+
+int command_make_corpus(const std::vector<std::string>& raw) {
+  Arguments args("make-corpus", raw);
+  if (args.flag("--help") || args.flag("-h")) {
+    std::fputs(kCorpusHelp, stdout);
+    return 0;
+  }
+  ensure_logging();
+  try {
+    CorpusOptions options;
+    const std::optional<std::string> output = args.option("--output");
+    options.documents = args.number("--documents", options.documents);
+    options.seed = args.number("--seed", options.seed);
+    options.max_length = args.number("--max-length", options.max_length);
+    options.min_length = args.number("--min-length", options.min_length);
+    options.median_length = args.number("--median-length", options.median_length);
+    args.expect_empty();
+    if (!output) throw UsageError("--output is required");
+    try {
+      validate_corpus_options(options);
+    } catch (const std::invalid_argument& e) {
+      throw UsageError(e.what());
+    }
+    make_demo_corpus(options, *output);
+    return 0;
+  } catch (...) {
+    return report("make-corpus", std::current_exception());
+  }
+}
+
+}  // namespace hdp

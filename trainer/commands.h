@@ -1,0 +1,15 @@
+#pragma once
+// The subcommands of the trainer executable. Each returns the process exit code:
+// 0 success, 2 bad usage / config / input, 1 anything else.
+
+#include <string>
+#include <vector>
+
+namespace hdp {
+
+// argc/argv are handed to MPI; args are the arguments after the command name.
+int command_train(int argc, char** argv, const std::vector<std::string>& args);
+int command_prepare_data(const std::vector<std::string>& args);
+int command_make_corpus(const std::vector<std::string>& args);
+
+}  // namespace hdp

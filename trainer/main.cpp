@@ -1,0 +1,50 @@
+// trainer: the one executable. Subcommands are in trainer/commands.cpp.
+//
+// Exit codes: 0 success, 2 bad usage / config / input file, 1 anything else.
+
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "trainer/commands.h"
+
+namespace {
+
+const char* const kUsage = R"(trainer - LLaMA training with hybrid data parallelism
+
+usage: trainer <command> [options]
+
+commands:
+  train CONFIG.yaml [--set key.path=value ...]   train a model
+  prepare-data --input FILE... --output DATA.h5  tokenize text or JSONL into a dataset
+  make-corpus --output DATA.h5 [...]             write the built-in demo corpus
+
+  trainer <command> --help   options of one command
+  trainer --version          version
+)";
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  const std::string command = args[0];
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (command == "--version") {
+    std::printf("trainer %s\n", HDP_VERSION);
+    return 0;
+  }
+  args.erase(args.begin());
+  if (command == "train") return hdp::command_train(argc, argv, args);
+  if (command == "prepare-data") return hdp::command_prepare_data(args);
+  if (command == "make-corpus") return hdp::command_make_corpus(args);
+  std::fprintf(stderr, "trainer: unknown command '%s'\n\n%s", command.c_str(), kUsage);
+  return 2;
+}

@@ -1,0 +1,50 @@
+#include "trainer/metrics.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <stdexcept>
+
+namespace hdp {
+namespace {
+
+// JSON has no NaN or infinity; a diverged loss is written as null.
+std::string number(double x) {
+  if (!std::isfinite(x)) return "null";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.9g", x);
+  return buf;
+}
+
+}  // namespace
+
+std::string to_json(const StepMetrics& m) {
+  std::string s = "{";
+  s += "\"step\": " + std::to_string(m.step);
+  s += ", \"loss\": " + number(m.loss);
+  s += ", \"lr\": " + number(m.lr);
+  s += ", \"grad_norm\": " + number(m.grad_norm);
+  s += ", \"tokens\": " + std::to_string(m.tokens);
+  s += ", \"input_tokens\": " + std::to_string(m.input_tokens);
+  s += ", \"micro_batches\": " + std::to_string(m.micro_batches);
+  s += ", \"tokens_per_s\": " + number(m.tokens_per_s);
+  s += ", \"step_ms\": " + number(m.step_ms);
+  s += ", \"data_wait_ms\": " + number(m.data_wait_ms);
+  s += ", \"mfu\": " + number(m.mfu);
+  s += ", \"peak_mem_bytes\": " + std::to_string(m.peak_mem_bytes);
+  return s + "}";
+}
+
+MetricsWriter::MetricsWriter(const std::string& run_dir, bool truncate) {
+  std::filesystem::create_directories(run_dir);
+  path_ = (std::filesystem::path(run_dir) / "metrics.jsonl").string();
+  out_.open(path_, truncate ? std::ios::trunc : std::ios::app);
+  if (!out_) throw std::runtime_error("cannot open " + path_ + " for writing");
+}
+
+void MetricsWriter::write(const StepMetrics& m) {
+  out_ << to_json(m) << '\n';
+  out_.flush();
+}
+
+}  // namespace hdp

@@ -1,0 +1,39 @@
+#pragma once
+// Per-step training metrics: one JSON object per line in RUN_DIR/metrics.jsonl.
+
+#include <cstdint>
+#include <fstream>
+#include <string>
+
+namespace hdp {
+
+struct StepMetrics {
+  int64_t step = 0;
+  double loss = 0;
+  double lr = 0;
+  double grad_norm = 0;
+  int64_t tokens = 0;         // predicted tokens this step (the loss denominator)
+  int64_t input_tokens = 0;   // tokens run through the model this step
+  int64_t micro_batches = 0;
+  double tokens_per_s = 0;    // input tokens per second of step time
+  double step_ms = 0;
+  double data_wait_ms = 0;    // time the step waited for its batch
+  double mfu = 0;             // model FLOP/s divided by the peak FLOP/s
+  int64_t peak_mem_bytes = 0;
+};
+
+std::string to_json(const StepMetrics& m);
+
+class MetricsWriter {
+ public:
+  // Appends to run_dir/metrics.jsonl (creating run_dir); `truncate` starts the file afresh.
+  MetricsWriter(const std::string& run_dir, bool truncate);
+  void write(const StepMetrics& m);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace hdp
