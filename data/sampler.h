@@ -59,8 +59,10 @@ PackedMicroBatch materialize_micro_batch(const TokenDataset& dataset, std::span<
 void materialize_micro_batch(const TokenDataset& dataset, PackedMicroBatch& micro_batch);
 
 // Produces global batches from a dataset. The dataset must outlive the
-// sampler. One sampler is for one thread (it holds no locks of its own; the
-// dataset reads lock hdf5_mutex()).
+// sampler and must not be moved while the sampler exists (it keeps a
+// pointer). One sampler is for one thread (it holds no locks of its own; the
+// dataset reads lock hdf5_mutex()). state() before the first next() is the
+// given state moved past empty documents / an epoch end.
 class BatchSampler {
  public:
   // Throws std::invalid_argument for bad options, a dataset without tokens or
