@@ -50,12 +50,16 @@ TokenDatasetWriter::TokenDatasetWriter(const std::string& path, uint64_t vocab_s
 
   Hdf5Lock lock;
   try {
-    file_ = h5_file(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT),
+    // No object timestamps: the same documents give a byte-identical file.
+    H5Handle fcpl = h5_plist(H5Pcreate(H5P_FILE_CREATE), "creating file properties");
+    h5check_status(H5Pset_obj_track_times(fcpl.get(), false), "disabling timestamps");
+    file_ = h5_file(H5Fcreate(tmp_path_.c_str(), H5F_ACC_TRUNC, fcpl.get(), H5P_DEFAULT),
                     "creating '" + tmp_path_ + "'");
     hsize_t dims[1] = {0}, maxdims[1] = {H5S_UNLIMITED}, chunk[1] = {kTokenChunkElements};
     H5Handle space = h5_space(H5Screate_simple(1, dims, maxdims), "creating tokens dataspace");
     H5Handle dcpl = h5_plist(H5Pcreate(H5P_DATASET_CREATE), "creating tokens properties");
     h5check_status(H5Pset_chunk(dcpl.get(), 1, chunk), "setting tokens chunking");
+    h5check_status(H5Pset_obj_track_times(dcpl.get(), false), "disabling timestamps");
     h5check_status(H5Pset_shuffle(dcpl.get()), "setting shuffle filter");
     h5check_status(H5Pset_deflate(dcpl.get(), kDeflateLevel), "setting deflate filter");
     tokens_ = h5_dataset(H5Dcreate2(file_.get(), "tokens", H5T_STD_U32LE, space.get(), H5P_DEFAULT, dcpl.get(),
@@ -164,6 +168,7 @@ void TokenDatasetWriter::finish() {
       H5Handle space = h5_space(H5Screate_simple(1, dims, nullptr), "creating doc_offsets dataspace");
       H5Handle dcpl = h5_plist(H5Pcreate(H5P_DATASET_CREATE), "creating doc_offsets properties");
       h5check_status(H5Pset_chunk(dcpl.get(), 1, chunk), "setting doc_offsets chunking");
+      h5check_status(H5Pset_obj_track_times(dcpl.get(), false), "disabling timestamps");
       h5check_status(H5Pset_shuffle(dcpl.get()), "setting shuffle filter");
       h5check_status(H5Pset_deflate(dcpl.get(), kDeflateLevel), "setting deflate filter");
       H5Handle offsets = h5_dataset(H5Dcreate2(file_.get(), "doc_offsets", H5T_STD_U64LE, space.get(), H5P_DEFAULT,

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 #include <regex>
 #include <string>
 #include <vector>
@@ -40,6 +42,11 @@ TEST(DataCorpus, DeterministicPerSeed) {
   EXPECT_EQ(s1.tokens, a.num_tokens());
   EXPECT_EQ(a.doc_offsets(), b.doc_offsets());
   EXPECT_EQ(all_tokens(a), all_tokens(b));
+  auto bytes = [](const std::string& p) {
+    std::ifstream in(p, std::ios::binary);
+    return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  };
+  EXPECT_EQ(bytes(dir + "/a.h5"), bytes(dir + "/b.h5")) << "no timestamps: same seed, byte-identical file";
   EXPECT_NE(all_tokens(a), all_tokens(c));
   EXPECT_EQ(a.tokenizer(), "byte-level");
   EXPECT_EQ(a.vocab_size(), kByteVocabSize);
