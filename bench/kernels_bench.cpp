@@ -1,0 +1,292 @@
+// Google Benchmark for the CPU kernels at LLaMA-step shapes.
+//
+//   build-kernels/bench/kernels_bench --benchmark_repetitions=3 --benchmark_report_aggregates_only=true
+//
+// Every benchmark measures wall-clock time (UseRealTime: the ops are multi-threaded)
+// and reports GFLOP/s or GB/s as rate counters ("FLOPS"/"bytes_per_second" in
+// units of 1000).
+//
+// FLOP conventions:
+//   sgemm M x N x K:         2 M N K
+//   attention, per (document of L tokens, query head), causal pairs P = L (L + 1) / 2:
+//     forward  4 d P   (S = Q K^T and O = P V, 2 d P each)
+//     backward 10 d P  (S recomputed, dV, dP, dQ, dK: 5 products; = 2.5 x forward)
+//   The exp/softmax work is not counted.
+
+#include <benchmark/benchmark.h>
+#include <cblas.h>
+#include <omp.h>
+
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cpu/blas_threads.h"
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/tile_gemm.h"
+#include "kernels/ops.h"
+
+namespace {
+
+using hdp::IndexTensor;
+using hdp::Tensor;
+
+std::vector<float> random_vector(size_t n, float lo, float hi, uint32_t seed) {
+  std::vector<float> v(n);
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+void set_gflops(benchmark::State& state, double flops_per_iter) {
+  state.counters["GFLOP/s"] =
+      benchmark::Counter(flops_per_iter * static_cast<double>(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
+}
+void set_gbytes(benchmark::State& state, double bytes_per_iter) {
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes_per_iter * static_cast<double>(state.iterations()) * 1e-9, benchmark::Counter::kIsRate);
+}
+
+// ---- dense algebra ----------------------------------------------------------------
+
+// c[M, N] = a[M, K] b[K, N]: the machine's reference sgemm rate at 2048^3.
+void BM_Sgemm(benchmark::State& state) {
+  const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
+  auto a = random_vector(M * K, -1, 1, 1), b = random_vector(K * N, -1, 1, 2), c = std::vector<float>(M * N);
+  for (auto _ : state) {
+    hdp::matmul(Tensor(c.data(), {M, N}), Tensor(a.data(), {M, K}), false, Tensor(b.data(), {K, N}), false);
+    benchmark::ClobberMemory();
+  }
+  set_gflops(state, 2.0 * M * N * K);
+}
+BENCHMARK(BM_Sgemm)->Args({2048, 2048, 2048})->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// y[T, out] = x[T, in] w[out, in]^T at the LLaMA-step shapes (tokens x out x in).
+void BM_LinearForward(benchmark::State& state) {
+  const int64_t T = state.range(0), out = state.range(1), in = state.range(2);
+  auto x = random_vector(T * in, -1, 1, 1), w = random_vector(out * in, -1, 1, 2), y = std::vector<float>(T * out);
+  for (auto _ : state) {
+    hdp::linear_forward(Tensor(y.data(), {T, out}), Tensor(x.data(), {T, in}), Tensor(w.data(), {out, in}));
+    benchmark::ClobberMemory();
+  }
+  set_gflops(state, 2.0 * T * out * in);
+}
+BENCHMARK(BM_LinearForward)
+    ->Args({4096, 512, 512})
+    ->Args({4096, 1376, 512})
+    ->Args({4096, 512, 1376})
+    ->Args({1024, 32000, 512})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// dx = dy w and dw += dy^T x (two sgemms).
+void BM_LinearBackward(benchmark::State& state) {
+  const int64_t T = state.range(0), out = state.range(1), in = state.range(2);
+  auto x = random_vector(T * in, -1, 1, 1), w = random_vector(out * in, -1, 1, 2);
+  auto dy = random_vector(T * out, -1, 1, 3), dx = std::vector<float>(T * in), dw = std::vector<float>(out * in);
+  for (auto _ : state) {
+    hdp::linear_backward(Tensor(dx.data(), {T, in}), Tensor(dw.data(), {out, in}), Tensor(dy.data(), {T, out}),
+                         Tensor(x.data(), {T, in}), Tensor(w.data(), {out, in}), false);
+    benchmark::ClobberMemory();
+  }
+  set_gflops(state, 4.0 * T * out * in);
+}
+BENCHMARK(BM_LinearBackward)
+    ->Args({4096, 512, 512})
+    ->Args({4096, 1376, 512})
+    ->Args({1024, 32000, 512})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+// The attention tile products, single-threaded: the hand-written micro-kernel
+// (tile_gemm) against cblas_sgemm with OpenBLAS forced to one thread. This is the
+// measurement behind using tile_gemm in attention. Args: M, N, K.
+void BM_TileGemmHand(benchmark::State& state) {
+  const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
+  auto a = random_vector(M * K, -1, 1, 1), b = random_vector(K * N, -1, 1, 2), c = std::vector<float>(M * N);
+  for (auto _ : state) {
+    hdp::cpu::tile_gemm(M, N, K, a.data(), K, 1, b.data(), N, c.data(), N, false);
+    benchmark::ClobberMemory();
+  }
+  set_gflops(state, 2.0 * M * N * K);
+}
+void BM_TileGemmBlas1T(benchmark::State& state) {
+  const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
+  auto a = random_vector(M * K, -1, 1, 1), b = random_vector(K * N, -1, 1, 2), c = std::vector<float>(M * N);
+  hdp::cpu::BlasThreadsScope one(1);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
+                static_cast<int>(K), 1.0f, a.data(), static_cast<int>(K), b.data(), static_cast<int>(N), 0.0f,
+                c.data(), static_cast<int>(N));
+    benchmark::ClobberMemory();
+  }
+  set_gflops(state, 2.0 * M * N * K);
+}
+BENCHMARK(BM_TileGemmHand)->Args({64, 64, 64})->Args({64, 64, 128})->Args({128, 128, 64})->UseRealTime();
+BENCHMARK(BM_TileGemmBlas1T)->Args({64, 64, 64})->Args({64, 64, 128})->Args({128, 128, 64})->UseRealTime();
+
+// ---- attention -------------------------------------------------------------------
+
+struct AttentionSetup {
+  int64_t docs, len, Hq, Hkv, d, T;
+  std::vector<float> q, k, v, out, lse, dout, dq, dk, dv;
+  std::vector<int32_t> cu;
+  AttentionSetup(int64_t docs_, int64_t len_, int64_t Hq_, int64_t Hkv_, int64_t d_)
+      : docs(docs_), len(len_), Hq(Hq_), Hkv(Hkv_), d(d_), T(docs_ * len_) {
+    q = random_vector(T * Hq * d, -1, 1, 1);
+    k = random_vector(T * Hkv * d, -1, 1, 2);
+    v = random_vector(T * Hkv * d, -1, 1, 3);
+    dout = random_vector(T * Hq * d, -1, 1, 4);
+    out.resize(T * Hq * d);
+    lse.resize(Hq * T);
+    dq.resize(q.size());
+    dk.resize(k.size());
+    dv.resize(v.size());
+    for (int64_t i = 0; i <= docs; ++i) cu.push_back(static_cast<int32_t>(i * len));
+  }
+  IndexTensor cus() { return IndexTensor(cu.data(), {docs + 1}); }
+  void forward() {
+    hdp::attention_forward(Tensor(out.data(), {T, Hq, d}), Tensor(lse.data(), {Hq, T}), Tensor(q.data(), {T, Hq, d}),
+                           Tensor(k.data(), {T, Hkv, d}), Tensor(v.data(), {T, Hkv, d}), cus());
+  }
+  void backward() {
+    hdp::attention_backward(Tensor(dq.data(), {T, Hq, d}), Tensor(dk.data(), {T, Hkv, d}),
+                            Tensor(dv.data(), {T, Hkv, d}), Tensor(dout.data(), {T, Hq, d}),
+                            Tensor(q.data(), {T, Hq, d}), Tensor(k.data(), {T, Hkv, d}),
+                            Tensor(v.data(), {T, Hkv, d}), Tensor(out.data(), {T, Hq, d}),
+                            Tensor(lse.data(), {Hq, T}), cus());
+  }
+  // Causal (query, key) pairs summed over documents and query heads, times d.
+  double pair_d() const { return static_cast<double>(docs * Hq) * (len * (len + 1) / 2.0) * d; }
+};
+
+// Args: docs, tokens per doc, Hq, Hkv, d
+void BM_AttentionForward(benchmark::State& state) {
+  AttentionSetup s(state.range(0), state.range(1), state.range(2), state.range(3), state.range(4));
+  for (auto _ : state) s.forward();
+  set_gflops(state, 4.0 * s.pair_d());
+}
+void BM_AttentionBackward(benchmark::State& state) {
+  AttentionSetup s(state.range(0), state.range(1), state.range(2), state.range(3), state.range(4));
+  s.forward();
+  for (auto _ : state) s.backward();
+  set_gflops(state, 10.0 * s.pair_d());
+}
+void BM_AttentionForwardBackward(benchmark::State& state) {
+  AttentionSetup s(state.range(0), state.range(1), state.range(2), state.range(3), state.range(4));
+  for (auto _ : state) {
+    s.forward();
+    s.backward();
+  }
+  set_gflops(state, 14.0 * s.pair_d());
+}
+BENCHMARK(BM_AttentionForward)->Args({4, 1024, 8, 4, 64})->Args({1, 4096, 8, 4, 64})->Args({4, 1024, 8, 4, 128})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionBackward)->Args({4, 1024, 8, 4, 64})->Args({1, 4096, 8, 4, 64})->Args({4, 1024, 8, 4, 128})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionForwardBackward)->Args({4, 1024, 8, 4, 64})->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// ---- cross-entropy ---------------------------------------------------------------
+
+void BM_CrossEntropyForwardBackward(benchmark::State& state) {
+  const int64_t T = state.range(0), V = state.range(1);
+  const auto init = random_vector(T * V, -4, 4, 1);
+  std::vector<float> logits = init, scratch(3 * T);
+  std::vector<int32_t> targets(T);
+  for (int64_t t = 0; t < T; ++t) targets[t] = static_cast<int32_t>((t * 7919) % V);
+  for (auto _ : state) {
+    // Refreshing the logits (a copy) is not timed.
+    state.PauseTiming();
+    std::copy(init.begin(), init.end(), logits.begin());
+    state.ResumeTiming();
+    benchmark::DoNotOptimize(hdp::cross_entropy_forward_backward(
+        Tensor(logits.data(), {T, V}), IndexTensor(targets.data(), {T}), 1.0f / T, Tensor(scratch.data(), {3 * T})));
+  }
+  set_gbytes(state, 2.0 * T * V * sizeof(float));  // read + write of the logits
+}
+BENCHMARK(BM_CrossEntropyForwardBackward)->Args({1024, 32000})->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_CrossEntropyStats(benchmark::State& state) {
+  const int64_t T = state.range(0), V = state.range(1);
+  auto logits = random_vector(T * V, -4, 4, 1);
+  std::vector<float> mx(T), se(T), tl(T);
+  std::vector<int32_t> targets(T);
+  for (int64_t t = 0; t < T; ++t) targets[t] = static_cast<int32_t>((t * 7919) % V);
+  for (auto _ : state)
+    hdp::cross_entropy_stats(Tensor(mx.data(), {T}), Tensor(se.data(), {T}), Tensor(tl.data(), {T}),
+                             Tensor(logits.data(), {T, V}), IndexTensor(targets.data(), {T}), 0);
+  set_gbytes(state, 1.0 * T * V * sizeof(float));
+}
+BENCHMARK(BM_CrossEntropyStats)->Args({1024, 32000})->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// ---- RMSNorm, RoPE, SwiGLU ---------------------------------------------------------
+
+void BM_RmsnormForward(benchmark::State& state) {
+  const int64_t T = state.range(0), H = state.range(1);
+  auto x = random_vector(T * H, -1, 1, 1), w = random_vector(H, 0.5, 1.5, 2);
+  std::vector<float> y(T * H), rstd(T);
+  for (auto _ : state)
+    hdp::rmsnorm_forward(Tensor(y.data(), {T, H}), Tensor(rstd.data(), {T}), Tensor(x.data(), {T, H}),
+                         Tensor(w.data(), {H}), 1e-5f);
+  set_gbytes(state, 2.0 * T * H * sizeof(float));
+}
+void BM_RmsnormBackward(benchmark::State& state) {
+  const int64_t T = state.range(0), H = state.range(1);
+  auto x = random_vector(T * H, -1, 1, 1), w = random_vector(H, 0.5, 1.5, 2), dy = random_vector(T * H, -1, 1, 3);
+  std::vector<float> y(T * H), rstd(T), dx(T * H), dw(H);
+  hdp::rmsnorm_forward(Tensor(y.data(), {T, H}), Tensor(rstd.data(), {T}), Tensor(x.data(), {T, H}),
+                       Tensor(w.data(), {H}), 1e-5f);
+  for (auto _ : state)
+    hdp::rmsnorm_backward(Tensor(dx.data(), {T, H}), Tensor(dw.data(), {H}), Tensor(dy.data(), {T, H}),
+                          Tensor(x.data(), {T, H}), Tensor(w.data(), {H}), Tensor(rstd.data(), {T}));
+  set_gbytes(state, 4.0 * T * H * sizeof(float));  // x, dy read; dx read + written
+}
+BENCHMARK(BM_RmsnormForward)->Args({4096, 512})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_RmsnormBackward)->Args({4096, 512})->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+// Args: T, heads, d (the query tensor of a 4096-token micro-batch).
+void BM_RopeForward(benchmark::State& state) {
+  const int64_t T = state.range(0), H = state.range(1), d = state.range(2);
+  auto x = random_vector(T * H * d, -1, 1, 1);
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>(t % 1024);
+  for (auto _ : state) hdp::rope_forward(Tensor(x.data(), {T, H, d}), IndexTensor(pos.data(), {T}), 10000.0f);
+  set_gbytes(state, 2.0 * T * H * d * sizeof(float));
+}
+BENCHMARK(BM_RopeForward)->Args({4096, 8, 64})->Args({4096, 4, 64})->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+void BM_SwigluForward(benchmark::State& state) {
+  const int64_t T = state.range(0), F = state.range(1);
+  auto g = random_vector(T * F, -4, 4, 1), u = random_vector(T * F, -1, 1, 2);
+  std::vector<float> out(T * F);
+  for (auto _ : state)
+    hdp::swiglu_forward(Tensor(out.data(), {T, F}), Tensor(g.data(), {T, F}), Tensor(u.data(), {T, F}));
+  set_gbytes(state, 3.0 * T * F * sizeof(float));
+}
+void BM_SwigluBackward(benchmark::State& state) {
+  const int64_t T = state.range(0), F = state.range(1);
+  auto g = random_vector(T * F, -4, 4, 1), u = random_vector(T * F, -1, 1, 2), dy = random_vector(T * F, -1, 1, 3);
+  std::vector<float> dg(T * F), du(T * F);
+  for (auto _ : state)
+    hdp::swiglu_backward(Tensor(dg.data(), {T, F}), Tensor(du.data(), {T, F}), Tensor(dy.data(), {T, F}),
+                         Tensor(g.data(), {T, F}), Tensor(u.data(), {T, F}));
+  set_gbytes(state, 5.0 * T * F * sizeof(float));
+}
+BENCHMARK(BM_SwigluForward)->Args({4096, 1376})->UseRealTime()->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_SwigluBackward)->Args({4096, 1376})->UseRealTime()->Unit(benchmark::kMicrosecond);
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("openblas_core", hdp::cpu::blas_core_name());
+  benchmark::AddCustomContext("openblas_threads", std::to_string(hdp::cpu::blas_num_threads()));
+  benchmark::AddCustomContext("omp_threads", std::to_string(omp_get_max_threads()));
+  benchmark::AddCustomContext("simd", std::string(hdp::cpu::simd_isa_name()) + " x" +
+                                          std::to_string(hdp::cpu::simd_width()));
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

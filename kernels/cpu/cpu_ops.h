@@ -1,0 +1,60 @@
+#pragma once
+// The CPU backend: one function per op in kernels/ops.h, same arguments. The
+// dispatcher (kernels/ops.cpp) has already checked shapes and devices, so these
+// functions trust their inputs. Forward and backward of an op live side by side
+// in one file (cpu/<op>.cpp).
+//
+// Threading: OpenMP inside each op (static schedule for elementwise work,
+// dynamic where tasks write disjoint outputs); cblas_sgemm with OpenBLAS's own
+// threads for matmul/linear. Every op is deterministic for a given thread count,
+// and most (all but matmul/linear, whose blocking OpenBLAS chooses) give the same
+// bits for any thread count. Call ops from one thread at a time: they are not
+// meant to be nested inside a caller's OpenMP parallel region.
+
+#include <cstdint>
+
+#include "kernels/ops.h"
+
+namespace hdp::cpu {
+
+void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, float alpha, float beta);
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w);
+void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, bool accumulate_dx);
+
+void add_inplace(Tensor y, const Tensor& x);
+void scale_inplace(Tensor y, float s);
+void fill(Tensor y, float value);
+void copy(Tensor dst, const Tensor& src);
+double sum_squares(const Tensor& x);
+
+void embedding_forward(Tensor out, const IndexTensor& tokens, const Tensor& table, int64_t vocab_begin);
+void embedding_backward(Tensor dtable, const IndexTensor& tokens, const Tensor& dout, int64_t vocab_begin);
+
+void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps);
+void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd);
+
+void rope_forward(Tensor x, const IndexTensor& positions, float theta);
+void rope_backward(Tensor dx, const IndexTensor& positions, float theta);
+
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const IndexTensor& cu_seqlens);
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens);
+
+void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
+
+void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit, const Tensor& logits,
+                         const IndexTensor& targets, int64_t vocab_begin);
+void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const IndexTensor& targets, int64_t vocab_begin,
+                                    float grad_scale);
+double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT);
+
+void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s);
+
+// The attention tile sizes (exposed for tests and benchmarks): queries per tile
+// and keys per tile.
+int attention_query_tile();
+int attention_key_tile();
+
+}  // namespace hdp::cpu

@@ -1,0 +1,391 @@
+// The op interface: check shapes and devices, then dispatch to a backend.
+// Errors are std::invalid_argument naming the op and the offending shapes.
+
+#include "kernels/ops.h"
+
+#include <initializer_list>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace hdp {
+namespace {
+
+[[noreturn]] void fail(const char* op, const std::string& msg) { throw std::invalid_argument(std::string(op) + ": " + msg); }
+
+// name=[shape] for error messages
+template <class T>
+std::string arg(const char* name, const TensorOf<T>& t) {
+  return std::string(name) + "=" + t.shape_string();
+}
+
+template <class T>
+void require_dims(const char* op, const char* name, const TensorOf<T>& t, std::initializer_list<int64_t> dims) {
+  bool ok = t.ndim == static_cast<int>(dims.size());
+  int i = 0;
+  for (int64_t d : dims) {
+    if (ok && d >= 0 && t.shape[i] != d) ok = false;
+    ++i;
+  }
+  if (!ok) {
+    std::string want = "[";
+    i = 0;
+    for (int64_t d : dims) want += (i++ ? ", " : "") + (d >= 0 ? std::to_string(d) : std::string("*"));
+    fail(op, arg(name, t) + " must have shape " + want + "]");
+  }
+  if (t.numel() > 0 && t.data == nullptr) fail(op, std::string(name) + " has no data");
+}
+
+template <class A, class B>
+void require_same_shape(const char* op, const char* na, const TensorOf<A>& a, const char* nb, const TensorOf<B>& b) {
+  bool ok = a.ndim == b.ndim;
+  for (int i = 0; ok && i < a.ndim; ++i) ok = a.shape[i] == b.shape[i];
+  if (!ok) fail(op, arg(na, a) + " and " + arg(nb, b) + " must have the same shape");
+  if (a.numel() > 0 && (a.data == nullptr || b.data == nullptr)) fail(op, "tensor without data");
+}
+
+// All tensors on one device; returns it.
+template <class First, class... Rest>
+Device common_device(const char* op, const First& first, const Rest&... rest) {
+  const Device dev = first.device;
+  const bool same = ((rest.device == dev) && ...);
+  if (!same) fail(op, "tensors live on different devices");
+  return dev;
+}
+
+void require(bool cond, const char* op, const std::string& msg) {
+  if (!cond) fail(op, msg);
+}
+
+}  // namespace
+
+// ---- dense algebra ---------------------------------------------------------------
+
+void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, float alpha, float beta) {
+  const char* op = "matmul";
+  require_dims(op, "a", a, {-1, -1});
+  require_dims(op, "b", b, {-1, -1});
+  require_dims(op, "c", c, {-1, -1});
+  const int64_t M = transpose_a ? a.dim(1) : a.dim(0), K = transpose_a ? a.dim(0) : a.dim(1);
+  const int64_t Kb = transpose_b ? b.dim(1) : b.dim(0), N = transpose_b ? b.dim(0) : b.dim(1);
+  if (K != Kb || c.dim(0) != M || c.dim(1) != N)
+    fail(op, "c=" + c.shape_string() + " = op(a=" + a.shape_string() + (transpose_a ? "^T" : "") + ") * op(b=" +
+                 b.shape_string() + (transpose_b ? "^T" : "") + ") does not match");
+  switch (common_device(op, c, a, b)) {
+    case Device::CPU: return cpu::matmul(c, a, transpose_a, b, transpose_b, alpha, beta);
+    default: throw UnsupportedDevice(op, c.device);
+  }
+}
+
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w) {
+  const char* op = "linear_forward";
+  require_dims(op, "x", x, {-1, -1});
+  require_dims(op, "w", w, {-1, x.dim(1)});
+  require_dims(op, "y", y, {x.dim(0), w.dim(0)});
+  switch (common_device(op, y, x, w)) {
+    case Device::CPU: return cpu::linear_forward(y, x, w);
+    default: throw UnsupportedDevice(op, y.device);
+  }
+}
+
+void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, bool accumulate_dx) {
+  const char* op = "linear_backward";
+  require_dims(op, "x", x, {-1, -1});
+  require_dims(op, "w", w, {-1, x.dim(1)});
+  require_dims(op, "dy", dy, {x.dim(0), w.dim(0)});
+  require_dims(op, "dw", dw, {w.dim(0), w.dim(1)});
+  // An empty dx (Tensor{}) skips the input gradient.
+  const bool skip_dx = dx.ndim == 0 && dx.data == nullptr;
+  if (!skip_dx) require_dims(op, "dx", dx, {x.dim(0), x.dim(1)});
+  const Device dev = skip_dx ? common_device(op, dw, dy, x, w) : common_device(op, dx, dw, dy, x, w);
+  switch (dev) {
+    case Device::CPU: return cpu::linear_backward(dx, dw, dy, x, w, accumulate_dx);
+    default: throw UnsupportedDevice(op, dev);
+  }
+}
+
+void add_inplace(Tensor y, const Tensor& x) {
+  const char* op = "add_inplace";
+  require_same_shape(op, "y", y, "x", x);
+  switch (common_device(op, y, x)) {
+    case Device::CPU: return cpu::add_inplace(y, x);
+    default: throw UnsupportedDevice(op, y.device);
+  }
+}
+
+void scale_inplace(Tensor y, float s) {
+  const char* op = "scale_inplace";
+  require(y.numel() == 0 || y.data, op, "tensor without data");
+  switch (y.device) {
+    case Device::CPU: return cpu::scale_inplace(y, s);
+    default: throw UnsupportedDevice(op, y.device);
+  }
+}
+
+void fill(Tensor y, float value) {
+  const char* op = "fill";
+  require(y.numel() == 0 || y.data, op, "tensor without data");
+  switch (y.device) {
+    case Device::CPU: return cpu::fill(y, value);
+    default: throw UnsupportedDevice(op, y.device);
+  }
+}
+
+void copy(Tensor dst, const Tensor& src) {
+  const char* op = "copy";
+  require_same_shape(op, "dst", dst, "src", src);
+  switch (common_device(op, dst, src)) {
+    case Device::CPU: return cpu::copy(dst, src);
+    default: throw UnsupportedDevice(op, dst.device);
+  }
+}
+
+double sum_squares(const Tensor& x) {
+  const char* op = "sum_squares";
+  require(x.numel() == 0 || x.data, op, "tensor without data");
+  switch (x.device) {
+    case Device::CPU: return cpu::sum_squares(x);
+    default: throw UnsupportedDevice(op, x.device);
+  }
+}
+
+// ---- embedding -------------------------------------------------------------------
+
+void embedding_forward(Tensor out, const IndexTensor& tokens, const Tensor& table, int64_t vocab_begin) {
+  const char* op = "embedding_forward";
+  require_dims(op, "tokens", tokens, {-1});
+  require_dims(op, "table", table, {-1, -1});
+  require_dims(op, "out", out, {tokens.dim(0), table.dim(1)});
+  require(vocab_begin >= 0, op, "vocab_begin must be >= 0");
+  switch (common_device(op, out, tokens, table)) {
+    case Device::CPU: return cpu::embedding_forward(out, tokens, table, vocab_begin);
+    default: throw UnsupportedDevice(op, out.device);
+  }
+}
+
+void embedding_backward(Tensor dtable, const IndexTensor& tokens, const Tensor& dout, int64_t vocab_begin) {
+  const char* op = "embedding_backward";
+  require_dims(op, "tokens", tokens, {-1});
+  require_dims(op, "dtable", dtable, {-1, -1});
+  require_dims(op, "dout", dout, {tokens.dim(0), dtable.dim(1)});
+  require(vocab_begin >= 0, op, "vocab_begin must be >= 0");
+  switch (common_device(op, dtable, tokens, dout)) {
+    case Device::CPU: return cpu::embedding_backward(dtable, tokens, dout, vocab_begin);
+    default: throw UnsupportedDevice(op, dtable.device);
+  }
+}
+
+// ---- RMSNorm ---------------------------------------------------------------------
+
+void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) {
+  const char* op = "rmsnorm_forward";
+  require_dims(op, "x", x, {-1, -1});
+  require_dims(op, "y", y, {x.dim(0), x.dim(1)});
+  require_dims(op, "w", w, {x.dim(1)});
+  require_dims(op, "rstd", rstd, {x.dim(0)});
+  require(eps >= 0, op, "eps must be >= 0");
+  switch (common_device(op, y, rstd, x, w)) {
+    case Device::CPU: return cpu::rmsnorm_forward(y, rstd, x, w, eps);
+    default: throw UnsupportedDevice(op, y.device);
+  }
+}
+
+void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd) {
+  const char* op = "rmsnorm_backward";
+  require_dims(op, "x", x, {-1, -1});
+  require_dims(op, "dx", dx, {x.dim(0), x.dim(1)});
+  require_dims(op, "dy", dy, {x.dim(0), x.dim(1)});
+  require_dims(op, "w", w, {x.dim(1)});
+  require_dims(op, "dw", dw, {x.dim(1)});
+  require_dims(op, "rstd", rstd, {x.dim(0)});
+  switch (common_device(op, dx, dw, dy, x, w, rstd)) {
+    case Device::CPU: return cpu::rmsnorm_backward(dx, dw, dy, x, w, rstd);
+    default: throw UnsupportedDevice(op, dx.device);
+  }
+}
+
+// ---- RoPE ------------------------------------------------------------------------
+
+namespace {
+void check_rope(const char* op, const Tensor& x, const IndexTensor& positions, float theta) {
+  require_dims(op, "x", x, {-1, -1, -1});
+  require_dims(op, "positions", positions, {x.dim(0)});
+  require(x.dim(2) % 2 == 0, op, "head dim of x=" + x.shape_string() + " must be even");
+  require(theta > 0, op, "theta must be > 0");
+  common_device(op, x, positions);
+}
+}  // namespace
+
+void rope_forward(Tensor x, const IndexTensor& positions, float theta) {
+  const char* op = "rope_forward";
+  check_rope(op, x, positions, theta);
+  switch (x.device) {
+    case Device::CPU: return cpu::rope_forward(x, positions, theta);
+    default: throw UnsupportedDevice(op, x.device);
+  }
+}
+
+void rope_backward(Tensor dx, const IndexTensor& positions, float theta) {
+  const char* op = "rope_backward";
+  check_rope(op, dx, positions, theta);
+  switch (dx.device) {
+    case Device::CPU: return cpu::rope_backward(dx, positions, theta);
+    default: throw UnsupportedDevice(op, dx.device);
+  }
+}
+
+// ---- attention -------------------------------------------------------------------
+
+namespace {
+void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                     const Tensor& lse, const IndexTensor& cu_seqlens) {
+  require_dims(op, "q", q, {-1, -1, -1});
+  const int64_t T = q.dim(0), Hq = q.dim(1), d = q.dim(2);
+  require_dims(op, "k", k, {T, -1, d});
+  require_dims(op, "v", v, {T, k.dim(1), d});
+  require_dims(op, "out", out, {T, Hq, d});
+  require_dims(op, "lse", lse, {Hq, T});
+  require_dims(op, "cu_seqlens", cu_seqlens, {-1});
+  require(d > 0, op, "head dim must be > 0");
+  require(k.dim(1) > 0 && Hq % k.dim(1) == 0, op,
+          "query heads of q=" + q.shape_string() + " must be a multiple of kv heads of k=" + k.shape_string());
+  require(cu_seqlens.numel() >= 1, op, "cu_seqlens must hold at least one entry");
+  // Values live in host memory for the CPU backend; a device backend checks its own copy.
+  if (cu_seqlens.device == Device::CPU) {
+    const int64_t n = cu_seqlens.numel();
+    bool ok = cu_seqlens.data[0] == 0 && cu_seqlens.data[n - 1] == T;
+    for (int64_t i = 0; ok && i + 1 < n; ++i) ok = cu_seqlens.data[i] <= cu_seqlens.data[i + 1];
+    require(ok, op, "cu_seqlens=" + cu_seqlens.shape_string() + " must rise from 0 to T=" + std::to_string(T));
+  }
+}
+}  // namespace
+
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const IndexTensor& cu_seqlens) {
+  const char* op = "attention_forward";
+  check_attention(op, q, k, v, out, lse, cu_seqlens);
+  switch (common_device(op, out, lse, q, k, v, cu_seqlens)) {
+    case Device::CPU: return cpu::attention_forward(out, lse, q, k, v, cu_seqlens);
+    default: throw UnsupportedDevice(op, out.device);
+  }
+}
+
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens) {
+  const char* op = "attention_backward";
+  check_attention(op, q, k, v, out, lse, cu_seqlens);
+  require_same_shape(op, "dq", dq, "q", q);
+  require_same_shape(op, "dk", dk, "k", k);
+  require_same_shape(op, "dv", dv, "v", v);
+  require_same_shape(op, "dout", dout, "out", out);
+  switch (common_device(op, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens)) {
+    case Device::CPU: return cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens);
+    default: throw UnsupportedDevice(op, dq.device);
+  }
+}
+
+// ---- SwiGLU ----------------------------------------------------------------------
+
+void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu_forward";
+  require_same_shape(op, "gate", gate, "up", up);
+  require_same_shape(op, "out", out, "gate", gate);
+  switch (common_device(op, out, gate, up)) {
+    case Device::CPU: return cpu::swiglu_forward(out, gate, up);
+    default: throw UnsupportedDevice(op, out.device);
+  }
+}
+
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu_backward";
+  require_same_shape(op, "gate", gate, "up", up);
+  require_same_shape(op, "dout", dout, "gate", gate);
+  require_same_shape(op, "dgate", dgate, "gate", gate);
+  require_same_shape(op, "dup", dup, "up", up);
+  switch (common_device(op, dgate, dup, dout, gate, up)) {
+    case Device::CPU: return cpu::swiglu_backward(dgate, dup, dout, gate, up);
+    default: throw UnsupportedDevice(op, dgate.device);
+  }
+}
+
+// ---- cross-entropy ---------------------------------------------------------------
+
+namespace {
+// Targets are global vocabulary ids or -1; a single shard must hold every target.
+void check_targets(const char* op, const IndexTensor& targets, int64_t vocab_limit) {
+  if (targets.device != Device::CPU) return;
+  for (int64_t i = 0; i < targets.numel(); ++i) {
+    const int64_t t = targets.data[i];
+    if (t < -1 || (vocab_limit >= 0 && t >= vocab_limit))
+      fail(op, "targets[" + std::to_string(i) + "] = " + std::to_string(t) + " is not -1 or a vocabulary id" +
+                   (vocab_limit >= 0 ? " below " + std::to_string(vocab_limit) : std::string()));
+  }
+}
+}  // namespace
+
+void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit, const Tensor& logits,
+                         const IndexTensor& targets, int64_t vocab_begin) {
+  const char* op = "cross_entropy_stats";
+  require_dims(op, "logits", logits, {-1, -1});
+  const int64_t T = logits.dim(0);
+  require_dims(op, "targets", targets, {T});
+  require_dims(op, "row_max", row_max, {T});
+  require_dims(op, "row_sumexp", row_sumexp, {T});
+  require_dims(op, "target_logit", target_logit, {T});
+  require(vocab_begin >= 0, op, "vocab_begin must be >= 0");
+  const Device dev = common_device(op, row_max, row_sumexp, target_logit, logits, targets);
+  check_targets(op, targets, -1);
+  switch (dev) {
+    case Device::CPU: return cpu::cross_entropy_stats(row_max, row_sumexp, target_logit, logits, targets, vocab_begin);
+    default: throw UnsupportedDevice(op, dev);
+  }
+}
+
+void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const IndexTensor& targets, int64_t vocab_begin,
+                                    float grad_scale) {
+  const char* op = "cross_entropy_backward_inplace";
+  require_dims(op, "logits", logits, {-1, -1});
+  const int64_t T = logits.dim(0);
+  require_dims(op, "targets", targets, {T});
+  require_dims(op, "lse", lse, {T});
+  require(vocab_begin >= 0, op, "vocab_begin must be >= 0");
+  const Device dev = common_device(op, logits, lse, targets);
+  check_targets(op, targets, -1);
+  switch (dev) {
+    case Device::CPU: return cpu::cross_entropy_backward_inplace(logits, lse, targets, vocab_begin, grad_scale);
+    default: throw UnsupportedDevice(op, dev);
+  }
+}
+
+double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT) {
+  const char* op = "cross_entropy_forward_backward";
+  require_dims(op, "logits", logits, {-1, -1});
+  const int64_t T = logits.dim(0);
+  require_dims(op, "targets", targets, {T});
+  require(scratch_3xT.numel() >= 3 * T && (T == 0 || scratch_3xT.data), op,
+          arg("scratch_3xT", scratch_3xT) + " must hold at least 3*T = " + std::to_string(3 * T) + " floats");
+  const Device dev = common_device(op, logits, targets, scratch_3xT);
+  check_targets(op, targets, logits.dim(1));
+  switch (dev) {
+    case Device::CPU: return cpu::cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT);
+    default: throw UnsupportedDevice(op, dev);
+  }
+}
+
+// ---- AdamW -----------------------------------------------------------------------
+
+void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s) {
+  const char* op = "adamw_update";
+  require_same_shape(op, "param", param, "grad", grad);
+  require_same_shape(op, "m", m, "param", param);
+  require_same_shape(op, "v", v, "param", param);
+  require(s.step >= 1, op, "step must be >= 1 (got " + std::to_string(s.step) + ")");
+  require(s.beta1 >= 0 && s.beta1 < 1 && s.beta2 >= 0 && s.beta2 < 1, op, "betas must lie in [0, 1)");
+  switch (common_device(op, param, grad, m, v)) {
+    case Device::CPU: return cpu::adamw_update(param, grad, m, v, s);
+    default: throw UnsupportedDevice(op, param.device);
+  }
+}
+
+}  // namespace hdp
