@@ -1,0 +1,116 @@
+// RoPE (rotate-half) against hand-computed values, a double reference with the
+// Hugging Face float32 frequencies, forward-then-backward identity, and the
+// backward as the exact transpose: rope_backward(G) equals the finite-difference
+// gradient of L = sum(rope(x) * G) of the reference.
+//
+// Tolerances: the reference uses the same float32 angle as the kernel (HF
+// computes inv_freq and pos * inv_freq in float32), so only cos/sin rounding and
+// two float products remain: 1e-6 relative to max(1, |value|).
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "kernels/ops.h"
+
+namespace {
+using hdp::IndexTensor;
+using hdp::Tensor;
+
+std::vector<float> rnd(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<float> v(n);
+  for (auto& x : v) x = u(rng);
+  return v;
+}
+
+// HF: inv_freq = 1.0 / (theta ** (arange(0, d, 2).float() / d)), float32; angle = float(pos) * inv_freq (float32).
+std::vector<double> ref_rope(const std::vector<double>& x, const std::vector<int32_t>& pos, int64_t heads, int64_t d,
+                             float theta) {
+  const int64_t T = static_cast<int64_t>(pos.size()), half = d / 2;
+  std::vector<double> y(x.size());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < heads; ++h)
+      for (int64_t j = 0; j < half; ++j) {
+        const float inv = 1.0f / std::pow(theta, static_cast<float>(2 * j) / static_cast<float>(d));
+        const double a = static_cast<double>(static_cast<float>(pos[t]) * inv);
+        const int64_t i = (t * heads + h) * d + j;
+        y[i] = x[i] * std::cos(a) - x[i + half] * std::sin(a);
+        y[i + half] = x[i + half] * std::cos(a) + x[i] * std::sin(a);
+      }
+  return y;
+}
+}  // namespace
+
+TEST(KernelsRope, HandComputedValuesForOnePosition) {
+  // d = 4, theta = 1e4: inv_freq = {1, 0.01}; pos = 3: angles 3 and 0.03.
+  // Pairs (x0, x2) = (1, 3) rotated by 3 rad, (x1, x3) = (2, 4) by 0.03 rad:
+  //   out0 = 1 cos 3 - 3 sin 3,  out2 = 3 cos 3 + 1 sin 3,
+  //   out1 = 2 cos .03 - 4 sin .03,  out3 = 4 cos .03 + 2 sin .03.
+  std::vector<float> x = {1, 2, 3, 4};
+  std::vector<int32_t> pos = {3};
+  hdp::rope_forward(Tensor(x.data(), {1, 1, 4}), IndexTensor(pos.data(), {1}), 10000.0f);
+  EXPECT_NEAR(x[0], -1.4133525, 1e-6);
+  EXPECT_NEAR(x[1], 1.8791181, 1e-6);
+  EXPECT_NEAR(x[2], -2.8288575, 1e-6);
+  EXPECT_NEAR(x[3], 4.0581911, 1e-6);
+  // Position 0 is the identity.
+  std::vector<float> y = {1, 2, 3, 4};
+  pos[0] = 0;
+  hdp::rope_forward(Tensor(y.data(), {1, 1, 4}), IndexTensor(pos.data(), {1}), 10000.0f);
+  EXPECT_EQ(y, (std::vector<float>{1, 2, 3, 4}));
+}
+
+TEST(KernelsRope, ForwardMatchesReferenceAndBackwardInverts) {
+  for (int64_t d : {8, 64, 128, 6}) {
+    SCOPED_TRACE(::testing::Message() << "d=" << d);
+    const int64_t T = 70, heads = 3;
+    std::vector<int32_t> pos(T);
+    for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>((t * 977) % 8192);  // large positions too
+    const auto x0 = rnd(T * heads * d, static_cast<uint32_t>(d));
+    std::vector<float> x = x0;
+    hdp::rope_forward(Tensor(x.data(), {T, heads, d}), IndexTensor(pos.data(), {T}), 500000.0f);
+    const auto ref = ref_rope({x0.begin(), x0.end()}, pos, heads, d, 500000.0f);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], ref[i], 1e-6) << i;
+    hdp::rope_backward(Tensor(x.data(), {T, heads, d}), IndexTensor(pos.data(), {T}), 500000.0f);
+    for (size_t i = 0; i < x.size(); ++i) ASSERT_NEAR(x[i], x0[i], 1e-6) << i;
+  }
+}
+
+TEST(KernelsRope, BackwardIsGradientOfForward) {
+  const int64_t T = 5, heads = 2, d = 8;
+  const std::vector<int32_t> pos = {0, 1, 7, 100, 3000};
+  const auto x = rnd(T * heads * d, 1), G = rnd(T * heads * d, 2);
+  std::vector<double> xd(x.begin(), x.end());
+  auto loss = [&]() {
+    const auto y = ref_rope(xd, pos, heads, d, 10000.0f);
+    double s = 0;
+    for (size_t i = 0; i < y.size(); ++i) s += y[i] * G[i];
+    return s;
+  };
+  std::vector<float> g = G;
+  std::vector<int32_t> p = pos;
+  hdp::rope_backward(Tensor(g.data(), {T, heads, d}), IndexTensor(p.data(), {T}), 10000.0f);
+  const double h = 1e-6;
+  for (size_t i = 0; i < xd.size(); ++i) {
+    const double x0 = xd[i];
+    xd[i] = x0 + h;
+    const double lp = loss();
+    xd[i] = x0 - h;
+    const double lm = loss();
+    xd[i] = x0;
+    EXPECT_NEAR(g[i], (lp - lm) / (2 * h), 1e-6) << i;
+  }
+}
+
+TEST(KernelsRope, RejectsOddHeadDimAndWrongPositions) {
+  std::vector<float> buf(100);
+  std::vector<int32_t> pos(5);
+  EXPECT_THROW(hdp::rope_forward(Tensor(buf.data(), {5, 2, 5}), IndexTensor(pos.data(), {5}), 1e4f),
+               std::invalid_argument);
+  EXPECT_THROW(hdp::rope_forward(Tensor(buf.data(), {5, 2, 4}), IndexTensor(pos.data(), {4}), 1e4f),
+               std::invalid_argument);
+}
