@@ -1,0 +1,178 @@
+// The whole model: loss and gradients against a naive double-precision reference
+// differentiated numerically, and packing several documents into one micro-batch
+// against running them one by one.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "reference_llama.h"
+#include "trainer/model.h"
+
+namespace hdp {
+namespace {
+
+using testing::ReferenceBatch;
+
+ModelConfig tiny_config(bool tied) {
+  ModelConfig c;
+  c.vocab_size = 11;
+  c.hidden_size = 8;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  c.num_kv_heads = 1;  // grouped-query attention
+  c.ffn_hidden_size = 12;
+  c.rope_theta = 10000.0;
+  c.norm_eps = 1e-5;
+  c.tie_embeddings = tied;
+  c.init_std = 0.35;  // large enough that every nonlinearity matters
+  return c;
+}
+
+// Documents of lengths 4, 1 and 5 packed back to back (the 1-token document predicts nothing).
+ReferenceBatch packed_batch() {
+  ReferenceBatch b;
+  const std::vector<std::vector<int32_t>> docs = {{3, 7, 1, 9}, {5}, {2, 2, 10, 0, 6}};
+  b.cu_seqlens.push_back(0);
+  for (const auto& doc : docs) {
+    for (size_t i = 0; i < doc.size(); ++i) {
+      b.tokens.push_back(doc[i]);
+      b.targets.push_back(i + 1 < doc.size() ? doc[i + 1] : -1);
+      b.positions.push_back(static_cast<int32_t>(i));
+    }
+    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+  }
+  return b;
+}
+
+MicroBatchView view(const ReferenceBatch& b) { return {b.tokens, b.targets, b.positions, b.cu_seqlens}; }
+
+class ModelGradient : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ModelGradient, MatchesFiniteDifferencesOfNaiveReference) {
+  const ModelConfig c = tiny_config(GetParam());
+  LlamaModel model(c, 16);
+  model.init_weights(7);
+  const ReferenceBatch batch = packed_batch();
+
+  model.zero_grad();
+  const double loss = model.forward_backward(view(batch), 1.0f);
+  testing::Weights w = testing::weights_of(model);
+  const double reference = testing::reference_loss(c, w, batch);
+  EXPECT_NEAR(loss, reference, 1e-5 * std::abs(reference));
+  EXPECT_NEAR(model.forward_loss(view(batch)), reference, 1e-5 * std::abs(reference));
+
+  // Central differences in double; the truncation error is O(h^2) ~ 1e-8.
+  const double h = 1e-4;
+  int64_t checked = 0;
+  for (const ParameterInfo& p : model.parameters()) {
+    const float* grad = model.flat_gradients().data + p.offset;
+    double max_fd = 0;
+    std::vector<double> fd(p.numel);
+    for (int64_t i = 0; i < p.numel; ++i) {
+      std::vector<double>& t = w[p.name];
+      const double saved = t[i];
+      t[i] = saved + h;
+      const double up = testing::reference_loss(c, w, batch);
+      t[i] = saved - h;
+      const double down = testing::reference_loss(c, w, batch);
+      t[i] = saved;
+      fd[i] = (up - down) / (2 * h);
+      max_fd = std::max(max_fd, std::abs(fd[i]));
+    }
+    for (int64_t i = 0; i < p.numel; ++i) {
+      // fp32 forward/backward against a double reference: relative 1e-4 of the
+      // tensor's largest gradient, plus 1e-3 of the element itself.
+      ASSERT_NEAR(grad[i], fd[i], 1e-4 * max_fd + 1e-3 * std::abs(fd[i]) + 1e-7)
+          << p.name << "[" << i << "]";
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, model.num_parameters());
+}
+
+INSTANTIATE_TEST_SUITE_P(UntiedAndTied, ModelGradient, ::testing::Values(false, true));
+
+TEST(Model, PackedMicroBatchEqualsDocumentsRunSeparately) {
+  ModelConfig c = tiny_config(false);
+  c.vocab_size = 37;
+  c.hidden_size = 32;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.ffn_hidden_size = 40;
+  c.init_std = 0.1;
+  LlamaModel packed(c, 256), single(c, 256);
+  packed.init_weights(3);
+  single.init_weights(3);
+
+  // Three documents long enough to span several attention tiles.
+  std::vector<std::vector<int32_t>> docs(3);
+  uint64_t state = 99;
+  const int lengths[3] = {150, 7, 90};
+  for (int dd = 0; dd < 3; ++dd)
+    for (int i = 0; i < lengths[dd]; ++i) docs[dd].push_back(static_cast<int32_t>((state = state * 6364136223846793005ull + 1) >> 59) % 37);
+
+  auto batch_of = [](const std::vector<const std::vector<int32_t>*>& ds) {
+    ReferenceBatch b;
+    b.cu_seqlens.push_back(0);
+    for (const auto* doc : ds) {
+      for (size_t i = 0; i < doc->size(); ++i) {
+        b.tokens.push_back((*doc)[i]);
+        b.targets.push_back(i + 1 < doc->size() ? (*doc)[i + 1] : -1);
+        b.positions.push_back(static_cast<int32_t>(i));
+      }
+      b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+    }
+    return b;
+  };
+
+  packed.zero_grad();
+  const double packed_loss = packed.forward_backward(view(batch_of({&docs[0], &docs[1], &docs[2]})), 0.01f);
+  single.zero_grad();
+  double single_loss = 0;
+  for (const auto& doc : docs) single_loss += single.forward_backward(view(batch_of({&doc})), 0.01f);
+
+  EXPECT_NEAR(packed_loss, single_loss, 1e-5 * single_loss);
+  const Tensor g1 = packed.flat_gradients(), g2 = single.flat_gradients();
+  double max_abs = 0;
+  for (int64_t i = 0; i < g2.numel(); ++i) max_abs = std::max(max_abs, static_cast<double>(std::abs(g2.data[i])));
+  ASSERT_GT(max_abs, 0.0);
+  for (int64_t i = 0; i < g1.numel(); ++i) ASSERT_NEAR(g1.data[i], g2.data[i], 1e-5 * max_abs) << "gradient " << i;
+}
+
+TEST(Model, ParameterTableUsesHuggingFaceNamesAndShapes) {
+  ModelConfig c = tiny_config(false);
+  LlamaModel model(c, 8);
+  EXPECT_EQ(model.parameters().front().name, "model.embed_tokens.weight");
+  EXPECT_EQ(model.parameter("model.layers.1.self_attn.k_proj.weight").shape, (std::vector<int64_t>{4, 8}));
+  EXPECT_EQ(model.parameter("model.layers.0.mlp.down_proj.weight").shape, (std::vector<int64_t>{8, 12}));
+  EXPECT_EQ(model.parameters().back().name, "lm_head.weight");
+  // embed + 2 x (2 norms + q + k + v + o + gate + up + down) + norm + head
+  EXPECT_EQ(model.num_parameters(), 88 + 2 * (16 + 64 + 32 + 32 + 64 + 96 * 3) + 8 + 88);
+  LlamaModel tied(tiny_config(true), 8);
+  EXPECT_EQ(tied.parameters().back().name, "model.norm.weight");
+}
+
+TEST(Model, InitIsDeterministicAndScaled) {
+  ModelConfig c = tiny_config(false);
+  c.hidden_size = 64;
+  c.ffn_hidden_size = 256;
+  c.num_layers = 8;
+  c.init_std = 0.02;
+  LlamaModel a(c, 8), b(c, 8);
+  a.init_weights(5);
+  b.init_weights(5);
+  for (int64_t i = 0; i < a.flat_parameters().numel(); ++i) ASSERT_EQ(a.flat_parameters().data[i], b.flat_parameters().data[i]);
+  auto stddev = [&](const std::string& name) {
+    const ParameterInfo& p = a.parameter(name);
+    double s = 0;
+    for (int64_t i = 0; i < p.numel; ++i) s += std::pow(a.flat_parameters().data[p.offset + i], 2);
+    return std::sqrt(s / static_cast<double>(p.numel));
+  };
+  EXPECT_NEAR(stddev("model.layers.0.mlp.up_proj.weight"), 0.02, 0.002);
+  EXPECT_NEAR(stddev("model.layers.0.mlp.down_proj.weight"), 0.02 / 4.0, 0.0005);  // 1/sqrt(2 * 8 layers)
+  EXPECT_EQ(a.flat_parameters().data[a.parameter("model.norm.weight").offset], 1.0f);
+}
+
+}  // namespace
+}  // namespace hdp

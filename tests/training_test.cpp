@@ -1,0 +1,256 @@
+// End to end through the trainer binary: the demo corpus is learnable, resume is
+// exact, broken checkpoints and bad command lines are refused with exit code 2.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include <unistd.h>
+
+#include "test_util.h"
+#include "trainer/checkpoint.h"
+#include "trainer/config.h"
+#include "trainer/model.h"
+#include "trainer/optimizer.h"
+
+namespace hdp {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::run_trainer;
+using testing::scratch_dir;
+
+const std::string kTinyConfig = std::string(HDP_SOURCE_DIR) + "/configs/tiny-llama.yaml";
+
+// A small demo corpus shared by the tests of this file (made once).
+const std::string& corpus() {
+  static const std::string path = [] {
+    // One per process: ctest runs the tests of this file as separate processes in parallel.
+    const std::string dir = scratch_dir("training-corpus-" + std::to_string(getpid()));
+    const std::string p = dir + "/corpus.h5";
+    auto r = run_trainer("make-corpus --output " + p + " --documents 1500 --max-length 2048");
+    if (r.exit_code != 0) throw std::runtime_error("make-corpus failed: " + r.output);
+    return p;
+  }();
+  return path;
+}
+
+// Common overrides: a quick run in `dir` on the shared corpus.
+std::string run_args(const std::string& dir, int steps, const std::string& extra = "") {
+  return "train " + kTinyConfig + " --set data.path=" + corpus() + " --set train.run_dir=" + dir +
+         " --set train.checkpoint_dir=" + dir + "/ckpt --set train.steps=" + std::to_string(steps) +
+         " --set train.peak_flops=1e11 --set train.log_every=100 " + extra;
+}
+
+std::vector<std::string> metric_lines(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+double field(const std::string& line, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(line, m, std::regex("\"" + key + "\": ([-0-9.eE+]+)"))) {
+    throw std::runtime_error("no " + key + " in " + line);
+  }
+  return std::stod(m[1]);
+}
+
+TEST(Training, DemoCorpusLossFallsClearly) {
+  const std::string dir = scratch_dir("training-learns");
+  auto r = run_trainer(run_args(dir, 60, "--set train.checkpoint_every=0 --set optim.warmup_steps=10"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const auto lines = metric_lines(dir);
+  ASSERT_EQ(lines.size(), 60u);
+  for (const char* key : {"step", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "step_ms", "mfu",
+                          "peak_mem_bytes"}) {
+    EXPECT_NO_THROW(field(lines.back(), key)) << key;
+  }
+  const double first = field(lines.front(), "loss");
+  double last = 0;
+  for (size_t i = lines.size() - 5; i < lines.size(); ++i) last += field(lines[i], "loss") / 5;
+  // A fresh model predicts about uniformly over 258 ids: ln 258 = 5.55.
+  EXPECT_NEAR(first, std::log(258.0), 0.3);
+  // The unigram entropy of the corpus is about 4.2 nats; learning means going well below it.
+  EXPECT_LT(last, 3.0) << "first " << first << ", mean of last five " << last;
+}
+
+TEST(Training, ResumeIsBitIdentical) {
+  const std::string straight = scratch_dir("training-straight"), split = scratch_dir("training-split");
+  const std::string common = "--set data.global_batch_tokens=2048 --set train.keep_checkpoints=5 ";
+  auto a = run_trainer(run_args(straight, 8, common + "--set train.checkpoint_every=8"));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b1 = run_trainer(run_args(split, 5, common + "--set train.checkpoint_every=5"));
+  ASSERT_EQ(b1.exit_code, 0) << b1.output;
+  auto b2 = run_trainer(run_args(split, 8, common + "--set train.checkpoint_every=8"));
+  ASSERT_EQ(b2.exit_code, 0) << b2.output;
+  EXPECT_NE(b2.output.find("resumed from"), std::string::npos) << b2.output;
+
+  const auto la = metric_lines(straight), lb = metric_lines(split);
+  ASSERT_EQ(la.size(), 8u);
+  ASSERT_EQ(lb.size(), 8u);
+  for (size_t i = 0; i < 8; ++i) {
+    EXPECT_EQ(field(la[i], "loss"), field(lb[i], "loss")) << "step " << i + 1;
+    EXPECT_EQ(field(la[i], "grad_norm"), field(lb[i], "grad_norm")) << "step " << i + 1;
+  }
+
+  const Config config = parse_config_text(checkpoint_config(straight + "/ckpt/step-00000008.h5"), "checkpoint", {}, false);
+  LlamaModel ma(config.model, 64), mb(config.model, 64);
+  AdamW oa(config.optim, ma.parameters(), ma.flat_parameters().numel());
+  AdamW ob(config.optim, mb.parameters(), mb.flat_parameters().numel());
+  const TrainingProgress pa = load_checkpoint(straight + "/ckpt/step-00000008.h5", ma, &oa);
+  const TrainingProgress pb = load_checkpoint(split + "/ckpt/step-00000008.h5", mb, &ob);
+  EXPECT_EQ(pa.step, 8);
+  EXPECT_EQ(pa.sampler, pb.sampler);
+  for (int64_t i = 0; i < ma.flat_parameters().numel(); ++i) {
+    ASSERT_EQ(ma.flat_parameters().data[i], mb.flat_parameters().data[i]) << "parameter element " << i;
+    ASSERT_EQ(oa.exp_avg_sq().data[i], ob.exp_avg_sq().data[i]) << "second moment element " << i;
+  }
+}
+
+TEST(Training, CheckpointRoundTripAndKeepLastK) {
+  const std::string dir = scratch_dir("training-roundtrip");
+  ModelConfig c;
+  c.vocab_size = 40;
+  c.hidden_size = 16;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  c.num_kv_heads = 2;
+  c.ffn_hidden_size = 24;
+  OptimConfig o;
+  LlamaModel model(c, 8);
+  model.init_weights(11);
+  AdamW opt(o, model.parameters(), model.flat_parameters().numel());
+  for (int64_t i = 0; i < opt.exp_avg().numel(); ++i) opt.exp_avg().data[i] = 0.001f * static_cast<float>(i % 97);
+  TrainingProgress progress;
+  progress.sampler = {3, 17, 5};
+  for (int step = 1; step <= 4; ++step) {
+    progress.step = step;
+    save_checkpoint(dir, model, opt, progress, "model: {}\n", 2);
+  }
+  EXPECT_FALSE(fs::exists(checkpoint_path(dir, 1)));
+  EXPECT_FALSE(fs::exists(checkpoint_path(dir, 2)));
+  ASSERT_EQ(latest_checkpoint(dir).value(), checkpoint_path(dir, 4));
+  EXPECT_EQ(checkpoint_config(checkpoint_path(dir, 4)), "model: {}\n");
+
+  LlamaModel loaded(c, 8);
+  AdamW loaded_opt(o, loaded.parameters(), loaded.flat_parameters().numel());
+  const TrainingProgress p = load_checkpoint(checkpoint_path(dir, 4), loaded, &loaded_opt);
+  EXPECT_EQ(p.step, 4);
+  EXPECT_EQ(p.sampler, (SamplerState{3, 17, 5}));
+  for (int64_t i = 0; i < model.flat_parameters().numel(); ++i) {
+    ASSERT_EQ(model.flat_parameters().data[i], loaded.flat_parameters().data[i]);
+    ASSERT_EQ(opt.exp_avg().data[i], loaded_opt.exp_avg().data[i]);
+  }
+  // A model of another shape is refused, naming the tensor.
+  c.hidden_size = 32;
+  LlamaModel other(c, 8);
+  try {
+    load_checkpoint(checkpoint_path(dir, 4), other, nullptr);
+    FAIL() << "shape mismatch accepted";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("model.embed_tokens.weight"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Training, CorruptedAndTruncatedCheckpointsAreRefused) {
+  const std::string dir = scratch_dir("training-corrupt");
+  auto r = run_trainer(run_args(dir, 2, "--set data.global_batch_tokens=1024 --set train.checkpoint_every=2"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string ckpt = dir + "/ckpt/step-00000002.h5";
+  ASSERT_TRUE(fs::exists(ckpt));
+  const auto size = fs::file_size(ckpt);
+
+  // Flip bytes in the middle of the tensor data: the checksum catches it.
+  {
+    std::fstream f(ckpt, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(size / 2));
+    const char garbage[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    f.write(garbage, sizeof(garbage));
+  }
+  auto corrupted = run_trainer(run_args(dir, 4));
+  EXPECT_EQ(corrupted.exit_code, 2) << corrupted.output;
+  EXPECT_NE(corrupted.output.find(ckpt), std::string::npos) << corrupted.output;
+  EXPECT_NE(corrupted.output.find("checksum"), std::string::npos) << corrupted.output;
+
+  fs::resize_file(ckpt, size / 3);
+  auto truncated = run_trainer(run_args(dir, 4));
+  EXPECT_EQ(truncated.exit_code, 2) << truncated.output;
+  EXPECT_NE(truncated.output.find(ckpt), std::string::npos) << truncated.output;
+}
+
+TEST(Training, InitFromTakesWeightsButNotProgress) {
+  const std::string src = scratch_dir("training-init-src"), dst = scratch_dir("training-init-dst");
+  auto a = run_trainer(run_args(src, 3, "--set data.global_batch_tokens=1024 --set train.checkpoint_every=3"));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b = run_trainer(run_args(dst, 2, "--set data.global_batch_tokens=1024 --set train.checkpoint_every=0 "
+                                        "--set train.init_from=" + src + "/ckpt/step-00000003.h5"));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  const auto lines = metric_lines(dst);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(field(lines.front(), "step"), 1);
+  // Trained weights start lower than a fresh model's ln(258).
+  EXPECT_LT(field(lines.front(), "loss"), std::log(258.0) - 0.2);
+}
+
+struct BadInvocation {
+  std::string name, args, expect;
+};
+
+class CommandLine : public ::testing::TestWithParam<BadInvocation> {};
+
+TEST_P(CommandLine, BadInputExitsWithCode2AndNamesTheProblem) {
+  const std::string dir = scratch_dir("training-cli");
+  {
+    std::ofstream(dir + "/unknown-key.yaml") << "model:\n  hidden_size: 64\n  hiden: 3\ndata:\n  path: " << corpus() << "\n";
+    std::ofstream(dir + "/bad-heads.yaml") << "model:\n  num_heads: 6\ndata:\n  path: " << corpus() << "\n";
+    std::ofstream(dir + "/small-vocab.yaml") << "model:\n  vocab_size: 100\ndata:\n  path: " << corpus() << "\n";
+    std::ofstream(dir + "/notes.jsonl") << "{\"text\": \"fine\"}\n{\"text\": broken}\n";
+  }
+  std::string args = GetParam().args;
+  args = std::regex_replace(args, std::regex("DIR"), dir);
+  args = std::regex_replace(args, std::regex("CORPUS"), corpus());
+  auto r = run_trainer(args);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(std::regex_replace(GetParam().expect, std::regex("DIR"), dir)), std::string::npos)
+      << r.output;
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CommandLine,
+    ::testing::Values(
+        BadInvocation{"NoCommand", "", "usage"},
+        BadInvocation{"UnknownCommand", "fly", "unknown command 'fly'"},
+        BadInvocation{"TrainWithoutConfig", "train", "exactly one CONFIG.yaml"},
+        BadInvocation{"UnknownKey", "train DIR/unknown-key.yaml", "DIR/unknown-key.yaml:3: model.hiden"},
+        BadInvocation{"HeadsNotDividingHidden", "train DIR/bad-heads.yaml", "model.num_heads"},
+        BadInvocation{"MissingDataFile", "train " + kTinyConfig + " --set data.path=DIR/none.h5", "DIR/none.h5"},
+        BadInvocation{"DatasetIdsExceedVocab", "train DIR/small-vocab.yaml", "model.vocab_size"},
+        BadInvocation{"BadOverride", "train " + kTinyConfig + " --set model.hidden_size", "model.hidden_size"},
+        BadInvocation{"ParallelNotYet", "train " + kTinyConfig + " --set data.path=CORPUS --set parallel.tp=2",
+                      "parallel.tp"},
+        BadInvocation{"BadJsonl", "prepare-data --input DIR/notes.jsonl --output DIR/out.h5", "DIR/notes.jsonl:2"},
+        BadInvocation{"MissingInput", "prepare-data --input DIR/absent.txt --output DIR/out.h5", "DIR/absent.txt"},
+        BadInvocation{"CorpusWithoutOutput", "make-corpus --documents 5", "--output"},
+        BadInvocation{"CorpusBadNumber", "make-corpus --output DIR/c.h5 --documents many", "--documents"}),
+    [](const auto& info) { return info.param.name; });
+
+TEST(CommandLine, HelpAndVersion) {
+  auto help = run_trainer("--help");
+  EXPECT_EQ(help.exit_code, 0);
+  EXPECT_NE(help.output.find("prepare-data"), std::string::npos);
+  auto train_help = run_trainer("train --help");
+  EXPECT_EQ(train_help.exit_code, 0);
+  EXPECT_NE(train_help.output.find("--set"), std::string::npos);
+  auto version = run_trainer("--version");
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_NE(version.output.find("trainer "), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hdp
