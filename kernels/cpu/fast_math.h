@@ -38,6 +38,17 @@ constexpr float kP2 = 8.3334519073e-3f;
 constexpr float kP3 = 4.1665795894e-2f;
 constexpr float kP4 = 1.6666665459e-1f;
 constexpr float kP5 = 5.0000001201e-1f;
+
+// Fused multiply-add where the hardware has it (as simd::fmadd), otherwise a
+// multiply and an add, so the scalar and vector versions round identically and
+// no build falls back to a slow software fma.
+inline float fmadd(float a, float b, float c) {
+#if defined(FP_FAST_FMAF) || defined(__FMA__)
+  return std::fma(a, b, c);
+#else
+  return a * b + c;
+#endif
+}
 }  // namespace exp_detail
 
 // exp(x) for x <= 0 (or -inf); larger x are clamped to kHi.
@@ -45,17 +56,17 @@ inline float fast_expf_softmax(float x) {
   using namespace exp_detail;
   float xc = x < kLo ? kLo : x;
   xc = xc > kHi ? kHi : xc;
-  const float v = std::fma(xc, kLog2e, kMagic);  // n + kMagic
+  const float v = fmadd(xc, kLog2e, kMagic);  // n + kMagic
   const float n = v - kMagic;
-  float r = std::fma(n, -kLn2Hi, xc);
-  r = std::fma(n, -kLn2Lo, r);
+  float r = fmadd(n, -kLn2Hi, xc);
+  r = fmadd(n, -kLn2Lo, r);
   float p = kP0;
-  p = std::fma(p, r, kP1);
-  p = std::fma(p, r, kP2);
-  p = std::fma(p, r, kP3);
-  p = std::fma(p, r, kP4);
-  p = std::fma(p, r, kP5);
-  const float y = std::fma(p, r * r, r) + 1.0f;
+  p = fmadd(p, r, kP1);
+  p = fmadd(p, r, kP2);
+  p = fmadd(p, r, kP3);
+  p = fmadd(p, r, kP4);
+  p = fmadd(p, r, kP5);
+  const float y = fmadd(p, r * r, r) + 1.0f;
   // 2^n: the low bits of v hold n + 0x400000; rebuild an exponent field n + 127.
   const uint32_t bits = (std::bit_cast<uint32_t>(v) + static_cast<uint32_t>(127 - kMagicBits)) << 23;
   const float e = y * std::bit_cast<float>(bits);
