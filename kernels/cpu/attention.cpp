@@ -91,8 +91,34 @@ Dims dims_of(const Tensor& q, const Tensor& k) {
   return s;
 }
 
-// Uninitialised float scratch (std::vector would zero-fill it on every call).
-std::unique_ptr<float[]> scratch(int64_t n) { return std::unique_ptr<float[]>(new float[std::max<int64_t>(n, 1)]); }
+// Scratch for all threads of a parallel region: one uninitialised block (a
+// std::vector would zero-fill it on every call), allocated once per call before
+// the region so that an allocation failure is an ordinary exception rather than
+// an exception escaping OpenMP. Thread i uses floats [i * stride, (i + 1) * stride).
+struct ThreadScratch {
+  int64_t stride;
+  std::unique_ptr<float[]> block;
+  ThreadScratch(int64_t per_thread, int threads)
+      : stride((per_thread + 15) / 16 * 16), block(new float[stride * std::max(threads, 1)]) {}
+  float* for_thread(int i) const { return block.get() + i * stride; }
+};
+
+// Carves consecutive slices (rounded to 16 floats) out of a thread's scratch; with
+// a null base it only counts, to size the block.
+class Carver {
+ public:
+  explicit Carver(float* base) : base_(base) {}
+  float* take(int64_t n) {
+    float* r = base_ ? base_ + used_ : nullptr;
+    used_ += (std::max<int64_t>(n, 1) + 15) / 16 * 16;
+    return r;
+  }
+  int64_t used() const { return used_; }
+
+ private:
+  float* base_;
+  int64_t used_ = 0;
+};
 
 // Columns r < first_visible(jj) of row jj of a transposed score tile are above
 // the causal diagonal: key k0 + jj is visible to query q0 + r iff k0 + jj <= q0 + r.
@@ -109,20 +135,28 @@ struct FwdTask {
 };
 
 struct FwdScratch {
-  std::unique_ptr<float[]> qt, st, o, vp;
-  alignas(64) float m[kBq], l[kBq], alpha[kBq];
-  FwdScratch(const Dims& s)
-      : qt(scratch(s.d * kBq)), st(scratch(kBk * kBq)), o(scratch(kBq * s.dp)),
-        vp(scratch(kBk * s.dp)) {}
+  float *qt, *st, *o, *vp, *m, *l, *alpha;
+  FwdScratch(const Dims& s, float* base) {
+    Carver c(base);
+    qt = c.take(s.d * kBq);
+    st = c.take(kBk * kBq);
+    o = c.take(kBq * s.dp);
+    vp = c.take(kBk * s.dp);
+    m = c.take(kBq);
+    l = c.take(kBq);
+    alpha = c.take(kBq);
+    size = c.used();
+  }
+  int64_t size;
 };
 
 void forward_task(const Dims& s, const Doc& doc, int64_t h, int64_t q0, const float* q, const float* k,
                   const float* v, float* out, float* lse, FwdScratch& w) {
   const int64_t g = h / s.group, d = s.d, dp = s.dp;
   const int64_t qn = std::min(kBq, doc.len - q0);
-  float* qt = w.qt.get();
-  float* st = w.st.get();
-  float* o = w.o.get();
+  float* qt = w.qt;
+  float* st = w.st;
+  float* o = w.o;
 
   // Qt[c][r] = q[query q0 + r][head h][c], zero columns beyond qn.
   const float* qrow0 = q + ((doc.begin + q0) * s.Hq + h) * d;
@@ -184,7 +218,7 @@ void forward_task(const Dims& s, const Doc& doc, int64_t h, int64_t q0, const fl
     }
     // V_j packed contiguous (zero-padded to dp): read in place, its rows (kv-head
     // stride apart) would conflict in L1 while every row block of O re-reads them.
-    float* vp = w.vp.get();
+    float* vp = w.vp;
     const float* vrows = vbase + k0 * s.ldk;
     for (int64_t jj = 0; jj < kn; ++jj) {
       std::memcpy(vp + jj * dp, vrows + jj * s.ldk, d * sizeof(float));
@@ -211,21 +245,33 @@ struct BwdScratch {
   // one vector so that the row stride is not a multiple of 4 KiB (rows of a B
   // operand would otherwise share L1 sets and evict each other).
   int64_t lq;
-  std::unique_ptr<float[]> qt, dot, qp, dop, kp, dqa, dka, dva, dvec, lsev, st, dpt;
-  BwdScratch(const Dims& s, int64_t max_len)
-      : lq(round_up(max_len, kBq) + kW), qt(scratch(s.d * lq)), dot(scratch(s.d * lq)), qp(scratch(lq * s.dp)),
-        dop(scratch(lq * s.dp)), kp(scratch(max_len * s.dp)), dqa(scratch(lq * s.dp)),
-        dka(scratch(max_len * s.dp)), dva(scratch(max_len * s.dp)), dvec(scratch(lq)), lsev(scratch(lq)),
-        st(scratch(kBk * kBq)), dpt(scratch(kBk * kBq)) {}
+  float *qt, *dot, *qp, *dop, *kp, *dqa, *dka, *dva, *dvec, *lsev, *st, *dpt;
+  int64_t size;
+  BwdScratch(const Dims& s, int64_t max_len, float* base) : lq(round_up(max_len, kBq) + kW) {
+    Carver c(base);
+    qt = c.take(s.d * lq);
+    dot = c.take(s.d * lq);
+    qp = c.take(lq * s.dp);
+    dop = c.take(lq * s.dp);
+    kp = c.take(max_len * s.dp);
+    dqa = c.take(lq * s.dp);
+    dka = c.take(max_len * s.dp);
+    dva = c.take(max_len * s.dp);
+    dvec = c.take(lq);
+    lsev = c.take(lq);
+    st = c.take(kBk * kBq);
+    dpt = c.take(kBk * kBq);
+    size = c.used();
+  }
 };
 
 void backward_task(const Dims& s, const Doc& doc, int64_t g, const float* dout, const float* q, const float* k,
                    const float* v, const float* out, const float* lse, float* dq, float* dk, float* dv,
                    BwdScratch& w) {
   const int64_t L = doc.len, d = s.d, dp = s.dp, lq = w.lq;
-  float *qt = w.qt.get(), *dot = w.dot.get(), *qp = w.qp.get(), *dop = w.dop.get(), *kp = w.kp.get();
-  float *dqa = w.dqa.get(), *dka = w.dka.get(), *dva = w.dva.get(), *dvec = w.dvec.get(), *lsev = w.lsev.get();
-  float *st = w.st.get(), *dpt = w.dpt.get();
+  float *qt = w.qt, *dot = w.dot, *qp = w.qp, *dop = w.dop, *kp = w.kp;
+  float *dqa = w.dqa, *dka = w.dka, *dva = w.dva, *dvec = w.dvec, *lsev = w.lsev;
+  float *st = w.st, *dpt = w.dpt;
 
   std::fill(dka, dka + L * dp, 0.0f);
   std::fill(dva, dva + L * dp, 0.0f);
@@ -326,9 +372,11 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
   // better dynamic schedule; the order does not affect results.
   std::stable_sort(tasks.begin(), tasks.end(), [](const FwdTask& a, const FwdTask& b) { return a.q0 > b.q0; });
   const int64_t n = static_cast<int64_t>(tasks.size());
-#pragma omp parallel if (n > 1)
+  const int threads = n > 1 ? omp_get_max_threads() : 1;
+  const ThreadScratch scratch(FwdScratch(s, nullptr).size, threads);
+#pragma omp parallel num_threads(threads)
   {
-    FwdScratch w(s);
+    FwdScratch w(s, scratch.for_thread(omp_get_thread_num()));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < n; ++t)
       forward_task(s, docs[tasks[t].doc], tasks[t].head, tasks[t].q0, q.data, k.data, v.data, out.data, lse.data, w);
@@ -351,9 +399,11 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   std::stable_sort(tasks.begin(), tasks.end(),
                    [&](const BwdTask& a, const BwdTask& b) { return docs[a.doc].len > docs[b.doc].len; });
   const int64_t n = static_cast<int64_t>(tasks.size());
-#pragma omp parallel if (n > 1)
+  const int threads = static_cast<int>(std::min<int64_t>(std::max<int64_t>(n, 1), omp_get_max_threads()));
+  const ThreadScratch scratch(BwdScratch(s, max_len, nullptr).size, threads);
+#pragma omp parallel num_threads(threads)
   {
-    BwdScratch w(s, max_len);
+    BwdScratch w(s, max_len, scratch.for_thread(omp_get_thread_num()));
 #pragma omp for schedule(dynamic, 1)
     for (int64_t t = 0; t < n; ++t)
       backward_task(s, docs[tasks[t].doc], tasks[t].kv_head, dout.data, q.data, k.data, v.data, out.data, lse.data,
