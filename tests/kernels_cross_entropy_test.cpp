@@ -95,6 +95,13 @@ TEST(KernelsCrossEntropy, ForwardBackwardLossAndGradient) {
                                                           IndexTensor(c.targets.data(), {c.T}), gs,
                                                           Tensor(scratch.data(), {3 * c.T + 5}));
   EXPECT_NEAR(loss, want, 1e-6 * want);
+  // The scratch is left holding [lse | sumexp | target_logit].
+  for (int64_t t = 0; t < c.T; ++t) {
+    if (c.targets[t] < 0) continue;
+    const double lse = ref_lse(&c.logits[t * c.V], c.V);
+    EXPECT_NEAR(scratch[t], lse, 1e-6 * std::fabs(lse)) << t;
+    EXPECT_EQ(scratch[2 * c.T + t], c.logits[t * c.V + c.targets[t]]) << t;
+  }
   for (int64_t t = 0; t < c.T; ++t) {
     const float* x = &c.logits[t * c.V];
     const double lse = ref_lse(x, c.V);

@@ -123,7 +123,9 @@ void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const Inde
 }
 
 // Both passes fused per row (the row is still in cache for the second), then the
-// loss summed over rows in order in double.
+// loss summed over rows in order in double. On return the scratch holds
+// [lse | row_sumexp | target_logit] per row (lse = 0 for rows without a target),
+// so a caller can read per-row losses lse - target_logit.
 double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT) {
   const int64_t T = logits.dim(0), V = logits.dim(1);
   float* row_max = scratch_3xT.data;
@@ -148,8 +150,9 @@ double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets,
   double loss = 0;
   for (int64_t t = 0; t < T; ++t) {
     if (targets.data[t] < 0) continue;
-    loss += static_cast<double>(row_max[t]) + std::log(static_cast<double>(row_sumexp[t])) -
-            static_cast<double>(target_logit[t]);
+    const double lse = static_cast<double>(row_max[t]) + std::log(static_cast<double>(row_sumexp[t]));
+    loss += lse - static_cast<double>(target_logit[t]);
+    row_max[t] = static_cast<float>(lse);
   }
   return loss;
 }
