@@ -121,7 +121,7 @@ void BM_TileGemmHand(benchmark::State& state) {
 void BM_TileGemmBlas1T(benchmark::State& state) {
   const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
   auto a = random_vector(M * K, -1, 1, 1), b = random_vector(K * N, -1, 1, 2), c = std::vector<float>(M * N);
-  hdp::cpu::BlasThreadsScope one(1);
+  hdp::cpu::set_blas_num_threads(1);
   for (auto _ : state) {
     cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<int>(M), static_cast<int>(N),
                 static_cast<int>(K), 1.0f, a.data(), static_cast<int>(K), b.data(), static_cast<int>(N), 0.0f,

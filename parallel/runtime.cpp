@@ -9,7 +9,6 @@
 #include <cstdlib>
 
 extern "C" {
-void openblas_set_num_threads(int num_threads);
 char* openblas_get_corename(void);
 }
 
@@ -57,8 +56,9 @@ int configure_threads(int64_t requested, const ProcessInfo& process) {
   const int online = static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
   const int share = cores < online ? cores : cores / std::max(1, process.local_size);
   const int threads = requested > 0 ? static_cast<int>(requested) : std::max(1, share);
+  // OpenMP is the only thread pool: the CPU kernels split GEMMs over OpenMP
+  // threads and keep OpenBLAS single-threaded (kernels/cpu/gemm.cpp).
   omp_set_num_threads(threads);
-  openblas_set_num_threads(threads);
   return threads;
 }
 

@@ -35,7 +35,7 @@ class MpiRuntime {
 // Cores this process may run on (its CPU affinity mask).
 int available_cores();
 
-// Sets OpenMP and OpenBLAS thread counts: `requested` when positive, otherwise the
+// Sets the OpenMP thread count (the CPU kernels' only thread pool): `requested` when positive, otherwise the
 // available cores divided by the ranks on this node (at least 1). Returns the count.
 int configure_threads(int64_t requested, const ProcessInfo& process);
 

@@ -163,12 +163,14 @@ TEST(KernelsGemm, TileGemmAgainstNaiveWithStridesAndAccumulate) {
           }
 }
 
-TEST(KernelsGemm, BlasThreadsScopeSetsAndRestores) {
-  const int before = hdp::cpu::blas_num_threads();
-  {
-    hdp::cpu::BlasThreadsScope one(1);
-    EXPECT_EQ(hdp::cpu::blas_num_threads(), 1);
-  }
-  EXPECT_EQ(hdp::cpu::blas_num_threads(), before);
+TEST(KernelsGemm, OpenBlasIsKeptSingleThreaded) {
+  // The backend splits products over OpenMP itself; a multi-threaded OpenBLAS
+  // inside those blocks would oversubscribe the cores.
+  hdp::cpu::set_blas_num_threads(2);
+  std::vector<float> a(256 * 256, 1.0f), b(256 * 256, 1.0f), c(256 * 256);
+  hdp::matmul(hdp::Tensor(c.data(), {256, 256}), hdp::Tensor(a.data(), {256, 256}), false,
+              hdp::Tensor(b.data(), {256, 256}), false);
+  EXPECT_EQ(c[0], 256.0f);
+  EXPECT_EQ(hdp::cpu::blas_num_threads(), 1);
   EXPECT_NE(hdp::cpu::blas_core_name(), nullptr);
 }

@@ -16,12 +16,4 @@ void set_blas_num_threads(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
 
 const char* blas_core_name() { return openblas_get_corename(); }
 
-BlasThreadsScope::BlasThreadsScope(int n) : previous_(openblas_get_num_threads()) {
-  if (previous_ != n) openblas_set_num_threads(n);
-}
-
-BlasThreadsScope::~BlasThreadsScope() {
-  if (openblas_get_num_threads() != previous_) openblas_set_num_threads(previous_);
-}
-
 }  // namespace hdp::cpu

@@ -1,0 +1,106 @@
+// A full training step (forward, backward, gradient norm, AdamW) of
+// configs/bench-llama.yaml, next to the machine's fp32 GEMM rate measured in the
+// same process, so the ratio is taken on one machine in one run.
+//
+//   build/bench/train_step_bench [--benchmark_repetitions=3]
+//
+// Counters: model_GFLOPs (per second, model FLOPs as in the MFU figure),
+// tokens_per_s, and gemm_fraction = model FLOP/s / measured SGEMM FLOP/s.
+
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "parallel/runtime.h"
+#include "trainer/config.h"
+#include "trainer/model.h"
+#include "trainer/optimizer.h"
+#include "trainer/peak_flops.h"
+
+namespace hdp {
+namespace {
+
+double gemm_rate() {
+  static const double rate = measure_gemm_flops(2048, 5);
+  return rate;
+}
+
+Config bench_config() {
+  return parse_config_text(
+      R"(model: {vocab_size: 32000, hidden_size: 512, num_layers: 8, num_heads: 8, num_kv_heads: 4, ffn_hidden_size: 1376}
+data: {path: unused.h5, max_seq_len: 1024, global_batch_tokens: 4096, micro_batch_tokens: 4096}
+)",
+      "bench-llama", {}, false);
+}
+
+struct SyntheticBatch {
+  std::vector<int32_t> tokens, targets, positions, cu_seqlens;
+  std::vector<int64_t> lengths;
+};
+
+SyntheticBatch documents(int count, int length, int vocab) {
+  SyntheticBatch b;
+  uint64_t state = 12345;
+  b.cu_seqlens.push_back(0);
+  for (int d = 0; d < count; ++d) {
+    for (int i = 0; i < length; ++i) {
+      state = state * 6364136223846793005ull + 1442695040888963407ull;
+      b.tokens.push_back(static_cast<int32_t>((state >> 33) % vocab));
+      b.positions.push_back(i);
+    }
+    for (int i = 0; i < length; ++i) b.targets.push_back(i + 1 < length ? b.tokens[d * length + i + 1] : -1);
+    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+    b.lengths.push_back(length);
+  }
+  return b;
+}
+
+void BM_GemmReference(benchmark::State& state) {
+  for (auto _ : state) state.counters["GFLOPs"] = gemm_rate() / 1e9;
+}
+BENCHMARK(BM_GemmReference)->Iterations(1)->Unit(benchmark::kMillisecond);
+
+void BM_BenchLlamaTrainingStep(benchmark::State& state) {
+  const Config config = bench_config();
+  const int64_t capacity = config.data.micro_batch_tokens;
+  LlamaModel model(config.model, capacity);
+  model.init_weights(1);
+  AdamW optimizer(config.optim, model.parameters(), model.flat_parameters().numel());
+  const SyntheticBatch batch = documents(4, 1024, static_cast<int>(config.model.vocab_size));
+  const MicroBatchView view{batch.tokens, batch.targets, batch.positions, batch.cu_seqlens};
+  const double flops = model.training_flops(batch.lengths);
+  const double rate = gemm_rate();
+  int64_t step = 0;
+  for (auto _ : state) {
+    model.zero_grad();
+    const double loss = model.forward_backward(view, 1.0f / 4092.0f);
+    const double norm = std::sqrt(sum_squares(model.flat_gradients()));
+    optimizer.step(model.flat_parameters(), model.flat_gradients(), 1e-4, clip_factor(norm, 1.0), ++step);
+    benchmark::DoNotOptimize(loss);
+  }
+  state.counters["model_GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["tokens_per_s"] = benchmark::Counter(4096, benchmark::Counter::kIsIterationInvariantRate);
+  state.counters["gemm_GFLOPs"] = rate / 1e9;
+  state.counters["model_GFLOP_per_step"] = flops / 1e9;
+}
+BENCHMARK(BM_BenchLlamaTrainingStep)->Unit(benchmark::kMillisecond)->MinTime(10.0)->UseRealTime();
+
+}  // namespace
+}  // namespace hdp
+
+int main(int argc, char** argv) {
+  hdp::ProcessInfo single;
+  const int threads = hdp::configure_threads(0, single);
+  benchmark::AddCustomContext("openblas_core", hdp::blas_core_name());
+  benchmark::AddCustomContext("OPENBLAS_CORETYPE", std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "(unset)");
+  benchmark::AddCustomContext("threads", std::to_string(threads));
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
