@@ -5,6 +5,7 @@
 
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <optional>
 #include <stdexcept>
 
@@ -119,6 +120,12 @@ class Arguments {
   std::vector<std::string> args_;
 };
 
+// Outputs may name a directory that does not exist yet, as in data-cache/corpus.h5.
+void create_parent_directory(const std::string& path) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+}
+
 void setup_logging(int rank) {
   auto logger = spdlog::stderr_color_mt("trainer");
   logger->set_pattern(rank == 0 ? "[%H:%M:%S.%e] %^%l%$ %v" : "[%H:%M:%S.%e] [rank " + std::to_string(rank) + "] %^%l%$ %v");
@@ -229,6 +236,7 @@ int command_prepare_data(const std::vector<std::string>& raw) {
     args.expect_empty();
     if (inputs.empty()) throw UsageError("--input needs at least one file");
     if (!output) throw UsageError("--output is required");
+    create_parent_directory(*output);
     prepare_dataset(inputs, *output);
     return 0;
   } catch (...) {
@@ -258,6 +266,7 @@ int command_make_corpus(const std::vector<std::string>& raw) {
     } catch (const std::invalid_argument& e) {
       throw UsageError(e.what());
     }
+    create_parent_directory(*output);
     make_demo_corpus(options, *output);
     return 0;
   } catch (...) {
