@@ -19,18 +19,13 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "test_util.h"
 
 namespace {
+using hdp::testing::random_floats;
 using hdp::IndexTensor;
 using hdp::Tensor;
 
-std::vector<float> rnd(size_t n, uint32_t seed, float s) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-s, s);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 struct Case {
   int64_t T, V;
@@ -41,7 +36,7 @@ struct Case {
 // V > the kernel's 2048-logit block and not a multiple of the vector width; row t
 // has its largest logits late in the row so the running max is rescaled.
 Case make_case(int64_t T = 9, int64_t V = 5003) {
-  Case c{T, V, rnd(T * V, 1, 5), std::vector<int32_t>(T)};
+  Case c{T, V, random_floats(T * V, 1, -5, 5), std::vector<int32_t>(T)};
   for (int64_t t = 0; t < T; ++t) {
     c.targets[t] = static_cast<int32_t>((t * 2731 + 11) % V);
     for (int64_t i = 0; i < V; ++i) c.logits[t * V + i] += static_cast<float>(6.0 * i / V);

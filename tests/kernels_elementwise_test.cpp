@@ -9,23 +9,18 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "test_util.h"
 
 namespace {
+using hdp::testing::random_floats;
 using hdp::Tensor;
 
-std::vector<float> rnd(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-scale, scale);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 }  // namespace
 
 TEST(KernelsElementwise, AddScaleFillCopyExact) {
   // Large enough for the OpenMP path, odd length for the tails.
   const int64_t n = 100003;
-  auto y = rnd(n, 1), x = rnd(n, 2);
+  auto y = random_floats(n, 1), x = random_floats(n, 2);
   const auto y0 = y;
   hdp::add_inplace(Tensor(y.data(), {n}), Tensor(x.data(), {n}));
   for (int64_t i = 0; i < n; ++i) ASSERT_EQ(y[i], y0[i] + x[i]) << i;
@@ -43,7 +38,7 @@ TEST(KernelsElementwise, AddScaleFillCopyExact) {
 
 TEST(KernelsElementwise, SumSquaresInDoubleAndThreadIndependent) {
   const int64_t n = 1000001;  // many chunks plus a tail
-  auto x = rnd(n, 3, 10.0f);
+  auto x = random_floats(n, 3, -10.0f, 10.0f);
   long double ref = 0;
   for (float v : x) ref += static_cast<long double>(v) * v;
   const double got = hdp::sum_squares(Tensor(x.data(), {n}));

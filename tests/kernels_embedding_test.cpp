@@ -13,23 +13,18 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "test_util.h"
 
 namespace {
+using hdp::testing::random_floats;
 using hdp::IndexTensor;
 using hdp::Tensor;
 
-std::vector<float> rnd(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 }  // namespace
 
 TEST(KernelsEmbedding, ForwardFullTableAndSlice) {
   const int64_t V = 50, H = 37, T = 200;
-  const auto table = rnd(V * H, 1);
+  const auto table = random_floats(V * H, 1);
   std::vector<int32_t> tokens(T);
   std::mt19937 rng(2);
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % V);
@@ -52,7 +47,7 @@ TEST(KernelsEmbedding, ForwardFullTableAndSlice) {
 
 TEST(KernelsEmbedding, BackwardAccumulatesRowsAndSlicesSumToFull) {
   const int64_t V = 40, H = 300, T = 500;  // T * H large enough for the threaded path
-  const auto g = rnd(T * H, 3), d0 = rnd(V * H, 4);
+  const auto g = random_floats(T * H, 3), d0 = random_floats(V * H, 4);
   std::vector<int32_t> tokens(T);
   std::mt19937 rng(5);
   for (auto& t : tokens) t = static_cast<int32_t>(rng() % V);  // many repeats

@@ -16,18 +16,13 @@
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/tile_gemm.h"
 #include "kernels/ops.h"
+#include "test_util.h"
 
 namespace {
+using hdp::testing::random_floats;
 
 using hdp::Tensor;
 
-std::vector<float> rnd(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 void expect_close(const std::vector<float>& got, const std::vector<double>& ref, double tol, const char* what) {
   ASSERT_EQ(got.size(), ref.size());
@@ -50,7 +45,7 @@ TEST(KernelsGemm, MatmulAllTransposesAlphaBeta) {
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
       SCOPED_TRACE(::testing::Message() << "ta=" << ta << " tb=" << tb);
-      const auto a = rnd(M * K, 1), b = rnd(K * N, 2), c0 = rnd(M * N, 3);
+      const auto a = random_floats(M * K, 1), b = random_floats(K * N, 2), c0 = random_floats(M * N, 3);
       const int64_t acols = ta ? M : K, bcols = tb ? K : N;
       Tensor ta_t(const_cast<float*>(a.data()), {ta ? K : M, acols});
       Tensor tb_t(const_cast<float*>(b.data()), {tb ? N : K, bcols});
@@ -88,7 +83,7 @@ TEST(KernelsGemm, MatmulRejectsMismatchedShapes) {
 
 TEST(KernelsGemm, LinearForwardAndBackward) {
   const int64_t T = 45, in = 33, out = 21;
-  const auto x = rnd(T * in, 4), w = rnd(out * in, 5), dy = rnd(T * out, 6);
+  const auto x = random_floats(T * in, 4), w = random_floats(out * in, 5), dy = random_floats(T * out, 6);
   std::vector<float> y(T * out);
   hdp::linear_forward(Tensor(y.data(), {T, out}), Tensor(const_cast<float*>(x.data()), {T, in}),
                       Tensor(const_cast<float*>(w.data()), {out, in}));
@@ -106,7 +101,7 @@ TEST(KernelsGemm, LinearForwardAndBackward) {
         dxref[t * in + i] += double(dy[t * out + o]) * w[o * in + i];
         dwref[o * in + i] += double(dy[t * out + o]) * x[t * in + i];
       }
-  const auto dx0 = rnd(T * in, 7), dw0 = rnd(out * in, 8);
+  const auto dx0 = random_floats(T * in, 7), dw0 = random_floats(out * in, 8);
   for (bool acc : {false, true}) {
     std::vector<float> dx = dx0, dw = dw0;
     hdp::linear_backward(Tensor(dx.data(), {T, in}), Tensor(dw.data(), {out, in}),
@@ -141,8 +136,8 @@ TEST(KernelsGemm, TileGemmAgainstNaiveWithStridesAndAccumulate) {
             SCOPED_TRACE(::testing::Message() << "M=" << M << " N=" << N << " K=" << K << " tA=" << transposed_a
                                               << " acc=" << acc);
             const int64_t lda = transposed_a ? M + 3 : K + 2, ldb = N + W, ldc = N + 2 * W;
-            const auto a = rnd((transposed_a ? K : M) * lda, 11), b = rnd(K * ldb, 12);
-            std::vector<float> c = rnd(M * ldc, 13);
+            const auto a = random_floats((transposed_a ? K : M) * lda, 11), b = random_floats(K * ldb, 12);
+            std::vector<float> c = random_floats(M * ldc, 13);
             const std::vector<float> c0 = c;
             const int64_t sam = transposed_a ? 1 : lda, sak = transposed_a ? lda : 1;
             hdp::cpu::tile_gemm(M, N, K, a.data(), sam, sak, b.data(), ldb, c.data(), ldc, acc);

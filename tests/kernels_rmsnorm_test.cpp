@@ -16,17 +16,12 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "test_util.h"
 
 namespace {
+using hdp::testing::random_floats;
 using hdp::Tensor;
 
-std::vector<float> rnd(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 std::vector<double> ref_forward(const std::vector<double>& x, const std::vector<double>& w, int64_t T, int64_t H,
                                 double eps, std::vector<double>* rstd = nullptr) {
@@ -51,7 +46,7 @@ double max_abs(const std::vector<double>& v) {
 TEST(KernelsRmsnorm, ForwardMatchesReference) {
   const int64_t T = 64, H = 300;  // H not a multiple of 8; T * H uses the threaded path
   const float eps = 1e-5f;
-  const auto x = rnd(T * H, 1, -3, 3), w = rnd(H, 2, 0.5, 1.5);
+  const auto x = random_floats(T * H, 1, -3, 3), w = random_floats(H, 2, 0.5, 1.5);
   std::vector<float> y(T * H), rstd(T);
   hdp::rmsnorm_forward(Tensor(y.data(), {T, H}), Tensor(rstd.data(), {T}), Tensor(const_cast<float*>(x.data()), {T, H}),
                        Tensor(const_cast<float*>(w.data()), {H}), eps);
@@ -64,11 +59,11 @@ TEST(KernelsRmsnorm, ForwardMatchesReference) {
 TEST(KernelsRmsnorm, BackwardMatchesFiniteDifferencesAndAccumulates) {
   const int64_t T = 6, H = 37;
   const double eps = 1e-5;
-  const auto x = rnd(T * H, 3, -2, 2), w = rnd(H, 4, 0.5, 1.5), G = rnd(T * H, 5);
+  const auto x = random_floats(T * H, 3, -2, 2), w = random_floats(H, 4, 0.5, 1.5), G = random_floats(T * H, 5);
   std::vector<float> y(T * H), rstd(T);
   hdp::rmsnorm_forward(Tensor(y.data(), {T, H}), Tensor(rstd.data(), {T}), Tensor(const_cast<float*>(x.data()), {T, H}),
                        Tensor(const_cast<float*>(w.data()), {H}), static_cast<float>(eps));
-  const auto dx0 = rnd(T * H, 6), dw0 = rnd(H, 7);
+  const auto dx0 = random_floats(T * H, 6), dw0 = random_floats(H, 7);
   std::vector<float> dx = dx0, dw = dw0;
   hdp::rmsnorm_backward(Tensor(dx.data(), {T, H}), Tensor(dw.data(), {H}), Tensor(const_cast<float*>(G.data()), {T, H}),
                         Tensor(const_cast<float*>(x.data()), {T, H}), Tensor(const_cast<float*>(w.data()), {H}),
@@ -102,7 +97,7 @@ TEST(KernelsRmsnorm, BackwardMatchesFiniteDifferencesAndAccumulates) {
 
 TEST(KernelsRmsnorm, BackwardSameBitsForAnyThreadCount) {
   const int64_t T = 300, H = 200;
-  const auto x = rnd(T * H, 8), w = rnd(H, 9), G = rnd(T * H, 10);
+  const auto x = random_floats(T * H, 8), w = random_floats(H, 9), G = random_floats(T * H, 10);
   std::vector<float> y(T * H), rstd(T);
   hdp::rmsnorm_forward(Tensor(y.data(), {T, H}), Tensor(rstd.data(), {T}), Tensor(const_cast<float*>(x.data()), {T, H}),
                        Tensor(const_cast<float*>(w.data()), {H}), 1e-6f);

@@ -14,18 +14,13 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "test_util.h"
 
 namespace {
+using hdp::testing::random_floats;
 using hdp::IndexTensor;
 using hdp::Tensor;
 
-std::vector<float> rnd(size_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 // HF: inv_freq = 1.0 / (theta ** (arange(0, d, 2).float() / d)), float32; angle = float(pos) * inv_freq (float32).
 std::vector<double> ref_rope(const std::vector<double>& x, const std::vector<int32_t>& pos, int64_t heads, int64_t d,
@@ -70,7 +65,7 @@ TEST(KernelsRope, ForwardMatchesReferenceAndBackwardInverts) {
     const int64_t T = 70, heads = 3;
     std::vector<int32_t> pos(T);
     for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>((t * 977) % 8192);  // large positions too
-    const auto x0 = rnd(T * heads * d, static_cast<uint32_t>(d));
+    const auto x0 = random_floats(T * heads * d, static_cast<uint32_t>(d));
     std::vector<float> x = x0;
     hdp::rope_forward(Tensor(x.data(), {T, heads, d}), IndexTensor(pos.data(), {T}), 500000.0f);
     const auto ref = ref_rope({x0.begin(), x0.end()}, pos, heads, d, 500000.0f);
@@ -83,7 +78,7 @@ TEST(KernelsRope, ForwardMatchesReferenceAndBackwardInverts) {
 TEST(KernelsRope, BackwardIsGradientOfForward) {
   const int64_t T = 5, heads = 2, d = 8;
   const std::vector<int32_t> pos = {0, 1, 7, 100, 3000};
-  const auto x = rnd(T * heads * d, 1), G = rnd(T * heads * d, 2);
+  const auto x = random_floats(T * heads * d, 1), G = random_floats(T * heads * d, 2);
   std::vector<double> xd(x.begin(), x.end());
   auto loss = [&]() {
     const auto y = ref_rope(xd, pos, heads, d, 10000.0f);

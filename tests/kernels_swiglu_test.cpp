@@ -12,23 +12,18 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "test_util.h"
 
 namespace {
+using hdp::testing::random_floats;
 using hdp::Tensor;
 
-std::vector<float> rnd(size_t n, uint32_t seed, float s) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(-s, s);
-  std::vector<float> v(n);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 double silu(double g) { return g / (1.0 + std::exp(-g)); }
 }  // namespace
 
 TEST(KernelsSwiglu, ForwardMatchesReference) {
   const int64_t T = 33, F = 1001;  // threaded path, odd length
-  const auto g = rnd(T * F, 1, 8), u = rnd(T * F, 2, 2);
+  const auto g = random_floats(T * F, 1, -8, 8), u = random_floats(T * F, 2, -2, 2);
   std::vector<float> out(T * F);
   hdp::swiglu_forward(Tensor(out.data(), {T, F}), Tensor(const_cast<float*>(g.data()), {T, F}),
                       Tensor(const_cast<float*>(u.data()), {T, F}));
@@ -40,7 +35,7 @@ TEST(KernelsSwiglu, ForwardMatchesReference) {
 
 TEST(KernelsSwiglu, BackwardMatchesFiniteDifferences) {
   const int64_t n = 257;
-  const auto g = rnd(n, 3, 6), u = rnd(n, 4, 2), G = rnd(n, 5, 1);
+  const auto g = random_floats(n, 3, -6, 6), u = random_floats(n, 4, -2, 2), G = random_floats(n, 5, -1, 1);
   std::vector<float> dg(n, 9.0f), du(n, 9.0f);  // overwritten, not accumulated
   hdp::swiglu_backward(Tensor(dg.data(), {n}), Tensor(du.data(), {n}), Tensor(const_cast<float*>(G.data()), {n}),
                        Tensor(const_cast<float*>(g.data()), {n}), Tensor(const_cast<float*>(u.data()), {n}));

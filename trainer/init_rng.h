@@ -1,19 +1,15 @@
 #pragma once
-// A small portable PRNG for weight initialisation: the same seed gives the same
-// weights with any compiler or standard library (std:: distributions do not).
+// Normal numbers for weight initialisation from the project's portable PRNG
+// (data/rng.h): the same seed gives the same weights with any compiler or
+// standard library (std:: distributions do not).
 
 #include <cmath>
 #include <cstdint>
 #include <string_view>
 
-namespace hdp {
+#include "data/rng.h"
 
-inline uint64_t splitmix64(uint64_t& state) {
-  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
+namespace hdp {
 
 inline uint64_t hash_name(std::string_view s, uint64_t seed) {
   uint64_t h = 0xcbf29ce484222325ull ^ seed;  // FNV-1a, then mixed
