@@ -72,7 +72,7 @@ void BM_BenchLlamaTrainingStep(benchmark::State& state) {
   AdamW optimizer(config.optim, model.parameters(), model.flat_parameters().numel());
   const SyntheticBatch batch = documents(4, 1024, static_cast<int>(config.model.vocab_size));
   const MicroBatchView view{batch.tokens, batch.targets, batch.positions, batch.cu_seqlens};
-  const double flops = model.training_flops(batch.lengths);
+  const double flops = training_flops(config.model, batch.lengths);
   const double rate = gemm_rate();
   int64_t step = 0;
   for (auto _ : state) {

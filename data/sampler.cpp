@@ -37,37 +37,6 @@ std::vector<int64_t> document_order(int64_t num_documents, bool shuffle, uint64_
   return order;
 }
 
-std::vector<std::vector<size_t>> best_fit_decreasing(std::span<const int64_t> lengths, int64_t capacity) {
-  std::vector<size_t> idx(lengths.size());
-  std::iota(idx.begin(), idx.end(), size_t{0});
-  for (size_t i : idx)
-    if (lengths[i] < 1 || lengths[i] > capacity)
-      throw std::invalid_argument("best_fit_decreasing: item " + std::to_string(i) + " has length " +
-                                  std::to_string(lengths[i]) + ", capacity is " + std::to_string(capacity));
-  std::stable_sort(idx.begin(), idx.end(), [&](size_t a, size_t b) { return lengths[a] > lengths[b]; });
-  std::vector<std::vector<size_t>> bins;
-  std::set<std::pair<int64_t, size_t>> open;  // (remaining room, bin index)
-  for (size_t i : idx) {
-    int64_t len = lengths[i];
-    auto it = open.lower_bound({len, 0});
-    size_t bin;
-    int64_t room;
-    if (it == open.end()) {
-      bin = bins.size();
-      bins.emplace_back();
-      room = capacity;
-    } else {
-      bin = it->second;
-      room = it->first;
-      open.erase(it);
-    }
-    bins[bin].push_back(i);
-    room -= len;
-    if (room > 0) open.insert({room, bin});
-  }
-  return bins;
-}
-
 std::vector<PackedMicroBatch> pack_best_fit(std::span<const SequenceSpan> sequences, int64_t capacity) {
   std::vector<int64_t> lengths(sequences.size());
   for (size_t i = 0; i < sequences.size(); ++i) lengths[i] = sequences[i].length;

@@ -23,6 +23,7 @@
 
 #include "data/batch.h"
 #include "data/dataset.h"
+#include "parallel/plan.h"
 
 namespace hdp {
 
@@ -42,14 +43,8 @@ void validate_sampler_options(const SamplerOptions& options);
 // Fisher-Yates permutation drawn from Rng(seed, epoch) (data/rng.h).
 std::vector<int64_t> document_order(int64_t num_documents, bool shuffle, uint64_t seed, uint64_t epoch);
 
-// Best-fit decreasing over lengths: items sorted by length descending (stable
-// in input order); each goes into the open bin with the least remaining room
-// that still fits (ties: the bin opened first), else into a new bin. Returns,
-// per bin in opening order, the item indices in placement order. Throws
-// std::invalid_argument if a length is < 1 or > capacity.
-std::vector<std::vector<size_t>> best_fit_decreasing(std::span<const int64_t> lengths, int64_t capacity);
 
-// pack_best_fit over sequences: micro-batches with only `spans` filled.
+// best_fit_decreasing (parallel/plan.h) over sequences: micro-batches with only `spans` filled.
 std::vector<PackedMicroBatch> pack_best_fit(std::span<const SequenceSpan> sequences, int64_t capacity);
 
 // Reads the tokens of `spans` back to back and fills tokens, targets (next

@@ -602,22 +602,50 @@ TEST(ConfigErrors, UnknownOverrideKey) {
   EXPECT_CONTAINS(msg, "model.hidden_size.x: unknown key in section 'model'");
 }
 
-TEST(ConfigErrors, UnsupportedParallelDegree) {
-  Scratch s("parallel");
+TEST(Config, ParallelDegreesAndStageLayers) {
+  Scratch s("parallel-ok");
   const std::string path = s.config(
+      "model:\n"
+      "  num_layers: 6\n"
+      "  num_kv_heads: 2\n"
       "data:\n"
       "  path: DATA\n"
       "parallel:\n"
-      "  tp: 2\n");
-  EXPECT_EQ(load_error(path), path + ":4: parallel.tp=2: tensor parallelism is not available yet "
-                                     "(only tp=pp=hdp=1 in this build); set parallel.tp to 1");
+      "  tp: 2\n"
+      "  pp: 2\n"
+      "  hdp: 3\n"
+      "  pp_layers: [2, 4]\n");
+  const Config c = load_config(path);
+  EXPECT_EQ(c.parallel.tp, 2);
+  EXPECT_EQ(c.parallel.pp, 2);
+  EXPECT_EQ(c.parallel.hdp, 3);
+  EXPECT_EQ(c.parallel.pp_layers, (std::vector<int64_t>{2, 4}));
+  const Config again = parse_config_text(c.yaml, "again", {}, false);
+  EXPECT_EQ(again.parallel.pp_layers, c.parallel.pp_layers);
+  EXPECT_EQ(load_config(path, {"parallel.pp_layers=[3, 3]"}).parallel.pp_layers, (std::vector<int64_t>{3, 3}));
+  EXPECT_TRUE(load_config(path, {"parallel.pp_layers=[]"}).parallel.pp_layers.empty());
+}
+
+TEST(ConfigErrors, ParallelDegreesMustFitTheModel) {
+  Scratch s("parallel");
+  const std::string path = s.config(
+      "model:\n"
+      "  num_layers: 4\n"
+      "  num_heads: 4\n"
+      "  num_kv_heads: 2\n"
+      "data:\n"
+      "  path: DATA\n"
+      "parallel:\n"
+      "  tp: 4\n");
+  EXPECT_CONTAINS(load_error(path), path + ":8: parallel.tp: 4 does not divide model.num_kv_heads 2");
   const std::string min = s.config(kMinimalConfig, "min.yaml");
-  EXPECT_CONTAINS(load_error(min, {"parallel.pp=4"}),
-              "--set parallel.pp=4: parallel.pp=4: pipeline parallelism is not available yet "
-                        "(only tp=pp=hdp=1 in this build)");
-  EXPECT_CONTAINS(load_error(min, {"parallel.hdp=8"}),
-              "--set parallel.hdp=8: parallel.hdp=8: hybrid data parallelism is not available yet "
-                        "(only tp=pp=hdp=1 in this build)");
+  EXPECT_CONTAINS(load_error(min, {"parallel.pp=9"}), "parallel.pp: 9 is more than model.num_layers");
+  EXPECT_CONTAINS(load_error(path, {"parallel.tp=1", "parallel.pp=2", "parallel.pp_layers=[1, 2]"}),
+                  "parallel.pp_layers: [1, 2] does not give each of the 2 stages at least one layer of the model's 4");
+  EXPECT_CONTAINS(load_error(path, {"parallel.tp=1", "parallel.pp=2", "parallel.pp_layers=[4, 0]"}),
+                  "parallel.pp_layers");
+  EXPECT_CONTAINS(load_error(path, {"parallel.tp=1", "parallel.pp_layers=[a]"}), "expected a list of integers");
+  EXPECT_CONTAINS(load_error(min, {"parallel.hdp=0"}), "parallel.hdp: 0 is not positive");
 }
 
 TEST(ConfigErrors, DuplicateKeysAndSyntaxErrors) {

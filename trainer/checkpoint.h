@@ -1,19 +1,28 @@
 #pragma once
-// Checkpoints: one HDF5 file per saved step (docs/checkpoint-format.md).
-// Parameters are stored whole under their Hugging Face names ([out, in], float32)
-// so any HDF5 reader can use them; beside them the AdamW moments, the step, the
-// sampler position and the config. Every dataset carries a checksum; a file is
-// written under a temporary name and renamed only when complete.
+// Checkpoints under any parallel layout (docs/checkpoint-format.md).
+//
+// A checkpoint is a directory CHECKPOINT_DIR/step-00000123/ holding one HDF5 part
+// per rank (rank-00005.h5: that rank's tensor-parallel slice of its stage's
+// weights, written only by hdp rank 0 of each slice, and its ZeRO-1 shard of the
+// AdamW moments) and manifest.yaml, written last by rank 0 once every part is
+// complete (step, sampler position, seeds, layout, config). The directory is
+// written as step-00000123.tmp/ and renamed when the manifest is in, so a
+// directory under its final name is complete. Every tensor carries a checksum.
+//
+// A checkpoint written under one (tp, pp, hdp) loads under any other: a rank
+// assembles the whole tensors it needs from the parts and takes its slice and
+// its shard. `export_checkpoint` writes whole tensors under Hugging Face names
+// into one HDF5 file for outside readers.
 
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
-#include <vector>
 
 #include "data/batch.h"
+#include "parallel/communicator.h"
+#include "parallel/zero_optimizer.h"
 #include "trainer/model.h"
-#include "trainer/optimizer.h"
 
 namespace hdp {
 
@@ -29,22 +38,40 @@ struct TrainingProgress {
   uint64_t data_seed = 0;
 };
 
-// checkpoint_dir/step-000123.h5
+// Where this rank sits when it writes its part.
+struct CheckpointLayout {
+  int tp = 1, pp = 1, hdp = 1;
+  int tp_rank = 0, pp_rank = 0, hdp_rank = 0;
+  int world_rank = 0;
+  Communicator* world = nullptr;  // for the barrier before the manifest; nullptr = one process
+};
+
+// checkpoint_dir/step-00000123
 std::string checkpoint_path(const std::string& checkpoint_dir, int64_t step);
 
-// Writes a checkpoint and deletes all but the newest `keep` complete ones. Returns its path.
-std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const AdamW& optimizer,
-                            const TrainingProgress& progress, const std::string& config_yaml, int64_t keep);
+// Collective over layout.world: every rank writes its part, rank 0 commits the
+// manifest, renames the directory and deletes all but the newest `keep` complete
+// checkpoints. Returns the checkpoint's path. The optimizer's segments index
+// model.parameters().
+std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const ZeroAdamW& optimizer,
+                            const TrainingProgress& progress, const std::string& config_yaml, int64_t keep,
+                            const CheckpointLayout& layout);
 
-// The newest complete checkpoint in the directory, if any (temporary files are ignored).
+// The newest complete checkpoint in the directory, if any (directories without a
+// committed manifest are ignored).
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir);
 
-// Loads weights (and, when optimizer is given, the moments) into an existing model
-// whose shapes must match. Verifies every checksum first; throws CheckpointError
-// naming the file and the tensor on any mismatch, truncation or corruption.
-TrainingProgress load_checkpoint(const std::string& path, LlamaModel& model, AdamW* optimizer);
+// Loads this rank's slice of the weights (and, when optimizer is given, its shard of
+// the moments) into a model whose global shapes must match, from a checkpoint
+// written under any layout. Verifies checksums; throws CheckpointError naming the
+// file and the tensor on any mismatch, truncation or corruption.
+TrainingProgress load_checkpoint(const std::string& path, LlamaModel& model, ZeroAdamW* optimizer);
 
-// The config text stored in a checkpoint.
+// The config text stored in a checkpoint's manifest.
 std::string checkpoint_config(const std::string& path);
+
+// Writes every weight as a whole tensor under its Hugging Face name into one HDF5
+// file (plus the config as an attribute), for outside readers.
+void export_checkpoint(const std::string& path, const std::string& output);
 
 }  // namespace hdp

@@ -191,6 +191,14 @@ learn, with a long-tailed length distribution (lognormal, truncated).
   --median-length L    median document length in bytes (default 300)
 )";
 
+const char* const kExportHelp = R"(usage: trainer export CHECKPOINT --output FILE.h5
+
+Writes every weight of a checkpoint (a step-NNNNNNNN directory, saved under any
+tp/pp/hdp layout) as a whole float32 tensor under its Hugging Face name
+([out, in]) into one HDF5 file, with the config as an attribute.
+  --output PATH   the file to write
+)";
+
 }  // namespace
 
 int command_train(int argc, char** argv, const std::vector<std::string>& raw) {
@@ -271,6 +279,28 @@ int command_make_corpus(const std::vector<std::string>& raw) {
     return 0;
   } catch (...) {
     return report("make-corpus", std::current_exception());
+  }
+}
+
+int command_export(const std::vector<std::string>& raw) {
+  Arguments args("export", raw);
+  if (args.flag("--help") || args.flag("-h")) {
+    std::fputs(kExportHelp, stdout);
+    return 0;
+  }
+  ensure_logging();
+  try {
+    const std::optional<std::string> output = args.option("--output");
+    const std::vector<std::string> checkpoints = args.positional();
+    args.expect_empty();
+    if (checkpoints.size() != 1) throw UsageError("expects exactly one CHECKPOINT directory");
+    if (!output) throw UsageError("--output is required");
+    create_parent_directory(*output);
+    export_checkpoint(checkpoints[0], *output);
+    spdlog::info("exported {} to {}", checkpoints[0], *output);
+    return 0;
+  } catch (...) {
+    return report("export", std::current_exception());
   }
 }
 

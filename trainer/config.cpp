@@ -25,7 +25,7 @@ namespace {
 // ---------------------------------------------------------------------------
 // Schema
 
-using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*>;
+using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*>;
 
 struct Field {
   std::string key;
@@ -88,7 +88,9 @@ const std::vector<Section>& schema() {
       {"parallel",
        {field("tp", &Config::parallel, &ParallelConfig::tp),
         field("pp", &Config::parallel, &ParallelConfig::pp),
-        field("hdp", &Config::parallel, &ParallelConfig::hdp)}},
+        field("hdp", &Config::parallel, &ParallelConfig::hdp),
+        field("pp_layers", &Config::parallel, &ParallelConfig::pp_layers),
+        field("bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb)}},
   };
   return sections;
 }
@@ -205,11 +207,18 @@ std::string yaml_double(double v) {
   return text;
 }
 
+std::string int_list(const std::vector<int64_t>& values) {
+  std::string text = "[";
+  for (size_t i = 0; i < values.size(); ++i) text += (i ? ", " : "") + std::to_string(values[i]);
+  return text + "]";
+}
+
 std::string value_text(const FieldRef& ref) {
   return std::visit(
       [](auto* p) -> std::string {
         using T = std::remove_pointer_t<decltype(p)>;
         if constexpr (std::is_same_v<T, std::string>) return "'" + *p + "'";
+        else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return int_list(*p);
         else if constexpr (std::is_same_v<T, bool>) return *p ? "true" : "false";
         else if constexpr (std::is_same_v<T, double>) return format_double(*p);
         else return std::to_string(*p);
@@ -268,6 +277,17 @@ void assign(const FieldRef& ref, const YAML::Node& node, const std::string& wher
           if (node.IsNull()) *p = "";
           else if (node.IsScalar()) *p = node.Scalar();
           else fail(where, key, "expected a string, " + got, "write a single value such as \"" + *p + "\"");
+        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+          p->clear();
+          if (node.IsNull()) return;
+          if (!node.IsSequence()) fail(where, key, "expected a list of integers, " + got, "write e.g. [3, 5]");
+          for (const YAML::Node& item : node) {
+            int64_t v = 0;
+            bool out_of_range = false;
+            if (!plain_scalar(item) || !parse_integer(item.Scalar(), v, out_of_range))
+              fail(where, key, "expected a list of integers, found " + describe(item) + " in it", "write e.g. [3, 5]");
+            p->push_back(v);
+          }
         } else if constexpr (std::is_same_v<T, bool>) {
           bool v = false;
           if (!plain_scalar(node) || !YAML::convert<bool>::decode(node, v))
@@ -538,19 +558,37 @@ struct Parser {
     positive(p.tp, "parallel.tp");
     positive(p.pp, "parallel.pp");
     positive(p.hdp, "parallel.hdp");
-    const struct {
-      const char* key;
-      int64_t value;
-      const char* what;
-    } dims[] = {{"tp", p.tp, "tensor parallelism"},
-                {"pp", p.pp, "pipeline parallelism"},
-                {"hdp", p.hdp, "hybrid data parallelism"}};
-    for (const auto& dim : dims) {
-      if (dim.value != 1)
-        fail(origin(std::string("parallel.") + dim.key), "",
-             std::string("parallel.") + dim.key + "=" + std::to_string(dim.value) + ": " + dim.what +
-                 " is not available yet (only tp=pp=hdp=1 in this build)",
-             std::string("set parallel.") + dim.key + " to 1");
+    positive(p.bucket_mb, "parallel.bucket_mb");
+    require(m.num_kv_heads % p.tp == 0, "parallel.tp",
+            shown("parallel.tp") + " does not divide model.num_kv_heads " + shown("model.num_kv_heads"),
+            "tensor parallelism splits the key/value heads across ranks; choose a divisor of " +
+                std::to_string(m.num_kv_heads),
+            {"model.num_kv_heads"});
+    require(m.ffn_hidden_size % p.tp == 0, "parallel.tp",
+            shown("parallel.tp") + " does not divide model.ffn_hidden_size " + shown("model.ffn_hidden_size"),
+            "tensor parallelism splits the MLP columns across ranks; choose a divisor of " +
+                std::to_string(m.ffn_hidden_size),
+            {"model.ffn_hidden_size"});
+    require(m.vocab_size >= p.tp, "parallel.tp", shown("parallel.tp") + " exceeds model.vocab_size",
+            "every tensor-parallel rank needs a slice of the vocabulary", {"model.vocab_size"});
+    require(m.num_layers >= p.pp, "parallel.pp",
+            shown("parallel.pp") + " is more than model.num_layers " + shown("model.num_layers"),
+            "every pipeline stage needs at least one layer; choose pp <= " + std::to_string(m.num_layers),
+            {"model.num_layers"});
+    if (!p.pp_layers.empty()) {
+      int64_t total = 0;
+      bool positive_counts = true;
+      for (int64_t n : p.pp_layers) {
+        total += n;
+        positive_counts = positive_counts && n >= 1;
+      }
+      require(static_cast<int64_t>(p.pp_layers.size()) == p.pp && positive_counts && total == m.num_layers,
+              "parallel.pp_layers",
+              shown("parallel.pp_layers") + " does not give each of the " + std::to_string(p.pp) +
+                  " stages at least one layer of the model's " + std::to_string(m.num_layers),
+              "list pp layer counts of at least 1 that sum to model.num_layers, or leave it empty for a "
+              "cost-balanced split",
+              {"parallel.pp", "model.num_layers"});
     }
 
     // files last, so that value errors are reported even before the data exists
@@ -580,6 +618,7 @@ std::string emit_config_yaml(const Config& config) {
           [&](auto* p) {
             using T = std::remove_pointer_t<decltype(p)>;
             if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
+            else if constexpr (std::is_same_v<T, std::vector<int64_t>>) out << YAML::Flow << *p;
             else if constexpr (std::is_same_v<T, double>) out << yaml_double(*p);
             else out << *p;
           },

@@ -50,9 +50,11 @@ struct TrainConfig {
 };
 
 struct ParallelConfig {
-  int64_t tp = 1;
-  int64_t pp = 1;
-  int64_t hdp = 1;
+  int64_t tp = 1;                        // tensor parallel degree
+  int64_t pp = 1;                        // pipeline stages
+  int64_t hdp = 1;                       // hybrid data parallel degree; world = tp x pp x hdp
+  std::vector<int64_t> pp_layers;        // layers per stage; empty = balanced by cost
+  int64_t bucket_mb = 25;                // ZeRO-1 gradient bucket size
 };
 
 struct Config {

@@ -19,6 +19,7 @@ commands:
   train CONFIG.yaml [--set key.path=value ...]   train a model
   prepare-data --input FILE... --output DATA.h5  tokenize text or JSONL into a dataset
   make-corpus --output DATA.h5 [...]             write the built-in demo corpus
+  export CHECKPOINT --output FILE.h5             whole weights under Hugging Face names
 
   trainer <command> --help   options of one command
   trainer --version          version
@@ -45,6 +46,7 @@ int main(int argc, char** argv) {
   if (command == "train") return hdp::command_train(argc, argv, args);
   if (command == "prepare-data") return hdp::command_prepare_data(args);
   if (command == "make-corpus") return hdp::command_make_corpus(args);
+  if (command == "export") return hdp::command_export(args);
   std::fprintf(stderr, "trainer: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

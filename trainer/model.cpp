@@ -18,26 +18,53 @@ int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
 // Tokens per LM-head chunk: bounds the [chunk, vocab] logits buffer.
 int64_t head_chunk_for(int64_t vocab, int64_t capacity) {
-  int64_t chunk = std::max<int64_t>(1, kLogitsBudgetFloats / vocab);
+  int64_t chunk = std::max<int64_t>(1, kLogitsBudgetFloats / std::max<int64_t>(1, vocab));
   if (chunk >= 64) chunk = chunk / 64 * 64;
   return std::min(chunk, capacity);
 }
 
+// Rows [begin, end) of an even split of n into parts.
+int64_t split_point(int64_t n, int part, int parts) { return n * part / parts; }
+
 }  // namespace
 
-LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, Device device)
+LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const ModelPartition& partition,
+                       int activation_slots, Communicator* tp, Device device)
     : config_(config),
+      partition_(partition),
       capacity_(capacity_tokens),
-      head_chunk_tokens_(head_chunk_for(config.vocab_size, capacity_tokens)),
+      tp_(tp),
       device_(device),
       param_arena_(Arena::counting(device, "parameters")),
       grad_arena_(Arena::counting(device, "gradients")),
       activation_arena_(Arena::counting(device, "activations")) {
+  const ModelConfig& c = config;
+  const int tp_size = partition.tp_size;
   if (capacity_tokens <= 0) throw std::invalid_argument("model: capacity_tokens must be positive");
-  if (config.hidden_size % config.num_heads != 0 || config.num_heads % config.num_kv_heads != 0 ||
-      config.head_dim() % 2 != 0) {
+  if (activation_slots <= 0) throw std::invalid_argument("model: activation_slots must be positive");
+  if (c.hidden_size % c.num_heads != 0 || c.num_heads % c.num_kv_heads != 0 || c.head_dim() % 2 != 0) {
     throw std::invalid_argument("model: heads must divide hidden size, kv heads must divide heads, head_dim even");
   }
+  if (c.num_kv_heads % tp_size != 0 || c.ffn_hidden_size % tp_size != 0 || c.vocab_size < tp_size) {
+    throw std::invalid_argument("model: tensor parallel degree " + std::to_string(tp_size) +
+                                " must divide num_kv_heads and ffn_hidden_size");
+  }
+  // Without a communicator a tp slice can hold and load weights (checkpoint tools)
+  // but not run.
+  if (tp != nullptr && tp->size() != tp_size) {
+    throw std::invalid_argument("model: the tp communicator size differs from partition.tp_size");
+  }
+  num_local_layers_ = partition.num_layers < 0 ? c.num_layers - partition.first_layer : partition.num_layers;
+  if (partition.first_layer < 0 || num_local_layers_ < 0 || partition.first_layer + num_local_layers_ > c.num_layers) {
+    throw std::invalid_argument("model: layer range outside the model");
+  }
+  local_heads_ = c.num_heads / tp_size;
+  local_kv_heads_ = c.num_kv_heads / tp_size;
+  local_ffn_ = c.ffn_hidden_size / tp_size;
+  vocab_begin_ = split_point(c.vocab_size, partition.tp_rank, tp_size);
+  local_vocab_ = split_point(c.vocab_size, partition.tp_rank + 1, tp_size) - vocab_begin_;
+  head_chunk_tokens_ = head_chunk_for(local_vocab_, capacity_tokens);
+
   build_parameter_table();
   param_arena_ = Arena(device, static_cast<size_t>(flat_numel_) * sizeof(float), "parameters");
   grad_arena_ = Arena(device, static_cast<size_t>(flat_numel_) * sizeof(float), "gradients");
@@ -48,6 +75,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, Devic
   bind_weights(params_, w_, embed_, final_norm_, head_);
   bind_weights(grads_, dw_, d_embed_, d_final_norm_, d_head_);
 
+  slots_.resize(activation_slots);
   Arena sizing = Arena::counting(device, "activations");
   layout_activations(sizing);
   activation_arena_ = Arena(device, sizing.used(), "activations");
@@ -56,37 +84,66 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, Devic
 
 void LlamaModel::build_parameter_table() {
   const ModelConfig& c = config_;
-  const int64_t H = c.hidden_size, F = c.ffn_hidden_size, qdim = c.num_heads * c.head_dim(), kv = c.kv_dim();
+  const int r = partition_.tp_rank;
+  const int64_t H = c.hidden_size, F = c.ffn_hidden_size, d = c.head_dim();
+  const int64_t q_rows = local_heads_ * d, kv_rows = local_kv_heads_ * d;
   int64_t offset = 0;
-  auto add = [&](std::string name, std::vector<int64_t> shape, bool decay, bool scaled, bool ones) {
+  struct Spec {
+    int dim = -1;
+    int64_t begin = 0, end = 0;
+  };
+  auto add = [&](std::string name, std::vector<int64_t> global, Spec shard, bool decay, bool scaled, bool ones,
+                 bool tied_copy = false) {
     ParameterInfo p;
     p.name = std::move(name);
+    p.global_shape = global;
+    p.shape = global;
+    p.shard_dim = shard.dim;
+    if (shard.dim >= 0) {
+      p.shard_begin = shard.begin;
+      p.shard_end = shard.end;
+      p.shape[shard.dim] = shard.end - shard.begin;
+    } else {
+      p.shard_end = global[0];
+    }
     p.numel = 1;
-    for (int64_t d : shape) p.numel *= d;
-    p.shape = std::move(shape);
+    for (int64_t x : p.shape) p.numel *= x;
     p.offset = offset;
     p.weight_decay = decay;
     p.scaled_init = scaled;
     p.ones_init = ones;
+    p.tied_copy = tied_copy;
     offset += round_up(p.numel, kParamAlignFloats);
     parameters_.push_back(std::move(p));
   };
-  add("model.embed_tokens.weight", {c.vocab_size, H}, true, false, false);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  const Spec vocab{0, vocab_begin_, vocab_begin_ + local_vocab_};
+  const Spec q_shard{0, r * q_rows, (r + 1) * q_rows}, kv_shard{0, r * kv_rows, (r + 1) * kv_rows};
+  const Spec o_shard{1, r * q_rows, (r + 1) * q_rows};
+  const Spec ffn_rows{0, r * local_ffn_, (r + 1) * local_ffn_}, ffn_cols{1, r * local_ffn_, (r + 1) * local_ffn_};
+  const Spec replicated{};
+
+  if (partition_.has_embedding) add("model.embed_tokens.weight", {c.vocab_size, H}, vocab, true, false, false);
+  for (int64_t l = partition_.first_layer; l < partition_.first_layer + num_local_layers_; ++l) {
     const std::string pre = "model.layers." + std::to_string(l) + ".";
-    add(pre + "input_layernorm.weight", {H}, false, false, true);
-    add(pre + "self_attn.q_proj.weight", {qdim, H}, true, false, false);
-    add(pre + "self_attn.k_proj.weight", {kv, H}, true, false, false);
-    add(pre + "self_attn.v_proj.weight", {kv, H}, true, false, false);
-    add(pre + "self_attn.o_proj.weight", {H, qdim}, true, true, false);
-    add(pre + "post_attention_layernorm.weight", {H}, false, false, true);
-    add(pre + "mlp.gate_proj.weight", {F, H}, true, false, false);
-    add(pre + "mlp.up_proj.weight", {F, H}, true, false, false);
-    add(pre + "mlp.down_proj.weight", {H, F}, true, true, false);
+    add(pre + "input_layernorm.weight", {H}, replicated, false, false, true);
+    add(pre + "self_attn.q_proj.weight", {c.num_heads * d, H}, q_shard, true, false, false);
+    add(pre + "self_attn.k_proj.weight", {c.num_kv_heads * d, H}, kv_shard, true, false, false);
+    add(pre + "self_attn.v_proj.weight", {c.num_kv_heads * d, H}, kv_shard, true, false, false);
+    add(pre + "self_attn.o_proj.weight", {H, c.num_heads * d}, o_shard, true, true, false);
+    add(pre + "post_attention_layernorm.weight", {H}, replicated, false, false, true);
+    add(pre + "mlp.gate_proj.weight", {F, H}, ffn_rows, true, false, false);
+    add(pre + "mlp.up_proj.weight", {F, H}, ffn_rows, true, false, false);
+    add(pre + "mlp.down_proj.weight", {H, F}, ffn_cols, true, true, false);
   }
-  add("model.norm.weight", {H}, false, false, true);
-  if (!c.tie_embeddings) add("lm_head.weight", {c.vocab_size, H}, true, false, false);
-  flat_numel_ = offset;
+  if (partition_.has_head) {
+    add("model.norm.weight", {H}, replicated, false, false, true);
+    if (!c.tie_embeddings) {
+      add("lm_head.weight", {c.vocab_size, H}, vocab, true, false, false);
+    } else if (!partition_.has_embedding) {
+      add("model.embed_tokens.weight", {c.vocab_size, H}, vocab, true, false, false, true);
+    }
+  }
+  flat_numel_ = std::max<int64_t>(offset, kParamAlignFloats);
 }
 
 void LlamaModel::bind_weights(Tensor flat, std::vector<LayerWeights>& layers, Tensor& embed, Tensor& final_norm,
@@ -97,8 +154,8 @@ void LlamaModel::bind_weights(Tensor flat, std::vector<LayerWeights>& layers, Te
     return t;
   };
   size_t i = 0;
-  embed = view(parameters_[i++]);
-  layers.resize(config_.num_layers);
+  if (partition_.has_embedding) embed = view(parameters_[i++]);
+  layers.resize(num_local_layers_);
   for (LayerWeights& L : layers) {
     L.input_norm = view(parameters_[i++]);
     L.q = view(parameters_[i++]);
@@ -110,36 +167,42 @@ void LlamaModel::bind_weights(Tensor flat, std::vector<LayerWeights>& layers, Te
     L.up = view(parameters_[i++]);
     L.down = view(parameters_[i++]);
   }
-  final_norm = view(parameters_[i++]);
-  head = config_.tie_embeddings ? embed : view(parameters_[i++]);
+  if (partition_.has_head) {
+    final_norm = view(parameters_[i++]);
+    head = (config_.tie_embeddings && partition_.has_embedding) ? embed : view(parameters_[i++]);
+  }
 }
 
 void LlamaModel::layout_activations(Arena& arena) {
-  const int64_t T = capacity_, H = config_.hidden_size, F = config_.ffn_hidden_size;
-  const int64_t qdim = config_.num_heads * config_.head_dim(), kv = config_.kv_dim();
-  tokens_ = arena.index_tensor({T});
-  targets_ = arena.index_tensor({T});
-  positions_ = arena.index_tensor({T});
-  cu_seqlens_ = arena.index_tensor({T + 1});
-  acts_.assign(config_.num_layers, {});
-  for (LayerActivations& a : acts_) {
-    a.x_in = arena.tensor({T, H});
-    a.rstd1 = arena.tensor({T});
-    a.ln1 = arena.tensor({T, H});
-    a.q = arena.tensor({T, qdim});
-    a.k = arena.tensor({T, kv});
-    a.v = arena.tensor({T, kv});
-    a.attn = arena.tensor({T, qdim});
-    a.lse = arena.tensor({config_.num_heads * T});
-    a.x_mid = arena.tensor({T, H});
-    a.rstd2 = arena.tensor({T});
-    a.ln2 = arena.tensor({T, H});
-    a.gate = arena.tensor({T, F});
-    a.up = arena.tensor({T, F});
+  const int64_t T = capacity_, H = config_.hidden_size, F = local_ffn_, d = config_.head_dim();
+  const int64_t qdim = local_heads_ * d, kv = local_kv_heads_ * d;
+  for (Slot& s : slots_) {
+    s.tokens = arena.index_tensor({T});
+    s.targets = arena.index_tensor({T});
+    s.positions = arena.index_tensor({T});
+    s.cu_seqlens = arena.index_tensor({T + 1});
+    s.layers.assign(num_local_layers_, {});
+    for (LayerActivations& a : s.layers) {
+      a.x_in = arena.tensor({T, H});
+      a.rstd1 = arena.tensor({T});
+      a.ln1 = arena.tensor({T, H});
+      a.q = arena.tensor({T, qdim});
+      a.k = arena.tensor({T, kv});
+      a.v = arena.tensor({T, kv});
+      a.attn = arena.tensor({T, qdim});
+      a.lse = arena.tensor({local_heads_ * T});
+      a.x_mid = arena.tensor({T, H});
+      a.rstd2 = arena.tensor({T});
+      a.ln2 = arena.tensor({T, H});
+      a.gate = arena.tensor({T, F});
+      a.up = arena.tensor({T, F});
+    }
+    s.x_out = arena.tensor({T, H});
+    if (partition_.has_head) {
+      s.rstd_final = arena.tensor({T});
+      s.ln_final = arena.tensor({T, H});
+    }
   }
-  x_final_ = arena.tensor({T, H});
-  rstd_final_ = arena.tensor({T});
-  ln_final_ = arena.tensor({T, H});
   Scratch& s = scratch_;
   s.residual_grad = arena.tensor({T, H});
   s.norm_grad = arena.tensor({T, H});
@@ -151,8 +214,11 @@ void LlamaModel::layout_activations(Arena& arena) {
   s.dup = arena.tensor({T, F});
   s.ffn_act = arena.tensor({T, F});
   s.dffn_act = arena.tensor({T, F});
-  s.logits = arena.tensor({head_chunk_tokens_, config_.vocab_size});
-  s.ce_stats = arena.tensor({3 * head_chunk_tokens_});
+  if (partition_.has_head) {
+    s.logits = arena.tensor({head_chunk_tokens_, local_vocab_});
+    s.ce_stats = arena.tensor({3 * head_chunk_tokens_});
+    s.ce_global = arena.tensor({head_chunk_tokens_});
+  }
 }
 
 const ParameterInfo& LlamaModel::parameter(const std::string& name) const {
@@ -178,23 +244,37 @@ int64_t LlamaModel::num_parameters() const {
 void LlamaModel::init_weights(uint64_t seed) {
   fill(params_, 0.0f);
   const double std_out = config_.init_std / std::sqrt(2.0 * static_cast<double>(config_.num_layers));
-  std::vector<float> host;
+  std::vector<float> whole, local;
   for (const ParameterInfo& p : parameters_) {
-    host.resize(p.numel);
+    int64_t global_numel = 1;
+    for (int64_t x : p.global_shape) global_numel *= x;
+    whole.resize(global_numel);
     if (p.ones_init) {
-      std::fill(host.begin(), host.end(), 1.0f);
+      std::fill(whole.begin(), whole.end(), 1.0f);
     } else {
       NormalStream normal(hash_name(p.name, seed));
       const double std = p.scaled_init ? std_out : config_.init_std;
-      for (float& x : host) x = static_cast<float>(normal.next() * std);
+      for (float& x : whole) x = static_cast<float>(normal.next() * std);
     }
-    copy(parameter_tensor(p), Tensor(host.data(), {p.numel}, Device::CPU));
+    // This rank's slice: a block of rows, or of columns of every row.
+    local.resize(p.numel);
+    const int64_t cols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
+    if (p.shard_dim == 1) {
+      const int64_t width = p.shard_end - p.shard_begin;
+      for (int64_t row = 0; row < p.global_shape[0]; ++row) {
+        std::copy_n(whole.begin() + row * cols + p.shard_begin, width, local.begin() + row * width);
+      }
+    } else {
+      const int64_t first_row = p.shard_dim == 0 ? p.shard_begin : 0;
+      std::copy_n(whole.begin() + first_row * cols, p.numel, local.begin());
+    }
+    copy(parameter_tensor(p), Tensor(local.data(), {p.numel}, Device::CPU));
   }
 }
 
 void LlamaModel::zero_grad() { fill(grads_, 0.0f); }
 
-int64_t LlamaModel::load_inputs(const MicroBatchView& batch) {
+void LlamaModel::set_batch(int slot, const MicroBatchView& batch) {
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
   if (T == 0 || T > capacity_) {
     throw std::invalid_argument("micro-batch of " + std::to_string(T) + " tokens; the model holds 1.." +
@@ -210,28 +290,51 @@ int64_t LlamaModel::load_inputs(const MicroBatchView& batch) {
       throw std::invalid_argument("micro-batch: token id outside the vocabulary at row " + std::to_string(i));
     }
   }
-  num_sequences_ = static_cast<int64_t>(batch.cu_seqlens.size()) - 1;
-  auto to_device = [&](IndexTensor dst, std::span<const int32_t> src) {
-    std::memcpy(dst.data, src.data(), src.size_bytes());  // CPU backend: host and device are one memory
-  };
-  to_device(tokens_, batch.tokens);
-  to_device(targets_, batch.targets);
-  to_device(positions_, batch.positions);
-  to_device(cu_seqlens_, batch.cu_seqlens);
-  return T;
+  Slot& s = slots_.at(slot);
+  s.tokens_used = T;
+  s.num_sequences = static_cast<int64_t>(batch.cu_seqlens.size()) - 1;
+  // CPU backend: host and device are one memory.
+  std::memcpy(s.tokens.data, batch.tokens.data(), batch.tokens.size_bytes());
+  std::memcpy(s.targets.data, batch.targets.data(), batch.targets.size_bytes());
+  std::memcpy(s.positions.data, batch.positions.data(), batch.positions.size_bytes());
+  std::memcpy(s.cu_seqlens.data, batch.cu_seqlens.data(), batch.cu_seqlens.size_bytes());
 }
 
-void LlamaModel::forward(int64_t T) {
-  const ModelConfig& c = config_;
-  const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, d = c.head_dim();
-  const float eps = static_cast<float>(c.norm_eps), theta = static_cast<float>(c.rope_theta);
-  const IndexTensor tokens = tokens_.rows(0, T), positions = positions_.rows(0, T);
-  const IndexTensor cu = cu_seqlens_.rows(0, num_sequences_ + 1);
+Tensor LlamaModel::input_activation(int slot) const {
+  const Slot& s = slots_.at(slot);
+  return (num_local_layers_ > 0 ? s.layers[0].x_in : s.x_out).rows(0, s.tokens_used);
+}
 
-  embedding_forward(acts_[0].x_in.rows(0, T), tokens, embed_, 0);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+Tensor LlamaModel::output_activation(int slot) const {
+  const Slot& s = slots_.at(slot);
+  return s.x_out.rows(0, s.tokens_used);
+}
+
+Tensor LlamaModel::output_gradient(int slot) const { return scratch_.residual_grad.rows(0, slots_.at(slot).tokens_used); }
+
+Tensor LlamaModel::input_gradient(int slot) const { return scratch_.residual_grad.rows(0, slots_.at(slot).tokens_used); }
+
+void LlamaModel::tp_all_reduce(Tensor t) {
+  if (tp_ != nullptr && tp_->size() > 1) tp_->all_reduce(t, ReduceOp::Sum);
+}
+
+double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
+  const ModelConfig& c = config_;
+  const int64_t Hq = local_heads_, Hkv = local_kv_heads_, d = c.head_dim();
+  const float eps = static_cast<float>(c.norm_eps), theta = static_cast<float>(c.rope_theta);
+  Slot& s = slots_.at(slot);
+  const int64_t T = s.tokens_used;
+  const IndexTensor positions = s.positions.rows(0, T), cu = s.cu_seqlens.rows(0, s.num_sequences + 1);
+  if (partition_.tp_size > 1 && tp_ == nullptr) throw std::logic_error("model: a tp slice needs its communicator to run");
+
+  if (partition_.has_embedding) {
+    const Tensor x0 = input_activation(slot);
+    embedding_forward(x0, s.tokens.rows(0, T), embed_, vocab_begin_);
+    tp_all_reduce(x0);
+  }
+  for (int64_t l = 0; l < num_local_layers_; ++l) {
     const LayerWeights& w = w_[l];
-    LayerActivations& a = acts_[l];
+    LayerActivations& a = s.layers[l];
     const Tensor x = a.x_in.rows(0, T), ln1 = a.ln1.rows(0, T), q = a.q.rows(0, T), k = a.k.rows(0, T),
                  v = a.v.rows(0, T), attn = a.attn.rows(0, T), x_mid = a.x_mid.rows(0, T), ln2 = a.ln2.rows(0, T),
                  gate = a.gate.rows(0, T), up = a.up.rows(0, T), act = scratch_.ffn_act.rows(0, T);
@@ -244,53 +347,100 @@ void LlamaModel::forward(int64_t T) {
     attention_forward(attn.view({T, Hq, d}), Tensor(a.lse.data, {Hq, T}, device_), q.view({T, Hq, d}),
                       k.view({T, Hkv, d}), v.view({T, Hkv, d}), cu);
     linear_forward(x_mid, attn, w.o);
+    tp_all_reduce(x_mid);  // row-parallel o projection: sum of the heads' partial outputs
     add_inplace(x_mid, x);
     rmsnorm_forward(ln2, a.rstd2.rows(0, T), x_mid, w.post_norm, eps);
     linear_forward(gate, ln2, w.gate);
     linear_forward(up, ln2, w.up);
     swiglu_forward(act, gate, up);
-    const Tensor out = (l + 1 < c.num_layers ? acts_[l + 1].x_in : x_final_).rows(0, T);
+    const Tensor out = (l + 1 < num_local_layers_ ? s.layers[l + 1].x_in : s.x_out).rows(0, T);
     linear_forward(out, act, w.down);
+    tp_all_reduce(out);  // row-parallel down projection
     add_inplace(out, x_mid);
   }
-  rmsnorm_forward(ln_final_.rows(0, T), rstd_final_.rows(0, T), x_final_.rows(0, T), final_norm_, eps);
+  if (!partition_.has_head) return 0.0;
+  rmsnorm_forward(s.ln_final.rows(0, T), s.rstd_final.rows(0, T), s.x_out.rows(0, T), final_norm_, eps);
+  const double loss = head_forward_backward(s, loss_scale, with_backward);
+  head_gradient_pending_ = with_backward ? slot : -1;
+  return loss;
+}
+
+// Sum over predicted rows of lse - target logit. Leaves loss_scale * dloss/dlogits in
+// `logits`. With a vocabulary split over tp ranks, the per-row max, sum of
+// exponentials and target logit are reduced across the ranks; full logits are never
+// gathered.
+double LlamaModel::cross_entropy(const Tensor& logits, const IndexTensor& targets, float loss_scale) {
+  const int64_t n = logits.dim(0);
+  if (tp_ == nullptr || tp_->size() == 1) {
+    return cross_entropy_forward_backward(logits, targets, loss_scale, scratch_.ce_stats);
+  }
+  const Tensor row_max = scratch_.ce_stats.rows(0, n), sumexp = scratch_.ce_stats.rows(n, 2 * n),
+               target_logit = scratch_.ce_stats.rows(2 * n, 3 * n), global_max = scratch_.ce_global.rows(0, n);
+  cross_entropy_stats(row_max, sumexp, target_logit, logits, targets, vocab_begin_);
+  copy(global_max, row_max);
+  tp_->all_reduce(global_max, ReduceOp::Max);
+  for (int64_t i = 0; i < n; ++i) sumexp.data[i] *= std::exp(row_max.data[i] - global_max.data[i]);
+  tp_->all_reduce(scratch_.ce_stats.rows(n, 3 * n), ReduceOp::Sum);  // sum of exponentials and target logit
+  double loss = 0;
+  const Tensor lse = row_max;  // reused: the global log-sum-exp per row
+  for (int64_t i = 0; i < n; ++i) {
+    lse.data[i] = global_max.data[i] + std::log(sumexp.data[i]);
+    if (targets.data[i] >= 0) loss += static_cast<double>(lse.data[i]) - target_logit.data[i];
+  }
+  cross_entropy_backward_inplace(logits, lse, targets, vocab_begin_, loss_scale);
+  return loss;
 }
 
 // The LM head and loss run chunk by chunk over tokens; with backward, each chunk's
 // logits are turned into their gradient in place and pushed through the head at
 // once, so only one [chunk, vocab] buffer ever exists.
-double LlamaModel::head_forward_backward(int64_t T, float loss_scale, bool backward) {
+double LlamaModel::head_forward_backward(Slot& s, float loss_scale, bool backward) {
+  const int64_t T = s.tokens_used;
   double loss_sum = 0;
   for (int64_t c0 = 0; c0 < T; c0 += head_chunk_tokens_) {
     const int64_t c1 = std::min(T, c0 + head_chunk_tokens_);
-    const Tensor ln = ln_final_.rows(c0, c1), logits = scratch_.logits.rows(0, c1 - c0);
+    const Tensor ln = s.ln_final.rows(c0, c1), logits = scratch_.logits.rows(0, c1 - c0);
     linear_forward(logits, ln, head_);
-    loss_sum += cross_entropy_forward_backward(logits, targets_.rows(c0, c1), loss_scale, scratch_.ce_stats);
+    loss_sum += cross_entropy(logits, s.targets.rows(c0, c1), loss_scale);
     if (backward) linear_backward(scratch_.norm_grad.rows(c0, c1), d_head_, logits, ln, head_, false);
   }
+  if (backward) tp_all_reduce(scratch_.norm_grad.rows(0, T));  // each rank saw only its vocabulary slice
   return loss_sum;
 }
 
-void LlamaModel::backward(int64_t T) {
+void LlamaModel::backward(int slot, const GradientsReady& ready) {
   const ModelConfig& c = config_;
-  const int64_t Hq = c.num_heads, Hkv = c.num_kv_heads, d = c.head_dim();
+  const int64_t Hq = local_heads_, Hkv = local_kv_heads_, d = c.head_dim();
   const float theta = static_cast<float>(c.rope_theta);
-  const IndexTensor positions = positions_.rows(0, T), cu = cu_seqlens_.rows(0, num_sequences_ + 1);
-  const Scratch& s = scratch_;
-  const Tensor dres = s.residual_grad.rows(0, T), dnorm = s.norm_grad.rows(0, T);
+  const Slot& s = slots_.at(slot);
+  const int64_t T = s.tokens_used;
+  const IndexTensor positions = s.positions.rows(0, T), cu = s.cu_seqlens.rows(0, s.num_sequences + 1);
+  const Scratch& sc = scratch_;
+  const Tensor dres = sc.residual_grad.rows(0, T), dnorm = sc.norm_grad.rows(0, T);
+  auto report = [&](size_t parameter_index) {
+    if (ready) ready(parameters_[parameter_index].offset);
+  };
+  const size_t first_layer_param = partition_.has_embedding ? 1 : 0;
 
-  fill(dres, 0.0f);
-  rmsnorm_backward(dres, d_final_norm_, dnorm, x_final_.rows(0, T), final_norm_, rstd_final_.rows(0, T));
-  for (int64_t l = c.num_layers - 1; l >= 0; --l) {
+  if (partition_.has_head) {
+    if (head_gradient_pending_ != slot) {
+      throw std::logic_error("model: backward of the last stage must follow forward(slot, scale, true)");
+    }
+    head_gradient_pending_ = -1;
+    fill(dres, 0.0f);
+    rmsnorm_backward(dres, d_final_norm_, dnorm, s.x_out.rows(0, T), final_norm_, s.rstd_final.rows(0, T));
+    report(first_layer_param + 9 * num_local_layers_);
+  }
+  for (int64_t l = num_local_layers_ - 1; l >= 0; --l) {
     const LayerWeights& w = w_[l];
     const LayerWeights& dw = dw_[l];
-    const LayerActivations& a = acts_[l];
+    const LayerActivations& a = s.layers[l];
     const Tensor x = a.x_in.rows(0, T), ln1 = a.ln1.rows(0, T), q = a.q.rows(0, T), k = a.k.rows(0, T),
                  v = a.v.rows(0, T), attn = a.attn.rows(0, T), x_mid = a.x_mid.rows(0, T), ln2 = a.ln2.rows(0, T),
                  gate = a.gate.rows(0, T), up = a.up.rows(0, T);
-    const Tensor act = s.ffn_act.rows(0, T), dact = s.dffn_act.rows(0, T), dgate = s.dgate.rows(0, T),
-                 dup = s.dup.rows(0, T), dattn = s.dattn.rows(0, T), dq = s.dq.rows(0, T), dk = s.dk.rows(0, T),
-                 dv = s.dv.rows(0, T);
+    const Tensor act = sc.ffn_act.rows(0, T), dact = sc.dffn_act.rows(0, T), dgate = sc.dgate.rows(0, T),
+                 dup = sc.dup.rows(0, T), dattn = sc.dattn.rows(0, T), dq = sc.dq.rows(0, T), dk = sc.dk.rows(0, T),
+                 dv = sc.dv.rows(0, T);
 
     // MLP block: dres is the gradient of the layer output.
     swiglu_forward(act, gate, up);  // recomputed rather than stored
@@ -298,6 +448,7 @@ void LlamaModel::backward(int64_t T) {
     swiglu_backward(dgate, dup, dact, gate, up);
     linear_backward(dnorm, dw.gate, dgate, ln2, w.gate, false);
     linear_backward(dnorm, dw.up, dup, ln2, w.up, true);
+    tp_all_reduce(dnorm);  // column-parallel gate/up: sum over the FFN slices
     rmsnorm_backward(dres, dw.post_norm, dnorm, x_mid, w.post_norm, a.rstd2.rows(0, T));
 
     // Attention block: dres is now the gradient of x_mid.
@@ -310,40 +461,48 @@ void LlamaModel::backward(int64_t T) {
     linear_backward(dnorm, dw.q, dq, ln1, w.q, false);
     linear_backward(dnorm, dw.k, dk, ln1, w.k, true);
     linear_backward(dnorm, dw.v, dv, ln1, w.v, true);
+    tp_all_reduce(dnorm);  // column-parallel q/k/v: sum over the head slices
     rmsnorm_backward(dres, dw.input_norm, dnorm, x, w.input_norm, a.rstd1.rows(0, T));
+    report(first_layer_param + 9 * static_cast<size_t>(l));
   }
-  embedding_backward(d_embed_, tokens_.rows(0, T), dres, 0);
+  if (partition_.has_embedding) {
+    embedding_backward(d_embed_, s.tokens.rows(0, T), dres, vocab_begin_);
+    report(0);
+  }
 }
 
-double LlamaModel::forward_backward(const MicroBatchView& batch, float loss_scale) {
-  const int64_t T = load_inputs(batch);
-  forward(T);
-  double loss = head_forward_backward(T, loss_scale, true);
-  backward(T);
+double LlamaModel::forward_backward(const MicroBatchView& batch, float loss_scale, const GradientsReady& ready) {
+  set_batch(0, batch);
+  const double loss = forward(0, loss_scale, true);
+  backward(0, ready);
   return loss;
 }
 
 double LlamaModel::forward_loss(const MicroBatchView& batch) {
-  const int64_t T = load_inputs(batch);
-  forward(T);
-  return head_forward_backward(T, 1.0f, false);
+  set_batch(0, batch);
+  return forward(0, 1.0f, false);
 }
 
-double LlamaModel::training_flops(std::span<const int64_t> sequence_lengths) const {
-  const ModelConfig& c = config_;
+double layer_flops_per_token(const ModelConfig& c, int64_t seq_len) {
   const double H = static_cast<double>(c.hidden_size), F = static_cast<double>(c.ffn_hidden_size);
   const double qdim = static_cast<double>(c.num_heads * c.head_dim()), kv = static_cast<double>(c.kv_dim());
-  const double layer_matmul = H * (qdim + 2 * kv) + qdim * H + 3 * H * F;
-  const double matmul_params = static_cast<double>(c.num_layers) * layer_matmul + static_cast<double>(c.vocab_size) * H;
-  double tokens = 0, causal_pairs = 0;
+  const double matmul = H * (qdim + 2 * kv) + qdim * H + 3 * H * F;
+  // Causal attention: a token attends to (s + 1) / 2 keys on average; QK^T and PV
+  // each cost 2 * qdim FLOPs per pair.
+  return 6.0 * matmul + 6.0 * qdim * (static_cast<double>(seq_len) + 1.0);
+}
+
+double head_flops_per_token(const ModelConfig& c) {
+  return 6.0 * static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size);
+}
+
+double training_flops(const ModelConfig& c, std::span<const int64_t> sequence_lengths) {
+  double flops = 0;
   for (int64_t s : sequence_lengths) {
-    tokens += static_cast<double>(s);
-    causal_pairs += 0.5 * static_cast<double>(s) * static_cast<double>(s + 1);
+    flops += static_cast<double>(s) *
+             (static_cast<double>(c.num_layers) * layer_flops_per_token(c, s) + head_flops_per_token(c));
   }
-  // Forward: 2 FLOPs per multiply-add; QK^T and PV each cost 2 * qdim per causal pair.
-  // Backward costs twice the forward.
-  const double attention = 4.0 * qdim * causal_pairs * static_cast<double>(c.num_layers);
-  return 3.0 * (2.0 * matmul_params * tokens + attention);
+  return flops;
 }
 
 }  // namespace hdp

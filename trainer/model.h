@@ -3,27 +3,53 @@
 // forward and backward over packed micro-batches. Parameters, gradients and
 // activations live in flat arenas sized up front from the config and the
 // micro-batch capacity, so a training step allocates nothing.
+//
+// One LlamaModel is one rank's part of the network: a pipeline stage (a range
+// of layers, plus the embedding on the first stage and the final norm, LM head
+// and loss on the last) and a tensor-parallel slice of it (Megatron style:
+// column-parallel q/k/v and gate/up, row-parallel o and down, heads split across
+// ranks, vocabulary-parallel embedding, LM head and cross-entropy). With the
+// default partition it is the whole model on one rank.
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "kernels/allocator.h"
 #include "kernels/tensor.h"
+#include "parallel/communicator.h"
 #include "trainer/model_config.h"
 
 namespace hdp {
 
+// Which part of the model this rank holds.
+struct ModelPartition {
+  int tp_rank = 0;
+  int tp_size = 1;
+  int64_t first_layer = 0;
+  int64_t num_layers = -1;   // -1: every layer from first_layer on
+  bool has_embedding = true; // first pipeline stage
+  bool has_head = true;      // last pipeline stage: final norm, LM head, loss
+};
+
 // One tensor inside the flat parameter buffer, under its Hugging Face name.
 struct ParameterInfo {
-  std::string name;              // e.g. "model.layers.0.self_attn.q_proj.weight"
-  std::vector<int64_t> shape;    // [out, in] for projections, as Hugging Face stores them
-  int64_t offset = 0;            // in floats from the start of the flat buffer
+  std::string name;                   // e.g. "model.layers.0.self_attn.q_proj.weight"
+  std::vector<int64_t> shape;         // this rank's slice, [out, in] for projections
+  std::vector<int64_t> global_shape;  // the whole tensor
+  int shard_dim = -1;                 // dimension split across tp ranks; -1 = replicated
+  int64_t shard_begin = 0;            // this rank's range along shard_dim
+  int64_t shard_end = 0;
+  int64_t offset = 0;                 // in floats from the start of the flat buffer
   int64_t numel = 0;
-  bool weight_decay = false;     // matrices decay; norm weights do not
-  bool scaled_init = false;      // output projections: std / sqrt(2 * layers)
-  bool ones_init = false;        // norm weights start at 1
+  bool weight_decay = false;          // matrices decay; norm weights do not
+  bool scaled_init = false;           // output projections: std / sqrt(2 * layers)
+  bool ones_init = false;             // norm weights start at 1
+  // The last stage's copy of tied embeddings (pipeline parallel): kept equal to the
+  // first stage's, which is the one that counts (checkpoints, gradient norm).
+  bool tied_copy = false;
 };
 
 // A micro-batch as the model sees it (host memory): sequences packed back to back.
@@ -34,33 +60,62 @@ struct MicroBatchView {
   std::span<const int32_t> cu_seqlens;  // sequence boundaries, first 0, last = tokens.size()
 };
 
+// Model FLOPs of forward+backward (backward = twice the forward), per token: one
+// transformer layer in a sequence of seq_len tokens, and the LM head.
+double layer_flops_per_token(const ModelConfig& config, int64_t seq_len);
+double head_flops_per_token(const ModelConfig& config);
+// The whole model (all stages and slices) for sequences of these lengths.
+double training_flops(const ModelConfig& config, std::span<const int64_t> sequence_lengths);
+
+// Called during backward: gradients at flat offsets >= `offset` are final for this pass.
+using GradientsReady = std::function<void(int64_t offset)>;
+
 class LlamaModel {
  public:
-  // capacity_tokens: the largest micro-batch this model will be given.
-  LlamaModel(const ModelConfig& config, int64_t capacity_tokens, Device device = Device::CPU);
+  // capacity_tokens: the largest micro-batch; activation_slots: micro-batches whose
+  // forward may be in flight before their backward (pipeline schedules).
+  // tp: the tensor-parallel group (nullptr or size 1 without tensor parallelism).
+  LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const ModelPartition& partition = {},
+             int activation_slots = 1, Communicator* tp = nullptr, Device device = Device::CPU);
 
   const ModelConfig& config() const { return config_; }
+  const ModelPartition& partition() const { return partition_; }
   const std::vector<ParameterInfo>& parameters() const { return parameters_; }
   const ParameterInfo& parameter(const std::string& name) const;
   Tensor parameter_tensor(const ParameterInfo& p) const;
   Tensor gradient_tensor(const ParameterInfo& p) const;
   Tensor flat_parameters() const { return params_; }
   Tensor flat_gradients() const { return grads_; }
-  int64_t num_parameters() const;  // excluding alignment padding
+  int64_t num_parameters() const;  // this rank's, excluding alignment padding
+  int64_t num_layers() const { return num_local_layers_; }
 
-  // Normal(0, init_std) per tensor from a stream keyed by (seed, tensor name), so the
-  // weights do not depend on the layout of the flat buffer.
+  // Normal(0, init_std) per whole tensor from a stream keyed by (seed, tensor name),
+  // then this rank's slice: the weights do not depend on the layout or the partition.
   void init_weights(uint64_t seed);
   void zero_grad();
 
-  // Forward and backward of one micro-batch. Returns the sum of the cross-entropies
-  // of its predicted tokens; adds loss_scale * d(sum)/d(params) into the gradients.
-  double forward_backward(const MicroBatchView& batch, float loss_scale);
-  // Forward only; returns the same sum. Gradients are untouched.
-  double forward_loss(const MicroBatchView& batch);
+  // ---- pipeline-stage interface (slot = which in-flight micro-batch) ----
+  void set_batch(int slot, const MicroBatchView& batch);
+  int64_t batch_tokens(int slot) const { return slots_[slot].tokens_used; }
+  // [T, H]: where a stage that is not first receives its input before forward(slot).
+  Tensor input_activation(int slot) const;
+  // [T, H]: the stage output after forward(slot) (stages that are not last).
+  Tensor output_activation(int slot) const;
+  // [T, H]: where a stage that is not last receives d(output) before backward(slot).
+  Tensor output_gradient(int slot) const;
+  // [T, H]: d(input) after backward(slot) (stages that are not first); valid until the next backward.
+  Tensor input_gradient(int slot) const;
+  // Runs the stage's layers. On the last stage also the final norm, LM head and loss,
+  // whose gradient (scaled by loss_scale) is computed right away when with_backward;
+  // then backward(slot) must follow before the next forward. Returns the sum of the
+  // cross-entropies of the predicted tokens (0 on other stages).
+  double forward(int slot, float loss_scale, bool with_backward = true);
+  // Backward of the stage, adding into the gradients.
+  void backward(int slot, const GradientsReady& ready = {});
 
-  // Matmul FLOPs of forward+backward for a micro-batch with these sequence lengths.
-  double training_flops(std::span<const int64_t> sequence_lengths) const;
+  // ---- whole-model conveniences (single stage, slot 0) ----
+  double forward_backward(const MicroBatchView& batch, float loss_scale, const GradientsReady& ready = {});
+  double forward_loss(const MicroBatchView& batch);
 
   size_t parameter_bytes() const { return param_arena_.capacity(); }
   size_t gradient_bytes() const { return grad_arena_.capacity(); }
@@ -74,23 +129,33 @@ class LlamaModel {
   struct LayerActivations {
     Tensor x_in, rstd1, ln1, q, k, v, attn, lse, x_mid, rstd2, ln2, gate, up;
   };
-  // Reused across layers.
+  struct Slot {
+    IndexTensor tokens, targets, positions, cu_seqlens;
+    int64_t tokens_used = 0;
+    int64_t num_sequences = 0;
+    std::vector<LayerActivations> layers;
+    Tensor x_out, rstd_final, ln_final;  // stage output; final norm on the last stage
+  };
+  // Reused across layers and slots.
   struct Scratch {
     Tensor residual_grad, norm_grad, dq, dk, dv, dattn, dgate, dup, ffn_act, dffn_act;
-    Tensor logits, ce_stats;
+    Tensor logits, ce_stats, ce_global;
   };
 
   void build_parameter_table();
   void bind_weights(Tensor flat, std::vector<LayerWeights>& layers, Tensor& embed, Tensor& final_norm, Tensor& head);
   void layout_activations(Arena& arena);
-  int64_t load_inputs(const MicroBatchView& batch);
-  void forward(int64_t T);
-  double head_forward_backward(int64_t T, float loss_scale, bool backward);
-  void backward(int64_t T);
+  void tp_all_reduce(Tensor t);
+  double head_forward_backward(Slot& s, float loss_scale, bool backward);
+  double cross_entropy(const Tensor& logits, const IndexTensor& targets, float loss_scale);
 
   ModelConfig config_;
+  ModelPartition partition_;
   int64_t capacity_;
+  int64_t num_local_layers_;
   int64_t head_chunk_tokens_;
+  int64_t local_heads_, local_kv_heads_, local_ffn_, vocab_begin_, local_vocab_;
+  Communicator* tp_;
   Device device_;
   std::vector<ParameterInfo> parameters_;
   int64_t flat_numel_ = 0;
@@ -103,11 +168,9 @@ class LlamaModel {
   Tensor embed_, final_norm_, head_;
   Tensor d_embed_, d_final_norm_, d_head_;
 
-  IndexTensor tokens_, targets_, positions_, cu_seqlens_;
-  int64_t num_sequences_ = 0;
-  std::vector<LayerActivations> acts_;
-  Tensor x_final_, rstd_final_, ln_final_;
+  std::vector<Slot> slots_;
   Scratch scratch_;
+  int head_gradient_pending_ = -1;  // slot whose head gradient awaits backward
 };
 
 }  // namespace hdp

@@ -2,7 +2,6 @@
 
 #include <cmath>
 
-#include "kernels/ops.h"
 
 namespace hdp {
 
@@ -22,30 +21,29 @@ float clip_factor(double grad_norm, double max_norm) {
   return static_cast<float>(max_norm / (grad_norm + 1e-6));
 }
 
-AdamW::AdamW(const OptimConfig& optim, const std::vector<ParameterInfo>& parameters, int64_t flat_numel,
-             Device device)
-    : optim_(optim),
-      parameters_(parameters),
-      arena_(device, 2 * static_cast<size_t>(flat_numel) * sizeof(float), "optimizer") {
-  m_ = arena_.tensor({flat_numel});
-  v_ = arena_.tensor({flat_numel});
-  fill(m_, 0.0f);
-  fill(v_, 0.0f);
+AdamWSettings adamw_settings(const OptimConfig& optim) {
+  AdamWSettings s;
+  s.beta1 = static_cast<float>(optim.beta1);
+  s.beta2 = static_cast<float>(optim.beta2);
+  s.eps = static_cast<float>(optim.eps);
+  s.weight_decay = static_cast<float>(optim.weight_decay);
+  return s;
 }
 
-void AdamW::step(Tensor params, const Tensor& grads, double lr, float grad_scale, int64_t step) {
-  AdamWStep s;
-  s.lr = static_cast<float>(lr);
-  s.beta1 = static_cast<float>(optim_.beta1);
-  s.beta2 = static_cast<float>(optim_.beta2);
-  s.eps = static_cast<float>(optim_.eps);
-  s.step = step;
-  s.grad_scale = grad_scale;
-  for (const ParameterInfo& p : parameters_) {
-    s.weight_decay = p.weight_decay ? static_cast<float>(optim_.weight_decay) : 0.0f;
-    auto range = [&](const Tensor& flat) { return Tensor(flat.data + p.offset, {p.numel}, flat.device); };
-    adamw_update(range(params), range(grads), range(m_), range(v_), s);
+std::vector<FlatParameter> flat_parameters(const LlamaModel& model) {
+  std::vector<FlatParameter> out;
+  const bool tp_primary = model.partition().tp_rank == 0;
+  for (const ParameterInfo& p : model.parameters()) {
+    FlatParameter f;
+    f.offset = p.offset;
+    f.numel = p.numel;
+    f.weight_decay = p.weight_decay;
+    f.counts_in_norm = !p.tied_copy && (p.shard_dim >= 0 || tp_primary);
+    f.synced_later = model.config().tie_embeddings && p.name == "model.embed_tokens.weight" &&
+                     !(model.partition().has_embedding && model.partition().has_head);
+    out.push_back(f);
   }
+  return out;
 }
 
 }  // namespace hdp

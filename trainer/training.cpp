@@ -3,18 +3,19 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
-#include <filesystem>
-#include <memory>
 #include <vector>
 
+#include "data/dataset.h"
 #include "data/prefetcher.h"
 #include "data/sampler.h"
-#include "data/dataset.h"
-#include "kernels/ops.h"
+#include "parallel/plan.h"
+#include "parallel/process_groups.h"
 #include "trainer/checkpoint.h"
+#include "trainer/engine.h"
 #include "trainer/metrics.h"
-#include "trainer/model.h"
 #include "trainer/optimizer.h"
 #include "trainer/peak_flops.h"
 
@@ -27,6 +28,25 @@ double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
 }
 
+double mib(size_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
+
+// HDP_FAULT_INJECT=RANK:STEP makes that rank exit abruptly (no MPI_Finalize) when
+// the step begins, to test that the job goes down promptly with a message.
+struct FaultInjection {
+  int rank = -1;
+  int64_t step = -1;
+};
+
+FaultInjection fault_injection() {
+  FaultInjection f;
+  if (const char* spec = std::getenv("HDP_FAULT_INJECT")) {
+    if (std::sscanf(spec, "%d:%ld", &f.rank, &f.step) != 2) {
+      throw std::invalid_argument(std::string("HDP_FAULT_INJECT='") + spec + "': expected RANK:STEP");
+    }
+  }
+  return f;
+}
+
 SamplerOptions sampler_options(const DataConfig& data) {
   SamplerOptions o;
   o.max_seq_len = data.max_seq_len;
@@ -37,17 +57,36 @@ SamplerOptions sampler_options(const DataConfig& data) {
   return o;
 }
 
-MicroBatchView view_of(const PackedMicroBatch& mb) {
-  return MicroBatchView{mb.tokens, mb.targets, mb.positions, mb.cu_seqlens};
+GridShape grid_shape(const ParallelConfig& p) {
+  return GridShape{static_cast<int>(p.tp), static_cast<int>(p.pp), static_cast<int>(p.hdp)};
+}
+
+// The next global batch as this rank trains it: every rank samples the same
+// sequences and makes the same plan, then reads only its pipeline's micro-batches.
+GlobalBatch next_local_batch(BatchSampler& sampler, const TokenDataset& dataset, int hdp, int hdp_rank,
+                             int64_t capacity) {
+  GlobalBatch batch = sampler.next_plan();
+  std::vector<int64_t> lengths;
+  for (const SequenceSpan& s : batch.sequences) lengths.push_back(s.length);
+  const StepPlan plan = plan_whole_sequences(lengths, hdp, capacity);
+  for (const PlannedMicroBatch& mb : plan.ranks[hdp_rank]) {
+    std::vector<SequenceSpan> spans;
+    for (const PlannedPiece& p : mb.pieces) {
+      const SequenceSpan& s = batch.sequences[p.sequence];
+      spans.push_back({s.document, s.offset + p.offset, p.length});
+    }
+    batch.micro_batches.push_back(materialize_micro_batch(dataset, spans));
+  }
+  return batch;
 }
 
 // Where training starts: a checkpoint to resume (weights, moments, step, data
 // position), a checkpoint to take weights from, or fresh weights.
-TrainingProgress restore_or_init(const Config& config, LlamaModel& model, AdamW& optimizer) {
+TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine) {
   const TrainConfig& t = config.train;
   if (t.resume == "auto") {
     if (auto latest = latest_checkpoint(t.checkpoint_dir)) {
-      TrainingProgress progress = load_checkpoint(*latest, model, &optimizer);
+      TrainingProgress progress = load_checkpoint(*latest, engine.model(), &engine.optimizer());
       spdlog::info("resumed from {} at step {}", *latest, progress.step);
       return progress;
     }
@@ -56,10 +95,10 @@ TrainingProgress restore_or_init(const Config& config, LlamaModel& model, AdamW&
   progress.train_seed = t.seed;
   progress.data_seed = config.data.seed;
   if (!t.init_from.empty()) {
-    load_checkpoint(t.init_from, model, nullptr);
+    load_checkpoint(t.init_from, engine.model(), nullptr);
     spdlog::info("initial weights from {}", t.init_from);
   } else {
-    model.init_weights(t.seed);
+    engine.model().init_weights(t.seed);
   }
   return progress;
 }
@@ -67,23 +106,41 @@ TrainingProgress restore_or_init(const Config& config, LlamaModel& model, AdamW&
 }  // namespace
 
 void run_training(const Config& config, const ProcessInfo& process) {
+  const GridShape shape = grid_shape(config.parallel);
+  if (shape.world() != process.world_size) {
+    throw ConfigError("parallel.tp x parallel.pp x parallel.hdp = " + std::to_string(shape.tp) + " x " +
+                      std::to_string(shape.pp) + " x " + std::to_string(shape.hdp) + " = " +
+                      std::to_string(shape.world()) + " ranks, but the job has " +
+                      std::to_string(process.world_size) + "; launch with mpirun -np " +
+                      std::to_string(shape.world()) + " or change the degrees");
+  }
   const int threads = configure_threads(config.train.threads, process);
   TokenDataset dataset = TokenDataset::open(config.data.path);
   validate_dataset_vocab(config, dataset.vocab_size(), dataset.max_token_id());
-  spdlog::info("dataset {}: {} documents, {} tokens", config.data.path, dataset.num_documents(),
-               dataset.num_tokens());
 
-  LlamaModel model(config.model, config.data.micro_batch_tokens);
-  AdamW optimizer(config.optim, model.parameters(), model.flat_parameters().numel());
-  const size_t memory_bytes =
-      model.parameter_bytes() + model.gradient_bytes() + optimizer.state_bytes() + model.activation_bytes();
-  spdlog::info("model: {:.2f} M parameters; memory {:.1f} MiB (parameters {:.1f}, gradients {:.1f}, optimizer {:.1f}, "
-               "activations {:.1f}); {} threads",
-               model.num_parameters() / 1e6, memory_bytes / 1048576.0, model.parameter_bytes() / 1048576.0,
-               model.gradient_bytes() / 1048576.0, optimizer.state_bytes() / 1048576.0,
-               model.activation_bytes() / 1048576.0, threads);
+  ProcessGroups groups(process, shape, config.model.tie_embeddings);
+  const GridCoords& coords = groups.coords();
+  spdlog::info("rank {} on {}: tp {} pp {} hdp {}; {} threads", process.rank, process.hostname, coords.tp_rank,
+               coords.pp_rank, coords.hdp_rank, threads);
+  if (process.rank == 0) {
+    spdlog::info("dataset {}: {} documents, {} tokens", config.data.path, dataset.num_documents(),
+                 dataset.num_tokens());
+    spdlog::info("{}", describe_grid(shape));
+  }
 
-  TrainingProgress progress = restore_or_init(config, model, optimizer);
+  TrainingEngine engine(config, groups);
+  const MemoryReport memory = engine.memory();
+  if (coords.tp_rank == 0 && coords.hdp_rank == 0) {
+    std::string layers;
+    for (int64_t n : engine.stage_layers()) layers += (layers.empty() ? "" : " + ") + std::to_string(n);
+    spdlog::info("stage {} (layers {}): {:.2f} M parameters on this rank; memory {:.1f} MiB (parameters {:.1f}, "
+                 "gradients {:.1f}, optimizer shard {:.1f}, activations {:.1f}, pipeline buffers {:.1f})",
+                 coords.pp_rank, layers, engine.model().num_parameters() / 1e6, mib(memory.total()),
+                 mib(memory.parameters), mib(memory.gradients), mib(memory.optimizer), mib(memory.activations),
+                 mib(memory.pipeline));
+  }
+
+  TrainingProgress progress = restore_or_init(config, engine);
   if (progress.step >= config.train.steps) {
     spdlog::info("checkpoint step {} already reaches train.steps = {}; nothing to do", progress.step,
                  config.train.steps);
@@ -93,68 +150,77 @@ void run_training(const Config& config, const ProcessInfo& process) {
   double peak_flops = config.train.peak_flops;
   if (peak_flops <= 0) {
     peak_flops = measure_gemm_flops();
-    spdlog::info("peak: {:.1f} GFLOP/s fp32 GEMM measured (OpenBLAS {} kernels); set train.peak_flops to fix it",
-                 peak_flops / 1e9, blas_core_name());
+    // Ranks sharing a node measured together; the figure of each is its share.
+    peak_flops = groups.world().all_reduce_sum(peak_flops) / process.world_size;
+    if (process.rank == 0) {
+      spdlog::info("peak: {:.1f} GFLOP/s fp32 GEMM per rank measured (OpenBLAS {} kernels); set train.peak_flops to fix it",
+                   peak_flops / 1e9, blas_core_name());
+    }
   }
 
-  BatchPrefetcher prefetcher(BatchSampler(dataset, sampler_options(config.data), progress.sampler), 2);
-  MetricsWriter metrics(config.train.run_dir, progress.step == 0);
+  BatchSampler sampler(dataset, sampler_options(config.data), progress.sampler);
+  BatchPrefetcher prefetcher(
+      [&] {
+        return next_local_batch(sampler, dataset, shape.hdp, coords.hdp_rank, config.data.micro_batch_tokens);
+      },
+      2);
+  const CheckpointLayout layout{shape.tp, shape.pp, shape.hdp, coords.tp_rank, coords.pp_rank, coords.hdp_rank,
+                                process.rank, &groups.world()};
+  std::optional<MetricsWriter> metrics;
+  if (process.rank == 0) metrics.emplace(config.train.run_dir, progress.step == 0);
   std::vector<int64_t> lengths;
+  const FaultInjection fault = fault_injection();
 
   for (int64_t step = progress.step + 1; step <= config.train.steps; ++step) {
+    if (fault.rank == process.rank && fault.step == step) {
+      spdlog::critical("fault injection: rank {} exits abruptly at step {}", process.rank, step);
+      std::_Exit(3);
+    }
     const auto t0 = Clock::now();
     GlobalBatch batch = prefetcher.next();
     const double data_wait_ms = ms_since(t0);
-
-    model.zero_grad();
-    const float loss_scale = batch.predictions > 0 ? 1.0f / static_cast<float>(batch.predictions) : 0.0f;
-    double loss_sum = 0;
-    for (const PackedMicroBatch& mb : batch.micro_batches) loss_sum += model.forward_backward(view_of(mb), loss_scale);
-
-    const double grad_norm = std::sqrt(sum_squares(model.flat_gradients()));
     const double lr = learning_rate(config.optim, step, config.train.steps);
-    optimizer.step(model.flat_parameters(), model.flat_gradients(), lr, clip_factor(grad_norm, config.optim.grad_clip),
-                   step);
+    const StepResult result = engine.step(batch.micro_batches, lr, step);
     const double step_ms = ms_since(t0);
 
     lengths.clear();
     for (const SequenceSpan& s : batch.sequences) lengths.push_back(s.length);
     StepMetrics m;
     m.step = step;
-    m.loss = batch.predictions > 0 ? loss_sum / static_cast<double>(batch.predictions) : 0.0;
+    m.loss = result.loss;
     m.lr = lr;
-    m.grad_norm = grad_norm;
-    m.tokens = batch.predictions;
+    m.grad_norm = result.grad_norm;
+    m.tokens = result.predictions;
     m.input_tokens = batch.tokens;
     m.micro_batches = static_cast<int64_t>(batch.micro_batches.size());
     m.step_ms = step_ms;
     m.data_wait_ms = data_wait_ms;
     m.tokens_per_s = batch.tokens / (step_ms / 1e3);
-    m.mfu = model.training_flops(lengths) / (step_ms / 1e3) / peak_flops;
-    m.peak_mem_bytes = static_cast<int64_t>(memory_bytes);
-    if (process.rank == 0) metrics.write(m);
+    m.mfu = training_flops(config.model, lengths) / (step_ms / 1e3) / (peak_flops * process.world_size);
+    m.peak_mem_bytes = static_cast<int64_t>(memory.total());
+    if (metrics) metrics->write(m);
     if (!std::isfinite(m.loss)) {
       throw std::runtime_error("loss is " + std::to_string(m.loss) + " at step " + std::to_string(step) +
                                "; stopping (lower optim.lr or check the data)");
     }
-    if (step % config.train.log_every == 0 || step == 1 || step == config.train.steps) {
+    if (process.rank == 0 && (step % config.train.log_every == 0 || step == 1 || step == config.train.steps)) {
       spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.0f} ms | mfu {:.1f}%",
-                   step, config.train.steps, m.loss, lr, grad_norm, m.tokens_per_s, step_ms, 100 * m.mfu);
+                   step, config.train.steps, m.loss, lr, m.grad_norm, m.tokens_per_s, step_ms, 100 * m.mfu);
     }
 
     const bool checkpoint_due = config.train.checkpoint_every > 0 &&
                                 (step % config.train.checkpoint_every == 0 || step == config.train.steps);
-    if (checkpoint_due && process.rank == 0) {
+    if (checkpoint_due) {
       progress.step = step;
       progress.sampler = batch.next;
       const auto tc = Clock::now();
-      spdlog::info("writing checkpoint for step {} ...", step);
-      std::string path = save_checkpoint(config.train.checkpoint_dir, model, optimizer, progress, config.yaml,
-                                         config.train.keep_checkpoints);
-      spdlog::info("checkpoint {} written in {:.0f} ms", path, ms_since(tc));
+      if (process.rank == 0) spdlog::info("writing checkpoint for step {} ...", step);
+      const std::string path = save_checkpoint(config.train.checkpoint_dir, engine.model(), engine.optimizer(),
+                                               progress, config.yaml, config.train.keep_checkpoints, layout);
+      if (process.rank == 0) spdlog::info("checkpoint {} written in {:.0f} ms", path, ms_since(tc));
     }
   }
-  spdlog::info("training finished; metrics in {}", metrics.path());
+  if (process.rank == 0) spdlog::info("training finished; metrics in {}", metrics->path());
 }
 
 }  // namespace hdp

@@ -1,0 +1,46 @@
+#pragma once
+// A communicator that needs no MPI. With one rank, collectives are identities and
+// point-to-point is an error: for single-process tools and tests. It can also
+// pose as rank r of a larger group that never communicates, so that tools can
+// lay out that rank's shards (any transfer then throws).
+
+#include <stdexcept>
+
+#include "kernels/ops.h"
+#include "parallel/communicator.h"
+
+namespace hdp {
+
+class LocalCommunicator final : public Communicator {
+ public:
+  explicit LocalCommunicator(std::string name = "local", int rank = 0, int size = 1)
+      : name_(std::move(name)), rank_(rank), size_(size) {}
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const std::string& name() const override { return name_; }
+  CommRequest all_reduce_async(Tensor, ReduceOp) override { return single("all-reduce"); }
+  CommRequest reduce_scatter_async(const Tensor& send, Tensor recv) override {
+    single("reduce-scatter");
+    copy(recv, send);
+    return {};
+  }
+  CommRequest all_gather_async(Tensor) override { return single("all-gather"); }
+  CommRequest broadcast_async(Tensor, int) override { return single("broadcast"); }
+  CommRequest send_async(const Tensor&, int, int) override { throw std::logic_error(name_ + ": no peer to send to"); }
+  CommRequest recv_async(Tensor, int, int) override { throw std::logic_error(name_ + ": no peer to receive from"); }
+  void all_reduce(std::span<double>, ReduceOp) override { single("all-reduce"); }
+  void all_reduce(std::span<int64_t>, ReduceOp) override { single("all-reduce"); }
+  void barrier() override { single("barrier"); }
+  using Communicator::all_reduce;
+
+ private:
+  CommRequest single(const char* what) const {
+    if (size_ != 1) throw std::logic_error(name_ + ": " + what + " across " + std::to_string(size_) + " ranks needs a real communicator");
+    return {};
+  }
+  std::string name_;
+  int rank_;
+  int size_;
+};
+
+}  // namespace hdp

@@ -1,0 +1,136 @@
+#include "parallel/pipeline.h"
+
+#include <algorithm>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/ops.h"
+
+namespace hdp {
+
+std::vector<int64_t> split_layers(int64_t num_layers, int stages, double layer_cost, double first_extra,
+                                  double last_extra) {
+  if (stages < 1 || num_layers < stages) {
+    throw std::invalid_argument("pipeline: " + std::to_string(num_layers) + " layers cannot fill " +
+                                std::to_string(stages) + " stages");
+  }
+  const int64_t L = num_layers;
+  auto cost = [&](int s, int64_t n) {
+    return static_cast<double>(n) * layer_cost + (s == 0 ? first_extra : 0.0) + (s == stages - 1 ? last_extra : 0.0);
+  };
+  // best[s][l]: the smallest possible maximum stage cost of the first l layers over stages 0..s-1.
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<std::vector<double>> best(stages + 1, std::vector<double>(L + 1, inf));
+  best[0][0] = 0;
+  for (int s = 1; s <= stages; ++s) {
+    for (int64_t l = s; l <= L; ++l) {
+      for (int64_t n = 1; n <= l - (s - 1); ++n) {
+        best[s][l] = std::min(best[s][l], std::max(best[s - 1][l - n], cost(s - 1, n)));
+      }
+    }
+  }
+  // Rebuild from the last stage, giving each stage as many layers as the optimum allows.
+  const double target = best[stages][L] * (1 + 1e-12);
+  std::vector<int64_t> layers(stages);
+  int64_t left = L;
+  for (int s = stages - 1; s >= 0; --s) {
+    for (int64_t n = left - s; n >= 1; --n) {
+      if (cost(s, n) <= target && best[s][left - n] <= target) {
+        layers[s] = n;
+        left -= n;
+        break;
+      }
+    }
+  }
+  return layers;
+}
+
+std::vector<PipelineOp> one_f_one_b(int stage, int stages, int micro_batches) {
+  const int warmup = std::min(stages - stage - 1, micro_batches);
+  std::vector<PipelineOp> ops;
+  for (int i = 0; i < warmup; ++i) ops.push_back({true, i});
+  for (int k = 0; k < micro_batches - warmup; ++k) {
+    ops.push_back({true, warmup + k});
+    ops.push_back({false, k});
+  }
+  for (int k = micro_batches - warmup; k < micro_batches; ++k) ops.push_back({false, k});
+  return ops;
+}
+
+int pipeline_slots(int stage, int stages) { return stages - stage; }
+
+PipelineExecutor::PipelineExecutor(Communicator& pp, int64_t capacity_rows, int64_t hidden, Device device)
+    : pp_(pp),
+      stage_(pp.rank()),
+      stages_(pp.size()),
+      slots_(pipeline_slots(pp.rank(), pp.size())),
+      capacity_(capacity_rows),
+      hidden_(hidden),
+      arena_(Arena::counting(device, "pipeline")) {
+  // Gradient buffers are needed only between stages.
+  const bool needs_in = stage_ < stages_ - 1, needs_out = stage_ > 0;
+  const size_t per_slot = static_cast<size_t>(capacity_ * hidden_) * sizeof(float) + Arena::kAlignment;
+  arena_ = Arena(device, per_slot * slots_ * (needs_in + needs_out) + Arena::kAlignment, "pipeline");
+  for (int s = 0; s < slots_; ++s) {
+    grad_in_.push_back(needs_in ? arena_.tensor({capacity_, hidden_}) : Tensor());
+    grad_out_.push_back(needs_out ? arena_.tensor({capacity_, hidden_}) : Tensor());
+  }
+}
+
+void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
+  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
+  const std::vector<PipelineOp> ops = one_f_one_b(stage_, stages_, micro_batches);
+  auto slot_of = [&](int i) { return i % slots_; };
+  auto activation_tag = [](int i) { return 2 * i; };
+  auto gradient_tag = [](int i) { return 2 * i + 1; };
+
+  std::vector<CommRequest> activation_in(micro_batches), gradient_in(micro_batches);
+  std::vector<CommRequest> activation_out(slots_), gradient_out(slots_);
+  int prepared = 0;       // micro-batches [0, prepared) have their inputs loaded / receives posted
+  int backwards_done = 0;
+
+  // Loads the next micro-batches as far as their slots are free (the slot's previous
+  // micro-batch finished backward) and posts the receives of their activations, so
+  // transfers run while this stage computes.
+  auto prepare_ahead = [&](int limit) {
+    while (prepared < std::min(limit, micro_batches) && prepared - slots_ < backwards_done) {
+      const int i = prepared++, slot = slot_of(i);
+      activation_out[slot].wait();
+      stage.prepare(i, slot);
+      if (!first) activation_in[i] = pp_.recv_async(stage.input_activation(slot), stage_ - 1, activation_tag(i));
+    }
+  };
+
+  for (const PipelineOp& op : ops) {
+    const int i = op.micro_batch, slot = slot_of(i);
+    const int64_t rows = stage.rows(i);
+    if (op.forward) {
+      prepare_ahead(i + 1);
+      activation_in[i].wait();
+      stage.forward(i, slot);
+      if (!last) {
+        activation_out[slot] = pp_.send_async(stage.output_activation(slot), stage_ + 1, activation_tag(i));
+        gradient_in[i] = pp_.recv_async(grad_in_[slot].rows(0, rows), stage_ + 1, gradient_tag(i));
+      }
+      prepare_ahead(i + 2);
+    } else {
+      if (!last) {
+        gradient_in[i].wait();
+        copy(stage.output_gradient(slot), grad_in_[slot].rows(0, rows));
+      }
+      stage.backward(i, slot);
+      if (!first) {
+        gradient_out[slot].wait();
+        copy(grad_out_[slot].rows(0, rows), stage.input_gradient(slot));
+        gradient_out[slot] = pp_.send_async(grad_out_[slot].rows(0, rows), stage_ - 1, gradient_tag(i));
+      }
+      ++backwards_done;
+      prepare_ahead(i + slots_ + 1);
+    }
+  }
+  for (CommRequest& r : activation_out) r.wait();
+  for (CommRequest& r : gradient_out) r.wait();
+}
+
+}  // namespace hdp

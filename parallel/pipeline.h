@@ -1,0 +1,71 @@
+#pragma once
+// Pipeline parallelism: how layers are split into stages, the 1F1B schedule,
+// and the executor that runs a stage's schedule with non-blocking sends and
+// receives of activations (forward) and their gradients (backward).
+//
+// A pipeline runs the micro-batches of its own plan; pipelines of one step may
+// run different numbers of micro-batches. With one stage the executor is the
+// plain loop forward(i), backward(i).
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "kernels/allocator.h"
+#include "parallel/communicator.h"
+
+namespace hdp {
+
+// Layers per stage minimising the most expensive stage, in contiguous ranges.
+// Stage costs: layers x layer_cost, plus first_extra on the first stage (embedding)
+// and last_extra on the last (final norm, LM head, loss). Ties prefer earlier
+// stages holding fewer layers. Every stage gets at least one layer.
+std::vector<int64_t> split_layers(int64_t num_layers, int stages, double layer_cost, double first_extra,
+                                  double last_extra);
+
+struct PipelineOp {
+  bool forward = true;
+  int micro_batch = 0;
+};
+
+// One forward-one backward: stage s of p runs min(p - s - 1, m) warm-up forwards,
+// then alternates forward and backward, then drains the remaining backwards.
+std::vector<PipelineOp> one_f_one_b(int stage, int stages, int micro_batches);
+// Micro-batches whose forward can be in flight before their backward on that stage.
+int pipeline_slots(int stage, int stages);
+
+// What the executor drives: one stage of the model. Activations are [rows, hidden].
+class PipelineStage {
+ public:
+  virtual ~PipelineStage() = default;
+  virtual int64_t rows(int micro_batch) const = 0;
+  // Loads the micro-batch's inputs into `slot` (before its input arrives).
+  virtual void prepare(int micro_batch, int slot) = 0;
+  virtual void forward(int micro_batch, int slot) = 0;
+  virtual void backward(int micro_batch, int slot) = 0;
+  virtual Tensor input_activation(int slot) = 0;
+  virtual Tensor output_activation(int slot) = 0;
+  virtual Tensor output_gradient(int slot) = 0;
+  virtual Tensor input_gradient(int slot) = 0;
+};
+
+class PipelineExecutor {
+ public:
+  // pp: this pipeline's stages in order (size 1 = no pipeline).
+  PipelineExecutor(Communicator& pp, int64_t capacity_rows, int64_t hidden, Device device = Device::CPU);
+
+  // Runs the 1F1B schedule of this stage over `micro_batches` micro-batches.
+  void run(PipelineStage& stage, int micro_batches);
+  int slots() const { return slots_; }
+  size_t buffer_bytes() const { return arena_.capacity(); }
+
+ private:
+  Communicator& pp_;
+  int stage_, stages_, slots_;
+  int64_t capacity_, hidden_;
+  Arena arena_;
+  std::vector<Tensor> grad_in_, grad_out_;  // per slot: received output gradients, sent input gradients
+};
+
+}  // namespace hdp

@@ -1,0 +1,126 @@
+#include "parallel/zero_optimizer.h"
+
+#include <algorithm>
+#include <cmath>
+#include <stdexcept>
+
+namespace hdp {
+namespace {
+
+// Buckets of about bucket_floats, cut at parameter boundaries, in flat order.
+// Cutting walks backwards because backward finalises gradients from the end.
+std::vector<std::pair<int64_t, int64_t>> cut_buckets(const std::vector<FlatParameter>& params, int64_t flat_numel,
+                                                     int64_t bucket_floats) {
+  std::vector<int64_t> starts;
+  for (const FlatParameter& p : params) starts.push_back(p.offset);
+  std::sort(starts.begin(), starts.end());
+  std::vector<std::pair<int64_t, int64_t>> buckets;
+  int64_t end = flat_numel;
+  for (auto it = starts.rbegin(); it != starts.rend(); ++it) {
+    const int64_t begin = (it + 1 == starts.rend()) ? 0 : *it;
+    if (end - begin >= bucket_floats || begin == 0) {
+      if (end > begin) buckets.emplace_back(begin, end);
+      end = begin;
+    }
+  }
+  if (end > 0) buckets.emplace_back(0, end);
+  std::reverse(buckets.begin(), buckets.end());
+  return buckets;
+}
+
+}  // namespace
+
+ZeroAdamW::ZeroAdamW(std::vector<FlatParameter> parameters, int64_t flat_numel, const AdamWSettings& settings,
+                     Communicator& hdp, Communicator& norm_group, int64_t bucket_floats, Device device)
+    : parameters_(std::move(parameters)),
+      settings_(settings),
+      hdp_(hdp),
+      norm_group_(norm_group),
+      arena_(Arena::counting(device, "optimizer")) {
+  if (bucket_floats <= 0) throw std::invalid_argument("ZeRO: bucket size must be positive");
+  const int r = hdp.rank(), n = hdp.size();
+  for (auto [begin, end] : cut_buckets(parameters_, flat_numel, bucket_floats)) {
+    Bucket b;
+    b.begin = begin;
+    b.end = end;
+    b.part_begin = begin + part_begin(end - begin, r, n);
+    b.part_end = begin + part_begin(end - begin, r + 1, n);
+    b.shard_offset = shard_numel_;
+    shard_numel_ += b.part_end - b.part_begin;
+    for (const FlatParameter& p : parameters_) {
+      if (p.synced_later && p.offset < end && p.offset + p.numel > begin) b.synced_later = true;
+    }
+    // The pieces of parameters inside this rank's part.
+    for (size_t i = 0; i < parameters_.size(); ++i) {
+      const int64_t lo = std::max(b.part_begin, parameters_[i].offset);
+      const int64_t hi = std::min(b.part_end, parameters_[i].offset + parameters_[i].numel);
+      if (lo < hi) segments_.push_back(Segment{i, lo, hi - lo, b.shard_offset + (lo - b.part_begin)});
+    }
+    buckets_.push_back(std::move(b));
+  }
+  arena_ = Arena(device, 3 * static_cast<size_t>(std::max<int64_t>(shard_numel_, 1)) * sizeof(float), "optimizer");
+  grad_shard_ = arena_.tensor({shard_numel_});
+  m_ = arena_.tensor({shard_numel_});
+  v_ = arena_.tensor({shard_numel_});
+  fill(m_, 0.0f);
+  fill(v_, 0.0f);
+}
+
+void ZeroAdamW::start(Bucket& b) {
+  if (b.started) return;
+  b.started = true;
+  b.request = hdp_.reduce_scatter_async(Tensor(grads_.data + b.begin, {b.end - b.begin}, grads_.device),
+                                        grad_shard_.rows(b.shard_offset, b.shard_offset + (b.part_end - b.part_begin)));
+}
+
+void ZeroAdamW::begin_reduction(const Tensor& grads) {
+  grads_ = grads;
+  for (Bucket& b : buckets_) b.started = false;
+  next_to_start_ = buckets_.size();
+}
+
+void ZeroAdamW::gradients_ready(int64_t offset) {
+  if (grads_.data == nullptr) throw std::logic_error("ZeRO: gradients_ready before begin_reduction");
+  // Every rank of the group starts the buckets in the same order: from the end of
+  // the buffer backwards, skipping those that wait for another collective.
+  while (next_to_start_ > 0 && buckets_[next_to_start_ - 1].begin >= offset) {
+    Bucket& b = buckets_[--next_to_start_];
+    if (!b.synced_later) start(b);
+  }
+}
+
+double ZeroAdamW::finish_gradients() {
+  if (grads_.data == nullptr) throw std::logic_error("ZeRO: finish_gradients before begin_reduction");
+  for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) start(*it);
+  for (Bucket& b : buckets_) b.request.wait();
+  double sum = 0;
+  for (const Segment& s : segments_) {
+    if (parameters_[s.parameter].counts_in_norm) sum += sum_squares(grad_shard_.rows(s.state_offset, s.state_offset + s.length));
+  }
+  return std::sqrt(norm_group_.all_reduce_sum(sum));
+}
+
+void ZeroAdamW::step(Tensor params, double lr, float grad_scale, int64_t step) {
+  AdamWStep s;
+  s.lr = static_cast<float>(lr);
+  s.beta1 = settings_.beta1;
+  s.beta2 = settings_.beta2;
+  s.eps = settings_.eps;
+  s.step = step;
+  s.grad_scale = grad_scale;
+  for (const Segment& seg : segments_) {
+    s.weight_decay = parameters_[seg.parameter].weight_decay ? settings_.weight_decay : 0.0f;
+    const int64_t a = seg.state_offset, b = seg.state_offset + seg.length;
+    adamw_update(Tensor(params.data + seg.flat_offset, {seg.length}, params.device), grad_shard_.rows(a, b),
+                 m_.rows(a, b), v_.rows(a, b), s);
+  }
+  std::vector<CommRequest> gathers;
+  gathers.reserve(buckets_.size());
+  for (const Bucket& b : buckets_) {
+    gathers.push_back(hdp_.all_gather_async(Tensor(params.data + b.begin, {b.end - b.begin}, params.device)));
+  }
+  for (CommRequest& r : gathers) r.wait();
+  grads_ = Tensor();
+}
+
+}  // namespace hdp

@@ -1,0 +1,98 @@
+#pragma once
+// ZeRO-1 AdamW over a flat parameter buffer, sharded across the hybrid-data-
+// parallel group.
+//
+// The flat buffer is cut into buckets at parameter boundaries (in reverse, the
+// order backward finalises gradients). Every bucket is split into hdp parts,
+// part r of every bucket belongs to hdp rank r ([n*r/hdp, n*(r+1)/hdp)), and the
+// concatenation of a rank's parts is its shard: only the shard has AdamW moments
+// on that rank. A step:
+//   1. during the last micro-batch's backward, each bucket's gradients are
+//      reduce-scattered as soon as they are final (gradients_ready), overlapping
+//      the rest of backward;
+//   2. finish_gradients() starts what is left, waits, and returns the global
+//      gradient norm (shards of all hdp ranks and all tp/pp ranks);
+//   3. step() updates the shard (fp32: the shard of the parameter buffer is the
+//      master copy) and all-gathers the updated parameters bucket by bucket.
+// With hdp = 1 the same path runs without sharding.
+
+#include <cstdint>
+#include <vector>
+
+#include "kernels/allocator.h"
+#include "kernels/ops.h"
+#include "parallel/communicator.h"
+
+namespace hdp {
+
+struct FlatParameter {
+  int64_t offset = 0;           // in floats from the start of the flat buffer
+  int64_t numel = 0;
+  bool weight_decay = false;
+  bool counts_in_norm = true;   // false for copies counted elsewhere (tp-replicated, tied copies)
+  bool synced_later = false;    // gradient completed by another collective first (tied embeddings)
+};
+
+struct AdamWSettings {
+  float beta1 = 0.9f;
+  float beta2 = 0.95f;
+  float eps = 1e-8f;
+  float weight_decay = 0.0f;
+};
+
+class ZeroAdamW {
+ public:
+  // norm_group: every rank whose shards make up the whole gradient (the world).
+  ZeroAdamW(std::vector<FlatParameter> parameters, int64_t flat_numel, const AdamWSettings& settings,
+            Communicator& hdp, Communicator& norm_group, int64_t bucket_floats, Device device = Device::CPU);
+
+  // A piece of this rank's shard: flat elements [flat_offset, flat_offset + length)
+  // of parameter `parameter`, whose moments sit at [state_offset, state_offset + length).
+  struct Segment {
+    size_t parameter = 0;
+    int64_t flat_offset = 0;
+    int64_t length = 0;
+    int64_t state_offset = 0;
+  };
+  const std::vector<Segment>& segments() const { return segments_; }
+  int64_t shard_numel() const { return shard_numel_; }
+  Tensor exp_avg() const { return m_; }
+  Tensor exp_avg_sq() const { return v_; }
+  size_t state_bytes() const { return arena_.capacity(); }
+  int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
+
+  // Call before the last micro-batch's backward; from then on gradients_ready()
+  // starts the reduce-scatter of every bucket whose gradients are all final.
+  void begin_reduction(const Tensor& grads);
+  void gradients_ready(int64_t offset);
+  // Starts the buckets not started yet, waits for all; returns the global L2 norm.
+  double finish_gradients();
+  // AdamW on this rank's shard with the reduced gradients, then all-gather.
+  void step(Tensor params, double lr, float grad_scale, int64_t step);
+
+ private:
+  struct Bucket {
+    int64_t begin = 0, end = 0;     // flat range
+    int64_t part_begin = 0;         // this rank's part: [part_begin, part_end)
+    int64_t part_end = 0;
+    int64_t shard_offset = 0;       // where the part sits in the shard buffers
+    bool synced_later = false;
+    bool started = false;
+    CommRequest request;
+  };
+  void start(Bucket& bucket);
+
+  std::vector<FlatParameter> parameters_;
+  AdamWSettings settings_;
+  Communicator& hdp_;
+  Communicator& norm_group_;
+  std::vector<Bucket> buckets_;     // in flat order
+  std::vector<Segment> segments_;
+  int64_t shard_numel_ = 0;
+  Arena arena_;
+  Tensor grad_shard_, m_, v_;
+  Tensor grads_;                    // the full gradient buffer of the current reduction
+  size_t next_to_start_ = 0;        // buckets start from the end of the buffer backwards
+};
+
+}  // namespace hdp

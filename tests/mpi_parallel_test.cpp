@@ -1,0 +1,209 @@
+// Run by ctest under mpirun with 4 ranks: the MPI communicator, the process
+// grid, ZeRO-1 against an unsharded AdamW step, and the training engine's
+// gradients with uneven micro-batch counts across hybrid-data-parallel ranks.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <numeric>
+
+#include "mpi_environment.h"
+#include "parallel/local_communicator.h"
+#include "parallel/mpi_communicator.h"
+#include "parallel/process_groups.h"
+#include "parallel/zero_optimizer.h"
+#include "trainer/config.h"
+#include "trainer/engine.h"
+
+namespace hdp {
+namespace {
+
+using testing::world_rank;
+using testing::world_size;
+
+TEST(MpiCommunicator, CollectivesWithUnevenParts) {
+  ASSERT_EQ(world_size(), 4) << "run under mpirun -np 4";
+  MpiCommunicator world(MPI_COMM_WORLD, "world");
+  const int r = world.rank();
+
+  std::vector<float> v = {1.0f + r, 10.0f * r};
+  world.all_reduce(Tensor(v.data(), {2}), ReduceOp::Sum);
+  EXPECT_EQ(v[0], 1 + 2 + 3 + 4);
+  EXPECT_EQ(v[1], 60);
+  std::vector<float> m = {static_cast<float>(r == 2 ? 7 : r)};
+  world.all_reduce(Tensor(m.data(), {1}), ReduceOp::Max);
+  EXPECT_EQ(m[0], 7);
+
+  // 10 elements over 4 ranks: parts of 2, 3, 2, 3 ([10r/4, 10(r+1)/4)).
+  std::vector<float> send(10);
+  for (int i = 0; i < 10; ++i) send[i] = static_cast<float>(100 * r + i);
+  const int64_t begin = part_begin(10, r, 4), end = part_begin(10, r + 1, 4);
+  std::vector<float> recv(end - begin);
+  world.reduce_scatter(Tensor(send.data(), {10}), Tensor(recv.data(), {end - begin}));
+  for (int64_t i = begin; i < end; ++i) EXPECT_EQ(recv[i - begin], 600 + 4 * i) << i;
+
+  std::vector<float> gathered(10, -1.0f);
+  for (int64_t i = begin; i < end; ++i) gathered[i] = static_cast<float>(r);
+  world.all_gather(Tensor(gathered.data(), {10}));
+  for (int i = 0; i < 10; ++i) {
+    int owner = 0;
+    while (part_begin(10, owner + 1, 4) <= i) ++owner;
+    EXPECT_EQ(gathered[i], owner) << i;
+  }
+
+  // A ring of non-blocking sends and receives.
+  std::vector<float> out(5, static_cast<float>(r)), in(5);
+  world.reset_stats();
+  CommRequest rx = world.recv_async(Tensor(in.data(), {5}), (r + 3) % 4, 7);
+  CommRequest tx = world.send_async(Tensor(out.data(), {5}), (r + 1) % 4, 7);
+  rx.wait();
+  tx.wait();
+  EXPECT_EQ(in[4], static_cast<float>((r + 3) % 4));
+  EXPECT_EQ(world.stats().p2p_bytes, 20);
+  EXPECT_EQ(world.stats().p2p_messages, 1);
+  EXPECT_EQ(world.all_reduce_sum(int64_t{r}), 6);
+}
+
+TEST(ProcessGroups, RankOrderIsTpFastestThenHdpThenPp) {
+  const ProcessInfo process{world_rank(), world_size(), 0, 1, "test"};
+  for (GridShape shape : {GridShape{2, 1, 2}, GridShape{1, 2, 2}, GridShape{2, 2, 1}, GridShape{1, 1, 4}}) {
+    ProcessGroups groups(process, shape, true);
+    const GridCoords c = groups.coords();
+    EXPECT_EQ(grid_rank(c, shape), world_rank());
+    EXPECT_EQ(groups.tp().size(), shape.tp);
+    EXPECT_EQ(groups.pp().size(), shape.pp);
+    EXPECT_EQ(groups.hdp().size(), shape.hdp);
+    EXPECT_EQ(groups.tp().rank(), c.tp_rank);
+    EXPECT_EQ(groups.pp().rank(), c.pp_rank);
+    EXPECT_EQ(groups.hdp().rank(), c.hdp_rank);
+    // Members of my tp group share my pp and hdp coordinates: their world ranks sum as predicted.
+    int64_t expected = 0;
+    for (int t = 0; t < shape.tp; ++t) expected += grid_rank({t, c.pp_rank, c.hdp_rank}, shape);
+    EXPECT_EQ(groups.tp().all_reduce_sum(int64_t{world_rank()}), expected);
+    expected = 0;
+    for (int h = 0; h < shape.hdp; ++h) expected += grid_rank({c.tp_rank, c.pp_rank, h}, shape);
+    EXPECT_EQ(groups.hdp().all_reduce_sum(int64_t{world_rank()}), expected);
+    EXPECT_EQ(groups.tied() != nullptr, shape.pp > 1);
+  }
+}
+
+TEST(ProcessGroups, WorldSizeMismatchIsAClearError) {
+  const ProcessInfo process{world_rank(), world_size(), 0, 1, "test"};
+  try {
+    ProcessGroups groups(process, GridShape{2, 2, 2}, false);
+    FAIL() << "accepted 8 ranks on a 4-rank job";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("2 x 2 x 2 = 8 ranks, but the job has 4"), std::string::npos) << e.what();
+  }
+}
+
+// Gradients whose sums over ranks are exact in fp32 (multiples of 2^-10), so the
+// sharded and unsharded updates see bit-identical gradients.
+std::vector<float> exact_gradients(int64_t n, int rank) {
+  std::vector<float> g(n);
+  for (int64_t i = 0; i < n; ++i) g[i] = static_cast<float>(((i * 7 + rank * 13) % 41) - 20) / 1024.0f;
+  return g;
+}
+
+TEST(ZeroAdamW, ShardedStepEqualsUnshardedStep) {
+  MpiCommunicator world(MPI_COMM_WORLD, "world");
+  const int r = world.rank();
+  // Three parameters, one without weight decay, buckets small enough to cut through them.
+  const std::vector<FlatParameter> params = {{0, 1000, true}, {1008, 37, false}, {1056, 500, true}};
+  const int64_t flat = 1568;
+  AdamWSettings settings;
+  settings.weight_decay = 0.1f;
+
+  std::vector<float> sharded_params(flat), plain_params(flat);
+  for (int64_t i = 0; i < flat; ++i) sharded_params[i] = plain_params[i] = std::sin(0.01f * static_cast<float>(i));
+  LocalCommunicator local("hdp"), local_world("world");
+  ZeroAdamW sharded(params, flat, settings, world, world, 300);
+  ZeroAdamW plain(params, flat, settings, local, local_world, 300);
+  EXPECT_GT(sharded.num_buckets(), 3);
+  // Moments exist only for this rank's quarter.
+  EXPECT_LT(sharded.shard_numel(), flat / 4 + sharded.num_buckets());
+
+  for (int step = 1; step <= 3; ++step) {
+    std::vector<float> mine = exact_gradients(flat, r + step), total(flat, 0.0f);
+    for (int q = 0; q < 4; ++q) {
+      const std::vector<float> g = exact_gradients(flat, q + step);
+      for (int64_t i = 0; i < flat; ++i) total[i] += g[i];
+    }
+    sharded.begin_reduction(Tensor(mine.data(), {flat}));
+    sharded.gradients_ready(1056);  // the last parameter is final first, as in backward
+    const double norm = sharded.finish_gradients();
+    plain.begin_reduction(Tensor(total.data(), {flat}));
+    const double plain_norm = plain.finish_gradients();
+    EXPECT_NEAR(norm, plain_norm, 1e-9 * plain_norm);
+    sharded.step(Tensor(sharded_params.data(), {flat}), 1e-2, 0.5f, step);
+    plain.step(Tensor(plain_params.data(), {flat}), 1e-2, 0.5f, step);
+    for (int64_t i = 0; i < flat; ++i) ASSERT_EQ(sharded_params[i], plain_params[i]) << "step " << step << " element " << i;
+  }
+}
+
+Config engine_config(const std::string& parallel) {
+  return parse_config_text(
+      "model: {vocab_size: 50, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, ffn_hidden_size: 48,"
+      " init_std: 0.1}\n"
+      "data: {path: unused.h5, max_seq_len: 64, micro_batch_tokens: 96, global_batch_tokens: 1024}\n"
+      "optim: {lr: 0.01, warmup_steps: 0, grad_clip: 0}\n"
+      "parallel: " + parallel + "\n",
+      "engine-test", {}, false);
+}
+
+PackedMicroBatch micro_batch(const std::vector<int>& lengths, uint64_t seed) {
+  PackedMicroBatch mb;
+  mb.cu_seqlens.push_back(0);
+  for (int len : lengths) {
+    const size_t start = mb.tokens.size();
+    for (int i = 0; i < len; ++i) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      mb.tokens.push_back(static_cast<int32_t>((seed >> 33) % 50));
+      mb.positions.push_back(i);
+    }
+    for (int i = 0; i < len; ++i) mb.targets.push_back(i + 1 < len ? mb.tokens[start + i + 1] : -1);
+    mb.cu_seqlens.push_back(static_cast<int32_t>(mb.tokens.size()));
+  }
+  return mb;
+}
+
+// The summed (global) gradient of this rank's slice after one step under `plan`:
+// plan[h] lists the micro-batches of hdp rank h.
+std::vector<float> global_gradient(TrainingEngine& engine, ProcessGroups& groups,
+                                   const std::vector<std::vector<PackedMicroBatch>>& plan) {
+  engine.model().init_weights(3);
+  engine.step(plan[groups.coords().hdp_rank], 0.0, 1);
+  const Tensor g = engine.model().flat_gradients();
+  std::vector<float> sum(g.data, g.data + g.numel());
+  groups.hdp().all_reduce(Tensor(sum.data(), {g.numel()}), ReduceOp::Sum);
+  return sum;
+}
+
+TEST(TrainingEngine, UnevenMicroBatchCountsGiveTheSameGradients) {
+  const ProcessInfo process{world_rank(), world_size(), 0, 1, "test"};
+  std::vector<PackedMicroBatch> all;
+  all.push_back(micro_batch({64, 20, 12}, 1));
+  all.push_back(micro_batch({50, 40}, 2));
+  all.push_back(micro_batch({30, 30, 30}, 3));
+  all.push_back(micro_batch({7, 64}, 4));
+  all.push_back(micro_batch({33}, 5));
+  for (const char* parallel : {"{hdp: 4}", "{tp: 2, hdp: 2}", "{pp: 2, hdp: 2}"}) {
+    const Config config = engine_config(parallel);
+    ProcessGroups groups(process, GridShape{static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.pp),
+                                            static_cast<int>(config.parallel.hdp)},
+                         false);
+    TrainingEngine engine(config, groups);
+    const int hdp = groups.shape().hdp;
+    std::vector<std::vector<PackedMicroBatch>> even(hdp), uneven(hdp);
+    for (size_t i = 0; i < all.size(); ++i) even[i % hdp].push_back(all[i]);
+    for (size_t i = 0; i < all.size(); ++i) uneven[i < all.size() - 1 ? 0 : hdp - 1].push_back(all[i]);
+    const std::vector<float> a = global_gradient(engine, groups, even), b = global_gradient(engine, groups, uneven);
+    double max_abs = 0;
+    for (float x : a) max_abs = std::max(max_abs, static_cast<double>(std::abs(x)));
+    ASSERT_GT(max_abs, 0.0);
+    for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5 * max_abs) << parallel << " element " << i;
+  }
+}
+
+}  // namespace
+}  // namespace hdp

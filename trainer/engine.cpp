@@ -1,0 +1,117 @@
+#include "trainer/engine.h"
+
+#include <numeric>
+#include <stdexcept>
+
+#include "kernels/ops.h"
+#include "trainer/optimizer.h"
+
+namespace hdp {
+
+std::vector<int64_t> pipeline_layers(const Config& config) {
+  if (!config.parallel.pp_layers.empty()) return config.parallel.pp_layers;
+  const ModelConfig& m = config.model;
+  // Costs per token at the longest sequence; the embedding lookup is a copy of a row.
+  return split_layers(m.num_layers, static_cast<int>(config.parallel.pp),
+                      layer_flops_per_token(m, config.data.max_seq_len), static_cast<double>(m.hidden_size),
+                      head_flops_per_token(m));
+}
+
+// The model stage as the pipeline executor sees it.
+class TrainingEngine::Stage final : public PipelineStage {
+ public:
+  Stage(LlamaModel& model, ZeroAdamW& optimizer, std::span<const PackedMicroBatch> batches, float loss_scale)
+      : model_(model), optimizer_(optimizer), batches_(batches), loss_scale_(loss_scale) {}
+
+  int64_t rows(int i) const override { return batches_[i].num_tokens(); }
+  void prepare(int i, int slot) override {
+    const PackedMicroBatch& b = batches_[i];
+    model_.set_batch(slot, MicroBatchView{b.tokens, b.targets, b.positions, b.cu_seqlens});
+  }
+  void forward(int, int slot) override { loss_sum_ += model_.forward(slot, loss_scale_, true); }
+  void backward(int i, int slot) override {
+    // Gradients become final during the last micro-batch's backward: reduce them
+    // bucket by bucket while the rest of backward runs.
+    if (i + 1 == static_cast<int>(batches_.size())) {
+      model_.backward(slot, [this](int64_t offset) { optimizer_.gradients_ready(offset); });
+    } else {
+      model_.backward(slot);
+    }
+  }
+  Tensor input_activation(int slot) override { return model_.input_activation(slot); }
+  Tensor output_activation(int slot) override { return model_.output_activation(slot); }
+  Tensor output_gradient(int slot) override { return model_.output_gradient(slot); }
+  Tensor input_gradient(int slot) override { return model_.input_gradient(slot); }
+  double loss_sum() const { return loss_sum_; }
+
+ private:
+  LlamaModel& model_;
+  ZeroAdamW& optimizer_;
+  std::span<const PackedMicroBatch> batches_;
+  float loss_scale_;
+  double loss_sum_ = 0;
+};
+
+TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : config_(config), groups_(groups) {
+  const GridCoords& c = groups.coords();
+  stage_layers_ = pipeline_layers(config);
+  ModelPartition partition;
+  partition.tp_rank = c.tp_rank;
+  partition.tp_size = static_cast<int>(config.parallel.tp);
+  partition.first_layer = std::accumulate(stage_layers_.begin(), stage_layers_.begin() + c.pp_rank, int64_t{0});
+  partition.num_layers = stage_layers_[c.pp_rank];
+  partition.has_embedding = groups.first_stage();
+  partition.has_head = groups.last_stage();
+
+  const int64_t capacity = config.data.micro_batch_tokens;
+  pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), capacity, config.model.hidden_size);
+  model_ = std::make_unique<LlamaModel>(config.model, capacity, partition, pipeline_->slots(), &groups.tp());
+  const int64_t bucket_floats = std::max<int64_t>(1, config.parallel.bucket_mb * (1 << 20) / 4);
+  optimizer_ = std::make_unique<ZeroAdamW>(flat_parameters(*model_), model_->flat_parameters().numel(),
+                                           adamw_settings(config.optim), groups.hdp(), groups.world(), bucket_floats);
+}
+
+TrainingEngine::~TrainingEngine() = default;
+
+StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t step_number) {
+  StepResult result;
+  int64_t local_predictions = 0;
+  for (const PackedMicroBatch& mb : micro_batches) local_predictions += mb.num_predictions();
+  // Token-level loss: every rank scales its gradients by the global count, so the
+  // sum over ranks and micro-batches is the gradient of the global mean.
+  result.predictions = groups_.hdp().all_reduce_sum(local_predictions);
+  const float loss_scale = result.predictions > 0 ? 1.0f / static_cast<float>(result.predictions) : 0.0f;
+
+  model_->zero_grad();
+  optimizer_->begin_reduction(model_->flat_gradients());
+  Stage stage(*model_, *optimizer_, micro_batches, loss_scale);
+  pipeline_->run(stage, static_cast<int>(micro_batches.size()));
+
+  // Tied embeddings split over the first and last stage: their two gradient parts
+  // are summed before the data-parallel reduction.
+  if (Communicator* tied = groups_.tied()) {
+    const ParameterInfo& p = model_->parameter("model.embed_tokens.weight");
+    tied->all_reduce(model_->gradient_tensor(p), ReduceOp::Sum);
+  }
+  result.grad_norm = optimizer_->finish_gradients();
+
+  // The loss is known on the last stage; tp ranks hold identical copies.
+  const bool counts_loss = groups_.last_stage() && groups_.coords().tp_rank == 0;
+  const double loss_sum = groups_.world().all_reduce_sum(counts_loss ? stage.loss_sum() : 0.0);
+  result.loss = result.predictions > 0 ? loss_sum / static_cast<double>(result.predictions) : 0.0;
+
+  optimizer_->step(model_->flat_parameters(), lr, clip_factor(result.grad_norm, config_.optim.grad_clip), step_number);
+  return result;
+}
+
+MemoryReport TrainingEngine::memory() const {
+  MemoryReport m;
+  m.parameters = model_->parameter_bytes();
+  m.gradients = model_->gradient_bytes();
+  m.optimizer = optimizer_->state_bytes();
+  m.activations = model_->activation_bytes();
+  m.pipeline = pipeline_->buffer_bytes();
+  return m;
+}
+
+}  // namespace hdp

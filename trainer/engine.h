@@ -1,0 +1,60 @@
+#pragma once
+// One rank's share of a training step under tensor, pipeline and hybrid data
+// parallelism: its model stage and slice, the 1F1B pipeline over its
+// pipeline's micro-batches, tied-embedding synchronisation, ZeRO-1 gradient
+// reduction and the sharded AdamW update.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "data/batch.h"
+#include "parallel/pipeline.h"
+#include "parallel/process_groups.h"
+#include "parallel/zero_optimizer.h"
+#include "trainer/config.h"
+#include "trainer/model.h"
+
+namespace hdp {
+
+// Layers per pipeline stage: parallel.pp_layers when given, otherwise the split
+// that balances the FLOPs of the stages, counting the LM head and loss on the last.
+std::vector<int64_t> pipeline_layers(const Config& config);
+
+struct StepResult {
+  double loss = 0;           // global token-level loss: sum of cross-entropies / predictions
+  double grad_norm = 0;      // before clipping
+  int64_t predictions = 0;   // predicted tokens in the global batch
+};
+
+struct MemoryReport {
+  size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, pipeline = 0;
+  size_t total() const { return parameters + gradients + optimizer + activations + pipeline; }
+};
+
+class TrainingEngine {
+ public:
+  TrainingEngine(const Config& config, ProcessGroups& groups);
+  ~TrainingEngine();
+
+  // One optimizer step over this pipeline's micro-batches (identical on every
+  // stage and tp rank of the pipeline; pipelines may have different counts).
+  StepResult step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t step_number);
+
+  LlamaModel& model() { return *model_; }
+  ZeroAdamW& optimizer() { return *optimizer_; }
+  const std::vector<int64_t>& stage_layers() const { return stage_layers_; }
+  MemoryReport memory() const;
+
+ private:
+  class Stage;
+  const Config& config_;
+  ProcessGroups& groups_;
+  std::vector<int64_t> stage_layers_;
+  std::unique_ptr<PipelineExecutor> pipeline_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<ZeroAdamW> optimizer_;
+};
+
+}  // namespace hdp
