@@ -43,7 +43,7 @@ struct CheckpointLayout {
   int tp = 1, pp = 1, hdp = 1;
   int tp_rank = 0, pp_rank = 0, hdp_rank = 0;
   int world_rank = 0;
-  Communicator* world = nullptr;  // for the barrier before the manifest; nullptr = one process
+  Communicator* world = nullptr;  // save synchronises over it (two all-reduces); nullptr = offline, see below
 };
 
 // checkpoint_dir/step-00000123
@@ -52,7 +52,14 @@ std::string checkpoint_path(const std::string& checkpoint_dir, int64_t step);
 // Collective over layout.world: every rank writes its part, rank 0 commits the
 // manifest, renames the directory and deletes all but the newest `keep` complete
 // checkpoints. Returns the checkpoint's path. The optimizer's segments index
-// model.parameters().
+// model.parameters(). Every rank of the world must call it with the same step;
+// no rank returns before the checkpoint is committed, and if any rank fails every
+// rank throws CheckpointError and nothing is committed.
+//
+// Offline (layout.world == nullptr, e.g. tests or conversion tools writing every
+// rank's part from one process): a rank other than 0 only writes its part into
+// step-N.tmp/ and returns; rank 0 writes its part and commits, refusing if any
+// part is missing. So call rank 0 last.
 std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const ZeroAdamW& optimizer,
                             const TrainingProgress& progress, const std::string& config_yaml, int64_t keep,
                             const CheckpointLayout& layout);
