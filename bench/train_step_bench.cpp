@@ -1,4 +1,4 @@
-// A full training step (forward, backward, gradient norm, AdamW) of
+// A full training step (forward, backward, gradient reduction and norm, AdamW) of
 // configs/bench-llama.yaml, next to the machine's fp32 GEMM rate measured in the
 // same process, so the ratio is taken on one machine in one run.
 //
@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "kernels/ops.h"
+#include "parallel/local_communicator.h"
 #include "parallel/runtime.h"
 #include "trainer/config.h"
 #include "trainer/model.h"
@@ -69,7 +70,9 @@ void BM_BenchLlamaTrainingStep(benchmark::State& state) {
   const int64_t capacity = config.data.micro_batch_tokens;
   LlamaModel model(config.model, capacity);
   model.init_weights(1);
-  AdamW optimizer(config.optim, model.parameters(), model.flat_parameters().numel());
+  LocalCommunicator hdp("hdp"), world("world");
+  ZeroAdamW optimizer(flat_parameters(model), model.flat_parameters().numel(), adamw_settings(config.optim), hdp, world,
+                      config.parallel.bucket_mb << 18);
   const SyntheticBatch batch = documents(4, 1024, static_cast<int>(config.model.vocab_size));
   const MicroBatchView view{batch.tokens, batch.targets, batch.positions, batch.cu_seqlens};
   const double flops = training_flops(config.model, batch.lengths);
@@ -77,9 +80,11 @@ void BM_BenchLlamaTrainingStep(benchmark::State& state) {
   int64_t step = 0;
   for (auto _ : state) {
     model.zero_grad();
-    const double loss = model.forward_backward(view, 1.0f / 4092.0f);
-    const double norm = std::sqrt(sum_squares(model.flat_gradients()));
-    optimizer.step(model.flat_parameters(), model.flat_gradients(), 1e-4, clip_factor(norm, 1.0), ++step);
+    optimizer.begin_reduction(model.flat_gradients());
+    const double loss = model.forward_backward(view, 1.0f / 4092.0f,
+                                               [&](int64_t offset) { optimizer.gradients_ready(offset); });
+    const double norm = optimizer.finish_gradients();
+    optimizer.step(model.flat_parameters(), 1e-4, clip_factor(norm, 1.0), ++step);
     benchmark::DoNotOptimize(loss);
   }
   state.counters["model_GFLOPs"] = benchmark::Counter(flops / 1e9, benchmark::Counter::kIsIterationInvariantRate);

@@ -41,11 +41,14 @@ std::string replace_all(std::string text, const std::string& from, const std::st
 struct Scratch {
   std::string dir;
   std::string data;
+  std::string checkpoint;  // an (empty) checkpoint directory for train.init_from
   explicit Scratch(const std::string& name) : dir(hdp::testing::scratch_dir("config_test_" + name)) {
     data = write_file(dir + "/corpus.h5", "");
+    checkpoint = dir + "/step-00000001";
+    std::filesystem::create_directories(checkpoint);
   }
   std::string config(const std::string& text, const std::string& name = "run.yaml") const {
-    return write_file(dir + "/" + name, replace_all(text, "DATA", data));
+    return write_file(dir + "/" + name, replace_all(replace_all(text, "DATA", data), "CKPT", checkpoint));
   }
 };
 
@@ -151,7 +154,7 @@ const char* kFullConfig =
     "  checkpoint_dir: runs/x/ckpt\n"      // 37
     "  keep_checkpoints: 2\n"              // 38
     "  resume: never\n"                    // 39
-    "  init_from: DATA\n"                  // 40
+    "  init_from: CKPT\n"                  // 40
     "  peak_flops: 1.5e12\n"               // 41
     "  threads: 2\n"                       // 42
     "parallel:\n"                          // 43
@@ -202,7 +205,7 @@ TEST(Config, FullConfigParsesExactValues) {
   EXPECT_EQ(c.train.checkpoint_dir, "runs/x/ckpt");
   EXPECT_EQ(c.train.keep_checkpoints, 2);
   EXPECT_EQ(c.train.resume, "never");
-  EXPECT_EQ(c.train.init_from, s.data);
+  EXPECT_EQ(c.train.init_from, s.checkpoint);
   EXPECT_EQ(c.train.peak_flops, 1.5e12);
   EXPECT_EQ(c.train.threads, 2);
   EXPECT_EQ(c.parallel.tp, 1);
@@ -537,8 +540,10 @@ TEST(ConfigErrors, MissingInitFrom) {
       "train:\n"
       "  init_from: " + s.dir + "/missing.ckpt\n");
   const std::string msg = load_error(path);
-  EXPECT_CONTAINS(msg, path + ":4: train.init_from: file '" + s.dir + "/missing.ckpt' does not exist");
-  EXPECT_CONTAINS(msg, "checkpoint file");
+  EXPECT_CONTAINS(msg, path + ":4: train.init_from: directory '" + s.dir + "/missing.ckpt' does not exist");
+  EXPECT_CONTAINS(msg, "checkpoint directory");
+  // A checkpoint is a directory; a plain file is refused.
+  EXPECT_CONTAINS(load_error(path, {"train.init_from=" + path}), "is not a directory");
 }
 
 TEST(Config, CheckFilesFalseSkipsExistence) {

@@ -165,7 +165,7 @@ struct BadInvocation {
 class CommandLine : public ::testing::TestWithParam<BadInvocation> {};
 
 TEST_P(CommandLine, BadInputExitsWithCode2AndNamesTheProblem) {
-  const std::string dir = scratch_dir("training-cli");
+  const std::string dir = scratch_dir("training-cli-" + GetParam().name);
   {
     std::ofstream(dir + "/unknown-key.yaml") << "model:\n  hidden_size: 64\n  hiden: 3\ndata:\n  path: " << corpus() << "\n";
     std::ofstream(dir + "/bad-heads.yaml") << "model:\n  num_heads: 6\ndata:\n  path: " << corpus() << "\n";

@@ -457,7 +457,9 @@ struct Parser {
     require(v >= 0, key, shown(key) + " is negative", valid);
   }
 
-  void check_file(const std::string& path, const std::string& key, const std::string& hint) {
+  // kind: a regular file, or a directory (checkpoints are directories).
+  enum class PathKind { File, Directory };
+  void check_path(const std::string& path, const std::string& key, const std::string& hint, PathKind kind) {
     namespace fs = std::filesystem;
     std::error_code ec;
     const fs::file_status status = fs::status(path, ec);
@@ -468,9 +470,12 @@ struct Parser {
     }
     const std::string relative =
         fs::path(path).is_relative() ? " (relative to the working directory " + cwd + ")" : "";
-    if (!fs::exists(status)) require(false, key, "file '" + path + "' does not exist" + relative, hint);
-    if (fs::is_directory(status))
+    const char* noun = kind == PathKind::File ? "file" : "directory";
+    if (!fs::exists(status)) require(false, key, std::string(noun) + " '" + path + "' does not exist" + relative, hint);
+    if (kind == PathKind::File && fs::is_directory(status))
       require(false, key, "'" + path + "' is a directory, not a file" + relative, hint);
+    if (kind == PathKind::Directory && !fs::is_directory(status))
+      require(false, key, "'" + path + "' is not a directory" + relative, hint);
   }
 
   void validate(bool check_files) {
@@ -593,13 +598,15 @@ struct Parser {
 
     // files last, so that value errors are reported even before the data exists
     if (check_files) {
-      check_file(d.path, "data.path",
+      check_path(d.path, "data.path",
                  "point data.path at an HDF5 token dataset, or create this one with 'trainer make-corpus "
-                 "--output " + d.path + "' (synthetic demo corpus) or 'trainer prepare-data' (from text)");
+                 "--output " + d.path + "' (synthetic demo corpus) or 'trainer prepare-data' (from text)",
+                 PathKind::File);
       if (!t.init_from.empty())
-        check_file(t.init_from, "train.init_from",
-                   "point it at a checkpoint file written by the trainer, or leave it empty to start from "
-                   "random weights");
+        check_path(t.init_from, "train.init_from",
+                   "point it at a checkpoint directory written by the trainer (CHECKPOINT_DIR/step-NNNNNNNN), "
+                   "or leave it empty to start from random weights",
+                   PathKind::Directory);
     }
   }
 };
