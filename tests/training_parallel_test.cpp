@@ -168,6 +168,25 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ParallelLayouts,
                                            Layout{"pp2_hdp2", 1, 2, 2}, Layout{"tp2_pp2_hdp2", 2, 2, 2}),
                          [](const auto& info) { return info.param.name; });
 
+TEST(ParallelLayouts, TiedEmbeddingsSplitOverFirstAndLastStageStayInSync) {
+  const std::string tied = "--set model.tie_embeddings=true";
+  const std::string single = scratch_dir("parallel-tied-single");
+  auto s = run_trainer(train_args(single, {"single", 1, 1, 1}, 5, tied));
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  const std::vector<double> want = losses(single);
+  const auto want_weights = final_weights(single, 5);
+  EXPECT_EQ(want_weights.count("lm_head.weight"), 0u);
+  for (const Layout& l : {Layout{"tied_pp2_hdp2", 1, 2, 2}, Layout{"tied_tp2_pp2", 2, 2, 1}}) {
+    const std::string dir = scratch_dir("parallel-" + l.name);
+    auto r = run_command(mpirun(l.ranks()) + " " + train_args(dir, l, 5, tied));
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const std::vector<double> got = losses(dir);
+    ASSERT_EQ(got.size(), 5u) << r.output;
+    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << l.name << " step " << i + 1;
+    expect_same_weights(final_weights(dir, 5), want_weights, 1e-5, l.name);
+  }
+}
+
 TEST(ParallelResume, AcrossLayoutsContinuesLikeAnUninterruptedRun) {
   // The runs stop at steps 2, 4 and 5 by their train.steps; a warm-up longer than
   // that keeps the learning rate independent of train.steps (the cosine decay is

@@ -26,12 +26,16 @@ std::string to_json(const StepMetrics& m) {
   s += ", \"grad_norm\": " + number(m.grad_norm);
   s += ", \"tokens\": " + std::to_string(m.tokens);
   s += ", \"input_tokens\": " + std::to_string(m.input_tokens);
+  s += ", \"rank_tokens\": " + std::to_string(m.rank_tokens);
   s += ", \"micro_batches\": " + std::to_string(m.micro_batches);
   s += ", \"tokens_per_s\": " + number(m.tokens_per_s);
   s += ", \"step_ms\": " + number(m.step_ms);
   s += ", \"data_wait_ms\": " + number(m.data_wait_ms);
   s += ", \"mfu\": " + number(m.mfu);
   s += ", \"peak_mem_bytes\": " + std::to_string(m.peak_mem_bytes);
+  s += ", \"tp_bytes\": " + std::to_string(m.tp_bytes);
+  s += ", \"pp_bytes\": " + std::to_string(m.pp_bytes);
+  s += ", \"hdp_bytes\": " + std::to_string(m.hdp_bytes);
   return s + "}";
 }
 

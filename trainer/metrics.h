@@ -14,12 +14,18 @@ struct StepMetrics {
   double grad_norm = 0;
   int64_t tokens = 0;         // predicted tokens this step (the loss denominator)
   int64_t input_tokens = 0;   // tokens run through the model this step
+  int64_t rank_tokens = 0;    // of which in rank 0's micro-batches (its pipeline's share)
   int64_t micro_batches = 0;
   double tokens_per_s = 0;    // input tokens per second of step time
   double step_ms = 0;
   double data_wait_ms = 0;    // time the step waited for its batch
   double mfu = 0;             // model FLOP/s divided by the peak FLOP/s
   int64_t peak_mem_bytes = 0;
+  // Bytes rank 0 sent this step through its tensor-, pipeline- and
+  // hybrid-data-parallel groups (parallel/communicator.h says how they are counted).
+  int64_t tp_bytes = 0;
+  int64_t pp_bytes = 0;
+  int64_t hdp_bytes = 0;
 };
 
 std::string to_json(const StepMetrics& m);

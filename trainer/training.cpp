@@ -126,6 +126,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
     spdlog::info("dataset {}: {} documents, {} tokens", config.data.path, dataset.num_documents(),
                  dataset.num_tokens());
     spdlog::info("{}", describe_grid(shape));
+    spdlog::info("OpenBLAS {} kernels", blas_core_name());
   }
 
   TrainingEngine engine(config, groups);
@@ -180,6 +181,9 @@ void run_training(const Config& config, const ProcessInfo& process) {
     GlobalBatch batch = prefetcher.next();
     const double data_wait_ms = ms_since(t0);
     const double lr = learning_rate(config.optim, step, config.train.steps);
+    groups.tp().reset_stats();
+    groups.pp().reset_stats();
+    groups.hdp().reset_stats();
     const StepResult result = engine.step(batch.micro_batches, lr, step);
     const double step_ms = ms_since(t0);
 
@@ -193,11 +197,16 @@ void run_training(const Config& config, const ProcessInfo& process) {
     m.tokens = result.predictions;
     m.input_tokens = batch.tokens;
     m.micro_batches = static_cast<int64_t>(batch.micro_batches.size());
+    for (const PackedMicroBatch& mb : batch.micro_batches) m.rank_tokens += mb.num_tokens();
     m.step_ms = step_ms;
     m.data_wait_ms = data_wait_ms;
     m.tokens_per_s = batch.tokens / (step_ms / 1e3);
     m.mfu = training_flops(config.model, lengths) / (step_ms / 1e3) / (peak_flops * process.world_size);
     m.peak_mem_bytes = static_cast<int64_t>(memory.total());
+    auto sent = [](const Communicator& c) { return c.stats().p2p_bytes + c.stats().collective_bytes; };
+    m.tp_bytes = sent(groups.tp());
+    m.pp_bytes = sent(groups.pp());
+    m.hdp_bytes = sent(groups.hdp());
     if (metrics) metrics->write(m);
     if (!std::isfinite(m.loss)) {
       throw std::runtime_error("loss is " + std::to_string(m.loss) + " at step " + std::to_string(step) +
