@@ -58,8 +58,11 @@ ZeroAdamW::ZeroAdamW(std::vector<FlatParameter> parameters, int64_t flat_numel, 
     }
     buckets_.push_back(std::move(b));
   }
+  // Without sharding the reduced gradient is the gradient buffer itself (the
+  // buckets tile it in order), so only the moments need memory.
+  sharded_ = n > 1;
   auto layout = [&](Arena& arena) {
-    grad_shard_ = arena.tensor({shard_numel_});
+    if (sharded_) grad_shard_ = arena.tensor({shard_numel_});
     m_ = arena.tensor({shard_numel_});
     v_ = arena.tensor({shard_numel_});
   };
@@ -74,12 +77,14 @@ ZeroAdamW::ZeroAdamW(std::vector<FlatParameter> parameters, int64_t flat_numel, 
 void ZeroAdamW::start(Bucket& b) {
   if (b.started) return;
   b.started = true;
+  if (!sharded_) return;
   b.request = hdp_.reduce_scatter_async(Tensor(grads_.data + b.begin, {b.end - b.begin}, grads_.device),
                                         grad_shard_.rows(b.shard_offset, b.shard_offset + (b.part_end - b.part_begin)));
 }
 
 void ZeroAdamW::begin_reduction(const Tensor& grads) {
   grads_ = grads;
+  if (!sharded_) grad_shard_ = Tensor(grads.data, {shard_numel_}, grads.device);
   for (Bucket& b : buckets_) b.started = false;
   next_to_start_ = buckets_.size();
 }

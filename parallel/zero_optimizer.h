@@ -58,6 +58,7 @@ class ZeroAdamW {
   int64_t shard_numel() const { return shard_numel_; }
   Tensor exp_avg() const { return m_; }
   Tensor exp_avg_sq() const { return v_; }
+  // Optimizer memory: the moments, plus the reduced gradient shard when sharded.
   size_t state_bytes() const { return arena_.capacity(); }
   int64_t num_buckets() const { return static_cast<int64_t>(buckets_.size()); }
 
@@ -86,11 +87,12 @@ class ZeroAdamW {
   AdamWSettings settings_;
   Communicator& hdp_;
   Communicator& norm_group_;
+  bool sharded_ = true;             // hdp > 1
   std::vector<Bucket> buckets_;     // in flat order
   std::vector<Segment> segments_;
   int64_t shard_numel_ = 0;
   Arena arena_;
-  Tensor grad_shard_, m_, v_;
+  Tensor grad_shard_, m_, v_;       // grad_shard_ aliases the gradients when not sharded
   Tensor grads_;                    // the full gradient buffer of the current reduction
   size_t next_to_start_ = 0;        // buckets start from the end of the buffer backwards
 };
