@@ -132,18 +132,33 @@ void expect_same_weights(const std::map<std::string, std::vector<float>>& got,
   EXPECT_LE(std::sqrt(total_diff), tolerance * std::sqrt(total_norm)) << what << ": all weights";
 }
 
-struct Reference {
+// Losses of the 5 steps and the final weights of a finished run.
+struct RunResult {
   std::vector<double> losses;
   std::map<std::string, std::vector<float>> weights;
 };
 
-const Reference& single_process() {
-  static const Reference ref = [] {
-    const std::string dir = scratch_dir("parallel-single-" + std::to_string(getpid()));
-    auto r = run_trainer(train_args(dir, {"single", 1, 1, 1}, 5));
-    if (r.exit_code != 0) throw std::runtime_error("single-process run failed: " + r.output);
-    return Reference{losses(dir), final_weights(dir, 5)};
-  }();
+RunResult result_of(const std::string& dir) { return RunResult{losses(dir), final_weights(dir, 5)}; }
+
+// A 5-step run under `l` in `dir`, or the single process when l has one rank.
+RunResult train(const std::string& dir, const Layout& l, const std::string& extra = "") {
+  const std::string args = train_args(dir, l, 5, extra);
+  auto r = l.ranks() == 1 ? run_trainer(args) : run_command(mpirun(l.ranks()) + " " + args);
+  if (r.exit_code != 0) throw std::runtime_error(l.name + " run failed: " + r.output);
+  return result_of(dir);
+}
+
+void expect_same_run(const RunResult& got, const RunResult& want, const std::string& what) {
+  ASSERT_EQ(want.losses.size(), 5u) << what;
+  ASSERT_EQ(got.losses.size(), 5u) << what;
+  for (size_t i = 0; i < 5; ++i) {
+    EXPECT_NEAR(got.losses[i], want.losses[i], 1e-5 * want.losses[i]) << what << " step " << i + 1;
+  }
+  expect_same_weights(got.weights, want.weights, 1e-5, what);
+}
+
+const RunResult& single_process() {
+  static const RunResult ref = train(scratch_dir("parallel-single-" + std::to_string(getpid())), {"single", 1, 1, 1});
   return ref;
 }
 
@@ -151,15 +166,7 @@ class ParallelLayouts : public ::testing::TestWithParam<Layout> {};
 
 TEST_P(ParallelLayouts, EqualTheSingleProcessRun) {
   const Layout& l = GetParam();
-  const Reference& ref = single_process();
-  ASSERT_EQ(ref.losses.size(), 5u);
-  const std::string dir = scratch_dir("parallel-" + l.name);
-  auto r = run_command(mpirun(l.ranks()) + " " + train_args(dir, l, 5));
-  ASSERT_EQ(r.exit_code, 0) << r.output;
-  const std::vector<double> got = losses(dir);
-  ASSERT_EQ(got.size(), 5u) << r.output;
-  for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], ref.losses[i], 1e-5 * ref.losses[i]) << "step " << i + 1;
-  expect_same_weights(final_weights(dir, 5), ref.weights, 1e-5, l.name);
+  expect_same_run(train(scratch_dir("parallel-" + l.name), l), single_process(), l.name);
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, ParallelLayouts,
@@ -170,20 +177,10 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ParallelLayouts,
 
 TEST(ParallelLayouts, TiedEmbeddingsSplitOverFirstAndLastStageStayInSync) {
   const std::string tied = "--set model.tie_embeddings=true";
-  const std::string single = scratch_dir("parallel-tied-single");
-  auto s = run_trainer(train_args(single, {"single", 1, 1, 1}, 5, tied));
-  ASSERT_EQ(s.exit_code, 0) << s.output;
-  const std::vector<double> want = losses(single);
-  const auto want_weights = final_weights(single, 5);
-  EXPECT_EQ(want_weights.count("lm_head.weight"), 0u);
+  const RunResult want = train(scratch_dir("parallel-tied-single"), {"single", 1, 1, 1}, tied);
+  EXPECT_EQ(want.weights.count("lm_head.weight"), 0u);
   for (const Layout& l : {Layout{"tied_pp2_hdp2", 1, 2, 2}, Layout{"tied_tp2_pp2", 2, 2, 1}}) {
-    const std::string dir = scratch_dir("parallel-" + l.name);
-    auto r = run_command(mpirun(l.ranks()) + " " + train_args(dir, l, 5, tied));
-    ASSERT_EQ(r.exit_code, 0) << r.output;
-    const std::vector<double> got = losses(dir);
-    ASSERT_EQ(got.size(), 5u) << r.output;
-    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << l.name << " step " << i + 1;
-    expect_same_weights(final_weights(dir, 5), want_weights, 1e-5, l.name);
+    expect_same_run(train(scratch_dir("parallel-" + l.name), l, tied), want, l.name);
   }
 }
 
@@ -192,10 +189,7 @@ TEST(ParallelResume, AcrossLayoutsContinuesLikeAnUninterruptedRun) {
   // that keeps the learning rate independent of train.steps (the cosine decay is
   // scheduled to the last step).
   const std::string common = "--set optim.warmup_steps=10 --set train.keep_checkpoints=5";
-  const std::string straight = scratch_dir("parallel-resume-straight");
-  auto s = run_trainer(train_args(straight, {"single", 1, 1, 1}, 5, common));
-  ASSERT_EQ(s.exit_code, 0) << s.output;
-  const std::vector<double> want = losses(straight);
+  const RunResult want = train(scratch_dir("parallel-resume-straight"), {"single", 1, 1, 1}, common);
 
   // Steps 1-2 under tp2 pp2 hdp2, 3-4 under tp1 pp2 hdp4, 5 under tp2 pp2 hdp2 again.
   const std::string dir = scratch_dir("parallel-resume");
@@ -206,10 +200,7 @@ TEST(ParallelResume, AcrossLayoutsContinuesLikeAnUninterruptedRun) {
   EXPECT_NE(b.output.find("resumed from"), std::string::npos) << b.output;
   auto c = run_command(mpirun(8) + " " + train_args(dir, {"c", 2, 2, 2}, 5, common));
   ASSERT_EQ(c.exit_code, 0) << c.output;
-  const std::vector<double> got = losses(dir);
-  ASSERT_EQ(got.size(), 5u);
-  for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
-  expect_same_weights(final_weights(dir, 5), final_weights(straight, 5), 1e-5, "resumed");
+  expect_same_run(result_of(dir), want, "resumed");
 }
 
 TEST(ParallelFailures, WorldSizeMismatchEndsTheJobWithCode2) {
