@@ -12,6 +12,7 @@ packages=(
   libopenblas-dev
   libgtest-dev
   libbenchmark-dev
+  slurm-wlm munge   # launch tests (scripts/slurm/selftest.sh)
 )
 
 missing=()
