@@ -1,10 +1,15 @@
 #include "parallel/plan.h"
 
 #include <algorithm>
+#include <cmath>
+#include <map>
 #include <numeric>
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+
+#include "parallel/pipeline.h"
 
 namespace hdp {
 
@@ -67,41 +72,334 @@ StepPlan plan_whole_sequences(std::span<const int64_t> sequence_lengths, int hdp
   return plan;
 }
 
-void check_plan(const StepPlan& plan, std::span<const int64_t> sequence_lengths) {
-  std::vector<std::vector<std::pair<int64_t, int64_t>>> covered(sequence_lengths.size());
-  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+int64_t zigzag_chunk_begin(int64_t length, int chunk, int ring_size) {
+  if (ring_size < 1 || chunk < 0 || chunk > 2 * ring_size || length < 0) {
+    throw std::invalid_argument("zigzag_chunk_begin: chunk " + std::to_string(chunk) + " of " +
+                                std::to_string(2 * static_cast<int64_t>(ring_size)) + " chunks of a sequence of " +
+                                std::to_string(length) + " tokens");
+  }
+  return static_cast<int64_t>(static_cast<__int128>(length) * chunk / (2 * static_cast<int64_t>(ring_size)));
+}
+
+int64_t max_micro_batch_tokens(int64_t capacity, int64_t layers, double offload_ratio) {
+  if (capacity < 1 || layers < 1 || !(offload_ratio >= 0.0 && offload_ratio <= 1.0)) {
+    throw std::invalid_argument("max_micro_batch_tokens: capacity " + std::to_string(capacity) + ", layers " +
+                                std::to_string(layers) + ", offload ratio " + std::to_string(offload_ratio));
+  }
+  // With at most two layers per stage every layer is held in full: offload frees nothing.
+  if (layers <= 2 || offload_ratio == 0.0) return capacity;
+  const double l = static_cast<double>(layers);
+  const double limit = l * static_cast<double>(capacity) / (2.0 + (1.0 - offload_ratio) * (l - 2.0));
+  // The relative nudge keeps an exact integer quotient from flooring one below after rounding.
+  return std::max(capacity, static_cast<int64_t>(std::floor(limit * (1.0 + 1e-12))));
+}
+
+namespace {
+
+std::string piece_string(const PlannedPiece& p) {
+  return "(sequence " + std::to_string(p.sequence) + ", offset " + std::to_string(p.offset) + ", length " +
+         std::to_string(p.length) + ", ring " + std::to_string(p.ring) + ")";
+}
+
+// The ring pieces of the member at `position`, in row order.
+std::vector<PlannedPiece> zigzag_ring_pieces(const Ring& ring, int ring_index, int position,
+                                             std::span<const int64_t> lengths) {
+  const int k = static_cast<int>(ring.ranks.size());
+  std::vector<PlannedPiece> pieces;
+  for (int64_t q : ring.sequences) {
+    for (int c : {position, 2 * k - 1 - position}) {
+      const int64_t begin = zigzag_chunk_begin(lengths[q], c, k), end = zigzag_chunk_begin(lengths[q], c + 1, k);
+      if (end > begin) pieces.push_back({q, begin, end - begin, ring_index});
+    }
+  }
+  return pieces;
+}
+
+bool same_piece(const PlannedPiece& a, const PlannedPiece& b) {
+  return a.sequence == b.sequence && a.offset == b.offset && a.length == b.length && a.ring == b.ring;
+}
+
+[[noreturn]] void fail(const std::string& what) { throw std::invalid_argument("plan: " + what); }
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+// One forward or backward of a micro-batch on one stage of one hdp rank.
+struct ScheduledOp {
+  int rank = 0, stage = 0, micro_batch = 0;
+  bool forward = true;
+  int ring = -1;
+};
+
+std::string op_string(const ScheduledOp& op, int stages) {
+  std::string s;
+  if (op.ring >= 0) {
+    s = std::string(op.forward ? "forward" : "backward") + " of ring " + str(op.ring) + " (rank " + str(op.rank) +
+        " micro-batch " + str(op.micro_batch) + ")";
+  } else {
+    s = "rank " + str(op.rank) + " " + (op.forward ? "forward" : "backward") + " of micro-batch " +
+        str(op.micro_batch);
+  }
+  if (stages > 1) s += " on stage " + str(op.stage);
+  return s;
+}
+
+// Pairwise order: every two ranks meet their shared rings in the same order
+// (with pipelines: the same sequence of ring forwards and backwards on every stage).
+void check_ring_order(const StepPlan& plan, const std::vector<std::set<int>>& members, int stages) {
+  const int hdp = static_cast<int>(plan.ranks.size());
+  for (int s = 0; s < stages; ++s) {
+    // Ring ops of every rank on stage s, in schedule order (one stage: forwards only,
+    // each backward follows its forward at once).
+    std::vector<std::vector<ScheduledOp>> ops(hdp);
+    for (int r = 0; r < hdp; ++r) {
+      const int m = static_cast<int>(plan.ranks[r].size());
+      for (const PipelineOp& op : one_f_one_b(s, stages, m)) {
+        const int ring = plan.ranks[r][op.micro_batch].ring;
+        if (ring < 0 || (stages == 1 && !op.forward)) continue;
+        ops[r].push_back({r, s, op.micro_batch, op.forward, ring});
+      }
+    }
+    std::set<std::pair<int, int>> pairs;
+    for (int a = 0; a < hdp; ++a)
+      for (const ScheduledOp& op : ops[a])
+        for (int b : members[op.ring])
+          if (b > a) pairs.insert({a, b});
+    for (auto [a, b] : pairs) {
+      std::vector<const ScheduledOp*> on_a, on_b;
+      for (const ScheduledOp& op : ops[a])
+        if (members[op.ring].count(b)) on_a.push_back(&op);
+      for (const ScheduledOp& op : ops[b])
+        if (members[op.ring].count(a)) on_b.push_back(&op);
+      // Each shared ring occurs once per rank, so both lists hold the same ops.
+      for (size_t i = 0; i < on_a.size() && i < on_b.size(); ++i) {
+        if (on_a[i]->ring == on_b[i]->ring && on_a[i]->forward == on_b[i]->forward) continue;
+        if (stages == 1) {
+          fail("ranks " + str(a) + " and " + str(b) + " meet their shared rings in different orders: shared ring " +
+               str(static_cast<int64_t>(i)) + " is ring " + str(on_a[i]->ring) + " (micro-batch " +
+               str(on_a[i]->micro_batch) + ") on rank " + str(a) + " but ring " + str(on_b[i]->ring) +
+               " (micro-batch " + str(on_b[i]->micro_batch) + ") on rank " + str(b));
+        }
+        fail("stage " + str(s) + ": ranks " + str(a) + " and " + str(b) +
+             " meet their shared rings in different 1F1B orders: shared ring op " + str(static_cast<int64_t>(i)) +
+             " is the " + op_string(*on_a[i], 1) + " on rank " + str(a) + " but the " + op_string(*on_b[i], 1) +
+             " on rank " + str(b));
+      }
+    }
+  }
+}
+
+// Deadlock freedom of the whole step: every op of every (rank, stage) in schedule
+// order, a ring op being one rendezvous of all the ring's members on that stage,
+// a forward waiting for the previous stage's forward and a backward for the next
+// stage's backward of the same micro-batch. The plan can run iff this graph is acyclic.
+void check_deadlock_free(const StepPlan& plan, int stages) {
+  const int hdp = static_cast<int>(plan.ranks.size());
+  std::vector<ScheduledOp> nodes;
+  std::map<std::tuple<int, int, bool>, int> ring_node;  // (stage, ring, forward) -> node
+  std::vector<std::vector<int>> preds;
+  auto node_of = [&](const ScheduledOp& op) {
+    if (op.ring >= 0) {
+      auto [it, added] = ring_node.try_emplace({op.stage, op.ring, op.forward}, static_cast<int>(nodes.size()));
+      if (!added) return it->second;
+    }
+    nodes.push_back(op);
+    preds.emplace_back();
+    return static_cast<int>(nodes.size()) - 1;
+  };
+  // node_at[r][s][{micro_batch, forward}]
+  std::vector<std::vector<std::map<std::pair<int, bool>, int>>> node_at(hdp, std::vector<std::map<std::pair<int, bool>, int>>(stages));
+  for (int r = 0; r < hdp; ++r) {
+    const int m = static_cast<int>(plan.ranks[r].size());
+    for (int s = 0; s < stages; ++s) {
+      int previous = -1;
+      for (const PipelineOp& op : one_f_one_b(s, stages, m)) {
+        const int node = node_of({r, s, op.micro_batch, op.forward, plan.ranks[r][op.micro_batch].ring});
+        node_at[r][s][{op.micro_batch, op.forward}] = node;
+        if (previous >= 0) preds[node].push_back(previous);
+        previous = node;
+      }
+    }
+    for (int s = 0; s + 1 < stages; ++s) {
+      for (int mb = 0; mb < m; ++mb) {
+        preds[node_at[r][s + 1][{mb, true}]].push_back(node_at[r][s][{mb, true}]);
+        preds[node_at[r][s][{mb, false}]].push_back(node_at[r][s + 1][{mb, false}]);
+      }
+    }
+  }
+  const size_t n = nodes.size();
+  std::vector<std::vector<int>> succs(n);
+  std::vector<int> indegree(n, 0);
+  for (size_t v = 0; v < n; ++v) {
+    for (int u : preds[v]) succs[u].push_back(static_cast<int>(v));
+    indegree[v] = static_cast<int>(preds[v].size());
+  }
+  std::vector<int> ready;
+  for (size_t v = 0; v < n; ++v)
+    if (indegree[v] == 0) ready.push_back(static_cast<int>(v));
+  std::vector<bool> done(n, false);
+  size_t finished = 0;
+  while (!ready.empty()) {
+    const int v = ready.back();
+    ready.pop_back();
+    done[v] = true;
+    ++finished;
+    for (int w : succs[v])
+      if (--indegree[w] == 0) ready.push_back(w);
+  }
+  if (finished == n) return;
+  // Every op left waits for another op left: walk back along waits until one repeats.
+  int v = 0;
+  while (done[v]) ++v;
+  std::vector<int> walk;
+  std::map<int, size_t> seen;
+  while (!seen.count(v)) {
+    seen[v] = walk.size();
+    walk.push_back(v);
+    for (int u : preds[v]) {
+      if (!done[u]) {
+        v = u;
+        break;
+      }
+    }
+  }
+  std::string cycle;
+  for (size_t i = walk.size(); i-- > seen[v];) {
+    cycle += op_string(nodes[walk[i]], stages);
+    cycle += i > seen[v] ? " -> " : " -> (again) " + op_string(nodes[walk.back()], stages);
+  }
+  fail("the step deadlocks, each of these ops must run before the next: " + cycle);
+}
+
+}  // namespace
+
+void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t layers_per_stage,
+                int pipeline_stages) {
+  if (plan.capacity < 1) fail("capacity is " + str(plan.capacity));
+  if (layers_per_stage < 1) fail("layers per stage is " + str(layers_per_stage));
+  if (pipeline_stages < 1) fail("pipeline stages is " + str(pipeline_stages));
+  const int hdp = static_cast<int>(plan.ranks.size());
+  const int num_rings = static_cast<int>(plan.rings.size());
+  const int64_t num_sequences = static_cast<int64_t>(lengths.size());
+  for (int64_t q = 0; q < num_sequences; ++q)
+    if (lengths[q] < 0) fail("sequence " + str(q) + " has length " + str(lengths[q]));
+
+  // Rings: distinct valid ranks, distinct valid sequences.
+  std::vector<std::map<int, int>> position(num_rings);  // member rank -> ring position
+  std::vector<std::set<int>> members(num_rings);
+  for (int R = 0; R < num_rings; ++R) {
+    const Ring& ring = plan.rings[R];
+    const std::string where = "ring " + str(R);
+    if (ring.ranks.empty()) fail(where + " has no ranks");
+    for (size_t j = 0; j < ring.ranks.size(); ++j) {
+      const int rank = ring.ranks[j];
+      if (rank < 0 || rank >= hdp) fail(where + " names rank " + str(rank) + ", hdp is " + str(hdp));
+      if (!position[R].emplace(rank, static_cast<int>(j)).second) fail(where + " names rank " + str(rank) + " twice");
+      members[R].insert(rank);
+    }
+    if (ring.sequences.empty()) fail(where + " has no sequences");
+    std::set<int64_t> seen;
+    for (int64_t q : ring.sequences) {
+      if (q < 0 || q >= num_sequences)
+        fail(where + " names sequence " + str(q) + ", the batch has " + str(num_sequences));
+      if (!seen.insert(q).second) fail(where + " names sequence " + str(q) + " twice");
+    }
+  }
+
+  // Micro-batches: limits, pieces, row order, ring chunks.
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> covered(num_sequences);
+  std::vector<std::vector<int>> ring_micro_batch(num_rings);  // [ring][position] -> micro-batch index
+  for (int R = 0; R < num_rings; ++R) ring_micro_batch[R].assign(plan.rings[R].ranks.size(), -1);
+  for (int r = 0; r < hdp; ++r) {
     for (size_t m = 0; m < plan.ranks[r].size(); ++m) {
       const PlannedMicroBatch& mb = plan.ranks[r][m];
-      const std::string where = "plan: rank " + std::to_string(r) + " micro-batch " + std::to_string(m);
-      if (mb.pieces.empty()) throw std::invalid_argument(where + " is empty");
-      if (mb.tokens() > plan.capacity) {
-        throw std::invalid_argument(where + " holds " + std::to_string(mb.tokens()) + " tokens, capacity " +
-                                    std::to_string(plan.capacity));
+      const std::string where = "rank " + str(r) + " micro-batch " + str(static_cast<int64_t>(m));
+      if (!(mb.offload_ratio >= 0.0 && mb.offload_ratio <= 1.0))
+        fail(where + " has offload ratio " + std::to_string(mb.offload_ratio) + ", outside [0, 1]");
+      const int64_t limit = max_micro_batch_tokens(plan.capacity, layers_per_stage, mb.offload_ratio);
+      if (mb.tokens() > limit) {
+        fail(where + " holds " + str(mb.tokens()) + " tokens, its limit is " + str(limit) + " (capacity " +
+             str(plan.capacity) + ", " + str(layers_per_stage) + " layers per stage, offload ratio " +
+             std::to_string(mb.offload_ratio) + ")");
       }
-      for (const PlannedPiece& p : mb.pieces) {
-        if (p.sequence < 0 || p.sequence >= static_cast<int64_t>(sequence_lengths.size()) || p.length < 1 ||
-            p.offset < 0 || p.offset + p.length > sequence_lengths[p.sequence]) {
-          throw std::invalid_argument(where + " has a piece outside its sequence");
+      int ring_position = -1;
+      if (mb.ring != -1) {
+        if (mb.ring < 0 || mb.ring >= num_rings)
+          fail(where + " takes part in ring " + str(mb.ring) + ", the plan has " + str(num_rings) + " rings");
+        auto it = position[mb.ring].find(r);
+        if (it == position[mb.ring].end())
+          fail(where + " takes part in ring " + str(mb.ring) + ", which rank " + str(r) + " is not a member of");
+        ring_position = it->second;
+        int& earlier = ring_micro_batch[mb.ring][ring_position];
+        if (earlier != -1) {
+          fail("rank " + str(r) + " takes part in ring " + str(mb.ring) + " in micro-batches " + str(earlier) +
+               " and " + str(static_cast<int64_t>(m)) + ", exactly one is allowed");
+        }
+        earlier = static_cast<int>(m);
+      }
+      std::vector<PlannedPiece> ring_pieces;
+      for (size_t i = 0; i < mb.pieces.size(); ++i) {
+        const PlannedPiece& p = mb.pieces[i];
+        const std::string at = where + " piece " + str(static_cast<int64_t>(i));
+        if (p.sequence < 0 || p.sequence >= num_sequences)
+          fail(at + " names sequence " + str(p.sequence) + ", the batch has " + str(num_sequences));
+        if (p.length < 1) fail(at + " (sequence " + str(p.sequence) + ") has length " + str(p.length));
+        if (p.offset < 0 || p.offset > lengths[p.sequence] - p.length) {
+          fail(at + " covers tokens [" + str(p.offset) + ", " + str(p.offset + p.length) + ") of sequence " +
+               str(p.sequence) + ", which has " + str(lengths[p.sequence]) + " tokens");
+        }
+        if (p.ring == -1) {
+          if (!ring_pieces.empty())
+            fail(at + " (sequence " + str(p.sequence) + ") is local but follows ring pieces; local pieces come first");
+        } else {
+          if (p.ring != mb.ring) {
+            fail(at + " (sequence " + str(p.sequence) + ") names ring " + str(p.ring) + " but the micro-batch " +
+                 (mb.ring == -1 ? std::string("takes part in no ring") : "takes part in ring " + str(mb.ring)));
+          }
+          ring_pieces.push_back(p);
         }
         covered[p.sequence].push_back({p.offset, p.offset + p.length});
       }
+      if (mb.ring != -1) {
+        const std::vector<PlannedPiece> expected =
+            zigzag_ring_pieces(plan.rings[mb.ring], mb.ring, ring_position, lengths);
+        const std::string member = "position " + str(ring_position) + " of ring " + str(mb.ring) + " (" +
+                                   str(static_cast<int64_t>(plan.rings[mb.ring].ranks.size())) + " ranks)";
+        for (size_t i = 0; i < std::max(expected.size(), ring_pieces.size()); ++i) {
+          if (i >= expected.size()) fail(where + " has ring piece " + piece_string(ring_pieces[i]) + " beyond the chunks of " + member);
+          if (i >= ring_pieces.size()) fail(where + " lacks ring piece " + piece_string(expected[i]) + " of " + member);
+          if (!same_piece(expected[i], ring_pieces[i])) {
+            fail(where + " ring piece " + str(static_cast<int64_t>(i)) + " is " + piece_string(ring_pieces[i]) + ", " +
+                 member + " needs " + piece_string(expected[i]) + " there");
+          }
+        }
+      }
     }
   }
-  for (size_t s = 0; s < covered.size(); ++s) {
-    std::sort(covered[s].begin(), covered[s].end());
+  for (int R = 0; R < num_rings; ++R) {
+    for (size_t j = 0; j < ring_micro_batch[R].size(); ++j) {
+      if (ring_micro_batch[R][j] == -1) {
+        fail("rank " + str(plan.rings[R].ranks[j]) + " (position " + str(static_cast<int64_t>(j)) + " of ring " +
+             str(R) + ") has no micro-batch in ring " + str(R));
+      }
+    }
+  }
+
+  // Every token exactly once.
+  for (int64_t q = 0; q < num_sequences; ++q) {
+    std::sort(covered[q].begin(), covered[q].end());
     int64_t next = 0;
-    for (auto [begin, end] : covered[s]) {
+    for (auto [begin, end] : covered[q]) {
       if (begin != next) {
-        throw std::invalid_argument("plan: sequence " + std::to_string(s) + " tokens from " + std::to_string(std::min(begin, next)) +
-                                    (begin < next ? " are assigned twice" : " are missing"));
+        fail("sequence " + str(q) + " tokens from " + str(std::min(begin, next)) +
+             (begin < next ? " are assigned twice" : " are missing"));
       }
       next = end;
     }
-    if (next != sequence_lengths[s]) {
-      throw std::invalid_argument("plan: sequence " + std::to_string(s) + " tokens from " + std::to_string(next) +
-                                  " are missing");
-    }
+    if (next != lengths[q]) fail("sequence " + str(q) + " tokens from " + str(next) + " are missing");
   }
+
+  check_ring_order(plan, members, pipeline_stages);
+  check_deadlock_free(plan, pipeline_stages);
 }
 
 }  // namespace hdp

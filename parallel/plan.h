@@ -2,9 +2,13 @@
 // A step's work: for every hybrid-data-parallel rank, an ordered list of
 // micro-batches, each a list of pieces of the global batch's sequences.
 //
-// This is the contract between planners and the training engine. Today's
-// planner keeps every sequence whole on one rank; data-aware sharding will put
-// pieces of one long sequence on several ranks (a piece then also names its ring).
+// This is the contract between planners (parallel/hdp_planner.h) and the
+// training engine. A sequence that fits one rank is a single piece. A longer one
+// is spread over a ring of k hdp ranks: it is cut into 2k zig-zag chunks and the
+// ring member at position j holds chunks j and 2k-1-j, so causal work and ring
+// traffic are equal on every member; the members compute its attention together
+// with ring attention in the micro-batch that carries the ring. A member's
+// micro-batch may also hold whole short sequences, which never communicate.
 
 #include <cstdint>
 #include <span>
@@ -12,22 +16,47 @@
 
 namespace hdp {
 
-// Tokens [offset, offset + length) of sequence `sequence` of the global batch.
+// Tokens [offset, offset + length) of sequence `sequence` of the global batch. The
+// offset is the tokens' true position in the sequence (RoPE, causal masking).
 struct PlannedPiece {
   int64_t sequence = 0;
   int64_t offset = 0;
   int64_t length = 0;
+  int ring = -1;  // index into StepPlan::rings, or -1 for a whole local sequence
 };
 
+// Row order of a micro-batch: its local pieces first, then its ring pieces: for
+// each sequence of the ring in ring order, chunk j then chunk 2k-1-j (empty chunks
+// of sequences shorter than 2k are left out).
 struct PlannedMicroBatch {
   std::vector<PlannedPiece> pieces;
+  int ring = -1;              // the ring this micro-batch takes part in, if any
+  double offload_ratio = 0;   // fraction of its tokens whose saved activations go to host memory
   int64_t tokens() const;
 };
 
-struct StepPlan {
-  int64_t capacity = 0;                                // tokens per micro-batch
-  std::vector<std::vector<PlannedMicroBatch>> ranks;   // [hdp rank][micro-batch]
+// The hdp ranks (in ring order) that run one micro-batch slot together, and the
+// sequences they share.
+struct Ring {
+  std::vector<int> ranks;
+  std::vector<int64_t> sequences;
 };
+
+struct StepPlan {
+  int64_t capacity = 0;                                // tokens per micro-batch without offload
+  std::vector<std::vector<PlannedMicroBatch>> ranks;   // [hdp rank][micro-batch]
+  std::vector<Ring> rings;
+};
+
+// Chunk c of 2k zig-zag chunks of a sequence of `length` tokens starts here:
+// chunks are [length * c / 2k, length * (c + 1) / 2k).
+int64_t zigzag_chunk_begin(int64_t length, int chunk, int ring_size);
+
+// The most tokens a micro-batch may hold when a fraction r of its saved
+// activations is offloaded and a pipeline stage has `layers` layers: device memory
+// holds two layers in full and the other l - 2 at (1 - r), within the budget of l
+// layers at `capacity` tokens: floor(l C / (2 + (1 - r)(l - 2))). capacity at r = 0.
+int64_t max_micro_batch_tokens(int64_t capacity, int64_t layers, double offload_ratio);
 
 // Best-fit decreasing over lengths: items sorted by length descending (stable
 // in input order); each goes into the open bin with the least remaining room
@@ -38,10 +67,19 @@ std::vector<std::vector<size_t>> best_fit_decreasing(std::span<const int64_t> le
 
 // Whole sequences packed into micro-batches (best fit decreasing), then dealt to
 // the hdp ranks largest first, each to the rank with the fewest tokens so far.
+// (Superseded by plan_naive in parallel/hdp_planner.h.)
 StepPlan plan_whole_sequences(std::span<const int64_t> sequence_lengths, int hdp, int64_t capacity);
 
-// Throws std::invalid_argument naming the first problem: a token of a sequence
-// missing or assigned twice, a micro-batch over capacity, an empty micro-batch.
-void check_plan(const StepPlan& plan, std::span<const int64_t> sequence_lengths);
+// Throws std::invalid_argument naming the first problem:
+// - a token of a sequence missing or assigned twice, a piece outside its sequence;
+// - a micro-batch above max_micro_batch_tokens(capacity, layers, its ratio), or a
+//   ratio outside [0, 1];
+// - a ring whose members do not each hold exactly their zig-zag chunks of its
+//   sequences, in the row order above, in exactly one micro-batch;
+// - ranks that share rings reaching them in different orders. With pipeline
+//   stages > 1 the order is that of the 1F1B schedule of each rank's micro-batch
+//   count (parallel/pipeline.h), so ring micro-batches must meet in every stage.
+void check_plan(const StepPlan& plan, std::span<const int64_t> sequence_lengths, int64_t layers_per_stage,
+                int pipeline_stages);
 
 }  // namespace hdp
