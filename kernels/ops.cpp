@@ -285,6 +285,72 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   }
 }
 
+namespace {
+// q [Tq, Hq, d], k and v [Tk, Hkv, d], out [Tq, Hq, d], lse [Hq, Tq]; every block
+// inside [0, Tq) x [0, Tk).
+void check_attention_blocks(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                            const Tensor& lse, std::span<const AttentionBlock> blocks) {
+  require_dims(op, "q", q, {-1, -1, -1});
+  const int64_t Tq = q.dim(0), Hq = q.dim(1), d = q.dim(2);
+  require_dims(op, "k", k, {-1, -1, d});
+  const int64_t Tk = k.dim(0);
+  require_dims(op, "v", v, {Tk, k.dim(1), d});
+  require_dims(op, "out", out, {Tq, Hq, d});
+  require_dims(op, "lse", lse, {Hq, Tq});
+  require(d > 0, op, "head dim must be > 0");
+  require(k.dim(1) > 0 && Hq % k.dim(1) == 0, op,
+          "query heads of q=" + q.shape_string() + " must be a multiple of kv heads of k=" + k.shape_string());
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const AttentionBlock& b = blocks[i];
+    if (!(0 <= b.q_begin && b.q_begin <= b.q_end && b.q_end <= Tq && 0 <= b.k_begin && b.k_begin <= b.k_end &&
+          b.k_end <= Tk))
+      fail(op, "block " + std::to_string(i) + " (query rows [" + std::to_string(b.q_begin) + ", " +
+                   std::to_string(b.q_end) + "), key rows [" + std::to_string(b.k_begin) + ", " +
+                   std::to_string(b.k_end) + ")) must lie inside q=" + q.shape_string() + " and k=" +
+                   k.shape_string());
+  }
+}
+}  // namespace
+
+void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                              std::span<const AttentionBlock> blocks) {
+  const char* op = "attention_forward_blocks";
+  check_attention_blocks(op, q, k, v, out, lse, blocks);
+  switch (common_device(op, out, lse, q, k, v)) {
+    case Device::CPU: return cpu::attention_forward_blocks(out, lse, q, k, v, blocks);
+    default: throw UnsupportedDevice(op, out.device);
+  }
+}
+
+void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end) {
+  const char* op = "attention_reset_rows";
+  require_dims(op, "out", out, {-1, -1, -1});
+  const int64_t T = out.dim(0);
+  require_dims(op, "lse", lse, {out.dim(1), T});
+  require(0 <= begin && begin <= end && end <= T, op,
+          "rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") must lie inside out=" +
+              out.shape_string());
+  switch (common_device(op, out, lse)) {
+    case Device::CPU: return cpu::attention_reset_rows(out, lse, begin, end);
+    default: throw UnsupportedDevice(op, out.device);
+  }
+}
+
+void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& out, const Tensor& lse,
+                               std::span<const AttentionBlock> blocks) {
+  const char* op = "attention_backward_blocks";
+  check_attention_blocks(op, q, k, v, out, lse, blocks);
+  require_same_shape(op, "dq", dq, "q", q);
+  require_same_shape(op, "dk", dk, "k", k);
+  require_same_shape(op, "dv", dv, "v", v);
+  require_same_shape(op, "dout", dout, "out", out);
+  switch (common_device(op, dq, dk, dv, dout, q, k, v, out, lse)) {
+    case Device::CPU: return cpu::attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks);
+    default: throw UnsupportedDevice(op, dq.device);
+  }
+}
+
 // ---- SwiGLU ----------------------------------------------------------------------
 
 void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) {

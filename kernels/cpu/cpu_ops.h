@@ -12,6 +12,7 @@
 // meant to be nested inside a caller's OpenMP parallel region.
 
 #include <cstdint>
+#include <span>
 
 #include "kernels/ops.h"
 
@@ -40,6 +41,12 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
                        const IndexTensor& cu_seqlens);
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens);
+void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                              std::span<const AttentionBlock> blocks);
+void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end);
+void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& out, const Tensor& lse,
+                               std::span<const AttentionBlock> blocks);
 
 void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
 void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
