@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "parallel/ring_layout.h"
+
 namespace hdp {
 
 // Tokens [offset, offset + length) of document `document`.
@@ -23,13 +25,18 @@ struct SamplerState {
   bool operator==(const SamplerState&) const = default;
 };
 
-// One micro-batch, ready for the model: several sequences back to back.
+// One micro-batch, ready for the model: several sequences back to back, and,
+// when it takes part in a ring, this rank's chunks of the ring's sequences after
+// them (rows from cu_seqlens.back() on).
 struct PackedMicroBatch {
-  std::vector<SequenceSpan> spans;
+  std::vector<SequenceSpan> spans;  // the tokens of each piece, in row order
   std::vector<int32_t> tokens;      // input ids
   std::vector<int32_t> targets;     // next token of the same sequence; -1 at each sequence's last token
-  std::vector<int32_t> positions;   // position inside the sequence (RoPE), restarting at 0
-  std::vector<int32_t> cu_seqlens;  // sequence i holds rows [cu_seqlens[i], cu_seqlens[i+1])
+  std::vector<int32_t> positions;   // true position inside the sequence (RoPE), 0 at its first token
+  std::vector<int32_t> cu_seqlens;  // whole sequence i holds rows [cu_seqlens[i], cu_seqlens[i+1])
+  int ring = -1;                    // index of the step plan's ring, -1 for none
+  RingLayout ring_layout;           // that ring's members and their rows, from this rank's view
+  double offload_ratio = 0;         // fraction of rows whose saved activations go to host memory
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_predictions() const;

@@ -70,6 +70,40 @@ void materialize_micro_batch(const TokenDataset& dataset, PackedMicroBatch& mb) 
   }
 }
 
+PackedMicroBatch materialize_planned(const TokenDataset& dataset, std::span<const SequenceSpan> sequences,
+                                     const PlannedMicroBatch& planned) {
+  PackedMicroBatch mb;
+  mb.ring = planned.ring;
+  mb.offload_ratio = planned.offload_ratio;
+  const int64_t total = planned.tokens();
+  mb.tokens.assign(static_cast<size_t>(total), 0);
+  mb.targets.assign(static_cast<size_t>(total), -1);
+  mb.positions.assign(static_cast<size_t>(total), 0);
+  mb.cu_seqlens.assign(1, 0);
+  std::vector<int32_t> next_token(1);
+  int64_t row = 0;
+  for (const PlannedPiece& p : planned.pieces) {
+    const SequenceSpan& seq = sequences[p.sequence];
+    if (p.offset < 0 || p.length < 1 || p.offset + p.length > seq.length) {
+      throw std::invalid_argument("materialize_planned: piece outside its sequence");
+    }
+    mb.spans.push_back({seq.document, seq.offset + p.offset, p.length});
+    dataset.read(mb.spans.back(), mb.tokens.data() + row);
+    for (int64_t i = 0; i < p.length; ++i) {
+      mb.positions[row + i] = static_cast<int32_t>(p.offset + i);
+      if (i + 1 < p.length) mb.targets[row + i] = mb.tokens[row + i + 1];
+    }
+    // The piece's last token predicts the first token after it, if the sequence goes on.
+    if (p.offset + p.length < seq.length) {
+      dataset.read(seq.document, seq.offset + p.offset + p.length, 1, next_token.data());
+      mb.targets[row + p.length - 1] = next_token[0];
+    }
+    row += p.length;
+    if (p.ring < 0) mb.cu_seqlens.push_back(static_cast<int32_t>(row));
+  }
+  return mb;
+}
+
 PackedMicroBatch materialize_micro_batch(const TokenDataset& dataset, std::span<const SequenceSpan> spans) {
   PackedMicroBatch mb;
   mb.spans.assign(spans.begin(), spans.end());

@@ -51,6 +51,13 @@ std::vector<PackedMicroBatch> pack_best_fit(std::span<const SequenceSpan> sequen
 // token of the same sequence, -1 on each sequence's last token), positions
 // (0..len-1 per sequence) and cu_seqlens (size spans + 1, first 0).
 PackedMicroBatch materialize_micro_batch(const TokenDataset& dataset, std::span<const SequenceSpan> spans);
+
+// Reads a planned micro-batch (parallel/plan.h): its pieces of the batch's
+// `sequences` in row order, positions = the pieces' true positions, targets = the
+// next token of the same sequence (which may lie in another piece or on another
+// rank; -1 after a sequence's last token), cu_seqlens over the whole sequences.
+PackedMicroBatch materialize_planned(const TokenDataset& dataset, std::span<const SequenceSpan> sequences,
+                                     const PlannedMicroBatch& planned);
 void materialize_micro_batch(const TokenDataset& dataset, PackedMicroBatch& micro_batch);
 
 // Produces global batches from a dataset. The dataset must outlive the

@@ -11,6 +11,7 @@
 //   "adds into" means the result is accumulated (+=); otherwise it is overwritten.
 
 #include <cstdint>
+#include <span>
 
 #include "kernels/tensor.h"
 
@@ -65,6 +66,34 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
 // Overwrites dq, dk, dv (shapes of q, k, v) from dout, recomputing scores tile by tile.
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                         const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens);
+
+// ---- attention between arbitrary row blocks (ring attention, context parallel) ---
+// One rectangle of causal attention: query rows [q_begin, q_end) of q (and of out,
+// lse, dq, dout) against key rows [k_begin, k_end) of k and v (and dk, dv), masked
+// by true positions: query row i has position q_position + (i - q_begin), key row j
+// has position k_position + (j - k_begin), and j is visible to i iff its position is
+// <= i's. Blocks of one call may share query rows (their softmax is merged) or key
+// rows (their gradients are summed). Grouped-query mapping and scale as above.
+struct AttentionBlock {
+  int32_t q_begin = 0, q_end = 0;
+  int32_t k_begin = 0, k_end = 0;
+  int32_t q_position = 0, k_position = 0;
+};
+// out [Tq, Hq, d] and lse [Hq, Tq] hold, for every query row a block touches, the
+// normalised result and log-sum-exp of the keys seen so far (lse = -inf and out = 0
+// for none: see attention_reset_rows). The blocks' keys are merged in with an
+// on-line softmax, so calling this once per key block (a ring step) gives exactly
+// the attention over all of them. A row that sees no key of this call is unchanged.
+void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                              std::span<const AttentionBlock> blocks);
+// Sets out rows [begin, end) to 0 and their lse to -inf (no keys seen yet).
+void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end);
+// Adds into dq (query rows) and dk, dv (key rows) the gradients of the blocks' part
+// of the attention, given the final out and lse of the query rows (over all keys,
+// all calls). Summing over calls (ring steps) gives the full gradient.
+void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& out, const Tensor& lse,
+                               std::span<const AttentionBlock> blocks);
 
 // ---- SwiGLU -------------------------------------------------------------------
 // out = silu(gate) * up, all [T, F]

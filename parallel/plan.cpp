@@ -50,28 +50,6 @@ std::vector<std::vector<size_t>> best_fit_decreasing(std::span<const int64_t> le
   return bins;
 }
 
-StepPlan plan_whole_sequences(std::span<const int64_t> sequence_lengths, int hdp, int64_t capacity) {
-  if (hdp < 1) throw std::invalid_argument("plan: hdp must be at least 1");
-  StepPlan plan;
-  plan.capacity = capacity;
-  plan.ranks.resize(hdp);
-  std::vector<PlannedMicroBatch> micro_batches;
-  for (const std::vector<size_t>& bin : best_fit_decreasing(sequence_lengths, capacity)) {
-    PlannedMicroBatch mb;
-    for (size_t i : bin) mb.pieces.push_back({static_cast<int64_t>(i), 0, sequence_lengths[i]});
-    micro_batches.push_back(std::move(mb));
-  }
-  std::stable_sort(micro_batches.begin(), micro_batches.end(),
-                   [](const PlannedMicroBatch& a, const PlannedMicroBatch& b) { return a.tokens() > b.tokens(); });
-  std::vector<int64_t> load(hdp, 0);
-  for (PlannedMicroBatch& mb : micro_batches) {
-    const size_t r = static_cast<size_t>(std::min_element(load.begin(), load.end()) - load.begin());
-    load[r] += mb.tokens();
-    plan.ranks[r].push_back(std::move(mb));
-  }
-  return plan;
-}
-
 int64_t zigzag_chunk_begin(int64_t length, int chunk, int ring_size) {
   if (ring_size < 1 || chunk < 0 || chunk > 2 * ring_size || length < 0) {
     throw std::invalid_argument("zigzag_chunk_begin: chunk " + std::to_string(chunk) + " of " +

@@ -65,11 +65,6 @@ int64_t max_micro_batch_tokens(int64_t capacity, int64_t layers, double offload_
 // std::invalid_argument if a length is < 1 or > capacity.
 std::vector<std::vector<size_t>> best_fit_decreasing(std::span<const int64_t> lengths, int64_t capacity);
 
-// Whole sequences packed into micro-batches (best fit decreasing), then dealt to
-// the hdp ranks largest first, each to the rank with the fewest tokens so far.
-// (Superseded by plan_naive in parallel/hdp_planner.h.)
-StepPlan plan_whole_sequences(std::span<const int64_t> sequence_lengths, int hdp, int64_t capacity);
-
 // Throws std::invalid_argument naming the first problem:
 // - a token of a sequence missing or assigned twice, a piece outside its sequence;
 // - a micro-batch above max_micro_batch_tokens(capacity, layers, its ratio), or a

@@ -459,9 +459,11 @@ TEST(ConfigErrors, OtherConstraints) {
       {"model.arch=gpt2", "model.arch: unsupported architecture 'gpt2'; the only architecture in this build is 'llama'"},
       {"data.format=bin", "data.format: unsupported dataset format 'bin'; the only format in this build is 'hdf5'"},
       {"data.max_seq_len=1", "data.max_seq_len: 1 is too small; it must be at least 2"},
-      {"data.micro_batch_tokens=512",
-       "data.micro_batch_tokens: 512 is smaller than data.max_seq_len 1024 (default); for now every sequence must "
-       "fit in one micro-batch"},
+      {"data.micro_batch_tokens=0", "data.micro_batch_tokens: 0 is not positive"},
+      {"scheduler.policy=random", "scheduler.policy: unknown policy 'random'; choose naive"},
+      {"scheduler.cp=-1", "scheduler.cp: -1 is negative"},
+      {"offload.ratio=1.5", "offload.ratio: 1.5 is above 1"},
+      {"offload.bandwidth_gbs=0", "offload.bandwidth_gbs: 0 is not positive"},
       {"data.global_batch_tokens=1000", "data.global_batch_tokens: 1000 is smaller than data.max_seq_len 1024"},
       {"optim.lr=0", "optim.lr: 0 is not positive"},
       {"optim.min_lr=0.01", "optim.min_lr: 0.01 is larger than optim.lr 0.0003 (default); choose 0 <= min_lr <= 0.0003 (the schedule decays from lr to min_lr)"},
@@ -629,6 +631,18 @@ TEST(Config, ParallelDegreesAndStageLayers) {
   EXPECT_EQ(again.parallel.pp_layers, c.parallel.pp_layers);
   EXPECT_EQ(load_config(path, {"parallel.pp_layers=[3, 3]"}).parallel.pp_layers, (std::vector<int64_t>{3, 3}));
   EXPECT_TRUE(load_config(path, {"parallel.pp_layers=[]"}).parallel.pp_layers.empty());
+}
+
+TEST(ConfigErrors, StaticGridMustHoldTheLongestSequence) {
+  Scratch s("static-grid");
+  const std::string min = s.config(kMinimalConfig, "min.yaml");
+  // Sequences longer than a micro-batch are fine for HDP (they span ranks) ...
+  EXPECT_NO_THROW(load_config(min, {"data.micro_batch_tokens=256", "parallel.hdp=4"}));
+  // ... but the static grid splits a sequence over at most hdp ranks.
+  EXPECT_CONTAINS(load_error(min, {"data.micro_batch_tokens=256", "parallel.hdp=2", "scheduler.policy=static"}),
+                  "data.max_seq_len: 1024 (default) does not fit the static grid: at most parallel.hdp x "
+                  "data.micro_batch_tokens = 512 tokens");
+  EXPECT_CONTAINS(load_error(min, {"parallel.hdp=4", "scheduler.cp=3"}), "scheduler.cp: 3 does not divide parallel.hdp 4");
 }
 
 TEST(ConfigErrors, ParallelDegreesMustFitTheModel) {

@@ -91,6 +91,13 @@ const std::vector<Section>& schema() {
         field("hdp", &Config::parallel, &ParallelConfig::hdp),
         field("pp_layers", &Config::parallel, &ParallelConfig::pp_layers),
         field("bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb)}},
+      {"scheduler",
+       {field("policy", &Config::scheduler, &SchedulerConfig::policy),
+        field("cp", &Config::scheduler, &SchedulerConfig::cp)}},
+      {"offload",
+       {field("enabled", &Config::offload, &OffloadConfig::enabled),
+        field("ratio", &Config::offload, &OffloadConfig::ratio),
+        field("bandwidth_gbs", &Config::offload, &OffloadConfig::bandwidth_gbs)}},
   };
   return sections;
 }
@@ -518,11 +525,7 @@ struct Parser {
             "the only format in this build is 'hdf5' (docs/dataset-format.md)");
     require(d.max_seq_len >= 2, "data.max_seq_len", shown("data.max_seq_len") + " is too small",
             "it must be at least 2 (a sequence needs an input and a next-token target)");
-    require(d.micro_batch_tokens >= d.max_seq_len, "data.micro_batch_tokens",
-            shown("data.micro_batch_tokens") + " is smaller than data.max_seq_len " + shown("data.max_seq_len"),
-            "for now every sequence must fit in one micro-batch, so choose micro_batch_tokens >= " +
-                std::to_string(d.max_seq_len) + " or lower data.max_seq_len",
-            {"data.max_seq_len"});
+    positive(d.micro_batch_tokens, "data.micro_batch_tokens");
     require(d.global_batch_tokens >= d.max_seq_len, "data.global_batch_tokens",
             shown("data.global_batch_tokens") + " is smaller than data.max_seq_len " + shown("data.max_seq_len"),
             "a batch must hold at least one full sequence, so choose global_batch_tokens >= " +
@@ -595,6 +598,24 @@ struct Parser {
               "cost-balanced split",
               {"parallel.pp", "model.num_layers"});
     }
+
+    // scheduler and offload
+    const SchedulerConfig& sc = config.scheduler;
+    const OffloadConfig& of = config.offload;
+    require(sc.policy == "naive" || sc.policy == "static", "scheduler.policy", "unknown policy " + shown("scheduler.policy"),
+            "choose naive (hybrid data parallelism: a sequence spans only the ranks it needs) or static (a fixed dp x "
+            "cp grid that splits every sequence, the baseline)");
+    non_negative(sc.cp, "scheduler.cp", "it must be 0 (automatic) or a divisor of parallel.hdp");
+    require(sc.cp == 0 || p.hdp % sc.cp == 0, "scheduler.cp",
+            shown("scheduler.cp") + " does not divide parallel.hdp " + shown("parallel.hdp"),
+            "the static grid is dp x cp = hdp; choose a divisor of " + std::to_string(p.hdp) + " or 0", {"parallel.hdp"});
+    require(sc.policy != "static" || d.max_seq_len <= p.hdp * d.micro_batch_tokens, "data.max_seq_len",
+            shown("data.max_seq_len") + " does not fit the static grid: at most parallel.hdp x data.micro_batch_tokens = " +
+                std::to_string(p.hdp * d.micro_batch_tokens) + " tokens",
+            "lower data.max_seq_len, or raise parallel.hdp or data.micro_batch_tokens", {"parallel.hdp", "scheduler.policy"});
+    require(of.ratio <= 1, "offload.ratio", shown("offload.ratio") + " is above 1",
+            "choose a fraction in [0, 1], or a negative value to let the cost model choose");
+    positive(of.bandwidth_gbs, "offload.bandwidth_gbs");
 
     // files last, so that value errors are reported even before the data exists
     if (check_files) {

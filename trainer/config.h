@@ -19,7 +19,7 @@ struct DataConfig {
   std::string format = "hdf5";
   int64_t max_seq_len = 1024;            // longer documents are split into pieces of at most this
   int64_t global_batch_tokens = 4096;    // tokens per optimizer step (batches never exceed it)
-  int64_t micro_batch_tokens = 4096;     // capacity of one packed micro-batch
+  int64_t micro_batch_tokens = 4096;     // capacity of one micro-batch per rank; longer sequences span ranks
   bool shuffle = true;
   uint64_t seed = 1234;
 };
@@ -57,12 +57,28 @@ struct ParallelConfig {
   int64_t bucket_mb = 25;                // ZeRO-1 gradient bucket size
 };
 
+// How a step's sequences are spread over the hybrid-data-parallel ranks.
+struct SchedulerConfig {
+  std::string policy = "naive";          // naive: HDP, long sequences on as many ranks as they need;
+                                         // static: fixed dp x cp grid, every sequence split over cp
+  int64_t cp = 0;                        // static: context-parallel degree; 0 = smallest divisor of hdp that fits
+};
+
+// Selective activation offload of long sequences' micro-batches.
+struct OffloadConfig {
+  bool enabled = true;
+  double ratio = -1;                     // forced ratio in [0, 1]; negative = chosen by the cost model
+  double bandwidth_gbs = 10;             // host<->device copy bandwidth the cost model assumes
+};
+
 struct Config {
   ModelConfig model;
   DataConfig data;
   OptimConfig optim;
   TrainConfig train;
   ParallelConfig parallel;
+  SchedulerConfig scheduler;
+  OffloadConfig offload;
   std::string source;                    // file the config was read from
   std::string yaml;                      // the effective config as YAML (overrides applied)
   // Where each explicitly set key came from, by key path ("model.num_heads"):

@@ -1,9 +1,11 @@
 #include "trainer/engine.h"
 
+#include <algorithm>
 #include <numeric>
 #include <stdexcept>
 
 #include "kernels/ops.h"
+#include "parallel/plan.h"
 #include "trainer/optimizer.h"
 
 namespace hdp {
@@ -17,6 +19,17 @@ std::vector<int64_t> pipeline_layers(const Config& config) {
                       head_flops_per_token(m));
 }
 
+int64_t planner_layers(const Config& config) {
+  const std::vector<int64_t> layers = pipeline_layers(config);
+  return *std::min_element(layers.begin(), layers.end());
+}
+
+int64_t largest_micro_batch(const Config& config) {
+  const OffloadConfig& o = config.offload;
+  if (config.scheduler.policy != "naive" || !o.enabled) return config.data.micro_batch_tokens;
+  return max_micro_batch_tokens(config.data.micro_batch_tokens, planner_layers(config), o.ratio >= 0 ? o.ratio : 1.0);
+}
+
 // The model stage as the pipeline executor sees it.
 class TrainingEngine::Stage final : public PipelineStage {
  public:
@@ -26,7 +39,8 @@ class TrainingEngine::Stage final : public PipelineStage {
   int64_t rows(int i) const override { return batches_[i].num_tokens(); }
   void prepare(int i, int slot) override {
     const PackedMicroBatch& b = batches_[i];
-    model_.set_batch(slot, MicroBatchView{b.tokens, b.targets, b.positions, b.cu_seqlens});
+    model_.set_batch(slot, MicroBatchView{b.tokens, b.targets, b.positions, b.cu_seqlens,
+                                          b.ring >= 0 ? &b.ring_layout : nullptr, b.offload_ratio});
   }
   void forward(int, int slot) override { loss_sum_ += model_.forward(slot, loss_scale_, true); }
   void backward(int i, int slot) override {
@@ -64,8 +78,13 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
   partition.has_head = groups.last_stage();
 
   const int64_t capacity = config.data.micro_batch_tokens;
-  pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), capacity, config.model.hidden_size);
-  model_ = std::make_unique<LlamaModel>(config.model, capacity, partition, pipeline_->slots(), &groups.tp());
+  LongSequenceOptions long_sequences;
+  long_sequences.max_tokens = largest_micro_batch(config);
+  long_sequences.offload = config.offload.enabled && long_sequences.max_tokens > capacity;
+  long_sequences.hdp = &groups.hdp();
+  pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), long_sequences.max_tokens, config.model.hidden_size);
+  model_ = std::make_unique<LlamaModel>(config.model, capacity, partition, pipeline_->slots(), &groups.tp(),
+                                        long_sequences);
   const int64_t bucket_floats = std::max<int64_t>(1, config.parallel.bucket_mb * (1 << 20) / 4);
   optimizer_ = std::make_unique<ZeroAdamW>(flat_parameters(*model_), model_->flat_parameters().numel(),
                                            adamw_settings(config.optim), groups.hdp(), groups.world(), bucket_floats);

@@ -21,6 +21,11 @@ namespace hdp {
 // Layers per pipeline stage: parallel.pp_layers when given, otherwise the split
 // that balances the FLOPs of the stages, counting the LM head and loss on the last.
 std::vector<int64_t> pipeline_layers(const Config& config);
+// The layers per stage the planner budgets memory for: the smallest stage's.
+int64_t planner_layers(const Config& config);
+// The most tokens a micro-batch of this config's plans can hold (more than
+// data.micro_batch_tokens when offload lets a rank hold more of a long sequence).
+int64_t largest_micro_batch(const Config& config);
 
 struct StepResult {
   double loss = 0;           // global token-level loss: sum of cross-entropies / predictions

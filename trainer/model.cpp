@@ -29,15 +29,18 @@ int64_t split_point(int64_t n, int part, int parts) { return n * part / parts; }
 }  // namespace
 
 LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const ModelPartition& partition,
-                       int activation_slots, Communicator* tp, Device device)
+                       int activation_slots, Communicator* tp, const LongSequenceOptions& long_sequences,
+                       Device device)
     : config_(config),
       partition_(partition),
       capacity_(capacity_tokens),
+      max_tokens_(std::max(capacity_tokens, long_sequences.max_tokens)),
       tp_(tp),
       device_(device),
       param_arena_(Arena::counting(device, "parameters")),
       grad_arena_(Arena::counting(device, "gradients")),
-      activation_arena_(Arena::counting(device, "activations")) {
+      activation_arena_(Arena::counting(device, "activations")),
+      host_arena_(Arena::counting(Device::CPU, "offloaded activations")) {
   const ModelConfig& c = config;
   const int tp_size = partition.tp_size;
   if (capacity_tokens <= 0) throw std::invalid_argument("model: capacity_tokens must be positive");
@@ -63,7 +66,10 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   local_ffn_ = c.ffn_hidden_size / tp_size;
   vocab_begin_ = split_point(c.vocab_size, partition.tp_rank, tp_size);
   local_vocab_ = split_point(c.vocab_size, partition.tp_rank + 1, tp_size) - vocab_begin_;
-  head_chunk_tokens_ = head_chunk_for(local_vocab_, capacity_tokens);
+  head_chunk_tokens_ = head_chunk_for(local_vocab_, max_tokens_);
+  const int64_t H = c.hidden_size, qdim = local_heads_ * c.head_dim(), kv = local_kv_heads_ * c.head_dim();
+  row_width_ = 4 * H + 2 * qdim + 2 * kv + 2 * local_ffn_;
+  small_width_ = 2 + local_heads_;
 
   build_parameter_table();
   param_arena_ = Arena(device, static_cast<size_t>(flat_numel_) * sizeof(float), "parameters");
@@ -76,10 +82,25 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   bind_weights(grads_, dw_, d_embed_, d_final_norm_, d_head_);
 
   slots_.resize(activation_slots);
+  if (long_sequences.offload && num_local_layers_ >= 3) {
+    copy_engine_ = std::make_unique<CopyEngine>(device);
+    const size_t host_floats = static_cast<size_t>(num_local_layers_ - 2) * layer_block_floats(max_tokens_, 0);
+    host_arena_ = Arena(Device::CPU, host_floats * sizeof(float) * slots_.size(), "offloaded activations");
+    for (Slot& slot : slots_) slot.host = host_arena_.tensor({static_cast<int64_t>(host_floats)});
+    usage_.host_pool_bytes = host_arena_.capacity();
+  }
+  if (long_sequences.hdp != nullptr && long_sequences.hdp->size() > 1) {
+    ring_attention_ = std::make_unique<RingAttention>(*long_sequences.hdp, max_tokens_, local_kv_heads_, c.head_dim(),
+                                                      device);
+  }
   Arena sizing = Arena::counting(device, "activations");
   layout_activations(sizing);
   activation_arena_ = Arena(device, sizing.used(), "activations");
   layout_activations(activation_arena_);
+}
+
+LlamaModel::~LlamaModel() {
+  if (copy_engine_) copy_engine_->synchronize();
 }
 
 void LlamaModel::build_parameter_table() {
@@ -173,30 +194,68 @@ void LlamaModel::bind_weights(Tensor flat, std::vector<LayerWeights>& layers, Te
   }
 }
 
-void LlamaModel::layout_activations(Arena& arena) {
-  const int64_t T = capacity_, H = config_.hidden_size, F = local_ffn_, d = config_.head_dim();
+size_t LlamaModel::layer_block_floats(int64_t rows, int64_t tokens) const {
+  auto aligned = [](int64_t n) { return static_cast<size_t>(round_up(n, kParamAlignFloats)); };
+  const int64_t H = config_.hidden_size, F = local_ffn_, d = config_.head_dim();
   const int64_t qdim = local_heads_ * d, kv = local_kv_heads_ * d;
+  size_t n = 0;
+  for (int64_t width : {H, H, qdim, kv, kv, qdim, H, H, F, F}) n += aligned(rows * width);
+  for (int64_t width : {int64_t{1}, int64_t{1}, local_heads_}) n += aligned(tokens * width);
+  return n;
+}
+
+// One layer's saved tensors, carved from `base`: row tensors with `rows` rows, the
+// small ones for `tokens` tokens.
+LlamaModel::LayerActivations LlamaModel::carve_layer(float* base, int64_t rows, int64_t tokens) const {
+  const int64_t H = config_.hidden_size, F = local_ffn_, d = config_.head_dim();
+  const int64_t qdim = local_heads_ * d, kv = local_kv_heads_ * d;
+  auto take = [&](int64_t n, int64_t width) {
+    Tensor t(base, {n, width}, device_);
+    base += round_up(n * width, kParamAlignFloats);
+    return t;
+  };
+  LayerActivations a;
+  a.x_in = take(rows, H);
+  a.ln1 = take(rows, H);
+  a.q = take(rows, qdim);
+  a.k = take(rows, kv);
+  a.v = take(rows, kv);
+  a.attn = take(rows, qdim);
+  a.x_mid = take(rows, H);
+  a.ln2 = take(rows, H);
+  a.gate = take(rows, F);
+  a.up = take(rows, F);
+  a.rstd1 = take(tokens, 1).view({tokens});
+  a.rstd2 = take(tokens, 1).view({tokens});
+  a.lse = take(tokens, local_heads_).view({local_heads_, tokens});
+  return a;
+}
+
+void LlamaModel::layout_activations(Arena& arena) {
+  const int64_t T = max_tokens_, H = config_.hidden_size, F = local_ffn_, L = num_local_layers_;
+  const int64_t qdim = local_heads_ * config_.head_dim(), kv = local_kv_heads_ * config_.head_dim();
+  // A slot holds every layer's block at the plain capacity; offloaded micro-batches
+  // of up to max_tokens use the same memory (two working blocks plus the rows kept
+  // on the device), which the planner's token limit guarantees fits, up to the
+  // small per-token tensors, which are never offloaded.
+  size_t region = static_cast<size_t>(L) * layer_block_floats(capacity_, capacity_);
+  if (copy_engine_) {
+    // Slack: the kept rows of each layer are rounded to whole rows.
+    region = std::max(region, static_cast<size_t>(L) * (layer_block_floats(capacity_, 0) + layer_block_floats(0, T) +
+                                                        static_cast<size_t>(row_width_)));
+  }
   for (Slot& s : slots_) {
     s.tokens = arena.index_tensor({T});
     s.targets = arena.index_tensor({T});
     s.positions = arena.index_tensor({T});
     s.cu_seqlens = arena.index_tensor({T + 1});
-    s.layers.assign(num_local_layers_, {});
-    for (LayerActivations& a : s.layers) {
-      a.x_in = arena.tensor({T, H});
-      a.rstd1 = arena.tensor({T});
-      a.ln1 = arena.tensor({T, H});
-      a.q = arena.tensor({T, qdim});
-      a.k = arena.tensor({T, kv});
-      a.v = arena.tensor({T, kv});
-      a.attn = arena.tensor({T, qdim});
-      a.lse = arena.tensor({local_heads_ * T});
-      a.x_mid = arena.tensor({T, H});
-      a.rstd2 = arena.tensor({T});
-      a.ln2 = arena.tensor({T, H});
-      a.gate = arena.tensor({T, F});
-      a.up = arena.tensor({T, F});
-    }
+    s.region = arena.tensor({static_cast<int64_t>(region)});
+    s.layers.assign(L, {});
+    s.kept.assign(L, {});
+    s.parked.assign(L, {});
+    s.offload_done.assign(L, {});
+    s.restore_done.assign(L, {});
+    s.local_blocks.reserve(static_cast<size_t>(T));
     s.x_out = arena.tensor({T, H});
     if (partition_.has_head) {
       s.rstd_final = arena.tensor({T});
@@ -219,6 +278,102 @@ void LlamaModel::layout_activations(Arena& arena) {
     s.ce_stats = arena.tensor({3 * head_chunk_tokens_});
     s.ce_global = arena.tensor({head_chunk_tokens_});
   }
+}
+
+// Where this micro-batch's layer activations live. Without offload, layer i has its
+// own block. With offload, layer i runs in working block i % 2; after its forward,
+// layers below the last two keep their first keep_rows rows (and the small tensors)
+// in a smaller device block and send the other rows to the host pool, and come
+// back to their working block before their backward.
+void LlamaModel::layout_micro_batch(Slot& s, double offload_ratio) {
+  const int64_t T = s.tokens_used, L = num_local_layers_;
+  float* region = s.region.data;
+  const size_t capacity = static_cast<size_t>(s.region.numel());
+  s.offloaded = offload_ratio > 0 && L >= 3;
+  if (offload_ratio > 0 && !copy_engine_ && L >= 3) {
+    throw std::invalid_argument("micro-batch with offload ratio " + std::to_string(offload_ratio) +
+                                " but offload is not enabled for this model");
+  }
+  size_t used = 0;
+  if (!s.offloaded) {
+    const size_t block = layer_block_floats(T, T);
+    used = static_cast<size_t>(L) * block;
+    if (used > capacity) {
+      throw std::invalid_argument("micro-batch of " + std::to_string(T) + " tokens does not fit the activation memory "
+                                  "of " + std::to_string(capacity_) + " tokens per layer without offload");
+    }
+    for (int64_t i = 0; i < L; ++i) s.layers[i] = carve_layer(region + i * block, T, T);
+  } else {
+    const int64_t off = std::clamp<int64_t>(std::llround(offload_ratio * static_cast<double>(T)), 0, T);
+    s.keep_rows = T - off;
+    const size_t work = layer_block_floats(T, T), keep = layer_block_floats(s.keep_rows, T);
+    used = 2 * work + static_cast<size_t>(L - 2) * keep;
+    if (used > capacity) {
+      throw std::invalid_argument("micro-batch of " + std::to_string(T) + " tokens with offload ratio " +
+                                  std::to_string(offload_ratio) + " does not fit the activation memory");
+    }
+    const size_t parked = layer_block_floats(off, 0);
+    for (int64_t i = 0; i < L; ++i) {
+      s.layers[i] = carve_layer(region + (i % 2) * work, T, T);
+      if (i < L - 2) {
+        s.kept[i] = carve_layer(region + 2 * work + i * keep, s.keep_rows, T);
+        s.parked[i] = carve_layer(s.host.data + i * parked, off, 0);
+      }
+    }
+    usage_.host_peak_bytes = std::max(usage_.host_peak_bytes, static_cast<size_t>(L - 2) * parked * sizeof(float));
+  }
+  usage_.device_peak_bytes = std::max(usage_.device_peak_bytes, used * sizeof(float));
+}
+
+namespace {
+
+// The tensors of a layer whose rows can move to host memory, and the small ones.
+template <class A, class Fn>
+void for_each_row_tensor(A& a, A& b, Fn&& fn) {
+  fn(a.x_in, b.x_in);
+  fn(a.ln1, b.ln1);
+  fn(a.q, b.q);
+  fn(a.k, b.k);
+  fn(a.v, b.v);
+  fn(a.attn, b.attn);
+  fn(a.x_mid, b.x_mid);
+  fn(a.ln2, b.ln2);
+  fn(a.gate, b.gate);
+  fn(a.up, b.up);
+}
+
+template <class A, class Fn>
+void for_each_small_tensor(A& a, A& b, Fn&& fn) {
+  fn(a.rstd1, b.rstd1);
+  fn(a.rstd2, b.rstd2);
+  fn(a.lse, b.lse);
+}
+
+}  // namespace
+
+void LlamaModel::park_layer(Slot& s, int64_t layer) {
+  const int64_t T = s.tokens_used, keep = s.keep_rows;
+  LayerActivations& work = s.layers[layer];
+  for_each_row_tensor(s.kept[layer], work, [&](Tensor& dst, Tensor& src) { copy(dst, src.rows(0, keep)); });
+  for_each_small_tensor(s.kept[layer], work, [&](Tensor& dst, Tensor& src) { copy(dst, src); });
+  CopyEvent last;
+  for_each_row_tensor(s.parked[layer], work, [&](Tensor& dst, Tensor& src) {
+    last = copy_engine_->copy_async(dst, src.rows(keep, T));
+    usage_.offloaded_bytes += static_cast<int64_t>(dst.bytes());
+  });
+  s.offload_done[layer] = last;
+}
+
+void LlamaModel::restore_layer(Slot& s, int64_t layer) {
+  const int64_t T = s.tokens_used, keep = s.keep_rows;
+  s.offload_done[layer].wait();
+  LayerActivations& work = s.layers[layer];
+  for_each_row_tensor(work, s.kept[layer], [&](Tensor& dst, Tensor& src) { copy(dst.rows(0, keep), src); });
+  for_each_small_tensor(work, s.kept[layer], [&](Tensor& dst, Tensor& src) { copy(dst, src); });
+  CopyEvent last;
+  for_each_row_tensor(work, s.parked[layer],
+                      [&](Tensor& dst, Tensor& src) { last = copy_engine_->copy_async(dst.rows(keep, T), src); });
+  s.restore_done[layer] = last;
 }
 
 const ParameterInfo& LlamaModel::parameter(const std::string& name) const {
@@ -276,12 +431,14 @@ void LlamaModel::zero_grad() { fill(grads_, 0.0f); }
 
 void LlamaModel::set_batch(int slot, const MicroBatchView& batch) {
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
-  if (T == 0 || T > capacity_) {
-    throw std::invalid_argument("micro-batch of " + std::to_string(T) + " tokens; the model holds 1.." +
-                                std::to_string(capacity_));
+  if (T > max_tokens_) {
+    throw std::invalid_argument("micro-batch of " + std::to_string(T) + " tokens; the model holds at most " +
+                                std::to_string(max_tokens_));
   }
+  const int64_t ring_begin = batch.cu_seqlens.empty() ? -1 : batch.cu_seqlens.back();
   if (static_cast<int64_t>(batch.targets.size()) != T || static_cast<int64_t>(batch.positions.size()) != T ||
-      batch.cu_seqlens.size() < 2 || batch.cu_seqlens.front() != 0 || batch.cu_seqlens.back() != T) {
+      batch.cu_seqlens.empty() || batch.cu_seqlens.front() != 0 ||
+      (batch.ring == nullptr ? ring_begin != T : ring_begin > T)) {
     throw std::invalid_argument("micro-batch: tokens, targets, positions and cu_seqlens disagree");
   }
   for (int64_t i = 0; i < T; ++i) {
@@ -293,16 +450,33 @@ void LlamaModel::set_batch(int slot, const MicroBatchView& batch) {
   Slot& s = slots_.at(slot);
   s.tokens_used = T;
   s.num_sequences = static_cast<int64_t>(batch.cu_seqlens.size()) - 1;
+  s.ring_begin = ring_begin;
+  s.has_ring = batch.ring != nullptr;
+  if (s.has_ring) {
+    if (!ring_attention_) throw std::invalid_argument("micro-batch with a ring but the model has no ring communicator");
+    if (batch.ring->rows(batch.ring->self) != T - ring_begin) {
+      throw std::invalid_argument("micro-batch: the ring layout holds " +
+                                  std::to_string(batch.ring->rows(batch.ring->self)) + " rows of this rank, the batch " +
+                                  std::to_string(T - ring_begin));
+    }
+    s.ring = *batch.ring;
+    s.local_blocks.clear();
+    for (int64_t i = 0; i < s.num_sequences; ++i) {
+      const int32_t b = batch.cu_seqlens[i], e = batch.cu_seqlens[i + 1];
+      if (e > b) s.local_blocks.push_back({b, e, b, e, 0, 0});
+    }
+  }
   // CPU backend: host and device are one memory.
   std::memcpy(s.tokens.data, batch.tokens.data(), batch.tokens.size_bytes());
   std::memcpy(s.targets.data, batch.targets.data(), batch.targets.size_bytes());
   std::memcpy(s.positions.data, batch.positions.data(), batch.positions.size_bytes());
   std::memcpy(s.cu_seqlens.data, batch.cu_seqlens.data(), batch.cu_seqlens.size_bytes());
+  layout_micro_batch(s, batch.offload_ratio);
 }
 
 Tensor LlamaModel::input_activation(int slot) const {
   const Slot& s = slots_.at(slot);
-  return (num_local_layers_ > 0 ? s.layers[0].x_in : s.x_out).rows(0, s.tokens_used);
+  return num_local_layers_ > 0 ? s.layers[0].x_in : s.x_out.rows(0, s.tokens_used);
 }
 
 Tensor LlamaModel::output_activation(int slot) const {
@@ -318,13 +492,38 @@ void LlamaModel::tp_all_reduce(Tensor t) {
   if (tp_ != nullptr && tp_->size() > 1) tp_->all_reduce(t, ReduceOp::Sum);
 }
 
+void LlamaModel::attention_forward_of(Slot& s, const LayerActivations& a) {
+  const int64_t T = s.tokens_used, Hq = local_heads_, Hkv = local_kv_heads_, d = config_.head_dim();
+  const Tensor out = a.attn.view({T, Hq, d}), q = a.q.view({T, Hq, d}), k = a.k.view({T, Hkv, d}),
+               v = a.v.view({T, Hkv, d});
+  if (s.has_ring) {
+    ring_attention_->forward(out, a.lse, q, k, v, s.local_blocks, s.ring, s.ring_begin);
+  } else {
+    attention_forward(out, a.lse, q, k, v, s.cu_seqlens.rows(0, s.num_sequences + 1));
+  }
+}
+
+void LlamaModel::attention_backward_of(Slot& s, const LayerActivations& a) {
+  const int64_t T = s.tokens_used, Hq = local_heads_, Hkv = local_kv_heads_, d = config_.head_dim();
+  const Scratch& sc = scratch_;
+  const Tensor dq = sc.dq.rows(0, T).view({T, Hq, d}), dk = sc.dk.rows(0, T).view({T, Hkv, d}),
+               dv = sc.dv.rows(0, T).view({T, Hkv, d}), dout = sc.dattn.rows(0, T).view({T, Hq, d});
+  const Tensor out = a.attn.view({T, Hq, d}), q = a.q.view({T, Hq, d}), k = a.k.view({T, Hkv, d}),
+               v = a.v.view({T, Hkv, d});
+  if (s.has_ring) {
+    ring_attention_->backward(dq, dk, dv, dout, q, k, v, out, a.lse, s.local_blocks, s.ring, s.ring_begin);
+  } else {
+    attention_backward(dq, dk, dv, dout, q, k, v, out, a.lse, s.cu_seqlens.rows(0, s.num_sequences + 1));
+  }
+}
+
 double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
   const ModelConfig& c = config_;
-  const int64_t Hq = local_heads_, Hkv = local_kv_heads_, d = c.head_dim();
+  const int64_t Hq = local_heads_, Hkv = local_kv_heads_, d = c.head_dim(), L = num_local_layers_;
   const float eps = static_cast<float>(c.norm_eps), theta = static_cast<float>(c.rope_theta);
   Slot& s = slots_.at(slot);
   const int64_t T = s.tokens_used;
-  const IndexTensor positions = s.positions.rows(0, T), cu = s.cu_seqlens.rows(0, s.num_sequences + 1);
+  const IndexTensor positions = s.positions.rows(0, T);
   if (partition_.tp_size > 1 && tp_ == nullptr) throw std::logic_error("model: a tp slice needs its communicator to run");
 
   if (partition_.has_embedding) {
@@ -332,31 +531,32 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
     embedding_forward(x0, s.tokens.rows(0, T), embed_, vocab_begin_);
     tp_all_reduce(x0);
   }
-  for (int64_t l = 0; l < num_local_layers_; ++l) {
+  for (int64_t l = 0; l < L; ++l) {
     const LayerWeights& w = w_[l];
     LayerActivations& a = s.layers[l];
-    const Tensor x = a.x_in.rows(0, T), ln1 = a.ln1.rows(0, T), q = a.q.rows(0, T), k = a.k.rows(0, T),
-                 v = a.v.rows(0, T), attn = a.attn.rows(0, T), x_mid = a.x_mid.rows(0, T), ln2 = a.ln2.rows(0, T),
-                 gate = a.gate.rows(0, T), up = a.up.rows(0, T), act = scratch_.ffn_act.rows(0, T);
-    rmsnorm_forward(ln1, a.rstd1.rows(0, T), x, w.input_norm, eps);
-    linear_forward(q, ln1, w.q);
-    linear_forward(k, ln1, w.k);
-    linear_forward(v, ln1, w.v);
-    rope_forward(q.view({T, Hq, d}), positions, theta);
-    rope_forward(k.view({T, Hkv, d}), positions, theta);
-    attention_forward(attn.view({T, Hq, d}), Tensor(a.lse.data, {Hq, T}, device_), q.view({T, Hq, d}),
-                      k.view({T, Hkv, d}), v.view({T, Hkv, d}), cu);
-    linear_forward(x_mid, attn, w.o);
-    tp_all_reduce(x_mid);  // row-parallel o projection: sum of the heads' partial outputs
-    add_inplace(x_mid, x);
-    rmsnorm_forward(ln2, a.rstd2.rows(0, T), x_mid, w.post_norm, eps);
-    linear_forward(gate, ln2, w.gate);
-    linear_forward(up, ln2, w.up);
-    swiglu_forward(act, gate, up);
-    const Tensor out = (l + 1 < num_local_layers_ ? s.layers[l + 1].x_in : s.x_out).rows(0, T);
+    const Tensor act = scratch_.ffn_act.rows(0, T);
+    rmsnorm_forward(a.ln1, a.rstd1, a.x_in, w.input_norm, eps);
+    linear_forward(a.q, a.ln1, w.q);
+    linear_forward(a.k, a.ln1, w.k);
+    linear_forward(a.v, a.ln1, w.v);
+    rope_forward(a.q.view({T, Hq, d}), positions, theta);
+    rope_forward(a.k.view({T, Hkv, d}), positions, theta);
+    attention_forward_of(s, a);
+    linear_forward(a.x_mid, a.attn, w.o);
+    tp_all_reduce(a.x_mid);  // row-parallel o projection: sum of the heads' partial outputs
+    add_inplace(a.x_mid, a.x_in);
+    rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, w.post_norm, eps);
+    linear_forward(a.gate, a.ln2, w.gate);
+    linear_forward(a.up, a.ln2, w.up);
+    swiglu_forward(act, a.gate, a.up);
+    // The output becomes the next layer's input, in the working block that layer
+    // l - 1 used: its rows must have left for the host first.
+    if (s.offloaded && l >= 1 && l - 1 < L - 2) s.offload_done[l - 1].wait();
+    const Tensor out = l + 1 < L ? s.layers[l + 1].x_in : s.x_out.rows(0, T);
     linear_forward(out, act, w.down);
     tp_all_reduce(out);  // row-parallel down projection
-    add_inplace(out, x_mid);
+    add_inplace(out, a.x_mid);
+    if (s.offloaded && l < L - 2) park_layer(s, l);
   }
   if (!partition_.has_head) return 0.0;
   rmsnorm_forward(s.ln_final.rows(0, T), s.rstd_final.rows(0, T), s.x_out.rows(0, T), final_norm_, eps);
@@ -410,11 +610,11 @@ double LlamaModel::head_forward_backward(Slot& s, float loss_scale, bool backwar
 
 void LlamaModel::backward(int slot, const GradientsReady& ready) {
   const ModelConfig& c = config_;
-  const int64_t Hq = local_heads_, Hkv = local_kv_heads_, d = c.head_dim();
+  const int64_t Hq = local_heads_, Hkv = local_kv_heads_, d = c.head_dim(), L = num_local_layers_;
   const float theta = static_cast<float>(c.rope_theta);
-  const Slot& s = slots_.at(slot);
+  Slot& s = slots_.at(slot);
   const int64_t T = s.tokens_used;
-  const IndexTensor positions = s.positions.rows(0, T), cu = s.cu_seqlens.rows(0, s.num_sequences + 1);
+  const IndexTensor positions = s.positions.rows(0, T);
   const Scratch& sc = scratch_;
   const Tensor dres = sc.residual_grad.rows(0, T), dnorm = sc.norm_grad.rows(0, T);
   auto report = [&](size_t parameter_index) {
@@ -429,40 +629,39 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
     head_gradient_pending_ = -1;
     fill(dres, 0.0f);
     rmsnorm_backward(dres, d_final_norm_, dnorm, s.x_out.rows(0, T), final_norm_, s.rstd_final.rows(0, T));
-    report(first_layer_param + 9 * num_local_layers_);
+    report(first_layer_param + 9 * L);
   }
-  for (int64_t l = num_local_layers_ - 1; l >= 0; --l) {
+  for (int64_t l = L - 1; l >= 0; --l) {
+    // Layers come back from host memory in reverse order: the copy-in of the layer
+    // below is issued before this layer's backward so the two overlap.
+    if (s.offloaded && l >= 1 && l - 1 < L - 2) restore_layer(s, l - 1);
+    if (s.offloaded && l < L - 2) s.restore_done[l].wait();
     const LayerWeights& w = w_[l];
     const LayerWeights& dw = dw_[l];
     const LayerActivations& a = s.layers[l];
-    const Tensor x = a.x_in.rows(0, T), ln1 = a.ln1.rows(0, T), q = a.q.rows(0, T), k = a.k.rows(0, T),
-                 v = a.v.rows(0, T), attn = a.attn.rows(0, T), x_mid = a.x_mid.rows(0, T), ln2 = a.ln2.rows(0, T),
-                 gate = a.gate.rows(0, T), up = a.up.rows(0, T);
     const Tensor act = sc.ffn_act.rows(0, T), dact = sc.dffn_act.rows(0, T), dgate = sc.dgate.rows(0, T),
                  dup = sc.dup.rows(0, T), dattn = sc.dattn.rows(0, T), dq = sc.dq.rows(0, T), dk = sc.dk.rows(0, T),
                  dv = sc.dv.rows(0, T);
 
     // MLP block: dres is the gradient of the layer output.
-    swiglu_forward(act, gate, up);  // recomputed rather than stored
+    swiglu_forward(act, a.gate, a.up);  // recomputed rather than stored
     linear_backward(dact, dw.down, dres, act, w.down, false);
-    swiglu_backward(dgate, dup, dact, gate, up);
-    linear_backward(dnorm, dw.gate, dgate, ln2, w.gate, false);
-    linear_backward(dnorm, dw.up, dup, ln2, w.up, true);
+    swiglu_backward(dgate, dup, dact, a.gate, a.up);
+    linear_backward(dnorm, dw.gate, dgate, a.ln2, w.gate, false);
+    linear_backward(dnorm, dw.up, dup, a.ln2, w.up, true);
     tp_all_reduce(dnorm);  // column-parallel gate/up: sum over the FFN slices
-    rmsnorm_backward(dres, dw.post_norm, dnorm, x_mid, w.post_norm, a.rstd2.rows(0, T));
+    rmsnorm_backward(dres, dw.post_norm, dnorm, a.x_mid, w.post_norm, a.rstd2);
 
     // Attention block: dres is now the gradient of x_mid.
-    linear_backward(dattn, dw.o, dres, attn, w.o, false);
-    attention_backward(dq.view({T, Hq, d}), dk.view({T, Hkv, d}), dv.view({T, Hkv, d}), dattn.view({T, Hq, d}),
-                       q.view({T, Hq, d}), k.view({T, Hkv, d}), v.view({T, Hkv, d}), attn.view({T, Hq, d}),
-                       Tensor(a.lse.data, {Hq, T}, device_), cu);
+    linear_backward(dattn, dw.o, dres, a.attn, w.o, false);
+    attention_backward_of(s, a);
     rope_backward(dq.view({T, Hq, d}), positions, theta);
     rope_backward(dk.view({T, Hkv, d}), positions, theta);
-    linear_backward(dnorm, dw.q, dq, ln1, w.q, false);
-    linear_backward(dnorm, dw.k, dk, ln1, w.k, true);
-    linear_backward(dnorm, dw.v, dv, ln1, w.v, true);
+    linear_backward(dnorm, dw.q, dq, a.ln1, w.q, false);
+    linear_backward(dnorm, dw.k, dk, a.ln1, w.k, true);
+    linear_backward(dnorm, dw.v, dv, a.ln1, w.v, true);
     tp_all_reduce(dnorm);  // column-parallel q/k/v: sum over the head slices
-    rmsnorm_backward(dres, dw.input_norm, dnorm, x, w.input_norm, a.rstd1.rows(0, T));
+    rmsnorm_backward(dres, dw.input_norm, dnorm, a.x_in, w.input_norm, a.rstd1);
     report(first_layer_param + 9 * static_cast<size_t>(l));
   }
   if (partition_.has_embedding) {

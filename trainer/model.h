@@ -13,13 +13,17 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "kernels/allocator.h"
+#include "kernels/copy_engine.h"
+#include "kernels/ops.h"
 #include "kernels/tensor.h"
 #include "parallel/communicator.h"
+#include "parallel/ring_attention.h"
 #include "trainer/model_config.h"
 
 namespace hdp {
@@ -52,12 +56,33 @@ struct ParameterInfo {
   bool tied_copy = false;
 };
 
-// A micro-batch as the model sees it (host memory): sequences packed back to back.
+// A micro-batch as the model sees it (host memory): whole sequences packed back to
+// back, then (when it takes part in a ring) this rank's zig-zag chunks of the
+// ring's sequences.
 struct MicroBatchView {
   std::span<const int32_t> tokens;
   std::span<const int32_t> targets;     // -1 where nothing is predicted
-  std::span<const int32_t> positions;
-  std::span<const int32_t> cu_seqlens;  // sequence boundaries, first 0, last = tokens.size()
+  std::span<const int32_t> positions;   // true positions in their sequences (RoPE, causal masks)
+  std::span<const int32_t> cu_seqlens;  // boundaries of the whole sequences: first 0, last = ring_begin
+  const RingLayout* ring = nullptr;     // rows [cu_seqlens.back(), tokens.size()) are ring rows
+  double offload_ratio = 0;             // fraction of rows whose saved activations go to host memory
+};
+
+// Memory for micro-batches beyond the plain capacity: long sequences that take
+// part in rings, and offloaded micro-batches that hold more tokens than the
+// capacity because part of their activations wait in host memory.
+struct LongSequenceOptions {
+  int64_t max_tokens = 0;          // the largest micro-batch (0: the capacity)
+  bool offload = false;            // keep a host pool and a copy engine for offloaded micro-batches
+  Communicator* hdp = nullptr;     // the ring attention communicator; nullptr: no rings
+};
+
+// Activation memory actually used, for reports and tests.
+struct ActivationUsage {
+  size_t device_peak_bytes = 0;     // the most of the device activation memory any micro-batch used
+  size_t host_pool_bytes = 0;       // reserved host memory for offloaded activations
+  size_t host_peak_bytes = 0;       // the most of it any micro-batch used
+  int64_t offloaded_bytes = 0;      // copied to host so far (cumulative)
 };
 
 // Model FLOPs of forward+backward (backward = twice the forward), per token: one
@@ -72,11 +97,13 @@ using GradientsReady = std::function<void(int64_t offset)>;
 
 class LlamaModel {
  public:
-  // capacity_tokens: the largest micro-batch; activation_slots: micro-batches whose
+  // capacity_tokens: the plain micro-batch capacity; activation_slots: micro-batches whose
   // forward may be in flight before their backward (pipeline schedules).
   // tp: the tensor-parallel group (nullptr or size 1 without tensor parallelism).
   LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const ModelPartition& partition = {},
-             int activation_slots = 1, Communicator* tp = nullptr, Device device = Device::CPU);
+             int activation_slots = 1, Communicator* tp = nullptr, const LongSequenceOptions& long_sequences = {},
+             Device device = Device::CPU);
+  ~LlamaModel();
 
   const ModelConfig& config() const { return config_; }
   const ModelPartition& partition() const { return partition_; }
@@ -120,20 +147,37 @@ class LlamaModel {
   size_t parameter_bytes() const { return param_arena_.capacity(); }
   size_t gradient_bytes() const { return grad_arena_.capacity(); }
   size_t activation_bytes() const { return activation_arena_.capacity(); }
+  const ActivationUsage& activation_usage() const { return usage_; }
+  // Floats one layer saves per token for backward (Act(s) = 4 x this x s bytes).
+  int64_t saved_floats_per_token() const { return row_width_ + small_width_; }
 
  private:
   struct LayerWeights {
     Tensor input_norm, q, k, v, o, post_norm, gate, up, down;
   };
-  // Saved by forward for backward, one contiguous block per layer.
+  // What one layer's forward saves for its backward. The "row" tensors ([T, width])
+  // can be split by rows for offload; rstd1, rstd2 and lse are small and stay.
   struct LayerActivations {
     Tensor x_in, rstd1, ln1, q, k, v, attn, lse, x_mid, rstd2, ln2, gate, up;
   };
   struct Slot {
     IndexTensor tokens, targets, positions, cu_seqlens;
     int64_t tokens_used = 0;
-    int64_t num_sequences = 0;
+    int64_t num_sequences = 0;     // whole sequences (cu_seqlens)
+    int64_t ring_begin = 0;        // first ring row (tokens_used without a ring)
+    bool has_ring = false;
+    RingLayout ring;
+    std::vector<AttentionBlock> local_blocks;  // whole sequences as attention blocks (ring micro-batches)
+    Tensor region;                 // the slot's device activation memory
+    Tensor host;                   // its host pool for offloaded rows (empty without offload)
+    // Where each layer's activations are during its forward and backward. Without
+    // offload every layer has its own block; with offload layers alternate between
+    // two working blocks and wait in `kept` (device rows) and `parked` (host rows).
     std::vector<LayerActivations> layers;
+    std::vector<LayerActivations> kept, parked;
+    std::vector<CopyEvent> offload_done, restore_done;
+    int64_t keep_rows = 0;         // rows that stay on the device for offloaded layers
+    bool offloaded = false;        // layers [0, num_layers - 2) go through host memory
     Tensor x_out, rstd_final, ln_final;  // stage output; final norm on the last stage
   };
   // Reused across layers and slots.
@@ -145,6 +189,13 @@ class LlamaModel {
   void build_parameter_table();
   void bind_weights(Tensor flat, std::vector<LayerWeights>& layers, Tensor& embed, Tensor& final_norm, Tensor& head);
   void layout_activations(Arena& arena);
+  size_t layer_block_floats(int64_t rows, int64_t tokens) const;
+  LayerActivations carve_layer(float* base, int64_t rows, int64_t tokens) const;
+  void layout_micro_batch(Slot& s, double offload_ratio);
+  void park_layer(Slot& s, int64_t layer);
+  void restore_layer(Slot& s, int64_t layer);
+  void attention_forward_of(Slot& s, const LayerActivations& a);
+  void attention_backward_of(Slot& s, const LayerActivations& a);
   void tp_all_reduce(Tensor t);
   double head_forward_backward(Slot& s, float loss_scale, bool backward);
   double cross_entropy(const Tensor& logits, const IndexTensor& targets, float loss_scale);
@@ -152,9 +203,11 @@ class LlamaModel {
   ModelConfig config_;
   ModelPartition partition_;
   int64_t capacity_;
+  int64_t max_tokens_;
   int64_t num_local_layers_;
   int64_t head_chunk_tokens_;
   int64_t local_heads_, local_kv_heads_, local_ffn_, vocab_begin_, local_vocab_;
+  int64_t row_width_ = 0, small_width_ = 0;  // floats per token of a layer's row / small tensors
   Communicator* tp_;
   Device device_;
   std::vector<ParameterInfo> parameters_;
@@ -163,6 +216,9 @@ class LlamaModel {
   Arena param_arena_;
   Arena grad_arena_;
   Arena activation_arena_;
+  Arena host_arena_;
+  std::unique_ptr<CopyEngine> copy_engine_;
+  std::unique_ptr<RingAttention> ring_attention_;
   Tensor params_, grads_;
   std::vector<LayerWeights> w_, dw_;
   Tensor embed_, final_norm_, head_;
@@ -170,6 +226,7 @@ class LlamaModel {
 
   std::vector<Slot> slots_;
   Scratch scratch_;
+  ActivationUsage usage_;
   int head_gradient_pending_ = -1;  // slot whose head gradient awaits backward
 };
 

@@ -11,13 +11,13 @@
 #include "data/dataset.h"
 #include "data/prefetcher.h"
 #include "data/sampler.h"
-#include "parallel/plan.h"
 #include "parallel/process_groups.h"
 #include "trainer/checkpoint.h"
 #include "trainer/engine.h"
 #include "trainer/metrics.h"
 #include "trainer/optimizer.h"
 #include "trainer/peak_flops.h"
+#include "trainer/step_planner.h"
 
 namespace hdp {
 namespace {
@@ -59,25 +59,6 @@ SamplerOptions sampler_options(const DataConfig& data) {
 
 GridShape grid_shape(const ParallelConfig& p) {
   return GridShape{static_cast<int>(p.tp), static_cast<int>(p.pp), static_cast<int>(p.hdp)};
-}
-
-// The next global batch as this rank trains it: every rank samples the same
-// sequences and makes the same plan, then reads only its pipeline's micro-batches.
-GlobalBatch next_local_batch(BatchSampler& sampler, const TokenDataset& dataset, int hdp, int hdp_rank,
-                             int64_t capacity) {
-  GlobalBatch batch = sampler.next_plan();
-  std::vector<int64_t> lengths;
-  for (const SequenceSpan& s : batch.sequences) lengths.push_back(s.length);
-  const StepPlan plan = plan_whole_sequences(lengths, hdp, capacity);
-  for (const PlannedMicroBatch& mb : plan.ranks[hdp_rank]) {
-    std::vector<SequenceSpan> spans;
-    for (const PlannedPiece& p : mb.pieces) {
-      const SequenceSpan& s = batch.sequences[p.sequence];
-      spans.push_back({s.document, s.offset + p.offset, p.length});
-    }
-    batch.micro_batches.push_back(materialize_micro_batch(dataset, spans));
-  }
-  return batch;
 }
 
 // Where training starts: a checkpoint to resume (weights, moments, step, data
@@ -159,12 +140,11 @@ void run_training(const Config& config, const ProcessInfo& process) {
     }
   }
 
+  // Every rank samples the same sequences and makes the same plan, then reads
+  // only its own micro-batches, in the prefetch thread.
+  const StepPlanner planner(config, peak_flops, engine.model().saved_floats_per_token());
   BatchSampler sampler(dataset, sampler_options(config.data), progress.sampler);
-  BatchPrefetcher prefetcher(
-      [&] {
-        return next_local_batch(sampler, dataset, shape.hdp, coords.hdp_rank, config.data.micro_batch_tokens);
-      },
-      2);
+  BatchPrefetcher prefetcher([&] { return planner.next_local_batch(sampler, dataset, coords.hdp_rank); }, 2);
   const CheckpointLayout layout{shape.tp, shape.pp, shape.hdp, coords.tp_rank, coords.pp_rank, coords.hdp_rank,
                                 process.rank, &groups.world()};
   std::optional<MetricsWriter> metrics;

@@ -1,0 +1,31 @@
+#pragma once
+// Which rows of a ring micro-batch each member holds: the zig-zag chunks of the
+// ring's sequences with their true positions (parallel/plan.h).
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace hdp {
+
+// A chunk of a ring sequence as one member holds it: `rows` consecutive rows
+// whose first token sits at `position` of ring sequence `sequence`.
+struct RingChunk {
+  int64_t rows = 0;
+  int64_t position = 0;
+  int64_t sequence = 0;
+};
+
+// One micro-batch's ring, as every member sees it.
+struct RingLayout {
+  std::vector<int> peers;                      // hdp ranks of the members, in ring order
+  std::vector<std::vector<RingChunk>> chunks;  // per member: its ring rows in row order
+  int self = 0;                                // this rank's position in the ring
+  int64_t rows(int member) const;
+};
+
+// The layout of a ring over sequences of these lengths for the member at
+// position `self`: member j holds chunks j and 2k-1-j of every sequence, in order.
+RingLayout zigzag_ring_layout(std::span<const int> peers, std::span<const int64_t> sequence_lengths, int self);
+
+}  // namespace hdp

@@ -1,0 +1,38 @@
+#pragma once
+// How the training loop turns a global batch into this rank's work: the step's
+// plan from the configured policy (parallel/hdp_planner.h), checked before it
+// runs, and this rank's micro-batches read from the dataset.
+
+#include <cstdint>
+#include <span>
+
+#include "data/batch.h"
+#include "data/dataset.h"
+#include "data/sampler.h"
+#include "parallel/hdp_planner.h"
+#include "parallel/plan.h"
+#include "trainer/config.h"
+
+namespace hdp {
+
+class StepPlanner {
+ public:
+  // flops_per_second: one rank's compute rate; saved_floats_per_token: what one layer
+  // of this rank's model keeps for backward per token. Throws ConfigError when the
+  // longest sequence (data.max_seq_len) cannot be placed on parallel.hdp ranks.
+  StepPlanner(const Config& config, double flops_per_second, int64_t saved_floats_per_token);
+
+  // The plan of a global batch with sequences of these lengths, checked.
+  StepPlan plan(std::span<const int64_t> lengths) const;
+  // The next global batch with this rank's planned micro-batches read.
+  GlobalBatch next_local_batch(BatchSampler& sampler, const TokenDataset& dataset, int hdp_rank) const;
+
+  const PlannerSettings& settings() const { return settings_; }
+
+ private:
+  std::string policy_;
+  int cp_;
+  PlannerSettings settings_;
+};
+
+}  // namespace hdp
