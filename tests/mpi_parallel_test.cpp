@@ -13,7 +13,10 @@
 #include "parallel/process_groups.h"
 #include "parallel/zero_optimizer.h"
 #include "trainer/config.h"
+#include "data/dataset.h"
+#include "test_util.h"
 #include "trainer/engine.h"
+#include "trainer/step_planner.h"
 
 namespace hdp {
 namespace {
@@ -148,12 +151,14 @@ TEST(ZeroAdamW, ShardedStepEqualsUnshardedStep) {
   }
 }
 
-Config engine_config(const std::string& parallel) {
+Config engine_config(const std::string& parallel, const std::string& data = "{path: unused.h5, max_seq_len: 64, "
+                                                                           "micro_batch_tokens: 96, global_batch_tokens: 1024}") {
   return parse_config_text(
       "model: {vocab_size: 50, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, ffn_hidden_size: 48,"
       " init_std: 0.1}\n"
-      "data: {path: unused.h5, max_seq_len: 64, micro_batch_tokens: 96, global_batch_tokens: 1024}\n"
+      "data: " + data + "\n"
       "optim: {lr: 0.01, warmup_steps: 0, grad_clip: 0}\n"
+      "offload: {enabled: false}\n"
       "parallel: " + parallel + "\n",
       "engine-test", {}, false);
 }
@@ -209,6 +214,109 @@ TEST(TrainingEngine, UnevenMicroBatchCountsGiveTheSameGradients) {
     for (float x : a) max_abs = std::max(max_abs, static_cast<double>(std::abs(x)));
     ASSERT_GT(max_abs, 0.0);
     for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5 * max_abs) << parallel << " element " << i;
+  }
+}
+
+// Documents of these lengths in a dataset of this rank's own (same content on every rank).
+struct RingData {
+  std::string path;
+  std::vector<SequenceSpan> sequences;
+};
+
+RingData ring_data(const std::string& name, const std::vector<int64_t>& lengths) {
+  RingData data;
+  data.path = testing::scratch_dir("mpi-ring-" + name + "-" + std::to_string(world_rank())) + "/data.h5";
+  TokenDatasetWriter writer(data.path, 50, "test", 48, 49);
+  uint64_t seed = 17;
+  for (size_t d = 0; d < lengths.size(); ++d) {
+    std::vector<uint32_t> doc(lengths[d]);
+    for (uint32_t& t : doc) t = static_cast<uint32_t>(((seed = seed * 6364136223846793005ull + 1) >> 33) % 50);
+    writer.append(doc);
+    data.sequences.push_back({static_cast<int64_t>(d), 0, lengths[d]});
+  }
+  writer.finish();
+  return data;
+}
+
+// Member j of a ring of k holds chunks j and 2k-1-j of every ring sequence.
+PlannedMicroBatch ring_member(const std::vector<SequenceSpan>& sequences, const std::vector<int64_t>& ring_sequences,
+                              int ring, int j, int k, std::vector<PlannedPiece> local = {}) {
+  PlannedMicroBatch mb;
+  mb.ring = ring;
+  mb.pieces = std::move(local);
+  for (int64_t s : ring_sequences) {
+    for (int c : {j, 2 * k - 1 - j}) {
+      const int64_t b = zigzag_chunk_begin(sequences[s].length, c, k), e = zigzag_chunk_begin(sequences[s].length, c + 1, k);
+      if (e > b) mb.pieces.push_back({s, b, e - b, ring});
+    }
+  }
+  return mb;
+}
+
+// The summed gradient of this rank's slice after one step under a plan.
+std::vector<float> planned_gradient(TrainingEngine& engine, ProcessGroups& groups, const RingData& data,
+                                    const StepPlan& plan) {
+  std::vector<int64_t> lengths;
+  for (const SequenceSpan& s : data.sequences) lengths.push_back(s.length);
+  check_plan(plan, lengths, 4, groups.shape().pp);
+  const TokenDataset dataset(data.path);
+  std::vector<PackedMicroBatch> batches;
+  if (groups.coords().hdp_rank < static_cast<int>(plan.ranks.size())) {
+    batches = local_micro_batches(dataset, data.sequences, plan, groups.coords().hdp_rank);
+  }
+  engine.model().init_weights(5);
+  engine.step(batches, 0.0, 1);
+  const Tensor g = engine.model().flat_gradients();
+  std::vector<float> sum(g.data, g.data + g.numel());
+  groups.hdp().all_reduce(Tensor(sum.data(), {g.numel()}), ReduceOp::Sum);
+  return sum;
+}
+
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  double max_abs = 0;
+  for (float x : want) max_abs = std::max(max_abs, static_cast<double>(std::abs(x)));
+  ASSERT_GT(max_abs, 0.0) << what;
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5 * max_abs) << what << " element " << i;
+}
+
+TEST(RingAttention, ADocumentSplitOver2To4RanksGivesTheWholeDocumentsGradients) {
+  const ProcessInfo process{world_rank(), world_size(), 0, 1, "test"};
+  const RingData data = ring_data("long", {4096});
+  const RingData several = ring_data("several", {2000, 1500, 50, 70, 33});
+  const std::string data_config = "{path: unused.h5, max_seq_len: 4096, micro_batch_tokens: 4096, global_batch_tokens: 16384}";
+  for (const char* parallel : {"{hdp: 4}", "{tp: 2, hdp: 2}"}) {
+    const Config config = engine_config(parallel, data_config);
+    const int hdp = static_cast<int>(config.parallel.hdp);
+    ProcessGroups groups(process, GridShape{static_cast<int>(config.parallel.tp), 1, hdp}, false);
+    TrainingEngine engine(config, groups);
+
+    // The 4096-token document whole on rank 0, then over rings of 2, 3 and 4 ranks.
+    StepPlan whole{4096, std::vector<std::vector<PlannedMicroBatch>>(hdp), {}};
+    whole.ranks[0].push_back(PlannedMicroBatch{{{0, 0, 4096}}});
+    const std::vector<float> want = planned_gradient(engine, groups, data, whole);
+    for (int k = 2; k <= hdp; ++k) {
+      StepPlan ring{4096, std::vector<std::vector<PlannedMicroBatch>>(hdp), {}};
+      ring.rings.push_back(Ring{{}, {0}});
+      for (int j = 0; j < k; ++j) {
+        ring.rings[0].ranks.push_back(j);
+        ring.ranks[j].push_back(ring_member(data.sequences, {0}, 0, j, k));
+      }
+      expect_close(planned_gradient(engine, groups, data, ring), want,
+                   std::string(parallel) + " ring of " + std::to_string(k));
+    }
+
+    // Two documents in one ring, with whole short documents on the members too.
+    StepPlan short_whole{4096, std::vector<std::vector<PlannedMicroBatch>>(hdp), {}};
+    short_whole.ranks[0].push_back(PlannedMicroBatch{{{0, 0, 2000}, {1, 0, 1500}, {2, 0, 50}, {3, 0, 70}, {4, 0, 33}}});
+    const std::vector<float> want_mixed = planned_gradient(engine, groups, several, short_whole);
+    const int k = std::min(hdp, 3);
+    StepPlan mixed{4096, std::vector<std::vector<PlannedMicroBatch>>(hdp), {Ring{{}, {0, 1}}}};
+    for (int j = 0; j < k; ++j) {
+      mixed.rings[0].ranks.push_back(j);
+      mixed.ranks[j].push_back(ring_member(several.sequences, {0, 1}, 0, j, k, {{2 + j, 0, several.sequences[2 + j].length}}));
+    }
+    for (int j = k; j < 3; ++j) mixed.ranks[0].push_back(PlannedMicroBatch{{{2 + j, 0, several.sequences[2 + j].length}}});
+    expect_close(planned_gradient(engine, groups, several, mixed), want_mixed, std::string(parallel) + " mixed ring");
   }
 }
 

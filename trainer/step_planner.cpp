@@ -42,23 +42,29 @@ StepPlan StepPlanner::plan(std::span<const int64_t> lengths) const {
   return plan;
 }
 
-GlobalBatch StepPlanner::next_local_batch(BatchSampler& sampler, const TokenDataset& dataset, int hdp_rank) const {
-  GlobalBatch batch = sampler.next_plan();
-  std::vector<int64_t> lengths;
-  for (const SequenceSpan& s : batch.sequences) lengths.push_back(s.length);
-  const StepPlan step = plan(lengths);
-  for (const PlannedMicroBatch& planned : step.ranks[hdp_rank]) {
-    PackedMicroBatch mb = materialize_planned(dataset, batch.sequences, planned);
+std::vector<PackedMicroBatch> local_micro_batches(const TokenDataset& dataset, std::span<const SequenceSpan> sequences,
+                                                  const StepPlan& plan, int hdp_rank) {
+  std::vector<PackedMicroBatch> out;
+  for (const PlannedMicroBatch& planned : plan.ranks[hdp_rank]) {
+    PackedMicroBatch mb = materialize_planned(dataset, sequences, planned);
     if (planned.ring >= 0) {
-      const Ring& ring = step.rings[planned.ring];
+      const Ring& ring = plan.rings[planned.ring];
       std::vector<int64_t> ring_lengths;
-      for (int64_t s : ring.sequences) ring_lengths.push_back(lengths[s]);
+      for (int64_t s : ring.sequences) ring_lengths.push_back(sequences[s].length);
       int self = 0;
       while (ring.ranks[self] != hdp_rank) ++self;
       mb.ring_layout = zigzag_ring_layout(ring.ranks, ring_lengths, self);
     }
-    batch.micro_batches.push_back(std::move(mb));
+    out.push_back(std::move(mb));
   }
+  return out;
+}
+
+GlobalBatch StepPlanner::next_local_batch(BatchSampler& sampler, const TokenDataset& dataset, int hdp_rank) const {
+  GlobalBatch batch = sampler.next_plan();
+  std::vector<int64_t> lengths;
+  for (const SequenceSpan& s : batch.sequences) lengths.push_back(s.length);
+  batch.micro_batches = local_micro_batches(dataset, batch.sequences, plan(lengths), hdp_rank);
   return batch;
 }
 

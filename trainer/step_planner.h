@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "data/batch.h"
 #include "data/dataset.h"
@@ -14,6 +15,11 @@
 #include "trainer/config.h"
 
 namespace hdp {
+
+// This rank's micro-batches of a plan, read from the dataset, each with the layout
+// of its ring when it takes part in one.
+std::vector<PackedMicroBatch> local_micro_batches(const TokenDataset& dataset, std::span<const SequenceSpan> sequences,
+                                                  const StepPlan& plan, int hdp_rank);
 
 class StepPlanner {
  public:
