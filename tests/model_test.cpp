@@ -176,3 +176,96 @@ TEST(Model, InitIsDeterministicAndScaled) {
 
 }  // namespace
 }  // namespace hdp
+
+namespace hdp {
+namespace {
+
+ReferenceBatch random_documents(const std::vector<int>& lengths, int vocab, uint64_t seed) {
+  ReferenceBatch b;
+  b.cu_seqlens.push_back(0);
+  for (int len : lengths) {
+    const size_t start = b.tokens.size();
+    for (int i = 0; i < len; ++i) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      b.tokens.push_back(static_cast<int32_t>((seed >> 33) % vocab));
+      b.positions.push_back(i);
+    }
+    for (int i = 0; i < len; ++i) b.targets.push_back(i + 1 < len ? b.tokens[start + i + 1] : -1);
+    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+  }
+  return b;
+}
+
+ModelConfig offload_config() {
+  ModelConfig c;
+  c.vocab_size = 61;
+  c.hidden_size = 32;
+  c.num_layers = 6;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.ffn_hidden_size = 48;
+  c.init_std = 0.1;
+  return c;
+}
+
+TEST(Offload, GradientsAreBitIdenticalAndTheDevicePeakFallsByTheOffloadedBytes) {
+  const ModelConfig c = offload_config();
+  LongSequenceOptions offload;
+  offload.max_tokens = 512;
+  offload.offload = true;
+  LlamaModel plain(c, 256), offloaded(c, 256, {}, 1, nullptr, offload);
+  plain.init_weights(9);
+  offloaded.init_weights(9);
+  // 192 tokens, half of them offloaded: 96-row halves keep every tensor 64-byte aligned.
+  const ReferenceBatch b = random_documents({120, 50, 22}, 61, 4);
+  MicroBatchView with = view(b), without = view(b);
+  with.offload_ratio = 0.5;
+  plain.zero_grad();
+  offloaded.zero_grad();
+  const double loss_plain = plain.forward_backward(without, 0.01f);
+  offloaded.set_batch(0, with);
+  const double loss_offloaded = offloaded.forward(0, 0.01f, true);
+  offloaded.backward(0);
+  EXPECT_EQ(loss_plain, loss_offloaded);
+  for (int64_t i = 0; i < plain.flat_gradients().numel(); ++i) {
+    ASSERT_EQ(plain.flat_gradients().data[i], offloaded.flat_gradients().data[i]) << "gradient " << i;
+  }
+  // Per layer and token the row tensors hold x_in, ln1, x_mid, ln2 (H each), q and
+  // attn (heads x d), k and v (kv heads x d), gate and up (ffn): layers 0..L-3 park
+  // 96 rows of them in host memory.
+  const int64_t row_floats = 4 * 32 + 2 * 32 + 2 * 16 + 2 * 48;
+  const size_t offloaded_bytes = static_cast<size_t>(c.num_layers - 2) * 96 * row_floats * sizeof(float);
+  EXPECT_EQ(plain.activation_usage().device_peak_bytes - offloaded.activation_usage().device_peak_bytes,
+            offloaded_bytes);
+  EXPECT_EQ(offloaded.activation_usage().host_peak_bytes, offloaded_bytes);
+  EXPECT_EQ(offloaded.activation_usage().offloaded_bytes, static_cast<int64_t>(offloaded_bytes));
+  EXPECT_GT(offloaded.activation_usage().host_pool_bytes, 0u);
+}
+
+TEST(Offload, AMicroBatchAboveTheCapacityRunsWithOffload) {
+  const ModelConfig c = offload_config();
+  LongSequenceOptions offload;
+  offload.max_tokens = 384;
+  offload.offload = true;
+  // Capacity 256 tokens per layer; 384 tokens fit only with most of them offloaded.
+  LlamaModel small(c, 256, {}, 1, nullptr, offload), large(c, 384);
+  small.init_weights(2);
+  large.init_weights(2);
+  const ReferenceBatch b = random_documents({300, 84}, 61, 8);
+  MicroBatchView v = view(b);
+  EXPECT_THROW(small.forward_backward(v, 0.01f), std::invalid_argument);  // no room without offload
+  v.offload_ratio = 0.75;
+  small.zero_grad();
+  large.zero_grad();
+  small.set_batch(0, v);
+  const double loss = small.forward(0, 0.01f, true);
+  small.backward(0);
+  EXPECT_EQ(loss, large.forward_backward(view(b), 0.01f));
+  for (int64_t i = 0; i < large.flat_gradients().numel(); ++i) {
+    ASSERT_EQ(small.flat_gradients().data[i], large.flat_gradients().data[i]) << "gradient " << i;
+  }
+  EXPECT_LE(small.activation_usage().device_peak_bytes, small.activation_bytes());
+}
+
+}  // namespace
+}  // namespace hdp
