@@ -20,9 +20,6 @@ void validate_sampler_options(const SamplerOptions& o) {
   if (o.max_seq_len > o.global_batch_tokens)
     throw std::invalid_argument("sampler: max_seq_len (" + std::to_string(o.max_seq_len) +
                                 ") must be <= global_batch_tokens (" + std::to_string(o.global_batch_tokens) + ")");
-  if (o.max_seq_len > o.micro_batch_tokens)
-    throw std::invalid_argument("sampler: max_seq_len (" + std::to_string(o.max_seq_len) +
-                                ") must be <= micro_batch_tokens (" + std::to_string(o.micro_batch_tokens) + ")");
   if (o.micro_batch_tokens > INT32_MAX)
     throw std::invalid_argument("sampler: micro_batch_tokens must fit in int32");
 }
@@ -181,6 +178,12 @@ GlobalBatch BatchSampler::next_plan() {
 }
 
 void BatchSampler::pack(GlobalBatch& batch) const {
+  // Packing keeps every sequence whole; planners that split long sequences across
+  // ranks (parallel/hdp_planner.h) use next_plan() instead.
+  if (options_.max_seq_len > options_.micro_batch_tokens) {
+    throw std::invalid_argument("sampler: packing needs max_seq_len (" + std::to_string(options_.max_seq_len) +
+                                ") <= micro_batch_tokens (" + std::to_string(options_.micro_batch_tokens) + ")");
+  }
   batch.micro_batches = pack_best_fit(batch.sequences, options_.micro_batch_tokens);
   for (PackedMicroBatch& mb : batch.micro_batches) materialize_micro_batch(*dataset_, mb);
 }

@@ -36,7 +36,8 @@ struct SamplerOptions {
 };
 
 // Throws std::invalid_argument naming the option: all sizes must be >= 1,
-// max_seq_len <= global_batch_tokens and max_seq_len <= micro_batch_tokens.
+// max_seq_len <= global_batch_tokens (packing with next() also needs
+// max_seq_len <= micro_batch_tokens).
 void validate_sampler_options(const SamplerOptions& options);
 
 // The order of documents in `epoch`: 0..n-1 when !shuffle, otherwise a

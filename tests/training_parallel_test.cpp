@@ -8,6 +8,7 @@
 #include <hdf5.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -201,6 +202,69 @@ TEST(ParallelResume, AcrossLayoutsContinuesLikeAnUninterruptedRun) {
   auto c = run_command(mpirun(8) + " " + train_args(dir, {"c", 2, 2, 2}, 5, common));
   ASSERT_EQ(c.exit_code, 0) << c.output;
   expect_same_run(result_of(dir), want, "resumed");
+}
+
+// A corpus with documents longer than a micro-batch, for hybrid data parallelism.
+const std::string& long_corpus() {
+  static const std::string path = [] {
+    const std::string dir = scratch_dir("parallel-long-corpus-" + std::to_string(getpid()));
+    auto r = run_trainer("make-corpus --output " + dir + "/long.h5 --documents 400 --max-length 6000 --seed 7");
+    if (r.exit_code != 0) throw std::runtime_error("make-corpus failed: " + r.output);
+    return dir + "/long.h5";
+  }();
+  return path;
+}
+
+std::vector<int64_t> metric_values(const std::string& run_dir, const std::string& key) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::vector<int64_t> out;
+  std::smatch m;
+  for (std::string line; std::getline(in, line);) {
+    if (std::regex_search(line, m, std::regex("\"" + key + "\": ([0-9]+)"))) out.push_back(std::stoll(m[1]));
+  }
+  return out;
+}
+
+TEST(HybridDataParallel, LongDocumentsOverRingsWithOffloadEqualOneProcess) {
+  // Sequences up to 2048 tokens, 512 per rank and micro-batch: a 2048-token sequence
+  // needs 4 ranks without offload; with 4 layers per stage and offload it fits 2
+  // (each rank then holds 1024 tokens, half of its activations in host memory).
+  const std::string data = "--set data.path=" + long_corpus() + " --set data.max_seq_len=2048 " +
+                           "--set data.global_batch_tokens=6144 ";
+  const RunResult want =
+      train(scratch_dir("parallel-long-single"), {"single", 1, 1, 1}, data + "--set data.micro_batch_tokens=2048");
+  for (const Layout& l : {Layout{"long_hdp4", 1, 1, 4}, Layout{"long_tp2_hdp2", 2, 1, 2}}) {
+    const std::string dir = scratch_dir("parallel-" + l.name);
+    expect_same_run(train(dir, l, data + "--set data.micro_batch_tokens=512"), want, l.name);
+    // The long sequences really went through rings and host memory.
+    const std::vector<int64_t> ring_bytes = metric_values(dir, "attention_bytes");
+    EXPECT_GT(*std::max_element(ring_bytes.begin(), ring_bytes.end()), 0) << l.name;
+    const std::vector<int64_t> offloaded = metric_values(dir, "offloaded_bytes");
+    EXPECT_GT(*std::max_element(offloaded.begin(), offloaded.end()), 0) << l.name;
+  }
+  // Without offload the same sequences need 4 ranks: hdp 2 cannot hold them.
+  const std::string dir = scratch_dir("parallel-long-no-offload");
+  auto r = run_command(mpirun(2) + " " + train_args(dir, {"no_offload", 1, 1, 2}, 1, data +
+                       "--set data.micro_batch_tokens=512 --set offload.enabled=false"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("data.max_seq_len 2048"), std::string::npos) << r.output;
+}
+
+TEST(HybridDataParallel, ShortDocumentsSendNoAttentionTrafficUnderNaiveButDoUnderStatic) {
+  const std::string data = "--set data.max_seq_len=256 --set data.micro_batch_tokens=256 ";
+  const std::string naive = scratch_dir("parallel-traffic-naive"), fixed = scratch_dir("parallel-traffic-static");
+  auto a = run_command(mpirun(2) + " " + train_args(naive, {"naive", 1, 1, 2}, 3, data));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b = run_command(mpirun(2) + " " + train_args(fixed, {"static", 1, 1, 2}, 3, data +
+                       "--set scheduler.policy=static --set scheduler.cp=2"));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  for (int64_t bytes : metric_values(naive, "attention_bytes")) EXPECT_EQ(bytes, 0);
+  for (int64_t bytes : metric_values(fixed, "attention_bytes")) EXPECT_GT(bytes, 0);
+  // Both train the same batches to the same numbers.
+  const std::vector<double> la = losses(naive), lb = losses(fixed);
+  ASSERT_EQ(la.size(), 3u);
+  ASSERT_EQ(lb.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(la[i], lb[i], 1e-5 * la[i]) << "step " << i + 1;
 }
 
 TEST(ParallelFailures, WorldSizeMismatchEndsTheJobWithCode2) {

@@ -1,6 +1,7 @@
 #include "trainer/engine.h"
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <stdexcept>
 
@@ -42,8 +43,13 @@ class TrainingEngine::Stage final : public PipelineStage {
     model_.set_batch(slot, MicroBatchView{b.tokens, b.targets, b.positions, b.cu_seqlens,
                                           b.ring >= 0 ? &b.ring_layout : nullptr, b.offload_ratio});
   }
-  void forward(int, int slot) override { loss_sum_ += model_.forward(slot, loss_scale_, true); }
+  void forward(int, int slot) override {
+    const auto t0 = Clock::now();
+    loss_sum_ += model_.forward(slot, loss_scale_, true);
+    busy_ += Clock::now() - t0;
+  }
   void backward(int i, int slot) override {
+    const auto t0 = Clock::now();
     // Gradients become final during the last micro-batch's backward: reduce them
     // bucket by bucket while the rest of backward runs.
     if (i + 1 == static_cast<int>(batches_.size())) {
@@ -51,14 +57,18 @@ class TrainingEngine::Stage final : public PipelineStage {
     } else {
       model_.backward(slot);
     }
+    busy_ += Clock::now() - t0;
   }
   Tensor input_activation(int slot) override { return model_.input_activation(slot); }
   Tensor output_activation(int slot) override { return model_.output_activation(slot); }
   Tensor output_gradient(int slot) override { return model_.output_gradient(slot); }
   Tensor input_gradient(int slot) override { return model_.input_gradient(slot); }
   double loss_sum() const { return loss_sum_; }
+  double busy_ms() const { return std::chrono::duration<double, std::milli>(busy_).count(); }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  Clock::duration busy_{};
   LlamaModel& model_;
   ZeroAdamW& optimizer_;
   std::span<const PackedMicroBatch> batches_;
@@ -118,6 +128,7 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
   const bool counts_loss = groups_.last_stage() && groups_.coords().tp_rank == 0;
   const double loss_sum = groups_.world().all_reduce_sum(counts_loss ? stage.loss_sum() : 0.0);
   result.loss = result.predictions > 0 ? loss_sum / static_cast<double>(result.predictions) : 0.0;
+  result.busy_ms = stage.busy_ms();
 
   optimizer_->step(model_->flat_parameters(), lr, clip_factor(result.grad_norm, config_.optim.grad_clip), step_number);
   return result;
@@ -130,6 +141,8 @@ MemoryReport TrainingEngine::memory() const {
   m.optimizer = optimizer_->state_bytes();
   m.activations = model_->activation_bytes();
   m.pipeline = pipeline_->buffer_bytes();
+  m.ring = model_->ring_buffer_bytes();
+  m.host_pool = model_->activation_usage().host_pool_bytes;
   return m;
 }
 

@@ -31,11 +31,13 @@ struct StepResult {
   double loss = 0;           // global token-level loss: sum of cross-entropies / predictions
   double grad_norm = 0;      // before clipping
   int64_t predictions = 0;   // predicted tokens in the global batch
+  double busy_ms = 0;        // this rank's time in forward and backward (ring transfers included)
 };
 
 struct MemoryReport {
-  size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, pipeline = 0;
-  size_t total() const { return parameters + gradients + optimizer + activations + pipeline; }
+  size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, pipeline = 0, ring = 0;
+  size_t host_pool = 0;  // host memory for offloaded activations (not device memory)
+  size_t total() const { return parameters + gradients + optimizer + activations + pipeline + ring; }
 };
 
 class TrainingEngine {

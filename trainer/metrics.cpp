@@ -36,6 +36,13 @@ std::string to_json(const StepMetrics& m) {
   s += ", \"tp_bytes\": " + std::to_string(m.tp_bytes);
   s += ", \"pp_bytes\": " + std::to_string(m.pp_bytes);
   s += ", \"hdp_bytes\": " + std::to_string(m.hdp_bytes);
+  s += ", \"attention_bytes\": " + std::to_string(m.attention_bytes);
+  s += ", \"busy_ms_min\": " + number(m.busy_ms_min);
+  s += ", \"busy_ms_max\": " + number(m.busy_ms_max);
+  s += ", \"idle_fraction\": " + number(m.idle_fraction);
+  s += ", \"activation_peak_bytes\": " + std::to_string(m.activation_peak_bytes);
+  s += ", \"host_pool_bytes\": " + std::to_string(m.host_pool_bytes);
+  s += ", \"offloaded_bytes\": " + std::to_string(m.offloaded_bytes);
   return s + "}";
 }
 

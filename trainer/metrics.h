@@ -26,6 +26,19 @@ struct StepMetrics {
   int64_t tp_bytes = 0;
   int64_t pp_bytes = 0;
   int64_t hdp_bytes = 0;
+  // Ring attention traffic of the whole job this step (point-to-point bytes on the
+  // hdp groups of every rank).
+  int64_t attention_bytes = 0;
+  // Per-rank time in forward and backward, and the mean fraction of the step the
+  // ranks spent waiting (1 - mean busy / step time).
+  double busy_ms_min = 0;
+  double busy_ms_max = 0;
+  double idle_fraction = 0;
+  // Activation memory: the device peak of this step's micro-batches and the host
+  // pool (offload), on rank 0.
+  int64_t activation_peak_bytes = 0;
+  int64_t host_pool_bytes = 0;
+  int64_t offloaded_bytes = 0;  // activations the whole job copied to host memory this step
 };
 
 std::string to_json(const StepMetrics& m);

@@ -148,6 +148,7 @@ class LlamaModel {
   size_t gradient_bytes() const { return grad_arena_.capacity(); }
   size_t activation_bytes() const { return activation_arena_.capacity(); }
   const ActivationUsage& activation_usage() const { return usage_; }
+  size_t ring_buffer_bytes() const { return ring_attention_ ? ring_attention_->buffer_bytes() : 0; }
   // Floats one layer saves per token for backward (Act(s) = 4 x this x s bytes).
   int64_t saved_floats_per_token() const { return row_width_ + small_width_; }
 

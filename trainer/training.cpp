@@ -115,11 +115,12 @@ void run_training(const Config& config, const ProcessInfo& process) {
   if (coords.tp_rank == 0 && coords.hdp_rank == 0) {
     std::string layers;
     for (int64_t n : engine.stage_layers()) layers += (layers.empty() ? "" : " + ") + std::to_string(n);
-    spdlog::info("stage {} (layers {}): {:.2f} M parameters on this rank; memory {:.1f} MiB (parameters {:.1f}, "
-                 "gradients {:.1f}, optimizer shard {:.1f}, activations {:.1f}, pipeline buffers {:.1f})",
+    spdlog::info("stage {} (layers {}): {:.2f} M parameters on this rank; device memory {:.1f} MiB (parameters {:.1f}, "
+                 "gradients {:.1f}, optimizer shard {:.1f}, activations {:.1f}, pipeline buffers {:.1f}, ring buffers "
+                 "{:.1f}); host pool for offloaded activations {:.1f} MiB",
                  coords.pp_rank, layers, engine.model().num_parameters() / 1e6, mib(memory.total()),
                  mib(memory.parameters), mib(memory.gradients), mib(memory.optimizer), mib(memory.activations),
-                 mib(memory.pipeline));
+                 mib(memory.pipeline), mib(memory.ring), mib(memory.host_pool));
   }
 
   TrainingProgress progress = restore_or_init(config, engine);
@@ -164,6 +165,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
     groups.tp().reset_stats();
     groups.pp().reset_stats();
     groups.hdp().reset_stats();
+    const int64_t offloaded_before = engine.model().activation_usage().offloaded_bytes;
     const StepResult result = engine.step(batch.micro_batches, lr, step);
     const double step_ms = ms_since(t0);
 
@@ -187,6 +189,20 @@ void run_training(const Config& config, const ProcessInfo& process) {
     m.tp_bytes = sent(groups.tp());
     m.pp_bytes = sent(groups.pp());
     m.hdp_bytes = sent(groups.hdp());
+    // Job-wide figures: ring traffic, and the spread of busy time over the ranks.
+    std::vector<double> totals = {
+        static_cast<double>(groups.hdp().stats().p2p_bytes), result.busy_ms,
+        static_cast<double>(engine.model().activation_usage().offloaded_bytes - offloaded_before)};
+    std::vector<double> extremes = {result.busy_ms, -result.busy_ms};
+    groups.world().all_reduce(std::span<double>(totals), ReduceOp::Sum);
+    groups.world().all_reduce(std::span<double>(extremes), ReduceOp::Max);
+    m.attention_bytes = static_cast<int64_t>(totals[0]);
+    m.offloaded_bytes = static_cast<int64_t>(totals[2]);
+    m.busy_ms_max = extremes[0];
+    m.busy_ms_min = -extremes[1];
+    m.idle_fraction = std::max(0.0, 1.0 - totals[1] / process.world_size / step_ms);
+    m.activation_peak_bytes = static_cast<int64_t>(engine.model().activation_usage().device_peak_bytes);
+    m.host_pool_bytes = static_cast<int64_t>(engine.model().activation_usage().host_pool_bytes);
     if (metrics) metrics->write(m);
     if (!std::isfinite(m.loss)) {
       throw std::runtime_error("loss is " + std::to_string(m.loss) + " at step " + std::to_string(step) +
