@@ -11,6 +11,7 @@
 //   attention, per (document of L tokens, query head), causal pairs P = L (L + 1) / 2:
 //     forward  4 d P   (S = Q K^T and O = P V, 2 d P each)
 //     backward 10 d P  (S recomputed, dV, dP, dQ, dK: 5 products; = 2.5 x forward)
+//   ring-step (block) attention: the same, with P the visible pairs of the blocks
 //   The exp/softmax work is not counted.
 //
 // Two thread pools share the cores: OpenBLAS's (matmul/linear) and OpenMP's (all
@@ -24,6 +25,7 @@
 #include <cblas.h>
 #include <omp.h>
 
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -213,6 +215,71 @@ BENCHMARK(BM_AttentionForward)->Args({4, 1024, 8, 4, 64})->Args({1, 4096, 8, 4, 
 BENCHMARK(BM_AttentionBackward)->Args({4, 1024, 8, 4, 64})->Args({1, 4096, 8, 4, 64})->Args({4, 1024, 8, 4, 128})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionForwardBackward)->Args({4, 1024, 8, 4, 64})->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// ---- ring attention: one zig-zag step (attention between row blocks) -------------
+// A document of 4C tokens cut in chunks 0..3 over 2 ranks: rank 0 holds chunks 0
+// and 3 (local query rows [0, 2C)), rank 1 chunks 1 and 2. Step 0 is rank 0 against
+// its own keys (chunks 0, 3: two causal diagonals and one full block visible),
+// step 1 against rank 1's keys (chunks 1, 2: two full blocks visible). All four
+// chunk pairs are passed, as a ring caller would; the kernel skips the masked ones.
+// FLOPs count visible (query, key) pairs only, with the conventions above.
+struct RingStepSetup {
+  int64_t C, Hq, Hkv, d, T;
+  std::vector<float> q, k, v, out, lse, dout, dq, dk, dv;
+  std::vector<hdp::AttentionBlock> blocks;
+  double pairs = 0;  // visible pairs of one query head
+  RingStepSetup(int64_t C_, int64_t Hq_, int64_t Hkv_, int64_t d_, bool remote)
+      : C(C_), Hq(Hq_), Hkv(Hkv_), d(d_), T(2 * C_) {
+    q = random_vector(T * Hq * d, -1, 1, 1);
+    k = random_vector(T * Hkv * d, -1, 1, 2);
+    v = random_vector(T * Hkv * d, -1, 1, 3);
+    dout = random_vector(T * Hq * d, -1, 1, 4);
+    out.resize(T * Hq * d);
+    lse.resize(Hq * T);
+    dq.assign(q.size(), 0.0f);
+    dk.assign(k.size(), 0.0f);
+    dv.assign(v.size(), 0.0f);
+    const int64_t mine[2] = {0, 3}, theirs[2] = {remote ? 1 : 0, remote ? 2 : 3};
+    for (int a = 0; a < 2; ++a)
+      for (int b = 0; b < 2; ++b) {
+        const auto qp = static_cast<int32_t>(mine[a] * C), kp = static_cast<int32_t>(theirs[b] * C);
+        blocks.push_back({static_cast<int32_t>(a * C), static_cast<int32_t>((a + 1) * C), static_cast<int32_t>(b * C),
+                          static_cast<int32_t>((b + 1) * C), qp, kp});
+        for (int64_t i = 0; i < C; ++i) pairs += static_cast<double>(std::clamp<int64_t>(qp + i - kp + 1, 0, C));
+      }
+    hdp::attention_reset_rows(Tensor(out.data(), {T, Hq, d}), Tensor(lse.data(), {Hq, T}), 0, T);
+  }
+  void forward() {
+    hdp::attention_forward_blocks(Tensor(out.data(), {T, Hq, d}), Tensor(lse.data(), {Hq, T}),
+                                  Tensor(q.data(), {T, Hq, d}), Tensor(k.data(), {T, Hkv, d}),
+                                  Tensor(v.data(), {T, Hkv, d}), blocks);
+  }
+  void backward() {
+    hdp::attention_backward_blocks(Tensor(dq.data(), {T, Hq, d}), Tensor(dk.data(), {T, Hkv, d}),
+                                   Tensor(dv.data(), {T, Hkv, d}), Tensor(dout.data(), {T, Hq, d}),
+                                   Tensor(q.data(), {T, Hq, d}), Tensor(k.data(), {T, Hkv, d}),
+                                   Tensor(v.data(), {T, Hkv, d}), Tensor(out.data(), {T, Hq, d}),
+                                   Tensor(lse.data(), {Hq, T}), blocks);
+  }
+  double pair_d() const { return pairs * static_cast<double>(Hq * d); }
+};
+
+// Args: C (tokens per chunk), Hq, Hkv, d, step (0: own keys, 1: the other rank's)
+void BM_AttentionRingStepForward(benchmark::State& state) {
+  RingStepSetup s(state.range(0), state.range(1), state.range(2), state.range(3), state.range(4) != 0);
+  for (auto _ : state) s.forward();  // merges into the same rows each time: same work
+  set_gflops(state, 4.0 * s.pair_d());
+}
+void BM_AttentionRingStepBackward(benchmark::State& state) {
+  RingStepSetup s(state.range(0), state.range(1), state.range(2), state.range(3), state.range(4) != 0);
+  s.forward();
+  for (auto _ : state) s.backward();  // adds into dq, dk, dv each time
+  set_gflops(state, 10.0 * s.pair_d());
+}
+BENCHMARK(BM_AttentionRingStepForward)->Args({1024, 8, 4, 64, 0})->Args({1024, 8, 4, 64, 1})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_AttentionRingStepBackward)->Args({1024, 8, 4, 64, 0})->Args({1024, 8, 4, 64, 1})
+    ->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // ---- cross-entropy ---------------------------------------------------------------
 
