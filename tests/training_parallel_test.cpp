@@ -250,6 +250,20 @@ TEST(HybridDataParallel, LongDocumentsOverRingsWithOffloadEqualOneProcess) {
   EXPECT_NE(r.output.find("data.max_seq_len 2048"), std::string::npos) << r.output;
 }
 
+TEST(HybridDataParallel, RingsFormBetweenTheSameStageOfSeveralPipelines) {
+  // Two layers per stage leave no room for offload: a 1024-token sequence spans both
+  // pipelines (hdp 2), its ring formed between their stage 0s and between their stage 1s.
+  const std::string data = "--set data.path=" + long_corpus() + " --set data.max_seq_len=1024 " +
+                           "--set data.global_batch_tokens=4096 ";
+  const RunResult want =
+      train(scratch_dir("parallel-ring-pp-single"), {"single", 1, 1, 1}, data + "--set data.micro_batch_tokens=1024");
+  const std::string dir = scratch_dir("parallel-ring-pp2-hdp2");
+  expect_same_run(train(dir, {"ring_pp2_hdp2", 1, 2, 2}, data + "--set data.micro_batch_tokens=512"), want,
+                  "ring_pp2_hdp2");
+  const std::vector<int64_t> ring_bytes = metric_values(dir, "attention_bytes");
+  EXPECT_GT(*std::max_element(ring_bytes.begin(), ring_bytes.end()), 0);
+}
+
 TEST(HybridDataParallel, ShortDocumentsSendNoAttentionTrafficUnderNaiveButDoUnderStatic) {
   const std::string data = "--set data.max_seq_len=256 --set data.micro_batch_tokens=256 ";
   const std::string naive = scratch_dir("parallel-traffic-naive"), fixed = scratch_dir("parallel-traffic-static");
