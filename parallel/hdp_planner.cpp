@@ -40,19 +40,6 @@ int64_t member_tokens(int64_t length, int position, int ring_size) {
   return chunk_size(length, position, ring_size) + chunk_size(length, 2 * ring_size - 1 - position, ring_size);
 }
 
-// The ring pieces of the member at `position` (parallel/plan.h row order).
-std::vector<PlannedPiece> ring_pieces(const Ring& ring, int ring_index, int position, std::span<const int64_t> lengths) {
-  const int k = static_cast<int>(ring.ranks.size());
-  std::vector<PlannedPiece> pieces;
-  for (int64_t q : ring.sequences) {
-    for (int c : {position, 2 * k - 1 - position}) {
-      const int64_t begin = zigzag_chunk_begin(lengths[q], c, k), end = zigzag_chunk_begin(lengths[q], c + 1, k);
-      if (end > begin) pieces.push_back({q, begin, end - begin, ring_index});
-    }
-  }
-  return pieces;
-}
-
 // Fewest ranks for a sequence of s tokens at offload ratio r (see choose_ranks).
 int64_t ranks_needed(int64_t s, double r, const PlannerSettings& st) {
   const int64_t C = st.capacity, l = st.layers_per_stage;
@@ -185,7 +172,7 @@ StepPlan plan_naive(std::span<const int64_t> lengths, const PlannerSettings& st)
     const int ring_index = static_cast<int>(plan.rings.size());
     for (int j = 0; j < d; ++j) {
       PlannedMicroBatch mb;
-      mb.pieces = ring_pieces(ring, ring_index, j, lengths);
+      mb.pieces = zigzag_ring_pieces(ring, ring_index, j, lengths);
       mb.ring = ring_index;
       mb.offload_ratio = ls.choice.ratio;
       load[ring.ranks[j]] += mb.tokens();
@@ -342,7 +329,7 @@ StepPlan plan_static(std::span<const int64_t> lengths, const PlannerSettings& st
     const int ring_index = static_cast<int>(plan.rings.size());
     for (int j = 0; j < cp; ++j) {
       PlannedMicroBatch mb;
-      mb.pieces = ring_pieces(ring, ring_index, j, lengths);
+      mb.pieces = zigzag_ring_pieces(ring, ring_index, j, lengths);
       mb.ring = ring_index;
       plan.ranks[ring.ranks[j]].push_back(std::move(mb));
     }

@@ -59,6 +59,19 @@ int64_t zigzag_chunk_begin(int64_t length, int chunk, int ring_size) {
   return static_cast<int64_t>(static_cast<__int128>(length) * chunk / (2 * static_cast<int64_t>(ring_size)));
 }
 
+std::vector<PlannedPiece> zigzag_ring_pieces(const Ring& ring, int ring_index, int position,
+                                             std::span<const int64_t> lengths) {
+  const int k = static_cast<int>(ring.ranks.size());
+  std::vector<PlannedPiece> pieces;
+  for (int64_t q : ring.sequences) {
+    for (int c : {position, 2 * k - 1 - position}) {
+      const int64_t begin = zigzag_chunk_begin(lengths[q], c, k), end = zigzag_chunk_begin(lengths[q], c + 1, k);
+      if (end > begin) pieces.push_back({q, begin, end - begin, ring_index});
+    }
+  }
+  return pieces;
+}
+
 int64_t max_micro_batch_tokens(int64_t capacity, int64_t layers, double offload_ratio) {
   if (capacity < 1 || layers < 1 || !(offload_ratio >= 0.0 && offload_ratio <= 1.0)) {
     throw std::invalid_argument("max_micro_batch_tokens: capacity " + std::to_string(capacity) + ", layers " +
@@ -79,19 +92,6 @@ std::string piece_string(const PlannedPiece& p) {
          std::to_string(p.length) + ", ring " + std::to_string(p.ring) + ")";
 }
 
-// The ring pieces of the member at `position`, in row order.
-std::vector<PlannedPiece> zigzag_ring_pieces(const Ring& ring, int ring_index, int position,
-                                             std::span<const int64_t> lengths) {
-  const int k = static_cast<int>(ring.ranks.size());
-  std::vector<PlannedPiece> pieces;
-  for (int64_t q : ring.sequences) {
-    for (int c : {position, 2 * k - 1 - position}) {
-      const int64_t begin = zigzag_chunk_begin(lengths[q], c, k), end = zigzag_chunk_begin(lengths[q], c + 1, k);
-      if (end > begin) pieces.push_back({q, begin, end - begin, ring_index});
-    }
-  }
-  return pieces;
-}
 
 bool same_piece(const PlannedPiece& a, const PlannedPiece& b) {
   return a.sequence == b.sequence && a.offset == b.offset && a.length == b.length && a.ring == b.ring;

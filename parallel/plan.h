@@ -52,6 +52,11 @@ struct StepPlan {
 // chunks are [length * c / 2k, length * (c + 1) / 2k).
 int64_t zigzag_chunk_begin(int64_t length, int chunk, int ring_size);
 
+// The ring pieces of the member at `position` of `ring` (index ring_index in the
+// plan), in row order; lengths are the global batch's sequence lengths.
+std::vector<PlannedPiece> zigzag_ring_pieces(const Ring& ring, int ring_index, int position,
+                                             std::span<const int64_t> lengths);
+
 // The most tokens a micro-batch may hold when a fraction r of its saved
 // activations is offloaded and a pipeline stage has `layers` layers: device memory
 // holds two layers in full and the other l - 2 at (1 - r), within the budget of l

@@ -238,18 +238,15 @@ RingData ring_data(const std::string& name, const std::vector<int64_t>& lengths)
   return data;
 }
 
-// Member j of a ring of k holds chunks j and 2k-1-j of every ring sequence.
-PlannedMicroBatch ring_member(const std::vector<SequenceSpan>& sequences, const std::vector<int64_t>& ring_sequences,
-                              int ring, int j, int k, std::vector<PlannedPiece> local = {}) {
+// The micro-batch of member j of `ring`: its local pieces, then its zig-zag chunks.
+PlannedMicroBatch ring_member(const std::vector<SequenceSpan>& sequences, const Ring& ring, int j,
+                              std::vector<PlannedPiece> local = {}) {
+  std::vector<int64_t> lengths;
+  for (const SequenceSpan& s : sequences) lengths.push_back(s.length);
   PlannedMicroBatch mb;
-  mb.ring = ring;
+  mb.ring = 0;
   mb.pieces = std::move(local);
-  for (int64_t s : ring_sequences) {
-    for (int c : {j, 2 * k - 1 - j}) {
-      const int64_t b = zigzag_chunk_begin(sequences[s].length, c, k), e = zigzag_chunk_begin(sequences[s].length, c + 1, k);
-      if (e > b) mb.pieces.push_back({s, b, e - b, ring});
-    }
-  }
+  for (const PlannedPiece& p : zigzag_ring_pieces(ring, 0, j, lengths)) mb.pieces.push_back(p);
   return mb;
 }
 
@@ -295,12 +292,9 @@ TEST(RingAttention, ADocumentSplitOver2To4RanksGivesTheWholeDocumentsGradients) 
     whole.ranks[0].push_back(PlannedMicroBatch{{{0, 0, 4096}}});
     const std::vector<float> want = planned_gradient(engine, groups, data, whole);
     for (int k = 2; k <= hdp; ++k) {
-      StepPlan ring{4096, std::vector<std::vector<PlannedMicroBatch>>(hdp), {}};
-      ring.rings.push_back(Ring{{}, {0}});
-      for (int j = 0; j < k; ++j) {
-        ring.rings[0].ranks.push_back(j);
-        ring.ranks[j].push_back(ring_member(data.sequences, {0}, 0, j, k));
-      }
+      StepPlan ring{4096, std::vector<std::vector<PlannedMicroBatch>>(hdp), {Ring{{}, {0}}}};
+      for (int j = 0; j < k; ++j) ring.rings[0].ranks.push_back(j);
+      for (int j = 0; j < k; ++j) ring.ranks[j].push_back(ring_member(data.sequences, ring.rings[0], j));
       expect_close(planned_gradient(engine, groups, data, ring), want,
                    std::string(parallel) + " ring of " + std::to_string(k));
     }
@@ -311,9 +305,9 @@ TEST(RingAttention, ADocumentSplitOver2To4RanksGivesTheWholeDocumentsGradients) 
     const std::vector<float> want_mixed = planned_gradient(engine, groups, several, short_whole);
     const int k = std::min(hdp, 3);
     StepPlan mixed{4096, std::vector<std::vector<PlannedMicroBatch>>(hdp), {Ring{{}, {0, 1}}}};
+    for (int j = 0; j < k; ++j) mixed.rings[0].ranks.push_back(j);
     for (int j = 0; j < k; ++j) {
-      mixed.rings[0].ranks.push_back(j);
-      mixed.ranks[j].push_back(ring_member(several.sequences, {0, 1}, 0, j, k, {{2 + j, 0, several.sequences[2 + j].length}}));
+      mixed.ranks[j].push_back(ring_member(several.sequences, mixed.rings[0], j, {{2 + j, 0, several.sequences[2 + j].length}}));
     }
     for (int j = k; j < 3; ++j) mixed.ranks[0].push_back(PlannedMicroBatch{{{2 + j, 0, several.sequences[2 + j].length}}});
     expect_close(planned_gradient(engine, groups, several, mixed), want_mixed, std::string(parallel) + " mixed ring");
