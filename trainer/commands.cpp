@@ -3,9 +3,12 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <optional>
 #include <stdexcept>
 
@@ -15,6 +18,8 @@
 #include "parallel/runtime.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
+#include "trainer/cost_file.h"
+#include "trainer/profiler.h"
 #include "trainer/training.h"
 
 namespace hdp {
@@ -199,6 +204,61 @@ tp/pp/hdp layout) as a whole float32 tensor under its Hugging Face name
   --output PATH   the file to write
 )";
 
+const char* const kProfileHelp = R"(usage: trainer profile CONFIG.yaml [options]
+
+Measures the cost model the HDP planner uses (docs/cost-model.md) on this machine
+for the config's model shape and writes it as a cost file for scheduler.cost_file:
+one transformer layer's forward+backward time T(s) = a1 s^2 + b1 s + g over
+documents of several lengths (median of repeats after a warm-up), its saved
+activations Act(s) = a2 s + b2 bytes, the embedding and the LM head + loss per
+token, and the host<->device copy bandwidth. Every other length is held out to
+check the fit; the final coefficients are fitted on all lengths.
+  --set key.path=value   override one config key (repeatable); train.threads sets
+                         the threads measured with (0 = all cores)
+  --output FILE.yaml     the cost file (default TRAIN.RUN_DIR/cost-model.yaml)
+  --lengths L1,L2,...    document lengths, at least 5 (default: powers of two from
+                         128 to min(data.max_seq_len, 8192) with the geometric
+                         midpoints between them, which are the held-out ones)
+  --repeats N            timed runs per measurement, the median counts (default 5)
+
+The layer is measured whole (tensor-parallel degree 1); a run with parallel.tp > 1
+divides its times by tp. The data file is not needed.
+)";
+
+// "256,512,1024" -> lengths, ascending.
+std::vector<int64_t> parse_lengths(const std::string& text) {
+  std::vector<int64_t> lengths;
+  std::stringstream in(text);
+  for (std::string item; std::getline(in, item, ',');) {
+    try {
+      size_t used = 0;
+      const long long v = std::stoll(item, &used);
+      if (used != item.size()) throw std::invalid_argument("trailing characters");
+      lengths.push_back(v);
+    } catch (const std::exception&) {
+      throw UsageError("--lengths expects comma-separated integers, got '" + item + "' in '" + text + "'");
+    }
+  }
+  std::sort(lengths.begin(), lengths.end());
+  try {
+    validate_profile_lengths(lengths);
+  } catch (const std::invalid_argument& e) {
+    throw UsageError(std::string("--lengths ") + e.what());
+  }
+  return lengths;
+}
+
+// The config without checking that its data file exists: profiling needs none.
+Config load_config_for_profile(const std::string& path, const std::vector<std::string>& overrides) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in || std::filesystem::is_directory(path)) {
+    throw ConfigError(path + ": cannot open the config file; pass an existing YAML file, e.g. configs/tiny-llama.yaml");
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return parse_config_text(text.str(), path, overrides, /*check_files=*/false);
+}
+
 }  // namespace
 
 int command_train(int argc, char** argv, const std::vector<std::string>& raw) {
@@ -301,6 +361,46 @@ int command_export(const std::vector<std::string>& raw) {
     return 0;
   } catch (...) {
     return report("export", std::current_exception());
+  }
+}
+
+int command_profile(const std::vector<std::string>& raw) {
+  Arguments args("profile", raw);
+  if (args.flag("--help") || args.flag("-h")) {
+    std::fputs(kProfileHelp, stdout);
+    return 0;
+  }
+  ensure_logging();
+  try {
+    const std::vector<std::string> overrides = args.repeated("--set");
+    const std::optional<std::string> output = args.option("--output");
+    const std::optional<std::string> lengths = args.option("--lengths");
+    const int repeats = args.number("--repeats", 5);
+    const std::vector<std::string> files = args.positional();
+    args.expect_empty();
+    if (files.size() != 1) throw UsageError("expects exactly one CONFIG.yaml");
+    if (repeats < 1) throw UsageError("--repeats must be at least 1, got " + std::to_string(repeats));
+    if (output && output->empty()) throw UsageError("--output needs a file name");
+    ProfileOptions options;
+    options.repeats = repeats;
+    if (lengths) options.lengths = parse_lengths(*lengths);
+    const Config config = load_config_for_profile(files[0], overrides);
+    if (!lengths) options.lengths = default_profile_lengths(config);
+    const std::string path = output ? *output : (std::filesystem::path(config.train.run_dir) / "cost-model.yaml").string();
+
+    const int threads = configure_threads(config.train.threads, ProcessInfo{});
+    spdlog::info("profiling {} with {} threads (median of {} runs after a warm-up)", files[0], threads, repeats);
+    if (config.parallel.tp > 1) {
+      spdlog::info("parallel.tp = {}: measuring the whole layer (tp 1); training divides the times by tp",
+                   config.parallel.tp);
+    }
+    const CostFile file = profile_cost_model(config, options, [](const std::string& line) { spdlog::info("{}", line); });
+    write_cost_file(path, file);
+    std::fputs(describe_cost_file(file).c_str(), stdout);
+    std::printf("wrote %s; train with it: --set scheduler.cost_file=%s\n", path.c_str(), path.c_str());
+    return 0;
+  } catch (...) {
+    return report("profile", std::current_exception());
   }
 }
 

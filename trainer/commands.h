@@ -12,5 +12,6 @@ int command_train(int argc, char** argv, const std::vector<std::string>& args);
 int command_prepare_data(const std::vector<std::string>& args);
 int command_make_corpus(const std::vector<std::string>& args);
 int command_export(const std::vector<std::string>& args);
+int command_profile(const std::vector<std::string>& args);
 
 }  // namespace hdp

@@ -20,6 +20,7 @@ commands:
   prepare-data --input FILE... --output DATA.h5  tokenize text or JSONL into a dataset
   make-corpus --output DATA.h5 [...]             write the built-in demo corpus
   export CHECKPOINT --output FILE.h5             whole weights under Hugging Face names
+  profile CONFIG.yaml [--output FILE.yaml]       measure the planner's cost model on this machine
 
   trainer <command> --help   options of one command
   trainer --version          version
@@ -47,6 +48,7 @@ int main(int argc, char** argv) {
   if (command == "prepare-data") return hdp::command_prepare_data(args);
   if (command == "make-corpus") return hdp::command_make_corpus(args);
   if (command == "export") return hdp::command_export(args);
+  if (command == "profile") return hdp::command_profile(args);
   std::fprintf(stderr, "trainer: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }
