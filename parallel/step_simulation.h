@@ -1,0 +1,167 @@
+#pragma once
+// The operation graph of one planned training step (parallel/plan.h) on a
+// described cluster, replayed with parallel/simulator.h: `trainer plan`'s
+// simulator (docs/planning.md).
+//
+// A simulated process is one tensor-parallel group (its tp GPUs run in lock step
+// and are folded into one), at one pipeline stage of one hdp rank:
+// process = hdp_rank + hdp * stage, whose GPUs are world ranks
+// tp * process ... tp * process + tp - 1 (the trainer's rank order,
+// docs/architecture.md), gpus_per_node to a node.
+//
+// Streams of a process: compute, pp-fwd-send, pp-fwd-recv, pp-bwd-send,
+// pp-bwd-recv, dp (gradient reduce-scatter and parameter all-gather), d2h and h2d
+// (activation offload copies).
+//
+// Per pipeline stage and hdp rank, the rank's planned micro-batches run in the
+// 1F1B order of parallel/pipeline.h. Forward of micro-batch i on stage s > 0
+// waits for the activation receive paired with stage s-1's send (a group: the
+// transfer starts when both have started); backward likewise from stage s+1.
+// A ring micro-batch's compute operations on all members form a group: the ring
+// starts when its last member arrives and runs in lock step for the slowest
+// member's time (ring attention: every ring step waits for the previous block).
+// After its last backward, every process joins its stage's gradient
+// reduce-scatter over the hdp ranks (a collective: the DP bubble shows as the
+// wait for the slowest rank), runs the optimizer on its ZeRO-1 shard, and joins
+// the parameter all-gather. The step time is the makespan.
+
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "parallel/cost_model.h"
+#include "parallel/hardware.h"
+#include "parallel/plan.h"
+#include "parallel/simulator.h"
+
+namespace hdp {
+
+// The shape of a LLaMA / Mistral model for planning (no weights). MoE: every
+// layer has `experts` FFNs of size ffn and each token runs `experts_per_token`
+// of them; dense models have 1 and 1.
+struct ModelShape {
+  std::string name;
+  int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
+  int64_t experts = 1, experts_per_token = 1;
+  bool tied_embeddings = false;
+};
+
+// Throws std::invalid_argument naming the first bad field.
+void validate_model_shape(const ModelShape& model);
+
+struct ParallelLayout {
+  int tp = 1, pp = 1, hdp = 1;
+  int gpus() const { return tp * pp * hdp; }
+};
+
+// Byte and FLOP counts of one model under one layout, per GPU of a tp group.
+// Mixed precision as in Megatron-LM with a distributed (ZeRO-1) optimizer:
+// bf16 weights (2 bytes per parameter), fp32 gradients (4), fp32 master weights
+// and Adam moments (12) sharded over the hdp ranks; activations bf16 (2 bytes per
+// value). tp shards attention heads, the FFN (or every expert's FFN), the
+// embedding and the LM head; norms and the router are replicated; no sequence
+// parallelism (as in this trainer), so tensors of size hidden per token are held
+// whole on every tp rank.
+struct ModelCosts {
+  double layer_parameters = 0;         // one layer, all experts, whole model (not per GPU)
+  double embedding_parameters = 0;     // vocab x hidden
+  double head_parameters = 0;          // LM head (0 when tied and pp = 1) + final norm
+  double layer_matmul_flops_per_token = 0;  // forward + backward, per GPU: 6 x active matmul parameters / tp
+  double attention_flops_per_token_pair = 0;  // forward + backward per (query, visible key) pair, per GPU: 12 qdim / tp
+  double head_flops_per_token = 0;     // LM head forward + backward per GPU: 6 vocab hidden / tp
+  // Values one layer saves for backward per token, per GPU, and their bytes (x2):
+  // layer input, norm outputs (2 x hidden), attention residual (hidden),
+  // q, k, v after RoPE and the attention output (2 qdim/tp + 2 kvdim/tp),
+  // gate and up of each active expert (2 ffn k / tp), router logits (experts,
+  // MoE only), and the fp32 1/rms (2 x 1) and log-sum-exp (heads/tp), each fp32
+  // value counted as two bf16 values.
+  double saved_values_per_token = 0;
+  double saved_bytes_per_token = 0;
+  double kv_bytes_per_token = 0;       // K and V of one layer per GPU (ring attention block), bf16
+  double boundary_bytes_per_token = 0;  // activation (or its gradient) sent between pipeline stages, per GPU
+};
+ModelCosts model_costs(const ModelShape& model, int tp, int pp);
+
+// Per-stage memory and the capacity C it allows.
+struct MemoryBudget {
+  int64_t capacity = 0;  // C: the smallest over stages of floor(free / (in_flight x layers x saved bytes))
+  int limiting_stage = 0;
+  std::vector<double> parameters_per_gpu;  // per stage
+  std::vector<double> static_bytes;        // weights + gradients + optimizer shard, per GPU and stage
+  std::vector<double> free_bytes;          // hbm - reserved - static, per stage
+};
+// Stage s keeps pp - s micro-batches in flight under 1F1B, each of at most C
+// tokens over its layers. Throws std::invalid_argument if a stage has no room
+// for a single token.
+MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hardware, const ParallelLayout& layout,
+                           std::span<const int64_t> stage_layers);
+
+// Everything the step graph needs; make_step_costs derives it from the model and
+// cluster, tests set it by hand.
+struct StepCosts {
+  // Per layer of one GPU: T(s) forward + backward seconds, Act(s) saved bytes,
+  // copy rates.
+  CostModel cost;
+  // Forward + backward per token outside the layers: the embedding on the first
+  // stage, the final norm, LM head and loss on the last.
+  double embedding_seconds_per_token = 0, head_seconds_per_token = 0;
+  double forward_fraction = 1.0 / 3.0;  // forward's share of every compute time (backward: the rest)
+  std::vector<int64_t> stage_layers;    // layers of each pipeline stage; size = pp
+  int tp = 1, hdp = 1;
+  HardwareProfile hardware;             // links, latencies, gpus_per_node (placement)
+  double kv_bytes_per_token = 0;        // ring attention forward traffic per token of the block, per layer
+  double boundary_bytes_per_token = 0;  // pipeline send per token
+  std::vector<double> gradient_bytes;   // per stage: per GPU, reduce-scattered over hdp
+  std::vector<double> parameter_bytes;  // per stage: per GPU, all-gathered over hdp
+  std::vector<double> optimizer_seconds;  // per stage: the update of one ZeRO-1 shard
+  int pp() const { return static_cast<int>(stage_layers.size()); }
+};
+// Compute rate: hardware.flops_per_second() per GPU. Copies at pcie_bytes_per_s.
+// Optimizer: 32 bytes of HBM traffic per parameter of the shard.
+StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hardware, const ParallelLayout& layout,
+                          std::span<const int64_t> stage_layers);
+// Layers per stage balancing layer, embedding and head cost (parallel/pipeline.h split_layers).
+std::vector<int64_t> stage_layer_split(const ModelShape& model, const HardwareProfile& hardware, int tp, int pp);
+
+struct StepSimulation {
+  double step_seconds = 0;          // makespan
+  int processes = 0;                // hdp x pp
+  double compute_seconds = 0;       // pure compute (no communication waits) summed over processes
+  double compute_busy_seconds = 0;  // compute streams' busy time (ring steps at max(compute, transfer))
+  double idle_fraction = 0;         // 1 - compute_busy / (processes x step)
+  double min_busy_seconds = 0, max_busy_seconds = 0;  // per process
+  double attention_bytes = 0;       // ring attention traffic of all GPUs (tp included)
+  double pipeline_bytes = 0;        // pipeline sends of all GPUs
+  double gradient_bytes = 0;        // reduce-scatter + all-gather input of all GPUs
+  double offloaded_bytes = 0;       // device -> host copies of all GPUs
+  double max_offloaded_bytes_per_gpu = 0;  // the largest single micro-batch's offloaded bytes on one GPU
+  double gradient_sync_seconds = 0;  // the latest reduce-scatter start to the end of the step
+  size_t operations = 0, dependencies = 0;
+  std::optional<sim::OpGraph> graph;  // kept when asked for (traces)
+  std::optional<sim::Replay> replay;
+  std::vector<std::string> process_names;
+};
+
+// Throws std::invalid_argument if the plan does not match the costs (hdp,
+// sequences) and sim::SimulationError if the graph deadlocks (a plan that fails
+// check_plan may).
+StepSimulation simulate_step(const StepPlan& plan, std::span<const int64_t> lengths, const StepCosts& costs,
+                             bool keep_graph = false);
+
+// Ring statistics of a plan: how many ranks each sequence spread over more than
+// one rank occupies.
+struct RingStats {
+  int64_t rings = 0;
+  int64_t spread_sequences = 0;   // sequences held by more than one rank
+  int64_t spread_tokens = 0;
+  double mean_ranks = 0;          // over spread sequences
+  int max_ranks = 0;
+  std::vector<int64_t> histogram;  // [b]: spread sequences over (2^(b-1), 2^b] ranks, b >= 1
+  int64_t micro_batches = 0;
+  int64_t max_micro_batches_per_rank = 0, min_micro_batches_per_rank = 0;
+};
+RingStats ring_stats(const StepPlan& plan, std::span<const int64_t> lengths);
+
+}  // namespace hdp
