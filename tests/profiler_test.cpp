@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "parallel/communicator.h"
 #include "test_util.h"
 #include "trainer/config.h"
 #include "trainer/cost_file.h"
@@ -172,6 +173,7 @@ CostFile sample_file(const ModelConfig& m) {
   p.host = "testhost";
   p.date = "2025-01-02T03:04:05Z";
   p.config = "configs/x.yaml";
+  p.load_average = 0.25;
   f.fit.lengths = {128, 181, 256, 362, 512};
   f.fit.layer_seconds = {0.001, 0.0015, 0.002, 0.003, 0.0045};
   f.fit.activation_bytes = {1e6, 1.4e6, 2e6, 2.8e6, 4e6};
@@ -216,6 +218,7 @@ TEST(CostFile, WriteReadRoundTrip) {
   EXPECT_EQ(r.profiled.host, "testhost");
   EXPECT_EQ(r.profiled.date, "2025-01-02T03:04:05Z");
   EXPECT_EQ(r.profiled.config, "configs/x.yaml");
+  EXPECT_EQ(r.profiled.load_average, 0.25);
   EXPECT_EQ(r.fit.lengths, f.fit.lengths);
   EXPECT_EQ(r.fit.layer_seconds, f.fit.layer_seconds);
   EXPECT_EQ(r.fit.activation_bytes, f.fit.activation_bytes);
@@ -371,6 +374,51 @@ TEST(Profiler, StartupProfileOfATinyModelGivesAUsableModel) {
   EXPECT_GT(m.embedding_seconds_per_token, 0.0);
   EXPECT_GT(m.d2h_bytes_per_s, 0.0);
   EXPECT_GT(m.h2d_bytes_per_s, 0.0);
+}
+
+// Poses as rank 0 of 2 whose peer measured `other` for every coefficient.
+class PeerCommunicator final : public Communicator {
+ public:
+  explicit PeerCommunicator(double other) : other_(other) {}
+  int rank() const override { return 0; }
+  int size() const override { return 2; }
+  const std::string& name() const override { return name_; }
+  CommRequest all_reduce_async(Tensor, ReduceOp) override { throw std::logic_error("unused"); }
+  CommRequest reduce_scatter_async(const Tensor&, Tensor) override { throw std::logic_error("unused"); }
+  CommRequest all_gather_async(Tensor) override { throw std::logic_error("unused"); }
+  CommRequest broadcast_async(Tensor, int) override { throw std::logic_error("unused"); }
+  CommRequest send_async(const Tensor&, int, int) override { throw std::logic_error("unused"); }
+  CommRequest recv_async(Tensor, int, int) override { throw std::logic_error("unused"); }
+  void all_reduce(std::span<double> values, ReduceOp op) override {
+    EXPECT_EQ(op, ReduceOp::Sum);
+    seen.assign(values.begin(), values.end());
+    for (double& v : values) v += other_;
+  }
+  void all_reduce(std::span<int64_t>, ReduceOp) override { throw std::logic_error("unused"); }
+  void barrier() override {}
+  using Communicator::all_reduce;
+  std::vector<double> seen;  // this rank's measurements
+
+ private:
+  double other_;
+  std::string name_ = "world";
+};
+
+TEST(Profiler, StartupProfileIsAveragedOverTheRanks) {
+  Config c = config_with("profile");
+  c.data.max_seq_len = 64;
+  PeerCommunicator world(1.0);
+  const CostModel m = planner_cost_model(c, 1e10, 0, &world);
+  ASSERT_EQ(world.seen.size(), 9u);  // one collective carrying every coefficient
+  EXPECT_DOUBLE_EQ(m.a1, (world.seen[0] + 1.0) / 2);
+  EXPECT_DOUBLE_EQ(m.b1, (world.seen[1] + 1.0) / 2);
+  EXPECT_DOUBLE_EQ(m.g, (world.seen[2] + 1.0) / 2);
+  EXPECT_DOUBLE_EQ(m.a2, (world.seen[3] + 1.0) / 2);
+  EXPECT_DOUBLE_EQ(m.b2, (world.seen[4] + 1.0) / 2);
+  EXPECT_DOUBLE_EQ(m.d2h_bytes_per_s, (world.seen[5] + 1.0) / 2);
+  EXPECT_DOUBLE_EQ(m.h2d_bytes_per_s, (world.seen[6] + 1.0) / 2);
+  EXPECT_DOUBLE_EQ(m.embedding_seconds_per_token, (world.seen[7] + 1.0) / 2);
+  EXPECT_DOUBLE_EQ(m.head_seconds_per_token, (world.seen[8] + 1.0) / 2);
 }
 
 TEST(Profiler, ActivationBytesAreTheLayersArena) {

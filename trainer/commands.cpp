@@ -398,6 +398,10 @@ int command_profile(const std::vector<std::string>& raw) {
     write_cost_file(path, file);
     std::fputs(describe_cost_file(file).c_str(), stdout);
     std::printf("wrote %s; train with it: --set scheduler.cost_file=%s\n", path.c_str(), path.c_str());
+    if (file.fit.held_out_max_relative_error > kUnreliableHeldOutError) {
+      spdlog::warn("held-out error {:.1f}% is above {:.0f}%: the timings are noisy; profile again on an idle machine",
+                   100 * file.fit.held_out_max_relative_error, 100 * kUnreliableHeldOutError);
+    }
     return 0;
   } catch (...) {
     return report("profile", std::current_exception());

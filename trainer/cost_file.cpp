@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
+#include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -158,6 +159,7 @@ void write_cost_file(const std::string& path, const CostFile& file) {
   out << YAML::Key << "threads" << YAML::Value << p.threads;
   out << YAML::Key << "openblas_core" << YAML::Value << p.openblas_core;
   out << YAML::Key << "repeats" << YAML::Value << p.repeats;
+  out << YAML::Key << "load_average" << YAML::Value << p.load_average;
   out << YAML::EndMap;
   out << YAML::EndMap;
   if (!out.good()) throw std::runtime_error("cost file " + path + ": YAML emitter error: " + out.GetLastError());
@@ -248,6 +250,7 @@ CostFile read_cost_file(const std::string& path) {
     p.openblas_core = r.text(prof, "openblas_core");
     if (prof["threads"]) p.threads = r.integer(prof, "profiled", "threads");
     if (prof["repeats"]) p.repeats = r.integer(prof, "profiled", "repeats");
+    if (prof["load_average"]) p.load_average = r.scalar<double>(prof, "profiled", "load_average", "a number");
   }
   return file;
 }
@@ -331,10 +334,13 @@ CostModel planner_cost_model(const Config& config, double flops_per_second, int6
       // Every rank measured (sharing the node as in training); all plan with the average.
       const double n = world->size();
       CostModel& c = file.cost;
-      for (double* v : {&c.a1, &c.b1, &c.g, &c.a2, &c.b2, &c.d2h_bytes_per_s, &c.h2d_bytes_per_s,
-                        &c.embedding_seconds_per_token, &c.head_seconds_per_token}) {
-        *v = world->all_reduce_sum(*v) / n;
-      }
+      const std::array<double*, 9> fields = {&c.a1, &c.b1, &c.g, &c.a2, &c.b2, &c.d2h_bytes_per_s,
+                                             &c.h2d_bytes_per_s, &c.embedding_seconds_per_token,
+                                             &c.head_seconds_per_token};
+      std::array<double, 9> values{};
+      for (size_t i = 0; i < fields.size(); ++i) values[i] = *fields[i];
+      world->all_reduce(std::span<double>(values), ReduceOp::Sum);
+      for (size_t i = 0; i < fields.size(); ++i) *fields[i] = values[i] / n;
     }
     if (announce) {
       spdlog::info("scheduler.cost_file: profile: measured at start-up{}",
@@ -343,6 +349,11 @@ CostModel planner_cost_model(const Config& config, double flops_per_second, int6
       log_lines(describe_cost_file(file));
       spdlog::info("a short start-up profile extrapolates beyond length {}; 'trainer profile' measures longer ones",
                    options.lengths.back());
+      if (file.fit.held_out_max_relative_error > kUnreliableHeldOutError) {
+        spdlog::warn("the start-up profile is noisy (held-out error {:.0f}%); the plans may be unbalanced: profile "
+                     "once on an idle machine with 'trainer profile' and set scheduler.cost_file to the file",
+                     100 * file.fit.held_out_max_relative_error);
+      }
     }
   } else {
     file = read_cost_file(source);
@@ -352,6 +363,10 @@ CostModel planner_cost_model(const Config& config, double flops_per_second, int6
       spdlog::info("cost model from {} (profiled {} on {} with {} threads; held-out error max {:.1f}%)", source,
                    file.profiled.date, file.profiled.host, file.profiled.threads,
                    100 * file.fit.held_out_max_relative_error);
+      if (file.fit.held_out_max_relative_error > kUnreliableHeldOutError) {
+        spdlog::warn("{}: held-out error {:.0f}%: the profile is noisy; consider profiling again on an idle machine",
+                     source, 100 * file.fit.held_out_max_relative_error);
+      }
       if (file.profiled.threads > 0 && file.profiled.threads != threads) {
         spdlog::warn("{} was profiled with {} threads, this rank runs {}: its times are off by about that ratio; "
                      "profile with --set train.threads={}",

@@ -27,7 +27,11 @@ struct CostProfileInfo {
   std::string host;
   std::string date;                   // UTC, ISO 8601
   std::string config;                 // the config file profiled
+  double load_average = -1;           // 1-minute load average when measuring started (-1: unknown)
 };
+
+// Held-out relative error above which the profile is reported as unreliable.
+constexpr double kUnreliableHeldOutError = 0.10;
 
 // The measurements behind the coefficients and how well they fit.
 struct CostFitReport {

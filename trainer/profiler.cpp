@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <ctime>
+#include <fstream>
 #include <limits>
 #include <random>
 #include <sstream>
@@ -184,6 +185,13 @@ std::string utc_now() {
   return buf;
 }
 
+double load_average() {
+  std::ifstream in("/proc/loadavg");
+  double load = -1;
+  if (!(in >> load)) return -1;
+  return load;
+}
+
 std::string host_name() {
   char buf[256] = {};
   if (gethostname(buf, sizeof(buf) - 1) != 0) return "unknown";
@@ -304,6 +312,12 @@ CostFile profile_cost_model(const Config& config, const ProfileOptions& options,
   info.host = host_name();
   info.date = utc_now();
   info.config = config.source;
+  info.load_average = load_average();
+  if (info.load_average > 0.5) {
+    say(fmt::format("the machine is busy (load average {:.2f}): other processes on these cores slow down and scatter "
+                    "the timings",
+                    info.load_average));
+  }
 
   CostFitReport& fit = file.fit;
   fit.lengths = options.lengths;
@@ -434,8 +448,10 @@ std::string describe_cost_file(const CostFile& file) {
   std::ostringstream out;
   out << fmt::format("cost model of one layer: hidden {}, {} heads ({} kv, dim {}), ffn {}, vocab {}; tp {}\n",
                      p.hidden_size, p.num_heads, p.num_kv_heads, p.head_dim, p.ffn_hidden_size, p.vocab_size, p.tp);
-  out << fmt::format("measured on {} at {} with {} threads, OpenBLAS {}, median of {}\n", p.host, p.date, p.threads,
+  out << fmt::format("measured on {} at {} with {} threads, OpenBLAS {}, median of {}", p.host, p.date, p.threads,
                      p.openblas_core, p.repeats);
+  if (p.load_average >= 0) out << fmt::format(", load average {:.2f} at the start", p.load_average);
+  out << "\n";
   out << fmt::format("  T(s)   = {:.4e} s^2 + {:.4e} s + {:.4e}  seconds (one layer, forward+backward)\n", c.a1, c.b1,
                      c.g);
   out << fmt::format("  Act(s) = {:.2f} s + {:.0f}  bytes (saved floats per token {} = {} bytes; fit max error {:.2e})\n",
@@ -472,6 +488,11 @@ std::string describe_cost_file(const CostFile& file) {
   out << fmt::format("  held-out relative error of T (fit on every other length): max {:.2f}%, mean {:.2f}%\n",
                      100 * f.held_out_max_relative_error, 100 * f.held_out_mean_relative_error);
   out << fmt::format("  final fit (all lengths): max relative error {:.2f}%\n", 100 * f.max_relative_error);
+  if (f.held_out_max_relative_error > kUnreliableHeldOutError) {
+    out << fmt::format("  UNRELIABLE: held-out error above {:.0f}%; the timings are noisy (a busy machine?): profile "
+                       "again on an idle machine, with more --repeats\n",
+                       100 * kUnreliableHeldOutError);
+  }
   return out.str();
 }
 
