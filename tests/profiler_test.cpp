@@ -173,7 +173,7 @@ CostFile sample_file(const ModelConfig& m) {
   p.host = "testhost";
   p.date = "2025-01-02T03:04:05Z";
   p.config = "configs/x.yaml";
-  p.load_average = 0.25;
+  p.other_cpu_fraction = 0.25;
   f.fit.lengths = {128, 181, 256, 362, 512};
   f.fit.layer_seconds = {0.001, 0.0015, 0.002, 0.003, 0.0045};
   f.fit.activation_bytes = {1e6, 1.4e6, 2e6, 2.8e6, 4e6};
@@ -218,7 +218,7 @@ TEST(CostFile, WriteReadRoundTrip) {
   EXPECT_EQ(r.profiled.host, "testhost");
   EXPECT_EQ(r.profiled.date, "2025-01-02T03:04:05Z");
   EXPECT_EQ(r.profiled.config, "configs/x.yaml");
-  EXPECT_EQ(r.profiled.load_average, 0.25);
+  EXPECT_EQ(r.profiled.other_cpu_fraction, 0.25);
   EXPECT_EQ(r.fit.lengths, f.fit.lengths);
   EXPECT_EQ(r.fit.layer_seconds, f.fit.layer_seconds);
   EXPECT_EQ(r.fit.activation_bytes, f.fit.activation_bytes);

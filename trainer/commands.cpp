@@ -402,6 +402,11 @@ int command_profile(const std::vector<std::string>& raw) {
       spdlog::warn("held-out error {:.1f}% is above {:.0f}%: the timings are noisy; profile again on an idle machine",
                    100 * file.fit.held_out_max_relative_error, 100 * kUnreliableHeldOutError);
     }
+    if (file.profiled.other_cpu_fraction > kBusyOtherCpuFraction) {
+      spdlog::warn("other processes used {:.0f}% of the CPU time while measuring: the numbers are pessimistic and "
+                   "noisy; profile again on an idle machine",
+                   100 * file.profiled.other_cpu_fraction);
+    }
     return 0;
   } catch (...) {
     return report("profile", std::current_exception());

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <filesystem>
@@ -159,7 +160,7 @@ void write_cost_file(const std::string& path, const CostFile& file) {
   out << YAML::Key << "threads" << YAML::Value << p.threads;
   out << YAML::Key << "openblas_core" << YAML::Value << p.openblas_core;
   out << YAML::Key << "repeats" << YAML::Value << p.repeats;
-  out << YAML::Key << "load_average" << YAML::Value << p.load_average;
+  out << YAML::Key << "other_cpu_fraction" << YAML::Value << p.other_cpu_fraction;
   out << YAML::EndMap;
   out << YAML::EndMap;
   if (!out.good()) throw std::runtime_error("cost file " + path + ": YAML emitter error: " + out.GetLastError());
@@ -250,7 +251,8 @@ CostFile read_cost_file(const std::string& path) {
     p.openblas_core = r.text(prof, "openblas_core");
     if (prof["threads"]) p.threads = r.integer(prof, "profiled", "threads");
     if (prof["repeats"]) p.repeats = r.integer(prof, "profiled", "repeats");
-    if (prof["load_average"]) p.load_average = r.scalar<double>(prof, "profiled", "load_average", "a number");
+    if (prof["other_cpu_fraction"])
+      p.other_cpu_fraction = r.scalar<double>(prof, "profiled", "other_cpu_fraction", "a number");
   }
   return file;
 }
@@ -349,10 +351,12 @@ CostModel planner_cost_model(const Config& config, double flops_per_second, int6
       log_lines(describe_cost_file(file));
       spdlog::info("a short start-up profile extrapolates beyond length {}; 'trainer profile' measures longer ones",
                    options.lengths.back());
-      if (file.fit.held_out_max_relative_error > kUnreliableHeldOutError) {
-        spdlog::warn("the start-up profile is noisy (held-out error {:.0f}%); the plans may be unbalanced: profile "
-                     "once on an idle machine with 'trainer profile' and set scheduler.cost_file to the file",
-                     100 * file.fit.held_out_max_relative_error);
+      if (file.fit.held_out_max_relative_error > kUnreliableHeldOutError ||
+          file.profiled.other_cpu_fraction > kBusyOtherCpuFraction) {
+        spdlog::warn("the start-up profile is noisy (held-out error {:.0f}%, other processes {:.0f}% of the CPU time); "
+                     "the plans may be unbalanced: profile once on an idle machine with 'trainer profile' and set "
+                     "scheduler.cost_file to the file",
+                     100 * file.fit.held_out_max_relative_error, 100 * std::max(0.0, file.profiled.other_cpu_fraction));
       }
     }
   } else {

@@ -27,11 +27,15 @@ struct CostProfileInfo {
   std::string host;
   std::string date;                   // UTC, ISO 8601
   std::string config;                 // the config file profiled
-  double load_average = -1;           // 1-minute load average when measuring started (-1: unknown)
+  // Share of the machine's CPU time that other processes used while measuring
+  // (from /proc/stat minus this process's own; -1: unknown).
+  double other_cpu_fraction = -1;
 };
 
 // Held-out relative error above which the profile is reported as unreliable.
 constexpr double kUnreliableHeldOutError = 0.10;
+// Share of the CPU time used by other processes above which the machine counts as busy.
+constexpr double kBusyOtherCpuFraction = 0.10;
 
 // The measurements behind the coefficients and how well they fit.
 struct CostFitReport {

@@ -1,6 +1,7 @@
 #include "trainer/profiler.h"
 
 #include <omp.h>
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -185,12 +186,39 @@ std::string utc_now() {
   return buf;
 }
 
-double load_average() {
-  std::ifstream in("/proc/loadavg");
-  double load = -1;
-  if (!(in >> load)) return -1;
-  return load;
-}
+// CPU time of the whole machine (all CPUs, /proc/stat) and of this process, to
+// tell how much of the machine other processes used while measuring.
+struct CpuClock {
+  double machine_busy = -1;  // seconds, summed over CPUs
+  double own = 0;            // this process's user + system seconds
+  std::chrono::steady_clock::time_point wall = std::chrono::steady_clock::now();
+
+  static CpuClock now() {
+    CpuClock c;
+    std::ifstream in("/proc/stat");
+    std::string cpu;
+    unsigned long long user = 0, nice = 0, system = 0, idle = 0, iowait = 0, irq = 0, softirq = 0, steal = 0;
+    if (in >> cpu >> user >> nice >> system >> idle >> iowait >> irq >> softirq >> steal && cpu == "cpu") {
+      c.machine_busy = static_cast<double>(user + nice + system + irq + softirq + steal) /
+                       static_cast<double>(sysconf(_SC_CLK_TCK));
+    }
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    c.own = static_cast<double>(usage.ru_utime.tv_sec + usage.ru_stime.tv_sec) +
+            1e-6 * static_cast<double>(usage.ru_utime.tv_usec + usage.ru_stime.tv_usec);
+    c.wall = std::chrono::steady_clock::now();
+    return c;
+  }
+
+  // Others' share of the machine's CPU time since `start`, or -1.
+  double others_since(const CpuClock& start) const {
+    const double wall_s = std::chrono::duration<double>(wall - start.wall).count();
+    const long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    if (machine_busy < 0 || start.machine_busy < 0 || wall_s <= 0 || cpus <= 0) return -1;
+    const double others = (machine_busy - start.machine_busy) - (own - start.own);
+    return std::clamp(others / (wall_s * static_cast<double>(cpus)), 0.0, 1.0);
+  }
+};
 
 std::string host_name() {
   char buf[256] = {};
@@ -312,12 +340,7 @@ CostFile profile_cost_model(const Config& config, const ProfileOptions& options,
   info.host = host_name();
   info.date = utc_now();
   info.config = config.source;
-  info.load_average = load_average();
-  if (info.load_average > 0.5) {
-    say(fmt::format("the machine is busy (load average {:.2f}): other processes on these cores slow down and scatter "
-                    "the timings",
-                    info.load_average));
-  }
+  const CpuClock started = CpuClock::now();
 
   CostFitReport& fit = file.fit;
   fit.lengths = options.lengths;
@@ -423,6 +446,13 @@ CostFile profile_cost_model(const Config& config, const ProfileOptions& options,
                     bytes / (1024.0 * 1024.0), file.cost.d2h_bytes_per_s / 1e9, file.cost.h2d_bytes_per_s / 1e9));
   }
 
+  info.other_cpu_fraction = CpuClock::now().others_since(started);
+  if (info.other_cpu_fraction > kBusyOtherCpuFraction) {
+    say(fmt::format("other processes used {:.0f}% of the machine's CPU time while measuring: the timings are slowed "
+                    "down and scattered",
+                    100 * info.other_cpu_fraction));
+  }
+
   // Fits: held-out quality from the even-indexed lengths, coefficients from all.
   std::vector<double> s(fit.lengths.begin(), fit.lengths.end());
   const RelativeError held = held_out_quadratic(s, fit.layer_seconds);
@@ -450,7 +480,9 @@ std::string describe_cost_file(const CostFile& file) {
                      p.hidden_size, p.num_heads, p.num_kv_heads, p.head_dim, p.ffn_hidden_size, p.vocab_size, p.tp);
   out << fmt::format("measured on {} at {} with {} threads, OpenBLAS {}, median of {}", p.host, p.date, p.threads,
                      p.openblas_core, p.repeats);
-  if (p.load_average >= 0) out << fmt::format(", load average {:.2f} at the start", p.load_average);
+  if (p.other_cpu_fraction >= 0) {
+    out << fmt::format("; other processes used {:.1f}% of the CPU time meanwhile", 100 * p.other_cpu_fraction);
+  }
   out << "\n";
   out << fmt::format("  T(s)   = {:.4e} s^2 + {:.4e} s + {:.4e}  seconds (one layer, forward+backward)\n", c.a1, c.b1,
                      c.g);
@@ -488,10 +520,11 @@ std::string describe_cost_file(const CostFile& file) {
   out << fmt::format("  held-out relative error of T (fit on every other length): max {:.2f}%, mean {:.2f}%\n",
                      100 * f.held_out_max_relative_error, 100 * f.held_out_mean_relative_error);
   out << fmt::format("  final fit (all lengths): max relative error {:.2f}%\n", 100 * f.max_relative_error);
-  if (f.held_out_max_relative_error > kUnreliableHeldOutError) {
-    out << fmt::format("  UNRELIABLE: held-out error above {:.0f}%; the timings are noisy (a busy machine?): profile "
-                       "again on an idle machine, with more --repeats\n",
-                       100 * kUnreliableHeldOutError);
+  if (f.held_out_max_relative_error > kUnreliableHeldOutError || p.other_cpu_fraction > kBusyOtherCpuFraction) {
+    out << fmt::format("  UNRELIABLE: {}; profile again on an idle machine (or with more --repeats)\n",
+                       p.other_cpu_fraction > kBusyOtherCpuFraction
+                           ? fmt::format("other processes used {:.0f}% of the CPU time", 100 * p.other_cpu_fraction)
+                           : fmt::format("held-out error above {:.0f}%", 100 * kUnreliableHeldOutError));
   }
   return out.str();
 }
