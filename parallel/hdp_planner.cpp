@@ -4,8 +4,11 @@
 #include <climits>
 #include <cmath>
 #include <numeric>
+#include <functional>
 #include <optional>
 #include <set>
+#include <utility>
+#include <vector>
 #include <stdexcept>
 #include <string>
 
@@ -336,6 +339,576 @@ StepPlan plan_static(std::span<const int64_t> lengths, const PlannerSettings& st
     plan.rings.push_back(std::move(ring));
   }
   return plan;
+}
+
+// ---- the balance scheduler ----
+
+namespace {
+
+// Forward and backward seconds of a whole sequence of s tokens on one rank: the
+// stage's layers, plus the embedding and head per token when the rank holds the
+// whole model (one pipeline stage).
+double sequence_seconds(int64_t s, const PlannerSettings& st) {
+  const double extra =
+      st.pipeline_stages == 1 ? st.cost.embedding_seconds_per_token + st.cost.head_seconds_per_token : 0.0;
+  return static_cast<double>(st.layers_per_stage) * st.cost.compute_seconds(s) + extra * static_cast<double>(s);
+}
+
+// The smallest offload ratio in [0, most] at which `ranks` ranks hold a sequence
+// of `length` tokens: the memory model needs no more ranks and every member's two
+// zig-zag chunks fit the token limit. -1 if not even `most` does.
+double ratio_for_ranks(int64_t length, int ranks, double most, const PlannerSettings& st) {
+  const int64_t member = zigzag_max_member_tokens(length, ranks);
+  auto fits = [&](double r) {
+    return member <= max_micro_batch_tokens(st.capacity, st.layers_per_stage, r) && ranks_needed(length, r, st) <= ranks;
+  };
+  if (fits(0.0)) return 0.0;
+  if (!fits(most)) return -1.0;
+  double lo = 0, hi = most;  // fits(hi), not fits(lo); fitting only gets easier as r grows
+  for (int i = 0; i < 64 && hi - lo > 1e-12; ++i) {
+    const double mid = 0.5 * (lo + hi);
+    (fits(mid) ? hi : lo) = mid;
+  }
+  return hi;
+}
+
+// One unit of work: a micro-batch for one rank, or a long sequence for a ring of
+// `ranks` ranks at once.
+struct WorkItem {
+  double cost = 0;                 // seconds on each rank it occupies
+  int ranks = 1;
+  int64_t sequence = -1;           // ring items: the long sequence
+  double ratio = 0;                // ring items: its offload ratio
+  size_t micro_batch = SIZE_MAX;   // one-rank items: index into the pool of micro-batches
+};
+
+// Most expensive first; ties: wider rings first, then the given order.
+void sort_items(std::vector<WorkItem>& items) {
+  std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) {
+    if (a.cost != b.cost) return a.cost > b.cost;
+    return a.ranks > b.ranks;
+  });
+}
+
+// Ranks by accumulated seconds: a binary min-heap of (seconds, rank), ties to the lower rank.
+class RankHeap {
+ public:
+  explicit RankHeap(int ranks) {
+    heap_.reserve(static_cast<size_t>(ranks));
+    for (int r = 0; r < ranks; ++r) heap_.push_back({0.0, r});  // already a heap
+  }
+  bool empty() const { return heap_.empty(); }
+  const std::pair<double, int>& top() const { return heap_.front(); }
+  std::pair<double, int> pop() {
+    std::pop_heap(heap_.begin(), heap_.end(), std::greater<>());
+    const std::pair<double, int> e = heap_.back();
+    heap_.pop_back();
+    return e;
+  }
+  void push(std::pair<double, int> e) {
+    heap_.push_back(e);
+    std::push_heap(heap_.begin(), heap_.end(), std::greater<>());
+  }
+
+ private:
+  std::vector<std::pair<double, int>> heap_;
+};
+
+// Which rank runs what (before the lists are laid out).
+struct Assignment {
+  std::vector<double> seconds;               // per rank
+  std::vector<std::vector<size_t>> local;    // per rank: its one-rank items
+  std::vector<size_t> ring_item;             // per ring, in ring order: its item
+  std::vector<std::vector<int>> ring_ranks;  // per ring: its members, increasing
+  explicit Assignment(int hdp) : seconds(static_cast<size_t>(hdp), 0.0), local(static_cast<size_t>(hdp)) {}
+  double busiest() const { return seconds.empty() ? 0.0 : *std::max_element(seconds.begin(), seconds.end()); }
+};
+
+// Buckets of consecutive items (in cost order) of about equal total work (cost x
+// ranks), ceil(items / hdp) of them (about one item per rank each): an item goes
+// to the bucket holding its midpoint on the cumulative-work axis (by count when
+// there is no work). Empty buckets are left out. Returns [begin, end) ranges.
+std::vector<std::pair<size_t, size_t>> cut_buckets(const std::vector<WorkItem>& items, int hdp) {
+  const size_t n = items.size();
+  std::vector<std::pair<size_t, size_t>> buckets;
+  if (n == 0) return buckets;
+  const size_t wanted = std::min(n, (n + static_cast<size_t>(hdp) - 1) / static_cast<size_t>(hdp));
+  double total = 0;
+  for (const WorkItem& it : items) total += it.cost * it.ranks;
+  double before = 0;
+  size_t current = SIZE_MAX;
+  for (size_t i = 0; i < n; ++i) {
+    const double work = items[i].cost * items[i].ranks;
+    const double x =
+        total > 0 ? (before + 0.5 * work) / total : (static_cast<double>(i) + 0.5) / static_cast<double>(n);
+    const size_t b = std::min(wanted - 1, static_cast<size_t>(x * static_cast<double>(wanted)));
+    before += work;
+    if (b != current) {
+      buckets.push_back({i, i});
+      current = b;
+    }
+    buckets.back().second = i + 1;
+  }
+  return buckets;
+}
+
+// Algorithm 2's rounds. A round serves the ranks more than `threshold` x max
+// below the busiest (all ranks when there are none), in increasing order of their
+// seconds, each once: the round's items, most expensive first, go to them in that
+// order, a ring to as many consecutive ranks as it needs. Items are drawn from the
+// first non-empty bucket (DataParallel: simply in cost order) or from the buckets
+// in turn (Pipeline); a round ends when its eligible ranks or the items run out.
+// A ring wider than the eligible ranks, drawn first in its round, takes the least
+// loaded ranks whatever their load. Rings are numbered in the order they are placed.
+Assignment assign_rounds(const std::vector<WorkItem>& items, int hdp, const BalanceSettings& balance) {
+  Assignment a(hdp);
+  const size_t n = items.size();
+  const std::vector<std::pair<size_t, size_t>> ranges = cut_buckets(items, hdp);
+  const bool pipeline_mode = balance.mode == BalanceMode::Pipeline;
+  // Pipeline mode: the non-empty buckets as a circular list, and where each stands.
+  std::vector<size_t> head(ranges.size()), next_bucket(ranges.size()), previous_bucket(ranges.size());
+  for (size_t b = 0; b < ranges.size(); ++b) {
+    head[b] = ranges[b].first;
+    next_bucket[b] = (b + 1) % ranges.size();
+    previous_bucket[b] = (b + ranges.size() - 1) % ranges.size();
+  }
+  size_t cursor = 0, dp_next = 0;
+  auto peek = [&]() { return pipeline_mode ? head[cursor] : dp_next; };
+  auto consume = [&]() {
+    if (!pipeline_mode) {
+      ++dp_next;
+      return;
+    }
+    const size_t b = cursor;
+    cursor = next_bucket[b];
+    if (++head[b] == ranges[b].second) {
+      next_bucket[previous_bucket[b]] = next_bucket[b];
+      previous_bucket[next_bucket[b]] = previous_bucket[b];
+    }
+  };
+
+  RankHeap heap(hdp);
+  double busiest = 0;
+  size_t remaining = n;
+  std::vector<std::pair<double, int>> served;
+  std::vector<size_t> drawn;
+  while (remaining > 0) {
+    const double limit = (1.0 - balance.threshold) * busiest;
+    const bool everyone = !(heap.top().first < limit);
+    served.clear();
+    drawn.clear();
+    size_t used = 0;
+    while (remaining > 0) {
+      const size_t d = static_cast<size_t>(items[peek()].ranks);
+      while (served.size() < used + d && !heap.empty() && (everyone || drawn.empty() || heap.top().first < limit))
+        served.push_back(heap.pop());
+      if (served.size() < used + d) break;
+      drawn.push_back(peek());
+      consume();
+      used += d;
+      --remaining;
+    }
+    // Most expensive first (drawn in that order already under DataParallel).
+    if (pipeline_mode) std::sort(drawn.begin(), drawn.end());
+    size_t at = 0;
+    for (size_t i : drawn) {
+      const WorkItem& item = items[i];
+      std::vector<int> members;
+      for (size_t j = at; j < at + static_cast<size_t>(item.ranks); ++j) {
+        const int r = served[j].second;
+        served[j].first += item.cost;
+        a.seconds[r] = served[j].first;
+        busiest = std::max(busiest, a.seconds[r]);
+        if (item.ranks == 1) a.local[r].push_back(i);
+        members.push_back(r);
+      }
+      at += static_cast<size_t>(item.ranks);
+      if (item.ranks > 1) {
+        std::sort(members.begin(), members.end());
+        a.ring_item.push_back(i);
+        a.ring_ranks.push_back(std::move(members));
+      }
+    }
+    for (const std::pair<double, int>& e : served) heap.push(e);
+  }
+  return a;
+}
+
+// Refinement of the busiest rank, while one of these lowers it and leaves every
+// rank it touches below its old load: move one of its micro-batches to one of the
+// least loaded ranks, or swap it for a cheaper one there; or move one of its rings
+// to the least loaded ranks (counting the ring's members without it). The busiest
+// load never grows and the count of ranks at it falls with every move, so this
+// ends; a budget caps its time.
+void refine(const std::vector<WorkItem>& items, Assignment& a) {
+  const int hdp = static_cast<int>(a.seconds.size());
+  if (hdp < 2 || items.empty()) return;
+  std::set<std::pair<double, int>> by_load;
+  for (int r = 0; r < hdp; ++r) by_load.insert({a.seconds[r], r});
+  std::vector<std::set<std::pair<double, size_t>>> owned(hdp);  // per rank: (cost, item)
+  for (int r = 0; r < hdp; ++r)
+    for (size_t i : a.local[r]) owned[r].insert({items[i].cost, i});
+  std::vector<std::vector<int>> rings_of(hdp);
+  for (size_t X = 0; X < a.ring_ranks.size(); ++X)
+    for (int r : a.ring_ranks[X]) rings_of[r].push_back(static_cast<int>(X));
+  std::vector<char> member(hdp, 0);
+  std::vector<std::pair<double, int>> choice;
+  std::vector<int> best_ranks;
+  const int candidates = std::min(hdp - 1, 4);
+  size_t budget = std::min<size_t>(2 * items.size() + 2 * static_cast<size_t>(hdp) + 64, 100000);
+  auto set_load = [&](int r, double v) {
+    by_load.erase({a.seconds[r], r});
+    a.seconds[r] = v;
+    by_load.insert({v, r});
+  };
+  while (budget-- > 0) {
+    const auto [top, R] = *by_load.rbegin();
+    double best = top * (1 - 1e-12);
+    int best_q = -1, best_ring = -1;
+    size_t give = SIZE_MAX, take = SIZE_MAX;
+    auto consider = [&](double moved, int q, double low, size_t i, size_t j) {
+      const double after = std::max(top - moved, low + moved);
+      if (moved > 0 && after < best) {
+        best = after;
+        best_q = q;
+        best_ring = -1;
+        give = i;
+        take = j;
+      }
+    };
+    int seen = 0;
+    for (auto it = by_load.begin(); it != by_load.end() && seen < candidates && !owned[R].empty(); ++it) {
+      const auto [low, q] = *it;
+      if (q == R) continue;
+      ++seen;
+      const double half = 0.5 * (top - low);  // the ideal amount to shift
+      // Move: the micro-batch of R closest to half the gap, from either side.
+      auto m = owned[R].lower_bound({half, 0});
+      if (m != owned[R].end()) consider(m->first, q, low, m->second, SIZE_MAX);
+      if (m != owned[R].begin()) consider(std::prev(m)->first, q, low, std::prev(m)->second, SIZE_MAX);
+      // Swap: for each micro-batch of R, the one of q closest to (its cost - half).
+      if (owned[q].empty()) continue;
+      for (const auto& [c, i] : owned[R]) {
+        auto w = owned[q].lower_bound({c - half, 0});
+        if (w != owned[q].end()) consider(c - w->first, q, low, i, w->second);
+        if (w != owned[q].begin()) consider(c - std::prev(w)->first, q, low, i, std::prev(w)->second);
+      }
+    }
+    for (int X : rings_of[R]) {
+      // The least loaded ranks once the ring's members are relieved of it: among
+      // its members and the overall least loaded.
+      const std::vector<int>& old = a.ring_ranks[X];
+      const double c = items[a.ring_item[X]].cost;
+      const size_t d = old.size();
+      choice.clear();
+      for (int r : old) {
+        member[r] = 1;
+        choice.push_back({a.seconds[r] - c, r});
+      }
+      size_t taken = 0;
+      for (auto it = by_load.begin(); it != by_load.end() && taken < d; ++it, ++taken)
+        if (!member[it->second]) choice.push_back(*it);
+      for (int r : old) member[r] = 0;
+      std::nth_element(choice.begin(), choice.begin() + static_cast<std::ptrdiff_t>(d - 1), choice.end());
+      double after = 0;
+      for (size_t j = 0; j < d; ++j) after = std::max(after, choice[j].first + c);
+      if (after < best) {
+        best = after;
+        best_q = -1;
+        best_ring = X;
+        best_ranks.clear();
+        for (size_t j = 0; j < d; ++j) best_ranks.push_back(choice[j].second);
+      }
+    }
+    if (best_ring >= 0) {
+      const int X = best_ring;
+      const double c = items[a.ring_item[X]].cost;
+      std::vector<int>& old = a.ring_ranks[X];
+      std::sort(best_ranks.begin(), best_ranks.end());
+      for (int r : old) {
+        if (std::binary_search(best_ranks.begin(), best_ranks.end(), r)) continue;
+        set_load(r, a.seconds[r] - c);
+        rings_of[r].erase(std::find(rings_of[r].begin(), rings_of[r].end(), X));
+      }
+      for (int r : best_ranks) {
+        if (std::binary_search(old.begin(), old.end(), r)) continue;
+        set_load(r, a.seconds[r] + c);
+        rings_of[r].push_back(X);
+      }
+      old = best_ranks;
+      continue;
+    }
+    if (best_q < 0) break;
+    const int q = best_q;
+    const double moved = items[give].cost - (take == SIZE_MAX ? 0.0 : items[take].cost);
+    owned[R].erase({items[give].cost, give});
+    owned[q].insert({items[give].cost, give});
+    if (take != SIZE_MAX) {
+      owned[q].erase({items[take].cost, take});
+      owned[R].insert({items[take].cost, take});
+    }
+    set_load(R, a.seconds[R] - moved);
+    set_load(q, a.seconds[q] + moved);
+  }
+  for (int r = 0; r < hdp; ++r) {
+    a.local[r].clear();
+    for (const auto& e : owned[r]) a.local[r].push_back(e.second);
+  }
+}
+
+// plan_naive's choices as an assignment of the same items (its packed
+// micro-batches and rings are the same); nullopt if they are not.
+std::optional<Assignment> naive_assignment(const StepPlan& naive, const std::vector<WorkItem>& items,
+                                           const std::vector<PlannedMicroBatch>& pool, size_t sequences, int hdp) {
+  std::vector<size_t> item_of(sequences, SIZE_MAX);
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].ranks > 1) {
+      item_of[items[i].sequence] = i;
+    } else {
+      for (const PlannedPiece& p : pool[items[i].micro_batch].pieces) item_of[p.sequence] = i;
+    }
+  }
+  Assignment a(hdp);
+  std::vector<char> used(items.size(), 0);
+  if (naive.ranks.size() != static_cast<size_t>(hdp)) return std::nullopt;
+  for (int r = 0; r < hdp; ++r) {
+    for (const PlannedMicroBatch& mb : naive.ranks[r]) {
+      if (mb.ring >= 0 || mb.pieces.empty()) continue;
+      const size_t i = item_of[mb.pieces.front().sequence];
+      if (i == SIZE_MAX || items[i].ranks != 1 || used[i] || pool[items[i].micro_batch].pieces.size() != mb.pieces.size())
+        return std::nullopt;
+      used[i] = 1;
+      a.local[r].push_back(i);
+      a.seconds[r] += items[i].cost;
+    }
+  }
+  for (const Ring& ring : naive.rings) {
+    if (ring.sequences.size() != 1) return std::nullopt;
+    const size_t i = item_of[ring.sequences.front()];
+    if (i == SIZE_MAX || items[i].ranks != static_cast<int>(ring.ranks.size()) || used[i]) return std::nullopt;
+    used[i] = 1;
+    std::vector<int> members = ring.ranks;
+    std::sort(members.begin(), members.end());
+    for (int r : members) a.seconds[r] += items[i].cost;
+    a.ring_item.push_back(i);
+    a.ring_ranks.push_back(std::move(members));
+  }
+  for (char u : used)
+    if (!u) return std::nullopt;
+  return a;
+}
+
+// Where a ring sits in a rank's list: its slot index and the ring.
+struct RingCell {
+  size_t slot;
+  int ring;
+};
+
+// Each rank's list. Rings in their order, each at one slot on all its members:
+// the first after every member's earlier rings. The rank's own micro-batches,
+// most expensive first, fill the holes before its rings and then follow them.
+// Holes left over stay as empty micro-batches with several pipeline stages (a ring
+// then sits at the same index on every member, so its members' 1F1B schedules
+// meet it together) and are dropped with one (rings keep their order).
+StepPlan lay_out(const std::vector<WorkItem>& items, std::vector<PlannedMicroBatch>& pool, Assignment& a,
+                 std::span<const int64_t> lengths, const PlannerSettings& st) {
+  const int hdp = static_cast<int>(a.seconds.size());
+  StepPlan plan;
+  plan.capacity = st.capacity;
+  plan.ranks.resize(hdp);
+  std::vector<size_t> slots(hdp, 0);
+  std::vector<std::vector<RingCell>> cells(hdp);  // per rank: its rings, slots increasing
+  for (size_t X = 0; X < a.ring_ranks.size(); ++X) {
+    size_t slot = 0;
+    for (int r : a.ring_ranks[X]) slot = std::max(slot, slots[r]);
+    for (int r : a.ring_ranks[X]) {
+      cells[r].push_back({slot, static_cast<int>(X)});
+      slots[r] = slot + 1;
+    }
+    plan.rings.push_back(Ring{a.ring_ranks[X], {items[a.ring_item[X]].sequence}});
+  }
+  const bool aligned = st.pipeline_stages > 1;
+  for (int r = 0; r < hdp; ++r) {
+    std::vector<size_t>& mine = a.local[r];
+    std::sort(mine.begin(), mine.end());  // item order: most expensive first
+    std::vector<PlannedMicroBatch>& out = plan.ranks[r];
+    out.reserve(slots[r] + mine.size());
+    size_t next_local = 0, next_ring = 0;
+    for (size_t t = 0; t < slots[r]; ++t) {
+      if (next_ring < cells[r].size() && cells[r][next_ring].slot == t) {
+        const int X = cells[r][next_ring++].ring;
+        const Ring& ring = plan.rings[X];
+        const int position =
+            static_cast<int>(std::lower_bound(ring.ranks.begin(), ring.ranks.end(), r) - ring.ranks.begin());
+        PlannedMicroBatch mb;
+        mb.pieces = zigzag_ring_pieces(ring, X, position, lengths);
+        mb.ring = X;
+        mb.offload_ratio = items[a.ring_item[X]].ratio;
+        out.push_back(std::move(mb));
+      } else if (next_local < mine.size()) {
+        out.push_back(std::move(pool[items[mine[next_local++]].micro_batch]));
+      } else if (aligned) {
+        out.emplace_back();
+      }
+    }
+    while (next_local < mine.size()) out.push_back(std::move(pool[items[mine[next_local++]].micro_batch]));
+  }
+  return plan;
+}
+
+}  // namespace
+
+std::vector<double> predicted_rank_seconds(const StepPlan& plan, std::span<const int64_t> lengths,
+                                           const PlannerSettings& st) {
+  validate(st, "predicted_rank_seconds");
+  const int64_t num_sequences = static_cast<int64_t>(lengths.size());
+  auto length_of = [&](int64_t q) {
+    if (q < 0 || q >= num_sequences)
+      throw std::invalid_argument("predicted_rank_seconds: the plan names sequence " + str(q) + ", the batch has " +
+                                  str(num_sequences));
+    return lengths[q];
+  };
+  std::vector<double> seconds(plan.ranks.size(), 0.0);
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    double total = 0;
+    for (const PlannedMicroBatch& mb : plan.ranks[r]) {
+      for (const PlannedPiece& p : mb.pieces) {
+        if (p.ring == -1) {
+          length_of(p.sequence);
+          total += sequence_seconds(p.length, st);
+        }
+      }
+      if (mb.ring >= 0) {
+        if (static_cast<size_t>(mb.ring) >= plan.rings.size())
+          throw std::invalid_argument("predicted_rank_seconds: a micro-batch takes part in ring " + str(mb.ring) +
+                                      ", the plan has " + str(static_cast<int64_t>(plan.rings.size())) + " rings");
+        const Ring& ring = plan.rings[mb.ring];
+        const double k = static_cast<double>(std::max<size_t>(ring.ranks.size(), 1));
+        for (int64_t q : ring.sequences) total += sequence_seconds(length_of(q), st) / k;
+      }
+    }
+    seconds[r] = total;
+  }
+  return seconds;
+}
+
+StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& st, const BalanceSettings& balance) {
+  validate(st, "plan_balance");
+  validate_lengths(lengths, "plan_balance");
+  if (!(balance.threshold >= 0.0 && balance.threshold <= 1.0))
+    throw std::invalid_argument("plan_balance: threshold must be in [0, 1], got " + std::to_string(balance.threshold));
+  if (!(balance.widen_min_fill >= 0.0 && balance.widen_min_fill <= 1.0))
+    throw std::invalid_argument("plan_balance: widen_min_fill must be in [0, 1], got " +
+                                std::to_string(balance.widen_min_fill));
+  const int hdp = st.hdp;
+  const int64_t C = st.capacity;
+
+  // Work items: short sequences packed best-fit decreasing into C tokens, long
+  // ones with choose_ranks's ranks and ratio (one rank: a micro-batch of its own),
+  // exactly as plan_naive.
+  std::vector<PlannedMicroBatch> pool;
+  std::vector<int64_t> short_lengths, short_sequence;
+  struct LongSequence {
+    int64_t sequence;
+    LongSequenceChoice choice;
+    double seconds;
+    size_t micro_batch;  // its micro-batch in the pool (used when it runs on one rank)
+  };
+  std::vector<LongSequence> longs;
+  double total_seconds = 0;
+  for (size_t q = 0; q < lengths.size(); ++q) {
+    const int64_t seq = static_cast<int64_t>(q);
+    const double seconds = sequence_seconds(lengths[q], st);
+    total_seconds += seconds;
+    if (lengths[q] <= C) {
+      short_lengths.push_back(lengths[q]);
+      short_sequence.push_back(seq);
+      continue;
+    }
+    const LongSequenceChoice choice = choose_ranks(lengths[q], st);
+    PlannedMicroBatch mb;
+    mb.pieces.push_back({seq, 0, lengths[q], -1});
+    mb.offload_ratio = choice.ratio;
+    longs.push_back({seq, choice, seconds, pool.size()});
+    pool.push_back(std::move(mb));
+  }
+  std::vector<WorkItem> packed;
+  for (const std::vector<size_t>& bin : best_fit_decreasing(short_lengths, C)) {
+    PlannedMicroBatch mb;
+    double seconds = 0;
+    for (size_t i : bin) {
+      mb.pieces.push_back({short_sequence[i], 0, short_lengths[i], -1});
+      seconds += sequence_seconds(short_lengths[i], st);
+    }
+    packed.push_back({seconds, 1, -1, 0.0, pool.size()});
+    pool.push_back(std::move(mb));
+  }
+  auto make_items = [&](const std::vector<LongSequence>& chosen) {
+    std::vector<WorkItem> items;
+    for (const LongSequence& ls : chosen) {
+      if (ls.choice.ranks == 1) {
+        items.push_back({ls.seconds, 1, -1, 0.0, ls.micro_batch});
+      } else {
+        items.push_back({ls.seconds / ls.choice.ranks, ls.choice.ranks, ls.sequence, ls.choice.ratio, SIZE_MAX});
+      }
+    }
+    items.insert(items.end(), packed.begin(), packed.end());
+    sort_items(items);
+    return items;
+  };
+
+  // Candidate 1: Algorithm 2 on these items, refined.
+  std::vector<WorkItem> items = make_items(longs);
+  Assignment best = assign_rounds(items, hdp, balance);
+  refine(items, best);
+  double best_max = best.busiest();
+  Assignment* winner = &best;
+  const std::vector<WorkItem>* winner_items = &items;
+
+  // Candidate 2 (widen): a long sequence whose share on each of its ranks would
+  // cost more than the mean rank's load (all seconds / hdp) gets ceil(its seconds /
+  // that mean) ranks instead, at most hdp and at most length / (widen_min_fill C),
+  // at the smallest offload ratio they need.
+  std::vector<WorkItem> wide_items;
+  std::optional<Assignment> wide;
+  if (balance.widen) {
+    const double mean_load = total_seconds / hdp;
+    std::vector<LongSequence> widened = longs;
+    bool changed = false;
+    for (LongSequence& ls : widened) {
+      if (!(mean_load > 0) || !(ls.seconds / ls.choice.ranks > mean_load) || ls.choice.ranks >= hdp) continue;
+      const double fill = std::max(1.0, balance.widen_min_fill * static_cast<double>(C));
+      const double most = std::min(static_cast<double>(hdp), std::floor(static_cast<double>(lengths[ls.sequence]) / fill));
+      const int d = std::max(ls.choice.ranks, static_cast<int>(std::min(most, std::ceil(ls.seconds / mean_load))));
+      const double r = ratio_for_ranks(lengths[ls.sequence], d, ls.choice.ratio, st);
+      if (r < 0 || d == ls.choice.ranks) continue;
+      ls.choice = {r, d};
+      changed = true;
+    }
+    if (changed) {
+      wide_items = make_items(widened);
+      wide = assign_rounds(wide_items, hdp, balance);
+      refine(wide_items, *wide);
+      if (wide->busiest() < best_max * (1 - 1e-9)) {
+        best_max = wide->busiest();
+        winner = &*wide;
+        winner_items = &wide_items;
+      }
+    }
+  }
+
+  // Candidate 3: plan_naive's assignment of the same items, refined, so that the
+  // result never predicts a slower step than Algorithm 1.
+  std::optional<Assignment> naive = naive_assignment(plan_naive(lengths, st), items, pool, lengths.size(), hdp);
+  if (naive) {
+    refine(items, *naive);
+    if (naive->busiest() < best_max * (1 - 1e-9)) {
+      best_max = naive->busiest();
+      winner = &*naive;
+      winner_items = &items;
+    }
+  }
+  return lay_out(*winner_items, pool, *winner, lengths, st);
 }
 
 }  // namespace hdp

@@ -5,11 +5,14 @@
 // that fit one rank are packed whole into micro-batches (no communication); a
 // longer one gets the fewest ranks the cost model allows, with a selective
 // activation-offload ratio, and runs as a zig-zag ring over exactly those ranks.
+// plan_balance is Algorithm 2 on top: the same work spread so that every rank's
+// predicted time (predicted_rank_seconds) is about equal.
 // plan_static is the baseline of static systems: a fixed dp x cp grid, every
 // packed row split over the cp ranks of its group whatever its sequences' lengths.
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "parallel/cost_model.h"
 #include "parallel/plan.h"
@@ -74,5 +77,57 @@ StepPlan plan_naive(std::span<const int64_t> lengths, const PlannerSettings& set
 // cp = 1 its sequences are local. Rows go largest first to the group with the
 // fewest tokens; a group's members run identical lists.
 StepPlan plan_static(std::span<const int64_t> lengths, const PlannerSettings& settings, int cp);
+
+// The balance scheduler (ByteScale's Algorithm 2).
+enum class BalanceMode { DataParallel, Pipeline };
+struct BalanceSettings {
+  BalanceMode mode = BalanceMode::DataParallel;
+  double threshold = 0.05;  // ranks whose accumulated time is more than this fraction below the maximum get work
+  // Also try spreading a long sequence whose share per choose_ranks rank would cost
+  // more than the mean rank's load over more ranks: ceil(its seconds / mean load),
+  // at most hdp, and at most as many as leave each member widen_min_fill x capacity
+  // tokens (so that ring steps keep attention work to hide their transfers under).
+  bool widen = true;
+  double widen_min_fill = 0.25;
+};
+// Work items: short sequences packed best-fit decreasing into C tokens and long
+// ones with choose_ranks's ranks and offload ratio, exactly as plan_naive; an item
+// costs what predicted_rank_seconds charges each rank it occupies. Items are
+// sorted by cost, most expensive first, and cut into ceil(items / hdp) buckets of
+// about equal total cost. Rounds: the ranks more than `threshold` x max below the
+// busiest rank (all ranks when none is) are served once each, least loaded first,
+// with the round's items most expensive first; a ring item takes as many
+// consecutive served ranks as it needs (a ring wider than the eligible ranks,
+// drawn first in its round, takes the least loaded ranks). Items come from the
+// first non-empty bucket (DataParallel) or from the buckets in turn (Pipeline).
+// Then moves and swaps of the busiest rank's micro-batches, and moves of its rings
+// to the least loaded ranks, while they lower it. The same is done with widened
+// rings (BalanceSettings::widen) and, as a third candidate, starting from
+// plan_naive's assignment; the candidate with the smallest predicted maximum wins
+// (ties: the first), so the result never predicts a slower step than plan_naive.
+// Bound (without the candidates' help): every round gives items in decreasing cost
+// to ranks in increasing load, which keeps max - min load <= the costliest item c,
+// so max <= total / hdp + c (hdp - 1) / hdp. Ranks with cheaper micro-batches
+// receive more of them.
+// Lists: rings in one global order, each at the first slot after all its members'
+// earlier rings; a rank's own micro-batches, most expensive first, fill the holes
+// before its rings and then follow them. With several pipeline stages left-over
+// holes stay as empty micro-batches, so a ring sits at one index on all its members
+// (their 1F1B schedules then meet it together; micro-batch counts may differ);
+// with one stage they are dropped. Passes check_plan.
+StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& settings, const BalanceSettings& balance);
+
+// Predicted seconds of forward and backward each hdp rank spends on its
+// micro-batches, under the cost model, for one pipeline stage of layers_per_stage
+// layers (l): a local piece of t tokens costs l T(t); a ring of k ranks costs each
+// member l T(s) / k per sequence of s tokens it carries (the zig-zag split gives
+// every member equal attention work and, up to rounding, equal tokens). With one
+// pipeline stage the rank holds the whole model and every token also costs
+// embedding_seconds_per_token + head_seconds_per_token (a ring member: s / k tokens
+// of each sequence); with several stages this is one stage's layer time only (the
+// embedding and head add to the first and last stage). Empty micro-batches cost
+// nothing, and offload adds nothing (its copies must hide under compute).
+std::vector<double> predicted_rank_seconds(const StepPlan& plan, std::span<const int64_t> lengths,
+                                           const PlannerSettings& settings);
 
 }  // namespace hdp

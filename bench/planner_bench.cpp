@@ -1,0 +1,163 @@
+// Google Benchmark for the step planners at ByteScale's scale: a 32M-token global
+// batch of long-tailed sequences up to 2M tokens over 1,024 and 12,288 hdp ranks.
+//
+//   build/bench/planner_bench --benchmark_counters_tabular=true
+//
+// The batch (fixed seed): 0.4% of sequences log-uniform in [128K, 2M] tokens, the
+// rest lognormal with median 1.5K tokens (sigma 1.2) clipped to [16, 128K], drawn
+// until 32M tokens (the last one shortened to hit 32M exactly). That gives about
+// 80% of sequences at most 4K tokens and roughly 45% of the tokens in sequences of
+// 128K or more (docs/background.md section 1, "Byted").
+//
+// Settings: capacity C = 16K tokens, 8 layers per stage, one pipeline stage,
+// analytic cost model of a LLaMA-7B layer (hidden 4096, 32 heads, 8 KV heads,
+// FFN 11008) at 300 TFLOP/s, 25 GB/s copies each way, the LM head (vocabulary
+// 32000) as per-token head cost.
+//
+// Counters: sequences, rings, micro-batches, and max/ideal = the busiest rank's
+// predicted seconds over the mean (predicted_rank_seconds; 1 is perfect).
+
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "parallel/cost_model.h"
+#include "parallel/hdp_planner.h"
+#include "parallel/plan.h"
+
+namespace {
+
+using namespace hdp;
+
+constexpr int64_t kGlobalTokens = int64_t{32} << 20;
+constexpr int64_t kLongest = int64_t{2} << 20;
+constexpr int64_t kCapacity = 16384;
+
+std::vector<int64_t> long_tailed_batch(int64_t total_tokens, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::lognormal_distribution<double> body(std::log(1536.0), 1.2);
+  std::uniform_real_distribution<double> unit(0.0, 1.0);
+  const double lo = std::log(131072.0), hi = std::log(static_cast<double>(kLongest));
+  std::vector<int64_t> lengths;
+  int64_t total = 0;
+  while (total < total_tokens) {
+    int64_t len;
+    if (unit(rng) < 0.004) {
+      len = static_cast<int64_t>(std::exp(lo + (hi - lo) * unit(rng)));
+    } else {
+      len = std::clamp<int64_t>(static_cast<int64_t>(body(rng)), 16, 131072);
+    }
+    len = std::min(len, total_tokens - total);
+    lengths.push_back(len);
+    total += len;
+  }
+  return lengths;
+}
+
+const std::vector<int64_t>& batch() {
+  static const std::vector<int64_t> b = long_tailed_batch(kGlobalTokens, 20250301);
+  return b;
+}
+
+PlannerSettings settings(int hdp) {
+  PlannerSettings s;
+  s.hdp = hdp;
+  s.capacity = kCapacity;
+  s.layers_per_stage = 8;
+  s.pipeline_stages = 1;
+  const double rate = 300e12;
+  s.cost = analytic_cost_model(LayerShape{4096, 32, 8, 128, 11008, 24 * 4096}, rate, 25e9);
+  s.cost.embedding_seconds_per_token = 2.0 * 4096 / rate;
+  s.cost.head_seconds_per_token = 6.0 * 4096 * 32000 / rate;
+  return s;
+}
+
+void count(benchmark::State& state, const StepPlan& p, const std::vector<int64_t>& lengths, const PlannerSettings& s) {
+  size_t micro_batches = 0;
+  for (const auto& rank : p.ranks) micro_batches += rank.size();
+  const std::vector<double> t = predicted_rank_seconds(p, lengths, s);
+  const double most = *std::max_element(t.begin(), t.end());
+  const double ideal = std::accumulate(t.begin(), t.end(), 0.0) / static_cast<double>(t.size());
+  state.counters["sequences"] = static_cast<double>(lengths.size());
+  state.counters["rings"] = static_cast<double>(p.rings.size());
+  state.counters["micro_batches"] = static_cast<double>(micro_batches);
+  state.counters["max/ideal"] = most / ideal;
+}
+
+void BM_PlanNaive(benchmark::State& state) {
+  const PlannerSettings s = settings(static_cast<int>(state.range(0)));
+  const std::vector<int64_t>& lengths = batch();
+  StepPlan p;
+  for (auto _ : state) {
+    p = plan_naive(lengths, s);
+    benchmark::DoNotOptimize(p.ranks.data());
+  }
+  count(state, p, lengths, s);
+}
+
+void BM_PlanBalance(benchmark::State& state) {
+  const PlannerSettings s = settings(static_cast<int>(state.range(0)));
+  const BalanceSettings b{state.range(1) == 0 ? BalanceMode::DataParallel : BalanceMode::Pipeline, 0.05};
+  const std::vector<int64_t>& lengths = batch();
+  StepPlan p;
+  for (auto _ : state) {
+    p = plan_balance(lengths, s, b);
+    benchmark::DoNotOptimize(p.ranks.data());
+  }
+  count(state, p, lengths, s);
+}
+
+void BM_PredictedRankSeconds(benchmark::State& state) {
+  const PlannerSettings s = settings(static_cast<int>(state.range(0)));
+  const std::vector<int64_t>& lengths = batch();
+  const StepPlan p = plan_balance(lengths, s, {});
+  for (auto _ : state) {
+    std::vector<double> t = predicted_rank_seconds(p, lengths, s);
+    benchmark::DoNotOptimize(t.data());
+  }
+}
+
+// check_plan on the balanced plan (range(1) = 1: on plan_naive's).
+void BM_CheckPlan(benchmark::State& state) {
+  const PlannerSettings s = settings(static_cast<int>(state.range(0)));
+  const std::vector<int64_t>& lengths = batch();
+  const StepPlan p = state.range(1) == 0 ? plan_balance(lengths, s, {}) : plan_naive(lengths, s);
+  for (auto _ : state) check_plan(p, lengths, s.layers_per_stage, s.pipeline_stages);
+  count(state, p, lengths, s);
+}
+
+// The batch itself: how long-tailed it is.
+void BM_GenerateBatch(benchmark::State& state) {
+  std::vector<int64_t> lengths;
+  for (auto _ : state) {
+    lengths = long_tailed_batch(kGlobalTokens, 20250301);
+    benchmark::DoNotOptimize(lengths.data());
+  }
+  const double n = static_cast<double>(lengths.size());
+  double short_count = 0, long_tokens = 0, total = 0;
+  for (int64_t len : lengths) {
+    short_count += len <= 4096;
+    if (len >= 131072) long_tokens += static_cast<double>(len);
+    total += static_cast<double>(len);
+  }
+  state.counters["sequences"] = n;
+  state.counters["share<=4K"] = short_count / n;
+  state.counters["tokens>=128K"] = long_tokens / total;
+  state.counters["longest"] = static_cast<double>(*std::max_element(lengths.begin(), lengths.end()));
+}
+
+BENCHMARK(BM_GenerateBatch)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanNaive)->Arg(1024)->Arg(12288)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanBalance)->Args({1024, 0})->Args({1024, 1})->Args({12288, 0})->Args({12288, 1})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PredictedRankSeconds)->Arg(1024)->Arg(12288)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CheckPlan)->Args({1024, 0})->Args({1024, 1})->Args({12288, 0})->Args({12288, 1})->Unit(benchmark::kMillisecond)->Iterations(1);
+
+}  // namespace
+
+BENCHMARK_MAIN();

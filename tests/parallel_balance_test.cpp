@@ -1,0 +1,397 @@
+// The balance scheduler (plan_balance, ByteScale's Algorithm 2) and the cost
+// prediction it balances (predicted_rank_seconds): hand cases, then randomized
+// invariants on skewed batches against plan_naive and the ideal.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "parallel/cost_model.h"
+#include "parallel/hdp_planner.h"
+#include "parallel/plan.h"
+
+namespace hdp {
+namespace {
+
+// T(s) = a1 s^2 + b1 s per layer, one activation byte per token per layer.
+PlannerSettings settings(int hdp, int64_t capacity, int64_t layers, double a1, double b1) {
+  PlannerSettings s;
+  s.hdp = hdp;
+  s.capacity = capacity;
+  s.layers_per_stage = layers;
+  s.cost.a1 = a1;
+  s.cost.b1 = b1;
+  s.cost.a2 = 1;
+  s.cost.d2h_bytes_per_s = s.cost.h2d_bytes_per_s = 1e12;
+  return s;
+}
+
+double max_of(const std::vector<double>& v) { return v.empty() ? 0.0 : *std::max_element(v.begin(), v.end()); }
+
+// The sequences of each micro-batch of a rank, in order (ring micro-batches: their ring's sequences).
+std::vector<std::vector<int64_t>> sequences_of(const StepPlan& p, int rank) {
+  std::vector<std::vector<int64_t>> out;
+  for (const PlannedMicroBatch& mb : p.ranks[rank]) {
+    std::vector<int64_t> q;
+    for (const PlannedPiece& piece : mb.pieces)
+      if (piece.ring < 0) q.push_back(piece.sequence);
+    if (mb.ring >= 0)
+      for (int64_t s : p.rings[mb.ring].sequences) q.push_back(s);
+    out.push_back(q);
+  }
+  return out;
+}
+
+// Ranks holding pieces of each sequence.
+std::vector<std::set<int>> ranks_per_sequence(const StepPlan& plan, size_t sequences) {
+  std::vector<std::set<int>> out(sequences);
+  for (size_t r = 0; r < plan.ranks.size(); ++r)
+    for (const PlannedMicroBatch& mb : plan.ranks[r])
+      for (const PlannedPiece& p : mb.pieces) out[p.sequence].insert(static_cast<int>(r));
+  return out;
+}
+
+// ---- predicted_rank_seconds ----
+
+// Sequence 0 (10 tokens) is a ring over ranks 0 and 1; sequence 1 (4) is local on
+// rank 0, sequence 2 (3) on rank 1.
+StepPlan ring_and_locals() {
+  StepPlan p;
+  p.capacity = 10;
+  p.rings = {Ring{{0, 1}, {0}}};
+  PlannedMicroBatch a;
+  a.ring = 0;
+  a.pieces = {{1, 0, 4, -1}, {0, 0, 2, 0}, {0, 7, 3, 0}};
+  PlannedMicroBatch b;
+  b.ring = 0;
+  b.pieces = {{2, 0, 3, -1}, {0, 2, 3, 0}, {0, 5, 2, 0}};
+  p.ranks = {{a}, {b}};
+  return p;
+}
+const std::vector<int64_t> kRingLengths = {10, 4, 3};
+
+TEST(PredictedRankSeconds, HandCase) {
+  // Two layers of T(s) = s^2; embedding 0.5 and head 0.25 seconds per token.
+  PlannerSettings s = settings(2, 10, 2, 1.0, 0.0);
+  s.cost.embedding_seconds_per_token = 0.5;
+  s.cost.head_seconds_per_token = 0.25;
+  StepPlan p = ring_and_locals();
+  ASSERT_NO_THROW(check_plan(p, kRingLengths, 2, 1));
+  // One stage holds the whole model. The ring sequence costs each of its two
+  // members half of (2 x 10^2 + 0.75 x 10) = 103.75, whatever its chunk sizes.
+  // Rank 0: 2 x 4^2 + 0.75 x 4 = 35 more; rank 1: 2 x 3^2 + 0.75 x 3 = 20.25.
+  std::vector<double> t = predicted_rank_seconds(p, kRingLengths, s);
+  ASSERT_EQ(t.size(), 2u);
+  EXPECT_DOUBLE_EQ(t[0], 138.75);
+  EXPECT_DOUBLE_EQ(t[1], 124.0);
+  // Two stages: one stage's layers only: 32 + 100 and 18 + 100.
+  s.pipeline_stages = 2;
+  t = predicted_rank_seconds(p, kRingLengths, s);
+  EXPECT_DOUBLE_EQ(t[0], 132.0);
+  EXPECT_DOUBLE_EQ(t[1], 118.0);
+  // Empty micro-batches cost nothing; a rank without work costs nothing.
+  p.ranks[0].emplace_back();
+  p.ranks.emplace_back();
+  t = predicted_rank_seconds(p, kRingLengths, s);
+  ASSERT_EQ(t.size(), 3u);
+  EXPECT_DOUBLE_EQ(t[0], 132.0);
+  EXPECT_DOUBLE_EQ(t[2], 0.0);
+  // Offload adds no time (the copies hide under compute).
+  p.ranks[0][0].offload_ratio = 1.0;
+  EXPECT_DOUBLE_EQ(predicted_rank_seconds(p, kRingLengths, s)[0], 132.0);
+  // Bad references throw.
+  p.ranks[1][0].ring = 3;
+  EXPECT_THROW(predicted_rank_seconds(p, kRingLengths, s), std::invalid_argument);
+  p = ring_and_locals();
+  p.ranks[0][0].pieces[0].sequence = 7;
+  EXPECT_THROW(predicted_rank_seconds(p, kRingLengths, s), std::invalid_argument);
+}
+
+// ---- plan_balance by hand ----
+
+TEST(PlanBalance, FourItemsOnTwoRanks) {
+  // T(s) = s, capacity 4: sequences of 4, 3, 3 and 2 tokens are micro-batches of
+  // their own (best-fit decreasing cannot pair them) costing 4, 3, 3 and 2.
+  PlannerSettings s = settings(2, 4, 1, 0.0, 1.0);
+  const std::vector<int64_t> lengths = {4, 3, 3, 2};
+  for (BalanceMode mode : {BalanceMode::DataParallel, BalanceMode::Pipeline}) {
+    SCOPED_TRACE(mode == BalanceMode::DataParallel ? "DataParallel" : "Pipeline");
+    const StepPlan p = plan_balance(lengths, s, {mode, 0.05});
+    ASSERT_NO_THROW(check_plan(p, lengths, 1, 1));
+    // Round 1, both ranks (all at 0): 4 to rank 0, 3 to rank 1. Round 2: only
+    // rank 1 (3) is more than 5% below the busiest (4): the other 3, making 6.
+    // Round 3: rank 0 (4 < 0.95 x 6) takes the 2. Both finish at 6.
+    EXPECT_EQ(sequences_of(p, 0), (std::vector<std::vector<int64_t>>{{0}, {3}}));
+    EXPECT_EQ(sequences_of(p, 1), (std::vector<std::vector<int64_t>>{{1}, {2}}));
+    EXPECT_EQ(predicted_rank_seconds(p, lengths, s), (std::vector<double>{6.0, 6.0}));
+  }
+}
+
+TEST(PlanBalance, BalancesAttentionWherePlanNaiveBalancesTokens) {
+  // T(s) = s^2, capacity 4: micro-batches {4} (cost 16), {2, 2} and {2, 2} (8 each).
+  // Every micro-batch holds 4 tokens: plan_naive puts two of them on rank 0 (24 : 8);
+  // the balance scheduler gives both cheap ones to rank 1 (16 : 16).
+  PlannerSettings s = settings(2, 4, 1, 1.0, 0.0);
+  const std::vector<int64_t> lengths = {4, 2, 2, 2, 2};
+  const StepPlan naive = plan_naive(lengths, s);
+  EXPECT_EQ(max_of(predicted_rank_seconds(naive, lengths, s)), 24.0);
+  const StepPlan p = plan_balance(lengths, s, {});
+  ASSERT_NO_THROW(check_plan(p, lengths, 1, 1));
+  EXPECT_EQ(predicted_rank_seconds(p, lengths, s), (std::vector<double>{16.0, 16.0}));
+  EXPECT_EQ(p.ranks[0].size(), 1u);
+  EXPECT_EQ(p.ranks[1].size(), 2u);
+}
+
+TEST(PlanBalance, CheaperMicroBatchesComeInGreaterNumbers) {
+  // One sequence of 8 tokens (cost 64) and sixteen of 2 (four micro-batches of 16).
+  PlannerSettings s = settings(2, 8, 1, 1.0, 0.0);
+  std::vector<int64_t> lengths = {8};
+  lengths.insert(lengths.end(), 16, 2);
+  for (BalanceMode mode : {BalanceMode::DataParallel, BalanceMode::Pipeline}) {
+    const StepPlan p = plan_balance(lengths, s, {mode, 0.05});
+    ASSERT_NO_THROW(check_plan(p, lengths, 1, 1));
+    EXPECT_EQ(p.ranks[0].size(), 1u);
+    EXPECT_EQ(p.ranks[1].size(), 4u);
+    EXPECT_EQ(predicted_rank_seconds(p, lengths, s), (std::vector<double>{64.0, 64.0}));
+  }
+}
+
+TEST(PlanBalance, ARingTakesTheLeastLoadedRanksInOneSlot) {
+  // Capacity 1000, no offload, T(s) = s, two pipeline stages: 3000 tokens need a
+  // ring of 3 ranks (1000 seconds each); 1000, 900, 600 and 500 are micro-batches.
+  PlannerSettings s = settings(4, 1000, 1, 0.0, 1.0);
+  s.offload.enabled = false;
+  s.pipeline_stages = 2;
+  const std::vector<int64_t> lengths = {900, 3000, 500, 1000, 600};
+  const StepPlan p = plan_balance(lengths, s, {});
+  ASSERT_NO_THROW(check_plan(p, lengths, 1, 2));
+  // Round 1 (all at 0): the ring (1000 each, wider first on a tie) on ranks 0-2,
+  // the 1000-token micro-batch on rank 3. Round 2 (all at 1000, none more than 5%
+  // below): 900, 600 and 500 to ranks 0, 1, 2. 1900 is the least possible maximum:
+  // the 900 joins a rank that already has 1000.
+  ASSERT_EQ(p.rings.size(), 1u);
+  EXPECT_EQ(p.rings[0].ranks, (std::vector<int>{0, 1, 2}));
+  EXPECT_EQ(p.rings[0].sequences, (std::vector<int64_t>{1}));
+  for (int r = 0; r < 3; ++r) {
+    ASSERT_EQ(p.ranks[r].size(), 2u);
+    EXPECT_EQ(p.ranks[r][0].ring, 0);
+  }
+  EXPECT_EQ(sequences_of(p, 0)[1], (std::vector<int64_t>{0}));
+  EXPECT_EQ(sequences_of(p, 1)[1], (std::vector<int64_t>{4}));
+  EXPECT_EQ(sequences_of(p, 2)[1], (std::vector<int64_t>{2}));
+  EXPECT_EQ(sequences_of(p, 3), (std::vector<std::vector<int64_t>>{{3}}));
+  EXPECT_EQ(predicted_rank_seconds(p, lengths, s), (std::vector<double>{1900, 1600, 1500, 1000}));
+}
+
+TEST(PlanBalance, WidensALongSequenceThatWouldDominateTheStep) {
+  // T(s) = s^2 / 1000, capacity 1000, no offload, 8 ranks. A sequence of 4000 tokens
+  // needs 4 ranks (4000 seconds each); eight sequences of 1000 tokens cost 1000 each.
+  PlannerSettings s = settings(8, 1000, 1, 1e-3, 0.0);
+  s.offload.enabled = false;
+  std::vector<int64_t> lengths = {4000};
+  lengths.insert(lengths.end(), 8, 1000);
+  // As choose_ranks says: the ring's 4000 seconds are the step.
+  const StepPlan narrow = plan_balance(lengths, s, {BalanceMode::DataParallel, 0.05, false});
+  ASSERT_NO_THROW(check_plan(narrow, lengths, 1, 1));
+  ASSERT_EQ(narrow.rings.size(), 1u);
+  EXPECT_EQ(narrow.rings[0].ranks.size(), 4u);
+  EXPECT_DOUBLE_EQ(max_of(predicted_rank_seconds(narrow, lengths, s)), 4000.0);
+  // Mean load (16000 + 8000) / 8 = 3000: the ring gets ceil(16000 / 3000) = 6 ranks
+  // (2667 each). The two others take three micro-batches each (3000), the last two
+  // go to ring members: 3667.
+  const StepPlan wide = plan_balance(lengths, s, {});
+  ASSERT_NO_THROW(check_plan(wide, lengths, 1, 1));
+  ASSERT_EQ(wide.rings.size(), 1u);
+  EXPECT_EQ(wide.rings[0].ranks.size(), 6u);
+  EXPECT_NEAR(max_of(predicted_rank_seconds(wide, lengths, s)), 16000.0 / 6 + 1000, 1e-9);
+}
+
+TEST(PlanBalance, PipelinesPutARingAtOneIndexOnEveryMember) {
+  // Rings of different widths over overlapping ranks: a ring waits for the member
+  // with the most rings before it, the others keep its slot free (an empty
+  // micro-batch where nothing cheaper fits).
+  PlannerSettings s = settings(4, 100, 1, 0.0, 1.0);
+  s.offload.enabled = false;
+  s.pipeline_stages = 3;
+  const std::vector<int64_t> lengths = {400, 300, 250, 200, 150, 50};
+  const StepPlan p = plan_balance(lengths, s, {});
+  ASSERT_NO_THROW(check_plan(p, lengths, 1, 3));
+  for (size_t R = 0; R < p.rings.size(); ++R) {
+    int index = -1;
+    for (int rank : p.rings[R].ranks) {
+      int at = -1;
+      for (size_t m = 0; m < p.ranks[rank].size(); ++m)
+        if (p.ranks[rank][m].ring == static_cast<int>(R)) at = static_cast<int>(m);
+      ASSERT_GE(at, 0);
+      if (index < 0) index = at;
+      EXPECT_EQ(at, index) << "ring " << R << " on rank " << rank;
+    }
+  }
+}
+
+TEST(PlanBalance, EmptyBatchesAndBadSettings) {
+  PlannerSettings s = settings(3, 100, 1, 1.0, 0.0);
+  const StepPlan p = plan_balance(std::vector<int64_t>{}, s, {});
+  ASSERT_EQ(p.ranks.size(), 3u);
+  for (const auto& rank : p.ranks) EXPECT_TRUE(rank.empty());
+  EXPECT_THROW(plan_balance(std::vector<int64_t>{5}, s, {BalanceMode::DataParallel, -0.1}), std::invalid_argument);
+  EXPECT_THROW(plan_balance(std::vector<int64_t>{5}, s, {BalanceMode::DataParallel, 1.5}), std::invalid_argument);
+  EXPECT_THROW(plan_balance(std::vector<int64_t>{0}, s, {}), std::invalid_argument);
+  s.offload.enabled = false;
+  EXPECT_THROW(plan_balance(std::vector<int64_t>{301}, s, {}), std::invalid_argument);  // needs 4 ranks
+}
+
+// ---- randomized invariants ----
+
+// Lognormal lengths around C / 4 and a few up to 8 C, each shortened until `fits`
+// accepts it (choose_ranks finds enough ranks).
+template <typename Fits>
+std::vector<int64_t> skewed(std::mt19937_64& rng, int64_t capacity, int hdp, Fits fits) {
+  std::lognormal_distribution<double> lognormal(std::log(capacity / 4.0), 1.2);
+  const int64_t target = capacity * hdp * (1 + static_cast<int64_t>(rng() % 4));
+  std::vector<int64_t> lengths;
+  int64_t total = 0;
+  while (total < target) {
+    int64_t len = std::clamp<int64_t>(static_cast<int64_t>(lognormal(rng)), 1, 8 * capacity);
+    if (rng() % 12 == 0) len = capacity + 1 + static_cast<int64_t>(rng() % (7 * capacity));
+    while (len > 1 && !fits(len)) len /= 2;
+    lengths.push_back(len);
+    total += len;
+  }
+  return lengths;
+}
+
+// The costliest micro-batch of a plan, as predicted_rank_seconds defines costs.
+double costliest_micro_batch(const StepPlan& p, const std::vector<int64_t>& lengths, const PlannerSettings& s) {
+  const double extra =
+      s.pipeline_stages == 1 ? s.cost.embedding_seconds_per_token + s.cost.head_seconds_per_token : 0.0;
+  auto seconds = [&](int64_t len) {
+    return static_cast<double>(s.layers_per_stage) * s.cost.compute_seconds(len) + extra * static_cast<double>(len);
+  };
+  double most = 0;
+  for (const auto& rank : p.ranks) {
+    for (const PlannedMicroBatch& mb : rank) {
+      double c = 0;
+      for (const PlannedPiece& piece : mb.pieces)
+        if (piece.ring < 0) c += seconds(piece.length);
+      if (mb.ring >= 0)
+        for (int64_t q : p.rings[mb.ring].sequences)
+          c += seconds(lengths[q]) / static_cast<double>(p.rings[mb.ring].ranks.size());
+      most = std::max(most, c);
+    }
+  }
+  return most;
+}
+
+TEST(Randomized, BalancedPlansAreValidNoWorseThanNaiveAndNearTheIdeal) {
+  std::mt19937_64 rng(20250301);
+  const std::vector<int> hdps = {1, 2, 3, 4, 8, 16};
+  const std::vector<double> thresholds = {0.0, 0.05, 0.2};
+  int rings_seen = 0, offloaded = 0, better = 0, trials = 0, widened = 0;
+  double worst_vs_naive = 0, sum_vs_naive = 0;
+  for (int trial = 0; trial < 600; ++trial) {
+    const int hdp = hdps[trial % hdps.size()];
+    const int64_t capacity = 256 + static_cast<int64_t>(rng() % 3841);
+    const int64_t layers = 1 + static_cast<int64_t>(rng() % 8);
+    const int stages = 1 + static_cast<int>(rng() % 3);
+    PlannerSettings s;
+    s.hdp = hdp;
+    s.capacity = capacity;
+    s.layers_per_stage = layers;
+    s.pipeline_stages = stages;
+    s.cost = analytic_cost_model(LayerShape{512, 8, 4, 64, 1376, 16 * 512}, 2e11,
+                                 std::pow(10.0, 8 + static_cast<double>(rng() % 5)));
+    // Embedding and head: from nothing to a few layers' worth of per-token work.
+    s.cost.embedding_seconds_per_token = s.cost.b1 * static_cast<double>(rng() % 3) * 0.1;
+    s.cost.head_seconds_per_token = s.cost.b1 * static_cast<double>(rng() % 3) * 2.0;
+    switch (rng() % 4) {
+      case 0: s.offload.enabled = false; break;
+      case 1: s.offload.forced_ratio = static_cast<double>(rng() % 11) / 10; break;
+      default: break;
+    }
+    const std::vector<int64_t> lengths = skewed(rng, capacity, hdp, [&](int64_t len) {
+      try {
+        choose_ranks(len, s);
+        return true;
+      } catch (const std::invalid_argument&) {
+        return false;
+      }
+    });
+    const StepPlan naive = plan_naive(lengths, s);
+    const double naive_max = max_of(predicted_rank_seconds(naive, lengths, s));
+    for (BalanceMode mode : {BalanceMode::DataParallel, BalanceMode::Pipeline}) {
+      const double threshold = thresholds[rng() % thresholds.size()];
+      const bool widen = rng() % 4 != 0;
+      SCOPED_TRACE("trial " + std::to_string(trial) + ": hdp " + std::to_string(hdp) + ", capacity " +
+                   std::to_string(capacity) + ", layers " + std::to_string(layers) + ", stages " +
+                   std::to_string(stages) + ", " + (mode == BalanceMode::DataParallel ? "DP" : "PP") +
+                   ", threshold " + std::to_string(threshold) + (widen ? ", widen" : ""));
+      const StepPlan p = plan_balance(lengths, s, {mode, threshold, widen});
+      ++trials;
+      // Every token once, limits, ring chunks and orders (1F1B with two stages).
+      ASSERT_NO_THROW(check_plan(p, lengths, layers, stages));
+      ASSERT_EQ(p.ranks.size(), static_cast<size_t>(hdp));
+      // Long sequences keep at least choose_ranks's ranks (exactly, without widening).
+      const auto holders = ranks_per_sequence(p, lengths.size());
+      for (size_t q = 0; q < lengths.size(); ++q) {
+        const int least = lengths[q] <= capacity ? 1 : choose_ranks(lengths[q], s).ranks;
+        if (widen) {
+          EXPECT_GE(static_cast<int>(holders[q].size()), least) << "sequence " << q;
+        } else {
+          EXPECT_EQ(static_cast<int>(holders[q].size()), least) << "sequence " << q;
+        }
+      }
+      if (!widen) {
+        EXPECT_EQ(p.rings.size(), naive.rings.size());
+      }
+      widened += p.rings.size() > naive.rings.size() || [&] {
+        for (size_t R = 0; R < p.rings.size(); ++R)
+          if (static_cast<int>(p.rings[R].ranks.size()) > choose_ranks(lengths[p.rings[R].sequences[0]], s).ranks)
+            return true;
+        return false;
+      }();
+      rings_seen += !p.rings.empty();
+      for (const auto& rank : p.ranks)
+        for (const PlannedMicroBatch& mb : rank) offloaded += mb.offload_ratio > 0;
+
+      const std::vector<double> t = predicted_rank_seconds(p, lengths, s);
+      const double total = std::accumulate(t.begin(), t.end(), 0.0);
+      const double naive_total = [&] {
+        const std::vector<double> nt = predicted_rank_seconds(naive, lengths, s);
+        return std::accumulate(nt.begin(), nt.end(), 0.0);
+      }();
+      EXPECT_NEAR(total, naive_total, 1e-9 * naive_total);  // the same work, placed differently
+      const double most = max_of(t), ideal = total / hdp;
+      const double item = costliest_micro_batch(p, lengths, s);
+      // Bound. Every round serves a prefix of the ranks in increasing order of load
+      // and gives them items in decreasing order of cost (a ring: the same cost to
+      // consecutive ranks). Case by case, such a step never lets the spread between
+      // the busiest and the idlest rank exceed max(its old value, the costliest
+      // item); the spread starts at 0. So max - min <= c and
+      // total >= max + (hdp - 1)(max - c), i.e. max <= ideal + c (hdp - 1) / hdp,
+      // whatever the threshold (which only decides who is served in a round).
+      EXPECT_LE(most, ideal + item * (hdp - 1) / hdp + 1e-9 * most) << "ideal " << ideal << ", costliest " << item;
+      EXPECT_LE(most, naive_max * (1 + 1e-9)) << "naive " << naive_max;
+      worst_vs_naive = std::max(worst_vs_naive, most / naive_max);
+      sum_vs_naive += most / naive_max;
+      better += most < naive_max * (1 - 1e-6);
+    }
+  }
+  EXPECT_GT(rings_seen, trials / 3);
+  EXPECT_GT(offloaded, 25);
+  EXPECT_GT(better, trials / 2);
+  EXPECT_GT(widened, trials / 20);
+  std::printf("balance vs naive: %d of %d plans strictly better, worst ratio %.4f, mean ratio %.4f; %d widened\n",
+              better, trials, worst_vs_naive, sum_vs_naive / trials, widened);
+}
+
+}  // namespace
+}  // namespace hdp
