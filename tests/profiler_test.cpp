@@ -458,9 +458,12 @@ TEST(ProfileCommand, WritesACostFileForATinyConfig) {
   EXPECT_NE(r.output.find("held-out"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find(out), std::string::npos) << r.output;
   const CostFile f = read_cost_file(out);
+  // Non-negative by construction; which of them is positive depends on the timings
+  // (a busy machine can flatten a small model's curve to g alone).
   EXPECT_GE(f.cost.a1, 0.0);
-  EXPECT_GT(f.cost.b1, 0.0);
+  EXPECT_GE(f.cost.b1, 0.0);
   EXPECT_GE(f.cost.g, 0.0);
+  EXPECT_GT(f.cost.compute_seconds(64), 0.0);
   EXPECT_GT(f.cost.a2, 0.0);
   EXPECT_GT(f.cost.embedding_seconds_per_token, 0.0);
   EXPECT_GT(f.cost.head_seconds_per_token, 0.0);

@@ -333,6 +333,8 @@ CostModel planner_cost_model(const Config& config, double flops_per_second, int6
     const ProfileOptions options = startup_profile_options(config);
     file = profile_cost_model(config, options);
     if (world != nullptr && world->size() > 1) {
+      // The other ranks measured at the same time: their CPU use says nothing about noise.
+      file.profiled.other_cpu_fraction = -1;
       // Every rank measured (sharing the node as in training); all plan with the average.
       const double n = world->size();
       CostModel& c = file.cost;
