@@ -21,6 +21,7 @@ commands:
   make-corpus --output DATA.h5 [...]             write the built-in demo corpus
   export CHECKPOINT --output FILE.h5             whole weights under Hugging Face names
   profile CONFIG.yaml [--output FILE.yaml]       measure the planner's cost model on this machine
+  plan --cluster HW.yaml --model M.yaml ...      plan and simulate one step on a described cluster
 
   trainer <command> --help   options of one command
   trainer --version          version
@@ -49,6 +50,7 @@ int main(int argc, char** argv) {
   if (command == "make-corpus") return hdp::command_make_corpus(args);
   if (command == "export") return hdp::command_export(args);
   if (command == "profile") return hdp::command_profile(args);
+  if (command == "plan") return hdp::command_plan(args);
   std::fprintf(stderr, "trainer: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

@@ -1,0 +1,271 @@
+// `trainer plan` and what it reads: the built-in length distributions reproduce
+// the published token-share statistics, global batches are cut at the context,
+// lengths files and their errors, the cluster and model files (and their
+// errors, naming file and key), and the command end to end (exit codes, the
+// table, the Chrome trace).
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "data/length_distributions.h"
+#include "test_util.h"
+#include "trainer/plan_command.h"
+
+namespace hdp {
+namespace {
+
+using testing::run_trainer;
+using testing::scratch_dir;
+
+constexpr int64_t K = 1024, M = 1024 * 1024;
+
+std::string config(const std::string& rel) { return std::string(HDP_SOURCE_DIR) + "/configs/" + rel; }
+
+std::vector<int64_t> draw(const std::string& name, size_t n, uint64_t seed) {
+  LengthSampler s(builtin_distribution(name), seed);
+  std::vector<int64_t> v(n);
+  for (int64_t& x : v) x = s.next();
+  return v;
+}
+
+double fraction_at_least(const std::vector<int64_t>& v, int64_t t) {
+  return static_cast<double>(std::count_if(v.begin(), v.end(), [&](int64_t x) { return x >= t; })) /
+         static_cast<double>(v.size());
+}
+
+// docs/background.md section 1: about 80% of samples <= 4K; 0.05% reach 2M and
+// carry 12.1% of tokens; the 1% at 128K or more carry 44.3%; 37% of tokens come
+// from sequences over 256K.
+TEST(LengthDistributions, BytedMatchesThePublishedStatistics) {
+  for (uint64_t seed : {1u, 2u}) {
+    const std::vector<int64_t> v = draw("byted", 4'000'000, seed);
+    EXPECT_NEAR(fraction_at_most(v, 4 * K), 0.80, 0.002);
+    EXPECT_NEAR(fraction_at_least(v, 2048 * K), 0.0005, 0.00005);
+    EXPECT_NEAR(fraction_at_least(v, 128 * K), 0.01, 0.0003);
+    EXPECT_NEAR(token_share_above(v, 2048 * K, true), 0.121, 0.008);
+    EXPECT_NEAR(token_share_above(v, 128 * K, true), 0.443, 0.012);
+    EXPECT_NEAR(token_share_above(v, 256 * K), 0.37, 0.012);
+    EXPECT_EQ(*std::max_element(v.begin(), v.end()), 2048 * K);
+    EXPECT_GE(*std::min_element(v.begin(), v.end()), 32);
+  }
+}
+
+// GitHub code: over 128K carry 16.2% of tokens, over 256K 9.8%.
+TEST(LengthDistributions, GithubMatchesThePublishedStatistics) {
+  const std::vector<int64_t> v = draw("github", 4'000'000, 7);
+  EXPECT_NEAR(token_share_above(v, 128 * K), 0.162, 0.012);
+  EXPECT_NEAR(token_share_above(v, 256 * K), 0.098, 0.012);
+  const double mean = std::accumulate(v.begin(), v.end(), 0.0) / static_cast<double>(v.size());
+  EXPECT_NEAR(mean, 3000, 150);
+}
+
+TEST(LengthDistributions, SegmentExponentsGiveTheirMeans) {
+  for (const std::string& name : builtin_distribution_names()) {
+    const LengthSampler s(builtin_distribution(name), 1);
+    const LengthDistribution& d = s.distribution();
+    for (size_t k = 0; k < d.segments.size(); ++k) {
+      const LengthSegment& seg = d.segments[k];
+      if (seg.lo == seg.hi) continue;
+      const double want = seg.token_share * d.mean_length / seg.probability;
+      EXPECT_NEAR(power_law_mean(static_cast<double>(seg.lo), static_cast<double>(seg.hi), s.exponents()[k]), want,
+                  1e-6 * want)
+          << name << " segment " << k;
+    }
+  }
+  EXPECT_NEAR(power_law_mean(1, 100, 1), 99 / std::log(100.0), 1e-9);
+  EXPECT_NEAR(power_law_mean(1, 100, 2), std::log(100.0) / 0.99, 1e-9);
+  EXPECT_NEAR(power_law_mean(1, 100, 0), 50.5, 1e-9);
+  LengthDistribution bad = builtin_distribution("byted");
+  bad.segments[0].probability = 0.7;  // probabilities no longer sum to 1
+  EXPECT_THROW(LengthSampler(bad, 1), std::invalid_argument);
+  EXPECT_THROW(builtin_distribution("pile"), LengthsInputError);
+}
+
+TEST(LengthDistributions, GlobalBatchesAreCutAtTheContext) {
+  std::vector<int64_t> docs = {2500, 100, 5000};
+  size_t i = 0;
+  auto next = [&]() -> int64_t { return i < docs.size() ? docs[i++] : 0; };
+  EXPECT_EQ(fill_global_batch(next, 1024, 1 << 20), (std::vector<int64_t>{1024, 1024, 452, 100, 1024, 1024, 1024, 1024, 904}));
+  i = 0;
+  // The first piece that would exceed the batch ends it.
+  EXPECT_EQ(fill_global_batch(next, 1024, 2599), (std::vector<int64_t>{1024, 1024, 452}));
+  for (int64_t context : {256 * K, 2 * M}) {
+    const std::vector<int64_t> b = sample_global_batch(builtin_distribution("byted"), context, 32 * M, 3);
+    const int64_t total = std::accumulate(b.begin(), b.end(), int64_t{0});
+    EXPECT_LE(total, 32 * M);
+    EXPECT_GT(total, 32 * M - context);
+    EXPECT_EQ(*std::max_element(b.begin(), b.end()), context);  // the 2M documents are there, cut at the context
+  }
+  // Deterministic for a seed.
+  EXPECT_EQ(sample_global_batch(builtin_distribution("github"), 64 * K, 4 * M, 9),
+            sample_global_batch(builtin_distribution("github"), 64 * K, 4 * M, 9));
+}
+
+TEST(LengthDistributions, LengthsFiles) {
+  const std::string dir = scratch_dir("plan_lengths");
+  const std::string good = dir + "/good.txt", bad = dir + "/bad.txt";
+  std::ofstream(good) << "# lengths\n3000\n\n  200  \n70000\n";
+  std::ofstream(bad) << "100\n200\nabc\n";
+  EXPECT_EQ(read_length_file(good), (std::vector<int64_t>{3000, 200, 70000}));
+  try {
+    read_length_file(bad);
+    ADD_FAILURE() << "accepted a bad line";
+  } catch (const LengthsInputError& e) {
+    EXPECT_NE(std::string(e.what()).find(bad + ":3"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(read_length_file(dir + "/missing.txt"), LengthsInputError);
+  // Through the command's source dispatch: in file order, cut at the context.
+  EXPECT_EQ(global_batch_lengths(good, 32 * K, 1 << 30, 1), (std::vector<int64_t>{3000, 200, 32 * K, 32 * K, 70000 - 64 * K}));
+  EXPECT_THROW(global_batch_lengths("no-such-distribution", 1024, 4096, 1), LengthsInputError);
+}
+
+TEST(PlanFiles, ClusterAndModelFilesLoad) {
+  const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
+  EXPECT_EQ(h.gpus_per_node, 8);
+  EXPECT_DOUBLE_EQ(h.peak_flops, 989.4e12);
+  EXPECT_DOUBLE_EQ(h.internode_bytes_per_s, 50e9);
+  for (const char* name : {"llama-7b", "llama-13b", "llama-30b", "llama-70b", "mistral-8x7b", "mistral-8x22b"}) {
+    const ModelShape m = load_model_file(config(std::string("models/") + name + ".yaml"));
+    EXPECT_EQ(m.name, name);
+    EXPECT_EQ(m.vocab, 32000);
+    EXPECT_EQ(m.head_dim * m.heads, m.hidden) << name;
+  }
+  const ModelShape moe = load_model_file(config("models/mistral-8x22b.yaml"));
+  EXPECT_EQ(moe.layers, 56);
+  EXPECT_EQ(moe.experts, 8);
+  EXPECT_EQ(moe.experts_per_token, 2);
+  const ModelShape big = load_model_file(config("models/llama-70b.yaml"));
+  EXPECT_EQ(big.ffn, 28672);
+  EXPECT_EQ(big.kv_heads, 8);
+}
+
+void expect_plan_error(const std::string& path, bool cluster, const std::string& needle) {
+  try {
+    if (cluster) {
+      load_cluster_file(path);
+    } else {
+      load_model_file(path);
+    }
+    ADD_FAILURE() << path << " was accepted";
+  } catch (const PlanInputError& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+  }
+}
+
+std::string h100_text() {
+  std::ifstream in(config("cluster/h100.yaml"));
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+TEST(PlanFiles, ErrorsNameFileAndKey) {
+  const std::string dir = scratch_dir("plan_files");
+  const std::string text = h100_text();
+  std::ofstream(dir + "/extra.yaml") << text << "nvlink_gbps: 900\n";
+  expect_plan_error(dir + "/extra.yaml", true, "unknown key 'nvlink_gbps'");
+  std::string missing = text;
+  missing.erase(missing.find("pcie_bytes_per_s:"), std::string("pcie_bytes_per_s: 64.0e9").size());
+  std::ofstream(dir + "/missing.yaml") << missing;
+  expect_plan_error(dir + "/missing.yaml", true, "missing key 'pcie_bytes_per_s'");
+  std::string typed = text;
+  typed.replace(typed.find("achievable_fraction: 0.5"), 24, "achievable_fraction: half");
+  std::ofstream(dir + "/typed.yaml") << typed;
+  expect_plan_error(dir + "/typed.yaml", true, "'achievable_fraction' expects a number, got 'half'");
+  std::string range = text;
+  range.replace(range.find("achievable_fraction: 0.5"), 24, "achievable_fraction: 1.5");
+  std::ofstream(dir + "/range.yaml") << range;
+  expect_plan_error(dir + "/range.yaml", true, "achievable_fraction");
+  expect_plan_error(dir + "/absent.yaml", true, "does not exist");
+  std::ofstream(dir + "/model.yaml") << "num_layers: 32\nhidden_size: 4096\nnum_heads: 32\nnum_kv_heads: 8\n"
+                                        "ffn_hidden_size: 11008\nvocab_size: 32000\nexperts: 8\n";
+  expect_plan_error(dir + "/model.yaml", false, "unknown key 'experts'");
+  std::ofstream(dir + "/model2.yaml") << "num_layers: 32\nhidden_size: 4096\nnum_heads: 32\nnum_kv_heads: 8\n"
+                                         "ffn_hidden_size: 11008\nvocab_size: 32000\nnum_experts: 2\n"
+                                         "experts_per_token: 4\n";
+  expect_plan_error(dir + "/model2.yaml", false, "experts_per_token");
+}
+
+TEST(PlanSetupTest, LayoutErrors) {
+  const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
+  const ModelShape m = load_model_file(config("models/llama-30b.yaml"));
+  EXPECT_THROW(make_plan_setup(h, m, 1024, 8, 1), PlanInputError);  // 52 heads over tp 8
+  EXPECT_THROW(make_plan_setup(h, m, 1000, 4, 3), PlanInputError);  // 1000 not a multiple of 12
+  const PlanSetup s = make_plan_setup(h, m, 1024, 4, 1);
+  EXPECT_EQ(s.layout.hdp, 256);
+  EXPECT_EQ(s.settings.capacity, s.memory.capacity);
+  EXPECT_GT(s.settings.capacity, 1000);
+  EXPECT_EQ(make_plan_setup(h, m, 1024, 4, 1, 4096).settings.capacity, 4096);
+  EXPECT_THROW(plan_policy("greedy"), PlanInputError);
+}
+
+// The command end to end on a small cluster: 64 GPUs, tp 8, 256K context.
+TEST(PlanCommand, RunsAndWritesTraces) {
+  const std::string dir = scratch_dir("plan_command");
+  const std::string args = "plan --cluster " + config("cluster/h100.yaml") + " --model " +
+                           config("models/llama-7b.yaml") +
+                           " --gpus 64 --tp 8 --context 256K --global-batch-tokens 4M --lengths byted --seed 3 "
+                           "--policies static,naive --trace " + dir + "/step.json";
+  const auto r = run_trainer(args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (const char* needle : {"hdp 8", "static", "naive", "tokens/s", "1.00x", "ranks per spread sequence", "timing"})
+    EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
+  for (const char* policy : {"static", "naive"}) {
+    std::ifstream in(dir + "/step-" + std::string(policy) + ".json");
+    ASSERT_TRUE(in) << policy;
+    const std::string json((std::istreambuf_iterator<char>(in)), {});
+    EXPECT_EQ(json.rfind("{\"displayTimeUnit\":\"ms\",\"traceEvents\":[", 0), 0u);
+    for (int pid = 0; pid < 8; ++pid)
+      EXPECT_NE(json.find("\"pid\":" + std::to_string(pid) + ","), std::string::npos) << policy << " pid " << pid;
+    EXPECT_EQ(json.find("\"pid\":8,"), std::string::npos) << policy;
+    EXPECT_EQ(std::count(json.begin(), json.end(), '{'), std::count(json.begin(), json.end(), '}'));
+    EXPECT_EQ(json.substr(json.size() - 4), "\n]}\n");
+  }
+  // One policy: the trace goes to the file named.
+  const auto one = run_trainer("plan --cluster " + config("cluster/h100.yaml") + " --model " +
+                               config("models/llama-70b.yaml") +
+                               " --gpus 128 --tp 8 --pp 2 --context 64K --global-batch-tokens 2M --lengths github "
+                               "--policies naive --trace " + dir + "/one.json");
+  ASSERT_EQ(one.exit_code, 0) << one.output;
+  std::ifstream in(dir + "/one.json");
+  const std::string json((std::istreambuf_iterator<char>(in)), {});
+  EXPECT_NE(json.find("pp-fwd-recv"), std::string::npos);
+  EXPECT_NE(json.find("\"pid\":15,"), std::string::npos);  // hdp 8 x pp 2 processes
+}
+
+TEST(PlanCommand, BadInputExitsWithTwo) {
+  const std::string dir = scratch_dir("plan_command_bad");
+  const std::string base = " --model " + config("models/llama-7b.yaml") +
+                           " --gpus 64 --tp 8 --context 256K --global-batch-tokens 4M";
+  std::ofstream(dir + "/bad.yaml") << h100_text() << "infiniband: ndr\n";
+  auto r = run_trainer("plan --cluster " + dir + "/bad.yaml" + base + " --lengths byted");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(dir + "/bad.yaml"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("unknown key 'infiniband'"), std::string::npos) << r.output;
+  r = run_trainer("plan --cluster " + dir + "/none.yaml" + base + " --lengths byted");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("does not exist"), std::string::npos) << r.output;
+  r = run_trainer("plan --cluster " + config("cluster/h100.yaml") + base + " --lengths pile");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("'pile'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("byted, github"), std::string::npos) << r.output;
+  r = run_trainer("plan --cluster " + config("cluster/h100.yaml") + base);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--lengths is required"), std::string::npos) << r.output;
+  r = run_trainer("plan --cluster " + config("cluster/h100.yaml") + base + " --lengths byted --policies static,fast");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("unknown policy 'fast'"), std::string::npos) << r.output;
+  r = run_trainer("plan --cluster " + config("cluster/h100.yaml") + base + " --lengths byted --tp 3");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = run_trainer("plan --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.output.find("--global-batch-tokens"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace hdp

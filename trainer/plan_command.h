@@ -1,0 +1,73 @@
+#pragma once
+// `trainer plan`: plans one global batch with several policies (static, naive,
+// balance; parallel/hdp_planner.h) for a described cluster and model, simulates
+// the training step of each plan (parallel/step_simulation.h) and prints step
+// time, tokens/s, idle fraction, attention traffic, ring sizes and the speed-up
+// over static. docs/planning.md describes it.
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "parallel/hardware.h"
+#include "parallel/hdp_planner.h"
+#include "parallel/plan.h"
+#include "parallel/step_simulation.h"
+
+namespace hdp {
+
+// A bad cluster or model file (missing, not YAML, unknown / missing / mistyped
+// key, value out of range) or a layout the model does not allow. The message
+// names the file (file:line where known) and the key. Exit code 2.
+class PlanInputError : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+// configs/cluster/*.yaml: gpus_per_node, peak_bf16_flops, achievable_fraction,
+// hbm_bytes, hbm_bytes_per_s, reserved_bytes, nvlink_bytes_per_s,
+// internode_bytes_per_s, intranode_latency_s, internode_latency_s,
+// pcie_bytes_per_s, and optionally name, host_bytes_per_node.
+HardwareProfile load_cluster_file(const std::string& path);
+
+// configs/models/*.yaml: num_layers, hidden_size, num_heads, num_kv_heads,
+// ffn_hidden_size, vocab_size, and optionally name, head_dim (default
+// hidden / heads), num_experts and experts_per_token (default 1, 1),
+// tie_embeddings (default false).
+ModelShape load_model_file(const std::string& path);
+
+// The sequences of one global batch from `source`: a built-in distribution name
+// (data/length_distributions.h), an HDF5 token dataset, or a text file of
+// document lengths (one per line, taken in order). Documents longer than the
+// context are cut into context-sized pieces. `description` (if given) receives
+// a one-line account of the source.
+std::vector<int64_t> global_batch_lengths(const std::string& source, int64_t context, int64_t global_batch_tokens,
+                                          uint64_t seed, std::string* description = nullptr);
+
+// Everything the planners and the simulator need for one cluster, model and layout.
+struct PlanSetup {
+  HardwareProfile hardware;
+  ModelShape model;
+  ParallelLayout layout;
+  std::vector<int64_t> stage_layers;
+  MemoryBudget memory;      // the derived capacity and its terms
+  StepCosts costs;
+  PlannerSettings settings;  // capacity = --capacity or memory.capacity
+  BalanceSettings balance;   // DataParallel with one stage, Pipeline with several
+  int static_cp = 0;         // 0: the smallest that fits the longest sequence
+};
+// Throws PlanInputError if gpus is not a multiple of tp x pp, or the model does
+// not allow the layout or does not fit the GPUs' memory.
+PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
+                          int64_t capacity = 0);
+
+// The planners by name ("static", "naive", "balance"); a new policy is one entry.
+using Planner = std::function<StepPlan(std::span<const int64_t> lengths, const PlanSetup& setup)>;
+const std::vector<std::pair<std::string, Planner>>& plan_policies();
+// Throws PlanInputError for an unknown name.
+const Planner& plan_policy(const std::string& name);
+
+}  // namespace hdp
