@@ -3,6 +3,9 @@
 //
 //   build/bench/planner_bench --benchmark_counters_tabular=true
 //
+// check_plan runs once per configuration (its pairwise ring-order check grows with
+// the square of ring sizes: widened rings make it the slowest part).
+//
 // The batch (fixed seed): 0.4% of sequences log-uniform in [128K, 2M] tokens, the
 // rest lognormal with median 1.5K tokens (sigma 1.2) clipped to [16, 128K], drawn
 // until 32M tokens (the last one shortened to hit 32M exactly). That gives about
@@ -90,8 +93,23 @@ void count(benchmark::State& state, const StepPlan& p, const std::vector<int64_t
   state.counters["max/ideal"] = most / ideal;
 }
 
+// Arguments: hdp ranks, mode (0 DataParallel, 1 Pipeline), widen_min_fill in
+// percent (-1: no widening), pipeline stages.
+PlannerSettings settings_of(const benchmark::State& state) {
+  PlannerSettings s = settings(static_cast<int>(state.range(0)));
+  s.pipeline_stages = static_cast<int>(state.range(3));
+  return s;
+}
+BalanceSettings balance_of(const benchmark::State& state) {
+  BalanceSettings b;
+  b.mode = state.range(1) == 0 ? BalanceMode::DataParallel : BalanceMode::Pipeline;
+  b.widen = state.range(2) >= 0;
+  b.widen_min_fill = state.range(2) >= 0 ? static_cast<double>(state.range(2)) / 100 : 0.0;
+  return b;
+}
+
 void BM_PlanNaive(benchmark::State& state) {
-  const PlannerSettings s = settings(static_cast<int>(state.range(0)));
+  const PlannerSettings s = settings_of(state);
   const std::vector<int64_t>& lengths = batch();
   StepPlan p;
   for (auto _ : state) {
@@ -102,8 +120,8 @@ void BM_PlanNaive(benchmark::State& state) {
 }
 
 void BM_PlanBalance(benchmark::State& state) {
-  const PlannerSettings s = settings(static_cast<int>(state.range(0)));
-  const BalanceSettings b{state.range(1) == 0 ? BalanceMode::DataParallel : BalanceMode::Pipeline, 0.05};
+  const PlannerSettings s = settings_of(state);
+  const BalanceSettings b = balance_of(state);
   const std::vector<int64_t>& lengths = batch();
   StepPlan p;
   for (auto _ : state) {
@@ -114,20 +132,20 @@ void BM_PlanBalance(benchmark::State& state) {
 }
 
 void BM_PredictedRankSeconds(benchmark::State& state) {
-  const PlannerSettings s = settings(static_cast<int>(state.range(0)));
+  const PlannerSettings s = settings_of(state);
   const std::vector<int64_t>& lengths = batch();
-  const StepPlan p = plan_balance(lengths, s, {});
+  const StepPlan p = plan_balance(lengths, s, balance_of(state));
   for (auto _ : state) {
     std::vector<double> t = predicted_rank_seconds(p, lengths, s);
     benchmark::DoNotOptimize(t.data());
   }
 }
 
-// check_plan on the balanced plan (range(1) = 1: on plan_naive's).
+// check_plan on plan_balance's plan (mode -2: on plan_naive's).
 void BM_CheckPlan(benchmark::State& state) {
-  const PlannerSettings s = settings(static_cast<int>(state.range(0)));
+  const PlannerSettings s = settings_of(state);
   const std::vector<int64_t>& lengths = batch();
-  const StepPlan p = state.range(1) == 0 ? plan_balance(lengths, s, {}) : plan_naive(lengths, s);
+  const StepPlan p = state.range(1) == -2 ? plan_naive(lengths, s) : plan_balance(lengths, s, balance_of(state));
   for (auto _ : state) check_plan(p, lengths, s.layers_per_stage, s.pipeline_stages);
   count(state, p, lengths, s);
 }
@@ -152,11 +170,29 @@ void BM_GenerateBatch(benchmark::State& state) {
   state.counters["longest"] = static_cast<double>(*std::max_element(lengths.begin(), lengths.end()));
 }
 
+void balance_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"hdp", "mode", "fill%", "pp"});
+  for (int64_t hdp : {1024, 12288}) {
+    b->Args({hdp, 0, 25, 1});   // defaults, DataParallel
+    b->Args({hdp, 1, 25, 1});   // Pipeline mode
+    b->Args({hdp, 0, -1, 1});   // rings as choose_ranks says
+    b->Args({hdp, 0, 0, 1});    // widening without a floor on member tokens
+    b->Args({hdp, 1, 25, 4});   // four pipeline stages of 8 layers
+  }
+}
+void naive_args(benchmark::internal::Benchmark* b) {
+  b->ArgNames({"hdp", "mode", "fill%", "pp"});
+  for (int64_t hdp : {1024, 12288}) {
+    b->Args({hdp, -2, 0, 1});
+    b->Args({hdp, -2, 0, 4});
+  }
+}
+
 BENCHMARK(BM_GenerateBatch)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanNaive)->Arg(1024)->Arg(12288)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PlanBalance)->Args({1024, 0})->Args({1024, 1})->Args({12288, 0})->Args({12288, 1})->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_PredictedRankSeconds)->Arg(1024)->Arg(12288)->Unit(benchmark::kMillisecond);
-BENCHMARK(BM_CheckPlan)->Args({1024, 0})->Args({1024, 1})->Args({12288, 0})->Args({12288, 1})->Unit(benchmark::kMillisecond)->Iterations(1);
+BENCHMARK(BM_PlanNaive)->Apply(naive_args)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PlanBalance)->Apply(balance_args)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_PredictedRankSeconds)->Apply(balance_args)->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CheckPlan)->Apply(naive_args)->Apply(balance_args)->Unit(benchmark::kMillisecond)->Iterations(1);
 
 }  // namespace
 

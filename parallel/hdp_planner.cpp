@@ -354,16 +354,18 @@ double sequence_seconds(int64_t s, const PlannerSettings& st) {
   return static_cast<double>(st.layers_per_stage) * st.cost.compute_seconds(s) + extra * static_cast<double>(s);
 }
 
-// The smallest offload ratio in [0, most] at which `ranks` ranks hold a sequence
-// of `length` tokens: the memory model needs no more ranks and every member's two
-// zig-zag chunks fit the token limit. -1 if not even `most` does.
-double ratio_for_ranks(int64_t length, int ranks, double most, const PlannerSettings& st) {
+// The smallest offload ratio in [0, most] (only `most` if `fixed`) at which
+// `ranks` ranks hold a sequence of `length` tokens: the memory model needs no more
+// ranks and every member's two zig-zag chunks fit the token limit. -1 if not even
+// `most` does.
+double ratio_for_ranks(int64_t length, int ranks, double most, bool fixed, const PlannerSettings& st) {
   const int64_t member = zigzag_max_member_tokens(length, ranks);
   auto fits = [&](double r) {
     return member <= max_micro_batch_tokens(st.capacity, st.layers_per_stage, r) && ranks_needed(length, r, st) <= ranks;
   };
-  if (fits(0.0)) return 0.0;
   if (!fits(most)) return -1.0;
+  if (fixed) return most;
+  if (fits(0.0)) return 0.0;
   double lo = 0, hi = most;  // fits(hi), not fits(lo); fitting only gets easier as r grows
   for (int i = 0; i < 64 && hi - lo > 1e-12; ++i) {
     const double mid = 0.5 * (lo + hi);
@@ -873,6 +875,8 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   std::optional<Assignment> wide;
   if (balance.widen) {
     const double mean_load = total_seconds / hdp;
+    // A forced offload ratio stays what it is (plan_naive's rule for every long sequence).
+    const bool forced = st.offload.enabled && st.offload.forced_ratio >= 0;
     std::vector<LongSequence> widened = longs;
     bool changed = false;
     for (LongSequence& ls : widened) {
@@ -880,7 +884,7 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
       const double fill = std::max(1.0, balance.widen_min_fill * static_cast<double>(C));
       const double most = std::min(static_cast<double>(hdp), std::floor(static_cast<double>(lengths[ls.sequence]) / fill));
       const int d = std::max(ls.choice.ranks, static_cast<int>(std::min(most, std::ceil(ls.seconds / mean_load))));
-      const double r = ratio_for_ranks(lengths[ls.sequence], d, ls.choice.ratio, st);
+      const double r = ratio_for_ranks(lengths[ls.sequence], d, ls.choice.ratio, forced, st);
       if (r < 0 || d == ls.choice.ranks) continue;
       ls.choice = {r, d};
       changed = true;
@@ -898,8 +902,12 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   }
 
   // Candidate 3: plan_naive's assignment of the same items, refined, so that the
-  // result never predicts a slower step than Algorithm 1.
-  std::optional<Assignment> naive = naive_assignment(plan_naive(lengths, st), items, pool, lengths.size(), hdp);
+  // result never predicts a slower step than Algorithm 1. Skipped when it cannot
+  // win: no assignment of these items beats the mean load or the costliest item.
+  const double floor_of_items = std::max(total_seconds / hdp, items.empty() ? 0.0 : items.front().cost);
+  std::optional<Assignment> naive;
+  if (best_max > floor_of_items * (1 + 1e-9))
+    naive = naive_assignment(plan_naive(lengths, st), items, pool, lengths.size(), hdp);
   if (naive) {
     refine(items, *naive);
     if (naive->busiest() < best_max * (1 - 1e-9)) {
