@@ -267,7 +267,7 @@ TEST(CostFile, ErrorsNameTheFileAndTheKey) {
   const std::string negative = edited_file(dir, "negative.yaml", "  b1: ", "  b1: -");
   e = error_of(negative);
   EXPECT_NE(e.find(negative + ":"), std::string::npos) << e;
-  EXPECT_NE(e.find("layer.b1"), std::string::npos) << e;
+  EXPECT_NE(e.find("layer.b1: -3.3e-06"), std::string::npos) << e;
   EXPECT_NE(e.find("non-negative"), std::string::npos) << e;
 
   const std::string text = edited_file(dir, "text.yaml", "  d2h_bytes_per_s: ", "  d2h_bytes_per_s: fast #");

@@ -1,6 +1,7 @@
 #include "trainer/cost_file.h"
 
 #include <omp.h>
+#include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
@@ -59,7 +60,7 @@ struct Reader {
     const std::string name = prefix.empty() ? key : prefix + "." + key;
     if (!std::isfinite(v) || v < 0 || (positive && v == 0)) {
       bad(path, parent[key], name,
-          std::to_string(v) + (positive ? " is not a positive number" : " is not a non-negative number"));
+          fmt::format("{:g}", v) + (positive ? " is not a positive number" : " is not a non-negative number"));
     }
     return v;
   }
