@@ -138,6 +138,9 @@ struct StepSimulation {
   double offloaded_bytes = 0;       // device -> host copies of all GPUs
   double max_offloaded_bytes_per_gpu = 0;  // the largest single micro-batch's offloaded bytes on one GPU
   double gradient_sync_seconds = 0;  // the latest reduce-scatter start to the end of the step
+  // Time compute streams spend inside ring operations waiting for the ring's last
+  // member to arrive, summed over processes (part of the idle time).
+  double ring_wait_seconds = 0;
   size_t operations = 0, dependencies = 0;
   std::optional<sim::OpGraph> graph;  // kept when asked for (traces)
   std::optional<sim::Replay> replay;

@@ -263,6 +263,16 @@ TEST(StepSimulation, RingMicroBatch) {
   EXPECT_DOUBLE_EQ(s.step_seconds, 14);
   EXPECT_DOUBLE_EQ(s.attention_bytes, 2 * (2 * 1 + 2 * 2 * 2));
   EXPECT_DOUBLE_EQ(s.compute_seconds, 16);  // a1 s^2 in all
+  EXPECT_DOUBLE_EQ(s.ring_wait_seconds, 0);
+  // Rank 1 first runs a local 2-token sequence (T = 4: forward 1, backward 3): the
+  // ring starts at 4 and rank 0 waits 4 s inside it.
+  StepPlan late = plan;
+  std::vector<int64_t> more = lengths;
+  more.push_back(2);
+  late.ranks[1].insert(late.ranks[1].begin(), PlannedMicroBatch{{{1, 0, 2, -1}}, -1, 0});
+  const StepSimulation w = simulate_step(late, more, k);
+  EXPECT_DOUBLE_EQ(w.step_seconds, 18);
+  EXPECT_DOUBLE_EQ(w.ring_wait_seconds, 4);
   const RingStats st = ring_stats(plan, lengths);
   EXPECT_EQ(st.rings, 1);
   EXPECT_EQ(st.spread_sequences, 1);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "data/dataset.h"
 #include "data/length_distributions.h"
 #include "test_util.h"
 #include "trainer/plan_command.h"
@@ -123,6 +124,23 @@ TEST(LengthDistributions, LengthsFiles) {
   // Through the command's source dispatch: in file order, cut at the context.
   EXPECT_EQ(global_batch_lengths(good, 32 * K, 1 << 30, 1), (std::vector<int64_t>{3000, 200, 32 * K, 32 * K, 70000 - 64 * K}));
   EXPECT_THROW(global_batch_lengths("no-such-distribution", 1024, 4096, 1), LengthsInputError);
+}
+
+// An HDF5 token dataset: the trainer sampler's first batch (shuffled documents cut at
+// the context), here exactly the whole dataset.
+TEST(LengthDistributions, DatasetGlobalBatch) {
+  const std::string path = scratch_dir("plan_dataset") + "/docs.h5";
+  const std::vector<int64_t> docs = {5000, 100, 3000, 70000};
+  {
+    TokenDatasetWriter w(path, 256, "bytes", 0, 1);
+    for (int64_t n : docs) w.append(std::vector<uint32_t>(static_cast<size_t>(n), 7));
+    w.finish();
+  }
+  std::string description;
+  std::vector<int64_t> got = global_batch_lengths(path, 32 * K, 78100, 5, &description);
+  std::sort(got.begin(), got.end());
+  EXPECT_EQ(got, (std::vector<int64_t>{100, 3000, 70000 - 64 * K, 5000, 32 * K, 32 * K}));
+  EXPECT_NE(description.find("HDF5"), std::string::npos);
 }
 
 TEST(PlanFiles, ClusterAndModelFilesLoad) {

@@ -207,7 +207,10 @@ each long sequence spans.
   --capacity C            tokens per rank and micro-batch (default: derived from memory)
   --cp N                  the static policy's context-parallel degree (default: the
                           smallest divisor of hdp that fits the longest sequence)
-  --policies LIST         comma-separated, from static,naive,balance (default all three)
+  --policies LIST         comma-separated, from static, naive, naive-no-offload and
+                          balance (default static,naive,balance)
+  --no-check              skip check_plan on each plan (slow for very large rings;
+                          the simulator still detects deadlocks)
   --trace FILE.json       Chrome trace of the simulated step (one file per policy:
                           FILE-POLICY.json when several policies run)
 )";
@@ -380,6 +383,14 @@ const std::vector<std::pair<std::string, Planner>>& plan_policies() {
   static const std::vector<std::pair<std::string, Planner>> policies = {
       {"static", [](std::span<const int64_t> l, const PlanSetup& s) { return plan_static(l, s.settings, s.static_cp); }},
       {"naive", [](std::span<const int64_t> l, const PlanSetup& s) { return plan_naive(l, s.settings); }},
+      // Algorithm 1 without selective offload: rings sized by device memory alone
+      // (ByteScale's ablation step "dynamic communication").
+      {"naive-no-offload",
+       [](std::span<const int64_t> l, const PlanSetup& s) {
+         PlannerSettings st = s.settings;
+         st.offload.enabled = false;
+         return plan_naive(l, st);
+       }},
       {"balance", [](std::span<const int64_t> l, const PlanSetup& s) { return plan_balance(l, s.settings, s.balance); }},
   };
   return policies;
@@ -412,6 +423,7 @@ int command_plan(const std::vector<std::string>& raw) {
     const int64_t capacity = args.integer("--capacity", 0, 0);
     const int64_t cp = args.integer("--cp", 0, 0);
     const std::optional<std::string> trace = args.option("--trace");
+    const bool check = !args.flag("--no-check");
     const std::string policy_list = args.option("--policies").value_or("static,naive,balance");
     args.expect_empty();
     if (gpus > 1 << 24 || tp > 1 << 10 || pp > 1 << 10) throw UsageError("--gpus, --tp or --pp is implausibly large");
@@ -495,7 +507,7 @@ int command_plan(const std::vector<std::string>& raw) {
       }
       t0 = std::chrono::steady_clock::now();
       try {
-        check_plan(plan, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages);
+        if (check) check_plan(plan, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages);
       } catch (const std::invalid_argument& e) {
         throw std::runtime_error("the " + name + " planner produced an invalid plan: " + std::string(e.what()));
       }
@@ -524,13 +536,13 @@ int command_plan(const std::vector<std::string>& raw) {
     for (const PolicyOutcome& o : outcomes)
       if (o.name == "static" && o.failure.empty()) static_step = o.sim.step_seconds;
     const double peak_gpu_seconds = static_cast<double>(gpus);
-    std::printf("%-8s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "plan s", "step s", "tokens/s",
+    std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "plan s", "step s", "tokens/s",
                 "speedup", "idle", "MFU", "attention GB", "micro-b.", "spread", "ranks/spread");
-    std::printf("%-8s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "vs static", "", "", "",
+    std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "vs static", "", "", "",
                 "per rank", "seqs", "mean / max");
     for (const PolicyOutcome& o : outcomes) {
       if (!o.failure.empty()) {
-        std::printf("%-8s does not fit: %s\n", o.name.c_str(), o.failure.c_str());
+        std::printf("%-16s does not fit: %s\n", o.name.c_str(), o.failure.c_str());
         continue;
       }
       const StepSimulation& s = o.sim;
@@ -544,7 +556,7 @@ int command_plan(const std::vector<std::string>& raw) {
       const std::string ranks = o.rings.spread_sequences > 0
                                     ? fixed(o.rings.mean_ranks, 1) + " / " + std::to_string(o.rings.max_ranks)
                                     : "-";
-      std::printf("%-8s %9.3f %10.2f %11s %8s %6.3f %6.3f %12.1f %9s %8lld %12s\n", o.name.c_str(), o.plan_seconds,
+      std::printf("%-16s %9.3f %10.2f %11s %8s %6.3f %6.3f %12.1f %9s %8lld %12s\n", o.name.c_str(), o.plan_seconds,
                   s.step_seconds, grouped(static_cast<double>(tokens) / s.step_seconds).c_str(), speedup.c_str(),
                   s.idle_fraction, mfu, s.attention_bytes / 1e9, mb.c_str(),
                   static_cast<long long>(o.rings.spread_sequences), ranks.c_str());
@@ -559,12 +571,14 @@ int command_plan(const std::vector<std::string>& raw) {
         hist += (hist.empty() ? "" : ", ") + (lo == hi ? std::to_string(hi) : std::to_string(lo) + "-" + std::to_string(hi)) +
                 ": " + std::to_string(o.rings.histogram[b]);
       }
-      std::printf("%-8s ranks per spread sequence {%s}; rings %lld; busy per rank %.2f-%.2f s; gradient sync %.3f s; "
-                  "offloaded %.1f GB (largest micro-batch %.2f GB per GPU); pipeline %.1f GB\n",
+      std::printf("%-16s ranks per spread sequence {%s}; rings %lld; busy per rank %.2f-%.2f s; ring waits %.2f s "
+                  "per rank; gradient sync %.3f s; offloaded %.1f GB (largest micro-batch %.2f GB per GPU); pipeline "
+                  "%.1f GB\n",
                   o.name.c_str(), hist.empty() ? "none" : hist.c_str(), static_cast<long long>(o.rings.rings),
-                  o.sim.min_busy_seconds, o.sim.max_busy_seconds, o.sim.gradient_sync_seconds,
+                  o.sim.min_busy_seconds, o.sim.max_busy_seconds, o.sim.ring_wait_seconds / o.sim.processes,
+                  o.sim.gradient_sync_seconds,
                   o.sim.offloaded_bytes / 1e9, o.sim.max_offloaded_bytes_per_gpu / 1e9, o.sim.pipeline_bytes / 1e9);
-      std::printf("%-8s timing: plan %.3f s, check_plan %.3f s, simulate %.3f s (%s operations, %s dependencies)\n", "",
+      std::printf("%-16s timing: plan %.3f s, check_plan %.3f s, simulate %.3f s (%s operations, %s dependencies)\n", "",
                   o.plan_seconds, o.check_seconds, o.simulate_seconds, grouped(static_cast<double>(o.sim.operations)).c_str(),
                   grouped(static_cast<double>(o.sim.dependencies)).c_str());
     }
