@@ -436,7 +436,7 @@ StepSimulation simulate_step(const StepPlan& plan, std::span<const int64_t> leng
     for (int r = 0; r < hdp; ++r) {
       const double busy = result.stream_busy[stream(r, s, kCompute)];
       out.compute_busy_seconds += busy;
-      out.ring_wait_seconds += result.stream_occupied[stream(r, s, kCompute)] - busy;
+      out.ring_wait_seconds += std::max(0.0, result.stream_occupied[stream(r, s, kCompute)] - busy);
       busy_min = std::min(busy_min, busy);
       busy_max = std::max(busy_max, busy);
     }
