@@ -375,6 +375,8 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   s.settings.layers_per_stage = *std::min_element(s.stage_layers.begin(), s.stage_layers.end());
   s.settings.pipeline_stages = pp;
   s.settings.cost = s.costs.cost;
+  s.settings.cost.embedding_seconds_per_token = s.costs.embedding_seconds_per_token;
+  s.settings.cost.head_seconds_per_token = s.costs.head_seconds_per_token;
   s.balance.mode = pp > 1 ? BalanceMode::Pipeline : BalanceMode::DataParallel;
   return s;
 }
