@@ -49,6 +49,10 @@ struct GlobalBatch {
   int64_t predictions = 0;                    // sum over sequences of (length - 1)
   SamplerState start;                         // sampler position before this batch
   SamplerState next;                          // sampler position after this batch
+  // The plan's prediction (cost model) of this rank's and the busiest rank's
+  // forward+backward seconds, to compare with what the step measures.
+  double planned_busy_s = 0;
+  double planned_max_busy_s = 0;
 };
 
 }  // namespace hdp

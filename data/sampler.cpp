@@ -69,6 +69,13 @@ void materialize_micro_batch(const TokenDataset& dataset, PackedMicroBatch& mb) 
 
 PackedMicroBatch materialize_planned(const TokenDataset& dataset, std::span<const SequenceSpan> sequences,
                                      const PlannedMicroBatch& planned) {
+  return materialize_planned(
+      [&](int64_t document, int64_t offset, int64_t length, int32_t* out) { dataset.read(document, offset, length, out); },
+      sequences, planned);
+}
+
+PackedMicroBatch materialize_planned(const TokenReader& read, std::span<const SequenceSpan> sequences,
+                                     const PlannedMicroBatch& planned) {
   PackedMicroBatch mb;
   mb.ring = planned.ring;
   mb.offload_ratio = planned.offload_ratio;
@@ -85,14 +92,14 @@ PackedMicroBatch materialize_planned(const TokenDataset& dataset, std::span<cons
       throw std::invalid_argument("materialize_planned: piece outside its sequence");
     }
     mb.spans.push_back({seq.document, seq.offset + p.offset, p.length});
-    dataset.read(mb.spans.back(), mb.tokens.data() + row);
+    read(seq.document, seq.offset + p.offset, p.length, mb.tokens.data() + row);
     for (int64_t i = 0; i < p.length; ++i) {
       mb.positions[row + i] = static_cast<int32_t>(p.offset + i);
       if (i + 1 < p.length) mb.targets[row + i] = mb.tokens[row + i + 1];
     }
     // The piece's last token predicts the first token after it, if the sequence goes on.
     if (p.offset + p.length < seq.length) {
-      dataset.read(seq.document, seq.offset + p.offset + p.length, 1, next_token.data());
+      read(seq.document, seq.offset + p.offset + p.length, 1, next_token.data());
       mb.targets[row + p.length - 1] = next_token[0];
     }
     row += p.length;

@@ -18,6 +18,7 @@
 // batch k+1 exactly as an uninterrupted run would.
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -58,6 +59,10 @@ PackedMicroBatch materialize_micro_batch(const TokenDataset& dataset, std::span<
 // next token of the same sequence (which may lie in another piece or on another
 // rank; -1 after a sequence's last token), cu_seqlens over the whole sequences.
 PackedMicroBatch materialize_planned(const TokenDataset& dataset, std::span<const SequenceSpan> sequences,
+                                     const PlannedMicroBatch& planned);
+// The same from any source of tokens: read(document, offset, length, out).
+using TokenReader = std::function<void(int64_t, int64_t, int64_t, int32_t*)>;
+PackedMicroBatch materialize_planned(const TokenReader& read, std::span<const SequenceSpan> sequences,
                                      const PlannedMicroBatch& planned);
 void materialize_micro_batch(const TokenDataset& dataset, PackedMicroBatch& micro_batch);
 

@@ -12,6 +12,10 @@ struct CostModel {
   double a1 = 0, b1 = 0, g = 0;  // T(s) = a1 s^2 + b1 s + g seconds
   double a2 = 0, b2 = 0;         // Act(s) = a2 s + b2 bytes
   double d2h_bytes_per_s = 0, h2d_bytes_per_s = 0;
+  // Forward and backward per token of the parts outside the layers: on the first
+  // pipeline stage the embedding, on the last the final norm, LM head and loss.
+  double embedding_seconds_per_token = 0;
+  double head_seconds_per_token = 0;
 
   // One layer's forward and backward over a sequence of s tokens.
   double compute_seconds(int64_t s) const;

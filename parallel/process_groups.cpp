@@ -32,14 +32,21 @@ std::string describe_grid(const GridShape& s) {
   return out;
 }
 
-ProcessGroups::ProcessGroups(const ProcessInfo& process, const GridShape& shape, bool tie_first_last) : shape_(shape) {
-  if (shape.world() != process.world_size) {
+std::unique_ptr<MpiCommunicator> split_roles(int training_ranks) {
+  MpiCommunicator world(MPI_COMM_WORLD, "world");
+  const bool trains = world.rank() < training_ranks;
+  return world.split(trains ? 0 : 1, world.rank(), trains ? "training" : "loader");
+}
+
+ProcessGroups::ProcessGroups(const GridShape& shape, bool tie_first_last, std::unique_ptr<MpiCommunicator> base)
+    : shape_(shape) {
+  auto world = base ? std::move(base) : std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world");
+  if (shape.world() != world->size()) {
     throw std::invalid_argument("tp x pp x hdp = " + std::to_string(shape.tp) + " x " + std::to_string(shape.pp) +
                                 " x " + std::to_string(shape.hdp) + " = " + std::to_string(shape.world()) +
-                                " ranks, but the job has " + std::to_string(process.world_size));
+                                " ranks, but the job has " + std::to_string(world->size()));
   }
-  coords_ = grid_coords(process.rank, shape);
-  auto world = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world");
+  coords_ = grid_coords(world->rank(), shape);
   const GridCoords& c = coords_;
   // color: the coordinates that the group members share; key: the varying one.
   tp_ = world->split(c.hdp_rank + shape.hdp * c.pp_rank, c.tp_rank, "tp");

@@ -11,7 +11,7 @@
 #include <string>
 
 #include "parallel/communicator.h"
-#include "parallel/runtime.h"
+#include "parallel/mpi_communicator.h"
 
 namespace hdp {
 
@@ -34,11 +34,18 @@ int grid_rank(const GridCoords& coords, const GridShape& shape);
 // A table of every rank's coordinates, for the start-up log.
 std::string describe_grid(const GridShape& shape);
 
+// Collective over MPI_COMM_WORLD: the first `training_ranks` world ranks train, the
+// others serve data. Returns this rank's role communicator (the training ranks'
+// or the loader ranks').
+std::unique_ptr<MpiCommunicator> split_roles(int training_ranks);
+
 class ProcessGroups {
  public:
-  // Splits MPI_COMM_WORLD; `tie_first_last` adds the group of the first and last
-  // stage of each pipeline (tied embeddings under pipeline parallelism).
-  ProcessGroups(const ProcessInfo& process, const GridShape& shape, bool tie_first_last);
+  // Splits the training ranks' communicator (all of MPI_COMM_WORLD unless `base` is
+  // given: a job with loader ranks passes split_roles()'s result); `tie_first_last`
+  // adds the group of the first and last stage of each pipeline (tied embeddings
+  // under pipeline parallelism).
+  ProcessGroups(const GridShape& shape, bool tie_first_last, std::unique_ptr<MpiCommunicator> base = nullptr);
   ~ProcessGroups();
 
   const GridShape& shape() const { return shape_; }

@@ -16,7 +16,10 @@ namespace hdp {
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
   int provided = 0;
-  MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  // Threads other than the main one talk to MPI in some roles (the remote loader's
+  // prefetch and scheduler threads), so ask for full thread support.
+  MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+  info_.thread_multiple = provided >= MPI_THREAD_MULTIPLE;
   MPI_Comm_rank(MPI_COMM_WORLD, &info_.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &info_.world_size);
   MPI_Comm node;
@@ -40,6 +43,11 @@ void MpiRuntime::abort(int exit_code) const {
   if (info_.world_size > 1) MPI_Abort(MPI_COMM_WORLD, exit_code);
   MPI_Finalize();
   std::exit(exit_code);
+}
+
+void abort_job(int exit_code) {
+  MPI_Abort(MPI_COMM_WORLD, exit_code);
+  std::_Exit(exit_code);
 }
 
 int available_cores() {

@@ -13,6 +13,7 @@ struct ProcessInfo {
   int local_rank = 0;   // among the ranks on this node
   int local_size = 1;
   std::string hostname;
+  bool thread_multiple = false;  // MPI may be called from several threads at once
 };
 
 // Initialises MPI (a binary started without mpirun is a single-rank job) and
@@ -31,6 +32,10 @@ class MpiRuntime {
  private:
   ProcessInfo info_;
 };
+
+// Ends every rank of the job with this exit code, from any thread. Use after
+// logging the reason.
+[[noreturn]] void abort_job(int exit_code);
 
 // Cores this process may run on (its CPU affinity mask).
 int available_cores();

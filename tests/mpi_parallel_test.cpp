@@ -68,9 +68,8 @@ TEST(MpiCommunicator, CollectivesWithUnevenParts) {
 }
 
 TEST(ProcessGroups, RankOrderIsTpFastestThenHdpThenPp) {
-  const ProcessInfo process{world_rank(), world_size(), 0, 1, "test"};
   for (GridShape shape : {GridShape{2, 1, 2}, GridShape{1, 2, 2}, GridShape{2, 2, 1}, GridShape{1, 1, 4}}) {
-    ProcessGroups groups(process, shape, true);
+    ProcessGroups groups(shape, true);
     const GridCoords c = groups.coords();
     EXPECT_EQ(grid_rank(c, shape), world_rank());
     EXPECT_EQ(groups.tp().size(), shape.tp);
@@ -91,9 +90,8 @@ TEST(ProcessGroups, RankOrderIsTpFastestThenHdpThenPp) {
 }
 
 TEST(ProcessGroups, WorldSizeMismatchIsAClearError) {
-  const ProcessInfo process{world_rank(), world_size(), 0, 1, "test"};
   try {
-    ProcessGroups groups(process, GridShape{2, 2, 2}, false);
+    ProcessGroups groups(GridShape{2, 2, 2}, false);
     FAIL() << "accepted 8 ranks on a 4-rank job";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("2 x 2 x 2 = 8 ranks, but the job has 4"), std::string::npos) << e.what();
@@ -192,7 +190,6 @@ std::vector<float> global_gradient(TrainingEngine& engine, ProcessGroups& groups
 }
 
 TEST(TrainingEngine, UnevenMicroBatchCountsGiveTheSameGradients) {
-  const ProcessInfo process{world_rank(), world_size(), 0, 1, "test"};
   std::vector<PackedMicroBatch> all;
   all.push_back(micro_batch({64, 20, 12}, 1));
   all.push_back(micro_batch({50, 40}, 2));
@@ -201,7 +198,7 @@ TEST(TrainingEngine, UnevenMicroBatchCountsGiveTheSameGradients) {
   all.push_back(micro_batch({33}, 5));
   for (const char* parallel : {"{hdp: 4}", "{tp: 2, hdp: 2}", "{pp: 2, hdp: 2}"}) {
     const Config config = engine_config(parallel);
-    ProcessGroups groups(process, GridShape{static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.pp),
+    ProcessGroups groups(GridShape{static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.pp),
                                             static_cast<int>(config.parallel.hdp)},
                          false);
     TrainingEngine engine(config, groups);
@@ -277,14 +274,13 @@ void expect_close(const std::vector<float>& got, const std::vector<float>& want,
 }
 
 TEST(RingAttention, ADocumentSplitOver2To4RanksGivesTheWholeDocumentsGradients) {
-  const ProcessInfo process{world_rank(), world_size(), 0, 1, "test"};
   const RingData data = ring_data("long", {4096});
   const RingData several = ring_data("several", {2000, 1500, 50, 70, 33});
   const std::string data_config = "{path: unused.h5, max_seq_len: 4096, micro_batch_tokens: 4096, global_batch_tokens: 16384}";
   for (const char* parallel : {"{hdp: 4}", "{tp: 2, hdp: 2}"}) {
     const Config config = engine_config(parallel, data_config);
     const int hdp = static_cast<int>(config.parallel.hdp);
-    ProcessGroups groups(process, GridShape{static_cast<int>(config.parallel.tp), 1, hdp}, false);
+    ProcessGroups groups(GridShape{static_cast<int>(config.parallel.tp), 1, hdp}, false);
     TrainingEngine engine(config, groups);
 
     // The 4096-token document whole on rank 0, then over rings of 2, 3 and 4 ranks.

@@ -281,6 +281,44 @@ TEST(HybridDataParallel, ShortDocumentsSendNoAttentionTrafficUnderNaiveButDoUnde
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(la[i], lb[i], 1e-5 * la[i]) << "step " << i + 1;
 }
 
+TEST(RemoteLoader, GivesTheSameLossesAsLocalReading) {
+  // hdp 2 with long sequences (rings) so the loader also ships ring pieces.
+  const std::string data = "--set data.path=" + long_corpus() + " --set data.max_seq_len=1024 " +
+                           "--set data.global_batch_tokens=4096 --set data.micro_batch_tokens=512 ";
+  const std::string local = scratch_dir("parallel-loader-local"), remote = scratch_dir("parallel-loader-remote");
+  auto a = run_command(mpirun(2) + " " + train_args(local, {"local", 1, 1, 2}, 4, data));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  // Two loader servers beside the two training ranks; the first also schedules.
+  auto b = run_command(mpirun(4) + " " + train_args(remote, {"remote", 1, 1, 2}, 4, data +
+                       "--set loader.mode=remote --set loader.servers=2"));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("also the scheduler"), std::string::npos) << b.output;
+  const std::vector<double> la = losses(local), lb = losses(remote);
+  ASSERT_EQ(la.size(), 4u);
+  ASSERT_EQ(lb.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(la[i], lb[i]) << "step " << i + 1;
+}
+
+TEST(RemoteLoader, ALoaderRankThatDiesOrGoesSilentEndsTheJobWithinTheTimeout) {
+  const std::string data = "--set loader.mode=remote --set loader.servers=2 --set loader.timeout_s=5 ";
+  for (const std::string mode : {"", ":hang"}) {
+    const std::string dir = scratch_dir("parallel-loader-fault" + std::to_string(mode.size()));
+    const auto t0 = std::chrono::steady_clock::now();
+    // World rank 3 is the second loader server; it fails when asked for step 2's tokens.
+    auto r = run_command("HDP_FAULT_INJECT=3:2" + mode + " " + mpirun(4) + " " +
+                         train_args(dir, {"fault", 1, 1, 2}, 4, data));
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_NE(r.exit_code, 0) << r.output;
+    EXPECT_LT(seconds, 60) << r.output;
+    if (mode.empty()) {
+      EXPECT_NE(r.output.find("loader rank 3 exits abruptly"), std::string::npos) << r.output;
+    } else {
+      EXPECT_NE(r.output.find("loader server 1 (world rank 3) did not answer within 5"), std::string::npos)
+          << r.output;
+    }
+  }
+}
+
 TEST(ParallelFailures, WorldSizeMismatchEndsTheJobWithCode2) {
   const std::string dir = scratch_dir("parallel-mismatch");
   auto r = run_command(mpirun(3) + " " + train_args(dir, {"bad", 2, 1, 1}, 1));

@@ -93,11 +93,18 @@ const std::vector<Section>& schema() {
         field("bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb)}},
       {"scheduler",
        {field("policy", &Config::scheduler, &SchedulerConfig::policy),
-        field("cp", &Config::scheduler, &SchedulerConfig::cp)}},
+        field("balance", &Config::scheduler, &SchedulerConfig::balance),
+        field("threshold", &Config::scheduler, &SchedulerConfig::threshold),
+        field("cp", &Config::scheduler, &SchedulerConfig::cp),
+        field("cost_file", &Config::scheduler, &SchedulerConfig::cost_file)}},
       {"offload",
        {field("enabled", &Config::offload, &OffloadConfig::enabled),
         field("ratio", &Config::offload, &OffloadConfig::ratio),
         field("bandwidth_gbs", &Config::offload, &OffloadConfig::bandwidth_gbs)}},
+      {"loader",
+       {field("mode", &Config::loader, &LoaderConfig::mode),
+        field("servers", &Config::loader, &LoaderConfig::servers),
+        field("timeout_s", &Config::loader, &LoaderConfig::timeout_s)}},
   };
   return sections;
 }
@@ -602,9 +609,17 @@ struct Parser {
     // scheduler and offload
     const SchedulerConfig& sc = config.scheduler;
     const OffloadConfig& of = config.offload;
-    require(sc.policy == "naive" || sc.policy == "static", "scheduler.policy", "unknown policy " + shown("scheduler.policy"),
-            "choose naive (hybrid data parallelism: a sequence spans only the ranks it needs) or static (a fixed dp x "
-            "cp grid that splits every sequence, the baseline)");
+    require(sc.policy == "naive" || sc.policy == "balance" || sc.policy == "static", "scheduler.policy",
+            "unknown policy " + shown("scheduler.policy"),
+            "choose naive (hybrid data parallelism: a sequence spans only the ranks it needs), balance (hybrid data "
+            "parallelism with the balance scheduler) or static (a fixed dp x cp grid that splits every sequence, the "
+            "baseline)");
+    require(sc.balance == "auto" || sc.balance == "dp" || sc.balance == "pp", "scheduler.balance",
+            "unknown balance mode " + shown("scheduler.balance"),
+            "choose dp (ranks run micro-batches of similar cost at each time step), pp (each pipeline runs similar "
+            "micro-batches back to back) or auto (dp without pipeline parallelism, pp with it)");
+    require(sc.threshold >= 0 && sc.threshold < 1, "scheduler.threshold", shown("scheduler.threshold") + " is outside [0, 1)",
+            "choose the fraction of the busiest rank's time below which a rank receives more work, e.g. 0.05");
     non_negative(sc.cp, "scheduler.cp", "it must be 0 (automatic) or a divisor of parallel.hdp");
     require(sc.cp == 0 || p.hdp % sc.cp == 0, "scheduler.cp",
             shown("scheduler.cp") + " does not divide parallel.hdp " + shown("parallel.hdp"),
@@ -617,12 +632,25 @@ struct Parser {
             "choose a fraction in [0, 1], or a negative value to let the cost model choose");
     positive(of.bandwidth_gbs, "offload.bandwidth_gbs");
 
+    // loader
+    const LoaderConfig& lo = config.loader;
+    require(lo.mode == "local" || lo.mode == "remote", "loader.mode", "unknown mode " + shown("loader.mode"),
+            "choose local (every training rank reads its own data) or remote (loader ranks read, one plans, the "
+            "training ranks fetch their pieces)");
+    positive(lo.servers, "loader.servers");
+    positive(lo.timeout_s, "loader.timeout_s");
+
     // files last, so that value errors are reported even before the data exists
     if (check_files) {
       check_path(d.path, "data.path",
                  "point data.path at an HDF5 token dataset, or create this one with 'trainer make-corpus "
                  "--output " + d.path + "' (synthetic demo corpus) or 'trainer prepare-data' (from text)",
                  PathKind::File);
+      if (!sc.cost_file.empty() && sc.cost_file != "profile")
+        check_path(sc.cost_file, "scheduler.cost_file",
+                   "point it at a cost file written by 'trainer profile', leave it empty for a model derived from "
+                   "FLOPs, or write profile to measure at start-up",
+                   PathKind::File);
       if (!t.init_from.empty())
         check_path(t.init_from, "train.init_from",
                    "point it at a checkpoint directory written by the trainer (CHECKPOINT_DIR/step-NNNNNNNN), "

@@ -60,8 +60,20 @@ struct ParallelConfig {
 // How a step's sequences are spread over the hybrid-data-parallel ranks.
 struct SchedulerConfig {
   std::string policy = "naive";          // naive: HDP, long sequences on as many ranks as they need;
+                                         // balance: HDP with the balance scheduler (Algorithm 2);
                                          // static: fixed dp x cp grid, every sequence split over cp
+  std::string balance = "auto";          // balance: dp | pp | auto (dp when pp = 1, pp otherwise)
+  double threshold = 0.05;               // balance: ranks more than this fraction below the busiest get work
   int64_t cp = 0;                        // static: context-parallel degree; 0 = smallest divisor of hdp that fits
+  std::string cost_file;                 // cost model YAML from `trainer profile`; empty = derived from FLOPs;
+                                         // "profile" = measured at start-up
+};
+
+// Where the training ranks' data comes from.
+struct LoaderConfig {
+  std::string mode = "local";            // local: every rank reads; remote: loader ranks serve it
+  int64_t servers = 1;                   // remote: loader server ranks added beside the training ranks
+  double timeout_s = 60;                 // remote: a server silent this long ends the job
 };
 
 // Selective activation offload of long sequences' micro-batches.
@@ -79,6 +91,7 @@ struct Config {
   ParallelConfig parallel;
   SchedulerConfig scheduler;
   OffloadConfig offload;
+  LoaderConfig loader;
   std::string source;                    // file the config was read from
   std::string yaml;                      // the effective config as YAML (overrides applied)
   // Where each explicitly set key came from, by key path ("model.num_heads"):

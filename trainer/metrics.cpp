@@ -18,6 +18,12 @@ std::string number(double x) {
 
 }  // namespace
 
+std::string numbers(const std::vector<double>& values) {
+  std::string s = "[";
+  for (size_t i = 0; i < values.size(); ++i) s += (i ? ", " : "") + number(values[i]);
+  return s + "]";
+}
+
 std::string to_json(const StepMetrics& m) {
   std::string s = "{";
   s += "\"step\": " + std::to_string(m.step);
@@ -40,6 +46,10 @@ std::string to_json(const StepMetrics& m) {
   s += ", \"busy_ms_min\": " + number(m.busy_ms_min);
   s += ", \"busy_ms_max\": " + number(m.busy_ms_max);
   s += ", \"idle_fraction\": " + number(m.idle_fraction);
+  s += ", \"planned_busy_ms_max\": " + number(m.planned_busy_ms_max);
+  s += ", \"cost_model_error\": " + number(m.cost_model_error);
+  s += ", \"busy_ms\": " + numbers(m.busy_ms);
+  s += ", \"planned_busy_ms\": " + numbers(m.planned_busy_ms);
   s += ", \"activation_peak_bytes\": " + std::to_string(m.activation_peak_bytes);
   s += ", \"host_pool_bytes\": " + std::to_string(m.host_pool_bytes);
   s += ", \"offloaded_bytes\": " + std::to_string(m.offloaded_bytes);

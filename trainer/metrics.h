@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <fstream>
 #include <string>
+#include <vector>
 
 namespace hdp {
 
@@ -34,6 +35,13 @@ struct StepMetrics {
   double busy_ms_min = 0;
   double busy_ms_max = 0;
   double idle_fraction = 0;
+  // The plan's prediction of the busiest rank's busy time, and the cost model's
+  // relative error against the measured busy_ms_max.
+  double planned_busy_ms_max = 0;
+  double cost_model_error = 0;
+  // Per training rank: measured and planned busy time.
+  std::vector<double> busy_ms;
+  std::vector<double> planned_busy_ms;
   // Activation memory: the device peak of this step's micro-batches and the host
   // pool (offload), on rank 0.
   int64_t activation_peak_bytes = 0;

@@ -67,9 +67,9 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   vocab_begin_ = split_point(c.vocab_size, partition.tp_rank, tp_size);
   local_vocab_ = split_point(c.vocab_size, partition.tp_rank + 1, tp_size) - vocab_begin_;
   head_chunk_tokens_ = head_chunk_for(local_vocab_, max_tokens_);
-  const int64_t H = c.hidden_size, qdim = local_heads_ * c.head_dim(), kv = local_kv_heads_ * c.head_dim();
-  row_width_ = 4 * H + 2 * qdim + 2 * kv + 2 * local_ffn_;
-  small_width_ = 2 + local_heads_;
+  const ActivationWidths widths = activation_widths(c, tp_size);
+  row_width_ = widths.row;
+  small_width_ = widths.small;
 
   build_parameter_table();
   param_arena_ = Arena(device, static_cast<size_t>(flat_numel_) * sizeof(float), "parameters");
@@ -680,6 +680,12 @@ double LlamaModel::forward_backward(const MicroBatchView& batch, float loss_scal
 double LlamaModel::forward_loss(const MicroBatchView& batch) {
   set_batch(0, batch);
   return forward(0, 1.0f, false);
+}
+
+ActivationWidths activation_widths(const ModelConfig& c, int tp_size) {
+  const int64_t H = c.hidden_size, qdim = c.num_heads / tp_size * c.head_dim();
+  const int64_t kv = c.num_kv_heads / tp_size * c.head_dim(), F = c.ffn_hidden_size / tp_size;
+  return {4 * H + 2 * qdim + 2 * kv + 2 * F, 2 + c.num_heads / tp_size};
 }
 
 double layer_flops_per_token(const ModelConfig& c, int64_t seq_len) {

@@ -85,6 +85,15 @@ struct ActivationUsage {
   int64_t offloaded_bytes = 0;      // copied to host so far (cumulative)
 };
 
+// Floats one layer of a tensor-parallel slice saves per token for backward: the
+// row tensors (x_in, ln1, q, k, v, attn, x_mid, ln2, gate, up), which offload can
+// move to host memory, and the small ones (two 1/rms values and the heads' lse).
+struct ActivationWidths {
+  int64_t row = 0;
+  int64_t small = 0;
+};
+ActivationWidths activation_widths(const ModelConfig& config, int tp_size);
+
 // Model FLOPs of forward+backward (backward = twice the forward), per token: one
 // transformer layer in a sequence of seq_len tokens, and the LM head.
 double layer_flops_per_token(const ModelConfig& config, int64_t seq_len);

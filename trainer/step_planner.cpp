@@ -1,32 +1,27 @@
 #include "trainer/step_planner.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <vector>
 
-#include "parallel/cost_model.h"
 #include "trainer/engine.h"
 
 namespace hdp {
 
-StepPlanner::StepPlanner(const Config& config, double flops_per_second, int64_t saved_floats_per_token)
+StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
     : policy_(config.scheduler.policy), cp_(static_cast<int>(config.scheduler.cp)) {
-  const ModelConfig& m = config.model;
-  const int64_t tp = config.parallel.tp;
-  LayerShape shape;
-  shape.hidden = m.hidden_size;
-  shape.heads = m.num_heads / tp;
-  shape.kv_heads = m.num_kv_heads / tp;
-  shape.head_dim = m.head_dim();
-  shape.ffn = m.ffn_hidden_size / tp;
-  shape.saved_floats_per_token = saved_floats_per_token;
   settings_.hdp = static_cast<int>(config.parallel.hdp);
   settings_.capacity = config.data.micro_batch_tokens;
   settings_.layers_per_stage = planner_layers(config);
   settings_.pipeline_stages = static_cast<int>(config.parallel.pp);
-  settings_.cost = analytic_cost_model(shape, flops_per_second, config.offload.bandwidth_gbs * 1e9);
+  settings_.cost = cost;
   settings_.offload.enabled = config.offload.enabled;
   settings_.offload.forced_ratio = config.offload.ratio;
-  if (policy_ == "naive") {
+  const std::string& mode = config.scheduler.balance;
+  balance_.mode = mode == "pp" || (mode == "auto" && config.parallel.pp > 1) ? BalanceMode::Pipeline
+                                                                               : BalanceMode::DataParallel;
+  balance_.threshold = config.scheduler.threshold;
+  if (policy_ != "static") {
     try {
       choose_ranks(config.data.max_seq_len, settings_);
     } catch (const std::invalid_argument& e) {
@@ -37,9 +32,21 @@ StepPlanner::StepPlanner(const Config& config, double flops_per_second, int64_t 
 }
 
 StepPlan StepPlanner::plan(std::span<const int64_t> lengths) const {
-  StepPlan plan = policy_ == "static" ? plan_static(lengths, settings_, cp_) : plan_naive(lengths, settings_);
+  StepPlan plan = policy_ == "static"    ? plan_static(lengths, settings_, cp_)
+                  : policy_ == "balance" ? plan_balance(lengths, settings_, balance_)
+                                         : plan_naive(lengths, settings_);
   check_plan(plan, lengths, settings_.layers_per_stage, settings_.pipeline_stages);
   return plan;
+}
+
+SamplerOptions sampler_options(const DataConfig& data) {
+  SamplerOptions o;
+  o.max_seq_len = data.max_seq_len;
+  o.global_batch_tokens = data.global_batch_tokens;
+  o.micro_batch_tokens = data.micro_batch_tokens;
+  o.shuffle = data.shuffle;
+  o.seed = data.seed;
+  return o;
 }
 
 std::vector<PackedMicroBatch> local_micro_batches(const TokenDataset& dataset, std::span<const SequenceSpan> sequences,
@@ -60,11 +67,20 @@ std::vector<PackedMicroBatch> local_micro_batches(const TokenDataset& dataset, s
   return out;
 }
 
+void StepPlanner::predict(const StepPlan& plan, std::span<const int64_t> lengths, int hdp_rank,
+                          GlobalBatch& batch) const {
+  const std::vector<double> seconds = predicted_rank_seconds(plan, lengths, settings_);
+  batch.planned_busy_s = seconds[hdp_rank];
+  batch.planned_max_busy_s = *std::max_element(seconds.begin(), seconds.end());
+}
+
 GlobalBatch StepPlanner::next_local_batch(BatchSampler& sampler, const TokenDataset& dataset, int hdp_rank) const {
   GlobalBatch batch = sampler.next_plan();
   std::vector<int64_t> lengths;
   for (const SequenceSpan& s : batch.sequences) lengths.push_back(s.length);
-  batch.micro_batches = local_micro_batches(dataset, batch.sequences, plan(lengths), hdp_rank);
+  const StepPlan step = plan(lengths);
+  predict(step, lengths, hdp_rank, batch);
+  batch.micro_batches = local_micro_batches(dataset, batch.sequences, step, hdp_rank);
   return batch;
 }
 

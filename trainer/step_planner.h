@@ -10,11 +10,15 @@
 #include "data/batch.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
+#include "parallel/cost_model.h"
 #include "parallel/hdp_planner.h"
 #include "parallel/plan.h"
 #include "trainer/config.h"
 
 namespace hdp {
+
+// The sampler options of the data config.
+SamplerOptions sampler_options(const DataConfig& data);
 
 // This rank's micro-batches of a plan, read from the dataset, each with the layout
 // of its ring when it takes part in one.
@@ -23,13 +27,15 @@ std::vector<PackedMicroBatch> local_micro_batches(const TokenDataset& dataset, s
 
 class StepPlanner {
  public:
-  // flops_per_second: one rank's compute rate; saved_floats_per_token: what one layer
-  // of this rank's model keeps for backward per token. Throws ConfigError when the
-  // longest sequence (data.max_seq_len) cannot be placed on parallel.hdp ranks.
-  StepPlanner(const Config& config, double flops_per_second, int64_t saved_floats_per_token);
+  // cost: the planner's cost model (trainer/cost_file.h). Throws ConfigError when
+  // the longest sequence (data.max_seq_len) cannot be placed on parallel.hdp ranks.
+  StepPlanner(const Config& config, const CostModel& cost);
 
   // The plan of a global batch with sequences of these lengths, checked.
   StepPlan plan(std::span<const int64_t> lengths) const;
+  // Puts the plan's predicted busy seconds of hdp rank `hdp_rank` and of the busiest
+  // rank into the batch.
+  void predict(const StepPlan& plan, std::span<const int64_t> lengths, int hdp_rank, GlobalBatch& batch) const;
   // The next global batch with this rank's planned micro-batches read.
   GlobalBatch next_local_batch(BatchSampler& sampler, const TokenDataset& dataset, int hdp_rank) const;
 
@@ -39,6 +45,7 @@ class StepPlanner {
   std::string policy_;
   int cp_;
   PlannerSettings settings_;
+  BalanceSettings balance_;
 };
 
 }  // namespace hdp

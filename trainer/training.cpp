@@ -3,17 +3,26 @@
 #include <spdlog/spdlog.h>
 
 #include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
 #include <cstdio>
 #include <cstdlib>
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <vector>
 
 #include "data/dataset.h"
+#include "data/remote_loader.h"
 #include "data/prefetcher.h"
 #include "data/sampler.h"
+#include "parallel/message_channel.h"
 #include "parallel/process_groups.h"
 #include "trainer/checkpoint.h"
+#include "trainer/cost_file.h"
 #include "trainer/engine.h"
+#include "trainer/loader_roles.h"
 #include "trainer/metrics.h"
 #include "trainer/optimizer.h"
 #include "trainer/peak_flops.h"
@@ -47,16 +56,6 @@ FaultInjection fault_injection() {
   return f;
 }
 
-SamplerOptions sampler_options(const DataConfig& data) {
-  SamplerOptions o;
-  o.max_seq_len = data.max_seq_len;
-  o.global_batch_tokens = data.global_batch_tokens;
-  o.micro_batch_tokens = data.micro_batch_tokens;
-  o.shuffle = data.shuffle;
-  o.seed = data.seed;
-  return o;
-}
-
 GridShape grid_shape(const ParallelConfig& p) {
   return GridShape{static_cast<int>(p.tp), static_cast<int>(p.pp), static_cast<int>(p.hdp)};
 }
@@ -88,24 +87,52 @@ TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine) {
 
 void run_training(const Config& config, const ProcessInfo& process) {
   const GridShape shape = grid_shape(config.parallel);
-  if (shape.world() != process.world_size) {
+  const bool remote = config.loader.mode == "remote";
+  const int loader_ranks = remote ? static_cast<int>(config.loader.servers) : 0;
+  const int training_ranks = shape.world();
+  if (training_ranks + loader_ranks != process.world_size) {
     throw ConfigError("parallel.tp x parallel.pp x parallel.hdp = " + std::to_string(shape.tp) + " x " +
                       std::to_string(shape.pp) + " x " + std::to_string(shape.hdp) + " = " +
-                      std::to_string(shape.world()) + " ranks, but the job has " +
-                      std::to_string(process.world_size) + "; launch with mpirun -np " +
-                      std::to_string(shape.world()) + " or change the degrees");
+                      std::to_string(training_ranks) + " ranks" +
+                      (remote ? " plus loader.servers = " + std::to_string(loader_ranks) : std::string()) +
+                      ", but the job has " + std::to_string(process.world_size) + "; launch with mpirun -np " +
+                      std::to_string(training_ranks + loader_ranks) + " or change the degrees");
   }
   const int threads = configure_threads(config.train.threads, process);
-  TokenDataset dataset = TokenDataset::open(config.data.path);
-  validate_dataset_vocab(config, dataset.vocab_size(), dataset.max_token_id());
 
-  ProcessGroups groups(process, shape, config.model.tie_embeddings);
+  // With a remote loader the last ranks serve data; the others train on a
+  // communicator of their own.
+  std::unique_ptr<MessageChannel> channel;
+  std::unique_ptr<MpiCommunicator> training_world;
+  if (remote) {
+    if (!process.thread_multiple) {
+      throw std::runtime_error("loader.mode remote needs an MPI library with MPI_THREAD_MULTIPLE support");
+    }
+    channel = make_world_channel();
+    training_world = split_roles(training_ranks);
+    if (process.rank >= training_ranks) {
+      run_loader_rank(config, process, *channel, training_ranks);
+      return;
+    }
+  }
+  std::optional<TokenDataset> dataset;
+  if (!remote) {
+    dataset.emplace(TokenDataset::open(config.data.path));
+    validate_dataset_vocab(config, dataset->vocab_size(), dataset->max_token_id());
+  }
+
+  ProcessGroups groups(shape, config.model.tie_embeddings, std::move(training_world));
   const GridCoords& coords = groups.coords();
   spdlog::info("rank {} on {}: tp {} pp {} hdp {}; {} threads", process.rank, process.hostname, coords.tp_rank,
                coords.pp_rank, coords.hdp_rank, threads);
   if (process.rank == 0) {
-    spdlog::info("dataset {}: {} documents, {} tokens", config.data.path, dataset.num_documents(),
-                 dataset.num_tokens());
+    if (dataset) {
+      spdlog::info("dataset {}: {} documents, {} tokens", config.data.path, dataset->num_documents(),
+                   dataset->num_tokens());
+    } else {
+      spdlog::info("data from {} loader rank(s) (world ranks {}..{}), scheduler on world rank {}", loader_ranks,
+                   training_ranks, training_ranks + loader_ranks - 1, training_ranks);
+    }
     spdlog::info("{}", describe_grid(shape));
     spdlog::info("OpenBLAS {} kernels", blas_core_name());
   }
@@ -124,7 +151,13 @@ void run_training(const Config& config, const ProcessInfo& process) {
   }
 
   TrainingProgress progress = restore_or_init(config, engine);
+  std::optional<RemoteBatchClient> loader;
+  if (remote) loader.emplace(*channel, training_ranks, training_ranks, loader_ranks, config.loader.timeout_s);
   if (progress.step >= config.train.steps) {
+    if (loader) {
+      if (process.rank == 0) channel->send(training_ranks, kLoaderHelloTag, encode_hello({progress.step, progress.sampler, {}}));
+      loader->stop_servers();
+    }
     spdlog::info("checkpoint step {} already reaches train.steps = {}; nothing to do", progress.step,
                  config.train.steps);
     return;
@@ -134,18 +167,38 @@ void run_training(const Config& config, const ProcessInfo& process) {
   if (peak_flops <= 0) {
     peak_flops = measure_gemm_flops();
     // Ranks sharing a node measured together; the figure of each is its share.
-    peak_flops = groups.world().all_reduce_sum(peak_flops) / process.world_size;
+    peak_flops = groups.world().all_reduce_sum(peak_flops) / training_ranks;
     if (process.rank == 0) {
       spdlog::info("peak: {:.1f} GFLOP/s fp32 GEMM per rank measured (OpenBLAS {} kernels); set train.peak_flops to fix it",
                    peak_flops / 1e9, blas_core_name());
     }
   }
 
-  // Every rank samples the same sequences and makes the same plan, then reads
-  // only its own micro-batches, in the prefetch thread.
-  const StepPlanner planner(config, peak_flops, engine.model().saved_floats_per_token());
-  BatchSampler sampler(dataset, sampler_options(config.data), progress.sampler);
-  BatchPrefetcher prefetcher([&] { return planner.next_local_batch(sampler, dataset, coords.hdp_rank); }, 2);
+  // Local: every rank samples the same sequences and makes the same plan, then
+  // reads only its own micro-batches. Remote: the loader's scheduler plans and the
+  // servers send this rank's tokens. Either way in the prefetch thread.
+  // Every rank plans with the same cost model (profiling, if asked for, is a
+  // collective that averages the ranks' measurements).
+  const CostModel cost =
+      planner_cost_model(config, peak_flops, engine.model().saved_floats_per_token(), &groups.world());
+  std::optional<StepPlanner> planner;
+  std::optional<BatchSampler> sampler;
+  std::function<GlobalBatch()> produce;
+  if (loader) {
+    if (process.rank == 0) {
+      channel->send(training_ranks, kLoaderHelloTag, encode_hello({progress.step, progress.sampler, cost}));
+    }
+    // The prefetcher runs ahead of the loop: past the last step there is no work to
+    // wait for.
+    produce = [&, remaining = config.train.steps - progress.step]() mutable {
+      return remaining-- > 0 ? loader->next() : GlobalBatch{};
+    };
+  } else {
+    planner.emplace(config, cost);
+    sampler.emplace(*dataset, sampler_options(config.data), progress.sampler);
+    produce = [&] { return planner->next_local_batch(*sampler, *dataset, coords.hdp_rank); };
+  }
+  BatchPrefetcher prefetcher(produce, 2);
   const CheckpointLayout layout{shape.tp, shape.pp, shape.hdp, coords.tp_rank, coords.pp_rank, coords.hdp_rank,
                                 process.rank, &groups.world()};
   std::optional<MetricsWriter> metrics;
@@ -183,24 +236,31 @@ void run_training(const Config& config, const ProcessInfo& process) {
     m.step_ms = step_ms;
     m.data_wait_ms = data_wait_ms;
     m.tokens_per_s = batch.tokens / (step_ms / 1e3);
-    m.mfu = training_flops(config.model, lengths) / (step_ms / 1e3) / (peak_flops * process.world_size);
+    m.mfu = training_flops(config.model, lengths) / (step_ms / 1e3) / (peak_flops * training_ranks);
     m.peak_mem_bytes = static_cast<int64_t>(memory.total());
     auto sent = [](const Communicator& c) { return c.stats().p2p_bytes + c.stats().collective_bytes; };
     m.tp_bytes = sent(groups.tp());
     m.pp_bytes = sent(groups.pp());
     m.hdp_bytes = sent(groups.hdp());
-    // Job-wide figures: ring traffic, and the spread of busy time over the ranks.
-    std::vector<double> totals = {
-        static_cast<double>(groups.hdp().stats().p2p_bytes), result.busy_ms,
-        static_cast<double>(engine.model().activation_usage().offloaded_bytes - offloaded_before)};
-    std::vector<double> extremes = {result.busy_ms, -result.busy_ms};
+    // Job-wide figures: ring traffic, offloaded bytes, and every rank's measured
+    // and planned busy time.
+    std::vector<double> totals = {static_cast<double>(groups.hdp().stats().p2p_bytes),
+                                  static_cast<double>(engine.model().activation_usage().offloaded_bytes - offloaded_before)};
     groups.world().all_reduce(std::span<double>(totals), ReduceOp::Sum);
-    groups.world().all_reduce(std::span<double>(extremes), ReduceOp::Max);
+    m.busy_ms.assign(training_ranks, 0.0);
+    m.planned_busy_ms.assign(training_ranks, 0.0);
+    m.busy_ms[groups.world().rank()] = result.busy_ms;
+    m.planned_busy_ms[groups.world().rank()] = batch.planned_busy_s * 1e3;
+    groups.world().all_reduce(std::span<double>(m.busy_ms), ReduceOp::Sum);
+    groups.world().all_reduce(std::span<double>(m.planned_busy_ms), ReduceOp::Sum);
     m.attention_bytes = static_cast<int64_t>(totals[0]);
-    m.offloaded_bytes = static_cast<int64_t>(totals[2]);
-    m.busy_ms_max = extremes[0];
-    m.busy_ms_min = -extremes[1];
-    m.idle_fraction = std::max(0.0, 1.0 - totals[1] / process.world_size / step_ms);
+    m.offloaded_bytes = static_cast<int64_t>(totals[1]);
+    m.busy_ms_max = *std::max_element(m.busy_ms.begin(), m.busy_ms.end());
+    m.busy_ms_min = *std::min_element(m.busy_ms.begin(), m.busy_ms.end());
+    const double busy_sum = std::accumulate(m.busy_ms.begin(), m.busy_ms.end(), 0.0);
+    m.idle_fraction = std::max(0.0, 1.0 - busy_sum / training_ranks / step_ms);
+    m.planned_busy_ms_max = batch.planned_max_busy_s * 1e3;
+    m.cost_model_error = m.planned_busy_ms_max > 0 ? (m.busy_ms_max - m.planned_busy_ms_max) / m.planned_busy_ms_max : 0;
     m.activation_peak_bytes = static_cast<int64_t>(engine.model().activation_usage().device_peak_bytes);
     m.host_pool_bytes = static_cast<int64_t>(engine.model().activation_usage().host_pool_bytes);
     if (metrics) metrics->write(m);
@@ -209,8 +269,11 @@ void run_training(const Config& config, const ProcessInfo& process) {
                                "; stopping (lower optim.lr or check the data)");
     }
     if (process.rank == 0 && (step % config.train.log_every == 0 || step == 1 || step == config.train.steps)) {
-      spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.0f} ms | mfu {:.1f}%",
-                   step, config.train.steps, m.loss, lr, m.grad_norm, m.tokens_per_s, step_ms, 100 * m.mfu);
+      spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.0f} ms | mfu {:.1f}% | "
+                   "busy {:.0f}-{:.0f} ms (planned max {:.0f}, cost model {:+.0f}%) idle {:.0f}%",
+                   step, config.train.steps, m.loss, lr, m.grad_norm, m.tokens_per_s, step_ms, 100 * m.mfu,
+                   m.busy_ms_min, m.busy_ms_max, m.planned_busy_ms_max, 100 * m.cost_model_error,
+                   100 * m.idle_fraction);
     }
 
     const bool checkpoint_due = config.train.checkpoint_every > 0 &&
@@ -225,6 +288,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
       if (process.rank == 0) spdlog::info("checkpoint {} written in {:.0f} ms", path, ms_since(tc));
     }
   }
+  if (loader) loader->stop_servers();
   if (process.rank == 0) spdlog::info("training finished; metrics in {}", metrics->path());
 }
 
