@@ -264,6 +264,26 @@ TEST(HybridDataParallel, RingsFormBetweenTheSameStageOfSeveralPipelines) {
   EXPECT_GT(*std::max_element(ring_bytes.begin(), ring_bytes.end()), 0);
 }
 
+TEST(BalanceScheduler, EqualsOneProcessWithAndWithoutPipelines) {
+  // Long and short sequences mixed; the balance scheduler gives ranks different
+  // numbers of micro-batches. pp = 1 uses DP-Balance, pp = 2 PP-Balance.
+  const std::string data = "--set data.path=" + long_corpus() + " --set data.max_seq_len=1024 " +
+                           "--set data.global_batch_tokens=4096 ";
+  const RunResult want =
+      train(scratch_dir("parallel-balance-single"), {"single", 1, 1, 1}, data + "--set data.micro_batch_tokens=1024");
+  for (const Layout& l : {Layout{"balance_hdp4", 1, 1, 4}, Layout{"balance_pp2_hdp2", 1, 2, 2}}) {
+    const std::string dir = scratch_dir("parallel-" + l.name);
+    expect_same_run(train(dir, l, data + "--set data.micro_batch_tokens=512 --set scheduler.policy=balance"), want,
+                    l.name);
+    // Each step reports every rank's planned and measured busy time.
+    std::ifstream in(dir + "/metrics.jsonl");
+    std::string line;
+    std::getline(in, line);
+    EXPECT_NE(line.find("\"planned_busy_ms\": ["), std::string::npos) << line;
+    EXPECT_NE(line.find("\"cost_model_error\""), std::string::npos) << line;
+  }
+}
+
 TEST(HybridDataParallel, ShortDocumentsSendNoAttentionTrafficUnderNaiveButDoUnderStatic) {
   const std::string data = "--set data.max_seq_len=256 --set data.micro_batch_tokens=256 ";
   const std::string naive = scratch_dir("parallel-traffic-naive"), fixed = scratch_dir("parallel-traffic-static");

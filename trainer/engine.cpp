@@ -27,7 +27,7 @@ int64_t planner_layers(const Config& config) {
 
 int64_t largest_micro_batch(const Config& config) {
   const OffloadConfig& o = config.offload;
-  if (config.scheduler.policy != "naive" || !o.enabled) return config.data.micro_batch_tokens;
+  if (config.scheduler.policy == "static" || !o.enabled) return config.data.micro_batch_tokens;
   return max_micro_batch_tokens(config.data.micro_batch_tokens, planner_layers(config), o.ratio >= 0 ? o.ratio : 1.0);
 }
 
