@@ -8,6 +8,9 @@
 #   naive               HDP (Algorithm 1): short sequences whole on one rank, long ones
 #                       on as few ranks as they need, with selective offload
 #   naive, no offload   HDP without offload (long sequences need more ranks)
+#   balance             HDP with the balance scheduler (Algorithm 2, DP-Balance), cost
+#                       model derived from FLOPs at the measured GEMM rate
+#   balance, measured   the same with the cost model profiled at start-up
 # Reported per policy: median step time of steps 2..N, ring attention bytes per
 # step (whole job), per-rank busy time (forward + backward, min and max) and the
 # idle fraction, and the speed-up over static.
@@ -33,7 +36,7 @@ run() {  # name extra-args... -> "median_ms attention_MB busy_min busy_max idle"
     --set model.hidden_size=256 --set model.num_heads=4 --set model.num_kv_heads=2 --set model.ffn_hidden_size=704 \
     --set data.max_seq_len=8192 --set data.micro_batch_tokens=2048 --set data.global_batch_tokens=32768 \
     --set data.shuffle=false --set train.steps="$steps" --set train.run_dir="$dir" --set train.checkpoint_every=0 \
-    --set train.log_every=1 --set train.peak_flops=1e11 --set parallel.hdp=$ranks "$@" >"$dir.log" 2>&1 ||
+    --set train.log_every=1 --set parallel.hdp=$ranks "$@" >"$dir.log" 2>&1 ||
     { echo "run $name failed:" >&2; tail -20 "$dir.log" >&2; exit 1; }
   field() { grep -o "\"$1\": [0-9.e+-]*" "$dir/metrics.jsonl" | tail -n +2 | awk '{print $2}'; }
   median() { sort -g | awk '{v[NR] = $1} END {print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'; }
@@ -46,7 +49,9 @@ echo "|---|---|---|---|---|---|"
 base=""
 for policy in "static|--set scheduler.policy=static --set scheduler.cp=4" \
               "naive|--set scheduler.policy=naive" \
-              "naive, no offload|--set scheduler.policy=naive --set offload.enabled=false"; do
+              "naive, no offload|--set scheduler.policy=naive --set offload.enabled=false" \
+              "balance|--set scheduler.policy=balance" \
+              "balance, measured costs|--set scheduler.policy=balance --set scheduler.cost_file=profile"; do
   name="${policy%%|*}"
   read -r -a args <<<"${policy#*|}"
   read -r ms bytes bmin bmax idle <<<"$(run "$(printf '%s' "$name" | tr -c 'a-z' '_')" "${args[@]}")"
