@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "planner_test_util.h"
+
 #include <algorithm>
 #include <cstdio>
 #include <cmath>
@@ -61,58 +63,42 @@ std::vector<std::set<int>> ranks_per_sequence(const StepPlan& plan, size_t seque
 
 // ---- predicted_rank_seconds ----
 
-// Sequence 0 (10 tokens) is a ring over ranks 0 and 1; sequence 1 (4) is local on
-// rank 0, sequence 2 (3) on rank 1.
-StepPlan ring_and_locals() {
-  StepPlan p;
-  p.capacity = 10;
-  p.rings = {Ring{{0, 1}, {0}}};
-  PlannedMicroBatch a;
-  a.ring = 0;
-  a.pieces = {{1, 0, 4, -1}, {0, 0, 2, 0}, {0, 7, 3, 0}};
-  PlannedMicroBatch b;
-  b.ring = 0;
-  b.pieces = {{2, 0, 3, -1}, {0, 2, 3, 0}, {0, 5, 2, 0}};
-  p.ranks = {{a}, {b}};
-  return p;
-}
-const std::vector<int64_t> kRingLengths = {10, 4, 3};
 
 TEST(PredictedRankSeconds, HandCase) {
   // Two layers of T(s) = s^2; embedding 0.5 and head 0.25 seconds per token.
   PlannerSettings s = settings(2, 10, 2, 1.0, 0.0);
   s.cost.embedding_seconds_per_token = 0.5;
   s.cost.head_seconds_per_token = 0.25;
-  StepPlan p = ring_and_locals();
-  ASSERT_NO_THROW(check_plan(p, kRingLengths, 2, 1));
+  StepPlan p = testing::hand_plan();
+  ASSERT_NO_THROW(check_plan(p, testing::kHandLengths, 2, 1));
   // One stage holds the whole model. The ring sequence costs each of its two
   // members half of (2 x 10^2 + 0.75 x 10) = 103.75, whatever its chunk sizes.
   // Rank 0: 2 x 4^2 + 0.75 x 4 = 35 more; rank 1: 2 x 3^2 + 0.75 x 3 = 20.25.
-  std::vector<double> t = predicted_rank_seconds(p, kRingLengths, s);
+  std::vector<double> t = predicted_rank_seconds(p, testing::kHandLengths, s);
   ASSERT_EQ(t.size(), 2u);
   EXPECT_DOUBLE_EQ(t[0], 138.75);
   EXPECT_DOUBLE_EQ(t[1], 124.0);
   // Two stages: one stage's layers only: 32 + 100 and 18 + 100.
   s.pipeline_stages = 2;
-  t = predicted_rank_seconds(p, kRingLengths, s);
+  t = predicted_rank_seconds(p, testing::kHandLengths, s);
   EXPECT_DOUBLE_EQ(t[0], 132.0);
   EXPECT_DOUBLE_EQ(t[1], 118.0);
   // Empty micro-batches cost nothing; a rank without work costs nothing.
   p.ranks[0].emplace_back();
   p.ranks.emplace_back();
-  t = predicted_rank_seconds(p, kRingLengths, s);
+  t = predicted_rank_seconds(p, testing::kHandLengths, s);
   ASSERT_EQ(t.size(), 3u);
   EXPECT_DOUBLE_EQ(t[0], 132.0);
   EXPECT_DOUBLE_EQ(t[2], 0.0);
   // Offload adds no time (the copies hide under compute).
   p.ranks[0][0].offload_ratio = 1.0;
-  EXPECT_DOUBLE_EQ(predicted_rank_seconds(p, kRingLengths, s)[0], 132.0);
+  EXPECT_DOUBLE_EQ(predicted_rank_seconds(p, testing::kHandLengths, s)[0], 132.0);
   // Bad references throw.
   p.ranks[1][0].ring = 3;
-  EXPECT_THROW(predicted_rank_seconds(p, kRingLengths, s), std::invalid_argument);
-  p = ring_and_locals();
+  EXPECT_THROW(predicted_rank_seconds(p, testing::kHandLengths, s), std::invalid_argument);
+  p = testing::hand_plan();
   p.ranks[0][0].pieces[0].sequence = 7;
-  EXPECT_THROW(predicted_rank_seconds(p, kRingLengths, s), std::invalid_argument);
+  EXPECT_THROW(predicted_rank_seconds(p, testing::kHandLengths, s), std::invalid_argument);
 }
 
 // ---- plan_balance by hand ----

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include "planner_test_util.h"
+
 #include <algorithm>
 #include <cmath>
 #include <map>
@@ -183,21 +185,8 @@ TEST(ChooseRanks, TwoLayersCannotOffloadAndTooLongThrows) {
   EXPECT_EQ(choose_ranks(1000, b).ranks, 1);
 }
 
-// Sequences 0 (10 tokens, a ring over ranks 0 and 1), 1 (4, local on rank 0), 2 (3, local on rank 1).
-StepPlan hand_plan() {
-  StepPlan p;
-  p.capacity = 10;
-  p.rings = {Ring{{0, 1}, {0}}};
-  PlannedMicroBatch a;
-  a.ring = 0;
-  a.pieces = {{1, 0, 4, -1}, {0, 0, 2, 0}, {0, 7, 3, 0}};
-  PlannedMicroBatch b;
-  b.ring = 0;
-  b.pieces = {{2, 0, 3, -1}, {0, 2, 3, 0}, {0, 5, 2, 0}};
-  p.ranks = {{a}, {b}};
-  return p;
-}
-const std::vector<int64_t> kHandLengths = {10, 4, 3};
+using testing::hand_plan;
+using testing::kHandLengths;
 
 TEST(CheckPlan, AcceptsAValidPlanAndEmptyMicroBatches) {
   StepPlan p = hand_plan();

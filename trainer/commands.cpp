@@ -25,13 +25,6 @@
 namespace hdp {
 namespace {
 
-constexpr int kExitFailure = 1;
-constexpr int kExitBadInput = 2;
-
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // Command-line arguments of one subcommand, consumed option by option; whatever
 // is left at the end is an error.

@@ -21,13 +21,6 @@ namespace hdp {
 
 namespace {
 
-constexpr int kExitFailure = 1;
-constexpr int kExitBadInput = 2;
-
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // ---------------------------------------------------------------------------
 // YAML files: one flat map, every key known, every value typed.
