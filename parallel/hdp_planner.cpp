@@ -104,7 +104,31 @@ LongSequenceChoice choose_ranks(int64_t length, const PlannerSettings& st) {
       }
     }
   }
-  const int64_t d = ranks_needed(length, r, st);
+  int64_t d = ranks_needed(length, r, st);
+  // Host memory: the first l - 2 layers park r of every member's rows, for each
+  // micro-batch a stage keeps in flight (the first stage holds one per stage).
+  const auto host_bytes = [&](int64_t ranks, double ratio) {
+    const double rows = ratio * static_cast<double>(zigzag_max_member_tokens(length, static_cast<int>(ranks)));
+    return static_cast<double>(st.layers_per_stage - 2) * st.cost.a2 * rows * st.pipeline_stages;
+  };
+  if (r > 0 && st.offload.host_bytes_per_rank > 0 && host_bytes(d, r) > st.offload.host_bytes_per_rank) {
+    // More ranks, each with the smallest ratio that still fits them, until the host holds it.
+    for (++d; d <= st.hdp; ++d) {
+      double lo = 0, hi = r;
+      if (ranks_needed(length, 0, st) <= d) {
+        hi = 0;
+      } else {
+        for (int i = 0; i < 64 && hi - lo > 1e-12; ++i) {
+          const double mid = 0.5 * (lo + hi);
+          (ranks_needed(length, mid, st) <= d ? hi : lo) = mid;
+        }
+      }
+      if (ranks_needed(length, hi, st) <= d && host_bytes(d, hi) <= st.offload.host_bytes_per_rank) {
+        r = hi;
+        break;
+      }
+    }
+  }
   if (d > st.hdp) {
     throw std::invalid_argument("a sequence of " + str(length) + " tokens needs " + str(d) + " ranks (capacity " +
                                 str(st.capacity) + " tokens, " + str(st.layers_per_stage) +

@@ -22,6 +22,10 @@ namespace hdp {
 struct OffloadSettings {
   bool enabled = true;
   double forced_ratio = -1;  // < 0: chosen by the cost model; else used for every long sequence
+  // Host memory one rank may fill with offloaded activations (all micro-batches a
+  // pipeline stage keeps in flight); 0 = unlimited. A sequence whose offload would
+  // exceed it gets more ranks and a lower ratio.
+  double host_bytes_per_rank = 0;
 };
 
 struct PlannerSettings {

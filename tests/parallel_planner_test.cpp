@@ -141,6 +141,23 @@ TEST(ChooseRanks, FullOffloadNeedsAboutAQuarterOfTheRanks) {
   EXPECT_NEAR(choose_ranks(16000, s).ratio, 1.0, 1e-9);
 }
 
+TEST(ChooseRanks, HostMemoryLimitsTheOffload) {
+  PlannerSettings s = settings(16, 1000, 8);
+  s.offload.forced_ratio = 1.0;
+  // Unlimited: 4 ranks of 4000 tokens, 6 layers parking 4000 bytes each = 24000 bytes.
+  EXPECT_EQ(choose_ranks(16000, s).ranks, 4);
+  // With 12000 bytes per rank: D ranks need ratio r >= (16 - D) / 12 and park
+  // 6 r 16000 / D bytes: D = 5 -> 17600, 6 -> 13333, 7 -> 10286 (r = 0.75).
+  s.offload.host_bytes_per_rank = 12000;
+  const LongSequenceChoice c = choose_ranks(16000, s);
+  EXPECT_EQ(c.ranks, 7);
+  EXPECT_NEAR(c.ratio, 0.75, 1e-3);
+  EXPECT_LE(6.0 * c.ratio * static_cast<double>(zigzag_max_member_tokens(16000, c.ranks)), 12000.0);
+  // A pipeline stage keeps micro-batches of every stage in flight: twice the host memory.
+  s.pipeline_stages = 2;
+  EXPECT_GT(choose_ranks(16000, s).ranks, 7);
+}
+
 TEST(ChooseRanks, HidingConditionLimitsTheRatio) {
   PlannerSettings s = settings(16, 1000, 8);
   // T(s) = 0.5 s, Act(s) = s, bandwidth 1: copies hide for r <= 0.5.

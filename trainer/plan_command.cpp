@@ -370,6 +370,8 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   s.settings.cost = s.costs.cost;
   s.settings.cost.embedding_seconds_per_token = s.costs.embedding_seconds_per_token;
   s.settings.cost.head_seconds_per_token = s.costs.head_seconds_per_token;
+  // Each GPU's share of its node's host memory bounds what it offloads.
+  s.settings.offload.host_bytes_per_rank = hardware.host_bytes_per_node / hardware.gpus_per_node;
   s.balance.mode = pp > 1 ? BalanceMode::Pipeline : BalanceMode::DataParallel;
   return s;
 }
@@ -582,7 +584,7 @@ int command_plan(const std::vector<std::string>& raw) {
       const double node = o.sim.max_offloaded_bytes_per_gpu * hw.gpus_per_node;
       if (node > hw.host_bytes_per_node) {
         std::printf("warning: %s offloads up to %.0f GB per GPU in one micro-batch, %.1f TB per node if all %d GPUs of "
-                    "a node do so, above the %.1f TB of host memory (the planners do not model host memory)\n",
+                    "a node do so, above the %.1f TB of host memory\n",
                     o.name.c_str(), o.sim.max_offloaded_bytes_per_gpu / 1e9, node / 1e12, hw.gpus_per_node,
                     hw.host_bytes_per_node / 1e12);
       }
