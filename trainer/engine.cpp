@@ -25,10 +25,20 @@ int64_t planner_layers(const Config& config) {
   return *std::min_element(layers.begin(), layers.end());
 }
 
+bool may_offload(const Config& config) {
+  // Only sequences longer than a micro-batch are offloaded, and the static grid never does.
+  return config.offload.enabled && config.scheduler.policy != "static" &&
+         config.data.max_seq_len > config.data.micro_batch_tokens;
+}
+
 int64_t largest_micro_batch(const Config& config) {
+  const int64_t capacity = config.data.micro_batch_tokens;
+  if (!may_offload(config)) return capacity;
+  // An offloaded micro-batch holds pieces of one long sequence (whole, or its ring
+  // chunks): at most the longest sequence, and at most what the memory formula allows.
   const OffloadConfig& o = config.offload;
-  if (config.scheduler.policy == "static" || !o.enabled) return config.data.micro_batch_tokens;
-  return max_micro_batch_tokens(config.data.micro_batch_tokens, planner_layers(config), o.ratio >= 0 ? o.ratio : 1.0);
+  const int64_t memory_limit = max_micro_batch_tokens(capacity, planner_layers(config), o.ratio >= 0 ? o.ratio : 1.0);
+  return std::max(capacity, std::min(memory_limit, config.data.max_seq_len));
 }
 
 // The model stage as the pipeline executor sees it.
@@ -90,7 +100,7 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
   const int64_t capacity = config.data.micro_batch_tokens;
   LongSequenceOptions long_sequences;
   long_sequences.max_tokens = largest_micro_batch(config);
-  long_sequences.offload = config.offload.enabled && long_sequences.max_tokens > capacity;
+  long_sequences.offload = may_offload(config);
   long_sequences.hdp = &groups.hdp();
   pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), long_sequences.max_tokens, config.model.hidden_size);
   model_ = std::make_unique<LlamaModel>(config.model, capacity, partition, pipeline_->slots(), &groups.tp(),

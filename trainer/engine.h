@@ -23,8 +23,11 @@ namespace hdp {
 std::vector<int64_t> pipeline_layers(const Config& config);
 // The layers per stage the planner budgets memory for: the smallest stage's.
 int64_t planner_layers(const Config& config);
-// The most tokens a micro-batch of this config's plans can hold (more than
-// data.micro_batch_tokens when offload lets a rank hold more of a long sequence).
+// Whether this config's plans may offload activations (long sequences, naive or
+// balance policy, offload enabled), and the most tokens one of their micro-batches
+// can hold (more than data.micro_batch_tokens when offload lets a rank hold more of
+// a long sequence).
+bool may_offload(const Config& config);
 int64_t largest_micro_batch(const Config& config);
 
 struct StepResult {

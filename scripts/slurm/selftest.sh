@@ -78,7 +78,8 @@ export TRAINER="$trainer" HDP_TRAINER_ROOT="$root"
 
 train_args() {   # the run directory; sets the array args
   args=(--set data.path="$work/corpus.h5" --set parallel.hdp=2 --set train.steps=3 \
-    --set train.run_dir="$1" --set train.checkpoint_every=0 --set train.peak_flops=1e11 \
+    --set train.run_dir="$1" --set train.checkpoint_dir="$1/checkpoints" --set train.resume=never \
+    --set train.checkpoint_every=0 --set train.peak_flops=1e11 \
     --set train.log_every=1)
 }
 
