@@ -47,24 +47,11 @@ std::vector<PackedMicroBatch> pack_best_fit(std::span<const SequenceSpan> sequen
 }
 
 void materialize_micro_batch(const TokenDataset& dataset, PackedMicroBatch& mb) {
-  int64_t total = 0;
-  for (const SequenceSpan& s : mb.spans) total += s.length;
-  if (total > INT32_MAX) throw std::invalid_argument("materialize_micro_batch: more than 2^31-1 tokens");
-  mb.tokens.assign(static_cast<size_t>(total), 0);
-  mb.targets.assign(static_cast<size_t>(total), -1);
-  mb.positions.assign(static_cast<size_t>(total), 0);
-  mb.cu_seqlens.assign(1, 0);
-  mb.cu_seqlens.reserve(mb.spans.size() + 1);
-  int64_t pos = 0;
-  for (const SequenceSpan& s : mb.spans) {
-    dataset.read(s, mb.tokens.data() + pos);
-    for (int64_t i = 0; i < s.length; ++i) {
-      mb.positions[pos + i] = static_cast<int32_t>(i);
-      if (i + 1 < s.length) mb.targets[pos + i] = mb.tokens[pos + i + 1];
-    }
-    pos += s.length;
-    mb.cu_seqlens.push_back(static_cast<int32_t>(pos));
-  }
+  // Whole sequences are the planned case where every piece is a whole sequence.
+  PlannedMicroBatch whole;
+  for (size_t i = 0; i < mb.spans.size(); ++i) whole.pieces.push_back({static_cast<int64_t>(i), 0, mb.spans[i].length});
+  const std::vector<SequenceSpan> sequences = std::move(mb.spans);
+  mb = materialize_planned(dataset, sequences, whole);
 }
 
 PackedMicroBatch materialize_planned(const TokenDataset& dataset, std::span<const SequenceSpan> sequences,

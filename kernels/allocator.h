@@ -53,7 +53,6 @@ class Arena {
   size_t used() const { return used_; }
   size_t peak() const { return peak_; }
   size_t capacity() const { return capacity_; }
-  bool is_counting() const { return counting_; }
   const std::string& name() const { return name_; }
 
  private:

@@ -37,7 +37,6 @@ CopyEvent CopyEngine::copy_async(Tensor dst, const Tensor& src) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     jobs_.push_back({dst, src, state});
-    bytes_copied_ += static_cast<int64_t>(src.bytes());
     last_ = CopyEvent(state);
   }
   work_.notify_one();

@@ -45,7 +45,6 @@ class CopyEngine {
   CopyEvent copy_async(Tensor dst, const Tensor& src);
   // Waits for every copy enqueued so far.
   void synchronize();
-  int64_t bytes_copied() const { return bytes_copied_; }
 
  private:
   struct Job {
@@ -59,7 +58,6 @@ class CopyEngine {
   std::condition_variable work_;
   std::deque<Job> jobs_;
   bool stop_ = false;
-  int64_t bytes_copied_ = 0;
   CopyEvent last_;
   std::thread worker_;
 };
