@@ -26,7 +26,7 @@ namespace hdp {
 namespace {
 
 double gemm_rate() {
-  static const double rate = measure_gemm_flops(2048, 5);
+  static const double rate = measure_gemm_flops(Device::CPU, 2048, 5);
   return rate;
 }
 

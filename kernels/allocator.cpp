@@ -1,5 +1,7 @@
 #include "kernels/allocator.h"
 
+#include "kernels/cuda/cuda_runtime.h"
+
 #include <algorithm>
 #include <cstdlib>
 #include <new>
@@ -22,13 +24,23 @@ class CpuAllocator final : public DeviceAllocator {
   Device device() const override { return Device::CPU; }
 };
 
+// Device memory through the CUDA backend (cudaMalloc; refused when it is not built in).
+class CudaAllocator final : public DeviceAllocator {
+ public:
+  void* allocate(size_t bytes) override { return bytes == 0 ? nullptr : cuda::device_malloc(bytes); }
+  void deallocate(void* ptr) override { cuda::device_free(ptr); }
+  Device device() const override { return Device::CUDA; }
+};
+
 size_t align_up(size_t n) { return (n + Arena::kAlignment - 1) / Arena::kAlignment * Arena::kAlignment; }
 
 }  // namespace
 
 DeviceAllocator& allocator_for(Device device) {
   static CpuAllocator cpu;
+  static CudaAllocator cuda;
   if (device == Device::CPU) return cpu;
+  if (device == Device::CUDA && cuda::compiled()) return cuda;
   throw UnsupportedDevice("allocator", device);
 }
 

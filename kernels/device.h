@@ -1,6 +1,6 @@
 #pragma once
-// Where a tensor's memory lives. Every op dispatches on it, so a CUDA backend
-// adds a case here and a directory beside kernels/cpu without touching callers.
+// Where a tensor's memory lives. Every op dispatches on it (kernels/ops.cpp) to
+// the backend of that device: kernels/cpu or kernels/cuda.
 
 #include <stdexcept>
 #include <string>
@@ -15,6 +15,13 @@ inline const char* device_name(Device device) {
     case Device::CUDA: return "cuda";
   }
   return "unknown";
+}
+
+// The device named in a config ("cpu", "cuda").
+inline Device device_from_name(const std::string& name) {
+  if (name == "cpu") return Device::CPU;
+  if (name == "cuda") return Device::CUDA;
+  throw std::invalid_argument("unknown device '" + name + "' (cpu or cuda)");
 }
 
 // Thrown when an op is asked to run on a backend this build does not have.

@@ -3,11 +3,21 @@
 
 #include "kernels/ops.h"
 
+#include <algorithm>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cuda/cuda_ops.h"
+
+// A backend's case in a dispatch switch, present only when it is compiled in.
+#if HDP_HAVE_CUDA
+#define HDP_CUDA_CASE(call) \
+  case Device::CUDA: return cuda::call;
+#else
+#define HDP_CUDA_CASE(call)
+#endif
 
 namespace hdp {
 namespace {
@@ -74,6 +84,7 @@ void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool t
                  b.shape_string() + (transpose_b ? "^T" : "") + ") does not match");
   switch (common_device(op, c, a, b)) {
     case Device::CPU: return cpu::matmul(c, a, transpose_a, b, transpose_b, alpha, beta);
+    HDP_CUDA_CASE(matmul(c, a, transpose_a, b, transpose_b, alpha, beta))
     default: throw UnsupportedDevice(op, c.device);
   }
 }
@@ -85,6 +96,7 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w) {
   require_dims(op, "y", y, {x.dim(0), w.dim(0)});
   switch (common_device(op, y, x, w)) {
     case Device::CPU: return cpu::linear_forward(y, x, w);
+    HDP_CUDA_CASE(linear_forward(y, x, w))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
@@ -101,6 +113,7 @@ void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, co
   const Device dev = skip_dx ? common_device(op, dw, dy, x, w) : common_device(op, dx, dw, dy, x, w);
   switch (dev) {
     case Device::CPU: return cpu::linear_backward(dx, dw, dy, x, w, accumulate_dx);
+    HDP_CUDA_CASE(linear_backward(dx, dw, dy, x, w, accumulate_dx))
     default: throw UnsupportedDevice(op, dev);
   }
 }
@@ -110,6 +123,7 @@ void add_inplace(Tensor y, const Tensor& x) {
   require_same_shape(op, "y", y, "x", x);
   switch (common_device(op, y, x)) {
     case Device::CPU: return cpu::add_inplace(y, x);
+    HDP_CUDA_CASE(add_inplace(y, x))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
@@ -119,6 +133,7 @@ void scale_inplace(Tensor y, float s) {
   require(y.numel() == 0 || y.data, op, "tensor without data");
   switch (y.device) {
     case Device::CPU: return cpu::scale_inplace(y, s);
+    HDP_CUDA_CASE(scale_inplace(y, s))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
@@ -128,15 +143,32 @@ void fill(Tensor y, float value) {
   require(y.numel() == 0 || y.data, op, "tensor without data");
   switch (y.device) {
     case Device::CPU: return cpu::fill(y, value);
+    HDP_CUDA_CASE(fill(y, value))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
 
+// Copies between devices go through the device's backend (host memory is the CPU's).
+template <class T>
+Device copy_backend(const char* op, const TensorOf<T>& dst, const TensorOf<T>& src) {
+  require_same_shape(op, "dst", dst, "src", src);
+  return dst.device != Device::CPU ? dst.device : src.device;
+}
+
 void copy(Tensor dst, const Tensor& src) {
   const char* op = "copy";
-  require_same_shape(op, "dst", dst, "src", src);
-  switch (common_device(op, dst, src)) {
+  switch (copy_backend(op, dst, src)) {
     case Device::CPU: return cpu::copy(dst, src);
+    HDP_CUDA_CASE(copy(dst, src))
+    default: throw UnsupportedDevice(op, dst.device);
+  }
+}
+
+void copy(IndexTensor dst, const IndexTensor& src) {
+  const char* op = "copy";
+  switch (copy_backend(op, dst, src)) {
+    case Device::CPU: return static_cast<void>(std::copy_n(src.data, src.numel(), dst.data));
+    HDP_CUDA_CASE(copy_index(dst, src))
     default: throw UnsupportedDevice(op, dst.device);
   }
 }
@@ -146,6 +178,7 @@ double sum_squares(const Tensor& x) {
   require(x.numel() == 0 || x.data, op, "tensor without data");
   switch (x.device) {
     case Device::CPU: return cpu::sum_squares(x);
+    HDP_CUDA_CASE(sum_squares(x))
     default: throw UnsupportedDevice(op, x.device);
   }
 }
@@ -160,6 +193,7 @@ void embedding_forward(Tensor out, const IndexTensor& tokens, const Tensor& tabl
   require(vocab_begin >= 0, op, "vocab_begin must be >= 0");
   switch (common_device(op, out, tokens, table)) {
     case Device::CPU: return cpu::embedding_forward(out, tokens, table, vocab_begin);
+    HDP_CUDA_CASE(embedding_forward(out, tokens, table, vocab_begin))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
@@ -172,6 +206,7 @@ void embedding_backward(Tensor dtable, const IndexTensor& tokens, const Tensor& 
   require(vocab_begin >= 0, op, "vocab_begin must be >= 0");
   switch (common_device(op, dtable, tokens, dout)) {
     case Device::CPU: return cpu::embedding_backward(dtable, tokens, dout, vocab_begin);
+    HDP_CUDA_CASE(embedding_backward(dtable, tokens, dout, vocab_begin))
     default: throw UnsupportedDevice(op, dtable.device);
   }
 }
@@ -187,6 +222,7 @@ void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, fl
   require(eps >= 0, op, "eps must be >= 0");
   switch (common_device(op, y, rstd, x, w)) {
     case Device::CPU: return cpu::rmsnorm_forward(y, rstd, x, w, eps);
+    HDP_CUDA_CASE(rmsnorm_forward(y, rstd, x, w, eps))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
@@ -201,6 +237,7 @@ void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, c
   require_dims(op, "rstd", rstd, {x.dim(0)});
   switch (common_device(op, dx, dw, dy, x, w, rstd)) {
     case Device::CPU: return cpu::rmsnorm_backward(dx, dw, dy, x, w, rstd);
+    HDP_CUDA_CASE(rmsnorm_backward(dx, dw, dy, x, w, rstd))
     default: throw UnsupportedDevice(op, dx.device);
   }
 }
@@ -222,6 +259,7 @@ void rope_forward(Tensor x, const IndexTensor& positions, float theta) {
   check_rope(op, x, positions, theta);
   switch (x.device) {
     case Device::CPU: return cpu::rope_forward(x, positions, theta);
+    HDP_CUDA_CASE(rope_forward(x, positions, theta))
     default: throw UnsupportedDevice(op, x.device);
   }
 }
@@ -231,6 +269,7 @@ void rope_backward(Tensor dx, const IndexTensor& positions, float theta) {
   check_rope(op, dx, positions, theta);
   switch (dx.device) {
     case Device::CPU: return cpu::rope_backward(dx, positions, theta);
+    HDP_CUDA_CASE(rope_backward(dx, positions, theta))
     default: throw UnsupportedDevice(op, dx.device);
   }
 }
@@ -267,6 +306,7 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
   check_attention(op, q, k, v, out, lse, cu_seqlens);
   switch (common_device(op, out, lse, q, k, v, cu_seqlens)) {
     case Device::CPU: return cpu::attention_forward(out, lse, q, k, v, cu_seqlens);
+    HDP_CUDA_CASE(attention_forward(out, lse, q, k, v, cu_seqlens))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
@@ -281,6 +321,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   require_same_shape(op, "dout", dout, "out", out);
   switch (common_device(op, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens)) {
     case Device::CPU: return cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens);
+    HDP_CUDA_CASE(attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens))
     default: throw UnsupportedDevice(op, dq.device);
   }
 }
@@ -318,6 +359,7 @@ void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Ten
   check_attention_blocks(op, q, k, v, out, lse, blocks);
   switch (common_device(op, out, lse, q, k, v)) {
     case Device::CPU: return cpu::attention_forward_blocks(out, lse, q, k, v, blocks);
+    HDP_CUDA_CASE(attention_forward_blocks(out, lse, q, k, v, blocks))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
@@ -332,6 +374,7 @@ void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end) {
               out.shape_string());
   switch (common_device(op, out, lse)) {
     case Device::CPU: return cpu::attention_reset_rows(out, lse, begin, end);
+    HDP_CUDA_CASE(attention_reset_rows(out, lse, begin, end))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
@@ -347,6 +390,7 @@ void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& do
   require_same_shape(op, "dout", dout, "out", out);
   switch (common_device(op, dq, dk, dv, dout, q, k, v, out, lse)) {
     case Device::CPU: return cpu::attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks);
+    HDP_CUDA_CASE(attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks))
     default: throw UnsupportedDevice(op, dq.device);
   }
 }
@@ -359,6 +403,7 @@ void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) {
   require_same_shape(op, "out", out, "gate", gate);
   switch (common_device(op, out, gate, up)) {
     case Device::CPU: return cpu::swiglu_forward(out, gate, up);
+    HDP_CUDA_CASE(swiglu_forward(out, gate, up))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
@@ -371,6 +416,7 @@ void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor&
   require_same_shape(op, "dup", dup, "up", up);
   switch (common_device(op, dgate, dup, dout, gate, up)) {
     case Device::CPU: return cpu::swiglu_backward(dgate, dup, dout, gate, up);
+    HDP_CUDA_CASE(swiglu_backward(dgate, dup, dout, gate, up))
     default: throw UnsupportedDevice(op, dgate.device);
   }
 }
@@ -404,6 +450,7 @@ void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit,
   check_targets(op, targets, -1);
   switch (dev) {
     case Device::CPU: return cpu::cross_entropy_stats(row_max, row_sumexp, target_logit, logits, targets, vocab_begin);
+    HDP_CUDA_CASE(cross_entropy_stats(row_max, row_sumexp, target_logit, logits, targets, vocab_begin))
     default: throw UnsupportedDevice(op, dev);
   }
 }
@@ -420,6 +467,7 @@ void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const Inde
   check_targets(op, targets, -1);
   switch (dev) {
     case Device::CPU: return cpu::cross_entropy_backward_inplace(logits, lse, targets, vocab_begin, grad_scale);
+    HDP_CUDA_CASE(cross_entropy_backward_inplace(logits, lse, targets, vocab_begin, grad_scale))
     default: throw UnsupportedDevice(op, dev);
   }
 }
@@ -435,6 +483,7 @@ double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets,
   check_targets(op, targets, logits.dim(1));
   switch (dev) {
     case Device::CPU: return cpu::cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT);
+    HDP_CUDA_CASE(cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT))
     default: throw UnsupportedDevice(op, dev);
   }
 }
@@ -450,6 +499,7 @@ void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const Ad
   require(s.beta1 >= 0 && s.beta1 < 1 && s.beta2 >= 0 && s.beta2 < 1, op, "betas must lie in [0, 1)");
   switch (common_device(op, param, grad, m, v)) {
     case Device::CPU: return cpu::adamw_update(param, grad, m, v, s);
+    HDP_CUDA_CASE(adamw_update(param, grad, m, v, s))
     default: throw UnsupportedDevice(op, param.device);
   }
 }

@@ -1,8 +1,8 @@
 #pragma once
 // The op interface the model is written against. Each function checks shapes,
 // checks that all tensors live on one device, and dispatches to that device's
-// backend (kernels/cpu today). Forward and backward of an op sit side by side
-// in one backend file. All tensors are fp32, contiguous, row-major.
+// backend (kernels/cpu, kernels/cuda). Forward and backward of an op sit side by
+// side in one backend file. All tensors are fp32, contiguous, row-major.
 //
 // Conventions
 //   T  tokens in the micro-batch       H  hidden size
@@ -32,7 +32,9 @@ void add_inplace(Tensor y, const Tensor& x);
 // y *= s
 void scale_inplace(Tensor y, float s);
 void fill(Tensor y, float value);
+// dst <- src; the two may live on different devices (host <-> device copies).
 void copy(Tensor dst, const Tensor& src);
+void copy(IndexTensor dst, const IndexTensor& src);
 // sum of x^2 accumulated in double
 double sum_squares(const Tensor& x);
 

@@ -20,6 +20,7 @@
 #include "trainer/config.h"
 #include "trainer/cost_file.h"
 #include "trainer/profiler.h"
+#include "trainer/selftest.h"
 #include "trainer/training.h"
 
 namespace hdp {
@@ -195,6 +196,19 @@ Writes every weight of a checkpoint (a step-NNNNNNNN directory, saved under any
 tp/pp/hdp layout) as a whole float32 tensor under its Hugging Face name
 ([out, in]) into one HDF5 file, with the config as an attribute.
   --output PATH   the file to write
+)";
+
+const char* const kSelftestHelp = R"(usage: trainer selftest [--seed N]
+
+Checks the CUDA backend on this machine against the CPU backend: every op on
+random shapes (packed documents of uneven lengths, grouped-query attention,
+ring-attention blocks, tile-unaligned sizes; forward and backward), then five
+training steps of a small model on both devices from the same weights. Prints
+a table (op, shape, max abs error, max relative error, tolerance, result) and
+exits 1 if any check fails. Without a CUDA device it says so and exits 0.
+
+options:
+  --seed N   random inputs (default 1)
 )";
 
 const char* const kProfileHelp = R"(usage: trainer profile CONFIG.yaml [options]
@@ -403,6 +417,23 @@ int command_profile(const std::vector<std::string>& raw) {
     return 0;
   } catch (...) {
     return report("profile", std::current_exception());
+  }
+}
+
+int command_selftest(const std::vector<std::string>& raw) {
+  Arguments args("selftest", raw);
+  if (args.flag("--help") || args.flag("-h")) {
+    std::fputs(kSelftestHelp, stdout);
+    return 0;
+  }
+  ensure_logging();
+  try {
+    SelftestOptions options;
+    options.seed = static_cast<uint64_t>(args.number("--seed", 1));
+    args.expect_empty();
+    return run_selftest(options);
+  } catch (...) {
+    return report("selftest", std::current_exception());
   }
 }
 

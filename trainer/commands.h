@@ -23,6 +23,7 @@ int command_prepare_data(const std::vector<std::string>& args);
 int command_make_corpus(const std::vector<std::string>& args);
 int command_export(const std::vector<std::string>& args);
 int command_profile(const std::vector<std::string>& args);
+int command_selftest(const std::vector<std::string>& args);
 // trainer/plan_command.cpp
 int command_plan(const std::vector<std::string>& args);
 

@@ -84,7 +84,9 @@ const std::vector<Section>& schema() {
         field("resume", &Config::train, &TrainConfig::resume),
         field("init_from", &Config::train, &TrainConfig::init_from),
         field("peak_flops", &Config::train, &TrainConfig::peak_flops),
-        field("threads", &Config::train, &TrainConfig::threads)}},
+        field("threads", &Config::train, &TrainConfig::threads),
+        field("device", &Config::train, &TrainConfig::device),
+        field("tf32", &Config::train, &TrainConfig::tf32)}},
       {"parallel",
        {field("tp", &Config::parallel, &ParallelConfig::tp),
         field("pp", &Config::parallel, &ParallelConfig::pp),
@@ -568,6 +570,12 @@ struct Parser {
             "choose auto (continue from the newest checkpoint in checkpoint_dir, if any) or never");
     non_negative(t.threads, "train.threads", "it must be 0 or more (0 = cores / ranks on the node)");
     non_negative(t.peak_flops, "train.peak_flops", "it must be 0 or more (0 = measure with a GEMM probe)");
+    require(t.device == "cpu" || t.device == "cuda", "train.device", "unknown device " + shown("train.device"),
+            "choose cpu or cuda");
+    require(t.device == "cpu" || p.tp * p.pp * p.hdp == 1, "train.device",
+            "cuda runs one rank today, but parallel.tp x pp x hdp = " + std::to_string(p.tp * p.pp * p.hdp),
+            "use train.device=cpu for several ranks until the NCCL communicator lands", {"parallel.tp", "parallel.pp",
+            "parallel.hdp"});
 
     // parallel
     positive(p.tp, "parallel.tp");

@@ -47,6 +47,8 @@ struct TrainConfig {
   std::string init_from;                 // checkpoint file whose weights start training
   double peak_flops = 0;                 // FLOP/s for MFU; 0 = measure with a GEMM probe
   int64_t threads = 0;                   // OpenMP/BLAS threads per rank; 0 = cores / ranks on the node
+  std::string device = "cpu";            // cpu | cuda (the local rank's GPU)
+  bool tf32 = false;                     // cuda: fp32 GEMMs on TF32 tensor cores
 };
 
 struct ParallelConfig {

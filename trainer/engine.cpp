@@ -102,12 +102,15 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
   long_sequences.max_tokens = largest_micro_batch(config);
   long_sequences.offload = may_offload(config);
   long_sequences.hdp = &groups.hdp();
-  pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), long_sequences.max_tokens, config.model.hidden_size);
+  const Device device = device_from_name(config.train.device);
+  pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), long_sequences.max_tokens, config.model.hidden_size,
+                                                 device);
   model_ = std::make_unique<LlamaModel>(config.model, capacity, partition, pipeline_->slots(), &groups.tp(),
-                                        long_sequences);
+                                        long_sequences, device);
   const int64_t bucket_floats = std::max<int64_t>(1, config.parallel.bucket_mb * (1 << 20) / 4);
   optimizer_ = std::make_unique<ZeroAdamW>(flat_parameters(*model_), model_->flat_parameters().numel(),
-                                           adamw_settings(config.optim), groups.hdp(), groups.world(), bucket_floats);
+                                           adamw_settings(config.optim), groups.hdp(), groups.world(), bucket_floats,
+                                           device);
 }
 
 TrainingEngine::~TrainingEngine() = default;

@@ -22,6 +22,7 @@ commands:
   export CHECKPOINT --output FILE.h5             whole weights under Hugging Face names
   profile CONFIG.yaml [--output FILE.yaml]       measure the planner's cost model on this machine
   plan --cluster HW.yaml --model M.yaml ...      plan and simulate one step on a described cluster
+  selftest [--seed N]                            check the CUDA backend op by op against the CPU
 
   trainer <command> --help   options of one command
   trainer --version          version
@@ -51,6 +52,7 @@ int main(int argc, char** argv) {
   if (command == "export") return hdp::command_export(args);
   if (command == "profile") return hdp::command_profile(args);
   if (command == "plan") return hdp::command_plan(args);
+  if (command == "selftest") return hdp::command_selftest(args);
   std::fprintf(stderr, "trainer: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return 2;
 }

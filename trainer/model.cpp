@@ -466,11 +466,15 @@ void LlamaModel::set_batch(int slot, const MicroBatchView& batch) {
       if (e > b) s.local_blocks.push_back({b, e, b, e, 0, 0});
     }
   }
-  // CPU backend: host and device are one memory.
-  std::memcpy(s.tokens.data, batch.tokens.data(), batch.tokens.size_bytes());
-  std::memcpy(s.targets.data, batch.targets.data(), batch.targets.size_bytes());
-  std::memcpy(s.positions.data, batch.positions.data(), batch.positions.size_bytes());
-  std::memcpy(s.cu_seqlens.data, batch.cu_seqlens.data(), batch.cu_seqlens.size_bytes());
+  // Host spans into the slot's device tensors.
+  auto upload = [](IndexTensor dst, std::span<const int32_t> src) {
+    const int64_t n = static_cast<int64_t>(src.size());
+    copy(dst.rows(0, n), IndexTensor(const_cast<int32_t*>(src.data()), {n}, Device::CPU));
+  };
+  upload(s.tokens, batch.tokens);
+  upload(s.targets, batch.targets);
+  upload(s.positions, batch.positions);
+  upload(s.cu_seqlens, batch.cu_seqlens);
   layout_micro_batch(s, batch.offload_ratio);
 }
 
@@ -574,6 +578,7 @@ double LlamaModel::cross_entropy(const Tensor& logits, const IndexTensor& target
   if (tp_ == nullptr || tp_->size() == 1) {
     return cross_entropy_forward_backward(logits, targets, loss_scale, scratch_.ce_stats);
   }
+  if (device_ != Device::CPU) throw UnsupportedDevice("vocabulary-parallel cross-entropy", device_);
   const Tensor row_max = scratch_.ce_stats.rows(0, n), sumexp = scratch_.ce_stats.rows(n, 2 * n),
                target_logit = scratch_.ce_stats.rows(2 * n, 3 * n), global_max = scratch_.ce_global.rows(0, n);
   cross_entropy_stats(row_max, sumexp, target_logit, logits, targets, vocab_begin_);

@@ -11,9 +11,11 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "data/dataset.h"
+#include "kernels/cuda/cuda_runtime.h"
 #include "data/remote_loader.h"
 #include "data/prefetcher.h"
 #include "data/sampler.h"
@@ -99,6 +101,19 @@ void run_training(const Config& config, const ProcessInfo& process) {
                       std::to_string(training_ranks + loader_ranks) + " or change the degrees");
   }
   const int threads = configure_threads(config.train.threads, process);
+  const bool on_gpu = config.train.device == "cuda";
+  if (on_gpu) {
+    // One GPU per rank: the local rank's among those visible (CUDA_VISIBLE_DEVICES).
+    std::string why;
+    if (!cuda::available(&why)) {
+      throw ConfigError("train.device: cuda asked for, but rank " + std::to_string(process.rank) + " on " +
+                        process.hostname + " has no usable CUDA device (" + why + ")");
+    }
+    cuda::initialize(process.local_rank);
+    cuda::set_tf32(config.train.tf32);
+    spdlog::info("rank {}: {}{}", process.rank, cuda::device_description(),
+                 config.train.tf32 ? ", fp32 GEMMs on TF32 tensor cores" : "");
+  }
 
   // With a remote loader the last ranks serve data; the others train on a
   // communicator of their own.
@@ -164,11 +179,20 @@ void run_training(const Config& config, const ProcessInfo& process) {
   }
 
   double peak_flops = config.train.peak_flops;
+  if (peak_flops <= 0 && on_gpu) {
+    peak_flops = gpu_bf16_peak_flops(cuda::device_description());
+    if (process.rank == 0 && peak_flops > 0) {
+      spdlog::info("peak: {:.0f} TFLOP/s dense BF16 (datasheet) per GPU for MFU", peak_flops / 1e12);
+    }
+  }
   if (peak_flops <= 0) {
-    peak_flops = measure_gemm_flops();
+    peak_flops = measure_gemm_flops(device_from_name(config.train.device));
     // Ranks sharing a node measured together; the figure of each is its share.
-    peak_flops = groups.world().all_reduce_sum(peak_flops) / training_ranks;
-    if (process.rank == 0) {
+    if (!on_gpu) peak_flops = groups.world().all_reduce_sum(peak_flops) / training_ranks;
+    if (process.rank == 0 && on_gpu) {
+      spdlog::info("peak: {:.1f} TFLOP/s fp32 GEMM measured on this GPU (unknown model); set train.peak_flops to fix it",
+                   peak_flops / 1e12);
+    } else if (process.rank == 0) {
       spdlog::info("peak: {:.1f} GFLOP/s fp32 GEMM per rank measured (OpenBLAS {} kernels); set train.peak_flops to fix it",
                    peak_flops / 1e9, blas_core_name());
     }

@@ -1,0 +1,430 @@
+#include "kernels/backend_check.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <limits>
+#include <memory>
+#include <random>
+#include <span>
+
+#include "kernels/allocator.h"
+#include "kernels/ops.h"
+
+namespace hdp {
+namespace {
+
+// fp32 results that differ only in summation order: a few ulps of the tensor's
+// scale, more for long reductions (GEMM inner dimension, attention over keys).
+constexpr double kTolPointwise = 2e-6;
+constexpr double kTolReduction = 2e-5;
+
+// The same tensor on the CPU and on the device under test.
+struct Twin {
+  Tensor host, dev;
+};
+struct IndexTwin {
+  IndexTensor host, dev;
+};
+
+// Owns the memory of one check's tensors.
+class Workspace {
+ public:
+  Workspace(Device device, std::mt19937& rng) : device_(device), rng_(rng) {}
+
+  Twin random(std::initializer_list<int64_t> dims, float lo = -1.0f, float hi = 1.0f) {
+    Twin t = make(dims);
+    std::uniform_real_distribution<float> u(lo, hi);
+    for (int64_t i = 0; i < t.host.numel(); ++i) t.host.data[i] = u(rng_);
+    copy(t.dev, t.host);
+    return t;
+  }
+  Twin constant(std::initializer_list<int64_t> dims, float value) {
+    Twin t = make(dims);
+    fill(t.host, value);
+    fill(t.dev, value);
+    return t;
+  }
+  IndexTwin indices(const std::vector<int32_t>& values) {
+    const int64_t n = static_cast<int64_t>(values.size());
+    host_int_.emplace_back(values);
+    IndexTwin t;
+    t.host = IndexTensor(host_int_.back().data(), {n}, Device::CPU);
+    arenas_.emplace_back(device_, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(int32_t), "check");
+    t.dev = arenas_.back().index_tensor({n});
+    copy(t.dev, t.host);
+    return t;
+  }
+
+ private:
+  Twin make(std::initializer_list<int64_t> dims) {
+    Twin t;
+    int64_t n = 1;
+    for (int64_t d : dims) n *= d;
+    host_.emplace_back(static_cast<size_t>(std::max<int64_t>(n, 1)));
+    t.host = Tensor(host_.back().data(), dims, Device::CPU);
+    arenas_.emplace_back(device_, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(float), "check");
+    t.dev = arenas_.back().tensor(dims);
+    return t;
+  }
+
+  Device device_;
+  std::mt19937& rng_;
+  std::deque<std::vector<float>> host_;
+  std::deque<std::vector<int32_t>> host_int_;
+  std::deque<Arena> arenas_;
+};
+
+class Checker {
+ public:
+  Checker(Device device, uint64_t seed) : device_(device), rng_(static_cast<uint32_t>(seed)) {}
+
+  Workspace workspace() { return Workspace(device_, rng_); }
+  std::mt19937& rng() { return rng_; }
+
+  // Compares a twin's device half with its CPU half.
+  void compare(const std::string& op, const std::string& shape, const Twin& t, double tolerance) {
+    std::vector<float> got(static_cast<size_t>(t.host.numel()));
+    copy(Tensor(got.data(), {t.host.numel()}, Device::CPU), t.dev.view({t.dev.numel()}));
+    double max_abs = 0, scale = 0;
+    bool finite = true;
+    for (int64_t i = 0; i < t.host.numel(); ++i) {
+      const double ref = t.host.data[i], x = got[static_cast<size_t>(i)];
+      if (std::isnan(ref) && std::isnan(x)) continue;
+      if (std::isinf(ref) && x == ref) continue;  // -inf lse of rows that see no key
+      if (!std::isfinite(x) || !std::isfinite(ref)) {
+        finite = false;
+        continue;
+      }
+      max_abs = std::max(max_abs, std::abs(x - ref));
+      scale = std::max(scale, std::abs(ref));
+    }
+    add(op, shape, max_abs, scale, tolerance, finite);
+  }
+  void compare_scalar(const std::string& op, const std::string& shape, double got, double ref, double tolerance) {
+    add(op, shape, std::abs(got - ref), std::abs(ref), tolerance, std::isfinite(got));
+  }
+
+  std::vector<OpCheck> results;
+
+ private:
+  void add(const std::string& op, const std::string& shape, double max_abs, double scale, double tolerance,
+           bool finite) {
+    OpCheck c;
+    c.op = op;
+    c.shape = shape;
+    c.max_abs = finite ? max_abs : std::numeric_limits<double>::infinity();
+    c.max_rel = scale > 0 ? c.max_abs / scale : c.max_abs;
+    c.tolerance = tolerance;
+    c.pass = finite && c.max_rel <= tolerance;
+    results.push_back(c);
+  }
+
+  Device device_;
+  std::mt19937 rng_;
+};
+
+std::string dims(std::initializer_list<std::pair<const char*, int64_t>> items) {
+  std::string s;
+  for (const auto& [name, value] : items) s += (s.empty() ? "" : " ") + std::string(name) + "=" + std::to_string(value);
+  return s;
+}
+
+void check_dense(Checker& c) {
+  struct Case {
+    int64_t M, N, K;
+  };
+  for (const Case& k : {Case{37, 53, 29}, Case{256, 384, 512}, Case{1, 7, 300}}) {
+    for (int ta = 0; ta < 2; ++ta) {
+      for (int tb = 0; tb < 2; ++tb) {
+        Workspace w = c.workspace();
+        const Twin a = ta ? w.random({k.K, k.M}) : w.random({k.M, k.K});
+        const Twin b = tb ? w.random({k.N, k.K}) : w.random({k.K, k.N});
+        const Twin out = w.random({k.M, k.N});
+        matmul(out.host, a.host, ta, b.host, tb, 0.75f, 0.5f);
+        matmul(out.dev, a.dev, ta, b.dev, tb, 0.75f, 0.5f);
+        c.compare(std::string("matmul ") + (ta ? "T" : "N") + (tb ? "T" : "N"),
+                  dims({{"M", k.M}, {"N", k.N}, {"K", k.K}}), out, kTolReduction);
+      }
+    }
+  }
+  for (int64_t T : {int64_t{5}, int64_t{333}}) {
+    const int64_t in = 96, out_features = 160;
+    const std::string shape = dims({{"T", T}, {"in", in}, {"out", out_features}});
+    Workspace w = c.workspace();
+    const Twin x = w.random({T, in}), wt = w.random({out_features, in}), y = w.random({T, out_features});
+    linear_forward(y.host, x.host, wt.host);
+    linear_forward(y.dev, x.dev, wt.dev);
+    c.compare("linear_forward", shape, y, kTolReduction);
+    for (bool accumulate : {false, true}) {
+      const Twin dy = w.random({T, out_features}), dx = w.random({T, in}), dw = w.random({out_features, in});
+      linear_backward(dx.host, dw.host, dy.host, x.host, wt.host, accumulate);
+      linear_backward(dx.dev, dw.dev, dy.dev, x.dev, wt.dev, accumulate);
+      const std::string how = accumulate ? " (accumulate)" : "";
+      c.compare("linear_backward dx" + how, shape, dx, kTolReduction);
+      c.compare("linear_backward dw" + how, shape, dw, kTolReduction);
+    }
+    const Twin dy = w.random({T, out_features}), dw = w.random({out_features, in});
+    linear_backward(Tensor(), dw.host, dy.host, x.host, wt.host, false);
+    linear_backward(Tensor(), dw.dev, dy.dev, x.dev, wt.dev, false);
+    c.compare("linear_backward dw (no dx)", shape, dw, kTolReduction);
+  }
+}
+
+void check_elementwise(Checker& c) {
+  for (int64_t n : {int64_t{1}, int64_t{1000}, int64_t{1 << 20} + 3}) {
+    const std::string shape = dims({{"n", n}});
+    Workspace w = c.workspace();
+    const Twin y = w.random({n}), x = w.random({n});
+    add_inplace(y.host, x.host);
+    add_inplace(y.dev, x.dev);
+    c.compare("add_inplace", shape, y, kTolPointwise);
+    scale_inplace(y.host, -1.7f);
+    scale_inplace(y.dev, -1.7f);
+    c.compare("scale_inplace", shape, y, kTolPointwise);
+    c.compare_scalar("sum_squares", shape, sum_squares(y.dev), sum_squares(y.host), 1e-9);
+    fill(y.host, 0.3f);
+    fill(y.dev, 0.3f);
+    c.compare("fill", shape, y, 0);
+    const Twin z = w.random({n});
+    copy(y.dev, z.dev);  // device to device
+    copy(y.host, z.host);
+    c.compare("copy", shape, y, 0);
+  }
+}
+
+void check_embedding(Checker& c) {
+  const int64_t V_local = 50, H = 72, T = 200, vocab_begin = 30;
+  const std::string shape = dims({{"T", T}, {"V_local", V_local}, {"H", H}, {"vocab_begin", vocab_begin}});
+  Workspace w = c.workspace();
+  std::vector<int32_t> tokens(T);
+  std::uniform_int_distribution<int32_t> tok(0, 120);  // some outside the shard
+  for (int32_t& t : tokens) t = tok(c.rng());
+  const IndexTwin ids = w.indices(tokens);
+  const Twin table = w.random({V_local, H}), out = w.random({T, H});
+  embedding_forward(out.host, ids.host, table.host, vocab_begin);
+  embedding_forward(out.dev, ids.dev, table.dev, vocab_begin);
+  c.compare("embedding_forward", shape, out, 0);
+  const Twin dout = w.random({T, H}), dtable = w.random({V_local, H});
+  embedding_backward(dtable.host, ids.host, dout.host, vocab_begin);
+  embedding_backward(dtable.dev, ids.dev, dout.dev, vocab_begin);
+  c.compare("embedding_backward", shape, dtable, kTolPointwise * 10);
+}
+
+void check_rmsnorm(Checker& c) {
+  for (int64_t H : {int64_t{96}, int64_t{2048}, int64_t{4099}}) {
+    const int64_t T = 67;
+    const std::string shape = dims({{"T", T}, {"H", H}});
+    Workspace w = c.workspace();
+    const Twin x = w.random({T, H}, -2, 2), wt = w.random({H}, 0.5f, 1.5f), y = w.random({T, H}),
+               rstd = w.random({T});
+    rmsnorm_forward(y.host, rstd.host, x.host, wt.host, 1e-5f);
+    rmsnorm_forward(y.dev, rstd.dev, x.dev, wt.dev, 1e-5f);
+    c.compare("rmsnorm_forward y", shape, y, kTolPointwise);
+    c.compare("rmsnorm_forward rstd", shape, rstd, kTolPointwise);
+    const Twin dy = w.random({T, H}), dx = w.random({T, H}), dw = w.random({H});
+    rmsnorm_backward(dx.host, dw.host, dy.host, x.host, wt.host, rstd.host);
+    rmsnorm_backward(dx.dev, dw.dev, dy.dev, x.dev, wt.dev, rstd.dev);
+    c.compare("rmsnorm_backward dx", shape, dx, kTolReduction);
+    c.compare("rmsnorm_backward dw", shape, dw, kTolReduction);
+  }
+}
+
+void check_rope(Checker& c) {
+  for (int64_t d : {int64_t{16}, int64_t{128}}) {
+    const int64_t T = 77, heads = 3;
+    const std::string shape = dims({{"T", T}, {"heads", heads}, {"d", d}});
+    Workspace w = c.workspace();
+    std::vector<int32_t> positions(T);
+    std::uniform_int_distribution<int32_t> pos(0, 100000);
+    for (int32_t& p : positions) p = pos(c.rng());
+    const IndexTwin p = w.indices(positions);
+    const Twin x = w.random({T, heads, d});
+    rope_forward(x.host, p.host, 500000.0f);
+    rope_forward(x.dev, p.dev, 500000.0f);
+    // Large angles: sincosf on the GPU and glibc's differ by an ulp of the angle's reduction.
+    c.compare("rope_forward", shape, x, 1e-5);
+    rope_backward(x.host, p.host, 10000.0f);
+    rope_backward(x.dev, p.dev, 10000.0f);
+    c.compare("rope_backward", shape, x, 1e-5);
+  }
+}
+
+void check_swiglu(Checker& c) {
+  const int64_t T = 91, F = 352;
+  const std::string shape = dims({{"T", T}, {"F", F}});
+  Workspace w = c.workspace();
+  const Twin gate = w.random({T, F}, -6, 6), up = w.random({T, F}), out = w.random({T, F});
+  swiglu_forward(out.host, gate.host, up.host);
+  swiglu_forward(out.dev, gate.dev, up.dev);
+  c.compare("swiglu_forward", shape, out, kTolPointwise * 5);
+  const Twin dout = w.random({T, F}), dgate = w.random({T, F}), dup = w.random({T, F});
+  swiglu_backward(dgate.host, dup.host, dout.host, gate.host, up.host);
+  swiglu_backward(dgate.dev, dup.dev, dout.dev, gate.dev, up.dev);
+  c.compare("swiglu_backward dgate", shape, dgate, kTolPointwise * 5);
+  c.compare("swiglu_backward dup", shape, dup, kTolPointwise * 5);
+}
+
+void check_attention(Checker& c) {
+  struct Case {
+    std::vector<int32_t> doc_lengths;
+    int64_t Hq, Hkv, d;
+  };
+  const std::vector<Case> cases = {
+      {{1, 17, 64, 130, 3}, 4, 2, 16},
+      {{300}, 2, 2, 64},
+      {{5, 250, 1, 96}, 8, 2, 128},
+      {{1000}, 4, 1, 128},
+  };
+  for (const Case& k : cases) {
+    std::vector<int32_t> cu{0};
+    for (int32_t n : k.doc_lengths) cu.push_back(cu.back() + n);
+    const int64_t T = cu.back();
+    const std::string shape =
+        dims({{"T", T}, {"docs", static_cast<int64_t>(k.doc_lengths.size())}, {"Hq", k.Hq}, {"Hkv", k.Hkv}, {"d", k.d}});
+    Workspace w = c.workspace();
+    const IndexTwin cs = w.indices(cu);
+    const Twin q = w.random({T, k.Hq, k.d}, -2, 2), kk = w.random({T, k.Hkv, k.d}, -2, 2),
+               v = w.random({T, k.Hkv, k.d}), out = w.random({T, k.Hq, k.d}), lse = w.random({k.Hq, T});
+    attention_forward(out.host, lse.host, q.host, kk.host, v.host, cs.host);
+    attention_forward(out.dev, lse.dev, q.dev, kk.dev, v.dev, cs.dev);
+    c.compare("attention_forward out", shape, out, kTolReduction);
+    c.compare("attention_forward lse", shape, lse, kTolReduction);
+    const Twin dout = w.random({T, k.Hq, k.d}), dq = w.random({T, k.Hq, k.d}), dk = w.random({T, k.Hkv, k.d}),
+               dv = w.random({T, k.Hkv, k.d});
+    attention_backward(dq.host, dk.host, dv.host, dout.host, q.host, kk.host, v.host, out.host, lse.host, cs.host);
+    attention_backward(dq.dev, dk.dev, dv.dev, dout.dev, q.dev, kk.dev, v.dev, out.dev, lse.dev, cs.dev);
+    c.compare("attention_backward dq", shape, dq, kTolReduction);
+    c.compare("attention_backward dk", shape, dk, kTolReduction);
+    c.compare("attention_backward dv", shape, dv, kTolReduction);
+  }
+}
+
+// Ring attention's use: query rows merged over two calls (an own step and a
+// remote step), blocks sharing query rows and key rows, a block partly masked
+// by positions, rows that see no key at all.
+void check_attention_blocks(Checker& c) {
+  const int64_t Tq = 150, Tk = 140, Hq = 4, Hkv = 2, d = 64;
+  const std::string shape = dims({{"Tq", Tq}, {"Tk", Tk}, {"Hq", Hq}, {"Hkv", Hkv}, {"d", d}});
+  Workspace w = c.workspace();
+  const Twin q = w.random({Tq, Hq, d}, -2, 2), k = w.random({Tk, Hkv, d}, -2, 2), v = w.random({Tk, Hkv, d}),
+             out = w.random({Tq, Hq, d}), lse = w.random({Hq, Tq});
+  const std::vector<AttentionBlock> first = {
+      {0, 60, 0, 60, 0, 0},        // a diagonal block
+      {60, 140, 0, 45, 200, 10},   // fully visible rectangle
+      {60, 140, 45, 140, 200, 150}, // shares query rows with the one above; partly masked
+  };
+  const std::vector<AttentionBlock> second = {
+      {0, 60, 60, 100, 0, 30},     // rows 0..29 see no key, rows 30.. a growing prefix
+      {100, 150, 0, 140, 1000, 0}, // rows 140..149 see only this call
+  };
+  attention_reset_rows(out.host, lse.host, 0, Tq);
+  attention_reset_rows(out.dev, lse.dev, 0, Tq);
+  attention_forward_blocks(out.host, lse.host, q.host, k.host, v.host, first);
+  attention_forward_blocks(out.dev, lse.dev, q.dev, k.dev, v.dev, first);
+  c.compare("attention_forward_blocks out (1 call)", shape, out, kTolReduction);
+  attention_forward_blocks(out.host, lse.host, q.host, k.host, v.host, second);
+  attention_forward_blocks(out.dev, lse.dev, q.dev, k.dev, v.dev, second);
+  c.compare("attention_forward_blocks out (2 calls)", shape, out, kTolReduction);
+  c.compare("attention_forward_blocks lse (2 calls)", shape, lse, kTolReduction);
+  const Twin dout = w.random({Tq, Hq, d}), dq = w.random({Tq, Hq, d}), dk = w.random({Tk, Hkv, d}),
+             dv = w.random({Tk, Hkv, d});
+  for (const auto* blocks : {&first, &second}) {
+    attention_backward_blocks(dq.host, dk.host, dv.host, dout.host, q.host, k.host, v.host, out.host, lse.host,
+                              *blocks);
+    attention_backward_blocks(dq.dev, dk.dev, dv.dev, dout.dev, q.dev, k.dev, v.dev, out.dev, lse.dev, *blocks);
+  }
+  c.compare("attention_backward_blocks dq", shape, dq, kTolReduction);
+  c.compare("attention_backward_blocks dk", shape, dk, kTolReduction);
+  c.compare("attention_backward_blocks dv", shape, dv, kTolReduction);
+}
+
+void check_cross_entropy(Checker& c) {
+  for (int64_t V : {int64_t{1000}, int64_t{32000}}) {
+    const int64_t T = 45, vocab_begin = 700;
+    const std::string shape = dims({{"T", T}, {"V_local", V}, {"vocab_begin", vocab_begin}});
+    Workspace w = c.workspace();
+    std::vector<int32_t> targets(T);
+    std::uniform_int_distribution<int32_t> target(-1, static_cast<int32_t>(vocab_begin + V + 300));
+    for (int32_t& t : targets) t = target(c.rng());
+    const IndexTwin tg = w.indices(targets);
+    const Twin logits = w.random({T, V}, -8, 8), row_max = w.random({T}), sumexp = w.random({T}),
+               target_logit = w.random({T});
+    cross_entropy_stats(row_max.host, sumexp.host, target_logit.host, logits.host, tg.host, vocab_begin);
+    cross_entropy_stats(row_max.dev, sumexp.dev, target_logit.dev, logits.dev, tg.dev, vocab_begin);
+    c.compare("cross_entropy_stats max", shape, row_max, 0);
+    c.compare("cross_entropy_stats sumexp", shape, sumexp, kTolReduction);
+    c.compare("cross_entropy_stats target", shape, target_logit, 0);
+    const Twin lse = w.random({T}, 8, 12);
+    cross_entropy_backward_inplace(logits.host, lse.host, tg.host, vocab_begin, 0.01f);
+    cross_entropy_backward_inplace(logits.dev, lse.dev, tg.dev, vocab_begin, 0.01f);
+    c.compare("cross_entropy_backward_inplace", shape, logits, kTolPointwise * 5);
+  }
+  for (int64_t V : {int64_t{97}, int64_t{32000}}) {
+    const int64_t T = 130;
+    const std::string shape = dims({{"T", T}, {"V", V}});
+    Workspace w = c.workspace();
+    std::vector<int32_t> targets(T);
+    std::uniform_int_distribution<int32_t> target(-1, static_cast<int32_t>(V - 1));
+    for (int32_t& t : targets) t = target(c.rng());
+    const IndexTwin tg = w.indices(targets);
+    const Twin logits = w.random({T, V}, -8, 8), scratch = w.random({3 * T});
+    const double ref = cross_entropy_forward_backward(logits.host, tg.host, 0.5f, scratch.host);
+    const double got = cross_entropy_forward_backward(logits.dev, tg.dev, 0.5f, scratch.dev);
+    c.compare_scalar("cross_entropy_forward_backward loss", shape, got, ref, 1e-6);
+    c.compare("cross_entropy_forward_backward grad", shape, logits, kTolPointwise * 5);
+  }
+}
+
+void check_adamw(Checker& c) {
+  const int64_t n = 100003;
+  const std::string shape = dims({{"n", n}});
+  Workspace w = c.workspace();
+  const Twin p = w.random({n}), g = w.random({n}, -1e-3f, 1e-3f), m = w.random({n}, -1e-3f, 1e-3f),
+             v = w.random({n}, 0, 1e-6f);
+  AdamWStep s;
+  s.lr = 3e-4f;
+  s.weight_decay = 0.1f;
+  s.step = 7;
+  s.grad_scale = 0.8f;
+  adamw_update(p.host, g.host, m.host, v.host, s);
+  adamw_update(p.dev, g.dev, m.dev, v.dev, s);
+  c.compare("adamw_update param", shape, p, kTolPointwise);
+  c.compare("adamw_update m", shape, m, kTolPointwise);
+  c.compare("adamw_update v", shape, v, kTolPointwise);
+}
+
+}  // namespace
+
+std::vector<OpCheck> check_backend(Device device, uint64_t seed) {
+  Checker c(device, seed);
+  // Cheap and fundamental first: a broken copy or GEMM explains the rest.
+  check_elementwise(c);
+  check_dense(c);
+  check_embedding(c);
+  check_rmsnorm(c);
+  check_rope(c);
+  check_swiglu(c);
+  check_cross_entropy(c);
+  check_adamw(c);
+  check_attention(c);
+  check_attention_blocks(c);
+  return c.results;
+}
+
+std::string format_checks(const std::vector<OpCheck>& checks) {
+  std::string out;
+  char line[512];
+  std::snprintf(line, sizeof line, "%-42s %-46s %11s %11s %9s  %s\n", "op", "shape", "max abs", "max rel", "tol",
+                "result");
+  out += line;
+  for (const OpCheck& c : checks) {
+    std::snprintf(line, sizeof line, "%-42s %-46s %11.3e %11.3e %9.1e  %s\n", c.op.c_str(), c.shape.c_str(), c.max_abs,
+                  c.max_rel, c.tolerance, c.pass ? "pass" : "FAIL");
+    out += line;
+  }
+  return out;
+}
+
+}  // namespace hdp

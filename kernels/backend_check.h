@@ -1,0 +1,36 @@
+#pragma once
+// Checks a device backend op by op against the CPU backend: every op of
+// kernels/ops.h runs on the same random inputs on both, and each output is
+// compared. Shapes cover what training meets and what breaks kernels: packed
+// documents of uneven lengths (one token, tile-unaligned, longer than a tile),
+// grouped-query attention, ring-attention blocks with true positions that merge
+// over several calls, a sharded vocabulary with targets outside the shard.
+//
+// Error measure per output: max |device - cpu| / max |cpu| (relative to the
+// tensor's scale, so near-zero elements do not dominate); NaN or Inf fails.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "kernels/device.h"
+
+namespace hdp {
+
+struct OpCheck {
+  std::string op;        // "attention_backward dq"
+  std::string shape;     // "T=215 docs=5 Hq=4 Hkv=2 d=16"
+  double max_abs = 0;    // max |device - cpu|
+  double max_rel = 0;    // max_abs / max |cpu|
+  double tolerance = 0;  // on max_rel
+  bool pass = false;
+};
+
+// Runs every op on `device` and on the CPU with inputs drawn from `seed`.
+// Throws (std::runtime_error) when the device cannot be used at all.
+std::vector<OpCheck> check_backend(Device device, uint64_t seed);
+
+// The checks as a table: op, shape, max abs, max rel, tolerance, pass/FAIL.
+std::string format_checks(const std::vector<OpCheck>& checks);
+
+}  // namespace hdp

@@ -1,0 +1,78 @@
+// AdamW on the GPU, the same update as the CPU backend (torch.optim.AdamW's
+// single-tensor path):
+//   g = grad * grad_scale;  param *= 1 - lr * wd
+//   m.lerp_(g, 1 - beta1);  v = v * beta2 + (1 - beta2) * g * g
+//   param -= lr / (1 - beta1^step) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+// The scalars are formed on the host in double and rounded to float once, exactly
+// as the CPU does, and passed by value as kernel arguments (nothing to copy or
+// keep alive). Elementwise math is float, one element per thread per step of a
+// grid-stride loop, with _rn intrinsics in the CPU's evaluation order so nvcc does
+// not contract it into FMAs; division and sqrtf are IEEE (no fast-math). GCC with
+// -march=native may contract the CPU's formulas, so results can differ in the last
+// bit (about 1e-7 relative) from the CPU backend.
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace hdp::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+struct AdamWScalars {
+  float decay;          // 1 - lr * weight_decay
+  float w1;             // lerp weight 1 - beta1
+  float one_minus_w1;   // 1 - w1 (in float, as the CPU's 1.0f - w1)
+  float beta2;
+  float one_minus_b2;
+  float step_size;      // lr / (1 - beta1^step)
+  float bc2_sqrt;       // sqrt(1 - beta2^step)
+  float eps;
+  float grad_scale;
+  bool lerp_low;        // w1 < 0.5: torch's lerp formula choice
+};
+
+__global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ gr, float* __restrict__ mm,
+                             float* __restrict__ vv, int64_t n, AdamWScalars s) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float g = __fmul_rn(gr[i], s.grad_scale);
+    const float pi = __fmul_rn(p[i], s.decay);
+    const float m0 = mm[i];
+    const float diff = __fsub_rn(g, m0);
+    const float mi = s.lerp_low ? __fadd_rn(m0, __fmul_rn(s.w1, diff)) : __fsub_rn(g, __fmul_rn(diff, s.one_minus_w1));
+    const float vi = __fadd_rn(__fmul_rn(vv[i], s.beta2), __fmul_rn(__fmul_rn(s.one_minus_b2, g), g));
+    const float denom = __fadd_rn(sqrtf(vi) / s.bc2_sqrt, s.eps);
+    mm[i] = mi;
+    vv[i] = vi;
+    p[i] = __fsub_rn(pi, __fmul_rn(s.step_size, mi / denom));
+  }
+}
+
+}  // namespace
+
+void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& st) {
+  const int64_t n = param.numel();
+  if (n == 0) return;
+  const double lr = st.lr, b1 = st.beta1, b2 = st.beta2;
+  const double step = static_cast<double>(st.step);
+  AdamWScalars s;
+  s.decay = static_cast<float>(1.0 - lr * static_cast<double>(st.weight_decay));
+  s.w1 = static_cast<float>(1.0 - b1);
+  s.one_minus_w1 = 1.0f - s.w1;
+  s.beta2 = st.beta2;
+  s.one_minus_b2 = static_cast<float>(1.0 - b2);
+  s.step_size = static_cast<float>(lr / (1.0 - std::pow(b1, step)));
+  s.bc2_sqrt = static_cast<float>(std::sqrt(1.0 - std::pow(b2, step)));
+  s.eps = st.eps;
+  s.grad_scale = st.grad_scale;
+  s.lerp_low = s.w1 < 0.5f;
+  adamw_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(param.data, grad.data, m.data, v.data, n,
+                                                                            s);
+  HDP_CUDA_CHECK_LAUNCH("adamw_update");
+}
+
+}  // namespace hdp::cuda

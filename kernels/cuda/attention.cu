@@ -1,0 +1,836 @@
+// Causal attention on the GPU, FlashAttention-2 style (Dao, 2023, "FlashAttention-2:
+// Faster Attention with Better Parallelism and Work Partitioning"), in exact fp32 on
+// the CUDA cores: over packed documents (cu_seqlens) and over rectangles of query
+// rows x key rows masked by true positions (AttentionBlock, ring attention).
+//
+// One mask for both variants: query row i sees the contiguous key interval
+// [lo(i), hi(i)], and key row j is seen by the contiguous query interval
+// [qlo(j), qhi(j)] (the same relation, read from the other side):
+//   documents:  lo(i) = start of i's document, hi(i) = i;
+//               qlo(j) = j, qhi(j) = end of j's document - 1.
+//               A row's document is found on the device by binary search in
+//               cu_seqlens (never copied to the host); rows outside
+//               [cu[0], cu[docs]) belong to no document and are left untouched.
+//   a block:    key j (in [k_begin, k_end)) is visible to query i (in [q_begin, q_end))
+//               iff k_position + (j - k_begin) <= q_position + (i - q_begin), i.e.
+//               j <= i + off with off = (q_position - q_begin) - (k_position - k_begin):
+//               lo(i) = k_begin, hi(i) = min(k_end - 1, i + off);
+//               qlo(j) = max(q_begin, j - off), qhi(j) = q_end - 1.
+//               Blocks are first trimmed on the host to their visible part (queries
+//               before the first key's position and keys after the last query's
+//               position dropped, blocks with no visible pair skipped), as on the CPU.
+// Rows outside a tile's valid range are loaded as zeros and every masked score is
+// forced to p = 0 / dS = 0 by selection (never by multiplying), so rows of the
+// tensors that no block covers are never read and cannot leak NaN into results.
+//
+//   forward, one CTA per (tile of BQ query rows, query head):
+//     Q tile -> shared memory once; running state per row: m = -inf, l = 1, O = 0
+//     (fresh) or m = lse, l = 1, O = out (merging into earlier calls);
+//     for each key tile of BK keys in [min lo, max hi] of the tile's rows:
+//       K, V tiles -> shared;  S = Q K^T * scale (masked to -inf);
+//       m' = max(m, rowmax S); alpha = exp(m - m'); P = exp(S - m');
+//       l = l * alpha + rowsum P;  O = O * alpha + P V   (P through shared memory)
+//     A row whose running max is still -inf keeps alpha = 1 and P = 0, so a row that
+//     sees no key is written back unchanged (out = O / 1, lse = m + log 1).
+//     out = O / l, lse = m + log l.
+//
+//   backward, without atomics (determinstic), after a pre-kernel D = rowsum(dO * O)
+//   into a persistent [Hq, T] buffer:
+//     dK/dV: one CTA per (tile of BK key rows, kv head), accumulating in registers
+//       over the group's query heads and the query tiles of [min qlo, max qhi]:
+//         S^T = K Q^T, P^T = exp(S^T * scale - lse)  (masked: 0)
+//         dV += P^T dO;  dP^T = V dO^T;  dS^T = P^T (dP^T - D) * scale (masked: 0)
+//         dK += dS^T Q
+//     dQ: one CTA per (tile of BQ query rows, query head), over the key tiles the
+//       rows see: S, P as above, dP = dO V^T, dS = P (dP - D) * scale, dQ += dS K.
+//   The document variant overwrites dq, dk, dv (rows inside documents); the block
+//   variant adds into them.
+//
+// Blocks of one call may share query rows (forward merges) or key rows (backward
+// sums): they are processed one after another, one launch (forward) or one pair of
+// launches (backward) per block in the caller's order, so nothing races; the block's
+// geometry travels as kernel arguments, so no host-to-device copy is needed.
+//
+// Tiles: 256 threads as a 16 x 16 grid; thread (ty, tx) owns rows ty + 16a and
+// columns tx + 16b of every tile product, so shared-memory reads are broadcasts or
+// conflict-free (row strides are padded to odd lengths). The head dimension is
+// bucketed to D = 32, 64, 128 or 256 (zero-padded in shared memory); any d <= 256.
+// Shared memory per CTA (dynamic), floats:
+//   forward  (BQ + 2 BK)(D + 1) + BQ (BK + 1)
+//   dQ       (2 BQ + 2 BK)(D + 1) + BQ (BK + 1)
+//   dK/dV    (2 BQ + 2 BK)(D + 1) + 2 BK (BQ + 1)
+// with BQ = BK = 64 for D <= 128 and 32 for D = 256 (at most ~162 KB, D = 128 dK/dV).
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace hdp::cuda {
+namespace {
+
+constexpr int kThreads = 256;  // a 16 x 16 grid of threads
+
+// Which rows a launch works on and the mask between them (see the top of the file).
+struct Geom {
+  const int32_t* cu;  // documents mode when non-null: cu_seqlens [ndocs + 1] on the device
+  int ndocs;
+  int q_begin, q_end;  // query rows of this launch
+  int k_begin, k_end;  // key rows of this launch
+  long long off;       // block mode: key j is visible to query i iff j <= i + off
+};
+
+// Index of the document holding row r (cu[idx] <= r < cu[idx + 1]), or -1.
+__device__ __forceinline__ int find_doc(const int32_t* __restrict__ cu, int ndocs, int r) {
+  if (r < cu[0] || r >= cu[ndocs]) return -1;
+  int lo = 0, hi = ndocs;  // cu[lo] <= r < cu[hi]
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) >> 1;
+    if (cu[mid] <= r)
+      lo = mid;
+    else
+      hi = mid;
+  }
+  return lo;
+}
+
+// Keys [lo, hi] seen by query row i (empty: lo > hi).
+__device__ __forceinline__ void query_keys(const Geom& g, int i, int& lo, int& hi) {
+  lo = 0;
+  hi = -1;
+  if (i < g.q_begin || i >= g.q_end) return;
+  if (g.cu) {
+    const int doc = find_doc(g.cu, g.ndocs, i);
+    if (doc < 0) return;
+    lo = g.cu[doc];
+    hi = i;
+  } else {
+    const long long h = static_cast<long long>(i) + g.off;
+    lo = g.k_begin;
+    hi = static_cast<int>(h < g.k_end - 1 ? h : static_cast<long long>(g.k_end - 1));
+  }
+}
+
+// Queries [lo, hi] that see key row j (empty: lo > hi).
+__device__ __forceinline__ void key_queries(const Geom& g, int j, int& lo, int& hi) {
+  lo = 0;
+  hi = -1;
+  if (j < g.k_begin || j >= g.k_end) return;
+  if (g.cu) {
+    const int doc = find_doc(g.cu, g.ndocs, j);
+    if (doc < 0) return;
+    lo = j;
+    hi = min(g.cu[doc + 1] - 1, g.q_end - 1);
+  } else {
+    const long long l = static_cast<long long>(j) - g.off;
+    lo = static_cast<int>(l > g.q_begin ? l : static_cast<long long>(g.q_begin));
+    hi = g.q_end - 1;
+  }
+}
+
+// Per-row intervals of the ROWS rows from row0 into slo/shi, and in range[0..3]:
+// min lo, max hi, first and last row with a non-empty interval (range[2] > range[3]
+// when none). Starts and ends with __syncthreads.
+template <int ROWS, bool KEY_SIDE>
+__device__ __forceinline__ void tile_intervals(const Geom& g, int row0, int* slo, int* shi, int* range) {
+  static_assert(ROWS <= kThreads, "one thread per row");
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    range[0] = INT_MAX;
+    range[1] = INT_MIN;
+    range[2] = INT_MAX;
+    range[3] = INT_MIN;
+  }
+  __syncthreads();
+  if (threadIdx.x < ROWS) {
+    const int r = row0 + static_cast<int>(threadIdx.x);
+    int lo, hi;
+    if (KEY_SIDE)
+      key_queries(g, r, lo, hi);
+    else
+      query_keys(g, r, lo, hi);
+    slo[threadIdx.x] = lo;
+    shi[threadIdx.x] = hi;
+    if (lo <= hi) {
+      atomicMin(&range[0], lo);
+      atomicMax(&range[1], hi);
+      atomicMin(&range[2], r);
+      atomicMax(&range[3], r);
+    }
+  }
+  __syncthreads();
+}
+
+// dst[r][c] (row stride D + 1) = base[(row0 + r) * ld + c] for rows in [lo, hi] and
+// c < d, zero elsewhere. base points at column 0 of the head.
+template <int ROWS, int D>
+__device__ __forceinline__ void load_tile(float* __restrict__ dst, const float* __restrict__ base, long long ld,
+                                          int row0, int lo, int hi, int d) {
+  constexpr int LD = D + 1;
+  for (int idx = threadIdx.x; idx < ROWS * D; idx += kThreads) {
+    const int r = idx / D, c = idx % D;
+    const int i = row0 + r;
+    float x = 0.0f;
+    if (c < d && i >= lo && i <= hi) x = base[static_cast<long long>(i) * ld + c];
+    dst[r * LD + c] = x;
+  }
+}
+
+// Sum / max over the 16 lanes of a half warp (those sharing ty).
+__device__ __forceinline__ float half_warp_sum(float x) {
+  for (int o = 8; o > 0; o >>= 1) x += __shfl_xor_sync(0xffffffffu, x, o);
+  return x;
+}
+__device__ __forceinline__ float half_warp_max(float x) {
+  for (int o = 8; o > 0; o >>= 1) x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, o));
+  return x;
+}
+
+template <int D, int BQ, int BK>
+constexpr size_t fwd_smem_bytes() {
+  return sizeof(float) * ((BQ + 2 * BK) * (D + 1) + BQ * (BK + 1)) + sizeof(int) * (2 * BQ + 4);
+}
+template <int D, int BQ, int BK>
+constexpr size_t dq_smem_bytes() {
+  return sizeof(float) * ((2 * BQ + 2 * BK) * (D + 1) + BQ * (BK + 1)) + sizeof(int) * (2 * BQ + 4);
+}
+template <int D, int BQ, int BK>
+constexpr size_t dkdv_smem_bytes() {
+  return sizeof(float) * ((2 * BQ + 2 * BK) * (D + 1) + 2 * BK * (BQ + 1) + 2 * BQ) + sizeof(int) * (2 * BK + 4);
+}
+
+// ---------------------------------------------------------------- forward
+
+template <int D, int BQ, int BK>
+__global__ void __launch_bounds__(kThreads) attention_forward_kernel(float* __restrict__ out, float* __restrict__ lse,
+                                                                     const float* __restrict__ q,
+                                                                     const float* __restrict__ k,
+                                                                     const float* __restrict__ v, Geom g, int T,
+                                                                     int Hq, int Hkv, int d, float scale, bool merge) {
+  constexpr int LD = D + 1, LP = BK + 1, RA = BQ / 16, SB = BK / 16, OB = D / 16;
+  extern __shared__ float smem[];
+  float* Qs = smem;
+  float* Ks = Qs + BQ * LD;
+  float* Vs = Ks + BK * LD;
+  float* Ps = Vs + BK * LD;
+  int* rlo = reinterpret_cast<int*>(Ps + BQ * LP);
+  int* rhi = rlo + BQ;
+  int* range = rhi + BQ;
+
+  const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+  const int h = blockIdx.y, kvh = h / (Hq / Hkv);
+  const int i0 = g.q_begin + static_cast<int>(blockIdx.x) * BQ;
+  tile_intervals<BQ, false>(g, i0, rlo, rhi, range);
+  const int klo = range[0], khi = range[1], qfirst = range[2], qlast = range[3];
+  if (qfirst > qlast) return;  // uniform over the CTA
+
+  const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
+  load_tile<BQ, D>(Qs, q + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast, d);
+
+  int lo[RA], hi[RA];
+  float m[RA], l[RA], acc[RA][OB];
+#pragma unroll
+  for (int a = 0; a < RA; ++a) {
+    const int r = ty + 16 * a, i = i0 + r;
+    lo[a] = rlo[r];
+    hi[a] = rhi[r];
+    m[a] = -INFINITY;
+    l[a] = 1.0f;
+    const bool live = lo[a] <= hi[a];
+    const float* orow = out + (static_cast<long long>(i) * Hq + h) * d;
+    if (merge && live) m[a] = lse[static_cast<long long>(h) * T + i];
+#pragma unroll
+    for (int b = 0; b < OB; ++b) {
+      const int c = tx + 16 * b;
+      acc[a][b] = (merge && live && c < d) ? orow[c] : 0.0f;
+    }
+  }
+
+  for (int k0 = klo; k0 <= khi; k0 += BK) {
+    __syncthreads();  // the previous tile's readers of Ks, Vs, Ps are done
+    load_tile<BK, D>(Ks, k + static_cast<long long>(kvh) * d, ldk, k0, klo, khi, d);
+    load_tile<BK, D>(Vs, v + static_cast<long long>(kvh) * d, ldk, k0, klo, khi, d);
+    __syncthreads();
+
+    float s[RA][SB];
+#pragma unroll
+    for (int a = 0; a < RA; ++a)
+#pragma unroll
+      for (int b = 0; b < SB; ++b) s[a][b] = 0.0f;
+#pragma unroll 8
+    for (int c = 0; c < D; ++c) {
+      float qa[RA], kb[SB];
+#pragma unroll
+      for (int a = 0; a < RA; ++a) qa[a] = Qs[(ty + 16 * a) * LD + c];
+#pragma unroll
+      for (int b = 0; b < SB; ++b) kb[b] = Ks[(tx + 16 * b) * LD + c];
+#pragma unroll
+      for (int a = 0; a < RA; ++a)
+#pragma unroll
+        for (int b = 0; b < SB; ++b) s[a][b] = fmaf(qa[a], kb[b], s[a][b]);
+    }
+
+#pragma unroll
+    for (int a = 0; a < RA; ++a) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int b = 0; b < SB; ++b) {
+        const int j = k0 + tx + 16 * b;
+        const bool vis = j >= lo[a] && j <= hi[a];
+        s[a][b] = vis ? s[a][b] * scale : -INFINITY;
+        mx = fmaxf(mx, s[a][b]);
+      }
+      mx = half_warp_max(mx);
+      const float mnew = fmaxf(m[a], mx);
+      float alpha = 1.0f, sum = 0.0f;
+      if (mnew == -INFINITY) {
+#pragma unroll
+        for (int b = 0; b < SB; ++b) s[a][b] = 0.0f;
+      } else {
+        alpha = expf(m[a] - mnew);
+#pragma unroll
+        for (int b = 0; b < SB; ++b) {
+          s[a][b] = expf(s[a][b] - mnew);  // masked: exp(-inf) = 0
+          sum += s[a][b];
+        }
+      }
+      sum = half_warp_sum(sum);
+      l[a] = l[a] * alpha + sum;
+      m[a] = mnew;
+#pragma unroll
+      for (int b = 0; b < OB; ++b) acc[a][b] *= alpha;
+#pragma unroll
+      for (int b = 0; b < SB; ++b) Ps[(ty + 16 * a) * LP + tx + 16 * b] = s[a][b];
+    }
+    __syncthreads();
+
+#pragma unroll 4
+    for (int j = 0; j < BK; ++j) {
+      float pa[RA], vb[OB];
+#pragma unroll
+      for (int a = 0; a < RA; ++a) pa[a] = Ps[(ty + 16 * a) * LP + j];
+#pragma unroll
+      for (int b = 0; b < OB; ++b) vb[b] = Vs[j * LD + tx + 16 * b];
+#pragma unroll
+      for (int a = 0; a < RA; ++a)
+#pragma unroll
+        for (int b = 0; b < OB; ++b) acc[a][b] = fmaf(pa[a], vb[b], acc[a][b]);
+    }
+  }
+
+#pragma unroll
+  for (int a = 0; a < RA; ++a) {
+    if (lo[a] > hi[a]) continue;
+    const int i = i0 + ty + 16 * a;
+    const float inv = 1.0f / l[a];
+    float* orow = out + (static_cast<long long>(i) * Hq + h) * d;
+#pragma unroll
+    for (int b = 0; b < OB; ++b) {
+      const int c = tx + 16 * b;
+      if (c < d) orow[c] = acc[a][b] * inv;
+    }
+    if (tx == 0) lse[static_cast<long long>(h) * T + i] = m[a] + logf(l[a]);
+  }
+}
+
+// ---------------------------------------------------------------- backward
+
+// dvec[h * T + i] = sum_c dout[i, h, c] * out[i, h, c]; one warp per (row, head).
+__global__ void attention_rowdot_kernel(float* __restrict__ dvec, const float* __restrict__ dout,
+                                        const float* __restrict__ out, long long T, int Hq, int d) {
+  const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
+  const int lane = threadIdx.x & 31;
+  for (long long w = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; w < T * Hq; w += warps) {
+    const long long i = w / Hq;
+    const int h = static_cast<int>(w % Hq);
+    const float* a = dout + w * d;
+    const float* b = out + w * d;
+    float s = 0.0f;
+    for (int c = lane; c < d; c += 32) s = fmaf(a[c], b[c], s);
+    s = warp_sum(s);
+    if (lane == 0) dvec[static_cast<long long>(h) * T + i] = s;
+  }
+}
+
+template <int D, int BQ, int BK>
+__global__ void __launch_bounds__(kThreads)
+    attention_backward_dq_kernel(float* __restrict__ dq, const float* __restrict__ dout, const float* __restrict__ q,
+                                 const float* __restrict__ k, const float* __restrict__ v,
+                                 const float* __restrict__ lse, const float* __restrict__ dvec, Geom g, int T, int Hq,
+                                 int Hkv, int d, float scale, bool accumulate) {
+  constexpr int LD = D + 1, LP = BK + 1, RA = BQ / 16, SB = BK / 16, OB = D / 16;
+  extern __shared__ float smem[];
+  float* Qs = smem;
+  float* Os = Qs + BQ * LD;  // dO
+  float* Ks = Os + BQ * LD;
+  float* Vs = Ks + BK * LD;
+  float* Ss = Vs + BK * LD;  // dS
+  int* rlo = reinterpret_cast<int*>(Ss + BQ * LP);
+  int* rhi = rlo + BQ;
+  int* range = rhi + BQ;
+
+  const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+  const int h = blockIdx.y, kvh = h / (Hq / Hkv);
+  const int i0 = g.q_begin + static_cast<int>(blockIdx.x) * BQ;
+  tile_intervals<BQ, false>(g, i0, rlo, rhi, range);
+  const int klo = range[0], khi = range[1], qfirst = range[2], qlast = range[3];
+  if (qfirst > qlast) return;
+
+  const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
+  load_tile<BQ, D>(Qs, q + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast, d);
+  load_tile<BQ, D>(Os, dout + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast, d);
+
+  int lo[RA], hi[RA];
+  float lse_r[RA], dv_r[RA], acc[RA][OB];
+#pragma unroll
+  for (int a = 0; a < RA; ++a) {
+    const int r = ty + 16 * a, i = i0 + r;
+    lo[a] = rlo[r];
+    hi[a] = rhi[r];
+    const bool live = lo[a] <= hi[a];
+    lse_r[a] = live ? lse[static_cast<long long>(h) * T + i] : 0.0f;
+    dv_r[a] = live ? dvec[static_cast<long long>(h) * T + i] : 0.0f;
+#pragma unroll
+    for (int b = 0; b < OB; ++b) acc[a][b] = 0.0f;
+  }
+
+  for (int k0 = klo; k0 <= khi; k0 += BK) {
+    __syncthreads();
+    load_tile<BK, D>(Ks, k + static_cast<long long>(kvh) * d, ldk, k0, klo, khi, d);
+    load_tile<BK, D>(Vs, v + static_cast<long long>(kvh) * d, ldk, k0, klo, khi, d);
+    __syncthreads();
+
+    float s[RA][SB], dp[RA][SB];
+#pragma unroll
+    for (int a = 0; a < RA; ++a)
+#pragma unroll
+      for (int b = 0; b < SB; ++b) s[a][b] = dp[a][b] = 0.0f;
+#pragma unroll 4
+    for (int c = 0; c < D; ++c) {
+      float qa[RA], oa[RA], kb[SB], vb[SB];
+#pragma unroll
+      for (int a = 0; a < RA; ++a) {
+        qa[a] = Qs[(ty + 16 * a) * LD + c];
+        oa[a] = Os[(ty + 16 * a) * LD + c];
+      }
+#pragma unroll
+      for (int b = 0; b < SB; ++b) {
+        kb[b] = Ks[(tx + 16 * b) * LD + c];
+        vb[b] = Vs[(tx + 16 * b) * LD + c];
+      }
+#pragma unroll
+      for (int a = 0; a < RA; ++a)
+#pragma unroll
+        for (int b = 0; b < SB; ++b) {
+          s[a][b] = fmaf(qa[a], kb[b], s[a][b]);
+          dp[a][b] = fmaf(oa[a], vb[b], dp[a][b]);
+        }
+    }
+#pragma unroll
+    for (int a = 0; a < RA; ++a)
+#pragma unroll
+      for (int b = 0; b < SB; ++b) {
+        const int j = k0 + tx + 16 * b;
+        const bool vis = j >= lo[a] && j <= hi[a];
+        const float p = expf(s[a][b] * scale - lse_r[a]);
+        Ss[(ty + 16 * a) * LP + tx + 16 * b] = vis ? p * (dp[a][b] - dv_r[a]) * scale : 0.0f;
+      }
+    __syncthreads();
+
+#pragma unroll 4
+    for (int j = 0; j < BK; ++j) {
+      float sa[RA], kb[OB];
+#pragma unroll
+      for (int a = 0; a < RA; ++a) sa[a] = Ss[(ty + 16 * a) * LP + j];
+#pragma unroll
+      for (int b = 0; b < OB; ++b) kb[b] = Ks[j * LD + tx + 16 * b];
+#pragma unroll
+      for (int a = 0; a < RA; ++a)
+#pragma unroll
+        for (int b = 0; b < OB; ++b) acc[a][b] = fmaf(sa[a], kb[b], acc[a][b]);
+    }
+  }
+
+#pragma unroll
+  for (int a = 0; a < RA; ++a) {
+    if (lo[a] > hi[a]) continue;
+    const int i = i0 + ty + 16 * a;
+    float* row = dq + (static_cast<long long>(i) * Hq + h) * d;
+#pragma unroll
+    for (int b = 0; b < OB; ++b) {
+      const int c = tx + 16 * b;
+      if (c < d) row[c] = accumulate ? row[c] + acc[a][b] : acc[a][b];
+    }
+  }
+}
+
+template <int D, int BQ, int BK>
+__global__ void __launch_bounds__(kThreads)
+    attention_backward_dkdv_kernel(float* __restrict__ dk, float* __restrict__ dv, const float* __restrict__ dout,
+                                   const float* __restrict__ q, const float* __restrict__ k,
+                                   const float* __restrict__ v, const float* __restrict__ lse,
+                                   const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d, float scale,
+                                   bool accumulate) {
+  // Thread (ty, tx) owns key rows ty + 16a and query columns / head-dim columns tx + 16b.
+  constexpr int LD = D + 1, LP = BQ + 1, RA = BK / 16, SB = BQ / 16, OB = D / 16;
+  extern __shared__ float smem[];
+  float* Ks = smem;
+  float* Vs = Ks + BK * LD;
+  float* Qs = Vs + BK * LD;
+  float* Os = Qs + BQ * LD;  // dO
+  float* Ps = Os + BQ * LD;
+  float* Ss = Ps + BK * LP;  // dS
+  float* lse_s = Ss + BK * LP;
+  float* dv_s = lse_s + BQ;
+  int* klo_s = reinterpret_cast<int*>(dv_s + BQ);
+  int* khi_s = klo_s + BK;
+  int* range = khi_s + BK;
+
+  const int tx = threadIdx.x & 15, ty = threadIdx.x >> 4;
+  const int kvh = blockIdx.y, group = Hq / Hkv;
+  const int j0 = g.k_begin + static_cast<int>(blockIdx.x) * BK;
+  tile_intervals<BK, true>(g, j0, klo_s, khi_s, range);
+  const int qmin = range[0], qmax = range[1], kfirst = range[2], klast = range[3];
+  if (kfirst > klast) return;
+
+  const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
+  load_tile<BK, D>(Ks, k + static_cast<long long>(kvh) * d, ldk, j0, kfirst, klast, d);
+  load_tile<BK, D>(Vs, v + static_cast<long long>(kvh) * d, ldk, j0, kfirst, klast, d);
+
+  int lo[RA], hi[RA];
+  float dka[RA][OB], dva[RA][OB];
+#pragma unroll
+  for (int a = 0; a < RA; ++a) {
+    lo[a] = klo_s[ty + 16 * a];
+    hi[a] = khi_s[ty + 16 * a];
+#pragma unroll
+    for (int b = 0; b < OB; ++b) dka[a][b] = dva[a][b] = 0.0f;
+  }
+
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    for (int q0 = qmin; q0 <= qmax; q0 += BQ) {
+      __syncthreads();  // the previous tile's readers of Qs, Os, Ps, Ss, lse_s, dv_s are done
+      load_tile<BQ, D>(Qs, q + static_cast<long long>(h) * d, ldq, q0, qmin, qmax, d);
+      load_tile<BQ, D>(Os, dout + static_cast<long long>(h) * d, ldq, q0, qmin, qmax, d);
+      if (threadIdx.x < BQ) {
+        const int i = q0 + static_cast<int>(threadIdx.x);
+        const bool ok = i <= qmax;
+        lse_s[threadIdx.x] = ok ? lse[static_cast<long long>(h) * T + i] : 0.0f;
+        dv_s[threadIdx.x] = ok ? dvec[static_cast<long long>(h) * T + i] : 0.0f;
+      }
+      __syncthreads();
+
+      float st[RA][SB], dpt[RA][SB];
+#pragma unroll
+      for (int a = 0; a < RA; ++a)
+#pragma unroll
+        for (int b = 0; b < SB; ++b) st[a][b] = dpt[a][b] = 0.0f;
+#pragma unroll 4
+      for (int c = 0; c < D; ++c) {
+        float ka[RA], va[RA], qb[SB], ob[SB];
+#pragma unroll
+        for (int a = 0; a < RA; ++a) {
+          ka[a] = Ks[(ty + 16 * a) * LD + c];
+          va[a] = Vs[(ty + 16 * a) * LD + c];
+        }
+#pragma unroll
+        for (int b = 0; b < SB; ++b) {
+          qb[b] = Qs[(tx + 16 * b) * LD + c];
+          ob[b] = Os[(tx + 16 * b) * LD + c];
+        }
+#pragma unroll
+        for (int a = 0; a < RA; ++a)
+#pragma unroll
+          for (int b = 0; b < SB; ++b) {
+            st[a][b] = fmaf(ka[a], qb[b], st[a][b]);
+            dpt[a][b] = fmaf(va[a], ob[b], dpt[a][b]);
+          }
+      }
+#pragma unroll
+      for (int a = 0; a < RA; ++a)
+#pragma unroll
+        for (int b = 0; b < SB; ++b) {
+          const int col = tx + 16 * b, i = q0 + col;
+          const bool vis = i >= lo[a] && i <= hi[a];
+          const float p = expf(st[a][b] * scale - lse_s[col]);
+          Ps[(ty + 16 * a) * LP + col] = vis ? p : 0.0f;
+          Ss[(ty + 16 * a) * LP + col] = vis ? p * (dpt[a][b] - dv_s[col]) * scale : 0.0f;
+        }
+      __syncthreads();
+
+#pragma unroll 2
+      for (int i = 0; i < BQ; ++i) {
+        float pa[RA], sa[RA], ob[OB], qb[OB];
+#pragma unroll
+        for (int a = 0; a < RA; ++a) {
+          pa[a] = Ps[(ty + 16 * a) * LP + i];
+          sa[a] = Ss[(ty + 16 * a) * LP + i];
+        }
+#pragma unroll
+        for (int b = 0; b < OB; ++b) {
+          ob[b] = Os[i * LD + tx + 16 * b];
+          qb[b] = Qs[i * LD + tx + 16 * b];
+        }
+#pragma unroll
+        for (int a = 0; a < RA; ++a)
+#pragma unroll
+          for (int b = 0; b < OB; ++b) {
+            dva[a][b] = fmaf(pa[a], ob[b], dva[a][b]);
+            dka[a][b] = fmaf(sa[a], qb[b], dka[a][b]);
+          }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int a = 0; a < RA; ++a) {
+    if (lo[a] > hi[a]) continue;
+    const int j = j0 + ty + 16 * a;
+    const long long row = (static_cast<long long>(j) * Hkv + kvh) * d;
+#pragma unroll
+    for (int b = 0; b < OB; ++b) {
+      const int c = tx + 16 * b;
+      if (c < d) {
+        dk[row + c] = accumulate ? dk[row + c] + dka[a][b] : dka[a][b];
+        dv[row + c] = accumulate ? dv[row + c] + dva[a][b] : dva[a][b];
+      }
+    }
+  }
+}
+
+__global__ void attention_fill_lse_kernel(float* __restrict__ lse, long long T, long long begin, long long n,
+                                          long long heads) {
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long t = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; t < heads * n; t += stride)
+    lse[(t / n) * T + begin + t % n] = -INFINITY;
+}
+
+// ---------------------------------------------------------------- host side
+
+struct Shape {
+  int T, Hq, Hkv, d;  // T: query rows (the row stride of lse)
+  float scale;
+};
+
+Shape shape_of(const Tensor& q, const Tensor& k) {
+  Shape s;
+  s.T = static_cast<int>(q.dim(0));
+  s.Hq = static_cast<int>(q.dim(1));
+  s.Hkv = static_cast<int>(k.dim(1));
+  s.d = static_cast<int>(q.dim(2));
+  s.scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.d)));
+  return s;
+}
+
+// Head-dim bucket: the compile-time D of the kernels.
+int bucket(int d, const char* op) {
+  if (d <= 32) return 32;
+  if (d <= 64) return 64;
+  if (d <= 128) return 128;
+  if (d <= 256) return 256;
+  throw std::invalid_argument(std::string(op) + ": head dim " + std::to_string(d) +
+                              " > 256 is not supported by the CUDA backend");
+}
+
+// Opts a kernel into `bytes` of dynamic shared memory, once per kernel (the flag is
+// per template instance, i.e. per kernel).
+template <auto Kernel>
+void allow_smem(size_t bytes) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    HDP_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
+  });
+}
+
+unsigned tiles(long long rows, int tile) { return static_cast<unsigned>((rows + tile - 1) / tile); }
+
+template <int D, int BQ, int BK>
+void launch_forward(const char* op, float* out, float* lse, const float* q, const float* k, const float* v,
+                    const Geom& g, const Shape& s, bool merge) {
+  constexpr size_t smem = fwd_smem_bytes<D, BQ, BK>();
+  constexpr auto kernel = attention_forward_kernel<D, BQ, BK>;
+  allow_smem<kernel>(smem);
+  const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, BQ), static_cast<unsigned>(s.Hq));
+  kernel<<<grid, kThreads, smem, compute_stream()>>>(out, lse, q, k, v, g, s.T, s.Hq, s.Hkv, s.d, s.scale, merge);
+  HDP_CUDA_CHECK_LAUNCH(op);
+}
+
+template <int D, int BQ, int BK>
+void launch_backward(const char* op, float* dq, float* dk, float* dv, const float* dout, const float* q,
+                     const float* k, const float* v, const float* lse, const float* dvec, const Geom& g,
+                     const Shape& s, bool accumulate) {
+  {
+    constexpr size_t smem = dkdv_smem_bytes<D, BQ, BK>();
+    constexpr auto kernel = attention_backward_dkdv_kernel<D, BQ, BK>;
+    allow_smem<kernel>(smem);
+    const dim3 grid(tiles(static_cast<long long>(g.k_end) - g.k_begin, BK), static_cast<unsigned>(s.Hkv));
+    kernel<<<grid, kThreads, smem, compute_stream()>>>(dk, dv, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
+                                                       s.scale, accumulate);
+    HDP_CUDA_CHECK_LAUNCH(op);
+  }
+  {
+    constexpr size_t smem = dq_smem_bytes<D, BQ, BK>();
+    constexpr auto kernel = attention_backward_dq_kernel<D, BQ, BK>;
+    allow_smem<kernel>(smem);
+    const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, BQ), static_cast<unsigned>(s.Hq));
+    kernel<<<grid, kThreads, smem, compute_stream()>>>(dq, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
+                                                       s.scale, accumulate);
+    HDP_CUDA_CHECK_LAUNCH(op);
+  }
+}
+
+void forward(const char* op, float* out, float* lse, const float* q, const float* k, const float* v, const Geom& g,
+             const Shape& s, bool merge) {
+  switch (bucket(s.d, op)) {
+    case 32: launch_forward<32, 64, 64>(op, out, lse, q, k, v, g, s, merge); break;
+    case 64: launch_forward<64, 64, 64>(op, out, lse, q, k, v, g, s, merge); break;
+    case 128: launch_forward<128, 64, 64>(op, out, lse, q, k, v, g, s, merge); break;
+    default: launch_forward<256, 32, 32>(op, out, lse, q, k, v, g, s, merge); break;
+  }
+}
+
+void backward(const char* op, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
+              const float* v, const float* lse, const float* dvec, const Geom& g, const Shape& s, bool accumulate) {
+  switch (bucket(s.d, op)) {
+    case 32: launch_backward<32, 64, 64>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate); break;
+    case 64: launch_backward<64, 64, 64>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate); break;
+    case 128: launch_backward<128, 64, 64>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate); break;
+    default: launch_backward<256, 32, 32>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate); break;
+  }
+}
+
+// D = rowsum(dO * O) for every query row and head, in a persistent buffer that only
+// grows (the old one is freed after the stream has drained its last reader).
+float* rowdot(const char* op, const Tensor& dout, const Tensor& out, const Shape& s) {
+  static std::mutex mu;
+  static float* buffer = nullptr;
+  static size_t capacity = 0;  // floats
+  const size_t need = static_cast<size_t>(s.T) * static_cast<size_t>(s.Hq);
+  float* dvec;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (need > capacity) {
+      const size_t grown = std::max(need, capacity + capacity / 2);
+      if (buffer) {
+        HDP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+        HDP_CUDA_CHECK(cudaFree(buffer));
+        buffer = nullptr;
+        capacity = 0;
+      }
+      HDP_CUDA_CHECK(cudaMalloc(&buffer, grown * sizeof(float)));
+      capacity = grown;
+    }
+    dvec = buffer;
+  }
+  attention_rowdot_kernel<<<blocks_for(static_cast<long long>(need) * 32, 256), 256, 0, compute_stream()>>>(
+      dvec, dout.data, out.data, s.T, s.Hq, s.d);
+  HDP_CUDA_CHECK_LAUNCH(op);
+  return dvec;
+}
+
+Geom document_geom(const IndexTensor& cu, int T) {
+  Geom g{};
+  g.cu = cu.data;
+  g.ndocs = static_cast<int>(cu.numel() - 1);
+  g.q_begin = 0;
+  g.q_end = T;
+  g.k_begin = 0;
+  g.k_end = T;
+  g.off = 0;
+  return g;
+}
+
+// The visible part of a caller's block (as on the CPU); false if it has no visible pair.
+bool block_geom(const AttentionBlock& a, Geom& g) {
+  const long long qlen = static_cast<long long>(a.q_end) - a.q_begin;
+  const long long klen = static_cast<long long>(a.k_end) - a.k_begin;
+  if (qlen <= 0 || klen <= 0) return false;
+  const long long skip = std::max<long long>(0, static_cast<long long>(a.k_position) - a.q_position);
+  if (skip >= qlen) return false;
+  const long long q_begin = a.q_begin + skip, q_pos = static_cast<long long>(a.q_position) + skip;
+  const long long k_end = a.k_begin + std::min(klen, q_pos + (a.q_end - q_begin) - a.k_position);
+  g = Geom{};
+  g.cu = nullptr;
+  g.ndocs = 0;
+  g.q_begin = static_cast<int>(q_begin);
+  g.q_end = a.q_end;
+  g.k_begin = a.k_begin;
+  g.k_end = static_cast<int>(k_end);
+  g.off = (static_cast<long long>(a.q_position) - a.q_begin) - (static_cast<long long>(a.k_position) - a.k_begin);
+  return true;
+}
+
+}  // namespace
+
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const IndexTensor& cu_seqlens) {
+  const Shape s = shape_of(q, k);
+  if (s.T == 0 || s.Hq == 0 || s.d == 0 || cu_seqlens.numel() < 2) return;
+  forward("attention_forward", out.data, lse.data, q.data, k.data, v.data, document_geom(cu_seqlens, s.T), s,
+          /*merge=*/false);
+}
+
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens) {
+  const char* op = "attention_backward";
+  const Shape s = shape_of(q, k);
+  if (s.T == 0 || s.Hq == 0 || s.d == 0 || cu_seqlens.numel() < 2) return;
+  bucket(s.d, op);  // throws before anything is enqueued
+  const float* dvec = rowdot(op, dout, out, s);
+  backward(op, dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, lse.data, dvec,
+           document_geom(cu_seqlens, s.T), s, /*accumulate=*/false);
+}
+
+void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                              std::span<const AttentionBlock> blocks) {
+  const char* op = "attention_forward_blocks";
+  const Shape s = shape_of(q, k);
+  if (s.T == 0 || s.Hq == 0 || s.d == 0) return;
+  for (const AttentionBlock& b : blocks) {
+    Geom g;
+    if (!block_geom(b, g)) continue;
+    forward(op, out.data, lse.data, q.data, k.data, v.data, g, s, /*merge=*/true);
+  }
+}
+
+void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end) {
+  if (end <= begin) return;
+  const int64_t T = lse.dim(1), row = out.row_numel(), heads = lse.dim(0), n = end - begin;
+  if (row > 0)
+    HDP_CUDA_CHECK(cudaMemsetAsync(out.data + begin * row, 0, static_cast<size_t>(n * row) * sizeof(float),
+                                   compute_stream()));
+  if (heads > 0) {
+    attention_fill_lse_kernel<<<blocks_for(heads * n, 256), 256, 0, compute_stream()>>>(lse.data, T, begin, n, heads);
+    HDP_CUDA_CHECK_LAUNCH("attention_reset_rows");
+  }
+}
+
+void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& out, const Tensor& lse,
+                               std::span<const AttentionBlock> blocks) {
+  const char* op = "attention_backward_blocks";
+  const Shape s = shape_of(q, k);
+  if (s.T == 0 || s.Hq == 0 || s.d == 0) return;
+  bool any = false;
+  for (const AttentionBlock& b : blocks) {
+    Geom g;
+    any = any || block_geom(b, g);
+  }
+  if (!any) return;
+  bucket(s.d, op);
+  const float* dvec = rowdot(op, dout, out, s);
+  for (const AttentionBlock& b : blocks) {
+    Geom g;
+    if (!block_geom(b, g)) continue;
+    backward(op, dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, lse.data, dvec, g, s,
+             /*accumulate=*/true);
+  }
+}
+
+}  // namespace hdp::cuda

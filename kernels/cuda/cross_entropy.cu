@@ -1,0 +1,254 @@
+// Softmax cross-entropy over a (possibly vocabulary-sharded) logits block on the GPU.
+//
+// Statistics: one block per row (grid-stride over rows). Each thread streams its
+// strided share of the row once with an on-line max and a double sum of
+// exp(x - max) (rescaled by exp(old - new) when the max grows); the block then
+// merges the threads' (max, sum) pairs. Rows without a target (-1) get the CPU's
+// cheap finite stats (max 0, sumexp 1, target logit 0) without reading the row.
+//
+// Backward: grad_scale * exp(x - lse), minus grad_scale at the local target, written
+// in one pass by whichever thread owns the element (no read-modify-write race);
+// rows without a target are zeroed. A 2-D grid (rows x column chunks) keeps the GPU
+// busy even when T is small.
+//
+// forward_backward fuses both per row (the row is still in L2 for the second pass),
+// then one block sums the loss over rows in double in a fixed order (deterministic)
+// and leaves [lse | row_sumexp | target_logit] in the scratch as the CPU does.
+// exp/log are CUDA's expf/logf (the CPU uses its fast_expf, ~1.4 ulp), so the last
+// bits may differ.
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace hdp::cuda {
+namespace {
+
+constexpr int kRowThreads = 512;
+constexpr int kBwdThreads = 256;
+constexpr int kBwdPerThread = 8;  // column chunk of the backward grid: kBwdThreads * kBwdPerThread
+constexpr int kLossThreads = 1024;
+
+__device__ double g_loss;
+
+unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(rows < (1 << 20) ? rows : (1 << 20)); }
+
+// Merges (m2, s2) into (m, s): s is a sum of exp(x - m).
+__device__ __forceinline__ void merge(float& m, double& s, float m2, double s2) {
+  const float M = fmaxf(m, m2);
+  if (M == -INFINITY) {  // both empty
+    s += s2;
+    return;
+  }
+  s = s * static_cast<double>(expf(m - M)) + s2 * static_cast<double>(expf(m2 - M));
+  m = M;
+}
+
+// On-line max and sum of exp(x - max) of row x[0, V) over the block; every thread
+// gets the result. `sm`, `ss` hold 32 entries each.
+__device__ void row_stats(const float* __restrict__ x, int64_t V, float& row_max, double& row_sum, float* sm,
+                          double* ss) {
+  float m = -INFINITY;
+  double s = 0.0;
+  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
+    const float v = x[i];
+    if (v > m) {
+      s = s * static_cast<double>(expf(m - v)) + 1.0;  // m = -inf at first: expf(-inf) = 0
+      m = v;
+    } else if (v > -INFINITY) {  // a -inf logit adds nothing (and must not make exp(-inf - -inf) = NaN)
+      s += static_cast<double>(expf(v - m));
+    }
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+    const double s2 = __shfl_xor_sync(0xffffffffu, s, o);
+    merge(m, s, m2, s2);
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  __syncthreads();  // every thread has read the previous call's result
+  if (lane == 0) {
+    sm[warp] = m;
+    ss[warp] = s;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    m = lane < warps ? sm[lane] : -INFINITY;
+    s = lane < warps ? ss[lane] : 0.0;
+    for (int o = 16; o > 0; o >>= 1) {
+      const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
+      const double s2 = __shfl_xor_sync(0xffffffffu, s, o);
+      merge(m, s, m2, s2);
+    }
+    if (lane == 0) {
+      sm[0] = m;
+      ss[0] = s;
+    }
+  }
+  __syncthreads();
+  row_max = sm[0];
+  row_sum = ss[0];
+}
+
+__device__ __forceinline__ int64_t local_target(int32_t tgt, int64_t vocab_begin, int64_t V) {
+  if (tgt < 0) return -1;
+  const int64_t local = static_cast<int64_t>(tgt) - vocab_begin;
+  return local >= 0 && local < V ? local : -1;
+}
+
+__global__ void stats_kernel(float* __restrict__ row_max, float* __restrict__ row_sumexp,
+                             float* __restrict__ target_logit, const float* __restrict__ logits,
+                             const int32_t* __restrict__ targets, int64_t T, int64_t V, int64_t vocab_begin) {
+  __shared__ float sm[32];
+  __shared__ double ss[32];
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const int32_t tgt = targets[t];
+    if (tgt < 0) {  // uniform over the block
+      if (threadIdx.x == 0) {
+        row_max[t] = 0.0f;
+        row_sumexp[t] = 1.0f;
+        target_logit[t] = 0.0f;
+      }
+      continue;
+    }
+    const float* x = logits + t * V;
+    float m;
+    double s;
+    row_stats(x, V, m, s, sm, ss);
+    if (threadIdx.x == 0) {
+      row_max[t] = m;
+      row_sumexp[t] = static_cast<float>(s);
+      const int64_t lt = local_target(tgt, vocab_begin, V);
+      target_logit[t] = lt >= 0 ? x[lt] : 0.0f;
+    }
+  }
+}
+
+// x = grad_scale * exp(x - lse) - (grad_scale at the local target); zero rows without a target.
+__device__ __forceinline__ float grad_value(float x, float lse, float grad_scale, bool is_target) {
+  const float g = __fmul_rn(grad_scale, expf(x - lse));
+  return is_target ? __fsub_rn(g, grad_scale) : g;
+}
+
+// Grid: blockIdx.x rows (grid-stride), blockIdx.y column chunks of kBwdThreads * kBwdPerThread (grid-stride).
+__global__ void backward_kernel(float* __restrict__ logits, const float* __restrict__ lse,
+                                const int32_t* __restrict__ targets, int64_t T, int64_t V, int64_t vocab_begin,
+                                float grad_scale) {
+  const int64_t chunk = static_cast<int64_t>(blockDim.x) * kBwdPerThread;
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    float* x = logits + t * V;
+    const int32_t tgt = targets[t];
+    const int64_t lt = local_target(tgt, vocab_begin, V);
+    const float l = lse[t];
+    for (int64_t c0 = blockIdx.y * chunk; c0 < V; c0 += static_cast<int64_t>(gridDim.y) * chunk) {
+      const int64_t c1 = c0 + chunk < V ? c0 + chunk : V;
+      for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x)
+        x[i] = tgt < 0 ? 0.0f : grad_value(x[i], l, grad_scale, i == lt);
+    }
+  }
+}
+
+// Both passes per row; scratch rows: row_max, row_sumexp, target_logit.
+__global__ void forward_backward_kernel(float* __restrict__ logits, const int32_t* __restrict__ targets,
+                                        float* __restrict__ row_max, float* __restrict__ row_sumexp,
+                                        float* __restrict__ target_logit, int64_t T, int64_t V, float grad_scale) {
+  __shared__ float sm[32];
+  __shared__ double ss[32];
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    float* x = logits + t * V;
+    const int32_t tgt = targets[t];
+    if (tgt < 0) {  // uniform over the block
+      if (threadIdx.x == 0) {
+        row_max[t] = 0.0f;
+        row_sumexp[t] = 1.0f;
+        target_logit[t] = 0.0f;
+      }
+      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) x[i] = 0.0f;
+      continue;
+    }
+    const int64_t lt = local_target(tgt, 0, V);
+    // Read before row_stats' barriers, so before any thread overwrites the row below.
+    const float tl = lt >= 0 ? x[lt] : 0.0f;
+    float m;
+    double s;
+    row_stats(x, V, m, s, sm, ss);
+    const float sumexp = static_cast<float>(s);
+    if (threadIdx.x == 0) {
+      row_max[t] = m;
+      row_sumexp[t] = sumexp;
+      target_logit[t] = tl;
+    }
+    const float lse = __fadd_rn(m, logf(sumexp));  // _rn: no FMA contraction with logf's last step
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) x[i] = grad_value(x[i], lse, grad_scale, i == lt);
+  }
+}
+
+__device__ __forceinline__ double block_sum_double(double v, double* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  v = warp_sum_double(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : 0.0;
+  return warp_sum_double(v);
+}
+
+// One block: loss = sum over rows with a target of lse - target_logit (lse in double),
+// and row_max[t] becomes that row's lse (left 0 for rows without a target).
+__global__ void loss_kernel(float* __restrict__ row_max, const float* __restrict__ row_sumexp,
+                            const float* __restrict__ target_logit, const int32_t* __restrict__ targets, int64_t T) {
+  __shared__ double shared[32];
+  double acc = 0.0;
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
+    if (targets[t] < 0) continue;
+    const double lse = __dadd_rn(static_cast<double>(row_max[t]), log(static_cast<double>(row_sumexp[t])));
+    acc += lse - static_cast<double>(target_logit[t]);
+    row_max[t] = static_cast<float>(lse);
+  }
+  acc = block_sum_double(acc, shared);
+  if (threadIdx.x == 0) g_loss = acc;
+}
+
+}  // namespace
+
+void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit, const Tensor& logits,
+                         const IndexTensor& targets, int64_t vocab_begin) {
+  const int64_t T = logits.dim(0), V = logits.dim(1);
+  if (T == 0) return;
+  stats_kernel<<<row_blocks(T), kRowThreads, 0, compute_stream()>>>(row_max.data, row_sumexp.data, target_logit.data,
+                                                                    logits.data, targets.data, T, V, vocab_begin);
+  HDP_CUDA_CHECK_LAUNCH("cross_entropy_stats");
+}
+
+void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const IndexTensor& targets, int64_t vocab_begin,
+                                    float grad_scale) {
+  const int64_t T = logits.dim(0), V = logits.dim(1);
+  if (T == 0 || V == 0) return;
+  const int64_t chunk = static_cast<int64_t>(kBwdThreads) * kBwdPerThread;
+  const int64_t chunks = (V + chunk - 1) / chunk;
+  const dim3 grid(row_blocks(T), static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
+  backward_kernel<<<grid, kBwdThreads, 0, compute_stream()>>>(logits.data, lse.data, targets.data, T, V, vocab_begin,
+                                                              grad_scale);
+  HDP_CUDA_CHECK_LAUNCH("cross_entropy_backward_inplace");
+}
+
+double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT) {
+  const int64_t T = logits.dim(0), V = logits.dim(1);
+  if (T == 0) return 0.0;
+  cudaStream_t stream = compute_stream();
+  float* row_max = scratch_3xT.data;
+  float* row_sumexp = row_max + T;
+  float* target_logit = row_max + 2 * T;
+  forward_backward_kernel<<<row_blocks(T), kRowThreads, 0, stream>>>(logits.data, targets.data, row_max, row_sumexp,
+                                                                     target_logit, T, V, grad_scale);
+  HDP_CUDA_CHECK_LAUNCH("cross_entropy_forward_backward (rows)");
+  loss_kernel<<<1, kLossThreads, 0, stream>>>(row_max, row_sumexp, target_logit, targets.data, T);
+  HDP_CUDA_CHECK_LAUNCH("cross_entropy_forward_backward (loss)");
+  double loss = 0.0;
+  HDP_CUDA_CHECK(cudaMemcpyFromSymbolAsync(&loss, g_loss, sizeof(double), 0, cudaMemcpyDeviceToHost, stream));
+  HDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return loss;
+}
+
+}  // namespace hdp::cuda

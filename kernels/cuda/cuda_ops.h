@@ -1,0 +1,66 @@
+#pragma once
+// The CUDA backend: one function per op in kernels/ops.h, same arguments, same
+// semantics as the CPU backend (kernels/cpu/cpu_ops.h), which is the reference
+// every function here is checked against (trainer selftest, tests/gpu_backend_test).
+// The dispatcher (kernels/ops.cpp) has already checked shapes and that every tensor
+// lives on Device::CUDA, so these functions trust their inputs.
+//
+// Stream semantics: every op is enqueued on the backend's compute stream
+// (cuda_runtime.h) and returns without waiting, except the ones that return a
+// host value (sum_squares, cross_entropy_forward_backward), which synchronize
+// that stream. Host-side arguments (AttentionBlock spans, AdamWStep) are copied
+// before the function returns, so the caller may reuse them at once.
+//
+// This header is plain C++: ops.cpp (compiled by the host compiler) includes it.
+
+#include <cstdint>
+#include <span>
+
+#include "kernels/ops.h"
+
+namespace hdp::cuda {
+
+void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, float alpha, float beta);
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w);
+void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, bool accumulate_dx);
+
+void add_inplace(Tensor y, const Tensor& x);
+void scale_inplace(Tensor y, float s);
+void fill(Tensor y, float value);
+// Either side may be on the host (Device::CPU) or on the GPU.
+void copy(Tensor dst, const Tensor& src);
+void copy_index(IndexTensor dst, const IndexTensor& src);
+double sum_squares(const Tensor& x);
+
+void embedding_forward(Tensor out, const IndexTensor& tokens, const Tensor& table, int64_t vocab_begin);
+void embedding_backward(Tensor dtable, const IndexTensor& tokens, const Tensor& dout, int64_t vocab_begin);
+
+void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps);
+void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd);
+
+void rope_forward(Tensor x, const IndexTensor& positions, float theta);
+void rope_backward(Tensor dx, const IndexTensor& positions, float theta);
+
+void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                       const IndexTensor& cu_seqlens);
+void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens);
+void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                              std::span<const AttentionBlock> blocks);
+void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end);
+void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
+                               const Tensor& v, const Tensor& out, const Tensor& lse,
+                               std::span<const AttentionBlock> blocks);
+
+void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
+
+void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit, const Tensor& logits,
+                         const IndexTensor& targets, int64_t vocab_begin);
+void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const IndexTensor& targets, int64_t vocab_begin,
+                                    float grad_scale);
+double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT);
+
+void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s);
+
+}  // namespace hdp::cuda

@@ -1,0 +1,36 @@
+#pragma once
+// The CUDA backend's process-wide state, seen from host code that must not
+// include CUDA headers: whether a device is usable, which one, the memory calls
+// the allocator and the copy engine need, and the precision of fp32 GEMMs.
+// Everything here is also declared (and does nothing but report "no device")
+// when the build has no CUDA compiler, so callers need no #ifdef.
+
+#include <cstddef>
+#include <string>
+
+namespace hdp::cuda {
+
+// True when this build has the CUDA backend compiled in.
+bool compiled();
+// Whether a CUDA device can be used; otherwise `why` (if given) says why not
+// ("built without CUDA", "no CUDA-capable device", the driver's message...).
+bool available(std::string* why = nullptr);
+// Selects the device (first call wins; default: device 0 of those visible,
+// which honours CUDA_VISIBLE_DEVICES) and creates the streams and handles.
+// Throws std::runtime_error naming the device when it cannot.
+void initialize(int device = 0);
+// "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)".
+std::string device_description();
+
+void* device_malloc(size_t bytes);          // cudaMalloc; throws std::bad_alloc with the sizes on failure
+void device_free(void* ptr);
+void* pinned_malloc(size_t bytes);          // cudaHostAlloc (page-locked host memory)
+void pinned_free(void* ptr);
+// Waits for all work enqueued on the compute stream.
+void synchronize();
+
+// fp32 GEMMs: exact fp32 (default) or TF32 tensor cores (faster, ~1e-3 relative).
+void set_tf32(bool enabled);
+bool tf32();
+
+}  // namespace hdp::cuda

@@ -1,0 +1,132 @@
+// Elementwise ops, copies and the sum of squares on the GPU.
+//
+// add/scale/fill are memory-bound grid-stride loops (one element per thread per
+// step, coalesced). copy is a cudaMemcpyAsync with cudaMemcpyDefault so either side
+// may be host or device memory; when one side is on the host the stream is
+// synchronized before returning, so the caller may read/reuse the host buffer.
+// sum_squares accumulates in double and reduces in two fixed stages (per-block
+// partials into a static device array, then one block), so for a given n the
+// summation order, and hence the result, is the same on every run.
+
+#include <cstdint>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace hdp::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kSumBlocks = 1024;  // stage-1 blocks at most; stage 2 is one block of this many threads
+
+__device__ double g_sum_partials[kSumBlocks];
+__device__ double g_sum_result;
+
+__global__ void add_kernel(float* __restrict__ y, const float* __restrict__ x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] += x[i];
+}
+
+__global__ void scale_kernel(float* __restrict__ y, float s, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] *= s;
+}
+
+__global__ void fill_kernel(float* __restrict__ y, float value, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = value;
+}
+
+// Sum over the block in double (blockDim.x a multiple of 32); every thread gets it.
+__device__ __forceinline__ double block_sum_double(double v, double* shared) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
+  v = warp_sum_double(v);
+  __syncthreads();
+  if (lane == 0) shared[warp] = v;
+  __syncthreads();
+  v = lane < warps ? shared[lane] : 0.0;
+  return warp_sum_double(v);
+}
+
+// Stage 1: block b writes the double sum of squares of its grid-stride share.
+__global__ void sum_squares_partial_kernel(const float* __restrict__ x, int64_t n) {
+  __shared__ double shared[32];
+  double acc = 0.0;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const double v = static_cast<double>(x[i]);
+    acc += v * v;
+  }
+  acc = block_sum_double(acc, shared);
+  if (threadIdx.x == 0) g_sum_partials[blockIdx.x] = acc;
+}
+
+// Stage 2: one block sums the `parts` partials.
+__global__ void sum_squares_final_kernel(int parts) {
+  __shared__ double shared[32];
+  double v = 0.0;
+  for (int i = threadIdx.x; i < parts; i += blockDim.x) v += g_sum_partials[i];
+  v = block_sum_double(v, shared);
+  if (threadIdx.x == 0) g_sum_result = v;
+}
+
+void copy_bytes(void* dst, const void* src, size_t bytes, bool host_side) {
+  cudaStream_t stream = compute_stream();
+  HDP_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream));
+  if (host_side) HDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace
+
+void add_inplace(Tensor y, const Tensor& x) {
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  add_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(y.data, x.data, n);
+  HDP_CUDA_CHECK_LAUNCH("add_inplace");
+}
+
+void scale_inplace(Tensor y, float s) {
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  scale_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(y.data, s, n);
+  HDP_CUDA_CHECK_LAUNCH("scale_inplace");
+}
+
+void fill(Tensor y, float value) {
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  fill_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(y.data, value, n);
+  HDP_CUDA_CHECK_LAUNCH("fill");
+}
+
+void copy(Tensor dst, const Tensor& src) {
+  const int64_t n = dst.numel();
+  if (n == 0 || dst.data == src.data) return;
+  copy_bytes(dst.data, src.data, dst.bytes(), dst.device == Device::CPU || src.device == Device::CPU);
+}
+
+void copy_index(IndexTensor dst, const IndexTensor& src) {
+  const int64_t n = dst.numel();
+  if (n == 0 || dst.data == src.data) return;
+  copy_bytes(dst.data, src.data, dst.bytes(), dst.device == Device::CPU || src.device == Device::CPU);
+}
+
+double sum_squares(const Tensor& x) {
+  const int64_t n = x.numel();
+  if (n == 0) return 0.0;
+  cudaStream_t stream = compute_stream();
+  const unsigned blocks = blocks_for(n, kThreads) < kSumBlocks ? blocks_for(n, kThreads) : kSumBlocks;
+  sum_squares_partial_kernel<<<blocks, kThreads, 0, stream>>>(x.data, n);
+  HDP_CUDA_CHECK_LAUNCH("sum_squares (partials)");
+  sum_squares_final_kernel<<<1, kSumBlocks, 0, stream>>>(static_cast<int>(blocks));
+  HDP_CUDA_CHECK_LAUNCH("sum_squares (final)");
+  double result = 0.0;
+  HDP_CUDA_CHECK(cudaMemcpyFromSymbolAsync(&result, g_sum_result, sizeof(double), 0, cudaMemcpyDeviceToHost, stream));
+  HDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return result;
+}
+
+}  // namespace hdp::cuda

@@ -1,0 +1,146 @@
+// Dense products through cuBLASLt. Our tensors are row-major and cuBLAS is
+// column-major: a row-major [r, c] matrix is the column-major [c, r] matrix of its
+// transpose, so the row-major C = op(A) op(B) is computed as the column-major
+// C^T = op(B)^T op(A)^T with the operands swapped; no data moves.
+//
+// fp32 inputs run with CUBLAS_COMPUTE_32F (exact fp32, the default, used by the
+// equality tests) or CUBLAS_COMPUTE_32F_FAST_TF32 (tensor cores, set_tf32).
+// The algorithm for each (shape, transposes, precision) is chosen once by the
+// heuristic and cached, and the workspace is allocated once, so a step makes no
+// cuBLASLt planning calls and no allocations after its first micro-batch.
+
+#include <cublasLt.h>
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <tuple>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_runtime.h"
+
+namespace hdp::cuda {
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;
+
+void check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    throw std::runtime_error(std::string("cuBLASLt error in ") + what + ": " + cublasLtGetStatusString(status));
+  }
+}
+
+// Column-major problem: C[m, n] = alpha * op(A) op(B) + beta * C.
+struct GemmKey {
+  bool trans_a, trans_b, tf32;
+  int64_t m, n, k, lda, ldb, ldc;
+  auto tie() const { return std::tie(trans_a, trans_b, tf32, m, n, k, lda, ldb, ldc); }
+  bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
+};
+
+struct GemmPlan {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+};
+
+class Blas {
+ public:
+  Blas() {
+    check(cublasLtCreate(&handle_), "cublasLtCreate");
+    workspace_ = device_malloc(kWorkspaceBytes);
+  }
+
+  const GemmPlan& plan(const GemmKey& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = plans_.find(key);
+    if (it != plans_.end()) return it->second;
+    GemmPlan p;
+    const cublasComputeType_t compute = key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    check(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    const cublasOperation_t ta = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
+    check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
+    check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "TRANSB");
+    // Stored shapes (column-major rows x cols) of A and B before op().
+    const uint64_t a_rows = key.trans_a ? key.k : key.m, a_cols = key.trans_a ? key.m : key.k;
+    const uint64_t b_rows = key.trans_b ? key.n : key.k, b_cols = key.trans_b ? key.k : key.n;
+    check(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, a_rows, a_cols, key.lda), "layout A");
+    check(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, b_rows, b_cols, key.ldb), "layout B");
+    check(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, key.m, key.n, key.ldc), "layout C");
+    cublasLtMatmulPreference_t pref = nullptr;
+    check(cublasLtMatmulPreferenceCreate(&pref), "preference");
+    check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
+                                               sizeof kWorkspaceBytes),
+          "workspace preference");
+    cublasLtMatmulHeuristicResult_t result{};
+    int found = 0;
+    check(cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found),
+          "cublasLtMatmulAlgoGetHeuristic");
+    cublasLtMatmulPreferenceDestroy(pref);
+    if (found == 0) {
+      throw std::runtime_error("cuBLASLt: no algorithm for a " + std::to_string(key.m) + "x" + std::to_string(key.n) +
+                               "x" + std::to_string(key.k) + " fp32 product");
+    }
+    p.algo = result.algo;
+    return plans_.emplace(key, p).first->second;
+  }
+
+  void run(const GemmPlan& p, const float* A, const float* B, float* C, float alpha, float beta) {
+    check(cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &p.algo, workspace_,
+                         kWorkspaceBytes, compute_stream()),
+          "cublasLtMatmul");
+  }
+
+ private:
+  cublasLtHandle_t handle_ = nullptr;
+  void* workspace_ = nullptr;
+  std::mutex mutex_;
+  std::map<GemmKey, GemmPlan> plans_;
+};
+
+Blas& blas() {
+  static Blas b;
+  return b;
+}
+
+// Row-major c[M, N] = alpha * op(a) op(b) + beta * c, with a, b, c contiguous.
+void gemm_row_major(float* c, const float* a, bool transpose_a, const float* b, bool transpose_b, int64_t M, int64_t N,
+                    int64_t K, int64_t lda, int64_t ldb, float alpha, float beta) {
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    // An empty sum: c = beta * c.
+    Tensor t(c, {M * N}, Device::CUDA);
+    if (beta == 0.0f) {
+      cuda::fill(t, 0.0f);
+    } else {
+      cuda::scale_inplace(t, beta);
+    }
+    return;
+  }
+  // Column-major: C^T[N, M] = op(b)^T[N, K] op(a)^T[K, M]; b's storage is the
+  // column-major b^T, so op(b)^T needs a transpose exactly when transpose_b is set.
+  const GemmKey key{transpose_b, transpose_a, tf32(), N, M, K, ldb, lda, N};
+  Blas& B = blas();
+  B.run(B.plan(key), b, a, c, alpha, beta);
+}
+
+}  // namespace
+
+void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, float alpha, float beta) {
+  const int64_t M = c.dim(0), N = c.dim(1), K = transpose_a ? a.dim(0) : a.dim(1);
+  gemm_row_major(c.data, a.data, transpose_a, b.data, transpose_b, M, N, K, a.dim(1), b.dim(1), alpha, beta);
+}
+
+// y[T, out] = x[T, in] w[out, in]^T
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w) { cuda::matmul(y, x, false, w, true, 1.0f, 0.0f); }
+
+// dx[T, in] (+)= dy[T, out] w[out, in] (skipped when dx has no data);  dw[out, in] += dy^T x
+void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, bool accumulate_dx) {
+  if (dx.data) cuda::matmul(dx, dy, false, w, false, 1.0f, accumulate_dx ? 1.0f : 0.0f);
+  cuda::matmul(dw, dy, true, x, false, 1.0f, 1.0f);
+}
+
+}  // namespace hdp::cuda

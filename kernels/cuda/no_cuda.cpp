@@ -1,0 +1,29 @@
+// The CUDA backend's entry points in a build without a CUDA compiler: every
+// query answers "no device" and every allocation is refused with that reason.
+
+#include <new>
+#include <stdexcept>
+
+#include "kernels/cuda/cuda_runtime.h"
+
+namespace hdp::cuda {
+namespace {
+[[noreturn]] void absent() { throw std::runtime_error("train.device=cuda: this build has no CUDA backend (no nvcc found at configure time)"); }
+}  // namespace
+
+bool compiled() { return false; }
+bool available(std::string* why) {
+  if (why) *why = "this build has no CUDA backend";
+  return false;
+}
+void initialize(int) { absent(); }
+std::string device_description() { absent(); }
+void* device_malloc(size_t) { absent(); }
+void device_free(void*) {}
+void* pinned_malloc(size_t) { absent(); }
+void pinned_free(void*) {}
+void synchronize() {}
+void set_tf32(bool) {}
+bool tf32() { return false; }
+
+}  // namespace hdp::cuda

@@ -1,0 +1,115 @@
+// Rotary position embedding on the GPU, rotate-half pairing as in Hugging Face
+// LLaMA: element j pairs with j + d/2, angle = float(pos) * inv_freq_j.
+//
+// inv_freq_j = 1.0f / powf(theta, float(2j) / float(d)) is computed on the host
+// with the same std::pow as the CPU backend, so it is bit-identical to the CPU's:
+// this matters, because at positions ~1e5 one ulp of inv_freq (device powf may
+// differ by one) moves the angle by ~1e-2 rad. The table travels in the kernel's
+// parameters (d/2 <= kMaxHalf, every real head size); larger ones go through a
+// persistent device buffer (a small host-to-device copy per call).
+// One block per token (grid-stride): the block first computes cos/sin of its
+// token's d/2 angles (float32 sincosf) into shared memory, then rotates every head
+// of the token with them, threads running along contiguous elements of the row.
+// The rotation uses _rn intrinsics in the CPU's evaluation order (no FMA
+// contraction by nvcc; a CPU build with FMA may still differ in the last bit).
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace hdp::cuda {
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kMaxHalf = 512;  // 2 KiB of kernel parameters
+
+struct InvFreq {
+  float v[kMaxHalf];
+};
+
+// inv_freq for d/2 > kMaxHalf; grows only when a larger table is needed.
+float* g_inv_freq = nullptr;
+int64_t g_inv_freq_count = 0;
+
+__global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ positions, int64_t T, int64_t heads,
+                            int64_t d, float sign, const __grid_constant__ InvFreq inv_freq,
+                            const float* __restrict__ inv_freq_buffer) {
+  extern __shared__ float cs_sn[];  // cos [half] then sign * sin [half]
+  const int64_t half = d / 2;
+  float* cs = cs_sn;
+  float* sn = cs_sn + half;
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
+    const float pos = static_cast<float>(positions[t]);
+    __syncthreads();  // the previous token's rotation has finished reading cs/sn
+    for (int64_t j = threadIdx.x; j < half; j += blockDim.x) {
+      const float f = inv_freq_buffer ? inv_freq_buffer[j] : inv_freq.v[j];
+      float s, c;
+      sincosf(pos * f, &s, &c);
+      cs[j] = c;
+      sn[j] = sign * s;
+    }
+    __syncthreads();
+    float* row = x + t * heads * d;
+    for (int64_t idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
+      const int64_t h = idx / half, j = idx - h * half;
+      float* lo = row + h * d + j;
+      float* hi = lo + half;
+      const float x1 = *lo, x2 = *hi;
+      *lo = __fsub_rn(__fmul_rn(x1, cs[j]), __fmul_rn(x2, sn[j]));
+      *hi = __fadd_rn(__fmul_rn(x2, cs[j]), __fmul_rn(x1, sn[j]));
+    }
+  }
+}
+
+void rope_rotate(Tensor x, const IndexTensor& positions, float theta, bool inverse, const char* op) {
+  const int64_t T = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
+  if (T == 0 || heads == 0 || half == 0) return;
+  cudaStream_t stream = compute_stream();
+  const auto inv_freq_j = [&](int64_t j) {
+    return 1.0f / std::pow(theta, static_cast<float>(2 * j) / static_cast<float>(d));
+  };
+  InvFreq inv_freq{};
+  const float* buffer = nullptr;
+  if (half <= kMaxHalf) {
+    for (int64_t j = 0; j < half; ++j) inv_freq.v[j] = inv_freq_j(j);
+  } else {
+    static std::vector<float> table;  // host staging, reused
+    table.resize(static_cast<size_t>(half));
+    for (int64_t j = 0; j < half; ++j) table[j] = inv_freq_j(j);
+    if (half > g_inv_freq_count) {
+      if (g_inv_freq) {
+        HDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+        HDP_CUDA_CHECK(cudaFree(g_inv_freq));
+        g_inv_freq = nullptr;
+        g_inv_freq_count = 0;
+      }
+      HDP_CUDA_CHECK(cudaMalloc(&g_inv_freq, static_cast<size_t>(half) * sizeof(float)));
+      g_inv_freq_count = half;
+    }
+    // Stream-ordered after earlier kernels that read the buffer; a pageable source
+    // is staged before the call returns, so `table` may be rewritten at once.
+    HDP_CUDA_CHECK(cudaMemcpyAsync(g_inv_freq, table.data(), static_cast<size_t>(half) * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream));
+    buffer = g_inv_freq;
+  }
+  const unsigned blocks = static_cast<unsigned>(T < (1 << 20) ? T : (1 << 20));
+  const size_t shared = 2 * static_cast<size_t>(half) * sizeof(float);
+  rope_kernel<<<blocks, kThreads, shared, stream>>>(x.data, positions.data, T, heads, d, inverse ? -1.0f : 1.0f,
+                                                    inv_freq, buffer);
+  HDP_CUDA_CHECK_LAUNCH(op);
+}
+
+}  // namespace
+
+void rope_forward(Tensor x, const IndexTensor& positions, float theta) {
+  rope_rotate(x, positions, theta, false, "rope_forward");
+}
+
+void rope_backward(Tensor dx, const IndexTensor& positions, float theta) {
+  rope_rotate(dx, positions, theta, true, "rope_backward");
+}
+
+}  // namespace hdp::cuda

@@ -1,0 +1,130 @@
+// The CUDA backend's process-wide state: the device, the compute stream every op
+// is enqueued on, and the precision switch for fp32 GEMMs. Errors become
+// std::runtime_error naming the call, so a failing GPU ends the job with a message
+// (the trainer's exit-code table maps it) instead of a crash.
+
+#include <cuda_runtime.h>
+
+#include <cstdio>
+#include <mutex>
+#include <new>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_runtime.h"
+
+namespace hdp::cuda {
+namespace {
+
+struct State {
+  std::once_flag once;
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  bool tf32 = false;
+};
+
+State& state() {
+  static State s;
+  return s;
+}
+
+}  // namespace
+
+[[noreturn]] void throw_cuda_error(const char* what, cudaError_t err, const char* file, int line) {
+  throw std::runtime_error(std::string("CUDA error in ") + what + ": " + cudaGetErrorString(err) + " (" + file + ":" +
+                           std::to_string(line) + ")");
+}
+
+bool compiled() { return true; }
+
+bool available(std::string* why) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err != cudaSuccess) {
+    if (why) *why = cudaGetErrorString(err);
+    cudaGetLastError();  // clear the sticky-free error so later calls are not confused
+    return false;
+  }
+  if (count == 0) {
+    if (why) *why = "no CUDA-capable device is visible";
+    return false;
+  }
+  return true;
+}
+
+void initialize(int device) {
+  State& s = state();
+  std::call_once(s.once, [&] {
+    std::string why;
+    if (!available(&why)) throw std::runtime_error("train.device=cuda: no usable CUDA device (" + why + ")");
+    int count = 0;
+    HDP_CUDA_CHECK(cudaGetDeviceCount(&count));
+    if (device < 0 || device >= count) {
+      throw std::runtime_error("cuda: device " + std::to_string(device) + " requested, " + std::to_string(count) +
+                               " visible");
+    }
+    HDP_CUDA_CHECK(cudaSetDevice(device));
+    HDP_CUDA_CHECK(cudaStreamCreateWithFlags(&s.stream, cudaStreamNonBlocking));
+    s.device = device;
+  });
+  // Threads other than the first (copy engine, communication) must use the same device.
+  HDP_CUDA_CHECK(cudaSetDevice(s.device));
+}
+
+cudaStream_t compute_stream() {
+  State& s = state();
+  if (s.device < 0) initialize(0);
+  return s.stream;
+}
+
+std::string device_description() {
+  initialize(state().device < 0 ? 0 : state().device);
+  cudaDeviceProp p{};
+  HDP_CUDA_CHECK(cudaGetDeviceProperties(&p, state().device));
+  char buf[256];
+  std::snprintf(buf, sizeof buf, "%s (sm_%d%d, %d SMs, %.1f GiB)", p.name, p.major, p.minor, p.multiProcessorCount,
+                static_cast<double>(p.totalGlobalMem) / (1 << 30));
+  return buf;
+}
+
+void* device_malloc(size_t bytes) {
+  compute_stream();
+  void* p = nullptr;
+  const cudaError_t err = cudaMalloc(&p, bytes);
+  if (err != cudaSuccess) {
+    cudaGetLastError();
+    size_t free_bytes = 0, total = 0;
+    cudaMemGetInfo(&free_bytes, &total);
+    std::fprintf(stderr, "cuda: cannot allocate %.1f MiB of device memory (%.1f MiB free of %.1f MiB): %s\n",
+                 static_cast<double>(bytes) / (1 << 20), static_cast<double>(free_bytes) / (1 << 20),
+                 static_cast<double>(total) / (1 << 20), cudaGetErrorString(err));
+    throw std::bad_alloc();
+  }
+  return p;
+}
+
+void device_free(void* ptr) {
+  if (ptr) cudaFree(ptr);
+}
+
+void* pinned_malloc(size_t bytes) {
+  compute_stream();
+  void* p = nullptr;
+  if (cudaHostAlloc(&p, bytes, cudaHostAllocDefault) != cudaSuccess) {
+    cudaGetLastError();
+    throw std::bad_alloc();
+  }
+  return p;
+}
+
+void pinned_free(void* ptr) {
+  if (ptr) cudaFreeHost(ptr);
+}
+
+void synchronize() { HDP_CUDA_CHECK(cudaStreamSynchronize(compute_stream())); }
+
+void set_tf32(bool enabled) { state().tf32 = enabled; }
+bool tf32() { return state().tf32; }
+
+}  // namespace hdp::cuda
