@@ -54,6 +54,7 @@ if has_step losses; then
     > "$out/t5-cpu.log" 2>&1
   trainer train configs/tiny-llama.yaml "${common[@]}" --set train.steps=5 --set train.run_dir=runs/t5-gpu \
     --set train.device=cuda > "$out/t5-gpu.log" 2>&1
+  tail -2 "$out/t5-gpu.log"
   paste <(losses runs/t5-cpu/metrics.jsonl) <(losses runs/t5-gpu/metrics.jsonl) |
     awk '{r = ($1 - $2) / $1; if (r < 0) r = -r; if (r > m) m = r; printf "step %d  cpu %.7f  gpu %.7f  rel %.2e\n", NR, $1, $2, r}
          END {printf "max relative difference %.2e (%s 1e-4)\n", m, m <= 1e-4 ? "within" : "ABOVE"}' |
@@ -64,6 +65,7 @@ if has_step curve; then
   trainer train configs/tiny-llama.yaml "${common[@]}" --set train.run_dir=runs/t200-cpu > "$out/t200-cpu.log" 2>&1
   trainer train configs/tiny-llama.yaml "${common[@]}" --set train.run_dir=runs/t200-gpu --set train.device=cuda \
     > "$out/t200-gpu.log" 2>&1
+  tail -2 "$out/t200-gpu.log"
   paste <(losses runs/t200-cpu/metrics.jsonl) <(losses runs/t200-gpu/metrics.jsonl) |
     awk 'NR % 20 == 0 || NR == 1 {printf "step %3d  cpu %.4f  gpu %.4f\n", NR, $1, $2}' | tee "$out/t200-compare.txt"
   grep -o '"step_ms": *[0-9.]*' runs/t200-gpu/metrics.jsonl | tail -1

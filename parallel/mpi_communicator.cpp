@@ -36,8 +36,13 @@ void split_counts(int64_t n, int parts, MpiPending& p) {
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX; }
 
-int count_of(const Tensor& t, const std::string& what) {
-  if (t.device != Device::CPU) throw UnsupportedDevice("MPI " + what, t.device);
+// A group of one moves no data, so its "collectives" accept device buffers; larger
+// groups need host memory until a device-aware communicator (NCCL) exists.
+int count_of(const Tensor& t, const std::string& what, int group_size) {
+  if (t.device != Device::CPU && group_size > 1) {
+    throw std::invalid_argument("MPI " + what + ": the MPI communicator moves host memory only, and this buffer is on " +
+                                device_name(t.device));
+  }
   if (t.numel() > INT_MAX) throw std::invalid_argument("MPI " + what + ": more than 2^31 elements in one call");
   return static_cast<int>(t.numel());
 }
@@ -65,7 +70,7 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key, std:
 }
 
 CommRequest MpiCommunicator::all_reduce_async(Tensor data, ReduceOp op) {
-  const int n = count_of(data, name_ + " all-reduce");
+  const int n = count_of(data, name_ + " all-reduce", size_);
   stats_.collective_bytes += ring_bytes(static_cast<int64_t>(data.bytes()), size_, 2);
   ++stats_.collectives;
   if (size_ == 1) return {};
@@ -75,8 +80,8 @@ CommRequest MpiCommunicator::all_reduce_async(Tensor data, ReduceOp op) {
 }
 
 CommRequest MpiCommunicator::reduce_scatter_async(const Tensor& send, Tensor recv) {
-  const int n = count_of(send, name_ + " reduce-scatter");
-  count_of(recv, name_ + " reduce-scatter");
+  const int n = count_of(send, name_ + " reduce-scatter", size_);
+  count_of(recv, name_ + " reduce-scatter", size_);
   const int64_t mine = part_begin(n, rank_ + 1, size_) - part_begin(n, rank_, size_);
   if (recv.numel() != mine) {
     throw std::invalid_argument(name_ + " reduce-scatter: rank " + std::to_string(rank_) + " receives " +
@@ -92,7 +97,7 @@ CommRequest MpiCommunicator::reduce_scatter_async(const Tensor& send, Tensor rec
 }
 
 CommRequest MpiCommunicator::all_gather_async(Tensor buffer) {
-  const int n = count_of(buffer, name_ + " all-gather");
+  const int n = count_of(buffer, name_ + " all-gather", size_);
   stats_.collective_bytes += ring_bytes(static_cast<int64_t>(buffer.bytes()), size_, 1);
   ++stats_.collectives;
   if (size_ == 1) return {};
@@ -104,7 +109,7 @@ CommRequest MpiCommunicator::all_gather_async(Tensor buffer) {
 }
 
 CommRequest MpiCommunicator::broadcast_async(Tensor data, int root) {
-  const int n = count_of(data, name_ + " broadcast");
+  const int n = count_of(data, name_ + " broadcast", size_);
   if (rank_ == root) stats_.collective_bytes += static_cast<int64_t>(data.bytes());
   ++stats_.collectives;
   if (size_ == 1) return {};
@@ -112,14 +117,14 @@ CommRequest MpiCommunicator::broadcast_async(Tensor data, int root) {
 }
 
 CommRequest MpiCommunicator::send_async(const Tensor& data, int peer, int tag) {
-  const int n = count_of(data, name_ + " send");
+  const int n = count_of(data, name_ + " send", size_);
   stats_.p2p_bytes += static_cast<int64_t>(data.bytes());
   ++stats_.p2p_messages;
   return start([&](MpiPending& p) { MPI_Isend(data.data, n, MPI_FLOAT, peer, tag, comm_, &p.request); });
 }
 
 CommRequest MpiCommunicator::recv_async(Tensor data, int peer, int tag) {
-  const int n = count_of(data, name_ + " recv");
+  const int n = count_of(data, name_ + " recv", size_);
   return start([&](MpiPending& p) { MPI_Irecv(data.data, n, MPI_FLOAT, peer, tag, comm_, &p.request); });
 }
 

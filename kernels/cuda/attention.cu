@@ -34,7 +34,7 @@
 //     sees no key is written back unchanged (out = O / 1, lse = m + log 1).
 //     out = O / l, lse = m + log l.
 //
-//   backward, without atomics (determinstic), after a pre-kernel D = rowsum(dO * O)
+//   backward, without atomics (deterministic), after a pre-kernel D = rowsum(dO * O)
 //   into a persistent [Hq, T] buffer:
 //     dK/dV: one CTA per (tile of BK key rows, kv head), accumulating in registers
 //       over the group's query heads and the query tiles of [min qlo, max qhi]:
@@ -341,20 +341,21 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(float* __re
 
 // ---------------------------------------------------------------- backward
 
-// dvec[h * T + i] = sum_c dout[i, h, c] * out[i, h, c]; one warp per (row, head).
+// dvec[h * T + i] = sum_c dout[i, h, c] * out[i, h, c]; one thread per (row, head),
+// summing in the same order (fmaf over ascending c) as the kernels below form
+// dP = dO . V, so a row that sees a single key (P = 1, out = V exactly) gets
+// dP - D = 0 exactly, as in exact arithmetic.
 __global__ void attention_rowdot_kernel(float* __restrict__ dvec, const float* __restrict__ dout,
                                         const float* __restrict__ out, long long T, int Hq, int d) {
-  const long long warps = static_cast<long long>(gridDim.x) * (blockDim.x >> 5);
-  const int lane = threadIdx.x & 31;
-  for (long long w = (static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x) >> 5; w < T * Hq; w += warps) {
+  const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
+  for (long long w = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; w < T * Hq; w += stride) {
     const long long i = w / Hq;
     const int h = static_cast<int>(w % Hq);
     const float* a = dout + w * d;
     const float* b = out + w * d;
     float s = 0.0f;
-    for (int c = lane; c < d; c += 32) s = fmaf(a[c], b[c], s);
-    s = warp_sum(s);
-    if (lane == 0) dvec[static_cast<long long>(h) * T + i] = s;
+    for (int c = 0; c < d; ++c) s = fmaf(a[c], b[c], s);
+    dvec[static_cast<long long>(h) * T + i] = s;
   }
 }
 
@@ -728,7 +729,7 @@ float* rowdot(const char* op, const Tensor& dout, const Tensor& out, const Shape
     }
     dvec = buffer;
   }
-  attention_rowdot_kernel<<<blocks_for(static_cast<long long>(need) * 32, 256), 256, 0, compute_stream()>>>(
+  attention_rowdot_kernel<<<blocks_for(static_cast<long long>(need), 256), 256, 0, compute_stream()>>>(
       dvec, dout.data, out.data, s.T, s.Hq, s.d);
   HDP_CUDA_CHECK_LAUNCH(op);
   return dvec;
