@@ -32,6 +32,14 @@ class CudaAllocator final : public DeviceAllocator {
   Device device() const override { return Device::CUDA; }
 };
 
+// Page-locked host memory through the CUDA backend (refused when it is not built in).
+class PinnedHostAllocator final : public DeviceAllocator {
+ public:
+  void* allocate(size_t bytes) override { return bytes == 0 ? nullptr : cuda::pinned_malloc(bytes); }
+  void deallocate(void* ptr) override { cuda::pinned_free(ptr); }
+  Device device() const override { return Device::CPU; }
+};
+
 size_t align_up(size_t n) { return (n + Arena::kAlignment - 1) / Arena::kAlignment * Arena::kAlignment; }
 
 }  // namespace
@@ -44,11 +52,24 @@ DeviceAllocator& allocator_for(Device device) {
   throw UnsupportedDevice("allocator", device);
 }
 
+DeviceAllocator& pinned_host_allocator() {
+  static PinnedHostAllocator pinned;
+  return pinned;
+}
+
 Arena::Arena(Device device, std::string name) : device_(device), name_(std::move(name)) {}
 
 Arena::Arena(Device device, size_t capacity_bytes, std::string name)
-    : device_(device), name_(std::move(name)), capacity_(align_up(capacity_bytes)) {
-  base_ = static_cast<char*>(allocator_for(device).allocate(capacity_));
+    : Arena(allocator_for(device), capacity_bytes, std::move(name)) {}
+
+Arena::Arena(DeviceAllocator& allocator, size_t capacity_bytes, std::string name)
+    : device_(allocator.device()), name_(std::move(name)), allocator_(&allocator), capacity_(align_up(capacity_bytes)) {
+  base_ = static_cast<char*>(allocator.allocate(capacity_));
+}
+
+Arena Arena::pinned_host(size_t capacity_bytes, std::string name) {
+  if (!cuda::compiled()) throw UnsupportedDevice("pinned host memory", Device::CUDA);
+  return Arena(pinned_host_allocator(), capacity_bytes, std::move(name));
 }
 
 Arena Arena::counting(Device device, std::string name) {
@@ -58,18 +79,19 @@ Arena Arena::counting(Device device, std::string name) {
 }
 
 Arena::~Arena() {
-  if (base_) allocator_for(device_).deallocate(base_);
+  if (base_) allocator_->deallocate(base_);
 }
 
 Arena::Arena(Arena&& o) noexcept
-    : device_(o.device_), name_(std::move(o.name_)), base_(std::exchange(o.base_, nullptr)),
+    : device_(o.device_), name_(std::move(o.name_)), allocator_(o.allocator_), base_(std::exchange(o.base_, nullptr)),
       capacity_(o.capacity_), used_(o.used_), peak_(o.peak_), counting_(o.counting_) {}
 
 Arena& Arena::operator=(Arena&& o) noexcept {
   if (this != &o) {
-    if (base_) allocator_for(device_).deallocate(base_);
+    if (base_) allocator_->deallocate(base_);
     device_ = o.device_;
     name_ = std::move(o.name_);
+    allocator_ = o.allocator_;
     base_ = std::exchange(o.base_, nullptr);
     capacity_ = o.capacity_;
     used_ = o.used_;

@@ -23,6 +23,11 @@ class DeviceAllocator {
 // backend is not compiled in.
 DeviceAllocator& allocator_for(Device device);
 
+// Page-locked host memory (cudaHostAlloc): host tensors (Device::CPU) that the CUDA
+// copy engine moves to and from the device asynchronously and at full bandwidth.
+// Throws UnsupportedDevice when the CUDA backend is not compiled in.
+DeviceAllocator& pinned_host_allocator();
+
 // Bump allocator over one block. An arena made with Arena::counting() hands out
 // no memory and only adds up sizes, so a layout function can run once to size
 // the real arena and once to fill it.
@@ -32,6 +37,8 @@ class Arena {
 
   Arena(Device device, size_t capacity_bytes, std::string name);
   static Arena counting(Device device, std::string name);
+  // Host memory (Device::CPU tensors) from pinned_host_allocator().
+  static Arena pinned_host(size_t capacity_bytes, std::string name);
   ~Arena();
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
@@ -54,9 +61,11 @@ class Arena {
   size_t peak() const { return peak_; }
   size_t capacity() const { return capacity_; }
   const std::string& name() const { return name_; }
+  bool pinned() const { return allocator_ == &pinned_host_allocator(); }
 
  private:
   Arena(Device device, std::string name);
+  Arena(DeviceAllocator& allocator, size_t capacity_bytes, std::string name);
   void* allocate_bytes(size_t bytes);
   template <class T>
   TensorOf<T> make(std::initializer_list<int64_t> dims) {
@@ -67,6 +76,7 @@ class Arena {
 
   Device device_;
   std::string name_;
+  DeviceAllocator* allocator_ = nullptr;  // where base_ came from
   char* base_ = nullptr;
   size_t capacity_ = 0;
   size_t used_ = 0;

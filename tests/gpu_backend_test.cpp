@@ -39,6 +39,16 @@ TEST(GpuBackend, TrainingStepsEqualCpu) {
   expect_all_pass(hdp::check_model_training(hdp::Device::CUDA, 3));
 }
 
+TEST(GpuBackend, OffloadEqualsCpu) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device";
+  hdp::cuda::initialize(0);
+  expect_all_pass(hdp::check_offload(hdp::Device::CUDA, 3));
+}
+
+// The same check with the CPU as the device: proves the check itself (and the CPU
+// copy engine) where there is no GPU.
+TEST(GpuBackend, OffloadCheckPassesOnTheCpu) { expect_all_pass(hdp::check_offload(hdp::Device::CPU, 3)); }
+
 TEST(GpuBackend, DeviceRequestWithoutDeviceIsRefused) {
   std::string why;
   if (hdp::cuda::available(&why)) GTEST_SKIP() << "a CUDA device is present";

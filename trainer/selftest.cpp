@@ -1,7 +1,8 @@
 // trainer selftest: proves a device backend on this machine. Every op against
 // the CPU backend (kernels/backend_check.h), then a small LLaMA trained for a few
 // steps on both devices from the same weights and batches: losses, gradients and
-// weights must agree. Prints one table and exits 1 on any failure.
+// weights must agree, then the copy engine and selective activation offload on
+// the device against the CPU. Prints one table and exits 1 on any failure.
 
 #include "trainer/selftest.h"
 
@@ -14,7 +15,9 @@
 #include <string>
 #include <vector>
 
+#include "kernels/allocator.h"
 #include "kernels/backend_check.h"
+#include "kernels/copy_engine.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
 #include "trainer/model.h"
@@ -126,6 +129,114 @@ std::vector<OpCheck> check_model_training(Device device, uint64_t seed) {
   return out;
 }
 
+std::vector<OpCheck> check_offload(Device device, uint64_t seed) {
+  std::vector<OpCheck> out;
+  auto exact = [](const std::string& what, const std::string& shape, double got, double want) {
+    const double diff = std::abs(got - want);
+    return OpCheck{what, shape, diff, want != 0 ? diff / std::abs(want) : diff, 0, diff == 0};
+  };
+
+  // The copy engine alone, in a pattern that fails when an ordering is missing:
+  // each round doubles `a` on the compute stream and copies it out (the copy must
+  // start after the doubling), wipes `a` (compute must wait for the copy-out),
+  // copies it back into `b` and from there into `a` (compute must wait for the
+  // copy-in). Doubling is exact, so after the rounds a = x * 2^rounds exactly. 4 MiB
+  // copies take far longer than the kernels around them, so a missing wait shows.
+  {
+    const int64_t n = int64_t{1} << 20;
+    const int rounds = 8;
+    const std::string shape = "n=" + std::to_string(n) + " rounds=" + std::to_string(rounds);
+    Arena dev(device, 2 * static_cast<size_t>(n) * sizeof(float) + 2 * Arena::kAlignment, "selftest copies");
+    Arena host = device == Device::CUDA
+                     ? Arena::pinned_host(static_cast<size_t>(n) * sizeof(float), "selftest pinned host")
+                     : Arena(Device::CPU, static_cast<size_t>(n) * sizeof(float), "selftest host");
+    const Tensor a = dev.tensor({n}), b = dev.tensor({n}), h = host.tensor({n});
+    std::vector<float> x(static_cast<size_t>(n)), want(static_cast<size_t>(n));
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (float& v : x) v = uniform(rng);
+    for (size_t i = 0; i < x.size(); ++i) want[i] = std::ldexp(x[i], rounds);
+    copy(a, Tensor(x.data(), {n}, Device::CPU));
+    CopyEngine engine(device);
+    size_t events_after_first = 0;
+    for (int r = 0; r < rounds; ++r) {
+      scale_inplace(a, 2.0f);
+      engine.copy_async(h, a).wait();
+      fill(a, 0.0f);
+      engine.copy_async(b, h).wait();
+      copy(a, b);
+      if (r == 0) events_after_first = engine.events_created();
+    }
+    engine.synchronize();
+    const Tensor expected(want.data(), {n}, Device::CPU);
+    out.push_back(compare_tensors("copy engine round trips (device)", shape, a, expected, 0));
+    out.push_back(compare_tensors("copy engine round trips (host)", shape, h, expected, 0));
+    out.push_back(exact("copy engine events created after round 1", shape,
+                        static_cast<double>(engine.events_created()), static_cast<double>(events_after_first)));
+  }
+
+  // Selective activation offload: two micro-batches with half their rows parked in
+  // (pinned) host memory for layers 0 and 1 of 4, gradients accumulated, against
+  // the CPU model without offload and against the device model without offload
+  // (the same kernels, so equal up to the order of atomic adds in the embedding
+  // gradient).
+  ModelConfig m;
+  m.vocab_size = 300;
+  m.hidden_size = 128;
+  m.num_layers = 4;
+  m.num_heads = 4;
+  m.num_kv_heads = 2;
+  m.ffn_hidden_size = 352;
+  // 448 tokens: 224-row halves keep every offloaded tensor 64-byte aligned.
+  const std::vector<std::vector<int32_t>> batches = {{1, 200, 37, 150, 60}, {90, 250, 108}};
+  const std::string shape = "L=4 H=128 Hq=4 Hkv=2 V=300 T=448 ratio=0.5";
+  const int64_t capacity = 512;
+  LongSequenceOptions offload;
+  offload.max_tokens = capacity;
+  offload.offload = true;
+  LlamaModel cpu_model(m, capacity, {}, 1, nullptr, {}, Device::CPU);
+  LlamaModel dev_plain(m, capacity, {}, 1, nullptr, {}, device);
+  LlamaModel dev_offload(m, capacity, {}, 1, nullptr, offload, device);
+  for (LlamaModel* model : {&cpu_model, &dev_plain, &dev_offload}) {
+    model->init_weights(seed);
+    model->zero_grad();
+  }
+  std::mt19937 rng(static_cast<uint32_t>(seed) + 17);
+  int64_t offloaded_rows = 0;
+  for (size_t i = 0; i < batches.size(); ++i) {
+    const HostBatch batch = random_batch(batches[i], m.vocab_size, rng);
+    const float scale = 1.0f / 444.0f;
+    MicroBatchView with = batch.view();
+    with.offload_ratio = 0.5;
+    offloaded_rows += static_cast<int64_t>(batch.tokens.size()) / 2;
+    const double cpu_loss = cpu_model.forward_backward(batch.view(), scale);
+    const double plain_loss = dev_plain.forward_backward(batch.view(), scale);
+    dev_offload.set_batch(0, with);
+    const double loss = dev_offload.forward(0, scale, true);
+    dev_offload.backward(0);
+    const std::string mb = "offload mb " + std::to_string(i + 1);
+    const double diff = std::abs(loss - cpu_loss);
+    out.push_back({mb + " loss", shape, diff, diff / std::abs(cpu_loss), 1e-5, diff <= 1e-5 * std::abs(cpu_loss)});
+    const double plain_diff = std::abs(loss - plain_loss);
+    out.push_back({mb + " loss vs device w/o offload", shape, plain_diff, plain_diff / std::abs(plain_loss), 1e-6,
+                   plain_diff <= 1e-6 * std::abs(plain_loss)});
+  }
+  out.push_back(compare_tensors("offload gradients (2 mbs)", shape, dev_offload.flat_gradients(),
+                                cpu_model.flat_gradients(), 1e-4));
+  std::vector<float> plain_grads(static_cast<size_t>(dev_plain.flat_gradients().numel()));
+  copy(Tensor(plain_grads.data(), {dev_plain.flat_gradients().numel()}, Device::CPU), dev_plain.flat_gradients());
+  out.push_back(compare_tensors("offload gradients vs device w/o offload", shape, dev_offload.flat_gradients(),
+                                Tensor(plain_grads.data(), {dev_plain.flat_gradients().numel()}, Device::CPU), 1e-6));
+  // Layers 0 and 1 each park the offloaded rows of x_in, ln1, x_mid, ln2 (H each), q
+  // and attn (heads x d), k and v (kv heads x d), gate and up (ffn).
+  const int64_t row_floats = 4 * m.hidden_size + 2 * m.hidden_size + 2 * (m.num_kv_heads * m.head_dim()) +
+                             2 * m.ffn_hidden_size;
+  const int64_t want_bytes = (m.num_layers - 2) * offloaded_rows * row_floats * static_cast<int64_t>(sizeof(float));
+  out.push_back(exact("offloaded bytes", shape, static_cast<double>(dev_offload.activation_usage().offloaded_bytes),
+                      static_cast<double>(want_bytes)));
+  return out;
+}
+
 int run_selftest(const SelftestOptions& options) {
   std::string why;
   if (!cuda::available(&why)) {
@@ -141,6 +252,8 @@ int run_selftest(const SelftestOptions& options) {
   std::vector<OpCheck> checks = check_backend(Device::CUDA, options.seed);
   const std::vector<OpCheck> model = check_model_training(Device::CUDA, options.seed);
   checks.insert(checks.end(), model.begin(), model.end());
+  const std::vector<OpCheck> offload = check_offload(Device::CUDA, options.seed);
+  checks.insert(checks.end(), offload.begin(), offload.end());
   std::fputs(format_checks(checks).c_str(), stdout);
   const auto failed = std::count_if(checks.begin(), checks.end(), [](const OpCheck& c) { return !c.pass; });
   std::printf("%zu passed, %td failed\n", checks.size() - static_cast<size_t>(failed), failed);

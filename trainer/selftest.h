@@ -19,6 +19,13 @@ struct SelftestOptions {
 // the final weights compared.
 std::vector<OpCheck> check_model_training(Device device, uint64_t seed);
 
+// The copy engine on `device` (round trips through host memory, pinned on CUDA,
+// whose result depends on every ordering between the copy and compute streams;
+// no events created after the first round), then two micro-batches of a 4-layer
+// model with offload ratio 0.5 against the CPU model and the device model without
+// offload: losses, accumulated gradients and the bytes offloaded.
+std::vector<OpCheck> check_offload(Device device, uint64_t seed);
+
 // Returns the exit code: 0 when every check passes (or there is no device to
 // check), 1 on any failure.
 int run_selftest(const SelftestOptions& options);

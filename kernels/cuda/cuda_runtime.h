@@ -29,6 +29,25 @@ void pinned_free(void* ptr);
 // Waits for all work enqueued on the compute stream.
 void synchronize();
 
+// The copy engine's stream (kernels/copy_engine.cpp, kernels/cuda/copy_stream.cu).
+// Streams and events are opaque handles (cudaStream_t, cudaEvent_t) so that host
+// code needs no CUDA headers.
+void* copy_stream_create();          // a cudaStreamNonBlocking stream on this process's device
+void copy_stream_destroy(void* stream);  // waits for its work first; never throws
+void* copy_event_create();           // cudaEventDisableTiming
+void copy_event_destroy(void* event);    // never throws
+// One asynchronous copy ordered after everything already enqueued on the compute
+// stream: `start` is recorded on the compute stream and `stream` waits for it,
+// then cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault) runs on `stream` and
+// `done` is recorded after it. `start` may be reused for the next copy at once.
+void copy_after_compute(void* stream, void* start, void* done, void* dst, const void* src, size_t bytes);
+// Work enqueued on the compute stream from now on waits for `event` (no host wait).
+void compute_wait_event(void* event);
+// Whether the work before `event`'s latest record has finished (cudaEventQuery).
+bool copy_event_done(void* event);
+// Blocks the host until everything enqueued on `stream` has finished.
+void copy_stream_synchronize(void* stream);
+
 // fp32 GEMMs: exact fp32 (default) or TF32 tensor cores (faster, ~1e-3 relative).
 void set_tf32(bool enabled);
 bool tf32();

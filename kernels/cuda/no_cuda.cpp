@@ -23,6 +23,14 @@ void device_free(void*) {}
 void* pinned_malloc(size_t) { absent(); }
 void pinned_free(void*) {}
 void synchronize() {}
+void* copy_stream_create() { absent(); }
+void copy_stream_destroy(void*) {}
+void* copy_event_create() { absent(); }
+void copy_event_destroy(void*) {}
+void copy_after_compute(void*, void*, void*, void*, const void*, size_t) { absent(); }
+void compute_wait_event(void*) { absent(); }
+bool copy_event_done(void*) { return true; }
+void copy_stream_synchronize(void*) {}
 void set_tf32(bool) {}
 bool tf32() { return false; }
 
