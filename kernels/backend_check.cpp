@@ -375,6 +375,27 @@ void check_cross_entropy(Checker& c) {
     c.compare_scalar("cross_entropy_forward_backward loss", shape, got, ref, 1e-6);
     c.compare("cross_entropy_forward_backward grad", shape, logits, kTolPointwise * 5);
   }
+  {  // the vocabulary-parallel glue between the passes (after the tp all-reduces)
+    const int64_t T = 1000;
+    const std::string shape = dims({{"T", T}});
+    Workspace w = c.workspace();
+    std::vector<int32_t> targets(T);
+    std::uniform_int_distribution<int32_t> target(-1, 31999);
+    for (int32_t& t : targets) t = target(c.rng());
+    const IndexTwin tg = w.indices(targets);
+    const Twin row_max = w.random({T}, -4, 8), headroom = w.random({T}, 0, 3), sumexp = w.random({T}, 1, 3000),
+               target_logit = w.random({T}, -8, 8), global_max = w.random({T});
+    copy(global_max.host, row_max.host);  // global max = row max + headroom >= row max
+    add_inplace(global_max.host, headroom.host);
+    copy(global_max.dev, global_max.host);
+    cross_entropy_rescale_sumexp(sumexp.host, row_max.host, global_max.host);
+    cross_entropy_rescale_sumexp(sumexp.dev, row_max.dev, global_max.dev);
+    c.compare("cross_entropy_rescale_sumexp", shape, sumexp, kTolPointwise);
+    const double ref = cross_entropy_global_loss(row_max.host, global_max.host, sumexp.host, target_logit.host, tg.host);
+    const double got = cross_entropy_global_loss(row_max.dev, global_max.dev, sumexp.dev, target_logit.dev, tg.dev);
+    c.compare("cross_entropy_global_loss lse", shape, row_max, kTolPointwise);
+    c.compare_scalar("cross_entropy_global_loss loss", shape, got, ref, 1e-6);
+  }
 }
 
 void check_adamw(Checker& c) {

@@ -472,6 +472,37 @@ void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const Inde
   }
 }
 
+void cross_entropy_rescale_sumexp(Tensor row_sumexp, const Tensor& row_max, const Tensor& global_max) {
+  const char* op = "cross_entropy_rescale_sumexp";
+  require_dims(op, "row_sumexp", row_sumexp, {-1});
+  const int64_t T = row_sumexp.dim(0);
+  require_dims(op, "row_max", row_max, {T});
+  require_dims(op, "global_max", global_max, {T});
+  const Device dev = common_device(op, row_sumexp, row_max, global_max);
+  switch (dev) {
+    case Device::CPU: return cpu::cross_entropy_rescale_sumexp(row_sumexp, row_max, global_max);
+    HDP_CUDA_CASE(cross_entropy_rescale_sumexp(row_sumexp, row_max, global_max))
+    default: throw UnsupportedDevice(op, dev);
+  }
+}
+
+double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
+                                 const Tensor& target_logit, const IndexTensor& targets) {
+  const char* op = "cross_entropy_global_loss";
+  require_dims(op, "lse", lse, {-1});
+  const int64_t T = lse.dim(0);
+  require_dims(op, "global_max", global_max, {T});
+  require_dims(op, "row_sumexp", row_sumexp, {T});
+  require_dims(op, "target_logit", target_logit, {T});
+  require_dims(op, "targets", targets, {T});
+  const Device dev = common_device(op, lse, global_max, row_sumexp, target_logit, targets);
+  switch (dev) {
+    case Device::CPU: return cpu::cross_entropy_global_loss(lse, global_max, row_sumexp, target_logit, targets);
+    HDP_CUDA_CASE(cross_entropy_global_loss(lse, global_max, row_sumexp, target_logit, targets))
+    default: throw UnsupportedDevice(op, dev);
+  }
+}
+
 double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT) {
   const char* op = "cross_entropy_forward_backward";
   require_dims(op, "logits", logits, {-1, -1});

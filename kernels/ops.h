@@ -117,6 +117,16 @@ void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit,
 // grad_scale * (softmax - onehot(target)) (zero rows where target = -1).
 void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const IndexTensor& targets, int64_t vocab_begin,
                                     float grad_scale);
+// Between the passes, when tp ranks each hold a vocabulary slice (all [T]):
+// after row_max was all-reduced (max) into global_max, rescale this rank's sums to
+// the common max: row_sumexp *= exp(row_max - global_max) (float, per element)...
+void cross_entropy_rescale_sumexp(Tensor row_sumexp, const Tensor& row_max, const Tensor& global_max);
+// ...and after row_sumexp and target_logit were all-reduced (sum): lse = global_max +
+// log(row_sumexp) (float; lse may be row_max's memory), and the return value is the
+// sum over rows with targets >= 0 of double(lse) - double(target_logit), added in
+// row order in double (brought back to the host).
+double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
+                                 const Tensor& target_logit, const IndexTensor& targets);
 // Single-shard convenience: both passes; returns the sum over predicted rows of
 // -log softmax(target) (in double) and leaves the scaled gradient in logits.
 double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT);

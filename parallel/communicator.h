@@ -1,8 +1,10 @@
 #pragma once
 // One interface for every collective and point-to-point transfer the trainer
-// makes. The MPI implementation (mpi_communicator.h) moves CPU buffers; a NCCL
-// implementation will move device buffers behind the same calls. Nothing above
-// parallel/ calls MPI directly.
+// makes. The MPI implementation (mpi_communicator.h) moves CPU buffers directly and
+// device buffers through page-locked host staging; a NCCL implementation could move
+// device buffers directly behind the same calls. Nothing above parallel/ calls MPI
+// directly. Tensors may live on any device; callers never touch their elements on
+// the host.
 
 #include <cstdint>
 #include <memory>

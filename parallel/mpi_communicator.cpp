@@ -1,28 +1,147 @@
 #include "parallel/mpi_communicator.h"
 
 #include <climits>
-#include <functional>
-#include <vector>
+#include <cstdlib>
+#include <map>
+#include <mutex>
+#include <new>
 #include <stdexcept>
+#include <vector>
 
+#include "kernels/cuda/cuda_runtime.h"
 #include "kernels/device.h"
+#include "kernels/ops.h"
 
 namespace hdp {
+
+// ---- staging pool ------------------------------------------------------------------
+
+class StagingPool {
+ public:
+  struct Block {
+    float* data = nullptr;
+    int size_class = 0;  // the block holds 2^size_class bytes
+    bool pinned = false;
+  };
+
+  StagingPool() = default;
+  StagingPool(const StagingPool&) = delete;
+  StagingPool& operator=(const StagingPool&) = delete;
+  ~StagingPool() {
+    for (auto& [key, blocks] : free_) {
+      for (const Block& b : blocks) release_memory(b);
+    }
+  }
+
+  // A block of at least `bytes`: a free one of its size class, else a new one.
+  Block acquire(size_t bytes, bool pinned) {
+    int size_class = kMinClass;
+    while ((size_t{1} << size_class) < bytes) ++size_class;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      std::vector<Block>& list = free_[key(size_class, pinned)];
+      if (!list.empty()) {
+        const Block b = list.back();
+        list.pop_back();
+        return b;
+      }
+    }
+    Block b;
+    b.size_class = size_class;
+    b.pinned = pinned;
+    const size_t n = size_t{1} << size_class;
+    b.data = static_cast<float*>(pinned ? cuda::pinned_malloc(n) : std::aligned_alloc(4096, n));
+    if (b.data == nullptr) throw std::bad_alloc();
+    std::lock_guard<std::mutex> lock(mutex_);
+    bytes_ += n;
+    ++allocations_;
+    return b;
+  }
+
+  void release(const Block& b) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_[key(b.size_class, b.pinned)].push_back(b);
+  }
+
+  size_t bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return bytes_;
+  }
+  int64_t allocations() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return allocations_;
+  }
+
+ private:
+  static constexpr int kMinClass = 12;  // 4 KiB
+  static int key(int size_class, bool pinned) { return 2 * size_class + (pinned ? 1 : 0); }
+  static void release_memory(const Block& b) {
+    if (b.pinned) {
+      cuda::pinned_free(b.data);
+    } else {
+      std::free(b.data);
+    }
+  }
+
+  mutable std::mutex mutex_;
+  std::map<int, std::vector<Block>> free_;
+  size_t bytes_ = 0;
+  int64_t allocations_ = 0;
+};
+
 namespace {
+
+// Tensor t as one flat run of elements [begin, end).
+Tensor flat(const Tensor& t, int64_t begin, int64_t end) { return Tensor(t.data + begin, {end - begin}, t.device); }
+Tensor flat(const Tensor& t) { return flat(t, 0, t.numel()); }
 
 class MpiPending final : public CommRequest::Pending {
  public:
   MPI_Request request = MPI_REQUEST_NULL;
   // Count and displacement arrays of a v-collective must outlive the call.
   std::vector<int> counts, displacements;
-  void wait() override { MPI_Wait(&request, MPI_STATUS_IGNORE); }
-};
+  // Staged buffers: the blocks in use, and the outputs to copy back after MPI_Wait.
+  std::shared_ptr<StagingPool> pool;
+  std::vector<StagingPool::Block> blocks;
+  struct CopyBack {
+    Tensor destination;  // flat
+    float* staged;
+  };
+  std::vector<CopyBack> copy_back;
 
-CommRequest start(const std::function<void(MpiPending&)>& call) {
-  auto pending = std::make_unique<MpiPending>();
-  call(*pending);
-  return CommRequest(std::move(pending));
-}
+  ~MpiPending() override { release_blocks(); }
+
+  void wait() override {
+    MPI_Wait(&request, MPI_STATUS_IGNORE);
+    for (const CopyBack& c : copy_back) {
+      copy(c.destination, Tensor(c.staged, {c.destination.numel()}, Device::CPU));
+    }
+    copy_back.clear();
+    release_blocks();
+  }
+
+  // The host address MPI uses for `t` (flat, all of it): a staging block when
+  // `staged`, else t's own memory. Elements [in_begin, in_end) of t are copied into
+  // the block now (the part MPI reads); with `output`, the whole block is copied
+  // back into t by wait().
+  float* host_buffer(const Tensor& t, bool staged, int64_t in_begin, int64_t in_end, bool output) {
+    if (!staged) return t.data;
+    const StagingPool::Block b = pool->acquire(t.bytes(), t.device != Device::CPU);
+    blocks.push_back(b);
+    if (in_end > in_begin) copy(Tensor(b.data + in_begin, {in_end - in_begin}, Device::CPU), flat(t, in_begin, in_end));
+    if (output) copy_back.push_back({flat(t), b.data});
+    return b.data;
+  }
+  float* input(const Tensor& t, bool staged) { return host_buffer(t, staged, 0, t.numel(), false); }
+  float* output(const Tensor& t, bool staged) { return host_buffer(t, staged, 0, 0, true); }
+  float* in_out(const Tensor& t, bool staged) { return host_buffer(t, staged, 0, t.numel(), true); }
+
+ private:
+  void release_blocks() {
+    for (const StagingPool::Block& b : blocks) pool->release(b);
+    blocks.clear();
+  }
+};
 
 // Part sizes and offsets of an even split of n elements (Communicator::part_begin).
 void split_counts(int64_t n, int parts, MpiPending& p) {
@@ -36,13 +155,7 @@ void split_counts(int64_t n, int parts, MpiPending& p) {
 
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX; }
 
-// A group of one moves no data, so its "collectives" accept device buffers; larger
-// groups need host memory until a device-aware communicator (NCCL) exists.
-int count_of(const Tensor& t, const std::string& what, int group_size) {
-  if (t.device != Device::CPU && group_size > 1) {
-    throw std::invalid_argument("MPI " + what + ": the MPI communicator moves host memory only, and this buffer is on " +
-                                device_name(t.device));
-  }
+int count_of(const Tensor& t, const std::string& what) {
   if (t.numel() > INT_MAX) throw std::invalid_argument("MPI " + what + ": more than 2^31 elements in one call");
   return static_cast<int>(t.numel());
 }
@@ -51,7 +164,8 @@ int64_t ring_bytes(int64_t bytes, int n, int passes) { return n <= 1 ? 0 : passe
 
 }  // namespace
 
-MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name) : comm_(comm), name_(std::move(name)) {
+MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name)
+    : comm_(comm), name_(std::move(name)), staging_(std::make_shared<StagingPool>()) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
 }
@@ -69,19 +183,31 @@ std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key, std:
   return std::make_unique<MpiCommunicator>(out, std::move(name));
 }
 
+size_t MpiCommunicator::staging_bytes() const { return staging_->bytes(); }
+int64_t MpiCommunicator::staging_allocations() const { return staging_->allocations(); }
+
+namespace {
+std::unique_ptr<MpiPending> pending_with(const std::shared_ptr<StagingPool>& pool) {
+  auto p = std::make_unique<MpiPending>();
+  p->pool = pool;
+  return p;
+}
+}  // namespace
+
 CommRequest MpiCommunicator::all_reduce_async(Tensor data, ReduceOp op) {
-  const int n = count_of(data, name_ + " all-reduce", size_);
+  const int n = count_of(data, name_ + " all-reduce");
   stats_.collective_bytes += ring_bytes(static_cast<int64_t>(data.bytes()), size_, 2);
   ++stats_.collectives;
   if (size_ == 1) return {};
-  return start([&](MpiPending& p) {
-    MPI_Iallreduce(MPI_IN_PLACE, data.data, n, MPI_FLOAT, mpi_op(op), comm_, &p.request);
-  });
+  auto p = pending_with(staging_);
+  float* buffer = p->in_out(data, staged(data));
+  MPI_Iallreduce(MPI_IN_PLACE, buffer, n, MPI_FLOAT, mpi_op(op), comm_, &p->request);
+  return CommRequest(std::move(p));
 }
 
 CommRequest MpiCommunicator::reduce_scatter_async(const Tensor& send, Tensor recv) {
-  const int n = count_of(send, name_ + " reduce-scatter", size_);
-  count_of(recv, name_ + " reduce-scatter", size_);
+  const int n = count_of(send, name_ + " reduce-scatter");
+  count_of(recv, name_ + " reduce-scatter");
   const int64_t mine = part_begin(n, rank_ + 1, size_) - part_begin(n, rank_, size_);
   if (recv.numel() != mine) {
     throw std::invalid_argument(name_ + " reduce-scatter: rank " + std::to_string(rank_) + " receives " +
@@ -90,42 +216,60 @@ CommRequest MpiCommunicator::reduce_scatter_async(const Tensor& send, Tensor rec
   }
   stats_.collective_bytes += ring_bytes(static_cast<int64_t>(send.bytes()), size_, 1);
   ++stats_.collectives;
-  return start([&](MpiPending& p) {
-    split_counts(n, size_, p);
-    MPI_Ireduce_scatter(send.data, recv.data, p.counts.data(), MPI_FLOAT, MPI_SUM, comm_, &p.request);
-  });
+  if (size_ == 1 && (staged(send) || staged(recv))) {  // nothing to reduce: recv = send, on the device
+    copy(flat(recv), flat(send));
+    return {};
+  }
+  auto p = pending_with(staging_);
+  split_counts(n, size_, *p);
+  const float* send_buffer = p->input(send, staged(send));
+  float* recv_buffer = p->output(recv, staged(recv));
+  MPI_Ireduce_scatter(send_buffer, recv_buffer, p->counts.data(), MPI_FLOAT, MPI_SUM, comm_, &p->request);
+  return CommRequest(std::move(p));
 }
 
 CommRequest MpiCommunicator::all_gather_async(Tensor buffer) {
-  const int n = count_of(buffer, name_ + " all-gather", size_);
+  const int n = count_of(buffer, name_ + " all-gather");
   stats_.collective_bytes += ring_bytes(static_cast<int64_t>(buffer.bytes()), size_, 1);
   ++stats_.collectives;
   if (size_ == 1) return {};
-  return start([&](MpiPending& p) {
-    split_counts(n, size_, p);
-    MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, buffer.data, p.counts.data(), p.displacements.data(),
-                    MPI_FLOAT, comm_, &p.request);
-  });
+  auto p = pending_with(staging_);
+  split_counts(n, size_, *p);
+  // In place, MPI reads only this rank's part.
+  float* host = p->host_buffer(buffer, staged(buffer), part_begin(n, rank_, size_), part_begin(n, rank_ + 1, size_),
+                               true);
+  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, host, p->counts.data(), p->displacements.data(), MPI_FLOAT,
+                  comm_, &p->request);
+  return CommRequest(std::move(p));
 }
 
 CommRequest MpiCommunicator::broadcast_async(Tensor data, int root) {
-  const int n = count_of(data, name_ + " broadcast", size_);
+  const int n = count_of(data, name_ + " broadcast");
   if (rank_ == root) stats_.collective_bytes += static_cast<int64_t>(data.bytes());
   ++stats_.collectives;
   if (size_ == 1) return {};
-  return start([&](MpiPending& p) { MPI_Ibcast(data.data, n, MPI_FLOAT, root, comm_, &p.request); });
+  auto p = pending_with(staging_);
+  float* buffer = rank_ == root ? p->input(data, staged(data)) : p->output(data, staged(data));
+  MPI_Ibcast(buffer, n, MPI_FLOAT, root, comm_, &p->request);
+  return CommRequest(std::move(p));
 }
 
 CommRequest MpiCommunicator::send_async(const Tensor& data, int peer, int tag) {
-  const int n = count_of(data, name_ + " send", size_);
+  const int n = count_of(data, name_ + " send");
   stats_.p2p_bytes += static_cast<int64_t>(data.bytes());
   ++stats_.p2p_messages;
-  return start([&](MpiPending& p) { MPI_Isend(data.data, n, MPI_FLOAT, peer, tag, comm_, &p.request); });
+  auto p = pending_with(staging_);
+  const float* buffer = p->input(data, staged(data));
+  MPI_Isend(buffer, n, MPI_FLOAT, peer, tag, comm_, &p->request);
+  return CommRequest(std::move(p));
 }
 
 CommRequest MpiCommunicator::recv_async(Tensor data, int peer, int tag) {
-  const int n = count_of(data, name_ + " recv", size_);
-  return start([&](MpiPending& p) { MPI_Irecv(data.data, n, MPI_FLOAT, peer, tag, comm_, &p.request); });
+  const int n = count_of(data, name_ + " recv");
+  auto p = pending_with(staging_);
+  float* buffer = p->output(data, staged(data));
+  MPI_Irecv(buffer, n, MPI_FLOAT, peer, tag, comm_, &p->request);
+  return CommRequest(std::move(p));
 }
 
 void MpiCommunicator::all_reduce(std::span<double> values, ReduceOp op) {

@@ -1,11 +1,25 @@
 #pragma once
-// Communicator over an MPI communicator and CPU buffers.
+// Communicator over an MPI communicator. Host buffers go to MPI as they are;
+// device buffers are staged through page-locked host memory (see below).
 
 #include <mpi.h>
+
+#include <cstdint>
+#include <memory>
 
 #include "parallel/communicator.h"
 
 namespace hdp {
+
+// Page-locked host blocks that device buffers are staged through, owned by one
+// communicator (and kept alive by the requests still using them). Blocks come in
+// power-of-two size classes (4 KiB and up) and go back to their class's free list
+// when the request that used them completes; a new block is allocated only when a
+// class has none free. A training step repeats the same transfers, so the pool
+// grows during the first step (and when a later batch needs a larger class, e.g.
+// a longer ring message) and steady-state steps allocate no pinned memory. Blocks
+// are freed with the communicator. Thread-safe.
+class StagingPool;
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -24,6 +38,11 @@ class MpiCommunicator final : public Communicator {
   const std::string& name() const override { return name_; }
   MPI_Comm handle() const { return comm_; }
 
+  // Device buffers (Device::CUDA) work in every call: an input is copied to a
+  // staging block before the MPI call starts (so the caller may reuse it at once),
+  // an output is copied back from its block in wait(). The copies run on the
+  // device's compute stream and synchronise it, so they see all work enqueued
+  // before the call. Groups of one move no data (reduce-scatter copies on the device).
   CommRequest all_reduce_async(Tensor data, ReduceOp op) override;
   CommRequest reduce_scatter_async(const Tensor& send, Tensor recv) override;
   CommRequest all_gather_async(Tensor buffer) override;
@@ -35,11 +54,24 @@ class MpiCommunicator final : public Communicator {
   void barrier() override;
   using Communicator::all_reduce;
 
+  // Staging pool: bytes held (pinned or, in the test mode below, ordinary host
+  // memory) and how many blocks were ever allocated.
+  size_t staging_bytes() const;
+  int64_t staging_allocations() const;
+  // For tests on machines without a GPU: send host buffers through the staging
+  // path too (blocks are then ordinary host memory), so that it is exercised.
+  void stage_host_buffers_for_testing(bool on) { stage_host_ = on; }
+
  private:
+  // Whether `t` goes through a staging block.
+  bool staged(const Tensor& t) const { return t.device != Device::CPU || stage_host_; }
+
   MPI_Comm comm_;
   std::string name_;
   int rank_ = 0;
   int size_ = 1;
+  std::shared_ptr<StagingPool> staging_;
+  bool stage_host_ = false;
 };
 
 }  // namespace hdp

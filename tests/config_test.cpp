@@ -494,6 +494,20 @@ TEST(ConfigErrors, OtherConstraints) {
   }
 }
 
+TEST(Config, CudaWithSeveralRanksIsAccepted) {
+  // Device buffers go through the MPI communicator's pinned staging, so every layout
+  // may run on the GPU (several ranks may share one).
+  Scratch s("cuda_layouts");
+  const std::string path = s.config(kMinimalConfig);
+  for (const char* layout : {"parallel.tp=2", "parallel.pp=2", "parallel.hdp=2"}) {
+    SCOPED_TRACE(layout);
+    const Config c = load_config(path, {"train.device=cuda", layout});
+    EXPECT_EQ(c.train.device, "cuda");
+  }
+  EXPECT_EQ(load_config(path, {"train.device=cuda", "parallel.tp=2", "parallel.pp=2", "parallel.hdp=2"}).parallel.hdp,
+            2);
+}
+
 TEST(ConfigErrors, MissingDataFile) {
   Scratch s("missing_data");
   const std::string missing = s.dir + "/nope/corpus.h5";

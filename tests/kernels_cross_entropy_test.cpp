@@ -180,6 +180,78 @@ TEST(KernelsCrossEntropy, VocabularyShardedInTwoHalvesMatchesUnsharded) {
     }
 }
 
+// The vocabulary-parallel glue equals, bit for bit, the host loops LlamaModel::
+// cross_entropy ran before it became an op (kept here as the reference).
+TEST(KernelsCrossEntropy, GlueBetweenPassesIsBitIdenticalToTheHostLoops) {
+  const int64_t T = 1001;
+  std::vector<float> row_max = random_floats(T, 3, -4, 8), headroom = random_floats(T, 4, 0, 3),
+                     sumexp = random_floats(T, 5, 1, 3000), target_logit = random_floats(T, 6, -8, 8);
+  std::vector<float> global_max(T);
+  std::vector<int32_t> targets(T);
+  for (int64_t i = 0; i < T; ++i) {
+    global_max[i] = i % 7 == 0 ? row_max[i] : row_max[i] + headroom[i];  // this rank holds the max, or not
+    targets[i] = i % 5 == 2 ? -1 : static_cast<int32_t>((i * 37) % 32000);
+  }
+  // The old host loops, verbatim (row_max becomes the lse).
+  std::vector<float> want_sumexp = sumexp, want_lse = row_max;
+  for (int64_t i = 0; i < T; ++i) want_sumexp[i] *= std::exp(want_lse[i] - global_max[i]);
+  double want_loss = 0;
+  for (int64_t i = 0; i < T; ++i) {
+    want_lse[i] = global_max[i] + std::log(want_sumexp[i]);
+    if (targets[i] >= 0) want_loss += static_cast<double>(want_lse[i]) - target_logit[i];
+  }
+
+  const Tensor m(row_max.data(), {T}), s(sumexp.data(), {T}), g(global_max.data(), {T}),
+      tl(target_logit.data(), {T});
+  const IndexTensor tg(targets.data(), {T});
+  hdp::cross_entropy_rescale_sumexp(s, m, g);
+  const double loss = hdp::cross_entropy_global_loss(m, g, s, tl, tg);
+  EXPECT_EQ(std::memcmp(sumexp.data(), want_sumexp.data(), T * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(row_max.data(), want_lse.data(), T * sizeof(float)), 0);
+  EXPECT_EQ(std::memcmp(&loss, &want_loss, sizeof(double)), 0) << loss << " vs " << want_loss;
+
+  // Shapes are checked.
+  std::vector<float> small(3);
+  EXPECT_THROW(hdp::cross_entropy_rescale_sumexp(s, Tensor(small.data(), {3}), g), std::invalid_argument);
+  EXPECT_THROW(hdp::cross_entropy_global_loss(m, g, s, tl, IndexTensor(targets.data(), {3})), std::invalid_argument);
+}
+
+// Two vocabulary shards combined with the glue ops equal the unsharded loss.
+TEST(KernelsCrossEntropy, ShardsCombinedWithTheGlueOpsMatchUnsharded) {
+  Case c = make_case();
+  const int64_t T = c.T, V = c.V, V0 = 2600, V1 = V - V0;
+  std::vector<float> a(T * V0), b(T * V1);
+  for (int64_t t = 0; t < T; ++t) {
+    std::copy(&c.logits[t * V], &c.logits[t * V] + V0, &a[t * V0]);
+    std::copy(&c.logits[t * V] + V0, &c.logits[(t + 1) * V], &b[t * V1]);
+  }
+  std::vector<float> ma(T), sa(T), ta(T), mb(T), sb(T), tb(T);
+  IndexTensor tg(c.targets.data(), {T});
+  hdp::cross_entropy_stats(Tensor(ma.data(), {T}), Tensor(sa.data(), {T}), Tensor(ta.data(), {T}),
+                           Tensor(a.data(), {T, V0}), tg, 0);
+  hdp::cross_entropy_stats(Tensor(mb.data(), {T}), Tensor(sb.data(), {T}), Tensor(tb.data(), {T}),
+                           Tensor(b.data(), {T, V1}), tg, V0);
+  // What the tp all-reduces would do: max of the maxes, then sums of the rescaled sums and target logits.
+  std::vector<float> gm(T), s(T), tl(T), lse(T);
+  for (int64_t t = 0; t < T; ++t) gm[t] = std::max(ma[t], mb[t]);
+  hdp::cross_entropy_rescale_sumexp(Tensor(sa.data(), {T}), Tensor(ma.data(), {T}), Tensor(gm.data(), {T}));
+  hdp::cross_entropy_rescale_sumexp(Tensor(sb.data(), {T}), Tensor(mb.data(), {T}), Tensor(gm.data(), {T}));
+  for (int64_t t = 0; t < T; ++t) {
+    s[t] = sa[t] + sb[t];
+    tl[t] = ta[t] + tb[t];
+  }
+  const double loss = hdp::cross_entropy_global_loss(Tensor(lse.data(), {T}), Tensor(gm.data(), {T}),
+                                                     Tensor(s.data(), {T}), Tensor(tl.data(), {T}), tg);
+  std::vector<float> full = c.logits, scratch(3 * T);
+  const double full_loss = hdp::cross_entropy_forward_backward(Tensor(full.data(), {T, V}), tg, 0.5f,
+                                                               Tensor(scratch.data(), {3 * T}));
+  EXPECT_NEAR(loss, full_loss, 1e-6 * full_loss);
+  for (int64_t t = 0; t < T; ++t) {
+    if (c.targets[t] < 0) continue;
+    EXPECT_NEAR(lse[t], scratch[t], 1e-6 * std::abs(scratch[t]) + 1e-6) << t;
+  }
+}
+
 TEST(KernelsCrossEntropy, DeterministicAndNanPropagates) {
   Case c = make_case(64, 3001);
   auto run = [&](std::vector<float>& g) {

@@ -56,6 +56,8 @@ TEST(KernelsOps, EveryOpRejectsCudaTensors) {
   EXPECT_THROW(hdp::cross_entropy_stats(t({4}), t({4}), t({4}), t({4, 10}), tok, 0), U);
   EXPECT_THROW(hdp::cross_entropy_backward_inplace(t({4, 10}), t({4}), tok, 0, 1.0f), U);
   EXPECT_THROW(hdp::cross_entropy_forward_backward(t({4, 10}), tok, 1.0f, t({12})), U);
+  EXPECT_THROW(hdp::cross_entropy_rescale_sumexp(t({4}), t({4}), t({4})), U);
+  EXPECT_THROW(hdp::cross_entropy_global_loss(t({4}), t({4}), t({4}), t({4}), tok), U);
   EXPECT_THROW(hdp::adamw_update(t({4}), t({4}), t({4}), t({4}), s), U);
   const std::string msg = error_of([&] { hdp::swiglu_forward(t({4, 8}), t({4, 8}), t({4, 8})); });
   EXPECT_NE(msg.find("swiglu_forward"), std::string::npos) << msg;

@@ -572,10 +572,6 @@ struct Parser {
     non_negative(t.peak_flops, "train.peak_flops", "it must be 0 or more (0 = measure with a GEMM probe)");
     require(t.device == "cpu" || t.device == "cuda", "train.device", "unknown device " + shown("train.device"),
             "choose cpu or cuda");
-    require(t.device == "cpu" || p.tp * p.pp * p.hdp == 1, "train.device",
-            "cuda runs one rank today, but parallel.tp x pp x hdp = " + std::to_string(p.tp * p.pp * p.hdp),
-            "use train.device=cpu for several ranks until the NCCL communicator lands", {"parallel.tp", "parallel.pp",
-            "parallel.hdp"});
 
     // parallel
     positive(p.tp, "parallel.tp");

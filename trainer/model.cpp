@@ -581,20 +581,15 @@ double LlamaModel::cross_entropy(const Tensor& logits, const IndexTensor& target
   if (tp_ == nullptr || tp_->size() == 1) {
     return cross_entropy_forward_backward(logits, targets, loss_scale, scratch_.ce_stats);
   }
-  if (device_ != Device::CPU) throw UnsupportedDevice("vocabulary-parallel cross-entropy", device_);
   const Tensor row_max = scratch_.ce_stats.rows(0, n), sumexp = scratch_.ce_stats.rows(n, 2 * n),
                target_logit = scratch_.ce_stats.rows(2 * n, 3 * n), global_max = scratch_.ce_global.rows(0, n);
   cross_entropy_stats(row_max, sumexp, target_logit, logits, targets, vocab_begin_);
   copy(global_max, row_max);
   tp_->all_reduce(global_max, ReduceOp::Max);
-  for (int64_t i = 0; i < n; ++i) sumexp.data[i] *= std::exp(row_max.data[i] - global_max.data[i]);
+  cross_entropy_rescale_sumexp(sumexp, row_max, global_max);
   tp_->all_reduce(scratch_.ce_stats.rows(n, 3 * n), ReduceOp::Sum);  // sum of exponentials and target logit
-  double loss = 0;
   const Tensor lse = row_max;  // reused: the global log-sum-exp per row
-  for (int64_t i = 0; i < n; ++i) {
-    lse.data[i] = global_max.data[i] + std::log(sumexp.data[i]);
-    if (targets.data[i] >= 0) loss += static_cast<double>(lse.data[i]) - target_logit.data[i];
-  }
+  const double loss = cross_entropy_global_loss(lse, global_max, sumexp, target_logit, targets);
   cross_entropy_backward_inplace(logits, lse, targets, vocab_begin_, loss_scale);
   return loss;
 }

@@ -103,16 +103,20 @@ void run_training(const Config& config, const ProcessInfo& process) {
   const int threads = configure_threads(config.train.threads, process);
   const bool on_gpu = config.train.device == "cuda";
   if (on_gpu) {
-    // One GPU per rank: the local rank's among those visible (CUDA_VISIBLE_DEVICES).
+    // The GPU of the local rank modulo those visible (CUDA_VISIBLE_DEVICES): one per
+    // rank when there are enough, else several ranks of a node share one.
     std::string why;
     if (!cuda::available(&why)) {
       throw ConfigError("train.device: cuda asked for, but rank " + std::to_string(process.rank) + " on " +
                         process.hostname + " has no usable CUDA device (" + why + ")");
     }
-    cuda::initialize(process.local_rank);
+    const int visible = cuda::device_count();
+    const int gpu = process.local_rank % visible;
+    cuda::initialize(gpu);
     cuda::set_tf32(config.train.tf32);
-    spdlog::info("rank {}: {}{}", process.rank, cuda::device_description(),
-                 config.train.tf32 ? ", fp32 GEMMs on TF32 tensor cores" : "");
+    spdlog::info("rank {} (local rank {}): GPU {} of {} visible{}, {}{}", process.rank, process.local_rank, gpu,
+                 visible, process.local_size > visible ? " (shared by the node's ranks)" : "",
+                 cuda::device_description(), config.train.tf32 ? ", fp32 GEMMs on TF32 tensor cores" : "");
   }
 
   // With a remote loader the last ranks serve data; the others train on a

@@ -157,4 +157,23 @@ double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets,
   return loss;
 }
 
+// The vocabulary-parallel glue, one row after the other in float (exp, log) and
+// the loss in double, exactly the operations (and order) of the host loops that
+// LlamaModel::cross_entropy had: a CPU run's losses stay bit-identical.
+void cross_entropy_rescale_sumexp(Tensor row_sumexp, const Tensor& row_max, const Tensor& global_max) {
+  const int64_t T = row_sumexp.dim(0);
+  for (int64_t i = 0; i < T; ++i) row_sumexp.data[i] *= std::exp(row_max.data[i] - global_max.data[i]);
+}
+
+double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
+                                 const Tensor& target_logit, const IndexTensor& targets) {
+  const int64_t T = lse.dim(0);
+  double loss = 0;
+  for (int64_t i = 0; i < T; ++i) {
+    lse.data[i] = global_max.data[i] + std::log(row_sumexp.data[i]);
+    if (targets.data[i] >= 0) loss += static_cast<double>(lse.data[i]) - target_logit.data[i];
+  }
+  return loss;
+}
+
 }  // namespace hdp::cpu

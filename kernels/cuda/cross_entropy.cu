@@ -16,6 +16,10 @@
 // and leaves [lse | row_sumexp | target_logit] in the scratch as the CPU does.
 // exp/log are CUDA's expf/logf (the CPU uses its fast_expf, ~1.4 ulp), so the last
 // bits may differ.
+//
+// The vocabulary-parallel glue between the passes (rescale of the sums to the global
+// max, global log-sum-exp and loss) is elementwise plus one single-block loss sum
+// like forward_backward's.
 
 #include <cmath>
 #include <cstdint>
@@ -210,7 +214,56 @@ __global__ void loss_kernel(float* __restrict__ row_max, const float* __restrict
   if (threadIdx.x == 0) g_loss = acc;
 }
 
+// row_sumexp *= exp(row_max - global_max), per row.
+__global__ void rescale_kernel(float* __restrict__ row_sumexp, const float* __restrict__ row_max,
+                               const float* __restrict__ global_max, int64_t T) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < T;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    row_sumexp[i] = __fmul_rn(row_sumexp[i], expf(__fsub_rn(row_max[i], global_max[i])));
+  }
+}
+
+// One block: lse = global_max + log(sumexp) per row (float), and the loss sum over rows
+// with a target of double(lse) - double(target_logit) in a fixed order (deterministic).
+__global__ void global_loss_kernel(float* __restrict__ lse, const float* __restrict__ global_max,
+                                   const float* __restrict__ row_sumexp, const float* __restrict__ target_logit,
+                                   const int32_t* __restrict__ targets, int64_t T) {
+  __shared__ double shared[32];
+  double acc = 0.0;
+  for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
+    const float l = __fadd_rn(global_max[t], logf(row_sumexp[t]));
+    lse[t] = l;
+    if (targets[t] >= 0) acc += static_cast<double>(l) - static_cast<double>(target_logit[t]);
+  }
+  acc = block_sum_double(acc, shared);
+  if (threadIdx.x == 0) g_loss = acc;
+}
+
 }  // namespace
+
+void cross_entropy_rescale_sumexp(Tensor row_sumexp, const Tensor& row_max, const Tensor& global_max) {
+  const int64_t T = row_sumexp.dim(0);
+  if (T == 0) return;
+  constexpr int kThreads = 256;
+  const int64_t blocks = (T + kThreads - 1) / kThreads;
+  rescale_kernel<<<static_cast<unsigned>(blocks < 65535 ? blocks : 65535), kThreads, 0, compute_stream()>>>(
+      row_sumexp.data, row_max.data, global_max.data, T);
+  HDP_CUDA_CHECK_LAUNCH("cross_entropy_rescale_sumexp");
+}
+
+double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
+                                 const Tensor& target_logit, const IndexTensor& targets) {
+  const int64_t T = lse.dim(0);
+  if (T == 0) return 0.0;
+  cudaStream_t stream = compute_stream();
+  global_loss_kernel<<<1, kLossThreads, 0, stream>>>(lse.data, global_max.data, row_sumexp.data, target_logit.data,
+                                                      targets.data, T);
+  HDP_CUDA_CHECK_LAUNCH("cross_entropy_global_loss");
+  double loss = 0.0;
+  HDP_CUDA_CHECK(cudaMemcpyFromSymbolAsync(&loss, g_loss, sizeof(double), 0, cudaMemcpyDeviceToHost, stream));
+  HDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return loss;
+}
 
 void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit, const Tensor& logits,
                          const IndexTensor& targets, int64_t vocab_begin) {

@@ -60,6 +60,9 @@ void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit,
 void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const IndexTensor& targets, int64_t vocab_begin,
                                     float grad_scale);
 double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT);
+void cross_entropy_rescale_sumexp(Tensor row_sumexp, const Tensor& row_max, const Tensor& global_max);
+double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
+                                 const Tensor& target_logit, const IndexTensor& targets);
 
 void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s);
 

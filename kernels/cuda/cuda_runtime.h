@@ -19,6 +19,9 @@ bool available(std::string* why = nullptr);
 // which honours CUDA_VISIBLE_DEVICES) and creates the streams and handles.
 // Throws std::runtime_error naming the device when it cannot.
 void initialize(int device = 0);
+// How many CUDA devices this process sees (CUDA_VISIBLE_DEVICES applies); 0 when
+// none can be used or the build has no CUDA backend.
+int device_count();
 // "NVIDIA H100 80GB HBM3 (sm_90, 132 SMs, 79.1 GiB)".
 std::string device_description();
 

@@ -17,6 +17,7 @@ bool available(std::string* why) {
   return false;
 }
 void initialize(int) { absent(); }
+int device_count() { return 0; }
 std::string device_description() { absent(); }
 void* device_malloc(size_t) { absent(); }
 void device_free(void*) {}

@@ -53,6 +53,15 @@ bool available(std::string* why) {
   return true;
 }
 
+int device_count() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
 void initialize(int device) {
   State& s = state();
   std::call_once(s.once, [&] {
