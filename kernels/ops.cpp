@@ -10,11 +10,16 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_runtime.h"
 
 // A backend's case in a dispatch switch, present only when it is compiled in.
+// Each CUDA op is timed on the device when HDP_CUDA_OP_TIMES=1 (cuda_runtime.h).
 #if HDP_HAVE_CUDA
-#define HDP_CUDA_CASE(call) \
-  case Device::CUDA: return cuda::call;
+#define HDP_CUDA_CASE(call)             \
+  case Device::CUDA: {                  \
+    const cuda::OpTimer op_timer_(op);  \
+    return cuda::call;                  \
+  }
 #else
 #define HDP_CUDA_CASE(call)
 #endif

@@ -317,6 +317,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
     }
   }
   if (loader) loader->stop_servers();
+  if (on_gpu && cuda::op_times_enabled()) spdlog::info("rank {}: {}", process.rank, cuda::op_times_report());
   if (process.rank == 0) spdlog::info("training finished; metrics in {}", metrics->path());
 }
 

@@ -55,4 +55,24 @@ void copy_stream_synchronize(void* stream);
 void set_tf32(bool enabled);
 bool tf32();
 
+// Device time per op, for finding where a step's time goes: with the environment
+// variable HDP_CUDA_OP_TIMES=1 every op dispatched to the CUDA backend is bracketed
+// by two CUDA events on the compute stream (kernels/ops.cpp), and
+// op_times_report() sums the elapsed times per op name. Off by default: the
+// events cost a few microseconds per op.
+bool op_times_enabled();
+class OpTimer {
+ public:
+  explicit OpTimer(const char* op);
+  ~OpTimer();
+  OpTimer(const OpTimer&) = delete;
+  OpTimer& operator=(const OpTimer&) = delete;
+
+ private:
+  const char* op_;
+  void* start_ = nullptr;  // the start event (a cudaEvent_t); null when timing is off
+};
+// A table: op, calls, total ms, share of the timed total; empty when timing is off.
+std::string op_times_report();
+
 }  // namespace hdp::cuda

@@ -33,6 +33,10 @@ void compute_wait_event(void*) { absent(); }
 bool copy_event_done(void*) { return true; }
 void copy_stream_synchronize(void*) {}
 void set_tf32(bool) {}
+bool op_times_enabled() { return false; }
+OpTimer::OpTimer(const char* op) : op_(op) {}
+OpTimer::~OpTimer() = default;
+std::string op_times_report() { return {}; }
 bool tf32() { return false; }
 
 }  // namespace hdp::cuda

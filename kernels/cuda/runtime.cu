@@ -5,7 +5,11 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <vector>
 #include <mutex>
 #include <new>
 #include <stdexcept>
@@ -132,6 +136,101 @@ void pinned_free(void* ptr) {
 }
 
 void synchronize() { HDP_CUDA_CHECK(cudaStreamSynchronize(compute_stream())); }
+
+// ---- per-op device times ----------------------------------------------------------
+namespace {
+
+struct OpTimes {
+  std::mutex mutex;
+  std::vector<cudaEvent_t> free_events;
+  struct Interval {
+    const char* op;
+    cudaEvent_t start, end;
+  };
+  std::vector<Interval> pending;  // recorded, not yet read
+  std::map<std::string, std::pair<int64_t, double>> totals;  // op -> calls, milliseconds
+
+  cudaEvent_t take() {
+    if (free_events.empty()) {
+      cudaEvent_t e;
+      HDP_CUDA_CHECK(cudaEventCreate(&e));
+      return e;
+    }
+    cudaEvent_t e = free_events.back();
+    free_events.pop_back();
+    return e;
+  }
+  // Reads every recorded interval (waits for the device) and recycles its events.
+  void drain() {
+    HDP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+    for (const Interval& i : pending) {
+      float ms = 0;
+      HDP_CUDA_CHECK(cudaEventElapsedTime(&ms, i.start, i.end));
+      auto& t = totals[i.op];
+      t.first += 1;
+      t.second += ms;
+      free_events.push_back(i.start);
+      free_events.push_back(i.end);
+    }
+    pending.clear();
+  }
+};
+
+OpTimes& op_times() {
+  static OpTimes t;
+  return t;
+}
+
+}  // namespace
+
+bool op_times_enabled() {
+  static const bool enabled = [] {
+    const char* v = std::getenv("HDP_CUDA_OP_TIMES");
+    return v != nullptr && std::string(v) == "1";
+  }();
+  return enabled;
+}
+
+OpTimer::OpTimer(const char* op) : op_(op) {
+  if (!op_times_enabled()) return;
+  OpTimes& t = op_times();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  cudaEvent_t e = t.take();
+  HDP_CUDA_CHECK(cudaEventRecord(e, compute_stream()));
+  start_ = e;
+}
+
+OpTimer::~OpTimer() {
+  if (start_ == nullptr) return;
+  OpTimes& t = op_times();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  cudaEvent_t e = t.take();
+  if (cudaEventRecord(e, compute_stream()) != cudaSuccess) return;  // no throwing from a destructor
+  t.pending.push_back({op_, static_cast<cudaEvent_t>(start_), e});
+  if (t.pending.size() >= 16384) t.drain();
+}
+
+std::string op_times_report() {
+  if (!op_times_enabled()) return {};
+  OpTimes& t = op_times();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.drain();
+  std::vector<std::pair<std::string, std::pair<int64_t, double>>> rows(t.totals.begin(), t.totals.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  double total = 0;
+  for (const auto& r : rows) total += r.second.second;
+  std::string out = "device time per op (HDP_CUDA_OP_TIMES=1):\n";
+  char line[160];
+  std::snprintf(line, sizeof line, "  %-34s %9s %12s %7s\n", "op", "calls", "total ms", "share");
+  out += line;
+  for (const auto& [op, v] : rows) {
+    std::snprintf(line, sizeof line, "  %-34s %9lld %12.1f %6.1f%%\n", op.c_str(), static_cast<long long>(v.first),
+                  v.second, total > 0 ? 100.0 * v.second / total : 0.0);
+    out += line;
+  }
+  std::snprintf(line, sizeof line, "  %-34s %9s %12.1f\n", "timed total", "", total);
+  return out + line;
+}
 
 void set_tf32(bool enabled) { state().tf32 = enabled; }
 bool tf32() { return state().tf32; }
