@@ -5,8 +5,8 @@
 #   tp2   tensor parallel (vocabulary-parallel cross-entropy on the device)
 #   pp2   two pipeline stages (1F1B)
 #   hdp2  hybrid data parallel (ZeRO-1 reduce-scatter / all-gather)
-#   long  hdp2 on documents up to 2048 tokens, 512 per rank and micro-batch: ring
-#         attention across the two ranks and activation offload (the set-up of
+#   long  hdp4 on documents up to 2048 tokens, 512 per rank and micro-batch: ring
+#         attention across the ranks and activation offload (the set-up of
 #         tests/training_parallel_test.cpp HybridDataParallel.LongDocuments...),
 #         against its own single-rank run (micro_batch_tokens 2048, no ring)
 # and prints each layout's first 5 losses beside the single rank's, the largest
@@ -110,8 +110,8 @@ for c in "${cases[@]}"; do
     long)
       say "== long documents: 1 rank (reference, micro-batch 2048)"
       run long1 1 "${long_data[@]}" --set data.micro_batch_tokens=2048 || failed=1
-      say "== long documents: hdp2, ring attention + offload (2 ranks, micro-batch 512)"
-      if run long 2 "${long_data[@]}" --set data.micro_batch_tokens=512 --set parallel.hdp=2; then
+      say "== long documents: hdp4, ring attention + offload (4 ranks, micro-batch 512)"
+      if run long 4 "${long_data[@]}" --set data.micro_batch_tokens=512 --set parallel.hdp=4; then
         compare long long1
         # Whether the sequences really went through the ring and host memory.
         for key in attention_bytes offloaded_bytes; do

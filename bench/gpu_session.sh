@@ -71,22 +71,26 @@ if has_step curve; then
   grep -o '"step_ms": *[0-9.]*' runs/t200-gpu/metrics.jsonl | tail -1
 fi
 if has_step bench; then
-  # Documents longer than max_seq_len, cut into whole 4096-token sequences: every
-  # micro-batch is one full causal sequence, the work the PyTorch baseline does.
+  # Documents of exactly 4096 tokens (4095 bytes + BOS): every micro-batch is one
+  # full causal 4096-token sequence, the work the PyTorch baseline does.
   mkdir -p data-cache
-  [ -f data-cache/bench-long.h5 ] || trainer make-corpus --output data-cache/bench-long.h5 --documents 400 \
-    --min-length 6000 --median-length 9000 --max-length 16000 >/dev/null 2>&1
+  [ -f data-cache/bench-4096.h5 ] || trainer make-corpus --output data-cache/bench-4096.h5 --documents 400 \
+    --min-length 4095 --median-length 4095 --max-length 4095 >/dev/null 2>&1
   for tf32 in false true; do
     echo "== bench-llama-1b, tf32=$tf32"
-    trainer train configs/bench-llama-1b.yaml --set data.path=data-cache/bench-long.h5 --set train.steps=10 \
+    trainer train configs/bench-llama-1b.yaml --set data.path=data-cache/bench-4096.h5 --set train.steps=10 \
       --set train.tf32=$tf32 --set train.run_dir=runs/b1b-$tf32 > "$out/bench-1b-tf32-$tf32.log" 2>&1
     grep -E 'step +[0-9]+/' "$out/bench-1b-tf32-$tf32.log" | tail -4 | sed 's/.*| loss/loss/'
-    # Median step time of steps 3..10 (the first two include start-up work).
-    grep -o '"step_ms": [0-9.]*' runs/b1b-$tf32/metrics.jsonl | sed 's/.*: //' | tail -n +3 | sort -g |
-      awk '{a[NR] = $1} END {m = a[int((NR + 1) / 2)]; printf "median step %.1f ms, %.0f tokens/s (16384 tokens)\n", m, 16384 / m * 1000}'
+    # Medians of steps 3..10 (the first two include start-up work): tokens/s, MFU, step time.
+    paste <(grep -o '"tokens_per_s": [0-9.]*' runs/b1b-$tf32/metrics.jsonl | sed 's/.*: //') \
+          <(grep -o '"mfu": [0-9.]*' runs/b1b-$tf32/metrics.jsonl | sed 's/.*: //') \
+          <(grep -o '"step_ms": [0-9.]*' runs/b1b-$tf32/metrics.jsonl | sed 's/.*: //') | tail -n +3 |
+      awk '{t[NR] = $1; m[NR] = $2; s[NR] = $3}
+           function med(a, n,   i, j, x) {for (i = 2; i <= n; i++) {x = a[i]; for (j = i - 1; j > 0 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x} return a[int((n + 1) / 2)]}
+           END {printf "medians of steps 3..%d: %.0f tokens/s, MFU %.3f, step %.0f ms\n", NR + 2, med(t, NR), med(m, NR), med(s, NR)}'
   done
   echo "== bench-llama-1b, tf32, device time per op (HDP_CUDA_OP_TIMES=1, 4 steps)"
-  HDP_CUDA_OP_TIMES=1 trainer train configs/bench-llama-1b.yaml --set data.path=data-cache/bench-long.h5 \
+  HDP_CUDA_OP_TIMES=1 trainer train configs/bench-llama-1b.yaml --set data.path=data-cache/bench-4096.h5 \
     --set train.steps=4 --set train.tf32=true --set train.run_dir=runs/b1b-times > "$out/bench-1b-op-times.log" 2>&1
   sed -n '/device time per op/,/timed total/p' "$out/bench-1b-op-times.log"
 fi
