@@ -60,6 +60,18 @@
 //   dQ       (2 BQ + 2 BK)(D + 1) + BQ (BK + 1)
 //   dK/dV    (2 BQ + 2 BK)(D + 1) + 2 BK (BQ + 1)
 // with BQ = BK = 64 for D <= 128 and 32 for D = 256 (at most ~162 KB, D = 128 dK/dV).
+//
+// TF32 tensor cores (train.tf32, hdp::cuda::tf32()): for d = 64 and d = 128 every tile
+// product (forward S = Q K^T and O += P V; backward S, dP = dO V^T, dV += P^T dO,
+// dK += dS^T Q, dQ += dS K, and S^T, dP^T in dK/dV) runs as mma.sync m16n8k8 TF32
+// (operands rounded with cvt.rna.tf32.f32 when staged into shared memory, P and dS
+// when written to a warp's strip), while masks, softmax statistics, lse, D and all
+// accumulators stay fp32 exactly as above (results ~1e-3 relative, like the TF32
+// GEMMs). Same CTA decomposition and masking; 128 threads (4 warps), each warp owns
+// 16 rows of the CTA's 64-row tile and skips a tile none of its rows sees. Tiles:
+// forward/dQ key tiles BK = 64 (d = 64) or 32 (d = 128); dK/dV query tiles likewise.
+// Shared memory: ~78 KB forward, ~111 KB dQ and dK/dV at d = 128 (2 CTAs per H100 SM).
+// With TF32 off, or any other d, the exact kernels above run unchanged.
 
 #include <algorithm>
 #include <climits>
@@ -71,6 +83,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
+#include "kernels/cuda/cuda_runtime.h"
 
 namespace hdp::cuda {
 namespace {
@@ -612,6 +625,537 @@ __global__ void attention_fill_lse_kernel(float* __restrict__ lse, long long T, 
     lse[(t / n) * T + begin + t % n] = -INFINITY;
 }
 
+// ---------------------------------------------------------------- TF32 tensor cores
+
+// The fast path when TF32 is on (tf32()) and d is 64 or 128: the same tiles, masks and
+// online softmax as above, but the tile products run as mma.sync m16n8k8 TF32 on
+// the tensor cores. 128 threads = 4 warps; warp w owns the 16 rows [16w, 16w + 16) of
+// the CTA's 64-row tile (query rows in forward / dQ, key rows in dK/dV). Fragment
+// layouts (PTX ISA, mma.m16n8k8 .tf32), with g = lane / 4 and t = lane % 4:
+//   A 16x8 row-major:  a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]
+//   B  8x8 (k x n):    b0 = B[t][g], b1 = B[t+4][g]
+//   C 16x8:            c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
+// Tiles are staged in shared memory already rounded to TF32 (cvt.rna), rows padded to
+// D + 4 floats (conflict-free A and B^T fragment reads). A warp's P / dS goes from its
+// C fragments through a private shared strip (16 rows) back into A fragments, with
+// __syncwarp between writing and reading. Softmax statistics, lse, D and every
+// accumulator stay fp32. A warp whose rows see nothing of the current tile skips it
+// (exactly what the full computation would give: alpha = 1, P = 0).
+
+constexpr int kTcThreads = 128;  // 4 warps
+constexpr int kTcRows = 64;      // rows of the CTA's own tile (16 per warp)
+
+__device__ __forceinline__ float tf32_round(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return __uint_as_float(r);
+}
+
+// c += A B on the tensor cores (operands already TF32 bit patterns).
+__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// A fragment of the 16 x 8 block at s (row-major, row stride ld).
+__device__ __forceinline__ void frag_a(uint32_t (&a)[4], const float* s, int ld, int g, int t) {
+  a[0] = __float_as_uint(s[g * ld + t]);
+  a[1] = __float_as_uint(s[(g + 8) * ld + t]);
+  a[2] = __float_as_uint(s[g * ld + t + 4]);
+  a[3] = __float_as_uint(s[(g + 8) * ld + t + 4]);
+}
+// B fragment (8 x 8, k x n) stored transposed at s: B[k][n] = s[n * ld + k].
+__device__ __forceinline__ void frag_b_nk(uint32_t (&b)[2], const float* s, int ld, int g, int t) {
+  b[0] = __float_as_uint(s[g * ld + t]);
+  b[1] = __float_as_uint(s[g * ld + t + 4]);
+}
+// B fragment (8 x 8, k x n) stored row-major at s: B[k][n] = s[k * ld + n].
+__device__ __forceinline__ void frag_b_kn(uint32_t (&b)[2], const float* s, int ld, int g, int t) {
+  b[0] = __float_as_uint(s[t * ld + g]);
+  b[1] = __float_as_uint(s[(t + 4) * ld + g]);
+}
+
+// dst[r][c] (row stride LDS) = tf32(base[(row0 + r) * ld + c]) for rows in [lo, hi],
+// zero elsewhere; c < D (= d on this path). 128 threads.
+template <int ROWS, int D, int LDS>
+__device__ __forceinline__ void load_tile_tc(float* __restrict__ dst, const float* __restrict__ base, long long ld,
+                                             int row0, int lo, int hi) {
+  static_assert(D % 4 == 0 && LDS % 4 == 0, "float4 rows");
+  if ((reinterpret_cast<uintptr_t>(base) & 15u) == 0 && (ld & 3) == 0) {
+    constexpr int C4 = D / 4;
+    for (int idx = threadIdx.x; idx < ROWS * C4; idx += kTcThreads) {
+      const int r = idx / C4, c = (idx % C4) * 4, i = row0 + r;
+      float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (i >= lo && i <= hi) x = *reinterpret_cast<const float4*>(base + static_cast<long long>(i) * ld + c);
+      x.x = tf32_round(x.x);
+      x.y = tf32_round(x.y);
+      x.z = tf32_round(x.z);
+      x.w = tf32_round(x.w);
+      *reinterpret_cast<float4*>(dst + r * LDS + c) = x;
+    }
+  } else {
+    for (int idx = threadIdx.x; idx < ROWS * D; idx += kTcThreads) {
+      const int r = idx / D, c = idx % D, i = row0 + r;
+      float x = 0.0f;
+      if (i >= lo && i <= hi) x = base[static_cast<long long>(i) * ld + c];
+      dst[r * LDS + c] = tf32_round(x);
+    }
+  }
+}
+
+// Union [wlo, whi] of the intervals of a warp's rows (empty: wlo > whi).
+__device__ __forceinline__ void warp_interval(const int (&lo)[2], const int (&hi)[2], int& wlo, int& whi) {
+  wlo = INT_MAX;
+  whi = INT_MIN;
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+    if (lo[e] <= hi[e]) {
+      wlo = min(wlo, lo[e]);
+      whi = max(whi, hi[e]);
+    }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
+    whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
+  }
+}
+
+// Sum / max over the 4 lanes of a quad (those holding one row of a C fragment).
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+template <int D, int BK>
+constexpr size_t fwd_tc_smem_bytes() {
+  return sizeof(float) * (kTcRows * (D + 4) + BK * (D + 4) + BK * (D + 8) + kTcRows * (BK + 4)) +
+         sizeof(int) * (2 * kTcRows + 4);
+}
+template <int D, int BK>
+constexpr size_t dq_tc_smem_bytes() {
+  return sizeof(float) * (2 * kTcRows * (D + 4) + 2 * BK * (D + 4) + kTcRows * (BK + 4)) +
+         sizeof(int) * (2 * kTcRows + 4);
+}
+template <int D, int BQ>
+constexpr size_t dkdv_tc_smem_bytes() {
+  return sizeof(float) * (2 * kTcRows * (D + 4) + 2 * BQ * (D + 4) + kTcRows * (BQ + 4) + 2 * BQ) +
+         sizeof(int) * (2 * kTcRows + 4);
+}
+
+// Forward: one CTA per (64 query rows, query head); key tiles of BK rows.
+template <int D, int BK>
+__global__ void __launch_bounds__(kTcThreads)
+    attention_forward_tc_kernel(float* __restrict__ out, float* __restrict__ lse, const float* __restrict__ q,
+                                const float* __restrict__ k, const float* __restrict__ v, Geom g, int T, int Hq,
+                                int Hkv, int d, float scale, bool merge) {
+  constexpr int BQ = kTcRows, LQ = D + 4, LK = D + 4, LV = D + 8, LP = BK + 4, NS = BK / 8, NO = D / 8;
+  extern __shared__ float4 tc_smem[];
+  float* Qs = reinterpret_cast<float*>(tc_smem);
+  float* Ks = Qs + BQ * LQ;
+  float* Vs = Ks + BK * LK;
+  float* Ps = Vs + BK * LV;
+  int* rlo = reinterpret_cast<int*>(Ps + BQ * LP);
+  int* rhi = rlo + BQ;
+  int* range = rhi + BQ;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3, r0 = warp * 16;
+  const int h = blockIdx.y, kvh = h / (Hq / Hkv);
+  const int i0 = g.q_begin + static_cast<int>(gridDim.x - 1 - blockIdx.x) * BQ;  // longest rows first
+  tile_intervals<BQ, false>(g, i0, rlo, rhi, range);
+  const int klo = range[0], khi = range[1], qfirst = range[2], qlast = range[3];
+  if (qfirst > qlast) return;  // uniform over the CTA
+
+  const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
+  load_tile_tc<BQ, D, LQ>(Qs, q + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
+
+  // This lane's rows: r0 + gq (e = 0) and r0 + gq + 8 (e = 1).
+  int lo[2], hi[2];
+  float m[2], l[2], acc[NO][4];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int r = r0 + gq + 8 * e, i = i0 + r;
+    lo[e] = rlo[r];
+    hi[e] = rhi[r];
+    m[e] = -INFINITY;
+    l[e] = 1.0f;
+    const bool live = lo[e] <= hi[e];
+    const float* orow = out + (static_cast<long long>(i) * Hq + h) * d;
+    if (merge && live) m[e] = lse[static_cast<long long>(h) * T + i];
+#pragma unroll
+    for (int nb = 0; nb < NO; ++nb) {
+      const int c = 8 * nb + 2 * tq;
+      acc[nb][2 * e] = (merge && live) ? orow[c] : 0.0f;
+      acc[nb][2 * e + 1] = (merge && live) ? orow[c + 1] : 0.0f;
+    }
+  }
+  int wlo, whi;
+  warp_interval(lo, hi, wlo, whi);
+  float* Pw = Ps + r0 * LP;
+
+  for (int k0 = klo; k0 <= khi; k0 += BK) {
+    __syncthreads();  // the previous tile's readers of Ks, Vs are done
+    load_tile_tc<BK, D, LK>(Ks, k + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
+    load_tile_tc<BK, D, LV>(Vs, v + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
+    __syncthreads();
+    if (k0 > whi || k0 + (BK - 1) < wlo) continue;  // warp-uniform: no row of this warp sees the tile
+
+    float s[NS][4];
+#pragma unroll
+    for (int nb = 0; nb < NS; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+#pragma unroll 4
+    for (int kk = 0; kk < D / 8; ++kk) {
+      uint32_t a[4];
+      frag_a(a, Qs + r0 * LQ + 8 * kk, LQ, gq, tq);
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb) {
+        uint32_t b[2];
+        frag_b_nk(b, Ks + 8 * nb * LK + 8 * kk, LK, gq, tq);
+        mma_tf32(s[nb], a, b);
+      }
+    }
+
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          const int j = k0 + 8 * nb + 2 * tq + x;
+          const bool vis = j >= lo[e] && j <= hi[e];
+          float& sv = s[nb][2 * e + x];
+          sv = vis ? sv * scale : -INFINITY;
+          mx = fmaxf(mx, sv);
+        }
+      mx = quad_max(mx);
+      const float mnew = fmaxf(m[e], mx);
+      float alpha = 1.0f, sum = 0.0f;
+      if (mnew == -INFINITY) {
+#pragma unroll
+        for (int nb = 0; nb < NS; ++nb) s[nb][2 * e] = s[nb][2 * e + 1] = 0.0f;
+      } else {
+        alpha = expf(m[e] - mnew);
+#pragma unroll
+        for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            float& sv = s[nb][2 * e + x];
+            sv = expf(sv - mnew);  // masked: exp(-inf) = 0
+            sum += sv;
+          }
+      }
+      sum = quad_sum(sum);
+      l[e] = l[e] * alpha + sum;
+      m[e] = mnew;
+#pragma unroll
+      for (int nb = 0; nb < NO; ++nb) {
+        acc[nb][2 * e] *= alpha;
+        acc[nb][2 * e + 1] *= alpha;
+      }
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb) {
+        Pw[(gq + 8 * e) * LP + 8 * nb + 2 * tq] = tf32_round(s[nb][2 * e]);
+        Pw[(gq + 8 * e) * LP + 8 * nb + 2 * tq + 1] = tf32_round(s[nb][2 * e + 1]);
+      }
+    }
+    __syncwarp();
+
+#pragma unroll 2
+    for (int kk = 0; kk < BK / 8; ++kk) {
+      uint32_t a[4];
+      frag_a(a, Pw + 8 * kk, LP, gq, tq);
+#pragma unroll
+      for (int nb = 0; nb < NO; ++nb) {
+        uint32_t b[2];
+        frag_b_kn(b, Vs + 8 * kk * LV + 8 * nb, LV, gq, tq);
+        mma_tf32(acc[nb], a, b);
+      }
+    }
+    __syncwarp();  // Pw is rewritten by the next tile
+  }
+
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    if (lo[e] > hi[e]) continue;
+    const int i = i0 + r0 + gq + 8 * e;
+    const float inv = 1.0f / l[e];
+    float* orow = out + (static_cast<long long>(i) * Hq + h) * d;
+#pragma unroll
+    for (int nb = 0; nb < NO; ++nb) {
+      const int c = 8 * nb + 2 * tq;
+      orow[c] = acc[nb][2 * e] * inv;
+      orow[c + 1] = acc[nb][2 * e + 1] * inv;
+    }
+    if (tq == 0) lse[static_cast<long long>(h) * T + i] = m[e] + logf(l[e]);
+  }
+}
+
+// dQ: one CTA per (64 query rows, query head); key tiles of BK rows.
+template <int D, int BK>
+__global__ void __launch_bounds__(kTcThreads)
+    attention_backward_dq_tc_kernel(float* __restrict__ dq, const float* __restrict__ dout,
+                                    const float* __restrict__ q, const float* __restrict__ k,
+                                    const float* __restrict__ v, const float* __restrict__ lse,
+                                    const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d,
+                                    float scale, bool accumulate) {
+  constexpr int BQ = kTcRows, L = D + 4, LP = BK + 4, NS = BK / 8, NO = D / 8;
+  extern __shared__ float4 tc_smem[];
+  float* Qs = reinterpret_cast<float*>(tc_smem);
+  float* Os = Qs + BQ * L;  // dO
+  float* Ks = Os + BQ * L;
+  float* Vs = Ks + BK * L;
+  float* Ss = Vs + BK * L;  // dS, a strip of 16 rows per warp
+  int* rlo = reinterpret_cast<int*>(Ss + BQ * LP);
+  int* rhi = rlo + BQ;
+  int* range = rhi + BQ;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3, r0 = warp * 16;
+  const int h = blockIdx.y, kvh = h / (Hq / Hkv);
+  const int i0 = g.q_begin + static_cast<int>(gridDim.x - 1 - blockIdx.x) * BQ;  // longest rows first
+  tile_intervals<BQ, false>(g, i0, rlo, rhi, range);
+  const int klo = range[0], khi = range[1], qfirst = range[2], qlast = range[3];
+  if (qfirst > qlast) return;
+
+  const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
+  load_tile_tc<BQ, D, L>(Qs, q + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
+  load_tile_tc<BQ, D, L>(Os, dout + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
+
+  int lo[2], hi[2];
+  float lse_r[2], dv_r[2], acc[NO][4];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int r = r0 + gq + 8 * e, i = i0 + r;
+    lo[e] = rlo[r];
+    hi[e] = rhi[r];
+    const bool live = lo[e] <= hi[e];
+    lse_r[e] = live ? lse[static_cast<long long>(h) * T + i] : 0.0f;
+    dv_r[e] = live ? dvec[static_cast<long long>(h) * T + i] : 0.0f;
+  }
+#pragma unroll
+  for (int nb = 0; nb < NO; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
+  int wlo, whi;
+  warp_interval(lo, hi, wlo, whi);
+  float* Sw = Ss + r0 * LP;
+
+  for (int k0 = klo; k0 <= khi; k0 += BK) {
+    __syncthreads();
+    load_tile_tc<BK, D, L>(Ks, k + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
+    load_tile_tc<BK, D, L>(Vs, v + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
+    __syncthreads();
+    if (k0 > whi || k0 + (BK - 1) < wlo) continue;  // warp-uniform
+
+    float s[NS][4], dp[NS][4];
+#pragma unroll
+    for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) s[nb][x] = dp[nb][x] = 0.0f;
+#pragma unroll 2
+    for (int kk = 0; kk < D / 8; ++kk) {
+      uint32_t aq[4], ao[4];
+      frag_a(aq, Qs + r0 * L + 8 * kk, L, gq, tq);
+      frag_a(ao, Os + r0 * L + 8 * kk, L, gq, tq);
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb) {
+        uint32_t b[2];
+        frag_b_nk(b, Ks + 8 * nb * L + 8 * kk, L, gq, tq);
+        mma_tf32(s[nb], aq, b);
+        frag_b_nk(b, Vs + 8 * nb * L + 8 * kk, L, gq, tq);
+        mma_tf32(dp[nb], ao, b);
+      }
+    }
+#pragma unroll
+    for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          const int col = 8 * nb + 2 * tq + x, j = k0 + col;
+          const bool vis = j >= lo[e] && j <= hi[e];
+          const float p = expf(s[nb][2 * e + x] * scale - lse_r[e]);
+          const float ds = vis ? p * (dp[nb][2 * e + x] - dv_r[e]) * scale : 0.0f;
+          Sw[(gq + 8 * e) * LP + col] = tf32_round(ds);
+        }
+    __syncwarp();
+
+#pragma unroll 2
+    for (int kk = 0; kk < BK / 8; ++kk) {
+      uint32_t a[4];
+      frag_a(a, Sw + 8 * kk, LP, gq, tq);
+#pragma unroll
+      for (int nb = 0; nb < NO; ++nb) {
+        uint32_t b[2];
+        frag_b_kn(b, Ks + 8 * kk * L + 8 * nb, L, gq, tq);
+        mma_tf32(acc[nb], a, b);
+      }
+    }
+    __syncwarp();  // Sw is rewritten by the next tile
+  }
+
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    if (lo[e] > hi[e]) continue;
+    const int i = i0 + r0 + gq + 8 * e;
+    float* row = dq + (static_cast<long long>(i) * Hq + h) * d;
+#pragma unroll
+    for (int nb = 0; nb < NO; ++nb) {
+      const int c = 8 * nb + 2 * tq;
+      row[c] = accumulate ? row[c] + acc[nb][2 * e] : acc[nb][2 * e];
+      row[c + 1] = accumulate ? row[c + 1] + acc[nb][2 * e + 1] : acc[nb][2 * e + 1];
+    }
+  }
+}
+
+// dK/dV: one CTA per (64 key rows, kv head), over the group's query heads and query
+// tiles of BQ rows.
+template <int D, int BQ>
+__global__ void __launch_bounds__(kTcThreads)
+    attention_backward_dkdv_tc_kernel(float* __restrict__ dk, float* __restrict__ dv, const float* __restrict__ dout,
+                                      const float* __restrict__ q, const float* __restrict__ k,
+                                      const float* __restrict__ v, const float* __restrict__ lse,
+                                      const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d,
+                                      float scale, bool accumulate) {
+  constexpr int BK = kTcRows, L = D + 4, LP = BQ + 4, NS = BQ / 8, NO = D / 8;
+  extern __shared__ float4 tc_smem[];
+  float* Ks = reinterpret_cast<float*>(tc_smem);
+  float* Vs = Ks + BK * L;
+  float* Qs = Vs + BK * L;
+  float* Os = Qs + BQ * L;  // dO
+  float* Ps = Os + BQ * L;  // P^T, then dS^T: a strip of 16 rows per warp
+  float* lse_s = Ps + BK * LP;
+  float* dv_s = lse_s + BQ;
+  int* klo_s = reinterpret_cast<int*>(dv_s + BQ);
+  int* khi_s = klo_s + BK;
+  int* range = khi_s + BK;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3, r0 = warp * 16;
+  const int kvh = blockIdx.y, group = Hq / Hkv;
+  const int j0 = g.k_begin + static_cast<int>(blockIdx.x) * BK;
+  tile_intervals<BK, true>(g, j0, klo_s, khi_s, range);
+  const int qmin = range[0], qmax = range[1], kfirst = range[2], klast = range[3];
+  if (kfirst > klast) return;
+
+  const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
+  load_tile_tc<BK, D, L>(Ks, k + static_cast<long long>(kvh) * d, ldk, j0, kfirst, klast);
+  load_tile_tc<BK, D, L>(Vs, v + static_cast<long long>(kvh) * d, ldk, j0, kfirst, klast);
+
+  int lo[2], hi[2];
+  float dka[NO][4], dva[NO][4];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    lo[e] = klo_s[r0 + gq + 8 * e];
+    hi[e] = khi_s[r0 + gq + 8 * e];
+  }
+#pragma unroll
+  for (int nb = 0; nb < NO; ++nb)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) dka[nb][x] = dva[nb][x] = 0.0f;
+  int wlo, whi;
+  warp_interval(lo, hi, wlo, whi);
+  float* Pw = Ps + r0 * LP;
+
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    for (int q0 = qmin; q0 <= qmax; q0 += BQ) {
+      __syncthreads();  // the previous tile's readers of Qs, Os, lse_s, dv_s are done
+      load_tile_tc<BQ, D, L>(Qs, q + static_cast<long long>(h) * d, ldq, q0, qmin, qmax);
+      load_tile_tc<BQ, D, L>(Os, dout + static_cast<long long>(h) * d, ldq, q0, qmin, qmax);
+      if (threadIdx.x < BQ) {
+        const int i = q0 + static_cast<int>(threadIdx.x);
+        const bool ok = i <= qmax;
+        lse_s[threadIdx.x] = ok ? lse[static_cast<long long>(h) * T + i] : 0.0f;
+        dv_s[threadIdx.x] = ok ? dvec[static_cast<long long>(h) * T + i] : 0.0f;
+      }
+      __syncthreads();
+      if (q0 > whi || q0 + (BQ - 1) < wlo) continue;  // warp-uniform
+
+      float st[NS][4], dpt[NS][4];
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) st[nb][x] = dpt[nb][x] = 0.0f;
+#pragma unroll 2
+      for (int kk = 0; kk < D / 8; ++kk) {
+        uint32_t ak[4], av[4];
+        frag_a(ak, Ks + r0 * L + 8 * kk, L, gq, tq);
+        frag_a(av, Vs + r0 * L + 8 * kk, L, gq, tq);
+#pragma unroll
+        for (int nb = 0; nb < NS; ++nb) {
+          uint32_t b[2];
+          frag_b_nk(b, Qs + 8 * nb * L + 8 * kk, L, gq, tq);
+          mma_tf32(st[nb], ak, b);
+          frag_b_nk(b, Os + 8 * nb * L + 8 * kk, L, gq, tq);
+          mma_tf32(dpt[nb], av, b);
+        }
+      }
+      // P^T to the strip; dS^T kept in dpt.
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+          for (int x = 0; x < 2; ++x) {
+            const int col = 8 * nb + 2 * tq + x, i = q0 + col;
+            const bool vis = i >= lo[e] && i <= hi[e];
+            const float p = expf(st[nb][2 * e + x] * scale - lse_s[col]);
+            Pw[(gq + 8 * e) * LP + col] = tf32_round(vis ? p : 0.0f);
+            dpt[nb][2 * e + x] = vis ? p * (dpt[nb][2 * e + x] - dv_s[col]) * scale : 0.0f;
+          }
+      __syncwarp();
+#pragma unroll 2
+      for (int kk = 0; kk < BQ / 8; ++kk) {
+        uint32_t a[4];
+        frag_a(a, Pw + 8 * kk, LP, gq, tq);
+#pragma unroll
+        for (int nb = 0; nb < NO; ++nb) {
+          uint32_t b[2];
+          frag_b_kn(b, Os + 8 * kk * L + 8 * nb, L, gq, tq);
+          mma_tf32(dva[nb], a, b);
+        }
+      }
+      __syncwarp();  // P^T read; the strip now takes dS^T
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+#pragma unroll
+          for (int x = 0; x < 2; ++x) Pw[(gq + 8 * e) * LP + 8 * nb + 2 * tq + x] = tf32_round(dpt[nb][2 * e + x]);
+      __syncwarp();
+#pragma unroll 2
+      for (int kk = 0; kk < BQ / 8; ++kk) {
+        uint32_t a[4];
+        frag_a(a, Pw + 8 * kk, LP, gq, tq);
+#pragma unroll
+        for (int nb = 0; nb < NO; ++nb) {
+          uint32_t b[2];
+          frag_b_kn(b, Qs + 8 * kk * L + 8 * nb, L, gq, tq);
+          mma_tf32(dka[nb], a, b);
+        }
+      }
+      __syncwarp();  // the strip is rewritten by the next tile
+    }
+  }
+
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    if (lo[e] > hi[e]) continue;
+    const int j = j0 + r0 + gq + 8 * e;
+    const long long row = (static_cast<long long>(j) * Hkv + kvh) * d;
+#pragma unroll
+    for (int nb = 0; nb < NO; ++nb)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int c = 8 * nb + 2 * tq + x;
+        dk[row + c] = accumulate ? dk[row + c] + dka[nb][2 * e + x] : dka[nb][2 * e + x];
+        dv[row + c] = accumulate ? dv[row + c] + dva[nb][2 * e + x] : dva[nb][2 * e + x];
+      }
+  }
+}
+
 // ---------------------------------------------------------------- host side
 
 struct Shape {
@@ -686,8 +1230,54 @@ void launch_backward(const char* op, float* dq, float* dk, float* dv, const floa
   }
 }
 
+template <int D, int BK>
+void launch_forward_tc(const char* op, float* out, float* lse, const float* q, const float* k, const float* v,
+                       const Geom& g, const Shape& s, bool merge) {
+  constexpr size_t smem = fwd_tc_smem_bytes<D, BK>();
+  constexpr auto kernel = attention_forward_tc_kernel<D, BK>;
+  allow_smem<kernel>(smem);
+  const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, kTcRows), static_cast<unsigned>(s.Hq));
+  kernel<<<grid, kTcThreads, smem, compute_stream()>>>(out, lse, q, k, v, g, s.T, s.Hq, s.Hkv, s.d, s.scale, merge);
+  HDP_CUDA_CHECK_LAUNCH(op);
+}
+
+template <int D, int BK, int BQ>
+void launch_backward_tc(const char* op, float* dq, float* dk, float* dv, const float* dout, const float* q,
+                        const float* k, const float* v, const float* lse, const float* dvec, const Geom& g,
+                        const Shape& s, bool accumulate) {
+  {
+    constexpr size_t smem = dkdv_tc_smem_bytes<D, BQ>();
+    constexpr auto kernel = attention_backward_dkdv_tc_kernel<D, BQ>;
+    allow_smem<kernel>(smem);
+    const dim3 grid(tiles(static_cast<long long>(g.k_end) - g.k_begin, kTcRows), static_cast<unsigned>(s.Hkv));
+    kernel<<<grid, kTcThreads, smem, compute_stream()>>>(dk, dv, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
+                                                         s.scale, accumulate);
+    HDP_CUDA_CHECK_LAUNCH(op);
+  }
+  {
+    constexpr size_t smem = dq_tc_smem_bytes<D, BK>();
+    constexpr auto kernel = attention_backward_dq_tc_kernel<D, BK>;
+    allow_smem<kernel>(smem);
+    const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, kTcRows), static_cast<unsigned>(s.Hq));
+    kernel<<<grid, kTcThreads, smem, compute_stream()>>>(dq, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
+                                                         s.scale, accumulate);
+    HDP_CUDA_CHECK_LAUNCH(op);
+  }
+}
+
+// The TF32 tensor-core kernels serve d = 64 and 128 when TF32 is on; everything else
+// runs the exact fp32 kernels.
+bool use_tensor_cores(const Shape& s) { return tf32() && (s.d == 64 || s.d == 128); }
+
 void forward(const char* op, float* out, float* lse, const float* q, const float* k, const float* v, const Geom& g,
              const Shape& s, bool merge) {
+  if (use_tensor_cores(s)) {
+    if (s.d == 64)
+      launch_forward_tc<64, 64>(op, out, lse, q, k, v, g, s, merge);
+    else
+      launch_forward_tc<128, 32>(op, out, lse, q, k, v, g, s, merge);
+    return;
+  }
   switch (bucket(s.d, op)) {
     case 32: launch_forward<32, 64, 64>(op, out, lse, q, k, v, g, s, merge); break;
     case 64: launch_forward<64, 64, 64>(op, out, lse, q, k, v, g, s, merge); break;
@@ -698,6 +1288,14 @@ void forward(const char* op, float* out, float* lse, const float* q, const float
 
 void backward(const char* op, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
               const float* v, const float* lse, const float* dvec, const Geom& g, const Shape& s, bool accumulate) {
+  if (use_tensor_cores(s)) {
+    // <D, dQ key tile, dK/dV query tile>
+    if (s.d == 64)
+      launch_backward_tc<64, 64, 64>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate);
+    else
+      launch_backward_tc<128, 32, 32>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate);
+    return;
+  }
   switch (bucket(s.d, op)) {
     case 32: launch_backward<32, 64, 64>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate); break;
     case 64: launch_backward<64, 64, 64>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate); break;
