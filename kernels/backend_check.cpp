@@ -10,6 +10,7 @@
 #include <span>
 
 #include "kernels/allocator.h"
+#include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
 
 namespace hdp {
@@ -19,6 +20,9 @@ namespace {
 // scale, more for long reductions (GEMM inner dimension, attention over keys).
 constexpr double kTolPointwise = 2e-6;
 constexpr double kTolReduction = 2e-5;
+// Products on TF32 tensor cores (10-bit mantissa, rounding 2^-11 per operand):
+// about 1e-3 of the tensor's scale after a reduction, as cuBLAS's TF32 GEMMs.
+constexpr double kTolTf32 = 5e-3;
 
 // The same tensor on the CPU and on the device under test.
 struct Twin {
@@ -83,6 +87,13 @@ class Checker {
   Workspace workspace() { return Workspace(device_, rng_); }
   std::mt19937& rng() { return rng_; }
 
+  // While set (tolerance > 0), products may run in a lower precision: every row is
+  // marked with `label` and held to at least `tolerance`.
+  void relax(double tolerance, std::string label) {
+    relaxed_tolerance_ = tolerance;
+    label_ = std::move(label);
+  }
+
   // Compares a twin's device half with its CPU half.
   void compare(const std::string& op, const std::string& shape, const Twin& t, double tolerance) {
     std::vector<float> got(static_cast<size_t>(t.host.numel()));
@@ -112,7 +123,8 @@ class Checker {
   void add(const std::string& op, const std::string& shape, double max_abs, double scale, double tolerance,
            bool finite) {
     OpCheck c;
-    c.op = op;
+    c.op = op + label_;
+    tolerance = std::max(tolerance, relaxed_tolerance_);
     c.shape = shape;
     c.max_abs = finite ? max_abs : std::numeric_limits<double>::infinity();
     c.max_rel = scale > 0 ? c.max_abs / scale : c.max_abs;
@@ -123,11 +135,16 @@ class Checker {
 
   Device device_;
   std::mt19937 rng_;
+  double relaxed_tolerance_ = 0;
+  std::string label_;
 };
 
 std::string dims(std::initializer_list<std::pair<const char*, int64_t>> items) {
   std::string s;
-  for (const auto& [name, value] : items) s += (s.empty() ? "" : " ") + std::string(name) + "=" + std::to_string(value);
+  for (const auto& [name, value] : items) {
+    if (!s.empty()) s += ' ';
+    s.append(name).append("=").append(std::to_string(value));
+  }
   return s;
 }
 
@@ -431,6 +448,17 @@ std::vector<OpCheck> check_backend(Device device, uint64_t seed) {
   check_adamw(c);
   check_attention(c);
   check_attention_blocks(c);
+  if (device == Device::CUDA) {
+    // The same products with train.tf32 on: GEMMs and attention (d = 64, 128) on tensor cores.
+    const bool was = cuda::tf32();
+    cuda::set_tf32(true);
+    c.relax(kTolTf32, " [tf32]");
+    check_dense(c);
+    check_attention(c);
+    check_attention_blocks(c);
+    c.relax(0, "");
+    cuda::set_tf32(was);
+  }
   return c.results;
 }
 
