@@ -29,6 +29,9 @@ class UnsupportedDevice : public std::runtime_error {
  public:
   UnsupportedDevice(const std::string& op, Device device)
       : std::runtime_error(op + ": no " + device_name(device) + " backend in this build") {}
+  // The backend is built in but cannot run here (no device, no driver): `reason` says why.
+  UnsupportedDevice(const std::string& op, Device device, const std::string& reason)
+      : std::runtime_error(op + ": no usable " + device_name(device) + " device (" + reason + ")") {}
 };
 
 }  // namespace hdp

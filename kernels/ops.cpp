@@ -17,6 +17,7 @@
 #if HDP_HAVE_CUDA
 #define HDP_CUDA_CASE(call)             \
   case Device::CUDA: {                  \
+    cuda::require_device(op);           \
     const cuda::OpTimer op_timer_(op);  \
     return cuda::call;                  \
   }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
 
 namespace {
@@ -25,6 +26,7 @@ std::string error_of(F&& f) {
 }  // namespace
 
 TEST(KernelsOps, EveryOpRejectsCudaTensors) {
+  if (hdp::cuda::available()) GTEST_SKIP() << "a CUDA device is present: host memory posing as device tensors would run";
   std::vector<float> buf(4096);
   std::vector<int32_t> ibuf(64, 0);
   const Device C = Device::CUDA;

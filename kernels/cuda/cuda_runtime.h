@@ -15,6 +15,9 @@ bool compiled();
 // Whether a CUDA device can be used; otherwise `why` (if given) says why not
 // ("built without CUDA", "no CUDA-capable device", the driver's message...).
 bool available(std::string* why = nullptr);
+// Throws UnsupportedDevice naming `op` when no CUDA device is usable (checked once
+// per process); every op dispatched to this backend calls it first.
+void require_device(const char* op);
 // Selects the device (first call wins; default: device 0 of those visible,
 // which honours CUDA_VISIBLE_DEVICES) and creates the streams and handles.
 // Throws std::runtime_error naming the device when it cannot.

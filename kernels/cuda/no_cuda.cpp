@@ -5,6 +5,7 @@
 #include <stdexcept>
 
 #include "kernels/cuda/cuda_runtime.h"
+#include "kernels/device.h"
 
 namespace hdp::cuda {
 namespace {
@@ -16,6 +17,7 @@ bool available(std::string* why) {
   if (why) *why = "this build has no CUDA backend";
   return false;
 }
+void require_device(const char* op) { throw UnsupportedDevice(op, Device::CUDA); }
 void initialize(int) { absent(); }
 int device_count() { return 0; }
 std::string device_description() { absent(); }

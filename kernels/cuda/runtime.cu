@@ -17,6 +17,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_runtime.h"
+#include "kernels/device.h"
 
 namespace hdp::cuda {
 namespace {
@@ -66,11 +67,17 @@ int device_count() {
   return count;
 }
 
+void require_device(const char* op) {
+  static std::string why;
+  static const bool usable = available(&why);
+  if (!usable) throw UnsupportedDevice(op, Device::CUDA, why);
+}
+
 void initialize(int device) {
   State& s = state();
   std::call_once(s.once, [&] {
     std::string why;
-    if (!available(&why)) throw std::runtime_error("train.device=cuda: no usable CUDA device (" + why + ")");
+    if (!available(&why)) throw std::runtime_error("cuda: no usable CUDA device (" + why + ")");
     int count = 0;
     HDP_CUDA_CHECK(cudaGetDeviceCount(&count));
     if (device < 0 || device >= count) {
