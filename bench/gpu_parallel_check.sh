@@ -27,17 +27,7 @@ cases=("$@")
 [ ${#cases[@]} -eq 0 ] && cases=(tp2 pp2 hdp2 long)
 mkdir -p "$out"
 
-# CUDA runtime libraries: the directories holding cudart, cuBLAS(Lt), cuDNN and NCCL
-# (as bench/gpu_session.sh finds them).
-cuda_dirs=""
-if ! ldconfig -p | grep -q 'libcublasLt.so.13'; then
-  for lib in libcudart.so.13 libcublasLt.so.13 libcublas.so.13 libnccl.so.2 libcudnn.so.9; do
-    d="$(find / \( -path /proc -o -path /sys \) -prune -o -name "$lib" -print 2>/dev/null | head -1 | xargs -r dirname)"
-    [ -n "$d" ] && case ":$cuda_dirs:" in *":$d:"*) ;; *) cuda_dirs="${cuda_dirs:+$cuda_dirs:}$d" ;; esac
-  done
-fi
-export LD_LIBRARY_PATH="${cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 trainer() { "$bundle/run.sh" "$@"; }
 summary="$out/summary.txt"
 : > "$summary"

@@ -20,16 +20,7 @@ steps=("$@")
 mkdir -p "$out"
 has_step() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
-# CUDA runtime libraries: the directories holding cudart, cuBLAS(Lt), cuDNN and NCCL.
-cuda_dirs=""
-if ! ldconfig -p | grep -q 'libcublasLt.so.13'; then
-  for lib in libcudart.so.13 libcublasLt.so.13 libcublas.so.13 libnccl.so.2 libcudnn.so.9; do
-    d="$(find / \( -path /proc -o -path /sys \) -prune -o -name "$lib" -print 2>/dev/null | head -1 | xargs -r dirname)"
-    [ -n "$d" ] && case ":$cuda_dirs:" in *":$d:"*) ;; *) cuda_dirs="${cuda_dirs:+$cuda_dirs:}$d" ;; esac
-  done
-fi
-export LD_LIBRARY_PATH="${cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 trainer() { "$bundle/run.sh" "$@"; }
 echo "CUDA libraries from: ${cuda_dirs:-the system}"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"

@@ -76,16 +76,23 @@ HostBatch random_batch(const std::vector<int32_t>& lengths, int64_t vocab, std::
   return b;
 }
 
-}  // namespace
-
-std::vector<OpCheck> check_model_training(Device device, uint64_t seed) {
+// The checks' model: grouped-query attention (4 query heads over 2 kv heads of
+// dimension 32), a vocabulary that is not a multiple of any tile.
+ModelConfig small_gqa_model(int64_t layers) {
   ModelConfig m;
   m.vocab_size = 300;
   m.hidden_size = 128;
-  m.num_layers = 3;
+  m.num_layers = layers;
   m.num_heads = 4;
   m.num_kv_heads = 2;
   m.ffn_hidden_size = 352;
+  return m;
+}
+
+}  // namespace
+
+std::vector<OpCheck> check_model_training(Device device, uint64_t seed) {
+  const ModelConfig m = small_gqa_model(3);
   const std::string shape = "L=3 H=128 Hq=4 Hkv=2 V=300 T=450";
   const std::vector<int32_t> lengths = {1, 200, 37, 150, 62};
   const int64_t capacity = 512;
@@ -180,13 +187,7 @@ std::vector<OpCheck> check_offload(Device device, uint64_t seed) {
   // the CPU model without offload and against the device model without offload
   // (the same kernels, so equal up to the order of atomic adds in the embedding
   // gradient).
-  ModelConfig m;
-  m.vocab_size = 300;
-  m.hidden_size = 128;
-  m.num_layers = 4;
-  m.num_heads = 4;
-  m.num_kv_heads = 2;
-  m.ffn_hidden_size = 352;
+  const ModelConfig m = small_gqa_model(4);
   // 448 tokens: 224-row halves keep every offloaded tensor 64-byte aligned.
   const std::vector<std::vector<int32_t>> batches = {{1, 200, 37, 150, 60}, {90, 250, 108}};
   const std::string shape = "L=4 H=128 Hq=4 Hkv=2 V=300 T=448 ratio=0.5";

@@ -37,7 +37,8 @@ inline unsigned blocks_for(long long n, int threads) {
   return static_cast<unsigned>(b);
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
+template <class T>
+__device__ __forceinline__ T warp_sum(T v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
@@ -45,20 +46,17 @@ __device__ __forceinline__ float warp_max(float v) {
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
-__device__ __forceinline__ double warp_sum_double(double v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
-// Sum over the whole block (blockDim.x a multiple of 32, at most 1024); every
-// thread gets the result. `shared` holds 32 floats.
-__device__ __forceinline__ float block_sum(float v, float* shared) {
+// Sum over the whole block (blockDim.x a multiple of 32, at most 1024) in float or
+// double; every thread gets the result. `shared` holds 32 values.
+template <class T>
+__device__ __forceinline__ T block_sum(T v, T* shared) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
   v = warp_sum(v);
   __syncthreads();
   if (lane == 0) shared[warp] = v;
   __syncthreads();
-  v = lane < warps ? shared[lane] : 0.0f;
+  v = lane < warps ? shared[lane] : T(0);
   return warp_sum(v);
 }
 __device__ __forceinline__ float block_max(float v, float* shared) {

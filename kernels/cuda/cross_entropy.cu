@@ -188,16 +188,6 @@ __global__ void forward_backward_kernel(float* __restrict__ logits, const int32_
   }
 }
 
-__device__ __forceinline__ double block_sum_double(double v, double* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = warp_sum_double(v);
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < warps ? shared[lane] : 0.0;
-  return warp_sum_double(v);
-}
-
 // One block: loss = sum over rows with a target of lse - target_logit (lse in double),
 // and row_max[t] becomes that row's lse (left 0 for rows without a target).
 __global__ void loss_kernel(float* __restrict__ row_max, const float* __restrict__ row_sumexp,
@@ -210,7 +200,7 @@ __global__ void loss_kernel(float* __restrict__ row_max, const float* __restrict
     acc += lse - static_cast<double>(target_logit[t]);
     row_max[t] = static_cast<float>(lse);
   }
-  acc = block_sum_double(acc, shared);
+  acc = block_sum(acc, shared);
   if (threadIdx.x == 0) g_loss = acc;
 }
 
@@ -235,7 +225,7 @@ __global__ void global_loss_kernel(float* __restrict__ lse, const float* __restr
     lse[t] = l;
     if (targets[t] >= 0) acc += static_cast<double>(l) - static_cast<double>(target_logit[t]);
   }
-  acc = block_sum_double(acc, shared);
+  acc = block_sum(acc, shared);
   if (threadIdx.x == 0) g_loss = acc;
 }
 

@@ -40,17 +40,6 @@ __global__ void fill_kernel(float* __restrict__ y, float value, int64_t n) {
     y[i] = value;
 }
 
-// Sum over the block in double (blockDim.x a multiple of 32); every thread gets it.
-__device__ __forceinline__ double block_sum_double(double v, double* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = warp_sum_double(v);
-  __syncthreads();
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < warps ? shared[lane] : 0.0;
-  return warp_sum_double(v);
-}
-
 // Stage 1: block b writes the double sum of squares of its grid-stride share.
 __global__ void sum_squares_partial_kernel(const float* __restrict__ x, int64_t n) {
   __shared__ double shared[32];
@@ -60,7 +49,7 @@ __global__ void sum_squares_partial_kernel(const float* __restrict__ x, int64_t 
     const double v = static_cast<double>(x[i]);
     acc += v * v;
   }
-  acc = block_sum_double(acc, shared);
+  acc = block_sum(acc, shared);
   if (threadIdx.x == 0) g_sum_partials[blockIdx.x] = acc;
 }
 
@@ -69,7 +58,7 @@ __global__ void sum_squares_final_kernel(int parts) {
   __shared__ double shared[32];
   double v = 0.0;
   for (int i = threadIdx.x; i < parts; i += blockDim.x) v += g_sum_partials[i];
-  v = block_sum_double(v, shared);
+  v = block_sum(v, shared);
   if (threadIdx.x == 0) g_sum_result = v;
 }
 

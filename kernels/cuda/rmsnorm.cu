@@ -45,16 +45,6 @@ double* partials(size_t count) {
 
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(rows < (1 << 20) ? rows : (1 << 20)); }
 
-__device__ __forceinline__ double block_sum_double(double v, double* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = warp_sum_double(v);
-  __syncthreads();  // also: every thread has read the previous call's result
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = lane < warps ? shared[lane] : 0.0;
-  return warp_sum_double(v);
-}
-
 __global__ void rmsnorm_forward_kernel(float* __restrict__ y, float* __restrict__ rstd, const float* __restrict__ x,
                                        const float* __restrict__ w, int64_t T, int64_t H, float eps) {
   __shared__ double shared[32];
@@ -66,7 +56,7 @@ __global__ void rmsnorm_forward_kernel(float* __restrict__ y, float* __restrict_
       const double v = static_cast<double>(xr[i]);
       acc += v * v;
     }
-    const double mean = block_sum_double(acc, shared) / static_cast<double>(H);
+    const double mean = block_sum(acc, shared) / static_cast<double>(H);
     const float r = static_cast<float>(1.0 / sqrt(mean + static_cast<double>(eps)));
     if (threadIdx.x == 0) rstd[t] = r;
     for (int64_t i = threadIdx.x; i < H; i += blockDim.x) yr[i] = __fmul_rn(w[i], __fmul_rn(xr[i], r));
@@ -86,7 +76,7 @@ __global__ void rmsnorm_backward_dx_kernel(float* __restrict__ dx, const float* 
     double acc = 0.0;
     for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
       acc += static_cast<double>(__fmul_rn(w[i], dyr[i])) * static_cast<double>(xr[i]);
-    const double dot = block_sum_double(acc, shared);
+    const double dot = block_sum(acc, shared);
     const double rd = r;
     const float c = static_cast<float>(rd * rd * rd * dot / static_cast<double>(H));
     for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
