@@ -189,6 +189,15 @@ double sum_squares(const Tensor& x) {
   }
 }
 
+void synchronize(Device device) {
+  const char* op = "synchronize";
+  switch (device) {
+    case Device::CPU: return;
+    HDP_CUDA_CASE(synchronize())
+    default: throw UnsupportedDevice(op, device);
+  }
+}
+
 // ---- embedding -------------------------------------------------------------------
 
 void embedding_forward(Tensor out, const IndexTensor& tokens, const Tensor& table, int64_t vocab_begin) {

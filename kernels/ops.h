@@ -37,6 +37,10 @@ void copy(Tensor dst, const Tensor& src);
 void copy(IndexTensor dst, const IndexTensor& src);
 // sum of x^2 accumulated in double
 double sum_squares(const Tensor& x);
+// Returns when the device has finished the work enqueued so far (ops on a GPU run
+// asynchronously; a no-op on the CPU). Timers of device work call it before
+// reading the clock.
+void synchronize(Device device);
 
 // ---- embedding ---------------------------------------------------------------
 // out[T, H] = table[token - vocab_begin] for tokens in [vocab_begin, vocab_begin + V_local), zero otherwise

@@ -56,6 +56,7 @@ class TrainingEngine::Stage final : public PipelineStage {
   void forward(int, int slot) override {
     const auto t0 = Clock::now();
     loss_sum_ += model_.forward(slot, loss_scale_, true);
+    synchronize(model_.device());  // busy time is device time: GPU ops return before they run
     busy_ += Clock::now() - t0;
   }
   void backward(int i, int slot) override {
@@ -67,6 +68,7 @@ class TrainingEngine::Stage final : public PipelineStage {
     } else {
       model_.backward(slot);
     }
+    synchronize(model_.device());
     busy_ += Clock::now() - t0;
   }
   Tensor input_activation(int slot) override { return model_.input_activation(slot); }

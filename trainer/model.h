@@ -116,6 +116,7 @@ class LlamaModel {
 
   const ModelConfig& config() const { return config_; }
   const ModelPartition& partition() const { return partition_; }
+  Device device() const { return device_; }
   const std::vector<ParameterInfo>& parameters() const { return parameters_; }
   const ParameterInfo& parameter(const std::string& name) const;
   Tensor parameter_tensor(const ParameterInfo& p) const;
