@@ -48,7 +48,7 @@ void protect(const Region& r, int prot) {
 
 void write_str(const char* s) { (void)!write(2, s, std::strlen(s)); }
 
-void on_segv(int sig, siginfo_t* info, void* context) {
+void on_segv(int, siginfo_t* info, void*) {
   const uintptr_t addr = reinterpret_cast<uintptr_t>(info->si_addr);
   for (const Region& r : g_regions) {
     const uintptr_t end = r.end.load(std::memory_order_acquire);
@@ -68,12 +68,9 @@ void on_segv(int sig, siginfo_t* info, void* context) {
     signal(SIGABRT, SIG_DFL);
     std::abort();
   }
-  // Not ours: hand over to the handler that was there before, by reinstalling it;
-  // returning re-runs the faulting instruction under it.
+  // Not ours: hand over to the handler that was there before (the default one:
+  // a crash) by reinstalling it; returning re-runs the faulting instruction under it.
   sigaction(SIGSEGV, &g_previous_handler, nullptr);
-  if ((g_previous_handler.sa_flags & SA_SIGINFO) && g_previous_handler.sa_sigaction) {
-    g_previous_handler.sa_sigaction(sig, info, context);
-  }
 }
 
 void install_handler_locked() {

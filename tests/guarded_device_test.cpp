@@ -314,6 +314,8 @@ struct Layout {
   int tp, pp, hdp;
 };
 
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
+
 class GuardedParallel : public ::testing::TestWithParam<Layout> {};
 
 // 2 steps with a checkpoint, then resumed to 3: every rank saves and loads its
