@@ -199,6 +199,7 @@ void expect_checks_pass(const std::vector<OpCheck>& checks) {
   for (const OpCheck& c : checks) EXPECT_TRUE(c.pass) << c.op << " " << c.shape << ": max abs " << c.max_abs;
 }
 
+TEST(GuardedSelftest, EveryOpMatchesTheCpu) { expect_checks_pass(check_backend(Device::Guarded, 1)); }
 TEST(GuardedSelftest, ModelTrainingChecksPass) { expect_checks_pass(check_model_training(Device::Guarded, 1)); }
 TEST(GuardedSelftest, OffloadChecksPass) { expect_checks_pass(check_offload(Device::Guarded, 1)); }
 
