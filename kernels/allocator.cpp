@@ -1,6 +1,7 @@
 #include "kernels/allocator.h"
 
 #include "kernels/cuda/cuda_runtime.h"
+#include "kernels/guarded_memory.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -32,6 +33,14 @@ class CudaAllocator final : public DeviceAllocator {
   Device device() const override { return Device::CUDA; }
 };
 
+// The test-only device (kernels/guarded_memory.h): host pages closed outside ops.
+class GuardedAllocator final : public DeviceAllocator {
+ public:
+  void* allocate(size_t bytes) override { return guarded::allocate(bytes); }
+  void deallocate(void* ptr) override { guarded::deallocate(ptr); }
+  Device device() const override { return Device::Guarded; }
+};
+
 // Page-locked host memory through the CUDA backend (refused when it is not built in).
 class PinnedHostAllocator final : public DeviceAllocator {
  public:
@@ -47,7 +56,9 @@ size_t align_up(size_t n) { return (n + Arena::kAlignment - 1) / Arena::kAlignme
 DeviceAllocator& allocator_for(Device device) {
   static CpuAllocator cpu;
   static CudaAllocator cuda;
+  static GuardedAllocator guarded;
   if (device == Device::CPU) return cpu;
+  if (device == Device::Guarded) return guarded;
   if (device == Device::CUDA && cuda::compiled()) return cuda;
   throw UnsupportedDevice("allocator", device);
 }
@@ -65,6 +76,7 @@ Arena::Arena(Device device, size_t capacity_bytes, std::string name)
 Arena::Arena(DeviceAllocator& allocator, size_t capacity_bytes, std::string name)
     : device_(allocator.device()), name_(std::move(name)), allocator_(&allocator), capacity_(align_up(capacity_bytes)) {
   base_ = static_cast<char*>(allocator.allocate(capacity_));
+  if (device_ == Device::Guarded && base_) guarded::set_name(base_, name_);
 }
 
 Arena Arena::pinned_host(size_t capacity_bytes, std::string name) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "kernels/cuda/cuda_runtime.h"
+#include "kernels/guarded_memory.h"
 
 namespace hdp {
 
@@ -74,7 +75,7 @@ bool CopyEvent::done() const {
 }
 
 CopyEngine::CopyEngine(Device device) : device_(device) {
-  if (device == Device::CPU) {
+  if (device == Device::CPU || device == Device::Guarded) {  // Guarded: the CPU's worker thread
     worker_ = std::thread([this] { run(); });
     return;
   }
@@ -153,7 +154,14 @@ void CopyEngine::run() {
       job = std::move(jobs_.front());
       jobs_.pop_front();
     }
-    if (job.src.numel() > 0) std::memcpy(job.dst.data, job.src.data, job.src.bytes());
+    if (job.src.numel() > 0) {
+      if (device_ == Device::Guarded) {
+        const guarded::Access access;  // device memory on one side: open it for the copy only
+        std::memcpy(job.dst.data, job.src.data, job.src.bytes());
+      } else {
+        std::memcpy(job.dst.data, job.src.data, job.src.bytes());
+      }
+    }
     {
       std::lock_guard<std::mutex> lock(job.state->mutex);
       job.state->done = true;

@@ -11,6 +11,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_runtime.h"
+#include "kernels/guarded_memory.h"
 
 // A backend's case in a dispatch switch, present only when it is compiled in.
 // Each CUDA op is timed on the device when HDP_CUDA_OP_TIMES=1 (cuda_runtime.h).
@@ -24,6 +25,14 @@
 #else
 #define HDP_CUDA_CASE(call)
 #endif
+
+// The test-only device: the CPU kernels, with guarded memory open to the host
+// only while the op runs (kernels/guarded_memory.h).
+#define HDP_GUARDED_CASE(call)                   \
+  case Device::Guarded: {                        \
+    const guarded::Access guarded_access_;       \
+    return cpu::call;                            \
+  }
 
 namespace hdp {
 namespace {
@@ -91,6 +100,7 @@ void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool t
   switch (common_device(op, c, a, b)) {
     case Device::CPU: return cpu::matmul(c, a, transpose_a, b, transpose_b, alpha, beta);
     HDP_CUDA_CASE(matmul(c, a, transpose_a, b, transpose_b, alpha, beta))
+    HDP_GUARDED_CASE(matmul(c, a, transpose_a, b, transpose_b, alpha, beta))
     default: throw UnsupportedDevice(op, c.device);
   }
 }
@@ -103,6 +113,7 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w) {
   switch (common_device(op, y, x, w)) {
     case Device::CPU: return cpu::linear_forward(y, x, w);
     HDP_CUDA_CASE(linear_forward(y, x, w))
+    HDP_GUARDED_CASE(linear_forward(y, x, w))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
@@ -120,6 +131,7 @@ void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, co
   switch (dev) {
     case Device::CPU: return cpu::linear_backward(dx, dw, dy, x, w, accumulate_dx);
     HDP_CUDA_CASE(linear_backward(dx, dw, dy, x, w, accumulate_dx))
+    HDP_GUARDED_CASE(linear_backward(dx, dw, dy, x, w, accumulate_dx))
     default: throw UnsupportedDevice(op, dev);
   }
 }
@@ -130,6 +142,7 @@ void add_inplace(Tensor y, const Tensor& x) {
   switch (common_device(op, y, x)) {
     case Device::CPU: return cpu::add_inplace(y, x);
     HDP_CUDA_CASE(add_inplace(y, x))
+    HDP_GUARDED_CASE(add_inplace(y, x))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
@@ -140,6 +153,7 @@ void scale_inplace(Tensor y, float s) {
   switch (y.device) {
     case Device::CPU: return cpu::scale_inplace(y, s);
     HDP_CUDA_CASE(scale_inplace(y, s))
+    HDP_GUARDED_CASE(scale_inplace(y, s))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
@@ -150,6 +164,7 @@ void fill(Tensor y, float value) {
   switch (y.device) {
     case Device::CPU: return cpu::fill(y, value);
     HDP_CUDA_CASE(fill(y, value))
+    HDP_GUARDED_CASE(fill(y, value))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
@@ -158,6 +173,9 @@ void fill(Tensor y, float value) {
 template <class T>
 Device copy_backend(const char* op, const TensorOf<T>& dst, const TensorOf<T>& src) {
   require_same_shape(op, "dst", dst, "src", src);
+  if (dst.device != Device::CPU && src.device != Device::CPU && dst.device != src.device)
+    fail(op, std::string("no copy between ") + device_name(src.device) + " and " + device_name(dst.device) +
+                 " memory");
   return dst.device != Device::CPU ? dst.device : src.device;
 }
 
@@ -166,6 +184,7 @@ void copy(Tensor dst, const Tensor& src) {
   switch (copy_backend(op, dst, src)) {
     case Device::CPU: return cpu::copy(dst, src);
     HDP_CUDA_CASE(copy(dst, src))
+    HDP_GUARDED_CASE(copy(dst, src))
     default: throw UnsupportedDevice(op, dst.device);
   }
 }
@@ -175,6 +194,10 @@ void copy(IndexTensor dst, const IndexTensor& src) {
   switch (copy_backend(op, dst, src)) {
     case Device::CPU: return static_cast<void>(std::copy_n(src.data, src.numel(), dst.data));
     HDP_CUDA_CASE(copy_index(dst, src))
+    case Device::Guarded: {
+      const guarded::Access guarded_access_;
+      return static_cast<void>(std::copy_n(src.data, src.numel(), dst.data));
+    }
     default: throw UnsupportedDevice(op, dst.device);
   }
 }
@@ -185,6 +208,7 @@ double sum_squares(const Tensor& x) {
   switch (x.device) {
     case Device::CPU: return cpu::sum_squares(x);
     HDP_CUDA_CASE(sum_squares(x))
+    HDP_GUARDED_CASE(sum_squares(x))
     default: throw UnsupportedDevice(op, x.device);
   }
 }
@@ -209,6 +233,7 @@ void embedding_forward(Tensor out, const IndexTensor& tokens, const Tensor& tabl
   switch (common_device(op, out, tokens, table)) {
     case Device::CPU: return cpu::embedding_forward(out, tokens, table, vocab_begin);
     HDP_CUDA_CASE(embedding_forward(out, tokens, table, vocab_begin))
+    HDP_GUARDED_CASE(embedding_forward(out, tokens, table, vocab_begin))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
@@ -222,6 +247,7 @@ void embedding_backward(Tensor dtable, const IndexTensor& tokens, const Tensor& 
   switch (common_device(op, dtable, tokens, dout)) {
     case Device::CPU: return cpu::embedding_backward(dtable, tokens, dout, vocab_begin);
     HDP_CUDA_CASE(embedding_backward(dtable, tokens, dout, vocab_begin))
+    HDP_GUARDED_CASE(embedding_backward(dtable, tokens, dout, vocab_begin))
     default: throw UnsupportedDevice(op, dtable.device);
   }
 }
@@ -238,6 +264,7 @@ void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, fl
   switch (common_device(op, y, rstd, x, w)) {
     case Device::CPU: return cpu::rmsnorm_forward(y, rstd, x, w, eps);
     HDP_CUDA_CASE(rmsnorm_forward(y, rstd, x, w, eps))
+    HDP_GUARDED_CASE(rmsnorm_forward(y, rstd, x, w, eps))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
@@ -253,6 +280,7 @@ void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, c
   switch (common_device(op, dx, dw, dy, x, w, rstd)) {
     case Device::CPU: return cpu::rmsnorm_backward(dx, dw, dy, x, w, rstd);
     HDP_CUDA_CASE(rmsnorm_backward(dx, dw, dy, x, w, rstd))
+    HDP_GUARDED_CASE(rmsnorm_backward(dx, dw, dy, x, w, rstd))
     default: throw UnsupportedDevice(op, dx.device);
   }
 }
@@ -275,6 +303,7 @@ void rope_forward(Tensor x, const IndexTensor& positions, float theta) {
   switch (x.device) {
     case Device::CPU: return cpu::rope_forward(x, positions, theta);
     HDP_CUDA_CASE(rope_forward(x, positions, theta))
+    HDP_GUARDED_CASE(rope_forward(x, positions, theta))
     default: throw UnsupportedDevice(op, x.device);
   }
 }
@@ -285,6 +314,7 @@ void rope_backward(Tensor dx, const IndexTensor& positions, float theta) {
   switch (dx.device) {
     case Device::CPU: return cpu::rope_backward(dx, positions, theta);
     HDP_CUDA_CASE(rope_backward(dx, positions, theta))
+    HDP_GUARDED_CASE(rope_backward(dx, positions, theta))
     default: throw UnsupportedDevice(op, dx.device);
   }
 }
@@ -322,6 +352,7 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
   switch (common_device(op, out, lse, q, k, v, cu_seqlens)) {
     case Device::CPU: return cpu::attention_forward(out, lse, q, k, v, cu_seqlens);
     HDP_CUDA_CASE(attention_forward(out, lse, q, k, v, cu_seqlens))
+    HDP_GUARDED_CASE(attention_forward(out, lse, q, k, v, cu_seqlens))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
@@ -337,6 +368,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   switch (common_device(op, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens)) {
     case Device::CPU: return cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens);
     HDP_CUDA_CASE(attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens))
+    HDP_GUARDED_CASE(attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens))
     default: throw UnsupportedDevice(op, dq.device);
   }
 }
@@ -375,6 +407,7 @@ void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Ten
   switch (common_device(op, out, lse, q, k, v)) {
     case Device::CPU: return cpu::attention_forward_blocks(out, lse, q, k, v, blocks);
     HDP_CUDA_CASE(attention_forward_blocks(out, lse, q, k, v, blocks))
+    HDP_GUARDED_CASE(attention_forward_blocks(out, lse, q, k, v, blocks))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
@@ -390,6 +423,7 @@ void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end) {
   switch (common_device(op, out, lse)) {
     case Device::CPU: return cpu::attention_reset_rows(out, lse, begin, end);
     HDP_CUDA_CASE(attention_reset_rows(out, lse, begin, end))
+    HDP_GUARDED_CASE(attention_reset_rows(out, lse, begin, end))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
@@ -406,6 +440,7 @@ void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& do
   switch (common_device(op, dq, dk, dv, dout, q, k, v, out, lse)) {
     case Device::CPU: return cpu::attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks);
     HDP_CUDA_CASE(attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks))
+    HDP_GUARDED_CASE(attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks))
     default: throw UnsupportedDevice(op, dq.device);
   }
 }
@@ -419,6 +454,7 @@ void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) {
   switch (common_device(op, out, gate, up)) {
     case Device::CPU: return cpu::swiglu_forward(out, gate, up);
     HDP_CUDA_CASE(swiglu_forward(out, gate, up))
+    HDP_GUARDED_CASE(swiglu_forward(out, gate, up))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
@@ -432,6 +468,7 @@ void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor&
   switch (common_device(op, dgate, dup, dout, gate, up)) {
     case Device::CPU: return cpu::swiglu_backward(dgate, dup, dout, gate, up);
     HDP_CUDA_CASE(swiglu_backward(dgate, dup, dout, gate, up))
+    HDP_GUARDED_CASE(swiglu_backward(dgate, dup, dout, gate, up))
     default: throw UnsupportedDevice(op, dgate.device);
   }
 }
@@ -466,6 +503,7 @@ void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit,
   switch (dev) {
     case Device::CPU: return cpu::cross_entropy_stats(row_max, row_sumexp, target_logit, logits, targets, vocab_begin);
     HDP_CUDA_CASE(cross_entropy_stats(row_max, row_sumexp, target_logit, logits, targets, vocab_begin))
+    HDP_GUARDED_CASE(cross_entropy_stats(row_max, row_sumexp, target_logit, logits, targets, vocab_begin))
     default: throw UnsupportedDevice(op, dev);
   }
 }
@@ -483,6 +521,7 @@ void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const Inde
   switch (dev) {
     case Device::CPU: return cpu::cross_entropy_backward_inplace(logits, lse, targets, vocab_begin, grad_scale);
     HDP_CUDA_CASE(cross_entropy_backward_inplace(logits, lse, targets, vocab_begin, grad_scale))
+    HDP_GUARDED_CASE(cross_entropy_backward_inplace(logits, lse, targets, vocab_begin, grad_scale))
     default: throw UnsupportedDevice(op, dev);
   }
 }
@@ -497,6 +536,7 @@ void cross_entropy_rescale_sumexp(Tensor row_sumexp, const Tensor& row_max, cons
   switch (dev) {
     case Device::CPU: return cpu::cross_entropy_rescale_sumexp(row_sumexp, row_max, global_max);
     HDP_CUDA_CASE(cross_entropy_rescale_sumexp(row_sumexp, row_max, global_max))
+    HDP_GUARDED_CASE(cross_entropy_rescale_sumexp(row_sumexp, row_max, global_max))
     default: throw UnsupportedDevice(op, dev);
   }
 }
@@ -514,6 +554,7 @@ double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Ten
   switch (dev) {
     case Device::CPU: return cpu::cross_entropy_global_loss(lse, global_max, row_sumexp, target_logit, targets);
     HDP_CUDA_CASE(cross_entropy_global_loss(lse, global_max, row_sumexp, target_logit, targets))
+    HDP_GUARDED_CASE(cross_entropy_global_loss(lse, global_max, row_sumexp, target_logit, targets))
     default: throw UnsupportedDevice(op, dev);
   }
 }
@@ -530,6 +571,7 @@ double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets,
   switch (dev) {
     case Device::CPU: return cpu::cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT);
     HDP_CUDA_CASE(cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT))
+    HDP_GUARDED_CASE(cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT))
     default: throw UnsupportedDevice(op, dev);
   }
 }
@@ -546,6 +588,7 @@ void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const Ad
   switch (common_device(op, param, grad, m, v)) {
     case Device::CPU: return cpu::adamw_update(param, grad, m, v, s);
     HDP_CUDA_CASE(adamw_update(param, grad, m, v, s))
+    HDP_GUARDED_CASE(adamw_update(param, grad, m, v, s))
     default: throw UnsupportedDevice(op, param.device);
   }
 }

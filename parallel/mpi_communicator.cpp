@@ -126,7 +126,8 @@ class MpiPending final : public CommRequest::Pending {
   // back into t by wait().
   float* host_buffer(const Tensor& t, bool staged, int64_t in_begin, int64_t in_end, bool output) {
     if (!staged) return t.data;
-    const StagingPool::Block b = pool->acquire(t.bytes(), t.device != Device::CPU);
+    // Page-locked for CUDA buffers; plain host memory for the others (Device::Guarded, the test mode).
+    const StagingPool::Block b = pool->acquire(t.bytes(), t.device == Device::CUDA);
     blocks.push_back(b);
     if (in_end > in_begin) copy(Tensor(b.data + in_begin, {in_end - in_begin}, Device::CPU), flat(t, in_begin, in_end));
     if (output) copy_back.push_back({flat(t), b.data});

@@ -570,8 +570,8 @@ struct Parser {
             "choose auto (continue from the newest checkpoint in checkpoint_dir, if any) or never");
     non_negative(t.threads, "train.threads", "it must be 0 or more (0 = cores / ranks on the node)");
     non_negative(t.peak_flops, "train.peak_flops", "it must be 0 or more (0 = measure with a GEMM probe)");
-    require(t.device == "cpu" || t.device == "cuda", "train.device", "unknown device " + shown("train.device"),
-            "choose cpu or cuda");
+    require(t.device == "cpu" || t.device == "cuda" || t.device == "guarded", "train.device",
+            "unknown device " + shown("train.device"), "choose cpu or cuda (guarded: test-only)");
 
     // parallel
     positive(p.tp, "parallel.tp");

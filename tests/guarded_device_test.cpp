@@ -1,0 +1,372 @@
+// The test-only device Device::Guarded (kernels/guarded_memory.h): the CPU kernels
+// behind a device boundary, with every host access of device memory outside an op
+// aborting. Everything above the kernels runs on it here, so that a host read of
+// device memory fails in CI instead of first on a GPU: the model (packed documents,
+// offloaded activations), the optimizer, checkpoint save and resume, and the
+// parallel layouts under mpirun, each equal to the same run on the CPU.
+
+#include <gtest/gtest.h>
+#include <hdf5.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "data/hdf5_lock.h"
+#include "data/hdf5_util.h"
+#include "kernels/allocator.h"
+#include "kernels/copy_engine.h"
+#include "kernels/guarded_memory.h"
+#include "kernels/ops.h"
+#include "test_util.h"
+#include "trainer/model.h"
+#include "trainer/selftest.h"
+
+namespace hdp {
+namespace {
+
+using testing::run_command;
+using testing::run_trainer;
+using testing::scratch_dir;
+
+std::vector<float> to_host(const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  copy(Tensor(out.data(), {t.numel()}, Device::CPU), t.view({t.numel()}));
+  return out;
+}
+
+// ---- the guard itself ----------------------------------------------------------------
+
+TEST(GuardedMemory, OpsAndCopiesReachTheMemoryAndTheHostGetsItBack) {
+  Arena arena(Device::Guarded, 1 << 16, "guard probe");
+  EXPECT_TRUE(guarded::contains(arena.tensor({1}).data));
+  const Tensor a = arena.tensor({100}), b = arena.tensor({100});
+  std::vector<float> x(100);
+  for (int i = 0; i < 100; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i);
+  copy(a, Tensor(x.data(), {100}, Device::CPU));
+  copy(b, a);
+  scale_inplace(b, 2.0f);
+  add_inplace(b, a);
+  const std::vector<float> got = to_host(b);
+  for (int i = 0; i < 100; ++i) EXPECT_EQ(got[static_cast<size_t>(i)], 3.0f * i);
+  EXPECT_EQ(sum_squares(a), 328350.0);
+  std::vector<int32_t> idx = {4, 5, 6}, back(3);
+  IndexTensor gi = arena.index_tensor({3});
+  copy(gi, IndexTensor(idx.data(), {3}, Device::CPU));
+  copy(IndexTensor(back.data(), {3}, Device::CPU), gi);
+  EXPECT_EQ(back, idx);
+}
+
+TEST(GuardedMemory, TheCopyEngineMovesGuardedMemoryOnItsWorkerThread) {
+  Arena dev(Device::Guarded, 1 << 16, "engine device"), host(Device::CPU, 1 << 16, "engine host");
+  const Tensor d = dev.tensor({64}), h = host.tensor({64});
+  fill(d, 1.5f);
+  CopyEngine engine(Device::Guarded);
+  engine.copy_async(h, d).wait();
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(h.data[i], 1.5f);
+  fill(h, -2.0f);
+  engine.copy_async(d, h);
+  engine.synchronize();
+  EXPECT_EQ(to_host(d)[63], -2.0f);
+}
+
+TEST(GuardedMemory, ACopyBetweenTwoDeviceKindsIsRefused) {
+  Arena dev(Device::Guarded, 1 << 12, "guarded");
+  float fake[4];
+  EXPECT_THROW(copy(dev.tensor({4}), Tensor(fake, {4}, Device::CUDA)), std::invalid_argument);
+}
+
+TEST(GuardedMemoryDeathTest, AHostReadOutsideAnOpAbortsNamingTheArena) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        Arena arena(Device::Guarded, 4096, "probe arena");
+        const Tensor t = arena.tensor({16});
+        fill(t, 1.0f);
+        volatile float v = t.data[3];  // the host reads device memory
+        (void)v;
+      },
+      "host access to guarded device memory at 0x[0-9a-f]+ \\(arena probe arena\\): a host-side read or write of "
+      "device memory");
+}
+
+TEST(GuardedMemoryDeathTest, AHostWriteOutsideAnOpAborts) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        Arena arena(Device::Guarded, 4096, "write probe");
+        arena.tensor({16}).data[0] = 2.0f;
+      },
+      "host access to guarded device memory .*arena write probe");
+}
+
+TEST(GuardedMemoryDeathTest, OtherFaultsStillCrashAsBefore) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        Arena arena(Device::Guarded, 4096, "bystander");
+        volatile int* p = nullptr;
+        *p = 1;
+      },
+      "");
+}
+
+// ---- the model: packed documents, offload ---------------------------------------------
+
+ModelConfig small_config() {
+  ModelConfig c;
+  c.vocab_size = 61;
+  c.hidden_size = 32;
+  c.num_layers = 4;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.ffn_hidden_size = 48;
+  c.init_std = 0.1;
+  return c;
+}
+
+struct Batch {
+  std::vector<int32_t> tokens, targets, positions, cu_seqlens;
+  MicroBatchView view() const { return {tokens, targets, positions, cu_seqlens}; }
+};
+
+// Documents of the given lengths packed back to back (random tokens).
+Batch documents(const std::vector<int>& lengths, int vocab, uint64_t seed) {
+  Batch b;
+  b.cu_seqlens.push_back(0);
+  for (int len : lengths) {
+    const size_t start = b.tokens.size();
+    for (int i = 0; i < len; ++i) {
+      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+      b.tokens.push_back(static_cast<int32_t>((seed >> 33) % vocab));
+      b.positions.push_back(i);
+    }
+    for (int i = 0; i < len; ++i) b.targets.push_back(i + 1 < len ? b.tokens[start + i + 1] : -1);
+    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
+  }
+  return b;
+}
+
+TEST(GuardedModel, PackedUnevenDocumentsGiveTheCpuLossAndGradientsBitForBit) {
+  const ModelConfig c = small_config();
+  LlamaModel cpu(c, 256), dev(c, 256, {}, 1, nullptr, {}, Device::Guarded);
+  cpu.init_weights(5);
+  dev.init_weights(5);
+  ASSERT_EQ(to_host(cpu.flat_parameters()), to_host(dev.flat_parameters()));
+  const Batch a = documents({37, 1, 90, 13}, 61, 3), b = documents({70, 70}, 61, 8);
+  cpu.zero_grad();
+  dev.zero_grad();
+  for (const Batch* batch : {&a, &b}) {
+    EXPECT_EQ(cpu.forward_backward(batch->view(), 0.01f), dev.forward_backward(batch->view(), 0.01f));
+  }
+  const std::vector<float> gc = to_host(cpu.flat_gradients()), gd = to_host(dev.flat_gradients());
+  ASSERT_EQ(gc.size(), gd.size());
+  for (size_t i = 0; i < gc.size(); ++i) ASSERT_EQ(gc[i], gd[i]) << "gradient " << i;
+}
+
+TEST(GuardedModel, AnOffloadedMicroBatchGivesTheCpuLossAndGradientsBitForBit) {
+  const ModelConfig c = small_config();
+  LongSequenceOptions offload;
+  offload.max_tokens = 512;
+  offload.offload = true;
+  LlamaModel cpu(c, 256), dev(c, 256, {}, 1, nullptr, offload, Device::Guarded);
+  cpu.init_weights(9);
+  dev.init_weights(9);
+  // 192 tokens, half offloaded: 96-row halves keep every offloaded tensor 64-byte aligned.
+  const Batch b = documents({120, 50, 22}, 61, 4);
+  MicroBatchView with = b.view();
+  with.offload_ratio = 0.5;
+  cpu.zero_grad();
+  dev.zero_grad();
+  const double loss_cpu = cpu.forward_backward(b.view(), 0.01f);
+  dev.set_batch(0, with);
+  const double loss_dev = dev.forward(0, 0.01f, true);
+  dev.backward(0);
+  EXPECT_EQ(loss_cpu, loss_dev);
+  EXPECT_GT(dev.activation_usage().offloaded_bytes, 0);
+  const std::vector<float> gc = to_host(cpu.flat_gradients()), gd = to_host(dev.flat_gradients());
+  for (size_t i = 0; i < gc.size(); ++i) ASSERT_EQ(gc[i], gd[i]) << "gradient " << i;
+}
+
+// The device checks of `trainer selftest` (which a GPU runs) on the guarded device.
+void expect_checks_pass(const std::vector<OpCheck>& checks) {
+  ASSERT_FALSE(checks.empty());
+  for (const OpCheck& c : checks) EXPECT_TRUE(c.pass) << c.op << " " << c.shape << ": max abs " << c.max_abs;
+}
+
+TEST(GuardedSelftest, EveryOpMatchesTheCpu) { expect_checks_pass(check_backend(Device::Guarded, 1)); }
+TEST(GuardedSelftest, ModelTrainingChecksPass) { expect_checks_pass(check_model_training(Device::Guarded, 1)); }
+TEST(GuardedSelftest, OffloadChecksPass) { expect_checks_pass(check_offload(Device::Guarded, 1)); }
+
+// ---- the trainer end to end ------------------------------------------------------------
+
+const std::string kConfig = std::string(HDP_SOURCE_DIR) + "/configs/tiny-llama.yaml";
+
+const std::string& corpus() {
+  static const std::string path = [] {
+    const std::string dir = scratch_dir("guarded-corpus-" + std::to_string(getpid()));
+    auto r = run_trainer("make-corpus --output " + dir + "/corpus.h5 --documents 600 --max-length 600");
+    if (r.exit_code != 0) throw std::runtime_error("make-corpus failed: " + r.output);
+    return dir + "/corpus.h5";
+  }();
+  return path;
+}
+
+// A small 4-layer model every layout can split; `steps` steps with a checkpoint every `every`.
+std::string train_args(const std::string& dir, const std::string& device, int steps, int every,
+                       const std::string& extra = "") {
+  return "train " + kConfig + " --set data.path=" + corpus() + " --set train.run_dir=" + dir +
+         " --set train.checkpoint_dir=" + dir + "/ckpt --set train.steps=" + std::to_string(steps) +
+         " --set train.device=" + device +
+         " --set model.hidden_size=64 --set model.num_heads=4 --set model.num_kv_heads=2"
+         " --set model.ffn_hidden_size=128 --set data.max_seq_len=128 --set data.micro_batch_tokens=256"
+         " --set data.global_batch_tokens=1024 --set optim.warmup_steps=2 --set train.peak_flops=1e11"
+         " --set train.log_every=100 --set train.threads=1 --set train.keep_checkpoints=5"
+         " --set train.checkpoint_every=" + std::to_string(every) + " " + extra;
+}
+
+std::vector<double> metric(const std::string& run_dir, const std::string& key) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::vector<double> out;
+  std::smatch m;
+  for (std::string line; std::getline(in, line);) {
+    if (std::regex_search(line, m, std::regex("\"" + key + "\": ([-0-9.eE+]+)"))) out.push_back(std::stod(m[1]));
+  }
+  return out;
+}
+
+// Every dataset of an exported checkpoint (whole tensors under Hugging Face names).
+std::map<std::string, std::vector<float>> read_weights(const std::string& path) {
+  Hdf5Lock lock;
+  H5Handle file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path);
+  std::map<std::string, std::vector<float>> out;
+  H5Literate(
+      file.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr,
+      [](hid_t group, const char* name, const H5L_info_t*, void* data) -> herr_t {
+        H5O_info_t info;
+        H5Oget_info_by_name2(group, name, &info, H5O_INFO_BASIC, H5P_DEFAULT);
+        if (info.type != H5O_TYPE_DATASET) return 0;
+        H5Handle d = h5_dataset(H5Dopen2(group, name, H5P_DEFAULT), name);
+        H5Handle space = h5_space(H5Dget_space(d.get()), name);
+        std::vector<float> values(H5Sget_simple_extent_npoints(space.get()));
+        H5Dread(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
+        (*static_cast<std::map<std::string, std::vector<float>>*>(data))[name] = std::move(values);
+        return 0;
+      },
+      &out);
+  return out;
+}
+
+TEST(GuardedTrainer, ThreeStepsWithACheckpointAndResumeEqualTheCpuRun) {
+  const std::string cpu = scratch_dir("guarded-train-cpu"), dev = scratch_dir("guarded-train-dev");
+  auto a = run_trainer(train_args(cpu, "cpu", 3, 3));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b1 = run_trainer(train_args(dev, "guarded", 2, 2));
+  ASSERT_EQ(b1.exit_code, 0) << b1.output;
+  auto b2 = run_trainer(train_args(dev, "guarded", 3, 3));
+  ASSERT_EQ(b2.exit_code, 0) << b2.output;
+  EXPECT_NE(b2.output.find("resumed from"), std::string::npos) << b2.output;
+  for (const char* key : {"loss", "grad_norm"}) {
+    const std::vector<double> want = metric(cpu, key), got = metric(dev, key);
+    ASSERT_EQ(want.size(), 3u) << key;
+    EXPECT_EQ(got, want) << key;
+  }
+  // The saved (and, for the guarded run, resumed) weights are the CPU run's, bit for bit.
+  const std::string ca = cpu + "/ckpt/step-00000003", cb = dev + "/ckpt/step-00000003";
+  auto ea = run_trainer("export " + ca + " --output " + cpu + "/export.h5");
+  auto eb = run_trainer("export " + cb + " --output " + dev + "/export.h5");
+  ASSERT_EQ(ea.exit_code, 0) << ea.output;
+  ASSERT_EQ(eb.exit_code, 0) << eb.output;
+  const auto wa = read_weights(cpu + "/export.h5"), wb = read_weights(dev + "/export.h5");
+  ASSERT_FALSE(wa.empty());
+  ASSERT_EQ(wa.size(), wb.size());
+  for (const auto& [name, w] : wa) {
+    ASSERT_TRUE(wb.count(name)) << name;
+    EXPECT_TRUE(w == wb.at(name)) << name << " differs";
+  }
+}
+
+// ---- the parallel layouts under mpirun --------------------------------------------------
+
+std::string mpirun(int ranks) {
+  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
+  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
+  setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
+  return std::string(HDP_MPIEXEC) + " --oversubscribe -np " + std::to_string(ranks) + " " + HDP_TRAINER_BINARY;
+}
+
+const std::vector<double>& cpu_single_losses() {
+  static const std::vector<double> losses = [] {
+    const std::string dir = scratch_dir("guarded-single-" + std::to_string(getpid()));
+    auto r = run_trainer(train_args(dir, "cpu", 3, 3));
+    if (r.exit_code != 0) throw std::runtime_error("cpu run failed: " + r.output);
+    return metric(dir, "loss");
+  }();
+  return losses;
+}
+
+struct Layout {
+  std::string name;
+  int tp, pp, hdp;
+};
+
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
+
+class GuardedParallel : public ::testing::TestWithParam<Layout> {};
+
+// 2 steps with a checkpoint, then resumed to 3: every rank saves and loads its
+// shards of guarded memory.
+TEST_P(GuardedParallel, WithACheckpointAndResumeEqualsTheCpuSingleProcessRun) {
+  const Layout& l = GetParam();
+  const std::string dir = scratch_dir("guarded-" + l.name);
+  const std::string layout = "--set parallel.tp=" + std::to_string(l.tp) + " --set parallel.pp=" +
+                             std::to_string(l.pp) + " --set parallel.hdp=" + std::to_string(l.hdp);
+  const std::string launch = mpirun(l.tp * l.pp * l.hdp) + " ";
+  auto r1 = run_command(launch + train_args(dir, "guarded", 2, 2, layout));
+  ASSERT_EQ(r1.exit_code, 0) << r1.output;
+  auto r2 = run_command(launch + train_args(dir, "guarded", 3, 3, layout));
+  ASSERT_EQ(r2.exit_code, 0) << r2.output;
+  EXPECT_NE(r2.output.find("resumed from"), std::string::npos) << r2.output;
+  const std::vector<double>& want = cpu_single_losses();
+  const std::vector<double> got = metric(dir, "loss");
+  ASSERT_EQ(want.size(), 3u);
+  ASSERT_EQ(got.size(), 3u) << r2.output;
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << l.name << " step " << i + 1;
+}
+
+INSTANTIATE_TEST_SUITE_P(Layouts, GuardedParallel,
+                         ::testing::Values(Layout{"tp2", 2, 1, 1}, Layout{"pp2", 1, 2, 1}, Layout{"hdp2", 1, 1, 2}),
+                         [](const auto& info) { return info.param.name; });
+
+// Documents longer than a micro-batch: attention over a ring of 2 ranks, half of
+// each rank's activations offloaded to host memory, against one CPU process that
+// holds whole sequences.
+TEST(GuardedRing, LongDocumentsOverARingWithOffloadEqualOneCpuProcess) {
+  const std::string dir = scratch_dir("guarded-long-" + std::to_string(getpid()));
+  auto c = run_trainer("make-corpus --output " + dir + "/long.h5 --documents 100 --max-length 1024 --seed 7");
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const std::string data = "--set data.path=" + dir + "/long.h5 --set data.max_seq_len=1024 ";
+  auto a = run_trainer(train_args(dir + "/cpu", "cpu", 3, 0, data + "--set data.micro_batch_tokens=1024"));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b = run_command(mpirun(2) + " " +
+                       train_args(dir + "/ring", "guarded", 3, 0,
+                                  data + "--set data.micro_batch_tokens=256 --set parallel.hdp=2"));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  const std::vector<double> want = metric(dir + "/cpu", "loss"), got = metric(dir + "/ring", "loss");
+  ASSERT_EQ(want.size(), 3u);
+  ASSERT_EQ(got.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
+  // The sequences really went through the ring and host memory.
+  const std::vector<double> ring = metric(dir + "/ring", "attention_bytes"),
+                            offloaded = metric(dir + "/ring", "offloaded_bytes");
+  EXPECT_GT(*std::max_element(ring.begin(), ring.end()), 0);
+  EXPECT_GT(*std::max_element(offloaded.begin(), offloaded.end()), 0);
+}
+
+}  // namespace
+}  // namespace hdp
