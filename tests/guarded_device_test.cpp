@@ -24,15 +24,21 @@
 #include "kernels/guarded_memory.h"
 #include "kernels/ops.h"
 #include "test_util.h"
+#include "trainer_runs.h"
 #include "trainer/model.h"
 #include "trainer/selftest.h"
 
 namespace hdp {
 namespace {
 
+using testing::metric_values;
+using testing::mpirun;
+using testing::read_weights;
 using testing::run_command;
 using testing::run_trainer;
 using testing::scratch_dir;
+using testing::small_corpus;
+using testing::small_model_overrides;
 
 std::vector<float> to_host(const Tensor& t) {
   std::vector<float> out(static_cast<size_t>(t.numel()));
@@ -207,59 +213,13 @@ TEST(GuardedSelftest, OffloadChecksPass) { expect_checks_pass(check_offload(Devi
 
 const std::string kConfig = std::string(HDP_SOURCE_DIR) + "/configs/tiny-llama.yaml";
 
-const std::string& corpus() {
-  static const std::string path = [] {
-    const std::string dir = scratch_dir("guarded-corpus-" + std::to_string(getpid()));
-    auto r = run_trainer("make-corpus --output " + dir + "/corpus.h5 --documents 600 --max-length 600");
-    if (r.exit_code != 0) throw std::runtime_error("make-corpus failed: " + r.output);
-    return dir + "/corpus.h5";
-  }();
-  return path;
-}
-
 // A small 4-layer model every layout can split; `steps` steps with a checkpoint every `every`.
 std::string train_args(const std::string& dir, const std::string& device, int steps, int every,
                        const std::string& extra = "") {
-  return "train " + kConfig + " --set data.path=" + corpus() + " --set train.run_dir=" + dir +
+  return "train " + kConfig + " --set data.path=" + small_corpus() + " --set train.run_dir=" + dir +
          " --set train.checkpoint_dir=" + dir + "/ckpt --set train.steps=" + std::to_string(steps) +
-         " --set train.device=" + device +
-         " --set model.hidden_size=64 --set model.num_heads=4 --set model.num_kv_heads=2"
-         " --set model.ffn_hidden_size=128 --set data.max_seq_len=128 --set data.micro_batch_tokens=256"
-         " --set data.global_batch_tokens=1024 --set optim.warmup_steps=2 --set train.peak_flops=1e11"
-         " --set train.log_every=100 --set train.threads=1 --set train.keep_checkpoints=5"
+         " --set train.device=" + device + small_model_overrides() + " --set train.keep_checkpoints=5"
          " --set train.checkpoint_every=" + std::to_string(every) + " " + extra;
-}
-
-std::vector<double> metric(const std::string& run_dir, const std::string& key) {
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  std::vector<double> out;
-  std::smatch m;
-  for (std::string line; std::getline(in, line);) {
-    if (std::regex_search(line, m, std::regex("\"" + key + "\": ([-0-9.eE+]+)"))) out.push_back(std::stod(m[1]));
-  }
-  return out;
-}
-
-// Every dataset of an exported checkpoint (whole tensors under Hugging Face names).
-std::map<std::string, std::vector<float>> read_weights(const std::string& path) {
-  Hdf5Lock lock;
-  H5Handle file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path);
-  std::map<std::string, std::vector<float>> out;
-  H5Literate(
-      file.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr,
-      [](hid_t group, const char* name, const H5L_info_t*, void* data) -> herr_t {
-        H5O_info_t info;
-        H5Oget_info_by_name2(group, name, &info, H5O_INFO_BASIC, H5P_DEFAULT);
-        if (info.type != H5O_TYPE_DATASET) return 0;
-        H5Handle d = h5_dataset(H5Dopen2(group, name, H5P_DEFAULT), name);
-        H5Handle space = h5_space(H5Dget_space(d.get()), name);
-        std::vector<float> values(H5Sget_simple_extent_npoints(space.get()));
-        H5Dread(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
-        (*static_cast<std::map<std::string, std::vector<float>>*>(data))[name] = std::move(values);
-        return 0;
-      },
-      &out);
-  return out;
 }
 
 TEST(GuardedTrainer, ThreeStepsWithACheckpointAndResumeEqualTheCpuRun) {
@@ -272,7 +232,7 @@ TEST(GuardedTrainer, ThreeStepsWithACheckpointAndResumeEqualTheCpuRun) {
   ASSERT_EQ(b2.exit_code, 0) << b2.output;
   EXPECT_NE(b2.output.find("resumed from"), std::string::npos) << b2.output;
   for (const char* key : {"loss", "grad_norm"}) {
-    const std::vector<double> want = metric(cpu, key), got = metric(dev, key);
+    const std::vector<double> want = metric_values(cpu, key), got = metric_values(dev, key);
     ASSERT_EQ(want.size(), 3u) << key;
     EXPECT_EQ(got, want) << key;
   }
@@ -293,19 +253,12 @@ TEST(GuardedTrainer, ThreeStepsWithACheckpointAndResumeEqualTheCpuRun) {
 
 // ---- the parallel layouts under mpirun --------------------------------------------------
 
-std::string mpirun(int ranks) {
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-  setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
-  return std::string(HDP_MPIEXEC) + " --oversubscribe -np " + std::to_string(ranks) + " " + HDP_TRAINER_BINARY;
-}
-
 const std::vector<double>& cpu_single_losses() {
   static const std::vector<double> losses = [] {
     const std::string dir = scratch_dir("guarded-single-" + std::to_string(getpid()));
     auto r = run_trainer(train_args(dir, "cpu", 3, 3));
     if (r.exit_code != 0) throw std::runtime_error("cpu run failed: " + r.output);
-    return metric(dir, "loss");
+    return metric_values(dir, "loss");
   }();
   return losses;
 }
@@ -333,7 +286,7 @@ TEST_P(GuardedParallel, WithACheckpointAndResumeEqualsTheCpuSingleProcessRun) {
   ASSERT_EQ(r2.exit_code, 0) << r2.output;
   EXPECT_NE(r2.output.find("resumed from"), std::string::npos) << r2.output;
   const std::vector<double>& want = cpu_single_losses();
-  const std::vector<double> got = metric(dir, "loss");
+  const std::vector<double> got = metric_values(dir, "loss");
   ASSERT_EQ(want.size(), 3u);
   ASSERT_EQ(got.size(), 3u) << r2.output;
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << l.name << " step " << i + 1;
@@ -357,13 +310,13 @@ TEST(GuardedRing, LongDocumentsOverARingWithOffloadEqualOneCpuProcess) {
                        train_args(dir + "/ring", "guarded", 3, 0,
                                   data + "--set data.micro_batch_tokens=256 --set parallel.hdp=2"));
   ASSERT_EQ(b.exit_code, 0) << b.output;
-  const std::vector<double> want = metric(dir + "/cpu", "loss"), got = metric(dir + "/ring", "loss");
+  const std::vector<double> want = metric_values(dir + "/cpu", "loss"), got = metric_values(dir + "/ring", "loss");
   ASSERT_EQ(want.size(), 3u);
   ASSERT_EQ(got.size(), 3u);
   for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(got[i], want[i], 1e-5 * want[i]) << "step " << i + 1;
   // The sequences really went through the ring and host memory.
-  const std::vector<double> ring = metric(dir + "/ring", "attention_bytes"),
-                            offloaded = metric(dir + "/ring", "offloaded_bytes");
+  const std::vector<double> ring = metric_values(dir + "/ring", "attention_bytes"),
+                            offloaded = metric_values(dir + "/ring", "offloaded_bytes");
   EXPECT_GT(*std::max_element(ring.begin(), ring.end()), 0);
   EXPECT_GT(*std::max_element(offloaded.begin(), offloaded.end()), 0);
 }
