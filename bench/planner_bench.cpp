@@ -11,7 +11,8 @@
 // (sigma 1.2) clipped to [16, 128K], drawn until 32M tokens (the last one shortened
 // to hit 32M exactly). That gives about
 // 80% of sequences at most 4K tokens and roughly 45% of the tokens in sequences of
-// 128K or more (docs/background.md section 1, "Byted").
+// 128K or more ("Byted" in ByteScale, Ge et al., 2025, its section on data
+// heterogeneity).
 //
 // Settings: capacity C = 16K tokens, 8 layers per stage, one pipeline stage,
 // analytic cost model of a LLaMA-7B layer (hidden 4096, 32 heads, 8 KV heads,

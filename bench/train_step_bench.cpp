@@ -16,6 +16,7 @@
 
 #include "kernels/ops.h"
 #include "parallel/local_communicator.h"
+#include "kernels/cpu/blas_threads.h"
 #include "parallel/runtime.h"
 #include "trainer/config.h"
 #include "trainer/model.h"
@@ -100,7 +101,7 @@ BENCHMARK(BM_BenchLlamaTrainingStep)->Unit(benchmark::kMillisecond)->MinTime(10.
 int main(int argc, char** argv) {
   hdp::ProcessInfo single;
   const int threads = hdp::configure_threads(0, single);
-  benchmark::AddCustomContext("openblas_core", hdp::blas_core_name());
+  benchmark::AddCustomContext("openblas_core", hdp::cpu::blas_core_name());
   benchmark::AddCustomContext("OPENBLAS_CORETYPE", std::getenv("OPENBLAS_CORETYPE") ? std::getenv("OPENBLAS_CORETYPE") : "(unset)");
   benchmark::AddCustomContext("threads", std::to_string(threads));
   benchmark::Initialize(&argc, argv);

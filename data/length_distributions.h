@@ -1,7 +1,8 @@
 #pragma once
 // Where `trainer plan` (docs/planning.md) takes the document lengths of a global
 // batch from: a built-in length distribution modelled on published data
-// (docs/background.md section 1), a text file of lengths, or an HDF5 token
+// (the Byted and GitHub distributions of ByteScale, Ge et al., 2025, its section
+// on data heterogeneity), a text file of lengths, or an HDF5 token
 // dataset (data/dataset.h).
 //
 // Built-in distributions are piecewise power laws. Each segment [lo, hi] has a

@@ -10,6 +10,7 @@
 #include <thread>
 #include <unordered_map>
 
+#include "data/fault_injection.h"
 #include "data/sampler.h"
 
 namespace hdp {
@@ -55,23 +56,6 @@ class Reader {
   std::span<const int64_t> in_;
   size_t at_ = 0;
 };
-
-struct FaultInjection {
-  int rank = -1;
-  int64_t step = -1;
-  bool hang = false;
-};
-
-FaultInjection fault_injection() {
-  FaultInjection f;
-  if (const char* spec = std::getenv("HDP_FAULT_INJECT")) {
-    char mode[16] = "";
-    const int n = std::sscanf(spec, "%d:%ld:%15s", &f.rank, &f.step, mode);
-    if (n < 2) throw std::invalid_argument(std::string("HDP_FAULT_INJECT='") + spec + "': expected RANK:STEP[:hang]");
-    f.hang = std::string(mode) == "hang";
-  }
-  return f;
-}
 
 }  // namespace
 
@@ -199,7 +183,7 @@ int server_rank_of(int64_t document, int first_server, int servers) {
 
 void serve_tokens(const TokenDataset& dataset, MessageChannel& channel, int first_server, int servers,
                   int training_ranks) {
-  const FaultInjection fault = fault_injection();
+  const FaultInjection fault = fault_injection_from_env();
   std::vector<int32_t> tokens;
   int stopped = 0;
   while (stopped < training_ranks) {

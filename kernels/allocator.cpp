@@ -96,7 +96,7 @@ Arena::~Arena() {
 
 Arena::Arena(Arena&& o) noexcept
     : device_(o.device_), name_(std::move(o.name_)), allocator_(o.allocator_), base_(std::exchange(o.base_, nullptr)),
-      capacity_(o.capacity_), used_(o.used_), peak_(o.peak_), counting_(o.counting_) {}
+      capacity_(o.capacity_), used_(o.used_), counting_(o.counting_) {}
 
 Arena& Arena::operator=(Arena&& o) noexcept {
   if (this != &o) {
@@ -107,7 +107,6 @@ Arena& Arena::operator=(Arena&& o) noexcept {
     base_ = std::exchange(o.base_, nullptr);
     capacity_ = o.capacity_;
     used_ = o.used_;
-    peak_ = o.peak_;
     counting_ = o.counting_;
   }
   return *this;
@@ -117,7 +116,6 @@ void* Arena::allocate_bytes(size_t bytes) {
   size_t size = align_up(bytes);
   if (counting_) {
     used_ += size;
-    peak_ = std::max(peak_, used_);
     return nullptr;
   }
   if (used_ + size > capacity_) {
@@ -126,13 +124,8 @@ void* Arena::allocate_bytes(size_t bytes) {
   }
   void* p = base_ + used_;
   used_ += size;
-  peak_ = std::max(peak_, used_);
   return p;
 }
 
-void Arena::release_to(size_t mark) {
-  if (mark > used_) throw std::invalid_argument("arena '" + name_ + "': release_to beyond the used size");
-  used_ = mark;
-}
 
 }  // namespace hdp

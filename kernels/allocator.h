@@ -52,13 +52,8 @@ class Arena {
   Tensor tensor(std::initializer_list<int64_t> dims) { return make<float>(dims); }
   IndexTensor index_tensor(std::initializer_list<int64_t> dims) { return make<int32_t>(dims); }
 
-  // Everything allocated after mark() is released by release_to(mark).
-  size_t mark() const { return used_; }
-  void release_to(size_t mark);
-
   Device device() const { return device_; }
   size_t used() const { return used_; }
-  size_t peak() const { return peak_; }
   size_t capacity() const { return capacity_; }
   const std::string& name() const { return name_; }
   bool pinned() const { return allocator_ == &pinned_host_allocator(); }
@@ -80,7 +75,6 @@ class Arena {
   char* base_ = nullptr;
   size_t capacity_ = 0;
   size_t used_ = 0;
-  size_t peak_ = 0;
   bool counting_ = false;
 };
 

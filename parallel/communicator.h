@@ -78,19 +78,16 @@ class Communicator {
   // In place: part rank() of buffer is this rank's input; afterwards every part
   // holds its owner's data.
   virtual CommRequest all_gather_async(Tensor buffer) = 0;
-  virtual CommRequest broadcast_async(Tensor data, int root) = 0;
   virtual CommRequest send_async(const Tensor& data, int peer, int tag) = 0;
   virtual CommRequest recv_async(Tensor data, int peer, int tag) = 0;
 
   // Blocking reductions of small host-side values (losses, token counts, norms).
   virtual void all_reduce(std::span<double> values, ReduceOp op) = 0;
   virtual void all_reduce(std::span<int64_t> values, ReduceOp op) = 0;
-  virtual void barrier() = 0;
 
   void all_reduce(Tensor data, ReduceOp op) { all_reduce_async(data, op).wait(); }
   void reduce_scatter(const Tensor& send, Tensor recv) { reduce_scatter_async(send, recv).wait(); }
   void all_gather(Tensor buffer) { all_gather_async(buffer).wait(); }
-  void broadcast(Tensor data, int root) { broadcast_async(data, root).wait(); }
   void send(const Tensor& data, int peer, int tag) { send_async(data, peer, tag).wait(); }
   void recv(Tensor data, int peer, int tag) { recv_async(data, peer, tag).wait(); }
   double all_reduce_sum(double value) {

@@ -1,6 +1,7 @@
 #pragma once
-// The cost model of data-aware sharding and selective offload (ByteScale,
-// docs/background.md section 2): per transformer layer, the compute time of a
+// The cost model of data-aware sharding and selective offload (ByteScale: Ge et
+// al., 2025, the communication optimizer's sections on data-aware sharding and
+// selective offloading): per transformer layer, the compute time of a
 // sequence of s tokens (forward and backward) and the bytes of activations it
 // saves for backward.
 

@@ -1,7 +1,8 @@
 #pragma once
 // Step planners: how a global batch's sequences become a StepPlan (parallel/plan.h).
 //
-// plan_naive is ByteScale's Algorithm 1 (docs/background.md section 2): sequences
+// plan_naive is ByteScale's Algorithm 1 (Ge et al., 2025, the communication
+// optimizer's data-aware sharding with selective offloading): sequences
 // that fit one rank are packed whole into micro-batches (no communication); a
 // longer one gets the fewest ranks the cost model allows, with a selective
 // activation-offload ratio, and runs as a zig-zag ring over exactly those ranks.

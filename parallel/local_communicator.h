@@ -25,12 +25,10 @@ class LocalCommunicator final : public Communicator {
     return {};
   }
   CommRequest all_gather_async(Tensor) override { return single("all-gather"); }
-  CommRequest broadcast_async(Tensor, int) override { return single("broadcast"); }
   CommRequest send_async(const Tensor&, int, int) override { throw std::logic_error(name_ + ": no peer to send to"); }
   CommRequest recv_async(Tensor, int, int) override { throw std::logic_error(name_ + ": no peer to receive from"); }
   void all_reduce(std::span<double>, ReduceOp) override { single("all-reduce"); }
   void all_reduce(std::span<int64_t>, ReduceOp) override { single("all-reduce"); }
-  void barrier() override { single("barrier"); }
   using Communicator::all_reduce;
 
  private:

@@ -244,17 +244,6 @@ CommRequest MpiCommunicator::all_gather_async(Tensor buffer) {
   return CommRequest(std::move(p));
 }
 
-CommRequest MpiCommunicator::broadcast_async(Tensor data, int root) {
-  const int n = count_of(data, name_ + " broadcast");
-  if (rank_ == root) stats_.collective_bytes += static_cast<int64_t>(data.bytes());
-  ++stats_.collectives;
-  if (size_ == 1) return {};
-  auto p = pending_with(staging_);
-  float* buffer = rank_ == root ? p->input(data, staged(data)) : p->output(data, staged(data));
-  MPI_Ibcast(buffer, n, MPI_FLOAT, root, comm_, &p->request);
-  return CommRequest(std::move(p));
-}
-
 CommRequest MpiCommunicator::send_async(const Tensor& data, int peer, int tag) {
   const int n = count_of(data, name_ + " send");
   stats_.p2p_bytes += static_cast<int64_t>(data.bytes());
@@ -282,7 +271,5 @@ void MpiCommunicator::all_reduce(std::span<int64_t> values, ReduceOp op) {
   if (size_ == 1) return;
   MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T, mpi_op(op), comm_);
 }
-
-void MpiCommunicator::barrier() { MPI_Barrier(comm_); }
 
 }  // namespace hdp

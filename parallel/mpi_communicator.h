@@ -46,12 +46,10 @@ class MpiCommunicator final : public Communicator {
   CommRequest all_reduce_async(Tensor data, ReduceOp op) override;
   CommRequest reduce_scatter_async(const Tensor& send, Tensor recv) override;
   CommRequest all_gather_async(Tensor buffer) override;
-  CommRequest broadcast_async(Tensor data, int root) override;
   CommRequest send_async(const Tensor& data, int peer, int tag) override;
   CommRequest recv_async(Tensor data, int peer, int tag) override;
   void all_reduce(std::span<double> values, ReduceOp op) override;
   void all_reduce(std::span<int64_t> values, ReduceOp op) override;
-  void barrier() override;
   using Communicator::all_reduce;
 
   // Staging pool: bytes held (pinned or, in the test mode below, ordinary host

@@ -8,10 +8,6 @@
 #include <algorithm>
 #include <cstdlib>
 
-extern "C" {
-char* openblas_get_corename(void);
-}
-
 namespace hdp {
 
 MpiRuntime::MpiRuntime(int* argc, char*** argv) {
@@ -68,11 +64,6 @@ int configure_threads(int64_t requested, const ProcessInfo& process) {
   // threads and keep OpenBLAS single-threaded (kernels/cpu/gemm.cpp).
   omp_set_num_threads(threads);
   return threads;
-}
-
-std::string blas_core_name() {
-  const char* name = openblas_get_corename();
-  return name ? name : "unknown";
 }
 
 }  // namespace hdp

@@ -44,7 +44,4 @@ int available_cores();
 // available cores divided by the ranks on this node (at least 1). Returns the count.
 int configure_threads(int64_t requested, const ProcessInfo& process);
 
-// The OpenBLAS kernel family in use (e.g. "Haswell", "SkylakeX").
-std::string blas_core_name();
-
 }  // namespace hdp

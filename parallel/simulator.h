@@ -1,6 +1,7 @@
 #pragma once
-// Replay of an operation dependency graph (docs/background.md section 4, the
-// "what-if" method): every operation runs on one stream of one process, takes a
+// Replay of an operation dependency graph (the "what-if" analysis of Lin et al.,
+// "Understanding Stragglers in Large Model Training Using What-if Analysis", OSDI
+// 2025, its section on the what-if method): every operation runs on one stream of one process, takes a
 // duration, and may wait for other operations. The replay computes, for every
 // operation, when it starts and ends, and the makespan of the whole graph.
 //

@@ -386,7 +386,6 @@ class PeerCommunicator final : public Communicator {
   CommRequest all_reduce_async(Tensor, ReduceOp) override { throw std::logic_error("unused"); }
   CommRequest reduce_scatter_async(const Tensor&, Tensor) override { throw std::logic_error("unused"); }
   CommRequest all_gather_async(Tensor) override { throw std::logic_error("unused"); }
-  CommRequest broadcast_async(Tensor, int) override { throw std::logic_error("unused"); }
   CommRequest send_async(const Tensor&, int, int) override { throw std::logic_error("unused"); }
   CommRequest recv_async(Tensor, int, int) override { throw std::logic_error("unused"); }
   void all_reduce(std::span<double> values, ReduceOp op) override {
@@ -395,7 +394,6 @@ class PeerCommunicator final : public Communicator {
     for (double& v : values) v += other_;
   }
   void all_reduce(std::span<int64_t>, ReduceOp) override { throw std::logic_error("unused"); }
-  void barrier() override {}
   using Communicator::all_reduce;
   std::vector<double> seen;  // this rank's measurements
 

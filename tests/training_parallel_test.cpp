@@ -35,6 +35,10 @@ struct Layout {
   int ranks() const { return tp * pp * hdp; }
 };
 
+// gtest prints the parameter into the test names ctest lists; without this it
+// prints the struct's raw bytes, which change between runs.
+void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
+
 std::string mpirun(int ranks) {
   // Root in CI containers, more ranks than cores everywhere.
   setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);

@@ -162,6 +162,10 @@ struct BadInvocation {
   std::string name, args, expect;
 };
 
+// gtest prints the parameter into the test names ctest lists; without this it
+// prints the struct's raw bytes, which change between runs.
+void PrintTo(const BadInvocation& b, std::ostream* os) { *os << b.name; }
+
 class CommandLine : public ::testing::TestWithParam<BadInvocation> {};
 
 TEST_P(CommandLine, BadInputExitsWithCode2AndNamesTheProblem) {

@@ -532,7 +532,6 @@ int command_plan(const std::vector<std::string>& raw) {
     std::optional<double> static_step;
     for (const PolicyOutcome& o : outcomes)
       if (o.name == "static" && o.failure.empty()) static_step = o.sim.step_seconds;
-    const double peak_gpu_seconds = static_cast<double>(gpus);
     std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "plan s", "step s", "tokens/s",
                 "speedup", "idle", "MFU", "attention GB", "micro-b.", "spread", "ranks/spread");
     std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "vs static", "", "", "",
@@ -546,7 +545,6 @@ int command_plan(const std::vector<std::string>& raw) {
       const double mfu = s.step_seconds > 0
                              ? hw.achievable_fraction * s.compute_seconds / (s.processes * s.step_seconds)
                              : 0;
-      (void)peak_gpu_seconds;
       const std::string speedup = static_step ? fixed(*static_step / s.step_seconds, 2) + "x" : "-";
       const std::string mb = std::to_string(o.rings.min_micro_batches_per_rank) + "-" +
                              std::to_string(o.rings.max_micro_batches_per_rank);

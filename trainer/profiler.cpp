@@ -19,6 +19,7 @@
 #include <spdlog/fmt/ranges.h>
 
 #include "kernels/copy_engine.h"
+#include "kernels/cpu/blas_threads.h"
 #include "kernels/ops.h"
 #include "parallel/runtime.h"
 #include "trainer/model.h"
@@ -336,7 +337,7 @@ CostFile profile_cost_model(const Config& config, const ProfileOptions& options,
   info.tp = 1;
   info.threads = omp_get_max_threads();
   info.repeats = options.repeats;
-  info.openblas_core = blas_core_name();
+  info.openblas_core = cpu::blas_core_name();
   info.host = host_name();
   info.date = utc_now();
   info.config = config.source;

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "kernels/cpu/blas_threads.h"
 #include "kernels/cuda/cuda_runtime.h"
+#include "data/fault_injection.h"
 #include "data/remote_loader.h"
 #include "data/prefetcher.h"
 #include "data/sampler.h"
@@ -40,23 +42,6 @@ double ms_since(Clock::time_point t0) {
 }
 
 double mib(size_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
-
-// HDP_FAULT_INJECT=RANK:STEP makes that rank exit abruptly (no MPI_Finalize) when
-// the step begins, to test that the job goes down promptly with a message.
-struct FaultInjection {
-  int rank = -1;
-  int64_t step = -1;
-};
-
-FaultInjection fault_injection() {
-  FaultInjection f;
-  if (const char* spec = std::getenv("HDP_FAULT_INJECT")) {
-    if (std::sscanf(spec, "%d:%ld", &f.rank, &f.step) != 2) {
-      throw std::invalid_argument(std::string("HDP_FAULT_INJECT='") + spec + "': expected RANK:STEP");
-    }
-  }
-  return f;
-}
 
 GridShape grid_shape(const ParallelConfig& p) {
   return GridShape{static_cast<int>(p.tp), static_cast<int>(p.pp), static_cast<int>(p.hdp)};
@@ -153,7 +138,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
                    training_ranks, training_ranks + loader_ranks - 1, training_ranks);
     }
     spdlog::info("{}", describe_grid(shape));
-    spdlog::info("OpenBLAS {} kernels", blas_core_name());
+    spdlog::info("OpenBLAS {} kernels", cpu::blas_core_name());
   }
 
   TrainingEngine engine(config, groups);
@@ -198,7 +183,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
                    peak_flops / 1e12);
     } else if (process.rank == 0) {
       spdlog::info("peak: {:.1f} GFLOP/s fp32 GEMM per rank measured (OpenBLAS {} kernels); set train.peak_flops to fix it",
-                   peak_flops / 1e9, blas_core_name());
+                   peak_flops / 1e9, cpu::blas_core_name());
     }
   }
 
@@ -232,7 +217,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
   std::optional<MetricsWriter> metrics;
   if (process.rank == 0) metrics.emplace(config.train.run_dir, progress.step == 0);
   std::vector<int64_t> lengths;
-  const FaultInjection fault = fault_injection();
+  const FaultInjection fault = fault_injection_from_env();
 
   for (int64_t step = progress.step + 1; step <= config.train.steps; ++step) {
     if (fault.rank == process.rank && fault.step == step) {

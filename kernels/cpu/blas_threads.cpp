@@ -14,6 +14,9 @@ int blas_num_threads() { return openblas_get_num_threads(); }
 
 void set_blas_num_threads(int n) { openblas_set_num_threads(n < 1 ? 1 : n); }
 
-const char* blas_core_name() { return openblas_get_corename(); }
+const char* blas_core_name() {
+  const char* name = openblas_get_corename();
+  return name ? name : "unknown";
+}
 
 }  // namespace hdp::cpu

@@ -7,7 +7,8 @@ namespace hdp::cpu {
 
 int blas_num_threads();
 void set_blas_num_threads(int n);
-// The OpenBLAS kernel family in use (e.g. "Haswell"; OPENBLAS_CORETYPE overrides it).
+// The OpenBLAS kernel family in use (e.g. "Haswell"; OPENBLAS_CORETYPE overrides it),
+// "unknown" when OpenBLAS does not say. Never null.
 const char* blas_core_name();
 
 }  // namespace hdp::cpu

@@ -1,0 +1,307 @@
+// The pipeline schedule (split_layers, one_f_one_b, pipeline_slots) against
+// hand-worked cases and invariants, and PipelineExecutor driving a fake stage
+// over a LocalCommunicator (no MPI): the calls it makes, in order.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <numeric>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "parallel/local_communicator.h"
+#include "parallel/pipeline.h"
+
+namespace hdp {
+namespace {
+
+// ---- split_layers -----------------------------------------------------------
+
+TEST(SplitLayers, EqualCostsSplitEvenly) {
+  EXPECT_EQ(split_layers(8, 4, 1.0, 0, 0), (std::vector<int64_t>{2, 2, 2, 2}));
+  EXPECT_EQ(split_layers(32, 2, 3.5, 0, 0), (std::vector<int64_t>{16, 16}));
+}
+
+TEST(SplitLayers, OneStageTakesEveryLayer) {
+  EXPECT_EQ(split_layers(7, 1, 1.0, 5.0, 9.0), (std::vector<int64_t>{7}));
+}
+
+// The optimum leaves a remainder; ties give the earlier stages fewer layers.
+TEST(SplitLayers, RemainderGoesToTheLaterStages) {
+  EXPECT_EQ(split_layers(7, 2, 1.0, 0, 0), (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(split_layers(10, 4, 1.0, 0, 0), (std::vector<int64_t>{1, 3, 3, 3}));
+  EXPECT_EQ(split_layers(9, 4, 1.0, 0, 0), (std::vector<int64_t>{1, 2, 3, 3}));
+}
+
+// The embedding on the first stage, the LM head and loss on the last: those
+// stages hold fewer layers so that no stage costs more than needed.
+TEST(SplitLayers, ExtraCostsOnTheEndStagesShiftLayersAway) {
+  EXPECT_EQ(split_layers(8, 2, 1.0, 0, 2.0), (std::vector<int64_t>{5, 3}));
+  EXPECT_EQ(split_layers(8, 2, 1.0, 2.0, 0), (std::vector<int64_t>{3, 5}));
+  EXPECT_EQ(split_layers(12, 4, 1.0, 0, 3.0), (std::vector<int64_t>{3, 4, 4, 1}));
+  EXPECT_EQ(split_layers(12, 4, 1.0, 3.0, 3.0), (std::vector<int64_t>{1, 4, 5, 2}));
+}
+
+// pp = layers: one layer per stage, however expensive the end stages are.
+TEST(SplitLayers, AsManyStagesAsLayersGivesOneLayerEach) {
+  EXPECT_EQ(split_layers(4, 4, 1.0, 0, 0), (std::vector<int64_t>{1, 1, 1, 1}));
+  EXPECT_EQ(split_layers(4, 4, 1.0, 100.0, 100.0), (std::vector<int64_t>{1, 1, 1, 1}));
+}
+
+// Every stage needs a layer: a last stage costing more than all the layers
+// together still keeps one.
+TEST(SplitLayers, EveryStageKeepsALayerUnderAHugeExtraCost) {
+  EXPECT_EQ(split_layers(6, 2, 1.0, 0, 1000.0), (std::vector<int64_t>{5, 1}));
+  EXPECT_EQ(split_layers(6, 3, 1.0, 1000.0, 0), (std::vector<int64_t>{1, 1, 4}));
+}
+
+TEST(SplitLayers, FewerLayersThanStagesOrNoStagesThrow) {
+  EXPECT_THROW(split_layers(3, 4, 1.0, 0, 0), std::invalid_argument);
+  EXPECT_THROW(split_layers(4, 0, 1.0, 0, 0), std::invalid_argument);
+  EXPECT_THROW(split_layers(0, 1, 1.0, 0, 0), std::invalid_argument);
+}
+
+// Invariants over many shapes: every layer placed once, every stage at least one
+// layer, and no other split has a cheaper most expensive stage than the optimum
+// (checked against the best contiguous split found by brute force).
+double max_stage_cost(const std::vector<int64_t>& layers, double layer_cost, double first, double last) {
+  double worst = 0;
+  for (size_t s = 0; s < layers.size(); ++s) {
+    worst = std::max(worst, static_cast<double>(layers[s]) * layer_cost + (s == 0 ? first : 0.0) +
+                                (s + 1 == layers.size() ? last : 0.0));
+  }
+  return worst;
+}
+
+double brute_force_best(int64_t left, int stages, std::vector<int64_t>& prefix, double layer_cost, double first,
+                        double last) {
+  if (stages == 1) {
+    prefix.push_back(left);
+    const double c = max_stage_cost(prefix, layer_cost, first, last);
+    prefix.pop_back();
+    return c;
+  }
+  double best = 1e300;
+  for (int64_t n = 1; n <= left - (stages - 1); ++n) {
+    prefix.push_back(n);
+    best = std::min(best, brute_force_best(left - n, stages - 1, prefix, layer_cost, first, last));
+    prefix.pop_back();
+  }
+  return best;
+}
+
+TEST(SplitLayers, PlacesEveryLayerAndReachesTheOptimum) {
+  for (int64_t layers = 1; layers <= 12; ++layers) {
+    for (int stages = 1; stages <= std::min<int64_t>(layers, 5); ++stages) {
+      for (double first : {0.0, 1.5, 4.0}) {
+        for (double last : {0.0, 2.5, 7.0}) {
+          const std::vector<int64_t> got = split_layers(layers, stages, 1.0, first, last);
+          std::ostringstream what;
+          what << layers << " layers, " << stages << " stages, extras " << first << "/" << last;
+          ASSERT_EQ(got.size(), static_cast<size_t>(stages)) << what.str();
+          EXPECT_EQ(std::accumulate(got.begin(), got.end(), int64_t{0}), layers) << what.str();
+          EXPECT_GE(*std::min_element(got.begin(), got.end()), 1) << what.str();
+          std::vector<int64_t> prefix;
+          EXPECT_NEAR(max_stage_cost(got, 1.0, first, last), brute_force_best(layers, stages, prefix, 1.0, first, last),
+                      1e-9)
+              << what.str();
+        }
+      }
+    }
+  }
+}
+
+// ---- one_f_one_b ------------------------------------------------------------
+
+// "F0 F1 B0 ..." for a schedule.
+std::string ops_string(const std::vector<PipelineOp>& ops) {
+  std::string s;
+  for (const PipelineOp& op : ops) {
+    if (!s.empty()) s += ' ';
+    s += (op.forward ? 'F' : 'B') + std::to_string(op.micro_batch);
+  }
+  return s;
+}
+
+TEST(OneFOneB, HandWrittenSchedules) {
+  struct Case {
+    int stage, stages, micro_batches;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      // No pipeline: forward, backward, one micro-batch after the other.
+      {0, 1, 3, "F0 B0 F1 B1 F2 B2"},
+      {0, 1, 1, "F0 B0"},
+      // Two stages: the first runs one warm-up forward, the last none.
+      {0, 2, 3, "F0 F1 B0 F2 B1 B2"},
+      {1, 2, 3, "F0 B0 F1 B1 F2 B2"},
+      // Four stages, six micro-batches: warm-up 3, 2, 1, 0.
+      {0, 4, 6, "F0 F1 F2 F3 B0 F4 B1 F5 B2 B3 B4 B5"},
+      {1, 4, 6, "F0 F1 F2 B0 F3 B1 F4 B2 F5 B3 B4 B5"},
+      {2, 4, 6, "F0 F1 B0 F2 B1 F3 B2 F4 B3 F5 B4 B5"},
+      {3, 4, 6, "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4 F5 B5"},
+      // Fewer micro-batches than the warm-up wants: warm-up capped at m, then drain.
+      {0, 4, 2, "F0 F1 B0 B1"},
+      {1, 4, 2, "F0 F1 B0 B1"},
+      {2, 4, 2, "F0 F1 B0 B1"},
+      {3, 4, 2, "F0 B0 F1 B1"},
+      {0, 8, 3, "F0 F1 F2 B0 B1 B2"},
+      {0, 3, 1, "F0 B0"},
+      // Warm-up exactly m: all forwards, then all backwards.
+      {0, 3, 2, "F0 F1 B0 B1"},
+      // A pipeline with no micro-batches in this step does nothing.
+      {0, 4, 0, ""},
+      {3, 4, 0, ""},
+  };
+  for (const Case& c : cases) {
+    EXPECT_EQ(ops_string(one_f_one_b(c.stage, c.stages, c.micro_batches)), c.want)
+        << "stage " << c.stage << " of " << c.stages << ", " << c.micro_batches << " micro-batches";
+  }
+}
+
+TEST(OneFOneB, InvariantsOverManyShapes) {
+  for (int stages = 1; stages <= 6; ++stages) {
+    for (int stage = 0; stage < stages; ++stage) {
+      for (int m = 0; m <= 9; ++m) {
+        const std::vector<PipelineOp> ops = one_f_one_b(stage, stages, m);
+        const std::string what =
+            "stage " + std::to_string(stage) + " of " + std::to_string(stages) + ", " + std::to_string(m) + " mb";
+        ASSERT_EQ(ops.size(), static_cast<size_t>(2 * m)) << what;
+        std::vector<int> forward_at(m, -1), backward_at(m, -1);
+        int next_forward = 0, next_backward = 0, in_flight = 0, max_in_flight = 0;
+        for (size_t k = 0; k < ops.size(); ++k) {
+          const int i = ops[k].micro_batch;
+          ASSERT_GE(i, 0) << what;
+          ASSERT_LT(i, m) << what;
+          if (ops[k].forward) {
+            EXPECT_EQ(i, next_forward++) << what << ": forwards in micro-batch order";
+            EXPECT_EQ(forward_at[i], -1) << what << ": F" << i << " twice";
+            forward_at[i] = static_cast<int>(k);
+            max_in_flight = std::max(max_in_flight, ++in_flight);
+          } else {
+            EXPECT_EQ(i, next_backward++) << what << ": backwards in micro-batch order";
+            EXPECT_EQ(backward_at[i], -1) << what << ": B" << i << " twice";
+            EXPECT_GE(forward_at[i], 0) << what << ": B" << i << " before F" << i;
+            backward_at[i] = static_cast<int>(k);
+            --in_flight;
+          }
+        }
+        EXPECT_EQ(next_forward, m) << what;
+        EXPECT_EQ(next_backward, m) << what;
+        // Warm-up: stages - stage - 1 forwards before steady state, capped by m.
+        const int warmup = std::min(stages - stage - 1, m);
+        int leading_forwards = 0;
+        while (leading_forwards < static_cast<int>(ops.size()) && ops[leading_forwards].forward) ++leading_forwards;
+        EXPECT_EQ(leading_forwards, warmup < m ? warmup + 1 : m) << what;
+        // Never more micro-batches in flight than the stage has slots.
+        EXPECT_LE(max_in_flight, pipeline_slots(stage, stages)) << what;
+        if (m > 0) {
+          EXPECT_EQ(max_in_flight, std::min(m, warmup + 1)) << what;
+        }
+      }
+    }
+  }
+}
+
+TEST(PipelineSlots, EarlierStagesHoldMoreMicroBatches) {
+  EXPECT_EQ(pipeline_slots(0, 1), 1);
+  EXPECT_EQ(pipeline_slots(0, 4), 4);
+  EXPECT_EQ(pipeline_slots(1, 4), 3);
+  EXPECT_EQ(pipeline_slots(3, 4), 1);
+}
+
+// ---- PipelineExecutor -------------------------------------------------------
+
+// Records prepare/forward/backward as "P0/0 F0/0 B0/0 ..." (micro-batch/slot).
+// A one-stage pipeline has no neighbours: the activation and gradient tensors
+// must never be asked for.
+class RecordingStage final : public PipelineStage {
+ public:
+  int64_t rows(int) const override { return 4; }
+  void prepare(int i, int slot) override { record('P', i, slot); }
+  void forward(int i, int slot) override { record('F', i, slot); }
+  void backward(int i, int slot) override { record('B', i, slot); }
+  Tensor input_activation(int) override { return unexpected("input_activation"); }
+  Tensor output_activation(int) override { return unexpected("output_activation"); }
+  Tensor output_gradient(int) override { return unexpected("output_gradient"); }
+  Tensor input_gradient(int) override { return unexpected("input_gradient"); }
+
+  std::string calls;
+
+ private:
+  void record(char what, int i, int slot) {
+    if (!calls.empty()) calls += ' ';
+    calls += what + std::to_string(i) + "/" + std::to_string(slot);
+  }
+  Tensor unexpected(const char* what) {
+    ADD_FAILURE() << what << " called on a one-stage pipeline";
+    return Tensor();
+  }
+};
+
+TEST(PipelineExecutor, OneStageRunsPrepareForwardBackwardPerMicroBatch) {
+  LocalCommunicator pp("pp");
+  PipelineExecutor executor(pp, 4, 8);
+  EXPECT_EQ(executor.slots(), 1);
+  RecordingStage stage;
+  executor.run(stage, 3);
+  EXPECT_EQ(stage.calls, "P0/0 F0/0 B0/0 P1/0 F1/0 B1/0 P2/0 F2/0 B2/0");
+}
+
+TEST(PipelineExecutor, OneStageWithNoMicroBatchesDoesNothing) {
+  LocalCommunicator pp("pp");
+  PipelineExecutor executor(pp, 4, 8);
+  RecordingStage stage;
+  executor.run(stage, 0);
+  EXPECT_EQ(stage.calls, "");
+}
+
+TEST(PipelineExecutor, RunsAgainForTheNextStep) {
+  LocalCommunicator pp("pp");
+  PipelineExecutor executor(pp, 4, 8);
+  RecordingStage stage;
+  executor.run(stage, 1);
+  executor.run(stage, 2);
+  EXPECT_EQ(stage.calls, "P0/0 F0/0 B0/0 P0/0 F0/0 B0/0 P1/0 F1/0 B1/0");
+}
+
+// A one-stage pipeline needs no gradient buffers between stages.
+TEST(PipelineExecutor, OneStageReservesNoGradientBuffers) {
+  LocalCommunicator pp("pp");
+  PipelineExecutor executor(pp, 1024, 512);
+  EXPECT_LT(executor.buffer_bytes(), size_t{1024} * 512 * sizeof(float));
+}
+
+// The first of two stages sends its output after the first forward; a
+// LocalCommunicator posing as rank 0 of 2 has no peer, so that send throws.
+class SendingStage final : public PipelineStage {
+ public:
+  SendingStage() : buffer_(2 * 4 * 8, 0.0f) {}
+  int64_t rows(int) const override { return 4; }
+  void prepare(int i, int) override { calls += "P" + std::to_string(i) + " "; }
+  void forward(int i, int) override { calls += "F" + std::to_string(i) + " "; }
+  void backward(int i, int) override { calls += "B" + std::to_string(i) + " "; }
+  Tensor input_activation(int slot) override { return tensor(slot); }
+  Tensor output_activation(int slot) override { return tensor(slot); }
+  Tensor output_gradient(int slot) override { return tensor(slot); }
+  Tensor input_gradient(int slot) override { return tensor(slot); }
+  std::string calls;
+
+ private:
+  Tensor tensor(int slot) { return Tensor(buffer_.data() + slot * 4 * 8, {4, 8}); }
+  std::vector<float> buffer_;
+};
+
+TEST(PipelineExecutor, FirstOfTwoStagesSendsAfterItsFirstForward) {
+  LocalCommunicator pp("pp", 0, 2);
+  PipelineExecutor executor(pp, 4, 8);
+  EXPECT_EQ(executor.slots(), 2);
+  SendingStage stage;
+  EXPECT_THROW(executor.run(stage, 2), std::logic_error);
+  EXPECT_EQ(stage.calls, "P0 F0 ");
+}
+
+}  // namespace
+}  // namespace hdp
