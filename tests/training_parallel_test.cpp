@@ -19,13 +19,19 @@
 #include "data/hdf5_lock.h"
 #include "data/hdf5_util.h"
 #include "test_util.h"
+#include "trainer_runs.h"
 
 namespace hdp {
 namespace {
 
+using testing::metric_values;
+using testing::mpirun;
+using testing::read_weights;
 using testing::run_command;
 using testing::run_trainer;
 using testing::scratch_dir;
+using testing::small_corpus;
+using testing::small_model_overrides;
 
 const std::string kConfig = std::string(HDP_SOURCE_DIR) + "/configs/tiny-llama.yaml";
 
@@ -39,67 +45,16 @@ struct Layout {
 // prints the struct's raw bytes, which change between runs.
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
 
-std::string mpirun(int ranks) {
-  // Root in CI containers, more ranks than cores everywhere.
-  setenv("OMPI_ALLOW_RUN_AS_ROOT", "1", 0);
-  setenv("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1", 0);
-  setenv("OMPI_MCA_mpi_yield_when_idle", "1", 0);
-  return std::string(HDP_MPIEXEC) + " --oversubscribe -np " + std::to_string(ranks) + " " + HDP_TRAINER_BINARY;
-}
-
-const std::string& corpus() {
-  static const std::string path = [] {
-    const std::string dir = scratch_dir("parallel-corpus-" + std::to_string(getpid()));
-    auto r = run_trainer("make-corpus --output " + dir + "/corpus.h5 --documents 600 --max-length 600");
-    if (r.exit_code != 0) throw std::runtime_error("make-corpus failed: " + r.output);
-    return dir + "/corpus.h5";
-  }();
-  return path;
-}
-
 // A small model that every layout can split: 4 layers, 2 KV heads, FFN 128.
 std::string train_args(const std::string& dir, const Layout& l, int steps, const std::string& extra = "") {
-  return "train " + kConfig + " --set data.path=" + corpus() + " --set train.run_dir=" + dir +
+  return "train " + kConfig + " --set data.path=" + small_corpus() + " --set train.run_dir=" + dir +
          " --set train.checkpoint_dir=" + dir + "/ckpt --set train.steps=" + std::to_string(steps) +
-         " --set model.hidden_size=64 --set model.num_heads=4 --set model.num_kv_heads=2"
-         " --set model.ffn_hidden_size=128 --set data.max_seq_len=128 --set data.micro_batch_tokens=256"
-         " --set data.global_batch_tokens=1024 --set optim.warmup_steps=2 --set train.peak_flops=1e11"
-         " --set train.log_every=100 --set train.threads=1 --set train.checkpoint_every=" +
+         small_model_overrides() + " --set train.checkpoint_every=" +
          std::to_string(steps) + " --set parallel.tp=" + std::to_string(l.tp) + " --set parallel.pp=" +
          std::to_string(l.pp) + " --set parallel.hdp=" + std::to_string(l.hdp) + " " + extra;
 }
 
-std::vector<double> losses(const std::string& run_dir) {
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  std::vector<double> out;
-  std::smatch m;
-  for (std::string line; std::getline(in, line);) {
-    if (std::regex_search(line, m, std::regex("\"loss\": ([-0-9.eE+]+)"))) out.push_back(std::stod(m[1]));
-  }
-  return out;
-}
-
-// Every dataset of an exported checkpoint (whole tensors under Hugging Face names).
-std::map<std::string, std::vector<float>> read_weights(const std::string& path) {
-  Hdf5Lock lock;
-  H5Handle file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), path);
-  std::map<std::string, std::vector<float>> out;
-  H5Literate(
-      file.get(), H5_INDEX_NAME, H5_ITER_INC, nullptr,
-      [](hid_t group, const char* name, const H5L_info_t*, void* data) -> herr_t {
-        H5O_info_t info;
-        H5Oget_info_by_name2(group, name, &info, H5O_INFO_BASIC, H5P_DEFAULT);
-        if (info.type != H5O_TYPE_DATASET) return 0;
-        H5Handle d = h5_dataset(H5Dopen2(group, name, H5P_DEFAULT), name);
-        H5Handle space = h5_space(H5Dget_space(d.get()), name);
-        std::vector<float> values(H5Sget_simple_extent_npoints(space.get()));
-        H5Dread(d.get(), H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, values.data());
-        (*static_cast<std::map<std::string, std::vector<float>>*>(data))[name] = std::move(values);
-        return 0;
-      },
-      &out);
-  return out;
-}
+std::vector<double> losses(const std::string& run_dir) { return metric_values(run_dir, "loss"); }
 
 std::map<std::string, std::vector<float>> final_weights(const std::string& dir, int step) {
   char name[32];
@@ -219,16 +174,6 @@ const std::string& long_corpus() {
   return path;
 }
 
-std::vector<int64_t> metric_values(const std::string& run_dir, const std::string& key) {
-  std::ifstream in(run_dir + "/metrics.jsonl");
-  std::vector<int64_t> out;
-  std::smatch m;
-  for (std::string line; std::getline(in, line);) {
-    if (std::regex_search(line, m, std::regex("\"" + key + "\": ([0-9]+)"))) out.push_back(std::stoll(m[1]));
-  }
-  return out;
-}
-
 TEST(HybridDataParallel, LongDocumentsOverRingsWithOffloadEqualOneProcess) {
   // Sequences up to 2048 tokens, 512 per rank and micro-batch: a 2048-token sequence
   // needs 4 ranks without offload; with 4 layers per stage and offload it fits 2
@@ -241,9 +186,9 @@ TEST(HybridDataParallel, LongDocumentsOverRingsWithOffloadEqualOneProcess) {
     const std::string dir = scratch_dir("parallel-" + l.name);
     expect_same_run(train(dir, l, data + "--set data.micro_batch_tokens=512"), want, l.name);
     // The long sequences really went through rings and host memory.
-    const std::vector<int64_t> ring_bytes = metric_values(dir, "attention_bytes");
+    const std::vector<double> ring_bytes = metric_values(dir, "attention_bytes");
     EXPECT_GT(*std::max_element(ring_bytes.begin(), ring_bytes.end()), 0) << l.name;
-    const std::vector<int64_t> offloaded = metric_values(dir, "offloaded_bytes");
+    const std::vector<double> offloaded = metric_values(dir, "offloaded_bytes");
     EXPECT_GT(*std::max_element(offloaded.begin(), offloaded.end()), 0) << l.name;
   }
   // Without offload the same sequences need 4 ranks: hdp 2 cannot hold them.
@@ -264,7 +209,7 @@ TEST(HybridDataParallel, RingsFormBetweenTheSameStageOfSeveralPipelines) {
   const std::string dir = scratch_dir("parallel-ring-pp2-hdp2");
   expect_same_run(train(dir, {"ring_pp2_hdp2", 1, 2, 2}, data + "--set data.micro_batch_tokens=512"), want,
                   "ring_pp2_hdp2");
-  const std::vector<int64_t> ring_bytes = metric_values(dir, "attention_bytes");
+  const std::vector<double> ring_bytes = metric_values(dir, "attention_bytes");
   EXPECT_GT(*std::max_element(ring_bytes.begin(), ring_bytes.end()), 0);
 }
 
@@ -296,8 +241,8 @@ TEST(HybridDataParallel, ShortDocumentsSendNoAttentionTrafficUnderNaiveButDoUnde
   auto b = run_command(mpirun(2) + " " + train_args(fixed, {"static", 1, 1, 2}, 3, data +
                        "--set scheduler.policy=static --set scheduler.cp=2"));
   ASSERT_EQ(b.exit_code, 0) << b.output;
-  for (int64_t bytes : metric_values(naive, "attention_bytes")) EXPECT_EQ(bytes, 0);
-  for (int64_t bytes : metric_values(fixed, "attention_bytes")) EXPECT_GT(bytes, 0);
+  for (double bytes : metric_values(naive, "attention_bytes")) EXPECT_EQ(bytes, 0);
+  for (double bytes : metric_values(fixed, "attention_bytes")) EXPECT_GT(bytes, 0);
   // Both train the same batches to the same numbers.
   const std::vector<double> la = losses(naive), lb = losses(fixed);
   ASSERT_EQ(la.size(), 3u);
