@@ -15,12 +15,12 @@
 #include <vector>
 
 #include "data/dataset.h"
-#include "kernels/cpu/blas_threads.h"
-#include "kernels/cuda/cuda_runtime.h"
 #include "data/fault_injection.h"
 #include "data/remote_loader.h"
 #include "data/prefetcher.h"
 #include "data/sampler.h"
+#include "kernels/cpu/blas_threads.h"
+#include "kernels/cuda/cuda_runtime.h"
 #include "parallel/message_channel.h"
 #include "parallel/process_groups.h"
 #include "trainer/checkpoint.h"
@@ -86,7 +86,8 @@ void run_training(const Config& config, const ProcessInfo& process) {
                       std::to_string(training_ranks + loader_ranks) + " or change the degrees");
   }
   const int threads = configure_threads(config.train.threads, process);
-  const bool on_gpu = config.train.device == "cuda";
+  const Device device = device_from_name(config.train.device);
+  const bool on_gpu = device == Device::CUDA;
   if (on_gpu) {
     // The GPU of the local rank modulo those visible (CUDA_VISIBLE_DEVICES): one per
     // rank when there are enough, else several ranks of a node share one.
@@ -175,7 +176,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
     }
   }
   if (peak_flops <= 0) {
-    peak_flops = measure_gemm_flops(device_from_name(config.train.device));
+    peak_flops = measure_gemm_flops(device);
     // Ranks sharing a node measured together; the figure of each is its share.
     if (!on_gpu) peak_flops = groups.world().all_reduce_sum(peak_flops) / training_ranks;
     if (process.rank == 0 && on_gpu) {
