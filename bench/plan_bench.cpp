@@ -20,9 +20,9 @@
 #include <vector>
 
 #include "data/length_distributions.h"
-#include "parallel/hdp_planner.h"
-#include "parallel/plan.h"
-#include "parallel/step_simulation.h"
+#include "planning/hdp_planner.h"
+#include "planning/plan.h"
+#include "planning/step_simulation.h"
 #include "trainer/plan_command.h"
 
 namespace hdp {

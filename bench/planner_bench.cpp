@@ -32,9 +32,9 @@
 #include <random>
 #include <vector>
 
-#include "parallel/cost_model.h"
-#include "parallel/hdp_planner.h"
-#include "parallel/plan.h"
+#include "planning/cost_model.h"
+#include "planning/hdp_planner.h"
+#include "planning/plan.h"
 
 namespace {
 

@@ -19,9 +19,9 @@
 #include "kernels/cpu/blas_threads.h"
 #include "parallel/runtime.h"
 #include "trainer/config.h"
-#include "trainer/model.h"
-#include "trainer/optimizer.h"
-#include "trainer/peak_flops.h"
+#include "model/model.h"
+#include "model/optimizer.h"
+#include "kernels/peak_flops.h"
 
 namespace hdp {
 namespace {

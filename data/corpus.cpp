@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "data/rng.h"
+#include "base/rng.h"
 #include "data/tokenizer.h"
 
 namespace hdp {

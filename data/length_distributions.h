@@ -27,7 +27,7 @@
 #include <string>
 #include <vector>
 
-#include "data/rng.h"
+#include "base/rng.h"
 
 namespace hdp {
 

@@ -18,9 +18,9 @@
 
 #include "data/batch.h"
 #include "data/dataset.h"
-#include "parallel/cost_model.h"
+#include "planning/cost_model.h"
 #include "parallel/message_channel.h"
-#include "parallel/plan.h"
+#include "planning/plan.h"
 #include "parallel/ring_layout.h"
 
 namespace hdp {

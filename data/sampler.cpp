@@ -6,7 +6,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "data/rng.h"
+#include "base/rng.h"
 
 namespace hdp {
 
@@ -173,7 +173,7 @@ GlobalBatch BatchSampler::next_plan() {
 
 void BatchSampler::pack(GlobalBatch& batch) const {
   // Packing keeps every sequence whole; planners that split long sequences across
-  // ranks (parallel/hdp_planner.h) use next_plan() instead.
+  // ranks (planning/hdp_planner.h) use next_plan() instead.
   if (options_.max_seq_len > options_.micro_batch_tokens) {
     throw std::invalid_argument("sampler: packing needs max_seq_len (" + std::to_string(options_.max_seq_len) +
                                 ") <= micro_batch_tokens (" + std::to_string(options_.micro_batch_tokens) + ")");

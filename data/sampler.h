@@ -24,7 +24,7 @@
 
 #include "data/batch.h"
 #include "data/dataset.h"
-#include "parallel/plan.h"
+#include "planning/plan.h"
 
 namespace hdp {
 
@@ -42,11 +42,11 @@ struct SamplerOptions {
 void validate_sampler_options(const SamplerOptions& options);
 
 // The order of documents in `epoch`: 0..n-1 when !shuffle, otherwise a
-// Fisher-Yates permutation drawn from Rng(seed, epoch) (data/rng.h).
+// Fisher-Yates permutation drawn from Rng(seed, epoch) (base/rng.h).
 std::vector<int64_t> document_order(int64_t num_documents, bool shuffle, uint64_t seed, uint64_t epoch);
 
 
-// best_fit_decreasing (parallel/plan.h) over sequences: micro-batches with only `spans` filled.
+// best_fit_decreasing (planning/plan.h) over sequences: micro-batches with only `spans` filled.
 std::vector<PackedMicroBatch> pack_best_fit(std::span<const SequenceSpan> sequences, int64_t capacity);
 
 // Reads the tokens of `spans` back to back and fills tokens, targets (next
@@ -54,7 +54,7 @@ std::vector<PackedMicroBatch> pack_best_fit(std::span<const SequenceSpan> sequen
 // (0..len-1 per sequence) and cu_seqlens (size spans + 1, first 0).
 PackedMicroBatch materialize_micro_batch(const TokenDataset& dataset, std::span<const SequenceSpan> spans);
 
-// Reads a planned micro-batch (parallel/plan.h): its pieces of the batch's
+// Reads a planned micro-batch (planning/plan.h): its pieces of the batch's
 // `sequences` in row order, positions = the pieces' true positions, targets = the
 // next token of the same sequence (which may lie in another piece or on another
 // rank; -1 after a sequence's last token), cu_seqlens over the whole sequences.

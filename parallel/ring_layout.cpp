@@ -1,6 +1,7 @@
 #include "parallel/ring_layout.h"
 
-#include "parallel/plan.h"
+#include <stdexcept>
+#include <string>
 
 namespace hdp {
 
@@ -8,6 +9,15 @@ int64_t RingLayout::rows(int member) const {
   int64_t n = 0;
   for (const RingChunk& c : chunks[member]) n += c.rows;
   return n;
+}
+
+int64_t zigzag_chunk_begin(int64_t length, int chunk, int ring_size) {
+  if (ring_size < 1 || chunk < 0 || chunk > 2 * ring_size || length < 0) {
+    throw std::invalid_argument("zigzag_chunk_begin: chunk " + std::to_string(chunk) + " of " +
+                                std::to_string(2 * static_cast<int64_t>(ring_size)) + " chunks of a sequence of " +
+                                std::to_string(length) + " tokens");
+  }
+  return static_cast<int64_t>(static_cast<__int128>(length) * chunk / (2 * static_cast<int64_t>(ring_size)));
 }
 
 RingLayout zigzag_ring_layout(std::span<const int> peers, std::span<const int64_t> sequence_lengths, int self) {

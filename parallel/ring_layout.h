@@ -1,6 +1,6 @@
 #pragma once
 // Which rows of a ring micro-batch each member holds: the zig-zag chunks of the
-// ring's sequences with their true positions (parallel/plan.h).
+// ring's sequences with their true positions (planning/plan.h).
 
 #include <cstdint>
 #include <span>
@@ -23,6 +23,11 @@ struct RingLayout {
   int self = 0;                                // this rank's position in the ring
   int64_t rows(int member) const;
 };
+
+// Chunk c of 2k zig-zag chunks of a sequence of `length` tokens starts here:
+// chunks are [length * c / 2k, length * (c + 1) / 2k). Throws std::invalid_argument
+// for a chunk outside [0, 2k] or k < 1.
+int64_t zigzag_chunk_begin(int64_t length, int chunk, int ring_size);
 
 // The layout of a ring over sequences of these lengths for the member at
 // position `self`: member j holds chunks j and 2k-1-j of every sequence, in order.

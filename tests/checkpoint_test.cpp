@@ -16,8 +16,8 @@
 #include "parallel/local_communicator.h"
 #include "test_util.h"
 #include "trainer/checkpoint.h"
-#include "trainer/model.h"
-#include "trainer/optimizer.h"
+#include "model/model.h"
+#include "model/optimizer.h"
 
 namespace hdp {
 namespace {

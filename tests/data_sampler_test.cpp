@@ -9,7 +9,7 @@
 
 #include "data/dataset.h"
 #include "data/prefetcher.h"
-#include "data/rng.h"
+#include "base/rng.h"
 #include "data/sampler.h"
 #include "test_util.h"
 

@@ -25,7 +25,7 @@
 #include "kernels/ops.h"
 #include "test_util.h"
 #include "trainer_runs.h"
-#include "trainer/model.h"
+#include "model/model.h"
 #include "trainer/selftest.h"
 
 namespace hdp {

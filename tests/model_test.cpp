@@ -7,7 +7,7 @@
 #include <cmath>
 
 #include "reference_llama.h"
-#include "trainer/model.h"
+#include "model/model.h"
 
 namespace hdp {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "parallel/plan.h"
+#include "planning/plan.h"
 
 namespace hdp::testing {
 

@@ -15,7 +15,7 @@
 #include "parallel/communicator.h"
 #include "test_util.h"
 #include "trainer/config.h"
-#include "trainer/cost_file.h"
+#include "trainer/planner_cost.h"
 #include "trainer/profiler.h"
 
 namespace hdp {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "trainer/model.h"
+#include "model/model.h"
 
 namespace hdp::testing {
 

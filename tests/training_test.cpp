@@ -14,9 +14,9 @@
 #include "test_util.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
-#include "trainer/model.h"
+#include "model/model.h"
 #include "parallel/local_communicator.h"
-#include "trainer/optimizer.h"
+#include "model/optimizer.h"
 
 namespace hdp {
 namespace {

@@ -22,7 +22,7 @@
 #include "data/batch.h"
 #include "parallel/communicator.h"
 #include "parallel/zero_optimizer.h"
-#include "trainer/model.h"
+#include "model/model.h"
 
 namespace hdp {
 

@@ -18,7 +18,7 @@
 #include "parallel/runtime.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
-#include "trainer/cost_file.h"
+#include "planning/cost_file.h"
 #include "trainer/profiler.h"
 #include "trainer/selftest.h"
 #include "trainer/training.h"

@@ -10,7 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "trainer/model_config.h"
+#include "base/errors.h"
+#include "model/model_config.h"
+#include "model/optim_config.h"
 
 namespace hdp {
 
@@ -22,17 +24,6 @@ struct DataConfig {
   int64_t micro_batch_tokens = 4096;     // capacity of one micro-batch per rank; longer sequences span ranks
   bool shuffle = true;
   uint64_t seed = 1234;
-};
-
-struct OptimConfig {
-  double lr = 3e-4;
-  double min_lr = 3e-5;
-  int64_t warmup_steps = 10;
-  double weight_decay = 0.1;
-  double beta1 = 0.9;
-  double beta2 = 0.95;
-  double eps = 1e-8;
-  double grad_clip = 1.0;                // 0 disables clipping
 };
 
 struct TrainConfig {
@@ -101,11 +92,6 @@ struct Config {
   // map their name ("model") to the header's "<file>:<line>". Keys left at
   // their default are absent. Used to point error messages at the right place.
   std::map<std::string, std::string> origins;
-};
-
-class ConfigError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
 };
 
 // Reads `path`, applies overrides ("key.path=value", in order), validates.

@@ -6,8 +6,8 @@
 #include <stdexcept>
 
 #include "kernels/ops.h"
-#include "parallel/plan.h"
-#include "trainer/optimizer.h"
+#include "planning/plan.h"
+#include "model/optimizer.h"
 
 namespace hdp {
 

@@ -14,7 +14,7 @@
 #include "parallel/process_groups.h"
 #include "parallel/zero_optimizer.h"
 #include "trainer/config.h"
-#include "trainer/model.h"
+#include "model/model.h"
 
 namespace hdp {
 

@@ -14,7 +14,7 @@
 
 #include "data/dataset.h"
 #include "data/length_distributions.h"
-#include "parallel/simulator.h"
+#include "planning/simulator.h"
 #include "trainer/commands.h"
 
 namespace hdp {

@@ -1,7 +1,7 @@
 #pragma once
 // `trainer plan`: plans one global batch with several policies (static, naive,
-// balance; parallel/hdp_planner.h) for a described cluster and model, simulates
-// the training step of each plan (parallel/step_simulation.h) and prints step
+// balance; planning/hdp_planner.h) for a described cluster and model, simulates
+// the training step of each plan (planning/step_simulation.h) and prints step
 // time, tokens/s, idle fraction, attention traffic, ring sizes and the speed-up
 // over static. docs/planning.md describes it.
 
@@ -12,10 +12,10 @@
 #include <string>
 #include <vector>
 
-#include "parallel/hardware.h"
-#include "parallel/hdp_planner.h"
-#include "parallel/plan.h"
-#include "parallel/step_simulation.h"
+#include "planning/hardware.h"
+#include "planning/hdp_planner.h"
+#include "planning/plan.h"
+#include "planning/step_simulation.h"
 
 namespace hdp {
 

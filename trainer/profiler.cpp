@@ -22,7 +22,7 @@
 #include "kernels/cpu/blas_threads.h"
 #include "kernels/ops.h"
 #include "parallel/runtime.h"
-#include "trainer/model.h"
+#include "model/model.h"
 
 namespace hdp {
 namespace {

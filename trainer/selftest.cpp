@@ -20,7 +20,7 @@
 #include "kernels/copy_engine.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
-#include "trainer/model.h"
+#include "model/model.h"
 
 namespace hdp {
 namespace {

@@ -1,6 +1,6 @@
 #pragma once
 // How the training loop turns a global batch into this rank's work: the step's
-// plan from the configured policy (parallel/hdp_planner.h), checked before it
+// plan from the configured policy (planning/hdp_planner.h), checked before it
 // runs, and this rank's micro-batches read from the dataset.
 
 #include <cstdint>
@@ -10,9 +10,9 @@
 #include "data/batch.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
-#include "parallel/cost_model.h"
-#include "parallel/hdp_planner.h"
-#include "parallel/plan.h"
+#include "planning/cost_model.h"
+#include "planning/hdp_planner.h"
+#include "planning/plan.h"
 #include "trainer/config.h"
 
 namespace hdp {
@@ -27,7 +27,7 @@ std::vector<PackedMicroBatch> local_micro_batches(const TokenDataset& dataset, s
 
 class StepPlanner {
  public:
-  // cost: the planner's cost model (trainer/cost_file.h). Throws ConfigError when
+  // cost: the planner's cost model (planning/cost_file.h). Throws ConfigError when
   // the longest sequence (data.max_seq_len) cannot be placed on parallel.hdp ranks.
   StepPlanner(const Config& config, const CostModel& cost);
 

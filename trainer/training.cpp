@@ -24,12 +24,12 @@
 #include "parallel/message_channel.h"
 #include "parallel/process_groups.h"
 #include "trainer/checkpoint.h"
-#include "trainer/cost_file.h"
+#include "trainer/planner_cost.h"
 #include "trainer/engine.h"
 #include "trainer/loader_roles.h"
 #include "trainer/metrics.h"
-#include "trainer/optimizer.h"
-#include "trainer/peak_flops.h"
+#include "model/optimizer.h"
+#include "kernels/peak_flops.h"
 #include "trainer/step_planner.h"
 
 namespace hdp {

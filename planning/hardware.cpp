@@ -1,4 +1,4 @@
-#include "parallel/hardware.h"
+#include "planning/hardware.h"
 
 #include <cmath>
 #include <stdexcept>

@@ -16,9 +16,9 @@
 #include <string>
 #include <vector>
 
-#include "parallel/cost_model.h"
-#include "parallel/hdp_planner.h"
-#include "parallel/plan.h"
+#include "planning/cost_model.h"
+#include "planning/hdp_planner.h"
+#include "planning/plan.h"
 
 namespace hdp {
 namespace {

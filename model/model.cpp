@@ -1,4 +1,4 @@
-#include "trainer/model.h"
+#include "model/model.h"
 
 #include <algorithm>
 #include <cmath>
@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "kernels/ops.h"
-#include "trainer/init_rng.h"
+#include "model/init_rng.h"
 
 namespace hdp {
 namespace {

@@ -1,4 +1,4 @@
-#include "trainer/optimizer.h"
+#include "model/optimizer.h"
 
 #include <cmath>
 

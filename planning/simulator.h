@@ -5,7 +5,7 @@
 // duration, and may wait for other operations. The replay computes, for every
 // operation, when it starts and ends, and the makespan of the whole graph.
 //
-// The engine knows nothing of training. parallel/step_simulation.h builds the
+// The engine knows nothing of training. planning/step_simulation.h builds the
 // graph of one planned training step from a cost model; a recorded trace (op
 // type, stream, start, end, peers) can be replayed with the same engine, with
 // its real or with idealised durations (replay's `durations` argument).

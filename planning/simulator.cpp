@@ -1,4 +1,4 @@
-#include "parallel/simulator.h"
+#include "planning/simulator.h"
 
 #include <algorithm>
 #include <cmath>

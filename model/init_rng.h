@@ -1,13 +1,13 @@
 #pragma once
 // Normal numbers for weight initialisation from the project's portable PRNG
-// (data/rng.h): the same seed gives the same weights with any compiler or
+// (base/rng.h): the same seed gives the same weights with any compiler or
 // standard library (std:: distributions do not).
 
 #include <cmath>
 #include <cstdint>
 #include <string_view>
 
-#include "data/rng.h"
+#include "base/rng.h"
 
 namespace hdp {
 

@@ -2,7 +2,7 @@
 // A step's work: for every hybrid-data-parallel rank, an ordered list of
 // micro-batches, each a list of pieces of the global batch's sequences.
 //
-// This is the contract between planners (parallel/hdp_planner.h) and the
+// This is the contract between planners (planning/hdp_planner.h) and the
 // training engine. A sequence that fits one rank is a single piece. A longer one
 // is spread over a ring of k hdp ranks: it is cut into 2k zig-zag chunks and the
 // ring member at position j holds chunks j and 2k-1-j, so causal work and ring
@@ -13,6 +13,8 @@
 #include <cstdint>
 #include <span>
 #include <vector>
+
+#include "parallel/ring_layout.h"
 
 namespace hdp {
 
@@ -48,9 +50,6 @@ struct StepPlan {
   std::vector<Ring> rings;
 };
 
-// Chunk c of 2k zig-zag chunks of a sequence of `length` tokens starts here:
-// chunks are [length * c / 2k, length * (c + 1) / 2k).
-int64_t zigzag_chunk_begin(int64_t length, int chunk, int ring_size);
 
 // The ring pieces of the member at `position` of `ring` (index ring_index in the
 // plan), in row order; lengths are the global batch's sequence lengths.

@@ -1,4 +1,4 @@
-#include "parallel/plan.h"
+#include "planning/plan.h"
 
 #include <algorithm>
 #include <cmath>
@@ -48,15 +48,6 @@ std::vector<std::vector<size_t>> best_fit_decreasing(std::span<const int64_t> le
     if (room > 0) open.insert({room, bin});
   }
   return bins;
-}
-
-int64_t zigzag_chunk_begin(int64_t length, int chunk, int ring_size) {
-  if (ring_size < 1 || chunk < 0 || chunk > 2 * ring_size || length < 0) {
-    throw std::invalid_argument("zigzag_chunk_begin: chunk " + std::to_string(chunk) + " of " +
-                                std::to_string(2 * static_cast<int64_t>(ring_size)) + " chunks of a sequence of " +
-                                std::to_string(length) + " tokens");
-  }
-  return static_cast<int64_t>(static_cast<__int128>(length) * chunk / (2 * static_cast<int64_t>(ring_size)));
 }
 
 std::vector<PlannedPiece> zigzag_ring_pieces(const Ring& ring, int ring_index, int position,

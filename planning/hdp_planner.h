@@ -1,5 +1,5 @@
 #pragma once
-// Step planners: how a global batch's sequences become a StepPlan (parallel/plan.h).
+// Step planners: how a global batch's sequences become a StepPlan (planning/plan.h).
 //
 // plan_naive is ByteScale's Algorithm 1 (Ge et al., 2025, the communication
 // optimizer's data-aware sharding with selective offloading): sequences
@@ -15,8 +15,8 @@
 #include <span>
 #include <vector>
 
-#include "parallel/cost_model.h"
-#include "parallel/plan.h"
+#include "planning/cost_model.h"
+#include "planning/plan.h"
 
 namespace hdp {
 

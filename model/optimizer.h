@@ -7,8 +7,8 @@
 #include <vector>
 
 #include "parallel/zero_optimizer.h"
-#include "trainer/config.h"
-#include "trainer/model.h"
+#include "model/optim_config.h"
+#include "model/model.h"
 
 namespace hdp {
 

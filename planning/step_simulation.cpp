@@ -1,4 +1,4 @@
-#include "parallel/step_simulation.h"
+#include "planning/step_simulation.h"
 
 #include <algorithm>
 #include <cmath>

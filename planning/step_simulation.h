@@ -1,6 +1,6 @@
 #pragma once
-// The operation graph of one planned training step (parallel/plan.h) on a
-// described cluster, replayed with parallel/simulator.h: `trainer plan`'s
+// The operation graph of one planned training step (planning/plan.h) on a
+// described cluster, replayed with planning/simulator.h: `trainer plan`'s
 // simulator (docs/planning.md).
 //
 // A simulated process is one tensor-parallel group (its tp GPUs run in lock step
@@ -31,10 +31,10 @@
 #include <string>
 #include <vector>
 
-#include "parallel/cost_model.h"
-#include "parallel/hardware.h"
-#include "parallel/plan.h"
-#include "parallel/simulator.h"
+#include "planning/cost_model.h"
+#include "planning/hardware.h"
+#include "planning/plan.h"
+#include "planning/simulator.h"
 
 namespace hdp {
 

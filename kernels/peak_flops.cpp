@@ -1,4 +1,4 @@
-#include "trainer/peak_flops.h"
+#include "kernels/peak_flops.h"
 
 #include <algorithm>
 #include <chrono>

@@ -1,19 +1,16 @@
 #pragma once
-// The planner's cost model (parallel/cost_model.h) for a training run: read from
-// a cost file written by `trainer profile` (scheduler.cost_file: PATH), measured
-// at start-up (scheduler.cost_file: profile), or derived from FLOPs (empty).
-// The file format is in docs/cost-model.md.
+// A cost file: the planner's cost model (planning/cost_model.h) as `trainer
+// profile` measured it, with where and how it was measured and how well the fit
+// holds. The file format is in docs/cost-model.md.
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
-#include "parallel/cost_model.h"
-#include "trainer/config.h"
+#include "base/errors.h"
+#include "planning/cost_model.h"
 
 namespace hdp {
-
-class Communicator;
 
 // What a cost file says about where its numbers come from.
 struct CostProfileInfo {
@@ -62,31 +59,5 @@ void write_cost_file(const std::string& path, const CostFile& file);
 // Reads and checks a cost file: throws ConfigError naming the file and the key
 // (missing, wrong type, not a positive / non-negative number, unknown format).
 CostFile read_cost_file(const std::string& path);
-
-// Throws ConfigError naming both shapes when the file was profiled for another
-// model shape than config.model (hidden size, heads, kv heads, head dim, FFN
-// size, vocabulary size). `where` names the file in the message.
-void check_cost_file_shape(const CostFile& file, const Config& config, const std::string& where);
-
-// The model a training rank plans with from a profiled cost file: layer times and
-// the head per token divided by config.parallel.tp / profiled tp (a tp rank runs
-// that share of the matmuls and attention heads; the all-reduces and the
-// unsplit norms are not modelled), activation bytes scaled by the ratio of this
-// rank's saved floats per token to the profiled layer's (exact for the slope).
-CostModel cost_model_from_file(const CostFile& file, const Config& config, int64_t saved_floats_per_token);
-
-// flops_per_second: one rank's compute rate (for the FLOP-derived model);
-// saved_floats_per_token: what one layer of this rank's model keeps for backward.
-// scheduler.cost_file: empty -> derived_cost_model; a path -> read_cost_file,
-// checked against the model shape, cost_model_from_file; "profile" -> measured now
-// (startup_profile_options, a few seconds) and logged. Every rank must plan with
-// the same model: with "profile" in a job of several ranks pass `world` (every
-// rank then measures and all take the average, a collective call); without it the
-// measurement is this rank's own.
-CostModel planner_cost_model(const Config& config, double flops_per_second, int64_t saved_floats_per_token,
-                             Communicator* world = nullptr);
-
-// The FLOP-derived model of one tensor-parallel rank's slice of a layer.
-CostModel derived_cost_model(const Config& config, double flops_per_second, int64_t saved_floats_per_token);
 
 }  // namespace hdp

@@ -1,4 +1,4 @@
-#include "parallel/cost_model.h"
+#include "planning/cost_model.h"
 
 #include <stdexcept>
 #include <string>

@@ -1,4 +1,4 @@
-#include "parallel/hdp_planner.h"
+#include "planning/hdp_planner.h"
 
 #include <algorithm>
 #include <climits>

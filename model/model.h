@@ -24,7 +24,7 @@
 #include "kernels/tensor.h"
 #include "parallel/communicator.h"
 #include "parallel/ring_attention.h"
-#include "trainer/model_config.h"
+#include "model/model_config.h"
 
 namespace hdp {
 

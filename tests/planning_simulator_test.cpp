@@ -1,5 +1,5 @@
-// The op-graph replay engine (parallel/simulator.h) and the step graph built on
-// it (parallel/step_simulation.h): hand-computed makespans of small graphs,
+// The op-graph replay engine (planning/simulator.h) and the step graph built on
+// it (planning/step_simulation.h): hand-computed makespans of small graphs,
 // send/receive pairs and collectives that transfer only when every member has
 // started, deadlock detection, 1F1B pipelines with and without communication,
 // a ring micro-batch, the DP bubble before the gradient reduce-scatter, offload
@@ -13,11 +13,11 @@
 #include <string>
 #include <vector>
 
-#include "parallel/hdp_planner.h"
+#include "planning/hdp_planner.h"
 #include "parallel/pipeline.h"
-#include "parallel/plan.h"
-#include "parallel/simulator.h"
-#include "parallel/step_simulation.h"
+#include "planning/plan.h"
+#include "planning/simulator.h"
+#include "planning/step_simulation.h"
 
 namespace hdp {
 namespace {

@@ -1,0 +1,43 @@
+#pragma once
+// The cost model a training run plans with (scheduler.cost_file): read from a
+// cost file written by `trainer profile` (planning/cost_file.h), measured at
+// start-up ("profile"), or derived from FLOPs (empty), for this run's model
+// shape and tensor-parallel degree.
+
+#include <cstdint>
+#include <string>
+
+#include "planning/cost_file.h"
+#include "planning/cost_model.h"
+#include "trainer/config.h"
+
+namespace hdp {
+
+class Communicator;
+
+// Throws ConfigError naming both shapes when the file was profiled for another
+// model shape than config.model (hidden size, heads, kv heads, head dim, FFN
+// size, vocabulary size). `where` names the file in the message.
+void check_cost_file_shape(const CostFile& file, const Config& config, const std::string& where);
+
+// The model a training rank plans with from a profiled cost file: layer times and
+// the head per token divided by config.parallel.tp / profiled tp (a tp rank runs
+// that share of the matmuls and attention heads; the all-reduces and the
+// unsplit norms are not modelled), activation bytes scaled by the ratio of this
+// rank's saved floats per token to the profiled layer's (exact for the slope).
+CostModel cost_model_from_file(const CostFile& file, const Config& config, int64_t saved_floats_per_token);
+
+// flops_per_second: one rank's compute rate (for the FLOP-derived model);
+// saved_floats_per_token: what one layer of this rank's model keeps for backward.
+// scheduler.cost_file: empty -> derived_cost_model; a path -> read_cost_file,
+// checked against the model shape, cost_model_from_file; "profile" -> measured now
+// (startup_profile_options, a few seconds) and logged. Every rank must plan with
+// the same model: with "profile" in a job of several ranks pass `world` (every
+// rank then measures and all take the average, a collective call); without it the
+// measurement is this rank's own.
+CostModel planner_cost_model(const Config& config, double flops_per_second, int64_t saved_floats_per_token,
+                             Communicator* world = nullptr);
+
+// The FLOP-derived model of one tensor-parallel rank's slice of a layer.
+CostModel derived_cost_model(const Config& config, double flops_per_second, int64_t saved_floats_per_token);
+}  // namespace hdp
