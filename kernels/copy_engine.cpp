@@ -67,13 +67,6 @@ void CopyEvent::wait() const {
   state_->done_signal.wait(lock, [&] { return state_->done; });
 }
 
-bool CopyEvent::done() const {
-  if (!state_) return true;
-  if (state_->cuda_event) return cuda::copy_event_done(state_->cuda_event);
-  std::lock_guard<std::mutex> lock(state_->mutex);
-  return state_->done;
-}
-
 CopyEngine::CopyEngine(Device device) : device_(device) {
   if (device == Device::CPU || device == Device::Guarded) {  // Guarded: the CPU's worker thread
     worker_ = std::thread([this] { run(); });

@@ -30,8 +30,6 @@ class CopyEvent {
   // copy; the host goes on at once (so the host must not read copied memory
   // without synchronizing first).
   void wait() const;
-  // Whether the copy has finished (never blocks).
-  bool done() const;
 
  private:
   std::shared_ptr<State> state_;

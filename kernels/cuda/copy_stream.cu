@@ -54,13 +54,6 @@ void copy_after_compute(void* stream, void* start, void* done, void* dst, const 
 
 void compute_wait_event(void* event) { HDP_CUDA_CHECK(cudaStreamWaitEvent(compute_stream(), as_event(event), 0)); }
 
-bool copy_event_done(void* event) {
-  const cudaError_t err = cudaEventQuery(as_event(event));
-  if (err == cudaErrorNotReady) return false;
-  HDP_CUDA_CHECK(err);
-  return true;
-}
-
 void copy_stream_synchronize(void* stream) { HDP_CUDA_CHECK(cudaStreamSynchronize(as_stream(stream))); }
 
 }  // namespace hdp::cuda

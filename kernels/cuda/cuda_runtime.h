@@ -49,8 +49,6 @@ void copy_event_destroy(void* event);    // never throws
 void copy_after_compute(void* stream, void* start, void* done, void* dst, const void* src, size_t bytes);
 // Work enqueued on the compute stream from now on waits for `event` (no host wait).
 void compute_wait_event(void* event);
-// Whether the work before `event`'s latest record has finished (cudaEventQuery).
-bool copy_event_done(void* event);
 // Blocks the host until everything enqueued on `stream` has finished.
 void copy_stream_synchronize(void* stream);
 

@@ -32,7 +32,6 @@ void* copy_event_create() { absent(); }
 void copy_event_destroy(void*) {}
 void copy_after_compute(void*, void*, void*, void*, const void*, size_t) { absent(); }
 void compute_wait_event(void*) { absent(); }
-bool copy_event_done(void*) { return true; }
 void copy_stream_synchronize(void*) {}
 void set_tf32(bool) {}
 bool op_times_enabled() { return false; }
