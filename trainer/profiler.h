@@ -11,8 +11,8 @@
 #include <string>
 #include <vector>
 
-#include "model/model_config.h"
 #include "planning/cost_file.h"
+#include "model/model_config.h"
 #include "trainer/config.h"
 
 namespace hdp {
