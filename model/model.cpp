@@ -7,6 +7,7 @@
 
 #include "kernels/ops.h"
 #include "model/init_rng.h"
+#include "parallel/tensor_parallel.h"
 
 namespace hdp {
 namespace {
@@ -26,6 +27,9 @@ int64_t head_chunk_for(int64_t vocab, int64_t capacity) {
 // Rows [begin, end) of an even split of n into parts.
 int64_t split_point(int64_t n, int part, int parts) { return n * part / parts; }
 
+// Where a transformer layer's parameters are named, by its index in the whole model.
+std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + "."; }
+
 }  // namespace
 
 LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const ModelPartition& partition,
@@ -36,6 +40,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
       capacity_(capacity_tokens),
       max_tokens_(std::max(capacity_tokens, long_sequences.max_tokens)),
       tp_(tp),
+      tp_regions_(tp),
       device_(device),
       param_arena_(Arena::counting(device, "parameters")),
       grad_arena_(Arena::counting(device, "gradients")),
@@ -78,8 +83,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   grads_ = grad_arena_.tensor({flat_numel_});
   fill(params_, 0.0f);
   fill(grads_, 0.0f);
-  bind_weights(params_, w_, embed_, final_norm_, head_);
-  bind_weights(grads_, dw_, d_embed_, d_final_norm_, d_head_);
+  bind_parameters();
 
   slots_.resize(activation_slots);
   if (long_sequences.offload && num_local_layers_ >= 3) {
@@ -106,6 +110,8 @@ LlamaModel::~LlamaModel() {
   if (copy_engine_) copy_engine_->synchronize();
 }
 
+// In forward order (embedding, layers, final norm and LM head), so that backward
+// finishes the gradients from the end of the flat buffer down (GradientsReady).
 void LlamaModel::build_parameter_table() {
   const ModelConfig& c = config_;
   const int r = partition_.tp_rank;
@@ -148,7 +154,7 @@ void LlamaModel::build_parameter_table() {
 
   if (partition_.has_embedding) add("model.embed_tokens.weight", {c.vocab_size, H}, vocab, true, false, false);
   for (int64_t l = partition_.first_layer; l < partition_.first_layer + num_local_layers_; ++l) {
-    const std::string pre = "model.layers." + std::to_string(l) + ".";
+    const std::string pre = layer_prefix(l);
     add(pre + "input_layernorm.weight", {H}, replicated, false, false, true);
     add(pre + "self_attn.q_proj.weight", {c.num_heads * d, H}, q_shard, true, false, false);
     add(pre + "self_attn.k_proj.weight", {c.num_kv_heads * d, H}, kv_shard, true, false, false);
@@ -170,30 +176,51 @@ void LlamaModel::build_parameter_table() {
   flat_numel_ = std::max<int64_t>(offset, kParamAlignFloats);
 }
 
-void LlamaModel::bind_weights(Tensor flat, std::vector<LayerWeights>& layers, Tensor& embed, Tensor& final_norm,
-                              Tensor& head) {
-  auto view = [&](const ParameterInfo& p) {
+void LlamaModel::bind_parameters() {
+  auto view = [&](const Tensor& flat, const ParameterInfo& p) {
     Tensor t(flat.data + p.offset, {}, device_);
     for (int64_t d : p.shape) t.shape[t.ndim++] = d;
     return t;
   };
-  size_t i = 0;
-  if (partition_.has_embedding) embed = view(parameters_[i++]);
-  layers.resize(num_local_layers_);
-  for (LayerWeights& L : layers) {
-    L.input_norm = view(parameters_[i++]);
-    L.q = view(parameters_[i++]);
-    L.k = view(parameters_[i++]);
-    L.v = view(parameters_[i++]);
-    L.o = view(parameters_[i++]);
-    L.post_norm = view(parameters_[i++]);
-    L.gate = view(parameters_[i++]);
-    L.up = view(parameters_[i++]);
-    L.down = view(parameters_[i++]);
+  layer_parameters_.resize(num_local_layers_);
+  for (int64_t l = 0; l < num_local_layers_; ++l) {
+    const std::string pre = layer_prefix(partition_.first_layer + l);
+    LayerParameters& layer = layer_parameters_[l];
+    layer.gradients_begin = flat_numel_;
+    auto bind = [&](const char* name, Tensor LayerTensors::*tensor) {
+      const ParameterInfo& p = parameter(pre + name);
+      layer.weights.*tensor = view(params_, p);
+      layer.gradients.*tensor = view(grads_, p);
+      layer.gradients_begin = std::min(layer.gradients_begin, p.offset);
+    };
+    bind("input_layernorm.weight", &LayerTensors::input_norm);
+    bind("self_attn.q_proj.weight", &LayerTensors::q);
+    bind("self_attn.k_proj.weight", &LayerTensors::k);
+    bind("self_attn.v_proj.weight", &LayerTensors::v);
+    bind("self_attn.o_proj.weight", &LayerTensors::o);
+    bind("post_attention_layernorm.weight", &LayerTensors::post_norm);
+    bind("mlp.gate_proj.weight", &LayerTensors::gate);
+    bind("mlp.up_proj.weight", &LayerTensors::up);
+    bind("mlp.down_proj.weight", &LayerTensors::down);
+  }
+  if (partition_.has_embedding) {
+    const ParameterInfo& p = parameter("model.embed_tokens.weight");
+    embed_ = view(params_, p);
+    d_embed_ = view(grads_, p);
+    embedding_gradients_begin_ = p.offset;
   }
   if (partition_.has_head) {
-    final_norm = view(parameters_[i++]);
-    head = (config_.tie_embeddings && partition_.has_embedding) ? embed : view(parameters_[i++]);
+    const ParameterInfo& norm = parameter("model.norm.weight");
+    // Tied embeddings: the stage's embedding table, or on a last stage without
+    // the embedding its tied copy, under the same name.
+    const ParameterInfo& head = parameter(config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
+    final_norm_ = view(params_, norm);
+    d_final_norm_ = view(grads_, norm);
+    head_ = view(params_, head);
+    d_head_ = view(grads_, head);
+    // A head that is this stage's embedding table gets its gradient final with the embedding's.
+    const bool head_is_embedding = config_.tie_embeddings && partition_.has_embedding;
+    head_gradients_begin_ = head_is_embedding ? norm.offset : std::min(norm.offset, head.offset);
   }
 }
 
@@ -495,10 +522,6 @@ Tensor LlamaModel::output_gradient(int slot) const { return scratch_.residual_gr
 
 Tensor LlamaModel::input_gradient(int slot) const { return scratch_.residual_grad.rows(0, slots_.at(slot).tokens_used); }
 
-void LlamaModel::tp_all_reduce(Tensor t) {
-  if (tp_ != nullptr && tp_->size() > 1) tp_->all_reduce(t, ReduceOp::Sum);
-}
-
 void LlamaModel::attention_forward_of(Slot& s, const LayerActivations& a) {
   const int64_t T = s.tokens_used, Hq = local_heads_, Hkv = local_kv_heads_, d = config_.head_dim();
   const Tensor out = a.attn.view({T, Hq, d}), q = a.q.view({T, Hq, d}), k = a.k.view({T, Hkv, d}),
@@ -536,32 +559,34 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
   if (partition_.has_embedding) {
     const Tensor x0 = input_activation(slot);
     embedding_forward(x0, s.tokens.rows(0, T), embed_, vocab_begin_);
-    tp_all_reduce(x0);
+    tp_regions_.embedding_output.forward(x0);
   }
   for (int64_t l = 0; l < L; ++l) {
-    const LayerWeights& w = w_[l];
+    const LayerTensors& w = layer_parameters_[l].weights;
     LayerActivations& a = s.layers[l];
     const Tensor act = scratch_.ffn_act.rows(0, T);
     rmsnorm_forward(a.ln1, a.rstd1, a.x_in, w.input_norm, eps);
-    linear_forward(a.q, a.ln1, w.q);
-    linear_forward(a.k, a.ln1, w.k);
-    linear_forward(a.v, a.ln1, w.v);
+    const Tensor attention_in = tp_regions_.attention_input.forward(a.ln1);
+    linear_forward(a.q, attention_in, w.q);
+    linear_forward(a.k, attention_in, w.k);
+    linear_forward(a.v, attention_in, w.v);
     rope_forward(a.q.view({T, Hq, d}), positions, theta);
     rope_forward(a.k.view({T, Hkv, d}), positions, theta);
     attention_forward_of(s, a);
     linear_forward(a.x_mid, a.attn, w.o);
-    tp_all_reduce(a.x_mid);  // row-parallel o projection: sum of the heads' partial outputs
+    tp_regions_.attention_output.forward(a.x_mid);
     add_inplace(a.x_mid, a.x_in);
     rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, w.post_norm, eps);
-    linear_forward(a.gate, a.ln2, w.gate);
-    linear_forward(a.up, a.ln2, w.up);
+    const Tensor mlp_in = tp_regions_.mlp_input.forward(a.ln2);
+    linear_forward(a.gate, mlp_in, w.gate);
+    linear_forward(a.up, mlp_in, w.up);
     swiglu_forward(act, a.gate, a.up);
     // The output becomes the next layer's input, in the working block that layer
     // l - 1 used: its rows must have left for the host first.
     if (s.offloaded && l >= 1 && l - 1 < L - 2) s.offload_done[l - 1].wait();
     const Tensor out = l + 1 < L ? s.layers[l + 1].x_in : s.x_out.rows(0, T);
     linear_forward(out, act, w.down);
-    tp_all_reduce(out);  // row-parallel down projection
+    tp_regions_.mlp_output.forward(out);
     add_inplace(out, a.x_mid);
     if (s.offloaded && l < L - 2) park_layer(s, l);
   }
@@ -569,28 +594,6 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
   rmsnorm_forward(s.ln_final.rows(0, T), s.rstd_final.rows(0, T), s.x_out.rows(0, T), final_norm_, eps);
   const double loss = head_forward_backward(s, loss_scale, with_backward);
   head_gradient_pending_ = with_backward ? slot : -1;
-  return loss;
-}
-
-// Sum over predicted rows of lse - target logit. Leaves loss_scale * dloss/dlogits in
-// `logits`. With a vocabulary split over tp ranks, the per-row max, sum of
-// exponentials and target logit are reduced across the ranks; full logits are never
-// gathered.
-double LlamaModel::cross_entropy(const Tensor& logits, const IndexTensor& targets, float loss_scale) {
-  const int64_t n = logits.dim(0);
-  if (tp_ == nullptr || tp_->size() == 1) {
-    return cross_entropy_forward_backward(logits, targets, loss_scale, scratch_.ce_stats);
-  }
-  const Tensor row_max = scratch_.ce_stats.rows(0, n), sumexp = scratch_.ce_stats.rows(n, 2 * n),
-               target_logit = scratch_.ce_stats.rows(2 * n, 3 * n), global_max = scratch_.ce_global.rows(0, n);
-  cross_entropy_stats(row_max, sumexp, target_logit, logits, targets, vocab_begin_);
-  copy(global_max, row_max);
-  tp_->all_reduce(global_max, ReduceOp::Max);
-  cross_entropy_rescale_sumexp(sumexp, row_max, global_max);
-  tp_->all_reduce(scratch_.ce_stats.rows(n, 3 * n), ReduceOp::Sum);  // sum of exponentials and target logit
-  const Tensor lse = row_max;  // reused: the global log-sum-exp per row
-  const double loss = cross_entropy_global_loss(lse, global_max, sumexp, target_logit, targets);
-  cross_entropy_backward_inplace(logits, lse, targets, vocab_begin_, loss_scale);
   return loss;
 }
 
@@ -603,11 +606,12 @@ double LlamaModel::head_forward_backward(Slot& s, float loss_scale, bool backwar
   for (int64_t c0 = 0; c0 < T; c0 += head_chunk_tokens_) {
     const int64_t c1 = std::min(T, c0 + head_chunk_tokens_);
     const Tensor ln = s.ln_final.rows(c0, c1), logits = scratch_.logits.rows(0, c1 - c0);
-    linear_forward(logits, ln, head_);
-    loss_sum += cross_entropy(logits, s.targets.rows(c0, c1), loss_scale);
+    linear_forward(logits, tp_regions_.head_input.forward(ln), head_);
+    loss_sum += vocab_parallel_cross_entropy(tp_, logits, s.targets.rows(c0, c1), vocab_begin_, loss_scale,
+                                             scratch_.ce_stats, scratch_.ce_global);
     if (backward) linear_backward(scratch_.norm_grad.rows(c0, c1), d_head_, logits, ln, head_, false);
   }
-  if (backward) tp_all_reduce(scratch_.norm_grad.rows(0, T));  // each rank saw only its vocabulary slice
+  if (backward) tp_regions_.head_input.backward(scratch_.norm_grad.rows(0, T));
   return loss_sum;
 }
 
@@ -620,10 +624,9 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
   const IndexTensor positions = s.positions.rows(0, T);
   const Scratch& sc = scratch_;
   const Tensor dres = sc.residual_grad.rows(0, T), dnorm = sc.norm_grad.rows(0, T);
-  auto report = [&](size_t parameter_index) {
-    if (ready) ready(parameters_[parameter_index].offset);
+  auto report = [&](int64_t gradients_begin) {
+    if (ready) ready(gradients_begin);
   };
-  const size_t first_layer_param = partition_.has_embedding ? 1 : 0;
 
   if (partition_.has_head) {
     if (head_gradient_pending_ != slot) {
@@ -632,15 +635,15 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
     head_gradient_pending_ = -1;
     fill(dres, 0.0f);
     rmsnorm_backward(dres, d_final_norm_, dnorm, s.x_out.rows(0, T), final_norm_, s.rstd_final.rows(0, T));
-    report(first_layer_param + 9 * L);
+    report(head_gradients_begin_);
   }
   for (int64_t l = L - 1; l >= 0; --l) {
     // Layers come back from host memory in reverse order: the copy-in of the layer
     // below is issued before this layer's backward so the two overlap.
     if (s.offloaded && l >= 1 && l - 1 < L - 2) restore_layer(s, l - 1);
     if (s.offloaded && l < L - 2) s.restore_done[l].wait();
-    const LayerWeights& w = w_[l];
-    const LayerWeights& dw = dw_[l];
+    const LayerTensors& w = layer_parameters_[l].weights;
+    const LayerTensors& dw = layer_parameters_[l].gradients;
     const LayerActivations& a = s.layers[l];
     const Tensor act = sc.ffn_act.rows(0, T), dact = sc.dffn_act.rows(0, T), dgate = sc.dgate.rows(0, T),
                  dup = sc.dup.rows(0, T), dattn = sc.dattn.rows(0, T), dq = sc.dq.rows(0, T), dk = sc.dk.rows(0, T),
@@ -648,28 +651,28 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
 
     // MLP block: dres is the gradient of the layer output.
     swiglu_forward(act, a.gate, a.up);  // recomputed rather than stored
-    linear_backward(dact, dw.down, dres, act, w.down, false);
+    linear_backward(dact, dw.down, tp_regions_.mlp_output.backward(dres), act, w.down, false);
     swiglu_backward(dgate, dup, dact, a.gate, a.up);
     linear_backward(dnorm, dw.gate, dgate, a.ln2, w.gate, false);
     linear_backward(dnorm, dw.up, dup, a.ln2, w.up, true);
-    tp_all_reduce(dnorm);  // column-parallel gate/up: sum over the FFN slices
+    tp_regions_.mlp_input.backward(dnorm);
     rmsnorm_backward(dres, dw.post_norm, dnorm, a.x_mid, w.post_norm, a.rstd2);
 
     // Attention block: dres is now the gradient of x_mid.
-    linear_backward(dattn, dw.o, dres, a.attn, w.o, false);
+    linear_backward(dattn, dw.o, tp_regions_.attention_output.backward(dres), a.attn, w.o, false);
     attention_backward_of(s, a);
     rope_backward(dq.view({T, Hq, d}), positions, theta);
     rope_backward(dk.view({T, Hkv, d}), positions, theta);
     linear_backward(dnorm, dw.q, dq, a.ln1, w.q, false);
     linear_backward(dnorm, dw.k, dk, a.ln1, w.k, true);
     linear_backward(dnorm, dw.v, dv, a.ln1, w.v, true);
-    tp_all_reduce(dnorm);  // column-parallel q/k/v: sum over the head slices
+    tp_regions_.attention_input.backward(dnorm);
     rmsnorm_backward(dres, dw.input_norm, dnorm, a.x_in, w.input_norm, a.rstd1);
-    report(first_layer_param + 9 * static_cast<size_t>(l));
+    report(layer_parameters_[l].gradients_begin);
   }
   if (partition_.has_embedding) {
-    embedding_backward(d_embed_, s.tokens.rows(0, T), dres, vocab_begin_);
-    report(0);
+    embedding_backward(d_embed_, s.tokens.rows(0, T), tp_regions_.embedding_output.backward(dres), vocab_begin_);
+    report(embedding_gradients_begin_);
   }
 }
 

@@ -8,8 +8,9 @@
 // of layers, plus the embedding on the first stage and the final norm, LM head
 // and loss on the last) and a tensor-parallel slice of it (Megatron style:
 // column-parallel q/k/v and gate/up, row-parallel o and down, heads split across
-// ranks, vocabulary-parallel embedding, LM head and cross-entropy). With the
-// default partition it is the whole model on one rank.
+// ranks, vocabulary-parallel embedding, LM head and cross-entropy; the collectives
+// are the regions of parallel/tensor_parallel.h). With the default partition it
+// is the whole model on one rank.
 
 #include <cstdint>
 #include <functional>
@@ -22,9 +23,10 @@
 #include "kernels/copy_engine.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
+#include "model/model_config.h"
 #include "parallel/communicator.h"
 #include "parallel/ring_attention.h"
-#include "model/model_config.h"
+#include "parallel/tensor_parallel.h"
 
 namespace hdp {
 
@@ -163,8 +165,29 @@ class LlamaModel {
   int64_t saved_floats_per_token() const { return row_width_ + small_width_; }
 
  private:
-  struct LayerWeights {
+  // A transformer layer's tensors in one flat buffer (parameters or gradients).
+  struct LayerTensors {
     Tensor input_norm, q, k, v, o, post_norm, gate, up, down;
+  };
+  // One layer of this stage, found by name in the parameter table once, at
+  // construction: nothing depends on the order of the table.
+  struct LayerParameters {
+    LayerTensors weights, gradients;
+    int64_t gradients_begin = 0;  // the lowest flat offset of its tensors (GradientsReady)
+  };
+  // Where the stage's tensor-parallel collectives are (Megatron's f and g,
+  // parallel/tensor_parallel.h): one region per place, whose forward the forward
+  // pass runs and whose backward the backward pass runs.
+  struct TensorParallelRegions {
+    explicit TensorParallelRegions(Communicator* tp)
+        : embedding_output(tp), attention_input(tp), attention_output(tp), mlp_input(tp), mlp_output(tp),
+          head_input(tp) {}
+    ReduceFromTensorParallelRegion embedding_output;  // each rank looked up the tokens of its vocabulary slice
+    CopyToTensorParallelRegion attention_input;       // into the column-parallel q, k, v (heads split)
+    ReduceFromTensorParallelRegion attention_output;  // out of the row-parallel o: the heads' partial outputs
+    CopyToTensorParallelRegion mlp_input;             // into the column-parallel gate and up (FFN split)
+    ReduceFromTensorParallelRegion mlp_output;        // out of the row-parallel down
+    CopyToTensorParallelRegion head_input;            // into the vocabulary-parallel LM head
   };
   // What one layer's forward saves for its backward. The "row" tensors ([T, width])
   // can be split by rows for offload; rstd1, rstd2 and lse are small and stay.
@@ -198,7 +221,7 @@ class LlamaModel {
   };
 
   void build_parameter_table();
-  void bind_weights(Tensor flat, std::vector<LayerWeights>& layers, Tensor& embed, Tensor& final_norm, Tensor& head);
+  void bind_parameters();
   void layout_activations(Arena& arena);
   size_t layer_block_floats(int64_t rows, int64_t tokens) const;
   LayerActivations carve_layer(float* base, int64_t rows, int64_t tokens) const;
@@ -207,9 +230,7 @@ class LlamaModel {
   void restore_layer(Slot& s, int64_t layer);
   void attention_forward_of(Slot& s, const LayerActivations& a);
   void attention_backward_of(Slot& s, const LayerActivations& a);
-  void tp_all_reduce(Tensor t);
   double head_forward_backward(Slot& s, float loss_scale, bool backward);
-  double cross_entropy(const Tensor& logits, const IndexTensor& targets, float loss_scale);
 
   ModelConfig config_;
   ModelPartition partition_;
@@ -220,6 +241,7 @@ class LlamaModel {
   int64_t local_heads_, local_kv_heads_, local_ffn_, vocab_begin_, local_vocab_;
   int64_t row_width_ = 0, small_width_ = 0;  // floats per token of a layer's row / small tensors
   Communicator* tp_;
+  TensorParallelRegions tp_regions_;
   Device device_;
   std::vector<ParameterInfo> parameters_;
   int64_t flat_numel_ = 0;
@@ -231,9 +253,11 @@ class LlamaModel {
   std::unique_ptr<CopyEngine> copy_engine_;
   std::unique_ptr<RingAttention> ring_attention_;
   Tensor params_, grads_;
-  std::vector<LayerWeights> w_, dw_;
+  std::vector<LayerParameters> layer_parameters_;
   Tensor embed_, final_norm_, head_;
   Tensor d_embed_, d_final_norm_, d_head_;
+  int64_t embedding_gradients_begin_ = 0;  // GradientsReady after the embedding's backward
+  int64_t head_gradients_begin_ = 0;       // after the final norm's and LM head's
 
   std::vector<Slot> slots_;
   Scratch scratch_;

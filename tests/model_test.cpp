@@ -153,6 +153,36 @@ TEST(Model, ParameterTableUsesHuggingFaceNamesAndShapes) {
   EXPECT_EQ(tied.parameters().back().name, "model.norm.weight");
 }
 
+// Backward reports the final norm and head, each layer from the top down, then the
+// embedding, each at the first flat offset of its parameters; every gradient from
+// there on up is final when reported (ZeRO starts reducing it then).
+class GradientsReadyOrder : public ::testing::TestWithParam<bool> {};
+
+TEST_P(GradientsReadyOrder, ReportsEachPartWhereItsGradientsBeginOnceAllAboveAreFinal) {
+  LlamaModel model(tiny_config(GetParam()), 16);
+  model.init_weights(5);
+  model.zero_grad();
+  const Tensor grads = model.flat_gradients();
+  std::vector<int64_t> offsets;
+  std::vector<std::vector<float>> snapshots;
+  model.forward_backward(view(packed_batch()), 1.0f, [&](int64_t offset) {
+    offsets.push_back(offset);
+    snapshots.emplace_back(grads.data, grads.data + grads.numel());
+  });
+  EXPECT_EQ(offsets, (std::vector<int64_t>{model.parameter("model.norm.weight").offset,
+                                           model.parameter("model.layers.1.input_layernorm.weight").offset,
+                                           model.parameter("model.layers.0.input_layernorm.weight").offset,
+                                           model.parameter("model.embed_tokens.weight").offset}));
+  EXPECT_EQ(offsets.back(), 0);
+  for (size_t r = 0; r < offsets.size(); ++r) {
+    for (int64_t i = offsets[r]; i < grads.numel(); ++i) {
+      ASSERT_EQ(snapshots[r][static_cast<size_t>(i)], grads.data[i]) << "report " << r << ", gradient " << i;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(UntiedAndTied, GradientsReadyOrder, ::testing::Values(false, true));
+
 TEST(Model, InitIsDeterministicAndScaled) {
   ModelConfig c = tiny_config(false);
   c.hidden_size = 64;

@@ -158,8 +158,9 @@ double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets,
 }
 
 // The vocabulary-parallel glue, one row after the other in float (exp, log) and
-// the loss in double, exactly the operations (and order) of the host loops that
-// LlamaModel::cross_entropy had: a CPU run's losses stay bit-identical.
+// the loss in double, exactly the operations (and order) of the host loops that the
+// vocabulary-parallel cross-entropy (vocab_parallel_cross_entropy) ran before they
+// moved here: a CPU run's losses stay bit-identical.
 void cross_entropy_rescale_sumexp(Tensor row_sumexp, const Tensor& row_max, const Tensor& global_max) {
   const int64_t T = row_sumexp.dim(0);
   for (int64_t i = 0; i < T; ++i) row_sumexp.data[i] *= std::exp(row_max.data[i] - global_max.data[i]);

@@ -1,0 +1,207 @@
+// Tensor parallelism's regions and vocabulary-parallel cross-entropy
+// (parallel/tensor_parallel.h) over an in-process group of threads: each region's
+// forward and backward on hand-checked values, the f/g pair around a LLaMA MLP
+// split over ranks against the unsplit MLP, and the split cross-entropy against
+// the single-shard one.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "kernels/ops.h"
+#include "parallel/tensor_parallel.h"
+#include "test_util.h"
+#include "thread_communicator.h"
+
+namespace hdp {
+namespace {
+
+using testing::random_floats;
+using testing::run_ranks;
+using testing::ThreadCommunicator;
+
+Tensor host(std::vector<float>& v, std::initializer_list<int64_t> shape) { return Tensor(v.data(), shape, Device::CPU); }
+
+// Columns [begin, end) of a row-major [rows, cols] matrix.
+std::vector<float> columns(const std::vector<float>& m, int64_t rows, int64_t cols, int64_t begin, int64_t end) {
+  std::vector<float> out;
+  for (int64_t r = 0; r < rows; ++r) out.insert(out.end(), m.begin() + r * cols + begin, m.begin() + r * cols + end);
+  return out;
+}
+
+// Rows [begin, end) of a row-major matrix with `cols` columns.
+std::vector<float> rows(const std::vector<float>& m, int64_t cols, int64_t begin, int64_t end) {
+  return std::vector<float>(m.begin() + begin * cols, m.begin() + end * cols);
+}
+
+void expect_near(const std::vector<float>& got, const std::vector<float>& want, float tolerance, const char* what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], tolerance) << what << " element " << i;
+}
+
+// ---- the regions --------------------------------------------------------------------
+
+TEST(CopyToTensorParallelRegion, ForwardIsTheIdentityAndBackwardSumsTheRanksGradients) {
+  run_ranks(3, [](ThreadCommunicator& tp) {
+    const CopyToTensorParallelRegion f(&tp);
+    const float r = static_cast<float>(tp.rank());
+    std::vector<float> input = {1.5f, -2.0f, 4.0f};
+    const Tensor x = host(input, {3});
+    const Tensor through = f.forward(x);
+    EXPECT_EQ(through.data, x.data);
+    EXPECT_EQ(through.numel(), 3);
+    EXPECT_EQ(tp.stats().collectives, 0);
+    EXPECT_EQ(input, (std::vector<float>{1.5f, -2.0f, 4.0f}));
+
+    // Rank r's partial gradient: (r + 1, 10 r, -r); the sum over ranks 0, 1, 2 is (6, 30, -3).
+    std::vector<float> grad = {r + 1, 10 * r, -r};
+    f.backward(host(grad, {3}));
+    EXPECT_EQ(grad, (std::vector<float>{6.0f, 30.0f, -3.0f}));
+    EXPECT_EQ(tp.stats().collectives, 1);
+  });
+}
+
+TEST(ReduceFromTensorParallelRegion, ForwardSumsTheRanksOutputsAndBackwardIsTheIdentity) {
+  run_ranks(4, [](ThreadCommunicator& tp) {
+    const ReduceFromTensorParallelRegion g(&tp);
+    const float r = static_cast<float>(tp.rank());
+    // Rank r's partial output [[r, 1], [2 r, -1]]; the sum over ranks 0..3 is [[6, 4], [12, -4]].
+    std::vector<float> output = {r, 1.0f, 2 * r, -1.0f};
+    g.forward(host(output, {2, 2}));
+    EXPECT_EQ(output, (std::vector<float>{6.0f, 4.0f, 12.0f, -4.0f}));
+    EXPECT_EQ(tp.stats().collectives, 1);
+
+    std::vector<float> grad = {0.25f, r, -3.0f, 8.0f};
+    const Tensor dy = host(grad, {2, 2});
+    const Tensor through = g.backward(dy);
+    EXPECT_EQ(through.data, dy.data);
+    EXPECT_EQ(through.dim(0), 2);
+    EXPECT_EQ(through.dim(1), 2);
+    EXPECT_EQ(grad, (std::vector<float>{0.25f, r, -3.0f, 8.0f}));
+    EXPECT_EQ(tp.stats().collectives, 1);
+  });
+}
+
+// With one rank, or no communicator, all four sides leave the values alone and
+// make no collective.
+TEST(TensorParallelRegions, WithOneRankOrNoCommunicatorEverySideIsTheIdentity) {
+  run_ranks(1, [](ThreadCommunicator& tp) {
+    for (Communicator* comm : {static_cast<Communicator*>(&tp), static_cast<Communicator*>(nullptr)}) {
+      std::vector<float> v = {3.0f, -1.0f};
+      const CopyToTensorParallelRegion f(comm);
+      const ReduceFromTensorParallelRegion g(comm);
+      EXPECT_EQ(f.forward(host(v, {2})).data, v.data());
+      f.backward(host(v, {2}));
+      g.forward(host(v, {2}));
+      EXPECT_EQ(g.backward(host(v, {2})).data, v.data());
+      EXPECT_EQ(v, (std::vector<float>{3.0f, -1.0f}));
+    }
+    EXPECT_EQ(tp.stats().collectives, 0);
+  });
+}
+
+// Megatron's MLP split: gate and up column-parallel behind f, down row-parallel in
+// front of g. Output, input gradient and every weight gradient slice equal the
+// unsplit MLP's.
+TEST(TensorParallelRegions, AroundASplitMlpGiveTheUnsplitOutputAndGradients) {
+  const int64_t T = 5, H = 8, F = 12;
+  const int ranks = 3;
+  std::vector<float> x = random_floats(T * H, 1), gate_w = random_floats(F * H, 2), up_w = random_floats(F * H, 3),
+                     down_w = random_floats(H * F, 4), dy = random_floats(T * H, 5);
+  // The unsplit MLP, forward and backward.
+  std::vector<float> gate(T * F), up(T * F), act(T * F), y(T * H), dact(T * F), dgate(T * F), dup(T * F), dx(T * H),
+      d_gate_w(F * H), d_up_w(F * H), d_down_w(H * F);
+  linear_forward(host(gate, {T, F}), host(x, {T, H}), host(gate_w, {F, H}));
+  linear_forward(host(up, {T, F}), host(x, {T, H}), host(up_w, {F, H}));
+  swiglu_forward(host(act, {T, F}), host(gate, {T, F}), host(up, {T, F}));
+  linear_forward(host(y, {T, H}), host(act, {T, F}), host(down_w, {H, F}));
+  linear_backward(host(dact, {T, F}), host(d_down_w, {H, F}), host(dy, {T, H}), host(act, {T, F}), host(down_w, {H, F}),
+                  false);
+  swiglu_backward(host(dgate, {T, F}), host(dup, {T, F}), host(dact, {T, F}), host(gate, {T, F}), host(up, {T, F}));
+  linear_backward(host(dx, {T, H}), host(d_gate_w, {F, H}), host(dgate, {T, F}), host(x, {T, H}), host(gate_w, {F, H}),
+                  false);
+  linear_backward(host(dx, {T, H}), host(d_up_w, {F, H}), host(dup, {T, F}), host(x, {T, H}), host(up_w, {F, H}), true);
+
+  run_ranks(ranks, [&](ThreadCommunicator& tp) {
+    const CopyToTensorParallelRegion mlp_input(&tp);
+    const ReduceFromTensorParallelRegion mlp_output(&tp);
+    const int64_t b = part_begin(F, tp.rank(), ranks), e = part_begin(F, tp.rank() + 1, ranks), f = e - b;
+    std::vector<float> my_x = x, my_dy = dy, g_w = rows(gate_w, H, b, e), u_w = rows(up_w, H, b, e),
+                       d_w = columns(down_w, H, F, b, e);
+    std::vector<float> g(T * f), u(T * f), a(T * f), out(T * H), da(T * f), dg(T * f), du(T * f), dxr(T * H),
+        dg_w(f * H), du_w(f * H), dd_w(H * f);
+
+    const Tensor in = mlp_input.forward(host(my_x, {T, H}));
+    linear_forward(host(g, {T, f}), in, host(g_w, {f, H}));
+    linear_forward(host(u, {T, f}), in, host(u_w, {f, H}));
+    swiglu_forward(host(a, {T, f}), host(g, {T, f}), host(u, {T, f}));
+    linear_forward(host(out, {T, H}), host(a, {T, f}), host(d_w, {H, f}));
+    mlp_output.forward(host(out, {T, H}));
+
+    const Tensor dout = mlp_output.backward(host(my_dy, {T, H}));
+    linear_backward(host(da, {T, f}), host(dd_w, {H, f}), dout, host(a, {T, f}), host(d_w, {H, f}), false);
+    swiglu_backward(host(dg, {T, f}), host(du, {T, f}), host(da, {T, f}), host(g, {T, f}), host(u, {T, f}));
+    linear_backward(host(dxr, {T, H}), host(dg_w, {f, H}), host(dg, {T, f}), in, host(g_w, {f, H}), false);
+    linear_backward(host(dxr, {T, H}), host(du_w, {f, H}), host(du, {T, f}), in, host(u_w, {f, H}), true);
+    mlp_input.backward(host(dxr, {T, H}));
+
+    EXPECT_EQ(tp.stats().collectives, 2);  // g forward and f backward
+    expect_near(out, y, 1e-5f, "output");
+    expect_near(dxr, dx, 1e-5f, "input gradient");
+    expect_near(dg_w, rows(d_gate_w, H, b, e), 1e-5f, "gate weight gradient");
+    expect_near(du_w, rows(d_up_w, H, b, e), 1e-5f, "up weight gradient");
+    expect_near(dd_w, columns(d_down_w, H, F, b, e), 1e-5f, "down weight gradient");
+  });
+}
+
+// ---- vocabulary-parallel cross-entropy ----------------------------------------------
+
+// Rows predict targets in every slice, one row predicts nothing.
+struct CrossEntropyCase {
+  static constexpr int64_t n = 6, V = 10;
+  std::vector<float> logits = random_floats(n * V, 7, -4.0f, 4.0f);
+  std::vector<int32_t> targets = {0, 9, 4, -1, 6, 3};
+  static constexpr float scale = 0.5f;
+};
+
+TEST(VocabParallelCrossEntropy, SplitOverRanksEqualsTheWholeVocabulary) {
+  const CrossEntropyCase c;
+  const int64_t n = c.n, V = c.V;
+  const int ranks = 3;  // slices of 3, 3 and 4 ids
+  std::vector<float> grad = c.logits, scratch(3 * n);
+  std::vector<int32_t> targets = c.targets;
+  const double loss = cross_entropy_forward_backward(host(grad, {n, V}), IndexTensor(targets.data(), {n}), c.scale,
+                                                     host(scratch, {3 * n}));
+  run_ranks(ranks, [&](ThreadCommunicator& tp) {
+    const int64_t b = part_begin(V, tp.rank(), ranks), e = part_begin(V, tp.rank() + 1, ranks);
+    std::vector<float> slice = columns(c.logits, n, V, b, e), stats(3 * n), global_max(n);
+    std::vector<int32_t> my_targets = c.targets;
+    const double my_loss = vocab_parallel_cross_entropy(&tp, host(slice, {n, e - b}), IndexTensor(my_targets.data(), {n}),
+                                                        b, c.scale, host(stats, {3 * n}), host(global_max, {n}));
+    EXPECT_NEAR(my_loss, loss, 1e-5 * loss);
+    expect_near(slice, columns(grad, n, V, b, e), 1e-6f, "logit gradient");
+    EXPECT_EQ(tp.stats().collectives, 2);  // the row max, then the sums of exponentials and target logits
+  });
+}
+
+TEST(VocabParallelCrossEntropy, OneRankIsTheSingleShardCrossEntropyBitForBit) {
+  const CrossEntropyCase c;
+  const int64_t n = c.n, V = c.V;
+  std::vector<float> grad = c.logits, scratch(3 * n);
+  std::vector<int32_t> targets = c.targets;
+  const double loss = cross_entropy_forward_backward(host(grad, {n, V}), IndexTensor(targets.data(), {n}), c.scale,
+                                                     host(scratch, {3 * n}));
+  EXPECT_GT(loss, 0.0);
+  run_ranks(1, [&](ThreadCommunicator& tp) {
+    std::vector<float> logits = c.logits, stats(3 * n);
+    EXPECT_EQ(vocab_parallel_cross_entropy(&tp, host(logits, {n, V}), IndexTensor(targets.data(), {n}), 0, c.scale,
+                                           host(stats, {3 * n}), Tensor()),
+              loss);
+    EXPECT_EQ(logits, grad);
+    EXPECT_EQ(tp.stats().collectives, 0);
+  });
+}
+
+}  // namespace
+}  // namespace hdp
