@@ -11,7 +11,8 @@ namespace hdp::testing {
 
 std::string scratch_dir(const std::string& name) {
   namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / "hdp-trainer-tests" / name;
+  // Under the build tree, so that suites of two build trees never share a directory.
+  fs::path dir = fs::path(HDP_TEST_SCRATCH_DIR) / name;
   fs::remove_all(dir);
   fs::create_directories(dir);
   return dir.string();
