@@ -13,6 +13,7 @@
 
 #include "planning/cost_file.h"
 #include "model/model_config.h"
+#include "trainer/config.h"
 
 namespace hdp {
 
