@@ -137,54 +137,83 @@ LongSequenceChoice choose_ranks(int64_t length, const PlannerSettings& st) {
   return {r, static_cast<int>(d)};
 }
 
+namespace {
+
+// A sequence of more than C tokens and the ranks and offload ratio it runs with.
+struct LongSequence {
+  int64_t sequence;
+  LongSequenceChoice choice;
+};
+
+// A batch as Algorithm 1 splits it (Ge et al., 2025): the sequences of at most C
+// tokens packed best-fit decreasing into micro-batches of C tokens, which run on
+// one rank with no communication, and the longer ones, in batch order, with
+// choose_ranks's ranks and ratio. plan_naive and plan_balance start from it.
+struct SplitBatch {
+  std::vector<PlannedMicroBatch> packed;
+  std::vector<LongSequence> longs;
+};
+
+SplitBatch split_batch(std::span<const int64_t> lengths, const PlannerSettings& st) {
+  SplitBatch split;
+  std::vector<int64_t> short_lengths, short_sequence;
+  for (size_t q = 0; q < lengths.size(); ++q) {
+    const int64_t seq = static_cast<int64_t>(q);
+    if (lengths[q] <= st.capacity) {
+      short_lengths.push_back(lengths[q]);
+      short_sequence.push_back(seq);
+    } else {
+      split.longs.push_back({seq, choose_ranks(lengths[q], st)});
+    }
+  }
+  for (const std::vector<size_t>& bin : best_fit_decreasing(short_lengths, st.capacity)) {
+    PlannedMicroBatch mb;
+    for (size_t i : bin) mb.pieces.push_back({short_sequence[i], 0, short_lengths[i], -1});
+    split.packed.push_back(std::move(mb));
+  }
+  return split;
+}
+
+// A long sequence as a micro-batch of its own on one rank, at its offload ratio
+// (offload is what lets it fit there when choose_ranks gives it one rank).
+PlannedMicroBatch one_rank_micro_batch(const LongSequence& ls, std::span<const int64_t> lengths) {
+  PlannedMicroBatch mb;
+  mb.pieces.push_back({ls.sequence, 0, lengths[ls.sequence], -1});
+  mb.offload_ratio = ls.choice.ratio;
+  return mb;
+}
+
+}  // namespace
+
 StepPlan plan_naive(std::span<const int64_t> lengths, const PlannerSettings& st) {
   validate(st, "plan_naive");
   validate_lengths(lengths, "plan_naive");
   const int hdp = st.hdp;
-  const int64_t C = st.capacity;
   StepPlan plan;
-  plan.capacity = C;
+  plan.capacity = st.capacity;
   plan.ranks.resize(hdp);
 
-  // Split: short sequences to pack, long ones to shard (or to offload on one rank).
-  std::vector<int64_t> short_lengths, short_sequence;
-  struct LongSequence {
-    int64_t sequence;
-    LongSequenceChoice choice;
-  };
-  std::vector<LongSequence> longs;
+  // Long sequences that need one rank join the packed micro-batches; the others are sharded.
+  SplitBatch split = split_batch(lengths, st);
+  std::vector<LongSequence> sharded;
   std::vector<PlannedMicroBatch> pool;  // micro-batches of one rank each
-  for (size_t q = 0; q < lengths.size(); ++q) {
-    const int64_t seq = static_cast<int64_t>(q);
-    if (lengths[q] <= C) {
-      short_lengths.push_back(lengths[q]);
-      short_sequence.push_back(seq);
-      continue;
-    }
-    const LongSequenceChoice choice = choose_ranks(lengths[q], st);
-    if (choice.ranks == 1) {
-      PlannedMicroBatch mb;
-      mb.pieces.push_back({seq, 0, lengths[q], -1});
-      mb.offload_ratio = choice.ratio;
-      pool.push_back(std::move(mb));
+  for (const LongSequence& ls : split.longs) {
+    if (ls.choice.ranks == 1) {
+      pool.push_back(one_rank_micro_batch(ls, lengths));
     } else {
-      longs.push_back({seq, choice});
+      sharded.push_back(ls);
     }
   }
-  for (const std::vector<size_t>& bin : best_fit_decreasing(short_lengths, C)) {
-    PlannedMicroBatch mb;
-    for (size_t i : bin) mb.pieces.push_back({short_sequence[i], 0, short_lengths[i], -1});
-    pool.push_back(std::move(mb));
-  }
+  for (PlannedMicroBatch& mb : split.packed) pool.push_back(std::move(mb));
 
   // Slots: long sequences, longest first, each in the first slot with enough free ranks.
-  std::stable_sort(longs.begin(), longs.end(), [&](const LongSequence& a, const LongSequence& b) {
+  std::stable_sort(sharded.begin(), sharded.end(), [&](const LongSequence& a, const LongSequence& b) {
     return lengths[a.sequence] > lengths[b.sequence];
   });
   std::vector<std::vector<std::optional<PlannedMicroBatch>>> grid;  // [slot][rank]
   std::vector<int> free_ranks;                                      // per slot
   std::vector<int64_t> load(hdp, 0);
-  for (const LongSequence& ls : longs) {
+  for (const LongSequence& ls : sharded) {
     const int d = ls.choice.ranks;
     size_t t = 0;
     while (t < grid.size() && free_ranks[t] < d) ++t;
@@ -829,53 +858,30 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   const int hdp = st.hdp;
   const int64_t C = st.capacity;
 
-  // Work items: short sequences packed best-fit decreasing into C tokens, long
-  // ones with choose_ranks's ranks and ratio (one rank: a micro-batch of its own),
-  // exactly as plan_naive.
+  // Work items: the batch split exactly as plan_naive splits it. The pool holds
+  // every long sequence's micro-batch of its own (long sequence i at index i,
+  // used while it runs on one rank), then the packed micro-batches.
+  SplitBatch split = split_batch(lengths, st);
   std::vector<PlannedMicroBatch> pool;
-  std::vector<int64_t> short_lengths, short_sequence;
-  struct LongSequence {
-    int64_t sequence;
-    LongSequenceChoice choice;
-    double seconds;
-    size_t micro_batch;  // its micro-batch in the pool (used when it runs on one rank)
-  };
-  std::vector<LongSequence> longs;
-  double total_seconds = 0;
-  for (size_t q = 0; q < lengths.size(); ++q) {
-    const int64_t seq = static_cast<int64_t>(q);
-    const double seconds = sequence_seconds(lengths[q], st);
-    total_seconds += seconds;
-    if (lengths[q] <= C) {
-      short_lengths.push_back(lengths[q]);
-      short_sequence.push_back(seq);
-      continue;
-    }
-    const LongSequenceChoice choice = choose_ranks(lengths[q], st);
-    PlannedMicroBatch mb;
-    mb.pieces.push_back({seq, 0, lengths[q], -1});
-    mb.offload_ratio = choice.ratio;
-    longs.push_back({seq, choice, seconds, pool.size()});
-    pool.push_back(std::move(mb));
-  }
+  for (const LongSequence& ls : split.longs) pool.push_back(one_rank_micro_batch(ls, lengths));
   std::vector<WorkItem> packed;
-  for (const std::vector<size_t>& bin : best_fit_decreasing(short_lengths, C)) {
-    PlannedMicroBatch mb;
+  for (PlannedMicroBatch& mb : split.packed) {
     double seconds = 0;
-    for (size_t i : bin) {
-      mb.pieces.push_back({short_sequence[i], 0, short_lengths[i], -1});
-      seconds += sequence_seconds(short_lengths[i], st);
-    }
+    for (const PlannedPiece& p : mb.pieces) seconds += sequence_seconds(p.length, st);
     packed.push_back({seconds, 1, -1, 0.0, pool.size()});
     pool.push_back(std::move(mb));
   }
+  double total_seconds = 0;
+  for (int64_t length : lengths) total_seconds += sequence_seconds(length, st);
   auto make_items = [&](const std::vector<LongSequence>& chosen) {
     std::vector<WorkItem> items;
-    for (const LongSequence& ls : chosen) {
+    for (size_t i = 0; i < chosen.size(); ++i) {
+      const LongSequence& ls = chosen[i];
+      const double seconds = sequence_seconds(lengths[ls.sequence], st);
       if (ls.choice.ranks == 1) {
-        items.push_back({ls.seconds, 1, -1, 0.0, ls.micro_batch});
+        items.push_back({seconds, 1, -1, 0.0, i});
       } else {
-        items.push_back({ls.seconds / ls.choice.ranks, ls.choice.ranks, ls.sequence, ls.choice.ratio, SIZE_MAX});
+        items.push_back({seconds / ls.choice.ranks, ls.choice.ranks, ls.sequence, ls.choice.ratio, SIZE_MAX});
       }
     }
     items.insert(items.end(), packed.begin(), packed.end());
@@ -884,7 +890,7 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   };
 
   // Candidate 1: Algorithm 2 on these items, refined.
-  std::vector<WorkItem> items = make_items(longs);
+  std::vector<WorkItem> items = make_items(split.longs);
   Assignment best = assign_rounds(items, hdp, balance);
   refine(items, best);
   double best_max = best.busiest();
@@ -901,13 +907,14 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
     const double mean_load = total_seconds / hdp;
     // A forced offload ratio stays what it is (plan_naive's rule for every long sequence).
     const bool forced = st.offload.enabled && st.offload.forced_ratio >= 0;
-    std::vector<LongSequence> widened = longs;
+    std::vector<LongSequence> widened = split.longs;
     bool changed = false;
     for (LongSequence& ls : widened) {
-      if (!(mean_load > 0) || !(ls.seconds / ls.choice.ranks > mean_load) || ls.choice.ranks >= hdp) continue;
+      const double seconds = sequence_seconds(lengths[ls.sequence], st);
+      if (!(mean_load > 0) || !(seconds / ls.choice.ranks > mean_load) || ls.choice.ranks >= hdp) continue;
       const double fill = std::max(1.0, balance.widen_min_fill * static_cast<double>(C));
       const double most = std::min(static_cast<double>(hdp), std::floor(static_cast<double>(lengths[ls.sequence]) / fill));
-      const int d = std::max(ls.choice.ranks, static_cast<int>(std::min(most, std::ceil(ls.seconds / mean_load))));
+      const int d = std::max(ls.choice.ranks, static_cast<int>(std::min(most, std::ceil(seconds / mean_load))));
       const double r = ratio_for_ranks(lengths[ls.sequence], d, ls.choice.ratio, forced, st);
       if (r < 0 || d == ls.choice.ranks) continue;
       ls.choice = {r, d};

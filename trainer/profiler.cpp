@@ -314,20 +314,17 @@ ProfileOptions startup_profile_options(const Config& config) {
   return o;
 }
 
-CostFile profile_cost_model(const Config& config, const ProfileOptions& options, const ProfileLog& log) {
-  validate_profile_lengths(options.lengths);
-  if (!std::is_sorted(options.lengths.begin(), options.lengths.end())) {
-    throw std::invalid_argument("profile lengths must be ascending");
-  }
-  auto say = [&](const std::string& line) {
-    if (log) log(line);
-  };
-  const ModelConfig& model_config = config.model;
-  const int64_t H = model_config.hidden_size;
-  const int64_t longest = options.lengths.back();
+namespace {
 
-  CostFile file;
-  CostProfileInfo& info = file.profiled;
+void report(const ProfileLog& log, const std::string& line) {
+  if (log) log(line);
+}
+
+// The layer shape profiled (tensor-parallel degree 1) and the machine, threads and
+// settings it is profiled with.
+CostProfileInfo profile_info(const Config& config, const ProfileOptions& options) {
+  const ModelConfig& model_config = config.model;
+  CostProfileInfo info;
   info.hidden_size = model_config.hidden_size;
   info.num_heads = model_config.num_heads;
   info.num_kv_heads = model_config.num_kv_heads;
@@ -341,120 +338,122 @@ CostFile profile_cost_model(const Config& config, const ProfileOptions& options,
   info.host = host_name();
   info.date = utc_now();
   info.config = config.source;
-  const CpuClock started = CpuClock::now();
+  return info;
+}
 
+// One layer, no embedding, no head, at each length: its median forward and
+// backward seconds and its activation bytes (file.fit), and the floats it saves per
+// token (file.profiled). Its input and output gradient are filled with fixed values
+// so every run does the same arithmetic (no growth, no denormals).
+void measure_layer(const Config& config, const ProfileOptions& options, CostFile& file, const ProfileLog& log) {
+  const ModelConfig& model_config = config.model;
+  const int64_t H = model_config.hidden_size;
+  const int64_t longest = options.lengths.back();
   CostFitReport& fit = file.fit;
-  fit.lengths = options.lengths;
-  fit.head_tokens = options.head_tokens;
-  fit.embedding_tokens = options.embedding_tokens;
-  fit.copy_bytes = options.copy_bytes;
-
-  // One layer, no embedding, no head: its input and output gradient are filled
-  // with fixed values so every run does the same arithmetic (no growth, no denormals).
-  {
-    ModelPartition part;
-    part.first_layer = 0;
-    part.num_layers = 1;
-    part.has_embedding = false;
-    part.has_head = false;
-    LlamaModel layer(model_config, longest, part);
-    layer.init_weights(config.train.seed);
-    info.saved_floats_per_token = layer.saved_floats_per_token();
-    const std::vector<float> input = uniform_floats(static_cast<size_t>(longest * H), 1);
-    const std::vector<float> dout = uniform_floats(static_cast<size_t>(longest * H), 2);
-    say(fmt::format("one layer (hidden {}, {} heads, {} kv heads, ffn {}), {} threads, OpenBLAS {}: lengths {}",
-                    H, model_config.num_heads, model_config.num_kv_heads, model_config.ffn_hidden_size, info.threads,
-                    info.openblas_core, fmt::join(options.lengths, ",")));
-    for (int64_t s : options.lengths) {
-      const Document doc(s, model_config.vocab_size);
-      layer.set_batch(0, doc.view());
-      // Lengths ascend, so the peak so far is this micro-batch's use.
-      fit.activation_bytes.push_back(static_cast<double>(layer.activation_usage().device_peak_bytes));
-      fill_from(layer.input_activation(0), input);
-      const double seconds = time_median(
-          [&] {
-            layer.forward(0, 1.0f, true);
-            fill_from(layer.output_gradient(0), dout);
-            layer.backward(0);
-          },
-          options);
-      fit.layer_seconds.push_back(seconds);
-      say(fmt::format("  layer s={:>6}: {:9.3f} ms forward+backward, {:.2f} MiB saved activations", s, seconds * 1e3,
-                      fit.activation_bytes.back() / (1024.0 * 1024.0)));
-    }
-  }
-
-  // Final norm, LM head and loss (forward and backward) per token.
-  {
-    ModelPartition part;
-    part.num_layers = 0;
-    part.has_embedding = false;
-    part.has_head = true;
-    const int64_t n = options.head_tokens;
-    LlamaModel head(model_config, n, part);
-    head.init_weights(config.train.seed);
-    const Document doc(n, model_config.vocab_size);
-    head.set_batch(0, doc.view());
-    const std::vector<float> input = uniform_floats(static_cast<size_t>(n * H), 3);
-    fill_from(head.input_activation(0), input);
+  ModelPartition part;
+  part.first_layer = 0;
+  part.num_layers = 1;
+  part.has_embedding = false;
+  part.has_head = false;
+  LlamaModel layer(model_config, longest, part);
+  layer.init_weights(config.train.seed);
+  file.profiled.saved_floats_per_token = layer.saved_floats_per_token();
+  const std::vector<float> input = uniform_floats(static_cast<size_t>(longest * H), 1);
+  const std::vector<float> dout = uniform_floats(static_cast<size_t>(longest * H), 2);
+  report(log, fmt::format("one layer (hidden {}, {} heads, {} kv heads, ffn {}), {} threads, OpenBLAS {}: lengths {}",
+                          H, model_config.num_heads, model_config.num_kv_heads, model_config.ffn_hidden_size,
+                          file.profiled.threads, file.profiled.openblas_core, fmt::join(options.lengths, ",")));
+  for (int64_t s : options.lengths) {
+    const Document doc(s, model_config.vocab_size);
+    layer.set_batch(0, doc.view());
+    // Lengths ascend, so the peak so far is this micro-batch's use.
+    fit.activation_bytes.push_back(static_cast<double>(layer.activation_usage().device_peak_bytes));
+    fill_from(layer.input_activation(0), input);
     const double seconds = time_median(
         [&] {
-          head.forward(0, 1.0f, true);
-          head.backward(0);
+          layer.forward(0, 1.0f, true);
+          fill_from(layer.output_gradient(0), dout);
+          layer.backward(0);
         },
         options);
-    file.cost.head_seconds_per_token = seconds / static_cast<double>(n);
-    say(fmt::format("  LM head + loss (vocab {}): {:.3f} us/token ({} tokens)", model_config.vocab_size,
-                    file.cost.head_seconds_per_token * 1e6, n));
+    fit.layer_seconds.push_back(seconds);
+    report(log, fmt::format("  layer s={:>6}: {:9.3f} ms forward+backward, {:.2f} MiB saved activations", s,
+                            seconds * 1e3, fit.activation_bytes.back() / (1024.0 * 1024.0)));
   }
+}
 
-  // Embedding forward and backward per token.
-  {
-    ModelPartition part;
-    part.num_layers = 0;
-    part.has_embedding = true;
-    part.has_head = false;
-    const int64_t n = options.embedding_tokens;
-    LlamaModel embedding(model_config, n, part);
-    embedding.init_weights(config.train.seed);
-    const Document doc(n, model_config.vocab_size);
-    embedding.set_batch(0, doc.view());
-    const std::vector<float> dout = uniform_floats(static_cast<size_t>(n * H), 4);
-    fill_from(embedding.output_gradient(0), dout);
-    const double seconds = time_median(
-        [&] {
-          embedding.forward(0, 1.0f, true);
-          embedding.backward(0);
-        },
-        options);
-    file.cost.embedding_seconds_per_token = seconds / static_cast<double>(n);
-    say(fmt::format("  embedding: {:.4f} us/token ({} tokens)", file.cost.embedding_seconds_per_token * 1e6, n));
-  }
+// Final norm, LM head and loss, forward and backward, in seconds per token.
+double measure_head(const Config& config, const ProfileOptions& options, const ProfileLog& log) {
+  const ModelConfig& model_config = config.model;
+  ModelPartition part;
+  part.num_layers = 0;
+  part.has_embedding = false;
+  part.has_head = true;
+  const int64_t n = options.head_tokens;
+  LlamaModel head(model_config, n, part);
+  head.init_weights(config.train.seed);
+  const Document doc(n, model_config.vocab_size);
+  head.set_batch(0, doc.view());
+  const std::vector<float> input = uniform_floats(static_cast<size_t>(n * model_config.hidden_size), 3);
+  fill_from(head.input_activation(0), input);
+  const double seconds = time_median(
+      [&] {
+        head.forward(0, 1.0f, true);
+        head.backward(0);
+      },
+      options);
+  const double per_token = seconds / static_cast<double>(n);
+  report(log, fmt::format("  LM head + loss (vocab {}): {:.3f} us/token ({} tokens)", model_config.vocab_size,
+                          per_token * 1e6, n));
+  return per_token;
+}
 
-  // Host <-> device copies through the copy engine (on the CPU backend a memcpy
-  // on the engine's worker thread, both "directions" between two host buffers).
-  {
-    const int64_t floats = std::max<int64_t>(1, options.copy_bytes / static_cast<int64_t>(sizeof(float)));
-    std::vector<float> device_buffer(static_cast<size_t>(floats), 1.0f), host_buffer(static_cast<size_t>(floats), 0.0f);
-    const Tensor device(device_buffer.data(), {floats}, Device::CPU), host(host_buffer.data(), {floats}, Device::CPU);
-    CopyEngine engine(Device::CPU);
-    const double bytes = static_cast<double>(floats) * sizeof(float);
-    const double d2h = time_median([&] { engine.copy_async(host, device).wait(); }, options);
-    const double h2d = time_median([&] { engine.copy_async(device, host).wait(); }, options);
-    file.cost.d2h_bytes_per_s = bytes / d2h;
-    file.cost.h2d_bytes_per_s = bytes / h2d;
-    say(fmt::format("  copies of {:.0f} MiB: device->host {:.2f} GB/s, host->device {:.2f} GB/s",
-                    bytes / (1024.0 * 1024.0), file.cost.d2h_bytes_per_s / 1e9, file.cost.h2d_bytes_per_s / 1e9));
-  }
+// Embedding forward and backward, in seconds per token.
+double measure_embedding(const Config& config, const ProfileOptions& options, const ProfileLog& log) {
+  const ModelConfig& model_config = config.model;
+  ModelPartition part;
+  part.num_layers = 0;
+  part.has_embedding = true;
+  part.has_head = false;
+  const int64_t n = options.embedding_tokens;
+  LlamaModel embedding(model_config, n, part);
+  embedding.init_weights(config.train.seed);
+  const Document doc(n, model_config.vocab_size);
+  embedding.set_batch(0, doc.view());
+  const std::vector<float> dout = uniform_floats(static_cast<size_t>(n * model_config.hidden_size), 4);
+  fill_from(embedding.output_gradient(0), dout);
+  const double seconds = time_median(
+      [&] {
+        embedding.forward(0, 1.0f, true);
+        embedding.backward(0);
+      },
+      options);
+  const double per_token = seconds / static_cast<double>(n);
+  report(log, fmt::format("  embedding: {:.4f} us/token ({} tokens)", per_token * 1e6, n));
+  return per_token;
+}
 
-  info.other_cpu_fraction = CpuClock::now().others_since(started);
-  if (info.other_cpu_fraction > kBusyOtherCpuFraction) {
-    say(fmt::format("other processes used {:.0f}% of the machine's CPU time while measuring: the timings are slowed "
-                    "down and scattered",
-                    100 * info.other_cpu_fraction));
-  }
+// Host <-> device copies through the copy engine (on the CPU backend a memcpy on
+// the engine's worker thread, both "directions" between two host buffers), in
+// bytes per second (cost.d2h_bytes_per_s, cost.h2d_bytes_per_s).
+void measure_copies(const ProfileOptions& options, CostModel& cost, const ProfileLog& log) {
+  const int64_t floats = std::max<int64_t>(1, options.copy_bytes / static_cast<int64_t>(sizeof(float)));
+  std::vector<float> device_buffer(static_cast<size_t>(floats), 1.0f), host_buffer(static_cast<size_t>(floats), 0.0f);
+  const Tensor device(device_buffer.data(), {floats}, Device::CPU), host(host_buffer.data(), {floats}, Device::CPU);
+  CopyEngine engine(Device::CPU);
+  const double bytes = static_cast<double>(floats) * sizeof(float);
+  const double d2h = time_median([&] { engine.copy_async(host, device).wait(); }, options);
+  const double h2d = time_median([&] { engine.copy_async(device, host).wait(); }, options);
+  cost.d2h_bytes_per_s = bytes / d2h;
+  cost.h2d_bytes_per_s = bytes / h2d;
+  report(log, fmt::format("  copies of {:.0f} MiB: device->host {:.2f} GB/s, host->device {:.2f} GB/s",
+                          bytes / (1024.0 * 1024.0), cost.d2h_bytes_per_s / 1e9, cost.h2d_bytes_per_s / 1e9));
+}
 
-  // Fits: held-out quality from the even-indexed lengths, coefficients from all.
+// T(s) and Act(s) from the layer's measurements (file.fit) into file.cost: the
+// held-out quality from the even-indexed lengths, the coefficients from all.
+void fit_layer(CostFile& file) {
+  CostFitReport& fit = file.fit;
   std::vector<double> s(fit.lengths.begin(), fit.lengths.end());
   const RelativeError held = held_out_quadratic(s, fit.layer_seconds);
   fit.held_out_max_relative_error = held.max;
@@ -469,6 +468,35 @@ CostFile profile_cost_model(const Config& config, const ProfileOptions& options,
   file.cost.g = t.g;
   file.cost.a2 = act.a2;
   file.cost.b2 = act.b2;
+}
+
+}  // namespace
+
+CostFile profile_cost_model(const Config& config, const ProfileOptions& options, const ProfileLog& log) {
+  validate_profile_lengths(options.lengths);
+  if (!std::is_sorted(options.lengths.begin(), options.lengths.end())) {
+    throw std::invalid_argument("profile lengths must be ascending");
+  }
+  CostFile file;
+  file.profiled = profile_info(config, options);
+  const CpuClock started = CpuClock::now();
+  file.fit.lengths = options.lengths;
+  file.fit.head_tokens = options.head_tokens;
+  file.fit.embedding_tokens = options.embedding_tokens;
+  file.fit.copy_bytes = options.copy_bytes;
+
+  measure_layer(config, options, file, log);
+  file.cost.head_seconds_per_token = measure_head(config, options, log);
+  file.cost.embedding_seconds_per_token = measure_embedding(config, options, log);
+  measure_copies(options, file.cost, log);
+
+  file.profiled.other_cpu_fraction = CpuClock::now().others_since(started);
+  if (file.profiled.other_cpu_fraction > kBusyOtherCpuFraction) {
+    report(log, fmt::format("other processes used {:.0f}% of the machine's CPU time while measuring: the timings are "
+                            "slowed down and scattered",
+                            100 * file.profiled.other_cpu_fraction));
+  }
+  fit_layer(file);
   return file;
 }
 

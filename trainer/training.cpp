@@ -2,15 +2,15 @@
 
 #include <spdlog/spdlog.h>
 
-#include <chrono>
-#include <functional>
-#include <memory>
-#include <optional>
-#include <cstdio>
-#include <cstdlib>
 #include <algorithm>
+#include <chrono>
 #include <cmath>
+#include <cstdlib>
+#include <memory>
 #include <numeric>
+#include <optional>
+#include <span>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -47,6 +47,65 @@ GridShape grid_shape(const ParallelConfig& p) {
   return GridShape{static_cast<int>(p.tp), static_cast<int>(p.pp), static_cast<int>(p.hdp)};
 }
 
+// ---- setup ----
+
+void check_world_size(const GridShape& shape, bool remote, int loader_ranks, const ProcessInfo& process) {
+  const int training_ranks = shape.world();
+  if (training_ranks + loader_ranks != process.world_size) {
+    throw ConfigError("parallel.tp x parallel.pp x parallel.hdp = " + std::to_string(shape.tp) + " x " +
+                      std::to_string(shape.pp) + " x " + std::to_string(shape.hdp) + " = " +
+                      std::to_string(training_ranks) + " ranks" +
+                      (remote ? " plus loader.servers = " + std::to_string(loader_ranks) : std::string()) +
+                      ", but the job has " + std::to_string(process.world_size) + "; launch with mpirun -np " +
+                      std::to_string(training_ranks + loader_ranks) + " or change the degrees");
+  }
+}
+
+// The GPU of the local rank modulo those visible (CUDA_VISIBLE_DEVICES): one per
+// rank when there are enough, else several ranks of a node share one.
+void bind_gpu(const TrainConfig& train, const ProcessInfo& process) {
+  std::string why;
+  if (!cuda::available(&why)) {
+    throw ConfigError("train.device: cuda asked for, but rank " + std::to_string(process.rank) + " on " +
+                      process.hostname + " has no usable CUDA device (" + why + ")");
+  }
+  const int visible = cuda::device_count();
+  const int gpu = process.local_rank % visible;
+  cuda::initialize(gpu);
+  cuda::set_tf32(train.tf32);
+  spdlog::info("rank {} (local rank {}): GPU {} of {} visible{}, {}{}", process.rank, process.local_rank, gpu,
+               visible, process.local_size > visible ? " (shared by the node's ranks)" : "",
+               cuda::device_description(), train.tf32 ? ", fp32 GEMMs on TF32 tensor cores" : "");
+}
+
+// Rank 0's summary of the job: where the data comes from, the grid, the BLAS kernels.
+void log_job(const Config& config, const std::optional<TokenDataset>& dataset, const GridShape& shape,
+             int loader_ranks) {
+  const int training_ranks = shape.world();
+  if (dataset) {
+    spdlog::info("dataset {}: {} documents, {} tokens", config.data.path, dataset->num_documents(),
+                 dataset->num_tokens());
+  } else {
+    spdlog::info("data from {} loader rank(s) (world ranks {}..{}), scheduler on world rank {}", loader_ranks,
+                 training_ranks, training_ranks + loader_ranks - 1, training_ranks);
+  }
+  spdlog::info("{}", describe_grid(shape));
+  spdlog::info("OpenBLAS {} kernels", cpu::blas_core_name());
+}
+
+// The stage's layers, parameters and memory, once per pipeline stage.
+void log_stage(TrainingEngine& engine, const MemoryReport& memory, const GridCoords& coords) {
+  if (coords.tp_rank != 0 || coords.hdp_rank != 0) return;
+  std::string layers;
+  for (int64_t n : engine.stage_layers()) layers += (layers.empty() ? "" : " + ") + std::to_string(n);
+  spdlog::info("stage {} (layers {}): {:.2f} M parameters on this rank; device memory {:.1f} MiB (parameters {:.1f}, "
+               "gradients {:.1f}, optimizer shard {:.1f}, activations {:.1f}, pipeline buffers {:.1f}, ring buffers "
+               "{:.1f}); host pool for offloaded activations {:.1f} MiB",
+               coords.pp_rank, layers, engine.model().num_parameters() / 1e6, mib(memory.total()),
+               mib(memory.parameters), mib(memory.gradients), mib(memory.optimizer), mib(memory.activations),
+               mib(memory.pipeline), mib(memory.ring), mib(memory.host_pool));
+}
+
 // Where training starts: a checkpoint to resume (weights, moments, step, data
 // position), a checkpoint to take weights from, or fresh weights.
 TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine) {
@@ -70,6 +129,219 @@ TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine) {
   return progress;
 }
 
+// Peak FLOP/s per training rank, the denominator of MFU: train.peak_flops if set;
+// on a GPU of a known model its datasheet dense BF16 figure; else a measured fp32
+// GEMM rate. CPU ranks sharing a node measure at the same time, each its share of
+// the node, so every rank takes the mean over `world` (a collective).
+double peak_flops_for_mfu(const TrainConfig& train, Device device, const ProcessInfo& process, Communicator& world,
+                          int training_ranks) {
+  const bool on_gpu = device == Device::CUDA;
+  double peak_flops = train.peak_flops;
+  if (peak_flops <= 0 && on_gpu) {
+    peak_flops = gpu_bf16_peak_flops(cuda::device_description());
+    if (process.rank == 0 && peak_flops > 0) {
+      spdlog::info("peak: {:.0f} TFLOP/s dense BF16 (datasheet) per GPU for MFU", peak_flops / 1e12);
+    }
+  }
+  if (peak_flops <= 0) {
+    peak_flops = measure_gemm_flops(device);
+    if (!on_gpu) peak_flops = world.all_reduce_sum(peak_flops) / training_ranks;
+    if (process.rank == 0 && on_gpu) {
+      spdlog::info("peak: {:.1f} TFLOP/s fp32 GEMM measured on this GPU (unknown model); set train.peak_flops to fix it",
+                   peak_flops / 1e12);
+    } else if (process.rank == 0) {
+      spdlog::info("peak: {:.1f} GFLOP/s fp32 GEMM per rank measured (OpenBLAS {} kernels); set train.peak_flops to fix it",
+                   peak_flops / 1e9, cpu::blas_core_name());
+    }
+  }
+  return peak_flops;
+}
+
+// ---- the steps ----
+
+// Where a training rank's batches come from, produced a step or two ahead in the
+// prefetch thread. Local: every rank samples the same sequences and makes the same
+// plan, then reads only its own micro-batches. Remote: the loader's scheduler plans
+// and the servers send this rank's tokens.
+class BatchSource {
+ public:
+  BatchSource(const Config& config, const CostModel& cost, const TokenDataset& dataset, const SamplerState& start,
+              int hdp_rank)
+      : planner_(std::in_place, config, cost),
+        sampler_(std::in_place, dataset, sampler_options(config.data), start),
+        prefetcher_([this, &dataset, hdp_rank] { return planner_->next_local_batch(*sampler_, dataset, hdp_rank); },
+                    2) {}
+  // The next `steps` batches from the loader; past them there is no work to wait for.
+  BatchSource(RemoteBatchClient& loader, int64_t steps)
+      : prefetcher_([&loader, remaining = steps]() mutable { return remaining-- > 0 ? loader.next() : GlobalBatch{}; },
+                    2) {}
+
+  GlobalBatch next() { return prefetcher_.next(); }
+
+ private:
+  std::optional<StepPlanner> planner_;   // local
+  std::optional<BatchSampler> sampler_;  // local
+  BatchPrefetcher prefetcher_;
+};
+
+// A training rank's steps after `progress.step` up to train.steps: each runs the
+// next prefetched batch, records its metrics (rank 0 writes them) and, when due,
+// writes a checkpoint.
+class TrainingLoop {
+ public:
+  TrainingLoop(const Config& config, const ProcessInfo& process, ProcessGroups& groups, TrainingEngine& engine,
+               BatchSource& batches, const TrainingProgress& progress, double peak_flops, size_t memory_bytes)
+      : config_(config),
+        process_(process),
+        groups_(groups),
+        engine_(engine),
+        batches_(batches),
+        progress_(progress),
+        peak_flops_(peak_flops),
+        memory_bytes_(memory_bytes),
+        shape_(grid_shape(config.parallel)),
+        layout_{shape_.tp, shape_.pp, shape_.hdp, groups.coords().tp_rank, groups.coords().pp_rank,
+                groups.coords().hdp_rank, process.rank, &groups.world()} {
+    if (process.rank == 0) metrics_.emplace(config.train.run_dir, progress.step == 0);
+    fault_ = fault_injection_from_env();
+  }
+
+  void run() {
+    for (int64_t step = progress_.step + 1; step <= config_.train.steps; ++step) run_step(step);
+  }
+
+  // Rank 0's metrics file.
+  const std::string& metrics_path() const { return metrics_->path(); }
+
+ private:
+  // What one step measured on this rank.
+  struct StepMeasurement {
+    int64_t step = 0;
+    double lr = 0;
+    StepResult result;
+    double step_ms = 0;
+    double data_wait_ms = 0;
+    int64_t offloaded_bytes = 0;  // activations this rank copied to host memory
+  };
+
+  void run_step(int64_t step) {
+    if (fault_.rank == process_.rank && fault_.step == step) {
+      spdlog::critical("fault injection: rank {} exits abruptly at step {}", process_.rank, step);
+      std::_Exit(3);
+    }
+    StepMeasurement measured;
+    measured.step = step;
+    const auto t0 = Clock::now();
+    const GlobalBatch batch = batches_.next();
+    measured.data_wait_ms = ms_since(t0);
+    measured.lr = learning_rate(config_.optim, step, config_.train.steps);
+    groups_.tp().reset_stats();
+    groups_.pp().reset_stats();
+    groups_.hdp().reset_stats();
+    const int64_t offloaded_before = engine_.model().activation_usage().offloaded_bytes;
+    measured.result = engine_.step(batch.micro_batches, measured.lr, step);
+    measured.step_ms = ms_since(t0);
+    measured.offloaded_bytes = engine_.model().activation_usage().offloaded_bytes - offloaded_before;
+
+    const StepMetrics m = step_metrics(measured, batch);
+    if (metrics_) metrics_->write(m);
+    if (!std::isfinite(m.loss)) {
+      throw std::runtime_error("loss is " + std::to_string(m.loss) + " at step " + std::to_string(step) +
+                               "; stopping (lower optim.lr or check the data)");
+    }
+    if (process_.rank == 0 && (step % config_.train.log_every == 0 || step == 1 || step == config_.train.steps)) {
+      log_step(m);
+    }
+    if (checkpoint_due(step)) save_checkpoint_at(step, batch);
+  }
+
+  // The step's metrics record. A collective over the world: the job-wide figures
+  // (ring traffic, offloaded bytes, every rank's measured and planned busy time)
+  // are sums over the training ranks.
+  StepMetrics step_metrics(const StepMeasurement& measured, const GlobalBatch& batch) {
+    const int training_ranks = shape_.world();
+    Communicator& world = groups_.world();
+    std::vector<int64_t> lengths;
+    for (const SequenceSpan& s : batch.sequences) lengths.push_back(s.length);
+    StepMetrics m;
+    m.step = measured.step;
+    m.loss = measured.result.loss;
+    m.lr = measured.lr;
+    m.grad_norm = measured.result.grad_norm;
+    m.tokens = measured.result.predictions;
+    m.input_tokens = batch.tokens;
+    m.micro_batches = static_cast<int64_t>(batch.micro_batches.size());
+    for (const PackedMicroBatch& mb : batch.micro_batches) m.rank_tokens += mb.num_tokens();
+    m.step_ms = measured.step_ms;
+    m.data_wait_ms = measured.data_wait_ms;
+    m.tokens_per_s = batch.tokens / (measured.step_ms / 1e3);
+    m.mfu = training_flops(config_.model, lengths) / (measured.step_ms / 1e3) / (peak_flops_ * training_ranks);
+    m.peak_mem_bytes = static_cast<int64_t>(memory_bytes_);
+    auto sent = [](const Communicator& c) { return c.stats().p2p_bytes + c.stats().collective_bytes; };
+    m.tp_bytes = sent(groups_.tp());
+    m.pp_bytes = sent(groups_.pp());
+    m.hdp_bytes = sent(groups_.hdp());
+    std::vector<double> totals = {static_cast<double>(groups_.hdp().stats().p2p_bytes),
+                                  static_cast<double>(measured.offloaded_bytes)};
+    world.all_reduce(std::span<double>(totals), ReduceOp::Sum);
+    m.busy_ms.assign(training_ranks, 0.0);
+    m.planned_busy_ms.assign(training_ranks, 0.0);
+    m.busy_ms[world.rank()] = measured.result.busy_ms;
+    m.planned_busy_ms[world.rank()] = batch.planned_busy_s * 1e3;
+    world.all_reduce(std::span<double>(m.busy_ms), ReduceOp::Sum);
+    world.all_reduce(std::span<double>(m.planned_busy_ms), ReduceOp::Sum);
+    m.attention_bytes = static_cast<int64_t>(totals[0]);
+    m.offloaded_bytes = static_cast<int64_t>(totals[1]);
+    m.busy_ms_max = *std::max_element(m.busy_ms.begin(), m.busy_ms.end());
+    m.busy_ms_min = *std::min_element(m.busy_ms.begin(), m.busy_ms.end());
+    const double busy_sum = std::accumulate(m.busy_ms.begin(), m.busy_ms.end(), 0.0);
+    m.idle_fraction = std::max(0.0, 1.0 - busy_sum / training_ranks / measured.step_ms);
+    m.planned_busy_ms_max = batch.planned_max_busy_s * 1e3;
+    m.cost_model_error = m.planned_busy_ms_max > 0 ? (m.busy_ms_max - m.planned_busy_ms_max) / m.planned_busy_ms_max : 0;
+    m.activation_peak_bytes = static_cast<int64_t>(engine_.model().activation_usage().device_peak_bytes);
+    m.host_pool_bytes = static_cast<int64_t>(engine_.model().activation_usage().host_pool_bytes);
+    return m;
+  }
+
+  void log_step(const StepMetrics& m) const {
+    spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.0f} ms | mfu {:.1f}% | "
+                 "busy {:.0f}-{:.0f} ms (planned max {:.0f}, cost model {:+.0f}%) idle {:.0f}%",
+                 m.step, config_.train.steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.step_ms, 100 * m.mfu,
+                 m.busy_ms_min, m.busy_ms_max, m.planned_busy_ms_max, 100 * m.cost_model_error,
+                 100 * m.idle_fraction);
+  }
+
+  bool checkpoint_due(int64_t step) const {
+    return config_.train.checkpoint_every > 0 &&
+           (step % config_.train.checkpoint_every == 0 || step == config_.train.steps);
+  }
+
+  // A collective over the world (checkpoint.h): the model, the optimizer, and the
+  // sampler position after `batch`, so that a resumed run goes on with the next one.
+  void save_checkpoint_at(int64_t step, const GlobalBatch& batch) {
+    progress_.step = step;
+    progress_.sampler = batch.next;
+    const auto t0 = Clock::now();
+    if (process_.rank == 0) spdlog::info("writing checkpoint for step {} ...", step);
+    const std::string path = save_checkpoint(config_.train.checkpoint_dir, engine_.model(), engine_.optimizer(),
+                                             progress_, config_.yaml, config_.train.keep_checkpoints, layout_);
+    if (process_.rank == 0) spdlog::info("checkpoint {} written in {:.0f} ms", path, ms_since(t0));
+  }
+
+  const Config& config_;
+  const ProcessInfo& process_;
+  ProcessGroups& groups_;
+  TrainingEngine& engine_;
+  BatchSource& batches_;
+  TrainingProgress progress_;
+  const double peak_flops_;
+  const size_t memory_bytes_;  // the engine's device memory, reported as peak_mem_bytes
+  const GridShape shape_;
+  const CheckpointLayout layout_;
+  std::optional<MetricsWriter> metrics_;  // rank 0
+  FaultInjection fault_;
+};
+
 }  // namespace
 
 void run_training(const Config& config, const ProcessInfo& process) {
@@ -77,33 +349,10 @@ void run_training(const Config& config, const ProcessInfo& process) {
   const bool remote = config.loader.mode == "remote";
   const int loader_ranks = remote ? static_cast<int>(config.loader.servers) : 0;
   const int training_ranks = shape.world();
-  if (training_ranks + loader_ranks != process.world_size) {
-    throw ConfigError("parallel.tp x parallel.pp x parallel.hdp = " + std::to_string(shape.tp) + " x " +
-                      std::to_string(shape.pp) + " x " + std::to_string(shape.hdp) + " = " +
-                      std::to_string(training_ranks) + " ranks" +
-                      (remote ? " plus loader.servers = " + std::to_string(loader_ranks) : std::string()) +
-                      ", but the job has " + std::to_string(process.world_size) + "; launch with mpirun -np " +
-                      std::to_string(training_ranks + loader_ranks) + " or change the degrees");
-  }
+  check_world_size(shape, remote, loader_ranks, process);
   const int threads = configure_threads(config.train.threads, process);
   const Device device = device_from_name(config.train.device);
-  const bool on_gpu = device == Device::CUDA;
-  if (on_gpu) {
-    // The GPU of the local rank modulo those visible (CUDA_VISIBLE_DEVICES): one per
-    // rank when there are enough, else several ranks of a node share one.
-    std::string why;
-    if (!cuda::available(&why)) {
-      throw ConfigError("train.device: cuda asked for, but rank " + std::to_string(process.rank) + " on " +
-                        process.hostname + " has no usable CUDA device (" + why + ")");
-    }
-    const int visible = cuda::device_count();
-    const int gpu = process.local_rank % visible;
-    cuda::initialize(gpu);
-    cuda::set_tf32(config.train.tf32);
-    spdlog::info("rank {} (local rank {}): GPU {} of {} visible{}, {}{}", process.rank, process.local_rank, gpu,
-                 visible, process.local_size > visible ? " (shared by the node's ranks)" : "",
-                 cuda::device_description(), config.train.tf32 ? ", fp32 GEMMs on TF32 tensor cores" : "");
-  }
+  if (device == Device::CUDA) bind_gpu(config.train, process);
 
   // With a remote loader the last ranks serve data; the others train on a
   // communicator of their own.
@@ -130,32 +379,12 @@ void run_training(const Config& config, const ProcessInfo& process) {
   const GridCoords& coords = groups.coords();
   spdlog::info("rank {} on {}: tp {} pp {} hdp {}; {} threads", process.rank, process.hostname, coords.tp_rank,
                coords.pp_rank, coords.hdp_rank, threads);
-  if (process.rank == 0) {
-    if (dataset) {
-      spdlog::info("dataset {}: {} documents, {} tokens", config.data.path, dataset->num_documents(),
-                   dataset->num_tokens());
-    } else {
-      spdlog::info("data from {} loader rank(s) (world ranks {}..{}), scheduler on world rank {}", loader_ranks,
-                   training_ranks, training_ranks + loader_ranks - 1, training_ranks);
-    }
-    spdlog::info("{}", describe_grid(shape));
-    spdlog::info("OpenBLAS {} kernels", cpu::blas_core_name());
-  }
-
+  if (process.rank == 0) log_job(config, dataset, shape, loader_ranks);
   TrainingEngine engine(config, groups);
   const MemoryReport memory = engine.memory();
-  if (coords.tp_rank == 0 && coords.hdp_rank == 0) {
-    std::string layers;
-    for (int64_t n : engine.stage_layers()) layers += (layers.empty() ? "" : " + ") + std::to_string(n);
-    spdlog::info("stage {} (layers {}): {:.2f} M parameters on this rank; device memory {:.1f} MiB (parameters {:.1f}, "
-                 "gradients {:.1f}, optimizer shard {:.1f}, activations {:.1f}, pipeline buffers {:.1f}, ring buffers "
-                 "{:.1f}); host pool for offloaded activations {:.1f} MiB",
-                 coords.pp_rank, layers, engine.model().num_parameters() / 1e6, mib(memory.total()),
-                 mib(memory.parameters), mib(memory.gradients), mib(memory.optimizer), mib(memory.activations),
-                 mib(memory.pipeline), mib(memory.ring), mib(memory.host_pool));
-  }
+  log_stage(engine, memory, coords);
 
-  TrainingProgress progress = restore_or_init(config, engine);
+  const TrainingProgress progress = restore_or_init(config, engine);
   std::optional<RemoteBatchClient> loader;
   if (remote) loader.emplace(*channel, training_ranks, training_ranks, loader_ranks, config.loader.timeout_s);
   if (progress.step >= config.train.steps) {
@@ -167,144 +396,28 @@ void run_training(const Config& config, const ProcessInfo& process) {
                  config.train.steps);
     return;
   }
+  const double peak_flops = peak_flops_for_mfu(config.train, device, process, groups.world(), training_ranks);
 
-  double peak_flops = config.train.peak_flops;
-  if (peak_flops <= 0 && on_gpu) {
-    peak_flops = gpu_bf16_peak_flops(cuda::device_description());
-    if (process.rank == 0 && peak_flops > 0) {
-      spdlog::info("peak: {:.0f} TFLOP/s dense BF16 (datasheet) per GPU for MFU", peak_flops / 1e12);
-    }
-  }
-  if (peak_flops <= 0) {
-    peak_flops = measure_gemm_flops(device);
-    // Ranks sharing a node measured together; the figure of each is its share.
-    if (!on_gpu) peak_flops = groups.world().all_reduce_sum(peak_flops) / training_ranks;
-    if (process.rank == 0 && on_gpu) {
-      spdlog::info("peak: {:.1f} TFLOP/s fp32 GEMM measured on this GPU (unknown model); set train.peak_flops to fix it",
-                   peak_flops / 1e12);
-    } else if (process.rank == 0) {
-      spdlog::info("peak: {:.1f} GFLOP/s fp32 GEMM per rank measured (OpenBLAS {} kernels); set train.peak_flops to fix it",
-                   peak_flops / 1e9, cpu::blas_core_name());
-    }
-  }
-
-  // Local: every rank samples the same sequences and makes the same plan, then
-  // reads only its own micro-batches. Remote: the loader's scheduler plans and the
-  // servers send this rank's tokens. Either way in the prefetch thread.
   // Every rank plans with the same cost model (profiling, if asked for, is a
-  // collective that averages the ranks' measurements).
+  // collective that averages the ranks' measurements); with a remote loader the
+  // scheduler gets it from world rank 0.
   const CostModel cost =
       planner_cost_model(config, peak_flops, engine.model().saved_floats_per_token(), &groups.world());
-  std::optional<StepPlanner> planner;
-  std::optional<BatchSampler> sampler;
-  std::function<GlobalBatch()> produce;
+  std::optional<BatchSource> batches;
   if (loader) {
     if (process.rank == 0) {
       channel->send(training_ranks, kLoaderHelloTag, encode_hello({progress.step, progress.sampler, cost}));
     }
-    // The prefetcher runs ahead of the loop: past the last step there is no work to
-    // wait for.
-    produce = [&, remaining = config.train.steps - progress.step]() mutable {
-      return remaining-- > 0 ? loader->next() : GlobalBatch{};
-    };
+    batches.emplace(*loader, config.train.steps - progress.step);
   } else {
-    planner.emplace(config, cost);
-    sampler.emplace(*dataset, sampler_options(config.data), progress.sampler);
-    produce = [&] { return planner->next_local_batch(*sampler, *dataset, coords.hdp_rank); };
+    batches.emplace(config, cost, *dataset, progress.sampler, coords.hdp_rank);
   }
-  BatchPrefetcher prefetcher(produce, 2);
-  const CheckpointLayout layout{shape.tp, shape.pp, shape.hdp, coords.tp_rank, coords.pp_rank, coords.hdp_rank,
-                                process.rank, &groups.world()};
-  std::optional<MetricsWriter> metrics;
-  if (process.rank == 0) metrics.emplace(config.train.run_dir, progress.step == 0);
-  std::vector<int64_t> lengths;
-  const FaultInjection fault = fault_injection_from_env();
 
-  for (int64_t step = progress.step + 1; step <= config.train.steps; ++step) {
-    if (fault.rank == process.rank && fault.step == step) {
-      spdlog::critical("fault injection: rank {} exits abruptly at step {}", process.rank, step);
-      std::_Exit(3);
-    }
-    const auto t0 = Clock::now();
-    GlobalBatch batch = prefetcher.next();
-    const double data_wait_ms = ms_since(t0);
-    const double lr = learning_rate(config.optim, step, config.train.steps);
-    groups.tp().reset_stats();
-    groups.pp().reset_stats();
-    groups.hdp().reset_stats();
-    const int64_t offloaded_before = engine.model().activation_usage().offloaded_bytes;
-    const StepResult result = engine.step(batch.micro_batches, lr, step);
-    const double step_ms = ms_since(t0);
-
-    lengths.clear();
-    for (const SequenceSpan& s : batch.sequences) lengths.push_back(s.length);
-    StepMetrics m;
-    m.step = step;
-    m.loss = result.loss;
-    m.lr = lr;
-    m.grad_norm = result.grad_norm;
-    m.tokens = result.predictions;
-    m.input_tokens = batch.tokens;
-    m.micro_batches = static_cast<int64_t>(batch.micro_batches.size());
-    for (const PackedMicroBatch& mb : batch.micro_batches) m.rank_tokens += mb.num_tokens();
-    m.step_ms = step_ms;
-    m.data_wait_ms = data_wait_ms;
-    m.tokens_per_s = batch.tokens / (step_ms / 1e3);
-    m.mfu = training_flops(config.model, lengths) / (step_ms / 1e3) / (peak_flops * training_ranks);
-    m.peak_mem_bytes = static_cast<int64_t>(memory.total());
-    auto sent = [](const Communicator& c) { return c.stats().p2p_bytes + c.stats().collective_bytes; };
-    m.tp_bytes = sent(groups.tp());
-    m.pp_bytes = sent(groups.pp());
-    m.hdp_bytes = sent(groups.hdp());
-    // Job-wide figures: ring traffic, offloaded bytes, and every rank's measured
-    // and planned busy time.
-    std::vector<double> totals = {static_cast<double>(groups.hdp().stats().p2p_bytes),
-                                  static_cast<double>(engine.model().activation_usage().offloaded_bytes - offloaded_before)};
-    groups.world().all_reduce(std::span<double>(totals), ReduceOp::Sum);
-    m.busy_ms.assign(training_ranks, 0.0);
-    m.planned_busy_ms.assign(training_ranks, 0.0);
-    m.busy_ms[groups.world().rank()] = result.busy_ms;
-    m.planned_busy_ms[groups.world().rank()] = batch.planned_busy_s * 1e3;
-    groups.world().all_reduce(std::span<double>(m.busy_ms), ReduceOp::Sum);
-    groups.world().all_reduce(std::span<double>(m.planned_busy_ms), ReduceOp::Sum);
-    m.attention_bytes = static_cast<int64_t>(totals[0]);
-    m.offloaded_bytes = static_cast<int64_t>(totals[1]);
-    m.busy_ms_max = *std::max_element(m.busy_ms.begin(), m.busy_ms.end());
-    m.busy_ms_min = *std::min_element(m.busy_ms.begin(), m.busy_ms.end());
-    const double busy_sum = std::accumulate(m.busy_ms.begin(), m.busy_ms.end(), 0.0);
-    m.idle_fraction = std::max(0.0, 1.0 - busy_sum / training_ranks / step_ms);
-    m.planned_busy_ms_max = batch.planned_max_busy_s * 1e3;
-    m.cost_model_error = m.planned_busy_ms_max > 0 ? (m.busy_ms_max - m.planned_busy_ms_max) / m.planned_busy_ms_max : 0;
-    m.activation_peak_bytes = static_cast<int64_t>(engine.model().activation_usage().device_peak_bytes);
-    m.host_pool_bytes = static_cast<int64_t>(engine.model().activation_usage().host_pool_bytes);
-    if (metrics) metrics->write(m);
-    if (!std::isfinite(m.loss)) {
-      throw std::runtime_error("loss is " + std::to_string(m.loss) + " at step " + std::to_string(step) +
-                               "; stopping (lower optim.lr or check the data)");
-    }
-    if (process.rank == 0 && (step % config.train.log_every == 0 || step == 1 || step == config.train.steps)) {
-      spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.0f} ms | mfu {:.1f}% | "
-                   "busy {:.0f}-{:.0f} ms (planned max {:.0f}, cost model {:+.0f}%) idle {:.0f}%",
-                   step, config.train.steps, m.loss, lr, m.grad_norm, m.tokens_per_s, step_ms, 100 * m.mfu,
-                   m.busy_ms_min, m.busy_ms_max, m.planned_busy_ms_max, 100 * m.cost_model_error,
-                   100 * m.idle_fraction);
-    }
-
-    const bool checkpoint_due = config.train.checkpoint_every > 0 &&
-                                (step % config.train.checkpoint_every == 0 || step == config.train.steps);
-    if (checkpoint_due) {
-      progress.step = step;
-      progress.sampler = batch.next;
-      const auto tc = Clock::now();
-      if (process.rank == 0) spdlog::info("writing checkpoint for step {} ...", step);
-      const std::string path = save_checkpoint(config.train.checkpoint_dir, engine.model(), engine.optimizer(),
-                                               progress, config.yaml, config.train.keep_checkpoints, layout);
-      if (process.rank == 0) spdlog::info("checkpoint {} written in {:.0f} ms", path, ms_since(tc));
-    }
-  }
+  TrainingLoop loop(config, process, groups, engine, *batches, progress, peak_flops, memory.total());
+  loop.run();
   if (loader) loader->stop_servers();
-  if (on_gpu && cuda::op_times_enabled()) spdlog::info("rank {}: {}", process.rank, cuda::op_times_report());
-  if (process.rank == 0) spdlog::info("training finished; metrics in {}", metrics->path());
+  if (device == Device::CUDA && cuda::op_times_enabled()) spdlog::info("rank {}: {}", process.rank, cuda::op_times_report());
+  if (process.rank == 0) spdlog::info("training finished; metrics in {}", loop.metrics_path());
 }
 
 }  // namespace hdp
