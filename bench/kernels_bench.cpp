@@ -233,8 +233,8 @@ void BM_AttentionWindowForwardBackward(benchmark::State& state) {
     s.backward();
   }
   set_gflops(state, 14.0 * s.pair_d());
-  state.counters["tokens/s"] =
-      benchmark::Counter(static_cast<double>(s.T) * static_cast<double>(state.iterations()), benchmark::Counter::kIsRate);
+  const double tokens = static_cast<double>(s.T) * static_cast<double>(state.iterations());
+  state.counters["tokens/s"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_AttentionWindowForwardBackward)
     ->ArgsProduct({{2048, 4096, 8192, 16384, 32768}, {4096}, {8}, {4}, {64}})

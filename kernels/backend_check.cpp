@@ -310,9 +310,9 @@ void check_attention(Checker& c) {
     std::vector<int32_t> cu{0};
     for (int32_t n : k.doc_lengths) cu.push_back(cu.back() + n);
     const int64_t T = cu.back();
-    const std::string shape = with_window(
-        dims({{"T", T}, {"docs", static_cast<int64_t>(k.doc_lengths.size())}, {"Hq", k.Hq}, {"Hkv", k.Hkv}, {"d", k.d}}),
-        k.window);
+    const int64_t docs = static_cast<int64_t>(k.doc_lengths.size());
+    const std::string shape =
+        with_window(dims({{"T", T}, {"docs", docs}, {"Hq", k.Hq}, {"Hkv", k.Hkv}, {"d", k.d}}), k.window);
     Workspace w = c.workspace();
     const IndexTwin cs = w.indices(cu);
     const Twin q = w.random({T, k.Hq, k.d}, -2, 2), kk = w.random({T, k.Hkv, k.d}, -2, 2),
