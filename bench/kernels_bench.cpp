@@ -8,7 +8,8 @@
 //
 // FLOP conventions:
 //   sgemm M x N x K:         2 M N K
-//   attention, per (document of L tokens, query head), causal pairs P = L (L + 1) / 2:
+//   attention, per (document of L tokens, query head), visible pairs P: causal
+//   L (L + 1) / 2; with a sliding window W < L, W (W + 1) / 2 + (L - W) W:
 //     forward  4 d P   (S = Q K^T and O = P V, 2 d P each)
 //     backward 10 d P  (S recomputed, dV, dP, dQ, dK: 5 products; = 2.5 x forward)
 //   ring-step (block) attention: the same, with P the visible pairs of the blocks
@@ -158,11 +159,11 @@ BENCHMARK(BM_MlpForwardSequence)->Args({4096, 512, 1376})->UseRealTime()->Unit(b
 // ---- attention -------------------------------------------------------------------
 
 struct AttentionSetup {
-  int64_t docs, len, Hq, Hkv, d, T;
+  int64_t docs, len, Hq, Hkv, d, window, T;
   std::vector<float> q, k, v, out, lse, dout, dq, dk, dv;
   std::vector<int32_t> cu;
-  AttentionSetup(int64_t docs_, int64_t len_, int64_t Hq_, int64_t Hkv_, int64_t d_)
-      : docs(docs_), len(len_), Hq(Hq_), Hkv(Hkv_), d(d_), T(docs_ * len_) {
+  AttentionSetup(int64_t docs_, int64_t len_, int64_t Hq_, int64_t Hkv_, int64_t d_, int64_t window_ = hdp::kNoWindow)
+      : docs(docs_), len(len_), Hq(Hq_), Hkv(Hkv_), d(d_), window(window_), T(docs_ * len_) {
     q = random_vector(T * Hq * d, -1, 1, 1);
     k = random_vector(T * Hkv * d, -1, 1, 2);
     v = random_vector(T * Hkv * d, -1, 1, 3);
@@ -177,17 +178,21 @@ struct AttentionSetup {
   IndexTensor cus() { return IndexTensor(cu.data(), {docs + 1}); }
   void forward() {
     hdp::attention_forward(Tensor(out.data(), {T, Hq, d}), Tensor(lse.data(), {Hq, T}), Tensor(q.data(), {T, Hq, d}),
-                           Tensor(k.data(), {T, Hkv, d}), Tensor(v.data(), {T, Hkv, d}), cus());
+                           Tensor(k.data(), {T, Hkv, d}), Tensor(v.data(), {T, Hkv, d}), cus(), window);
   }
   void backward() {
     hdp::attention_backward(Tensor(dq.data(), {T, Hq, d}), Tensor(dk.data(), {T, Hkv, d}),
                             Tensor(dv.data(), {T, Hkv, d}), Tensor(dout.data(), {T, Hq, d}),
                             Tensor(q.data(), {T, Hq, d}), Tensor(k.data(), {T, Hkv, d}),
                             Tensor(v.data(), {T, Hkv, d}), Tensor(out.data(), {T, Hq, d}),
-                            Tensor(lse.data(), {Hq, T}), cus());
+                            Tensor(lse.data(), {Hq, T}), cus(), window);
   }
-  // Causal (query, key) pairs summed over documents and query heads, times d.
-  double pair_d() const { return static_cast<double>(docs * Hq) * (len * (len + 1) / 2.0) * d; }
+  // Visible (query, key) pairs summed over documents and query heads, times d.
+  double pair_d() const {
+    const double L = static_cast<double>(len), W = static_cast<double>(window);
+    const double pairs = window == hdp::kNoWindow || window >= len ? L * (L + 1) / 2 : W * (W + 1) / 2 + (L - W) * W;
+    return static_cast<double>(docs * Hq) * pairs * d;
+  }
 };
 
 // Args: docs, tokens per doc, Hq, Hkv, d
@@ -215,6 +220,28 @@ BENCHMARK(BM_AttentionForward)->Args({4, 1024, 8, 4, 64})->Args({1, 4096, 8, 4, 
 BENCHMARK(BM_AttentionBackward)->Args({4, 1024, 8, 4, 64})->Args({1, 4096, 8, 4, 64})->Args({4, 1024, 8, 4, 128})
     ->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK(BM_AttentionForwardBackward)->Args({4, 1024, 8, 4, 64})->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// Sliding-window attention (Mistral 7B, Jiang et al. 2023) forward + backward over
+// one document of L tokens. Past the window every query sees W keys, so the time
+// per token levels off (tokens/s constant: linear growth in L) while full causal
+// attention (W = 0) keeps slowing down per token (quadratic growth).
+// Args: L, W, Hq, Hkv, d.
+void BM_AttentionWindowForwardBackward(benchmark::State& state) {
+  AttentionSetup s(1, state.range(0), state.range(2), state.range(3), state.range(4), state.range(1));
+  for (auto _ : state) {
+    s.forward();
+    s.backward();
+  }
+  set_gflops(state, 14.0 * s.pair_d());
+  const double tokens = static_cast<double>(s.T) * static_cast<double>(state.iterations());
+  state.counters["tokens/s"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_AttentionWindowForwardBackward)
+    ->ArgsProduct({{2048, 4096, 8192, 16384, 32768}, {4096}, {8}, {4}, {64}})
+    ->ArgsProduct({{2048, 4096, 8192, 16384}, {hdp::kNoWindow}, {8}, {4}, {64}})
+    ->ArgNames({"L", "W", "Hq", "Hkv", "d"})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // ---- ring attention: one zig-zag step (attention between row blocks) -------------
 // A document of 4C tokens cut in chunks 0..3 over 2 ranks: rank 0 holds chunks 0

@@ -283,35 +283,49 @@ void check_swiglu(Checker& c) {
   c.compare("swiglu_backward dup", shape, dup, kTolPointwise * 5);
 }
 
+// The shape of an attention check, with its sliding window (W) if it has one.
+std::string with_window(std::string shape, int64_t window) {
+  return window == kNoWindow ? shape : shape + " W=" + std::to_string(window);
+}
+
 void check_attention(Checker& c) {
   struct Case {
     std::vector<int32_t> doc_lengths;
     int64_t Hq, Hkv, d;
+    int64_t window = kNoWindow;
   };
   const std::vector<Case> cases = {
       {{1, 17, 64, 130, 3}, 4, 2, 16},
       {{300}, 2, 2, 64},
       {{5, 250, 1, 96}, 8, 2, 128},
       {{1000}, 4, 1, 128},
+      // Sliding windows (Mistral): shorter than some documents and not a tile multiple,
+      // one tile wide, and a band across many tiles (d = 64, 128 take the TF32 path).
+      {{1, 17, 64, 130, 3}, 4, 2, 16, 20},
+      {{300, 45}, 2, 2, 64, 64},
+      {{5, 250, 1, 96}, 8, 2, 128, 33},
+      {{1000}, 4, 1, 128, 256},
   };
   for (const Case& k : cases) {
     std::vector<int32_t> cu{0};
     for (int32_t n : k.doc_lengths) cu.push_back(cu.back() + n);
     const int64_t T = cu.back();
+    const int64_t docs = static_cast<int64_t>(k.doc_lengths.size());
     const std::string shape =
-        dims({{"T", T}, {"docs", static_cast<int64_t>(k.doc_lengths.size())}, {"Hq", k.Hq}, {"Hkv", k.Hkv}, {"d", k.d}});
+        with_window(dims({{"T", T}, {"docs", docs}, {"Hq", k.Hq}, {"Hkv", k.Hkv}, {"d", k.d}}), k.window);
     Workspace w = c.workspace();
     const IndexTwin cs = w.indices(cu);
     const Twin q = w.random({T, k.Hq, k.d}, -2, 2), kk = w.random({T, k.Hkv, k.d}, -2, 2),
                v = w.random({T, k.Hkv, k.d}), out = w.random({T, k.Hq, k.d}), lse = w.random({k.Hq, T});
-    attention_forward(out.host, lse.host, q.host, kk.host, v.host, cs.host);
-    attention_forward(out.dev, lse.dev, q.dev, kk.dev, v.dev, cs.dev);
+    attention_forward(out.host, lse.host, q.host, kk.host, v.host, cs.host, k.window);
+    attention_forward(out.dev, lse.dev, q.dev, kk.dev, v.dev, cs.dev, k.window);
     c.compare("attention_forward out", shape, out, kTolReduction);
     c.compare("attention_forward lse", shape, lse, kTolReduction);
     const Twin dout = w.random({T, k.Hq, k.d}), dq = w.random({T, k.Hq, k.d}), dk = w.random({T, k.Hkv, k.d}),
                dv = w.random({T, k.Hkv, k.d});
-    attention_backward(dq.host, dk.host, dv.host, dout.host, q.host, kk.host, v.host, out.host, lse.host, cs.host);
-    attention_backward(dq.dev, dk.dev, dv.dev, dout.dev, q.dev, kk.dev, v.dev, out.dev, lse.dev, cs.dev);
+    attention_backward(dq.host, dk.host, dv.host, dout.host, q.host, kk.host, v.host, out.host, lse.host, cs.host,
+                       k.window);
+    attention_backward(dq.dev, dk.dev, dv.dev, dout.dev, q.dev, kk.dev, v.dev, out.dev, lse.dev, cs.dev, k.window);
     c.compare("attention_backward dq", shape, dq, kTolReduction);
     c.compare("attention_backward dk", shape, dk, kTolReduction);
     c.compare("attention_backward dv", shape, dv, kTolReduction);
@@ -320,10 +334,12 @@ void check_attention(Checker& c) {
 
 // Ring attention's use: query rows merged over two calls (an own step and a
 // remote step), blocks sharing query rows and key rows, a block partly masked
-// by positions, rows that see no key at all.
-void check_attention_blocks(Checker& c) {
+// by positions, rows that see no key at all. With a window of 40 the fully
+// visible rectangles fall wholly outside it (they must contribute nothing), the
+// diagonal blocks become bands, and rows 140..149 see no key.
+void check_attention_blocks(Checker& c, int64_t window) {
   const int64_t Tq = 150, Tk = 140, Hq = 4, Hkv = 2, d = 64;
-  const std::string shape = dims({{"Tq", Tq}, {"Tk", Tk}, {"Hq", Hq}, {"Hkv", Hkv}, {"d", d}});
+  const std::string shape = with_window(dims({{"Tq", Tq}, {"Tk", Tk}, {"Hq", Hq}, {"Hkv", Hkv}, {"d", d}}), window);
   Workspace w = c.workspace();
   const Twin q = w.random({Tq, Hq, d}, -2, 2), k = w.random({Tk, Hkv, d}, -2, 2), v = w.random({Tk, Hkv, d}),
              out = w.random({Tq, Hq, d}), lse = w.random({Hq, Tq});
@@ -338,19 +354,20 @@ void check_attention_blocks(Checker& c) {
   };
   attention_reset_rows(out.host, lse.host, 0, Tq);
   attention_reset_rows(out.dev, lse.dev, 0, Tq);
-  attention_forward_blocks(out.host, lse.host, q.host, k.host, v.host, first);
-  attention_forward_blocks(out.dev, lse.dev, q.dev, k.dev, v.dev, first);
+  attention_forward_blocks(out.host, lse.host, q.host, k.host, v.host, first, window);
+  attention_forward_blocks(out.dev, lse.dev, q.dev, k.dev, v.dev, first, window);
   c.compare("attention_forward_blocks out (1 call)", shape, out, kTolReduction);
-  attention_forward_blocks(out.host, lse.host, q.host, k.host, v.host, second);
-  attention_forward_blocks(out.dev, lse.dev, q.dev, k.dev, v.dev, second);
+  attention_forward_blocks(out.host, lse.host, q.host, k.host, v.host, second, window);
+  attention_forward_blocks(out.dev, lse.dev, q.dev, k.dev, v.dev, second, window);
   c.compare("attention_forward_blocks out (2 calls)", shape, out, kTolReduction);
   c.compare("attention_forward_blocks lse (2 calls)", shape, lse, kTolReduction);
   const Twin dout = w.random({Tq, Hq, d}), dq = w.random({Tq, Hq, d}), dk = w.random({Tk, Hkv, d}),
              dv = w.random({Tk, Hkv, d});
   for (const auto* blocks : {&first, &second}) {
     attention_backward_blocks(dq.host, dk.host, dv.host, dout.host, q.host, k.host, v.host, out.host, lse.host,
-                              *blocks);
-    attention_backward_blocks(dq.dev, dk.dev, dv.dev, dout.dev, q.dev, k.dev, v.dev, out.dev, lse.dev, *blocks);
+                              *blocks, window);
+    attention_backward_blocks(dq.dev, dk.dev, dv.dev, dout.dev, q.dev, k.dev, v.dev, out.dev, lse.dev, *blocks,
+                              window);
   }
   c.compare("attention_backward_blocks dq", shape, dq, kTolReduction);
   c.compare("attention_backward_blocks dk", shape, dk, kTolReduction);
@@ -447,7 +464,8 @@ std::vector<OpCheck> check_backend(Device device, uint64_t seed) {
   check_cross_entropy(c);
   check_adamw(c);
   check_attention(c);
-  check_attention_blocks(c);
+  check_attention_blocks(c, kNoWindow);
+  check_attention_blocks(c, 40);
   if (device == Device::CUDA) {
     // The same products with train.tf32 on: GEMMs and attention (d = 64, 128) on tensor cores.
     const bool was = cuda::tf32();
@@ -455,7 +473,8 @@ std::vector<OpCheck> check_backend(Device device, uint64_t seed) {
     c.relax(kTolTf32, " [tf32]");
     check_dense(c);
     check_attention(c);
-    check_attention_blocks(c);
+    check_attention_blocks(c, kNoWindow);
+    check_attention_blocks(c, 40);
     c.relax(0, "");
     cuda::set_tf32(was);
   }

@@ -4,7 +4,8 @@
 // compared. Shapes cover what training meets and what breaks kernels: packed
 // documents of uneven lengths (one token, tile-unaligned, longer than a tile),
 // grouped-query attention, ring-attention blocks with true positions that merge
-// over several calls, a sharded vocabulary with targets outside the shard.
+// over several calls, sliding-window attention (documents and blocks, blocks
+// wholly outside the window), a sharded vocabulary with targets outside the shard.
 //
 // Error measure per output: max |device - cpu| / max |cpu| (relative to the
 // tensor's scale, so near-zero elements do not dominate); NaN or Inf fails.

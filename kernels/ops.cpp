@@ -323,6 +323,10 @@ void rope_backward(Tensor dx, const IndexTensor& positions, float theta) {
 // ---- attention -------------------------------------------------------------------
 
 namespace {
+void check_window(const char* op, int64_t window) {
+  require(window >= 0, op, "window=" + std::to_string(window) + " must be >= 0 (kNoWindow = 0: full causal attention)");
+}
+
 void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                      const Tensor& lse, const IndexTensor& cu_seqlens) {
   require_dims(op, "q", q, {-1, -1, -1});
@@ -347,29 +351,32 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 }  // namespace
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const IndexTensor& cu_seqlens) {
+                       const IndexTensor& cu_seqlens, int64_t window) {
   const char* op = "attention_forward";
   check_attention(op, q, k, v, out, lse, cu_seqlens);
+  check_window(op, window);
   switch (common_device(op, out, lse, q, k, v, cu_seqlens)) {
-    case Device::CPU: return cpu::attention_forward(out, lse, q, k, v, cu_seqlens);
-    HDP_CUDA_CASE(attention_forward(out, lse, q, k, v, cu_seqlens))
-    HDP_GUARDED_CASE(attention_forward(out, lse, q, k, v, cu_seqlens))
+    case Device::CPU: return cpu::attention_forward(out, lse, q, k, v, cu_seqlens, window);
+    HDP_CUDA_CASE(attention_forward(out, lse, q, k, v, cu_seqlens, window))
+    HDP_GUARDED_CASE(attention_forward(out, lse, q, k, v, cu_seqlens, window))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens) {
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens,
+                        int64_t window) {
   const char* op = "attention_backward";
   check_attention(op, q, k, v, out, lse, cu_seqlens);
+  check_window(op, window);
   require_same_shape(op, "dq", dq, "q", q);
   require_same_shape(op, "dk", dk, "k", k);
   require_same_shape(op, "dv", dv, "v", v);
   require_same_shape(op, "dout", dout, "out", out);
   switch (common_device(op, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens)) {
-    case Device::CPU: return cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens);
-    HDP_CUDA_CASE(attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens))
-    HDP_GUARDED_CASE(attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens))
+    case Device::CPU: return cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, window);
+    HDP_CUDA_CASE(attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, window))
+    HDP_GUARDED_CASE(attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, window))
     default: throw UnsupportedDevice(op, dq.device);
   }
 }
@@ -402,13 +409,14 @@ void check_attention_blocks(const char* op, const Tensor& q, const Tensor& k, co
 }  // namespace
 
 void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                              std::span<const AttentionBlock> blocks) {
+                              std::span<const AttentionBlock> blocks, int64_t window) {
   const char* op = "attention_forward_blocks";
   check_attention_blocks(op, q, k, v, out, lse, blocks);
+  check_window(op, window);
   switch (common_device(op, out, lse, q, k, v)) {
-    case Device::CPU: return cpu::attention_forward_blocks(out, lse, q, k, v, blocks);
-    HDP_CUDA_CASE(attention_forward_blocks(out, lse, q, k, v, blocks))
-    HDP_GUARDED_CASE(attention_forward_blocks(out, lse, q, k, v, blocks))
+    case Device::CPU: return cpu::attention_forward_blocks(out, lse, q, k, v, blocks, window);
+    HDP_CUDA_CASE(attention_forward_blocks(out, lse, q, k, v, blocks, window))
+    HDP_GUARDED_CASE(attention_forward_blocks(out, lse, q, k, v, blocks, window))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
@@ -431,17 +439,18 @@ void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end) {
 
 void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                                const Tensor& v, const Tensor& out, const Tensor& lse,
-                               std::span<const AttentionBlock> blocks) {
+                               std::span<const AttentionBlock> blocks, int64_t window) {
   const char* op = "attention_backward_blocks";
   check_attention_blocks(op, q, k, v, out, lse, blocks);
+  check_window(op, window);
   require_same_shape(op, "dq", dq, "q", q);
   require_same_shape(op, "dk", dk, "k", k);
   require_same_shape(op, "dv", dv, "v", v);
   require_same_shape(op, "dout", dout, "out", out);
   switch (common_device(op, dq, dk, dv, dout, q, k, v, out, lse)) {
-    case Device::CPU: return cpu::attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks);
-    HDP_CUDA_CASE(attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks))
-    HDP_GUARDED_CASE(attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks))
+    case Device::CPU: return cpu::attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks, window);
+    HDP_CUDA_CASE(attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks, window))
+    HDP_GUARDED_CASE(attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks, window))
     default: throw UnsupportedDevice(op, dq.device);
   }
 }

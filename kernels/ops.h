@@ -67,19 +67,33 @@ void rope_backward(Tensor dx, const IndexTensor& positions, float theta);
 // never crosses a document and is causal inside it; scale d^-0.5.
 // out [T, Hq, d]; lse [Hq, T] receives each row's log-sum-exp of scaled scores.
 // Tiled with an on-line softmax: memory is linear in T.
+//
+// Sliding window (Mistral 7B: Jiang et al. 2023, "Mistral 7B"): with window W > 0 the
+// query at position i sees only the keys at positions j with i - W < j <= i, i.e. at
+// most W keys counting itself, and the cost is O(T W) instead of O(T^2) per document.
+// This is Hugging Face transformers' MistralForCausalLM with sliding_window = W (its
+// mask keeps kv_idx for q_idx iff kv_idx > q_idx - sliding_window, on top of the causal
+// kv_idx <= q_idx; its FlashAttention call passes window_size = (sliding_window - 1, 0)),
+// which is what Mistral checkpoints were trained with. The paper's wording ("positions
+// between i - W and i") counts one key more; we follow the checkpoints.
+// kNoWindow (0): full causal attention.
+inline constexpr int64_t kNoWindow = 0;
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const IndexTensor& cu_seqlens);
+                       const IndexTensor& cu_seqlens, int64_t window = kNoWindow);
 // Overwrites dq, dk, dv (shapes of q, k, v) from dout, recomputing scores tile by tile.
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens);
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens,
+                        int64_t window = kNoWindow);
 
 // ---- attention between arbitrary row blocks (ring attention, context parallel) ---
 // One rectangle of causal attention: query rows [q_begin, q_end) of q (and of out,
 // lse, dq, dout) against key rows [k_begin, k_end) of k and v (and dk, dv), masked
 // by true positions: query row i has position q_position + (i - q_begin), key row j
 // has position k_position + (j - k_begin), and j is visible to i iff its position is
-// <= i's. Blocks of one call may share query rows (their softmax is merged) or key
-// rows (their gradients are summed). Grouped-query mapping and scale as above.
+// <= i's and, with a window W > 0 (as above), > i's - W. Blocks of one call may share
+// query rows (their softmax is merged) or key rows (their gradients are summed).
+// Grouped-query mapping and scale as above. A block wholly outside the window (every
+// key at least W positions before every query) contributes nothing and costs nothing.
 struct AttentionBlock {
   int32_t q_begin = 0, q_end = 0;
   int32_t k_begin = 0, k_end = 0;
@@ -91,7 +105,7 @@ struct AttentionBlock {
 // on-line softmax, so calling this once per key block (a ring step) gives exactly
 // the attention over all of them. A row that sees no key of this call is unchanged.
 void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                              std::span<const AttentionBlock> blocks);
+                              std::span<const AttentionBlock> blocks, int64_t window = kNoWindow);
 // Sets out rows [begin, end) to 0 and their lse to -inf (no keys seen yet).
 void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end);
 // Adds into dq (query rows) and dk, dv (key rows) the gradients of the blocks' part
@@ -99,7 +113,7 @@ void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end);
 // all calls). Summing over calls (ring steps) gives the full gradient.
 void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                                const Tensor& v, const Tensor& out, const Tensor& lse,
-                               std::span<const AttentionBlock> blocks);
+                               std::span<const AttentionBlock> blocks, int64_t window = kNoWindow);
 
 // ---- SwiGLU -------------------------------------------------------------------
 // out = silu(gate) * up, all [T, F]

@@ -14,6 +14,10 @@
 //   * Fully masked blocks leave rows (and gradients) bit-for-bit unchanged; rows
 //     that never see a key keep out = 0, lse = -inf, no NaN.
 //   * Determinism across thread counts, shape and device errors.
+//   * All of it again with a sliding window (Mistral 7B, Jiang et al. 2023; key
+//     visible iff q_pos - W < k_pos <= q_pos): ring steps whose chunk pairs lie
+//     wholly outside the window, blocks trimmed on both sides by it, and blocks
+//     wholly outside it leaving rows and gradients bit-for-bit unchanged.
 //
 // Tolerances, relative to max(1, largest magnitude): observed errors against the
 // double reference are <= 3e-7 for out and lse and <= 1.2e-6 for gradients; we allow
@@ -118,13 +122,19 @@ Ref reference(const Shape& s, const std::vector<float>& q, const std::vector<flo
   return r;
 }
 
+// Key position kp visible to query position qp.
+bool visible(int64_t qp, int64_t kp, int64_t window) {
+  return kp <= qp && (window == hdp::kNoWindow || kp > qp - window);
+}
+
 // Visibility lists of a set of blocks (what attention_*_blocks must compute).
-std::vector<std::vector<int32_t>> visible_of_blocks(int64_t Tq, const std::vector<AttentionBlock>& blocks) {
+std::vector<std::vector<int32_t>> visible_of_blocks(int64_t Tq, const std::vector<AttentionBlock>& blocks,
+                                                    int64_t window = hdp::kNoWindow) {
   std::vector<std::vector<int32_t>> vis(Tq);
   for (const AttentionBlock& b : blocks)
     for (int32_t i = b.q_begin; i < b.q_end; ++i)
       for (int32_t j = b.k_begin; j < b.k_end; ++j)
-        if (b.k_position + (j - b.k_begin) <= b.q_position + (i - b.q_begin)) vis[i].push_back(j);
+        if (visible(b.q_position + (i - b.q_begin), b.k_position + (j - b.k_begin), window)) vis[i].push_back(j);
   return vis;
 }
 
@@ -193,12 +203,12 @@ Packed make_packed(const std::vector<int32_t>& lens, int64_t Hq, int64_t Hkv, in
   return p;
 }
 
-// Full causal attention inside each document.
-Ref full_reference(const Packed& p) {
+// Full causal attention inside each document (within the window, if any).
+Ref full_reference(const Packed& p, int64_t window = hdp::kNoWindow) {
   std::vector<std::vector<int32_t>> vis(p.s.Tq);
   for (int64_t i = 0; i < p.s.Tq; ++i)
     for (int64_t j = 0; j < p.s.Tq; ++j)
-      if (p.doc[j] == p.doc[i] && p.pos[j] <= p.pos[i]) vis[i].push_back(static_cast<int32_t>(j));
+      if (p.doc[j] == p.doc[i] && visible(p.pos[i], p.pos[j], window)) vis[i].push_back(static_cast<int32_t>(j));
   return reference(p.s, p.q, p.k, p.v, p.dout, vis);
 }
 
@@ -258,7 +268,7 @@ struct RingResult {
   std::vector<float> out, lse, dq, dk, dv;
 };
 
-RingResult run_ring(const Packed& p, int k) {
+RingResult run_ring(const Packed& p, int k, int64_t window = hdp::kNoWindow) {
   const int64_t Hq = p.s.Hq, Hkv = p.s.Hkv, d = p.s.d, T = p.s.Tq;
   std::vector<RankData> ranks = split_zigzag(p, k);
   std::vector<std::vector<float>> out(k), lse(k), dq(k), dk(k), dv(k);
@@ -280,7 +290,8 @@ RingResult run_ring(const Packed& p, int k) {
     for (int step = 0; step < k; ++step) {
       const int src = (r - step + k) % k;
       const std::vector<AttentionBlock> blocks = step_blocks(me, ranks[src]);
-      hdp::attention_forward_blocks(o, l, qt(r, me.q, Hq), kt(src, ranks[src].k), kt(src, ranks[src].v), blocks);
+      hdp::attention_forward_blocks(o, l, qt(r, me.q, Hq), kt(src, ranks[src].k), kt(src, ranks[src].v), blocks,
+                                    window);
     }
   }
   // Backward: dq locally, dk/dv into the buffer travelling with the owner's keys.
@@ -292,7 +303,7 @@ RingResult run_ring(const Packed& p, int k) {
       hdp::attention_backward_blocks(qt(r, dq[r], Hq), Tensor(dk[src].data(), {ranks[src].T(), Hkv, d}),
                                      Tensor(dv[src].data(), {ranks[src].T(), Hkv, d}), qt(r, me.dout, Hq),
                                      qt(r, me.q, Hq), kt(src, ranks[src].k), kt(src, ranks[src].v), qt(r, out[r], Hq),
-                                     Tensor(lse[r].data(), {Hq, me.T()}), blocks);
+                                     Tensor(lse[r].data(), {Hq, me.T()}), blocks, window);
     }
   }
   RingResult g;
@@ -316,7 +327,7 @@ RingResult run_ring(const Packed& p, int k) {
 }
 
 // The cu_seqlens kernel on the whole packed sequence.
-RingResult run_packed_kernel(Packed& p) {
+RingResult run_packed_kernel(Packed& p, int64_t window = hdp::kNoWindow) {
   const int64_t Hq = p.s.Hq, Hkv = p.s.Hkv, d = p.s.d, T = p.s.Tq;
   RingResult r;
   r.out.resize(T * Hq * d);
@@ -327,16 +338,17 @@ RingResult run_packed_kernel(Packed& p) {
   IndexTensor cu(p.cu.data(), {static_cast<int64_t>(p.cu.size())});
   Tensor q(p.q.data(), {T, Hq, d}), k(p.k.data(), {T, Hkv, d}), v(p.v.data(), {T, Hkv, d});
   Tensor out(r.out.data(), {T, Hq, d}), lse(r.lse.data(), {Hq, T});
-  hdp::attention_forward(out, lse, q, k, v, cu);
+  hdp::attention_forward(out, lse, q, k, v, cu, window);
   hdp::attention_backward(Tensor(r.dq.data(), {T, Hq, d}), Tensor(r.dk.data(), {T, Hkv, d}),
-                          Tensor(r.dv.data(), {T, Hkv, d}), Tensor(p.dout.data(), {T, Hq, d}), q, k, v, out, lse, cu);
+                          Tensor(r.dv.data(), {T, Hkv, d}), Tensor(p.dout.data(), {T, Hq, d}), q, k, v, out, lse, cu,
+                          window);
   return r;
 }
 
-void check_ring(Packed& p, const Ref& ref, const RingResult& packed, int k) {
+void check_ring(Packed& p, const Ref& ref, const RingResult& packed, int k, int64_t window = hdp::kNoWindow) {
   SCOPED_TRACE(::testing::Message() << "ranks=" << k << " Hq=" << p.s.Hq << " Hkv=" << p.s.Hkv << " d=" << p.s.d
-                                    << " T=" << p.s.Tq);
-  const RingResult ring = run_ring(p, k);
+                                    << " T=" << p.s.Tq << " window=" << window);
+  const RingResult ring = run_ring(p, k, window);
   expect_close(ring.out, ref.out, 2e-6, "out");
   expect_close(ring.lse, ref.lse, 2e-6, "lse");
   expect_close(ring.dq, ref.dq, 1e-5, "dq");
@@ -361,6 +373,28 @@ TEST(KernelsAttentionBlocks, RingZigZagOneDocument) {
   }
 }
 
+TEST(KernelsAttentionBlocks, RingZigZagSlidingWindow) {
+  // Chunks of 300 / 2k tokens: with the small windows most chunk pairs of a ring
+  // step lie wholly outside the window and must contribute nothing, and the others
+  // are cut by it; a window of 300 is the whole document.
+  Packed p = make_packed({300}, 4, 2, 64, 400);
+  for (int64_t window : {1, 20, 64, 100, 300}) {
+    const Ref ref = full_reference(p, window);
+    const RingResult packed = run_packed_kernel(p, window);
+    for (int k : {2, 3, 4}) check_ring(p, ref, packed, k, window);
+  }
+}
+
+TEST(KernelsAttentionBlocks, RingSeveralDocumentsSlidingWindowGqa) {
+  // Documents longer and shorter than the window, MQA and GQA.
+  for (int64_t Hkv : {2, 1}) {
+    Packed p = make_packed({150, 37, 5, 1, 90}, 4, Hkv, 24, static_cast<uint32_t>(50 + Hkv));
+    const Ref ref = full_reference(p, 30);
+    const RingResult packed = run_packed_kernel(p, 30);
+    check_ring(p, ref, packed, 3, 30);
+  }
+}
+
 TEST(KernelsAttentionBlocks, RingSeveralDocumentsGqaHeadDims) {
   // Documents of uneven lengths, one shorter than 2k (empty chunks), one of length 1.
   for (int64_t Hkv : {2, 1})
@@ -373,24 +407,28 @@ TEST(KernelsAttentionBlocks, RingSeveralDocumentsGqaHeadDims) {
 }
 
 TEST(KernelsAttentionBlocks, OneBlockPerDocumentMatchesCuSeqlensKernelBitForBit) {
-  Packed p = make_packed({200, 1, 70, 129}, 4, 2, 32, 5);
-  const RingResult packed = run_packed_kernel(p);
-  const int64_t Hq = p.s.Hq, Hkv = p.s.Hkv, d = p.s.d, T = p.s.Tq;
-  std::vector<AttentionBlock> blocks;
-  for (size_t i = 0; i + 1 < p.cu.size(); ++i) blocks.push_back({p.cu[i], p.cu[i + 1], p.cu[i], p.cu[i + 1], 0, 0});
-  std::vector<float> out(T * Hq * d), lse(Hq * T), dq(p.q.size(), 0.0f), dk(p.k.size(), 0.0f), dv(p.v.size(), 0.0f);
-  Tensor q(p.q.data(), {T, Hq, d}), k(p.k.data(), {T, Hkv, d}), v(p.v.data(), {T, Hkv, d});
-  Tensor o(out.data(), {T, Hq, d}), l(lse.data(), {Hq, T});
-  hdp::attention_reset_rows(o, l, 0, T);
-  hdp::attention_forward_blocks(o, l, q, k, v, blocks);
-  EXPECT_EQ(out, packed.out);
-  EXPECT_EQ(lse, packed.lse);
-  hdp::attention_backward_blocks(Tensor(dq.data(), {T, Hq, d}), Tensor(dk.data(), {T, Hkv, d}),
-                                 Tensor(dv.data(), {T, Hkv, d}), Tensor(p.dout.data(), {T, Hq, d}), q, k, v, o, l,
-                                 blocks);
-  EXPECT_EQ(dq, packed.dq);
-  EXPECT_EQ(dk, packed.dk);
-  EXPECT_EQ(dv, packed.dv);
+  for (int64_t window : {hdp::kNoWindow, int64_t{50}}) {
+    SCOPED_TRACE(window);
+    Packed p = make_packed({200, 1, 70, 129}, 4, 2, 32, 5);
+    const RingResult packed = run_packed_kernel(p, window);
+    const int64_t Hq = p.s.Hq, Hkv = p.s.Hkv, d = p.s.d, T = p.s.Tq;
+    std::vector<AttentionBlock> blocks;
+    for (size_t i = 0; i + 1 < p.cu.size(); ++i) blocks.push_back({p.cu[i], p.cu[i + 1], p.cu[i], p.cu[i + 1], 0, 0});
+    std::vector<float> out(T * Hq * d), lse(Hq * T), dq(p.q.size(), 0.0f), dk(p.k.size(), 0.0f),
+        dv(p.v.size(), 0.0f);
+    Tensor q(p.q.data(), {T, Hq, d}), k(p.k.data(), {T, Hkv, d}), v(p.v.data(), {T, Hkv, d});
+    Tensor o(out.data(), {T, Hq, d}), l(lse.data(), {Hq, T});
+    hdp::attention_reset_rows(o, l, 0, T);
+    hdp::attention_forward_blocks(o, l, q, k, v, blocks, window);
+    EXPECT_EQ(out, packed.out);
+    EXPECT_EQ(lse, packed.lse);
+    hdp::attention_backward_blocks(Tensor(dq.data(), {T, Hq, d}), Tensor(dk.data(), {T, Hkv, d}),
+                                   Tensor(dv.data(), {T, Hkv, d}), Tensor(p.dout.data(), {T, Hq, d}), q, k, v, o, l,
+                                   blocks, window);
+    EXPECT_EQ(dq, packed.dq);
+    EXPECT_EQ(dk, packed.dk);
+    EXPECT_EQ(dv, packed.dv);
+  }
 }
 
 namespace {
@@ -418,7 +456,8 @@ struct BlockRun {
 
 // Reset all rows, one forward call per group of blocks, one backward call per
 // group; gradients start from `grad_init` (they are added into).
-BlockRun run_blocks(Arbitrary& a, const std::vector<std::vector<AttentionBlock>>& calls, float grad_init = 0.0f) {
+BlockRun run_blocks(Arbitrary& a, const std::vector<std::vector<AttentionBlock>>& calls, float grad_init = 0.0f,
+                    int64_t window = hdp::kNoWindow) {
   const Shape& s = a.s;
   BlockRun r;
   r.out.assign(s.Tq * s.Hq * s.d, 5.0f);
@@ -429,11 +468,11 @@ BlockRun run_blocks(Arbitrary& a, const std::vector<std::vector<AttentionBlock>>
   Tensor q(a.q.data(), {s.Tq, s.Hq, s.d}), k(a.k.data(), {s.Tk, s.Hkv, s.d}), v(a.v.data(), {s.Tk, s.Hkv, s.d});
   Tensor o(r.out.data(), {s.Tq, s.Hq, s.d}), l(r.lse.data(), {s.Hq, s.Tq});
   hdp::attention_reset_rows(o, l, 0, s.Tq);
-  for (const auto& blocks : calls) hdp::attention_forward_blocks(o, l, q, k, v, blocks);
+  for (const auto& blocks : calls) hdp::attention_forward_blocks(o, l, q, k, v, blocks, window);
   for (const auto& blocks : calls)
     hdp::attention_backward_blocks(Tensor(r.dq.data(), {s.Tq, s.Hq, s.d}), Tensor(r.dk.data(), {s.Tk, s.Hkv, s.d}),
                                    Tensor(r.dv.data(), {s.Tk, s.Hkv, s.d}), Tensor(a.dout.data(), {s.Tq, s.Hq, s.d}),
-                                   q, k, v, o, l, blocks);
+                                   q, k, v, o, l, blocks, window);
   return r;
 }
 
@@ -449,32 +488,36 @@ TEST(KernelsAttentionBlocks, ArbitraryOverlappingBlocksOverSeveralCalls) {
   // (segments covered by 1, 2 or 3 blocks) and in key rows; block 4 repeats part of
   // block 0's rectangle, so those pairs count twice. Positions put some blocks on a
   // diagonal (one not tile-aligned), some fully visible, some partly before their
-  // keys. Rows 250..259 are
-  // never touched (out 0, lse -inf, gradient unchanged).
+  // keys. Rows 250..259 are never touched (out 0, lse -inf, gradient unchanged).
+  // With a window of 40 the last block loses key rows at its start and query rows
+  // at its end (trimmed on both sides), "fully visible" blocks become bands, and
+  // with a window of 1 each query sees at most one key per block.
   Arbitrary a = make_arbitrary(260, 230, 4, 2, 24, 11);
   const std::vector<AttentionBlock> call0 = {
       {0, 150, 0, 150, 1000, 1000},    // causal diagonal
       {100, 200, 150, 230, 537, 500},  // diagonal shifted by 37: query i sees 38 + i keys
   };
   const std::vector<AttentionBlock> call1 = {
-      {50, 130, 20, 100, 70, 100},    // queries 50..79 precede every key; the rest partly masked
-      {120, 250, 0, 70, 300, 200},    // fully visible
-      {10, 40, 10, 40, 1010, 1010},   // inside block 0's rectangle, counted a second time
-      {0, 250, 100, 200, 0, 100000},  // fully masked
+      {50, 130, 20, 100, 70, 100},     // queries 50..79 precede every key; the rest partly masked
+      {120, 250, 0, 70, 300, 200},     // fully visible
+      {10, 40, 10, 40, 1010, 1010},    // inside block 0's rectangle, counted a second time
+      {0, 250, 100, 200, 0, 100000},   // fully masked
+      {150, 250, 100, 200, 2000, 1930}, // queries at 2000.., keys 70 positions earlier
   };
   std::vector<AttentionBlock> all = call0;
   all.insert(all.end(), call1.begin(), call1.end());
-  const Ref ref = reference(a.s, a.q, a.k, a.v, a.dout, visible_of_blocks(a.s.Tq, all));
-  for (const auto& calls : {std::vector<std::vector<AttentionBlock>>{call0, call1},
-                            std::vector<std::vector<AttentionBlock>>{all}}) {
-    SCOPED_TRACE(::testing::Message() << "calls=" << calls.size());
-    const BlockRun r = run_blocks(a, calls, 0.25f);
-    expect_close(r.out, ref.out, 2e-6, "out");
-    expect_close(r.lse, ref.lse, 2e-6, "lse");
-    expect_close(r.dq, plus(ref.dq, 0.25), 1e-5, "dq");
-    expect_close(r.dk, plus(ref.dk, 0.25), 1e-5, "dk");
-    expect_close(r.dv, plus(ref.dv, 0.25), 1e-5, "dv");
-  }
+  for (int64_t window : {hdp::kNoWindow, int64_t{1}, int64_t{40}, int64_t{130}})
+    for (const auto& calls : {std::vector<std::vector<AttentionBlock>>{call0, call1},
+                              std::vector<std::vector<AttentionBlock>>{all}}) {
+      SCOPED_TRACE(::testing::Message() << "calls=" << calls.size() << " window=" << window);
+      const Ref ref = reference(a.s, a.q, a.k, a.v, a.dout, visible_of_blocks(a.s.Tq, all, window));
+      const BlockRun r = run_blocks(a, calls, 0.25f, window);
+      expect_close(r.out, ref.out, 2e-6, "out");
+      expect_close(r.lse, ref.lse, 2e-6, "lse");
+      expect_close(r.dq, plus(ref.dq, 0.25), 1e-5, "dq");
+      expect_close(r.dk, plus(ref.dk, 0.25), 1e-5, "dk");
+      expect_close(r.dv, plus(ref.dv, 0.25), 1e-5, "dv");
+    }
 }
 
 TEST(KernelsAttentionBlocks, FullyMaskedBlocksLeaveRowsUnchanged) {
@@ -532,22 +575,24 @@ TEST(KernelsAttentionBlocks, FullyMaskedBlocksLeaveRowsUnchanged) {
 
 TEST(KernelsAttentionBlocks, DeterministicAcrossRunsAndThreadCounts) {
   // A ring step of two documents: components of two blocks sharing query rows and
-  // key rows, GQA, tiles straddling chunk boundaries.
+  // key rows, GQA, tiles straddling chunk boundaries; without and with a window.
   Packed p = make_packed({700, 300}, 4, 2, 64, 21);
   const int threads = omp_get_max_threads();
-  std::vector<RingResult> runs;
-  for (int t : {threads, 1, 2, threads}) {
-    omp_set_num_threads(t);
-    runs.push_back(run_ring(p, 2));
-  }
-  omp_set_num_threads(threads);
-  for (size_t i = 1; i < runs.size(); ++i) {
-    SCOPED_TRACE(i);
-    EXPECT_EQ(0, std::memcmp(runs[0].out.data(), runs[i].out.data(), runs[0].out.size() * 4));
-    EXPECT_EQ(0, std::memcmp(runs[0].lse.data(), runs[i].lse.data(), runs[0].lse.size() * 4));
-    EXPECT_EQ(0, std::memcmp(runs[0].dq.data(), runs[i].dq.data(), runs[0].dq.size() * 4));
-    EXPECT_EQ(0, std::memcmp(runs[0].dk.data(), runs[i].dk.data(), runs[0].dk.size() * 4));
-    EXPECT_EQ(0, std::memcmp(runs[0].dv.data(), runs[i].dv.data(), runs[0].dv.size() * 4));
+  for (int64_t window : {hdp::kNoWindow, int64_t{90}}) {
+    std::vector<RingResult> runs;
+    for (int t : {threads, 1, 2, threads}) {
+      omp_set_num_threads(t);
+      runs.push_back(run_ring(p, 2, window));
+    }
+    omp_set_num_threads(threads);
+    for (size_t i = 1; i < runs.size(); ++i) {
+      SCOPED_TRACE(::testing::Message() << "run " << i << " window=" << window);
+      EXPECT_EQ(0, std::memcmp(runs[0].out.data(), runs[i].out.data(), runs[0].out.size() * 4));
+      EXPECT_EQ(0, std::memcmp(runs[0].lse.data(), runs[i].lse.data(), runs[0].lse.size() * 4));
+      EXPECT_EQ(0, std::memcmp(runs[0].dq.data(), runs[i].dq.data(), runs[0].dq.size() * 4));
+      EXPECT_EQ(0, std::memcmp(runs[0].dk.data(), runs[i].dk.data(), runs[0].dk.size() * 4));
+      EXPECT_EQ(0, std::memcmp(runs[0].dv.data(), runs[i].dv.data(), runs[0].dv.size() * 4));
+    }
   }
 }
 
@@ -593,6 +638,9 @@ TEST(KernelsAttentionBlocks, RejectsBadShapesBlocksAndDevices) {
                                               Tensor(buf.data(), {6, 2, 4}), Tensor(buf.data(), {8, 4, 2}), q, k, v,
                                               out, lse, ok),
                std::invalid_argument);
+  // A negative window.
+  EXPECT_THROW(hdp::attention_forward_blocks(out, lse, q, k, v, ok, -1), std::invalid_argument);
+  EXPECT_THROW(hdp::attention_backward_blocks(out, k, v, out, q, k, v, out, lse, ok, -1), std::invalid_argument);
   // Reset: row range and lse shape.
   EXPECT_NO_THROW(hdp::attention_reset_rows(out, lse, 8, 8));
   EXPECT_THROW(hdp::attention_reset_rows(out, lse, 0, 9), std::invalid_argument);
@@ -610,4 +658,55 @@ TEST(KernelsAttentionBlocks, RejectsBadShapesBlocksAndDevices) {
   EXPECT_THROW(hdp::attention_forward_blocks(co, cl, cq, ck, ck, ok), hdp::UnsupportedDevice);
   EXPECT_THROW(hdp::attention_backward_blocks(co, ck, ck, co, cq, ck, ck, co, cl, ok), hdp::UnsupportedDevice);
   EXPECT_THROW(hdp::attention_reset_rows(co, cl, 0, 8), hdp::UnsupportedDevice);
+}
+
+TEST(KernelsAttentionBlocks, BlocksWhollyOutsideTheWindowContributeNothing) {
+  const int64_t w = 30;
+  Arbitrary a = make_arbitrary(100, 80, 2, 1, 16, 13);
+  const Shape& s = a.s;
+  std::vector<float> out(s.Tq * s.Hq * s.d), lse(s.Hq * s.Tq);
+  Tensor q(a.q.data(), {s.Tq, s.Hq, s.d}), k(a.k.data(), {s.Tk, s.Hkv, s.d}), v(a.v.data(), {s.Tk, s.Hkv, s.d});
+  Tensor o(out.data(), {s.Tq, s.Hq, s.d}), l(lse.data(), {s.Hq, s.Tq});
+  hdp::attention_reset_rows(o, l, 0, s.Tq);
+  const std::vector<AttentionBlock> live = {{0, 60, 0, 80, 500, 450}};  // a band: keys 450..529, queries 500..559
+  hdp::attention_forward_blocks(o, l, q, k, v, live, w);
+  const std::vector<float> out0 = out, lse0 = lse;
+
+  // Every key at least W positions before every query: the first query (position
+  // 79 + W) exactly W after the last key (position 79), and far beyond.
+  const std::vector<AttentionBlock> outside = {{0, 100, 0, 80, static_cast<int32_t>(79 + w), 0},
+                                               {0, 100, 0, 80, 1 << 30, 0}};
+  hdp::attention_forward_blocks(o, l, q, k, v, outside, w);
+  EXPECT_EQ(0, std::memcmp(out.data(), out0.data(), out.size() * sizeof(float)));
+  EXPECT_EQ(0, std::memcmp(lse.data(), lse0.data(), lse.size() * sizeof(float)));
+  {  // Without the window the same blocks see every key: the check above can fail.
+    std::vector<float> out1 = out0, lse1 = lse0;
+    hdp::attention_forward_blocks(Tensor(out1.data(), {s.Tq, s.Hq, s.d}), Tensor(lse1.data(), {s.Hq, s.Tq}), q, k, v,
+                                  outside);
+    EXPECT_NE(out1, out0);
+  }
+
+  // One position closer: the last key is visible to the first query row only.
+  const std::vector<AttentionBlock> edge = {{0, 100, 0, 80, static_cast<int32_t>(78 + w), 0}};
+  hdp::attention_forward_blocks(o, l, q, k, v, edge, w);
+  const int64_t row = s.Hq * s.d;
+  EXPECT_EQ(0, std::memcmp(out.data() + row, out0.data() + row, (s.Tq - 1) * row * sizeof(float)));
+  std::vector<AttentionBlock> both = live;
+  both.push_back(edge[0]);
+  const Ref ref = reference(s, a.q, a.k, a.v, a.dout, visible_of_blocks(s.Tq, both, w));
+  expect_close(out, ref.out, 2e-6, "out");
+  expect_close(lse, ref.lse, 2e-6, "lse");
+  for (int64_t h = 0; h < s.Hq; ++h) EXPECT_NE(lse[h * s.Tq], lse0[h * s.Tq]) << "row 0 takes the edge key";
+
+  // The backward of blocks outside the window adds nothing.
+  std::mt19937 rng(4);
+  std::vector<float> dq = random_vector(a.q.size(), 1.0f, rng), dk = random_vector(a.k.size(), 1.0f, rng),
+                     dv = random_vector(a.v.size(), 1.0f, rng);
+  const std::vector<float> dq0 = dq, dk0 = dk, dv0 = dv;
+  hdp::attention_backward_blocks(Tensor(dq.data(), {s.Tq, s.Hq, s.d}), Tensor(dk.data(), {s.Tk, s.Hkv, s.d}),
+                                 Tensor(dv.data(), {s.Tk, s.Hkv, s.d}), Tensor(a.dout.data(), {s.Tq, s.Hq, s.d}), q, k,
+                                 v, o, l, outside, w);
+  EXPECT_EQ(dq, dq0);
+  EXPECT_EQ(dk, dk0);
+  EXPECT_EQ(dv, dv0);
 }

@@ -2,7 +2,10 @@
 // in double: forward output and lse, the backward against the reference's
 // analytic gradient, and (small cases) against central finite differences of the
 // double reference forward. GQA, uneven documents (length 1 included), sizes that
-// are not multiples of the tile sizes, several head dims, determinism.
+// are not multiples of the tile sizes, several head dims, determinism. The same
+// with a sliding window (Mistral 7B, Jiang et al. 2023; query i sees keys j with
+// i - W < j <= i of its document): windows smaller than, equal to and larger than
+// the documents, tile-aligned or not, and key tiles outside the window never read.
 //
 // Tolerances: the kernel works in float with a fast exp (rel. error ~1e-7); the
 // observed forward error is <= 6e-7 and gradient error <= 3e-6 of the largest
@@ -17,6 +20,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <vector>
 
@@ -31,12 +35,15 @@ using hdp::Tensor;
 
 struct Problem {
   int64_t T, Hq, Hkv, d;
+  int64_t window = hdp::kNoWindow;
   std::vector<int32_t> cu;
   std::vector<float> q, k, v, dout;
 };
 
-Problem make_problem(std::vector<int32_t> lens, int64_t Hq, int64_t Hkv, int64_t d, uint32_t seed, float mag = 1.5f) {
+Problem make_problem(std::vector<int32_t> lens, int64_t Hq, int64_t Hkv, int64_t d, uint32_t seed, float mag = 1.5f,
+                     int64_t window = hdp::kNoWindow) {
   Problem p;
+  p.window = window;
   p.Hq = Hq;
   p.Hkv = Hkv;
   p.d = d;
@@ -58,6 +65,11 @@ Problem make_problem(std::vector<int32_t> lens, int64_t Hq, int64_t Hkv, int64_t
 
 // ---- naive double reference ------------------------------------------------------
 
+// First key row query row i of the document starting at row b sees.
+int64_t first_key(const Problem& p, int64_t b, int64_t i) {
+  return p.window == hdp::kNoWindow ? b : std::max(b, i - p.window + 1);
+}
+
 struct RefOut {
   std::vector<double> out, lse;
 };
@@ -75,18 +87,19 @@ RefOut ref_forward(const Problem& p, const std::vector<double>& q, const std::ve
     for (int64_t h = 0; h < Hq; ++h) {
       const int64_t g = h / G;
       for (int64_t i = b; i < e; ++i) {
-        s.assign(i - b + 1, 0.0);
+        const int64_t f = first_key(p, b, i);
+        s.assign(i - f + 1, 0.0);
         double mx = -1e300;
-        for (int64_t j = b; j <= i; ++j) {
+        for (int64_t j = f; j <= i; ++j) {
           double dot = 0;
           for (int64_t c = 0; c < d; ++c) dot += q[(i * Hq + h) * d + c] * k[(j * Hkv + g) * d + c];
-          s[j - b] = dot * scale;
-          mx = std::max(mx, s[j - b]);
+          s[j - f] = dot * scale;
+          mx = std::max(mx, s[j - f]);
         }
         double sum = 0;
         for (double& x : s) sum += (x = std::exp(x - mx));
-        for (int64_t j = b; j <= i; ++j)
-          for (int64_t c = 0; c < d; ++c) r.out[(i * Hq + h) * d + c] += s[j - b] / sum * v[(j * Hkv + g) * d + c];
+        for (int64_t j = f; j <= i; ++j)
+          for (int64_t c = 0; c < d; ++c) r.out[(i * Hq + h) * d + c] += s[j - f] / sum * v[(j * Hkv + g) * d + c];
         r.lse[h * T + i] = mx + std::log(sum);
       }
     }
@@ -114,32 +127,32 @@ RefGrad ref_backward(const Problem& p, const std::vector<double>& q, const std::
     for (int64_t h = 0; h < Hq; ++h) {
       const int64_t g = h / G;
       for (int64_t i = b; i < e; ++i) {
-        const int64_t n = i - b + 1;
+        const int64_t f = first_key(p, b, i), n = i - f + 1;
         P.assign(n, 0.0);
         dP.assign(n, 0.0);
         double mx = -1e300;
-        for (int64_t j = b; j <= i; ++j) {
+        for (int64_t j = f; j <= i; ++j) {
           double dot = 0;
           for (int64_t c = 0; c < d; ++c) dot += q[(i * Hq + h) * d + c] * k[(j * Hkv + g) * d + c];
-          P[j - b] = dot * scale;
-          mx = std::max(mx, P[j - b]);
+          P[j - f] = dot * scale;
+          mx = std::max(mx, P[j - f]);
         }
         double sum = 0;
         for (double& x : P) sum += (x = std::exp(x - mx));
         for (double& x : P) x /= sum;
         double pdp = 0;
-        for (int64_t j = b; j <= i; ++j) {
+        for (int64_t j = f; j <= i; ++j) {
           double dot = 0;
           for (int64_t c = 0; c < d; ++c) dot += dout[(i * Hq + h) * d + c] * v[(j * Hkv + g) * d + c];
-          dP[j - b] = dot;
-          pdp += P[j - b] * dot;
+          dP[j - f] = dot;
+          pdp += P[j - f] * dot;
         }
-        for (int64_t j = b; j <= i; ++j) {
-          const double ds = P[j - b] * (dP[j - b] - pdp) * scale;
+        for (int64_t j = f; j <= i; ++j) {
+          const double ds = P[j - f] * (dP[j - f] - pdp) * scale;
           for (int64_t c = 0; c < d; ++c) {
             gr.dq[(i * Hq + h) * d + c] += ds * k[(j * Hkv + g) * d + c];
             gr.dk[(j * Hkv + g) * d + c] += ds * q[(i * Hq + h) * d + c];
-            gr.dv[(j * Hkv + g) * d + c] += P[j - b] * dout[(i * Hq + h) * d + c];
+            gr.dv[(j * Hkv + g) * d + c] += P[j - f] * dout[(i * Hq + h) * d + c];
           }
         }
       }
@@ -167,10 +180,10 @@ KernelOut run_kernel(Problem& p) {
   IndexTensor cu(p.cu.data(), {static_cast<int64_t>(p.cu.size())});
   Tensor q(p.q.data(), {T, Hq, d}), k(p.k.data(), {T, Hkv, d}), v(p.v.data(), {T, Hkv, d});
   Tensor out(r.out.data(), {T, Hq, d}), lse(r.lse.data(), {Hq, T});
-  hdp::attention_forward(out, lse, q, k, v, cu);
+  hdp::attention_forward(out, lse, q, k, v, cu, p.window);
   Tensor dout(p.dout.data(), {T, Hq, d});
   hdp::attention_backward(Tensor(r.dq.data(), {T, Hq, d}), Tensor(r.dk.data(), {T, Hkv, d}),
-                          Tensor(r.dv.data(), {T, Hkv, d}), dout, q, k, v, out, lse, cu);
+                          Tensor(r.dv.data(), {T, Hkv, d}), dout, q, k, v, out, lse, cu, p.window);
   return r;
 }
 
@@ -199,9 +212,10 @@ void expect_close(const std::vector<A>& a, const std::vector<double>& b, double 
 }
 
 void check_against_reference(std::vector<int32_t> lens, int64_t Hq, int64_t Hkv, int64_t d, uint32_t seed,
-                             float mag = 1.5f) {
-  SCOPED_TRACE(::testing::Message() << "Hq=" << Hq << " Hkv=" << Hkv << " d=" << d << " docs=" << lens.size());
-  Problem p = make_problem(lens, Hq, Hkv, d, seed, mag);
+                             float mag = 1.5f, int64_t window = hdp::kNoWindow) {
+  SCOPED_TRACE(::testing::Message() << "Hq=" << Hq << " Hkv=" << Hkv << " d=" << d << " docs=" << lens.size()
+                                    << " window=" << window);
+  Problem p = make_problem(lens, Hq, Hkv, d, seed, mag, window);
   const KernelOut got = run_kernel(p);
   const auto q = to_double(p.q), k = to_double(p.k), v = to_double(p.v), dout = to_double(p.dout);
   const RefOut ref = ref_forward(p, q, k, v);
@@ -260,9 +274,11 @@ TEST(KernelsAttention, LseMatchesHandComputedForTinyCase) {
   }
 }
 
-TEST(KernelsAttention, BackwardMatchesFiniteDifferencesOfReference) {
-  // L = sum(out * dout); dL/dx by central differences of the double reference.
-  Problem p = make_problem({1, 9, 70}, 4, 2, 8, 6);
+namespace {
+
+// L = sum(out * dout); dL/dx by central differences of the double reference.
+void check_finite_differences(Problem& p) {
+  SCOPED_TRACE(::testing::Message() << "window=" << p.window);
   const KernelOut got = run_kernel(p);
   auto q = to_double(p.q), k = to_double(p.k), v = to_double(p.v);
   const auto dout = to_double(p.dout);
@@ -274,7 +290,6 @@ TEST(KernelsAttention, BackwardMatchesFiniteDifferencesOfReference) {
   };
   const double h = 1e-4;
   auto fd = [&](std::vector<double>& x, const std::vector<float>& g, const char* what) {
-    std::vector<double> num(x.size());
     // Every 3rd element keeps the test fast while touching every row, head and column class.
     std::vector<float> kg;
     std::vector<double> ng;
@@ -295,8 +310,8 @@ TEST(KernelsAttention, BackwardMatchesFiniteDifferencesOfReference) {
   fd(v, got.dv, "dv vs FD");
 }
 
-TEST(KernelsAttention, DeterministicAcrossRunsAndThreadCounts) {
-  Problem p = make_problem({300, 45, 1, 170}, 4, 2, 64, 7);
+void check_deterministic(Problem& p) {
+  SCOPED_TRACE(::testing::Message() << "window=" << p.window);
   const KernelOut a = run_kernel(p);
   const KernelOut b = run_kernel(p);
   const int threads = omp_get_max_threads();
@@ -312,6 +327,18 @@ TEST(KernelsAttention, DeterministicAcrossRunsAndThreadCounts) {
   }
 }
 
+}  // namespace
+
+TEST(KernelsAttention, BackwardMatchesFiniteDifferencesOfReference) {
+  Problem p = make_problem({1, 9, 70}, 4, 2, 8, 6);
+  check_finite_differences(p);
+}
+
+TEST(KernelsAttention, DeterministicAcrossRunsAndThreadCounts) {
+  Problem p = make_problem({300, 45, 1, 170}, 4, 2, 64, 7);
+  check_deterministic(p);
+}
+
 TEST(KernelsAttention, RejectsBadShapes) {
   std::vector<float> buf(4096);
   std::vector<int32_t> cu = {0, 8};
@@ -324,6 +351,9 @@ TEST(KernelsAttention, RejectsBadShapes) {
   EXPECT_THROW(hdp::attention_forward(out4, lse_bad, q4, k, v, cus), std::invalid_argument);
   std::vector<int32_t> bad_cu = {0, 9};
   EXPECT_THROW(hdp::attention_forward(out4, Tensor(buf.data(), {4, 8}), q4, k, v, IndexTensor(bad_cu.data(), {2})),
+               std::invalid_argument);
+  EXPECT_THROW(hdp::attention_forward(out4, Tensor(buf.data(), {4, 8}), q4, k, v, cus, -1), std::invalid_argument);
+  EXPECT_THROW(hdp::attention_backward(q4, k, v, out4, q4, k, v, out4, Tensor(buf.data(), {4, 8}), cus, -1),
                std::invalid_argument);
   Tensor cuda_q(buf.data(), {8, 4, 4}, hdp::Device::CUDA);
   EXPECT_THROW(hdp::attention_forward(out4, Tensor(buf.data(), {4, 8}), cuda_q, k, v, cus), std::invalid_argument);
@@ -343,4 +373,91 @@ TEST(KernelsAttention, AllCudaTensorsThrowUnsupportedDevice) {
   Tensor q(buf.data(), {8, 2, 4}, dev), k(buf.data(), {8, 1, 4}, dev), out(buf.data(), {8, 2, 4}, dev),
       lse(buf.data(), {2, 8}, dev);
   EXPECT_THROW(hdp::attention_forward(out, lse, q, k, k, IndexTensor(cu.data(), {2}, dev)), hdp::UnsupportedDevice);
+}
+
+// ---- sliding window ----------------------------------------------------------------
+
+TEST(KernelsAttention, SlidingWindowSmallerThanDocumentsGqa) {
+  // Windows below, at and just past the 64-row tiles, and one key only.
+  for (int64_t w : {1, 7, 63, 64, 65, 150}) check_against_reference({200, 130}, 4, 2, 64, 20 + w, 1.5f, w);
+}
+
+TEST(KernelsAttention, SlidingWindowPackedUnevenDocumentsMqa) {
+  // Documents shorter than, equal to and longer than the window.
+  for (int64_t w : {37, 64}) check_against_reference({1, 70, 1, 130, 3, 64, 1, 65, 37}, 4, 1, 16, 30 + w, 1.5f, w);
+}
+
+TEST(KernelsAttention, SlidingWindowHeadDimsAndLargeScores) {
+  for (int64_t d : {8, 80, 128}) check_against_reference({150, 7, 1}, 4, 2, d, 40 + d, 1.5f, 50);
+  // Scores of order +-50: the running max leaves the window as it slides.
+  check_against_reference({257}, 2, 1, 16, 5, 4.0f, 70);
+}
+
+TEST(KernelsAttention, WindowOfOneSeesOnlyItself) {
+  // Each query's only key is its own: out = v of its row, lse = its own scaled score.
+  Problem p = make_problem({3, 100}, 2, 1, 8, 9, 1.5f, 1);
+  const KernelOut got = run_kernel(p);
+  const double scale = 1.0 / std::sqrt(8.0);
+  for (int64_t i = 0; i < p.T; ++i)
+    for (int64_t h = 0; h < 2; ++h) {
+      double dot = 0;
+      for (int64_t c = 0; c < 8; ++c) {
+        EXPECT_NEAR(got.out[(i * 2 + h) * 8 + c], p.v[i * 8 + c], 1e-6);
+        dot += static_cast<double>(p.q[(i * 2 + h) * 8 + c]) * p.k[i * 8 + c];
+      }
+      EXPECT_NEAR(got.lse[h * p.T + i], dot * scale, 1e-5);
+    }
+}
+
+TEST(KernelsAttention, WindowNotSmallerThanAnyDocumentIsFullAttentionBitForBit) {
+  for (int64_t w : {int64_t{200}, int64_t{201}, int64_t{5000}, int64_t{1} << 40, std::numeric_limits<int64_t>::max()}) {
+    SCOPED_TRACE(w);
+    Problem full = make_problem({200, 1, 70}, 4, 2, 32, 8);
+    Problem windowed = make_problem({200, 1, 70}, 4, 2, 32, 8, 1.5f, w);
+    const KernelOut a = run_kernel(full), b = run_kernel(windowed);
+    EXPECT_EQ(a.out, b.out);
+    EXPECT_EQ(a.lse, b.lse);
+    EXPECT_EQ(a.dq, b.dq);
+    EXPECT_EQ(a.dk, b.dk);
+    EXPECT_EQ(a.dv, b.dv);
+  }
+}
+
+TEST(KernelsAttention, SlidingWindowBackwardMatchesFiniteDifferencesOfReference) {
+  Problem p = make_problem({1, 9, 70}, 4, 2, 8, 16, 1.5f, 13);
+  check_finite_differences(p);
+}
+
+TEST(KernelsAttention, SlidingWindowDeterministicAcrossRunsAndThreadCounts) {
+  Problem p = make_problem({300, 45, 1, 170}, 4, 2, 64, 17, 1.5f, 100);
+  check_deterministic(p);
+}
+
+TEST(KernelsAttention, SlidingWindowNeverReadsTilesOutsideTheWindow) {
+  // NaN in key and value row 0: a kernel that loaded (and masked) key tiles outside
+  // the window would spread it (0 * NaN = NaN) to every row of a 512-token document.
+  // Rows a few windows away must instead match the reference of the clean inputs:
+  // the kernel only visits tiles near the diagonal, so its cost is O(T W), not O(T^2).
+  const int64_t w = 64, far = 3 * w;
+  Problem p = make_problem({512}, 2, 1, 16, 18, 1.5f, w);
+  Problem clean = p;
+  for (int64_t c = 0; c < p.d; ++c) p.k[c] = p.v[c] = std::numeric_limits<float>::quiet_NaN();
+  const KernelOut got = run_kernel(p);
+  const auto q = to_double(clean.q), k = to_double(clean.k), v = to_double(clean.v), dout = to_double(clean.dout);
+  const RefOut ref = ref_forward(clean, q, k, v);
+  const RefGrad g = ref_backward(clean, q, k, v, dout);
+  auto rows_from = [&](const auto& x, int64_t row_numel) {
+    return std::vector<double>(x.begin() + far * row_numel, x.end());
+  };
+  std::vector<double> lse_far, ref_lse_far;
+  for (int64_t h = 0; h < p.Hq; ++h)
+    for (int64_t i = far; i < p.T; ++i) {
+      lse_far.push_back(got.lse[h * p.T + i]);
+      ref_lse_far.push_back(ref.lse[h * p.T + i]);
+    }
+  expect_close(rows_from(got.out, p.Hq * p.d), rows_from(ref.out, p.Hq * p.d), 1e-5, "out");
+  expect_close(lse_far, ref_lse_far, 1e-5, "lse");
+  expect_close(rows_from(got.dq, p.Hq * p.d), rows_from(g.dq, p.Hq * p.d), 3e-5, "dq");
+  expect_close(rows_from(got.dk, p.Hkv * p.d), rows_from(g.dk, p.Hkv * p.d), 3e-5, "dk");
+  expect_close(rows_from(got.dv, p.Hkv * p.d), rows_from(g.dv, p.Hkv * p.d), 3e-5, "dv");
 }

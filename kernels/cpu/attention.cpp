@@ -1,7 +1,9 @@
-// Causal attention on the CPU, FlashAttention-2 style: over packed documents
-// (cu_seqlens) and over arbitrary rectangles of query rows x key rows masked by
-// true positions (AttentionBlock, for ring attention). Both share one core: a
-// document is the block {rows [b, e) x rows [b, e), positions 0}.
+// Causal attention on the CPU, optionally within a sliding window, FlashAttention-2
+// style (Dao 2023, "FlashAttention-2: Faster Attention with Better Parallelism and
+// Work Partitioning"): over packed documents (cu_seqlens) and over arbitrary
+// rectangles of query rows x key rows masked by true positions (AttentionBlock, for
+// ring attention). Both share one core: a document is the block
+// {rows [b, e) x rows [b, e), positions 0}.
 //
 // Layout trick: every score tile is computed transposed, S^T[key][query] = K Q^T,
 // with the queries along the SIMD lanes. The on-line softmax then needs only
@@ -10,12 +12,16 @@
 // caller's strided rows (read in place) or small packed copies.
 //
 // Masking: query row i of a block has position qp(i), key row j position kp(j),
-// both rising by one per row; j is visible to i iff kp(j) <= qp(i). Blocks are
-// first trimmed to their visible part (keys after the last query's position and
-// queries before the first key's position are dropped; a block with no visible
-// pair is dropped), so every query row left sees at least the block's first key.
-// Key tiles entirely after a query tile's last position are skipped; only tiles
-// crossing the boundary are masked.
+// both rising by one per row; j is visible to i iff qp(i) - W < kp(j) <= qp(i), with
+// W the sliding window (Mistral 7B: Jiang et al. 2023; semantics in kernels/ops.h)
+// or unbounded without one, so each query row sees one contiguous run of keys (a
+// diagonal band). Blocks are first trimmed to their visible part (the rectangle
+// shrunk to the projections of its visible pairs on either axis; a block with none
+// is dropped), so every query row left sees at least one key of its block and every
+// key left is seen. Key tiles wholly outside a query tile's band (after its last
+// query, or W or more positions before its first) are skipped, in the forward and
+// the backward, so a document of length L costs O(L W) rather than O(L^2); only
+// tiles crossing an edge of the band are masked.
 //
 //   forward, per (query segment tile of kBq rows, query head): a segment is a
 //   maximal run of query rows covered by the same set of blocks, so every query
@@ -26,7 +32,7 @@
 //                    m = lse, l = 1, O = out (merging into earlier calls)
 //     for each covering block, each key tile j the tile can see:
 //       S^T = K_j Qt                                    [kn x kBq]
-//       mask if it crosses the boundary, running max m, P^T = exp(S^T*scale - m), l
+//       mask if it crosses an edge of the band, running max m, P^T = exp(S^T*scale - m), l
 //       O = O*alpha + P V_j                             [qn x d]
 //     out = O / l, lse = m + log l
 //   A row whose running max is still -inf keeps alpha = 1 and its P = 0, so a row
@@ -79,53 +85,90 @@ static_assert(kBq % kW == 0, "query tile must be whole vectors");
 
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
+// The window inside this file: without one, a window no position difference
+// reaches (positions are 32-bit, so nothing overflows), so that one code path serves
+// both and full causal attention visits exactly the tiles and masks of before.
+constexpr int64_t kUnbounded = int64_t{1} << 62;
+int64_t band_of(int64_t window) { return window == kNoWindow ? kUnbounded : std::min(window, kUnbounded); }
+
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
 // A block trimmed to its visible part (see the top of the file), in 64-bit.
 struct Blk {
   int64_t q_begin, q_end, k_begin, k_end, q_pos, k_pos;
+  int64_t window;  // key position kp is visible to query position qp iff qp - window < kp <= qp
   int64_t qlen() const { return q_end - q_begin; }
   int64_t klen() const { return k_end - k_begin; }
-  // Keys of this block visible to some query of rows [i0, i0 + qn) (all inside the block).
-  int64_t keys_seen_by(int64_t i0, int64_t qn) const {
-    return std::min(klen(), q_pos + (i0 - q_begin) + qn - k_pos);
-  }
+  // Keys [keys_begin(i0), keys_end(i0, qn)) of this block (offsets from k_begin) are
+  // those visible to some query of rows [i0, i0 + qn) (all inside the block): none
+  // after the last query's position, none `window` or more before the first query's.
+  int64_t keys_begin(int64_t i0) const { return std::max<int64_t>(0, q_pos + (i0 - q_begin) - window + 1 - k_pos); }
+  int64_t keys_end(int64_t i0, int64_t qn) const { return std::min(klen(), q_pos + (i0 - q_begin) + qn - k_pos); }
+  // Query rows (offsets from q_begin) below this end are the only ones that can see a
+  // key of [k0, k0 + kn): later ones are `window` or more after its last key.
+  int64_t queries_end(int64_t k0, int64_t kn) const { return std::min(qlen(), k_pos + k0 + kn - 1 + window - q_pos); }
 };
 
-// Visible part of a caller's block; false if it has no visible pair.
-bool trim(const AttentionBlock& a, Blk& b) {
+// Visible part of a caller's block; false if it has no visible pair. Query position
+// qp sees some key iff [qp - W + 1, qp] meets the keys' positions [k_first, k_last],
+// i.e. k_first <= qp <= k_last + W - 1; key position kp is seen iff
+// q_first - W + 1 <= kp <= q_last. Both from the caller's rectangle, and a query
+// left sees at least one key left.
+bool trim(const AttentionBlock& a, int64_t window, Blk& b) {
   const int64_t qlen = int64_t{a.q_end} - a.q_begin, klen = int64_t{a.k_end} - a.k_begin;
   if (qlen <= 0 || klen <= 0) return false;
-  const int64_t skip = std::max<int64_t>(0, int64_t{a.k_position} - a.q_position);  // queries before the first key
-  if (skip >= qlen) return false;
-  b.q_begin = a.q_begin + skip;
-  b.q_end = a.q_end;
-  b.q_pos = int64_t{a.q_position} + skip;
-  b.k_begin = a.k_begin;
-  b.k_pos = a.k_position;
-  // Keys up to the last query's position; >= 1 because the first query left sees the first key.
-  b.k_end = a.k_begin + std::min(klen, b.q_pos + (b.q_end - b.q_begin) - b.k_pos);
+  const int64_t q_first = a.q_position, k_first = a.k_position;
+  const int64_t q_skip = std::max<int64_t>(0, k_first - q_first);
+  const int64_t q_keep = std::min(qlen, k_first + klen - 1 + window - q_first);
+  if (q_skip >= q_keep) return false;
+  const int64_t k_skip = std::max<int64_t>(0, q_first - window + 1 - k_first);
+  const int64_t k_keep = std::min(klen, q_first + qlen - k_first);
+  b.q_begin = a.q_begin + q_skip;
+  b.q_end = a.q_begin + q_keep;
+  b.q_pos = q_first + q_skip;
+  b.k_begin = a.k_begin + k_skip;
+  b.k_end = a.k_begin + k_keep;
+  b.k_pos = k_first + k_skip;
+  b.window = window;
   return true;
 }
 
 // One block per non-empty document: rows [b, e) against themselves, positions 0.
-std::vector<Blk> document_blocks(const IndexTensor& cu) {
+std::vector<Blk> document_blocks(const IndexTensor& cu, int64_t window) {
   std::vector<Blk> blocks;
   for (int64_t i = 0; i + 1 < cu.numel(); ++i) {
     const int64_t b = cu.data[i], e = cu.data[i + 1];
-    if (e > b) blocks.push_back({b, e, b, e, 0, 0});
+    if (e > b) blocks.push_back({b, e, b, e, 0, 0, window});
   }
   return blocks;
 }
 
-std::vector<Blk> visible_blocks(std::span<const AttentionBlock> blocks) {
+std::vector<Blk> visible_blocks(std::span<const AttentionBlock> blocks, int64_t window) {
   std::vector<Blk> out;
   out.reserve(blocks.size());
   for (const AttentionBlock& a : blocks) {
     Blk b;
-    if (trim(a, b)) out.push_back(b);
+    if (trim(a, window, b)) out.push_back(b);
   }
   return out;
+}
+
+// Visible (query row, key row) pairs of a trimmed block, for scheduling: query row
+// r (position q_pos + r) sees clamp(q_pos + r - k_pos + 1, 0, klen) keys causally,
+// of which clamp(q_pos + r - window - k_pos + 1, 0, klen) are out of its window.
+double visible_pairs(const Blk& b) {
+  const double m = static_cast<double>(b.klen()), n = static_cast<double>(b.qlen());
+  // sum over integers t < x of clamp(t, 0, m)
+  auto prefix = [m](double x) {
+    if (x <= 0) return 0.0;
+    if (x <= m + 1) return x * (x - 1) / 2;
+    return m * (m + 1) / 2 + (x - m - 1) * m;
+  };
+  auto pairs_back = [&](int64_t shift) {  // pairs with kp <= qp - shift
+    const double a = static_cast<double>(b.q_pos - shift - b.k_pos + 1);
+    return prefix(a + n) - prefix(a);
+  };
+  return pairs_back(0) - pairs_back(b.window);
 }
 
 struct Dims {
@@ -176,11 +219,21 @@ class Carver {
   int64_t used_ = 0;
 };
 
-// Columns r < masked_columns(...) of row jj of a transposed score tile are hidden:
-// key jj (position kpos0 + jj) is visible to query r (position qpos0 + r) iff
-// kpos0 + jj <= qpos0 + r.
-inline int64_t masked_columns(int64_t kpos0, int64_t jj, int64_t qpos0, int64_t qn) {
-  return std::clamp<int64_t>(kpos0 + jj - qpos0, 0, qn);
+// Writes `value` over the hidden entries of a transposed score tile: row jj is the
+// key at position kpos0 + jj, column r < qn the query at position qpos0 + r, and the
+// key is visible to the query iff qpos0 + r - window < kpos0 + jj <= qpos0 + r, so
+// row jj keeps columns [rel, rel + window) with rel = kpos0 + jj - qpos0. A tile
+// inside the band is left alone.
+inline void mask_tile(float* st, int64_t kpos0, int64_t kn, int64_t qpos0, int64_t qn, int64_t window, float value) {
+  const bool causal_edge = kpos0 + kn - 1 > qpos0;            // its last key is after its first query
+  const bool window_edge = kpos0 + window <= qpos0 + qn - 1;  // its first key is out of its last query's window
+  if (!causal_edge && !window_edge) return;
+  for (int64_t jj = 0; jj < kn; ++jj) {
+    const int64_t rel = kpos0 + jj - qpos0;
+    float* row = st + jj * kBq;
+    if (causal_edge) std::fill(row, row + std::clamp<int64_t>(rel, 0, qn), value);
+    if (window_edge) std::fill(row + std::clamp<int64_t>(rel + window, 0, qn), row + qn, value);
+  }
 }
 
 // ---------------------------------------------------------------- forward
@@ -229,7 +282,10 @@ FwdPlan plan_forward(const std::vector<Blk>& blocks, int64_t Hq) {
     for (int64_t i0 = bd[e]; i0 < bd[e + 1]; i0 += kBq) {
       const int64_t qn = std::min(kBq, bd[e + 1] - i0);
       int64_t cost = 0;
-      for (int32_t t = p.off[e]; t < p.off[e + 1]; ++t) cost += blocks[p.ids[t]].keys_seen_by(i0, qn);
+      for (int32_t t = p.off[e]; t < p.off[e + 1]; ++t) {
+        const Blk& b = blocks[p.ids[t]];
+        cost += b.keys_end(i0, qn) - b.keys_begin(i0);
+      }
       for (int64_t h = 0; h < Hq; ++h)
         p.tasks.push_back({i0, qn, cost, static_cast<int32_t>(e), static_cast<int32_t>(h)});
     }
@@ -298,19 +354,14 @@ void forward_task(const Dims& s, int64_t i0, int64_t qn, int64_t h, const Blk* b
   for (int64_t t = 0; t < nb; ++t) {
     const Blk& b = blocks[ids[t]];
     const int64_t qpos0 = b.q_pos + (i0 - b.q_begin);
-    const int64_t nk = b.keys_seen_by(i0, qn);  // no key after the tile's last query
+    const int64_t kb = b.keys_begin(i0), ke = b.keys_end(i0, qn);  // the keys the tile's band covers
     const float* kbase = k + (b.k_begin * s.Hkv + g) * d;
     const float* vbase = v + (b.k_begin * s.Hkv + g) * d;
-    for (int64_t k0 = 0; k0 < nk; k0 += kBk) {
-      const int64_t kn = std::min(kBk, nk - k0);
+    for (int64_t k0 = kb; k0 < ke; k0 += kBk) {
+      const int64_t kn = std::min(kBk, ke - k0);
       const int64_t kpos0 = b.k_pos + k0;
       tile_gemm(kn, kBq, d, kbase + k0 * s.ldk, s.ldk, 1, qt, kBq, st, kBq, false);
-      if (kpos0 + kn - 1 > qpos0) {  // crosses the boundary
-        for (int64_t jj = 0; jj < kn; ++jj) {
-          const int64_t nm = masked_columns(kpos0, jj, qpos0, qn);
-          std::fill(st + jj * kBq, st + jj * kBq + nm, kNegInf);
-        }
-      }
+      mask_tile(st, kpos0, kn, qpos0, qn, b.window, kNegInf);
       // Column max of the raw scores (scale > 0 commutes with max), new running max.
       // A column that has seen no key (m still -inf) keeps alpha = 1 and gets P = 0.
       vf mneg[kQV];
@@ -494,11 +545,7 @@ std::vector<Component> plan_backward(const std::vector<Blk>& blocks) {
     for (size_t t = 0; t < c.ids.size(); ++t) {
       const Blk& b = blocks[c.ids[t]];
       reach = std::max(reach, c.qloc[t] + round_up(b.qlen(), kBq));
-      // Visible pairs: query row i sees min(klen, qp(i) - k_pos + 1) keys.
-      const int64_t first = b.q_pos - b.k_pos + 1;  // keys seen by the first query (>= 1)
-      const int64_t full_from = std::clamp<int64_t>(b.klen() - first, 0, b.qlen());  // rows before seeing all keys
-      c.cost += static_cast<double>(full_from) * first + 0.5 * static_cast<double>(full_from) * (full_from - 1) +
-                static_cast<double>(b.qlen() - full_from) * b.klen();
+      c.cost += visible_pairs(b);
     }
     c.lq = round_up(reach, kBq) + kW;
   }
@@ -596,9 +643,12 @@ void backward_task(const Dims& s, const Component& comp, const std::vector<Blk>&
         const int64_t kpos0 = b.k_pos + k0;
         const float* ka = kbase + k0 * s.ldk;
         const float* va = vbase + k0 * s.ldk;
-        // First query tile (from the block's first row) whose last query sees key k0.
+        // Query tiles (from the block's first row) in the key tile's band: from the
+        // one whose last query sees key k0 to the last query within the window of the
+        // tile's last key.
         const int64_t first_q = std::max<int64_t>(0, kpos0 - b.q_pos) / kBq * kBq;
-        for (int64_t q0 = first_q; q0 < qlen; q0 += kBq) {
+        const int64_t q_stop = b.queries_end(k0, kn);
+        for (int64_t q0 = first_q; q0 < q_stop; q0 += kBq) {
           const int64_t qn = std::min(kBq, qlen - q0);
           const int64_t qpos0 = b.q_pos + q0;
           const int64_t c0 = ql + q0;  // local column of the tile's first query
@@ -614,10 +664,7 @@ void backward_task(const Dims& s, const Component& comp, const std::vector<Blk>&
             for (int iv = 0; iv < kQV; ++iv)
               store(row + iv * kW, exp_softmax(fmadd(load(row + iv * kW), vscale, nl[iv])));
           }
-          if (kpos0 + kn - 1 > qpos0) {
-            for (int64_t jj = 0; jj < kn; ++jj)
-              std::fill(st + jj * kBq, st + jj * kBq + masked_columns(kpos0, jj, qpos0, qn), 0.0f);
-          }
+          mask_tile(st, kpos0, kn, qpos0, qn, b.window, 0.0f);
           // dV_j += P^T dO_i  (only the tile's qn real columns enter any product)
           tile_gemm(kn, dp, qn, st, kBq, 1, dop + c0 * dp, dp, dva + (kl + k0) * dp, dp, true);
           // dP^T = V_j dO_i^T;  dS^T = P^T (dP^T - D) * scale
@@ -686,18 +733,20 @@ int attention_query_tile() { return static_cast<int>(kBq); }
 int attention_key_tile() { return static_cast<int>(kBk); }
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const IndexTensor& cu_seqlens) {
-  forward_core(out, lse, q, k, v, document_blocks(cu_seqlens), /*merge=*/false);
+                       const IndexTensor& cu_seqlens, int64_t window) {
+  forward_core(out, lse, q, k, v, document_blocks(cu_seqlens, band_of(window)), /*merge=*/false);
 }
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens) {
-  backward_core(dq, dk, dv, dout, q, k, v, out, lse, document_blocks(cu_seqlens), /*accumulate=*/false);
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens,
+                        int64_t window) {
+  backward_core(dq, dk, dv, dout, q, k, v, out, lse, document_blocks(cu_seqlens, band_of(window)),
+                /*accumulate=*/false);
 }
 
 void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                              std::span<const AttentionBlock> blocks) {
-  forward_core(out, lse, q, k, v, visible_blocks(blocks), /*merge=*/true);
+                              std::span<const AttentionBlock> blocks, int64_t window) {
+  forward_core(out, lse, q, k, v, visible_blocks(blocks, band_of(window)), /*merge=*/true);
 }
 
 void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end) {
@@ -709,8 +758,8 @@ void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end) {
 
 void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                                const Tensor& v, const Tensor& out, const Tensor& lse,
-                               std::span<const AttentionBlock> blocks) {
-  backward_core(dq, dk, dv, dout, q, k, v, out, lse, visible_blocks(blocks), /*accumulate=*/true);
+                               std::span<const AttentionBlock> blocks, int64_t window) {
+  backward_core(dq, dk, dv, dout, q, k, v, out, lse, visible_blocks(blocks, band_of(window)), /*accumulate=*/true);
 }
 
 }  // namespace hdp::cpu

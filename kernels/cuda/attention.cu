@@ -1,24 +1,33 @@
-// Causal attention on the GPU, FlashAttention-2 style (Dao, 2023, "FlashAttention-2:
-// Faster Attention with Better Parallelism and Work Partitioning"), in exact fp32 on
-// the CUDA cores: over packed documents (cu_seqlens) and over rectangles of query
-// rows x key rows masked by true positions (AttentionBlock, ring attention).
+// Causal attention on the GPU, optionally within a sliding window, FlashAttention-2
+// style (Dao, 2023, "FlashAttention-2: Faster Attention with Better Parallelism and
+// Work Partitioning"), in exact fp32 on the CUDA cores: over packed documents
+// (cu_seqlens) and over rectangles of query rows x key rows masked by true positions
+// (AttentionBlock, ring attention).
 //
 // One mask for both variants: query row i sees the contiguous key interval
 // [lo(i), hi(i)], and key row j is seen by the contiguous query interval
-// [qlo(j), qhi(j)] (the same relation, read from the other side):
-//   documents:  lo(i) = start of i's document, hi(i) = i;
-//               qlo(j) = j, qhi(j) = end of j's document - 1.
+// [qlo(j), qhi(j)] (the same relation, read from the other side). W is the sliding
+// window (Mistral 7B: Jiang et al. 2023; a query sees the keys less than W positions
+// back, itself included: semantics in kernels/ops.h), or a window no position
+// difference reaches when there is none, so full causal attention computes exactly
+// the intervals it did before windows existed:
+//   documents:  lo(i) = max(start of i's document, i - W + 1), hi(i) = i;
+//               qlo(j) = j, qhi(j) = min(end of j's document - 1, j + W - 1).
 //               A row's document is found on the device by binary search in
 //               cu_seqlens (never copied to the host); rows outside
 //               [cu[0], cu[docs]) belong to no document and are left untouched.
 //   a block:    key j (in [k_begin, k_end)) is visible to query i (in [q_begin, q_end))
-//               iff k_position + (j - k_begin) <= q_position + (i - q_begin), i.e.
-//               j <= i + off with off = (q_position - q_begin) - (k_position - k_begin):
-//               lo(i) = k_begin, hi(i) = min(k_end - 1, i + off);
-//               qlo(j) = max(q_begin, j - off), qhi(j) = q_end - 1.
-//               Blocks are first trimmed on the host to their visible part (queries
-//               before the first key's position and keys after the last query's
-//               position dropped, blocks with no visible pair skipped), as on the CPU.
+//               iff its position k_position + (j - k_begin) is in
+//               (q_position + (i - q_begin) - W, q_position + (i - q_begin)], i.e.
+//               i + off - W < j <= i + off, off = (q_position - q_begin) - (k_position - k_begin):
+//               lo(i) = max(k_begin, i + off - W + 1), hi(i) = min(k_end - 1, i + off);
+//               qlo(j) = max(q_begin, j - off), qhi(j) = min(q_end - 1, j - off + W - 1).
+//               Blocks are first trimmed on the host to their visible part (the
+//               rectangle shrunk to the projections of its visible pairs; blocks with
+//               no visible pair skipped), as on the CPU.
+// Every CTA walks only the tiles between the smallest lo and the largest hi of its
+// rows (or qlo, qhi), so tiles wholly outside the window are never loaded and a
+// document of length L costs O(L W); partially covered tiles are masked per element.
 // Rows outside a tile's valid range are loaded as zeros and every masked score is
 // forced to p = 0 / dS = 0 by selection (never by multiplying), so rows of the
 // tensors that no block covers are never read and cannot leak NaN into results.
@@ -90,13 +99,18 @@ namespace {
 
 constexpr int kThreads = 256;  // a 16 x 16 grid of threads
 
+// Without a window: one no position difference reaches (positions are 32-bit).
+constexpr long long kUnbounded = 1LL << 62;
+long long band_of(int64_t window) { return window == kNoWindow ? kUnbounded : std::min<long long>(window, kUnbounded); }
+
 // Which rows a launch works on and the mask between them (see the top of the file).
 struct Geom {
   const int32_t* cu;  // documents mode when non-null: cu_seqlens [ndocs + 1] on the device
   int ndocs;
   int q_begin, q_end;  // query rows of this launch
   int k_begin, k_end;  // key rows of this launch
-  long long off;       // block mode: key j is visible to query i iff j <= i + off
+  long long off;       // block mode: key j is visible to query i iff i + off - window < j <= i + off
+  long long window;    // W, or kUnbounded
 };
 
 // Index of the document holding row r (cu[idx] <= r < cu[idx + 1]), or -1.
@@ -121,11 +135,12 @@ __device__ __forceinline__ void query_keys(const Geom& g, int i, int& lo, int& h
   if (g.cu) {
     const int doc = find_doc(g.cu, g.ndocs, i);
     if (doc < 0) return;
-    lo = g.cu[doc];
+    const long long l = static_cast<long long>(i) - g.window + 1;
+    lo = static_cast<int>(l > g.cu[doc] ? l : static_cast<long long>(g.cu[doc]));
     hi = i;
   } else {
-    const long long h = static_cast<long long>(i) + g.off;
-    lo = g.k_begin;
+    const long long h = static_cast<long long>(i) + g.off, l = h - g.window + 1;
+    lo = static_cast<int>(l > g.k_begin ? l : static_cast<long long>(g.k_begin));
     hi = static_cast<int>(h < g.k_end - 1 ? h : static_cast<long long>(g.k_end - 1));
   }
 }
@@ -138,12 +153,13 @@ __device__ __forceinline__ void key_queries(const Geom& g, int j, int& lo, int& 
   if (g.cu) {
     const int doc = find_doc(g.cu, g.ndocs, j);
     if (doc < 0) return;
+    const long long h = static_cast<long long>(j) + g.window - 1;
     lo = j;
-    hi = min(g.cu[doc + 1] - 1, g.q_end - 1);
+    hi = static_cast<int>(min(static_cast<long long>(min(g.cu[doc + 1] - 1, g.q_end - 1)), h));
   } else {
-    const long long l = static_cast<long long>(j) - g.off;
+    const long long l = static_cast<long long>(j) - g.off, h = l + g.window - 1;
     lo = static_cast<int>(l > g.q_begin ? l : static_cast<long long>(g.q_begin));
-    hi = g.q_end - 1;
+    hi = static_cast<int>(h < g.q_end - 1 ? h : static_cast<long long>(g.q_end - 1));
   }
 }
 
@@ -1333,7 +1349,7 @@ float* rowdot(const char* op, const Tensor& dout, const Tensor& out, const Shape
   return dvec;
 }
 
-Geom document_geom(const IndexTensor& cu, int T) {
+Geom document_geom(const IndexTensor& cu, int T, int64_t window) {
   Geom g{};
   g.cu = cu.data;
   g.ndocs = static_cast<int>(cu.numel() - 1);
@@ -1342,58 +1358,65 @@ Geom document_geom(const IndexTensor& cu, int T) {
   g.k_begin = 0;
   g.k_end = T;
   g.off = 0;
+  g.window = band_of(window);
   return g;
 }
 
-// The visible part of a caller's block (as on the CPU); false if it has no visible pair.
-bool block_geom(const AttentionBlock& a, Geom& g) {
+// The visible part of a caller's block (as on the CPU); false if it has no visible
+// pair. Query position qp sees some key iff k_first <= qp <= k_last + W - 1; key
+// position kp is seen iff q_first - W + 1 <= kp <= q_last.
+bool block_geom(const AttentionBlock& a, int64_t window, Geom& g) {
   const long long qlen = static_cast<long long>(a.q_end) - a.q_begin;
   const long long klen = static_cast<long long>(a.k_end) - a.k_begin;
   if (qlen <= 0 || klen <= 0) return false;
-  const long long skip = std::max<long long>(0, static_cast<long long>(a.k_position) - a.q_position);
-  if (skip >= qlen) return false;
-  const long long q_begin = a.q_begin + skip, q_pos = static_cast<long long>(a.q_position) + skip;
-  const long long k_end = a.k_begin + std::min(klen, q_pos + (a.q_end - q_begin) - a.k_position);
+  const long long w = band_of(window), q_first = a.q_position, k_first = a.k_position;
+  const long long q_skip = std::max<long long>(0, k_first - q_first);
+  const long long q_keep = std::min(qlen, k_first + klen - 1 + w - q_first);
+  if (q_skip >= q_keep) return false;
+  const long long k_skip = std::max<long long>(0, q_first - w + 1 - k_first);
+  const long long k_keep = std::min(klen, q_first + qlen - k_first);
   g = Geom{};
   g.cu = nullptr;
   g.ndocs = 0;
-  g.q_begin = static_cast<int>(q_begin);
-  g.q_end = a.q_end;
-  g.k_begin = a.k_begin;
-  g.k_end = static_cast<int>(k_end);
-  g.off = (static_cast<long long>(a.q_position) - a.q_begin) - (static_cast<long long>(a.k_position) - a.k_begin);
+  g.q_begin = static_cast<int>(a.q_begin + q_skip);
+  g.q_end = static_cast<int>(a.q_begin + q_keep);
+  g.k_begin = static_cast<int>(a.k_begin + k_skip);
+  g.k_end = static_cast<int>(a.k_begin + k_keep);
+  g.off = (q_first - a.q_begin) - (k_first - a.k_begin);
+  g.window = w;
   return true;
 }
 
 }  // namespace
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const IndexTensor& cu_seqlens) {
+                       const IndexTensor& cu_seqlens, int64_t window) {
   const Shape s = shape_of(q, k);
   if (s.T == 0 || s.Hq == 0 || s.d == 0 || cu_seqlens.numel() < 2) return;
-  forward("attention_forward", out.data, lse.data, q.data, k.data, v.data, document_geom(cu_seqlens, s.T), s,
-          /*merge=*/false);
+  forward("attention_forward", out.data, lse.data, q.data, k.data, v.data, document_geom(cu_seqlens, s.T, window),
+          s, /*merge=*/false);
 }
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens) {
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens,
+                        int64_t window) {
   const char* op = "attention_backward";
   const Shape s = shape_of(q, k);
   if (s.T == 0 || s.Hq == 0 || s.d == 0 || cu_seqlens.numel() < 2) return;
   bucket(s.d, op);  // throws before anything is enqueued
   const float* dvec = rowdot(op, dout, out, s);
   backward(op, dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, lse.data, dvec,
-           document_geom(cu_seqlens, s.T), s, /*accumulate=*/false);
+           document_geom(cu_seqlens, s.T, window), s, /*accumulate=*/false);
 }
 
 void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                              std::span<const AttentionBlock> blocks) {
+                              std::span<const AttentionBlock> blocks, int64_t window) {
   const char* op = "attention_forward_blocks";
   const Shape s = shape_of(q, k);
   if (s.T == 0 || s.Hq == 0 || s.d == 0) return;
   for (const AttentionBlock& b : blocks) {
     Geom g;
-    if (!block_geom(b, g)) continue;
+    if (!block_geom(b, window, g)) continue;
     forward(op, out.data, lse.data, q.data, k.data, v.data, g, s, /*merge=*/true);
   }
 }
@@ -1412,21 +1435,21 @@ void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end) {
 
 void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                                const Tensor& v, const Tensor& out, const Tensor& lse,
-                               std::span<const AttentionBlock> blocks) {
+                               std::span<const AttentionBlock> blocks, int64_t window) {
   const char* op = "attention_backward_blocks";
   const Shape s = shape_of(q, k);
   if (s.T == 0 || s.Hq == 0 || s.d == 0) return;
   bool any = false;
   for (const AttentionBlock& b : blocks) {
     Geom g;
-    any = any || block_geom(b, g);
+    any = any || block_geom(b, window, g);
   }
   if (!any) return;
   bucket(s.d, op);
   const float* dvec = rowdot(op, dout, out, s);
   for (const AttentionBlock& b : blocks) {
     Geom g;
-    if (!block_geom(b, g)) continue;
+    if (!block_geom(b, window, g)) continue;
     backward(op, dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, lse.data, dvec, g, s,
              /*accumulate=*/true);
   }

@@ -42,15 +42,16 @@ void rope_forward(Tensor x, const IndexTensor& positions, float theta);
 void rope_backward(Tensor dx, const IndexTensor& positions, float theta);
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                       const IndexTensor& cu_seqlens);
+                       const IndexTensor& cu_seqlens, int64_t window);
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
-                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens);
+                        const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens,
+                        int64_t window);
 void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
-                              std::span<const AttentionBlock> blocks);
+                              std::span<const AttentionBlock> blocks, int64_t window);
 void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end);
 void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                                const Tensor& v, const Tensor& out, const Tensor& lse,
-                               std::span<const AttentionBlock> blocks);
+                               std::span<const AttentionBlock> blocks, int64_t window);
 
 void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
 void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
