@@ -14,60 +14,23 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-// Ranks of the tp group that holds the KV heads: with fewer KV heads than tp
-// ranks, each rank keeps one (replicated) head.
-double kv_dim_per_gpu(const ModelShape& m, int tp) {
-  return m.kv_heads >= tp ? static_cast<double>(m.kv_heads / tp * m.head_dim) : static_cast<double>(m.head_dim);
-}
-
 }  // namespace
-
-void validate_model_shape(const ModelShape& m) {
-  auto positive = [](int64_t v, const char* field) {
-    if (v < 1) throw std::invalid_argument(std::string(field) + " must be at least 1, got " + str(v));
-  };
-  positive(m.layers, "num_layers");
-  positive(m.hidden, "hidden_size");
-  positive(m.heads, "num_heads");
-  positive(m.kv_heads, "num_kv_heads");
-  positive(m.head_dim, "head_dim");
-  positive(m.ffn, "ffn_hidden_size");
-  positive(m.vocab, "vocab_size");
-  positive(m.experts, "num_experts");
-  positive(m.experts_per_token, "experts_per_token");
-  // heads need not be a multiple of kv_heads here (LLaMA-30B is listed as 52 heads
-  // over 8 KV groups): only FLOPs and bytes are counted.
-  if (m.experts_per_token > m.experts)
-    throw std::invalid_argument("experts_per_token " + str(m.experts_per_token) + " exceeds num_experts " +
-                                str(m.experts));
-}
 
 ModelCosts model_costs(const ModelShape& m, int tp, int pp) {
   validate_model_shape(m);
   if (tp < 1 || pp < 1) throw std::invalid_argument("tp and pp must be at least 1");
-  if (m.heads % tp != 0) throw std::invalid_argument("num_heads " + str(m.heads) + " is not divisible by tp " + str(tp));
-  if (m.kv_heads % tp != 0 && tp % m.kv_heads != 0)
-    throw std::invalid_argument("num_kv_heads " + str(m.kv_heads) + " and tp " + str(tp) +
-                                " do not divide one another");
-  if (m.ffn % tp != 0) throw std::invalid_argument("ffn_hidden_size " + str(m.ffn) + " is not divisible by tp " + str(tp));
+  validate_tensor_parallel(m, tp);
   if (m.layers < pp) throw std::invalid_argument("num_layers " + str(m.layers) + " is below pp " + str(pp));
-  const double H = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab), F = static_cast<double>(m.ffn);
-  const double E = static_cast<double>(m.experts), K = static_cast<double>(m.experts_per_token);
-  const double qdim = static_cast<double>(m.heads * m.head_dim), kvdim = static_cast<double>(m.kv_heads * m.head_dim);
-  const double q_gpu = qdim / tp, kv_gpu = kv_dim_per_gpu(m, tp), ffn_gpu = F * K / tp;
-  const double router = m.experts > 1 ? H * E : 0.0;
   ModelCosts c;
-  c.layer_parameters = H * (qdim + 2 * kvdim) + qdim * H + 3 * H * F * E + router + 2 * H;
-  c.embedding_parameters = V * H;
-  c.head_parameters = (m.tied_embeddings && pp == 1 ? 0.0 : V * H) + H;
-  c.layer_matmul_flops_per_token = 6 * (H * (q_gpu + 2 * kv_gpu) + q_gpu * H + 3 * H * ffn_gpu + router);
-  c.attention_flops_per_token_pair = 12 * q_gpu;
-  c.head_flops_per_token = 6 * V * H / tp;
-  c.saved_values_per_token = 4 * H + (q_gpu + 2 * kv_gpu) + q_gpu + 2 * ffn_gpu + 2 * 2 +
-                             2 * static_cast<double>(m.heads / tp) + (m.experts > 1 ? 2 * E : 0.0);
-  c.saved_bytes_per_token = 2 * c.saved_values_per_token;
-  c.kv_bytes_per_token = 2 * kv_gpu * 2;
-  c.boundary_bytes_per_token = H * 2;
+  c.layer_parameters = layer_parameters(m);
+  c.embedding_parameters = embedding_parameters(m);
+  c.head_parameters = head_parameters(m, pp);
+  c.layer_matmul_flops_per_token = layer_matmul_flops_per_token(m, tp);
+  c.attention_flops_per_token_pair = attention_flops_per_token_pair(m, tp);
+  c.head_flops_per_token = head_flops_per_token(m, tp);
+  c.saved_bytes_per_token = saved_bytes_per_token(m, tp, kActivationBytes);
+  c.kv_bytes_per_token = kv_bytes_per_token(m, tp, kActivationBytes);
+  c.boundary_bytes_per_token = boundary_bytes_per_token(m, kActivationBytes);
   return c;
 }
 
@@ -133,13 +96,7 @@ StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, co
   const ModelCosts c = model_costs(model, layout.tp, pp);
   const double rate = hw.flops_per_second();
   StepCosts k;
-  k.cost.a1 = c.attention_flops_per_token_pair / 2 / rate;
-  k.cost.b1 = (c.layer_matmul_flops_per_token + c.attention_flops_per_token_pair / 2) / rate;
-  k.cost.g = 0;
-  k.cost.a2 = c.saved_bytes_per_token;
-  k.cost.b2 = 0;
-  k.cost.d2h_bytes_per_s = hw.pcie_bytes_per_s;
-  k.cost.h2d_bytes_per_s = hw.pcie_bytes_per_s;
+  k.cost = analytic_cost_model(model, layout.tp, c.saved_bytes_per_token, rate, hw.pcie_bytes_per_s);
   k.embedding_seconds_per_token = 0;  // a table lookup and its scatter-add: negligible
   k.head_seconds_per_token = c.head_flops_per_token / rate;
   k.stage_layers.assign(stage_layers.begin(), stage_layers.end());

@@ -13,11 +13,10 @@ namespace hdp {
 
 std::vector<int64_t> pipeline_layers(const Config& config) {
   if (!config.parallel.pp_layers.empty()) return config.parallel.pp_layers;
-  const ModelConfig& m = config.model;
+  const ModelShape m = config.model.shape();
   // Costs per token at the longest sequence; the embedding lookup is a copy of a row.
-  return split_layers(m.num_layers, static_cast<int>(config.parallel.pp),
-                      layer_flops_per_token(m, config.data.max_seq_len), static_cast<double>(m.hidden_size),
-                      head_flops_per_token(m));
+  return split_layers(m.layers, static_cast<int>(config.parallel.pp), layer_flops_per_token(m, 1, config.data.max_seq_len),
+                      static_cast<double>(m.hidden), head_flops_per_token(m, 1));
 }
 
 int64_t planner_layers(const Config& config) {

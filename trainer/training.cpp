@@ -250,7 +250,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
     m.step_ms = step_ms;
     m.data_wait_ms = data_wait_ms;
     m.tokens_per_s = batch.tokens / (step_ms / 1e3);
-    m.mfu = training_flops(config.model, lengths) / (step_ms / 1e3) / (peak_flops * training_ranks);
+    m.mfu = training_flops(config.model.shape(), lengths) / (step_ms / 1e3) / (peak_flops * training_ranks);
     m.peak_mem_bytes = static_cast<int64_t>(memory.total());
     auto sent = [](const Communicator& c) { return c.stats().p2p_bytes + c.stats().collective_bytes; };
     m.tp_bytes = sent(groups.tp());
