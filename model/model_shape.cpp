@@ -34,13 +34,14 @@ void validate_model_shape(const ModelShape& m) {
                                 str(m.experts));
 }
 
-void validate_tensor_parallel(const ModelShape& m, int tp) {
-  if (tp < 1) throw std::invalid_argument("tp must be at least 1, got " + str(tp));
+void validate_split(const ModelShape& m, int tp, int pp) {
+  if (tp < 1 || pp < 1) throw std::invalid_argument("tp and pp must be at least 1");
   if (m.heads % tp != 0) throw std::invalid_argument("num_heads " + str(m.heads) + " is not divisible by tp " + str(tp));
   if (m.kv_heads % tp != 0 && tp % m.kv_heads != 0)
     throw std::invalid_argument("num_kv_heads " + str(m.kv_heads) + " and tp " + str(tp) +
                                 " do not divide one another");
   if (m.ffn % tp != 0) throw std::invalid_argument("ffn_hidden_size " + str(m.ffn) + " is not divisible by tp " + str(tp));
+  if (m.layers < pp) throw std::invalid_argument("num_layers " + str(m.layers) + " is below pp " + str(pp));
 }
 
 LayerSlice layer_slice(const ModelShape& m, int tp) {

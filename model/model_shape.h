@@ -33,9 +33,10 @@ struct ModelShape {
 
 // Throws std::invalid_argument naming the first bad field.
 void validate_model_shape(const ModelShape& model);
-// Throws std::invalid_argument unless tp >= 1 divides the heads and the FFN and
-// tp and the KV heads divide one another.
-void validate_tensor_parallel(const ModelShape& model, int tp);
+// Throws std::invalid_argument unless the model splits over tp tensor-parallel
+// ranks and pp pipeline stages: tp and pp at least 1, tp dividing the heads and the
+// FFN, tp and the KV heads dividing one another, at least pp layers.
+void validate_split(const ModelShape& model, int tp, int pp);
 
 // What one rank of a tensor-parallel group of tp holds of a layer.
 struct LayerSlice {

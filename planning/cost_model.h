@@ -32,8 +32,8 @@ struct CostModel {
 // attention per (query, visible key) pair), so
 // a1 = attention / 2 / rate, b1 = (matmul + attention / 2) / rate, g = 0;
 // a2 = saved_bytes_per_token, b2 = 0; both copy directions at copy_bytes_per_second.
-// The embedding and the head are the caller's. The shape must allow tp
-// (validate_tensor_parallel).
+// The embedding and the head are the caller's. The shape must split over tp
+// (validate_split).
 CostModel analytic_cost_model(const ModelShape& model, int tp, double saved_bytes_per_token, double flops_per_second,
                               double copy_bytes_per_second);
 

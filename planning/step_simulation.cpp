@@ -18,9 +18,7 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 ModelCosts model_costs(const ModelShape& m, int tp, int pp) {
   validate_model_shape(m);
-  if (tp < 1 || pp < 1) throw std::invalid_argument("tp and pp must be at least 1");
-  validate_tensor_parallel(m, tp);
-  if (m.layers < pp) throw std::invalid_argument("num_layers " + str(m.layers) + " is below pp " + str(pp));
+  validate_split(m, tp, pp);
   ModelCosts c;
   c.layer_parameters = layer_parameters(m);
   c.embedding_parameters = embedding_parameters(m);
@@ -78,12 +76,6 @@ MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, c
   }
   b.capacity = static_cast<int64_t>(std::floor(best));
   return b;
-}
-
-std::vector<int64_t> stage_layer_split(const ModelShape& model, const HardwareProfile& hw, int tp, int pp) {
-  const ModelCosts c = model_costs(model, tp, pp);
-  (void)hw;
-  return split_layers(model.layers, pp, c.layer_matmul_flops_per_token, 0.0, c.head_flops_per_token);
 }
 
 StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, const ParallelLayout& layout,

@@ -102,8 +102,6 @@ struct StepCosts {
 // Optimizer: 32 bytes of HBM traffic per parameter of the shard.
 StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hardware, const ParallelLayout& layout,
                           std::span<const int64_t> stage_layers);
-// Layers per stage balancing layer, embedding and head cost (parallel/pipeline.h split_layers).
-std::vector<int64_t> stage_layer_split(const ModelShape& model, const HardwareProfile& hardware, int tp, int pp);
 
 struct StepSimulation {
   double step_seconds = 0;          // makespan

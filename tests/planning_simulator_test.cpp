@@ -17,6 +17,7 @@
 #include "parallel/pipeline.h"
 #include "planning/plan.h"
 #include "planning/simulator.h"
+#include "planning/stage_split.h"
 #include "planning/step_simulation.h"
 
 namespace hdp {
@@ -414,6 +415,25 @@ TEST(ModelCosts, MemoryBudgetFormula) {
   EXPECT_THROW(memory_budget(m, hw, layout, split), std::invalid_argument);
 }
 
+// A small model with a large vocabulary (LLaMA-3.2-1B's shape): its LM head costs
+// 4 layers at 1K tokens, so the last of 4 stages keeps one layer; at 128K the
+// attention makes a layer 5 times dearer and the head less than one layer.
+TEST(StageSplit, CountsAttentionAtTheLongestSequence) {
+  ModelShape m;
+  m.layers = 16;
+  m.hidden = 2048;
+  m.heads = 16;
+  m.kv_heads = 8;
+  m.head_dim = 128;
+  m.ffn = 8192;
+  m.vocab = 128256;
+  EXPECT_EQ(stage_layer_split(m, 1, 4, 1024), (std::vector<int64_t>{5, 5, 5, 1}));
+  EXPECT_EQ(stage_layer_split(m, 1, 4, 128 * 1024), (std::vector<int64_t>{4, 4, 4, 4}));
+  EXPECT_EQ(stage_layer_split(m, 2, 4, 128 * 1024), (std::vector<int64_t>{4, 4, 4, 4}));
+  EXPECT_THROW(stage_layer_split(m, 1, 17, 1024), std::invalid_argument);
+  EXPECT_THROW(stage_layer_split(m, 3, 4, 1024), std::invalid_argument);
+}
+
 // A planned batch end to end: plan_naive's plan of a skewed batch on 8 ranks
 // replays without deadlock with 1 and 2 stages, and static's with 1.
 TEST(StepSimulation, PlannersOutputReplays) {
@@ -433,7 +453,7 @@ TEST(StepSimulation, PlannersOutputReplays) {
   lengths.push_back(90000);
   for (int pp : {1, 2}) {
     const ParallelLayout layout{8, pp, 8};
-    const std::vector<int64_t> split = stage_layer_split(m, hw, 8, pp);
+    const std::vector<int64_t> split = stage_layer_split(m, 8, pp, 200000);
     const StepCosts k = make_step_costs(m, hw, layout, split);
     PlannerSettings st;
     st.hdp = 8;

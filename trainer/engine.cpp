@@ -7,16 +7,15 @@
 
 #include "kernels/ops.h"
 #include "planning/plan.h"
+#include "planning/stage_split.h"
 #include "model/optimizer.h"
 
 namespace hdp {
 
 std::vector<int64_t> pipeline_layers(const Config& config) {
   if (!config.parallel.pp_layers.empty()) return config.parallel.pp_layers;
-  const ModelShape m = config.model.shape();
-  // Costs per token at the longest sequence; the embedding lookup is a copy of a row.
-  return split_layers(m.layers, static_cast<int>(config.parallel.pp), layer_flops_per_token(m, 1, config.data.max_seq_len),
-                      static_cast<double>(m.hidden), head_flops_per_token(m, 1));
+  const ParallelConfig& p = config.parallel;
+  return stage_layer_split(config.model.shape(), static_cast<int>(p.tp), static_cast<int>(p.pp), config.data.max_seq_len);
 }
 
 int64_t planner_layers(const Config& config) {
