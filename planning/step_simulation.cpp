@@ -43,20 +43,20 @@ double stage_parameters_per_gpu(const ModelCosts& c, int tp, int stage, int pp, 
 
 }  // namespace
 
-MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, const ParallelLayout& layout,
+MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, const ParallelDegrees& degrees,
                            std::span<const int64_t> stage_layers) {
   validate_hardware(hw);
-  const int pp = layout.pp;
+  const int pp = degrees.pp;
   if (static_cast<int>(stage_layers.size()) != pp)
     throw std::invalid_argument("memory_budget: " + str(static_cast<int64_t>(stage_layers.size())) +
                                 " stage layer counts for pp " + str(pp));
-  if (layout.hdp < 1) throw std::invalid_argument("hdp must be at least 1");
-  const ModelCosts c = model_costs(model, layout.tp, pp);
+  if (degrees.hdp < 1) throw std::invalid_argument("hdp must be at least 1");
+  const ModelCosts c = model_costs(model, degrees.tp, pp);
   MemoryBudget b;
   double best = std::numeric_limits<double>::infinity();
   for (int s = 0; s < pp; ++s) {
-    const double p = stage_parameters_per_gpu(c, layout.tp, s, pp, stage_layers[s]);
-    const double fixed = p * (2 + 4) + p * 12 / layout.hdp;
+    const double p = stage_parameters_per_gpu(c, degrees.tp, s, pp, stage_layers[s]);
+    const double fixed = p * (2 + 4) + p * 12 / degrees.hdp;
     const double free = hw.hbm_bytes - hw.reserved_bytes - fixed;
     b.parameters_per_gpu.push_back(p);
     b.static_bytes.push_back(fixed);
@@ -78,30 +78,30 @@ MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, c
   return b;
 }
 
-StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, const ParallelLayout& layout,
+StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, const ParallelDegrees& degrees,
                           std::span<const int64_t> stage_layers) {
   validate_hardware(hw);
-  const int pp = layout.pp;
+  const int pp = degrees.pp;
   if (static_cast<int>(stage_layers.size()) != pp)
     throw std::invalid_argument("make_step_costs: " + str(static_cast<int64_t>(stage_layers.size())) +
                                 " stage layer counts for pp " + str(pp));
-  const ModelCosts c = model_costs(model, layout.tp, pp);
+  const ModelCosts c = model_costs(model, degrees.tp, pp);
   const double rate = hw.flops_per_second();
   StepCosts k;
-  k.cost = analytic_cost_model(model, layout.tp, c.saved_bytes_per_token, rate, hw.pcie_bytes_per_s);
+  k.cost = analytic_cost_model(model, degrees.tp, c.saved_bytes_per_token, rate, hw.pcie_bytes_per_s);
   k.embedding_seconds_per_token = 0;  // a table lookup and its scatter-add: negligible
   k.head_seconds_per_token = c.head_flops_per_token / rate;
   k.stage_layers.assign(stage_layers.begin(), stage_layers.end());
-  k.tp = layout.tp;
-  k.hdp = layout.hdp;
+  k.tp = degrees.tp;
+  k.hdp = degrees.hdp;
   k.hardware = hw;
   k.kv_bytes_per_token = c.kv_bytes_per_token;
   k.boundary_bytes_per_token = c.boundary_bytes_per_token;
   for (int s = 0; s < pp; ++s) {
-    const double p = stage_parameters_per_gpu(c, layout.tp, s, pp, stage_layers[s]);
+    const double p = stage_parameters_per_gpu(c, degrees.tp, s, pp, stage_layers[s]);
     k.gradient_bytes.push_back(4 * p);
     k.parameter_bytes.push_back(2 * p);
-    k.optimizer_seconds.push_back(32 * p / layout.hdp / hw.hbm_bytes_per_s);
+    k.optimizer_seconds.push_back(32 * p / degrees.hdp / hw.hbm_bytes_per_s);
   }
   return k;
 }
@@ -138,7 +138,9 @@ StepSimulation simulate_step(const StepPlan& plan, std::span<const int64_t> leng
   const double f = k.forward_fraction;
   const HardwareProfile& hw = k.hardware;
   const CostModel& cm = k.cost;
-  auto gpu = [&](int r, int s) { return static_cast<long>(tp) * (r + static_cast<long>(hdp) * s); };
+  // The GPU of tp rank 0 of hdp rank r at stage s, in the trainer's rank order.
+  const ParallelDegrees grid{tp, pp, hdp};
+  auto gpu = [&](int r, int s) { return static_cast<long>(grid.rank({0, s, r})); };
   for (const auto& mbs : plan.ranks)
     for (const PlannedMicroBatch& mb : mbs)
       for (const PlannedPiece& p : mb.pieces)

@@ -7,7 +7,7 @@
 // and are folded into one), at one pipeline stage of one hdp rank:
 // process = hdp_rank + hdp * stage, whose GPUs are world ranks
 // tp * process ... tp * process + tp - 1 (the trainer's rank order,
-// docs/architecture.md), gpus_per_node to a node.
+// parallel/parallel_degrees.h), gpus_per_node to a node.
 //
 // Streams of a process: compute, pp-fwd-send, pp-fwd-recv, pp-bwd-send,
 // pp-bwd-recv, dp (gradient reduce-scatter and parameter all-gather), d2h and h2d
@@ -32,17 +32,13 @@
 #include <vector>
 
 #include "model/model_shape.h"
+#include "parallel/parallel_degrees.h"
 #include "planning/cost_model.h"
 #include "planning/hardware.h"
 #include "planning/plan.h"
 #include "planning/simulator.h"
 
 namespace hdp {
-
-struct ParallelLayout {
-  int tp = 1, pp = 1, hdp = 1;
-  int gpus() const { return tp * pp * hdp; }
-};
 
 // The counts of model/model_shape.h for one model under one layout, per GPU of a
 // tp group, with the precision of large-model training: mixed precision as in
@@ -75,7 +71,7 @@ struct MemoryBudget {
 // Stage s keeps pp - s micro-batches in flight under 1F1B, each of at most C
 // tokens over its layers. Throws std::invalid_argument if a stage has no room
 // for a single token.
-MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hardware, const ParallelLayout& layout,
+MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hardware, const ParallelDegrees& degrees,
                            std::span<const int64_t> stage_layers);
 
 // Everything the step graph needs; make_step_costs derives it from the model and
@@ -100,7 +96,7 @@ struct StepCosts {
 };
 // Compute rate: hardware.flops_per_second() per GPU. Copies at pcie_bytes_per_s.
 // Optimizer: 32 bytes of HBM traffic per parameter of the shard.
-StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hardware, const ParallelLayout& layout,
+StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hardware, const ParallelDegrees& degrees,
                           std::span<const int64_t> stage_layers);
 
 struct StepSimulation {

@@ -397,7 +397,7 @@ TEST(ModelCosts, MemoryBudgetFormula) {
   hw.reserved_bytes = 5e9;
   hw.nvlink_bytes_per_s = hw.internode_bytes_per_s = hw.pcie_bytes_per_s = 1e10;
   const ModelShape m = llama7b();
-  const ParallelLayout layout{8, 2, 4};
+  const ParallelDegrees layout{8, 2, 4};
   const std::vector<int64_t> split = {16, 16};
   const MemoryBudget b = memory_budget(m, hw, layout, split);
   const ModelCosts c = model_costs(m, 8, 2);
@@ -452,7 +452,7 @@ TEST(StepSimulation, PlannersOutputReplays) {
   lengths.push_back(200000);
   lengths.push_back(90000);
   for (int pp : {1, 2}) {
-    const ParallelLayout layout{8, pp, 8};
+    const ParallelDegrees layout{8, pp, 8};
     const std::vector<int64_t> split = stage_layer_split(m, 8, pp, 200000);
     const StepCosts k = make_step_costs(m, hw, layout, split);
     PlannerSettings st;

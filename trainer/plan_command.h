@@ -51,7 +51,7 @@ std::vector<int64_t> global_batch_lengths(const std::string& source, int64_t con
 struct PlanSetup {
   HardwareProfile hardware;
   ModelShape model;
-  ParallelLayout layout;
+  ParallelDegrees layout;
   std::vector<int64_t> stage_layers;
   MemoryBudget memory;      // the derived capacity and its terms
   StepCosts costs;

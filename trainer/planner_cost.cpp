@@ -75,7 +75,7 @@ CostModel cost_model_from_file(const CostFile& file, const Config& config, int64
 
 CostModel derived_cost_model(const Config& config, double flops_per_second, int64_t saved_floats_per_token) {
   const ModelShape shape = config.model.shape();
-  const int tp = static_cast<int>(config.parallel.tp);
+  const int tp = config.parallel.tp;
   // The saved floats are fp32 (4 bytes): the trainer computes in fp32.
   CostModel cost = analytic_cost_model(shape, tp, 4.0 * static_cast<double>(saved_floats_per_token), flops_per_second,
                                        config.offload.bandwidth_gbs * 1e9);

@@ -43,10 +43,6 @@ double ms_since(Clock::time_point t0) {
 
 double mib(size_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
 
-GridShape grid_shape(const ParallelConfig& p) {
-  return GridShape{static_cast<int>(p.tp), static_cast<int>(p.pp), static_cast<int>(p.hdp)};
-}
-
 // Where training starts: a checkpoint to resume (weights, moments, step, data
 // position), a checkpoint to take weights from, or fresh weights.
 TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine) {
@@ -73,13 +69,13 @@ TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine) {
 }  // namespace
 
 void run_training(const Config& config, const ProcessInfo& process) {
-  const GridShape shape = grid_shape(config.parallel);
+  const ParallelDegrees& degrees = config.parallel;
   const bool remote = config.loader.mode == "remote";
   const int loader_ranks = remote ? static_cast<int>(config.loader.servers) : 0;
-  const int training_ranks = shape.world();
+  const int training_ranks = degrees.world();
   if (training_ranks + loader_ranks != process.world_size) {
-    throw ConfigError("parallel.tp x parallel.pp x parallel.hdp = " + std::to_string(shape.tp) + " x " +
-                      std::to_string(shape.pp) + " x " + std::to_string(shape.hdp) + " = " +
+    throw ConfigError("parallel.tp x parallel.pp x parallel.hdp = " + std::to_string(degrees.tp) + " x " +
+                      std::to_string(degrees.pp) + " x " + std::to_string(degrees.hdp) + " = " +
                       std::to_string(training_ranks) + " ranks" +
                       (remote ? " plus loader.servers = " + std::to_string(loader_ranks) : std::string()) +
                       ", but the job has " + std::to_string(process.world_size) + "; launch with mpirun -np " +
@@ -126,7 +122,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
     validate_dataset_vocab(config, dataset->vocab_size(), dataset->max_token_id());
   }
 
-  ProcessGroups groups(shape, config.model.tie_embeddings, std::move(training_world));
+  ProcessGroups groups(degrees, config.model.tie_embeddings, std::move(training_world));
   const GridCoords& coords = groups.coords();
   spdlog::info("rank {} on {}: tp {} pp {} hdp {}; {} threads", process.rank, process.hostname, coords.tp_rank,
                coords.pp_rank, coords.hdp_rank, threads);
@@ -138,7 +134,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
       spdlog::info("data from {} loader rank(s) (world ranks {}..{}), scheduler on world rank {}", loader_ranks,
                    training_ranks, training_ranks + loader_ranks - 1, training_ranks);
     }
-    spdlog::info("{}", describe_grid(shape));
+    spdlog::info("{}", describe_grid(degrees));
     spdlog::info("OpenBLAS {} kernels", cpu::blas_core_name());
   }
 
@@ -213,8 +209,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
     produce = [&] { return planner->next_local_batch(*sampler, *dataset, coords.hdp_rank); };
   }
   BatchPrefetcher prefetcher(produce, 2);
-  const CheckpointLayout layout{shape.tp, shape.pp, shape.hdp, coords.tp_rank, coords.pp_rank, coords.hdp_rank,
-                                process.rank, &groups.world()};
+  const CheckpointLayout layout{degrees, coords, process.rank, &groups.world()};
   std::optional<MetricsWriter> metrics;
   if (process.rank == 0) metrics.emplace(config.train.run_dir, progress.step == 0);
   std::vector<int64_t> lengths;
