@@ -45,7 +45,7 @@ const Case& get_case(int gpus, int tp = 8, int pp = 1, int64_t capacity = 0) {
     const std::string dir = std::string(HDP_SOURCE_DIR) + "/configs/";
     Case c;
     c.setup = make_plan_setup(load_cluster_file(dir + "cluster/h100.yaml"), load_model_file(dir + "models/llama-7b.yaml"),
-                              gpus, tp, pp, capacity);
+                              gpus, tp, pp, kContext, capacity);
     c.lengths = sample_global_batch(builtin_distribution("byted"), kContext, kBatch, 1);
     it = cases.emplace(key, std::move(c)).first;
   }

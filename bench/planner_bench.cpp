@@ -32,6 +32,7 @@
 #include <random>
 #include <vector>
 
+#include "model/model_shape.h"
 #include "planning/cost_model.h"
 #include "planning/hdp_planner.h"
 #include "planning/plan.h"
@@ -77,9 +78,11 @@ PlannerSettings settings(int hdp) {
   s.layers_per_stage = 8;
   s.pipeline_stages = 1;
   const double rate = 300e12;
-  s.cost = analytic_cost_model(LayerShape{4096, 32, 8, 128, 11008, 24 * 4096}, rate, 25e9);
+  // LLaMA-7B's layer, 24 x hidden saved floats per token.
+  const ModelShape llama7b{.name = "llama-7b", .hidden = 4096, .heads = 32, .kv_heads = 8, .head_dim = 128, .ffn = 11008, .vocab = 32000};
+  s.cost = analytic_cost_model(llama7b, 1, 4.0 * 24 * 4096, rate, 25e9);
   s.cost.embedding_seconds_per_token = 2.0 * 4096 / rate;
-  s.cost.head_seconds_per_token = 6.0 * 4096 * 32000 / rate;
+  s.cost.head_seconds_per_token = head_flops_per_token(llama7b, 1) / rate;
   return s;
 }
 

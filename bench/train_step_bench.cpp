@@ -76,7 +76,7 @@ void BM_BenchLlamaTrainingStep(benchmark::State& state) {
                       config.parallel.bucket_mb << 18);
   const SyntheticBatch batch = documents(4, 1024, static_cast<int>(config.model.vocab_size));
   const MicroBatchView view{batch.tokens, batch.targets, batch.positions, batch.cu_seqlens};
-  const double flops = training_flops(config.model, batch.lengths);
+  const double flops = training_flops(config.model.shape(), batch.lengths);
   const double rate = gemm_rate();
   int64_t step = 0;
   for (auto _ : state) {

@@ -72,7 +72,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   vocab_begin_ = split_point(c.vocab_size, partition.tp_rank, tp_size);
   local_vocab_ = split_point(c.vocab_size, partition.tp_rank + 1, tp_size) - vocab_begin_;
   head_chunk_tokens_ = head_chunk_for(local_vocab_, max_tokens_);
-  const ActivationWidths widths = activation_widths(c, tp_size);
+  const ActivationWidths widths = activation_widths(c.shape(), tp_size);
   row_width_ = widths.row;
   small_width_ = widths.small;
 
@@ -686,34 +686,6 @@ double LlamaModel::forward_backward(const MicroBatchView& batch, float loss_scal
 double LlamaModel::forward_loss(const MicroBatchView& batch) {
   set_batch(0, batch);
   return forward(0, 1.0f, false);
-}
-
-ActivationWidths activation_widths(const ModelConfig& c, int tp_size) {
-  const int64_t H = c.hidden_size, qdim = c.num_heads / tp_size * c.head_dim();
-  const int64_t kv = c.num_kv_heads / tp_size * c.head_dim(), F = c.ffn_hidden_size / tp_size;
-  return {4 * H + 2 * qdim + 2 * kv + 2 * F, 2 + c.num_heads / tp_size};
-}
-
-double layer_flops_per_token(const ModelConfig& c, int64_t seq_len) {
-  const double H = static_cast<double>(c.hidden_size), F = static_cast<double>(c.ffn_hidden_size);
-  const double qdim = static_cast<double>(c.num_heads * c.head_dim()), kv = static_cast<double>(c.kv_dim());
-  const double matmul = H * (qdim + 2 * kv) + qdim * H + 3 * H * F;
-  // Causal attention: a token attends to (s + 1) / 2 keys on average; QK^T and PV
-  // each cost 2 * qdim FLOPs per pair.
-  return 6.0 * matmul + 6.0 * qdim * (static_cast<double>(seq_len) + 1.0);
-}
-
-double head_flops_per_token(const ModelConfig& c) {
-  return 6.0 * static_cast<double>(c.vocab_size) * static_cast<double>(c.hidden_size);
-}
-
-double training_flops(const ModelConfig& c, std::span<const int64_t> sequence_lengths) {
-  double flops = 0;
-  for (int64_t s : sequence_lengths) {
-    flops += static_cast<double>(s) *
-             (static_cast<double>(c.num_layers) * layer_flops_per_token(c, s) + head_flops_per_token(c));
-  }
-  return flops;
 }
 
 }  // namespace hdp

@@ -24,6 +24,7 @@
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
 #include "model/model_config.h"
+#include "model/model_shape.h"
 #include "parallel/communicator.h"
 #include "parallel/ring_attention.h"
 #include "parallel/tensor_parallel.h"
@@ -86,22 +87,6 @@ struct ActivationUsage {
   size_t host_peak_bytes = 0;       // the most of it any micro-batch used
   int64_t offloaded_bytes = 0;      // copied to host so far (cumulative)
 };
-
-// Floats one layer of a tensor-parallel slice saves per token for backward: the
-// row tensors (x_in, ln1, q, k, v, attn, x_mid, ln2, gate, up), which offload can
-// move to host memory, and the small ones (two 1/rms values and the heads' lse).
-struct ActivationWidths {
-  int64_t row = 0;
-  int64_t small = 0;
-};
-ActivationWidths activation_widths(const ModelConfig& config, int tp_size);
-
-// Model FLOPs of forward+backward (backward = twice the forward), per token: one
-// transformer layer in a sequence of seq_len tokens, and the LM head.
-double layer_flops_per_token(const ModelConfig& config, int64_t seq_len);
-double head_flops_per_token(const ModelConfig& config);
-// The whole model (all stages and slices) for sequences of these lengths.
-double training_flops(const ModelConfig& config, std::span<const int64_t> sequence_lengths);
 
 // Called during backward: gradients at flat offsets >= `offset` are final for this pass.
 using GradientsReady = std::function<void(int64_t offset)>;

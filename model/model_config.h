@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "model/model_shape.h"
+
 namespace hdp {
 
 struct ModelConfig {
@@ -22,6 +24,20 @@ struct ModelConfig {
 
   int64_t head_dim() const { return hidden_size / num_heads; }
   int64_t kv_dim() const { return num_kv_heads * head_dim(); }
+  // Its counts (parameters, FLOPs, saved activations) are those of this shape.
+  ModelShape shape() const {
+    ModelShape s;
+    s.name = arch;
+    s.layers = num_layers;
+    s.hidden = hidden_size;
+    s.heads = num_heads;
+    s.kv_heads = num_kv_heads;
+    s.head_dim = head_dim();
+    s.ffn = ffn_hidden_size;
+    s.vocab = vocab_size;
+    s.tied_embeddings = tie_embeddings;
+    return s;
+  }
 };
 
 }  // namespace hdp

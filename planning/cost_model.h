@@ -7,6 +7,8 @@
 
 #include <cstdint>
 
+#include "model/model_shape.h"
+
 namespace hdp {
 
 struct CostModel {
@@ -24,19 +26,15 @@ struct CostModel {
   double activation_bytes(int64_t s) const;
 };
 
-// The shape of one transformer layer as the cost model needs it (the planner
-// layer does not depend on the model).
-struct LayerShape {
-  int64_t hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0;
-  int64_t saved_floats_per_token = 0;  // floats one layer keeps for backward, per token
-};
-
-// FLOP counts at a fixed rate. With qdim = heads * head_dim, one layer's forward
-// and backward over s tokens costs 6 * matmul_params * s (projections and MLP,
-// matmul_params = hidden (qdim + 2 kv_heads head_dim) + qdim hidden + 3 hidden ffn)
-// plus 6 * qdim * s (s + 1) (causal attention scores and values), so
-// a1 = 6 qdim / rate, b1 = (6 matmul_params + 6 qdim) / rate, g = 0;
-// a2 = 4 bytes * saved_floats_per_token, b2 = 0; both copy directions at copy_bytes_per_second.
-CostModel analytic_cost_model(const LayerShape& shape, double flops_per_second, double copy_bytes_per_second);
+// The FLOP counts of one layer on one rank of a tensor-parallel group of tp
+// (model/model_shape.h) at a fixed rate. Over a causal sequence of s tokens the
+// layer costs matmul s + attention s (s + 1) / 2 FLOPs (matmul per token,
+// attention per (query, visible key) pair), so
+// a1 = attention / 2 / rate, b1 = (matmul + attention / 2) / rate, g = 0;
+// a2 = saved_bytes_per_token, b2 = 0; both copy directions at copy_bytes_per_second.
+// The embedding and the head are the caller's. The shape must split over tp
+// (validate_split).
+CostModel analytic_cost_model(const ModelShape& model, int tp, double saved_bytes_per_token, double flops_per_second,
+                              double copy_bytes_per_second);
 
 }  // namespace hdp

@@ -14,60 +14,21 @@ namespace {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-// Ranks of the tp group that holds the KV heads: with fewer KV heads than tp
-// ranks, each rank keeps one (replicated) head.
-double kv_dim_per_gpu(const ModelShape& m, int tp) {
-  return m.kv_heads >= tp ? static_cast<double>(m.kv_heads / tp * m.head_dim) : static_cast<double>(m.head_dim);
-}
-
 }  // namespace
-
-void validate_model_shape(const ModelShape& m) {
-  auto positive = [](int64_t v, const char* field) {
-    if (v < 1) throw std::invalid_argument(std::string(field) + " must be at least 1, got " + str(v));
-  };
-  positive(m.layers, "num_layers");
-  positive(m.hidden, "hidden_size");
-  positive(m.heads, "num_heads");
-  positive(m.kv_heads, "num_kv_heads");
-  positive(m.head_dim, "head_dim");
-  positive(m.ffn, "ffn_hidden_size");
-  positive(m.vocab, "vocab_size");
-  positive(m.experts, "num_experts");
-  positive(m.experts_per_token, "experts_per_token");
-  // heads need not be a multiple of kv_heads here (LLaMA-30B is listed as 52 heads
-  // over 8 KV groups): only FLOPs and bytes are counted.
-  if (m.experts_per_token > m.experts)
-    throw std::invalid_argument("experts_per_token " + str(m.experts_per_token) + " exceeds num_experts " +
-                                str(m.experts));
-}
 
 ModelCosts model_costs(const ModelShape& m, int tp, int pp) {
   validate_model_shape(m);
-  if (tp < 1 || pp < 1) throw std::invalid_argument("tp and pp must be at least 1");
-  if (m.heads % tp != 0) throw std::invalid_argument("num_heads " + str(m.heads) + " is not divisible by tp " + str(tp));
-  if (m.kv_heads % tp != 0 && tp % m.kv_heads != 0)
-    throw std::invalid_argument("num_kv_heads " + str(m.kv_heads) + " and tp " + str(tp) +
-                                " do not divide one another");
-  if (m.ffn % tp != 0) throw std::invalid_argument("ffn_hidden_size " + str(m.ffn) + " is not divisible by tp " + str(tp));
-  if (m.layers < pp) throw std::invalid_argument("num_layers " + str(m.layers) + " is below pp " + str(pp));
-  const double H = static_cast<double>(m.hidden), V = static_cast<double>(m.vocab), F = static_cast<double>(m.ffn);
-  const double E = static_cast<double>(m.experts), K = static_cast<double>(m.experts_per_token);
-  const double qdim = static_cast<double>(m.heads * m.head_dim), kvdim = static_cast<double>(m.kv_heads * m.head_dim);
-  const double q_gpu = qdim / tp, kv_gpu = kv_dim_per_gpu(m, tp), ffn_gpu = F * K / tp;
-  const double router = m.experts > 1 ? H * E : 0.0;
+  validate_split(m, tp, pp);
   ModelCosts c;
-  c.layer_parameters = H * (qdim + 2 * kvdim) + qdim * H + 3 * H * F * E + router + 2 * H;
-  c.embedding_parameters = V * H;
-  c.head_parameters = (m.tied_embeddings && pp == 1 ? 0.0 : V * H) + H;
-  c.layer_matmul_flops_per_token = 6 * (H * (q_gpu + 2 * kv_gpu) + q_gpu * H + 3 * H * ffn_gpu + router);
-  c.attention_flops_per_token_pair = 12 * q_gpu;
-  c.head_flops_per_token = 6 * V * H / tp;
-  c.saved_values_per_token = 4 * H + (q_gpu + 2 * kv_gpu) + q_gpu + 2 * ffn_gpu + 2 * 2 +
-                             2 * static_cast<double>(m.heads / tp) + (m.experts > 1 ? 2 * E : 0.0);
-  c.saved_bytes_per_token = 2 * c.saved_values_per_token;
-  c.kv_bytes_per_token = 2 * kv_gpu * 2;
-  c.boundary_bytes_per_token = H * 2;
+  c.layer_parameters = layer_parameters(m);
+  c.embedding_parameters = embedding_parameters(m);
+  c.head_parameters = head_parameters(m, pp);
+  c.layer_matmul_flops_per_token = layer_matmul_flops_per_token(m, tp);
+  c.attention_flops_per_token_pair = attention_flops_per_token_pair(m, tp);
+  c.head_flops_per_token = head_flops_per_token(m, tp);
+  c.saved_bytes_per_token = saved_bytes_per_token(m, tp, kActivationBytes);
+  c.kv_bytes_per_token = kv_bytes_per_token(m, tp, kActivationBytes);
+  c.boundary_bytes_per_token = boundary_bytes_per_token(m, kActivationBytes);
   return c;
 }
 
@@ -82,20 +43,20 @@ double stage_parameters_per_gpu(const ModelCosts& c, int tp, int stage, int pp, 
 
 }  // namespace
 
-MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, const ParallelLayout& layout,
+MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, const ParallelDegrees& degrees,
                            std::span<const int64_t> stage_layers) {
   validate_hardware(hw);
-  const int pp = layout.pp;
+  const int pp = degrees.pp;
   if (static_cast<int>(stage_layers.size()) != pp)
     throw std::invalid_argument("memory_budget: " + str(static_cast<int64_t>(stage_layers.size())) +
                                 " stage layer counts for pp " + str(pp));
-  if (layout.hdp < 1) throw std::invalid_argument("hdp must be at least 1");
-  const ModelCosts c = model_costs(model, layout.tp, pp);
+  if (degrees.hdp < 1) throw std::invalid_argument("hdp must be at least 1");
+  const ModelCosts c = model_costs(model, degrees.tp, pp);
   MemoryBudget b;
   double best = std::numeric_limits<double>::infinity();
   for (int s = 0; s < pp; ++s) {
-    const double p = stage_parameters_per_gpu(c, layout.tp, s, pp, stage_layers[s]);
-    const double fixed = p * (2 + 4) + p * 12 / layout.hdp;
+    const double p = stage_parameters_per_gpu(c, degrees.tp, s, pp, stage_layers[s]);
+    const double fixed = p * (2 + 4) + p * 12 / degrees.hdp;
     const double free = hw.hbm_bytes - hw.reserved_bytes - fixed;
     b.parameters_per_gpu.push_back(p);
     b.static_bytes.push_back(fixed);
@@ -117,42 +78,30 @@ MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, c
   return b;
 }
 
-std::vector<int64_t> stage_layer_split(const ModelShape& model, const HardwareProfile& hw, int tp, int pp) {
-  const ModelCosts c = model_costs(model, tp, pp);
-  (void)hw;
-  return split_layers(model.layers, pp, c.layer_matmul_flops_per_token, 0.0, c.head_flops_per_token);
-}
-
-StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, const ParallelLayout& layout,
+StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, const ParallelDegrees& degrees,
                           std::span<const int64_t> stage_layers) {
   validate_hardware(hw);
-  const int pp = layout.pp;
+  const int pp = degrees.pp;
   if (static_cast<int>(stage_layers.size()) != pp)
     throw std::invalid_argument("make_step_costs: " + str(static_cast<int64_t>(stage_layers.size())) +
                                 " stage layer counts for pp " + str(pp));
-  const ModelCosts c = model_costs(model, layout.tp, pp);
+  const ModelCosts c = model_costs(model, degrees.tp, pp);
   const double rate = hw.flops_per_second();
   StepCosts k;
-  k.cost.a1 = c.attention_flops_per_token_pair / 2 / rate;
-  k.cost.b1 = (c.layer_matmul_flops_per_token + c.attention_flops_per_token_pair / 2) / rate;
-  k.cost.g = 0;
-  k.cost.a2 = c.saved_bytes_per_token;
-  k.cost.b2 = 0;
-  k.cost.d2h_bytes_per_s = hw.pcie_bytes_per_s;
-  k.cost.h2d_bytes_per_s = hw.pcie_bytes_per_s;
+  k.cost = analytic_cost_model(model, degrees.tp, c.saved_bytes_per_token, rate, hw.pcie_bytes_per_s);
   k.embedding_seconds_per_token = 0;  // a table lookup and its scatter-add: negligible
   k.head_seconds_per_token = c.head_flops_per_token / rate;
   k.stage_layers.assign(stage_layers.begin(), stage_layers.end());
-  k.tp = layout.tp;
-  k.hdp = layout.hdp;
+  k.tp = degrees.tp;
+  k.hdp = degrees.hdp;
   k.hardware = hw;
   k.kv_bytes_per_token = c.kv_bytes_per_token;
   k.boundary_bytes_per_token = c.boundary_bytes_per_token;
   for (int s = 0; s < pp; ++s) {
-    const double p = stage_parameters_per_gpu(c, layout.tp, s, pp, stage_layers[s]);
+    const double p = stage_parameters_per_gpu(c, degrees.tp, s, pp, stage_layers[s]);
     k.gradient_bytes.push_back(4 * p);
     k.parameter_bytes.push_back(2 * p);
-    k.optimizer_seconds.push_back(32 * p / layout.hdp / hw.hbm_bytes_per_s);
+    k.optimizer_seconds.push_back(32 * p / degrees.hdp / hw.hbm_bytes_per_s);
   }
   return k;
 }
@@ -172,24 +121,18 @@ struct LayerWork {
   double attention_bytes = 0;        // ring traffic sent by this GPU
 };
 
-}  // namespace
-
-StepSimulation simulate_step(const StepPlan& plan, std::span<const int64_t> lengths, const StepCosts& k,
-                             bool keep_graph) {
-  const int hdp = k.hdp, pp = k.pp(), tp = k.tp;
+// Throws std::invalid_argument unless the plan and the costs describe one step.
+void check_step_inputs(const StepPlan& plan, std::span<const int64_t> lengths, const StepCosts& k) {
+  const int pp = k.pp();
   if (pp < 1) throw std::invalid_argument("simulate_step: no pipeline stages");
-  if (static_cast<int>(plan.ranks.size()) != hdp)
+  if (static_cast<int>(plan.ranks.size()) != k.hdp)
     throw std::invalid_argument("simulate_step: the plan has " + str(static_cast<int64_t>(plan.ranks.size())) +
-                                " ranks, the costs " + str(hdp));
+                                " ranks, the costs " + str(k.hdp));
   if (k.gradient_bytes.size() != static_cast<size_t>(pp) || k.parameter_bytes.size() != static_cast<size_t>(pp) ||
       k.optimizer_seconds.size() != static_cast<size_t>(pp))
     throw std::invalid_argument("simulate_step: per-stage gradient, parameter and optimizer figures must have pp entries");
   if (!(k.forward_fraction > 0 && k.forward_fraction < 1))
     throw std::invalid_argument("simulate_step: forward_fraction must be in (0, 1)");
-  const double f = k.forward_fraction;
-  const HardwareProfile& hw = k.hardware;
-  const CostModel& cm = k.cost;
-  auto gpu = [&](int r, int s) { return static_cast<long>(tp) * (r + static_cast<long>(hdp) * s); };
   for (const auto& mbs : plan.ranks)
     for (const PlannedMicroBatch& mb : mbs)
       for (const PlannedPiece& p : mb.pieces)
@@ -197,16 +140,100 @@ StepSimulation simulate_step(const StepPlan& plan, std::span<const int64_t> leng
             (p.ring >= 0 && static_cast<size_t>(p.ring) >= plan.rings.size()))
           throw std::invalid_argument("simulate_step: a piece names sequence " + str(p.sequence) + " / ring " +
                                       str(p.ring) + " outside the batch");
+}
 
-  // Ring links per stage: the slowest link between consecutive members.
-  const size_t R = plan.rings.size();
-  std::vector<double> ring_bw(R * pp), ring_lat(R * pp), ring_step(R);
+// The operation graph of one step, built in the order simulate_step adds its
+// parts: every process's compute (with offload copies), the pipeline transfers,
+// the gradient synchronisation; then replayed.
+class StepGraphBuilder {
+ public:
+  StepGraphBuilder(const StepPlan& plan, std::span<const int64_t> lengths, const StepCosts& costs)
+      : plan_(plan), lengths_(lengths), k_(costs), grid_{costs.tp, costs.pp(), costs.hdp}, f_(costs.forward_fraction) {
+    for (int r = 0; r < grid_.hdp; ++r) first_.push_back(first_.back() + plan.ranks[r].size());
+    const size_t slots = first_.back() * grid_.pp;
+    forward_ops_.assign(slots, kNone);
+    backward_ops_.assign(slots, kNone);
+    d2h_ops_.assign(slots, kNone);
+    h2d_ops_.assign(slots, kNone);
+    const size_t processes = static_cast<size_t>(grid_.hdp) * grid_.pp;
+    last_compute_.assign(processes, kNone);
+    last_copy_.assign(processes, kNone);
+    ring_group_.assign(plan.rings.size() * grid_.pp * 2, -1);
+    measure_rings();
+    time_ring_groups();
+    add_streams();
+  }
+
+  // Compute operations of hdp rank r at stage s in 1F1B order, with offload copies beside them.
+  void add_compute(int r, int s);
+  // The activation sends and receives between stages s and s + 1, forward then backward.
+  void add_pipeline_transfers(int r, int s);
+  // Stage s's gradient reduce-scatter, optimizer and parameter all-gather (ZeRO-1 over hdp).
+  void add_gradient_sync(int s);
+  StepSimulation replay(bool keep_graph);
+
+ private:
+  // The GPU of tp rank 0 of hdp rank r at stage s, in the trainer's rank order.
+  long gpu(int r, int s) const { return static_cast<long>(grid_.rank({0, s, r})); }
+  int stream(int r, int s, int t) const {
+    return streams_[(static_cast<size_t>(r) + static_cast<size_t>(grid_.hdp) * s) * kStreams + t];
+  }
+  // Index of (hdp rank r, micro-batch i, stage s) in the per-operation tables.
+  size_t at(int r, int s, int i) const { return (first_[r] + static_cast<size_t>(i)) * grid_.pp + s; }
+  size_t ring_at(size_t g, int s) const { return g * grid_.pp + s; }
+
+  void measure_rings();
+  void time_ring_groups();
+  void add_streams();
+  LayerWork layer_work(const PlannedMicroBatch& mb, int s) const;
+  void add_ring_work(const PlannedMicroBatch& mb, int s, double ring_tokens, LayerWork& w) const;
+  // Forward + backward seconds of the embedding (first stage) and the head (last).
+  double extra_seconds(const PlannedMicroBatch& mb, int s) const;
+  int ring_group_of(size_t g, int s, bool forward);
+  // Offload copy of micro-batch i beside its forward (d2h) or backward (h2d);
+  // kNone when it offloads nothing.
+  sim::OpId add_offload_copy(int r, int s, const PipelineOp& op, sim::OpId previous_compute);
+
+  const StepPlan& plan_;
+  std::span<const int64_t> lengths_;
+  const StepCosts& k_;
+  const ParallelDegrees grid_;
+  const double f_;  // forward's share of compute
+  std::vector<size_t> first_{0};  // micro-batch offsets: (rank r, micro-batch i) is first_[r] + i
+  // Per ring and stage (ring_at): the slowest link between consecutive members,
+  // and the ring's forward and backward time (its slowest member's).
+  std::vector<double> ring_bw_, ring_lat_, ring_fwd_, ring_bwd_;
+  std::vector<double> ring_step_;  // per ring: one member's one ring step
+  StepSimulation out_;
+  sim::OpGraph graph_;
+  const uint32_t L_fwd = graph_.label("forward"), L_bwd = graph_.label("backward");
+  const uint32_t L_ring_fwd = graph_.label("ring forward"), L_ring_bwd = graph_.label("ring backward");
+  const uint32_t L_send_act = graph_.label("send activation"), L_recv_act = graph_.label("recv activation");
+  const uint32_t L_send_grad = graph_.label("send gradient"), L_recv_grad = graph_.label("recv gradient");
+  const uint32_t L_d2h = graph_.label("offload d2h"), L_h2d = graph_.label("offload h2d");
+  const uint32_t L_rs = graph_.label("grad reduce-scatter"), L_opt = graph_.label("optimizer");
+  const uint32_t L_ag = graph_.label("param all-gather");
+  std::vector<int> streams_;
+  std::vector<int> ring_group_;
+  std::vector<sim::OpId> forward_ops_, backward_ops_, d2h_ops_, h2d_ops_;  // at(r, s, i)
+  std::vector<sim::OpId> last_compute_, last_copy_;                        // per process
+  std::vector<sim::OpId> reduce_scatter_ops_;
+};
+
+void StepGraphBuilder::measure_rings() {
+  const int pp = grid_.pp;
+  const HardwareProfile& hw = k_.hardware;
+  const size_t R = plan_.rings.size();
+  ring_bw_.resize(R * pp);
+  ring_lat_.resize(R * pp);
+  ring_step_.resize(R);
   for (size_t g = 0; g < R; ++g) {
-    const Ring& ring = plan.rings[g];
+    const Ring& ring = plan_.rings[g];
     const int n = static_cast<int>(ring.ranks.size());
     double attention = 0;
-    for (int64_t q : ring.sequences) attention += cm.a1 * static_cast<double>(lengths[q]) * static_cast<double>(lengths[q]);
-    ring_step[g] = n > 0 ? attention / (static_cast<double>(n) * n) : 0;  // one member's one ring step
+    for (int64_t q : ring.sequences)
+      attention += k_.cost.a1 * static_cast<double>(lengths_[q]) * static_cast<double>(lengths_[q]);
+    ring_step_[g] = n > 0 ? attention / (static_cast<double>(n) * n) : 0;
     for (int s = 0; s < pp; ++s) {
       double bw = std::numeric_limits<double>::infinity(), lat = 0;
       for (int j = 0; j < n && n > 1; ++j) {
@@ -214,226 +241,227 @@ StepSimulation simulate_step(const StepPlan& plan, std::span<const int64_t> leng
         bw = std::min(bw, hw.link_bytes_per_s(a, b));
         lat = std::max(lat, hw.link_latency_s(a, b));
       }
-      ring_bw[g * pp + s] = bw;
-      ring_lat[g * pp + s] = lat;
+      ring_bw_[ring_at(g, s)] = bw;
+      ring_lat_[ring_at(g, s)] = lat;
     }
   }
-  auto layer_work = [&](const PlannedMicroBatch& mb, int s) {
-    LayerWork w;
-    double linear = 0, ring_tokens = 0;
-    for (const PlannedPiece& p : mb.pieces) {
-      if (p.ring < 0) {
-        linear += cm.compute_seconds(p.length);
-      } else {
-        ring_tokens += static_cast<double>(p.length);
-      }
-    }
-    linear += cm.b1 * ring_tokens;
-    w.forward = f * linear;
-    w.backward = (1 - f) * linear;
-    w.pure = linear;
-    if (mb.ring >= 0) {
-      const size_t g = static_cast<size_t>(mb.ring);
-      const int n = static_cast<int>(plan.rings[g].ranks.size());
-      const double step = ring_step[g];
-      w.pure += step * n + cm.g * static_cast<double>(plan.rings[g].sequences.size());
-      w.forward += f * cm.g * static_cast<double>(plan.rings[g].sequences.size());
-      w.backward += (1 - f) * cm.g * static_cast<double>(plan.rings[g].sequences.size());
-      if (n <= 1) {
-        w.forward += f * step;
-        w.backward += (1 - f) * step;
-      } else {
-        const double bytes = k.kv_bytes_per_token * ring_tokens;
-        const double xf = ring_lat[g * pp + s] + bytes / ring_bw[g * pp + s];
-        const double xb = ring_lat[g * pp + s] + 2 * bytes / ring_bw[g * pp + s];
-        w.forward += f * step + (n - 1) * std::max(f * step, xf);
-        w.backward += (1 - f) * step + (n - 1) * std::max((1 - f) * step, xb) + xb;
-        w.attention_bytes = bytes * (n - 1) + 2 * bytes * n;
-      }
-    }
-    return w;
-  };
-  auto extra_seconds = [&](const PlannedMicroBatch& mb, int s) {
-    double e = 0;
-    const double tokens = static_cast<double>(mb.tokens());
-    if (s == 0) e += k.embedding_seconds_per_token * tokens;
-    if (s == pp - 1) e += k.head_seconds_per_token * tokens;
-    return e;
-  };
+}
 
-  // Micro-batch offsets: index of (rank r, micro-batch i) = first[r] + i.
-  std::vector<size_t> first(hdp + 1, 0);
-  for (int r = 0; r < hdp; ++r) first[r + 1] = first[r] + plan.ranks[r].size();
-  const size_t M = first[hdp];
-
-  // Ring groups run for their slowest member's time.
-  std::vector<double> ring_fwd(R * pp, 0.0), ring_bwd(R * pp, 0.0);
-  for (int s = 0; s < pp; ++s) {
-    const double l = static_cast<double>(k.stage_layers[s]);
-    for (int r = 0; r < hdp; ++r)
-      for (const PlannedMicroBatch& mb : plan.ranks[r]) {
+// A ring's members run in lock step: each ring operation takes the slowest member's time.
+void StepGraphBuilder::time_ring_groups() {
+  ring_fwd_.assign(plan_.rings.size() * grid_.pp, 0.0);
+  ring_bwd_.assign(plan_.rings.size() * grid_.pp, 0.0);
+  for (int s = 0; s < grid_.pp; ++s) {
+    const double l = static_cast<double>(k_.stage_layers[s]);
+    for (int r = 0; r < grid_.hdp; ++r)
+      for (const PlannedMicroBatch& mb : plan_.ranks[r]) {
         if (mb.ring < 0) continue;
         const LayerWork w = layer_work(mb, s);
         const double e = extra_seconds(mb, s);
-        const size_t g = static_cast<size_t>(mb.ring) * pp + s;
-        ring_fwd[g] = std::max(ring_fwd[g], l * w.forward + f * e);
-        ring_bwd[g] = std::max(ring_bwd[g], l * w.backward + (1 - f) * e);
+        const size_t g = ring_at(static_cast<size_t>(mb.ring), s);
+        ring_fwd_[g] = std::max(ring_fwd_[g], l * w.forward + f_ * e);
+        ring_bwd_[g] = std::max(ring_bwd_[g], l * w.backward + (1 - f_) * e);
       }
   }
+}
 
-  StepSimulation out;
-  out.processes = hdp * pp;
-  sim::OpGraph graph;
-  const uint32_t L_fwd = graph.label("forward"), L_bwd = graph.label("backward");
-  const uint32_t L_ring_fwd = graph.label("ring forward"), L_ring_bwd = graph.label("ring backward");
-  const uint32_t L_send_act = graph.label("send activation"), L_recv_act = graph.label("recv activation");
-  const uint32_t L_send_grad = graph.label("send gradient"), L_recv_grad = graph.label("recv gradient");
-  const uint32_t L_d2h = graph.label("offload d2h"), L_h2d = graph.label("offload h2d");
-  const uint32_t L_rs = graph.label("grad reduce-scatter"), L_opt = graph.label("optimizer");
-  const uint32_t L_ag = graph.label("param all-gather");
-  std::vector<int> streams(static_cast<size_t>(hdp) * pp * kStreams);
-  for (int s = 0; s < pp; ++s)
-    for (int r = 0; r < hdp; ++r) {
-      const int proc = r + hdp * s;
-      for (int t = 0; t < kStreams; ++t) streams[static_cast<size_t>(proc) * kStreams + t] = graph.add_stream(proc, kStreamNames[t]);
-      out.process_names.push_back("stage " + std::to_string(s) + " hdp " + std::to_string(r) + " (GPUs " +
-                                  std::to_string(gpu(r, s)) + "-" + std::to_string(gpu(r, s) + tp - 1) + ")");
+void StepGraphBuilder::add_streams() {
+  out_.processes = grid_.hdp * grid_.pp;
+  streams_.resize(static_cast<size_t>(grid_.hdp) * grid_.pp * kStreams);
+  for (int s = 0; s < grid_.pp; ++s)
+    for (int r = 0; r < grid_.hdp; ++r) {
+      const int proc = r + grid_.hdp * s;
+      for (int t = 0; t < kStreams; ++t)
+        streams_[static_cast<size_t>(proc) * kStreams + t] = graph_.add_stream(proc, kStreamNames[t]);
+      out_.process_names.push_back("stage " + std::to_string(s) + " hdp " + std::to_string(r) + " (GPUs " +
+                                   std::to_string(gpu(r, s)) + "-" + std::to_string(gpu(r, s) + grid_.tp - 1) + ")");
     }
-  auto stream = [&](int r, int s, int t) { return streams[(static_cast<size_t>(r) + static_cast<size_t>(hdp) * s) * kStreams + t]; };
-  std::vector<int> ring_group(R * pp * 2, -1);
-  auto ring_group_of = [&](size_t g, int s, bool forward) {
-    int& id = ring_group[(g * pp + s) * 2 + (forward ? 0 : 1)];
-    if (id < 0) id = graph.new_group();
-    return id;
-  };
+}
 
-  // Compute operations in 1F1B order, with offload copies beside them.
-  std::vector<sim::OpId> F(M * pp, kNone), B(M * pp, kNone), D(M * pp, kNone), Hc(M * pp, kNone);
-  std::vector<sim::OpId> last_compute(static_cast<size_t>(hdp) * pp, kNone), last_copy(static_cast<size_t>(hdp) * pp, kNone);
-  auto at = [&](int r, int s, int i) { return (first[r] + static_cast<size_t>(i)) * pp + s; };
-  for (int s = 0; s < pp; ++s) {
-    const int64_t layers = k.stage_layers[s];
-    const double l = static_cast<double>(layers);
-    for (int r = 0; r < hdp; ++r) {
-      const auto& mbs = plan.ranks[r];
-      sim::OpId prev = kNone, pending_copy = kNone;
-      for (const PipelineOp& op : one_f_one_b(s, pp, static_cast<int>(mbs.size()))) {
-        const PlannedMicroBatch& mb = mbs[op.micro_batch];
-        const LayerWork w = layer_work(mb, s);
-        const double e = extra_seconds(mb, s);
-        double seconds;
-        int group = -1;
-        if (mb.ring >= 0) {
-          const size_t g = static_cast<size_t>(mb.ring) * pp + s;
-          seconds = op.forward ? ring_fwd[g] : ring_bwd[g];
-          group = ring_group_of(static_cast<size_t>(mb.ring), s, op.forward);
-        } else {
-          seconds = op.forward ? l * w.forward + f * e : l * w.backward + (1 - f) * e;
-        }
-        if (op.forward) {
-          out.compute_seconds += l * w.pure + e;
-          out.attention_bytes += l * w.attention_bytes * tp;
-        }
-        const uint32_t label = mb.ring >= 0 ? (op.forward ? L_ring_fwd : L_ring_bwd) : (op.forward ? L_fwd : L_bwd);
-        const size_t idx = at(r, s, op.micro_batch);
-        std::vector<sim::OpId> deps;
-        if (pending_copy != kNone) deps.push_back(pending_copy);
-        const sim::OpId id = graph.add_op(stream(r, s, kCompute), seconds, label, deps, group, op.micro_batch);
-        (op.forward ? F : B)[idx] = id;
-        pending_copy = kNone;
-        // Offload: a fraction of the saved activations of all but two layers goes to host memory
-        // during forward and comes back during backward, beside the compute.
-        const double ratio = mb.offload_ratio;
-        if (ratio > 0 && layers > 2 && mb.tokens() > 0) {
-          const double bytes = ratio * static_cast<double>(layers - 2) * cm.activation_bytes(mb.tokens());
-          std::vector<sim::OpId> copy_deps;
-          if (prev != kNone) copy_deps.push_back(prev);
-          if (op.forward) {
-            const sim::OpId c = graph.add_op(stream(r, s, kD2h), bytes / cm.d2h_bytes_per_s, L_d2h, copy_deps, -1,
-                                             op.micro_batch);
-            D[idx] = c;
-            pending_copy = c;
-            out.offloaded_bytes += bytes * tp;
-            out.max_offloaded_bytes_per_gpu = std::max(out.max_offloaded_bytes_per_gpu, bytes);
-          } else {
-            if (D[idx] != kNone) copy_deps.push_back(D[idx]);
-            const sim::OpId c = graph.add_op(stream(r, s, kH2d), bytes / cm.h2d_bytes_per_s, L_h2d, copy_deps, -1,
-                                             op.micro_batch);
-            Hc[idx] = c;
-            pending_copy = c;
-          }
-        }
-        prev = id;
-      }
-      last_compute[r + static_cast<size_t>(hdp) * s] = prev;
-      last_copy[r + static_cast<size_t>(hdp) * s] = pending_copy;
+LayerWork StepGraphBuilder::layer_work(const PlannedMicroBatch& mb, int s) const {
+  LayerWork w;
+  double linear = 0, ring_tokens = 0;
+  for (const PlannedPiece& p : mb.pieces) {
+    if (p.ring < 0) {
+      linear += k_.cost.compute_seconds(p.length);
+    } else {
+      ring_tokens += static_cast<double>(p.length);
     }
   }
+  linear += k_.cost.b1 * ring_tokens;
+  w.forward = f_ * linear;
+  w.backward = (1 - f_) * linear;
+  w.pure = linear;
+  if (mb.ring >= 0) add_ring_work(mb, s, ring_tokens, w);
+  return w;
+}
 
-  // Pipeline sends and receives: a pair per micro-batch and stage boundary.
-  for (int s = 0; s + 1 < pp; ++s) {
-    for (int r = 0; r < hdp; ++r) {
-      const long a = gpu(r, s), b = gpu(r, s + 1);
-      const double bw = hw.link_bytes_per_s(a, b), lat = hw.link_latency_s(a, b);
-      for (size_t i = 0; i < plan.ranks[r].size(); ++i) {
-        const double bytes = k.boundary_bytes_per_token * static_cast<double>(plan.ranks[r][i].tokens());
-        const double seconds = sim::p2p_seconds(bytes, bw, lat);
-        out.pipeline_bytes += 2 * bytes * tp;
-        const size_t lo = at(r, s, static_cast<int>(i)), hi = at(r, s + 1, static_cast<int>(i));
-        // Forward: stage s sends its output, stage s + 1 receives it.
-        int g = graph.new_group();
-        std::vector<sim::OpId> deps{F[lo]};
-        if (D[lo] != kNone) deps.push_back(D[lo]);
-        graph.add_op(stream(r, s, kFwdSend), seconds, L_send_act, deps, g, static_cast<int64_t>(i));
-        sim::OpId recv = graph.add_op(stream(r, s + 1, kFwdRecv), seconds, L_recv_act, {}, g, static_cast<int64_t>(i));
-        graph.add_dependency(F[hi], recv);
-        if (D[hi] != kNone) graph.add_dependency(D[hi], recv);
-      }
-      for (size_t i = 0; i < plan.ranks[r].size(); ++i) {
-        const double bytes = k.boundary_bytes_per_token * static_cast<double>(plan.ranks[r][i].tokens());
-        const double seconds = sim::p2p_seconds(bytes, bw, lat);
-        const size_t lo = at(r, s, static_cast<int>(i)), hi = at(r, s + 1, static_cast<int>(i));
-        // Backward: stage s + 1 sends the input gradient, stage s receives it.
-        int g = graph.new_group();
-        std::vector<sim::OpId> deps{B[hi]};
-        if (Hc[hi] != kNone) deps.push_back(Hc[hi]);
-        graph.add_op(stream(r, s + 1, kBwdSend), seconds, L_send_grad, deps, g, static_cast<int64_t>(i));
-        sim::OpId recv = graph.add_op(stream(r, s, kBwdRecv), seconds, L_recv_grad, {}, g, static_cast<int64_t>(i));
-        graph.add_dependency(B[lo], recv);
-        if (Hc[lo] != kNone) graph.add_dependency(Hc[lo], recv);
-      }
-    }
+// Ring attention (Liu et al., 2023): n steps of one member's block against each
+// member's K/V, each step overlapping the next block's transfer, so a step takes
+// the longer of its compute and its transfer.
+void StepGraphBuilder::add_ring_work(const PlannedMicroBatch& mb, int s, double ring_tokens, LayerWork& w) const {
+  const size_t g = static_cast<size_t>(mb.ring);
+  const int n = static_cast<int>(plan_.rings[g].ranks.size());
+  const double step = ring_step_[g];
+  const double sequences = static_cast<double>(plan_.rings[g].sequences.size());
+  w.pure += step * n + k_.cost.g * sequences;
+  w.forward += f_ * k_.cost.g * sequences;
+  w.backward += (1 - f_) * k_.cost.g * sequences;
+  if (n <= 1) {
+    w.forward += f_ * step;
+    w.backward += (1 - f_) * step;
+    return;
   }
+  const double bytes = k_.kv_bytes_per_token * ring_tokens;
+  const double bw = ring_bw_[ring_at(g, s)], lat = ring_lat_[ring_at(g, s)];
+  const double xf = lat + bytes / bw;
+  const double xb = lat + 2 * bytes / bw;
+  w.forward += f_ * step + (n - 1) * std::max(f_ * step, xf);
+  w.backward += (1 - f_) * step + (n - 1) * std::max((1 - f_) * step, xb) + xb;
+  w.attention_bytes = bytes * (n - 1) + 2 * bytes * n;
+}
 
-  // Gradient reduce-scatter, optimizer, parameter all-gather per stage (ZeRO-1 over hdp).
-  std::vector<sim::OpId> rs_ops;
-  for (int s = 0; s < pp; ++s) {
-    const bool one_node = hw.same_node(gpu(0, s), gpu(hdp - 1, s) + tp - 1);
-    const double bw = one_node ? hw.nvlink_bytes_per_s : hw.internode_bytes_per_s;
-    const double lat = one_node ? hw.intranode_latency_s : hw.internode_latency_s;
-    const double rs = sim::ring_reduce_scatter_seconds(k.gradient_bytes[s], hdp, bw, lat);
-    const double ag = sim::ring_all_gather_seconds(k.parameter_bytes[s], hdp, bw, lat);
-    out.gradient_bytes += (k.gradient_bytes[s] + k.parameter_bytes[s]) * tp * hdp;
-    const int g_rs = graph.new_group(), g_ag = graph.new_group();
-    for (int r = 0; r < hdp; ++r) {
-      std::vector<sim::OpId> deps;
-      const size_t p = r + static_cast<size_t>(hdp) * s;
-      if (last_compute[p] != kNone) deps.push_back(last_compute[p]);
-      if (last_copy[p] != kNone) deps.push_back(last_copy[p]);
-      const sim::OpId a = graph.add_op(stream(r, s, kDp), rs, L_rs, deps, g_rs);
-      rs_ops.push_back(a);
-      const sim::OpId o = graph.add_op(stream(r, s, kCompute), k.optimizer_seconds[s], L_opt, {a});
-      graph.add_op(stream(r, s, kDp), ag, L_ag, {o}, g_ag);
+double StepGraphBuilder::extra_seconds(const PlannedMicroBatch& mb, int s) const {
+  double e = 0;
+  const double tokens = static_cast<double>(mb.tokens());
+  if (s == 0) e += k_.embedding_seconds_per_token * tokens;
+  if (s == grid_.pp - 1) e += k_.head_seconds_per_token * tokens;
+  return e;
+}
+
+int StepGraphBuilder::ring_group_of(size_t g, int s, bool forward) {
+  int& id = ring_group_[ring_at(g, s) * 2 + (forward ? 0 : 1)];
+  if (id < 0) id = graph_.new_group();
+  return id;
+}
+
+void StepGraphBuilder::add_compute(int r, int s) {
+  const double l = static_cast<double>(k_.stage_layers[s]);
+  const auto& mbs = plan_.ranks[r];
+  sim::OpId prev = kNone, pending_copy = kNone;
+  for (const PipelineOp& op : one_f_one_b(s, grid_.pp, static_cast<int>(mbs.size()))) {
+    const PlannedMicroBatch& mb = mbs[op.micro_batch];
+    const LayerWork w = layer_work(mb, s);
+    const double e = extra_seconds(mb, s);
+    double seconds;
+    int group = -1;
+    if (mb.ring >= 0) {
+      const size_t g = ring_at(static_cast<size_t>(mb.ring), s);
+      seconds = op.forward ? ring_fwd_[g] : ring_bwd_[g];
+      group = ring_group_of(static_cast<size_t>(mb.ring), s, op.forward);
+    } else {
+      seconds = op.forward ? l * w.forward + f_ * e : l * w.backward + (1 - f_) * e;
     }
+    if (op.forward) {
+      out_.compute_seconds += l * w.pure + e;
+      out_.attention_bytes += l * w.attention_bytes * grid_.tp;
+    }
+    const uint32_t label = mb.ring >= 0 ? (op.forward ? L_ring_fwd : L_ring_bwd) : (op.forward ? L_fwd : L_bwd);
+    std::vector<sim::OpId> deps;
+    if (pending_copy != kNone) deps.push_back(pending_copy);
+    const sim::OpId id = graph_.add_op(stream(r, s, kCompute), seconds, label, deps, group, op.micro_batch);
+    (op.forward ? forward_ops_ : backward_ops_)[at(r, s, op.micro_batch)] = id;
+    pending_copy = add_offload_copy(r, s, op, prev);
+    prev = id;
   }
+  last_compute_[r + static_cast<size_t>(grid_.hdp) * s] = prev;
+  last_copy_[r + static_cast<size_t>(grid_.hdp) * s] = pending_copy;
+}
 
-  sim::Replay result = sim::replay(graph);
+// A fraction of the saved activations of all but two layers goes to host memory
+// during forward and comes back during backward, beside the compute; the next
+// compute operation waits for the copy.
+sim::OpId StepGraphBuilder::add_offload_copy(int r, int s, const PipelineOp& op, sim::OpId previous_compute) {
+  const PlannedMicroBatch& mb = plan_.ranks[r][op.micro_batch];
+  const int64_t layers = k_.stage_layers[s];
+  const double ratio = mb.offload_ratio;
+  if (!(ratio > 0 && layers > 2 && mb.tokens() > 0)) return kNone;
+  const size_t idx = at(r, s, op.micro_batch);
+  const double bytes = ratio * static_cast<double>(layers - 2) * k_.cost.activation_bytes(mb.tokens());
+  std::vector<sim::OpId> deps;
+  if (previous_compute != kNone) deps.push_back(previous_compute);
+  if (op.forward) {
+    const sim::OpId c =
+        graph_.add_op(stream(r, s, kD2h), bytes / k_.cost.d2h_bytes_per_s, L_d2h, deps, -1, op.micro_batch);
+    d2h_ops_[idx] = c;
+    out_.offloaded_bytes += bytes * grid_.tp;
+    out_.max_offloaded_bytes_per_gpu = std::max(out_.max_offloaded_bytes_per_gpu, bytes);
+    return c;
+  }
+  if (d2h_ops_[idx] != kNone) deps.push_back(d2h_ops_[idx]);
+  const sim::OpId c =
+      graph_.add_op(stream(r, s, kH2d), bytes / k_.cost.h2d_bytes_per_s, L_h2d, deps, -1, op.micro_batch);
+  h2d_ops_[idx] = c;
+  return c;
+}
+
+// A pair per micro-batch and direction: the transfer starts when both the send
+// and the receive have started (a group).
+void StepGraphBuilder::add_pipeline_transfers(int r, int s) {
+  const HardwareProfile& hw = k_.hardware;
+  const long a = gpu(r, s), b = gpu(r, s + 1);
+  const double bw = hw.link_bytes_per_s(a, b), lat = hw.link_latency_s(a, b);
+  const auto& mbs = plan_.ranks[r];
+  for (int i = 0; i < static_cast<int>(mbs.size()); ++i) {
+    const double bytes = k_.boundary_bytes_per_token * static_cast<double>(mbs[i].tokens());
+    const double seconds = sim::p2p_seconds(bytes, bw, lat);
+    out_.pipeline_bytes += 2 * bytes * grid_.tp;
+    const size_t lo = at(r, s, i), hi = at(r, s + 1, i);
+    // Forward: stage s sends its output, stage s + 1 receives it.
+    const int g = graph_.new_group();
+    std::vector<sim::OpId> deps{forward_ops_[lo]};
+    if (d2h_ops_[lo] != kNone) deps.push_back(d2h_ops_[lo]);
+    graph_.add_op(stream(r, s, kFwdSend), seconds, L_send_act, deps, g, i);
+    const sim::OpId recv = graph_.add_op(stream(r, s + 1, kFwdRecv), seconds, L_recv_act, {}, g, i);
+    graph_.add_dependency(forward_ops_[hi], recv);
+    if (d2h_ops_[hi] != kNone) graph_.add_dependency(d2h_ops_[hi], recv);
+  }
+  for (int i = 0; i < static_cast<int>(mbs.size()); ++i) {
+    const double bytes = k_.boundary_bytes_per_token * static_cast<double>(mbs[i].tokens());
+    const double seconds = sim::p2p_seconds(bytes, bw, lat);
+    const size_t lo = at(r, s, i), hi = at(r, s + 1, i);
+    // Backward: stage s + 1 sends the input gradient, stage s receives it.
+    const int g = graph_.new_group();
+    std::vector<sim::OpId> deps{backward_ops_[hi]};
+    if (h2d_ops_[hi] != kNone) deps.push_back(h2d_ops_[hi]);
+    graph_.add_op(stream(r, s + 1, kBwdSend), seconds, L_send_grad, deps, g, i);
+    const sim::OpId recv = graph_.add_op(stream(r, s, kBwdRecv), seconds, L_recv_grad, {}, g, i);
+    graph_.add_dependency(backward_ops_[lo], recv);
+    if (h2d_ops_[lo] != kNone) graph_.add_dependency(h2d_ops_[lo], recv);
+  }
+}
+
+void StepGraphBuilder::add_gradient_sync(int s) {
+  const HardwareProfile& hw = k_.hardware;
+  const int hdp = grid_.hdp, tp = grid_.tp;
+  const bool one_node = hw.same_node(gpu(0, s), gpu(hdp - 1, s) + tp - 1);
+  const double bw = one_node ? hw.nvlink_bytes_per_s : hw.internode_bytes_per_s;
+  const double lat = one_node ? hw.intranode_latency_s : hw.internode_latency_s;
+  const double rs = sim::ring_reduce_scatter_seconds(k_.gradient_bytes[s], hdp, bw, lat);
+  const double ag = sim::ring_all_gather_seconds(k_.parameter_bytes[s], hdp, bw, lat);
+  out_.gradient_bytes += (k_.gradient_bytes[s] + k_.parameter_bytes[s]) * tp * hdp;
+  const int g_rs = graph_.new_group(), g_ag = graph_.new_group();
+  for (int r = 0; r < hdp; ++r) {
+    std::vector<sim::OpId> deps;
+    const size_t p = r + static_cast<size_t>(hdp) * s;
+    if (last_compute_[p] != kNone) deps.push_back(last_compute_[p]);
+    if (last_copy_[p] != kNone) deps.push_back(last_copy_[p]);
+    const sim::OpId a = graph_.add_op(stream(r, s, kDp), rs, L_rs, deps, g_rs);
+    reduce_scatter_ops_.push_back(a);
+    const sim::OpId o = graph_.add_op(stream(r, s, kCompute), k_.optimizer_seconds[s], L_opt, {a});
+    graph_.add_op(stream(r, s, kDp), ag, L_ag, {o}, g_ag);
+  }
+}
+
+StepSimulation StepGraphBuilder::replay(bool keep_graph) {
+  sim::Replay result = sim::replay(graph_);
+  StepSimulation out = std::move(out_);
   out.step_seconds = result.makespan;
-  out.operations = graph.size();
-  out.dependencies = graph.dependencies();
+  out.operations = graph_.size();
+  out.dependencies = graph_.dependencies();
   double busy_min = std::numeric_limits<double>::infinity(), busy_max = 0;
-  for (int s = 0; s < pp; ++s)
-    for (int r = 0; r < hdp; ++r) {
+  for (int s = 0; s < grid_.pp; ++s)
+    for (int r = 0; r < grid_.hdp; ++r) {
       const double busy = result.stream_busy[stream(r, s, kCompute)];
       out.compute_busy_seconds += busy;
       out.ring_wait_seconds += std::max(0.0, result.stream_occupied[stream(r, s, kCompute)] - busy);
@@ -444,13 +472,28 @@ StepSimulation simulate_step(const StepPlan& plan, std::span<const int64_t> leng
   out.max_busy_seconds = busy_max;
   out.idle_fraction = out.step_seconds > 0 ? 1 - out.compute_busy_seconds / (out.processes * out.step_seconds) : 0;
   double rs_start = 0;
-  for (sim::OpId a : rs_ops) rs_start = std::max(rs_start, result.start[a]);
+  for (sim::OpId a : reduce_scatter_ops_) rs_start = std::max(rs_start, result.start[a]);
   out.gradient_sync_seconds = out.step_seconds - rs_start;
   if (keep_graph) {
-    out.graph = std::move(graph);
+    out.graph = std::move(graph_);
     out.replay = std::move(result);
   }
   return out;
+}
+
+}  // namespace
+
+StepSimulation simulate_step(const StepPlan& plan, std::span<const int64_t> lengths, const StepCosts& k,
+                             bool keep_graph) {
+  check_step_inputs(plan, lengths, k);
+  StepGraphBuilder builder(plan, lengths, k);
+  const int hdp = k.hdp, pp = k.pp();
+  for (int s = 0; s < pp; ++s)
+    for (int r = 0; r < hdp; ++r) builder.add_compute(r, s);
+  for (int s = 0; s + 1 < pp; ++s)
+    for (int r = 0; r < hdp; ++r) builder.add_pipeline_transfers(r, s);
+  for (int s = 0; s < pp; ++s) builder.add_gradient_sync(s);
+  return builder.replay(keep_graph);
 }
 
 RingStats ring_stats(const StepPlan& plan, std::span<const int64_t> lengths) {

@@ -7,7 +7,7 @@
 // and are folded into one), at one pipeline stage of one hdp rank:
 // process = hdp_rank + hdp * stage, whose GPUs are world ranks
 // tp * process ... tp * process + tp - 1 (the trainer's rank order,
-// docs/architecture.md), gpus_per_node to a node.
+// parallel/parallel_degrees.h), gpus_per_node to a node.
 //
 // Streams of a process: compute, pp-fwd-send, pp-fwd-recv, pp-bwd-send,
 // pp-bwd-recv, dp (gradient reduce-scatter and parameter all-gather), d2h and h2d
@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "model/model_shape.h"
+#include "parallel/parallel_degrees.h"
 #include "planning/cost_model.h"
 #include "planning/hardware.h"
 #include "planning/plan.h"
@@ -38,32 +40,13 @@
 
 namespace hdp {
 
-// The shape of a LLaMA / Mistral model for planning (no weights). MoE: every
-// layer has `experts` FFNs of size ffn and each token runs `experts_per_token`
-// of them; dense models have 1 and 1.
-struct ModelShape {
-  std::string name;
-  int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
-  int64_t experts = 1, experts_per_token = 1;
-  bool tied_embeddings = false;
-};
+// The counts of model/model_shape.h for one model under one layout, per GPU of a
+// tp group, with the precision of large-model training: mixed precision as in
+// Megatron-LM with a distributed (ZeRO-1) optimizer, bf16 weights (2 bytes per
+// parameter), fp32 gradients (4), fp32 master weights and Adam moments (12)
+// sharded over the hdp ranks, and bf16 activations (kActivationBytes per value).
+constexpr int kActivationBytes = 2;  // bf16
 
-// Throws std::invalid_argument naming the first bad field.
-void validate_model_shape(const ModelShape& model);
-
-struct ParallelLayout {
-  int tp = 1, pp = 1, hdp = 1;
-  int gpus() const { return tp * pp * hdp; }
-};
-
-// Byte and FLOP counts of one model under one layout, per GPU of a tp group.
-// Mixed precision as in Megatron-LM with a distributed (ZeRO-1) optimizer:
-// bf16 weights (2 bytes per parameter), fp32 gradients (4), fp32 master weights
-// and Adam moments (12) sharded over the hdp ranks; activations bf16 (2 bytes per
-// value). tp shards attention heads, the FFN (or every expert's FFN), the
-// embedding and the LM head; norms and the router are replicated; no sequence
-// parallelism (as in this trainer), so tensors of size hidden per token are held
-// whole on every tp rank.
 struct ModelCosts {
   double layer_parameters = 0;         // one layer, all experts, whole model (not per GPU)
   double embedding_parameters = 0;     // vocab x hidden
@@ -71,14 +54,7 @@ struct ModelCosts {
   double layer_matmul_flops_per_token = 0;  // forward + backward, per GPU: 6 x active matmul parameters / tp
   double attention_flops_per_token_pair = 0;  // forward + backward per (query, visible key) pair, per GPU: 12 qdim / tp
   double head_flops_per_token = 0;     // LM head forward + backward per GPU: 6 vocab hidden / tp
-  // Values one layer saves for backward per token, per GPU, and their bytes (x2):
-  // layer input, norm outputs (2 x hidden), attention residual (hidden),
-  // q, k, v after RoPE and the attention output (2 qdim/tp + 2 kvdim/tp),
-  // gate and up of each active expert (2 ffn k / tp), router logits (experts,
-  // MoE only), and the fp32 1/rms (2 x 1) and log-sum-exp (heads/tp), each fp32
-  // value counted as two bf16 values.
-  double saved_values_per_token = 0;
-  double saved_bytes_per_token = 0;
+  double saved_bytes_per_token = 0;    // one layer's values saved for backward, per GPU (model/model_shape.h)
   double kv_bytes_per_token = 0;       // K and V of one layer per GPU (ring attention block), bf16
   double boundary_bytes_per_token = 0;  // activation (or its gradient) sent between pipeline stages, per GPU
 };
@@ -95,7 +71,7 @@ struct MemoryBudget {
 // Stage s keeps pp - s micro-batches in flight under 1F1B, each of at most C
 // tokens over its layers. Throws std::invalid_argument if a stage has no room
 // for a single token.
-MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hardware, const ParallelLayout& layout,
+MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hardware, const ParallelDegrees& degrees,
                            std::span<const int64_t> stage_layers);
 
 // Everything the step graph needs; make_step_costs derives it from the model and
@@ -120,10 +96,8 @@ struct StepCosts {
 };
 // Compute rate: hardware.flops_per_second() per GPU. Copies at pcie_bytes_per_s.
 // Optimizer: 32 bytes of HBM traffic per parameter of the shard.
-StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hardware, const ParallelLayout& layout,
+StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hardware, const ParallelDegrees& degrees,
                           std::span<const int64_t> stage_layers);
-// Layers per stage balancing layer, embedding and head cost (parallel/pipeline.h split_layers).
-std::vector<int64_t> stage_layer_split(const ModelShape& model, const HardwareProfile& hardware, int tp, int pp);
 
 struct StepSimulation {
   double step_seconds = 0;          // makespan

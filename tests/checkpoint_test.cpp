@@ -39,11 +39,6 @@ ModelConfig tiny_config(bool tied) {
   return c;
 }
 
-struct Grid {
-  int tp = 1, pp = 1, hdp = 1;
-  int world() const { return tp * pp * hdp; }
-};
-
 // One simulated rank.
 struct Rank {
   CheckpointLayout layout;
@@ -53,7 +48,7 @@ struct Rank {
   std::unique_ptr<ZeroAdamW> optimizer;
 };
 
-ModelPartition partition_for(const ModelConfig& c, const Grid& g, int tp_rank, int pp_rank) {
+ModelPartition partition_for(const ModelConfig& c, const ParallelDegrees& g, int tp_rank, int pp_rank) {
   ModelPartition part;
   part.tp_rank = tp_rank;
   part.tp_size = g.tp;
@@ -64,20 +59,16 @@ ModelPartition partition_for(const ModelConfig& c, const Grid& g, int tp_rank, i
   return part;
 }
 
-// Ranks in world order: rank = tp_rank + tp * (hdp_rank + hdp * pp_rank).
-std::vector<Rank> make_ranks(const ModelConfig& c, const Grid& g, int64_t bucket_floats) {
+// Ranks in world order (ParallelDegrees::coords).
+std::vector<Rank> make_ranks(const ModelConfig& c, const ParallelDegrees& g, int64_t bucket_floats) {
   std::vector<Rank> ranks(g.world());
   for (int r = 0; r < g.world(); ++r) {
     Rank& k = ranks[r];
-    k.layout.tp = g.tp;
-    k.layout.pp = g.pp;
-    k.layout.hdp = g.hdp;
-    k.layout.tp_rank = r % g.tp;
-    k.layout.hdp_rank = (r / g.tp) % g.hdp;
-    k.layout.pp_rank = r / (g.tp * g.hdp);
+    k.layout.degrees = g;
+    k.layout.coords = g.coords(r);
     k.layout.world_rank = r;
-    k.partition = partition_for(c, g, k.layout.tp_rank, k.layout.pp_rank);
-    k.hdp_comm = std::make_unique<LocalCommunicator>("hdp", k.layout.hdp_rank, g.hdp);
+    k.partition = partition_for(c, g, k.layout.coords.tp_rank, k.layout.coords.pp_rank);
+    k.hdp_comm = std::make_unique<LocalCommunicator>("hdp", k.layout.coords.hdp_rank, g.hdp);
     k.world_comm = std::make_unique<LocalCommunicator>("world");
     k.model = std::make_unique<LlamaModel>(c, 8, k.partition, 1, nullptr);
     k.optimizer = std::make_unique<ZeroAdamW>(flat_parameters(*k.model), k.model->flat_parameters().numel(),
@@ -202,7 +193,7 @@ void expect_state(const ModelConfig& c, const std::vector<Rank>& ranks) {
 }
 
 // Save under `from`, load under `to`, compare everything.
-std::string reshard(const std::string& dir, bool tied, Grid from, int64_t from_bucket, Grid to, int64_t to_bucket,
+std::string reshard(const std::string& dir, bool tied, ParallelDegrees from, int64_t from_bucket, ParallelDegrees to, int64_t to_bucket,
                     int64_t step = 10) {
   const ModelConfig c = tiny_config(tied);
   auto src = make_ranks(c, from, from_bucket);

@@ -360,6 +360,7 @@ TEST(ConfigErrors, WrongTypes) {
       {"hidden_size: [1, 2]", "model", "model.hidden_size", "expected an integer, got a list"},
       {"hidden_size:", "model", "model.hidden_size", "expected an integer, got nothing (null)"},
       {"hidden_size: 99999999999999999999", "model", "model.hidden_size", "is out of range"},
+      {"hdp: 3000000000", "parallel", "parallel.hdp", "is out of range; the value must fit a 32-bit signed integer"},
       {"tie_embeddings: maybe", "model", "model.tie_embeddings",
        "expected true or false, got 'maybe'; write true or false"},
       {"rope_theta: fast", "model", "model.rope_theta", "expected a number, got 'fast'"},

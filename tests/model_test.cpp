@@ -183,6 +183,27 @@ TEST_P(GradientsReadyOrder, ReportsEachPartWhereItsGradientsBeginOnceAllAboveAre
 
 INSTANTIATE_TEST_SUITE_P(UntiedAndTied, GradientsReadyOrder, ::testing::Values(false, true));
 
+
+// The shape's counts (model/model_shape.h) are those of the model that runs.
+TEST(Model, ShapeCountsAreThoseOfTheModel) {
+  for (bool tied : {false, true}) {
+    const ModelShape shape = tiny_config(tied).shape();
+    LlamaModel model(tiny_config(tied), 8);
+    EXPECT_EQ(static_cast<double>(model.num_parameters()),
+              2 * layer_parameters(shape) + embedding_parameters(shape) + head_parameters(shape, 1));
+    const ActivationWidths w = activation_widths(shape, 1);
+    EXPECT_EQ(w.row, 4 * 8 + 2 * 8 + 2 * 4 + 2 * 12);  // x, two norms, residual; q, attention; k, v; gate, up
+    EXPECT_EQ(w.small, 2 + 2);                          // two 1/rms, the heads' log-sum-exp
+    EXPECT_EQ(model.saved_floats_per_token(), w.row + w.small);
+  }
+  // MFU's FLOPs, sequences of 4, 1 and 5 tokens: per token and layer 6 x 480 matmul
+  // parameters plus 6 x 8 qdim x (s + 1); the head 6 x 11 x 8.
+  const std::vector<int64_t> lengths = {4, 1, 5};
+  double expected = 0;
+  for (int64_t s : lengths) expected += s * (2 * (6 * 480 + 48 * (s + 1)) + 528);
+  EXPECT_EQ(training_flops(tiny_config(false).shape(), lengths), expected);
+}
+
 TEST(Model, InitIsDeterministicAndScaled) {
   ModelConfig c = tiny_config(false);
   c.hidden_size = 64;

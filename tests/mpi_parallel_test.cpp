@@ -122,30 +122,31 @@ TEST(MpiCommunicator, StagedBuffersGiveTheSameResultsAndReuseThePool) {
 }
 
 TEST(ProcessGroups, RankOrderIsTpFastestThenHdpThenPp) {
-  for (GridShape shape : {GridShape{2, 1, 2}, GridShape{1, 2, 2}, GridShape{2, 2, 1}, GridShape{1, 1, 4}}) {
-    ProcessGroups groups(shape, true);
+  const ParallelDegrees grids[] = {{2, 1, 2}, {1, 2, 2}, {2, 2, 1}, {1, 1, 4}};
+  for (const ParallelDegrees& degrees : grids) {
+    ProcessGroups groups(degrees, true);
     const GridCoords c = groups.coords();
-    EXPECT_EQ(grid_rank(c, shape), world_rank());
-    EXPECT_EQ(groups.tp().size(), shape.tp);
-    EXPECT_EQ(groups.pp().size(), shape.pp);
-    EXPECT_EQ(groups.hdp().size(), shape.hdp);
+    EXPECT_EQ(degrees.rank(c), world_rank());
+    EXPECT_EQ(groups.tp().size(), degrees.tp);
+    EXPECT_EQ(groups.pp().size(), degrees.pp);
+    EXPECT_EQ(groups.hdp().size(), degrees.hdp);
     EXPECT_EQ(groups.tp().rank(), c.tp_rank);
     EXPECT_EQ(groups.pp().rank(), c.pp_rank);
     EXPECT_EQ(groups.hdp().rank(), c.hdp_rank);
     // Members of my tp group share my pp and hdp coordinates: their world ranks sum as predicted.
     int64_t expected = 0;
-    for (int t = 0; t < shape.tp; ++t) expected += grid_rank({t, c.pp_rank, c.hdp_rank}, shape);
+    for (int t = 0; t < degrees.tp; ++t) expected += degrees.rank({t, c.pp_rank, c.hdp_rank});
     EXPECT_EQ(groups.tp().all_reduce_sum(int64_t{world_rank()}), expected);
     expected = 0;
-    for (int h = 0; h < shape.hdp; ++h) expected += grid_rank({c.tp_rank, c.pp_rank, h}, shape);
+    for (int h = 0; h < degrees.hdp; ++h) expected += degrees.rank({c.tp_rank, c.pp_rank, h});
     EXPECT_EQ(groups.hdp().all_reduce_sum(int64_t{world_rank()}), expected);
-    EXPECT_EQ(groups.tied() != nullptr, shape.pp > 1);
+    EXPECT_EQ(groups.tied() != nullptr, degrees.pp > 1);
   }
 }
 
 TEST(ProcessGroups, WorldSizeMismatchIsAClearError) {
   try {
-    ProcessGroups groups(GridShape{2, 2, 2}, false);
+    ProcessGroups groups(ParallelDegrees{2, 2, 2}, false);
     FAIL() << "accepted 8 ranks on a 4-rank job";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("2 x 2 x 2 = 8 ranks, but the job has 4"), std::string::npos) << e.what();
@@ -252,11 +253,9 @@ TEST(TrainingEngine, UnevenMicroBatchCountsGiveTheSameGradients) {
   all.push_back(micro_batch({33}, 5));
   for (const char* parallel : {"{hdp: 4}", "{tp: 2, hdp: 2}", "{pp: 2, hdp: 2}"}) {
     const Config config = engine_config(parallel);
-    ProcessGroups groups(GridShape{static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.pp),
-                                            static_cast<int>(config.parallel.hdp)},
-                         false);
+    ProcessGroups groups(config.parallel, false);
     TrainingEngine engine(config, groups);
-    const int hdp = groups.shape().hdp;
+    const int hdp = groups.degrees().hdp;
     std::vector<std::vector<PackedMicroBatch>> even(hdp), uneven(hdp);
     for (size_t i = 0; i < all.size(); ++i) even[i % hdp].push_back(all[i]);
     for (size_t i = 0; i < all.size(); ++i) uneven[i < all.size() - 1 ? 0 : hdp - 1].push_back(all[i]);
@@ -306,7 +305,7 @@ std::vector<float> planned_gradient(TrainingEngine& engine, ProcessGroups& group
                                     const StepPlan& plan) {
   std::vector<int64_t> lengths;
   for (const SequenceSpan& s : data.sequences) lengths.push_back(s.length);
-  check_plan(plan, lengths, 4, groups.shape().pp);
+  check_plan(plan, lengths, 4, groups.degrees().pp);
   const TokenDataset dataset(data.path);
   std::vector<PackedMicroBatch> batches;
   if (groups.coords().hdp_rank < static_cast<int>(plan.ranks.size())) {
@@ -333,8 +332,8 @@ TEST(RingAttention, ADocumentSplitOver2To4RanksGivesTheWholeDocumentsGradients) 
   const std::string data_config = "{path: unused.h5, max_seq_len: 4096, micro_batch_tokens: 4096, global_batch_tokens: 16384}";
   for (const char* parallel : {"{hdp: 4}", "{tp: 2, hdp: 2}"}) {
     const Config config = engine_config(parallel, data_config);
-    const int hdp = static_cast<int>(config.parallel.hdp);
-    ProcessGroups groups(GridShape{static_cast<int>(config.parallel.tp), 1, hdp}, false);
+    const int hdp = config.parallel.hdp;
+    ProcessGroups groups(ParallelDegrees{config.parallel.tp, 1, hdp}, false);
     TrainingEngine engine(config, groups);
 
     // The 4096-token document whole on rank 0, then over rings of 2, 3 and 4 ranks.

@@ -213,13 +213,14 @@ TEST(PlanFiles, ErrorsNameFileAndKey) {
 TEST(PlanSetupTest, LayoutErrors) {
   const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
   const ModelShape m = load_model_file(config("models/llama-30b.yaml"));
-  EXPECT_THROW(make_plan_setup(h, m, 1024, 8, 1), PlanInputError);  // 52 heads over tp 8
-  EXPECT_THROW(make_plan_setup(h, m, 1000, 4, 3), PlanInputError);  // 1000 not a multiple of 12
-  const PlanSetup s = make_plan_setup(h, m, 1024, 4, 1);
+  const int64_t context = 256 * 1024;
+  EXPECT_THROW(make_plan_setup(h, m, 1024, 8, 1, context), PlanInputError);  // 52 heads over tp 8
+  EXPECT_THROW(make_plan_setup(h, m, 1000, 4, 3, context), PlanInputError);  // 1000 not a multiple of 12
+  const PlanSetup s = make_plan_setup(h, m, 1024, 4, 1, context);
   EXPECT_EQ(s.layout.hdp, 256);
   EXPECT_EQ(s.settings.capacity, s.memory.capacity);
   EXPECT_GT(s.settings.capacity, 1000);
-  EXPECT_EQ(make_plan_setup(h, m, 1024, 4, 1, 4096).settings.capacity, 4096);
+  EXPECT_EQ(make_plan_setup(h, m, 1024, 4, 1, context, 4096).settings.capacity, 4096);
   EXPECT_THROW(plan_policy("greedy"), PlanInputError);
 }
 

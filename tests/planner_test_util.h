@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "model/model_shape.h"
 #include "planning/plan.h"
 
 namespace hdp::testing {
@@ -24,5 +25,9 @@ inline StepPlan hand_plan() {
   return p;
 }
 inline const std::vector<int64_t> kHandLengths = {10, 4, 3};
+
+// A small LLaMA layer for the FLOP-derived cost model: hidden 512, 8 heads of 64
+// over 4 KV heads, FFN 1376.
+inline const ModelShape kSmallLayer{.name = "small", .hidden = 512, .heads = 8, .kv_heads = 4, .head_dim = 64, .ffn = 1376};
 
 }  // namespace hdp::testing

@@ -295,7 +295,7 @@ TEST(Randomized, BalancedPlansAreValidNoWorseThanNaiveAndNearTheIdeal) {
     s.capacity = capacity;
     s.layers_per_stage = layers;
     s.pipeline_stages = stages;
-    s.cost = analytic_cost_model(LayerShape{512, 8, 4, 64, 1376, 16 * 512}, 2e11,
+    s.cost = analytic_cost_model(testing::kSmallLayer, 1, 4.0 * 16 * 512, 2e11,
                                  std::pow(10.0, 8 + static_cast<double>(rng() % 5)));
     // Embedding and head: from nothing to a few layers' worth of per-token work.
     s.cost.embedding_seconds_per_token = s.cost.b1 * static_cast<double>(rng() % 3) * 0.1;

@@ -99,8 +99,7 @@ TEST(Limits, MaxMicroBatchTokens) {
 }
 
 TEST(CostModel, AnalyticMatchesFlopCount) {
-  LayerShape shape{512, 8, 4, 64, 1376, 100};
-  const CostModel m = analytic_cost_model(shape, 2e11, 1e10);
+  const CostModel m = analytic_cost_model(testing::kSmallLayer, 1, 400, 2e11, 1e10);
   const double qdim = 512, params = 512.0 * (512 + 2 * 256) + 512.0 * 512 + 3.0 * 512 * 1376;
   for (int64_t s : {1, 100, 4096}) {
     const double flops = 6 * params * s + 6 * qdim * s * (s + 1.0);
@@ -109,7 +108,7 @@ TEST(CostModel, AnalyticMatchesFlopCount) {
   }
   EXPECT_DOUBLE_EQ(m.d2h_bytes_per_s, 1e10);
   EXPECT_DOUBLE_EQ(m.h2d_bytes_per_s, 1e10);
-  EXPECT_THROW(analytic_cost_model(shape, 0, 1e10), std::invalid_argument);
+  EXPECT_THROW(analytic_cost_model(testing::kSmallLayer, 1, 400, 0, 1e10), std::invalid_argument);
 }
 
 TEST(ChooseRanks, WithoutOffloadTheRanksCoverTheTokens) {
@@ -492,7 +491,7 @@ TEST(Randomized, PlansKeepTheirInvariants) {
     s.layers_per_stage = layers;
     s.pipeline_stages = stages;
     // A small LLaMA layer; copy bandwidth from starved to plenty.
-    s.cost = analytic_cost_model(LayerShape{512, 8, 4, 64, 1376, 16 * 512}, 2e11,
+    s.cost = analytic_cost_model(testing::kSmallLayer, 1, 4.0 * 16 * 512, 2e11,
                                  std::pow(10.0, 8 + static_cast<double>(rng() % 5)));
     switch (rng() % 4) {
       case 0: s.offload.enabled = false; break;

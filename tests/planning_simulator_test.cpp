@@ -17,6 +17,7 @@
 #include "parallel/pipeline.h"
 #include "planning/plan.h"
 #include "planning/simulator.h"
+#include "planning/stage_split.h"
 #include "planning/step_simulation.h"
 
 namespace hdp {
@@ -369,10 +370,9 @@ TEST(ModelCosts, CountsOfLlama7bAndMoe) {
   EXPECT_DOUBLE_EQ(c.layer_matmul_flops_per_token, 6 * (4096.0 * 6144 + 4096.0 * 4096 + 3.0 * 4096 * 11008));
   EXPECT_DOUBLE_EQ(c.attention_flops_per_token_pair, 12 * 4096.0);
   EXPECT_DOUBLE_EQ(c.kv_bytes_per_token, 2 * 1024 * 2);
-  // tp 8: 4 x 4096 + (512 + 2 x 128) + 512 + 2 x 1376 + 4 + 2 x 4 values.
+  // tp 8: 4 x 4096 + (512 + 2 x 128) + 512 + 2 x 1376 bf16 values, 2 + 4 fp32 ones.
   const ModelCosts t = model_costs(m, 8, 1);
-  EXPECT_DOUBLE_EQ(t.saved_values_per_token, 4 * 4096.0 + 768 + 512 + 2 * 1376 + 4 + 8);
-  EXPECT_DOUBLE_EQ(t.saved_bytes_per_token, 2 * t.saved_values_per_token);
+  EXPECT_DOUBLE_EQ(t.saved_bytes_per_token, 2 * (4 * 4096.0 + 768 + 512 + 2 * 1376) + 4 * (2 + 4));
   EXPECT_DOUBLE_EQ(t.kv_bytes_per_token, 2 * 128 * 2);
   // MoE: FLOPs of the top-2 experts, parameters of all 8.
   ModelShape moe = m;
@@ -397,7 +397,7 @@ TEST(ModelCosts, MemoryBudgetFormula) {
   hw.reserved_bytes = 5e9;
   hw.nvlink_bytes_per_s = hw.internode_bytes_per_s = hw.pcie_bytes_per_s = 1e10;
   const ModelShape m = llama7b();
-  const ParallelLayout layout{8, 2, 4};
+  const ParallelDegrees layout{8, 2, 4};
   const std::vector<int64_t> split = {16, 16};
   const MemoryBudget b = memory_budget(m, hw, layout, split);
   const ModelCosts c = model_costs(m, 8, 2);
@@ -413,6 +413,25 @@ TEST(ModelCosts, MemoryBudgetFormula) {
   EXPECT_EQ(b.limiting_stage, 0);
   hw.hbm_bytes = 6e9;
   EXPECT_THROW(memory_budget(m, hw, layout, split), std::invalid_argument);
+}
+
+// A small model with a large vocabulary (LLaMA-3.2-1B's shape): its LM head costs
+// 4 layers at 1K tokens, so the last of 4 stages keeps one layer; at 128K the
+// attention makes a layer 5 times dearer and the head less than one layer.
+TEST(StageSplit, CountsAttentionAtTheLongestSequence) {
+  ModelShape m;
+  m.layers = 16;
+  m.hidden = 2048;
+  m.heads = 16;
+  m.kv_heads = 8;
+  m.head_dim = 128;
+  m.ffn = 8192;
+  m.vocab = 128256;
+  EXPECT_EQ(stage_layer_split(m, 1, 4, 1024), (std::vector<int64_t>{5, 5, 5, 1}));
+  EXPECT_EQ(stage_layer_split(m, 1, 4, 128 * 1024), (std::vector<int64_t>{4, 4, 4, 4}));
+  EXPECT_EQ(stage_layer_split(m, 2, 4, 128 * 1024), (std::vector<int64_t>{4, 4, 4, 4}));
+  EXPECT_THROW(stage_layer_split(m, 1, 17, 1024), std::invalid_argument);
+  EXPECT_THROW(stage_layer_split(m, 3, 4, 1024), std::invalid_argument);
 }
 
 // A planned batch end to end: plan_naive's plan of a skewed batch on 8 ranks
@@ -433,8 +452,8 @@ TEST(StepSimulation, PlannersOutputReplays) {
   lengths.push_back(200000);
   lengths.push_back(90000);
   for (int pp : {1, 2}) {
-    const ParallelLayout layout{8, pp, 8};
-    const std::vector<int64_t> split = stage_layer_split(m, hw, 8, pp);
+    const ParallelDegrees layout{8, pp, 8};
+    const std::vector<int64_t> split = stage_layer_split(m, 8, pp, 200000);
     const StepCosts k = make_step_costs(m, hw, layout, split);
     PlannerSettings st;
     st.hdp = 8;

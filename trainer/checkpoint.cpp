@@ -265,17 +265,17 @@ void write_part(const std::string& file, const LlamaModel& model, const ZeroAdam
     write_attr_i64(f.get(), "format_version", kFormatVersion);
     write_attr_i64(f.get(), "step", progress.step);
     write_attr_i64(f.get(), "world_rank", layout.world_rank);
-    write_attr_i64(f.get(), "tp", layout.tp);
-    write_attr_i64(f.get(), "pp", layout.pp);
-    write_attr_i64(f.get(), "hdp", layout.hdp);
-    write_attr_i64(f.get(), "tp_rank", layout.tp_rank);
-    write_attr_i64(f.get(), "pp_rank", layout.pp_rank);
-    write_attr_i64(f.get(), "hdp_rank", layout.hdp_rank);
+    write_attr_i64(f.get(), "tp", layout.degrees.tp);
+    write_attr_i64(f.get(), "pp", layout.degrees.pp);
+    write_attr_i64(f.get(), "hdp", layout.degrees.hdp);
+    write_attr_i64(f.get(), "tp_rank", layout.coords.tp_rank);
+    write_attr_i64(f.get(), "pp_rank", layout.coords.pp_rank);
+    write_attr_i64(f.get(), "hdp_rank", layout.coords.hdp_rank);
 
     // Tied copies are never written; tp-replicated tensors come from tp rank 0 only.
-    auto writes = [&](const ParameterInfo& p) { return !p.tied_copy && (p.shard_dim >= 0 || layout.tp_rank == 0); };
+    auto writes = [&](const ParameterInfo& p) { return !p.tied_copy && (p.shard_dim >= 0 || layout.coords.tp_rank == 0); };
 
-    if (layout.hdp_rank == 0) {
+    if (layout.coords.hdp_rank == 0) {
       for (const ParameterInfo& p : params) {
         if (!writes(p)) continue;
         const std::vector<float> host = to_host(model.parameter_tensor(p));
@@ -330,7 +330,7 @@ void write_part(const std::string& file, const LlamaModel& model, const ZeroAdam
 struct Manifest {
   int64_t format_version = 0;
   TrainingProgress progress;
-  int tp = 1, pp = 1, hdp = 1;
+  ParallelDegrees degrees;
   std::vector<std::string> parts;
   std::string config;
 };
@@ -348,9 +348,9 @@ std::string emit_manifest(const Manifest& m, bool literal_config) {
   out << YAML::Key << "train_seed" << YAML::Value << m.progress.train_seed;
   out << YAML::Key << "data_seed" << YAML::Value << m.progress.data_seed;
   out << YAML::Key << "layout" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "tp" << YAML::Value << m.tp;
-  out << YAML::Key << "pp" << YAML::Value << m.pp;
-  out << YAML::Key << "hdp" << YAML::Value << m.hdp;
+  out << YAML::Key << "tp" << YAML::Value << m.degrees.tp;
+  out << YAML::Key << "pp" << YAML::Value << m.degrees.pp;
+  out << YAML::Key << "hdp" << YAML::Value << m.degrees.hdp;
   out << YAML::EndMap;
   out << YAML::Key << "parts" << YAML::Value << YAML::BeginSeq;
   for (const std::string& p : m.parts) out << p;
@@ -380,9 +380,9 @@ Manifest parse_manifest(const std::string& text, const std::string& what) {
     m.progress.sampler.document_offset = root["sampler"]["document_offset"].as<int64_t>();
     m.progress.train_seed = root["train_seed"].as<uint64_t>();
     m.progress.data_seed = root["data_seed"].as<uint64_t>();
-    m.tp = root["layout"]["tp"].as<int>();
-    m.pp = root["layout"]["pp"].as<int>();
-    m.hdp = root["layout"]["hdp"].as<int>();
+    m.degrees.tp = root["layout"]["tp"].as<int>();
+    m.degrees.pp = root["layout"]["pp"].as<int>();
+    m.degrees.hdp = root["layout"]["hdp"].as<int>();
     for (const YAML::Node& p : root["parts"]) m.parts.push_back(p.as<std::string>());
     m.config = root["config"].as<std::string>();
   } catch (const YAML::Exception& e) {
@@ -677,10 +677,12 @@ std::string checkpoint_path(const std::string& checkpoint_dir, int64_t step) {
 std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const ZeroAdamW& optimizer,
                             const TrainingProgress& progress, const std::string& config_yaml, int64_t keep,
                             const CheckpointLayout& layout) {
-  const int world_size = layout.tp * layout.pp * layout.hdp;
-  if (layout.tp < 1 || layout.pp < 1 || layout.hdp < 1 || layout.tp_rank < 0 || layout.tp_rank >= layout.tp ||
-      layout.pp_rank < 0 || layout.pp_rank >= layout.pp || layout.hdp_rank < 0 || layout.hdp_rank >= layout.hdp ||
-      layout.world_rank < 0 || layout.world_rank >= world_size ||
+  const ParallelDegrees& d = layout.degrees;
+  const GridCoords& c = layout.coords;
+  const int world_size = d.world();
+  auto within = [](int i, int n) { return i >= 0 && i < n; };
+  if (d.tp < 1 || d.pp < 1 || d.hdp < 1 || !within(c.tp_rank, d.tp) || !within(c.pp_rank, d.pp) ||
+      !within(c.hdp_rank, d.hdp) || !within(layout.world_rank, world_size) ||
       (layout.world && (layout.world->size() != world_size || layout.world->rank() != layout.world_rank))) {
     throw std::invalid_argument("save_checkpoint: inconsistent layout");
   }
@@ -712,9 +714,7 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
       Manifest m;
       m.format_version = kFormatVersion;
       m.progress = progress;
-      m.tp = layout.tp;
-      m.pp = layout.pp;
-      m.hdp = layout.hdp;
+      m.degrees = layout.degrees;
       m.config = config_yaml;
       std::string missing;
       for (int r = 0; r < world_size; ++r) {

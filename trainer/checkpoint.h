@@ -21,6 +21,7 @@
 
 #include "data/batch.h"
 #include "parallel/communicator.h"
+#include "parallel/parallel_degrees.h"
 #include "parallel/zero_optimizer.h"
 #include "model/model.h"
 
@@ -40,8 +41,8 @@ struct TrainingProgress {
 
 // Where this rank sits when it writes its part.
 struct CheckpointLayout {
-  int tp = 1, pp = 1, hdp = 1;
-  int tp_rank = 0, pp_rank = 0, hdp_rank = 0;
+  ParallelDegrees degrees;
+  GridCoords coords;
   int world_rank = 0;
   Communicator* world = nullptr;  // save synchronises over it (two all-reduces); nullptr = offline, see below
 };

@@ -25,7 +25,7 @@ namespace {
 // ---------------------------------------------------------------------------
 // Schema
 
-using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*>;
+using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*>;
 
 struct Field {
   std::string key;
@@ -37,8 +37,9 @@ struct Section {
   std::vector<Field> fields;
 };
 
-template <class S, class T>
-Field field(const char* key, S Config::*section, T S::*member) {
+// member: of the section or of a struct it derives from (ParallelConfig's degrees).
+template <class S, class M, class T>
+Field field(const char* key, S Config::*section, T M::*member) {
   return Field{key, [section, member](Config& c) -> FieldRef { return &((c.*section).*member); }};
 }
 
@@ -323,8 +324,8 @@ void assign(const FieldRef& ref, const YAML::Node& node, const std::string& wher
           if (!plain_scalar(node) || !parse_integer(node.Scalar(), v, out_of_range)) {
             if (out_of_range)
               fail(where, key, node.Scalar() + " is out of range",
-                   std::string("the value must fit a ") + (is_unsigned ? "64-bit unsigned" : "64-bit signed") +
-                       " integer");
+                   "the value must fit a " + std::to_string(8 * sizeof(T)) + "-bit " +
+                       (is_unsigned ? "unsigned" : "signed") + " integer");
             fail(where, key, "expected " + kind + ", " + got + unquote_hint(node),
                  "write a whole number such as " + std::to_string(*p));
           }
@@ -574,9 +575,9 @@ struct Parser {
             "unknown device " + shown("train.device"), "choose cpu or cuda (guarded: test-only)");
 
     // parallel
-    positive(p.tp, "parallel.tp");
-    positive(p.pp, "parallel.pp");
-    positive(p.hdp, "parallel.hdp");
+    positive(int64_t{p.tp}, "parallel.tp");
+    positive(int64_t{p.pp}, "parallel.pp");
+    positive(int64_t{p.hdp}, "parallel.hdp");
     positive(p.bucket_mb, "parallel.bucket_mb");
     require(m.num_kv_heads % p.tp == 0, "parallel.tp",
             shown("parallel.tp") + " does not divide model.num_kv_heads " + shown("model.num_kv_heads"),

@@ -13,6 +13,7 @@
 #include "base/errors.h"
 #include "model/model_config.h"
 #include "model/optim_config.h"
+#include "parallel/parallel_degrees.h"
 
 namespace hdp {
 
@@ -42,10 +43,9 @@ struct TrainConfig {
   bool tf32 = false;                     // cuda: fp32 GEMMs on TF32 tensor cores
 };
 
-struct ParallelConfig {
-  int64_t tp = 1;                        // tensor parallel degree
-  int64_t pp = 1;                        // pipeline stages
-  int64_t hdp = 1;                       // hybrid data parallel degree; world = tp x pp x hdp
+// tp, pp, hdp: the tensor-parallel degree, pipeline stages and hybrid-data-parallel
+// degree (parallel/parallel_degrees.h; world = tp x pp x hdp).
+struct ParallelConfig : ParallelDegrees {
   std::vector<int64_t> pp_layers;        // layers per stage; empty = balanced by cost
   int64_t bucket_mb = 25;                // ZeRO-1 gradient bucket size
 };

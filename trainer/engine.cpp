@@ -7,17 +7,14 @@
 
 #include "kernels/ops.h"
 #include "planning/plan.h"
+#include "planning/stage_split.h"
 #include "model/optimizer.h"
 
 namespace hdp {
 
 std::vector<int64_t> pipeline_layers(const Config& config) {
   if (!config.parallel.pp_layers.empty()) return config.parallel.pp_layers;
-  const ModelConfig& m = config.model;
-  // Costs per token at the longest sequence; the embedding lookup is a copy of a row.
-  return split_layers(m.num_layers, static_cast<int>(config.parallel.pp),
-                      layer_flops_per_token(m, config.data.max_seq_len), static_cast<double>(m.hidden_size),
-                      head_flops_per_token(m));
+  return stage_layer_split(config.model.shape(), config.parallel.tp, config.parallel.pp, config.data.max_seq_len);
 }
 
 int64_t planner_layers(const Config& config) {
@@ -93,7 +90,7 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
   stage_layers_ = pipeline_layers(config);
   ModelPartition partition;
   partition.tp_rank = c.tp_rank;
-  partition.tp_size = static_cast<int>(config.parallel.tp);
+  partition.tp_size = config.parallel.tp;
   partition.first_layer = std::accumulate(stage_layers_.begin(), stage_layers_.begin() + c.pp_rank, int64_t{0});
   partition.num_layers = stage_layers_[c.pp_rank];
   partition.has_embedding = groups.first_stage();

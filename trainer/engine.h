@@ -19,7 +19,7 @@
 namespace hdp {
 
 // Layers per pipeline stage: parallel.pp_layers when given, otherwise the split
-// that balances the FLOPs of the stages, counting the LM head and loss on the last.
+// that balances the stages' FLOPs at data.max_seq_len (planning/stage_split.h).
 std::vector<int64_t> pipeline_layers(const Config& config);
 // The layers per stage the planner budgets memory for: the smallest stage's.
 int64_t planner_layers(const Config& config);

@@ -22,8 +22,6 @@ void schedule(const Config& config, const TokenDataset& dataset, MessageChannel&
   const LoaderHello hello = decode_hello(message.payload);
   const StepPlanner planner(config, hello.cost);
   BatchSampler sampler(dataset, sampler_options(config.data), hello.sampler);
-  const GridShape shape{static_cast<int>(config.parallel.tp), static_cast<int>(config.parallel.pp),
-                        static_cast<int>(config.parallel.hdp)};
   std::vector<int64_t> lengths;
   for (int64_t step = hello.start_step + 1; step <= config.train.steps; ++step) {
     RankWork work;
@@ -33,7 +31,7 @@ void schedule(const Config& config, const TokenDataset& dataset, MessageChannel&
     for (const SequenceSpan& s : work.batch.sequences) lengths.push_back(s.length);
     const StepPlan plan = planner.plan(lengths);
     for (int rank = 0; rank < training_ranks; ++rank) {
-      const int hdp_rank = grid_coords(rank, shape).hdp_rank;
+      const int hdp_rank = config.parallel.coords(rank).hdp_rank;
       planner.predict(plan, lengths, hdp_rank, work.batch);
       work.micro_batches = plan.ranks[hdp_rank];
       work.rings.assign(work.micro_batches.size(), RingLayout{});

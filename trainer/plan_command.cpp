@@ -15,6 +15,7 @@
 #include "data/dataset.h"
 #include "data/length_distributions.h"
 #include "planning/simulator.h"
+#include "planning/stage_split.h"
 #include "trainer/commands.h"
 
 namespace hdp {
@@ -347,7 +348,7 @@ std::vector<int64_t> global_batch_lengths(const std::string& source, int64_t con
 }
 
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
-                          int64_t capacity) {
+                          int64_t context, int64_t capacity) {
   if (tp < 1 || pp < 1 || gpus < 1) throw PlanInputError("gpus, tp and pp must be at least 1");
   if (gpus % (tp * pp) != 0)
     throw PlanInputError(std::to_string(gpus) + " GPUs are not a multiple of tp x pp = " + std::to_string(tp * pp));
@@ -356,7 +357,7 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   s.model = model;
   s.layout = {tp, pp, gpus / (tp * pp)};
   try {
-    s.stage_layers = stage_layer_split(model, hardware, tp, pp);
+    s.stage_layers = stage_layer_split(model, tp, pp, context);
     s.memory = memory_budget(model, hardware, s.layout, s.stage_layers);
     s.costs = make_step_costs(model, hardware, s.layout, s.stage_layers);
   } catch (const std::invalid_argument& e) {
@@ -440,7 +441,7 @@ int command_plan(const std::vector<std::string>& raw) {
     const HardwareProfile hw = load_cluster_file(cluster_path);
     const ModelShape model = load_model_file(model_path);
     PlanSetup setup = make_plan_setup(hw, model, static_cast<int>(gpus), static_cast<int>(tp), static_cast<int>(pp),
-                                      capacity);
+                                      context, capacity);
     setup.static_cp = static_cast<int>(cp);
     std::string description;
     auto t0 = std::chrono::steady_clock::now();

@@ -51,7 +51,7 @@ std::vector<int64_t> global_batch_lengths(const std::string& source, int64_t con
 struct PlanSetup {
   HardwareProfile hardware;
   ModelShape model;
-  ParallelLayout layout;
+  ParallelDegrees layout;
   std::vector<int64_t> stage_layers;
   MemoryBudget memory;      // the derived capacity and its terms
   StepCosts costs;
@@ -59,10 +59,12 @@ struct PlanSetup {
   BalanceSettings balance;   // DataParallel with one stage, Pipeline with several
   int static_cp = 0;         // 0: the smallest that fits the longest sequence
 };
-// Throws PlanInputError if gpus is not a multiple of tp x pp, or the model does
-// not allow the layout or does not fit the GPUs' memory.
+// context: the longest sequence (the stage split counts attention at it, as the
+// trainer does at data.max_seq_len). Throws PlanInputError if gpus is not a
+// multiple of tp x pp, or the model does not allow the layout or does not fit the
+// GPUs' memory.
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
-                          int64_t capacity = 0);
+                          int64_t context, int64_t capacity = 0);
 
 // The planners by name ("static", "naive", "balance"); a new policy is one entry.
 using Planner = std::function<StepPlan(std::span<const int64_t> lengths, const PlanSetup& setup)>;

@@ -74,19 +74,12 @@ CostModel cost_model_from_file(const CostFile& file, const Config& config, int64
 }
 
 CostModel derived_cost_model(const Config& config, double flops_per_second, int64_t saved_floats_per_token) {
-  const ModelConfig& m = config.model;
-  const int64_t tp = config.parallel.tp;
-  LayerShape shape;
-  shape.hidden = m.hidden_size;
-  shape.heads = m.num_heads / tp;
-  shape.kv_heads = m.num_kv_heads / tp;
-  shape.head_dim = m.head_dim();
-  shape.ffn = m.ffn_hidden_size / tp;
-  shape.saved_floats_per_token = saved_floats_per_token;
-  CostModel cost = analytic_cost_model(shape, flops_per_second, config.offload.bandwidth_gbs * 1e9);
-  // LM head forward and backward: 6 vocab hidden / tp FLOPs per token.
-  cost.head_seconds_per_token = 6.0 * static_cast<double>(m.vocab_size) * static_cast<double>(m.hidden_size) /
-                                static_cast<double>(tp) / flops_per_second;
+  const ModelShape shape = config.model.shape();
+  const int tp = config.parallel.tp;
+  // The saved floats are fp32 (4 bytes): the trainer computes in fp32.
+  CostModel cost = analytic_cost_model(shape, tp, 4.0 * static_cast<double>(saved_floats_per_token), flops_per_second,
+                                       config.offload.bandwidth_gbs * 1e9);
+  cost.head_seconds_per_token = head_flops_per_token(shape, tp) / flops_per_second;
   return cost;
 }
 

@@ -12,7 +12,6 @@
 #include <vector>
 
 #include "planning/cost_file.h"
-#include "model/model_config.h"
 #include "trainer/config.h"
 
 namespace hdp {

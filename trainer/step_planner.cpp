@@ -10,10 +10,10 @@ namespace hdp {
 
 StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
     : policy_(config.scheduler.policy), cp_(static_cast<int>(config.scheduler.cp)) {
-  settings_.hdp = static_cast<int>(config.parallel.hdp);
+  settings_.hdp = config.parallel.hdp;
   settings_.capacity = config.data.micro_batch_tokens;
   settings_.layers_per_stage = planner_layers(config);
-  settings_.pipeline_stages = static_cast<int>(config.parallel.pp);
+  settings_.pipeline_stages = config.parallel.pp;
   settings_.cost = cost;
   settings_.offload.enabled = config.offload.enabled;
   settings_.offload.forced_ratio = config.offload.ratio;

@@ -43,17 +43,13 @@ double ms_since(Clock::time_point t0) {
 
 double mib(size_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
 
-GridShape grid_shape(const ParallelConfig& p) {
-  return GridShape{static_cast<int>(p.tp), static_cast<int>(p.pp), static_cast<int>(p.hdp)};
-}
-
 // ---- setup ----
 
-void check_world_size(const GridShape& shape, bool remote, int loader_ranks, const ProcessInfo& process) {
-  const int training_ranks = shape.world();
+void check_world_size(const ParallelDegrees& degrees, bool remote, int loader_ranks, const ProcessInfo& process) {
+  const int training_ranks = degrees.world();
   if (training_ranks + loader_ranks != process.world_size) {
-    throw ConfigError("parallel.tp x parallel.pp x parallel.hdp = " + std::to_string(shape.tp) + " x " +
-                      std::to_string(shape.pp) + " x " + std::to_string(shape.hdp) + " = " +
+    throw ConfigError("parallel.tp x parallel.pp x parallel.hdp = " + std::to_string(degrees.tp) + " x " +
+                      std::to_string(degrees.pp) + " x " + std::to_string(degrees.hdp) + " = " +
                       std::to_string(training_ranks) + " ranks" +
                       (remote ? " plus loader.servers = " + std::to_string(loader_ranks) : std::string()) +
                       ", but the job has " + std::to_string(process.world_size) + "; launch with mpirun -np " +
@@ -79,9 +75,9 @@ void bind_gpu(const TrainConfig& train, const ProcessInfo& process) {
 }
 
 // Rank 0's summary of the job: where the data comes from, the grid, the BLAS kernels.
-void log_job(const Config& config, const std::optional<TokenDataset>& dataset, const GridShape& shape,
+void log_job(const Config& config, const std::optional<TokenDataset>& dataset, const ParallelDegrees& degrees,
              int loader_ranks) {
-  const int training_ranks = shape.world();
+  const int training_ranks = degrees.world();
   if (dataset) {
     spdlog::info("dataset {}: {} documents, {} tokens", config.data.path, dataset->num_documents(),
                  dataset->num_tokens());
@@ -89,7 +85,7 @@ void log_job(const Config& config, const std::optional<TokenDataset>& dataset, c
     spdlog::info("data from {} loader rank(s) (world ranks {}..{}), scheduler on world rank {}", loader_ranks,
                  training_ranks, training_ranks + loader_ranks - 1, training_ranks);
   }
-  spdlog::info("{}", describe_grid(shape));
+  spdlog::info("{}", describe_grid(degrees));
   spdlog::info("OpenBLAS {} kernels", cpu::blas_core_name());
 }
 
@@ -199,9 +195,7 @@ class TrainingLoop {
         progress_(progress),
         peak_flops_(peak_flops),
         memory_bytes_(memory_bytes),
-        shape_(grid_shape(config.parallel)),
-        layout_{shape_.tp, shape_.pp, shape_.hdp, groups.coords().tp_rank, groups.coords().pp_rank,
-                groups.coords().hdp_rank, process.rank, &groups.world()} {
+        layout_{config.parallel, groups.coords(), process.rank, &groups.world()} {
     if (process.rank == 0) metrics_.emplace(config.train.run_dir, progress.step == 0);
     fault_ = fault_injection_from_env();
   }
@@ -259,7 +253,7 @@ class TrainingLoop {
   // (ring traffic, offloaded bytes, every rank's measured and planned busy time)
   // are sums over the training ranks.
   StepMetrics step_metrics(const StepMeasurement& measured, const GlobalBatch& batch) {
-    const int training_ranks = shape_.world();
+    const int training_ranks = config_.parallel.world();
     Communicator& world = groups_.world();
     std::vector<int64_t> lengths;
     for (const SequenceSpan& s : batch.sequences) lengths.push_back(s.length);
@@ -275,7 +269,7 @@ class TrainingLoop {
     m.step_ms = measured.step_ms;
     m.data_wait_ms = measured.data_wait_ms;
     m.tokens_per_s = batch.tokens / (measured.step_ms / 1e3);
-    m.mfu = training_flops(config_.model, lengths) / (measured.step_ms / 1e3) / (peak_flops_ * training_ranks);
+    m.mfu = training_flops(config_.model.shape(), lengths) / (measured.step_ms / 1e3) / (peak_flops_ * training_ranks);
     m.peak_mem_bytes = static_cast<int64_t>(memory_bytes_);
     auto sent = [](const Communicator& c) { return c.stats().p2p_bytes + c.stats().collective_bytes; };
     m.tp_bytes = sent(groups_.tp());
@@ -336,7 +330,6 @@ class TrainingLoop {
   TrainingProgress progress_;
   const double peak_flops_;
   const size_t memory_bytes_;  // the engine's device memory, reported as peak_mem_bytes
-  const GridShape shape_;
   const CheckpointLayout layout_;
   std::optional<MetricsWriter> metrics_;  // rank 0
   FaultInjection fault_;
@@ -345,11 +338,11 @@ class TrainingLoop {
 }  // namespace
 
 void run_training(const Config& config, const ProcessInfo& process) {
-  const GridShape shape = grid_shape(config.parallel);
+  const ParallelDegrees& degrees = config.parallel;
   const bool remote = config.loader.mode == "remote";
   const int loader_ranks = remote ? static_cast<int>(config.loader.servers) : 0;
-  const int training_ranks = shape.world();
-  check_world_size(shape, remote, loader_ranks, process);
+  const int training_ranks = degrees.world();
+  check_world_size(degrees, remote, loader_ranks, process);
   const int threads = configure_threads(config.train.threads, process);
   const Device device = device_from_name(config.train.device);
   if (device == Device::CUDA) bind_gpu(config.train, process);
@@ -375,11 +368,11 @@ void run_training(const Config& config, const ProcessInfo& process) {
     validate_dataset_vocab(config, dataset->vocab_size(), dataset->max_token_id());
   }
 
-  ProcessGroups groups(shape, config.model.tie_embeddings, std::move(training_world));
+  ProcessGroups groups(degrees, config.model.tie_embeddings, std::move(training_world));
   const GridCoords& coords = groups.coords();
   spdlog::info("rank {} on {}: tp {} pp {} hdp {}; {} threads", process.rank, process.hostname, coords.tp_rank,
                coords.pp_rank, coords.hdp_rank, threads);
-  if (process.rank == 0) log_job(config, dataset, shape, loader_ranks);
+  if (process.rank == 0) log_job(config, dataset, degrees, loader_ranks);
   TrainingEngine engine(config, groups);
   const MemoryReport memory = engine.memory();
   log_stage(engine, memory, coords);

@@ -1,0 +1,88 @@
+#pragma once
+// The shape of a LLaMA-family model (no weights) and the counts that follow from
+// it: parameters, forward + backward FLOPs per token and the values a layer keeps
+// for backward, whole or for one rank of a tensor-parallel group. The one
+// definition behind the trainer's MFU and pipeline split, the planners' FLOP-derived
+// cost model and `trainer plan`'s simulator.
+//
+// Tensor parallelism as in Megatron-LM (Shoeybi et al., 2019): tp shards the
+// query heads, the KV heads (with fewer KV heads than ranks each rank keeps one
+// whole head, replicated), every expert's FFN and the LM head's vocabulary; the
+// norms and the MoE router are replicated, and there is no sequence parallelism,
+// so tensors of size hidden per token are held whole on every rank.
+//
+// FLOPs: a matmul of an [s, k] by a [k, n] matrix costs 2 s k n forward and twice
+// that backward (the gradients of both operands), so every matmul parameter costs
+// 6 FLOPs per token. Attention's QK^T and PV cost 2 qdim each per (query, visible
+// key) pair forward, so 12 qdim forward + backward.
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+namespace hdp {
+
+// MoE: every layer has `experts` FFNs of size ffn and each token runs
+// `experts_per_token` of them; dense models have 1 and 1.
+struct ModelShape {
+  std::string name;
+  int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
+  int64_t experts = 1, experts_per_token = 1;
+  bool tied_embeddings = false;
+};
+
+// Throws std::invalid_argument naming the first bad field.
+void validate_model_shape(const ModelShape& model);
+// Throws std::invalid_argument unless the model splits over tp tensor-parallel
+// ranks and pp pipeline stages: tp and pp at least 1, tp dividing the heads and the
+// FFN, tp and the KV heads dividing one another, at least pp layers.
+void validate_split(const ModelShape& model, int tp, int pp);
+
+// What one rank of a tensor-parallel group of tp holds of a layer.
+struct LayerSlice {
+  int64_t heads = 0;   // query heads
+  int64_t q_dim = 0;   // heads x head_dim
+  int64_t kv_dim = 0;  // KV heads x head_dim
+  int64_t ffn = 0;     // of one expert
+};
+LayerSlice layer_slice(const ModelShape& model, int tp);
+
+// Parameters of the whole model (not per rank): one layer with all its experts,
+// the embedding (vocab x hidden), and the LM head with the final norm (the head
+// shares the embedding's weights when tied, unless pp > 1 puts them on different
+// stages).
+double layer_parameters(const ModelShape& model);
+double embedding_parameters(const ModelShape& model);
+double head_parameters(const ModelShape& model, int pp);
+
+// Forward + backward FLOPs on one rank of tp: one layer's projections, active
+// experts and router per token; its attention per (query, visible key) pair; one
+// layer per token of a causal sequence of seq_len tokens (a token sees
+// (seq_len + 1) / 2 keys on average); the LM head per token.
+double layer_matmul_flops_per_token(const ModelShape& model, int tp);
+double attention_flops_per_token_pair(const ModelShape& model, int tp);
+double layer_flops_per_token(const ModelShape& model, int tp, int64_t seq_len);
+double head_flops_per_token(const ModelShape& model, int tp);
+// The whole model (all stages and ranks) for causal sequences of these lengths.
+double training_flops(const ModelShape& model, std::span<const int64_t> sequence_lengths);
+
+// Values one layer of one rank of tp saves per token for backward: `row` values
+// of the activation type (layer input, both norm outputs, the attention residual,
+// q and the attention output, k and v after RoPE, gate and up of each active
+// expert), which offload can move to host memory, and `small` fp32 values (two
+// 1/rms, the heads' log-sum-exp, the router logits of an MoE layer).
+struct ActivationWidths {
+  int64_t row = 0;
+  int64_t small = 0;
+};
+ActivationWidths activation_widths(const ModelShape& model, int tp);
+
+// Bytes per token on one rank of tp with activations of bytes_per_value bytes
+// (4: fp32 as this trainer runs; 2: bf16 as the planning what-ifs assume): what
+// one layer saves for backward, the K and V one layer sends around a ring-attention
+// ring, and the activation (or its gradient) sent between pipeline stages.
+double saved_bytes_per_token(const ModelShape& model, int tp, int bytes_per_value);
+double kv_bytes_per_token(const ModelShape& model, int tp, int bytes_per_value);
+double boundary_bytes_per_token(const ModelShape& model, int bytes_per_value);
+
+}  // namespace hdp
