@@ -255,17 +255,6 @@ std::vector<int64_t> parse_lengths(const std::string& text) {
   return lengths;
 }
 
-// The config without checking that its data file exists: profiling needs none.
-Config load_config_for_profile(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in || std::filesystem::is_directory(path)) {
-    throw ConfigError(path + ": cannot open the config file; pass an existing YAML file, e.g. configs/tiny-llama.yaml");
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_config_text(text.str(), path, overrides, /*check_files=*/false);
-}
-
 }  // namespace
 
 int command_train(int argc, char** argv, const std::vector<std::string>& raw) {
@@ -391,7 +380,8 @@ int command_profile(const std::vector<std::string>& raw) {
     ProfileOptions options;
     options.repeats = repeats;
     if (lengths) options.lengths = parse_lengths(*lengths);
-    const Config config = load_config_for_profile(files[0], overrides);
+    // Profiling needs no data file.
+    const Config config = load_config(files[0], overrides, /*check_files=*/false);
     if (!lengths) options.lengths = default_profile_lengths(config);
     const std::string path = output ? *output : (std::filesystem::path(config.train.run_dir) / "cost-model.yaml").string();
 

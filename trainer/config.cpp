@@ -6,18 +6,12 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <cerrno>
-#include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
-#include <sstream>
 #include <system_error>
 #include <variant>
+
+#include "base/yaml_reader.h"
 
 namespace hdp {
 namespace {
@@ -126,55 +120,6 @@ const Field* find_field(const Section& section, const std::string& key) {
 // ---------------------------------------------------------------------------
 // Messages
 
-[[noreturn]] void fail(const std::string& where, const std::string& key, const std::string& problem,
-                       const std::string& valid) {
-  std::string message = where + ": ";
-  if (!key.empty()) message += key + ": ";
-  message += problem;
-  if (!valid.empty()) message += "; " + valid;
-  throw ConfigError(message);
-}
-
-// Optimal string alignment distance (Levenshtein plus adjacent transpositions).
-size_t edit_distance(const std::string& a, const std::string& b) {
-  const size_t n = a.size(), m = b.size();
-  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
-  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
-  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
-  for (size_t i = 1; i <= n; ++i) {
-    for (size_t j = 1; j <= m; ++j) {
-      const size_t cost = std::tolower(static_cast<unsigned char>(a[i - 1])) ==
-                                  std::tolower(static_cast<unsigned char>(b[j - 1]))
-                              ? 0
-                              : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  }
-  return d[n][m];
-}
-
-// "did you mean 'x'? " when some candidate is within edit distance 2, else "".
-std::string suggestion(const std::string& given, const std::vector<std::string>& candidates) {
-  size_t best = 3;
-  std::string best_name;
-  for (const std::string& c : candidates) {
-    const size_t d = edit_distance(given, c);
-    if (d < best) {
-      best = d;
-      best_name = c;
-    }
-  }
-  return best_name.empty() ? "" : "did you mean '" + best_name + "'? ";
-}
-
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
-  return out;
-}
-
 std::vector<std::string> section_names() {
   std::vector<std::string> names;
   for (const Section& s : schema()) names.push_back(s.name);
@@ -196,21 +141,14 @@ std::string misplaced_key_hint(const std::string& name) {
 
 [[noreturn]] void unknown_section(const std::string& where, const std::string& name) {
   std::string hint = misplaced_key_hint(name);
-  if (hint.empty()) hint = suggestion(name, section_names());
-  fail(where, name, "unknown section", hint + "valid sections: " + join(section_names()));
+  if (hint.empty()) hint = did_you_mean(name, section_names());
+  throw_config_error(where, name, "unknown section", hint + "valid sections: " + join_names(section_names()));
 }
 
 [[noreturn]] void unknown_key(const std::string& where, const Section& section, const std::string& key) {
-  fail(where, section.name + "." + key, "unknown key in section '" + section.name + "'",
-       suggestion(key, key_names(section)) + "valid keys in " + section.name + ": " +
-           join(key_names(section)));
-}
-
-// Shortest text that reads back as the same double ("0.0003", "1e-08").
-std::string format_double(double v) {
-  char buf[64];
-  auto result = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::general);
-  return std::string(buf, result.ptr);
+  throw_config_error(where, section.name + "." + key, "unknown key in section '" + section.name + "'",
+                     did_you_mean(key, key_names(section)) + "valid keys in " + section.name + ": " +
+                         join_names(key_names(section)));
 }
 
 // A double as a YAML float that YAML 1.1 readers also see as a float: always
@@ -242,96 +180,9 @@ std::string value_text(const FieldRef& ref) {
       ref);
 }
 
-// ---------------------------------------------------------------------------
-// Scalar conversion
-
-std::string describe(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Null: return "nothing (null)";
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Map: return "a mapping";
-    case YAML::NodeType::Scalar:
-      return node.Tag() == "!" ? "the quoted string \"" + node.Scalar() + "\"" : "'" + node.Scalar() + "'";
-    default: return "nothing";
-  }
-}
-
-// A scalar written without quotes (quoted scalars are strings, never numbers).
-bool plain_scalar(const YAML::Node& node) { return node.IsScalar() && node.Tag() != "!"; }
-
-std::string unquote_hint(const YAML::Node& node) {
-  return node.IsScalar() && node.Tag() == "!" ? " (remove the quotes)" : "";
-}
-
-template <class Int>
-bool parse_integer(std::string text, Int& out, bool& out_of_range) {
-  out_of_range = false;
-  if (!text.empty() && text[0] == '+') text.erase(0, 1);
-  if (text.empty()) return false;
-  auto result = std::from_chars(text.data(), text.data() + text.size(), out);
-  if (result.ec == std::errc::result_out_of_range && result.ptr == text.data() + text.size()) {
-    out_of_range = true;
-    return false;
-  }
-  return result.ec == std::errc() && result.ptr == text.data() + text.size();
-}
-
-bool parse_double(std::string text, double& out) {
-  if (!text.empty() && text[0] == '+') text.erase(0, 1);
-  if (text.empty()) return false;
-  auto result = std::from_chars(text.data(), text.data() + text.size(), out);
-  return result.ec == std::errc() && result.ptr == text.data() + text.size() && std::isfinite(out);
-}
-
 // Converts `node` into the field's type, or fails naming `where` and `key`.
 void assign(const FieldRef& ref, const YAML::Node& node, const std::string& where, const std::string& key) {
-  std::visit(
-      [&](auto* p) {
-        using T = std::remove_pointer_t<decltype(p)>;
-        const std::string got = "got " + describe(node);
-        if constexpr (std::is_same_v<T, std::string>) {
-          if (node.IsNull()) *p = "";
-          else if (node.IsScalar()) *p = node.Scalar();
-          else fail(where, key, "expected a string, " + got, "write a single value such as \"" + *p + "\"");
-        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
-          p->clear();
-          if (node.IsNull()) return;
-          if (!node.IsSequence()) fail(where, key, "expected a list of integers, " + got, "write e.g. [3, 5]");
-          for (const YAML::Node& item : node) {
-            int64_t v = 0;
-            bool out_of_range = false;
-            if (!plain_scalar(item) || !parse_integer(item.Scalar(), v, out_of_range))
-              fail(where, key, "expected a list of integers, found " + describe(item) + " in it", "write e.g. [3, 5]");
-            p->push_back(v);
-          }
-        } else if constexpr (std::is_same_v<T, bool>) {
-          bool v = false;
-          if (!plain_scalar(node) || !YAML::convert<bool>::decode(node, v))
-            fail(where, key, "expected true or false, " + got + unquote_hint(node), "write true or false");
-          *p = v;
-        } else if constexpr (std::is_same_v<T, double>) {
-          double v = 0;
-          if (!plain_scalar(node) || !parse_double(node.Scalar(), v))
-            fail(where, key, "expected a number, " + got + unquote_hint(node),
-                 "write a finite number such as " + format_double(*p));
-          *p = v;
-        } else {
-          T v = 0;
-          bool out_of_range = false;
-          const bool is_unsigned = std::is_unsigned_v<T>;
-          const std::string kind = is_unsigned ? "a non-negative integer" : "an integer";
-          if (!plain_scalar(node) || !parse_integer(node.Scalar(), v, out_of_range)) {
-            if (out_of_range)
-              fail(where, key, node.Scalar() + " is out of range",
-                   std::string("the value must fit a ") + (is_unsigned ? "64-bit unsigned" : "64-bit signed") +
-                       " integer");
-            fail(where, key, "expected " + kind + ", " + got + unquote_hint(node),
-                 "write a whole number such as " + std::to_string(*p));
-          }
-          *p = v;
-        }
-      },
-      ref);
+  std::visit([&](auto* p) { read_yaml_value(node, where, key, *p); }, ref);
 }
 
 // ---------------------------------------------------------------------------
@@ -341,59 +192,33 @@ struct Parser {
   std::string source;
   Config config;
 
-  std::string at(const YAML::Mark& mark) const {
-    return source + ":" + std::to_string(mark.is_null() ? 1 : mark.line + 1);
-  }
-  static YAML::Mark mark_of(const YAML::Node& node, const YAML::Mark& fallback) {
-    const YAML::Mark m = node.Mark();
-    return m.is_null() ? fallback : m;
-  }
-
-  void read_document(const YAML::Node& root) {
+  void read_document(const YamlDocument& document) {
+    const YAML::Node& root = document.root();
     if (root.IsNull()) return;
     if (!root.IsMap())
-      fail(at(root.Mark()), "(top level)", "expected a mapping of sections, " + std::string("got ") + describe(root),
-           "write sections " + join(section_names()) + " at the top level");
-    std::map<std::string, std::string> seen;
-    for (auto it = root.begin(); it != root.end(); ++it) {
-      const YAML::Node key_node = it->first;
-      const YAML::Node value = it->second;
-      const std::string where = at(key_node.Mark());
-      if (!key_node.IsScalar())
-        fail(where, "(top level)", "section names must be plain words, got " + describe(key_node),
-             "valid sections: " + join(section_names()));
-      const std::string name = key_node.Scalar();
-      const Section* section = find_section(name);
-      if (!section) unknown_section(where, name);
-      if (seen.count(name)) fail(where, name, "section given twice (first at " + seen[name] + ")", "merge the two");
-      seen[name] = where;
-      config.origins[name] = where;
-      read_section(*section, value, key_node.Mark());
+      throw_config_error(document.where(root), "(top level)", "expected a mapping of sections, got " + describe_yaml(root),
+                         "write sections " + join_names(section_names()) + " at the top level");
+    const YamlMap sections(document, root, "", source);
+    for (const YamlEntry& entry : sections.entries()) {
+      const Section* section = find_section(entry.key);
+      if (!section) unknown_section(entry.where, entry.key);
+      config.origins[entry.key] = entry.where;
+      read_section(document, *section, entry);
     }
   }
 
-  void read_section(const Section& section, const YAML::Node& node, const YAML::Mark& header) {
-    if (node.IsNull()) return;
-    if (!node.IsMap())
-      fail(at(header), section.name, "expected a mapping of keys, got " + describe(node),
-           "valid keys in " + section.name + ": " + join(key_names(section)));
-    std::map<std::string, std::string> seen;
-    for (auto it = node.begin(); it != node.end(); ++it) {
-      const YAML::Node key_node = it->first;
-      const YAML::Node value = it->second;
-      const std::string where = at(mark_of(key_node, header));
-      if (!key_node.IsScalar())
-        fail(where, section.name, "keys must be plain words, got " + describe(key_node),
-             "valid keys in " + section.name + ": " + join(key_names(section)));
-      const std::string key = key_node.Scalar();
-      const std::string path = section.name + "." + key;
-      const Field* f = find_field(section, key);
-      if (!f) unknown_key(where, section, key);
-      if (seen.count(key)) fail(where, path, "key given twice (first at " + seen[key] + ")", "keep only one");
-      seen[key] = where;
-      const std::string value_where = where;  // the key's line, also for values on later lines
-      assign(f->ref(config), value, value_where, path);
-      config.origins[path] = value_where;
+  void read_section(const YamlDocument& document, const Section& section, const YamlEntry& header) {
+    if (header.value.IsNull()) return;
+    if (!header.value.IsMap())
+      throw_config_error(header.where, section.name, "expected a mapping of keys, got " + describe_yaml(header.value),
+                         "valid keys in " + section.name + ": " + join_names(key_names(section)));
+    const YamlMap keys(document, header.value, section.name, header.where);
+    for (const YamlEntry& entry : keys.entries()) {
+      const Field* f = find_field(section, entry.key);
+      if (!f) unknown_key(entry.where, section, entry.key);
+      const std::string path = section.name + "." + entry.key;
+      assign(f->ref(config), entry.value, entry.where, path);  // at the key's line, also for values on later lines
+      config.origins[path] = entry.where;
     }
   }
 
@@ -408,20 +233,20 @@ struct Parser {
       return s;
     };
     if (eq == std::string::npos)
-      fail(where, "", "malformed override, there is no '='",
+      throw_config_error(where, "", "malformed override, there is no '='",
            "write --set section.key=value, e.g. --set optim.lr=1e-3");
     const std::string path = trim(text.substr(0, eq));
     const std::string raw_value = text.substr(eq + 1);
     if (path.empty())
-      fail(where, "", "malformed override, the key path before '=' is empty",
+      throw_config_error(where, "", "malformed override, the key path before '=' is empty",
            "write --set section.key=value, e.g. --set optim.lr=1e-3");
     const size_t dot = path.find('.');
     const std::string section_name = path.substr(0, dot);
     const Section* section = find_section(section_name);
     if (!section) unknown_section(where, section_name);
     if (dot == std::string::npos)
-      fail(where, path, "an override must name a key inside the section",
-           "write --set " + path + ".<key>=value with one of: " + join(key_names(*section)));
+      throw_config_error(where, path, "an override must name a key inside the section",
+           "write --set " + path + ".<key>=value with one of: " + join_names(key_names(*section)));
     const std::string key = path.substr(dot + 1);
     const Field* f = find_field(*section, key);
     if (!f) unknown_key(where, *section, key);
@@ -429,7 +254,7 @@ struct Parser {
     try {
       value = YAML::Load(raw_value);
     } catch (const YAML::Exception& e) {
-      fail(where, path, "cannot read the value as YAML (" + e.msg + ")",
+      throw_config_error(where, path, "cannot read the value as YAML (" + e.msg + ")",
            "quote it for the shell, e.g. --set '" + path + "=...'");
     }
     assign(f->ref(config), value, where, path);
@@ -458,7 +283,7 @@ struct Parser {
 
   void require(bool ok, const std::string& key, const std::string& problem, const std::string& valid,
                const std::vector<std::string>& related = {}) {
-    if (!ok) fail(origin(key, related), key, problem, valid);
+    if (!ok) throw_config_error(origin(key, related), key, problem, valid);
   }
   void positive(int64_t v, const std::string& key) {
     require(v > 0, key, shown(key) + " is not positive", "it must be at least 1");
@@ -690,39 +515,30 @@ std::string emit_config_yaml(const Config& config) {
   return std::string(out.c_str()) + "\n";
 }
 
-Config parse_config_text(const std::string& yaml_text, const std::string& source_name,
-                         const std::vector<std::string>& overrides, bool check_files) {
+namespace {
+
+Config read_config(const YamlDocument& document, const std::vector<std::string>& overrides, bool check_files) {
   Parser parser;
-  parser.source = source_name;
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::ParserException& e) {
-    fail(source_name + ":" + std::to_string(e.mark.line + 1), "", "YAML syntax error: " + e.msg,
-         "fix the YAML at line " + std::to_string(e.mark.line + 1) + ", column " + std::to_string(e.mark.column + 1));
-  } catch (const YAML::Exception& e) {
-    fail(source_name, "", "cannot read YAML: " + e.msg, "fix the YAML syntax");
-  }
-  parser.read_document(root);
+  parser.source = document.source();
+  parser.read_document(document);
   for (const std::string& o : overrides) parser.apply_override(o);
   parser.validate(check_files);
-  parser.config.source = source_name;
+  parser.config.source = document.source();
   parser.config.yaml = emit_config_yaml(parser.config);
   return parser.config;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::error_code ec;
-    const bool is_dir = std::filesystem::is_directory(path, ec);
-    fail(path, "", is_dir ? "is a directory, not a config file" : "cannot open the config file (" + std::string(std::strerror(errno)) + ")",
-         "pass an existing YAML file, e.g. configs/tiny-llama.yaml");
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) fail(path, "", "cannot read the config file", "check the file's permissions");
-  return parse_config_text(text.str(), path, overrides, /*check_files=*/true);
+}  // namespace
+
+Config parse_config_text(const std::string& yaml_text, const std::string& source_name,
+                         const std::vector<std::string>& overrides, bool check_files) {
+  return read_config(YamlDocument::parse(yaml_text, source_name), overrides, check_files);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, bool check_files) {
+  return read_config(
+      YamlDocument::read_file(path, "config", "pass an existing YAML file, e.g. configs/tiny-llama.yaml"), overrides,
+      check_files);
 }
 
 void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size, uint32_t dataset_max_token_id) {
@@ -735,7 +551,7 @@ void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size, ui
   if (dataset_vocab_size >= needed)
     valid += ", e.g. the dataset's vocabulary size " + std::to_string(dataset_vocab_size);
   valid += ", or point data.path at a dataset made for this model";
-  fail(where, "model.vocab_size",
+  throw_config_error(where, "model.vocab_size",
        std::to_string(config.model.vocab_size) + " is too small for data.path '" + config.data.path +
            "', which holds token id " + std::to_string(dataset_max_token_id) + " (dataset vocabulary size " +
            std::to_string(dataset_vocab_size) + ")",

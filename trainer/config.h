@@ -96,9 +96,10 @@ struct Config {
 
 // Reads `path`, applies overrides ("key.path=value", in order), validates.
 // Throws ConfigError on any problem. Does not open the data file, only checks
-// that it exists; its vocabulary is checked by validate_dataset_vocab later.
-// Relative paths in the config stay relative to the working directory.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// that it exists (with check_files; see parse_config_text); its vocabulary is
+// checked by validate_dataset_vocab later. Relative paths in the config stay
+// relative to the working directory.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {}, bool check_files = true);
 // Parses YAML text (used for the config stored inside checkpoints); `source_name`
 // stands in for the file name in error messages. With check_files = false the
 // existence of data.path and train.init_from is not checked (everything else is),

@@ -1,17 +1,14 @@
 #include "trainer/plan_command.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <optional>
-#include <set>
 
+#include "base/yaml_reader.h"
 #include "data/dataset.h"
 #include "data/length_distributions.h"
 #include "planning/simulator.h"
@@ -21,91 +18,24 @@ namespace hdp {
 
 namespace {
 
-
 // ---------------------------------------------------------------------------
-// YAML files: one flat map, every key known, every value typed.
+// Cluster and model files: one flat map, every key known, every value typed.
 
-class FlatYaml {
- public:
-  FlatYaml(const std::string& path, const char* what, std::vector<std::string> required,
-           std::vector<std::string> optional)
-      : path_(path) {
-    if (!std::filesystem::exists(path)) throw PlanInputError(std::string(what) + " file '" + path + "' does not exist");
-    try {
-      root_ = YAML::LoadFile(path);
-    } catch (const YAML::BadFile&) {
-      throw PlanInputError("cannot read " + std::string(what) + " file '" + path + "'");
-    } catch (const YAML::Exception& e) {
-      throw PlanInputError(path + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
-    }
-    if (!root_.IsMap()) throw PlanInputError(path + ": expected a map of keys at the top level");
-    std::set<std::string> known(required.begin(), required.end());
-    known.insert(optional.begin(), optional.end());
-    for (const auto& kv : root_) {
-      const std::string key = kv.first.as<std::string>();
-      if (!known.count(key)) {
-        std::string valid;
-        for (const std::string& k : required) valid += (valid.empty() ? "" : ", ") + k;
-        for (const std::string& k : optional) valid += ", " + k;
-        throw PlanInputError(where(kv.first) + "unknown key '" + key + "' (valid keys: " + valid + ")");
-      }
-    }
-    for (const std::string& key : required)
-      if (!root_[key]) throw PlanInputError(path + ": missing key '" + key + "'");
-  }
+YamlMap read_flat_file(const std::string& path, const std::string& kind, const std::string& example,
+                       const std::vector<std::string>& required, const std::vector<std::string>& optional) {
+  const YamlMap map = YamlDocument::read_file(path, kind, "pass a " + kind + " file such as " + example).root_map();
+  std::vector<std::string> known = required;
+  known.insert(known.end(), optional.begin(), optional.end());
+  map.allow_only(known);
+  for (const std::string& key : required)
+    if (!map.has(key)) map.fail(key, "required key is missing");
+  return map;
+}
 
-  bool has(const std::string& key) const { return static_cast<bool>(root_[key]); }
-
-  double number(const std::string& key) const {
-    const YAML::Node n = root_[key];
-    try {
-      if (!n.IsScalar()) throw YAML::Exception(n.Mark(), "not a scalar");
-      const double v = n.as<double>();
-      if (!std::isfinite(v)) throw YAML::Exception(n.Mark(), "not finite");
-      return v;
-    } catch (const YAML::Exception&) {
-      throw PlanInputError(where(n) + "key '" + key + "' expects a number, got '" + text_of(n) + "'");
-    }
-  }
-
-  int64_t integer(const std::string& key) const {
-    const YAML::Node n = root_[key];
-    try {
-      if (!n.IsScalar()) throw YAML::Exception(n.Mark(), "not a scalar");
-      return n.as<int64_t>();
-    } catch (const YAML::Exception&) {
-      throw PlanInputError(where(n) + "key '" + key + "' expects an integer, got '" + text_of(n) + "'");
-    }
-  }
-
-  bool boolean(const std::string& key) const {
-    const YAML::Node n = root_[key];
-    try {
-      return n.as<bool>();
-    } catch (const YAML::Exception&) {
-      throw PlanInputError(where(n) + "key '" + key + "' expects true or false, got '" + text_of(n) + "'");
-    }
-  }
-
-  std::string text(const std::string& key) const {
-    const YAML::Node n = root_[key];
-    if (!n.IsScalar()) throw PlanInputError(where(n) + "key '" + key + "' expects a string");
-    return n.as<std::string>();
-  }
-
-  std::string where(const YAML::Node& n) const { return path_ + ":" + std::to_string(n.Mark().line + 1) + ": "; }
-
- private:
-  static std::string text_of(const YAML::Node& n) {
-    if (n.IsScalar()) return n.Scalar();
-    if (n.IsSequence()) return "a list";
-    if (n.IsMap()) return "a map";
-    return "nothing";
-  }
-
-  std::string path_;
-  YAML::Node root_;
-};
+// A range check of planning/ (std::invalid_argument naming the key) as a file error.
+[[noreturn]] void refuse_file(const std::string& path, const std::invalid_argument& e) {
+  throw_config_error(path, "", std::string("key ") + e.what(), "");
+}
 
 // ---------------------------------------------------------------------------
 // Command line.
@@ -259,60 +189,62 @@ struct PolicyOutcome {
 // ---------------------------------------------------------------------------
 
 HardwareProfile load_cluster_file(const std::string& path) {
-  const FlatYaml y(path, "cluster",
-                   {"gpus_per_node", "peak_bf16_flops", "achievable_fraction", "hbm_bytes", "hbm_bytes_per_s",
-                    "reserved_bytes", "nvlink_bytes_per_s", "internode_bytes_per_s", "intranode_latency_s",
-                    "internode_latency_s", "pcie_bytes_per_s"},
-                   {"name", "host_bytes_per_node"});
+  const YamlMap y = read_flat_file(
+      path, "cluster", "configs/cluster/h100.yaml",
+      {"gpus_per_node", "peak_bf16_flops", "achievable_fraction", "hbm_bytes", "hbm_bytes_per_s", "reserved_bytes",
+       "nvlink_bytes_per_s", "internode_bytes_per_s", "intranode_latency_s", "internode_latency_s", "pcie_bytes_per_s"},
+      {"name", "host_bytes_per_node"});
   HardwareProfile h;
-  h.name = y.has("name") ? y.text("name") : std::filesystem::path(path).stem().string();
-  const int64_t gpus_per_node = y.integer("gpus_per_node");
+  h.name = y.get_or<std::string>("name", std::filesystem::path(path).stem().string());
+  const int64_t gpus_per_node = y.get<int64_t>("gpus_per_node");
   if (gpus_per_node < 1 || gpus_per_node > 1 << 20)
-    throw PlanInputError(path + ": key 'gpus_per_node' must be at least 1, got " + std::to_string(gpus_per_node));
+    y.fail("gpus_per_node", std::to_string(gpus_per_node) + " is out of range", "it must be from 1 to 1048576");
   h.gpus_per_node = static_cast<int>(gpus_per_node);
-  h.peak_flops = y.number("peak_bf16_flops");
-  h.achievable_fraction = y.number("achievable_fraction");
-  h.hbm_bytes = y.number("hbm_bytes");
-  h.hbm_bytes_per_s = y.number("hbm_bytes_per_s");
-  h.reserved_bytes = y.number("reserved_bytes");
-  h.nvlink_bytes_per_s = y.number("nvlink_bytes_per_s");
-  h.internode_bytes_per_s = y.number("internode_bytes_per_s");
-  h.intranode_latency_s = y.number("intranode_latency_s");
-  h.internode_latency_s = y.number("internode_latency_s");
-  h.pcie_bytes_per_s = y.number("pcie_bytes_per_s");
-  if (y.has("host_bytes_per_node")) h.host_bytes_per_node = y.number("host_bytes_per_node");
+  h.peak_flops = y.get<double>("peak_bf16_flops");
+  h.achievable_fraction = y.get<double>("achievable_fraction");
+  h.hbm_bytes = y.get<double>("hbm_bytes");
+  h.hbm_bytes_per_s = y.get<double>("hbm_bytes_per_s");
+  h.reserved_bytes = y.get<double>("reserved_bytes");
+  h.nvlink_bytes_per_s = y.get<double>("nvlink_bytes_per_s");
+  h.internode_bytes_per_s = y.get<double>("internode_bytes_per_s");
+  h.intranode_latency_s = y.get<double>("intranode_latency_s");
+  h.internode_latency_s = y.get<double>("internode_latency_s");
+  h.pcie_bytes_per_s = y.get<double>("pcie_bytes_per_s");
+  h.host_bytes_per_node = y.get_or<double>("host_bytes_per_node", h.host_bytes_per_node);
   try {
     validate_hardware(h);
   } catch (const std::invalid_argument& e) {
-    throw PlanInputError(path + ": key " + e.what());
+    refuse_file(path, e);
   }
   return h;
 }
 
 ModelShape load_model_file(const std::string& path) {
-  const FlatYaml y(path, "model",
-                   {"num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size"},
-                   {"name", "head_dim", "num_experts", "experts_per_token", "tie_embeddings"});
+  const YamlMap y = read_flat_file(
+      path, "model", "configs/models/llama-7b.yaml",
+      {"num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size"},
+      {"name", "head_dim", "num_experts", "experts_per_token", "tie_embeddings"});
   ModelShape m;
-  m.name = y.has("name") ? y.text("name") : std::filesystem::path(path).stem().string();
-  m.layers = y.integer("num_layers");
-  m.hidden = y.integer("hidden_size");
-  m.heads = y.integer("num_heads");
-  m.kv_heads = y.integer("num_kv_heads");
-  m.ffn = y.integer("ffn_hidden_size");
-  m.vocab = y.integer("vocab_size");
-  if (m.heads < 1) throw PlanInputError(path + ": key 'num_heads' must be at least 1");
-  m.head_dim = y.has("head_dim") ? y.integer("head_dim") : m.hidden / m.heads;
+  m.name = y.get_or<std::string>("name", std::filesystem::path(path).stem().string());
+  m.layers = y.get<int64_t>("num_layers");
+  m.hidden = y.get<int64_t>("hidden_size");
+  m.heads = y.get<int64_t>("num_heads");
+  m.kv_heads = y.get<int64_t>("num_kv_heads");
+  m.ffn = y.get<int64_t>("ffn_hidden_size");
+  m.vocab = y.get<int64_t>("vocab_size");
+  if (m.heads < 1) y.fail("num_heads", std::to_string(m.heads) + " is not positive", "it must be at least 1");
   if (!y.has("head_dim") && m.hidden % m.heads != 0)
-    throw PlanInputError(path + ": hidden_size " + std::to_string(m.hidden) + " is not a multiple of num_heads " +
-                         std::to_string(m.heads) + "; give head_dim");
-  if (y.has("num_experts")) m.experts = y.integer("num_experts");
-  if (y.has("experts_per_token")) m.experts_per_token = y.integer("experts_per_token");
-  if (y.has("tie_embeddings")) m.tied_embeddings = y.boolean("tie_embeddings");
+    y.fail("num_heads",
+           "hidden_size " + std::to_string(m.hidden) + " is not a multiple of num_heads " + std::to_string(m.heads),
+           "give head_dim");
+  m.head_dim = y.get_or<int64_t>("head_dim", m.hidden / m.heads);
+  m.experts = y.get_or<int64_t>("num_experts", m.experts);
+  m.experts_per_token = y.get_or<int64_t>("experts_per_token", m.experts_per_token);
+  m.tied_embeddings = y.get_or<bool>("tie_embeddings", m.tied_embeddings);
   try {
     validate_model_shape(m);
   } catch (const std::invalid_argument& e) {
-    throw PlanInputError(path + ": key " + e.what());
+    refuse_file(path, e);
   }
   return m;
 }
@@ -598,6 +530,9 @@ int command_plan(const std::vector<std::string>& raw) {
     std::fprintf(stderr, "trainer plan: %s (see trainer plan --help)\n", e.what());
     return kExitBadInput;
   } catch (const PlanInputError& e) {
+    std::fprintf(stderr, "trainer plan: error: %s\n", e.what());
+    return kExitBadInput;
+  } catch (const ConfigError& e) {
     std::fprintf(stderr, "trainer plan: error: %s\n", e.what());
     return kExitBadInput;
   } catch (const LengthsInputError& e) {

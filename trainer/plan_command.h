@@ -19,9 +19,8 @@
 
 namespace hdp {
 
-// A bad cluster or model file (missing, not YAML, unknown / missing / mistyped
-// key, value out of range) or a layout the model does not allow. The message
-// names the file (file:line where known) and the key. Exit code 2.
+// A layout the model or the cluster does not allow, or an unknown policy. (A bad
+// cluster or model file is a ConfigError naming file:line and key.) Exit code 2.
 class PlanInputError : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
@@ -30,7 +29,9 @@ class PlanInputError : public std::runtime_error {
 // configs/cluster/*.yaml: gpus_per_node, peak_bf16_flops, achievable_fraction,
 // hbm_bytes, hbm_bytes_per_s, reserved_bytes, nvlink_bytes_per_s,
 // internode_bytes_per_s, intranode_latency_s, internode_latency_s,
-// pcie_bytes_per_s, and optionally name, host_bytes_per_node.
+// pcie_bytes_per_s, and optionally name, host_bytes_per_node. Both loaders throw
+// ConfigError naming file:line and the key that is missing, unknown, mistyped or
+// out of range.
 HardwareProfile load_cluster_file(const std::string& path);
 
 // configs/models/*.yaml: num_layers, hidden_size, num_heads, num_kv_heads,

@@ -11,8 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "planning/cost_file.h"
 #include "model/model_config.h"
+#include "planning/cost_file.h"
+#include "trainer/config.h"
 
 namespace hdp {
 
