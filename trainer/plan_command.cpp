@@ -2,16 +2,15 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 
 #include "base/yaml_reader.h"
-#include "data/dataset.h"
 #include "data/length_distributions.h"
 #include "planning/simulator.h"
+#include "trainer/command_line.h"
 #include "trainer/commands.h"
 
 namespace hdp {
@@ -36,79 +35,6 @@ YamlMap read_flat_file(const std::string& path, const std::string& kind, const s
 [[noreturn]] void refuse_file(const std::string& path, const std::invalid_argument& e) {
   throw_config_error(path, "", std::string("key ") + e.what(), "");
 }
-
-// ---------------------------------------------------------------------------
-// Command line.
-
-class Arguments {
- public:
-  explicit Arguments(std::vector<std::string> args) : args_(std::move(args)) {}
-
-  bool flag(const std::string& name) {
-    auto it = std::find(args_.begin(), args_.end(), name);
-    if (it == args_.end()) return false;
-    args_.erase(it);
-    return true;
-  }
-
-  std::optional<std::string> option(const std::string& name) {
-    std::optional<std::string> value;
-    for (size_t i = 0; i < args_.size();) {
-      std::optional<std::string> v;
-      if (args_[i] == name) {
-        if (i + 1 >= args_.size()) throw UsageError(name + " needs a value");
-        v = args_[i + 1];
-        args_.erase(args_.begin() + static_cast<long>(i), args_.begin() + static_cast<long>(i) + 2);
-      } else if (args_[i].rfind(name + "=", 0) == 0) {
-        v = args_[i].substr(name.size() + 1);
-        args_.erase(args_.begin() + static_cast<long>(i));
-      } else {
-        ++i;
-        continue;
-      }
-      if (value) throw UsageError(name + " given more than once");
-      value = v;
-    }
-    return value;
-  }
-
-  std::string required(const std::string& name) {
-    auto v = option(name);
-    if (!v) throw UsageError(name + " is required");
-    return *v;
-  }
-
-  int64_t integer(const std::string& name, std::optional<int64_t> fallback, int64_t minimum) {
-    auto v = option(name);
-    if (!v) {
-      if (!fallback) throw UsageError(name + " is required");
-      return *fallback;
-    }
-    int64_t x = 0;
-    try {
-      size_t used = 0;
-      // Accept 32M / 2M / 256K style suffixes (powers of 2 for K/M, as in "2M context").
-      std::string text = *v;
-      int64_t scale = 1;
-      if (!text.empty() && (text.back() == 'K' || text.back() == 'k')) scale = 1024, text.pop_back();
-      else if (!text.empty() && (text.back() == 'M' || text.back() == 'm')) scale = 1024 * 1024, text.pop_back();
-      x = std::stoll(text, &used);
-      if (used != text.size()) throw std::invalid_argument("trailing characters");
-      x *= scale;
-    } catch (const std::exception&) {
-      throw UsageError(name + " expects an integer, got '" + *v + "'");
-    }
-    if (x < minimum) throw UsageError(name + " must be at least " + std::to_string(minimum) + ", got " + *v);
-    return x;
-  }
-
-  void expect_empty() const {
-    if (!args_.empty()) throw UsageError("unknown argument '" + args_.front() + "'");
-  }
-
- private:
-  std::vector<std::string> args_;
-};
 
 const char* const kPlanHelp = R"(usage: trainer plan --cluster HW.yaml --model MODEL.yaml --gpus N --context L
                     --global-batch-tokens B --lengths DIST [options]
@@ -336,11 +262,11 @@ const Planner& plan_policy(const std::string& name) {
 
 int command_plan(const std::vector<std::string>& raw) {
   Arguments args(raw);
-  if (args.flag("--help") || args.flag("-h")) {
+  if (args.wants_help()) {
     std::fputs(kPlanHelp, stdout);
-    return 0;
+    return kExitSuccess;
   }
-  try {
+  return run_subcommand("plan", [&] {
     const std::string cluster_path = args.required("--cluster");
     const std::string model_path = args.required("--model");
     const int64_t gpus = args.integer("--gpus", std::nullopt, 1);
@@ -521,33 +447,9 @@ int command_plan(const std::vector<std::string>& raw) {
     }
     bool any = false;
     for (const PolicyOutcome& o : outcomes) any = any || o.failure.empty();
-    if (!any) {
-      std::fprintf(stderr, "trainer plan: no policy could place the batch on %lld GPUs\n", static_cast<long long>(gpus));
-      return kExitBadInput;
-    }
-    return 0;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "trainer plan: %s (see trainer plan --help)\n", e.what());
-    return kExitBadInput;
-  } catch (const PlanInputError& e) {
-    std::fprintf(stderr, "trainer plan: error: %s\n", e.what());
-    return kExitBadInput;
-  } catch (const ConfigError& e) {
-    std::fprintf(stderr, "trainer plan: error: %s\n", e.what());
-    return kExitBadInput;
-  } catch (const LengthsInputError& e) {
-    std::fprintf(stderr, "trainer plan: error: %s\n", e.what());
-    return kExitBadInput;
-  } catch (const DatasetError& e) {
-    std::fprintf(stderr, "trainer plan: dataset error: %s\n", e.what());
-    return kExitBadInput;
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "trainer plan: error: %s\n", e.what());
-    return kExitBadInput;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "trainer plan: %s\n", e.what());
-    return kExitFailure;
-  }
+    if (!any) throw PlanInputError("no policy could place the batch on " + std::to_string(gpus) + " GPUs");
+    return kExitSuccess;
+  });
 }
 
 }  // namespace hdp

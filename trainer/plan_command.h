@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/errors.h"
 #include "planning/hardware.h"
 #include "planning/hdp_planner.h"
 #include "planning/plan.h"
@@ -21,9 +22,9 @@ namespace hdp {
 
 // A layout the model or the cluster does not allow, or an unknown policy. (A bad
 // cluster or model file is a ConfigError naming file:line and key.) Exit code 2.
-class PlanInputError : public std::runtime_error {
+class PlanInputError : public InputError {
  public:
-  using std::runtime_error::runtime_error;
+  using InputError::InputError;
 };
 
 // configs/cluster/*.yaml: gpus_per_node, peak_bf16_flops, achievable_fraction,
