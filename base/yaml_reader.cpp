@@ -216,7 +216,8 @@ YamlDocument YamlDocument::read_file(const std::string& path, const std::string&
                                      const std::string& remedy) {
   const YamlDocument file(path, YAML::Node(), remedy);
   std::error_code ec;
-  if (std::filesystem::is_directory(path, ec)) file.fail(path, "", "is a directory, not a " + kind + " file", open_hint);
+  if (std::filesystem::is_directory(path, ec))
+    file.fail(path, "", "is a directory, not a " + kind + " file", open_hint);
   std::ifstream in(path, std::ios::binary);
   if (!in) file.fail(path, "", "cannot open the " + kind + " file (" + std::strerror(errno) + ")", open_hint);
   std::stringstream text;

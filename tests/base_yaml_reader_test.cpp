@@ -88,7 +88,8 @@ TEST(YamlReader, MessagesNameFileLineKeyAndWhatWasWrong) {
   // A quoted number is a string.
   const YamlMap quoted = YamlDocument::parse("n: \"128\"\n", "q.yaml").root_map();
   EXPECT_EQ(error_of([&] { quoted.get<int64_t>("n"); }),
-            "q.yaml:1: n: expected an integer, got the quoted string \"128\" (remove the quotes); write a whole number");
+            "q.yaml:1: n: expected an integer, got the quoted string \"128\" (remove the quotes); "
+            "write a whole number");
 }
 
 TEST(YamlReader, UnknownAndDuplicateKeys) {

@@ -19,7 +19,17 @@ namespace {
 // ---------------------------------------------------------------------------
 // Schema
 
-using FieldRef = std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*>;
+// A key whose values are the names of an enum's values (scheduler.policy: naive).
+// A name the table lacks is refused with "unknown <noun> '<name>'; <valid>".
+struct EnumRef {
+  std::function<std::string()> name;
+  std::function<bool(const std::string&)> set_name;  // false: not a name of the enum
+  const char* noun;
+  const char* valid;
+};
+
+using FieldRef =
+    std::variant<int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*, EnumRef>;
 
 struct Field {
   std::string key;
@@ -34,6 +44,21 @@ struct Section {
 template <class S, class T>
 Field field(const char* key, S Config::*section, T S::*member) {
   return Field{key, [section, member](Config& c) -> FieldRef { return &((c.*section).*member); }};
+}
+
+template <class S, class E, size_t N>
+Field enum_field(const char* key, S Config::*section, E S::*member, const EnumName<E> (&names)[N], const char* noun,
+                 const char* valid) {
+  return Field{key, [section, member, &names, noun, valid](Config& c) -> FieldRef {
+                 E* value = &((c.*section).*member);
+                 auto name = [value, &names] { return std::string(enum_name(names, *value)); };
+                 auto set_name = [value, &names](const std::string& text) {
+                   const std::optional<E> parsed = enum_value(names, text);
+                   if (parsed) *value = *parsed;
+                   return parsed.has_value();
+                 };
+                 return EnumRef{name, set_name, noun, valid};
+               }};
 }
 
 const std::vector<Section>& schema() {
@@ -75,11 +100,13 @@ const std::vector<Section>& schema() {
         field("checkpoint_every", &Config::train, &TrainConfig::checkpoint_every),
         field("checkpoint_dir", &Config::train, &TrainConfig::checkpoint_dir),
         field("keep_checkpoints", &Config::train, &TrainConfig::keep_checkpoints),
-        field("resume", &Config::train, &TrainConfig::resume),
+        enum_field("resume", &Config::train, &TrainConfig::resume, kResumeModeNames, "mode",
+                   "choose auto (continue from the newest checkpoint in checkpoint_dir, if any) or never"),
         field("init_from", &Config::train, &TrainConfig::init_from),
         field("peak_flops", &Config::train, &TrainConfig::peak_flops),
         field("threads", &Config::train, &TrainConfig::threads),
-        field("device", &Config::train, &TrainConfig::device),
+        enum_field("device", &Config::train, &TrainConfig::device, kDeviceNames, "device",
+                   "choose cpu or cuda (guarded: test-only)"),
         field("tf32", &Config::train, &TrainConfig::tf32)}},
       {"parallel",
        {field("tp", &Config::parallel, &ParallelConfig::tp),
@@ -88,8 +115,13 @@ const std::vector<Section>& schema() {
         field("pp_layers", &Config::parallel, &ParallelConfig::pp_layers),
         field("bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb)}},
       {"scheduler",
-       {field("policy", &Config::scheduler, &SchedulerConfig::policy),
-        field("balance", &Config::scheduler, &SchedulerConfig::balance),
+       {enum_field("policy", &Config::scheduler, &SchedulerConfig::policy, kSchedulerPolicyNames, "policy",
+                   "choose naive (hybrid data parallelism: a sequence spans only the ranks it needs), balance "
+                   "(hybrid data parallelism with the balance scheduler) or static (a fixed dp x cp grid that "
+                   "splits every sequence, the baseline)"),
+        enum_field("balance", &Config::scheduler, &SchedulerConfig::balance, kSchedulerBalanceNames, "balance mode",
+                   "choose dp (ranks run micro-batches of similar cost at each time step), pp (each pipeline runs "
+                   "similar micro-batches back to back) or auto (dp without pipeline parallelism, pp with it)"),
         field("threshold", &Config::scheduler, &SchedulerConfig::threshold),
         field("cp", &Config::scheduler, &SchedulerConfig::cp),
         field("cost_file", &Config::scheduler, &SchedulerConfig::cost_file)}},
@@ -98,7 +130,9 @@ const std::vector<Section>& schema() {
         field("ratio", &Config::offload, &OffloadConfig::ratio),
         field("bandwidth_gbs", &Config::offload, &OffloadConfig::bandwidth_gbs)}},
       {"loader",
-       {field("mode", &Config::loader, &LoaderConfig::mode),
+       {enum_field("mode", &Config::loader, &LoaderConfig::mode, kLoaderModeNames, "mode",
+                   "choose local (every training rank reads its own data) or remote (loader ranks read, one "
+                   "plans, the training ranks fetch their pieces)"),
         field("servers", &Config::loader, &LoaderConfig::servers),
         field("timeout_s", &Config::loader, &LoaderConfig::timeout_s)}},
   };
@@ -167,23 +201,41 @@ std::string int_list(const std::vector<int64_t>& values) {
   return text + "]";
 }
 
+// std::visit with one lambda per alternative.
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
 std::string value_text(const FieldRef& ref) {
-  return std::visit(
-      [](auto* p) -> std::string {
-        using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, std::string>) return "'" + *p + "'";
-        else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return int_list(*p);
-        else if constexpr (std::is_same_v<T, bool>) return *p ? "true" : "false";
-        else if constexpr (std::is_same_v<T, double>) return format_double(*p);
-        else return std::to_string(*p);
-      },
-      ref);
+  return std::visit(Overloaded{[](const EnumRef& e) { return "'" + e.name() + "'"; },
+                               [](auto* p) -> std::string {
+                                 using T = std::remove_pointer_t<decltype(p)>;
+                                 if constexpr (std::is_same_v<T, std::string>) return "'" + *p + "'";
+                                 else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return int_list(*p);
+                                 else if constexpr (std::is_same_v<T, bool>) return *p ? "true" : "false";
+                                 else if constexpr (std::is_same_v<T, double>) return format_double(*p);
+                                 else return std::to_string(*p);
+                               }},
+                    ref);
+}
+
+void assign_name(const EnumRef& ref, const YAML::Node& node, const std::string& where, const std::string& key) {
+  std::string name = ref.name();
+  read_yaml_value(node, where, key, name);
+  if (!ref.set_name(name))
+    throw_config_error(where, key, "unknown " + std::string(ref.noun) + " '" + name + "'", ref.valid);
 }
 
 // Converts `node` into the field's type, or fails naming `where` and `key`.
 void assign(const FieldRef& ref, const YAML::Node& node, const std::string& where, const std::string& key) {
-  std::visit([&](auto* p) { read_yaml_value(node, where, key, *p); }, ref);
+  std::visit(Overloaded{[&](const EnumRef& e) { assign_name(e, node, where, key); },
+                        [&](auto* p) { read_yaml_value(node, where, key, *p); }},
+             ref);
 }
+
 
 // ---------------------------------------------------------------------------
 // Parsing
@@ -196,7 +248,8 @@ struct Parser {
     const YAML::Node& root = document.root();
     if (root.IsNull()) return;
     if (!root.IsMap())
-      throw_config_error(document.where(root), "(top level)", "expected a mapping of sections, got " + describe_yaml(root),
+      throw_config_error(document.where(root), "(top level)",
+                         "expected a mapping of sections, got " + describe_yaml(root),
                          "write sections " + join_names(section_names()) + " at the top level");
     const YamlMap sections(document, root, "", source);
     for (const YamlEntry& entry : sections.entries()) {
@@ -391,12 +444,8 @@ struct Parser {
             "name a directory, e.g. runs/my-run/checkpoints");
     require(t.keep_checkpoints >= 1, "train.keep_checkpoints", shown("train.keep_checkpoints") + " is less than 1",
             "keep at least 1 checkpoint");
-    require(t.resume == "auto" || t.resume == "never", "train.resume", "unknown mode " + shown("train.resume"),
-            "choose auto (continue from the newest checkpoint in checkpoint_dir, if any) or never");
     non_negative(t.threads, "train.threads", "it must be 0 or more (0 = cores / ranks on the node)");
     non_negative(t.peak_flops, "train.peak_flops", "it must be 0 or more (0 = measure with a GEMM probe)");
-    require(t.device == "cpu" || t.device == "cuda" || t.device == "guarded", "train.device",
-            "unknown device " + shown("train.device"), "choose cpu or cuda (guarded: test-only)");
 
     // parallel
     positive(p.tp, "parallel.tp");
@@ -438,22 +487,13 @@ struct Parser {
     // scheduler and offload
     const SchedulerConfig& sc = config.scheduler;
     const OffloadConfig& of = config.offload;
-    require(sc.policy == "naive" || sc.policy == "balance" || sc.policy == "static", "scheduler.policy",
-            "unknown policy " + shown("scheduler.policy"),
-            "choose naive (hybrid data parallelism: a sequence spans only the ranks it needs), balance (hybrid data "
-            "parallelism with the balance scheduler) or static (a fixed dp x cp grid that splits every sequence, the "
-            "baseline)");
-    require(sc.balance == "auto" || sc.balance == "dp" || sc.balance == "pp", "scheduler.balance",
-            "unknown balance mode " + shown("scheduler.balance"),
-            "choose dp (ranks run micro-batches of similar cost at each time step), pp (each pipeline runs similar "
-            "micro-batches back to back) or auto (dp without pipeline parallelism, pp with it)");
     require(sc.threshold >= 0 && sc.threshold < 1, "scheduler.threshold", shown("scheduler.threshold") + " is outside [0, 1)",
             "choose the fraction of the busiest rank's time below which a rank receives more work, e.g. 0.05");
     non_negative(sc.cp, "scheduler.cp", "it must be 0 (automatic) or a divisor of parallel.hdp");
     require(sc.cp == 0 || p.hdp % sc.cp == 0, "scheduler.cp",
             shown("scheduler.cp") + " does not divide parallel.hdp " + shown("parallel.hdp"),
             "the static grid is dp x cp = hdp; choose a divisor of " + std::to_string(p.hdp) + " or 0", {"parallel.hdp"});
-    require(sc.policy != "static" || d.max_seq_len <= p.hdp * d.micro_batch_tokens, "data.max_seq_len",
+    require(sc.policy != SchedulerPolicy::Static || d.max_seq_len <= p.hdp * d.micro_batch_tokens, "data.max_seq_len",
             shown("data.max_seq_len") + " does not fit the static grid: at most parallel.hdp x data.micro_batch_tokens = " +
                 std::to_string(p.hdp * d.micro_batch_tokens) + " tokens",
             "lower data.max_seq_len, or raise parallel.hdp or data.micro_batch_tokens", {"parallel.hdp", "scheduler.policy"});
@@ -463,9 +503,6 @@ struct Parser {
 
     // loader
     const LoaderConfig& lo = config.loader;
-    require(lo.mode == "local" || lo.mode == "remote", "loader.mode", "unknown mode " + shown("loader.mode"),
-            "choose local (every training rank reads its own data) or remote (loader ranks read, one plans, the "
-            "training ranks fetch their pieces)");
     positive(lo.servers, "loader.servers");
     positive(lo.timeout_s, "loader.timeout_s");
 
@@ -499,15 +536,15 @@ std::string emit_config_yaml(const Config& config) {
     out << YAML::Key << section.name << YAML::Value << YAML::BeginMap;
     for (const Field& f : section.fields) {
       out << YAML::Key << f.key << YAML::Value;
-      std::visit(
-          [&](auto* p) {
-            using T = std::remove_pointer_t<decltype(p)>;
-            if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
-            else if constexpr (std::is_same_v<T, std::vector<int64_t>>) out << YAML::Flow << *p;
-            else if constexpr (std::is_same_v<T, double>) out << yaml_double(*p);
-            else out << *p;
-          },
-          f.ref(c));
+      std::visit(Overloaded{[&](const EnumRef& e) { out << YAML::DoubleQuoted << e.name(); },
+                            [&](auto* p) {
+                              using T = std::remove_pointer_t<decltype(p)>;
+                              if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
+                              else if constexpr (std::is_same_v<T, std::vector<int64_t>>) out << YAML::Flow << *p;
+                              else if constexpr (std::is_same_v<T, double>) out << yaml_double(*p);
+                              else out << *p;
+                            }},
+                 f.ref(c));
     }
     out << YAML::EndMap;
   }

@@ -10,11 +10,40 @@
 #include <string>
 #include <vector>
 
+#include "base/enum_names.h"
 #include "base/errors.h"
+#include "kernels/device.h"
 #include "model/model_config.h"
 #include "model/optim_config.h"
 
 namespace hdp {
+
+// The modes and policies of the config, each with the one table of the names
+// users write for its values (parsing, Config::yaml and messages use it).
+
+// train.resume: auto continues from the newest checkpoint in train.checkpoint_dir,
+// if any; never always starts fresh.
+enum class ResumeMode { Auto, Never };
+inline constexpr EnumName<ResumeMode> kResumeModeNames[] = {{ResumeMode::Auto, "auto"}, {ResumeMode::Never, "never"}};
+
+// scheduler.policy: naive is HDP with long sequences on as many ranks as they
+// need; balance is HDP with the balance scheduler (Algorithm 2); static is a fixed
+// dp x cp grid that splits every sequence over cp.
+enum class SchedulerPolicy { Naive, Balance, Static };
+inline constexpr EnumName<SchedulerPolicy> kSchedulerPolicyNames[] = {
+    {SchedulerPolicy::Naive, "naive"}, {SchedulerPolicy::Balance, "balance"}, {SchedulerPolicy::Static, "static"}};
+inline const char* policy_name(SchedulerPolicy policy) { return enum_name(kSchedulerPolicyNames, policy); }
+
+// scheduler.balance (dp, pp, auto): dp evens out the ranks' micro-batches at each
+// time step, pp each pipeline's micro-batches; auto is dp when pp = 1, pp otherwise.
+enum class SchedulerBalance { Auto, DataParallel, Pipeline };
+inline constexpr EnumName<SchedulerBalance> kSchedulerBalanceNames[] = {
+    {SchedulerBalance::Auto, "auto"}, {SchedulerBalance::DataParallel, "dp"}, {SchedulerBalance::Pipeline, "pp"}};
+
+// loader.mode: local, every training rank reads; remote, loader ranks serve the data.
+enum class LoaderMode { Local, Remote };
+inline constexpr EnumName<LoaderMode> kLoaderModeNames[] = {{LoaderMode::Local, "local"},
+                                                          {LoaderMode::Remote, "remote"}};
 
 struct DataConfig {
   std::string path;                      // HDF5 token dataset (docs/dataset-format.md)
@@ -34,11 +63,11 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;          // 0 disables
   std::string checkpoint_dir = "checkpoints/default";
   int64_t keep_checkpoints = 3;          // newest K complete checkpoints are kept
-  std::string resume = "auto";           // auto | never
+  ResumeMode resume = ResumeMode::Auto;
   std::string init_from;                 // checkpoint file whose weights start training
   double peak_flops = 0;                 // FLOP/s for MFU; 0 = measure with a GEMM probe
   int64_t threads = 0;                   // OpenMP/BLAS threads per rank; 0 = cores / ranks on the node
-  std::string device = "cpu";            // cpu | cuda (the local rank's GPU)
+  Device device = Device::CPU;           // cpu | cuda (the local rank's GPU); guarded: tests only
   bool tf32 = false;                     // cuda: fp32 GEMMs on TF32 tensor cores
 };
 
@@ -52,10 +81,8 @@ struct ParallelConfig {
 
 // How a step's sequences are spread over the hybrid-data-parallel ranks.
 struct SchedulerConfig {
-  std::string policy = "naive";          // naive: HDP, long sequences on as many ranks as they need;
-                                         // balance: HDP with the balance scheduler (Algorithm 2);
-                                         // static: fixed dp x cp grid, every sequence split over cp
-  std::string balance = "auto";          // balance: dp | pp | auto (dp when pp = 1, pp otherwise)
+  SchedulerPolicy policy = SchedulerPolicy::Naive;
+  SchedulerBalance balance = SchedulerBalance::Auto;  // what the balance policy evens out
   double threshold = 0.05;               // balance: ranks more than this fraction below the busiest get work
   int64_t cp = 0;                        // static: context-parallel degree; 0 = smallest divisor of hdp that fits
   std::string cost_file;                 // cost model YAML from `trainer profile`; empty = derived from FLOPs;
@@ -64,7 +91,7 @@ struct SchedulerConfig {
 
 // Where the training ranks' data comes from.
 struct LoaderConfig {
-  std::string mode = "local";            // local: every rank reads; remote: loader ranks serve it
+  LoaderMode mode = LoaderMode::Local;
   int64_t servers = 1;                   // remote: loader server ranks added beside the training ranks
   double timeout_s = 60;                 // remote: a server silent this long ends the job
 };

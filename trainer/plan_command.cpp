@@ -12,6 +12,7 @@
 #include "planning/simulator.h"
 #include "trainer/command_line.h"
 #include "trainer/commands.h"
+#include "trainer/config.h"
 
 namespace hdp {
 
@@ -236,8 +237,10 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
 
 const std::vector<std::pair<std::string, Planner>>& plan_policies() {
   static const std::vector<std::pair<std::string, Planner>> policies = {
-      {"static", [](std::span<const int64_t> l, const PlanSetup& s) { return plan_static(l, s.settings, s.static_cp); }},
-      {"naive", [](std::span<const int64_t> l, const PlanSetup& s) { return plan_naive(l, s.settings); }},
+      {policy_name(SchedulerPolicy::Static),
+       [](std::span<const int64_t> l, const PlanSetup& s) { return plan_static(l, s.settings, s.static_cp); }},
+      {policy_name(SchedulerPolicy::Naive),
+       [](std::span<const int64_t> l, const PlanSetup& s) { return plan_naive(l, s.settings); }},
       // Algorithm 1 without selective offload: rings sized by device memory alone
       // (ByteScale's ablation step "dynamic communication").
       {"naive-no-offload",
@@ -246,7 +249,8 @@ const std::vector<std::pair<std::string, Planner>>& plan_policies() {
          st.offload.enabled = false;
          return plan_naive(l, st);
        }},
-      {"balance", [](std::span<const int64_t> l, const PlanSetup& s) { return plan_balance(l, s.settings, s.balance); }},
+      {policy_name(SchedulerPolicy::Balance),
+       [](std::span<const int64_t> l, const PlanSetup& s) { return plan_balance(l, s.settings, s.balance); }},
   };
   return policies;
 }
@@ -389,7 +393,7 @@ int command_plan(const std::vector<std::string>& raw) {
 
     std::optional<double> static_step;
     for (const PolicyOutcome& o : outcomes)
-      if (o.name == "static" && o.failure.empty()) static_step = o.sim.step_seconds;
+      if (o.name == policy_name(SchedulerPolicy::Static) && o.failure.empty()) static_step = o.sim.step_seconds;
     std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "plan s", "step s", "tokens/s",
                 "speedup", "idle", "MFU", "attention GB", "micro-b.", "spread", "ranks/spread");
     std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "vs static", "", "", "",

@@ -66,7 +66,8 @@ struct PlanSetup {
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
                           int64_t capacity = 0);
 
-// The planners by name ("static", "naive", "balance"); a new policy is one entry.
+// The planners by name: the training policies (static, naive, balance; their
+// names as scheduler.policy spells them) and ablations; a new policy is one entry.
 using Planner = std::function<StepPlan(std::span<const int64_t> lengths, const PlanSetup& setup)>;
 const std::vector<std::pair<std::string, Planner>>& plan_policies();
 // Throws PlanInputError for an unknown name.

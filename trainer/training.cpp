@@ -51,7 +51,7 @@ GridShape grid_shape(const ParallelConfig& p) {
 // position), a checkpoint to take weights from, or fresh weights.
 TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine) {
   const TrainConfig& t = config.train;
-  if (t.resume == "auto") {
+  if (t.resume == ResumeMode::Auto) {
     if (auto latest = latest_checkpoint(t.checkpoint_dir)) {
       TrainingProgress progress = load_checkpoint(*latest, engine.model(), &engine.optimizer());
       spdlog::info("resumed from {} at step {}", *latest, progress.step);
@@ -74,7 +74,7 @@ TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine) {
 
 void run_training(const Config& config, const ProcessInfo& process) {
   const GridShape shape = grid_shape(config.parallel);
-  const bool remote = config.loader.mode == "remote";
+  const bool remote = config.loader.mode == LoaderMode::Remote;
   const int loader_ranks = remote ? static_cast<int>(config.loader.servers) : 0;
   const int training_ranks = shape.world();
   if (training_ranks + loader_ranks != process.world_size) {
@@ -86,7 +86,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
                       std::to_string(training_ranks + loader_ranks) + " or change the degrees");
   }
   const int threads = configure_threads(config.train.threads, process);
-  const Device device = device_from_name(config.train.device);
+  const Device device = config.train.device;
   const bool on_gpu = device == Device::CUDA;
   if (on_gpu) {
     // The GPU of the local rank modulo those visible (CUDA_VISIBLE_DEVICES): one per
