@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <optional>
+#include <sstream>
 
 #include "base/yaml_reader.h"
 #include "data/length_distributions.h"
@@ -102,14 +103,6 @@ std::string trace_path(const std::string& path, const std::string& policy, bool 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
-
-struct PolicyOutcome {
-  std::string name;
-  std::string failure;  // non-empty: the planner could not place the batch
-  double plan_seconds = 0, check_seconds = 0, simulate_seconds = 0;
-  StepSimulation sim;
-  RingStats rings;
-};
 
 }  // namespace
 
@@ -264,6 +257,246 @@ const Planner& plan_policy(const std::string& name) {
   throw PlanInputError("unknown policy '" + name + "' (valid: " + names + ")");
 }
 
+namespace {
+
+// What `trainer plan` is asked to do.
+struct PlanRequest {
+  std::string cluster_path, model_path, lengths_source;
+  int64_t gpus = 0, context = 0, batch_tokens = 0, seed = 1, tp = 1, pp = 1, capacity = 0, cp = 0;
+  std::optional<std::string> trace;
+  bool check = true;
+  std::vector<std::string> policies;  // known, each once, in the order given
+};
+
+// "static,naive,,static" -> {"static", "naive"}; an unknown name is a PlanInputError.
+std::vector<std::string> policy_list(const std::string& list) {
+  std::vector<std::string> policies;
+  std::stringstream in(list);
+  for (std::string name; std::getline(in, name, ',');) {
+    if (name.empty()) continue;
+    plan_policy(name);  // validates
+    if (std::find(policies.begin(), policies.end(), name) == policies.end()) policies.push_back(name);
+  }
+  if (policies.empty()) throw UsageError("--policies names no policy");
+  return policies;
+}
+
+PlanRequest read_plan_request(Arguments& args) {
+  PlanRequest r;
+  r.cluster_path = args.required("--cluster");
+  r.model_path = args.required("--model");
+  r.gpus = args.integer("--gpus", std::nullopt, 1);
+  r.context = args.integer("--context", std::nullopt, 1);
+  r.batch_tokens = args.integer("--global-batch-tokens", std::nullopt, 1);
+  r.lengths_source = args.required("--lengths");
+  r.seed = args.integer("--seed", 1, 0);
+  r.tp = args.integer("--tp", 1, 1);
+  r.pp = args.integer("--pp", 1, 1);
+  r.capacity = args.integer("--capacity", 0, 0);
+  r.cp = args.integer("--cp", 0, 0);
+  r.trace = args.option("--trace");
+  r.check = !args.flag("--no-check");
+  const std::string policies = args.option("--policies").value_or("static,naive,balance");
+  args.expect_empty();
+  if (r.gpus > 1 << 24 || r.tp > 1 << 10 || r.pp > 1 << 10) throw UsageError("--gpus, --tp or --pp is implausibly large");
+  r.policies = policy_list(policies);
+  return r;
+}
+
+// One global batch and where it came from.
+struct PlanBatch {
+  std::vector<int64_t> lengths;
+  std::string description;
+  double sample_seconds = 0;
+  int64_t tokens = 0, longest = 0;
+};
+
+PlanBatch draw_batch(const PlanRequest& r) {
+  PlanBatch b;
+  const auto t0 = std::chrono::steady_clock::now();
+  b.lengths = global_batch_lengths(r.lengths_source, r.context, r.batch_tokens, static_cast<uint64_t>(r.seed),
+                                   &b.description);
+  b.sample_seconds = seconds_since(t0);
+  if (b.lengths.empty()) throw LengthsInputError("--lengths '" + r.lengths_source + "' gives no sequences");
+  for (int64_t x : b.lengths) b.tokens += x, b.longest = std::max(b.longest, x);
+  return b;
+}
+
+// The header: the model, the cluster, the layout and the batch being planned.
+void print_model_and_cluster(const PlanRequest& r, const PlanSetup& setup) {
+  const ModelShape& model = setup.model;
+  const HardwareProfile& hw = setup.hardware;
+  const ModelCosts mc = model_costs(model, setup.layout.tp, setup.layout.pp);
+  const double params = static_cast<double>(model.layers) * mc.layer_parameters + mc.embedding_parameters +
+                        mc.head_parameters;
+  std::printf("model    %s: %lld layers, hidden %lld, %lld heads / %lld KV, FFN %lld%s, vocab %lld (%.2f B parameters)\n",
+              model.name.c_str(), static_cast<long long>(model.layers), static_cast<long long>(model.hidden),
+              static_cast<long long>(model.heads), static_cast<long long>(model.kv_heads),
+              static_cast<long long>(model.ffn),
+              model.experts > 1 ? (" x " + std::to_string(model.experts) + " experts, top-" +
+                                   std::to_string(model.experts_per_token)).c_str()
+                                : "",
+              static_cast<long long>(model.vocab), params / 1e9);
+  std::printf("cluster  %s: %lld GPUs (%lld nodes of %d); %.1f TFLOP/s per GPU (%.1f peak x %.2f)\n", hw.name.c_str(),
+              static_cast<long long>(r.gpus), static_cast<long long>((r.gpus + hw.gpus_per_node - 1) / hw.gpus_per_node),
+              hw.gpus_per_node, hw.flops_per_second() / 1e12, hw.peak_flops / 1e12, hw.achievable_fraction);
+  std::string split;
+  for (int64_t l : setup.stage_layers) {
+    if (!split.empty()) split += '/';
+    split += std::to_string(l);
+  }
+  std::printf("layout   tp %d x pp %d x hdp %d; layers per stage %s\n", setup.layout.tp, setup.layout.pp,
+              setup.layout.hdp, split.c_str());
+  const int s0 = setup.memory.limiting_stage;
+  std::printf("capacity C = %s tokens per rank and micro-batch (%s stage %d: (%.1f GB HBM - %.1f reserved - "
+              "%.1f weights, gradients, optimizer shard) / (%d in flight x %lld layers x %.1f KB per token and layer) "
+              "= %s)\n",
+              grouped(static_cast<double>(setup.settings.capacity)).c_str(),
+              r.capacity > 0 ? "--capacity; derived from memory would be, at" : "derived from memory at",
+              s0, hw.hbm_bytes / 1e9, hw.reserved_bytes / 1e9, setup.memory.static_bytes[s0] / 1e9,
+              setup.layout.pp - s0, static_cast<long long>(setup.stage_layers[s0]), mc.saved_bytes_per_token / 1e3,
+              grouped(static_cast<double>(setup.memory.capacity)).c_str());
+}
+
+void print_batch(const PlanRequest& r, const PlanBatch& b) {
+  std::printf("batch    %s: %s tokens in %s sequences (context %s, longest %s); tokens in sequences > 128K: %.1f%%, "
+              "> 256K: %.1f%%, > 1M: %.1f%%\n",
+              b.description.c_str(), grouped(static_cast<double>(b.tokens)).c_str(),
+              grouped(static_cast<double>(b.lengths.size())).c_str(), human_tokens(r.context).c_str(),
+              human_tokens(b.longest).c_str(), 100 * token_share_above(b.lengths, 128 * 1024),
+              100 * token_share_above(b.lengths, 256 * 1024), 100 * token_share_above(b.lengths, 1024 * 1024));
+  std::printf("         (batch drawn in %.3f s)\n\n", b.sample_seconds);
+}
+
+// One policy's plan of the batch and its simulated step.
+struct PolicyOutcome {
+  std::string name;
+  std::string failure;  // non-empty: the planner could not place the batch
+  double plan_seconds = 0, check_seconds = 0, simulate_seconds = 0;
+  StepSimulation sim;
+  RingStats rings;
+};
+
+void write_trace(const std::string& path, PolicyOutcome& o) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write trace file '" + path + "'");
+  sim::write_chrome_trace(out, *o.sim.graph, *o.sim.replay, o.sim.process_names);
+  if (!out) throw std::runtime_error("writing trace file '" + path + "' failed");
+  o.sim.graph.reset();
+  o.sim.replay.reset();
+  std::printf("trace    %s: %s\n", o.name.c_str(), path.c_str());
+}
+
+// Plans the batch with one policy, checks the plan and simulates the step. A
+// policy that cannot place the batch is an outcome with its failure; a plan that
+// fails check_plan is a planner bug (std::runtime_error).
+PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const PlanSetup& setup,
+                         std::span<const int64_t> lengths) {
+  PolicyOutcome o;
+  o.name = name;
+  StepPlan plan;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    plan = plan_policy(name)(lengths, setup);
+  } catch (const std::invalid_argument& e) {
+    o.failure = e.what();
+    return o;
+  }
+  o.plan_seconds = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  try {
+    if (r.check) check_plan(plan, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error("the " + name + " planner produced an invalid plan: " + std::string(e.what()));
+  }
+  o.check_seconds = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  o.sim = simulate_step(plan, lengths, setup.costs, r.trace.has_value());
+  o.simulate_seconds = seconds_since(t0);
+  o.rings = ring_stats(plan, lengths);
+  if (r.trace) write_trace(trace_path(*r.trace, name, r.policies.size() > 1), o);
+  return o;
+}
+
+// One row per policy: step time, throughput, speed-up over static, idle, MFU, traffic, spread.
+void print_table(const std::vector<PolicyOutcome>& outcomes, int64_t tokens, const HardwareProfile& hw) {
+  std::optional<double> static_step;
+  for (const PolicyOutcome& o : outcomes)
+    if (o.name == policy_name(SchedulerPolicy::Static) && o.failure.empty()) static_step = o.sim.step_seconds;
+  std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "plan s", "step s", "tokens/s",
+              "speedup", "idle", "MFU", "attention GB", "micro-b.", "spread", "ranks/spread");
+  std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "vs static", "", "", "",
+              "per rank", "seqs", "mean / max");
+  for (const PolicyOutcome& o : outcomes) {
+    if (!o.failure.empty()) {
+      std::printf("%-16s does not fit: %s\n", o.name.c_str(), o.failure.c_str());
+      continue;
+    }
+    const StepSimulation& s = o.sim;
+    const double mfu = s.step_seconds > 0
+                           ? hw.achievable_fraction * s.compute_seconds / (s.processes * s.step_seconds)
+                           : 0;
+    const std::string speedup = static_step ? fixed(*static_step / s.step_seconds, 2) + "x" : "-";
+    const std::string mb = std::to_string(o.rings.min_micro_batches_per_rank) + "-" +
+                           std::to_string(o.rings.max_micro_batches_per_rank);
+    const std::string ranks = o.rings.spread_sequences > 0
+                                  ? fixed(o.rings.mean_ranks, 1) + " / " + std::to_string(o.rings.max_ranks)
+                                  : "-";
+    std::printf("%-16s %9.3f %10.2f %11s %8s %6.3f %6.3f %12.1f %9s %8lld %12s\n", o.name.c_str(), o.plan_seconds,
+                s.step_seconds, grouped(static_cast<double>(tokens) / s.step_seconds).c_str(), speedup.c_str(),
+                s.idle_fraction, mfu, s.attention_bytes / 1e9, mb.c_str(),
+                static_cast<long long>(o.rings.spread_sequences), ranks.c_str());
+  }
+  std::printf("\n");
+}
+
+// "2: 5, 3-4: 2": how many spread sequences span how many ranks (power-of-two bins).
+std::string ring_histogram(const RingStats& rings) {
+  std::string hist;
+  for (size_t b = 1; b < rings.histogram.size(); ++b) {
+    if (rings.histogram[b] == 0) continue;
+    const int lo = (1 << (b - 1)) + 1, hi = 1 << b;
+    hist += (hist.empty() ? "" : ", ") + (lo == hi ? std::to_string(hi) : std::to_string(lo) + "-" + std::to_string(hi)) +
+            ": " + std::to_string(rings.histogram[b]);
+  }
+  return hist.empty() ? "none" : hist;
+}
+
+// Two lines per placed policy: where the time goes, and what planning and simulating cost.
+void print_details(const std::vector<PolicyOutcome>& outcomes) {
+  for (const PolicyOutcome& o : outcomes) {
+    if (!o.failure.empty()) continue;
+    std::printf("%-16s ranks per spread sequence {%s}; rings %lld; busy per rank %.2f-%.2f s; ring waits %.2f s "
+                "per rank; gradient sync %.3f s; offloaded %.1f GB (largest micro-batch %.2f GB per GPU); pipeline "
+                "%.1f GB\n",
+                o.name.c_str(), ring_histogram(o.rings).c_str(), static_cast<long long>(o.rings.rings),
+                o.sim.min_busy_seconds, o.sim.max_busy_seconds, o.sim.ring_wait_seconds / o.sim.processes,
+                o.sim.gradient_sync_seconds,
+                o.sim.offloaded_bytes / 1e9, o.sim.max_offloaded_bytes_per_gpu / 1e9, o.sim.pipeline_bytes / 1e9);
+    std::printf("%-16s timing: plan %.3f s, check_plan %.3f s, simulate %.3f s (%s operations, %s dependencies)\n", "",
+                o.plan_seconds, o.check_seconds, o.simulate_seconds, grouped(static_cast<double>(o.sim.operations)).c_str(),
+                grouped(static_cast<double>(o.sim.dependencies)).c_str());
+  }
+}
+
+// Offload is bounded per GPU, not per node: warns when a node's GPUs together could exceed its host memory.
+void warn_host_memory(const std::vector<PolicyOutcome>& outcomes, const HardwareProfile& hw) {
+  for (const PolicyOutcome& o : outcomes) {
+    if (!o.failure.empty() || hw.host_bytes_per_node <= 0) continue;
+    const double node = o.sim.max_offloaded_bytes_per_gpu * hw.gpus_per_node;
+    if (node > hw.host_bytes_per_node) {
+      std::printf("warning: %s offloads up to %.0f GB per GPU in one micro-batch, %.1f TB per node if all %d GPUs of "
+                  "a node do so, above the %.1f TB of host memory\n",
+                  o.name.c_str(), o.sim.max_offloaded_bytes_per_gpu / 1e9, node / 1e12, hw.gpus_per_node,
+                  hw.host_bytes_per_node / 1e12);
+    }
+  }
+}
+
+}  // namespace
+
 int command_plan(const std::vector<std::string>& raw) {
   Arguments args(raw);
   if (args.wants_help()) {
@@ -271,187 +504,25 @@ int command_plan(const std::vector<std::string>& raw) {
     return kExitSuccess;
   }
   return run_subcommand("plan", [&] {
-    const std::string cluster_path = args.required("--cluster");
-    const std::string model_path = args.required("--model");
-    const int64_t gpus = args.integer("--gpus", std::nullopt, 1);
-    const int64_t context = args.integer("--context", std::nullopt, 1);
-    const int64_t batch_tokens = args.integer("--global-batch-tokens", std::nullopt, 1);
-    const std::string source = args.required("--lengths");
-    const int64_t seed = args.integer("--seed", 1, 0);
-    const int64_t tp = args.integer("--tp", 1, 1), pp = args.integer("--pp", 1, 1);
-    const int64_t capacity = args.integer("--capacity", 0, 0);
-    const int64_t cp = args.integer("--cp", 0, 0);
-    const std::optional<std::string> trace = args.option("--trace");
-    const bool check = !args.flag("--no-check");
-    const std::string policy_list = args.option("--policies").value_or("static,naive,balance");
-    args.expect_empty();
-    if (gpus > 1 << 24 || tp > 1 << 10 || pp > 1 << 10) throw UsageError("--gpus, --tp or --pp is implausibly large");
-    std::vector<std::string> policies;
-    for (size_t b = 0; b <= policy_list.size();) {
-      size_t e = policy_list.find(',', b);
-      if (e == std::string::npos) e = policy_list.size();
-      const std::string name = policy_list.substr(b, e - b);
-      if (!name.empty()) {
-        plan_policy(name);  // validates
-        if (std::find(policies.begin(), policies.end(), name) == policies.end()) policies.push_back(name);
-      }
-      b = e + 1;
-    }
-    if (policies.empty()) throw UsageError("--policies names no policy");
-
-    const HardwareProfile hw = load_cluster_file(cluster_path);
-    const ModelShape model = load_model_file(model_path);
-    PlanSetup setup = make_plan_setup(hw, model, static_cast<int>(gpus), static_cast<int>(tp), static_cast<int>(pp),
-                                      capacity);
-    setup.static_cp = static_cast<int>(cp);
-    std::string description;
-    auto t0 = std::chrono::steady_clock::now();
-    const std::vector<int64_t> lengths = global_batch_lengths(source, context, batch_tokens, static_cast<uint64_t>(seed),
-                                                              &description);
-    const double sample_seconds = seconds_since(t0);
-    if (lengths.empty()) throw LengthsInputError("--lengths '" + source + "' gives no sequences");
-    int64_t tokens = 0, longest = 0;
-    for (int64_t x : lengths) tokens += x, longest = std::max(longest, x);
-
-    // Header: what is being planned.
-    const ModelCosts mc = model_costs(model, setup.layout.tp, setup.layout.pp);
-    const double params = static_cast<double>(model.layers) * mc.layer_parameters + mc.embedding_parameters +
-                          mc.head_parameters;
-    std::printf("model    %s: %lld layers, hidden %lld, %lld heads / %lld KV, FFN %lld%s, vocab %lld (%.2f B parameters)\n",
-                model.name.c_str(), static_cast<long long>(model.layers), static_cast<long long>(model.hidden),
-                static_cast<long long>(model.heads), static_cast<long long>(model.kv_heads),
-                static_cast<long long>(model.ffn),
-                model.experts > 1 ? (" x " + std::to_string(model.experts) + " experts, top-" +
-                                     std::to_string(model.experts_per_token)).c_str()
-                                  : "",
-                static_cast<long long>(model.vocab), params / 1e9);
-    std::printf("cluster  %s: %lld GPUs (%lld nodes of %d); %.1f TFLOP/s per GPU (%.1f peak x %.2f)\n", hw.name.c_str(),
-                static_cast<long long>(gpus), static_cast<long long>((gpus + hw.gpus_per_node - 1) / hw.gpus_per_node),
-                hw.gpus_per_node, hw.flops_per_second() / 1e12, hw.peak_flops / 1e12, hw.achievable_fraction);
-    std::string split;
-    for (int64_t l : setup.stage_layers) split += (split.empty() ? "" : "/") + std::to_string(l);
-    std::printf("layout   tp %d x pp %d x hdp %d; layers per stage %s\n", setup.layout.tp, setup.layout.pp,
-                setup.layout.hdp, split.c_str());
-    const int s0 = setup.memory.limiting_stage;
-    std::printf("capacity C = %s tokens per rank and micro-batch (%s stage %d: (%.1f GB HBM - %.1f reserved - "
-                "%.1f weights, gradients, optimizer shard) / (%d in flight x %lld layers x %.1f KB per token and layer) "
-                "= %s)\n",
-                grouped(static_cast<double>(setup.settings.capacity)).c_str(),
-                capacity > 0 ? "--capacity; derived from memory would be, at" : "derived from memory at",
-                s0, hw.hbm_bytes / 1e9, hw.reserved_bytes / 1e9, setup.memory.static_bytes[s0] / 1e9,
-                setup.layout.pp - s0, static_cast<long long>(setup.stage_layers[s0]), mc.saved_bytes_per_token / 1e3,
-                grouped(static_cast<double>(setup.memory.capacity)).c_str());
-    std::printf("batch    %s: %s tokens in %s sequences (context %s, longest %s); tokens in sequences > 128K: %.1f%%, "
-                "> 256K: %.1f%%, > 1M: %.1f%%\n",
-                description.c_str(), grouped(static_cast<double>(tokens)).c_str(),
-                grouped(static_cast<double>(lengths.size())).c_str(), human_tokens(context).c_str(),
-                human_tokens(longest).c_str(), 100 * token_share_above(lengths, 128 * 1024),
-                100 * token_share_above(lengths, 256 * 1024), 100 * token_share_above(lengths, 1024 * 1024));
-    std::printf("         (batch drawn in %.3f s)\n\n", sample_seconds);
-
-    // Plan and simulate each policy.
+    const PlanRequest request = read_plan_request(args);
+    const HardwareProfile hardware = load_cluster_file(request.cluster_path);
+    const ModelShape model = load_model_file(request.model_path);
+    PlanSetup setup = make_plan_setup(hardware, model, static_cast<int>(request.gpus), static_cast<int>(request.tp),
+                                      static_cast<int>(request.pp), request.capacity);
+    setup.static_cp = static_cast<int>(request.cp);
+    const PlanBatch batch = draw_batch(request);
+    print_model_and_cluster(request, setup);
+    print_batch(request, batch);
     std::vector<PolicyOutcome> outcomes;
-    for (const std::string& name : policies) {
-      PolicyOutcome o;
-      o.name = name;
-      StepPlan plan;
-      try {
-        t0 = std::chrono::steady_clock::now();
-        plan = plan_policy(name)(lengths, setup);
-        o.plan_seconds = seconds_since(t0);
-      } catch (const std::invalid_argument& e) {
-        o.failure = e.what();
-        outcomes.push_back(std::move(o));
-        continue;
-      }
-      t0 = std::chrono::steady_clock::now();
-      try {
-        if (check) check_plan(plan, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages);
-      } catch (const std::invalid_argument& e) {
-        throw std::runtime_error("the " + name + " planner produced an invalid plan: " + std::string(e.what()));
-      }
-      o.check_seconds = seconds_since(t0);
-      t0 = std::chrono::steady_clock::now();
-      o.sim = simulate_step(plan, lengths, setup.costs, trace.has_value());
-      o.simulate_seconds = seconds_since(t0);
-      o.rings = ring_stats(plan, lengths);
-      if (trace) {
-        const std::string path = trace_path(*trace, name, policies.size() > 1);
-        const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-        if (!parent.empty()) std::filesystem::create_directories(parent);
-        std::ofstream out(path);
-        if (!out) throw std::runtime_error("cannot write trace file '" + path + "'");
-        sim::write_chrome_trace(out, *o.sim.graph, *o.sim.replay, o.sim.process_names);
-        if (!out) throw std::runtime_error("writing trace file '" + path + "' failed");
-        o.sim.graph.reset();
-        o.sim.replay.reset();
-        std::printf("trace    %s: %s\n", name.c_str(), path.c_str());
-      }
-      outcomes.push_back(std::move(o));
-    }
-    if (trace) std::printf("\n");
-
-    std::optional<double> static_step;
-    for (const PolicyOutcome& o : outcomes)
-      if (o.name == policy_name(SchedulerPolicy::Static) && o.failure.empty()) static_step = o.sim.step_seconds;
-    std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "plan s", "step s", "tokens/s",
-                "speedup", "idle", "MFU", "attention GB", "micro-b.", "spread", "ranks/spread");
-    std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "vs static", "", "", "",
-                "per rank", "seqs", "mean / max");
-    for (const PolicyOutcome& o : outcomes) {
-      if (!o.failure.empty()) {
-        std::printf("%-16s does not fit: %s\n", o.name.c_str(), o.failure.c_str());
-        continue;
-      }
-      const StepSimulation& s = o.sim;
-      const double mfu = s.step_seconds > 0
-                             ? hw.achievable_fraction * s.compute_seconds / (s.processes * s.step_seconds)
-                             : 0;
-      const std::string speedup = static_step ? fixed(*static_step / s.step_seconds, 2) + "x" : "-";
-      const std::string mb = std::to_string(o.rings.min_micro_batches_per_rank) + "-" +
-                             std::to_string(o.rings.max_micro_batches_per_rank);
-      const std::string ranks = o.rings.spread_sequences > 0
-                                    ? fixed(o.rings.mean_ranks, 1) + " / " + std::to_string(o.rings.max_ranks)
-                                    : "-";
-      std::printf("%-16s %9.3f %10.2f %11s %8s %6.3f %6.3f %12.1f %9s %8lld %12s\n", o.name.c_str(), o.plan_seconds,
-                  s.step_seconds, grouped(static_cast<double>(tokens) / s.step_seconds).c_str(), speedup.c_str(),
-                  s.idle_fraction, mfu, s.attention_bytes / 1e9, mb.c_str(),
-                  static_cast<long long>(o.rings.spread_sequences), ranks.c_str());
-    }
-    std::printf("\n");
-    for (const PolicyOutcome& o : outcomes) {
-      if (!o.failure.empty()) continue;
-      std::string hist;
-      for (size_t b = 1; b < o.rings.histogram.size(); ++b) {
-        if (o.rings.histogram[b] == 0) continue;
-        const int lo = (1 << (b - 1)) + 1, hi = 1 << b;
-        hist += (hist.empty() ? "" : ", ") + (lo == hi ? std::to_string(hi) : std::to_string(lo) + "-" + std::to_string(hi)) +
-                ": " + std::to_string(o.rings.histogram[b]);
-      }
-      std::printf("%-16s ranks per spread sequence {%s}; rings %lld; busy per rank %.2f-%.2f s; ring waits %.2f s "
-                  "per rank; gradient sync %.3f s; offloaded %.1f GB (largest micro-batch %.2f GB per GPU); pipeline "
-                  "%.1f GB\n",
-                  o.name.c_str(), hist.empty() ? "none" : hist.c_str(), static_cast<long long>(o.rings.rings),
-                  o.sim.min_busy_seconds, o.sim.max_busy_seconds, o.sim.ring_wait_seconds / o.sim.processes,
-                  o.sim.gradient_sync_seconds,
-                  o.sim.offloaded_bytes / 1e9, o.sim.max_offloaded_bytes_per_gpu / 1e9, o.sim.pipeline_bytes / 1e9);
-      std::printf("%-16s timing: plan %.3f s, check_plan %.3f s, simulate %.3f s (%s operations, %s dependencies)\n", "",
-                  o.plan_seconds, o.check_seconds, o.simulate_seconds, grouped(static_cast<double>(o.sim.operations)).c_str(),
-                  grouped(static_cast<double>(o.sim.dependencies)).c_str());
-    }
-    for (const PolicyOutcome& o : outcomes) {
-      if (!o.failure.empty() || hw.host_bytes_per_node <= 0) continue;
-      const double node = o.sim.max_offloaded_bytes_per_gpu * hw.gpus_per_node;
-      if (node > hw.host_bytes_per_node) {
-        std::printf("warning: %s offloads up to %.0f GB per GPU in one micro-batch, %.1f TB per node if all %d GPUs of "
-                    "a node do so, above the %.1f TB of host memory\n",
-                    o.name.c_str(), o.sim.max_offloaded_bytes_per_gpu / 1e9, node / 1e12, hw.gpus_per_node,
-                    hw.host_bytes_per_node / 1e12);
-      }
-    }
-    bool any = false;
-    for (const PolicyOutcome& o : outcomes) any = any || o.failure.empty();
-    if (!any) throw PlanInputError("no policy could place the batch on " + std::to_string(gpus) + " GPUs");
+    for (const std::string& name : request.policies)
+      outcomes.push_back(run_policy(name, request, setup, batch.lengths));
+    if (request.trace) std::printf("\n");
+    print_table(outcomes, batch.tokens, setup.hardware);
+    print_details(outcomes);
+    warn_host_memory(outcomes, setup.hardware);
+    const bool placed =
+        std::any_of(outcomes.begin(), outcomes.end(), [](const PolicyOutcome& o) { return o.failure.empty(); });
+    if (!placed) throw PlanInputError("no policy could place the batch on " + std::to_string(request.gpus) + " GPUs");
     return kExitSuccess;
   });
 }
