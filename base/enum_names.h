@@ -1,12 +1,12 @@
 #pragma once
 // The names users write for an enum's values ("naive", "cpu"): one table per
-// enum parses, prints and lists them, so that each name is spelled once.
+// enum parses them, prints them and lists the choices in messages, so that each
+// name is spelled once.
 
 #include <cstddef>
 #include <optional>
 #include <string>
 #include <string_view>
-#include <vector>
 
 namespace hdp {
 
@@ -14,6 +14,7 @@ template <class E>
 struct EnumName {
   E value;
   const char* name;
+  const char* meaning = "";  // said after the name when listing the choices; empty: the name says it
 };
 
 // The name of `value`; "?" only for a value the table lacks.
@@ -32,11 +33,16 @@ std::optional<E> enum_value(const EnumName<E> (&table)[N], std::string_view name
   return std::nullopt;
 }
 
+// The choices for a message, in table order: "auto (the newest checkpoint) or never".
 template <class E, size_t N>
-std::vector<std::string> enum_names(const EnumName<E> (&table)[N]) {
-  std::vector<std::string> names;
-  for (const EnumName<E>& entry : table) names.push_back(entry.name);
-  return names;
+std::string enum_choices(const EnumName<E> (&table)[N]) {
+  std::string text;
+  for (size_t i = 0; i < N; ++i) {
+    if (i > 0) text += i + 1 < N ? ", " : " or ";
+    text += table[i].name;
+    if (*table[i].meaning) text += std::string(" (") + table[i].meaning + ")";
+  }
+  return text;
 }
 
 }  // namespace hdp

@@ -16,7 +16,7 @@ enum class Device { CPU, CUDA, Guarded };
 
 // The names of the devices, as a config writes them (train.device).
 inline constexpr EnumName<Device> kDeviceNames[] = {
-    {Device::CPU, "cpu"}, {Device::CUDA, "cuda"}, {Device::Guarded, "guarded"}};
+    {Device::CPU, "cpu"}, {Device::CUDA, "cuda"}, {Device::Guarded, "guarded", "test-only"}};
 
 inline const char* device_name(Device device) { return enum_name(kDeviceNames, device); }
 

@@ -478,7 +478,7 @@ TEST(ConfigErrors, OtherConstraints) {
       {"train.checkpoint_every=-5", "train.checkpoint_every: -5 is negative"},
       {"train.keep_checkpoints=0", "train.keep_checkpoints: 0 is less than 1"},
       {"train.resume=always", "train.resume: unknown mode 'always'; choose auto"},
-      {"train.device=tpu", "train.device: unknown device 'tpu'; choose cpu or cuda (guarded: test-only)"},
+      {"train.device=tpu", "train.device: unknown device 'tpu'; choose cpu, cuda or guarded (test-only)"},
       {"scheduler.balance=tp", "scheduler.balance: unknown balance mode 'tp'; choose dp"},
       {"loader.mode=far", "loader.mode: unknown mode 'far'; choose local"},
       {"train.threads=-1", "train.threads: -1 is negative"},
@@ -526,7 +526,10 @@ TEST(Config, EnumKeysReadAndWriteTheirNames) {
   EXPECT_EQ(load_config(path, {"scheduler.balance=dp"}).scheduler.balance, SchedulerBalance::DataParallel);
   // An unknown name in the file is reported at its line.
   const std::string bad = s.config("data:\n  path: DATA\nscheduler:\n  policy: greedy\n", "bad.yaml");
-  EXPECT_CONTAINS(load_error(bad), bad + ":4: scheduler.policy: unknown policy 'greedy'; choose naive");
+  EXPECT_EQ(load_error(bad), bad + ":4: scheduler.policy: unknown policy 'greedy'; choose naive (hybrid data "
+                                   "parallelism: a sequence spans only the ranks it needs), balance (hybrid data "
+                                   "parallelism with the balance scheduler) or static (a fixed dp x cp grid that "
+                                   "splits every sequence, the baseline)");
 }
 
 TEST(Config, CudaWithSeveralRanksIsAccepted) {

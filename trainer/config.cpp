@@ -25,7 +25,7 @@ struct EnumRef {
   std::function<std::string()> name;
   std::function<bool(const std::string&)> set_name;  // false: not a name of the enum
   const char* noun;
-  const char* valid;
+  std::string valid;  // "choose " and the table's choices
 };
 
 using FieldRef =
@@ -47,9 +47,9 @@ Field field(const char* key, S Config::*section, T S::*member) {
 }
 
 template <class S, class E, size_t N>
-Field enum_field(const char* key, S Config::*section, E S::*member, const EnumName<E> (&names)[N], const char* noun,
-                 const char* valid) {
-  return Field{key, [section, member, &names, noun, valid](Config& c) -> FieldRef {
+Field enum_field(const char* key, S Config::*section, E S::*member, const EnumName<E> (&names)[N],
+                 const char* noun) {
+  return Field{key, [section, member, &names, noun](Config& c) -> FieldRef {
                  E* value = &((c.*section).*member);
                  auto name = [value, &names] { return std::string(enum_name(names, *value)); };
                  auto set_name = [value, &names](const std::string& text) {
@@ -57,7 +57,7 @@ Field enum_field(const char* key, S Config::*section, E S::*member, const EnumNa
                    if (parsed) *value = *parsed;
                    return parsed.has_value();
                  };
-                 return EnumRef{name, set_name, noun, valid};
+                 return EnumRef{name, set_name, noun, "choose " + enum_choices(names)};
                }};
 }
 
@@ -100,13 +100,11 @@ const std::vector<Section>& schema() {
         field("checkpoint_every", &Config::train, &TrainConfig::checkpoint_every),
         field("checkpoint_dir", &Config::train, &TrainConfig::checkpoint_dir),
         field("keep_checkpoints", &Config::train, &TrainConfig::keep_checkpoints),
-        enum_field("resume", &Config::train, &TrainConfig::resume, kResumeModeNames, "mode",
-                   "choose auto (continue from the newest checkpoint in checkpoint_dir, if any) or never"),
+        enum_field("resume", &Config::train, &TrainConfig::resume, kResumeModeNames, "mode"),
         field("init_from", &Config::train, &TrainConfig::init_from),
         field("peak_flops", &Config::train, &TrainConfig::peak_flops),
         field("threads", &Config::train, &TrainConfig::threads),
-        enum_field("device", &Config::train, &TrainConfig::device, kDeviceNames, "device",
-                   "choose cpu or cuda (guarded: test-only)"),
+        enum_field("device", &Config::train, &TrainConfig::device, kDeviceNames, "device"),
         field("tf32", &Config::train, &TrainConfig::tf32)}},
       {"parallel",
        {field("tp", &Config::parallel, &ParallelConfig::tp),
@@ -115,13 +113,8 @@ const std::vector<Section>& schema() {
         field("pp_layers", &Config::parallel, &ParallelConfig::pp_layers),
         field("bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb)}},
       {"scheduler",
-       {enum_field("policy", &Config::scheduler, &SchedulerConfig::policy, kSchedulerPolicyNames, "policy",
-                   "choose naive (hybrid data parallelism: a sequence spans only the ranks it needs), balance "
-                   "(hybrid data parallelism with the balance scheduler) or static (a fixed dp x cp grid that "
-                   "splits every sequence, the baseline)"),
-        enum_field("balance", &Config::scheduler, &SchedulerConfig::balance, kSchedulerBalanceNames, "balance mode",
-                   "choose dp (ranks run micro-batches of similar cost at each time step), pp (each pipeline runs "
-                   "similar micro-batches back to back) or auto (dp without pipeline parallelism, pp with it)"),
+       {enum_field("policy", &Config::scheduler, &SchedulerConfig::policy, kSchedulerPolicyNames, "policy"),
+        enum_field("balance", &Config::scheduler, &SchedulerConfig::balance, kSchedulerBalanceNames, "balance mode"),
         field("threshold", &Config::scheduler, &SchedulerConfig::threshold),
         field("cp", &Config::scheduler, &SchedulerConfig::cp),
         field("cost_file", &Config::scheduler, &SchedulerConfig::cost_file)}},
@@ -130,9 +123,7 @@ const std::vector<Section>& schema() {
         field("ratio", &Config::offload, &OffloadConfig::ratio),
         field("bandwidth_gbs", &Config::offload, &OffloadConfig::bandwidth_gbs)}},
       {"loader",
-       {enum_field("mode", &Config::loader, &LoaderConfig::mode, kLoaderModeNames, "mode",
-                   "choose local (every training rank reads its own data) or remote (loader ranks read, one "
-                   "plans, the training ranks fetch their pieces)"),
+       {enum_field("mode", &Config::loader, &LoaderConfig::mode, kLoaderModeNames, "mode"),
         field("servers", &Config::loader, &LoaderConfig::servers),
         field("timeout_s", &Config::loader, &LoaderConfig::timeout_s)}},
   };

@@ -19,31 +19,35 @@
 namespace hdp {
 
 // The modes and policies of the config, each with the one table of the names
-// users write for its values (parsing, Config::yaml and messages use it).
+// users write for its values and what they mean (parsing, Config::yaml and the
+// messages that list the choices use it).
 
-// train.resume: auto continues from the newest checkpoint in train.checkpoint_dir,
-// if any; never always starts fresh.
+// train.resume
 enum class ResumeMode { Auto, Never };
-inline constexpr EnumName<ResumeMode> kResumeModeNames[] = {{ResumeMode::Auto, "auto"}, {ResumeMode::Never, "never"}};
+inline constexpr EnumName<ResumeMode> kResumeModeNames[] = {
+    {ResumeMode::Auto, "auto", "continue from the newest checkpoint in checkpoint_dir, if any"},
+    {ResumeMode::Never, "never"}};
 
-// scheduler.policy: naive is HDP with long sequences on as many ranks as they
-// need; balance is HDP with the balance scheduler (Algorithm 2); static is a fixed
-// dp x cp grid that splits every sequence over cp.
+// scheduler.policy: naive is ByteScale's Algorithm 1, balance its Algorithm 2.
 enum class SchedulerPolicy { Naive, Balance, Static };
 inline constexpr EnumName<SchedulerPolicy> kSchedulerPolicyNames[] = {
-    {SchedulerPolicy::Naive, "naive"}, {SchedulerPolicy::Balance, "balance"}, {SchedulerPolicy::Static, "static"}};
+    {SchedulerPolicy::Naive, "naive", "hybrid data parallelism: a sequence spans only the ranks it needs"},
+    {SchedulerPolicy::Balance, "balance", "hybrid data parallelism with the balance scheduler"},
+    {SchedulerPolicy::Static, "static", "a fixed dp x cp grid that splits every sequence, the baseline"}};
 inline const char* policy_name(SchedulerPolicy policy) { return enum_name(kSchedulerPolicyNames, policy); }
 
-// scheduler.balance (dp, pp, auto): dp evens out the ranks' micro-batches at each
-// time step, pp each pipeline's micro-batches; auto is dp when pp = 1, pp otherwise.
+// scheduler.balance: what the balance policy evens out.
 enum class SchedulerBalance { Auto, DataParallel, Pipeline };
 inline constexpr EnumName<SchedulerBalance> kSchedulerBalanceNames[] = {
-    {SchedulerBalance::Auto, "auto"}, {SchedulerBalance::DataParallel, "dp"}, {SchedulerBalance::Pipeline, "pp"}};
+    {SchedulerBalance::DataParallel, "dp", "ranks run micro-batches of similar cost at each time step"},
+    {SchedulerBalance::Pipeline, "pp", "each pipeline runs similar micro-batches back to back"},
+    {SchedulerBalance::Auto, "auto", "dp without pipeline parallelism, pp with it"}};
 
-// loader.mode: local, every training rank reads; remote, loader ranks serve the data.
+// loader.mode
 enum class LoaderMode { Local, Remote };
-inline constexpr EnumName<LoaderMode> kLoaderModeNames[] = {{LoaderMode::Local, "local"},
-                                                          {LoaderMode::Remote, "remote"}};
+inline constexpr EnumName<LoaderMode> kLoaderModeNames[] = {
+    {LoaderMode::Local, "local", "every training rank reads its own data"},
+    {LoaderMode::Remote, "remote", "loader ranks read, one plans, the training ranks fetch their pieces"}};
 
 struct DataConfig {
   std::string path;                      // HDF5 token dataset (docs/dataset-format.md)
