@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "base/errors.h"
 #include "data/batch.h"
 #include "data/hdf5_util.h"
 
@@ -25,9 +26,9 @@ inline constexpr int kDeflateLevel = 4;
 // Anything wrong with a dataset file: it is missing, not HDF5, lacks a dataset
 // or attribute, has the wrong type/shape, inconsistent offsets, or token ids
 // outside the vocabulary. The message names the file (and document if any).
-class DatasetError : public std::runtime_error {
+class DatasetError : public InputError {
  public:
-  using std::runtime_error::runtime_error;
+  using InputError::InputError;
 };
 
 // Writes a dataset document by document. The data goes to `path + ".tmp"`,

@@ -8,13 +8,15 @@
 #include <string>
 #include <string_view>
 
+#include "base/errors.h"
+
 namespace hdp {
 
 // Invalid JSON; column() is the 1-based byte position of the problem.
-class JsonError : public std::runtime_error {
+class JsonError : public InputError {
  public:
   JsonError(const std::string& what, size_t column)
-      : std::runtime_error(what + " at column " + std::to_string(column)), column_(column) {}
+      : InputError(what + " at column " + std::to_string(column)), column_(column) {}
   size_t column() const { return column_; }
 
  private:

@@ -27,15 +27,16 @@
 #include <string>
 #include <vector>
 
+#include "base/errors.h"
 #include "base/rng.h"
 
 namespace hdp {
 
 // A bad distribution name, an unreadable or malformed lengths file. The message
 // names the file (and line) or the name and the valid choices.
-class LengthsInputError : public std::runtime_error {
+class LengthsInputError : public InputError {
  public:
-  using std::runtime_error::runtime_error;
+  using InputError::InputError;
 };
 
 struct LengthSegment {

@@ -20,9 +20,9 @@ namespace hdp {
 
 // A problem with an input file; the message starts with "<file>:" or
 // "<file>:<line>:" and says what is wrong.
-class DataInputError : public std::runtime_error {
+class DataInputError : public InputError {
  public:
-  using std::runtime_error::runtime_error;
+  using InputError::InputError;
 };
 
 struct PrepareOptions {

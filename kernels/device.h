@@ -8,26 +8,17 @@
 #include <stdexcept>
 #include <string>
 
+#include "base/enum_names.h"
+
 namespace hdp {
 
 enum class Device { CPU, CUDA, Guarded };
 
-inline const char* device_name(Device device) {
-  switch (device) {
-    case Device::CPU: return "cpu";
-    case Device::CUDA: return "cuda";
-    case Device::Guarded: return "guarded";
-  }
-  return "unknown";
-}
+// The names of the devices, as a config writes them (train.device).
+inline constexpr EnumName<Device> kDeviceNames[] = {
+    {Device::CPU, "cpu"}, {Device::CUDA, "cuda"}, {Device::Guarded, "guarded", "test-only"}};
 
-// The device named in a config ("cpu", "cuda", "guarded").
-inline Device device_from_name(const std::string& name) {
-  if (name == "cpu") return Device::CPU;
-  if (name == "cuda") return Device::CUDA;
-  if (name == "guarded") return Device::Guarded;
-  throw std::invalid_argument("unknown device '" + name + "' (cpu, cuda or guarded)");
-}
+inline const char* device_name(Device device) { return enum_name(kDeviceNames, device); }
 
 // Thrown when an op is asked to run on a backend this build does not have.
 class UnsupportedDevice : public std::runtime_error {

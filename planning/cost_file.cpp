@@ -1,13 +1,12 @@
 #include "planning/cost_file.h"
 
-#include <spdlog/fmt/fmt.h>
 #include <yaml-cpp/yaml.h>
 
-#include <algorithm>
-#include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <optional>
+
+#include "base/yaml_reader.h"
 
 namespace hdp {
 namespace {
@@ -18,74 +17,88 @@ constexpr int kVersion = 1;
 const char* const kRemedy = "write the file with 'trainer profile CONFIG.yaml --output FILE', or set "
                             "scheduler.cost_file to empty (derived from FLOPs) or profile (measured at start-up)";
 
-[[noreturn]] void bad(const std::string& path, const YAML::Node& node, const std::string& key, const std::string& problem) {
-  std::string where = path;
-  if (node.IsDefined() && node.Mark().line >= 0) where += ":" + std::to_string(node.Mark().line + 1);
-  throw ConfigError(where + ": " + key + ": " + problem + "; " + kRemedy);
+// A required number that is not negative, and not 0 when `positive`.
+double number(const YamlMap& map, const std::string& key, bool positive) {
+  const double v = map.get<double>(key);
+  if (v < 0 || (positive && v == 0))
+    map.fail(key, format_double(v) + (positive ? " is not a positive number" : " is not a non-negative number"));
+  return v;
 }
 
-// A YAML map read key by key, naming "section.key" in errors.
-struct Reader {
-  std::string path;
-  YAML::Node root;
+double optional_number(const YamlMap& map, const std::string& key, double fallback) {
+  return map.has(key) ? number(map, key, false) : fallback;
+}
 
-  YAML::Node section(const std::string& name) const {
-    const YAML::Node n = root[name];
-    if (!n) bad(path, root, name, "missing");
-    if (!n.IsMap()) bad(path, n, name, "expected a map of keys");
-    return n;
-  }
+int64_t positive_integer(const YamlMap& map, const std::string& key) {
+  const int64_t v = map.get<int64_t>(key);
+  if (v <= 0) map.fail(key, std::to_string(v) + " is not a positive integer");
+  return v;
+}
 
-  template <class T>
-  T scalar(const YAML::Node& parent, const std::string& prefix, const std::string& key, const char* type) const {
-    const std::string name = prefix.empty() ? key : prefix + "." + key;
-    const YAML::Node n = parent[key];
-    if (!n) bad(path, parent, name, "missing");
-    if (!n.IsScalar()) bad(path, n, name, std::string("expected ") + type);
-    try {
-      return n.as<T>();
-    } catch (const YAML::Exception&) {
-      bad(path, n, name, std::string("expected ") + type + ", got '" + n.Scalar() + "'");
-    }
-  }
+int64_t optional_positive_integer(const YamlMap& map, const std::string& key, int64_t fallback) {
+  return map.has(key) ? positive_integer(map, key) : fallback;
+}
 
-  double number(const YAML::Node& parent, const std::string& prefix, const std::string& key, bool positive) const {
-    const double v = scalar<double>(parent, prefix, key, "a number");
-    const std::string name = prefix.empty() ? key : prefix + "." + key;
-    if (!std::isfinite(v) || v < 0 || (positive && v == 0)) {
-      bad(path, parent[key], name,
-          fmt::format("{:g}", v) + (positive ? " is not a positive number" : " is not a non-negative number"));
-    }
-    return v;
-  }
+// model: the layer shape measured.
+CostProfileInfo read_measured_shape(const YamlMap& model) {
+  CostProfileInfo p;
+  p.hidden_size = positive_integer(model, "hidden_size");
+  p.num_heads = positive_integer(model, "num_heads");
+  p.num_kv_heads = positive_integer(model, "num_kv_heads");
+  p.head_dim = positive_integer(model, "head_dim");
+  p.ffn_hidden_size = positive_integer(model, "ffn_hidden_size");
+  p.vocab_size = positive_integer(model, "vocab_size");
+  p.tp = positive_integer(model, "tp");
+  p.saved_floats_per_token = positive_integer(model, "saved_floats_per_token");
+  return p;
+}
 
-  int64_t integer(const YAML::Node& parent, const std::string& prefix, const std::string& key) const {
-    const int64_t v = scalar<int64_t>(parent, prefix, key, "an integer");
-    if (v <= 0) bad(path, parent[key], prefix + "." + key, std::to_string(v) + " is not a positive integer");
-    return v;
-  }
+// layer, the per-token seconds of the embedding and the head, copy: the coefficients.
+CostModel read_cost_model(const YamlMap& root) {
+  CostModel c;
+  const YamlMap layer = root.map("layer");
+  c.a1 = number(layer, "a1", false);
+  c.b1 = number(layer, "b1", false);
+  c.g = number(layer, "g", false);
+  if (c.a1 == 0 && c.b1 == 0 && c.g == 0) root.fail("layer", "a1, b1 and g are all 0 (no compute time)");
+  c.a2 = number(layer, "a2", true);
+  c.b2 = number(layer, "b2", false);
+  c.embedding_seconds_per_token = number(root, "embedding_seconds_per_token", false);
+  c.head_seconds_per_token = number(root, "head_seconds_per_token", false);
+  const YamlMap copy = root.map("copy");
+  c.d2h_bytes_per_s = number(copy, "d2h_bytes_per_s", true);
+  c.h2d_bytes_per_s = number(copy, "h2d_bytes_per_s", true);
+  return c;
+}
 
-  std::string text(const YAML::Node& parent, const std::string& key) const {
-    const YAML::Node n = parent[key];
-    return n && n.IsScalar() ? n.Scalar() : std::string();
-  }
+// fit: the measurements behind the coefficients (informational).
+CostFitReport read_fit(const YamlMap& fit, CostFitReport f) {
+  f.lengths = fit.get_or<std::vector<int64_t>>("lengths", {});
+  f.layer_seconds = fit.get_or<std::vector<double>>("layer_seconds", {});
+  f.activation_bytes = fit.get_or<std::vector<double>>("activation_bytes", {});
+  f.held_out_lengths = fit.get_or<std::vector<int64_t>>("held_out_lengths", {});
+  f.held_out_max_relative_error = optional_number(fit, "held_out_max_relative_error", 0);
+  f.held_out_mean_relative_error = optional_number(fit, "held_out_mean_relative_error", 0);
+  f.max_relative_error = optional_number(fit, "max_relative_error", 0);
+  f.activation_max_relative_error = optional_number(fit, "activation_max_relative_error", 0);
+  f.head_tokens = optional_positive_integer(fit, "head_tokens", 0);
+  f.embedding_tokens = optional_positive_integer(fit, "embedding_tokens", 0);
+  if (!f.layer_seconds.empty() && f.layer_seconds.size() != f.lengths.size())
+    fit.fail("layer_seconds", "has " + std::to_string(f.layer_seconds.size()) + " entries for " +
+                                  std::to_string(f.lengths.size()) + " lengths");
+  return f;
+}
 
-  template <class T>
-  std::vector<T> list(const YAML::Node& parent, const std::string& prefix, const std::string& key) const {
-    const YAML::Node n = parent[key];
-    if (!n) return {};
-    if (!n.IsSequence()) bad(path, n, prefix + "." + key, "expected a list");
-    std::vector<T> values;
-    for (const YAML::Node& item : n) {
-      try {
-        values.push_back(item.as<T>());
-      } catch (const YAML::Exception&) {
-        bad(path, item, prefix + "." + key, "expected a list of numbers");
-      }
-    }
-    return values;
-  }
-};
+// profiled: where and how the numbers were measured (informational).
+void read_provenance(const YamlMap& profiled, CostProfileInfo& p) {
+  p.config = profiled.get_or<std::string>("config", "");
+  p.date = profiled.get_or<std::string>("date", "");
+  p.host = profiled.get_or<std::string>("host", "");
+  p.openblas_core = profiled.get_or<std::string>("openblas_core", "");
+  p.threads = optional_positive_integer(profiled, "threads", 0);
+  p.repeats = optional_positive_integer(profiled, "repeats", 0);
+  p.other_cpu_fraction = profiled.get_or<double>("other_cpu_fraction", -1);
+}
 
 }  // namespace
 
@@ -162,82 +175,19 @@ void write_cost_file(const std::string& path, const CostFile& file) {
 }
 
 CostFile read_cost_file(const std::string& path) {
-  Reader r{path, {}};
-  try {
-    r.root = YAML::LoadFile(path);
-  } catch (const YAML::BadFile&) {
-    throw ConfigError(path + ": cannot open the cost file; " + kRemedy);
-  } catch (const YAML::ParserException& e) {
-    throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg + "; " + kRemedy);
-  }
-  if (!r.root.IsMap()) throw ConfigError(path + ": not a cost file (expected a YAML map); " + kRemedy);
-  const std::string format = r.scalar<std::string>(r.root, "", "format", "a string");
-  if (format != kFormat) bad(path, r.root["format"], "format", "'" + format + "' is not '" + kFormat + "'");
-  const int64_t version = r.scalar<int64_t>(r.root, "", "version", "an integer");
-  if (version != kVersion) {
-    bad(path, r.root["version"], "version",
-        "version " + std::to_string(version) + " is not supported (this trainer reads " + std::to_string(kVersion) + ")");
-  }
-
+  const YamlMap root = YamlDocument::read_file(path, "cost", "", kRemedy).root_map();
+  const std::string format = root.get<std::string>("format");
+  if (format != kFormat) root.fail("format", "'" + format + "' is not '" + kFormat + "'");
+  const int64_t version = root.get<int64_t>("version");
+  if (version != kVersion)
+    root.fail("version", "version " + std::to_string(version) + " is not supported (this trainer reads " +
+                             std::to_string(kVersion) + ")");
   CostFile file;
-  CostProfileInfo& p = file.profiled;
-  const YAML::Node model = r.section("model");
-  p.hidden_size = r.integer(model, "model", "hidden_size");
-  p.num_heads = r.integer(model, "model", "num_heads");
-  p.num_kv_heads = r.integer(model, "model", "num_kv_heads");
-  p.head_dim = r.integer(model, "model", "head_dim");
-  p.ffn_hidden_size = r.integer(model, "model", "ffn_hidden_size");
-  p.vocab_size = r.integer(model, "model", "vocab_size");
-  p.tp = r.integer(model, "model", "tp");
-  p.saved_floats_per_token = r.integer(model, "model", "saved_floats_per_token");
-
-  CostModel& c = file.cost;
-  const YAML::Node layer = r.section("layer");
-  c.a1 = r.number(layer, "layer", "a1", false);
-  c.b1 = r.number(layer, "layer", "b1", false);
-  c.g = r.number(layer, "layer", "g", false);
-  if (c.a1 == 0 && c.b1 == 0 && c.g == 0) bad(path, layer, "layer", "a1, b1 and g are all 0 (no compute time)");
-  c.a2 = r.number(layer, "layer", "a2", true);
-  c.b2 = r.number(layer, "layer", "b2", false);
-  c.embedding_seconds_per_token = r.number(r.root, "", "embedding_seconds_per_token", false);
-  c.head_seconds_per_token = r.number(r.root, "", "head_seconds_per_token", false);
-  const YAML::Node copy = r.section("copy");
-  c.d2h_bytes_per_s = r.number(copy, "copy", "d2h_bytes_per_s", true);
-  c.h2d_bytes_per_s = r.number(copy, "copy", "h2d_bytes_per_s", true);
-
-  // Informational: how the numbers were obtained.
-  CostFitReport& f = file.fit;
-  if (copy["bytes"]) f.copy_bytes = r.integer(copy, "copy", "bytes");
-  if (const YAML::Node fit = r.root["fit"]) {
-    if (!fit.IsMap()) bad(path, fit, "fit", "expected a map of keys");
-    f.lengths = r.list<int64_t>(fit, "fit", "lengths");
-    f.layer_seconds = r.list<double>(fit, "fit", "layer_seconds");
-    f.activation_bytes = r.list<double>(fit, "fit", "activation_bytes");
-    f.held_out_lengths = r.list<int64_t>(fit, "fit", "held_out_lengths");
-    auto optional_number = [&](const char* key, double& value) {
-      if (fit[key]) value = r.number(fit, "fit", key, false);
-    };
-    optional_number("held_out_max_relative_error", f.held_out_max_relative_error);
-    optional_number("held_out_mean_relative_error", f.held_out_mean_relative_error);
-    optional_number("max_relative_error", f.max_relative_error);
-    optional_number("activation_max_relative_error", f.activation_max_relative_error);
-    if (fit["head_tokens"]) f.head_tokens = r.integer(fit, "fit", "head_tokens");
-    if (fit["embedding_tokens"]) f.embedding_tokens = r.integer(fit, "fit", "embedding_tokens");
-    if (!f.layer_seconds.empty() && f.layer_seconds.size() != f.lengths.size())
-      bad(path, fit, "fit.layer_seconds", "has " + std::to_string(f.layer_seconds.size()) + " entries for " +
-                                              std::to_string(f.lengths.size()) + " lengths");
-  }
-  if (const YAML::Node prof = r.root["profiled"]) {
-    if (!prof.IsMap()) bad(path, prof, "profiled", "expected a map of keys");
-    p.config = r.text(prof, "config");
-    p.date = r.text(prof, "date");
-    p.host = r.text(prof, "host");
-    p.openblas_core = r.text(prof, "openblas_core");
-    if (prof["threads"]) p.threads = r.integer(prof, "profiled", "threads");
-    if (prof["repeats"]) p.repeats = r.integer(prof, "profiled", "repeats");
-    if (prof["other_cpu_fraction"])
-      p.other_cpu_fraction = r.scalar<double>(prof, "profiled", "other_cpu_fraction", "a number");
-  }
+  file.profiled = read_measured_shape(root.map("model"));
+  file.cost = read_cost_model(root);
+  file.fit.copy_bytes = optional_positive_integer(root.map("copy"), "bytes", 0);
+  if (const std::optional<YamlMap> fit = root.optional_map("fit")) file.fit = read_fit(*fit, file.fit);
+  if (const std::optional<YamlMap> profiled = root.optional_map("profiled")) read_provenance(*profiled, file.profiled);
   return file;
 }
 

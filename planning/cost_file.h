@@ -56,7 +56,7 @@ struct CostFile {
 // Writes the YAML file (creating its directory). Throws std::runtime_error when it
 // cannot be written.
 void write_cost_file(const std::string& path, const CostFile& file);
-// Reads and checks a cost file: throws ConfigError naming the file and the key
+// Reads and checks a cost file: throws ConfigError naming the file, line and key
 // (missing, wrong type, not a positive / non-negative number, unknown format).
 CostFile read_cost_file(const std::string& path);
 

@@ -204,7 +204,7 @@ TEST(Config, FullConfigParsesExactValues) {
   EXPECT_EQ(c.train.checkpoint_every, 50);
   EXPECT_EQ(c.train.checkpoint_dir, "runs/x/ckpt");
   EXPECT_EQ(c.train.keep_checkpoints, 2);
-  EXPECT_EQ(c.train.resume, "never");
+  EXPECT_EQ(c.train.resume, ResumeMode::Never);
   EXPECT_EQ(c.train.init_from, s.checkpoint);
   EXPECT_EQ(c.train.peak_flops, 1.5e12);
   EXPECT_EQ(c.train.threads, 2);
@@ -229,7 +229,7 @@ TEST(Config, DefaultsForEverythingButDataPath) {
   EXPECT_EQ(c.model.hidden_size, 128);
   EXPECT_EQ(c.data.max_seq_len, 1024);
   EXPECT_EQ(c.optim.lr, 3e-4);
-  EXPECT_EQ(c.train.resume, "auto");
+  EXPECT_EQ(c.train.resume, ResumeMode::Auto);
   EXPECT_EQ(c.train.init_from, "");
   EXPECT_EQ(c.origins.size(), 2u);  // data and data.path
 }
@@ -269,7 +269,7 @@ TEST(Config, OverridesAreAppliedInOrder) {
   EXPECT_EQ(c.model.hidden_size, 192);
   EXPECT_EQ(c.optim.lr, 5e-4);
   EXPECT_FALSE(c.model.tie_embeddings);
-  EXPECT_EQ(c.train.resume, "auto");
+  EXPECT_EQ(c.train.resume, ResumeMode::Auto);
   EXPECT_EQ(c.train.run_dir, "runs/a b");
   EXPECT_EQ(c.model.num_heads, 12);
   EXPECT_EQ(c.train.init_from, "");
@@ -479,6 +479,9 @@ TEST(ConfigErrors, OtherConstraints) {
       {"train.checkpoint_every=-5", "train.checkpoint_every: -5 is negative"},
       {"train.keep_checkpoints=0", "train.keep_checkpoints: 0 is less than 1"},
       {"train.resume=always", "train.resume: unknown mode 'always'; choose auto"},
+      {"train.device=tpu", "train.device: unknown device 'tpu'; choose cpu, cuda or guarded (test-only)"},
+      {"scheduler.balance=tp", "scheduler.balance: unknown balance mode 'tp'; choose dp"},
+      {"loader.mode=far", "loader.mode: unknown mode 'far'; choose local"},
       {"train.threads=-1", "train.threads: -1 is negative"},
       {"train.peak_flops=-1", "train.peak_flops: -1 is negative"},
       {"train.run_dir=", "train.run_dir: is empty"},
@@ -495,6 +498,41 @@ TEST(ConfigErrors, OtherConstraints) {
   }
 }
 
+// Each mode and policy is read once into its enum, by the names users write, and
+// written back under the same names.
+TEST(Config, EnumKeysReadAndWriteTheirNames) {
+  Scratch s("enums");
+  const std::string path = s.config(kMinimalConfig);
+  const Config d = load_config(path);
+  EXPECT_EQ(d.scheduler.policy, SchedulerPolicy::Naive);
+  EXPECT_EQ(d.scheduler.balance, SchedulerBalance::Auto);
+  EXPECT_EQ(d.loader.mode, LoaderMode::Local);
+  EXPECT_EQ(d.train.resume, ResumeMode::Auto);
+  EXPECT_EQ(d.train.device, Device::CPU);
+  const Config c = load_config(path, {"scheduler.policy=balance", "scheduler.balance=pp", "loader.mode=remote",
+                                      "train.resume=never", "train.device=guarded"});
+  EXPECT_EQ(c.scheduler.policy, SchedulerPolicy::Balance);
+  EXPECT_EQ(c.scheduler.balance, SchedulerBalance::Pipeline);
+  EXPECT_EQ(c.loader.mode, LoaderMode::Remote);
+  EXPECT_EQ(c.train.resume, ResumeMode::Never);
+  EXPECT_EQ(c.train.device, Device::Guarded);
+  for (const char* line : {"policy: \"balance\"", "balance: \"pp\"", "mode: \"remote\"", "resume: \"never\"",
+                           "device: \"guarded\""})
+    EXPECT_CONTAINS(c.yaml, line);
+  const Config back = parse_config_text(c.yaml, "stored", {}, false);
+  EXPECT_EQ(back.scheduler.policy, SchedulerPolicy::Balance);
+  EXPECT_EQ(back.scheduler.balance, SchedulerBalance::Pipeline);
+  EXPECT_EQ(back.loader.mode, LoaderMode::Remote);
+  EXPECT_EQ(load_config(path, {"scheduler.policy=static"}).scheduler.policy, SchedulerPolicy::Static);
+  EXPECT_EQ(load_config(path, {"scheduler.balance=dp"}).scheduler.balance, SchedulerBalance::DataParallel);
+  // An unknown name in the file is reported at its line.
+  const std::string bad = s.config("data:\n  path: DATA\nscheduler:\n  policy: greedy\n", "bad.yaml");
+  EXPECT_EQ(load_error(bad), bad + ":4: scheduler.policy: unknown policy 'greedy'; choose naive (hybrid data "
+                                   "parallelism: a sequence spans only the ranks it needs), balance (hybrid data "
+                                   "parallelism with the balance scheduler) or static (a fixed dp x cp grid that "
+                                   "splits every sequence, the baseline)");
+}
+
 TEST(Config, CudaWithSeveralRanksIsAccepted) {
   // Device buffers go through the MPI communicator's pinned staging, so every layout
   // may run on the GPU (several ranks may share one).
@@ -503,7 +541,7 @@ TEST(Config, CudaWithSeveralRanksIsAccepted) {
   for (const char* layout : {"parallel.tp=2", "parallel.pp=2", "parallel.hdp=2"}) {
     SCOPED_TRACE(layout);
     const Config c = load_config(path, {"train.device=cuda", layout});
-    EXPECT_EQ(c.train.device, "cuda");
+    EXPECT_EQ(c.train.device, Device::CUDA);
   }
   EXPECT_EQ(load_config(path, {"train.device=cuda", "parallel.tp=2", "parallel.pp=2", "parallel.hdp=2"}).parallel.hdp,
             2);

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "base/errors.h"
 #include "data/dataset.h"
 #include "data/length_distributions.h"
 #include "test_util.h"
@@ -172,7 +173,7 @@ void expect_plan_error(const std::string& path, bool cluster, const std::string&
       load_model_file(path);
     }
     ADD_FAILURE() << path << " was accepted";
-  } catch (const PlanInputError& e) {
+  } catch (const ConfigError& e) {
     EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
   }
@@ -183,27 +184,38 @@ std::string h100_text() {
   return std::string(std::istreambuf_iterator<char>(in), {});
 }
 
+// The 1-based line of `text` on which `needle` starts.
+std::string line_of(const std::string& text, const std::string& needle) {
+  const size_t at = text.find(needle);
+  return std::to_string(1 + std::count(text.begin(), text.begin() + static_cast<long>(at), '\n'));
+}
+
 TEST(PlanFiles, ErrorsNameFileAndKey) {
   const std::string dir = scratch_dir("plan_files");
   const std::string text = h100_text();
-  std::ofstream(dir + "/extra.yaml") << text << "nvlink_gbps: 900\n";
-  expect_plan_error(dir + "/extra.yaml", true, "unknown key 'nvlink_gbps'");
+  const std::string extra = text + "nvlink_gbps: 900\n";
+  std::ofstream(dir + "/extra.yaml") << extra;
+  expect_plan_error(dir + "/extra.yaml", true,
+                    "extra.yaml:" + line_of(extra, "nvlink_gbps:") +
+                        ": nvlink_gbps: unknown key; valid keys: gpus_per_node");
   std::string missing = text;
   missing.erase(missing.find("pcie_bytes_per_s:"), std::string("pcie_bytes_per_s: 64.0e9").size());
   std::ofstream(dir + "/missing.yaml") << missing;
-  expect_plan_error(dir + "/missing.yaml", true, "missing key 'pcie_bytes_per_s'");
+  expect_plan_error(dir + "/missing.yaml", true, "missing.yaml: pcie_bytes_per_s: required key is missing");
   std::string typed = text;
   typed.replace(typed.find("achievable_fraction: 0.5"), 24, "achievable_fraction: half");
   std::ofstream(dir + "/typed.yaml") << typed;
-  expect_plan_error(dir + "/typed.yaml", true, "'achievable_fraction' expects a number, got 'half'");
+  expect_plan_error(dir + "/typed.yaml", true,
+                    "typed.yaml:" + line_of(typed, "achievable_fraction:") +
+                        ": achievable_fraction: expected a number, got 'half'");
   std::string range = text;
   range.replace(range.find("achievable_fraction: 0.5"), 24, "achievable_fraction: 1.5");
   std::ofstream(dir + "/range.yaml") << range;
   expect_plan_error(dir + "/range.yaml", true, "achievable_fraction");
-  expect_plan_error(dir + "/absent.yaml", true, "does not exist");
+  expect_plan_error(dir + "/absent.yaml", true, "cannot open the cluster file (No such file or directory)");
   std::ofstream(dir + "/model.yaml") << "num_layers: 32\nhidden_size: 4096\nnum_heads: 32\nnum_kv_heads: 8\n"
                                         "ffn_hidden_size: 11008\nvocab_size: 32000\nexperts: 8\n";
-  expect_plan_error(dir + "/model.yaml", false, "unknown key 'experts'");
+  expect_plan_error(dir + "/model.yaml", false, "model.yaml:7: experts: unknown key; valid keys: num_layers");
   std::ofstream(dir + "/model2.yaml") << "num_layers: 32\nhidden_size: 4096\nnum_heads: 32\nnum_kv_heads: 8\n"
                                          "ffn_hidden_size: 11008\nvocab_size: 32000\nnum_experts: 2\n"
                                          "experts_per_token: 4\n";
@@ -266,10 +278,10 @@ TEST(PlanCommand, BadInputExitsWithTwo) {
   auto r = run_trainer("plan --cluster " + dir + "/bad.yaml" + base + " --lengths byted");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find(dir + "/bad.yaml"), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("unknown key 'infiniband'"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("infiniband: unknown key"), std::string::npos) << r.output;
   r = run_trainer("plan --cluster " + dir + "/none.yaml" + base + " --lengths byted");
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("does not exist"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("cannot open the cluster file (No such file or directory)"), std::string::npos) << r.output;
   r = run_trainer("plan --cluster " + config("cluster/h100.yaml") + base + " --lengths pile");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("'pile'"), std::string::npos) << r.output;

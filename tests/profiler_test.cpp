@@ -262,7 +262,7 @@ TEST(CostFile, ErrorsNameTheFileAndTheKey) {
   const std::string no_a1 = edited_file(dir, "no_a1.yaml", "  a1:", "  x1:");
   std::string e = error_of(no_a1);
   EXPECT_NE(e.find(no_a1), std::string::npos) << e;
-  EXPECT_NE(e.find("layer.a1: missing"), std::string::npos) << e;
+  EXPECT_NE(e.find("layer.a1: required key is missing"), std::string::npos) << e;
 
   const std::string negative = edited_file(dir, "negative.yaml", "  b1: ", "  b1: -");
   e = error_of(negative);
@@ -283,7 +283,7 @@ TEST(CostFile, ErrorsNameTheFileAndTheKey) {
   std::ofstream(config_file) << "model:\n  hidden_size: 128\n";
   e = error_of(config_file);
   EXPECT_NE(e.find(config_file), std::string::npos) << e;
-  EXPECT_NE(e.find("format: missing"), std::string::npos) << e;
+  EXPECT_NE(e.find(config_file + ": format: required key is missing"), std::string::npos) << e;
 }
 
 Config config_with(const std::string& cost_file) {

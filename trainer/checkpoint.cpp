@@ -11,6 +11,7 @@
 #include <regex>
 #include <span>
 
+#include "base/yaml_reader.h"
 #include "data/hdf5_lock.h"
 #include "data/hdf5_util.h"
 #include "kernels/ops.h"
@@ -364,37 +365,40 @@ std::string emit_manifest(const Manifest& m, bool literal_config) {
   return std::string(out.c_str()) + "\n";
 }
 
-Manifest parse_manifest(const std::string& text, const std::string& what) {
+Manifest read_manifest_map(const YamlMap& root) {
   Manifest m;
-  try {
-    const YAML::Node root = YAML::Load(text);
-    if (!root.IsMap()) throw CheckpointError(what + ": not a YAML map");
-    m.format_version = root["format_version"].as<int64_t>();
-    if (m.format_version != kFormatVersion) {
-      throw CheckpointError(what + ": format_version " + std::to_string(m.format_version) + ", this build reads " +
-                            std::to_string(kFormatVersion));
-    }
-    m.progress.step = root["step"].as<int64_t>();
-    m.progress.sampler.epoch = root["sampler"]["epoch"].as<uint64_t>();
-    m.progress.sampler.cursor = root["sampler"]["cursor"].as<int64_t>();
-    m.progress.sampler.document_offset = root["sampler"]["document_offset"].as<int64_t>();
-    m.progress.train_seed = root["train_seed"].as<uint64_t>();
-    m.progress.data_seed = root["data_seed"].as<uint64_t>();
-    m.degrees.tp = root["layout"]["tp"].as<int>();
-    m.degrees.pp = root["layout"]["pp"].as<int>();
-    m.degrees.hdp = root["layout"]["hdp"].as<int>();
-    for (const YAML::Node& p : root["parts"]) m.parts.push_back(p.as<std::string>());
-    m.config = root["config"].as<std::string>();
-  } catch (const YAML::Exception& e) {
-    throw CheckpointError(what + ": unreadable manifest: " + e.what());
-  }
-  if (m.parts.empty()) throw CheckpointError(what + ": the manifest lists no parts");
-  for (const std::string& p : m.parts) {
-    if (p.empty() || p.find('/') != std::string::npos || p == "." || p == "..") {
-      throw CheckpointError(what + ": the manifest lists a bad part name '" + p + "'");
-    }
-  }
+  m.format_version = root.get<int64_t>("format_version");
+  if (m.format_version != kFormatVersion)
+    root.fail("format_version", std::to_string(m.format_version) + " is not readable",
+              "this build reads format_version " + std::to_string(kFormatVersion));
+  m.progress.step = root.get<int64_t>("step");
+  const YamlMap sampler = root.map("sampler");
+  m.progress.sampler.epoch = sampler.get<uint64_t>("epoch");
+  m.progress.sampler.cursor = sampler.get<int64_t>("cursor");
+  m.progress.sampler.document_offset = sampler.get<int64_t>("document_offset");
+  m.progress.train_seed = root.get<uint64_t>("train_seed");
+  m.progress.data_seed = root.get<uint64_t>("data_seed");
+  const YamlMap layout = root.map("layout");
+  m.degrees.tp = layout.get<int>("tp");
+  m.degrees.pp = layout.get<int>("pp");
+  m.degrees.hdp = layout.get<int>("hdp");
+  m.parts = root.get<std::vector<std::string>>("parts");
+  if (m.parts.empty()) root.fail("parts", "the manifest lists no parts");
+  for (const std::string& p : m.parts)
+    if (p.empty() || p.find('/') != std::string::npos || p == "." || p == "..")
+      root.fail("parts", "the manifest lists a bad part name '" + p + "'");
+  m.config = root.get<std::string>("config");
   return m;
+}
+
+// A broken manifest is a broken checkpoint: the reader's ConfigError (file:line,
+// key, problem) becomes a CheckpointError with the same message.
+Manifest parse_manifest(const std::string& text, const std::string& what) {
+  try {
+    return read_manifest_map(YamlDocument::parse(text, what).root_map());
+  } catch (const ConfigError& e) {
+    throw CheckpointError(e.what());
+  }
 }
 
 Manifest read_manifest(const std::string& path) {

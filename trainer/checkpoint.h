@@ -19,6 +19,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "base/errors.h"
 #include "data/batch.h"
 #include "parallel/communicator.h"
 #include "parallel/parallel_degrees.h"
@@ -27,9 +28,9 @@
 
 namespace hdp {
 
-class CheckpointError : public std::runtime_error {
+class CheckpointError : public InputError {
  public:
-  using std::runtime_error::runtime_error;
+  using InputError::InputError;
 };
 
 struct TrainingProgress {

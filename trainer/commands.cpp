@@ -1,24 +1,21 @@
 #include "trainer/commands.h"
 
-#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <cstdio>
-#include <exception>
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 #include <optional>
+#include <sstream>
 #include <stdexcept>
 
 #include "data/corpus.h"
-#include "data/dataset.h"
 #include "data/prepare.h"
 #include "parallel/runtime.h"
-#include "trainer/checkpoint.h"
-#include "trainer/config.h"
 #include "planning/cost_file.h"
+#include "trainer/checkpoint.h"
+#include "trainer/command_line.h"
+#include "trainer/config.h"
 #include "trainer/profiler.h"
 #include "trainer/selftest.h"
 #include "trainer/training.h"
@@ -26,139 +23,10 @@
 namespace hdp {
 namespace {
 
-
-// Command-line arguments of one subcommand, consumed option by option; whatever
-// is left at the end is an error.
-class Arguments {
- public:
-  Arguments(std::string command, std::vector<std::string> args) : command_(std::move(command)), args_(std::move(args)) {}
-
-  bool flag(const std::string& name) {
-    for (size_t i = 0; i < args_.size(); ++i) {
-      if (args_[i] == name) {
-        args_.erase(args_.begin() + static_cast<long>(i));
-        return true;
-      }
-    }
-    return false;
-  }
-
-  // Every value of an option that may repeat: "--set a=1 --set b=2" or "--set=a=1".
-  std::vector<std::string> repeated(const std::string& name) {
-    std::vector<std::string> values;
-    for (size_t i = 0; i < args_.size();) {
-      if (args_[i] == name) {
-        if (i + 1 >= args_.size()) throw UsageError(name + " needs a value");
-        values.push_back(args_[i + 1]);
-        args_.erase(args_.begin() + static_cast<long>(i), args_.begin() + static_cast<long>(i) + 2);
-      } else if (args_[i].rfind(name + "=", 0) == 0) {
-        values.push_back(args_[i].substr(name.size() + 1));
-        args_.erase(args_.begin() + static_cast<long>(i));
-      } else {
-        ++i;
-      }
-    }
-    return values;
-  }
-
-  // All values following an option up to the next option: "--input a.txt b.jsonl".
-  std::vector<std::string> list(const std::string& name) {
-    std::vector<std::string> values;
-    for (size_t i = 0; i < args_.size(); ++i) {
-      if (args_[i] != name) continue;
-      size_t j = i + 1;
-      while (j < args_.size() && args_[j].rfind("--", 0) != 0) values.push_back(args_[j++]);
-      args_.erase(args_.begin() + static_cast<long>(i), args_.begin() + static_cast<long>(j));
-      break;
-    }
-    return values;
-  }
-
-  std::optional<std::string> option(const std::string& name) {
-    auto values = repeated(name);
-    if (values.size() > 1) throw UsageError(name + " given more than once");
-    if (values.empty()) return std::nullopt;
-    return values.front();
-  }
-
-  template <class T>
-  T number(const std::string& name, T fallback) {
-    auto value = option(name);
-    if (!value) return fallback;
-    try {
-      size_t used = 0;
-      long long v = std::stoll(*value, &used);
-      if (used != value->size()) throw std::invalid_argument("trailing characters");
-      return static_cast<T>(v);
-    } catch (const std::exception&) {
-      throw UsageError(name + " expects an integer, got '" + *value + "'");
-    }
-  }
-
-  std::vector<std::string> positional() {
-    std::vector<std::string> values;
-    for (size_t i = 0; i < args_.size();) {
-      if (args_[i].rfind("--", 0) != 0) {
-        values.push_back(args_[i]);
-        args_.erase(args_.begin() + static_cast<long>(i));
-      } else {
-        ++i;
-      }
-    }
-    return values;
-  }
-
-  void expect_empty() const {
-    if (!args_.empty()) throw UsageError("unknown argument '" + args_.front() + "'");
-  }
-
-  const std::string& command() const { return command_; }
-
- private:
-  std::string command_;
-  std::vector<std::string> args_;
-};
-
 // Outputs may name a directory that does not exist yet, as in data-cache/corpus.h5.
 void create_parent_directory(const std::string& path) {
   const std::filesystem::path parent = std::filesystem::path(path).parent_path();
   if (!parent.empty()) std::filesystem::create_directories(parent);
-}
-
-void setup_logging(int rank) {
-  auto logger = spdlog::stderr_color_mt("trainer");
-  logger->set_pattern(rank == 0 ? "[%H:%M:%S.%e] %^%l%$ %v" : "[%H:%M:%S.%e] [rank " + std::to_string(rank) + "] %^%l%$ %v");
-  spdlog::set_default_logger(logger);
-}
-
-void ensure_logging() {
-  if (!spdlog::get("trainer")) setup_logging(0);
-}
-
-// Maps an exception to its exit code and message. Bad input (usage, config, data
-// files, checkpoints) is 2; anything else is 1.
-int report(const std::string& command, const std::exception_ptr& error) {
-  try {
-    std::rethrow_exception(error);
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "trainer %s: %s (see trainer %s --help)\n", command.c_str(), e.what(), command.c_str());
-    return kExitBadInput;
-  } catch (const ConfigError& e) {
-    spdlog::error("config error: {}", e.what());
-    return kExitBadInput;
-  } catch (const DatasetError& e) {
-    spdlog::error("dataset error: {}", e.what());
-    return kExitBadInput;
-  } catch (const DataInputError& e) {
-    spdlog::error("input error: {}", e.what());
-    return kExitBadInput;
-  } catch (const CheckpointError& e) {
-    spdlog::error("checkpoint error: {}", e.what());
-    return kExitBadInput;
-  } catch (const std::exception& e) {
-    spdlog::error("{}", e.what());
-    return kExitFailure;
-  }
 }
 
 const char* const kTrainHelp = R"(usage: trainer train CONFIG.yaml [--set key.path=value ...]
@@ -255,30 +123,18 @@ std::vector<int64_t> parse_lengths(const std::string& text) {
   return lengths;
 }
 
-// The config without checking that its data file exists: profiling needs none.
-Config load_config_for_profile(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in || std::filesystem::is_directory(path)) {
-    throw ConfigError(path + ": cannot open the config file; pass an existing YAML file, e.g. configs/tiny-llama.yaml");
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_config_text(text.str(), path, overrides, /*check_files=*/false);
-}
-
 }  // namespace
 
 int command_train(int argc, char** argv, const std::vector<std::string>& raw) {
-  Arguments args("train", raw);
-  if (args.flag("--help") || args.flag("-h")) {
+  Arguments args(raw);
+  if (args.wants_help()) {
     std::fputs(kTrainHelp, stdout);
-    return 0;
+    return kExitSuccess;
   }
   MpiRuntime runtime(&argc, &argv);
   const ProcessInfo& process = runtime.info();
   setup_logging(process.rank);
-  int code = 0;
-  try {
+  const int code = run_subcommand("train", [&] {
     const std::vector<std::string> overrides = args.repeated("--set");
     const std::vector<std::string> files = args.positional();
     args.expect_empty();
@@ -286,12 +142,11 @@ int command_train(int argc, char** argv, const std::vector<std::string>& raw) {
     const Config config = load_config(files[0], overrides);
     if (process.rank == 0) spdlog::info("config {} ({} ranks)", files[0], process.world_size);
     run_training(config, process);
-  } catch (...) {
-    code = report("train", std::current_exception());
-  }
+    return kExitSuccess;
+  });
   // One rank failing takes the whole job down at once rather than leaving the
   // others waiting in a collective.
-  if (code != 0 && process.world_size > 1) {
+  if (code != kExitSuccess && process.world_size > 1) {
     spdlog::error("rank {} on {} failed; aborting the job", process.rank, process.hostname);
     runtime.abort(code);
   }
@@ -299,13 +154,12 @@ int command_train(int argc, char** argv, const std::vector<std::string>& raw) {
 }
 
 int command_prepare_data(const std::vector<std::string>& raw) {
-  Arguments args("prepare-data", raw);
-  if (args.flag("--help") || args.flag("-h")) {
+  Arguments args(raw);
+  if (args.wants_help()) {
     std::fputs(kPrepareHelp, stdout);
-    return 0;
+    return kExitSuccess;
   }
-  ensure_logging();
-  try {
+  return run_subcommand("prepare-data", [&] {
     const std::vector<std::string> inputs = args.list("--input");
     const std::optional<std::string> output = args.option("--output");
     args.expect_empty();
@@ -313,27 +167,24 @@ int command_prepare_data(const std::vector<std::string>& raw) {
     if (!output) throw UsageError("--output is required");
     create_parent_directory(*output);
     prepare_dataset(inputs, *output);
-    return 0;
-  } catch (...) {
-    return report("prepare-data", std::current_exception());
-  }
+    return kExitSuccess;
+  });
 }
 
 int command_make_corpus(const std::vector<std::string>& raw) {
-  Arguments args("make-corpus", raw);
-  if (args.flag("--help") || args.flag("-h")) {
+  Arguments args(raw);
+  if (args.wants_help()) {
     std::fputs(kCorpusHelp, stdout);
-    return 0;
+    return kExitSuccess;
   }
-  ensure_logging();
-  try {
+  return run_subcommand("make-corpus", [&] {
     CorpusOptions options;
     const std::optional<std::string> output = args.option("--output");
-    options.documents = args.number("--documents", options.documents);
-    options.seed = args.number("--seed", options.seed);
-    options.max_length = args.number("--max-length", options.max_length);
-    options.min_length = args.number("--min-length", options.min_length);
-    options.median_length = args.number("--median-length", options.median_length);
+    options.documents = args.integer("--documents", options.documents);
+    options.seed = static_cast<uint64_t>(args.integer("--seed", static_cast<int64_t>(options.seed)));
+    options.max_length = args.integer("--max-length", options.max_length);
+    options.min_length = args.integer("--min-length", options.min_length);
+    options.median_length = args.integer("--median-length", options.median_length);
     args.expect_empty();
     if (!output) throw UsageError("--output is required");
     try {
@@ -343,20 +194,17 @@ int command_make_corpus(const std::vector<std::string>& raw) {
     }
     create_parent_directory(*output);
     make_demo_corpus(options, *output);
-    return 0;
-  } catch (...) {
-    return report("make-corpus", std::current_exception());
-  }
+    return kExitSuccess;
+  });
 }
 
 int command_export(const std::vector<std::string>& raw) {
-  Arguments args("export", raw);
-  if (args.flag("--help") || args.flag("-h")) {
+  Arguments args(raw);
+  if (args.wants_help()) {
     std::fputs(kExportHelp, stdout);
-    return 0;
+    return kExitSuccess;
   }
-  ensure_logging();
-  try {
+  return run_subcommand("export", [&] {
     const std::optional<std::string> output = args.option("--output");
     const std::vector<std::string> checkpoints = args.positional();
     args.expect_empty();
@@ -365,33 +213,30 @@ int command_export(const std::vector<std::string>& raw) {
     create_parent_directory(*output);
     export_checkpoint(checkpoints[0], *output);
     spdlog::info("exported {} to {}", checkpoints[0], *output);
-    return 0;
-  } catch (...) {
-    return report("export", std::current_exception());
-  }
+    return kExitSuccess;
+  });
 }
 
 int command_profile(const std::vector<std::string>& raw) {
-  Arguments args("profile", raw);
-  if (args.flag("--help") || args.flag("-h")) {
+  Arguments args(raw);
+  if (args.wants_help()) {
     std::fputs(kProfileHelp, stdout);
-    return 0;
+    return kExitSuccess;
   }
-  ensure_logging();
-  try {
+  return run_subcommand("profile", [&] {
     const std::vector<std::string> overrides = args.repeated("--set");
     const std::optional<std::string> output = args.option("--output");
     const std::optional<std::string> lengths = args.option("--lengths");
-    const int repeats = args.number("--repeats", 5);
+    const int repeats = static_cast<int>(args.integer("--repeats", 5, 1));
     const std::vector<std::string> files = args.positional();
     args.expect_empty();
     if (files.size() != 1) throw UsageError("expects exactly one CONFIG.yaml");
-    if (repeats < 1) throw UsageError("--repeats must be at least 1, got " + std::to_string(repeats));
     if (output && output->empty()) throw UsageError("--output needs a file name");
     ProfileOptions options;
     options.repeats = repeats;
     if (lengths) options.lengths = parse_lengths(*lengths);
-    const Config config = load_config_for_profile(files[0], overrides);
+    // Profiling needs no data file.
+    const Config config = load_config(files[0], overrides, /*check_files=*/false);
     if (!lengths) options.lengths = default_profile_lengths(config);
     const std::string path = output ? *output : (std::filesystem::path(config.train.run_dir) / "cost-model.yaml").string();
 
@@ -414,27 +259,22 @@ int command_profile(const std::vector<std::string>& raw) {
                    "noisy; profile again on an idle machine",
                    100 * file.profiled.other_cpu_fraction);
     }
-    return 0;
-  } catch (...) {
-    return report("profile", std::current_exception());
-  }
+    return kExitSuccess;
+  });
 }
 
 int command_selftest(const std::vector<std::string>& raw) {
-  Arguments args("selftest", raw);
-  if (args.flag("--help") || args.flag("-h")) {
+  Arguments args(raw);
+  if (args.wants_help()) {
     std::fputs(kSelftestHelp, stdout);
-    return 0;
+    return kExitSuccess;
   }
-  ensure_logging();
-  try {
+  return run_subcommand("selftest", [&] {
     SelftestOptions options;
-    options.seed = static_cast<uint64_t>(args.number("--seed", 1));
+    options.seed = static_cast<uint64_t>(args.integer("--seed", 1));
     args.expect_empty();
     return run_selftest(options);
-  } catch (...) {
-    return report("selftest", std::current_exception());
-  }
+  });
 }
 
 }  // namespace hdp

@@ -1,21 +1,11 @@
 #pragma once
-// The subcommands of the trainer executable. Each returns the process exit code:
-// 0 success, 2 bad usage / config / input, 1 anything else.
+// The subcommands of the trainer executable. Each returns the process exit code
+// of the table in trainer/command_line.h: 0 success, 2 bad input, 1 anything else.
 
-#include <stdexcept>
 #include <string>
 #include <vector>
 
 namespace hdp {
-
-constexpr int kExitFailure = 1;
-constexpr int kExitBadInput = 2;
-
-// A bad command line: reported with the command's usage hint, exit code 2.
-class UsageError : public std::runtime_error {
- public:
-  using std::runtime_error::runtime_error;
-};
 
 // argc/argv are handed to MPI; args are the arguments after the command name.
 int command_train(int argc, char** argv, const std::vector<std::string>& args);

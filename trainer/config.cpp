@@ -6,18 +6,12 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include <algorithm>
-#include <cctype>
-#include <charconv>
-#include <cerrno>
-#include <cmath>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
-#include <sstream>
 #include <system_error>
 #include <variant>
+
+#include "base/yaml_reader.h"
 
 namespace hdp {
 namespace {
@@ -25,7 +19,17 @@ namespace {
 // ---------------------------------------------------------------------------
 // Schema
 
-using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*>;
+// A key whose values are the names of an enum's values (scheduler.policy: naive).
+// A name the table lacks is refused with "unknown <noun> '<name>'; <valid>".
+struct EnumRef {
+  std::function<std::string()> name;
+  std::function<bool(const std::string&)> set_name;  // false: not a name of the enum
+  const char* noun;
+  std::string valid;  // "choose " and the table's choices
+};
+
+using FieldRef =
+    std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*, EnumRef>;
 
 struct Field {
   std::string key;
@@ -41,6 +45,21 @@ struct Section {
 template <class S, class M, class T>
 Field field(const char* key, S Config::*section, T M::*member) {
   return Field{key, [section, member](Config& c) -> FieldRef { return &((c.*section).*member); }};
+}
+
+template <class S, class E, size_t N>
+Field enum_field(const char* key, S Config::*section, E S::*member, const EnumName<E> (&names)[N],
+                 const char* noun) {
+  return Field{key, [section, member, &names, noun](Config& c) -> FieldRef {
+                 E* value = &((c.*section).*member);
+                 auto name = [value, &names] { return std::string(enum_name(names, *value)); };
+                 auto set_name = [value, &names](const std::string& text) {
+                   const std::optional<E> parsed = enum_value(names, text);
+                   if (parsed) *value = *parsed;
+                   return parsed.has_value();
+                 };
+                 return EnumRef{name, set_name, noun, "choose " + enum_choices(names)};
+               }};
 }
 
 const std::vector<Section>& schema() {
@@ -82,11 +101,11 @@ const std::vector<Section>& schema() {
         field("checkpoint_every", &Config::train, &TrainConfig::checkpoint_every),
         field("checkpoint_dir", &Config::train, &TrainConfig::checkpoint_dir),
         field("keep_checkpoints", &Config::train, &TrainConfig::keep_checkpoints),
-        field("resume", &Config::train, &TrainConfig::resume),
+        enum_field("resume", &Config::train, &TrainConfig::resume, kResumeModeNames, "mode"),
         field("init_from", &Config::train, &TrainConfig::init_from),
         field("peak_flops", &Config::train, &TrainConfig::peak_flops),
         field("threads", &Config::train, &TrainConfig::threads),
-        field("device", &Config::train, &TrainConfig::device),
+        enum_field("device", &Config::train, &TrainConfig::device, kDeviceNames, "device"),
         field("tf32", &Config::train, &TrainConfig::tf32)}},
       {"parallel",
        {field("tp", &Config::parallel, &ParallelConfig::tp),
@@ -95,8 +114,8 @@ const std::vector<Section>& schema() {
         field("pp_layers", &Config::parallel, &ParallelConfig::pp_layers),
         field("bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb)}},
       {"scheduler",
-       {field("policy", &Config::scheduler, &SchedulerConfig::policy),
-        field("balance", &Config::scheduler, &SchedulerConfig::balance),
+       {enum_field("policy", &Config::scheduler, &SchedulerConfig::policy, kSchedulerPolicyNames, "policy"),
+        enum_field("balance", &Config::scheduler, &SchedulerConfig::balance, kSchedulerBalanceNames, "balance mode"),
         field("threshold", &Config::scheduler, &SchedulerConfig::threshold),
         field("cp", &Config::scheduler, &SchedulerConfig::cp),
         field("cost_file", &Config::scheduler, &SchedulerConfig::cost_file)}},
@@ -105,7 +124,7 @@ const std::vector<Section>& schema() {
         field("ratio", &Config::offload, &OffloadConfig::ratio),
         field("bandwidth_gbs", &Config::offload, &OffloadConfig::bandwidth_gbs)}},
       {"loader",
-       {field("mode", &Config::loader, &LoaderConfig::mode),
+       {enum_field("mode", &Config::loader, &LoaderConfig::mode, kLoaderModeNames, "mode"),
         field("servers", &Config::loader, &LoaderConfig::servers),
         field("timeout_s", &Config::loader, &LoaderConfig::timeout_s)}},
   };
@@ -126,55 +145,6 @@ const Field* find_field(const Section& section, const std::string& key) {
 
 // ---------------------------------------------------------------------------
 // Messages
-
-[[noreturn]] void fail(const std::string& where, const std::string& key, const std::string& problem,
-                       const std::string& valid) {
-  std::string message = where + ": ";
-  if (!key.empty()) message += key + ": ";
-  message += problem;
-  if (!valid.empty()) message += "; " + valid;
-  throw ConfigError(message);
-}
-
-// Optimal string alignment distance (Levenshtein plus adjacent transpositions).
-size_t edit_distance(const std::string& a, const std::string& b) {
-  const size_t n = a.size(), m = b.size();
-  std::vector<std::vector<size_t>> d(n + 1, std::vector<size_t>(m + 1));
-  for (size_t i = 0; i <= n; ++i) d[i][0] = i;
-  for (size_t j = 0; j <= m; ++j) d[0][j] = j;
-  for (size_t i = 1; i <= n; ++i) {
-    for (size_t j = 1; j <= m; ++j) {
-      const size_t cost = std::tolower(static_cast<unsigned char>(a[i - 1])) ==
-                                  std::tolower(static_cast<unsigned char>(b[j - 1]))
-                              ? 0
-                              : 1;
-      d[i][j] = std::min({d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + cost});
-      if (i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1])
-        d[i][j] = std::min(d[i][j], d[i - 2][j - 2] + 1);
-    }
-  }
-  return d[n][m];
-}
-
-// "did you mean 'x'? " when some candidate is within edit distance 2, else "".
-std::string suggestion(const std::string& given, const std::vector<std::string>& candidates) {
-  size_t best = 3;
-  std::string best_name;
-  for (const std::string& c : candidates) {
-    const size_t d = edit_distance(given, c);
-    if (d < best) {
-      best = d;
-      best_name = c;
-    }
-  }
-  return best_name.empty() ? "" : "did you mean '" + best_name + "'? ";
-}
-
-std::string join(const std::vector<std::string>& items) {
-  std::string out;
-  for (size_t i = 0; i < items.size(); ++i) out += (i ? ", " : "") + items[i];
-  return out;
-}
 
 std::vector<std::string> section_names() {
   std::vector<std::string> names;
@@ -197,21 +167,14 @@ std::string misplaced_key_hint(const std::string& name) {
 
 [[noreturn]] void unknown_section(const std::string& where, const std::string& name) {
   std::string hint = misplaced_key_hint(name);
-  if (hint.empty()) hint = suggestion(name, section_names());
-  fail(where, name, "unknown section", hint + "valid sections: " + join(section_names()));
+  if (hint.empty()) hint = did_you_mean(name, section_names());
+  throw_config_error(where, name, "unknown section", hint + "valid sections: " + join_names(section_names()));
 }
 
 [[noreturn]] void unknown_key(const std::string& where, const Section& section, const std::string& key) {
-  fail(where, section.name + "." + key, "unknown key in section '" + section.name + "'",
-       suggestion(key, key_names(section)) + "valid keys in " + section.name + ": " +
-           join(key_names(section)));
-}
-
-// Shortest text that reads back as the same double ("0.0003", "1e-08").
-std::string format_double(double v) {
-  char buf[64];
-  auto result = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::general);
-  return std::string(buf, result.ptr);
+  throw_config_error(where, section.name + "." + key, "unknown key in section '" + section.name + "'",
+                     did_you_mean(key, key_names(section)) + "valid keys in " + section.name + ": " +
+                         join_names(key_names(section)));
 }
 
 // A double as a YAML float that YAML 1.1 readers also see as a float: always
@@ -230,110 +193,41 @@ std::string int_list(const std::vector<int64_t>& values) {
   return text + "]";
 }
 
+// std::visit with one lambda per alternative.
+template <class... F>
+struct Overloaded : F... {
+  using F::operator()...;
+};
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
+
 std::string value_text(const FieldRef& ref) {
-  return std::visit(
-      [](auto* p) -> std::string {
-        using T = std::remove_pointer_t<decltype(p)>;
-        if constexpr (std::is_same_v<T, std::string>) return "'" + *p + "'";
-        else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return int_list(*p);
-        else if constexpr (std::is_same_v<T, bool>) return *p ? "true" : "false";
-        else if constexpr (std::is_same_v<T, double>) return format_double(*p);
-        else return std::to_string(*p);
-      },
-      ref);
+  return std::visit(Overloaded{[](const EnumRef& e) { return "'" + e.name() + "'"; },
+                               [](auto* p) -> std::string {
+                                 using T = std::remove_pointer_t<decltype(p)>;
+                                 if constexpr (std::is_same_v<T, std::string>) return "'" + *p + "'";
+                                 else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return int_list(*p);
+                                 else if constexpr (std::is_same_v<T, bool>) return *p ? "true" : "false";
+                                 else if constexpr (std::is_same_v<T, double>) return format_double(*p);
+                                 else return std::to_string(*p);
+                               }},
+                    ref);
 }
 
-// ---------------------------------------------------------------------------
-// Scalar conversion
-
-std::string describe(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Null: return "nothing (null)";
-    case YAML::NodeType::Sequence: return "a list";
-    case YAML::NodeType::Map: return "a mapping";
-    case YAML::NodeType::Scalar:
-      return node.Tag() == "!" ? "the quoted string \"" + node.Scalar() + "\"" : "'" + node.Scalar() + "'";
-    default: return "nothing";
-  }
-}
-
-// A scalar written without quotes (quoted scalars are strings, never numbers).
-bool plain_scalar(const YAML::Node& node) { return node.IsScalar() && node.Tag() != "!"; }
-
-std::string unquote_hint(const YAML::Node& node) {
-  return node.IsScalar() && node.Tag() == "!" ? " (remove the quotes)" : "";
-}
-
-template <class Int>
-bool parse_integer(std::string text, Int& out, bool& out_of_range) {
-  out_of_range = false;
-  if (!text.empty() && text[0] == '+') text.erase(0, 1);
-  if (text.empty()) return false;
-  auto result = std::from_chars(text.data(), text.data() + text.size(), out);
-  if (result.ec == std::errc::result_out_of_range && result.ptr == text.data() + text.size()) {
-    out_of_range = true;
-    return false;
-  }
-  return result.ec == std::errc() && result.ptr == text.data() + text.size();
-}
-
-bool parse_double(std::string text, double& out) {
-  if (!text.empty() && text[0] == '+') text.erase(0, 1);
-  if (text.empty()) return false;
-  auto result = std::from_chars(text.data(), text.data() + text.size(), out);
-  return result.ec == std::errc() && result.ptr == text.data() + text.size() && std::isfinite(out);
+void assign_name(const EnumRef& ref, const YAML::Node& node, const std::string& where, const std::string& key) {
+  std::string name = ref.name();
+  read_yaml_value(node, where, key, name);
+  if (!ref.set_name(name))
+    throw_config_error(where, key, "unknown " + std::string(ref.noun) + " '" + name + "'", ref.valid);
 }
 
 // Converts `node` into the field's type, or fails naming `where` and `key`.
 void assign(const FieldRef& ref, const YAML::Node& node, const std::string& where, const std::string& key) {
-  std::visit(
-      [&](auto* p) {
-        using T = std::remove_pointer_t<decltype(p)>;
-        const std::string got = "got " + describe(node);
-        if constexpr (std::is_same_v<T, std::string>) {
-          if (node.IsNull()) *p = "";
-          else if (node.IsScalar()) *p = node.Scalar();
-          else fail(where, key, "expected a string, " + got, "write a single value such as \"" + *p + "\"");
-        } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
-          p->clear();
-          if (node.IsNull()) return;
-          if (!node.IsSequence()) fail(where, key, "expected a list of integers, " + got, "write e.g. [3, 5]");
-          for (const YAML::Node& item : node) {
-            int64_t v = 0;
-            bool out_of_range = false;
-            if (!plain_scalar(item) || !parse_integer(item.Scalar(), v, out_of_range))
-              fail(where, key, "expected a list of integers, found " + describe(item) + " in it", "write e.g. [3, 5]");
-            p->push_back(v);
-          }
-        } else if constexpr (std::is_same_v<T, bool>) {
-          bool v = false;
-          if (!plain_scalar(node) || !YAML::convert<bool>::decode(node, v))
-            fail(where, key, "expected true or false, " + got + unquote_hint(node), "write true or false");
-          *p = v;
-        } else if constexpr (std::is_same_v<T, double>) {
-          double v = 0;
-          if (!plain_scalar(node) || !parse_double(node.Scalar(), v))
-            fail(where, key, "expected a number, " + got + unquote_hint(node),
-                 "write a finite number such as " + format_double(*p));
-          *p = v;
-        } else {
-          T v = 0;
-          bool out_of_range = false;
-          const bool is_unsigned = std::is_unsigned_v<T>;
-          const std::string kind = is_unsigned ? "a non-negative integer" : "an integer";
-          if (!plain_scalar(node) || !parse_integer(node.Scalar(), v, out_of_range)) {
-            if (out_of_range)
-              fail(where, key, node.Scalar() + " is out of range",
-                   "the value must fit a " + std::to_string(8 * sizeof(T)) + "-bit " +
-                       (is_unsigned ? "unsigned" : "signed") + " integer");
-            fail(where, key, "expected " + kind + ", " + got + unquote_hint(node),
-                 "write a whole number such as " + std::to_string(*p));
-          }
-          *p = v;
-        }
-      },
-      ref);
+  std::visit(Overloaded{[&](const EnumRef& e) { assign_name(e, node, where, key); },
+                        [&](auto* p) { read_yaml_value(node, where, key, *p); }},
+             ref);
 }
+
 
 // ---------------------------------------------------------------------------
 // Parsing
@@ -342,59 +236,34 @@ struct Parser {
   std::string source;
   Config config;
 
-  std::string at(const YAML::Mark& mark) const {
-    return source + ":" + std::to_string(mark.is_null() ? 1 : mark.line + 1);
-  }
-  static YAML::Mark mark_of(const YAML::Node& node, const YAML::Mark& fallback) {
-    const YAML::Mark m = node.Mark();
-    return m.is_null() ? fallback : m;
-  }
-
-  void read_document(const YAML::Node& root) {
+  void read_document(const YamlDocument& document) {
+    const YAML::Node& root = document.root();
     if (root.IsNull()) return;
     if (!root.IsMap())
-      fail(at(root.Mark()), "(top level)", "expected a mapping of sections, " + std::string("got ") + describe(root),
-           "write sections " + join(section_names()) + " at the top level");
-    std::map<std::string, std::string> seen;
-    for (auto it = root.begin(); it != root.end(); ++it) {
-      const YAML::Node key_node = it->first;
-      const YAML::Node value = it->second;
-      const std::string where = at(key_node.Mark());
-      if (!key_node.IsScalar())
-        fail(where, "(top level)", "section names must be plain words, got " + describe(key_node),
-             "valid sections: " + join(section_names()));
-      const std::string name = key_node.Scalar();
-      const Section* section = find_section(name);
-      if (!section) unknown_section(where, name);
-      if (seen.count(name)) fail(where, name, "section given twice (first at " + seen[name] + ")", "merge the two");
-      seen[name] = where;
-      config.origins[name] = where;
-      read_section(*section, value, key_node.Mark());
+      throw_config_error(document.where(root), "(top level)",
+                         "expected a mapping of sections, got " + describe_yaml(root),
+                         "write sections " + join_names(section_names()) + " at the top level");
+    const YamlMap sections(document, root, "", source);
+    for (const YamlEntry& entry : sections.entries()) {
+      const Section* section = find_section(entry.key);
+      if (!section) unknown_section(entry.where, entry.key);
+      config.origins[entry.key] = entry.where;
+      read_section(document, *section, entry);
     }
   }
 
-  void read_section(const Section& section, const YAML::Node& node, const YAML::Mark& header) {
-    if (node.IsNull()) return;
-    if (!node.IsMap())
-      fail(at(header), section.name, "expected a mapping of keys, got " + describe(node),
-           "valid keys in " + section.name + ": " + join(key_names(section)));
-    std::map<std::string, std::string> seen;
-    for (auto it = node.begin(); it != node.end(); ++it) {
-      const YAML::Node key_node = it->first;
-      const YAML::Node value = it->second;
-      const std::string where = at(mark_of(key_node, header));
-      if (!key_node.IsScalar())
-        fail(where, section.name, "keys must be plain words, got " + describe(key_node),
-             "valid keys in " + section.name + ": " + join(key_names(section)));
-      const std::string key = key_node.Scalar();
-      const std::string path = section.name + "." + key;
-      const Field* f = find_field(section, key);
-      if (!f) unknown_key(where, section, key);
-      if (seen.count(key)) fail(where, path, "key given twice (first at " + seen[key] + ")", "keep only one");
-      seen[key] = where;
-      const std::string value_where = where;  // the key's line, also for values on later lines
-      assign(f->ref(config), value, value_where, path);
-      config.origins[path] = value_where;
+  void read_section(const YamlDocument& document, const Section& section, const YamlEntry& header) {
+    if (header.value.IsNull()) return;
+    if (!header.value.IsMap())
+      throw_config_error(header.where, section.name, "expected a mapping of keys, got " + describe_yaml(header.value),
+                         "valid keys in " + section.name + ": " + join_names(key_names(section)));
+    const YamlMap keys(document, header.value, section.name, header.where);
+    for (const YamlEntry& entry : keys.entries()) {
+      const Field* f = find_field(section, entry.key);
+      if (!f) unknown_key(entry.where, section, entry.key);
+      const std::string path = section.name + "." + entry.key;
+      assign(f->ref(config), entry.value, entry.where, path);  // at the key's line, also for values on later lines
+      config.origins[path] = entry.where;
     }
   }
 
@@ -409,20 +278,20 @@ struct Parser {
       return s;
     };
     if (eq == std::string::npos)
-      fail(where, "", "malformed override, there is no '='",
+      throw_config_error(where, "", "malformed override, there is no '='",
            "write --set section.key=value, e.g. --set optim.lr=1e-3");
     const std::string path = trim(text.substr(0, eq));
     const std::string raw_value = text.substr(eq + 1);
     if (path.empty())
-      fail(where, "", "malformed override, the key path before '=' is empty",
+      throw_config_error(where, "", "malformed override, the key path before '=' is empty",
            "write --set section.key=value, e.g. --set optim.lr=1e-3");
     const size_t dot = path.find('.');
     const std::string section_name = path.substr(0, dot);
     const Section* section = find_section(section_name);
     if (!section) unknown_section(where, section_name);
     if (dot == std::string::npos)
-      fail(where, path, "an override must name a key inside the section",
-           "write --set " + path + ".<key>=value with one of: " + join(key_names(*section)));
+      throw_config_error(where, path, "an override must name a key inside the section",
+           "write --set " + path + ".<key>=value with one of: " + join_names(key_names(*section)));
     const std::string key = path.substr(dot + 1);
     const Field* f = find_field(*section, key);
     if (!f) unknown_key(where, *section, key);
@@ -430,7 +299,7 @@ struct Parser {
     try {
       value = YAML::Load(raw_value);
     } catch (const YAML::Exception& e) {
-      fail(where, path, "cannot read the value as YAML (" + e.msg + ")",
+      throw_config_error(where, path, "cannot read the value as YAML (" + e.msg + ")",
            "quote it for the shell, e.g. --set '" + path + "=...'");
     }
     assign(f->ref(config), value, where, path);
@@ -459,7 +328,7 @@ struct Parser {
 
   void require(bool ok, const std::string& key, const std::string& problem, const std::string& valid,
                const std::vector<std::string>& related = {}) {
-    if (!ok) fail(origin(key, related), key, problem, valid);
+    if (!ok) throw_config_error(origin(key, related), key, problem, valid);
   }
   void positive(int64_t v, const std::string& key) {
     require(v > 0, key, shown(key) + " is not positive", "it must be at least 1");
@@ -567,12 +436,8 @@ struct Parser {
             "name a directory, e.g. runs/my-run/checkpoints");
     require(t.keep_checkpoints >= 1, "train.keep_checkpoints", shown("train.keep_checkpoints") + " is less than 1",
             "keep at least 1 checkpoint");
-    require(t.resume == "auto" || t.resume == "never", "train.resume", "unknown mode " + shown("train.resume"),
-            "choose auto (continue from the newest checkpoint in checkpoint_dir, if any) or never");
     non_negative(t.threads, "train.threads", "it must be 0 or more (0 = cores / ranks on the node)");
     non_negative(t.peak_flops, "train.peak_flops", "it must be 0 or more (0 = measure with a GEMM probe)");
-    require(t.device == "cpu" || t.device == "cuda" || t.device == "guarded", "train.device",
-            "unknown device " + shown("train.device"), "choose cpu or cuda (guarded: test-only)");
 
     // parallel
     positive(int64_t{p.tp}, "parallel.tp");
@@ -614,22 +479,13 @@ struct Parser {
     // scheduler and offload
     const SchedulerConfig& sc = config.scheduler;
     const OffloadConfig& of = config.offload;
-    require(sc.policy == "naive" || sc.policy == "balance" || sc.policy == "static", "scheduler.policy",
-            "unknown policy " + shown("scheduler.policy"),
-            "choose naive (hybrid data parallelism: a sequence spans only the ranks it needs), balance (hybrid data "
-            "parallelism with the balance scheduler) or static (a fixed dp x cp grid that splits every sequence, the "
-            "baseline)");
-    require(sc.balance == "auto" || sc.balance == "dp" || sc.balance == "pp", "scheduler.balance",
-            "unknown balance mode " + shown("scheduler.balance"),
-            "choose dp (ranks run micro-batches of similar cost at each time step), pp (each pipeline runs similar "
-            "micro-batches back to back) or auto (dp without pipeline parallelism, pp with it)");
     require(sc.threshold >= 0 && sc.threshold < 1, "scheduler.threshold", shown("scheduler.threshold") + " is outside [0, 1)",
             "choose the fraction of the busiest rank's time below which a rank receives more work, e.g. 0.05");
     non_negative(sc.cp, "scheduler.cp", "it must be 0 (automatic) or a divisor of parallel.hdp");
     require(sc.cp == 0 || p.hdp % sc.cp == 0, "scheduler.cp",
             shown("scheduler.cp") + " does not divide parallel.hdp " + shown("parallel.hdp"),
             "the static grid is dp x cp = hdp; choose a divisor of " + std::to_string(p.hdp) + " or 0", {"parallel.hdp"});
-    require(sc.policy != "static" || d.max_seq_len <= p.hdp * d.micro_batch_tokens, "data.max_seq_len",
+    require(sc.policy != SchedulerPolicy::Static || d.max_seq_len <= p.hdp * d.micro_batch_tokens, "data.max_seq_len",
             shown("data.max_seq_len") + " does not fit the static grid: at most parallel.hdp x data.micro_batch_tokens = " +
                 std::to_string(p.hdp * d.micro_batch_tokens) + " tokens",
             "lower data.max_seq_len, or raise parallel.hdp or data.micro_batch_tokens", {"parallel.hdp", "scheduler.policy"});
@@ -639,9 +495,6 @@ struct Parser {
 
     // loader
     const LoaderConfig& lo = config.loader;
-    require(lo.mode == "local" || lo.mode == "remote", "loader.mode", "unknown mode " + shown("loader.mode"),
-            "choose local (every training rank reads its own data) or remote (loader ranks read, one plans, the "
-            "training ranks fetch their pieces)");
     positive(lo.servers, "loader.servers");
     positive(lo.timeout_s, "loader.timeout_s");
 
@@ -675,15 +528,15 @@ std::string emit_config_yaml(const Config& config) {
     out << YAML::Key << section.name << YAML::Value << YAML::BeginMap;
     for (const Field& f : section.fields) {
       out << YAML::Key << f.key << YAML::Value;
-      std::visit(
-          [&](auto* p) {
-            using T = std::remove_pointer_t<decltype(p)>;
-            if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
-            else if constexpr (std::is_same_v<T, std::vector<int64_t>>) out << YAML::Flow << *p;
-            else if constexpr (std::is_same_v<T, double>) out << yaml_double(*p);
-            else out << *p;
-          },
-          f.ref(c));
+      std::visit(Overloaded{[&](const EnumRef& e) { out << YAML::DoubleQuoted << e.name(); },
+                            [&](auto* p) {
+                              using T = std::remove_pointer_t<decltype(p)>;
+                              if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
+                              else if constexpr (std::is_same_v<T, std::vector<int64_t>>) out << YAML::Flow << *p;
+                              else if constexpr (std::is_same_v<T, double>) out << yaml_double(*p);
+                              else out << *p;
+                            }},
+                 f.ref(c));
     }
     out << YAML::EndMap;
   }
@@ -691,39 +544,30 @@ std::string emit_config_yaml(const Config& config) {
   return std::string(out.c_str()) + "\n";
 }
 
-Config parse_config_text(const std::string& yaml_text, const std::string& source_name,
-                         const std::vector<std::string>& overrides, bool check_files) {
+namespace {
+
+Config read_config(const YamlDocument& document, const std::vector<std::string>& overrides, bool check_files) {
   Parser parser;
-  parser.source = source_name;
-  YAML::Node root;
-  try {
-    root = YAML::Load(yaml_text);
-  } catch (const YAML::ParserException& e) {
-    fail(source_name + ":" + std::to_string(e.mark.line + 1), "", "YAML syntax error: " + e.msg,
-         "fix the YAML at line " + std::to_string(e.mark.line + 1) + ", column " + std::to_string(e.mark.column + 1));
-  } catch (const YAML::Exception& e) {
-    fail(source_name, "", "cannot read YAML: " + e.msg, "fix the YAML syntax");
-  }
-  parser.read_document(root);
+  parser.source = document.source();
+  parser.read_document(document);
   for (const std::string& o : overrides) parser.apply_override(o);
   parser.validate(check_files);
-  parser.config.source = source_name;
+  parser.config.source = document.source();
   parser.config.yaml = emit_config_yaml(parser.config);
   return parser.config;
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) {
-    std::error_code ec;
-    const bool is_dir = std::filesystem::is_directory(path, ec);
-    fail(path, "", is_dir ? "is a directory, not a config file" : "cannot open the config file (" + std::string(std::strerror(errno)) + ")",
-         "pass an existing YAML file, e.g. configs/tiny-llama.yaml");
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) fail(path, "", "cannot read the config file", "check the file's permissions");
-  return parse_config_text(text.str(), path, overrides, /*check_files=*/true);
+}  // namespace
+
+Config parse_config_text(const std::string& yaml_text, const std::string& source_name,
+                         const std::vector<std::string>& overrides, bool check_files) {
+  return read_config(YamlDocument::parse(yaml_text, source_name), overrides, check_files);
+}
+
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, bool check_files) {
+  return read_config(
+      YamlDocument::read_file(path, "config", "pass an existing YAML file, e.g. configs/tiny-llama.yaml"), overrides,
+      check_files);
 }
 
 void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size, uint32_t dataset_max_token_id) {
@@ -736,7 +580,7 @@ void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size, ui
   if (dataset_vocab_size >= needed)
     valid += ", e.g. the dataset's vocabulary size " + std::to_string(dataset_vocab_size);
   valid += ", or point data.path at a dataset made for this model";
-  fail(where, "model.vocab_size",
+  throw_config_error(where, "model.vocab_size",
        std::to_string(config.model.vocab_size) + " is too small for data.path '" + config.data.path +
            "', which holds token id " + std::to_string(dataset_max_token_id) + " (dataset vocabulary size " +
            std::to_string(dataset_vocab_size) + ")",

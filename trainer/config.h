@@ -10,12 +10,45 @@
 #include <string>
 #include <vector>
 
+#include "base/enum_names.h"
 #include "base/errors.h"
+#include "kernels/device.h"
 #include "model/model_config.h"
 #include "model/optim_config.h"
 #include "parallel/parallel_degrees.h"
 
 namespace hdp {
+
+// The modes and policies of the config, each with the one table of the names
+// users write for its values and what they mean (parsing, Config::yaml and the
+// messages that list the choices use it).
+
+// train.resume
+enum class ResumeMode { Auto, Never };
+inline constexpr EnumName<ResumeMode> kResumeModeNames[] = {
+    {ResumeMode::Auto, "auto", "continue from the newest checkpoint in checkpoint_dir, if any"},
+    {ResumeMode::Never, "never"}};
+
+// scheduler.policy: naive is ByteScale's Algorithm 1, balance its Algorithm 2.
+enum class SchedulerPolicy { Naive, Balance, Static };
+inline constexpr EnumName<SchedulerPolicy> kSchedulerPolicyNames[] = {
+    {SchedulerPolicy::Naive, "naive", "hybrid data parallelism: a sequence spans only the ranks it needs"},
+    {SchedulerPolicy::Balance, "balance", "hybrid data parallelism with the balance scheduler"},
+    {SchedulerPolicy::Static, "static", "a fixed dp x cp grid that splits every sequence, the baseline"}};
+inline const char* policy_name(SchedulerPolicy policy) { return enum_name(kSchedulerPolicyNames, policy); }
+
+// scheduler.balance: what the balance policy evens out.
+enum class SchedulerBalance { Auto, DataParallel, Pipeline };
+inline constexpr EnumName<SchedulerBalance> kSchedulerBalanceNames[] = {
+    {SchedulerBalance::DataParallel, "dp", "ranks run micro-batches of similar cost at each time step"},
+    {SchedulerBalance::Pipeline, "pp", "each pipeline runs similar micro-batches back to back"},
+    {SchedulerBalance::Auto, "auto", "dp without pipeline parallelism, pp with it"}};
+
+// loader.mode
+enum class LoaderMode { Local, Remote };
+inline constexpr EnumName<LoaderMode> kLoaderModeNames[] = {
+    {LoaderMode::Local, "local", "every training rank reads its own data"},
+    {LoaderMode::Remote, "remote", "loader ranks read, one plans, the training ranks fetch their pieces"}};
 
 struct DataConfig {
   std::string path;                      // HDF5 token dataset (docs/dataset-format.md)
@@ -35,11 +68,11 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;          // 0 disables
   std::string checkpoint_dir = "checkpoints/default";
   int64_t keep_checkpoints = 3;          // newest K complete checkpoints are kept
-  std::string resume = "auto";           // auto | never
+  ResumeMode resume = ResumeMode::Auto;
   std::string init_from;                 // checkpoint file whose weights start training
   double peak_flops = 0;                 // FLOP/s for MFU; 0 = measure with a GEMM probe
   int64_t threads = 0;                   // OpenMP/BLAS threads per rank; 0 = cores / ranks on the node
-  std::string device = "cpu";            // cpu | cuda (the local rank's GPU)
+  Device device = Device::CPU;           // cpu | cuda (the local rank's GPU); guarded: tests only
   bool tf32 = false;                     // cuda: fp32 GEMMs on TF32 tensor cores
 };
 
@@ -52,10 +85,8 @@ struct ParallelConfig : ParallelDegrees {
 
 // How a step's sequences are spread over the hybrid-data-parallel ranks.
 struct SchedulerConfig {
-  std::string policy = "naive";          // naive: HDP, long sequences on as many ranks as they need;
-                                         // balance: HDP with the balance scheduler (Algorithm 2);
-                                         // static: fixed dp x cp grid, every sequence split over cp
-  std::string balance = "auto";          // balance: dp | pp | auto (dp when pp = 1, pp otherwise)
+  SchedulerPolicy policy = SchedulerPolicy::Naive;
+  SchedulerBalance balance = SchedulerBalance::Auto;  // what the balance policy evens out
   double threshold = 0.05;               // balance: ranks more than this fraction below the busiest get work
   int64_t cp = 0;                        // static: context-parallel degree; 0 = smallest divisor of hdp that fits
   std::string cost_file;                 // cost model YAML from `trainer profile`; empty = derived from FLOPs;
@@ -64,7 +95,7 @@ struct SchedulerConfig {
 
 // Where the training ranks' data comes from.
 struct LoaderConfig {
-  std::string mode = "local";            // local: every rank reads; remote: loader ranks serve it
+  LoaderMode mode = LoaderMode::Local;
   int64_t servers = 1;                   // remote: loader server ranks added beside the training ranks
   double timeout_s = 60;                 // remote: a server silent this long ends the job
 };
@@ -96,9 +127,10 @@ struct Config {
 
 // Reads `path`, applies overrides ("key.path=value", in order), validates.
 // Throws ConfigError on any problem. Does not open the data file, only checks
-// that it exists; its vocabulary is checked by validate_dataset_vocab later.
-// Relative paths in the config stay relative to the working directory.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// that it exists (with check_files; see parse_config_text); its vocabulary is
+// checked by validate_dataset_vocab later. Relative paths in the config stay
+// relative to the working directory.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {}, bool check_files = true);
 // Parses YAML text (used for the config stored inside checkpoints); `source_name`
 // stands in for the file name in error messages. With check_files = false the
 // existence of data.path and train.init_from is not checked (everything else is),

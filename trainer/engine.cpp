@@ -24,7 +24,7 @@ int64_t planner_layers(const Config& config) {
 
 bool may_offload(const Config& config) {
   // Only sequences longer than a micro-batch are offloaded, and the static grid never does.
-  return config.offload.enabled && config.scheduler.policy != "static" &&
+  return config.offload.enabled && config.scheduler.policy != SchedulerPolicy::Static &&
          config.data.max_seq_len > config.data.micro_batch_tokens;
 }
 
@@ -101,7 +101,7 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
   long_sequences.max_tokens = largest_micro_batch(config);
   long_sequences.offload = may_offload(config);
   long_sequences.hdp = &groups.hdp();
-  const Device device = device_from_name(config.train.device);
+  const Device device = config.train.device;
   pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), long_sequences.max_tokens, config.model.hidden_size,
                                                  device);
   model_ = std::make_unique<LlamaModel>(config.model, capacity, partition, pipeline_->slots(), &groups.tp(),

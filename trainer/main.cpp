@@ -1,12 +1,13 @@
 // trainer: the one executable. Subcommands are in trainer/commands.cpp.
 //
-// Exit codes: 0 success, 2 bad usage / config / input file, 1 anything else.
+// Exit codes: the table in trainer/command_line.h (0 success, 2 bad input, 1 other).
 
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "trainer/command_line.h"
 #include "trainer/commands.h"
 
 namespace {
@@ -34,16 +35,16 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     std::fputs(kUsage, stderr);
-    return 2;
+    return hdp::kExitBadInput;
   }
   const std::string command = args[0];
   if (command == "--help" || command == "-h" || command == "help") {
     std::fputs(kUsage, stdout);
-    return 0;
+    return hdp::kExitSuccess;
   }
   if (command == "--version") {
     std::printf("trainer %s\n", HDP_VERSION);
-    return 0;
+    return hdp::kExitSuccess;
   }
   args.erase(args.begin());
   if (command == "train") return hdp::command_train(argc, argv, args);
@@ -54,5 +55,5 @@ int main(int argc, char** argv) {
   if (command == "plan") return hdp::command_plan(args);
   if (command == "selftest") return hdp::command_selftest(args);
   std::fprintf(stderr, "trainer: unknown command '%s'\n\n%s", command.c_str(), kUsage);
-  return 2;
+  return hdp::kExitBadInput;
 }

@@ -1,185 +1,43 @@
 #include "trainer/plan_command.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <optional>
-#include <set>
+#include <sstream>
 
-#include "data/dataset.h"
+#include "base/yaml_reader.h"
 #include "data/length_distributions.h"
 #include "planning/simulator.h"
 #include "planning/stage_split.h"
+#include "trainer/command_line.h"
 #include "trainer/commands.h"
+#include "trainer/config.h"
 
 namespace hdp {
 
 namespace {
 
-
 // ---------------------------------------------------------------------------
-// YAML files: one flat map, every key known, every value typed.
+// Cluster and model files: one flat map, every key known, every value typed.
 
-class FlatYaml {
- public:
-  FlatYaml(const std::string& path, const char* what, std::vector<std::string> required,
-           std::vector<std::string> optional)
-      : path_(path) {
-    if (!std::filesystem::exists(path)) throw PlanInputError(std::string(what) + " file '" + path + "' does not exist");
-    try {
-      root_ = YAML::LoadFile(path);
-    } catch (const YAML::BadFile&) {
-      throw PlanInputError("cannot read " + std::string(what) + " file '" + path + "'");
-    } catch (const YAML::Exception& e) {
-      throw PlanInputError(path + ":" + std::to_string(e.mark.line + 1) + ": not valid YAML: " + e.msg);
-    }
-    if (!root_.IsMap()) throw PlanInputError(path + ": expected a map of keys at the top level");
-    std::set<std::string> known(required.begin(), required.end());
-    known.insert(optional.begin(), optional.end());
-    for (const auto& kv : root_) {
-      const std::string key = kv.first.as<std::string>();
-      if (!known.count(key)) {
-        std::string valid;
-        for (const std::string& k : required) valid += (valid.empty() ? "" : ", ") + k;
-        for (const std::string& k : optional) valid += ", " + k;
-        throw PlanInputError(where(kv.first) + "unknown key '" + key + "' (valid keys: " + valid + ")");
-      }
-    }
-    for (const std::string& key : required)
-      if (!root_[key]) throw PlanInputError(path + ": missing key '" + key + "'");
-  }
+YamlMap read_flat_file(const std::string& path, const std::string& kind, const std::string& example,
+                       const std::vector<std::string>& required, const std::vector<std::string>& optional) {
+  const YamlMap map = YamlDocument::read_file(path, kind, "pass a " + kind + " file such as " + example).root_map();
+  std::vector<std::string> known = required;
+  known.insert(known.end(), optional.begin(), optional.end());
+  map.allow_only(known);
+  for (const std::string& key : required)
+    if (!map.has(key)) map.fail(key, "required key is missing");
+  return map;
+}
 
-  bool has(const std::string& key) const { return static_cast<bool>(root_[key]); }
-
-  double number(const std::string& key) const {
-    const YAML::Node n = root_[key];
-    try {
-      if (!n.IsScalar()) throw YAML::Exception(n.Mark(), "not a scalar");
-      const double v = n.as<double>();
-      if (!std::isfinite(v)) throw YAML::Exception(n.Mark(), "not finite");
-      return v;
-    } catch (const YAML::Exception&) {
-      throw PlanInputError(where(n) + "key '" + key + "' expects a number, got '" + text_of(n) + "'");
-    }
-  }
-
-  int64_t integer(const std::string& key) const {
-    const YAML::Node n = root_[key];
-    try {
-      if (!n.IsScalar()) throw YAML::Exception(n.Mark(), "not a scalar");
-      return n.as<int64_t>();
-    } catch (const YAML::Exception&) {
-      throw PlanInputError(where(n) + "key '" + key + "' expects an integer, got '" + text_of(n) + "'");
-    }
-  }
-
-  bool boolean(const std::string& key) const {
-    const YAML::Node n = root_[key];
-    try {
-      return n.as<bool>();
-    } catch (const YAML::Exception&) {
-      throw PlanInputError(where(n) + "key '" + key + "' expects true or false, got '" + text_of(n) + "'");
-    }
-  }
-
-  std::string text(const std::string& key) const {
-    const YAML::Node n = root_[key];
-    if (!n.IsScalar()) throw PlanInputError(where(n) + "key '" + key + "' expects a string");
-    return n.as<std::string>();
-  }
-
-  std::string where(const YAML::Node& n) const { return path_ + ":" + std::to_string(n.Mark().line + 1) + ": "; }
-
- private:
-  static std::string text_of(const YAML::Node& n) {
-    if (n.IsScalar()) return n.Scalar();
-    if (n.IsSequence()) return "a list";
-    if (n.IsMap()) return "a map";
-    return "nothing";
-  }
-
-  std::string path_;
-  YAML::Node root_;
-};
-
-// ---------------------------------------------------------------------------
-// Command line.
-
-class Arguments {
- public:
-  explicit Arguments(std::vector<std::string> args) : args_(std::move(args)) {}
-
-  bool flag(const std::string& name) {
-    auto it = std::find(args_.begin(), args_.end(), name);
-    if (it == args_.end()) return false;
-    args_.erase(it);
-    return true;
-  }
-
-  std::optional<std::string> option(const std::string& name) {
-    std::optional<std::string> value;
-    for (size_t i = 0; i < args_.size();) {
-      std::optional<std::string> v;
-      if (args_[i] == name) {
-        if (i + 1 >= args_.size()) throw UsageError(name + " needs a value");
-        v = args_[i + 1];
-        args_.erase(args_.begin() + static_cast<long>(i), args_.begin() + static_cast<long>(i) + 2);
-      } else if (args_[i].rfind(name + "=", 0) == 0) {
-        v = args_[i].substr(name.size() + 1);
-        args_.erase(args_.begin() + static_cast<long>(i));
-      } else {
-        ++i;
-        continue;
-      }
-      if (value) throw UsageError(name + " given more than once");
-      value = v;
-    }
-    return value;
-  }
-
-  std::string required(const std::string& name) {
-    auto v = option(name);
-    if (!v) throw UsageError(name + " is required");
-    return *v;
-  }
-
-  int64_t integer(const std::string& name, std::optional<int64_t> fallback, int64_t minimum) {
-    auto v = option(name);
-    if (!v) {
-      if (!fallback) throw UsageError(name + " is required");
-      return *fallback;
-    }
-    int64_t x = 0;
-    try {
-      size_t used = 0;
-      // Accept 32M / 2M / 256K style suffixes (powers of 2 for K/M, as in "2M context").
-      std::string text = *v;
-      int64_t scale = 1;
-      if (!text.empty() && (text.back() == 'K' || text.back() == 'k')) scale = 1024, text.pop_back();
-      else if (!text.empty() && (text.back() == 'M' || text.back() == 'm')) scale = 1024 * 1024, text.pop_back();
-      x = std::stoll(text, &used);
-      if (used != text.size()) throw std::invalid_argument("trailing characters");
-      x *= scale;
-    } catch (const std::exception&) {
-      throw UsageError(name + " expects an integer, got '" + *v + "'");
-    }
-    if (x < minimum) throw UsageError(name + " must be at least " + std::to_string(minimum) + ", got " + *v);
-    return x;
-  }
-
-  void expect_empty() const {
-    if (!args_.empty()) throw UsageError("unknown argument '" + args_.front() + "'");
-  }
-
- private:
-  std::vector<std::string> args_;
-};
+// A range check of planning/ (std::invalid_argument naming the key) as a file error.
+[[noreturn]] void refuse_file(const std::string& path, const std::invalid_argument& e) {
+  throw_config_error(path, "", std::string("key ") + e.what(), "");
+}
 
 const char* const kPlanHelp = R"(usage: trainer plan --cluster HW.yaml --model MODEL.yaml --gpus N --context L
                     --global-batch-tokens B --lengths DIST [options]
@@ -247,73 +105,67 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-struct PolicyOutcome {
-  std::string name;
-  std::string failure;  // non-empty: the planner could not place the batch
-  double plan_seconds = 0, check_seconds = 0, simulate_seconds = 0;
-  StepSimulation sim;
-  RingStats rings;
-};
-
 }  // namespace
 
 // ---------------------------------------------------------------------------
 
 HardwareProfile load_cluster_file(const std::string& path) {
-  const FlatYaml y(path, "cluster",
-                   {"gpus_per_node", "peak_bf16_flops", "achievable_fraction", "hbm_bytes", "hbm_bytes_per_s",
-                    "reserved_bytes", "nvlink_bytes_per_s", "internode_bytes_per_s", "intranode_latency_s",
-                    "internode_latency_s", "pcie_bytes_per_s"},
-                   {"name", "host_bytes_per_node"});
+  const YamlMap y = read_flat_file(
+      path, "cluster", "configs/cluster/h100.yaml",
+      {"gpus_per_node", "peak_bf16_flops", "achievable_fraction", "hbm_bytes", "hbm_bytes_per_s", "reserved_bytes",
+       "nvlink_bytes_per_s", "internode_bytes_per_s", "intranode_latency_s", "internode_latency_s", "pcie_bytes_per_s"},
+      {"name", "host_bytes_per_node"});
   HardwareProfile h;
-  h.name = y.has("name") ? y.text("name") : std::filesystem::path(path).stem().string();
-  const int64_t gpus_per_node = y.integer("gpus_per_node");
+  h.name = y.get_or<std::string>("name", std::filesystem::path(path).stem().string());
+  const int64_t gpus_per_node = y.get<int64_t>("gpus_per_node");
   if (gpus_per_node < 1 || gpus_per_node > 1 << 20)
-    throw PlanInputError(path + ": key 'gpus_per_node' must be at least 1, got " + std::to_string(gpus_per_node));
+    y.fail("gpus_per_node", std::to_string(gpus_per_node) + " is out of range", "it must be from 1 to 1048576");
   h.gpus_per_node = static_cast<int>(gpus_per_node);
-  h.peak_flops = y.number("peak_bf16_flops");
-  h.achievable_fraction = y.number("achievable_fraction");
-  h.hbm_bytes = y.number("hbm_bytes");
-  h.hbm_bytes_per_s = y.number("hbm_bytes_per_s");
-  h.reserved_bytes = y.number("reserved_bytes");
-  h.nvlink_bytes_per_s = y.number("nvlink_bytes_per_s");
-  h.internode_bytes_per_s = y.number("internode_bytes_per_s");
-  h.intranode_latency_s = y.number("intranode_latency_s");
-  h.internode_latency_s = y.number("internode_latency_s");
-  h.pcie_bytes_per_s = y.number("pcie_bytes_per_s");
-  if (y.has("host_bytes_per_node")) h.host_bytes_per_node = y.number("host_bytes_per_node");
+  h.peak_flops = y.get<double>("peak_bf16_flops");
+  h.achievable_fraction = y.get<double>("achievable_fraction");
+  h.hbm_bytes = y.get<double>("hbm_bytes");
+  h.hbm_bytes_per_s = y.get<double>("hbm_bytes_per_s");
+  h.reserved_bytes = y.get<double>("reserved_bytes");
+  h.nvlink_bytes_per_s = y.get<double>("nvlink_bytes_per_s");
+  h.internode_bytes_per_s = y.get<double>("internode_bytes_per_s");
+  h.intranode_latency_s = y.get<double>("intranode_latency_s");
+  h.internode_latency_s = y.get<double>("internode_latency_s");
+  h.pcie_bytes_per_s = y.get<double>("pcie_bytes_per_s");
+  h.host_bytes_per_node = y.get_or<double>("host_bytes_per_node", h.host_bytes_per_node);
   try {
     validate_hardware(h);
   } catch (const std::invalid_argument& e) {
-    throw PlanInputError(path + ": key " + e.what());
+    refuse_file(path, e);
   }
   return h;
 }
 
 ModelShape load_model_file(const std::string& path) {
-  const FlatYaml y(path, "model",
-                   {"num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size"},
-                   {"name", "head_dim", "num_experts", "experts_per_token", "tie_embeddings"});
+  const YamlMap y = read_flat_file(
+      path, "model", "configs/models/llama-7b.yaml",
+      {"num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size"},
+      {"name", "head_dim", "num_experts", "experts_per_token", "tie_embeddings"});
   ModelShape m;
-  m.name = y.has("name") ? y.text("name") : std::filesystem::path(path).stem().string();
-  m.layers = y.integer("num_layers");
-  m.hidden = y.integer("hidden_size");
-  m.heads = y.integer("num_heads");
-  m.kv_heads = y.integer("num_kv_heads");
-  m.ffn = y.integer("ffn_hidden_size");
-  m.vocab = y.integer("vocab_size");
-  if (m.heads < 1) throw PlanInputError(path + ": key 'num_heads' must be at least 1");
-  m.head_dim = y.has("head_dim") ? y.integer("head_dim") : m.hidden / m.heads;
+  m.name = y.get_or<std::string>("name", std::filesystem::path(path).stem().string());
+  m.layers = y.get<int64_t>("num_layers");
+  m.hidden = y.get<int64_t>("hidden_size");
+  m.heads = y.get<int64_t>("num_heads");
+  m.kv_heads = y.get<int64_t>("num_kv_heads");
+  m.ffn = y.get<int64_t>("ffn_hidden_size");
+  m.vocab = y.get<int64_t>("vocab_size");
+  if (m.heads < 1) y.fail("num_heads", std::to_string(m.heads) + " is not positive", "it must be at least 1");
   if (!y.has("head_dim") && m.hidden % m.heads != 0)
-    throw PlanInputError(path + ": hidden_size " + std::to_string(m.hidden) + " is not a multiple of num_heads " +
-                         std::to_string(m.heads) + "; give head_dim");
-  if (y.has("num_experts")) m.experts = y.integer("num_experts");
-  if (y.has("experts_per_token")) m.experts_per_token = y.integer("experts_per_token");
-  if (y.has("tie_embeddings")) m.tied_embeddings = y.boolean("tie_embeddings");
+    y.fail("num_heads",
+           "hidden_size " + std::to_string(m.hidden) + " is not a multiple of num_heads " + std::to_string(m.heads),
+           "give head_dim");
+  m.head_dim = y.get_or<int64_t>("head_dim", m.hidden / m.heads);
+  m.experts = y.get_or<int64_t>("num_experts", m.experts);
+  m.experts_per_token = y.get_or<int64_t>("experts_per_token", m.experts_per_token);
+  m.tied_embeddings = y.get_or<bool>("tie_embeddings", m.tied_embeddings);
   try {
     validate_model_shape(m);
   } catch (const std::invalid_argument& e) {
-    throw PlanInputError(path + ": key " + e.what());
+    refuse_file(path, e);
   }
   return m;
 }
@@ -379,8 +231,10 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
 
 const std::vector<std::pair<std::string, Planner>>& plan_policies() {
   static const std::vector<std::pair<std::string, Planner>> policies = {
-      {"static", [](std::span<const int64_t> l, const PlanSetup& s) { return plan_static(l, s.settings, s.static_cp); }},
-      {"naive", [](std::span<const int64_t> l, const PlanSetup& s) { return plan_naive(l, s.settings); }},
+      {policy_name(SchedulerPolicy::Static),
+       [](std::span<const int64_t> l, const PlanSetup& s) { return plan_static(l, s.settings, s.static_cp); }},
+      {policy_name(SchedulerPolicy::Naive),
+       [](std::span<const int64_t> l, const PlanSetup& s) { return plan_naive(l, s.settings); }},
       // Algorithm 1 without selective offload: rings sized by device memory alone
       // (ByteScale's ablation step "dynamic communication").
       {"naive-no-offload",
@@ -389,7 +243,8 @@ const std::vector<std::pair<std::string, Planner>>& plan_policies() {
          st.offload.enabled = false;
          return plan_naive(l, st);
        }},
-      {"balance", [](std::span<const int64_t> l, const PlanSetup& s) { return plan_balance(l, s.settings, s.balance); }},
+      {policy_name(SchedulerPolicy::Balance),
+       [](std::span<const int64_t> l, const PlanSetup& s) { return plan_balance(l, s.settings, s.balance); }},
   };
   return policies;
 }
@@ -403,217 +258,274 @@ const Planner& plan_policy(const std::string& name) {
   throw PlanInputError("unknown policy '" + name + "' (valid: " + names + ")");
 }
 
+namespace {
+
+// What `trainer plan` is asked to do.
+struct PlanRequest {
+  std::string cluster_path, model_path, lengths_source;
+  int64_t gpus = 0, context = 0, batch_tokens = 0, seed = 1, tp = 1, pp = 1, capacity = 0, cp = 0;
+  std::optional<std::string> trace;
+  bool check = true;
+  std::vector<std::string> policies;  // known, each once, in the order given
+};
+
+// "static,naive,,static" -> {"static", "naive"}; an unknown name is a PlanInputError.
+std::vector<std::string> policy_list(const std::string& list) {
+  std::vector<std::string> policies;
+  std::stringstream in(list);
+  for (std::string name; std::getline(in, name, ',');) {
+    if (name.empty()) continue;
+    plan_policy(name);  // validates
+    if (std::find(policies.begin(), policies.end(), name) == policies.end()) policies.push_back(name);
+  }
+  if (policies.empty()) throw UsageError("--policies names no policy");
+  return policies;
+}
+
+PlanRequest read_plan_request(Arguments& args) {
+  PlanRequest r;
+  r.cluster_path = args.required("--cluster");
+  r.model_path = args.required("--model");
+  r.gpus = args.integer("--gpus", std::nullopt, 1);
+  r.context = args.integer("--context", std::nullopt, 1);
+  r.batch_tokens = args.integer("--global-batch-tokens", std::nullopt, 1);
+  r.lengths_source = args.required("--lengths");
+  r.seed = args.integer("--seed", 1, 0);
+  r.tp = args.integer("--tp", 1, 1);
+  r.pp = args.integer("--pp", 1, 1);
+  r.capacity = args.integer("--capacity", 0, 0);
+  r.cp = args.integer("--cp", 0, 0);
+  r.trace = args.option("--trace");
+  r.check = !args.flag("--no-check");
+  const std::string policies = args.option("--policies").value_or("static,naive,balance");
+  args.expect_empty();
+  if (r.gpus > 1 << 24 || r.tp > 1 << 10 || r.pp > 1 << 10) throw UsageError("--gpus, --tp or --pp is implausibly large");
+  r.policies = policy_list(policies);
+  return r;
+}
+
+// One global batch and where it came from.
+struct PlanBatch {
+  std::vector<int64_t> lengths;
+  std::string description;
+  double sample_seconds = 0;
+  int64_t tokens = 0, longest = 0;
+};
+
+PlanBatch draw_batch(const PlanRequest& r) {
+  PlanBatch b;
+  const auto t0 = std::chrono::steady_clock::now();
+  b.lengths = global_batch_lengths(r.lengths_source, r.context, r.batch_tokens, static_cast<uint64_t>(r.seed),
+                                   &b.description);
+  b.sample_seconds = seconds_since(t0);
+  if (b.lengths.empty()) throw LengthsInputError("--lengths '" + r.lengths_source + "' gives no sequences");
+  for (int64_t x : b.lengths) b.tokens += x, b.longest = std::max(b.longest, x);
+  return b;
+}
+
+// The header: the model, the cluster, the layout and the batch being planned.
+void print_model_and_cluster(const PlanRequest& r, const PlanSetup& setup) {
+  const ModelShape& model = setup.model;
+  const HardwareProfile& hw = setup.hardware;
+  const ModelCosts mc = model_costs(model, setup.layout.tp, setup.layout.pp);
+  const double params = static_cast<double>(model.layers) * mc.layer_parameters + mc.embedding_parameters +
+                        mc.head_parameters;
+  std::printf("model    %s: %lld layers, hidden %lld, %lld heads / %lld KV, FFN %lld%s, vocab %lld (%.2f B parameters)\n",
+              model.name.c_str(), static_cast<long long>(model.layers), static_cast<long long>(model.hidden),
+              static_cast<long long>(model.heads), static_cast<long long>(model.kv_heads),
+              static_cast<long long>(model.ffn),
+              model.experts > 1 ? (" x " + std::to_string(model.experts) + " experts, top-" +
+                                   std::to_string(model.experts_per_token)).c_str()
+                                : "",
+              static_cast<long long>(model.vocab), params / 1e9);
+  std::printf("cluster  %s: %lld GPUs (%lld nodes of %d); %.1f TFLOP/s per GPU (%.1f peak x %.2f)\n", hw.name.c_str(),
+              static_cast<long long>(r.gpus), static_cast<long long>((r.gpus + hw.gpus_per_node - 1) / hw.gpus_per_node),
+              hw.gpus_per_node, hw.flops_per_second() / 1e12, hw.peak_flops / 1e12, hw.achievable_fraction);
+  std::string split;
+  for (int64_t l : setup.stage_layers) {
+    if (!split.empty()) split += '/';
+    split += std::to_string(l);
+  }
+  std::printf("layout   tp %d x pp %d x hdp %d; layers per stage %s\n", setup.layout.tp, setup.layout.pp,
+              setup.layout.hdp, split.c_str());
+  const int s0 = setup.memory.limiting_stage;
+  std::printf("capacity C = %s tokens per rank and micro-batch (%s stage %d: (%.1f GB HBM - %.1f reserved - "
+              "%.1f weights, gradients, optimizer shard) / (%d in flight x %lld layers x %.1f KB per token and layer) "
+              "= %s)\n",
+              grouped(static_cast<double>(setup.settings.capacity)).c_str(),
+              r.capacity > 0 ? "--capacity; derived from memory would be, at" : "derived from memory at",
+              s0, hw.hbm_bytes / 1e9, hw.reserved_bytes / 1e9, setup.memory.static_bytes[s0] / 1e9,
+              setup.layout.pp - s0, static_cast<long long>(setup.stage_layers[s0]), mc.saved_bytes_per_token / 1e3,
+              grouped(static_cast<double>(setup.memory.capacity)).c_str());
+}
+
+void print_batch(const PlanRequest& r, const PlanBatch& b) {
+  std::printf("batch    %s: %s tokens in %s sequences (context %s, longest %s); tokens in sequences > 128K: %.1f%%, "
+              "> 256K: %.1f%%, > 1M: %.1f%%\n",
+              b.description.c_str(), grouped(static_cast<double>(b.tokens)).c_str(),
+              grouped(static_cast<double>(b.lengths.size())).c_str(), human_tokens(r.context).c_str(),
+              human_tokens(b.longest).c_str(), 100 * token_share_above(b.lengths, 128 * 1024),
+              100 * token_share_above(b.lengths, 256 * 1024), 100 * token_share_above(b.lengths, 1024 * 1024));
+  std::printf("         (batch drawn in %.3f s)\n\n", b.sample_seconds);
+}
+
+// One policy's plan of the batch and its simulated step.
+struct PolicyOutcome {
+  std::string name;
+  std::string failure;  // non-empty: the planner could not place the batch
+  double plan_seconds = 0, check_seconds = 0, simulate_seconds = 0;
+  StepSimulation sim;
+  RingStats rings;
+};
+
+void write_trace(const std::string& path, PolicyOutcome& o) {
+  const std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (!parent.empty()) std::filesystem::create_directories(parent);
+  std::ofstream out(path);
+  if (!out) throw std::runtime_error("cannot write trace file '" + path + "'");
+  sim::write_chrome_trace(out, *o.sim.graph, *o.sim.replay, o.sim.process_names);
+  if (!out) throw std::runtime_error("writing trace file '" + path + "' failed");
+  o.sim.graph.reset();
+  o.sim.replay.reset();
+  std::printf("trace    %s: %s\n", o.name.c_str(), path.c_str());
+}
+
+// Plans the batch with one policy, checks the plan and simulates the step. A
+// policy that cannot place the batch is an outcome with its failure; a plan that
+// fails check_plan is a planner bug (std::runtime_error).
+PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const PlanSetup& setup,
+                         std::span<const int64_t> lengths) {
+  PolicyOutcome o;
+  o.name = name;
+  StepPlan plan;
+  auto t0 = std::chrono::steady_clock::now();
+  try {
+    plan = plan_policy(name)(lengths, setup);
+  } catch (const std::invalid_argument& e) {
+    o.failure = e.what();
+    return o;
+  }
+  o.plan_seconds = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  try {
+    if (r.check) check_plan(plan, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages);
+  } catch (const std::invalid_argument& e) {
+    throw std::runtime_error("the " + name + " planner produced an invalid plan: " + std::string(e.what()));
+  }
+  o.check_seconds = seconds_since(t0);
+  t0 = std::chrono::steady_clock::now();
+  o.sim = simulate_step(plan, lengths, setup.costs, r.trace.has_value());
+  o.simulate_seconds = seconds_since(t0);
+  o.rings = ring_stats(plan, lengths);
+  if (r.trace) write_trace(trace_path(*r.trace, name, r.policies.size() > 1), o);
+  return o;
+}
+
+// One row per policy: step time, throughput, speed-up over static, idle, MFU, traffic, spread.
+void print_table(const std::vector<PolicyOutcome>& outcomes, int64_t tokens, const HardwareProfile& hw) {
+  std::optional<double> static_step;
+  for (const PolicyOutcome& o : outcomes)
+    if (o.name == policy_name(SchedulerPolicy::Static) && o.failure.empty()) static_step = o.sim.step_seconds;
+  std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "plan s", "step s", "tokens/s",
+              "speedup", "idle", "MFU", "attention GB", "micro-b.", "spread", "ranks/spread");
+  std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "vs static", "", "", "",
+              "per rank", "seqs", "mean / max");
+  for (const PolicyOutcome& o : outcomes) {
+    if (!o.failure.empty()) {
+      std::printf("%-16s does not fit: %s\n", o.name.c_str(), o.failure.c_str());
+      continue;
+    }
+    const StepSimulation& s = o.sim;
+    const double mfu = s.step_seconds > 0
+                           ? hw.achievable_fraction * s.compute_seconds / (s.processes * s.step_seconds)
+                           : 0;
+    const std::string speedup = static_step ? fixed(*static_step / s.step_seconds, 2) + "x" : "-";
+    const std::string mb = std::to_string(o.rings.min_micro_batches_per_rank) + "-" +
+                           std::to_string(o.rings.max_micro_batches_per_rank);
+    const std::string ranks = o.rings.spread_sequences > 0
+                                  ? fixed(o.rings.mean_ranks, 1) + " / " + std::to_string(o.rings.max_ranks)
+                                  : "-";
+    std::printf("%-16s %9.3f %10.2f %11s %8s %6.3f %6.3f %12.1f %9s %8lld %12s\n", o.name.c_str(), o.plan_seconds,
+                s.step_seconds, grouped(static_cast<double>(tokens) / s.step_seconds).c_str(), speedup.c_str(),
+                s.idle_fraction, mfu, s.attention_bytes / 1e9, mb.c_str(),
+                static_cast<long long>(o.rings.spread_sequences), ranks.c_str());
+  }
+  std::printf("\n");
+}
+
+// "2: 5, 3-4: 2": how many spread sequences span how many ranks (power-of-two bins).
+std::string ring_histogram(const RingStats& rings) {
+  std::string hist;
+  for (size_t b = 1; b < rings.histogram.size(); ++b) {
+    if (rings.histogram[b] == 0) continue;
+    const int lo = (1 << (b - 1)) + 1, hi = 1 << b;
+    hist += (hist.empty() ? "" : ", ") + (lo == hi ? std::to_string(hi) : std::to_string(lo) + "-" + std::to_string(hi)) +
+            ": " + std::to_string(rings.histogram[b]);
+  }
+  return hist.empty() ? "none" : hist;
+}
+
+// Two lines per placed policy: where the time goes, and what planning and simulating cost.
+void print_details(const std::vector<PolicyOutcome>& outcomes) {
+  for (const PolicyOutcome& o : outcomes) {
+    if (!o.failure.empty()) continue;
+    std::printf("%-16s ranks per spread sequence {%s}; rings %lld; busy per rank %.2f-%.2f s; ring waits %.2f s "
+                "per rank; gradient sync %.3f s; offloaded %.1f GB (largest micro-batch %.2f GB per GPU); pipeline "
+                "%.1f GB\n",
+                o.name.c_str(), ring_histogram(o.rings).c_str(), static_cast<long long>(o.rings.rings),
+                o.sim.min_busy_seconds, o.sim.max_busy_seconds, o.sim.ring_wait_seconds / o.sim.processes,
+                o.sim.gradient_sync_seconds,
+                o.sim.offloaded_bytes / 1e9, o.sim.max_offloaded_bytes_per_gpu / 1e9, o.sim.pipeline_bytes / 1e9);
+    std::printf("%-16s timing: plan %.3f s, check_plan %.3f s, simulate %.3f s (%s operations, %s dependencies)\n", "",
+                o.plan_seconds, o.check_seconds, o.simulate_seconds, grouped(static_cast<double>(o.sim.operations)).c_str(),
+                grouped(static_cast<double>(o.sim.dependencies)).c_str());
+  }
+}
+
+// Offload is bounded per GPU, not per node: warns when a node's GPUs together could exceed its host memory.
+void warn_host_memory(const std::vector<PolicyOutcome>& outcomes, const HardwareProfile& hw) {
+  for (const PolicyOutcome& o : outcomes) {
+    if (!o.failure.empty() || hw.host_bytes_per_node <= 0) continue;
+    const double node = o.sim.max_offloaded_bytes_per_gpu * hw.gpus_per_node;
+    if (node > hw.host_bytes_per_node) {
+      std::printf("warning: %s offloads up to %.0f GB per GPU in one micro-batch, %.1f TB per node if all %d GPUs of "
+                  "a node do so, above the %.1f TB of host memory\n",
+                  o.name.c_str(), o.sim.max_offloaded_bytes_per_gpu / 1e9, node / 1e12, hw.gpus_per_node,
+                  hw.host_bytes_per_node / 1e12);
+    }
+  }
+}
+
+}  // namespace
+
 int command_plan(const std::vector<std::string>& raw) {
   Arguments args(raw);
-  if (args.flag("--help") || args.flag("-h")) {
+  if (args.wants_help()) {
     std::fputs(kPlanHelp, stdout);
-    return 0;
+    return kExitSuccess;
   }
-  try {
-    const std::string cluster_path = args.required("--cluster");
-    const std::string model_path = args.required("--model");
-    const int64_t gpus = args.integer("--gpus", std::nullopt, 1);
-    const int64_t context = args.integer("--context", std::nullopt, 1);
-    const int64_t batch_tokens = args.integer("--global-batch-tokens", std::nullopt, 1);
-    const std::string source = args.required("--lengths");
-    const int64_t seed = args.integer("--seed", 1, 0);
-    const int64_t tp = args.integer("--tp", 1, 1), pp = args.integer("--pp", 1, 1);
-    const int64_t capacity = args.integer("--capacity", 0, 0);
-    const int64_t cp = args.integer("--cp", 0, 0);
-    const std::optional<std::string> trace = args.option("--trace");
-    const bool check = !args.flag("--no-check");
-    const std::string policy_list = args.option("--policies").value_or("static,naive,balance");
-    args.expect_empty();
-    if (gpus > 1 << 24 || tp > 1 << 10 || pp > 1 << 10) throw UsageError("--gpus, --tp or --pp is implausibly large");
-    std::vector<std::string> policies;
-    for (size_t b = 0; b <= policy_list.size();) {
-      size_t e = policy_list.find(',', b);
-      if (e == std::string::npos) e = policy_list.size();
-      const std::string name = policy_list.substr(b, e - b);
-      if (!name.empty()) {
-        plan_policy(name);  // validates
-        if (std::find(policies.begin(), policies.end(), name) == policies.end()) policies.push_back(name);
-      }
-      b = e + 1;
-    }
-    if (policies.empty()) throw UsageError("--policies names no policy");
-
-    const HardwareProfile hw = load_cluster_file(cluster_path);
-    const ModelShape model = load_model_file(model_path);
-    PlanSetup setup = make_plan_setup(hw, model, static_cast<int>(gpus), static_cast<int>(tp), static_cast<int>(pp),
-                                      context, capacity);
-    setup.static_cp = static_cast<int>(cp);
-    std::string description;
-    auto t0 = std::chrono::steady_clock::now();
-    const std::vector<int64_t> lengths = global_batch_lengths(source, context, batch_tokens, static_cast<uint64_t>(seed),
-                                                              &description);
-    const double sample_seconds = seconds_since(t0);
-    if (lengths.empty()) throw LengthsInputError("--lengths '" + source + "' gives no sequences");
-    int64_t tokens = 0, longest = 0;
-    for (int64_t x : lengths) tokens += x, longest = std::max(longest, x);
-
-    // Header: what is being planned.
-    const ModelCosts mc = model_costs(model, setup.layout.tp, setup.layout.pp);
-    const double params = static_cast<double>(model.layers) * mc.layer_parameters + mc.embedding_parameters +
-                          mc.head_parameters;
-    std::printf("model    %s: %lld layers, hidden %lld, %lld heads / %lld KV, FFN %lld%s, vocab %lld (%.2f B parameters)\n",
-                model.name.c_str(), static_cast<long long>(model.layers), static_cast<long long>(model.hidden),
-                static_cast<long long>(model.heads), static_cast<long long>(model.kv_heads),
-                static_cast<long long>(model.ffn),
-                model.experts > 1 ? (" x " + std::to_string(model.experts) + " experts, top-" +
-                                     std::to_string(model.experts_per_token)).c_str()
-                                  : "",
-                static_cast<long long>(model.vocab), params / 1e9);
-    std::printf("cluster  %s: %lld GPUs (%lld nodes of %d); %.1f TFLOP/s per GPU (%.1f peak x %.2f)\n", hw.name.c_str(),
-                static_cast<long long>(gpus), static_cast<long long>((gpus + hw.gpus_per_node - 1) / hw.gpus_per_node),
-                hw.gpus_per_node, hw.flops_per_second() / 1e12, hw.peak_flops / 1e12, hw.achievable_fraction);
-    std::string split;
-    for (int64_t l : setup.stage_layers) split += (split.empty() ? "" : "/") + std::to_string(l);
-    std::printf("layout   tp %d x pp %d x hdp %d; layers per stage %s\n", setup.layout.tp, setup.layout.pp,
-                setup.layout.hdp, split.c_str());
-    const int s0 = setup.memory.limiting_stage;
-    std::printf("capacity C = %s tokens per rank and micro-batch (%s stage %d: (%.1f GB HBM - %.1f reserved - "
-                "%.1f weights, gradients, optimizer shard) / (%d in flight x %lld layers x %.1f KB per token and layer) "
-                "= %s)\n",
-                grouped(static_cast<double>(setup.settings.capacity)).c_str(),
-                capacity > 0 ? "--capacity; derived from memory would be, at" : "derived from memory at",
-                s0, hw.hbm_bytes / 1e9, hw.reserved_bytes / 1e9, setup.memory.static_bytes[s0] / 1e9,
-                setup.layout.pp - s0, static_cast<long long>(setup.stage_layers[s0]), mc.saved_bytes_per_token / 1e3,
-                grouped(static_cast<double>(setup.memory.capacity)).c_str());
-    std::printf("batch    %s: %s tokens in %s sequences (context %s, longest %s); tokens in sequences > 128K: %.1f%%, "
-                "> 256K: %.1f%%, > 1M: %.1f%%\n",
-                description.c_str(), grouped(static_cast<double>(tokens)).c_str(),
-                grouped(static_cast<double>(lengths.size())).c_str(), human_tokens(context).c_str(),
-                human_tokens(longest).c_str(), 100 * token_share_above(lengths, 128 * 1024),
-                100 * token_share_above(lengths, 256 * 1024), 100 * token_share_above(lengths, 1024 * 1024));
-    std::printf("         (batch drawn in %.3f s)\n\n", sample_seconds);
-
-    // Plan and simulate each policy.
+  return run_subcommand("plan", [&] {
+    const PlanRequest request = read_plan_request(args);
+    const HardwareProfile hardware = load_cluster_file(request.cluster_path);
+    const ModelShape model = load_model_file(request.model_path);
+    PlanSetup setup = make_plan_setup(hardware, model, static_cast<int>(request.gpus), static_cast<int>(request.tp),
+                                      static_cast<int>(request.pp), request.context, request.capacity);
+    setup.static_cp = static_cast<int>(request.cp);
+    const PlanBatch batch = draw_batch(request);
+    print_model_and_cluster(request, setup);
+    print_batch(request, batch);
     std::vector<PolicyOutcome> outcomes;
-    for (const std::string& name : policies) {
-      PolicyOutcome o;
-      o.name = name;
-      StepPlan plan;
-      try {
-        t0 = std::chrono::steady_clock::now();
-        plan = plan_policy(name)(lengths, setup);
-        o.plan_seconds = seconds_since(t0);
-      } catch (const std::invalid_argument& e) {
-        o.failure = e.what();
-        outcomes.push_back(std::move(o));
-        continue;
-      }
-      t0 = std::chrono::steady_clock::now();
-      try {
-        if (check) check_plan(plan, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages);
-      } catch (const std::invalid_argument& e) {
-        throw std::runtime_error("the " + name + " planner produced an invalid plan: " + std::string(e.what()));
-      }
-      o.check_seconds = seconds_since(t0);
-      t0 = std::chrono::steady_clock::now();
-      o.sim = simulate_step(plan, lengths, setup.costs, trace.has_value());
-      o.simulate_seconds = seconds_since(t0);
-      o.rings = ring_stats(plan, lengths);
-      if (trace) {
-        const std::string path = trace_path(*trace, name, policies.size() > 1);
-        const std::filesystem::path parent = std::filesystem::path(path).parent_path();
-        if (!parent.empty()) std::filesystem::create_directories(parent);
-        std::ofstream out(path);
-        if (!out) throw std::runtime_error("cannot write trace file '" + path + "'");
-        sim::write_chrome_trace(out, *o.sim.graph, *o.sim.replay, o.sim.process_names);
-        if (!out) throw std::runtime_error("writing trace file '" + path + "' failed");
-        o.sim.graph.reset();
-        o.sim.replay.reset();
-        std::printf("trace    %s: %s\n", name.c_str(), path.c_str());
-      }
-      outcomes.push_back(std::move(o));
-    }
-    if (trace) std::printf("\n");
-
-    std::optional<double> static_step;
-    for (const PolicyOutcome& o : outcomes)
-      if (o.name == "static" && o.failure.empty()) static_step = o.sim.step_seconds;
-    std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "plan s", "step s", "tokens/s",
-                "speedup", "idle", "MFU", "attention GB", "micro-b.", "spread", "ranks/spread");
-    std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "vs static", "", "", "",
-                "per rank", "seqs", "mean / max");
-    for (const PolicyOutcome& o : outcomes) {
-      if (!o.failure.empty()) {
-        std::printf("%-16s does not fit: %s\n", o.name.c_str(), o.failure.c_str());
-        continue;
-      }
-      const StepSimulation& s = o.sim;
-      const double mfu = s.step_seconds > 0
-                             ? hw.achievable_fraction * s.compute_seconds / (s.processes * s.step_seconds)
-                             : 0;
-      const std::string speedup = static_step ? fixed(*static_step / s.step_seconds, 2) + "x" : "-";
-      const std::string mb = std::to_string(o.rings.min_micro_batches_per_rank) + "-" +
-                             std::to_string(o.rings.max_micro_batches_per_rank);
-      const std::string ranks = o.rings.spread_sequences > 0
-                                    ? fixed(o.rings.mean_ranks, 1) + " / " + std::to_string(o.rings.max_ranks)
-                                    : "-";
-      std::printf("%-16s %9.3f %10.2f %11s %8s %6.3f %6.3f %12.1f %9s %8lld %12s\n", o.name.c_str(), o.plan_seconds,
-                  s.step_seconds, grouped(static_cast<double>(tokens) / s.step_seconds).c_str(), speedup.c_str(),
-                  s.idle_fraction, mfu, s.attention_bytes / 1e9, mb.c_str(),
-                  static_cast<long long>(o.rings.spread_sequences), ranks.c_str());
-    }
-    std::printf("\n");
-    for (const PolicyOutcome& o : outcomes) {
-      if (!o.failure.empty()) continue;
-      std::string hist;
-      for (size_t b = 1; b < o.rings.histogram.size(); ++b) {
-        if (o.rings.histogram[b] == 0) continue;
-        const int lo = (1 << (b - 1)) + 1, hi = 1 << b;
-        hist += (hist.empty() ? "" : ", ") + (lo == hi ? std::to_string(hi) : std::to_string(lo) + "-" + std::to_string(hi)) +
-                ": " + std::to_string(o.rings.histogram[b]);
-      }
-      std::printf("%-16s ranks per spread sequence {%s}; rings %lld; busy per rank %.2f-%.2f s; ring waits %.2f s "
-                  "per rank; gradient sync %.3f s; offloaded %.1f GB (largest micro-batch %.2f GB per GPU); pipeline "
-                  "%.1f GB\n",
-                  o.name.c_str(), hist.empty() ? "none" : hist.c_str(), static_cast<long long>(o.rings.rings),
-                  o.sim.min_busy_seconds, o.sim.max_busy_seconds, o.sim.ring_wait_seconds / o.sim.processes,
-                  o.sim.gradient_sync_seconds,
-                  o.sim.offloaded_bytes / 1e9, o.sim.max_offloaded_bytes_per_gpu / 1e9, o.sim.pipeline_bytes / 1e9);
-      std::printf("%-16s timing: plan %.3f s, check_plan %.3f s, simulate %.3f s (%s operations, %s dependencies)\n", "",
-                  o.plan_seconds, o.check_seconds, o.simulate_seconds, grouped(static_cast<double>(o.sim.operations)).c_str(),
-                  grouped(static_cast<double>(o.sim.dependencies)).c_str());
-    }
-    for (const PolicyOutcome& o : outcomes) {
-      if (!o.failure.empty() || hw.host_bytes_per_node <= 0) continue;
-      const double node = o.sim.max_offloaded_bytes_per_gpu * hw.gpus_per_node;
-      if (node > hw.host_bytes_per_node) {
-        std::printf("warning: %s offloads up to %.0f GB per GPU in one micro-batch, %.1f TB per node if all %d GPUs of "
-                    "a node do so, above the %.1f TB of host memory\n",
-                    o.name.c_str(), o.sim.max_offloaded_bytes_per_gpu / 1e9, node / 1e12, hw.gpus_per_node,
-                    hw.host_bytes_per_node / 1e12);
-      }
-    }
-    bool any = false;
-    for (const PolicyOutcome& o : outcomes) any = any || o.failure.empty();
-    if (!any) {
-      std::fprintf(stderr, "trainer plan: no policy could place the batch on %lld GPUs\n", static_cast<long long>(gpus));
-      return kExitBadInput;
-    }
-    return 0;
-  } catch (const UsageError& e) {
-    std::fprintf(stderr, "trainer plan: %s (see trainer plan --help)\n", e.what());
-    return kExitBadInput;
-  } catch (const PlanInputError& e) {
-    std::fprintf(stderr, "trainer plan: error: %s\n", e.what());
-    return kExitBadInput;
-  } catch (const LengthsInputError& e) {
-    std::fprintf(stderr, "trainer plan: error: %s\n", e.what());
-    return kExitBadInput;
-  } catch (const DatasetError& e) {
-    std::fprintf(stderr, "trainer plan: dataset error: %s\n", e.what());
-    return kExitBadInput;
-  } catch (const std::invalid_argument& e) {
-    std::fprintf(stderr, "trainer plan: error: %s\n", e.what());
-    return kExitBadInput;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "trainer plan: %s\n", e.what());
-    return kExitFailure;
-  }
+    for (const std::string& name : request.policies)
+      outcomes.push_back(run_policy(name, request, setup, batch.lengths));
+    if (request.trace) std::printf("\n");
+    print_table(outcomes, batch.tokens, setup.hardware);
+    print_details(outcomes);
+    warn_host_memory(outcomes, setup.hardware);
+    const bool placed =
+        std::any_of(outcomes.begin(), outcomes.end(), [](const PolicyOutcome& o) { return o.failure.empty(); });
+    if (!placed) throw PlanInputError("no policy could place the batch on " + std::to_string(request.gpus) + " GPUs");
+    return kExitSuccess;
+  });
 }
 
 }  // namespace hdp

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "base/errors.h"
 #include "planning/hardware.h"
 #include "planning/hdp_planner.h"
 #include "planning/plan.h"
@@ -19,18 +20,19 @@
 
 namespace hdp {
 
-// A bad cluster or model file (missing, not YAML, unknown / missing / mistyped
-// key, value out of range) or a layout the model does not allow. The message
-// names the file (file:line where known) and the key. Exit code 2.
-class PlanInputError : public std::runtime_error {
+// A layout the model or the cluster does not allow, or an unknown policy. (A bad
+// cluster or model file is a ConfigError naming file:line and key.) Exit code 2.
+class PlanInputError : public InputError {
  public:
-  using std::runtime_error::runtime_error;
+  using InputError::InputError;
 };
 
 // configs/cluster/*.yaml: gpus_per_node, peak_bf16_flops, achievable_fraction,
 // hbm_bytes, hbm_bytes_per_s, reserved_bytes, nvlink_bytes_per_s,
 // internode_bytes_per_s, intranode_latency_s, internode_latency_s,
-// pcie_bytes_per_s, and optionally name, host_bytes_per_node.
+// pcie_bytes_per_s, and optionally name, host_bytes_per_node. Both loaders throw
+// ConfigError naming file:line and the key that is missing, unknown, mistyped or
+// out of range.
 HardwareProfile load_cluster_file(const std::string& path);
 
 // configs/models/*.yaml: num_layers, hidden_size, num_heads, num_kv_heads,
@@ -66,7 +68,8 @@ struct PlanSetup {
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
                           int64_t context, int64_t capacity = 0);
 
-// The planners by name ("static", "naive", "balance"); a new policy is one entry.
+// The planners by name: the training policies (static, naive, balance; their
+// names as scheduler.policy spells them) and ablations; a new policy is one entry.
 using Planner = std::function<StepPlan(std::span<const int64_t> lengths, const PlanSetup& setup)>;
 const std::vector<std::pair<std::string, Planner>>& plan_policies();
 // Throws PlanInputError for an unknown name.

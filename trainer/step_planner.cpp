@@ -17,11 +17,12 @@ StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
   settings_.cost = cost;
   settings_.offload.enabled = config.offload.enabled;
   settings_.offload.forced_ratio = config.offload.ratio;
-  const std::string& mode = config.scheduler.balance;
-  balance_.mode = mode == "pp" || (mode == "auto" && config.parallel.pp > 1) ? BalanceMode::Pipeline
-                                                                               : BalanceMode::DataParallel;
+  const SchedulerBalance balance = config.scheduler.balance;
+  balance_.mode = balance == SchedulerBalance::Pipeline || (balance == SchedulerBalance::Auto && config.parallel.pp > 1)
+                      ? BalanceMode::Pipeline
+                      : BalanceMode::DataParallel;
   balance_.threshold = config.scheduler.threshold;
-  if (policy_ != "static") {
+  if (policy_ != SchedulerPolicy::Static) {
     try {
       choose_ranks(config.data.max_seq_len, settings_);
     } catch (const std::invalid_argument& e) {
@@ -32,9 +33,9 @@ StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
 }
 
 StepPlan StepPlanner::plan(std::span<const int64_t> lengths) const {
-  StepPlan plan = policy_ == "static"    ? plan_static(lengths, settings_, cp_)
-                  : policy_ == "balance" ? plan_balance(lengths, settings_, balance_)
-                                         : plan_naive(lengths, settings_);
+  StepPlan plan = policy_ == SchedulerPolicy::Static    ? plan_static(lengths, settings_, cp_)
+                  : policy_ == SchedulerPolicy::Balance ? plan_balance(lengths, settings_, balance_)
+                                                        : plan_naive(lengths, settings_);
   check_plan(plan, lengths, settings_.layers_per_stage, settings_.pipeline_stages);
   return plan;
 }

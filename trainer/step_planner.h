@@ -42,7 +42,7 @@ class StepPlanner {
   const PlannerSettings& settings() const { return settings_; }
 
  private:
-  std::string policy_;
+  SchedulerPolicy policy_;
   int cp_;
   PlannerSettings settings_;
   BalanceSettings balance_;

@@ -106,7 +106,7 @@ void log_stage(TrainingEngine& engine, const MemoryReport& memory, const GridCoo
 // position), a checkpoint to take weights from, or fresh weights.
 TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine) {
   const TrainConfig& t = config.train;
-  if (t.resume == "auto") {
+  if (t.resume == ResumeMode::Auto) {
     if (auto latest = latest_checkpoint(t.checkpoint_dir)) {
       TrainingProgress progress = load_checkpoint(*latest, engine.model(), &engine.optimizer());
       spdlog::info("resumed from {} at step {}", *latest, progress.step);
@@ -339,12 +339,12 @@ class TrainingLoop {
 
 void run_training(const Config& config, const ProcessInfo& process) {
   const ParallelDegrees& degrees = config.parallel;
-  const bool remote = config.loader.mode == "remote";
+  const bool remote = config.loader.mode == LoaderMode::Remote;
   const int loader_ranks = remote ? static_cast<int>(config.loader.servers) : 0;
   const int training_ranks = degrees.world();
   check_world_size(degrees, remote, loader_ranks, process);
   const int threads = configure_threads(config.train.threads, process);
-  const Device device = device_from_name(config.train.device);
+  const Device device = config.train.device;
   if (device == Device::CUDA) bind_gpu(config.train, process);
 
   // With a remote loader the last ranks serve data; the others train on a
