@@ -24,6 +24,7 @@
 
 #include <benchmark/benchmark.h>
 #include <cblas.h>
+#include <dlfcn.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -33,6 +34,7 @@
 
 #include "kernels/cpu/blas_threads.h"
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/tile_gemm.h"
 #include "kernels/ops.h"
 
@@ -60,7 +62,7 @@ void set_gbytes(benchmark::State& state, double bytes_per_iter) {
 
 // ---- dense algebra ----------------------------------------------------------------
 
-// c[M, N] = a[M, K] b[K, N]: the machine's reference sgemm rate at 2048^3.
+// c[M, N] = a[M, K] b[K, N] through matmul (oneDNN) at 2048^3.
 void BM_Sgemm(benchmark::State& state) {
   const int64_t M = state.range(0), N = state.range(1), K = state.range(2);
   auto a = random_vector(M * K, -1, 1, 1), b = random_vector(K * N, -1, 1, 2), c = std::vector<float>(M * N);
@@ -71,6 +73,81 @@ void BM_Sgemm(benchmark::State& state) {
   set_gflops(state, 2.0 * M * N * K);
 }
 BENCHMARK(BM_Sgemm)->Args({2048, 2048, 2048})->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// The GEMM libraries side by side on a training step's products, each block of
+// the OpenMP split single-threaded in the library, as matmul runs them
+// (kernels/cpu/gemm.h). Args: library (0 oneDNN: what matmul uses, 1 OpenBLAS,
+// 2 BLIS if Debian's libblis4 is installed: loaded with dlopen, no build
+// dependency), product (0 forward y = x w^T: NT, 1 dx = dy w: NN, 2 dw = dy^T x:
+// TN), tokens T, in, out. The libraries of one shape are registered next to one
+// another; run with --benchmark_enable_random_interleaving=true on a shared machine.
+// The table and the choice: docs/performance.md, "CPU GEMM library".
+using BlisSgemm = void (*)(int, int, int64_t, int64_t, int64_t, const float*, const float*, int64_t, int64_t,
+                           const float*, int64_t, int64_t, const float*, float*, int64_t, int64_t);
+BlisSgemm blis_sgemm() {
+  static const BlisSgemm fn = [] {
+    void* lib = dlopen("/usr/lib/x86_64-linux-gnu/blis-serial/libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+    if (!lib) lib = dlopen("libblis.so.4", RTLD_NOW | RTLD_LOCAL);
+    return lib ? reinterpret_cast<BlisSgemm>(dlsym(lib, "bli_sgemm")) : nullptr;
+  }();
+  return fn;
+}
+
+// bli_sgemm with explicit row and column strides (transposes as strides), one
+// block per OpenMP thread like kernels/cpu/gemm.cpp.
+void blis_split(BlisSgemm fn, bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                const float* B, int64_t ldb, float* C, int64_t ldc) {
+  const int threads = omp_get_max_threads();
+  const bool rows = M >= N;
+  const int64_t extent = rows ? M : N, block = (extent / threads + 15) / 16 * 16;
+  const float one = 1.0f, zero = 0.0f;
+#pragma omp parallel num_threads(threads)
+  {
+    const int64_t begin = std::min<int64_t>(extent, block * omp_get_thread_num());
+    const int64_t end = omp_get_thread_num() == threads - 1 ? extent : std::min<int64_t>(extent, begin + block);
+    const int64_t m = rows ? end - begin : M, n = rows ? N : end - begin;
+    const float* a = rows ? (ta ? A + begin : A + begin * lda) : A;
+    const float* b = rows ? B : (tb ? B + begin * ldb : B + begin);
+    float* c = rows ? C + begin * ldc : C + begin;
+    // Transposes as strides: element (i, k) of op(A) is a[i * rsa + k * csa].
+    if (end > begin) {
+      fn(0, 0, m, n, K, &one, a, ta ? 1 : lda, ta ? lda : 1, b, tb ? 1 : ldb, tb ? ldb : 1, &zero, c, ldc, 1);
+    }
+  }
+}
+
+void BM_GemmLibrary(benchmark::State& state) {
+  const int library = static_cast<int>(state.range(0)), product = static_cast<int>(state.range(1));
+  const int64_t T = state.range(2), in = state.range(3), out = state.range(4);
+  // C[M, N] = op(A) op(B) with A, B, C as linear_forward / linear_backward pass them.
+  const bool ta = product == 2, tb = product == 0;
+  const int64_t M = product == 2 ? out : T, N = product == 1 ? in : (product == 0 ? out : in);
+  const int64_t K = product == 0 ? in : (product == 1 ? out : T);
+  const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+  auto a = random_vector(M * K, -1, 1, 1), b = random_vector(K * N, -1, 1, 2), c = std::vector<float>(M * N);
+  const BlisSgemm blis = library == 2 ? blis_sgemm() : nullptr;
+  if (library == 2 && !blis) return state.SkipWithError("BLIS (libblis4) not installed");
+  const char* names[] = {"oneDNN", "OpenBLAS", "BLIS"};
+  const char* products[] = {"fwd_NT", "dx_NN", "dw_TN"};
+  state.SetLabel(std::string(names[library]) + " " + products[product]);
+  for (auto _ : state) {
+    if (library == 2) {
+      blis_split(blis, ta, tb, M, N, K, a.data(), lda, b.data(), ldb, c.data(), N);
+    } else {
+      hdp::cpu::sgemm(library == 0 ? hdp::cpu::GemmLibrary::onednn : hdp::cpu::GemmLibrary::openblas, ta, tb, M, N, K,
+                      1.0f, a.data(), lda, b.data(), ldb, 0.0f, c.data(), N);
+    }
+    benchmark::ClobberMemory();
+  }
+  set_gflops(state, 2.0 * M * N * K);
+}
+void gemm_library_shapes(benchmark::internal::Benchmark* b) {
+  for (auto [in, out] : {std::pair<int64_t, int64_t>{512, 512}, {512, 1376}, {1376, 512}, {512, 32000}, {2048, 2048},
+                         {2048, 5632}})
+    for (int64_t product : {0, 1, 2})
+      for (int64_t library : {0, 1, 2}) b->Args({library, product, 4096, in, out});
+}
+BENCHMARK(BM_GemmLibrary)->Apply(gemm_library_shapes)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // y[T, out] = x[T, in] w[out, in]^T at the LLaMA-step shapes (tokens x out x in).
 void BM_LinearForward(benchmark::State& state) {
@@ -402,6 +479,7 @@ BENCHMARK(BM_SwigluBackward)->Args({4096, 1376})->UseRealTime()->Unit(benchmark:
 int main(int argc, char** argv) {
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::AddCustomContext("gemm", hdp::cpu::gemm_library_description(hdp::cpu::kGemmLibrary));
   benchmark::AddCustomContext("openblas_core", hdp::cpu::blas_core_name());
   benchmark::AddCustomContext("openblas_threads", std::to_string(hdp::cpu::blas_num_threads()));
   benchmark::AddCustomContext("omp_threads", std::to_string(omp_get_max_threads()));

@@ -2,12 +2,37 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <mutex>
 #include <vector>
 
 #include "kernels/allocator.h"
+#include "kernels/cpu/blas_threads.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/ops.h"
 
 namespace hdp {
+namespace {
+
+std::mutex summary_mutex;
+std::string summary;
+
+// Best rate of `repeats` timed calls of `product` (one warm-up first: threads
+// started, pages touched, kernels generated or chosen).
+template <typename Product>
+double best_rate(int64_t n, int repeats, Product product) {
+  product();
+  double best = 0;
+  for (int r = 0; r < repeats; ++r) {
+    auto t0 = std::chrono::steady_clock::now();
+    product();
+    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    best = std::max(best, 2.0 * n * n * n / s);
+  }
+  return best;
+}
+
+}  // namespace
 
 double measure_gemm_flops(Device device, int size, int repeats) {
   const int64_t n = size;
@@ -15,17 +40,34 @@ double measure_gemm_flops(Device device, int size, int repeats) {
   const Tensor ta = arena.tensor({n, n}), tb = arena.tensor({n, n}), tc = arena.tensor({n, n});
   fill(ta, 0.5f);
   fill(tb, 0.25f);
-  matmul(tc, ta, false, tb, false);  // warm-up: threads started, pages touched, algorithm chosen
-  sum_squares(tc);                   // returns only when the device has finished
-  double best = 0;
-  for (int r = 0; r < repeats; ++r) {
-    auto t0 = std::chrono::steady_clock::now();
-    matmul(tc, ta, false, tb, false);
-    sum_squares(tc.rows(0, 1));
-    double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    best = std::max(best, 2.0 * n * n * n / s);
+  if (device != Device::CPU) {
+    return best_rate(n, repeats, [&] {
+      matmul(tc, ta, false, tb, false);
+      sum_squares(tc.rows(0, 1));  // returns only when the device has finished
+    });
   }
+  double best = 0;
+  std::string rates;
+  for (cpu::GemmLibrary library : {cpu::GemmLibrary::onednn, cpu::GemmLibrary::openblas}) {
+    const double rate = best_rate(n, repeats, [&] {
+      cpu::sgemm(library, false, false, n, n, n, 1.0f, ta.data, n, tb.data, n, 0.0f, tc.data, n);
+    });
+    best = std::max(best, rate);
+    const std::string kernels =
+        library == cpu::GemmLibrary::onednn ? cpu::onednn_sgemm_isa() : cpu::blas_core_name();
+    char buf[160];
+    std::snprintf(buf, sizeof buf, "%s%s %s %.1f", rates.empty() ? "" : ", ", cpu::gemm_library_name(library),
+                  kernels.c_str(), rate / 1e9);
+    rates += buf;
+  }
+  std::lock_guard lock(summary_mutex);
+  summary = rates + " GFLOP/s";
   return best;
+}
+
+std::string cpu_gemm_rates_summary() {
+  std::lock_guard lock(summary_mutex);
+  return summary;
 }
 
 double gpu_bf16_peak_flops(const std::string& description) {

@@ -10,6 +10,7 @@ packages=(
   libhdf5-dev
   libspdlog-dev
   libopenblas-dev
+  libdnnl-dev       # oneDNN: the CPU GEMM (kernels/cpu/gemm.h)
   libgtest-dev
   libbenchmark-dev
   slurm-wlm munge   # launch tests (scripts/slurm/selftest.sh)

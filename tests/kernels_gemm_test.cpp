@@ -1,6 +1,6 @@
-// matmul / linear_forward / linear_backward (OpenBLAS) and the attention tile
-// micro-kernel against naive double loops, including transposes, alpha/beta and
-// the accumulate flags; OpenBLAS thread scope.
+// matmul / linear_forward / linear_backward (oneDNN), the OpenBLAS path and the
+// attention tile micro-kernel against naive double loops, including transposes,
+// alpha/beta and the accumulate flags; determinism; OpenBLAS thread scope.
 //
 // Tolerance: float products summed over K <= 100 terms of magnitude <= 1 carry an
 // error of a few 1e-7 relative to the result scale; we allow 1e-5 of max(1, max|ref|).
@@ -8,11 +8,15 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
+#include <cstring>
+#include <string>
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "kernels/cpu/blas_threads.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cpu/simd.h"
 #include "kernels/cpu/tile_gemm.h"
 #include "kernels/ops.h"
@@ -158,13 +162,65 @@ TEST(KernelsGemm, TileGemmAgainstNaiveWithStridesAndAccumulate) {
           }
 }
 
+TEST(KernelsGemm, BothLibrariesAgainstNaiveAndDeterministic) {
+  // Large enough to be split over the OpenMP threads (kParallelMinWork), in rows
+  // (M >= N) and in columns (M < N), with every transpose pair and beta.
+  for (auto [M, N, K] : {std::array<int64_t, 3>{160, 70, 97}, std::array<int64_t, 3>{50, 300, 80}})
+    for (hdp::cpu::GemmLibrary library : {hdp::cpu::GemmLibrary::onednn, hdp::cpu::GemmLibrary::openblas})
+      for (bool ta : {false, true})
+        for (bool tb : {false, true}) {
+          SCOPED_TRACE(::testing::Message() << hdp::cpu::gemm_library_name(library) << " M=" << M << " N=" << N
+                                            << " ta=" << ta << " tb=" << tb);
+          const auto a = random_floats(M * K, 11), b = random_floats(K * N, 12), c0 = random_floats(M * N, 13);
+          const int64_t acols = ta ? M : K, bcols = tb ? K : N;
+          std::vector<double> ref(M * N);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              double s = 0;
+              for (int64_t k = 0; k < K; ++k) s += at(a, acols, ta, i, k) * at(b, bcols, tb, k, j);
+              ref[i * N + j] = -1.5 * s + 0.5 * c0[i * N + j];
+            }
+          std::vector<float> c1 = c0, c2 = c0;
+          hdp::cpu::sgemm(library, ta, tb, M, N, K, -1.5f, a.data(), acols, b.data(), bcols, 0.5f, c1.data(), N);
+          hdp::cpu::sgemm(library, ta, tb, M, N, K, -1.5f, a.data(), acols, b.data(), bcols, 0.5f, c2.data(), N);
+          expect_close(c1, ref, 1e-5, hdp::cpu::gemm_library_name(library));
+          EXPECT_EQ(0, std::memcmp(c1.data(), c2.data(), c1.size() * sizeof(float))) << "not bit-identical";
+        }
+}
+
+TEST(KernelsGemm, EmptyInnerDimensionScalesC) {
+  for (hdp::cpu::GemmLibrary library : {hdp::cpu::GemmLibrary::onednn, hdp::cpu::GemmLibrary::openblas}) {
+    std::vector<float> c = {1.0f, -2.0f, 3.0f, std::nanf("")};
+    hdp::cpu::sgemm(library, false, false, 2, 2, 0, 1.0f, nullptr, 0, nullptr, 2, 0.0f, c.data(), 2);
+    EXPECT_EQ(c, std::vector<float>(4, 0.0f));
+    c = {1.0f, -2.0f, 3.0f, 4.0f};
+    hdp::cpu::sgemm(library, true, true, 2, 2, 0, 1.0f, nullptr, 2, nullptr, 0, 2.0f, c.data(), 2);
+    EXPECT_EQ(c, (std::vector<float>{2.0f, -4.0f, 6.0f, 8.0f}));
+  }
+}
+
+TEST(KernelsGemm, DescribesLibraryAndInstructionSet) {
+  // The trainer logs these; the ISA is oneDNN's choice for this CPU (or the
+  // ONEDNN_MAX_CPU_ISA cap), never a guess from a CPU model table.
+  const std::string isa = hdp::cpu::onednn_sgemm_isa();
+  const std::vector<std::string> known = {"avx512_core", "avx512_mic", "avx2", "avx", "sse41", "reference"};
+  EXPECT_NE(std::find(known.begin(), known.end(), isa), known.end()) << isa;
+  const std::string onednn = hdp::cpu::gemm_library_description(hdp::cpu::GemmLibrary::onednn);
+  EXPECT_EQ(onednn.rfind("oneDNN ", 0), 0u) << onednn;
+  EXPECT_NE(onednn.find(isa + " kernels"), std::string::npos) << onednn;
+  const std::string openblas = hdp::cpu::gemm_library_description(hdp::cpu::GemmLibrary::openblas);
+  EXPECT_EQ(openblas.rfind("OpenBLAS", 0), 0u) << openblas;
+  EXPECT_NE(openblas.find(hdp::cpu::blas_core_name()), std::string::npos) << openblas;
+  EXPECT_EQ(hdp::cpu::kGemmLibrary, hdp::cpu::GemmLibrary::onednn);
+}
+
 TEST(KernelsGemm, OpenBlasIsKeptSingleThreaded) {
   // The backend splits products over OpenMP itself; a multi-threaded OpenBLAS
   // inside those blocks would oversubscribe the cores.
   hdp::cpu::set_blas_num_threads(2);
   std::vector<float> a(256 * 256, 1.0f), b(256 * 256, 1.0f), c(256 * 256);
-  hdp::matmul(hdp::Tensor(c.data(), {256, 256}), hdp::Tensor(a.data(), {256, 256}), false,
-              hdp::Tensor(b.data(), {256, 256}), false);
+  hdp::cpu::sgemm(hdp::cpu::GemmLibrary::openblas, false, false, 256, 256, 256, 1.0f, a.data(), 256, b.data(), 256,
+                  0.0f, c.data(), 256);
   EXPECT_EQ(c[0], 256.0f);
   EXPECT_EQ(hdp::cpu::blas_num_threads(), 1);
   EXPECT_NE(hdp::cpu::blas_core_name(), nullptr);

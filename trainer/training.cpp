@@ -19,7 +19,7 @@
 #include "data/remote_loader.h"
 #include "data/prefetcher.h"
 #include "data/sampler.h"
-#include "kernels/cpu/blas_threads.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "parallel/message_channel.h"
 #include "parallel/process_groups.h"
@@ -86,7 +86,7 @@ void log_job(const Config& config, const std::optional<TokenDataset>& dataset, c
                  training_ranks, training_ranks + loader_ranks - 1, training_ranks);
   }
   spdlog::info("{}", describe_grid(degrees));
-  spdlog::info("OpenBLAS {} kernels", cpu::blas_core_name());
+  spdlog::info("CPU GEMM: {}", cpu::gemm_library_description(cpu::kGemmLibrary));
 }
 
 // The stage's layers, parameters and memory, once per pipeline stage.
@@ -146,8 +146,8 @@ double peak_flops_for_mfu(const TrainConfig& train, Device device, const Process
       spdlog::info("peak: {:.1f} TFLOP/s fp32 GEMM measured on this GPU (unknown model); set train.peak_flops to fix it",
                    peak_flops / 1e12);
     } else if (process.rank == 0) {
-      spdlog::info("peak: {:.1f} GFLOP/s fp32 GEMM per rank measured (OpenBLAS {} kernels); set train.peak_flops to fix it",
-                   peak_flops / 1e9, cpu::blas_core_name());
+      spdlog::info("peak: {:.1f} GFLOP/s fp32 GEMM per rank measured, best of (rank 0) {}; set train.peak_flops "
+                   "to fix it", peak_flops / 1e9, cpu_gemm_rates_summary());
     }
   }
   return peak_flops;

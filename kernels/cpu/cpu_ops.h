@@ -5,10 +5,11 @@
 // in one file (cpu/<op>.cpp).
 //
 // Threading: OpenMP inside each op (static schedule for elementwise work,
-// dynamic where tasks write disjoint outputs); cblas_sgemm with OpenBLAS's own
-// threads for matmul/linear. Every op is deterministic for a given thread count,
-// and most (all but matmul/linear, whose blocking OpenBLAS chooses) give the same
-// bits for any thread count. Call ops from one thread at a time: they are not
+// dynamic where tasks write disjoint outputs); matmul/linear split C into blocks
+// over the OpenMP threads, each a single-threaded oneDNN sgemm (gemm.h). Every op
+// is deterministic for a given thread count, and most (all but matmul/linear,
+// whose blocking the library chooses per block shape) give the same bits for any
+// thread count. Call ops from one thread at a time: they are not
 // meant to be nested inside a caller's OpenMP parallel region.
 
 #include <cstdint>
