@@ -347,6 +347,7 @@ std::string emit_manifest(const Manifest& m, bool literal_config) {
   out << YAML::EndMap;
   out << YAML::Key << "train_seed" << YAML::Value << m.progress.train_seed;
   out << YAML::Key << "data_seed" << YAML::Value << m.progress.data_seed;
+  out << YAML::Key << "skipped_steps" << YAML::Value << m.progress.skipped_steps;
   out << YAML::Key << "layout" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "tp" << YAML::Value << m.tp;
   out << YAML::Key << "pp" << YAML::Value << m.pp;
@@ -380,6 +381,8 @@ Manifest parse_manifest(const std::string& text, const std::string& what) {
     m.progress.sampler.document_offset = root["sampler"]["document_offset"].as<int64_t>();
     m.progress.train_seed = root["train_seed"].as<uint64_t>();
     m.progress.data_seed = root["data_seed"].as<uint64_t>();
+    // Absent from manifests written before the numerical guard existed.
+    if (root["skipped_steps"]) m.progress.skipped_steps = root["skipped_steps"].as<int64_t>();
     m.tp = root["layout"]["tp"].as<int>();
     m.pp = root["layout"]["pp"].as<int>();
     m.hdp = root["layout"]["hdp"].as<int>();
