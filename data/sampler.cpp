@@ -107,8 +107,11 @@ PackedMicroBatch materialize_micro_batch(const TokenDataset& dataset, std::span<
 BatchSampler::BatchSampler(const TokenDataset& dataset, const SamplerOptions& options, const SamplerState& state)
     : dataset_(&dataset), options_(options), state_(state) {
   validate_sampler_options(options_);
-  if (dataset.num_tokens() == 0)
-    throw std::invalid_argument("sampler: dataset '" + dataset.path() + "' holds no tokens");
+  if (dataset.num_tokens() == 0) {
+    // A bad input file, not a bad call: DatasetError, which the trainer reports with exit code 2.
+    throw DatasetError("dataset '" + dataset.path() + "' holds no tokens, so there is nothing to train on; point "
+                       "data.path at a dataset with documents (trainer prepare-data, trainer make-corpus)");
+  }
   const int64_t n = dataset.num_documents();
   if (state_.cursor < 0 || state_.cursor > n || state_.document_offset < 0)
     throw std::invalid_argument("sampler: state (epoch " + std::to_string(state_.epoch) + ", cursor " +

@@ -107,6 +107,8 @@ void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.train.resume, b.train.resume);
   EXPECT_EQ(a.train.init_from, b.train.init_from);
   EXPECT_EQ(a.train.peak_flops, b.train.peak_flops);
+  EXPECT_EQ(a.train.spike_factor, b.train.spike_factor);
+  EXPECT_EQ(a.train.max_bad_steps, b.train.max_bad_steps);
   EXPECT_EQ(a.train.threads, b.train.threads);
   EXPECT_EQ(a.parallel.tp, b.parallel.tp);
   EXPECT_EQ(a.parallel.pp, b.parallel.pp);
@@ -484,6 +486,8 @@ TEST(ConfigErrors, OtherConstraints) {
       {"loader.mode=far", "loader.mode: unknown mode 'far'; choose local"},
       {"train.threads=-1", "train.threads: -1 is negative"},
       {"train.peak_flops=-1", "train.peak_flops: -1 is negative"},
+      {"train.spike_factor=0.5", "train.spike_factor: 0.5 is not 0 or above 1"},
+      {"train.max_bad_steps=0", "train.max_bad_steps: 0 is less than 1"},
       {"train.run_dir=", "train.run_dir: is empty"},
       {"model.norm_eps=0", "model.norm_eps: 0 is not positive"},
       {"model.init_std=0", "model.init_std: 0 is not positive"},
@@ -531,6 +535,21 @@ TEST(Config, EnumKeysReadAndWriteTheirNames) {
                                    "parallelism: a sequence spans only the ranks it needs), balance (hybrid data "
                                    "parallelism with the balance scheduler) or static (a fixed dp x cp grid that "
                                    "splits every sequence, the baseline)");
+}
+
+// data.micro_batch_tokens is a rank's capacity, not a share of the batch: a
+// global batch below it is valid (its micro-batches are only partly filled).
+TEST(Config, GlobalBatchBelowTheMicroBatchCapacityIsValid) {
+  Scratch s("global_below_micro");
+  const Config c = load_config(s.config(kMinimalConfig), {"data.max_seq_len=512", "data.global_batch_tokens=1024",
+                                                          "data.micro_batch_tokens=4096"});
+  EXPECT_EQ(c.data.global_batch_tokens, 1024);
+  EXPECT_EQ(c.data.micro_batch_tokens, 4096);
+}
+
+TEST(ConfigErrors, ADirectoryAsTheConfigFileIsNamedAsSuch) {
+  Scratch s("config_is_dir");
+  EXPECT_CONTAINS(load_error(s.dir), s.dir + ": is a directory, not a config file");
 }
 
 TEST(Config, CudaWithSeveralRanksIsAccepted) {

@@ -5,14 +5,19 @@
 // programs that link the trainer library (and so HDF5) include it.
 
 #include <hdf5.h>
+#include <signal.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <regex>
 #include <stdexcept>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "data/hdf5_lock.h"
@@ -60,6 +65,93 @@ inline std::vector<double> metric_values(const std::string& run_dir, const std::
     if (std::regex_search(line, m, pattern)) out.push_back(std::stod(m[1]));
   }
   return out;
+}
+
+// A command run in the background with its output in a file, for tests that
+// signal a run while it trains. The destructor kills it if it is still running.
+class BackgroundRun {
+ public:
+  BackgroundRun(const std::string& command, const std::string& log) {
+    // `exec`: the pid is the command's own (the trainer or mpirun), not a shell's.
+    const std::string script = "exec " + command + " > " + log + " 2>&1";
+    pid_ = fork();
+    if (pid_ == 0) {
+      execl("/bin/sh", "sh", "-c", script.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    if (pid_ < 0) throw std::runtime_error("fork failed");
+  }
+  BackgroundRun(const BackgroundRun&) = delete;
+  BackgroundRun& operator=(const BackgroundRun&) = delete;
+  ~BackgroundRun() {
+    if (running()) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+
+  pid_t pid() const { return pid_; }
+  bool running() { return exit_code_ == kRunning && !reap(WNOHANG); }
+  // The processes it started (mpirun's ranks).
+  std::vector<pid_t> children() const {
+    std::ifstream in("/proc/" + std::to_string(pid_) + "/task/" + std::to_string(pid_) + "/children");
+    std::vector<pid_t> out;
+    for (pid_t p; in >> p;) out.push_back(p);
+    return out;
+  }
+  // The exit code, -1 when a signal ended it, or -2 when it was still running
+  // after timeout_s (then it is killed). The timeout only keeps a broken run from
+  // hanging the test.
+  int wait(double timeout_s) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+    while (running()) {
+      if (std::chrono::steady_clock::now() > end) {
+        kill(pid_, SIGKILL);
+        reap(0);
+        return -2;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return exit_code_;
+  }
+
+ private:
+  static constexpr int kRunning = -100;
+  bool reap(int flags) {
+    int status = 0;
+    if (waitpid(pid_, &status, flags) != pid_) return false;
+    exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+    return true;
+  }
+  pid_t pid_ = -1;
+  int exit_code_ = kRunning;
+};
+
+// Lines in RUN_DIR/metrics.jsonl (one per step run).
+inline size_t metric_line_count(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  size_t n = 0;
+  for (std::string line; std::getline(in, line);) ++n;
+  return n;
+}
+
+// Waits until `run` has written at least `steps` metrics lines; false if it ended
+// first or timeout_s passed (a generous bound against hangs, not a measurement).
+inline bool wait_for_steps(BackgroundRun& run, const std::string& run_dir, size_t steps, double timeout_s) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (metric_line_count(run_dir) < steps) {
+    if (!run.running() || std::chrono::steady_clock::now() > end) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return true;
+}
+
+// The whole text of a file ("" if it cannot be read).
+inline std::string file_text(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 // Every dataset of an exported checkpoint (whole tensors under Hugging Face names).

@@ -6,12 +6,14 @@
 
 #include <gtest/gtest.h>
 #include <hdf5.h>
+#include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <regex>
@@ -285,6 +287,74 @@ TEST(RemoteLoader, ALoaderRankThatDiesOrGoesSilentEndsTheJobWithinTheTimeout) {
       EXPECT_NE(r.output.find("loader server 1 (world rank 3) did not answer within 5"), std::string::npos)
           << r.output;
     }
+  }
+}
+
+// Preemption of a 2-rank job, signalled as mpirun must be (SIGUSR1, which it
+// forwards to every rank; SIGTERM it turns into killing the job) or as Slurm
+// signals tasks (SIGTERM straight to the ranks; here to one of them only): every
+// rank stops after the same step, one checkpoint of that step is committed, the
+// job exits 0, and resuming continues exactly like a job that never stopped.
+void stop_and_resume(const std::string& name, bool signal_mpirun) {
+  const Layout hdp2{"hdp2", 1, 1, 2};
+  const std::string dir = scratch_dir("parallel-stop-" + name), straight = scratch_dir("parallel-stop-straight-" + name);
+  // min_lr = lr: after the warm-up the learning rate does not depend on
+  // train.steps, which differs between the runs compared.
+  const std::string common = "--set optim.min_lr=2e-3";
+  const std::string log = dir + "/log.txt";
+  testing::BackgroundRun run(mpirun(2) + " " + train_args(dir, hdp2, 100000, common), log);
+  ASSERT_TRUE(testing::wait_for_steps(run, dir, 2, 300)) << testing::file_text(log);
+  if (signal_mpirun) {
+    kill(run.pid(), SIGUSR1);
+  } else {
+    const std::vector<pid_t> ranks = run.children();
+    ASSERT_EQ(ranks.size(), 2u) << testing::file_text(log);
+    kill(ranks.back(), SIGTERM);
+  }
+  ASSERT_EQ(run.wait(300), 0) << testing::file_text(log);
+  const int n = static_cast<int>(testing::metric_line_count(dir));
+  ASSERT_GE(n, 2);
+  const std::string signal = signal_mpirun ? "SIGUSR1" : "SIGTERM";
+  EXPECT_NE(testing::file_text(log).find("stopped by " + signal + " after step " + std::to_string(n) + " of 100000"),
+            std::string::npos)
+      << testing::file_text(log);
+  char name_n[32];
+  std::snprintf(name_n, sizeof(name_n), "/ckpt/step-%08d", n);
+  EXPECT_TRUE(std::filesystem::exists(dir + name_n + "/manifest.yaml"));
+  EXPECT_TRUE(std::filesystem::exists(dir + name_n + "/rank-00001.h5"));
+  EXPECT_EQ(std::distance(std::filesystem::directory_iterator(dir + "/ckpt"), std::filesystem::directory_iterator()), 1);
+
+  auto resumed = run_command(mpirun(2) + " " + train_args(dir, hdp2, n + 3, common));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  auto whole = run_command(mpirun(2) + " " + train_args(straight, hdp2, n + 3, common));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const std::vector<double> got = losses(dir), want = losses(straight);
+  ASSERT_EQ(got.size(), static_cast<size_t>(n + 3));
+  ASSERT_EQ(want.size(), static_cast<size_t>(n + 3));
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;
+  EXPECT_EQ(final_weights(dir, n + 3), final_weights(straight, n + 3));
+}
+
+TEST(ParallelStop, Sigusr1ToMpirunStopsEveryRankWithACheckpointAndResumesBitIdentically) {
+  stop_and_resume("usr1", true);
+}
+
+TEST(ParallelStop, SigtermToOneRankStopsEveryRankWithACheckpointAndResumesBitIdentically) {
+  stop_and_resume("term", false);
+}
+
+// A NaN loss in one rank's micro-batch (HDP_FAULT_INJECT=1:3:nan) makes every
+// rank skip step 3's update together; the job goes on to the end.
+TEST(ParallelFailures, ANanLossOnOneRankSkipsTheStepOnEveryRank) {
+  const std::string dir = scratch_dir("parallel-nan");
+  auto r = run_command("HDP_FAULT_INJECT=1:3:nan " + mpirun(2) + " " + train_args(dir, {"hdp2", 1, 1, 2}, 5));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 3: update skipped (loss nan"), std::string::npos) << r.output;
+  const std::vector<double> skipped = metric_values(dir, "skipped_steps");
+  EXPECT_EQ(skipped, (std::vector<double>{0, 0, 1, 1, 1}));
+  for (const auto& [name, w] : final_weights(dir, 5)) {
+    for (float x : w) ASSERT_TRUE(std::isfinite(x)) << name;
   }
 }
 

@@ -9,9 +9,12 @@
 #include <regex>
 #include <sstream>
 
+#include <signal.h>
 #include <unistd.h>
 
+#include "data/dataset.h"
 #include "test_util.h"
+#include "trainer_runs.h"
 #include "trainer/checkpoint.h"
 #include "trainer/config.h"
 #include "model/model.h"
@@ -62,6 +65,34 @@ double field(const std::string& line, const std::string& key) {
   return std::stod(m[1]);
 }
 
+// Two checkpoints hold bit-identical weights and second moments (and, with
+// same_progress, the same step and sampler position).
+void expect_same_checkpoint(const std::string& a_ckpt, const std::string& b_ckpt, bool same_progress = true) {
+  const Config config = parse_config_text(checkpoint_config(a_ckpt), "checkpoint", {}, false);
+  LocalCommunicator hdp("hdp"), world("world");
+  LlamaModel ma(config.model, 64), mb(config.model, 64);
+  ZeroAdamW oa(flat_parameters(ma), ma.flat_parameters().numel(), adamw_settings(config.optim), hdp, world, 1 << 20);
+  ZeroAdamW ob(flat_parameters(mb), mb.flat_parameters().numel(), adamw_settings(config.optim), hdp, world, 1 << 20);
+  const TrainingProgress pa = load_checkpoint(a_ckpt, ma, &oa);
+  const TrainingProgress pb = load_checkpoint(b_ckpt, mb, &ob);
+  if (same_progress) {
+    EXPECT_EQ(pa.step, pb.step);
+    EXPECT_EQ(pa.sampler, pb.sampler);
+  }
+  for (int64_t i = 0; i < ma.flat_parameters().numel(); ++i) {
+    ASSERT_EQ(ma.flat_parameters().data[i], mb.flat_parameters().data[i]) << "parameter element " << i;
+  }
+  for (int64_t i = 0; i < oa.exp_avg_sq().numel(); ++i) {
+    ASSERT_EQ(oa.exp_avg_sq().data[i], ob.exp_avg_sq().data[i]) << "second moment element " << i;
+  }
+}
+
+std::string step_dir(const std::string& run_dir, int64_t step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "/ckpt/step-%08lld", static_cast<long long>(step));
+  return run_dir + name;
+}
+
 TEST(Training, DemoCorpusLossFallsClearly) {
   const std::string dir = scratch_dir("training-learns");
   auto r = run_trainer(run_args(dir, 60, "--set train.checkpoint_every=0 --set optim.warmup_steps=10"));
@@ -100,22 +131,95 @@ TEST(Training, ResumeIsBitIdentical) {
     EXPECT_EQ(field(la[i], "grad_norm"), field(lb[i], "grad_norm")) << "step " << i + 1;
   }
 
-  const std::string a_ckpt = straight + "/ckpt/step-00000008", b_ckpt = split + "/ckpt/step-00000008";
-  const Config config = parse_config_text(checkpoint_config(a_ckpt), "checkpoint", {}, false);
-  LocalCommunicator hdp("hdp"), world("world");
-  LlamaModel ma(config.model, 64), mb(config.model, 64);
-  ZeroAdamW oa(flat_parameters(ma), ma.flat_parameters().numel(), adamw_settings(config.optim), hdp, world, 1 << 20);
-  ZeroAdamW ob(flat_parameters(mb), mb.flat_parameters().numel(), adamw_settings(config.optim), hdp, world, 1 << 20);
-  const TrainingProgress pa = load_checkpoint(a_ckpt, ma, &oa);
-  const TrainingProgress pb = load_checkpoint(b_ckpt, mb, &ob);
-  EXPECT_EQ(pa.step, 8);
-  EXPECT_EQ(pa.sampler, pb.sampler);
-  for (int64_t i = 0; i < ma.flat_parameters().numel(); ++i) {
-    ASSERT_EQ(ma.flat_parameters().data[i], mb.flat_parameters().data[i]) << "parameter element " << i;
+  expect_same_checkpoint(straight + "/ckpt/step-00000008", split + "/ckpt/step-00000008");
+}
+
+// Preemption: SIGTERM mid-run finishes the step, writes a checkpoint of it, exits
+// 0; a resumed run then continues exactly like one that was never stopped.
+TEST(Training, SigtermStopsAtAStepBoundaryWithACheckpointAndResumesBitIdentically) {
+  const std::string stopped = scratch_dir("training-sigterm"), straight = scratch_dir("training-sigterm-straight");
+  // min_lr = lr: after the warm-up the learning rate does not depend on
+  // train.steps, which differs between the runs compared.
+  const std::string common = "--set data.global_batch_tokens=2048 --set optim.min_lr=2e-3 --set optim.warmup_steps=2 "
+                             "--set train.checkpoint_every=100000 ";
+  testing::BackgroundRun run(std::string(HDP_TRAINER_BINARY) + " " + run_args(stopped, 100000, common),
+                             stopped + "/log.txt");
+  ASSERT_TRUE(testing::wait_for_steps(run, stopped, 2, 300)) << testing::file_text(stopped + "/log.txt");
+  kill(run.pid(), SIGTERM);
+  ASSERT_EQ(run.wait(300), 0) << testing::file_text(stopped + "/log.txt");
+  const std::string log = testing::file_text(stopped + "/log.txt");
+  const auto lines = metric_lines(stopped);
+  const int64_t n = static_cast<int64_t>(lines.size());
+  ASSERT_GE(n, 2);
+  EXPECT_EQ(field(lines.back(), "step"), n);
+  EXPECT_NE(log.find("stopped by SIGTERM after step " + std::to_string(n) + " of 100000"), std::string::npos) << log;
+  // The only checkpoint is the one of the step it stopped after.
+  ASSERT_TRUE(fs::exists(step_dir(stopped, n) + "/manifest.yaml")) << log;
+  EXPECT_EQ(std::distance(fs::directory_iterator(stopped + "/ckpt"), fs::directory_iterator()), 1);
+
+  auto resumed = run_trainer(run_args(stopped, static_cast<int>(n) + 3, common));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from"), std::string::npos) << resumed.output;
+  auto whole = run_trainer(run_args(straight, static_cast<int>(n) + 3, common));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const auto la = metric_lines(straight), lb = metric_lines(stopped);
+  ASSERT_EQ(la.size(), static_cast<size_t>(n + 3));
+  ASSERT_EQ(lb.size(), static_cast<size_t>(n + 3));
+  for (size_t i = 0; i < la.size(); ++i) {
+    EXPECT_EQ(field(lb[i], "step"), static_cast<double>(i + 1));
+    EXPECT_EQ(field(la[i], "loss"), field(lb[i], "loss")) << "step " << i + 1;
   }
-  for (int64_t i = 0; i < oa.exp_avg_sq().numel(); ++i) {
-    ASSERT_EQ(oa.exp_avg_sq().data[i], ob.exp_avg_sq().data[i]) << "second moment element " << i;
+  expect_same_checkpoint(step_dir(straight, n + 3), step_dir(stopped, n + 3));
+}
+
+// A run that crashed after its last checkpoint reruns the steps since; each
+// step is in metrics.jsonl once, with the values of the rerun.
+TEST(Training, MetricsAfterACrashAndResumeHoldEachStepOnce) {
+  const std::string dir = scratch_dir("training-metrics-rerun");
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=3 ";
+  // Steps 1-4 run, the checkpoint is of step 3, the process dies as step 5 begins.
+  auto crashed = testing::run_command("HDP_FAULT_INJECT=0:5 " + std::string(HDP_TRAINER_BINARY) + " " + run_args(dir, 6, common));
+  ASSERT_EQ(crashed.exit_code, 3) << crashed.output;
+  ASSERT_EQ(metric_lines(dir).size(), 4u);
+  auto resumed = run_trainer(run_args(dir, 6, common));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto lines = metric_lines(dir);
+  ASSERT_EQ(lines.size(), 6u);
+  for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(field(lines[i], "step"), static_cast<double>(i + 1));
+}
+
+// One micro-batch's loss poisoned with NaN at step 3 (HDP_FAULT_INJECT=0:3:nan):
+// the step's update is skipped, training goes on, the metrics count it.
+TEST(Training, ANanLossSkipsTheStepsUpdateAndTrainingContinues) {
+  const std::string dir = scratch_dir("training-nan");
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 --set train.keep_checkpoints=10 ";
+  auto r = testing::run_command("HDP_FAULT_INJECT=0:3:nan " + std::string(HDP_TRAINER_BINARY) + " " + run_args(dir, 6, common));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 3: update skipped (loss nan"), std::string::npos) << r.output;
+  const auto lines = metric_lines(dir);
+  ASSERT_EQ(lines.size(), 6u);
+  EXPECT_NE(lines[2].find("\"loss\": null"), std::string::npos) << lines[2];
+  EXPECT_EQ(field(lines[1], "skipped_steps"), 0);
+  for (size_t i = 2; i < 6; ++i) EXPECT_EQ(field(lines[i], "skipped_steps"), 1) << "step " << i + 1;
+  for (size_t i = 3; i < 6; ++i) EXPECT_TRUE(std::isfinite(field(lines[i], "loss"))) << "step " << i + 1;
+  // Step 3 left weights and moments as step 2 had them; step 4 changed them again.
+  expect_same_checkpoint(step_dir(dir, 2), step_dir(dir, 3), /*same_progress=*/false);
+  auto exported = run_trainer("export " + step_dir(dir, 6) + " --output " + dir + "/export.h5");
+  ASSERT_EQ(exported.exit_code, 0) << exported.output;
+  const auto weights = testing::read_weights(dir + "/export.h5");
+  ASSERT_FALSE(weights.empty());
+  for (const auto& [name, w] : weights) {
+    for (float x : w) ASSERT_TRUE(std::isfinite(x)) << name;
   }
+}
+
+TEST(Training, TooManyBadStepsInARowStopTheRunNamingTheStep) {
+  const std::string dir = scratch_dir("training-nan-stop");
+  auto r = testing::run_command("HDP_FAULT_INJECT=0:3:nan " + std::string(HDP_TRAINER_BINARY) + " " +
+                                run_args(dir, 6, "--set data.global_batch_tokens=1024 --set train.max_bad_steps=1"));
+  EXPECT_EQ(r.exit_code, 1) << r.output;
+  EXPECT_NE(r.output.find("step 3: 1 bad step(s) in a row (train.max_bad_steps = 1"), std::string::npos) << r.output;
+  EXPECT_EQ(metric_lines(dir).size(), 3u);
 }
 
 TEST(Training, CorruptedAndTruncatedCheckpointsAreRefused) {
@@ -175,6 +279,11 @@ TEST_P(CommandLine, BadInputExitsWithCode2AndNamesTheProblem) {
     std::ofstream(dir + "/bad-heads.yaml") << "model:\n  num_heads: 6\ndata:\n  path: " << corpus() << "\n";
     std::ofstream(dir + "/small-vocab.yaml") << "model:\n  vocab_size: 100\ndata:\n  path: " << corpus() << "\n";
     std::ofstream(dir + "/notes.jsonl") << "{\"text\": \"fine\"}\n{\"text\": broken}\n";
+    std::ofstream(dir + "/notes.txt") << "a document\n";
+    std::ofstream(dir + "/a-file") << "not a directory\n";
+    // A valid dataset without documents (prepare-data refuses to write one).
+    TokenDatasetWriter empty = TokenDatasetWriter::create(dir + "/empty.h5", 258, "byte", 256, 257);
+    empty.finish();
   }
   std::string args = GetParam().args;
   args = std::regex_replace(args, std::regex("DIR"), dir);
@@ -201,7 +310,18 @@ INSTANTIATE_TEST_SUITE_P(
         BadInvocation{"BadJsonl", "prepare-data --input DIR/notes.jsonl --output DIR/out.h5", "DIR/notes.jsonl:2"},
         BadInvocation{"MissingInput", "prepare-data --input DIR/absent.txt --output DIR/out.h5", "DIR/absent.txt"},
         BadInvocation{"CorpusWithoutOutput", "make-corpus --documents 5", "--output"},
-        BadInvocation{"CorpusBadNumber", "make-corpus --output DIR/c.h5 --documents many", "--documents"}),
+        BadInvocation{"CorpusBadNumber", "make-corpus --output DIR/c.h5 --documents many", "--documents"},
+        BadInvocation{"ConfigIsADirectory", "train DIR", "DIR: is a directory, not a config file"},
+        BadInvocation{"UnwritableRunDir", "train " + kTinyConfig + " --set data.path=CORPUS --set train.run_dir=DIR/a-file/run",
+                      "train.run_dir: cannot create the directory 'DIR/a-file/run'"},
+        BadInvocation{"UnwritableCheckpointDir",
+                      "train " + kTinyConfig + " --set data.path=CORPUS --set train.run_dir=DIR/run "
+                      "--set train.checkpoint_dir=DIR/a-file/ckpt --set train.checkpoint_every=5",
+                      "train.checkpoint_dir: cannot create the directory 'DIR/a-file/ckpt'"},
+        BadInvocation{"EmptyDataset", "train " + kTinyConfig + " --set data.path=DIR/empty.h5 --set train.run_dir=DIR/run --set train.checkpoint_dir=DIR/ckpt",
+                      "dataset 'DIR/empty.h5' holds no tokens"},
+        BadInvocation{"PrepareOutputIsAnInput", "prepare-data --input DIR/notes.txt --output DIR/notes.txt",
+                      "--output 'DIR/notes.txt' is the input"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(CommandLine, HelpAndVersion) {

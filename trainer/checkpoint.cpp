@@ -348,6 +348,7 @@ std::string emit_manifest(const Manifest& m, bool literal_config) {
   out << YAML::EndMap;
   out << YAML::Key << "train_seed" << YAML::Value << m.progress.train_seed;
   out << YAML::Key << "data_seed" << YAML::Value << m.progress.data_seed;
+  out << YAML::Key << "skipped_steps" << YAML::Value << m.progress.skipped_steps;
   out << YAML::Key << "layout" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "tp" << YAML::Value << m.degrees.tp;
   out << YAML::Key << "pp" << YAML::Value << m.degrees.pp;
@@ -378,6 +379,8 @@ Manifest read_manifest_map(const YamlMap& root) {
   m.progress.sampler.document_offset = sampler.get<int64_t>("document_offset");
   m.progress.train_seed = root.get<uint64_t>("train_seed");
   m.progress.data_seed = root.get<uint64_t>("data_seed");
+  // Absent from manifests written before the numerical guard existed.
+  m.progress.skipped_steps = root.get_or<int64_t>("skipped_steps", 0);
   const YamlMap layout = root.map("layout");
   m.degrees.tp = layout.get<int>("tp");
   m.degrees.pp = layout.get<int>("pp");

@@ -38,6 +38,7 @@ struct TrainingProgress {
   SamplerState sampler;        // where the next batch starts
   uint64_t train_seed = 0;
   uint64_t data_seed = 0;
+  int64_t skipped_steps = 0;  // updates the numerical guard skipped so far (trainer/numerical_guard.h)
 };
 
 // Where this rank sits when it writes its part.

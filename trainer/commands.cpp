@@ -165,6 +165,14 @@ int command_prepare_data(const std::vector<std::string>& raw) {
     args.expect_empty();
     if (inputs.empty()) throw UsageError("--input needs at least one file");
     if (!output) throw UsageError("--output is required");
+    for (const std::string& input : inputs) {
+      // The dataset replaces --output when it is complete: that would destroy this input.
+      std::error_code ec;
+      if (std::filesystem::equivalent(input, *output, ec)) {
+        throw UsageError("--output '" + *output + "' is the input '" + input +
+                         "'; writing the dataset would replace it, so choose another output path");
+      }
+    }
     create_parent_directory(*output);
     prepare_dataset(inputs, *output);
     return kExitSuccess;

@@ -106,7 +106,9 @@ const std::vector<Section>& schema() {
         field("peak_flops", &Config::train, &TrainConfig::peak_flops),
         field("threads", &Config::train, &TrainConfig::threads),
         enum_field("device", &Config::train, &TrainConfig::device, kDeviceNames, "device"),
-        field("tf32", &Config::train, &TrainConfig::tf32)}},
+        field("tf32", &Config::train, &TrainConfig::tf32),
+        field("spike_factor", &Config::train, &TrainConfig::spike_factor),
+        field("max_bad_steps", &Config::train, &TrainConfig::max_bad_steps)}},
       {"parallel",
        {field("tp", &Config::parallel, &ParallelConfig::tp),
         field("pp", &Config::parallel, &ParallelConfig::pp),
@@ -438,6 +440,12 @@ struct Parser {
             "keep at least 1 checkpoint");
     non_negative(t.threads, "train.threads", "it must be 0 or more (0 = cores / ranks on the node)");
     non_negative(t.peak_flops, "train.peak_flops", "it must be 0 or more (0 = measure with a GEMM probe)");
+    require(t.spike_factor == 0 || t.spike_factor > 1, "train.spike_factor",
+            shown("train.spike_factor") + " is not 0 or above 1",
+            "choose 0 (no spike detection) or a factor above 1, e.g. 3: a step whose loss exceeds it times the median "
+            "of the recent good steps is skipped");
+    require(t.max_bad_steps >= 1, "train.max_bad_steps", shown("train.max_bad_steps") + " is less than 1",
+            "choose how many skipped steps in a row stop the run, at least 1 (1 = stop at the first bad step)");
 
     // parallel
     positive(int64_t{p.tp}, "parallel.tp");
@@ -585,6 +593,37 @@ void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size, ui
            "', which holds token id " + std::to_string(dataset_max_token_id) + " (dataset vocabulary size " +
            std::to_string(dataset_vocab_size) + ")",
        valid);
+}
+
+}  // namespace hdp
+
+namespace hdp {
+
+void check_output_directories(const Config& config, int rank) {
+  namespace fs = std::filesystem;
+  auto check = [&](const std::string& key, const std::string& dir) {
+    std::error_code ec;
+    fs::create_directories(dir, ec);
+    std::string problem;
+    if (ec) {
+      problem = "cannot create the directory '" + dir + "' (" + ec.message() + ")";
+    } else {
+      // Only writing shows it: permissions, read-only mounts and quotas all say no here.
+      const fs::path probe = fs::path(dir) / (".write-check-rank-" + std::to_string(rank));
+      errno = 0;
+      const bool written = static_cast<bool>(std::ofstream(probe) << "ok\n");
+      if (!written) problem = "cannot write in the directory '" + dir + "' (" + std::strerror(errno) + ")";
+      fs::remove(probe, ec);
+    }
+    if (problem.empty()) return;
+    std::string where = (config.source.empty() ? "(config)" : config.source) + ":1";
+    if (auto it = config.origins.find(key); it != config.origins.end()) where = it->second;
+    else if (auto it = config.origins.find("train"); it != config.origins.end()) where = it->second;
+    fail(where, key, problem + " on rank " + std::to_string(rank),
+         "point it at a directory this user can create and write, or fix its permissions");
+  };
+  if (rank == 0) check("train.run_dir", config.train.run_dir);
+  if (config.train.checkpoint_every > 0) check("train.checkpoint_dir", config.train.checkpoint_dir);
 }
 
 }  // namespace hdp

@@ -74,6 +74,8 @@ struct TrainConfig {
   int64_t threads = 0;                   // OpenMP/BLAS threads per rank; 0 = cores / ranks on the node
   Device device = Device::CPU;           // cpu | cuda (the local rank's GPU); guarded: tests only
   bool tf32 = false;                     // cuda: fp32 GEMMs on TF32 tensor cores
+  double spike_factor = 0;               // skip a step whose loss exceeds this x the recent median; 0 = off
+  int64_t max_bad_steps = 3;             // this many skipped (NaN/Inf or spike) steps in a row stop the run
 };
 
 // tp, pp, hdp: the tensor-parallel degree, pipeline stages and hybrid-data-parallel
@@ -146,5 +148,11 @@ std::string emit_config_yaml(const Config& config);
 // model.vocab_size) when the dataset holds a token id >= model.vocab_size.
 void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size,
                             uint32_t dataset_max_token_id);
+
+// At start-up, before any step: throws ConfigError (naming the key, its origin and
+// the rank) when train.run_dir (checked on rank 0, which writes the metrics) or,
+// with checkpoints on, train.checkpoint_dir (every rank writes a part) cannot be
+// created or written, instead of failing at the first metrics line or checkpoint.
+void check_output_directories(const Config& config, int rank);
 
 }  // namespace hdp

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <limits>
 #include <numeric>
 #include <stdexcept>
 
@@ -41,8 +42,9 @@ int64_t largest_micro_batch(const Config& config) {
 // The model stage as the pipeline executor sees it.
 class TrainingEngine::Stage final : public PipelineStage {
  public:
-  Stage(LlamaModel& model, ZeroAdamW& optimizer, std::span<const PackedMicroBatch> batches, float loss_scale)
-      : model_(model), optimizer_(optimizer), batches_(batches), loss_scale_(loss_scale) {}
+  Stage(LlamaModel& model, ZeroAdamW& optimizer, std::span<const PackedMicroBatch> batches, float loss_scale,
+        int poisoned)
+      : model_(model), optimizer_(optimizer), batches_(batches), loss_scale_(loss_scale), poisoned_(poisoned) {}
 
   int64_t rows(int i) const override { return batches_[i].num_tokens(); }
   void prepare(int i, int slot) override {
@@ -50,9 +52,15 @@ class TrainingEngine::Stage final : public PipelineStage {
     model_.set_batch(slot, MicroBatchView{b.tokens, b.targets, b.positions, b.cu_seqlens,
                                           b.ring >= 0 ? &b.ring_layout : nullptr, b.offload_ratio});
   }
-  void forward(int, int slot) override {
+  void forward(int i, int slot) override {
     const auto t0 = Clock::now();
-    loss_sum_ += model_.forward(slot, loss_scale_, true);
+    if (i == poisoned_) {
+      // A NaN loss scale seeds backward with NaN, as an overflow in the loss would.
+      constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+      loss_sum_ += model_.forward(slot, nan, true) * nan;
+    } else {
+      loss_sum_ += model_.forward(slot, loss_scale_, true);
+    }
     synchronize(model_.device());  // busy time is device time: GPU ops return before they run
     busy_ += Clock::now() - t0;
   }
@@ -82,6 +90,7 @@ class TrainingEngine::Stage final : public PipelineStage {
   ZeroAdamW& optimizer_;
   std::span<const PackedMicroBatch> batches_;
   float loss_scale_;
+  int poisoned_;  // StepOptions::poisoned_micro_batch
   double loss_sum_ = 0;
 };
 
@@ -114,7 +123,8 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
 
 TrainingEngine::~TrainingEngine() = default;
 
-StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t step_number) {
+StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t step_number,
+                                const StepOptions& options) {
   StepResult result;
   int64_t local_predictions = 0;
   for (const PackedMicroBatch& mb : micro_batches) local_predictions += mb.num_predictions();
@@ -125,7 +135,7 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
 
   model_->zero_grad();
   optimizer_->begin_reduction(model_->flat_gradients());
-  Stage stage(*model_, *optimizer_, micro_batches, loss_scale);
+  Stage stage(*model_, *optimizer_, micro_batches, loss_scale, options.poisoned_micro_batch);
   pipeline_->run(stage, static_cast<int>(micro_batches.size()));
 
   // Tied embeddings split over the first and last stage: their two gradient parts
@@ -142,6 +152,8 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
   result.loss = result.predictions > 0 ? loss_sum / static_cast<double>(result.predictions) : 0.0;
   result.busy_ms = stage.busy_ms();
 
+  result.updated = !options.apply_update || options.apply_update(result);
+  if (!result.updated) return result;  // the next step's zero_grad and begin_reduction start afresh
   optimizer_->step(model_->flat_parameters(), lr, clip_factor(result.grad_norm, config_.optim.grad_clip), step_number);
   return result;
 }

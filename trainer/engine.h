@@ -5,6 +5,7 @@
 // reduction and the sharded AdamW update.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -35,6 +36,19 @@ struct StepResult {
   double grad_norm = 0;      // before clipping
   int64_t predictions = 0;   // predicted tokens in the global batch
   double busy_ms = 0;        // this rank's time in forward and backward (ring transfers included)
+  bool updated = true;       // false: StepOptions::apply_update skipped the optimizer update
+};
+
+// What a step may be told besides its micro-batches.
+struct StepOptions {
+  // Called on every rank with the step's global loss and gradient norm once they
+  // are known, before the optimizer update; the update is applied only when it
+  // returns true (trainer/numerical_guard.h). Empty: always applied.
+  std::function<bool(const StepResult&)> apply_update;
+  // Test knob (HDP_FAULT_INJECT=RANK:STEP:nan, data/fault_injection.h): on a rank
+  // of the last pipeline stage, the loss and the gradients of this rank's
+  // micro-batch with this index become NaN; -1: none.
+  int poisoned_micro_batch = -1;
 };
 
 struct MemoryReport {
@@ -50,7 +64,8 @@ class TrainingEngine {
 
   // One optimizer step over this pipeline's micro-batches (identical on every
   // stage and tp rank of the pipeline; pipelines may have different counts).
-  StepResult step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t step_number);
+  StepResult step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t step_number,
+                  const StepOptions& options = {});
 
   LlamaModel& model() { return *model_; }
   ZeroAdamW& optimizer() { return *optimizer_; }

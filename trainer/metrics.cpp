@@ -53,13 +53,35 @@ std::string to_json(const StepMetrics& m) {
   s += ", \"activation_peak_bytes\": " + std::to_string(m.activation_peak_bytes);
   s += ", \"host_pool_bytes\": " + std::to_string(m.host_pool_bytes);
   s += ", \"offloaded_bytes\": " + std::to_string(m.offloaded_bytes);
+  s += ", \"skipped_steps\": " + std::to_string(m.skipped_steps);
   return s + "}";
 }
 
-MetricsWriter::MetricsWriter(const std::string& run_dir, bool truncate) {
+MetricsWriter::MetricsWriter(const std::string& run_dir, int64_t resumed_step) {
   std::filesystem::create_directories(run_dir);
   path_ = (std::filesystem::path(run_dir) / "metrics.jsonl").string();
-  out_.open(path_, truncate ? std::ios::trunc : std::ios::app);
+  // The lines to keep: steps up to the checkpoint resumed from. Lines of later
+  // steps (run before a crash or a stop, now rerun) and a line cut short by a
+  // crash are dropped.
+  std::string kept;
+  if (resumed_step > 0) {
+    std::ifstream in(path_);
+    for (std::string line; std::getline(in, line);) {
+      long long step = 0;
+      if (std::sscanf(line.c_str(), "{\"step\": %lld", &step) == 1 && step <= resumed_step && line.back() == '}') {
+        kept += line + '\n';
+      }
+    }
+  }
+  // Rewritten through a rename, so a crash now leaves the old file or the new one.
+  const std::string tmp = path_ + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << kept;
+    if (!out.flush()) throw std::runtime_error("cannot write " + tmp);
+  }
+  std::filesystem::rename(tmp, path_);
+  out_.open(path_, std::ios::app);
   if (!out_) throw std::runtime_error("cannot open " + path_ + " for writing");
 }
 

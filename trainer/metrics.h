@@ -47,14 +47,20 @@ struct StepMetrics {
   int64_t activation_peak_bytes = 0;
   int64_t host_pool_bytes = 0;
   int64_t offloaded_bytes = 0;  // activations the whole job copied to host memory this step
+  // Steps since step 1 whose optimizer update the numerical guard skipped, this one
+  // included (trainer/numerical_guard.h); carried over a resume by the checkpoint.
+  int64_t skipped_steps = 0;
 };
 
 std::string to_json(const StepMetrics& m);
 
 class MetricsWriter {
  public:
-  // Appends to run_dir/metrics.jsonl (creating run_dir); `truncate` starts the file afresh.
-  MetricsWriter(const std::string& run_dir, bool truncate);
+  // Appends to run_dir/metrics.jsonl (creating run_dir) after the lines of steps
+  // 1..resumed_step, dropping any later ones: a run resumed from the checkpoint of
+  // step N reruns the steps after N, and each step should appear once. 0 starts the
+  // file afresh.
+  MetricsWriter(const std::string& run_dir, int64_t resumed_step);
   void write(const StepMetrics& m);
   const std::string& path() const { return path_; }
 

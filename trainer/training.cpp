@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -28,6 +29,8 @@
 #include "trainer/engine.h"
 #include "trainer/loader_roles.h"
 #include "trainer/metrics.h"
+#include "trainer/numerical_guard.h"
+#include "trainer/signals.h"
 #include "model/optimizer.h"
 #include "kernels/peak_flops.h"
 #include "trainer/step_planner.h"
@@ -195,14 +198,21 @@ class TrainingLoop {
         progress_(progress),
         peak_flops_(peak_flops),
         memory_bytes_(memory_bytes),
-        layout_{config.parallel, groups.coords(), process.rank, &groups.world()} {
-    if (process.rank == 0) metrics_.emplace(config.train.run_dir, progress.step == 0);
+        layout_{config.parallel, groups.coords(), process.rank, &groups.world()},
+        guard_(config.train.spike_factor, config.train.max_bad_steps) {
+    if (process.rank == 0) metrics_.emplace(config.train.run_dir, progress.step);
     fault_ = fault_injection_from_env();
   }
 
+  // Runs the steps; stops early, after a checkpoint, when a rank received a stop
+  // signal (trainer/signals.h).
   void run() {
-    for (int64_t step = progress_.step + 1; step <= config_.train.steps; ++step) run_step(step);
+    for (int64_t step = progress_.step + 1; step <= config_.train.steps && stop_signal_ == 0; ++step) run_step(step);
   }
+
+  // The stop signal the ranks agreed on (0: none, the run went to train.steps), and the last step run.
+  int stopped_by() const { return stop_signal_; }
+  int64_t last_step() const { return last_step_; }
 
   // Rank 0's metrics file.
   const std::string& metrics_path() const { return metrics_->path(); }
@@ -219,7 +229,8 @@ class TrainingLoop {
   };
 
   void run_step(int64_t step) {
-    if (fault_.rank == process_.rank && fault_.step == step) {
+    const bool fault_now = fault_.rank == process_.rank && fault_.step == step;
+    if (fault_now && !fault_.nan) {
       spdlog::critical("fault injection: rank {} exits abruptly at step {}", process_.rank, step);
       std::_Exit(3);
     }
@@ -233,20 +244,63 @@ class TrainingLoop {
     groups_.pp().reset_stats();
     groups_.hdp().reset_stats();
     const int64_t offloaded_before = engine_.model().activation_usage().offloaded_bytes;
-    measured.result = engine_.step(batch.micro_batches, measured.lr, step);
+    StepOptions options;
+    options.apply_update = [this](const StepResult& r) { return agree_on_update(r); };
+    if (fault_now && fault_.nan) {
+      spdlog::warn("fault injection: rank {} poisons the loss of its first micro-batch at step {}", process_.rank, step);
+      options.poisoned_micro_batch = 0;
+    }
+    measured.result = engine_.step(batch.micro_batches, measured.lr, step, options);
     measured.step_ms = ms_since(t0);
     measured.offloaded_bytes = engine_.model().activation_usage().offloaded_bytes - offloaded_before;
 
     const StepMetrics m = step_metrics(measured, batch);
     if (metrics_) metrics_->write(m);
-    if (!std::isfinite(m.loss)) {
-      throw std::runtime_error("loss is " + std::to_string(m.loss) + " at step " + std::to_string(step) +
-                               "; stopping (lower optim.lr or check the data)");
-    }
+    last_step_ = step;
+    if (!measured.result.updated) report_bad_step(step);
     if (process_.rank == 0 && (step % config_.train.log_every == 0 || step == 1 || step == config_.train.steps)) {
       log_step(m);
     }
-    if (checkpoint_due(step)) save_checkpoint_at(step, batch);
+    if (checkpoint_due(step)) {
+      save_checkpoint_at(step, batch);
+    } else if (stop_signal_ != 0 && step < config_.train.steps) {
+      if (config_.train.checkpoint_every > 0) {
+        save_checkpoint_at(step, batch);
+      } else if (process_.rank == 0) {
+        spdlog::warn("stopping without a checkpoint: train.checkpoint_every is 0 (checkpoints are off)");
+      }
+    }
+  }
+
+  // Called by the engine on every rank once the step's loss and gradient norm are
+  // known, before the update: one all-reduce (max) of this rank's verdict and of
+  // whether it received a stop signal, so that every rank skips the same updates
+  // and stops after the same step. Returns whether the update is applied.
+  bool agree_on_update(const StepResult& result) {
+    const StepFault mine = guard_.inspect(result.loss, result.grad_norm);
+    std::array<int64_t, 3> flags = {mine == StepFault::NonFinite, mine == StepFault::Spike, stop_signal()};
+    groups_.world().all_reduce(std::span<int64_t>(flags), ReduceOp::Max);
+    stop_signal_ = static_cast<int>(flags[2]);
+    step_fault_ = flags[0] ? StepFault::NonFinite : flags[1] ? StepFault::Spike : StepFault::None;
+    fault_description_ = describe_fault(step_fault_, result.loss, result.grad_norm, config_.train.spike_factor, guard_.median());
+    too_many_bad_ = guard_.record(step_fault_, result.loss);
+    if (step_fault_ != StepFault::None) ++progress_.skipped_steps;
+    return step_fault_ == StepFault::None;
+  }
+
+  // A step whose update was skipped: say why on rank 0; stop the run (every rank
+  // alike) at train.max_bad_steps in a row.
+  void report_bad_step(int64_t step) {
+    if (process_.rank == 0) {
+      spdlog::warn("step {}: update skipped ({}); {} bad step(s) in a row, the run stops at train.max_bad_steps = {}",
+                   step, fault_description_, guard_.bad_in_a_row(), config_.train.max_bad_steps);
+    }
+    if (too_many_bad_) {
+      throw std::runtime_error("step " + std::to_string(step) + ": " + std::to_string(guard_.bad_in_a_row()) +
+                               " bad step(s) in a row (train.max_bad_steps = " +
+                               std::to_string(config_.train.max_bad_steps) + "; the last: " + fault_description_ +
+                               "); stopping. Lower optim.lr, check the data, or resume from the last checkpoint");
+    }
   }
 
   // The step's metrics record. A collective over the world: the job-wide figures
@@ -294,6 +348,7 @@ class TrainingLoop {
     m.cost_model_error = m.planned_busy_ms_max > 0 ? (m.busy_ms_max - m.planned_busy_ms_max) / m.planned_busy_ms_max : 0;
     m.activation_peak_bytes = static_cast<int64_t>(engine_.model().activation_usage().device_peak_bytes);
     m.host_pool_bytes = static_cast<int64_t>(engine_.model().activation_usage().host_pool_bytes);
+    m.skipped_steps = progress_.skipped_steps;
     return m;
   }
 
@@ -333,6 +388,13 @@ class TrainingLoop {
   const CheckpointLayout layout_;
   std::optional<MetricsWriter> metrics_;  // rank 0
   FaultInjection fault_;
+  NumericalGuard guard_;
+  // What the ranks agreed on for the current step (agree_on_update).
+  StepFault step_fault_ = StepFault::None;
+  std::string fault_description_;
+  bool too_many_bad_ = false;  // max_bad_steps bad steps in a row
+  int stop_signal_ = 0;        // a stop signal some rank received, agreed by all
+  int64_t last_step_ = 0;
 };
 
 }  // namespace
@@ -362,6 +424,11 @@ void run_training(const Config& config, const ProcessInfo& process) {
       return;
     }
   }
+  check_output_directories(config, process.rank);
+  // A signal stops a local-loader run at the next step boundary with a checkpoint.
+  // Remote loader ranks plan every step up to train.steps and cannot stop early
+  // yet, so there signals keep their default action (the job ends at once).
+  if (!remote) install_stop_handlers(process.rank == 0);
   std::optional<TokenDataset> dataset;
   if (!remote) {
     dataset.emplace(TokenDataset::open(config.data.path));
@@ -410,7 +477,12 @@ void run_training(const Config& config, const ProcessInfo& process) {
   loop.run();
   if (loader) loader->stop_servers();
   if (device == Device::CUDA && cuda::op_times_enabled()) spdlog::info("rank {}: {}", process.rank, cuda::op_times_report());
-  if (process.rank == 0) spdlog::info("training finished; metrics in {}", loop.metrics_path());
+  if (process.rank == 0 && loop.stopped_by() != 0) {
+    spdlog::info("stopped by {} after step {} of {}; metrics in {}; run again with train.resume: auto to continue",
+                 signal_name(loop.stopped_by()), loop.last_step(), config.train.steps, loop.metrics_path());
+  } else if (process.rank == 0) {
+    spdlog::info("training finished; metrics in {}", loop.metrics_path());
+  }
 }
 
 }  // namespace hdp

@@ -1,0 +1,59 @@
+#include "trainer/numerical_guard.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <stdexcept>
+#include <vector>
+
+namespace hdp {
+
+NumericalGuard::NumericalGuard(double spike_factor, int64_t max_bad_steps)
+    : spike_factor_(spike_factor), max_bad_steps_(max_bad_steps) {
+  if (spike_factor != 0 && !(spike_factor > 1)) throw std::invalid_argument("NumericalGuard: spike_factor must be 0 or > 1");
+  if (max_bad_steps < 1) throw std::invalid_argument("NumericalGuard: max_bad_steps must be >= 1");
+}
+
+StepFault NumericalGuard::inspect(double loss, double grad_norm) const {
+  if (!std::isfinite(loss) || !std::isfinite(grad_norm)) return StepFault::NonFinite;
+  if (spike_factor_ > 0 && recent_.size() >= kMinHistory && loss > spike_factor_ * median()) return StepFault::Spike;
+  return StepFault::None;
+}
+
+bool NumericalGuard::record(StepFault fault, double loss) {
+  if (fault == StepFault::None) {
+    bad_in_a_row_ = 0;
+    recent_.push_back(loss);
+    if (recent_.size() > kWindow) recent_.pop_front();
+    return false;
+  }
+  return ++bad_in_a_row_ >= max_bad_steps_;
+}
+
+double NumericalGuard::median() const {
+  if (recent_.empty()) return 0;
+  std::vector<double> sorted(recent_.begin(), recent_.end());
+  const size_t mid = sorted.size() / 2;
+  std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(mid), sorted.end());
+  if (sorted.size() % 2 == 1) return sorted[mid];
+  const double upper = sorted[mid];
+  return (*std::max_element(sorted.begin(), sorted.begin() + static_cast<long>(mid)) + upper) / 2;
+}
+
+std::string describe_fault(StepFault fault, double loss, double grad_norm, double spike_factor, double median) {
+  char text[160];
+  switch (fault) {
+    case StepFault::None:
+      return "no fault";
+    case StepFault::NonFinite:
+      std::snprintf(text, sizeof(text), "loss %g, gradient norm %g: not finite", loss, grad_norm);
+      return text;
+    case StepFault::Spike:
+      std::snprintf(text, sizeof(text), "loss %g is above train.spike_factor %g x the median %g of the recent good steps",
+                    loss, spike_factor, median);
+      return text;
+  }
+  return "unknown fault";
+}
+
+}  // namespace hdp
