@@ -6,7 +6,10 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <functional>
 #include <system_error>
 #include <variant>
@@ -595,10 +598,6 @@ void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size, ui
        valid);
 }
 
-}  // namespace hdp
-
-namespace hdp {
-
 void check_output_directories(const Config& config, int rank) {
   namespace fs = std::filesystem;
   auto check = [&](const std::string& key, const std::string& dir) {
@@ -619,8 +618,8 @@ void check_output_directories(const Config& config, int rank) {
     std::string where = (config.source.empty() ? "(config)" : config.source) + ":1";
     if (auto it = config.origins.find(key); it != config.origins.end()) where = it->second;
     else if (auto it = config.origins.find("train"); it != config.origins.end()) where = it->second;
-    fail(where, key, problem + " on rank " + std::to_string(rank),
-         "point it at a directory this user can create and write, or fix its permissions");
+    throw_config_error(where, key, problem + " on rank " + std::to_string(rank),
+                       "point it at a directory this user can create and write, or fix its permissions");
   };
   if (rank == 0) check("train.run_dir", config.train.run_dir);
   if (config.train.checkpoint_every > 0) check("train.checkpoint_dir", config.train.checkpoint_dir);
