@@ -4,7 +4,6 @@
 #include <cmath>
 #include <cstdio>
 #include <stdexcept>
-#include <vector>
 
 namespace hdp {
 
@@ -16,28 +15,26 @@ NumericalGuard::NumericalGuard(double spike_factor, int64_t max_bad_steps)
 
 StepFault NumericalGuard::inspect(double loss, double grad_norm) const {
   if (!std::isfinite(loss) || !std::isfinite(grad_norm)) return StepFault::NonFinite;
-  if (spike_factor_ > 0 && recent_.size() >= kMinHistory && loss > spike_factor_ * median()) return StepFault::Spike;
+  if (spike_factor_ > 0 && recorded_ >= kMinHistory && loss > spike_factor_ * median()) return StepFault::Spike;
   return StepFault::None;
 }
 
 bool NumericalGuard::record(StepFault fault, double loss) {
   if (fault == StepFault::None) {
     bad_in_a_row_ = 0;
-    recent_.push_back(loss);
-    if (recent_.size() > kWindow) recent_.pop_front();
+    recent_[recorded_ % kWindow] = loss;
+    ++recorded_;
     return false;
   }
   return ++bad_in_a_row_ >= max_bad_steps_;
 }
 
 double NumericalGuard::median() const {
-  if (recent_.empty()) return 0;
-  std::vector<double> sorted(recent_.begin(), recent_.end());
-  const size_t mid = sorted.size() / 2;
-  std::nth_element(sorted.begin(), sorted.begin() + static_cast<long>(mid), sorted.end());
-  if (sorted.size() % 2 == 1) return sorted[mid];
-  const double upper = sorted[mid];
-  return (*std::max_element(sorted.begin(), sorted.begin() + static_cast<long>(mid)) + upper) / 2;
+  const size_t n = std::min(recorded_, kWindow);
+  if (n == 0) return 0;
+  std::copy(recent_.begin(), recent_.begin() + static_cast<long>(n), sorted_.begin());
+  std::sort(sorted_.begin(), sorted_.begin() + static_cast<long>(n));
+  return n % 2 == 1 ? sorted_[n / 2] : (sorted_[n / 2 - 1] + sorted_[n / 2]) / 2;
 }
 
 std::string describe_fault(StepFault fault, double loss, double grad_norm, double spike_factor, double median) {

@@ -12,8 +12,9 @@
 // The inputs are the step's global loss and gradient norm, which every rank holds;
 // the training loop still all-reduces the verdict so that all ranks skip together.
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
-#include <deque>
 #include <string>
 
 namespace hdp {
@@ -43,7 +44,10 @@ class NumericalGuard {
   double spike_factor_;
   int64_t max_bad_steps_;
   int64_t bad_in_a_row_ = 0;
-  std::deque<double> recent_;  // losses of the last kWindow good steps
+  // Losses of the last kWindow good steps, a ring (fixed size: a step never allocates).
+  std::array<double, kWindow> recent_{};
+  size_t recorded_ = 0;  // good steps seen so far; the ring holds min(recorded_, kWindow)
+  mutable std::array<double, kWindow> sorted_{};  // scratch of median()
 };
 
 // "loss is nan", "loss 9.1 is above 3 x the recent median 2.5", ... for messages.

@@ -382,54 +382,43 @@ void measure_layer(const Config& config, const ProfileOptions& options, CostFile
   }
 }
 
-// Final norm, LM head and loss, forward and backward, in seconds per token.
-double measure_head(const Config& config, const ProfileOptions& options, const ProfileLog& log) {
+// One end of the model alone, forward and backward over `tokens` tokens, in seconds
+// per token: the final norm, LM head and loss (from a fixed input activation), or
+// the embedding (from a fixed output gradient).
+double time_model_end(const Config& config, const ProfileOptions& options, bool head, int64_t tokens) {
   const ModelConfig& model_config = config.model;
   ModelPartition part;
   part.num_layers = 0;
-  part.has_embedding = false;
-  part.has_head = true;
-  const int64_t n = options.head_tokens;
-  LlamaModel head(model_config, n, part);
-  head.init_weights(config.train.seed);
-  const Document doc(n, model_config.vocab_size);
-  head.set_batch(0, doc.view());
-  const std::vector<float> input = uniform_floats(static_cast<size_t>(n * model_config.hidden_size), 3);
-  fill_from(head.input_activation(0), input);
+  part.has_embedding = !head;
+  part.has_head = head;
+  LlamaModel end(model_config, tokens, part);
+  end.init_weights(config.train.seed);
+  const Document doc(tokens, model_config.vocab_size);
+  end.set_batch(0, doc.view());
+  const std::vector<float> values =
+      uniform_floats(static_cast<size_t>(tokens * model_config.hidden_size), head ? 3 : 4);
+  fill_from(head ? end.input_activation(0) : end.output_gradient(0), values);
   const double seconds = time_median(
       [&] {
-        head.forward(0, 1.0f, true);
-        head.backward(0);
+        end.forward(0, 1.0f, true);
+        end.backward(0);
       },
       options);
-  const double per_token = seconds / static_cast<double>(n);
-  report(log, fmt::format("  LM head + loss (vocab {}): {:.3f} us/token ({} tokens)", model_config.vocab_size,
-                          per_token * 1e6, n));
+  return seconds / static_cast<double>(tokens);
+}
+
+// Final norm, LM head and loss, forward and backward, in seconds per token.
+double measure_head(const Config& config, const ProfileOptions& options, const ProfileLog& log) {
+  const double per_token = time_model_end(config, options, /*head=*/true, options.head_tokens);
+  report(log, fmt::format("  LM head + loss (vocab {}): {:.3f} us/token ({} tokens)", config.model.vocab_size,
+                          per_token * 1e6, options.head_tokens));
   return per_token;
 }
 
 // Embedding forward and backward, in seconds per token.
 double measure_embedding(const Config& config, const ProfileOptions& options, const ProfileLog& log) {
-  const ModelConfig& model_config = config.model;
-  ModelPartition part;
-  part.num_layers = 0;
-  part.has_embedding = true;
-  part.has_head = false;
-  const int64_t n = options.embedding_tokens;
-  LlamaModel embedding(model_config, n, part);
-  embedding.init_weights(config.train.seed);
-  const Document doc(n, model_config.vocab_size);
-  embedding.set_batch(0, doc.view());
-  const std::vector<float> dout = uniform_floats(static_cast<size_t>(n * model_config.hidden_size), 4);
-  fill_from(embedding.output_gradient(0), dout);
-  const double seconds = time_median(
-      [&] {
-        embedding.forward(0, 1.0f, true);
-        embedding.backward(0);
-      },
-      options);
-  const double per_token = seconds / static_cast<double>(n);
-  report(log, fmt::format("  embedding: {:.4f} us/token ({} tokens)", per_token * 1e6, n));
+  const double per_token = time_model_end(config, options, /*head=*/false, options.embedding_tokens);
+  report(log, fmt::format("  embedding: {:.4f} us/token ({} tokens)", per_token * 1e6, options.embedding_tokens));
   return per_token;
 }
 
