@@ -94,7 +94,8 @@ void read_provenance(const YamlMap& profiled, CostProfileInfo& p) {
   p.config = profiled.get_or<std::string>("config", "");
   p.date = profiled.get_or<std::string>("date", "");
   p.host = profiled.get_or<std::string>("host", "");
-  p.openblas_core = profiled.get_or<std::string>("openblas_core", "");
+  // Files written before the switch to oneDNN named only the OpenBLAS kernel family.
+  p.gemm = profiled.get_or<std::string>("gemm", profiled.get_or<std::string>("openblas_core", ""));
   p.threads = optional_positive_integer(profiled, "threads", 0);
   p.repeats = optional_positive_integer(profiled, "repeats", 0);
   p.other_cpu_fraction = profiled.get_or<double>("other_cpu_fraction", -1);
@@ -155,7 +156,7 @@ void write_cost_file(const std::string& path, const CostFile& file) {
   out << YAML::Key << "date" << YAML::Value << p.date;
   out << YAML::Key << "host" << YAML::Value << p.host;
   out << YAML::Key << "threads" << YAML::Value << p.threads;
-  out << YAML::Key << "openblas_core" << YAML::Value << p.openblas_core;
+  out << YAML::Key << "gemm" << YAML::Value << p.gemm;
   out << YAML::Key << "repeats" << YAML::Value << p.repeats;
   out << YAML::Key << "other_cpu_fraction" << YAML::Value << p.other_cpu_fraction;
   out << YAML::EndMap;

@@ -20,7 +20,8 @@ struct CostProfileInfo {
   int64_t saved_floats_per_token = 0; // LlamaModel::saved_floats_per_token() of the measured layer
   int64_t threads = 0;                // OpenMP threads while measuring
   int64_t repeats = 0;                // timed runs per measurement (median)
-  std::string openblas_core;          // OpenBLAS kernel family
+  // The GEMM library and its kernels, e.g. "oneDNN 2.6.3 sgemm, avx2 kernels".
+  std::string gemm;
   std::string host;
   std::string date;                   // UTC, ISO 8601
   std::string config;                 // the config file profiled

@@ -19,7 +19,7 @@
 #include <spdlog/fmt/ranges.h>
 
 #include "kernels/copy_engine.h"
-#include "kernels/cpu/blas_threads.h"
+#include "kernels/cpu/gemm.h"
 #include "kernels/ops.h"
 #include "parallel/runtime.h"
 #include "model/model.h"
@@ -334,7 +334,7 @@ CostProfileInfo profile_info(const Config& config, const ProfileOptions& options
   info.tp = 1;
   info.threads = omp_get_max_threads();
   info.repeats = options.repeats;
-  info.openblas_core = cpu::blas_core_name();
+  info.gemm = cpu::gemm_library_description(cpu::kGemmLibrary);
   info.host = host_name();
   info.date = utc_now();
   info.config = config.source;
@@ -360,9 +360,9 @@ void measure_layer(const Config& config, const ProfileOptions& options, CostFile
   file.profiled.saved_floats_per_token = layer.saved_floats_per_token();
   const std::vector<float> input = uniform_floats(static_cast<size_t>(longest * H), 1);
   const std::vector<float> dout = uniform_floats(static_cast<size_t>(longest * H), 2);
-  report(log, fmt::format("one layer (hidden {}, {} heads, {} kv heads, ffn {}), {} threads, OpenBLAS {}: lengths {}",
+  report(log, fmt::format("one layer (hidden {}, {} heads, {} kv heads, ffn {}), {} threads, {}: lengths {}",
                           H, model_config.num_heads, model_config.num_kv_heads, model_config.ffn_hidden_size,
-                          file.profiled.threads, file.profiled.openblas_core, fmt::join(options.lengths, ",")));
+                          file.profiled.threads, file.profiled.gemm, fmt::join(options.lengths, ",")));
   for (int64_t s : options.lengths) {
     const Document doc(s, model_config.vocab_size);
     layer.set_batch(0, doc.view());
@@ -496,8 +496,8 @@ std::string describe_cost_file(const CostFile& file) {
   std::ostringstream out;
   out << fmt::format("cost model of one layer: hidden {}, {} heads ({} kv, dim {}), ffn {}, vocab {}; tp {}\n",
                      p.hidden_size, p.num_heads, p.num_kv_heads, p.head_dim, p.ffn_hidden_size, p.vocab_size, p.tp);
-  out << fmt::format("measured on {} at {} with {} threads, OpenBLAS {}, median of {}", p.host, p.date, p.threads,
-                     p.openblas_core, p.repeats);
+  out << fmt::format("measured on {} at {} with {} threads, {}, median of {}", p.host, p.date, p.threads,
+                     p.gemm, p.repeats);
   if (p.other_cpu_fraction >= 0) {
     out << fmt::format("; other processes used {:.1f}% of the CPU time meanwhile", 100 * p.other_cpu_fraction);
   }
