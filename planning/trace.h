@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "base/errors.h"
+#include "parallel/op_tracer.h"
 
 namespace hdp {
 
@@ -31,25 +32,7 @@ class TraceError : public InputError {
   using InputError::InputError;
 };
 
-// The op names the analysis knows (any other name is its own op type).
-namespace trace_ops {
-inline constexpr std::string_view kForwardCompute = "forward-compute";
-inline constexpr std::string_view kBackwardCompute = "backward-compute";
-inline constexpr std::string_view kForwardSend = "forward-send";
-inline constexpr std::string_view kForwardRecv = "forward-recv";
-inline constexpr std::string_view kBackwardSend = "backward-send";
-inline constexpr std::string_view kBackwardRecv = "backward-recv";
-inline constexpr std::string_view kParamsSync = "params-sync";
-inline constexpr std::string_view kGradsSync = "grads-sync";
-inline constexpr std::string_view kOptimizer = "optimizer";
-inline constexpr std::string_view kDataWait = "data-wait";
-inline constexpr std::string_view kCheckpoint = "checkpoint";
-// Communication that runs inside a compute op in this trainer (the tp
-// all-reduces of a layer, ring-attention block exchanges): names with these
-// prefixes are reported but not replayed, their time is their compute op's.
-inline constexpr std::string_view kTensorParallelPrefix = "tp-";
-inline constexpr std::string_view kRingPrefix = "ring-";
-}  // namespace trace_ops
+// The op names: trace_ops in parallel/op_tracer.h (any other name is its own op type).
 
 struct TraceOp {
   int64_t step = 0;
