@@ -65,9 +65,9 @@ int main(int argc, char** argv) {
   const double analyse_cpu = static_cast<double>(std::clock() - cpu0) / CLOCKS_PER_SEC;
   const double replays = static_cast<double>(job.steps) * (2 + 7 + job.dp + job.pp + 1 + 1);
   std::printf("analysis: %.1f s wall, %.1f s CPU (%.2f s per step; about %.0f replays of %.0f operations each, %.1f ns per "
-              "operation replayed)\n",
+              "operation replayed, CPU)\n",
               analyse, analyse_cpu, analyse / job.steps, replays, static_cast<double>(trace.ops.size()) / job.steps,
-              1e9 * analyse / (replays * static_cast<double>(trace.ops.size()) / job.steps));
+              1e9 * analyse_cpu / (replays * static_cast<double>(trace.ops.size()) / job.steps));
   std::printf("S = %.3f, M_W = %.2f, worst worker pp %d dp %d; verdict: %s\n", report.slowdown, report.mw,
               report.worst_workers.front().pp_rank, report.worst_workers.front().dp_rank, report.verdict.c_str());
 
