@@ -70,6 +70,11 @@ void write_heatmap(const StragglerReport& r, const std::string& path) {
       std::snprintf(title, sizeof title, "pp %d dp %d: %.3f", p, d, s);
       svg.rect(left + d * cell, top + p * row, cell, row, s > 0 ? heat_colour((s - 1.0) / span) : "#dddddd", title,
                cell >= 6 ? "#888888" : "");
+      if (cell >= 36 && row >= 20 && s > 0) {
+        char value[16];
+        std::snprintf(value, sizeof value, "%.2f", s);
+        svg.text(left + d * cell + cell / 2, top + p * row + row / 2 + 4, value, 10, "middle");
+      }
     }
     svg.text(left - 6, top + p * row + row / 2 + 4, "pp " + std::to_string(p), 11, "end");
   }
