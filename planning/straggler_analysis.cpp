@@ -374,12 +374,17 @@ StragglerReport analyze_stragglers(const Trace& trace, const StragglerOptions& o
       worker_present[op.pp_rank * c.dp + op.dp_rank] = 1;
     }
     // A scenario: `base` durations except at `positions`, which take `other`'s.
+    // `mixed` holds `base` between scenarios: only the positions are patched and
+    // restored, not the whole step copied (a DP rank is 1/dp of the step).
+    mixed = ideal;
     auto scenario = [&](const std::vector<double>& base, const std::vector<double>& other,
-                        std::span<const std::vector<uint32_t>> positions) {
-      mixed = base;
-      for (const auto& list : positions)
-        for (uint32_t p : list) mixed[p] = other[p];
-      return plan->sweep_in_order(mixed, start, end) * 1e6;
+                        const std::vector<uint32_t>& positions) {
+      if (&base != &ideal) mixed = base;
+      for (uint32_t p : positions) mixed[p] = other[p];
+      const double t = plan->sweep_in_order(mixed, start, end) * 1e6;
+      for (uint32_t p : positions) mixed[p] = base[p];
+      if (&base != &ideal) mixed = ideal;
+      return t;
     };
     t_real += plan->sweep_in_order(real, start, end) * 1e6;
     t_ideal += plan->sweep_in_order(ideal, start, end) * 1e6;
@@ -390,10 +395,10 @@ StragglerReport analyze_stragglers(const Trace& trace, const StragglerOptions& o
       options.ideal_step(trace.ops[ops[0]].step, s.graph, r);
     }
     for (size_t t = 0; t < types; ++t)
-      if (count[t] > 0 && c.types[t].kind != kNested) t_type[t] += scenario(ideal, real, {&of_type[t], 1});
-    for (int d = 0; d < c.dp; ++d) t_dp[d] += scenario(ideal, real, {&of_dp[d], 1});
-    for (int p = 0; p < c.pp; ++p) t_pp[p] += scenario(ideal, real, {&of_pp[p], 1});
-    t_last_fixed += scenario(real, ideal, {&of_pp[c.pp - 1], 1});
+      if (count[t] > 0 && c.types[t].kind != kNested) t_type[t] += scenario(ideal, real, of_type[t]);
+    for (int d = 0; d < c.dp; ++d) t_dp[d] += scenario(ideal, real, of_dp[d]);
+    for (int p = 0; p < c.pp; ++p) t_pp[p] += scenario(ideal, real, of_pp[p]);
+    t_last_fixed += scenario(real, ideal, of_pp[c.pp - 1]);
   }
   const double nsteps = static_cast<double>(steps.size());
   report.step_us = t_real / nsteps;
