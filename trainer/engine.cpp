@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
-#include <limits>
-#include <numeric>
 #include <cstdio>
 #include <cstdlib>
+#include <limits>
+#include <numeric>
 #include <stdexcept>
 #include <string>
 #include <thread>

@@ -289,7 +289,7 @@ class TrainingLoop {
     {
       TraceSpan span(trace_ops::kUpdateAgreement.data());
       if (span.tracer()) span.set_group(span.tracer()->world_group("agree"));
-    groups_.world().all_reduce(std::span<int64_t>(flags), ReduceOp::Max);
+      groups_.world().all_reduce(std::span<int64_t>(flags), ReduceOp::Max);
     }
     stop_signal_ = static_cast<int>(flags[2]);
     step_fault_ = flags[0] ? StepFault::NonFinite : flags[1] ? StepFault::Spike : StepFault::None;
