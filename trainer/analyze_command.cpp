@@ -43,7 +43,7 @@ Exit code 2 on a trace that cannot be read (the message names file and line).
 
 const char* const kTraceHelp = R"(usage: trainer trace merge TRACE_DIR... --output TRACE.json
 
-Merges a run's per-rank trace files (train.trace writes RUN_DIR/trace/rank-*.jsonl)
+Merges a run's per-rank trace files (the trace section writes RUN_DIR/trace/rank-*.jsonl)
 into one Chrome/Perfetto trace JSON: one process per rank (pp, dp, tp) and one
 track per stream (compute, dp, forward/backward send/recv, nested collectives).
 )";
