@@ -6,6 +6,7 @@
 #include <string>
 
 #include "kernels/ops.h"
+#include "parallel/op_tracer.h"
 
 namespace hdp {
 
@@ -102,21 +103,44 @@ void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
     }
   };
 
+  // Tracing (parallel/op_tracer.h): a receive is recorded as the wait for it (the
+  // transfer the stage sees), a send as its non-blocking post (sends never wait);
+  // the analysis pairs them by group name.
+  OpTracer* const tracer = OpTracer::active();
+  auto wait_recv = [&](CommRequest& request, bool forward, int i) {
+    if (!tracer) return request.wait();
+    const double t0 = tracer->now_us();
+    request.wait();
+    tracer->record((forward ? trace_ops::kForwardRecv : trace_ops::kBackwardRecv).data(), i, t0, tracer->now_us(),
+                   tracer->pipeline_group(forward, forward ? stage_ - 1 : stage_ + 1, i));
+  };
+  auto traced_send = [&](bool forward, int i) {
+    if (!tracer) return;
+    const double t = tracer->now_us();
+    tracer->record((forward ? trace_ops::kForwardSend : trace_ops::kBackwardSend).data(), i, t, t,
+                   tracer->pipeline_group(forward, stage_, i));
+  };
+
   for (const PipelineOp& op : ops) {
     const int i = op.micro_batch, slot = slot_of(i);
     const int64_t rows = stage.rows(i);
     if (op.forward) {
       prepare_ahead(i + 1);
-      activation_in[i].wait();
+      if (first) {
+        activation_in[i].wait();
+      } else {
+        wait_recv(activation_in[i], true, i);
+      }
       stage.forward(i, slot);
       if (!last) {
         activation_out[slot] = pp_.send_async(stage.output_activation(slot), stage_ + 1, activation_tag(i));
+        traced_send(true, i);
         gradient_in[i] = pp_.recv_async(grad_in_[slot].rows(0, rows), stage_ + 1, gradient_tag(i));
       }
       prepare_ahead(i + 2);
     } else {
       if (!last) {
-        gradient_in[i].wait();
+        wait_recv(gradient_in[i], false, i);
         copy(stage.output_gradient(slot), grad_in_[slot].rows(0, rows));
       }
       stage.backward(i, slot);
@@ -124,6 +148,7 @@ void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
         gradient_out[slot].wait();
         copy(grad_out_[slot].rows(0, rows), stage.input_gradient(slot));
         gradient_out[slot] = pp_.send_async(grad_out_[slot].rows(0, rows), stage_ - 1, gradient_tag(i));
+        traced_send(false, i);
       }
       ++backwards_done;
       prepare_ahead(i + slots_ + 1);

@@ -3,6 +3,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "parallel/op_tracer.h"
 
 namespace hdp {
 namespace {
@@ -86,8 +87,11 @@ void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tenso
     }
     ring_blocks(ring, source, ring_begin, 0);
     attention_forward_blocks(out, lse, q, keys(kv_[current], rows), values(kv_[current], rows), blocks_);
-    send.wait();
-    receive.wait();
+    {
+      TraceSpan span(trace_ops::kRingExchange.data());  // the exposed wait, nested in a compute op
+      send.wait();
+      receive.wait();
+    }
     current = 1 - current;
   }
 }
@@ -130,8 +134,11 @@ void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout
       add_inplace(packed(contribution, rows), packed(dkv_local_, rows));
     }
     if (n > 1) gradient_sends[step % 2] = hdp_.send_async(packed(contribution, rows), next, kGradientTag);
-    send.wait();
-    receive.wait();
+    {
+      TraceSpan span(trace_ops::kRingExchange.data());  // the exposed wait, nested in a compute op
+      send.wait();
+      receive.wait();
+    }
     current = 1 - current;
   }
   // After a full turn the gradient of this member's own block comes back complete.

@@ -1,6 +1,7 @@
 #include "parallel/tensor_parallel.h"
 
 #include "kernels/ops.h"
+#include "parallel/op_tracer.h"
 
 namespace hdp {
 namespace {
@@ -10,11 +11,15 @@ bool splits(const Communicator* tp) { return tp != nullptr && tp->size() > 1; }
 }  // namespace
 
 void CopyToTensorParallelRegion::backward(Tensor input_grad) const {
-  if (splits(tp_)) tp_->all_reduce(input_grad, ReduceOp::Sum);
+  if (!splits(tp_)) return;
+  TraceSpan span(trace_ops::kTensorParallelAllReduce.data());  // nested in backward-compute
+  tp_->all_reduce(input_grad, ReduceOp::Sum);
 }
 
 void ReduceFromTensorParallelRegion::forward(Tensor partial_output) const {
-  if (splits(tp_)) tp_->all_reduce(partial_output, ReduceOp::Sum);
+  if (!splits(tp_)) return;
+  TraceSpan span(trace_ops::kTensorParallelAllReduce.data());  // nested in forward-compute
+  tp_->all_reduce(partial_output, ReduceOp::Sum);
 }
 
 double vocab_parallel_cross_entropy(Communicator* tp, Tensor logits, const IndexTensor& targets, int64_t vocab_begin,

@@ -2,7 +2,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <stdexcept>
+
+#include "parallel/op_tracer.h"
 
 namespace hdp {
 namespace {
@@ -101,12 +104,19 @@ void ZeroAdamW::gradients_ready(int64_t offset) {
 
 double ZeroAdamW::finish_gradients() {
   if (grads_.data == nullptr) throw std::logic_error("ZeRO: finish_gradients before begin_reduction");
-  for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) start(*it);
-  for (Bucket& b : buckets_) b.request.wait();
+  {
+    // Traced as the exposed part: the buckets started during backward overlap it.
+    TraceSpan span(trace_ops::kGradsSync.data());
+    if (span.tracer()) span.set_group(span.tracer()->stage_group("grads"));
+    for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) start(*it);
+    for (Bucket& b : buckets_) b.request.wait();
+  }
   double sum = 0;
   for (const Segment& s : segments_) {
     if (parameters_[s.parameter].counts_in_norm) sum += sum_squares(grad_shard_.rows(s.state_offset, s.state_offset + s.length));
   }
+  TraceSpan span(trace_ops::kGradNorm.data());
+  if (span.tracer()) span.set_group(span.tracer()->world_group("norm"));
   return std::sqrt(norm_group_.all_reduce_sum(sum));
 }
 
@@ -118,12 +128,16 @@ void ZeroAdamW::step(Tensor params, double lr, float grad_scale, int64_t step) {
   s.eps = settings_.eps;
   s.step = step;
   s.grad_scale = grad_scale;
+  std::optional<TraceSpan> update(std::in_place, trace_ops::kOptimizer.data());
   for (const Segment& seg : segments_) {
     s.weight_decay = parameters_[seg.parameter].weight_decay ? settings_.weight_decay : 0.0f;
     const int64_t a = seg.state_offset, b = seg.state_offset + seg.length;
     adamw_update(Tensor(params.data + seg.flat_offset, {seg.length}, params.device), grad_shard_.rows(a, b),
                  m_.rows(a, b), v_.rows(a, b), s);
   }
+  update.reset();
+  TraceSpan span(trace_ops::kParamsSync.data());
+  if (span.tracer()) span.set_group(span.tracer()->stage_group("params"));
   std::vector<CommRequest> gathers;
   gathers.reserve(buckets_.size());
   for (const Bucket& b : buckets_) {

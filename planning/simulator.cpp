@@ -62,32 +62,22 @@ std::string OpGraph::describe(OpId op) const {
   return text;
 }
 
-Replay replay(const OpGraph& graph, std::span<const double> durations) {
+ReplayPlan::ReplayPlan(const OpGraph& graph) {
   const size_t n = graph.size();
-  if (!durations.empty() && durations.size() != n) {
-    throw SimulationError("replay: " + std::to_string(durations.size()) + " durations for " + std::to_string(n) +
-                          " operations");
-  }
-  const std::span<const double> dur = durations.empty() ? std::span<const double>(graph.durations()) : durations;
-  for (size_t i = 0; i < n; ++i) {
-    if (!std::isfinite(dur[i]) || dur[i] < 0) {
-      throw SimulationError("replay: " + graph.describe(static_cast<OpId>(i)) + " has duration " +
-                            std::to_string(dur[i]));
-    }
-  }
-
   // Successors in CSR form: explicit dependencies plus the next operation of each stream.
   std::vector<uint32_t> indegree(n, 0), offsets(n + 1, 0);
   std::vector<int64_t> last_of_stream(graph.streams().size(), -1);
-  std::vector<int64_t> stream_next(n, -1);
+  std::vector<int64_t> stream_next(n, -1), stream_prev(n, -1);
   for (size_t i = 0; i < n; ++i) {
     const int s = graph.stream(static_cast<OpId>(i));
     if (last_of_stream[s] >= 0) {
       stream_next[last_of_stream[s]] = static_cast<int64_t>(i);
+      stream_prev[i] = last_of_stream[s];
       ++indegree[i];
     }
     last_of_stream[s] = static_cast<int64_t>(i);
   }
+  std::vector<uint32_t> op_pred_offsets(n + 1, 0);
   for (const auto& [from, to] : graph.edges()) {
     if (from >= n || to >= n) {
       throw SimulationError("replay: a dependency between operations " + std::to_string(from) + " and " +
@@ -95,12 +85,24 @@ Replay replay(const OpGraph& graph, std::span<const double> durations) {
     }
     ++offsets[from + 1];
     ++indegree[to];
+    ++op_pred_offsets[to + 1];
   }
-  for (size_t i = 0; i < n; ++i) offsets[i + 1] += offsets[i];
+  for (size_t i = 0; i < n; ++i) {
+    if (stream_prev[i] >= 0) ++op_pred_offsets[i + 1];
+    offsets[i + 1] += offsets[i];
+    op_pred_offsets[i + 1] += op_pred_offsets[i];
+  }
   std::vector<OpId> successors(graph.edges().size());
+  std::vector<OpId> op_preds(op_pred_offsets.back());
   {
     std::vector<uint32_t> fill(offsets.begin(), offsets.end() - 1);
-    for (const auto& [from, to] : graph.edges()) successors[fill[from]++] = to;
+    std::vector<uint32_t> pfill(op_pred_offsets.begin(), op_pred_offsets.end() - 1);
+    for (size_t i = 0; i < n; ++i)
+      if (stream_prev[i] >= 0) op_preds[pfill[i]++] = static_cast<OpId>(stream_prev[i]);
+    for (const auto& [from, to] : graph.edges()) {
+      successors[fill[from]++] = to;
+      op_preds[pfill[to]++] = from;
+    }
   }
   // Group members, for releasing a group at once.
   const size_t groups = graph.num_groups();
@@ -115,22 +117,17 @@ Replay replay(const OpGraph& graph, std::span<const double> durations) {
       if (graph.group(static_cast<OpId>(i)) >= 0) members[fill[graph.group(static_cast<OpId>(i))]++] = static_cast<OpId>(i);
   }
   std::vector<uint32_t> arrived(groups, 0);
-  std::vector<double> latest(groups, 0.0);
 
-  Replay r;
-  r.start.assign(n, 0.0);
-  r.end.assign(n, 0.0);
-  std::vector<double>& ready = r.start;  // the latest end among finished predecessors, then the start
+  order_.reserve(n);
+  event_offsets_.reserve(n + 1);
+  event_offsets_.push_back(0);
   std::vector<OpId> stack;
   stack.reserve(1024);
   for (size_t i = 0; i < n; ++i)
     if (indegree[i] == 0) stack.push_back(static_cast<OpId>(i));
-  size_t finished = 0;
   auto release = [&](OpId op) {
-    ++finished;
-    const double e = r.end[op];
+    order_.push_back(op);
     auto visit = [&](size_t next) {
-      ready[next] = std::max(ready[next], e);
       if (--indegree[next] == 0) stack.push_back(static_cast<OpId>(next));
     };
     if (stream_next[op] >= 0) visit(static_cast<size_t>(stream_next[op]));
@@ -141,17 +138,18 @@ Replay replay(const OpGraph& graph, std::span<const double> durations) {
     stack.pop_back();
     const int g = graph.group(op);
     if (g < 0) {
-      r.end[op] = ready[op] + dur[op];
       release(op);
+      grouped_.push_back(0);
+      event_offsets_.push_back(static_cast<uint32_t>(order_.size()));
       continue;
     }
-    latest[g] = std::max(latest[g], ready[op]);
     if (++arrived[g] < group_offsets[g + 1] - group_offsets[g]) continue;
-    for (uint32_t k = group_offsets[g]; k < group_offsets[g + 1]; ++k) r.end[members[k]] = latest[g] + dur[members[k]];
     for (uint32_t k = group_offsets[g]; k < group_offsets[g + 1]; ++k) release(members[k]);
+    grouped_.push_back(1);
+    event_offsets_.push_back(static_cast<uint32_t>(order_.size()));
   }
 
-  if (finished < n) {
+  if (order_.size() < n) {
     // Name a few operations that never became ready or wait for absent peers.
     std::string stuck;
     int shown = 0;
@@ -169,14 +167,84 @@ Replay replay(const OpGraph& graph, std::span<const double> durations) {
         ++shown;
       }
     }
-    throw SimulationError("replay: deadlock or cycle, " + std::to_string(n - finished) + " of " + std::to_string(n) +
-                          " operations cannot run: " + stuck);
+    throw SimulationError("replay: deadlock or cycle, " + std::to_string(n - order_.size()) + " of " +
+                          std::to_string(n) + " operations cannot run: " + stuck);
   }
+  // Predecessors by position.
+  std::vector<uint32_t> position(n);
+  for (size_t i = 0; i < n; ++i) position[order_[i]] = static_cast<uint32_t>(i);
+  pred_offsets_.assign(n + 1, 0);
+  preds_.reserve(op_preds.size());
+  for (size_t i = 0; i < n; ++i) {
+    const OpId op = order_[i];
+    for (uint32_t k = op_pred_offsets[op]; k < op_pred_offsets[op + 1]; ++k) preds_.push_back(position[op_preds[k]]);
+    pred_offsets_[i + 1] = static_cast<uint32_t>(preds_.size());
+  }
+}
 
+double ReplayPlan::sweep_in_order(std::span<const double> dur, std::vector<double>& start,
+                                  std::vector<double>& end) const {
+  const size_t n = size();
+  start.resize(n);
+  end.resize(n);
+  double makespan = 0;
+  auto ready = [&](uint32_t p) {
+    double t = 0;
+    for (uint32_t k = pred_offsets_[p]; k < pred_offsets_[p + 1]; ++k) t = std::max(t, end[preds_[k]]);
+    start[p] = t;
+    return t;
+  };
+  const size_t events = grouped_.size();
+  for (size_t e = 0; e < events; ++e) {
+    const uint32_t first = event_offsets_[e], last = event_offsets_[e + 1];
+    if (!grouped_[e]) {
+      end[first] = ready(first) + dur[first];
+      makespan = std::max(makespan, end[first]);
+      continue;
+    }
+    double latest = 0;
+    for (uint32_t p = first; p < last; ++p) latest = std::max(latest, ready(p));
+    for (uint32_t p = first; p < last; ++p) {
+      end[p] = latest + dur[p];
+      makespan = std::max(makespan, end[p]);
+    }
+  }
+  return makespan;
+}
+
+double ReplayPlan::sweep(std::span<const double> dur, std::vector<double>& start, std::vector<double>& end) const {
+  const size_t n = size();
+  std::vector<double> ordered(n), s, e;
+  for (size_t p = 0; p < n; ++p) ordered[p] = dur[order_[p]];
+  const double makespan = sweep_in_order(ordered, s, e);
+  start.resize(n);
+  end.resize(n);
+  for (size_t p = 0; p < n; ++p) {
+    start[order_[p]] = s[p];
+    end[order_[p]] = e[p];
+  }
+  return makespan;
+}
+
+Replay replay(const OpGraph& graph, std::span<const double> durations) {
+  const size_t n = graph.size();
+  if (!durations.empty() && durations.size() != n) {
+    throw SimulationError("replay: " + std::to_string(durations.size()) + " durations for " + std::to_string(n) +
+                          " operations");
+  }
+  const std::span<const double> dur = durations.empty() ? std::span<const double>(graph.durations()) : durations;
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(dur[i]) || dur[i] < 0) {
+      throw SimulationError("replay: " + graph.describe(static_cast<OpId>(i)) + " has duration " +
+                            std::to_string(dur[i]));
+    }
+  }
+  const ReplayPlan plan(graph);
+  Replay r;
+  r.makespan = plan.sweep(dur, r.start, r.end);
   r.stream_occupied.assign(graph.streams().size(), 0.0);
   r.stream_busy.assign(graph.streams().size(), 0.0);
   for (size_t i = 0; i < n; ++i) {
-    r.makespan = std::max(r.makespan, r.end[i]);
     r.stream_occupied[graph.stream(static_cast<OpId>(i))] += r.end[i] - r.start[i];
     r.stream_busy[graph.stream(static_cast<OpId>(i))] += dur[i];
   }
@@ -209,55 +277,72 @@ void json_number(std::ostream& out, double v) {
 
 }  // namespace
 
-void write_chrome_trace(std::ostream& out, const OpGraph& graph, const Replay& replay,
-                        const std::vector<std::string>& process_names) {
-  out << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-  bool first = true;
-  auto sep = [&] {
-    if (!first) out << ",\n";
-    first = false;
-  };
-  std::vector<bool> named(process_names.size(), false);
+ChromeTraceWriter::ChromeTraceWriter(std::ostream& out) : out_(out) {
+  out_ << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
+}
+
+void ChromeTraceWriter::separator() {
+  if (!first_) out_ << ",\n";
+  first_ = false;
+}
+
+void ChromeTraceWriter::finish() {
+  if (finished_) return;
+  finished_ = true;
+  out_ << "\n]}\n";
+}
+
+void ChromeTraceWriter::add(const OpGraph& graph, const Replay& replay, double offset,
+                            const std::vector<std::string>& process_names) {
   for (const Stream& s : graph.streams()) {
-    if (static_cast<size_t>(s.process) < process_names.size() && !named[s.process] &&
-        !process_names[s.process].empty()) {
-      named[s.process] = true;
-      sep();
-      out << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << s.process << ",\"tid\":0,\"args\":{\"name\":";
-      json_string(out, process_names[s.process]);
-      out << "}}";
+    if (static_cast<size_t>(s.process) >= named_.size()) named_.resize(s.process + 1);
+    std::vector<bool>& named = named_[s.process];
+    if (named.size() < static_cast<size_t>(s.index) + 2) named.resize(s.index + 2, false);
+    if (!named[0] && static_cast<size_t>(s.process) < process_names.size() && !process_names[s.process].empty()) {
+      named[0] = true;
+      separator();
+      out_ << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << s.process << ",\"tid\":0,\"args\":{\"name\":";
+      json_string(out_, process_names[s.process]);
+      out_ << "}}";
     }
-    sep();
-    out << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << s.process << ",\"tid\":" << s.index
-        << ",\"args\":{\"name\":";
-    json_string(out, s.name);
-    out << "}}";
+    if (named[s.index + 1]) continue;
+    named[s.index + 1] = true;
+    separator();
+    out_ << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << s.process << ",\"tid\":" << s.index
+         << ",\"args\":{\"name\":";
+    json_string(out_, s.name);
+    out_ << "}}";
   }
   for (size_t i = 0; i < graph.size(); ++i) {
     const OpId op = static_cast<OpId>(i);
     const double extent = replay.end[i] - replay.start[i];
     if (extent <= 0 && graph.duration(op) <= 0) continue;
     const Stream& s = graph.streams()[graph.stream(op)];
-    sep();
-    out << "{\"name\":";
-    json_string(out, graph.labels().empty() ? std::string("op") : graph.labels()[graph.op_label(op)]);
-    out << ",\"ph\":\"X\",\"pid\":" << s.process << ",\"tid\":" << s.index << ",\"ts\":";
-    json_number(out, replay.start[i] * 1e6);
-    out << ",\"dur\":";
-    json_number(out, extent * 1e6);
-    out << ",\"args\":{";
+    separator();
+    out_ << "{\"name\":";
+    json_string(out_, graph.labels().empty() ? std::string("op") : graph.labels()[graph.op_label(op)]);
+    out_ << ",\"ph\":\"X\",\"pid\":" << s.process << ",\"tid\":" << s.index << ",\"ts\":";
+    json_number(out_, (offset + replay.start[i]) * 1e6);
+    out_ << ",\"dur\":";
+    json_number(out_, extent * 1e6);
+    out_ << ",\"args\":{";
     bool any = false;
     if (graph.tag(op) >= 0) {
-      out << "\"micro_batch\":" << graph.tag(op);
+      out_ << "\"micro_batch\":" << graph.tag(op);
       any = true;
     }
     if (graph.group(op) >= 0) {
-      out << (any ? "," : "") << "\"group\":" << graph.group(op) << ",\"transfer_ms\":";
-      json_number(out, graph.duration(op) * 1e3);
+      out_ << (any ? "," : "") << "\"group\":" << graph.group(op) << ",\"transfer_ms\":";
+      json_number(out_, graph.duration(op) * 1e3);
     }
-    out << "}}";
+    out_ << "}}";
   }
-  out << "\n]}\n";
+}
+
+void write_chrome_trace(std::ostream& out, const OpGraph& graph, const Replay& replay,
+                        const std::vector<std::string>& process_names) {
+  ChromeTraceWriter writer(out);
+  writer.add(graph, replay, 0, process_names);
 }
 
 double p2p_seconds(double bytes, double bandwidth, double latency) {

@@ -113,6 +113,44 @@ struct Replay {
   std::vector<double> stream_occupied, stream_busy;
 };
 
+// The order in which a graph's operations can run, computed once, so that many
+// what-ifs on one graph (the straggler analysis replays a step once per op type,
+// DP rank and PP rank, Lin et al. OSDI 2025) each cost one linear sweep over
+// the operations and their predecessors instead of rebuilding the graph's
+// adjacency. The order does not depend on durations: which operation can run
+// next is a question of dependencies, stream order and groups only.
+class ReplayPlan {
+ public:
+  // Throws SimulationError on a dependency outside the graph, a cycle or a
+  // deadlock (naming the first stuck operations).
+  explicit ReplayPlan(const OpGraph& graph);
+
+  // Start and end of every operation with these durations (one per operation;
+  // not checked here, replay() checks them); returns the makespan.
+  double sweep(std::span<const double> durations, std::vector<double>& start, std::vector<double>& end) const;
+  size_t size() const { return order_.size(); }
+
+  // The same in run order: position i is operation order()[i]; durations, start
+  // and end are by position. Many what-ifs on one graph sweep this way, their
+  // arrays read front to back (the predecessors of a position mostly lie just
+  // before it), several times faster than by operation id on large graphs.
+  const std::vector<OpId>& order() const { return order_; }
+  double sweep_in_order(std::span<const double> durations, std::vector<double>& start,
+                        std::vector<double>& end) const;
+
+ private:
+  // Predecessors (dependencies and the previous operation of the stream) of each
+  // position, as positions, in CSR form.
+  std::vector<uint32_t> pred_offsets_;
+  std::vector<uint32_t> preds_;
+  // Release events in order: event e covers ops order_[event_offsets_[e] ..
+  // event_offsets_[e + 1]); an event of several operations is one group, whose
+  // members end together at their latest start plus their own duration.
+  std::vector<uint32_t> event_offsets_;
+  std::vector<OpId> order_;
+  std::vector<char> grouped_;  // per event: a group (even of one member) or a plain op
+};
+
 // Replays the graph; `durations` (one per operation) replaces the graph's own
 // durations when given. Throws SimulationError on a negative or non-finite
 // duration, a dependency outside the graph, a cycle or a deadlock.
@@ -123,6 +161,25 @@ Replay replay(const OpGraph& graph, std::span<const double> durations = {});
 // index; "M" events name processes and threads). process_names(pid) may be empty.
 void write_chrome_trace(std::ostream& out, const OpGraph& graph, const Replay& replay,
                         const std::vector<std::string>& process_names = {});
+
+// The same events for several graphs in one trace (the straggler analysis writes
+// one ideal step after another): add() appends a graph's events shifted by
+// `offset` seconds, naming each process and stream once; the destructor (or
+// finish()) closes the JSON.
+class ChromeTraceWriter {
+ public:
+  explicit ChromeTraceWriter(std::ostream& out);
+  ~ChromeTraceWriter() { finish(); }
+  void add(const OpGraph& graph, const Replay& replay, double offset = 0,
+           const std::vector<std::string>& process_names = {});
+  void finish();
+
+ private:
+  void separator();
+  std::ostream& out_;
+  bool first_ = true, finished_ = false;
+  std::vector<std::vector<bool>> named_;  // [process][stream index]; stream -1 = the process
+};
 
 // Transfer-time formulas for the durations of communication operations (bytes
 // per member; bandwidth in bytes/s per member and direction; latency per hop):

@@ -16,5 +16,10 @@ int command_profile(const std::vector<std::string>& args);
 int command_selftest(const std::vector<std::string>& args);
 // trainer/plan_command.cpp
 int command_plan(const std::vector<std::string>& args);
+// trainer/analyze_command.cpp
+int command_analyze(const std::vector<std::string>& args);
+int command_trace(const std::vector<std::string>& args);
+// trainer/plot_command.cpp
+int command_plot(const std::vector<std::string>& args);
 
 }  // namespace hdp

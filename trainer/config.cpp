@@ -132,6 +132,10 @@ const std::vector<Section>& schema() {
        {enum_field("mode", &Config::loader, &LoaderConfig::mode, kLoaderModeNames, "mode"),
         field("servers", &Config::loader, &LoaderConfig::servers),
         field("timeout_s", &Config::loader, &LoaderConfig::timeout_s)}},
+      {"trace",
+       {field("every", &Config::trace, &TraceConfig::every),
+        field("steps", &Config::trace, &TraceConfig::steps),
+        field("dir", &Config::trace, &TraceConfig::dir)}},
   };
   return sections;
 }
@@ -449,6 +453,12 @@ struct Parser {
             "of the recent good steps is skipped");
     require(t.max_bad_steps >= 1, "train.max_bad_steps", shown("train.max_bad_steps") + " is less than 1",
             "choose how many skipped steps in a row stop the run, at least 1 (1 = stop at the first bad step)");
+
+    // trace
+    non_negative(config.trace.every, "trace.every", "it must be 0 or more (0 = no tracing)");
+    require(config.trace.steps >= 1 && (config.trace.every == 0 || config.trace.steps <= config.trace.every),
+            "trace.steps", shown("trace.steps") + " is not between 1 and trace.every",
+            "trace this many consecutive steps out of every trace.every steps");
 
     // parallel
     positive(int64_t{p.tp}, "parallel.tp");

@@ -95,6 +95,15 @@ struct SchedulerConfig {
                                          // "profile" = measured at start-up
 };
 
+// The op tracer (docs/tracing.md): every rank records each op of `steps`
+// consecutive steps out of every `every` (steps 1 .. steps, every + 1 ..), one
+// JSONL file per rank under `dir` (empty: RUN_DIR/trace). every = 0: off.
+struct TraceConfig {
+  int64_t every = 0;
+  int64_t steps = 1;
+  std::string dir;
+};
+
 // Where the training ranks' data comes from.
 struct LoaderConfig {
   LoaderMode mode = LoaderMode::Local;
@@ -118,6 +127,7 @@ struct Config {
   SchedulerConfig scheduler;
   OffloadConfig offload;
   LoaderConfig loader;
+  TraceConfig trace;
   std::string source;                    // file the config was read from
   std::string yaml;                      // the effective config as YAML (overrides applied)
   // Where each explicitly set key came from, by key path ("model.num_heads"):

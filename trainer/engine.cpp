@@ -2,11 +2,17 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
+#include <string>
+#include <thread>
 
+#include "base/errors.h"
 #include "kernels/ops.h"
+#include "parallel/op_tracer.h"
 #include "planning/plan.h"
 #include "planning/stage_split.h"
 #include "model/optimizer.h"
@@ -21,6 +27,19 @@ std::vector<int64_t> pipeline_layers(const Config& config) {
 int64_t planner_layers(const Config& config) {
   const std::vector<int64_t> layers = pipeline_layers(config);
   return *std::min_element(layers.begin(), layers.end());
+}
+
+double slow_rank_factor(int rank) {
+  const char* text = std::getenv("HDP_SLOW_RANK");
+  if (text == nullptr || *text == '\0') return 1.0;
+  int slow_rank = -1;
+  double factor = 0;
+  char rest = 0;
+  if (std::sscanf(text, "%d:%lf%c", &slow_rank, &factor, &rest) != 2 || slow_rank < 0 || !(factor >= 1)) {
+    throw InputError(std::string("HDP_SLOW_RANK=") + text +
+                     ": expected RANK:FACTOR, a world rank and a slowdown of at least 1 (e.g. 3:2.5)");
+  }
+  return rank == slow_rank ? factor : 1.0;
 }
 
 bool may_offload(const Config& config) {
@@ -43,8 +62,13 @@ int64_t largest_micro_batch(const Config& config) {
 class TrainingEngine::Stage final : public PipelineStage {
  public:
   Stage(LlamaModel& model, ZeroAdamW& optimizer, std::span<const PackedMicroBatch> batches, float loss_scale,
-        int poisoned)
-      : model_(model), optimizer_(optimizer), batches_(batches), loss_scale_(loss_scale), poisoned_(poisoned) {}
+        int poisoned, double slow_factor)
+      : model_(model),
+        optimizer_(optimizer),
+        batches_(batches),
+        loss_scale_(loss_scale),
+        poisoned_(poisoned),
+        slow_factor_(slow_factor) {}
 
   int64_t rows(int i) const override { return batches_[i].num_tokens(); }
   void prepare(int i, int slot) override {
@@ -53,6 +77,7 @@ class TrainingEngine::Stage final : public PipelineStage {
                                           b.ring >= 0 ? &b.ring_layout : nullptr, b.offload_ratio});
   }
   void forward(int i, int slot) override {
+    TraceSpan span(trace_ops::kForwardCompute.data(), i);
     const auto t0 = Clock::now();
     if (i == poisoned_) {
       // A NaN loss scale seeds backward with NaN, as an overflow in the loss would.
@@ -62,9 +87,11 @@ class TrainingEngine::Stage final : public PipelineStage {
       loss_sum_ += model_.forward(slot, loss_scale_, true);
     }
     synchronize(model_.device());  // busy time is device time: GPU ops return before they run
+    stretch(t0);
     busy_ += Clock::now() - t0;
   }
   void backward(int i, int slot) override {
+    TraceSpan span(trace_ops::kBackwardCompute.data(), i);
     const auto t0 = Clock::now();
     // Gradients become final during the last micro-batch's backward: reduce them
     // bucket by bucket while the rest of backward runs.
@@ -74,6 +101,7 @@ class TrainingEngine::Stage final : public PipelineStage {
       model_.backward(slot);
     }
     synchronize(model_.device());
+    stretch(t0);
     busy_ += Clock::now() - t0;
   }
   Tensor input_activation(int slot) override { return model_.input_activation(slot); }
@@ -85,12 +113,17 @@ class TrainingEngine::Stage final : public PipelineStage {
 
  private:
   using Clock = std::chrono::steady_clock;
+  // HDP_SLOW_RANK: this rank computes slow_factor_ times slower, as a slow GPU would.
+  void stretch(Clock::time_point t0) const {
+    if (slow_factor_ > 1) std::this_thread::sleep_for((Clock::now() - t0) * (slow_factor_ - 1));
+  }
   Clock::duration busy_{};
   LlamaModel& model_;
   ZeroAdamW& optimizer_;
   std::span<const PackedMicroBatch> batches_;
   float loss_scale_;
   int poisoned_;  // StepOptions::poisoned_micro_batch
+  double slow_factor_;  // slow_rank_factor()
   double loss_sum_ = 0;
 };
 
@@ -119,6 +152,7 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
   optimizer_ = std::make_unique<ZeroAdamW>(flat_parameters(*model_), model_->flat_parameters().numel(),
                                            adamw_settings(config.optim), groups.hdp(), groups.world(), bucket_floats,
                                            device);
+  slow_factor_ = slow_rank_factor(groups.world().rank());
 }
 
 TrainingEngine::~TrainingEngine() = default;
@@ -130,17 +164,24 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
   for (const PackedMicroBatch& mb : micro_batches) local_predictions += mb.num_predictions();
   // Token-level loss: every rank scales its gradients by the global count, so the
   // sum over ranks and micro-batches is the gradient of the global mean.
-  result.predictions = groups_.hdp().all_reduce_sum(local_predictions);
+  {
+    TraceSpan span(trace_ops::kTokenCount.data());
+    if (span.tracer()) span.set_group(span.tracer()->stage_group("count"));
+    result.predictions = groups_.hdp().all_reduce_sum(local_predictions);
+  }
   const float loss_scale = result.predictions > 0 ? 1.0f / static_cast<float>(result.predictions) : 0.0f;
 
   model_->zero_grad();
   optimizer_->begin_reduction(model_->flat_gradients());
-  Stage stage(*model_, *optimizer_, micro_batches, loss_scale, options.poisoned_micro_batch);
+  Stage stage(*model_, *optimizer_, micro_batches, loss_scale, options.poisoned_micro_batch, slow_factor_);
   pipeline_->run(stage, static_cast<int>(micro_batches.size()));
 
   // Tied embeddings split over the first and last stage: their two gradient parts
   // are summed before the data-parallel reduction.
   if (Communicator* tied = groups_.tied()) {
+    // The group of this pipeline's first and last stage: a name no pipeline transfer uses.
+    TraceSpan span(trace_ops::kTiedEmbedding.data());
+    if (span.tracer()) span.set_group(span.tracer()->pipeline_group(true, -1, -1));
     const ParameterInfo& p = model_->parameter("model.embed_tokens.weight");
     tied->all_reduce(model_->gradient_tensor(p), ReduceOp::Sum);
   }
@@ -148,7 +189,12 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
 
   // The loss is known on the last stage; tp ranks hold identical copies.
   const bool counts_loss = groups_.last_stage() && groups_.coords().tp_rank == 0;
-  const double loss_sum = groups_.world().all_reduce_sum(counts_loss ? stage.loss_sum() : 0.0);
+  double loss_sum = 0;
+  {
+    TraceSpan span(trace_ops::kLoss.data());
+    if (span.tracer()) span.set_group(span.tracer()->world_group("loss"));
+    loss_sum = groups_.world().all_reduce_sum(counts_loss ? stage.loss_sum() : 0.0);
+  }
   result.loss = result.predictions > 0 ? loss_sum / static_cast<double>(result.predictions) : 0.0;
   result.busy_ms = stage.busy_ms();
 

@@ -21,6 +21,12 @@ namespace hdp {
 
 // Layers per pipeline stage: parallel.pp_layers when given, otherwise the split
 // that balances the stages' FLOPs at data.max_seq_len (planning/stage_split.h).
+// The test knob HDP_SLOW_RANK=RANK:FACTOR (FACTOR >= 1): world rank RANK's
+// forward and backward compute take FACTOR times as long (a sleep after each),
+// as on a slow GPU; 1 for every other rank and without the variable. Throws
+// InputError on a malformed value. For the straggler analysis's tests.
+double slow_rank_factor(int rank);
+
 std::vector<int64_t> pipeline_layers(const Config& config);
 // The layers per stage the planner budgets memory for: the smallest stage's.
 int64_t planner_layers(const Config& config);
@@ -80,6 +86,7 @@ class TrainingEngine {
   std::unique_ptr<PipelineExecutor> pipeline_;
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<ZeroAdamW> optimizer_;
+  double slow_factor_ = 1;  // slow_rank_factor
 };
 
 }  // namespace hdp

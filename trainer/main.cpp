@@ -23,6 +23,9 @@ commands:
   export CHECKPOINT --output FILE.h5             whole weights under Hugging Face names
   profile CONFIG.yaml [--output FILE.yaml]       measure the planner's cost model on this machine
   plan --cluster HW.yaml --model M.yaml ...      plan and simulate one step on a described cluster
+  analyze TRACE... [--output R.json ...]         what-if straggler analysis of op traces
+  trace merge TRACE_DIR --output TRACE.json      a run's per-rank traces as one Perfetto trace
+  plot RUN_DIR... [--output DIR]                 SVG charts of metrics.jsonl (several runs compared)
   selftest [--seed N]                            check the CUDA backend op by op against the CPU
 
   trainer <command> --help   options of one command
@@ -53,6 +56,9 @@ int main(int argc, char** argv) {
   if (command == "export") return hdp::command_export(args);
   if (command == "profile") return hdp::command_profile(args);
   if (command == "plan") return hdp::command_plan(args);
+  if (command == "analyze") return hdp::command_analyze(args);
+  if (command == "trace") return hdp::command_trace(args);
+  if (command == "plot") return hdp::command_plot(args);
   if (command == "selftest") return hdp::command_selftest(args);
   std::fprintf(stderr, "trainer: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return hdp::kExitBadInput;

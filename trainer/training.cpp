@@ -34,6 +34,7 @@
 #include "model/optimizer.h"
 #include "kernels/peak_flops.h"
 #include "trainer/step_planner.h"
+#include "trainer/step_tracer.h"
 
 namespace hdp {
 namespace {
@@ -199,7 +200,8 @@ class TrainingLoop {
         peak_flops_(peak_flops),
         memory_bytes_(memory_bytes),
         layout_{config.parallel, groups.coords(), process.rank, &groups.world()},
-        guard_(config.train.spike_factor, config.train.max_bad_steps) {
+        guard_(config.train.spike_factor, config.train.max_bad_steps),
+        tracer_(config.trace, config.train.run_dir, groups.coords(), process.rank, groups.world()) {
     if (process.rank == 0) metrics_.emplace(config.train.run_dir, progress.step);
     fault_ = fault_injection_from_env();
   }
@@ -234,10 +236,14 @@ class TrainingLoop {
       spdlog::critical("fault injection: rank {} exits abruptly at step {}", process_.rank, step);
       std::_Exit(3);
     }
+    tracer_.begin(step);
     StepMeasurement measured;
     measured.step = step;
     const auto t0 = Clock::now();
-    const GlobalBatch batch = batches_.next();
+    const GlobalBatch batch = [&] {
+      TraceSpan wait(trace_ops::kDataWait.data());
+      return batches_.next();
+    }();
     measured.data_wait_ms = ms_since(t0);
     measured.lr = learning_rate(config_.optim, step, config_.train.steps);
     groups_.tp().reset_stats();
@@ -270,6 +276,7 @@ class TrainingLoop {
         spdlog::warn("stopping without a checkpoint: train.checkpoint_every is 0 (checkpoints are off)");
       }
     }
+    tracer_.end();
   }
 
   // Called by the engine on every rank once the step's loss and gradient norm are
@@ -279,7 +286,11 @@ class TrainingLoop {
   bool agree_on_update(const StepResult& result) {
     const StepFault mine = guard_.inspect(result.loss, result.grad_norm);
     std::array<int64_t, 3> flags = {mine == StepFault::NonFinite, mine == StepFault::Spike, stop_signal()};
-    groups_.world().all_reduce(std::span<int64_t>(flags), ReduceOp::Max);
+    {
+      TraceSpan span(trace_ops::kUpdateAgreement.data());
+      if (span.tracer()) span.set_group(span.tracer()->world_group("agree"));
+      groups_.world().all_reduce(std::span<int64_t>(flags), ReduceOp::Max);
+    }
     stop_signal_ = static_cast<int>(flags[2]);
     step_fault_ = flags[0] ? StepFault::NonFinite : flags[1] ? StepFault::Spike : StepFault::None;
     fault_description_ = describe_fault(step_fault_, result.loss, result.grad_norm, config_.train.spike_factor, guard_.median());
@@ -368,6 +379,7 @@ class TrainingLoop {
   // A collective over the world (checkpoint.h): the model, the optimizer, and the
   // sampler position after `batch`, so that a resumed run goes on with the next one.
   void save_checkpoint_at(int64_t step, const GlobalBatch& batch) {
+    TraceSpan span(trace_ops::kCheckpoint.data());
     progress_.step = step;
     progress_.sampler = batch.next;
     const auto t0 = Clock::now();
@@ -389,6 +401,7 @@ class TrainingLoop {
   std::optional<MetricsWriter> metrics_;  // rank 0
   FaultInjection fault_;
   NumericalGuard guard_;
+  StepTracer tracer_;  // the trace section (docs/tracing.md)
   // What the ranks agreed on for the current step (agree_on_update).
   StepFault step_fault_ = StepFault::None;
   std::string fault_description_;

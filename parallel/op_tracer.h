@@ -1,0 +1,131 @@
+#pragma once
+// The op tracer's recorder (NDTimeline-like; the record of Lin et al.,
+// "Understanding Stragglers in Large Model Training Using What-if Analysis",
+// OSDI 2025): while a sampled step runs, the code that computes and communicates
+// records each op (type, micro-batch, start, end, and a group name shared by the
+// peers of a collective or a send/receive pair) into this rank's tracer. The
+// trainer turns on one tracer per rank for the sampled steps and writes its
+// records as JSONL (trainer/step_tracer.h, docs/tracing.md).
+//
+// Free when off: OpTracer::active() is one load of a pointer that is null
+// outside sampled steps, and TraceSpan does nothing else then.
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace hdp {
+
+// The op names the tracer records and the analysis knows (planning/trace.h;
+// docs/tracing.md). Each is a null-terminated literal.
+namespace trace_ops {
+inline constexpr std::string_view kForwardCompute = "forward-compute";
+inline constexpr std::string_view kBackwardCompute = "backward-compute";
+inline constexpr std::string_view kForwardSend = "forward-send";
+inline constexpr std::string_view kForwardRecv = "forward-recv";
+inline constexpr std::string_view kBackwardSend = "backward-send";
+inline constexpr std::string_view kBackwardRecv = "backward-recv";
+inline constexpr std::string_view kParamsSync = "params-sync";
+inline constexpr std::string_view kGradsSync = "grads-sync";
+inline constexpr std::string_view kOptimizer = "optimizer";
+inline constexpr std::string_view kDataWait = "data-wait";
+inline constexpr std::string_view kCheckpoint = "checkpoint";
+// Collectives outside the pipeline and ZeRO (a dp-stream op each in the analysis).
+inline constexpr std::string_view kTokenCount = "token-count-allreduce";
+inline constexpr std::string_view kGradNorm = "grad-norm-allreduce";
+inline constexpr std::string_view kLoss = "loss-allreduce";
+inline constexpr std::string_view kTiedEmbedding = "tied-embedding-allreduce";
+inline constexpr std::string_view kUpdateAgreement = "update-agreement-allreduce";
+// Communication that runs inside a compute op in this trainer (the tp
+// all-reduces of a layer, ring-attention block exchanges): names with these
+// prefixes are reported but not replayed, their time is their compute op's.
+inline constexpr std::string_view kTensorParallelPrefix = "tp-";
+inline constexpr std::string_view kRingPrefix = "ring-";
+inline constexpr std::string_view kTensorParallelAllReduce = "tp-allreduce";
+inline constexpr std::string_view kRingExchange = "ring-exchange";
+}  // namespace trace_ops
+
+struct OpRecord {
+  const char* op = "";  // a string literal (the names of planning/trace.h)
+  int microbatch = -1;
+  double start_us = 0, end_us = 0;
+  std::string group;    // empty: a local op
+};
+
+class OpTracer {
+ public:
+  // This rank's coordinates, for group names.
+  OpTracer(int pp_rank, int dp_rank, int tp_rank) : pp_(pp_rank), dp_(dp_rank), tp_(tp_rank) {}
+
+  // The tracer of the step now running on this process, or null.
+  static OpTracer* active() { return active_; }
+  // Starts recording `step` (this tracer becomes active) / stops (none is).
+  void begin(int64_t step);
+  void end();
+
+  // Microseconds on the clock shared by the ranks: the local steady clock plus
+  // the offset the trainer measured against rank 0 (set_offset_us).
+  double now_us() const {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count() +
+           offset_us_;
+  }
+  static double local_us() {
+    return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+  void set_offset_us(double offset) { offset_us_ = offset; }
+
+  void record(const char* op, int microbatch, double start_us, double end_us, std::string group = {});
+  // The records since begin(), handed over and cleared.
+  std::vector<OpRecord> take();
+
+  int64_t step() const { return step_; }
+  int pp_rank() const { return pp_; }
+  int dp_rank() const { return dp_; }
+  int tp_rank() const { return tp_; }
+
+  // Group names: every member computes the same name for one communication.
+  // A pipeline transfer from stage `sender` (forward: to sender + 1; backward:
+  // to sender - 1) of micro-batch `mb` in this rank's pipeline and tp slice.
+  std::string pipeline_group(bool forward, int sender, int mb) const;
+  // A collective over this stage's DP ranks (same tp rank): "grads", "params", ...
+  std::string stage_group(const char* name) const;
+  // A collective over every rank: "norm", "loss".
+  std::string world_group(const char* name) const;
+
+ private:
+  static inline OpTracer* active_ = nullptr;
+  int pp_, dp_, tp_;
+  int64_t step_ = -1;
+  double offset_us_ = 0;
+  std::vector<OpRecord> records_;
+};
+
+// Records the op that runs while it lives, when a traced step runs.
+class TraceSpan {
+ public:
+  explicit TraceSpan(const char* op, int microbatch = -1) : tracer_(OpTracer::active()) {
+    if (tracer_) {
+      op_ = op;
+      microbatch_ = microbatch;
+      start_ = tracer_->now_us();
+    }
+  }
+  TraceSpan(const TraceSpan&) = delete;
+  TraceSpan& operator=(const TraceSpan&) = delete;
+  ~TraceSpan() {
+    if (tracer_) tracer_->record(op_, microbatch_, start_, tracer_->now_us(), std::move(group_));
+  }
+  OpTracer* tracer() const { return tracer_; }
+  void set_group(std::string group) { group_ = std::move(group); }
+
+ private:
+  OpTracer* tracer_;
+  const char* op_ = "";
+  int microbatch_ = -1;
+  double start_ = 0;
+  std::string group_;
+};
+
+}  // namespace hdp
