@@ -16,6 +16,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/command_line.h"
 #include "trainer/config.h"
+#include "trainer/hf_checkpoint.h"
 #include "trainer/profiler.h"
 #include "trainer/selftest.h"
 #include "trainer/training.h"
@@ -64,6 +65,34 @@ Writes every weight of a checkpoint (a step-NNNNNNNN directory, saved under any
 tp/pp/hdp layout) as a whole float32 tensor under its Hugging Face name
 ([out, in]) into one HDF5 file, with the config as an attribute.
   --output PATH   the file to write
+)";
+
+
+const char* const kImportHfHelp = R"(usage: trainer import-hf HF_DIR --output CHECKPOINT_DIR [--set key.path=value ...]
+
+Converts a Hugging Face LLaMA model directory (config.json and model.safetensors,
+or shards listed in model.safetensors.index.json; F32, F16 or BF16 tensors) into
+a step-0 checkpoint of this trainer, CHECKPOINT_DIR/step-00000000, holding the
+weights in float32. Train from it under any layout with
+  --set train.init_from=CHECKPOINT_DIR/step-00000000
+config.json settings this build does not implement (rope_scaling, attention or
+MLP biases, another activation or architecture, a sliding window) are refused.
+  --output DIR           a new (or empty) directory
+  --set key.path=value   a config key stored with the checkpoint (not the model's shape)
+)";
+
+const char* const kExportHfHelp = R"(usage: trainer export-hf CHECKPOINT --output HF_DIR [options]
+
+Writes a checkpoint (a step-NNNNNNNN directory saved under any layout, or a
+checkpoint directory, whose newest complete checkpoint is taken) as a Hugging
+Face LLaMA model directory: config.json, generation_config.json and
+model.safetensors (sharded, with model.safetensors.index.json, above the
+shard size), which transformers' from_pretrained loads as LlamaForCausalLM.
+  --output DIR            the directory to write (must not hold a model)
+  --dtype bf16|fp32       the weights' type (default bf16)
+  --max-shard-size BYTES  largest shard (default 5000000000; K and M suffixes)
+  --bos-id N --eos-id N   the tokenizer's BOS and EOS ids (default 256 and 257 for
+                          the byte-level vocabulary of 258; needed for any other)
 )";
 
 const char* const kSelftestHelp = R"(usage: trainer selftest [--seed N]
@@ -221,6 +250,54 @@ int command_export(const std::vector<std::string>& raw) {
     create_parent_directory(*output);
     export_checkpoint(checkpoints[0], *output);
     spdlog::info("exported {} to {}", checkpoints[0], *output);
+    return kExitSuccess;
+  });
+}
+
+int command_import_hf(const std::vector<std::string>& raw) {
+  Arguments args(raw);
+  if (args.wants_help()) {
+    std::fputs(kImportHfHelp, stdout);
+    return kExitSuccess;
+  }
+  return run_subcommand("import-hf", [&] {
+    const std::vector<std::string> overrides = args.repeated("--set");
+    const std::optional<std::string> output = args.option("--output");
+    const std::vector<std::string> dirs = args.positional();
+    args.expect_empty();
+    if (dirs.size() != 1) throw UsageError("expects exactly one HF_DIR (a Hugging Face model directory)");
+    if (!output) throw UsageError("--output is required");
+    const std::string path = import_hf(dirs[0], *output, overrides);
+    std::printf("wrote %s; train from it with --set train.init_from=%s\n", path.c_str(), path.c_str());
+    return kExitSuccess;
+  });
+}
+
+int command_export_hf(const std::vector<std::string>& raw) {
+  Arguments args(raw);
+  if (args.wants_help()) {
+    std::fputs(kExportHfHelp, stdout);
+    return kExitSuccess;
+  }
+  return run_subcommand("export-hf", [&] {
+    HfExportOptions options;
+    const std::optional<std::string> output = args.option("--output");
+    const std::string dtype = args.option("--dtype").value_or("bf16");
+    options.max_shard_bytes = static_cast<uint64_t>(
+        args.integer("--max-shard-size", static_cast<int64_t>(options.max_shard_bytes), 1));
+    // -1: not given (the byte-level vocabulary's ids, or an error for other vocabularies).
+    if (const int64_t bos = args.integer("--bos-id", -1, 0); bos >= 0) options.bos_token_id = bos;
+    if (const int64_t eos = args.integer("--eos-id", -1, 0); eos >= 0) options.eos_token_id = eos;
+    const std::vector<std::string> checkpoints = args.positional();
+    args.expect_empty();
+    if (checkpoints.size() != 1) throw UsageError("expects exactly one CHECKPOINT directory");
+    if (!output) throw UsageError("--output is required");
+    if (dtype == "bf16") options.dtype = SafetensorsDtype::BF16;
+    else if (dtype == "fp32") options.dtype = SafetensorsDtype::F32;
+    else throw UsageError("--dtype '" + dtype + "' is not one of bf16, fp32");
+    const std::string path = export_hf(checkpoints[0], *output, options);
+    std::printf("wrote %s from %s; load it with transformers' AutoModelForCausalLM.from_pretrained(\"%s\")\n",
+                output->c_str(), path.c_str(), output->c_str());
     return kExitSuccess;
   });
 }

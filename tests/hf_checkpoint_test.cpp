@@ -1,0 +1,298 @@
+// trainer import-hf and export-hf (trainer/hf_checkpoint.h), through the binary:
+// export then import gives bit-identical weights (fp32, one file and shards),
+// bf16 and f16 files import as their exact float32 values, the written
+// config.json carries what transformers' LlamaConfig needs, and config.json
+// settings we do not implement or broken safetensors files end with exit code 2
+// and a message naming the file and the key or tensor.
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "test_util.h"
+#include "trainer/safetensors.h"
+#include "trainer_runs.h"
+
+namespace hdp {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using testing::read_weights;
+using testing::run_trainer;
+using testing::scratch_dir;
+using testing::small_corpus;
+using testing::small_model_overrides;
+
+#define EXPECT_CONTAINS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
+
+const std::string kConfig = std::string(HDP_SOURCE_DIR) + "/configs/tiny-llama.yaml";
+
+// A trained checkpoint of the small model (2 steps, so the weights are not the init's).
+std::string trained_checkpoint(const std::string& dir, const std::string& extra = "") {
+  auto r = run_trainer("train " + kConfig + " --set data.path=" + small_corpus() + " --set train.run_dir=" + dir +
+                       " --set train.checkpoint_dir=" + dir + "/ckpt --set train.steps=2 --set train.checkpoint_every=2" +
+                       small_model_overrides() + " " + extra);
+  if (r.exit_code != 0) throw std::runtime_error("training failed: " + r.output);
+  return dir + "/ckpt/step-00000002";
+}
+
+std::map<std::string, std::vector<float>> weights_of(const std::string& checkpoint, const std::string& out) {
+  auto r = run_trainer("export " + checkpoint + " --output " + out);
+  if (r.exit_code != 0) throw std::runtime_error("export failed: " + r.output);
+  return read_weights(out);
+}
+
+Json read_json(const std::string& path) {
+  std::ifstream in(path);
+  return Json::parse(in);
+}
+
+void write_json(const std::string& path, const Json& j) { std::ofstream(path) << j.dump(2); }
+
+bool bit_equal(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+TEST(HfCheckpoint, ExportThenImportIsBitIdenticalInFp32) {
+  const std::string dir = scratch_dir("hf-roundtrip");
+  const std::string ckpt = trained_checkpoint(dir + "/run");
+  const auto original = weights_of(ckpt, dir + "/original.h5");
+
+  // Small shards: the 0.3 M-parameter model in several files with the index.
+  auto r = run_trainer("export-hf " + ckpt + " --output " + dir + "/hf --dtype fp32 --max-shard-size 256K");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Json index = read_json(dir + "/hf/model.safetensors.index.json");
+  std::set<std::string> shard_files;
+  for (const auto& [name, file] : index["weight_map"].items()) shard_files.insert(file.get<std::string>());
+  EXPECT_GT(shard_files.size(), 1u);
+  EXPECT_EQ(index["weight_map"].size(), original.size());
+  uint64_t total = 0;
+  for (const std::string& f : shard_files) {
+    EXPECT_TRUE(fs::exists(dir + "/hf/" + f)) << f;
+    SafetensorsReader shard(dir + "/hf/" + f);
+    EXPECT_EQ(shard.metadata().at("format"), "pt");  // transformers refuses files without it
+    for (const SafetensorsTensor& t : shard.tensors()) {
+      EXPECT_EQ(t.dtype, SafetensorsDtype::F32);
+      EXPECT_EQ(index["weight_map"][t.name], f);
+      total += t.end - t.begin;
+    }
+  }
+  EXPECT_EQ(index["metadata"]["total_size"].get<uint64_t>(), total);
+  EXPECT_FALSE(fs::exists(dir + "/hf/model.safetensors"));
+
+  const Json config = read_json(dir + "/hf/config.json");
+  EXPECT_EQ(config["architectures"], Json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(config["model_type"], "llama");
+  EXPECT_EQ(config["torch_dtype"], "float32");
+  EXPECT_EQ(config["hidden_size"], 64);
+  EXPECT_EQ(config["intermediate_size"], 128);
+  EXPECT_EQ(config["num_hidden_layers"], 4);
+  EXPECT_EQ(config["num_attention_heads"], 4);
+  EXPECT_EQ(config["num_key_value_heads"], 2);
+  EXPECT_EQ(config["head_dim"], 16);
+  EXPECT_EQ(config["vocab_size"], 258);
+  EXPECT_EQ(config["max_position_embeddings"], 128);
+  EXPECT_EQ(config["rms_norm_eps"], 1e-5);
+  EXPECT_EQ(config["rope_theta"], 10000.0);
+  EXPECT_EQ(config["tie_word_embeddings"], false);
+  EXPECT_EQ(config["bos_token_id"], 256);
+  EXPECT_EQ(config["eos_token_id"], 257);
+  EXPECT_TRUE(config["rope_scaling"].is_null());
+  const Json generation = read_json(dir + "/hf/generation_config.json");
+  EXPECT_EQ(generation["bos_token_id"], 256);
+  EXPECT_EQ(generation["eos_token_id"], 257);
+
+  r = run_trainer("import-hf " + dir + "/hf --output " + dir + "/imported");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "train.init_from=" + dir + "/imported/step-00000000");
+  const auto imported = weights_of(dir + "/imported/step-00000000", dir + "/imported.h5");
+  ASSERT_EQ(imported.size(), original.size());
+  for (const auto& [name, w] : original) {
+    ASSERT_TRUE(imported.count(name)) << name;
+    EXPECT_TRUE(bit_equal(imported.at(name), w)) << name;
+  }
+
+  // And back out again: one file this time, the same bytes as the shards held.
+  r = run_trainer("export-hf " + dir + "/imported --output " + dir + "/hf2 --dtype fp32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  SafetensorsReader single(dir + "/hf2/model.safetensors");
+  EXPECT_EQ(single.tensors().size(), original.size());
+  for (const auto& [name, w] : original) EXPECT_TRUE(bit_equal(single.read_floats(*single.find(name)), w)) << name;
+}
+
+TEST(HfCheckpoint, Bf16AndF16FilesImportAsTheirExactValues) {
+  const std::string dir = scratch_dir("hf-dtypes");
+  const std::string ckpt = trained_checkpoint(dir + "/run", "--set model.tie_embeddings=true");
+  const auto original = weights_of(ckpt, dir + "/original.h5");
+  EXPECT_FALSE(original.count("lm_head.weight"));  // tied
+
+  auto r = run_trainer("export-hf " + ckpt + " --output " + dir + "/bf16");  // bf16 is the default
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_json(dir + "/bf16/config.json")["torch_dtype"], "bfloat16");
+  EXPECT_EQ(read_json(dir + "/bf16/config.json")["tie_word_embeddings"], true);
+  SafetensorsReader bf16(dir + "/bf16/model.safetensors");
+  EXPECT_EQ(bf16.find("lm_head.weight"), nullptr);
+  for (const SafetensorsTensor& t : bf16.tensors()) EXPECT_EQ(t.dtype, SafetensorsDtype::BF16) << t.name;
+
+  // The same tensors as F16, written with our writer, next to the same config.json.
+  fs::create_directories(dir + "/f16");
+  fs::copy_file(dir + "/bf16/config.json", dir + "/f16/config.json");
+  {
+    std::vector<SafetensorsWriter::Spec> specs;
+    for (const SafetensorsTensor& t : bf16.tensors()) specs.push_back({t.name, SafetensorsDtype::F16, t.shape});
+    SafetensorsWriter writer(dir + "/f16/model.safetensors", specs, {{"format", "pt"}});
+    for (const SafetensorsTensor& t : bf16.tensors()) writer.write_floats(original.at(t.name));
+    writer.finish();
+  }
+
+  for (const char* kind : {"bf16", "f16"}) {
+    const std::string out = dir + "/imported-" + kind;
+    r = run_trainer("import-hf " + dir + "/" + kind + " --output " + out);
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+    const auto imported = weights_of(out + "/step-00000000", out + ".h5");
+    ASSERT_EQ(imported.size(), original.size()) << kind;
+    for (const auto& [name, w] : original) {
+      std::vector<float> want(w.size());
+      for (size_t i = 0; i < w.size(); ++i)
+        want[i] = kind == std::string("bf16") ? bf16_to_float(float_to_bf16(w[i])) : f16_to_float(float_to_f16(w[i]));
+      EXPECT_TRUE(bit_equal(imported.at(name), want)) << kind << " " << name;
+    }
+  }
+}
+
+class HfImportRefuses : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = scratch_dir("hf-refusals");
+    const std::string ckpt = trained_checkpoint(dir_ + "/run");
+    auto r = run_trainer("export-hf " + ckpt + " --output " + dir_ + "/good --dtype fp32");
+    ASSERT_EQ(r.exit_code, 0) << r.output;
+  }
+  // A copy of the good model directory with config.json edited by `edit`.
+  std::string variant(const std::string& name, const std::function<void(Json&)>& edit) {
+    const std::string out = dir_ + "/" + name;
+    fs::remove_all(out);
+    fs::copy(dir_ + "/good", out);
+    Json config = read_json(out + "/config.json");
+    edit(config);
+    write_json(out + "/config.json", config);
+    return out;
+  }
+  testing::CommandResult import(const std::string& hf) {
+    fs::remove_all(hf + "-ckpt");
+    return run_trainer("import-hf " + hf + " --output " + hf + "-ckpt");
+  }
+  static std::string dir_;
+};
+std::string HfImportRefuses::dir_;
+
+TEST_F(HfImportRefuses, SettingsWeDoNotImplement) {
+  struct Case {
+    const char* name;
+    std::function<void(Json&)> edit;
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {"rope-scaling", [](Json& c) { c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; },
+       "config.json: rope_scaling: {\"factor\":2.0,\"rope_type\":\"linear\"} is not supported"},
+      {"attention-bias", [](Json& c) { c["attention_bias"] = true; }, "config.json: attention_bias: true is not supported"},
+      {"mlp-bias", [](Json& c) { c["mlp_bias"] = true; }, "config.json: mlp_bias: true is not supported"},
+      {"model-type", [](Json& c) { c["model_type"] = "gpt2"; }, "config.json: model_type: 'gpt2' is not supported"},
+      {"architecture", [](Json& c) { c["architectures"] = {"Qwen2ForCausalLM"}; },
+       "config.json: architectures: [\"Qwen2ForCausalLM\"] is not supported"},
+      {"sliding-window", [](Json& c) { c["model_type"] = "mistral"; c["architectures"] = {"MistralForCausalLM"}; c["sliding_window"] = 4096; },
+       "config.json: sliding_window: 4096 is not supported yet"},
+      {"activation", [](Json& c) { c["hidden_act"] = "gelu"; }, "config.json: hidden_act: 'gelu' is not supported"},
+      {"head-dim", [](Json& c) { c["head_dim"] = 32; }, "config.json: head_dim: 32 is not hidden_size / num_attention_heads = 16"},
+      {"missing-key", [](Json& c) { c.erase("hidden_size"); }, "config.json: hidden_size: required key is missing"},
+      {"wrong-type", [](Json& c) { c["num_hidden_layers"] = "4"; }, "config.json: num_hidden_layers: expected an integer, got \"4\""},
+  };
+  for (const Case& c : cases) {
+    const auto r = import(variant(c.name, c.edit));
+    EXPECT_EQ(r.exit_code, 2) << c.name << ": " << r.output;
+    EXPECT_CONTAINS(r.output, dir_ + "/" + c.name + "/" + c.message);
+    EXPECT_FALSE(fs::exists(dir_ + "/" + c.name + "-ckpt/step-00000000")) << c.name;
+  }
+  // A Mistral without a sliding window is the LLaMA network: it imports.
+  const auto mistral = import(variant("mistral-no-window", [](Json& c) {
+    c["model_type"] = "mistral";
+    c["architectures"] = {"MistralForCausalLM"};
+    c["sliding_window"] = nullptr;
+  }));
+  EXPECT_EQ(mistral.exit_code, 0) << mistral.output;
+}
+
+TEST_F(HfImportRefuses, WeightsThatDoNotFitTheConfig) {
+  // A larger vocabulary than the file's embedding: the tensor and both shapes are named.
+  auto r = import(variant("vocab", [](Json& c) { c["vocab_size"] = 300; }));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, dir_ + "/vocab/model.safetensors: tensor 'model.embed_tokens.weight' has shape [258, 64], "
+                                   "config.json's model needs [300, 64]");
+  // Fewer layers than the file holds: the first tensor of layer 3 is not a parameter.
+  r = import(variant("layers", [](Json& c) { c["num_hidden_layers"] = 3; }));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "tensor 'model.layers.3.");
+  EXPECT_CONTAINS(r.output, "is not a parameter of the LLaMA model config.json describes");
+}
+
+TEST_F(HfImportRefuses, BrokenSafetensorsFiles) {
+  // Truncated: the last tensor's data is cut short.
+  const std::string truncated = variant("truncated", [](Json&) {});
+  fs::resize_file(truncated + "/model.safetensors", fs::file_size(truncated + "/model.safetensors") - 100);
+  auto r = import(truncated);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  // The checkpoint lists tensors by name, so the file's last one is model.norm.weight.
+  EXPECT_CONTAINS(r.output, truncated + "/model.safetensors: tensor 'model.norm.weight': data_offsets end at byte");
+  EXPECT_CONTAINS(r.output, "bytes of data: truncated");
+
+  // Corrupted header: its first byte overwritten.
+  const std::string corrupted = variant("corrupted", [](Json&) {});
+  {
+    std::fstream f(corrupted + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(8);
+    f.put('#');
+  }
+  r = import(corrupted);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, corrupted + "/model.safetensors: the header is not valid JSON");
+
+  // Mis-typed: a dtype name this reader does not take, written where "F32" was.
+  const std::string mistyped = variant("mistyped", [](Json&) {});
+  {
+    std::fstream f(mistyped + "/model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    std::string head(4096, '\0');
+    f.read(head.data(), head.size());
+    const size_t at = head.find("\"F32\"");
+    ASSERT_NE(at, std::string::npos);
+    f.clear();
+    f.seekp(static_cast<std::streamoff>(at));
+    f.write("\"I32\"", 5);
+  }
+  r = import(mistyped);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, mistyped + "/model.safetensors: tensor '");
+  EXPECT_CONTAINS(r.output, "dtype I32 is not supported");
+}
+
+TEST(HfCheckpoint, CommandLineMistakes) {
+  const std::string dir = scratch_dir("hf-usage");
+  auto r = run_trainer("import-hf " + dir + "/nothing --output " + dir + "/out");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, dir + "/nothing: no such model directory");
+  r = run_trainer("export-hf " + dir + " --output " + dir + "/out --dtype fp8");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "--dtype 'fp8' is not one of bf16, fp32");
+  r = run_trainer("export-hf " + dir + " --output " + dir + "/out");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "neither a checkpoint (no manifest.yaml) nor a directory holding complete checkpoints");
+}
+
+}  // namespace
+}  // namespace hdp
