@@ -47,15 +47,17 @@ class Progress {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
-void add_document(TokenDatasetWriter& writer, std::vector<uint32_t>& ids, DatasetBuildStats& stats) {
-  ids.push_back(kByteEos);
+void add_document(TokenDatasetWriter& writer, std::vector<uint32_t>& ids, const Tokenizer& tokenizer,
+                  DatasetBuildStats& stats) {
+  ids.push_back(tokenizer.eos_id());
   writer.append(ids);
   stats.documents += 1;
   stats.tokens += static_cast<int64_t>(ids.size());
   stats.max_document_tokens = std::max<int64_t>(stats.max_document_tokens, ids.size());
 }
 
-void read_jsonl(const std::string& path, TokenDatasetWriter& writer, DatasetBuildStats& stats, Progress& progress) {
+void read_jsonl(const std::string& path, const Tokenizer& tokenizer, TokenDatasetWriter& writer, DatasetBuildStats& stats,
+                Progress& progress) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataInputError(path + ": cannot open: " + std::strerror(errno));
   std::string line;
@@ -83,39 +85,59 @@ void read_jsonl(const std::string& path, TokenDatasetWriter& writer, DatasetBuil
       continue;
     }
     ids.clear();
-    encode_bytes_append(field.value, ids);
-    add_document(writer, ids, stats);
+    if (tokenizer.adds_bos()) ids.push_back(tokenizer.bos_id());
+    tokenizer.encode_append(field.value, ids);
+    add_document(writer, ids, tokenizer, stats);
   }
   if (in.bad()) throw DataInputError(path + ":" + std::to_string(line_no + 1) + ": read error");
 }
 
-void read_plain(const std::string& path, TokenDatasetWriter& writer, DatasetBuildStats& stats, Progress& progress) {
+void read_plain(const std::string& path, const Tokenizer& tokenizer, TokenDatasetWriter& writer, DatasetBuildStats& stats,
+                Progress& progress) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataInputError(path + ": cannot open: " + std::strerror(errno));
   constexpr size_t kBlock = 1 << 20;
   std::string block(kBlock, '\0');
   std::vector<uint32_t> ids;
   int64_t doc_tokens = 0;
+  // A subword tokenizer must not see a word cut in two: it encodes up to the last
+  // newline of what was read and carries the rest into the next block.
+  std::string carry;
+  auto encode = [&](std::string_view text) {
+    ids.clear();
+    if (doc_tokens == 0 && tokenizer.adds_bos()) ids.push_back(tokenizer.bos_id());
+    tokenizer.encode_append(text, ids);
+    writer.append_partial(ids);
+    doc_tokens += static_cast<int64_t>(ids.size());
+  };
   while (true) {
     in.read(block.data(), kBlock);
     std::streamsize got = in.gcount();
     if (got > 0) {
-      ids.clear();
-      encode_bytes_append(std::string_view(block.data(), static_cast<size_t>(got)), ids);
-      writer.append_partial(ids);
-      doc_tokens += got;
       stats.input_bytes += got;
       progress.add(got, stats);
+      std::string_view text(block.data(), static_cast<size_t>(got));
+      if (tokenizer.splits_anywhere()) {
+        encode(text);
+      } else {
+        carry.append(text);
+        const size_t cut = carry.rfind('\n');
+        if (cut != std::string::npos) {
+          encode(std::string_view(carry).substr(0, cut + 1));
+          carry.erase(0, cut + 1);
+        }
+      }
     }
     if (!in) break;
   }
+  if (!carry.empty()) encode(carry);
   if (in.bad()) throw DataInputError(path + ": read error");
   if (doc_tokens == 0) {
     stats.skipped += 1;
     spdlog::warn("prepare-data: {} is empty; skipped", path);
     return;
   }
-  uint32_t eos = kByteEos;
+  uint32_t eos = tokenizer.eos_id();
   writer.append_partial(std::span<const uint32_t>(&eos, 1));
   writer.end_document();
   stats.documents += 1;
@@ -140,12 +162,15 @@ DatasetBuildStats prepare_dataset(const std::vector<std::string>& inputs, const 
 
   DatasetBuildStats stats;
   Progress progress(options.progress_every_bytes);
-  TokenDatasetWriter writer(output, kByteVocabSize, kByteTokenizerName, kByteBos, kByteEos);
+  std::unique_ptr<Tokenizer> bytes;
+  const Tokenizer* tokenizer = options.tokenizer;
+  if (tokenizer == nullptr) tokenizer = (bytes = load_tokenizer("")).get();
+  TokenDatasetWriter writer(output, tokenizer->vocab_size(), tokenizer->name(), tokenizer->bos_id(), tokenizer->eos_id());
   for (const std::string& path : inputs) {
     if (ends_with(path, ".jsonl"))
-      read_jsonl(path, writer, stats, progress);
+      read_jsonl(path, *tokenizer, writer, stats, progress);
     else
-      read_plain(path, writer, stats, progress);
+      read_plain(path, *tokenizer, writer, stats, progress);
   }
   if (stats.documents == 0)
     throw DataInputError("prepare-data: the inputs hold no non-empty documents; nothing written to " + output);

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "data/corpus.h"
 #include "test_util.h"
 #include "trainer/safetensors.h"
 #include "trainer_runs.h"
@@ -292,6 +293,39 @@ TEST(HfCheckpoint, CommandLineMistakes) {
   r = run_trainer("export-hf " + dir + " --output " + dir + "/out");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_CONTAINS(r.output, "neither a checkpoint (no manifest.yaml) nor a directory holding complete checkpoints");
+}
+
+}  // namespace
+}  // namespace hdp
+
+namespace hdp {
+namespace {
+
+TEST(TokenizedData, TrainingRefusesAVocabularyLargerThanTheModel) {
+  // A SentencePiece model of 600 pieces (spm_train on demo text), prepare-data
+  // with it, then training: a 258-entry embedding is refused naming both sizes.
+  const std::string dir = scratch_dir("hf-tokenized-data");
+  {
+    // Demo-corpus text, one plain file: it trains the tokenizer and is the data.
+    std::ofstream text(dir + "/text.txt");
+    CorpusOptions options;
+    for (int64_t doc = 0; doc < 300; ++doc) text << generate_demo_document(options, doc) << "\n";
+  }
+  auto r = testing::run_command("spm_train --input=" + dir + "/text.txt --model_prefix=" + dir +
+                           "/sp --vocab_size=600 --minloglevel=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_trainer("prepare-data --input " + dir + "/text.txt --output " + dir + "/data.h5 --tokenizer " + dir + "/sp.model");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "tokenizer sentencepiece sp.model fnv1a64:");
+
+  const std::string base = "train " + kConfig + " --set data.path=" + dir + "/data.h5 --set train.run_dir=" + dir +
+                           "/run --set train.steps=1 --set train.checkpoint_every=0" + small_model_overrides();
+  r = run_trainer(base);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "model.vocab_size: 258 is too small for data.path '" + dir +
+                                "/data.h5', whose tokenizer's vocabulary has 600 entries");
+  r = run_trainer(base + " --set model.vocab_size=600");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
 }  // namespace

@@ -38,10 +38,12 @@ Trains the model the config describes (see docs/configuration.md).
 Run under mpirun or srun for several ranks; without them it is a single rank.
 )";
 
-const char* const kPrepareHelp = R"(usage: trainer prepare-data --input FILE... --output DATA.h5
+const char* const kPrepareHelp = R"(usage: trainer prepare-data --input FILE... --output DATA.h5 [--tokenizer PATH]
 
-Tokenizes text into the project's HDF5 token dataset (docs/dataset-format.md) with
-the byte-level tokenizer (ids 0-255 bytes, 256 BOS, 257 EOS; EOS ends every document).
+Tokenizes text into the project's HDF5 token dataset (docs/dataset-format.md).
+EOS ends every document; the dataset records the tokenizer and its vocabulary.
+  --tokenizer PATH  a SentencePiece model (tokenizer.model): its ids, BOS first;
+                    default byte-level (ids 0-255 bytes, 256 BOS, 257 EOS, no BOS added)
   --input FILE...   .jsonl files give one document per line from {"text": ...};
                     any other file is one document
   --output PATH     the dataset to write
@@ -191,6 +193,7 @@ int command_prepare_data(const std::vector<std::string>& raw) {
   return run_subcommand("prepare-data", [&] {
     const std::vector<std::string> inputs = args.list("--input");
     const std::optional<std::string> output = args.option("--output");
+    const std::string tokenizer_path = args.option("--tokenizer").value_or("");
     args.expect_empty();
     if (inputs.empty()) throw UsageError("--input needs at least one file");
     if (!output) throw UsageError("--output is required");
@@ -202,8 +205,14 @@ int command_prepare_data(const std::vector<std::string>& raw) {
                          "'; writing the dataset would replace it, so choose another output path");
       }
     }
+    const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(tokenizer_path);
+    spdlog::info("prepare-data: tokenizer {} (vocabulary {}, BOS {}, EOS {})", tokenizer->name(),
+                 tokenizer->vocab_size(), tokenizer->adds_bos() ? std::to_string(tokenizer->bos_id()) : "not added",
+                 tokenizer->eos_id());
     create_parent_directory(*output);
-    prepare_dataset(inputs, *output);
+    PrepareOptions options;
+    options.tokenizer = tokenizer.get();
+    prepare_dataset(inputs, *output, options);
     return kExitSuccess;
   });
 }

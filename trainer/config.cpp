@@ -582,19 +582,20 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 }
 
 void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size, uint32_t dataset_max_token_id) {
-  if (static_cast<int64_t>(dataset_max_token_id) < config.model.vocab_size) return;
+  // The dataset's whole vocabulary must fit, not only the ids it happens to hold:
+  // a tokenizer larger than the embedding means the data was made for another model.
+  if (dataset_vocab_size <= config.model.vocab_size && static_cast<int64_t>(dataset_max_token_id) < config.model.vocab_size)
+    return;
   std::string where = (config.source.empty() ? "(config)" : config.source) + ":1";
   if (auto it = config.origins.find("model.vocab_size"); it != config.origins.end()) where = it->second;
   else if (auto it = config.origins.find("model"); it != config.origins.end()) where = it->second;
-  const int64_t needed = static_cast<int64_t>(dataset_max_token_id) + 1;
-  std::string valid = "set model.vocab_size to at least " + std::to_string(needed);
-  if (dataset_vocab_size >= needed)
-    valid += ", e.g. the dataset's vocabulary size " + std::to_string(dataset_vocab_size);
-  valid += ", or point data.path at a dataset made for this model";
+  const int64_t needed = std::max(static_cast<int64_t>(dataset_max_token_id) + 1, dataset_vocab_size);
+  const std::string valid = "set model.vocab_size to at least " + std::to_string(needed) +
+                            " (the dataset's vocabulary), or point data.path at a dataset made for this model";
   throw_config_error(where, "model.vocab_size",
        std::to_string(config.model.vocab_size) + " is too small for data.path '" + config.data.path +
-           "', which holds token id " + std::to_string(dataset_max_token_id) + " (dataset vocabulary size " +
-           std::to_string(dataset_vocab_size) + ")",
+           "', whose tokenizer's vocabulary has " + std::to_string(dataset_vocab_size) +
+           " entries (largest token id in it " + std::to_string(dataset_max_token_id) + ")",
        valid);
 }
 

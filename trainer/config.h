@@ -145,7 +145,8 @@ Config parse_config_text(const std::string& yaml_text, const std::string& source
 std::string emit_config_yaml(const Config& config);
 
 // Called once the dataset is open: throws ConfigError (naming data.path and
-// model.vocab_size) when the dataset holds a token id >= model.vocab_size.
+// model.vocab_size) when the dataset's vocabulary is larger than model.vocab_size
+// or it holds a token id >= model.vocab_size.
 void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size,
                             uint32_t dataset_max_token_id);
 
