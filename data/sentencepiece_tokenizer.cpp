@@ -86,9 +86,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec))
     throw TokenizerError(path + ": no such tokenizer file (give a SentencePiece tokenizer.model, or byte-level)");
-  if (std::filesystem::path(path).extension() == ".json")
-    throw TokenizerError(path + ": Hugging Face tokenizer.json (byte-level BPE) is not supported yet; give a "
-                         "SentencePiece tokenizer.model");
+  if (std::filesystem::path(path).extension() == ".json") return load_bpe_tokenizer(path);
   return std::make_unique<SentencePieceTokenizer>(path);
 }
 

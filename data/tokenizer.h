@@ -5,6 +5,8 @@
 //   256 is BOS, 257 is EOS; the vocabulary has 258 entries (free functions below).
 // - A SentencePiece model file (tokenizer.model of LLaMA-1/2 and Mistral), run
 //   through Debian's libsentencepiece (data/sentencepiece_tokenizer.cpp).
+// - A Hugging Face tokenizer.json with a byte-level BPE model (GPT-2, LLaMA-3),
+//   written here with PCRE2 for the pre-tokenizer regex (data/bpe_tokenizer.cpp).
 //
 // `load_tokenizer` gives either behind one interface, with the facts a dataset
 // records: vocabulary size, BOS/EOS ids and a name that identifies the exact
@@ -72,9 +74,13 @@ class Tokenizer {
   std::string name_;
 };
 
-// "" or "byte-level": the byte-level tokenizer; a file: a SentencePiece model
-// (tokenizer.model). Throws TokenizerError naming the path.
+// "" or "byte-level": the byte-level tokenizer; a file ending in .json: a Hugging Face
+// tokenizer.json with a byte-level BPE model (data/bpe_tokenizer.cpp; BOS and EOS from
+// the tokenizer_config.json beside it); any other file: a SentencePiece model
+// (tokenizer.model). Throws TokenizerError naming the path (and the key).
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path);
+// The tokenizer.json reader alone (load_tokenizer calls it for .json files).
+std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& path);
 
 // FNV-1a 64 of a file's bytes as 16 hex digits: how a dataset names the exact
 // tokenizer file that made it.

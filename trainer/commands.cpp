@@ -42,7 +42,9 @@ const char* const kPrepareHelp = R"(usage: trainer prepare-data --input FILE... 
 
 Tokenizes text into the project's HDF5 token dataset (docs/dataset-format.md).
 EOS ends every document; the dataset records the tokenizer and its vocabulary.
-  --tokenizer PATH  a SentencePiece model (tokenizer.model): its ids, BOS first;
+  --tokenizer PATH  a SentencePiece model (tokenizer.model) or a Hugging Face byte-level
+                    BPE tokenizer.json (BOS/EOS from tokenizer_config.json beside it);
+                    its ids, BOS first;
                     default byte-level (ids 0-255 bytes, 256 BOS, 257 EOS, no BOS added)
   --input FILE...   .jsonl files give one document per line from {"text": ...};
                     any other file is one document
