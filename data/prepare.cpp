@@ -9,6 +9,7 @@
 #include <fstream>
 
 #include "data/json.h"
+#include "data/megatron.h"
 #include "data/tokenizer.h"
 
 namespace hdp {
@@ -47,7 +48,9 @@ class Progress {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
-void add_document(TokenDatasetWriter& writer, std::vector<uint32_t>& ids, const Tokenizer& tokenizer,
+// Writer: TokenDatasetWriter (HDF5) or MegatronWriter (.bin/.idx), the same calls.
+template <class Writer>
+void add_document(Writer& writer, std::vector<uint32_t>& ids, const Tokenizer& tokenizer,
                   DatasetBuildStats& stats) {
   ids.push_back(tokenizer.eos_id());
   writer.append(ids);
@@ -56,7 +59,8 @@ void add_document(TokenDatasetWriter& writer, std::vector<uint32_t>& ids, const 
   stats.max_document_tokens = std::max<int64_t>(stats.max_document_tokens, ids.size());
 }
 
-void read_jsonl(const std::string& path, const Tokenizer& tokenizer, TokenDatasetWriter& writer, DatasetBuildStats& stats,
+template <class Writer>
+void read_jsonl(const std::string& path, const Tokenizer& tokenizer, Writer& writer, DatasetBuildStats& stats,
                 Progress& progress) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataInputError(path + ": cannot open: " + std::strerror(errno));
@@ -92,7 +96,8 @@ void read_jsonl(const std::string& path, const Tokenizer& tokenizer, TokenDatase
   if (in.bad()) throw DataInputError(path + ":" + std::to_string(line_no + 1) + ": read error");
 }
 
-void read_plain(const std::string& path, const Tokenizer& tokenizer, TokenDatasetWriter& writer, DatasetBuildStats& stats,
+template <class Writer>
+void read_plain(const std::string& path, const Tokenizer& tokenizer, Writer& writer, DatasetBuildStats& stats,
                 Progress& progress) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataInputError(path + ": cannot open: " + std::strerror(errno));
@@ -165,16 +170,24 @@ DatasetBuildStats prepare_dataset(const std::vector<std::string>& inputs, const 
   std::unique_ptr<Tokenizer> bytes;
   const Tokenizer* tokenizer = options.tokenizer;
   if (tokenizer == nullptr) tokenizer = (bytes = load_tokenizer("")).get();
-  TokenDatasetWriter writer(output, tokenizer->vocab_size(), tokenizer->name(), tokenizer->bos_id(), tokenizer->eos_id());
-  for (const std::string& path : inputs) {
-    if (ends_with(path, ".jsonl"))
-      read_jsonl(path, *tokenizer, writer, stats, progress);
-    else
-      read_plain(path, *tokenizer, writer, stats, progress);
+  auto write_all = [&](auto& writer) {
+    for (const std::string& path : inputs) {
+      if (ends_with(path, ".jsonl"))
+        read_jsonl(path, *tokenizer, writer, stats, progress);
+      else
+        read_plain(path, *tokenizer, writer, stats, progress);
+    }
+    if (stats.documents == 0)
+      throw DataInputError("prepare-data: the inputs hold no non-empty documents; nothing written to " + output);
+    writer.finish();
+  };
+  if (options.format == DatasetFormat::Megatron) {
+    MegatronWriter writer(output, tokenizer->vocab_size());
+    write_all(writer);
+  } else {
+    TokenDatasetWriter writer(output, tokenizer->vocab_size(), tokenizer->name(), tokenizer->bos_id(), tokenizer->eos_id());
+    write_all(writer);
   }
-  if (stats.documents == 0)
-    throw DataInputError("prepare-data: the inputs hold no non-empty documents; nothing written to " + output);
-  writer.finish();
   stats.seconds = progress.seconds();
   spdlog::info("prepare-data: wrote {}: {} documents, {} tokens ({} skipped empty), longest {} tokens, {:.2f} s",
                output, stats.documents, stats.tokens, stats.skipped, stats.max_document_tokens, stats.seconds);

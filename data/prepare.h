@@ -31,6 +31,8 @@ struct PrepareOptions {
   // nullptr: the byte-level tokenizer. Documents get the tokenizer's BOS first
   // when it adds one (data/tokenizer.h) and its EOS last.
   const Tokenizer* tokenizer = nullptr;
+  // Megatron: `output` is the PREFIX of PREFIX.bin and PREFIX.idx (data/megatron.h).
+  DatasetFormat format = DatasetFormat::Hdf5;
 };
 
 // Writes `output` (via output + ".tmp", see TokenDatasetWriter). Throws

@@ -460,7 +460,7 @@ TEST(ConfigErrors, OtherConstraints) {
   };
   const std::vector<Case> cases = {
       {"model.arch=gpt2", "model.arch: unsupported architecture 'gpt2'; the only architecture in this build is 'llama'"},
-      {"data.format=bin", "data.format: unsupported dataset format 'bin'; the only format in this build is 'hdf5'"},
+      {"data.format=bin", "data.format: unsupported dataset format 'bin'; choose hdf5 (this trainer's file) or megatron"},
       {"data.max_seq_len=1", "data.max_seq_len: 1 is too small; it must be at least 2"},
       {"data.micro_batch_tokens=0", "data.micro_batch_tokens: 0 is not positive"},
       {"scheduler.policy=random", "scheduler.policy: unknown policy 'random'; choose naive"},

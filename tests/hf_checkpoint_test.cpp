@@ -328,5 +328,42 @@ TEST(TokenizedData, TrainingRefusesAVocabularyLargerThanTheModel) {
   EXPECT_EQ(r.exit_code, 0) << r.output;
 }
 
+TEST(TokenizedData, MegatronFilesTrainLikeTheHdf5Dataset) {
+  // The same documents as PREFIX.bin/.idx (data.format megatron) and as our HDF5
+  // file: the same batches, so the same losses, bit for bit.
+  const std::string dir = scratch_dir("hf-megatron-training");
+  {
+    std::ofstream jsonl(dir + "/docs.jsonl");
+    CorpusOptions options;
+    for (int64_t doc = 0; doc < 200; ++doc) {
+      std::string text;
+      for (char c : generate_demo_document(options, doc)) {
+        if (c == '"' || c == '\\') text += '\\';
+        text += c == '\n' ? ' ' : c;
+      }
+      jsonl << "{\"text\": \"" << text << "\"}\n";
+    }
+  }
+  auto r = run_trainer("prepare-data --input " + dir + "/docs.jsonl --output " + dir + "/docs.h5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_trainer("prepare-data --input " + dir + "/docs.jsonl --output " + dir + "/docs --output-format megatron");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  ASSERT_TRUE(fs::exists(dir + "/docs.bin") && fs::exists(dir + "/docs.idx"));
+  auto losses = [&](const std::string& name, const std::string& data) {
+    auto t = run_trainer("train " + kConfig + " --set train.run_dir=" + dir + "/" + name + " --set train.steps=3" +
+                         " --set train.checkpoint_every=0" + small_model_overrides() + " " + data);
+    EXPECT_EQ(t.exit_code, 0) << t.output;
+    return testing::metric_values(dir + "/" + name, "loss");
+  };
+  const auto hdf5 = losses("hdf5", "--set data.path=" + dir + "/docs.h5");
+  const auto megatron = losses("megatron", "--set data.path=" + dir + "/docs --set data.format=megatron");
+  ASSERT_EQ(hdf5.size(), 3u);
+  EXPECT_EQ(megatron, hdf5);
+  // A prefix without its files is named with the key.
+  r = run_trainer("train " + kConfig + " --set data.path=" + dir + "/nothing --set data.format=megatron");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "data.path: file '" + dir + "/nothing.bin' does not exist");
+}
+
 }  // namespace
 }  // namespace hdp

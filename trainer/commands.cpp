@@ -46,6 +46,9 @@ EOS ends every document; the dataset records the tokenizer and its vocabulary.
                     BPE tokenizer.json (BOS/EOS from tokenizer_config.json beside it);
                     its ids, BOS first;
                     default byte-level (ids 0-255 bytes, 256 BOS, 257 EOS, no BOS added)
+  --output-format hdf5|megatron
+                    megatron writes Megatron-LM's OUTPUT.bin and OUTPUT.idx (MMIDIDX v1;
+                    train them with data.format: megatron, data.path: OUTPUT)
   --input FILE...   .jsonl files give one document per line from {"text": ...};
                     any other file is one document
   --output PATH     the dataset to write
@@ -196,6 +199,7 @@ int command_prepare_data(const std::vector<std::string>& raw) {
     const std::vector<std::string> inputs = args.list("--input");
     const std::optional<std::string> output = args.option("--output");
     const std::string tokenizer_path = args.option("--tokenizer").value_or("");
+    const std::string output_format = args.option("--output-format").value_or("hdf5");
     args.expect_empty();
     if (inputs.empty()) throw UsageError("--input needs at least one file");
     if (!output) throw UsageError("--output is required");
@@ -214,6 +218,8 @@ int command_prepare_data(const std::vector<std::string>& raw) {
     create_parent_directory(*output);
     PrepareOptions options;
     options.tokenizer = tokenizer.get();
+    if (output_format == "megatron") options.format = DatasetFormat::Megatron;
+    else if (output_format != "hdf5") throw UsageError("--output-format '" + output_format + "' is not one of hdf5, megatron");
     prepare_dataset(inputs, *output, options);
     return kExitSuccess;
   });

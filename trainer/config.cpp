@@ -405,8 +405,9 @@ struct Parser {
     require(!d.path.empty(), "data.path", "required key is missing",
             "set it to an HDF5 token dataset, e.g. data.path: data-cache/demo-corpus.h5 (make one with "
             "'trainer make-corpus --output <path>' or 'trainer prepare-data')");
-    require(d.format == "hdf5", "data.format", "unsupported dataset format " + shown("data.format"),
-            "the only format in this build is 'hdf5' (docs/dataset-format.md)");
+    require(d.format == "hdf5" || d.format == "megatron", "data.format", "unsupported dataset format " + shown("data.format"),
+            "choose hdf5 (this trainer's file) or megatron (Megatron-LM's PREFIX.bin + PREFIX.idx, data.path = PREFIX; "
+            "docs/dataset-format.md)");
     require(d.max_seq_len >= 2, "data.max_seq_len", shown("data.max_seq_len") + " is too small",
             "it must be at least 2 (a sequence needs an input and a next-token target)");
     positive(d.micro_batch_tokens, "data.micro_batch_tokens");
@@ -511,10 +512,18 @@ struct Parser {
 
     // files last, so that value errors are reported even before the data exists
     if (check_files) {
-      check_path(d.path, "data.path",
-                 "point data.path at an HDF5 token dataset, or create this one with 'trainer make-corpus "
-                 "--output " + d.path + "' (synthetic demo corpus) or 'trainer prepare-data' (from text)",
-                 PathKind::File);
+      if (d.format == "megatron") {
+        for (const char* ext : {".bin", ".idx"})
+          check_path(d.path + ext, "data.path",
+                     "with data.format megatron, data.path is the PREFIX of PREFIX.bin and PREFIX.idx (write them "
+                     "with 'trainer prepare-data --output-format megatron')",
+                     PathKind::File);
+      } else {
+        check_path(d.path, "data.path",
+                   "point data.path at an HDF5 token dataset, or create this one with 'trainer make-corpus "
+                   "--output " + d.path + "' (synthetic demo corpus) or 'trainer prepare-data' (from text)",
+                   PathKind::File);
+      }
       if (!sc.cost_file.empty() && sc.cost_file != "profile")
         check_path(sc.cost_file, "scheduler.cost_file",
                    "point it at a cost file written by 'trainer profile', leave it empty for a model derived from "
