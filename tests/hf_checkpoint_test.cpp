@@ -10,12 +10,16 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <cmath>
 #include <map>
+#include <regex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "data/corpus.h"
+#include "data/dataset.h"
+#include "reference_llama.h"
 #include "test_util.h"
 #include "trainer/safetensors.h"
 #include "trainer_runs.h"
@@ -363,6 +367,65 @@ TEST(TokenizedData, MegatronFilesTrainLikeTheHdf5Dataset) {
   r = run_trainer("train " + kConfig + " --set data.path=" + dir + "/nothing --set data.format=megatron");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_CONTAINS(r.output, "data.path: file '" + dir + "/nothing.bin' does not exist");
+}
+
+TEST(Eval, LossEqualsTheReferenceModel) {
+  // trainer eval of a trained checkpoint against tests/reference_llama.h (a naive
+  // double-precision LLaMA) on the same pieces: documents cut at 32 tokens.
+  const std::string dir = scratch_dir("hf-eval");
+  const std::string ckpt = trained_checkpoint(dir + "/run");
+  {
+    std::ofstream jsonl(dir + "/heldout.jsonl");
+    CorpusOptions options;
+    options.seed = 4321;
+    for (int64_t doc = 0; doc < 6; ++doc) {
+      std::string text;
+      for (char c : generate_demo_document(options, doc).substr(0, 20 + 13 * doc)) {
+        if (c == '"' || c == '\\') text += '\\';
+        text += c == '\n' ? ' ' : c;
+      }
+      jsonl << "{\"text\": \"" << text << "\"}\n";
+    }
+  }
+  auto r = run_trainer("prepare-data --input " + dir + "/heldout.jsonl --output " + dir + "/heldout.h5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The run's checkpoint directory: eval takes its newest checkpoint.
+  r = run_trainer("eval " + dir + "/run/ckpt --data " + dir + "/heldout.h5 --max-seq-len 32 --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(r.output, m, std::regex(R"((\d+) predicted tokens: loss ([0-9.]+), perplexity ([0-9.]+))")))
+      << r.output;
+  EXPECT_CONTAINS(r.output, "step 2");
+  const int64_t predicted = std::stoll(m[1]);
+  const double loss = std::stod(m[2]), perplexity = std::stod(m[3]);
+
+  ModelConfig c;
+  c.hidden_size = 64, c.num_layers = 4, c.num_heads = 4, c.num_kv_heads = 2, c.ffn_hidden_size = 128;
+  c.vocab_size = 258, c.norm_eps = 1e-5, c.rope_theta = 10000;
+  testing::Weights w;
+  for (const auto& [name, values] : weights_of(ckpt, dir + "/weights.h5")) w[name] = std::vector<double>(values.begin(), values.end());
+  TokenDataset data(dir + "/heldout.h5");
+  double sum = 0;
+  int64_t count = 0;
+  for (int64_t d = 0; d < data.num_documents(); ++d) {
+    const std::vector<int32_t> doc = data.read_document(d);
+    for (size_t at = 0; at < doc.size(); at += 32) {
+      const size_t n = std::min<size_t>(32, doc.size() - at);
+      if (n < 2) continue;
+      testing::ReferenceBatch b;
+      for (size_t i = 0; i < n; ++i) {
+        b.tokens.push_back(doc[at + i]);
+        b.targets.push_back(i + 1 < n ? doc[at + i + 1] : -1);
+        b.positions.push_back(static_cast<int32_t>(i));
+      }
+      b.cu_seqlens = {0, static_cast<int32_t>(n)};
+      sum += testing::reference_loss(c, w, b);
+      count += static_cast<int64_t>(n) - 1;
+    }
+  }
+  EXPECT_EQ(predicted, count);
+  EXPECT_NEAR(loss, sum / static_cast<double>(count), 1e-5 * loss);
+  EXPECT_NEAR(perplexity, std::exp(sum / static_cast<double>(count)), 1e-4 * perplexity);
 }
 
 }  // namespace

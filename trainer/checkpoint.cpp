@@ -797,6 +797,13 @@ std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir) 
   return std::nullopt;
 }
 
+std::string checkpoint_or_latest(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / kManifest, ec)) return path;
+  if (auto latest = latest_checkpoint(path)) return *latest;
+  throw CheckpointError(path + ": neither a checkpoint (no " + kManifest + ") nor a directory holding complete checkpoints");
+}
+
 TrainingProgress load_checkpoint(const std::string& path, LlamaModel& model, ZeroAdamW* optimizer) {
   const auto& params = model.parameters();
   std::vector<std::vector<const ZeroAdamW::Segment*>> segments(params.size());

@@ -80,6 +80,11 @@ std::string save_weights_checkpoint(const std::string& checkpoint_dir, const Lla
 // committed manifest are ignored).
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir);
 
+// `path` itself when it is a checkpoint (holds manifest.yaml), else the newest complete
+// checkpoint in it; CheckpointError when it is neither. What the converters and
+// `trainer eval` take, so a user may name a step or a run's checkpoint directory.
+std::string checkpoint_or_latest(const std::string& path);
+
 // Loads this rank's slice of the weights (and, when optimizer is given, its shard of
 // the moments) into a model whose global shapes must match, from a checkpoint
 // written under any layout. Verifies checksums; throws CheckpointError naming the

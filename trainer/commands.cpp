@@ -16,6 +16,7 @@
 #include "trainer/checkpoint.h"
 #include "trainer/command_line.h"
 #include "trainer/config.h"
+#include "trainer/evaluate.h"
 #include "trainer/hf_checkpoint.h"
 #include "trainer/profiler.h"
 #include "trainer/selftest.h"
@@ -100,6 +101,21 @@ shard size), which transformers' from_pretrained loads as LlamaForCausalLM.
   --max-shard-size BYTES  largest shard (default 5000000000; K and M suffixes)
   --bos-id N --eos-id N   the tokenizer's BOS and EOS ids (default 256 and 257 for
                           the byte-level vocabulary of 258; needed for any other)
+)";
+
+
+const char* const kEvalHelp = R"(usage: trainer eval CHECKPOINT --data DATA [options]
+
+Loss and perplexity of a checkpoint (a step directory saved under any layout, or
+a checkpoint directory, whose newest complete checkpoint is taken) on held-out
+data, in one process: every document cut into sequences of at most max_seq_len
+tokens, each token predicting the next of its sequence; the loss is the mean
+cross-entropy over the predicted tokens (nats), the perplexity its exp.
+  --data PATH               the dataset (an HDF5 file, or a Megatron PREFIX)
+  --data-format hdf5|megatron
+  --max-seq-len N           default: the checkpoint config's data.max_seq_len
+  --max-documents N         only the first N documents
+  --threads N               default: every core
 )";
 
 const char* const kSelftestHelp = R"(usage: trainer selftest [--seed N]
@@ -315,6 +331,35 @@ int command_export_hf(const std::vector<std::string>& raw) {
     const std::string path = export_hf(checkpoints[0], *output, options);
     std::printf("wrote %s from %s; load it with transformers' AutoModelForCausalLM.from_pretrained(\"%s\")\n",
                 output->c_str(), path.c_str(), output->c_str());
+    return kExitSuccess;
+  });
+}
+
+int command_eval(const std::vector<std::string>& raw) {
+  Arguments args(raw);
+  if (args.wants_help()) {
+    std::fputs(kEvalHelp, stdout);
+    return kExitSuccess;
+  }
+  return run_subcommand("eval", [&] {
+    EvalOptions options;
+    const std::optional<std::string> data = args.option("--data");
+    const std::string format = args.option("--data-format").value_or("hdf5");
+    options.max_seq_len = args.integer("--max-seq-len", 0, 2);
+    options.max_documents = args.integer("--max-documents", 0, 1);
+    options.threads = args.integer("--threads", 0, 0);
+    const std::vector<std::string> checkpoints = args.positional();
+    args.expect_empty();
+    if (checkpoints.size() != 1) throw UsageError("expects exactly one CHECKPOINT directory");
+    if (!data) throw UsageError("--data is required");
+    if (format == "megatron") options.format = DatasetFormat::Megatron;
+    else if (format != "hdf5") throw UsageError("--data-format '" + format + "' is not one of hdf5, megatron");
+    const EvalResult r = evaluate_checkpoint(checkpoints[0], *data, options);
+    std::printf("eval %s (step %lld) on %s: %lld documents, %lld sequences, %lld predicted tokens: loss %.6f, "
+                "perplexity %.4f (%.1f s)\n",
+                r.checkpoint.c_str(), static_cast<long long>(r.step), data->c_str(),
+                static_cast<long long>(r.documents), static_cast<long long>(r.sequences),
+                static_cast<long long>(r.predicted_tokens), r.loss, r.perplexity, r.seconds);
     return kExitSuccess;
   });
 }

@@ -204,14 +204,6 @@ Config imported_config(const HfModelConfig& hf, const std::string& source, const
   return config;
 }
 
-// A step directory, or the newest complete checkpoint of a checkpoint directory.
-std::string resolve_checkpoint(const std::string& path) {
-  std::error_code ec;
-  if (fs::exists(fs::path(path) / "manifest.yaml", ec)) return path;
-  if (auto latest = latest_checkpoint(path)) return *latest;
-  throw CheckpointError(path + ": neither a checkpoint (no manifest.yaml) nor a directory holding complete checkpoints");
-}
-
 }  // namespace
 
 HfModelConfig read_hf_config(const std::string& path) {
@@ -346,7 +338,7 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_d
 
 std::string export_hf(const std::string& checkpoint, const std::string& output_dir, const HfExportOptions& options) {
   if (options.dtype == SafetensorsDtype::F16) throw UsageError("--dtype: export-hf writes bf16 or fp32");
-  const std::string path = resolve_checkpoint(checkpoint);
+  const std::string path = checkpoint_or_latest(checkpoint);
   const CheckpointContents contents = checkpoint_contents(path);
   const Config config = parse_config_text(contents.config, path + "/manifest.yaml (config)", {}, false);
   const ModelConfig& m = config.model;

@@ -23,6 +23,7 @@ commands:
   export CHECKPOINT --output FILE.h5             whole weights under Hugging Face names
   import-hf HF_DIR --output CHECKPOINT_DIR       a Hugging Face LLaMA (safetensors) as a step-0 checkpoint
   export-hf CHECKPOINT --output HF_DIR           a checkpoint as a Hugging Face model directory
+  eval CHECKPOINT --data DATA                    loss and perplexity on held-out data
   profile CONFIG.yaml [--output FILE.yaml]       measure the planner's cost model on this machine
   plan --cluster HW.yaml --model M.yaml ...      plan and simulate one step on a described cluster
   selftest [--seed N]                            check the CUDA backend op by op against the CPU
@@ -55,6 +56,7 @@ int main(int argc, char** argv) {
   if (command == "export") return hdp::command_export(args);
   if (command == "import-hf") return hdp::command_import_hf(args);
   if (command == "export-hf") return hdp::command_export_hf(args);
+  if (command == "eval") return hdp::command_eval(args);
   if (command == "profile") return hdp::command_profile(args);
   if (command == "plan") return hdp::command_plan(args);
   if (command == "selftest") return hdp::command_selftest(args);
