@@ -428,5 +428,56 @@ TEST(Eval, LossEqualsTheReferenceModel) {
   EXPECT_NEAR(perplexity, std::exp(sum / static_cast<double>(count)), 1e-4 * perplexity);
 }
 
+TEST(Generate, GreedyTokensAreTheReferenceModelsArgmax) {
+  // Each greedy token is the one tests/reference_llama.h finds most likely after
+  // the context so far (the candidate with the smallest cross-entropy).
+  const std::string dir = scratch_dir("hf-generate");
+  const std::string ckpt = trained_checkpoint(dir + "/run", "--set train.steps=2");
+  const std::string prompt = "Where does Clara live?";
+  auto r = run_trainer("generate " + ckpt + " --prompt '" + prompt + "' --max-new-tokens 3 --threads 1");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const size_t at = r.output.find(prompt + "");
+  ASSERT_NE(at, std::string::npos) << r.output;
+
+  ModelConfig c;
+  c.hidden_size = 64, c.num_layers = 4, c.num_heads = 4, c.num_kv_heads = 2, c.ffn_hidden_size = 128;
+  c.vocab_size = 258, c.norm_eps = 1e-5, c.rope_theta = 10000;
+  testing::Weights w;
+  for (const auto& [name, values] : weights_of(ckpt, dir + "/weights.h5")) w[name] = std::vector<double>(values.begin(), values.end());
+  std::vector<int32_t> context(prompt.begin(), prompt.end());  // byte-level ids, no BOS
+  std::string want;
+  for (int step = 0; step < 3; ++step) {
+    testing::ReferenceBatch b;
+    b.tokens = context;
+    b.targets.assign(context.size(), -1);
+    for (size_t i = 0; i < context.size(); ++i) b.positions.push_back(static_cast<int32_t>(i));
+    b.cu_seqlens = {0, static_cast<int32_t>(context.size())};
+    int32_t best = -1;
+    double best_loss = 0;
+    for (int32_t v = 0; v < 258; ++v) {
+      b.targets.back() = v;
+      const double loss = testing::reference_loss(c, w, b);
+      if (best < 0 || loss < best_loss) best = v, best_loss = loss;
+    }
+    ASSERT_LT(best, 256) << "the reference picks BOS or EOS at step " << step;
+    want += static_cast<char>(best);
+    context.push_back(best);
+  }
+  EXPECT_EQ(r.output.substr(at, prompt.size() + 3), prompt + want) << r.output;
+
+  // Sampling: the same seed repeats itself; a top-p too small for a second token is greedy.
+  const std::string sample = "generate " + ckpt + " --prompt '" + prompt + "' --max-new-tokens 20 --threads 1 --temperature 1.5";
+  auto a = run_trainer(sample + " --seed 7"), b = run_trainer(sample + " --seed 7");
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_EQ(a.output.substr(a.output.find(prompt)), b.output.substr(b.output.find(prompt)));
+  auto g = run_trainer("generate " + ckpt + " --prompt '" + prompt + "' --max-new-tokens 3 --threads 1 --temperature 1 --top-p 1e-9");
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  EXPECT_EQ(g.output.substr(g.output.find(prompt), prompt.size() + 3), prompt + want);
+  // Bad values are named.
+  auto bad = run_trainer("generate " + ckpt + " --prompt x --top-p 0");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_CONTAINS(bad.output, "--top-p must be in (0, 1]");
+}
+
 }  // namespace
 }  // namespace hdp

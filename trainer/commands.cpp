@@ -17,6 +17,7 @@
 #include "trainer/command_line.h"
 #include "trainer/config.h"
 #include "trainer/evaluate.h"
+#include "trainer/generate.h"
 #include "trainer/hf_checkpoint.h"
 #include "trainer/profiler.h"
 #include "trainer/selftest.h"
@@ -116,6 +117,21 @@ cross-entropy over the predicted tokens (nats), the perplexity its exp.
   --max-seq-len N           default: the checkpoint config's data.max_seq_len
   --max-documents N         only the first N documents
   --threads N               default: every core
+)";
+
+
+const char* const kGenerateHelp = R"(usage: trainer generate CHECKPOINT --prompt TEXT [options]
+
+Continues TEXT with a checkpoint (a step directory saved under any layout, or a
+checkpoint directory, whose newest complete checkpoint is taken) and prints the
+prompt and its continuation. Stops after --max-new-tokens or at the tokenizer's
+EOS. Each token recomputes the whole context (no KV cache yet).
+  --tokenizer PATH       tokenizer.model or tokenizer.json (default byte-level)
+  --max-new-tokens N     default 128
+  --temperature T        0 (default): greedy; otherwise sample softmax(logits / T)
+  --top-p P              sample only from the most likely tokens holding P of the mass (default 1)
+  --seed S               the sampling stream (default 1)
+  --threads N            default: every core
 )";
 
 const char* const kSelftestHelp = R"(usage: trainer selftest [--seed N]
@@ -360,6 +376,45 @@ int command_eval(const std::vector<std::string>& raw) {
                 r.checkpoint.c_str(), static_cast<long long>(r.step), data->c_str(),
                 static_cast<long long>(r.documents), static_cast<long long>(r.sequences),
                 static_cast<long long>(r.predicted_tokens), r.loss, r.perplexity, r.seconds);
+    return kExitSuccess;
+  });
+}
+
+int command_generate(const std::vector<std::string>& raw) {
+  Arguments args(raw);
+  if (args.wants_help()) {
+    std::fputs(kGenerateHelp, stdout);
+    return kExitSuccess;
+  }
+  return run_subcommand("generate", [&] {
+    GenerateOptions options;
+    const std::optional<std::string> prompt = args.option("--prompt");
+    options.tokenizer = args.option("--tokenizer").value_or("");
+    options.max_new_tokens = args.integer("--max-new-tokens", options.max_new_tokens, 1);
+    options.seed = static_cast<uint64_t>(args.integer("--seed", 1, 0));
+    options.threads = args.integer("--threads", 0, 0);
+    auto real = [&](const char* name, double fallback) {
+      const std::optional<std::string> text = args.option(name);
+      if (!text) return fallback;
+      try {
+        size_t used = 0;
+        const double v = std::stod(*text, &used);
+        if (used != text->size()) throw std::invalid_argument("trailing characters");
+        return v;
+      } catch (const std::exception&) {
+        throw UsageError(std::string(name) + " expects a number, got '" + *text + "'");
+      }
+    };
+    options.temperature = real("--temperature", options.temperature);
+    options.top_p = real("--top-p", options.top_p);
+    const std::vector<std::string> checkpoints = args.positional();
+    args.expect_empty();
+    if (checkpoints.size() != 1) throw UsageError("expects exactly one CHECKPOINT directory");
+    if (!prompt) throw UsageError("--prompt is required");
+    const GenerateResult r = generate_text(checkpoint_or_latest(checkpoints[0]), *prompt, options);
+    spdlog::info("generate: {} (prompt {} tokens, {} new{}, {:.2f} s)", r.checkpoint, r.prompt_ids.size(),
+                 r.new_ids.size(), r.stopped_at_eos ? ", stopped at EOS" : "", r.seconds);
+    std::printf("%s%s\n", prompt->c_str(), r.text.c_str());
     return kExitSuccess;
   });
 }

@@ -15,6 +15,7 @@ int command_export(const std::vector<std::string>& args);
 int command_import_hf(const std::vector<std::string>& args);
 int command_export_hf(const std::vector<std::string>& args);
 int command_eval(const std::vector<std::string>& args);
+int command_generate(const std::vector<std::string>& args);
 int command_profile(const std::vector<std::string>& args);
 int command_selftest(const std::vector<std::string>& args);
 // trainer/plan_command.cpp

@@ -24,6 +24,7 @@ commands:
   import-hf HF_DIR --output CHECKPOINT_DIR       a Hugging Face LLaMA (safetensors) as a step-0 checkpoint
   export-hf CHECKPOINT --output HF_DIR           a checkpoint as a Hugging Face model directory
   eval CHECKPOINT --data DATA                    loss and perplexity on held-out data
+  generate CHECKPOINT --prompt TEXT              continue a text (greedy or sampled)
   profile CONFIG.yaml [--output FILE.yaml]       measure the planner's cost model on this machine
   plan --cluster HW.yaml --model M.yaml ...      plan and simulate one step on a described cluster
   selftest [--seed N]                            check the CUDA backend op by op against the CPU
@@ -57,6 +58,7 @@ int main(int argc, char** argv) {
   if (command == "import-hf") return hdp::command_import_hf(args);
   if (command == "export-hf") return hdp::command_export_hf(args);
   if (command == "eval") return hdp::command_eval(args);
+  if (command == "generate") return hdp::command_generate(args);
   if (command == "profile") return hdp::command_profile(args);
   if (command == "plan") return hdp::command_plan(args);
   if (command == "selftest") return hdp::command_selftest(args);
