@@ -33,6 +33,8 @@ struct PrepareOptions {
   const Tokenizer* tokenizer = nullptr;
   // Megatron: `output` is the PREFIX of PREFIX.bin and PREFIX.idx (data/megatron.h).
   DatasetFormat format = DatasetFormat::Hdf5;
+  // Workers that parse and tokenize JSON Lines documents; 0: every core.
+  int threads = 0;
 };
 
 // Writes `output` (via output + ".tmp", see TokenDatasetWriter). Throws

@@ -106,6 +106,17 @@ TEST_P(SentencePiece, EncodesLikeSpmEncodeAndPrepareDataRecordsIt) {
   options.tokenizer = sp.get();
   prepare_dataset({dir + "/docs.jsonl"}, dir + "/docs.h5", options);
   TokenDataset data(dir + "/docs.h5");
+  // One worker gives the same file as several (each line is tokenized on its own).
+  PrepareOptions serial = options;
+  serial.threads = 1;
+  options.threads = 3;
+  prepare_dataset({dir + "/docs.jsonl"}, dir + "/docs-serial.h5", serial);
+  prepare_dataset({dir + "/docs.jsonl"}, dir + "/docs-parallel.h5", options);
+  {
+    TokenDataset a(dir + "/docs-serial.h5"), b(dir + "/docs-parallel.h5");
+    ASSERT_EQ(a.num_documents(), b.num_documents());
+    for (int64_t d = 0; d < a.num_documents(); ++d) ASSERT_EQ(a.read_document(d), b.read_document(d)) << d;
+  }
   EXPECT_EQ(data.vocab_size(), 600u);
   EXPECT_EQ(data.tokenizer(), sp->name());
   EXPECT_EQ(data.bos_id(), 1u);

@@ -48,6 +48,7 @@ EOS ends every document; the dataset records the tokenizer and its vocabulary.
                     BPE tokenizer.json (BOS/EOS from tokenizer_config.json beside it);
                     its ids, BOS first;
                     default byte-level (ids 0-255 bytes, 256 BOS, 257 EOS, no BOS added)
+  --threads N       workers tokenizing .jsonl documents (default: every core)
   --output-format hdf5|megatron
                     megatron writes Megatron-LM's OUTPUT.bin and OUTPUT.idx (MMIDIDX v1;
                     train them with data.format: megatron, data.path: OUTPUT)
@@ -232,6 +233,7 @@ int command_prepare_data(const std::vector<std::string>& raw) {
     const std::optional<std::string> output = args.option("--output");
     const std::string tokenizer_path = args.option("--tokenizer").value_or("");
     const std::string output_format = args.option("--output-format").value_or("hdf5");
+    const int64_t threads = args.integer("--threads", 0, 0);
     args.expect_empty();
     if (inputs.empty()) throw UsageError("--input needs at least one file");
     if (!output) throw UsageError("--output is required");
@@ -250,6 +252,7 @@ int command_prepare_data(const std::vector<std::string>& raw) {
     create_parent_directory(*output);
     PrepareOptions options;
     options.tokenizer = tokenizer.get();
+    options.threads = static_cast<int>(threads);
     if (output_format == "megatron") options.format = DatasetFormat::Megatron;
     else if (output_format != "hdf5") throw UsageError("--output-format '" + output_format + "' is not one of hdf5, megatron");
     prepare_dataset(inputs, *output, options);
