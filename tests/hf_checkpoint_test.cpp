@@ -29,6 +29,7 @@ namespace {
 
 namespace fs = std::filesystem;
 using Json = nlohmann::json;
+using testing::file_text;
 using testing::read_weights;
 using testing::run_trainer;
 using testing::scratch_dir;
@@ -117,6 +118,17 @@ TEST(HfCheckpoint, ExportThenImportIsBitIdenticalInFp32) {
   r = run_trainer("import-hf " + dir + "/hf --output " + dir + "/imported");
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_CONTAINS(r.output, "train.init_from=" + dir + "/imported/step-00000000");
+  // The training config written beside it reads back with the model config.json describes.
+  const std::string train_config = file_text(dir + "/imported/train-config.yaml");
+  EXPECT_CONTAINS(train_config, "hidden_size: 64");
+  EXPECT_CONTAINS(train_config, "num_kv_heads: 2");
+  EXPECT_CONTAINS(train_config, "ffn_hidden_size: 128");
+  EXPECT_CONTAINS(train_config, "max_seq_len: 128");
+  r = run_trainer("train " + dir + "/imported/train-config.yaml --set data.path=" + small_corpus() +
+                  " --set train.init_from=" + dir + "/imported/step-00000000 --set train.steps=1 --set train.run_dir=" +
+                  dir + "/trained --set train.checkpoint_dir=" + dir + "/trained/ckpt --set train.threads=1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "initial weights from " + dir + "/imported/step-00000000");
   const auto imported = weights_of(dir + "/imported/step-00000000", dir + "/imported.h5");
   ASSERT_EQ(imported.size(), original.size());
   for (const auto& [name, w] : original) {

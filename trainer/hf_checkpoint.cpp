@@ -326,6 +326,12 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_d
   progress.train_seed = config.train.seed;
   progress.data_seed = config.data.seed;
   const std::string path = save_weights_checkpoint(checkpoint_dir, *model, progress, config.yaml);
+  // A training config for the imported model, beside its checkpoint: every key, the
+  // model's from config.json; data.path (a stand-in) and train.init_from are the user's to set.
+  write_text((fs::path(checkpoint_dir) / "train-config.yaml").string(),
+             "# Written by trainer import-hf from " + config_json + ".\n# Train with: trainer train " +
+                 (fs::path(checkpoint_dir) / "train-config.yaml").string() + " --set data.path=DATA --set train.init_from=" +
+                 path + "\n" + config.yaml);
   spdlog::info("import-hf: {} ({} layers, hidden {}, vocabulary {}, {:.1f} M parameters) -> {}", hf_dir,
                config.model.num_layers, config.model.hidden_size, config.model.vocab_size,
                model->num_parameters() / 1e6, path);
