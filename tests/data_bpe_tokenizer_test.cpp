@@ -200,5 +200,21 @@ TEST(BpeFiles, UnsupportedShapesAreNamed) {
   EXPECT_CONTAINS(error_of("{not json"), path + ": not valid JSON");
 }
 
+TEST(BpeFiles, ByteFallbackAndUnknownSymbols) {
+  // A vocabulary without some byte characters: with byte_fallback such a byte is
+  // its <0xXX> token when the vocabulary has one, else the unk_token.
+  const std::string dir = testing::scratch_dir("bpe-byte-fallback");
+  std::ofstream(dir + "/tokenizer.json") << R"({
+    "model": {"type": "BPE", "byte_fallback": true, "unk_token": "<unk>",
+              "vocab": {"h": 0, "i": 1, "<0xC3>": 2, "<0xA9>": 3, "<unk>": 4, "</s>": 5}, "merges": []},
+    "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "use_regex": true}})";
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"eos_token": "</s>"})";
+  const std::unique_ptr<Tokenizer> t = load_tokenizer(dir + "/tokenizer.json");
+  EXPECT_EQ(t->eos_id(), 5u);
+  EXPECT_FALSE(t->adds_bos());  // no bos_token
+  EXPECT_EQ(encode(*t, "hié"), (Ids{0, 1, 2, 3}));  // é = C3 A9, neither byte's character is in the vocabulary
+  EXPECT_EQ(encode(*t, "hx"), (Ids{0, 4}));          // no <0x78> either: unk
+}
+
 }  // namespace
 }  // namespace hdp
