@@ -174,6 +174,8 @@ class BpeTokenizer : public Tokenizer {
       merges_.emplace(a + '\x01' + b, rank++);  // \x01 never occurs in a byte-level token
     }
     byte_fallback_ = m.value("byte_fallback", false);
+    // LLaMA-3 sets it: a word that is a token as a whole is that token, whatever the merges would make.
+    ignore_merges_ = m.value("ignore_merges", false);
     if (m.contains("unk_token") && m["unk_token"].is_string()) {
       auto it = vocab_.find(m["unk_token"].get<std::string>());
       if (it != vocab_.end()) unk_ = it->second;
@@ -311,6 +313,14 @@ class BpeTokenizer : public Tokenizer {
   void encode_word(std::string_view word, std::vector<uint32_t>& out) const {
     std::vector<std::string> symbols;
     for (unsigned char b : word) symbols.push_back(byte_map().to_char[b]);
+    if (ignore_merges_) {
+      std::string whole;
+      for (const std::string& s : symbols) whole += s;
+      if (auto it = vocab_.find(whole); it != vocab_.end()) {
+        out.push_back(it->second);
+        return;
+      }
+    }
     // Merge the lowest-ranked adjacent pair (the leftmost of equal ranks) until none is a merge.
     while (symbols.size() > 1) {
       int best = INT_MAX;
@@ -351,6 +361,7 @@ class BpeTokenizer : public Tokenizer {
   std::unordered_map<uint32_t, bool> added_ids_, special_;
   std::optional<uint32_t> unk_;
   bool byte_fallback_ = false;
+  bool ignore_merges_ = false;
   bool add_prefix_space_ = false;
   pcre2_code* regex_ = nullptr;
 };

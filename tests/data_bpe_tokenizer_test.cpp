@@ -216,5 +216,20 @@ TEST(BpeFiles, ByteFallbackAndUnknownSymbols) {
   EXPECT_EQ(encode(*t, "hx"), (Ids{0, 4}));          // no <0x78> either: unk
 }
 
+TEST(BpeFiles, IgnoreMergesTakesWholeWordTokens) {
+  // "hx" is a token but no merge makes it: with ignore_merges (LLaMA-3) the word
+  // is that token, without it the word stays two bytes.
+  const std::string dir = testing::scratch_dir("bpe-ignore-merges");
+  for (const bool ignore : {true, false}) {
+    std::ofstream(dir + "/tokenizer.json")
+        << R"({"model": {"type": "BPE", "ignore_merges": )" << (ignore ? "true" : "false")
+        << R"(, "vocab": {"h": 0, "x": 1, "hx": 2, "</s>": 3}, "merges": []},
+              "pre_tokenizer": {"type": "ByteLevel", "use_regex": true}})";
+    std::ofstream(dir + "/tokenizer_config.json") << R"({"eos_token": "</s>"})";
+    const std::unique_ptr<Tokenizer> t = load_tokenizer(dir + "/tokenizer.json");
+    EXPECT_EQ(encode(*t, "hx"), ignore ? Ids{2} : (Ids{0, 1})) << ignore;
+  }
+}
+
 }  // namespace
 }  // namespace hdp
