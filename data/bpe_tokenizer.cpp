@@ -15,6 +15,8 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <mutex>
+#include <shared_mutex>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
 
@@ -311,6 +313,21 @@ class BpeTokenizer : public Tokenizer {
   }
 
   void encode_word(std::string_view word, std::vector<uint32_t>& out) const {
+    // Words repeat (Zipf): their ids are cached, shared by the threads that encode at once.
+    {
+      std::shared_lock lock(cache_mutex_);
+      if (auto it = cache_.find(std::string(word)); it != cache_.end()) {
+        out.insert(out.end(), it->second.begin(), it->second.end());
+        return;
+      }
+    }
+    const size_t before = out.size();
+    encode_word_uncached(word, out);
+    std::unique_lock lock(cache_mutex_);
+    if (cache_.size() < kCacheWords) cache_.emplace(std::string(word), std::vector<uint32_t>(out.begin() + static_cast<long>(before), out.end()));
+  }
+
+  void encode_word_uncached(std::string_view word, std::vector<uint32_t>& out) const {
     std::vector<std::string> symbols;
     for (unsigned char b : word) symbols.push_back(byte_map().to_char[b]);
     if (ignore_merges_) {
@@ -362,6 +379,9 @@ class BpeTokenizer : public Tokenizer {
   std::optional<uint32_t> unk_;
   bool byte_fallback_ = false;
   bool ignore_merges_ = false;
+  static constexpr size_t kCacheWords = 1 << 20;  // a bound on its memory; later words are not cached
+  mutable std::shared_mutex cache_mutex_;
+  mutable std::unordered_map<std::string, std::vector<uint32_t>> cache_;
   bool add_prefix_space_ = false;
   pcre2_code* regex_ = nullptr;
 };
