@@ -131,7 +131,11 @@ TEST(Safetensors, NarrowingRoundsToNearestEven) {
 
 class BrokenFile : public ::testing::Test {
  protected:
-  void SetUp() override { dir_ = testing::scratch_dir("safetensors-broken"); }
+  // One directory per test: ctest may run the fixture's tests at once.
+  void SetUp() override {
+    dir_ = testing::scratch_dir(std::string("safetensors-broken-") +
+                                ::testing::UnitTest::GetInstance()->current_test_info()->name());
+  }
   std::string file(const std::string& header, const std::vector<uint8_t>& data, int64_t length = -1) {
     const std::string path = dir_ + "/" + std::to_string(count_++) + ".safetensors";
     write_file(path, header, data, length);

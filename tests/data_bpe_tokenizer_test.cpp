@@ -117,7 +117,8 @@ using Ids = std::vector<uint32_t>;
 class BpeFixture : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = testing::scratch_dir("bpe-fixture");
+    // One directory per test: ctest may run the fixture's tests at once.
+    dir_ = testing::scratch_dir(std::string("bpe-fixture-") + ::testing::UnitTest::GetInstance()->current_test_info()->name());
     tokenizer_ = load_tokenizer(fixture(dir_));
   }
   std::string dir_;

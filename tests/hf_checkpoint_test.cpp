@@ -187,7 +187,8 @@ TEST(HfCheckpoint, Bf16AndF16FilesImportAsTheirExactValues) {
 class HfImportRefuses : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = scratch_dir("hf-refusals");
+    // Per process: ctest runs each test of the suite as its own process, maybe at once.
+    dir_ = scratch_dir("hf-refusals-" + std::to_string(getpid()));
     const std::string ckpt = trained_checkpoint(dir_ + "/run");
     auto r = run_trainer("export-hf " + ckpt + " --output " + dir_ + "/good --dtype fp32");
     ASSERT_EQ(r.exit_code, 0) << r.output;
