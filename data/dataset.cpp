@@ -5,6 +5,7 @@
 #include <system_error>
 
 #include "data/hdf5_lock.h"
+#include "data/megatron.h"
 
 namespace hdp {
 
@@ -204,8 +205,12 @@ void TokenDatasetWriter::finish() {
 
 // ---------------------------------------------------------------- reader
 
-TokenDataset::TokenDataset(const std::string& path) : path_(path) {
+TokenDataset::TokenDataset(const std::string& path, DatasetFormat format) : path_(path) {
   auto fail = [&](const std::string& what) { throw DatasetError("dataset '" + path_ + "': " + what); };
+  if (format == DatasetFormat::Megatron) {
+    open_megatron();
+    return;
+  }
   std::error_code ec;
   fs::file_status st = fs::status(path_, ec);
   if (!fs::exists(st)) fail("file does not exist");
@@ -293,6 +298,44 @@ TokenDataset::TokenDataset(const std::string& path) : path_(path) {
   }
 }
 
+// Megatron's .bin/.idx (data/megatron.h): the documents' token ranges from the index,
+// the tokens memory-mapped. The files record no tokenizer, so the vocabulary is what
+// the data holds (largest id + 1, found by one pass over the tokens).
+struct MegatronSource {
+  MegatronIndex index;
+  std::unique_ptr<MegatronTokens> tokens;
+};
+
+void TokenDataset::open_megatron() {
+  auto source = std::make_shared<MegatronSource>();
+  source->index = read_megatron_index(path_);
+  source->tokens = std::make_unique<MegatronTokens>(path_, source->index.dtype);
+  const MegatronIndex& idx = source->index;
+  std::vector<uint64_t> sequence_start(idx.sequence_lengths.size() + 1, 0);
+  for (size_t s = 0; s < idx.sequence_lengths.size(); ++s)
+    sequence_start[s + 1] = sequence_start[s] + static_cast<uint64_t>(idx.sequence_lengths[s]);
+  offsets_.clear();
+  for (int64_t d : idx.document_indices) offsets_.push_back(sequence_start[static_cast<size_t>(d)]);
+  std::vector<int64_t> block(1 << 16);
+  int64_t max_id = 0;
+  for (uint64_t at = 0; at < source->tokens->size(); at += block.size()) {
+    const uint64_t n = std::min<uint64_t>(block.size(), source->tokens->size() - at);
+    source->tokens->read(at, n, block.data());
+    for (uint64_t i = 0; i < n; ++i) {
+      if (block[i] < 0 || block[i] > INT32_MAX)
+        throw DatasetError("dataset '" + path_ + "': token " + std::to_string(at + i) + " of " + path_ +
+                           ".bin is " + std::to_string(block[i]) + ", not a token id");
+      max_id = std::max(max_id, block[i]);
+    }
+  }
+  max_token_id_ = static_cast<uint32_t>(max_id);
+  vocab_size_ = static_cast<uint64_t>(max_id) + 1;
+  bos_id_ = eos_id_ = 0;  // not recorded by the format
+  format_version_ = 1;  // MMIDIDX version 1
+  tokenizer_ = "megatron (the index records no tokenizer)";
+  megatron_ = std::move(source);
+}
+
 void TokenDataset::close() noexcept {
   // hdf5_mutex() held by the caller.
   tokens_.reset();
@@ -302,7 +345,8 @@ void TokenDataset::close() noexcept {
 TokenDataset::TokenDataset(TokenDataset&& o) noexcept
     : path_(std::move(o.path_)), file_(std::move(o.file_)), tokens_(std::move(o.tokens_)),
       offsets_(std::move(o.offsets_)), vocab_size_(o.vocab_size_), bos_id_(o.bos_id_), eos_id_(o.eos_id_),
-      max_token_id_(o.max_token_id_), format_version_(o.format_version_), tokenizer_(std::move(o.tokenizer_)) {
+      max_token_id_(o.max_token_id_), format_version_(o.format_version_), tokenizer_(std::move(o.tokenizer_)),
+      megatron_(std::move(o.megatron_)) {
   o.offsets_.assign(1, 0);
 }
 
@@ -317,6 +361,7 @@ TokenDataset& TokenDataset::operator=(TokenDataset&& o) noexcept {
   tokens_ = std::move(o.tokens_);
   offsets_ = std::move(o.offsets_);
   o.offsets_.assign(1, 0);
+  megatron_ = std::move(o.megatron_);
   vocab_size_ = o.vocab_size_;
   bos_id_ = o.bos_id_;
   eos_id_ = o.eos_id_;
@@ -352,6 +397,12 @@ void TokenDataset::read(int64_t document, int64_t offset, int64_t length, int32_
                             std::to_string(offset) + ", " + std::to_string(offset + length) +
                             ") outside its length " + std::to_string(doc_len));
   if (length == 0) return;
+  if (megatron_) {
+    std::vector<int64_t> ids(static_cast<size_t>(length));
+    megatron_->tokens->read(offsets_[document] + static_cast<uint64_t>(offset), static_cast<uint64_t>(length), ids.data());
+    for (int64_t i = 0; i < length; ++i) out[i] = static_cast<int32_t>(ids[i]);  // checked in range at open
+    return;
+  }
   if (!tokens_.valid()) throw DatasetError("dataset '" + path_ + "': read from a closed dataset");
   {
     Hdf5Lock lock;

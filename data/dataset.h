@@ -8,6 +8,7 @@
 // and an evaluation loop); HDF5 work is serialised process-wide.
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -87,10 +88,16 @@ class TokenDatasetWriter {
 // A read-only view of a dataset file. open() validates the whole structure and
 // loads doc_offsets (8 bytes per document); tokens are read on demand.
 // Move-only. Methods are safe to call concurrently (see above).
+// data.format: hdf5 (this file format) or megatron (PREFIX.bin + PREFIX.idx, data/megatron.h).
+enum class DatasetFormat { Hdf5, Megatron };
+struct MegatronSource;
+
 class TokenDataset {
  public:
-  explicit TokenDataset(const std::string& path);
-  static TokenDataset open(const std::string& path) { return TokenDataset(path); }
+  explicit TokenDataset(const std::string& path, DatasetFormat format = DatasetFormat::Hdf5);
+  static TokenDataset open(const std::string& path, DatasetFormat format = DatasetFormat::Hdf5) {
+    return TokenDataset(path, format);
+  }
   TokenDataset(TokenDataset&&) noexcept;
   TokenDataset& operator=(TokenDataset&&) noexcept;
   TokenDataset(const TokenDataset&) = delete;
@@ -121,6 +128,7 @@ class TokenDataset {
 
  private:
   void close() noexcept;
+  void open_megatron();
 
   std::string path_;
   H5Handle file_, tokens_;
@@ -128,6 +136,7 @@ class TokenDataset {
   uint64_t vocab_size_ = 0;
   uint32_t bos_id_ = 0, eos_id_ = 0, max_token_id_ = 0, format_version_ = 0;
   std::string tokenizer_;
+  std::shared_ptr<const MegatronSource> megatron_;  // set for data.format megatron
 };
 
 }  // namespace hdp

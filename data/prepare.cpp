@@ -6,9 +6,12 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <atomic>
 #include <fstream>
+#include <thread>
 
 #include "data/json.h"
+#include "data/megatron.h"
 #include "data/tokenizer.h"
 
 namespace hdp {
@@ -25,15 +28,20 @@ bool is_blank(const std::string& line) {
   return true;
 }
 
+// Logs, every `every` bytes of input: MB read of the total, documents, tokens, MB/s and
+// the time left at that rate.
 class Progress {
  public:
-  explicit Progress(int64_t every) : every_(every > 0 ? every : INT64_MAX), next_(every_) {}
+  Progress(int64_t every, int64_t input_bytes)
+      : every_(every > 0 ? every : INT64_MAX), next_(every_), input_bytes_(input_bytes) {}
   void add(int64_t bytes, const DatasetBuildStats& stats) {
     total_ += bytes;
     if (total_ >= next_) {
-      double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-      spdlog::info("prepare-data: {} MB read, {} documents, {} tokens, {:.1f} s", total_ >> 20, stats.documents,
-                   stats.tokens, secs);
+      const double secs = seconds();
+      const double rate = secs > 0 ? static_cast<double>(total_) / secs : 0;
+      const double left = rate > 0 ? static_cast<double>(std::max<int64_t>(input_bytes_ - total_, 0)) / rate : 0;
+      spdlog::info("prepare-data: {} of {} MB read, {} documents, {} tokens, {:.1f} MB/s, {:.0f} s elapsed, ETA {:.0f} s",
+                   total_ >> 20, input_bytes_ >> 20, stats.documents, stats.tokens, rate / 1e6, secs, left);
       while (next_ <= total_) next_ += every_;
     }
   }
@@ -43,79 +51,159 @@ class Progress {
 
  private:
   int64_t every_, next_;
+  int64_t input_bytes_;
   int64_t total_ = 0;
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
-void add_document(TokenDatasetWriter& writer, std::vector<uint32_t>& ids, DatasetBuildStats& stats) {
-  ids.push_back(kByteEos);
+// Writer: TokenDatasetWriter (HDF5) or MegatronWriter (.bin/.idx), the same calls.
+template <class Writer>
+void add_document(Writer& writer, std::vector<uint32_t>& ids, const Tokenizer& tokenizer,
+                  DatasetBuildStats& stats) {
+  ids.push_back(tokenizer.eos_id());
   writer.append(ids);
   stats.documents += 1;
   stats.tokens += static_cast<int64_t>(ids.size());
   stats.max_document_tokens = std::max<int64_t>(stats.max_document_tokens, ids.size());
 }
 
-void read_jsonl(const std::string& path, TokenDatasetWriter& writer, DatasetBuildStats& stats, Progress& progress) {
+// JSON Lines in batches of lines: the batch's lines are parsed and tokenized by
+// `threads` workers at once (each line on its own, so any split of the work gives
+// the same ids), then appended in file order; an error is the first bad line's.
+template <class Writer>
+void read_jsonl(const std::string& path, const Tokenizer& tokenizer, Writer& writer, DatasetBuildStats& stats,
+                Progress& progress, int threads) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataInputError(path + ": cannot open: " + std::strerror(errno));
-  std::string line;
-  std::vector<uint32_t> ids;
+  constexpr size_t kBatchLines = 4096;
+  struct Line {
+    int64_t number = 0;
+    std::string text;
+    std::vector<uint32_t> ids;
+    std::string error;  // set by a worker: the line's DataInputError message
+    bool skipped = false;
+  };
+  std::vector<Line> batch(kBatchLines);
   int64_t line_no = 0;
-  while (std::getline(in, line)) {
-    ++line_no;
-    stats.input_bytes += static_cast<int64_t>(line.size()) + 1;
-    progress.add(static_cast<int64_t>(line.size()) + 1, stats);
-    if (is_blank(line)) continue;
-    std::string where = path + ":" + std::to_string(line_no) + ": ";
+  auto encode = [&](Line& l) {
+    const std::string where = path + ":" + std::to_string(l.number) + ": ";
     JsonStringField field;
     try {
-      field = json_object_string_field(line, "text");
+      field = json_object_string_field(l.text, "text");
     } catch (const JsonError& e) {
-      throw DataInputError(where + "invalid JSON: " + e.what());
+      l.error = where + "invalid JSON: " + e.what();
+      return;
     }
-    if (field.status == JsonStringField::Status::kMissing)
-      throw DataInputError(where + "the JSON object has no \"text\" member");
-    if (field.status == JsonStringField::Status::kNotString)
-      throw DataInputError(where + "\"text\" is " + (field.actual_type == "array" || field.actual_type == "object" ? "an " : "a ") +
-                           field.actual_type + ", expected a string");
+    if (field.status == JsonStringField::Status::kMissing) {
+      l.error = where + "the JSON object has no \"text\" member";
+      return;
+    }
+    if (field.status == JsonStringField::Status::kNotString) {
+      l.error = where + "\"text\" is " + (field.actual_type == "array" || field.actual_type == "object" ? "an " : "a ") +
+                field.actual_type + ", expected a string";
+      return;
+    }
     if (field.value.empty()) {
-      stats.skipped += 1;
-      continue;
+      l.skipped = true;
+      return;
     }
-    ids.clear();
-    encode_bytes_append(field.value, ids);
-    add_document(writer, ids, stats);
+    if (tokenizer.adds_bos()) l.ids.push_back(tokenizer.bos_id());
+    try {
+      tokenizer.encode_append(field.value, l.ids);
+    } catch (const std::exception& e) {
+      l.error = where + e.what();
+    }
+  };
+  bool more = true;
+  while (more) {
+    size_t n = 0;
+    int64_t bytes = 0;
+    while (n < kBatchLines) {
+      Line& l = batch[n];
+      if (!std::getline(in, l.text)) {
+        more = false;
+        break;
+      }
+      ++line_no;
+      bytes += static_cast<int64_t>(l.text.size()) + 1;
+      if (is_blank(l.text)) continue;
+      l.number = line_no;
+      l.ids.clear();
+      l.error.clear();
+      l.skipped = false;
+      ++n;
+    }
+    const int workers = std::max(1, std::min<int>(threads, static_cast<int>(n)));
+    std::vector<std::thread> pool;
+    std::atomic<size_t> next{0};
+    auto work = [&] {
+      for (size_t i; (i = next.fetch_add(1)) < n;) encode(batch[i]);
+    };
+    for (int w = 1; w < workers; ++w) pool.emplace_back(work);
+    work();
+    for (std::thread& t : pool) t.join();
+    for (size_t i = 0; i < n; ++i) {
+      Line& l = batch[i];
+      if (!l.error.empty()) throw DataInputError(l.error);
+      if (l.skipped) {
+        stats.skipped += 1;
+        continue;
+      }
+      add_document(writer, l.ids, tokenizer, stats);
+    }
+    stats.input_bytes += bytes;
+    progress.add(bytes, stats);
   }
   if (in.bad()) throw DataInputError(path + ":" + std::to_string(line_no + 1) + ": read error");
 }
 
-void read_plain(const std::string& path, TokenDatasetWriter& writer, DatasetBuildStats& stats, Progress& progress) {
+template <class Writer>
+void read_plain(const std::string& path, const Tokenizer& tokenizer, Writer& writer, DatasetBuildStats& stats,
+                Progress& progress) {
   std::ifstream in(path, std::ios::binary);
   if (!in) throw DataInputError(path + ": cannot open: " + std::strerror(errno));
   constexpr size_t kBlock = 1 << 20;
   std::string block(kBlock, '\0');
   std::vector<uint32_t> ids;
   int64_t doc_tokens = 0;
+  // A subword tokenizer must not see a word cut in two: it encodes up to the last
+  // newline of what was read and carries the rest into the next block.
+  std::string carry;
+  auto encode = [&](std::string_view text) {
+    ids.clear();
+    if (doc_tokens == 0 && tokenizer.adds_bos()) ids.push_back(tokenizer.bos_id());
+    tokenizer.encode_append(text, ids);
+    writer.append_partial(ids);
+    doc_tokens += static_cast<int64_t>(ids.size());
+  };
   while (true) {
     in.read(block.data(), kBlock);
     std::streamsize got = in.gcount();
     if (got > 0) {
-      ids.clear();
-      encode_bytes_append(std::string_view(block.data(), static_cast<size_t>(got)), ids);
-      writer.append_partial(ids);
-      doc_tokens += got;
       stats.input_bytes += got;
       progress.add(got, stats);
+      std::string_view text(block.data(), static_cast<size_t>(got));
+      if (tokenizer.splits_anywhere()) {
+        encode(text);
+      } else {
+        carry.append(text);
+        const size_t cut = carry.rfind('\n');
+        if (cut != std::string::npos) {
+          encode(std::string_view(carry).substr(0, cut + 1));
+          carry.erase(0, cut + 1);
+        }
+      }
     }
     if (!in) break;
   }
+  if (!carry.empty()) encode(carry);
   if (in.bad()) throw DataInputError(path + ": read error");
   if (doc_tokens == 0) {
     stats.skipped += 1;
     spdlog::warn("prepare-data: {} is empty; skipped", path);
     return;
   }
-  uint32_t eos = kByteEos;
+  uint32_t eos = tokenizer.eos_id();
   writer.append_partial(std::span<const uint32_t>(&eos, 1));
   writer.end_document();
   stats.documents += 1;
@@ -139,17 +227,34 @@ DatasetBuildStats prepare_dataset(const std::vector<std::string>& inputs, const 
   }
 
   DatasetBuildStats stats;
-  Progress progress(options.progress_every_bytes);
-  TokenDatasetWriter writer(output, kByteVocabSize, kByteTokenizerName, kByteBos, kByteEos);
+  int64_t input_bytes = 0;
   for (const std::string& path : inputs) {
-    if (ends_with(path, ".jsonl"))
-      read_jsonl(path, writer, stats, progress);
-    else
-      read_plain(path, writer, stats, progress);
+    std::error_code ec;
+    input_bytes += static_cast<int64_t>(fs::file_size(path, ec));
   }
-  if (stats.documents == 0)
-    throw DataInputError("prepare-data: the inputs hold no non-empty documents; nothing written to " + output);
-  writer.finish();
+  Progress progress(options.progress_every_bytes, input_bytes);
+  const int threads = options.threads > 0 ? options.threads : std::max(1u, std::thread::hardware_concurrency());
+  std::unique_ptr<Tokenizer> bytes;
+  const Tokenizer* tokenizer = options.tokenizer;
+  if (tokenizer == nullptr) tokenizer = (bytes = load_tokenizer("")).get();
+  auto write_all = [&](auto& writer) {
+    for (const std::string& path : inputs) {
+      if (ends_with(path, ".jsonl"))
+        read_jsonl(path, *tokenizer, writer, stats, progress, threads);
+      else
+        read_plain(path, *tokenizer, writer, stats, progress);
+    }
+    if (stats.documents == 0)
+      throw DataInputError("prepare-data: the inputs hold no non-empty documents; nothing written to " + output);
+    writer.finish();
+  };
+  if (options.format == DatasetFormat::Megatron) {
+    MegatronWriter writer(output, tokenizer->vocab_size());
+    write_all(writer);
+  } else {
+    TokenDatasetWriter writer(output, tokenizer->vocab_size(), tokenizer->name(), tokenizer->bos_id(), tokenizer->eos_id());
+    write_all(writer);
+  }
   stats.seconds = progress.seconds();
   spdlog::info("prepare-data: wrote {}: {} documents, {} tokens ({} skipped empty), longest {} tokens, {:.2f} s",
                output, stats.documents, stats.tokens, stats.skipped, stats.max_document_tokens, stats.seconds);

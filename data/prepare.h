@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "data/dataset.h"
+#include "data/tokenizer.h"
 
 namespace hdp {
 
@@ -27,6 +28,13 @@ class DataInputError : public InputError {
 
 struct PrepareOptions {
   int64_t progress_every_bytes = 64ll << 20;  // log progress after each such amount of input
+  // nullptr: the byte-level tokenizer. Documents get the tokenizer's BOS first
+  // when it adds one (data/tokenizer.h) and its EOS last.
+  const Tokenizer* tokenizer = nullptr;
+  // Megatron: `output` is the PREFIX of PREFIX.bin and PREFIX.idx (data/megatron.h).
+  DatasetFormat format = DatasetFormat::Hdf5;
+  // Workers that parse and tokenize JSON Lines documents; 0: every core.
+  int threads = 0;
 };
 
 // Writes `output` (via output + ".tmp", see TokenDatasetWriter). Throws

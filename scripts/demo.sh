@@ -16,3 +16,9 @@ fi
 rm -rf runs/tiny-llama
 "$trainer" train configs/tiny-llama.yaml "$@"
 echo "metrics: runs/tiny-llama/metrics.jsonl"
+# What the model learned: a greedy continuation from its last checkpoint (the
+# config saves one every 100 steps; a run shorter than that has none).
+if ls runs/tiny-llama/checkpoints/step-* > /dev/null 2>&1; then
+  echo "sample:"
+  "$trainer" generate runs/tiny-llama/checkpoints --prompt "Where does Clara live?" --max-new-tokens 80
+fi

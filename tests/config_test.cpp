@@ -460,7 +460,7 @@ TEST(ConfigErrors, OtherConstraints) {
   };
   const std::vector<Case> cases = {
       {"model.arch=gpt2", "model.arch: unsupported architecture 'gpt2'; the only architecture in this build is 'llama'"},
-      {"data.format=bin", "data.format: unsupported dataset format 'bin'; the only format in this build is 'hdf5'"},
+      {"data.format=bin", "data.format: unsupported dataset format 'bin'; choose hdf5 (this trainer's file) or megatron"},
       {"data.max_seq_len=1", "data.max_seq_len: 1 is too small; it must be at least 2"},
       {"data.micro_batch_tokens=0", "data.micro_batch_tokens: 0 is not positive"},
       {"scheduler.policy=random", "scheduler.policy: unknown policy 'random'; choose naive"},
@@ -638,12 +638,14 @@ TEST(ConfigErrors, DatasetVocabularyTooLarge) {
       "  vocab_size: 258\n");
   const Config c = load_config(path);
   EXPECT_NO_THROW(validate_dataset_vocab(c, 258, 257));
-  EXPECT_NO_THROW(validate_dataset_vocab(c, 32000, 100));  // a larger declared vocabulary is fine if ids fit
-  const std::string msg = error_of([&] { validate_dataset_vocab(c, 32000, 31999); });
+  EXPECT_NO_THROW(validate_dataset_vocab(c, 100, 99));  // a smaller tokenizer fits the embedding
+  // A larger tokenizer vocabulary is refused even when the ids present happen to fit:
+  // the data was made for another model.
+  const std::string msg = error_of([&] { validate_dataset_vocab(c, 32000, 100); });
   EXPECT_CONTAINS(msg, path + ":4: model.vocab_size: 258 is too small for data.path '" + s.data +
-                             "', which holds token id 31999 (dataset vocabulary size 32000)");
+                             "', whose tokenizer's vocabulary has 32000 entries (largest token id in it 100)");
   EXPECT_CONTAINS(msg, "set model.vocab_size to at least 32000");
-  EXPECT_CONTAINS(error_of([&] { validate_dataset_vocab(c, 258, 258); }), "token id 258");
+  EXPECT_CONTAINS(error_of([&] { validate_dataset_vocab(c, 258, 258); }), "largest token id in it 258");
   // With vocab_size at its default, the error points at the config file.
   const Config d = load_config(s.config(kMinimalConfig, "min.yaml"));
   EXPECT_CONTAINS(error_of([&] { validate_dataset_vocab(d, 300, 299); }),

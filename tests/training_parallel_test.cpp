@@ -146,6 +146,25 @@ TEST(ParallelLayouts, TiedEmbeddingsSplitOverFirstAndLastStageStayInSync) {
   }
 }
 
+TEST(ParallelLayouts, ImportedHuggingFaceModelTrainsAlikeUnderTp2AndHdp2) {
+  // A Hugging Face directory (written by export-hf from a 5-step run) imported
+  // with import-hf is the starting point of every layout (train.init_from).
+  const std::string dir = scratch_dir("parallel-hf-import");
+  train(dir + "/pretrain", {"single", 1, 1, 1});
+  auto r = run_trainer("export-hf " + dir + "/pretrain/ckpt --output " + dir + "/hf --dtype fp32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_trainer("import-hf " + dir + "/hf --output " + dir + "/imported");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string init = "--set train.init_from=" + dir + "/imported/step-00000000";
+  const RunResult want = train(dir + "/single", {"single", 1, 1, 1}, init);
+  // The imported weights were used: the first step starts from the trained model.
+  ASSERT_FALSE(want.losses.empty());
+  EXPECT_LT(want.losses[0], single_process().losses[0]);
+  for (const Layout& l : {Layout{"hf_tp2", 2, 1, 1}, Layout{"hf_hdp2", 1, 1, 2}}) {
+    expect_same_run(train(dir + "/" + l.name, l, init), want, l.name);
+  }
+}
+
 TEST(ParallelResume, AcrossLayoutsContinuesLikeAnUninterruptedRun) {
   // The runs stop at steps 2, 4 and 5 by their train.steps; a warm-up longer than
   // that keeps the learning rate independent of train.steps (the cosine decay is

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <regex>
 #include <span>
@@ -256,7 +257,8 @@ std::vector<float> to_host(const Tensor& t) {
   return host;
 }
 
-void write_part(const std::string& file, const LlamaModel& model, const ZeroAdamW& optimizer,
+// optimizer: nullptr for a weights-only part (its optimizer group stays empty).
+void write_part(const std::string& file, const LlamaModel& model, const ZeroAdamW* optimizer,
                 const TrainingProgress& progress, const CheckpointLayout& layout) {
   const std::string tmp = file + ".tmp";
   const auto& params = model.parameters();
@@ -287,8 +289,9 @@ void write_part(const std::string& file, const LlamaModel& model, const ZeroAdam
 
     H5Handle opt = h5_group(H5Gcreate2(f.get(), "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "optimizer");
     std::map<size_t, H5Handle> groups;
-    const Tensor moments[2] = {optimizer.exp_avg(), optimizer.exp_avg_sq()};
-    for (const ZeroAdamW::Segment& seg : optimizer.segments()) {
+    static const std::vector<ZeroAdamW::Segment> kNoSegments;
+    const Tensor moments[2] = {optimizer ? optimizer->exp_avg() : Tensor(), optimizer ? optimizer->exp_avg_sq() : Tensor()};
+    for (const ZeroAdamW::Segment& seg : optimizer ? optimizer->segments() : kNoSegments) {
       if (seg.parameter >= params.size()) {
         throw CheckpointError(file + ": optimizer segment of parameter " + std::to_string(seg.parameter) +
                               ", the model has " + std::to_string(params.size()));
@@ -681,9 +684,10 @@ std::string checkpoint_path(const std::string& checkpoint_dir, int64_t step) {
   return (fs::path(checkpoint_dir) / name).string();
 }
 
-std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const ZeroAdamW& optimizer,
-                            const TrainingProgress& progress, const std::string& config_yaml, int64_t keep,
-                            const CheckpointLayout& layout) {
+// save_checkpoint and save_weights_checkpoint: one commit protocol, with or without the moments.
+static std::string save_parts(const std::string& checkpoint_dir, const LlamaModel& model, const ZeroAdamW* optimizer,
+                              const TrainingProgress& progress, const std::string& config_yaml, int64_t keep,
+                              const CheckpointLayout& layout) {
   const ParallelDegrees& d = layout.degrees;
   const GridCoords& c = layout.coords;
   const int world_size = d.world();
@@ -768,12 +772,36 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
   return final_path;
 }
 
+std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const ZeroAdamW& optimizer,
+                            const TrainingProgress& progress, const std::string& config_yaml, int64_t keep,
+                            const CheckpointLayout& layout) {
+  return save_parts(checkpoint_dir, model, &optimizer, progress, config_yaml, keep, layout);
+}
+
+std::string save_weights_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model,
+                                    const TrainingProgress& progress, const std::string& config_yaml) {
+  const ModelPartition& part = model.partition();
+  if (part.tp_size != 1 || part.first_layer != 0 || model.num_layers() != model.config().num_layers ||
+      !part.has_embedding || !part.has_head)
+    throw std::invalid_argument("save_weights_checkpoint: the model must be whole (one rank)");
+  CheckpointLayout layout;  // one rank, offline: it writes the only part and commits
+  // Nothing is pruned: the directory may hold checkpoints that are not ours to delete.
+  return save_parts(checkpoint_dir, model, nullptr, progress, config_yaml, std::numeric_limits<int64_t>::max(), layout);
+}
+
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir) {
   auto all = list_checkpoints(checkpoint_dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
     if (it->complete) return it->path.string();
   }
   return std::nullopt;
+}
+
+std::string checkpoint_or_latest(const std::string& path) {
+  std::error_code ec;
+  if (fs::exists(fs::path(path) / kManifest, ec)) return path;
+  if (auto latest = latest_checkpoint(path)) return *latest;
+  throw CheckpointError(path + ": neither a checkpoint (no " + kManifest + ") nor a directory holding complete checkpoints");
 }
 
 TrainingProgress load_checkpoint(const std::string& path, LlamaModel& model, ZeroAdamW* optimizer) {
@@ -827,6 +855,51 @@ TrainingProgress load_checkpoint(const std::string& path, LlamaModel& model, Zer
 
 std::string checkpoint_config(const std::string& path) { return read_manifest(path).config; }
 
+namespace {
+
+// Every weight of the checkpoint behind `reader` as a whole tensor, in the order
+// the parts list them (the caller holds Hdf5Lock).
+void for_each_whole_tensor(CheckpointReader& reader,
+                           const std::function<void(const CheckpointTensorInfo&, std::vector<float>&&)>& fn) {
+  for (const std::string& name : reader.tensor_names()) {
+    const TensorPieces& t = *reader.find(name);
+    if (t.weights.empty()) continue;
+    const std::vector<int64_t>& shape = t.weights.front().slice.global_shape;
+    reader.check_shape(name, t, shape);
+    Slice whole;
+    whole.global_shape = shape;
+    whole.end = whole.global_rows();
+    const Box box = whole.box();
+    auto w = reader.assemble(name, t.weights, box);
+    reader.check_covered(w, box, 0, box.area(), "tensor '" + name + "'");
+    fn(CheckpointTensorInfo{name, shape}, std::move(w.data));
+  }
+}
+
+}  // namespace
+
+CheckpointContents checkpoint_contents(const std::string& path) {
+  Hdf5Lock lock;
+  CheckpointReader reader(path);
+  CheckpointContents contents;
+  contents.progress = reader.manifest().progress;
+  contents.config = reader.manifest().config;
+  for (const std::string& name : reader.tensor_names()) {
+    const TensorPieces& t = *reader.find(name);
+    if (t.weights.empty()) continue;
+    reader.check_shape(name, t, t.weights.front().slice.global_shape);
+    contents.tensors.push_back({name, t.weights.front().slice.global_shape});
+  }
+  return contents;
+}
+
+void read_whole_tensors(const std::string& path,
+                        const std::function<void(const CheckpointTensorInfo&, std::vector<float>&&)>& fn) {
+  Hdf5Lock lock;
+  CheckpointReader reader(path);
+  for_each_whole_tensor(reader, fn);
+}
+
 void export_checkpoint(const std::string& path, const std::string& output) {
   const std::string tmp = output + ".tmp";
   Hdf5Lock lock;
@@ -835,19 +908,9 @@ void export_checkpoint(const std::string& path, const std::string& output) {
     H5Handle out = h5_file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "creating " + tmp);
     h5_write_attr_u64(out.get(), "step", static_cast<uint64_t>(reader.manifest().progress.step));
     h5_write_attr_string(out.get(), "config", reader.manifest().config);
-    for (const std::string& name : reader.tensor_names()) {
-      const TensorPieces& t = *reader.find(name);
-      if (t.weights.empty()) continue;
-      const std::vector<int64_t>& shape = t.weights.front().slice.global_shape;
-      reader.check_shape(name, t, shape);
-      Slice whole;
-      whole.global_shape = shape;
-      whole.end = whole.global_rows();
-      const Box box = whole.box();
-      auto w = reader.assemble(name, t.weights, box);
-      reader.check_covered(w, box, 0, box.area(), "tensor '" + name + "'");
-      write_dataset(out.get(), name, shape, w.data.data(), w.data.size());
-    }
+    for_each_whole_tensor(reader, [&](const CheckpointTensorInfo& t, std::vector<float>&& data) {
+      write_dataset(out.get(), t.name, t.shape, data.data(), data.size());
+    });
     out.close("closing " + tmp);
   } catch (const Hdf5Error& e) {
     std::error_code ec;

@@ -15,9 +15,11 @@
 // into one HDF5 file for outside readers.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "base/errors.h"
 #include "data/batch.h"
@@ -67,9 +69,21 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
                             const TrainingProgress& progress, const std::string& config_yaml, int64_t keep,
                             const CheckpointLayout& layout);
 
+// A checkpoint of a whole model's weights only (one part, no optimizer state),
+// committed like any other: what `train.init_from` takes (import-hf writes its
+// step 0 this way). Deletes no other checkpoint of the directory. Resuming from
+// it is refused (no moments); start from it with train.init_from.
+std::string save_weights_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model,
+                                    const TrainingProgress& progress, const std::string& config_yaml);
+
 // The newest complete checkpoint in the directory, if any (directories without a
 // committed manifest are ignored).
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir);
+
+// `path` itself when it is a checkpoint (holds manifest.yaml), else the newest complete
+// checkpoint in it; CheckpointError when it is neither. What the converters and
+// `trainer eval` take, so a user may name a step or a run's checkpoint directory.
+std::string checkpoint_or_latest(const std::string& path);
 
 // Loads this rank's slice of the weights (and, when optimizer is given, its shard of
 // the moments) into a model whose global shapes must match, from a checkpoint
@@ -79,6 +93,23 @@ TrainingProgress load_checkpoint(const std::string& path, LlamaModel& model, Zer
 
 // The config text stored in a checkpoint's manifest.
 std::string checkpoint_config(const std::string& path);
+
+// A checkpoint's weights as whole tensors, for converters (export, export-hf):
+// their names and global shapes in the parts' order, then their values one
+// tensor at a time (only one is in memory at once). `fn` runs with the HDF5
+// lock held, so it must not read or write HDF5 files itself.
+struct CheckpointTensorInfo {
+  std::string name;             // Hugging Face name
+  std::vector<int64_t> shape;   // the whole tensor's
+};
+struct CheckpointContents {
+  TrainingProgress progress;
+  std::string config;           // the config text of the manifest
+  std::vector<CheckpointTensorInfo> tensors;
+};
+CheckpointContents checkpoint_contents(const std::string& path);
+void read_whole_tensors(const std::string& path,
+                        const std::function<void(const CheckpointTensorInfo&, std::vector<float>&&)>& fn);
 
 // Writes every weight as a whole tensor under its Hugging Face name into one HDF5
 // file (plus the config as an attribute), for outside readers.

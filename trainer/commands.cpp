@@ -16,6 +16,9 @@
 #include "trainer/checkpoint.h"
 #include "trainer/command_line.h"
 #include "trainer/config.h"
+#include "trainer/evaluate.h"
+#include "trainer/generate.h"
+#include "trainer/hf_checkpoint.h"
 #include "trainer/profiler.h"
 #include "trainer/selftest.h"
 #include "trainer/training.h"
@@ -37,10 +40,18 @@ Trains the model the config describes (see docs/configuration.md).
 Run under mpirun or srun for several ranks; without them it is a single rank.
 )";
 
-const char* const kPrepareHelp = R"(usage: trainer prepare-data --input FILE... --output DATA.h5
+const char* const kPrepareHelp = R"(usage: trainer prepare-data --input FILE... --output DATA.h5 [--tokenizer PATH]
 
-Tokenizes text into the project's HDF5 token dataset (docs/dataset-format.md) with
-the byte-level tokenizer (ids 0-255 bytes, 256 BOS, 257 EOS; EOS ends every document).
+Tokenizes text into the project's HDF5 token dataset (docs/dataset-format.md).
+EOS ends every document; the dataset records the tokenizer and its vocabulary.
+  --tokenizer PATH  a SentencePiece model (tokenizer.model) or a Hugging Face byte-level
+                    BPE tokenizer.json (BOS/EOS from tokenizer_config.json beside it);
+                    its ids, BOS first;
+                    default byte-level (ids 0-255 bytes, 256 BOS, 257 EOS, no BOS added)
+  --threads N       workers tokenizing .jsonl documents (default: every core)
+  --output-format hdf5|megatron
+                    megatron writes Megatron-LM's OUTPUT.bin and OUTPUT.idx (MMIDIDX v1;
+                    train them with data.format: megatron, data.path: OUTPUT)
   --input FILE...   .jsonl files give one document per line from {"text": ...};
                     any other file is one document
   --output PATH     the dataset to write
@@ -64,6 +75,64 @@ Writes every weight of a checkpoint (a step-NNNNNNNN directory, saved under any
 tp/pp/hdp layout) as a whole float32 tensor under its Hugging Face name
 ([out, in]) into one HDF5 file, with the config as an attribute.
   --output PATH   the file to write
+)";
+
+
+const char* const kImportHfHelp = R"(usage: trainer import-hf HF_DIR --output CHECKPOINT_DIR [--set key.path=value ...]
+
+Converts a Hugging Face LLaMA model directory (config.json and model.safetensors,
+or shards listed in model.safetensors.index.json; F32, F16 or BF16 tensors) into
+a step-0 checkpoint of this trainer, CHECKPOINT_DIR/step-00000000, holding the
+weights in float32. Train from it under any layout with
+  --set train.init_from=CHECKPOINT_DIR/step-00000000
+config.json settings this build does not implement (rope_scaling, attention or
+MLP biases, another activation or architecture, a sliding window) are refused.
+  --output DIR           a new (or empty) directory
+  --set key.path=value   a config key stored with the checkpoint (not the model's shape)
+)";
+
+const char* const kExportHfHelp = R"(usage: trainer export-hf CHECKPOINT --output HF_DIR [options]
+
+Writes a checkpoint (a step-NNNNNNNN directory saved under any layout, or a
+checkpoint directory, whose newest complete checkpoint is taken) as a Hugging
+Face LLaMA model directory: config.json, generation_config.json and
+model.safetensors (sharded, with model.safetensors.index.json, above the
+shard size), which transformers' from_pretrained loads as LlamaForCausalLM.
+  --output DIR            the directory to write (must not hold a model)
+  --dtype bf16|fp32       the weights' type (default bf16)
+  --max-shard-size BYTES  largest shard (default 5000000000; K and M suffixes)
+  --bos-id N --eos-id N   the tokenizer's BOS and EOS ids (default 256 and 257 for
+                          the byte-level vocabulary of 258; needed for any other)
+)";
+
+
+const char* const kEvalHelp = R"(usage: trainer eval CHECKPOINT --data DATA [options]
+
+Loss and perplexity of a checkpoint (a step directory saved under any layout, or
+a checkpoint directory, whose newest complete checkpoint is taken) on held-out
+data, in one process: every document cut into sequences of at most max_seq_len
+tokens, each token predicting the next of its sequence; the loss is the mean
+cross-entropy over the predicted tokens (nats), the perplexity its exp.
+  --data PATH               the dataset (an HDF5 file, or a Megatron PREFIX)
+  --data-format hdf5|megatron
+  --max-seq-len N           default: the checkpoint config's data.max_seq_len
+  --max-documents N         only the first N documents
+  --threads N               default: every core
+)";
+
+
+const char* const kGenerateHelp = R"(usage: trainer generate CHECKPOINT --prompt TEXT [options]
+
+Continues TEXT with a checkpoint (a step directory saved under any layout, or a
+checkpoint directory, whose newest complete checkpoint is taken) and prints the
+prompt and its continuation. Stops after --max-new-tokens or at the tokenizer's
+EOS. Each token recomputes the whole context (no KV cache yet).
+  --tokenizer PATH       tokenizer.model or tokenizer.json (default byte-level)
+  --max-new-tokens N     default 128
+  --temperature T        0 (default): greedy; otherwise sample softmax(logits / T)
+  --top-p P              sample only from the most likely tokens holding P of the mass (default 1)
+  --seed S               the sampling stream (default 1)
+  --threads N            default: every core
 )";
 
 const char* const kSelftestHelp = R"(usage: trainer selftest [--seed N]
@@ -162,6 +231,9 @@ int command_prepare_data(const std::vector<std::string>& raw) {
   return run_subcommand("prepare-data", [&] {
     const std::vector<std::string> inputs = args.list("--input");
     const std::optional<std::string> output = args.option("--output");
+    const std::string tokenizer_path = args.option("--tokenizer").value_or("");
+    const std::string output_format = args.option("--output-format").value_or("hdf5");
+    const int64_t threads = args.integer("--threads", 0, 0);
     args.expect_empty();
     if (inputs.empty()) throw UsageError("--input needs at least one file");
     if (!output) throw UsageError("--output is required");
@@ -173,8 +245,17 @@ int command_prepare_data(const std::vector<std::string>& raw) {
                          "'; writing the dataset would replace it, so choose another output path");
       }
     }
+    const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(tokenizer_path);
+    spdlog::info("prepare-data: tokenizer {} (vocabulary {}, BOS {}, EOS {})", tokenizer->name(),
+                 tokenizer->vocab_size(), tokenizer->adds_bos() ? std::to_string(tokenizer->bos_id()) : "not added",
+                 tokenizer->eos_id());
     create_parent_directory(*output);
-    prepare_dataset(inputs, *output);
+    PrepareOptions options;
+    options.tokenizer = tokenizer.get();
+    options.threads = static_cast<int>(threads);
+    if (output_format == "megatron") options.format = DatasetFormat::Megatron;
+    else if (output_format != "hdf5") throw UsageError("--output-format '" + output_format + "' is not one of hdf5, megatron");
+    prepare_dataset(inputs, *output, options);
     return kExitSuccess;
   });
 }
@@ -221,6 +302,122 @@ int command_export(const std::vector<std::string>& raw) {
     create_parent_directory(*output);
     export_checkpoint(checkpoints[0], *output);
     spdlog::info("exported {} to {}", checkpoints[0], *output);
+    return kExitSuccess;
+  });
+}
+
+int command_import_hf(const std::vector<std::string>& raw) {
+  Arguments args(raw);
+  if (args.wants_help()) {
+    std::fputs(kImportHfHelp, stdout);
+    return kExitSuccess;
+  }
+  return run_subcommand("import-hf", [&] {
+    const std::vector<std::string> overrides = args.repeated("--set");
+    const std::optional<std::string> output = args.option("--output");
+    const std::vector<std::string> dirs = args.positional();
+    args.expect_empty();
+    if (dirs.size() != 1) throw UsageError("expects exactly one HF_DIR (a Hugging Face model directory)");
+    if (!output) throw UsageError("--output is required");
+    const std::string path = import_hf(dirs[0], *output, overrides);
+    std::printf("wrote %s; train from it with --set train.init_from=%s\n", path.c_str(), path.c_str());
+    return kExitSuccess;
+  });
+}
+
+int command_export_hf(const std::vector<std::string>& raw) {
+  Arguments args(raw);
+  if (args.wants_help()) {
+    std::fputs(kExportHfHelp, stdout);
+    return kExitSuccess;
+  }
+  return run_subcommand("export-hf", [&] {
+    HfExportOptions options;
+    const std::optional<std::string> output = args.option("--output");
+    const std::string dtype = args.option("--dtype").value_or("bf16");
+    options.max_shard_bytes = static_cast<uint64_t>(
+        args.integer("--max-shard-size", static_cast<int64_t>(options.max_shard_bytes), 1));
+    // -1: not given (the byte-level vocabulary's ids, or an error for other vocabularies).
+    if (const int64_t bos = args.integer("--bos-id", -1, 0); bos >= 0) options.bos_token_id = bos;
+    if (const int64_t eos = args.integer("--eos-id", -1, 0); eos >= 0) options.eos_token_id = eos;
+    const std::vector<std::string> checkpoints = args.positional();
+    args.expect_empty();
+    if (checkpoints.size() != 1) throw UsageError("expects exactly one CHECKPOINT directory");
+    if (!output) throw UsageError("--output is required");
+    if (dtype == "bf16") options.dtype = SafetensorsDtype::BF16;
+    else if (dtype == "fp32") options.dtype = SafetensorsDtype::F32;
+    else throw UsageError("--dtype '" + dtype + "' is not one of bf16, fp32");
+    const std::string path = export_hf(checkpoints[0], *output, options);
+    std::printf("wrote %s from %s; load it with transformers' AutoModelForCausalLM.from_pretrained(\"%s\")\n",
+                output->c_str(), path.c_str(), output->c_str());
+    return kExitSuccess;
+  });
+}
+
+int command_eval(const std::vector<std::string>& raw) {
+  Arguments args(raw);
+  if (args.wants_help()) {
+    std::fputs(kEvalHelp, stdout);
+    return kExitSuccess;
+  }
+  return run_subcommand("eval", [&] {
+    EvalOptions options;
+    const std::optional<std::string> data = args.option("--data");
+    const std::string format = args.option("--data-format").value_or("hdf5");
+    options.max_seq_len = args.integer("--max-seq-len", 0, 2);
+    options.max_documents = args.integer("--max-documents", 0, 1);
+    options.threads = args.integer("--threads", 0, 0);
+    const std::vector<std::string> checkpoints = args.positional();
+    args.expect_empty();
+    if (checkpoints.size() != 1) throw UsageError("expects exactly one CHECKPOINT directory");
+    if (!data) throw UsageError("--data is required");
+    if (format == "megatron") options.format = DatasetFormat::Megatron;
+    else if (format != "hdf5") throw UsageError("--data-format '" + format + "' is not one of hdf5, megatron");
+    const EvalResult r = evaluate_checkpoint(checkpoints[0], *data, options);
+    std::printf("eval %s (step %lld) on %s: %lld documents, %lld sequences, %lld predicted tokens: loss %.6f, "
+                "perplexity %.4f (%.1f s)\n",
+                r.checkpoint.c_str(), static_cast<long long>(r.step), data->c_str(),
+                static_cast<long long>(r.documents), static_cast<long long>(r.sequences),
+                static_cast<long long>(r.predicted_tokens), r.loss, r.perplexity, r.seconds);
+    return kExitSuccess;
+  });
+}
+
+int command_generate(const std::vector<std::string>& raw) {
+  Arguments args(raw);
+  if (args.wants_help()) {
+    std::fputs(kGenerateHelp, stdout);
+    return kExitSuccess;
+  }
+  return run_subcommand("generate", [&] {
+    GenerateOptions options;
+    const std::optional<std::string> prompt = args.option("--prompt");
+    options.tokenizer = args.option("--tokenizer").value_or("");
+    options.max_new_tokens = args.integer("--max-new-tokens", options.max_new_tokens, 1);
+    options.seed = static_cast<uint64_t>(args.integer("--seed", 1, 0));
+    options.threads = args.integer("--threads", 0, 0);
+    auto real = [&](const char* name, double fallback) {
+      const std::optional<std::string> text = args.option(name);
+      if (!text) return fallback;
+      try {
+        size_t used = 0;
+        const double v = std::stod(*text, &used);
+        if (used != text->size()) throw std::invalid_argument("trailing characters");
+        return v;
+      } catch (const std::exception&) {
+        throw UsageError(std::string(name) + " expects a number, got '" + *text + "'");
+      }
+    };
+    options.temperature = real("--temperature", options.temperature);
+    options.top_p = real("--top-p", options.top_p);
+    const std::vector<std::string> checkpoints = args.positional();
+    args.expect_empty();
+    if (checkpoints.size() != 1) throw UsageError("expects exactly one CHECKPOINT directory");
+    if (!prompt) throw UsageError("--prompt is required");
+    const GenerateResult r = generate_text(checkpoint_or_latest(checkpoints[0]), *prompt, options);
+    spdlog::info("generate: {} (prompt {} tokens, {} new{}, {:.2f} s)", r.checkpoint, r.prompt_ids.size(),
+                 r.new_ids.size(), r.stopped_at_eos ? ", stopped at EOS" : "", r.seconds);
+    std::printf("%s%s\n", prompt->c_str(), r.text.c_str());
     return kExitSuccess;
   });
 }

@@ -12,6 +12,10 @@ int command_train(int argc, char** argv, const std::vector<std::string>& args);
 int command_prepare_data(const std::vector<std::string>& args);
 int command_make_corpus(const std::vector<std::string>& args);
 int command_export(const std::vector<std::string>& args);
+int command_import_hf(const std::vector<std::string>& args);
+int command_export_hf(const std::vector<std::string>& args);
+int command_eval(const std::vector<std::string>& args);
+int command_generate(const std::vector<std::string>& args);
 int command_profile(const std::vector<std::string>& args);
 int command_selftest(const std::vector<std::string>& args);
 // trainer/plan_command.cpp

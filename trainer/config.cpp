@@ -409,8 +409,9 @@ struct Parser {
     require(!d.path.empty(), "data.path", "required key is missing",
             "set it to an HDF5 token dataset, e.g. data.path: data-cache/demo-corpus.h5 (make one with "
             "'trainer make-corpus --output <path>' or 'trainer prepare-data')");
-    require(d.format == "hdf5", "data.format", "unsupported dataset format " + shown("data.format"),
-            "the only format in this build is 'hdf5' (docs/dataset-format.md)");
+    require(d.format == "hdf5" || d.format == "megatron", "data.format", "unsupported dataset format " + shown("data.format"),
+            "choose hdf5 (this trainer's file) or megatron (Megatron-LM's PREFIX.bin + PREFIX.idx, data.path = PREFIX; "
+            "docs/dataset-format.md)");
     require(d.max_seq_len >= 2, "data.max_seq_len", shown("data.max_seq_len") + " is too small",
             "it must be at least 2 (a sequence needs an input and a next-token target)");
     positive(d.micro_batch_tokens, "data.micro_batch_tokens");
@@ -521,10 +522,18 @@ struct Parser {
 
     // files last, so that value errors are reported even before the data exists
     if (check_files) {
-      check_path(d.path, "data.path",
-                 "point data.path at an HDF5 token dataset, or create this one with 'trainer make-corpus "
-                 "--output " + d.path + "' (synthetic demo corpus) or 'trainer prepare-data' (from text)",
-                 PathKind::File);
+      if (d.format == "megatron") {
+        for (const char* ext : {".bin", ".idx"})
+          check_path(d.path + ext, "data.path",
+                     "with data.format megatron, data.path is the PREFIX of PREFIX.bin and PREFIX.idx (write them "
+                     "with 'trainer prepare-data --output-format megatron')",
+                     PathKind::File);
+      } else {
+        check_path(d.path, "data.path",
+                   "point data.path at an HDF5 token dataset, or create this one with 'trainer make-corpus "
+                   "--output " + d.path + "' (synthetic demo corpus) or 'trainer prepare-data' (from text)",
+                   PathKind::File);
+      }
       if (!sc.cost_file.empty() && sc.cost_file != "profile")
         check_path(sc.cost_file, "scheduler.cost_file",
                    "point it at a cost file written by 'trainer profile', leave it empty for a model derived from "
@@ -592,19 +601,20 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 }
 
 void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size, uint32_t dataset_max_token_id) {
-  if (static_cast<int64_t>(dataset_max_token_id) < config.model.vocab_size) return;
+  // The dataset's whole vocabulary must fit, not only the ids it happens to hold:
+  // a tokenizer larger than the embedding means the data was made for another model.
+  if (dataset_vocab_size <= config.model.vocab_size && static_cast<int64_t>(dataset_max_token_id) < config.model.vocab_size)
+    return;
   std::string where = (config.source.empty() ? "(config)" : config.source) + ":1";
   if (auto it = config.origins.find("model.vocab_size"); it != config.origins.end()) where = it->second;
   else if (auto it = config.origins.find("model"); it != config.origins.end()) where = it->second;
-  const int64_t needed = static_cast<int64_t>(dataset_max_token_id) + 1;
-  std::string valid = "set model.vocab_size to at least " + std::to_string(needed);
-  if (dataset_vocab_size >= needed)
-    valid += ", e.g. the dataset's vocabulary size " + std::to_string(dataset_vocab_size);
-  valid += ", or point data.path at a dataset made for this model";
+  const int64_t needed = std::max(static_cast<int64_t>(dataset_max_token_id) + 1, dataset_vocab_size);
+  const std::string valid = "set model.vocab_size to at least " + std::to_string(needed) +
+                            " (the dataset's vocabulary), or point data.path at a dataset made for this model";
   throw_config_error(where, "model.vocab_size",
        std::to_string(config.model.vocab_size) + " is too small for data.path '" + config.data.path +
-           "', which holds token id " + std::to_string(dataset_max_token_id) + " (dataset vocabulary size " +
-           std::to_string(dataset_vocab_size) + ")",
+           "', whose tokenizer's vocabulary has " + std::to_string(dataset_vocab_size) +
+           " entries (largest token id in it " + std::to_string(dataset_max_token_id) + ")",
        valid);
 }
 

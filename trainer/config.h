@@ -12,6 +12,7 @@
 
 #include "base/enum_names.h"
 #include "base/errors.h"
+#include "data/dataset.h"
 #include "kernels/device.h"
 #include "model/model_config.h"
 #include "model/optim_config.h"
@@ -52,7 +53,7 @@ inline constexpr EnumName<LoaderMode> kLoaderModeNames[] = {
 
 struct DataConfig {
   std::string path;                      // HDF5 token dataset (docs/dataset-format.md)
-  std::string format = "hdf5";
+  std::string format = "hdf5";           // hdf5, or megatron (path = PREFIX of PREFIX.bin + PREFIX.idx)
   int64_t max_seq_len = 1024;            // longer documents are split into pieces of at most this
   int64_t global_batch_tokens = 4096;    // tokens per optimizer step (batches never exceed it)
   int64_t micro_batch_tokens = 4096;     // capacity of one micro-batch per rank; longer sequences span ranks
@@ -154,8 +155,14 @@ Config parse_config_text(const std::string& yaml_text, const std::string& source
 // parse_config_text(emit_config_yaml(c), ...) gives back the same values.
 std::string emit_config_yaml(const Config& config);
 
+// data.format as the dataset reader's enum.
+inline DatasetFormat dataset_format(const DataConfig& data) {
+  return data.format == "megatron" ? DatasetFormat::Megatron : DatasetFormat::Hdf5;
+}
+
 // Called once the dataset is open: throws ConfigError (naming data.path and
-// model.vocab_size) when the dataset holds a token id >= model.vocab_size.
+// model.vocab_size) when the dataset's vocabulary is larger than model.vocab_size
+// or it holds a token id >= model.vocab_size.
 void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size,
                             uint32_t dataset_max_token_id);
 

@@ -53,7 +53,7 @@ void schedule(const Config& config, const TokenDataset& dataset, MessageChannel&
 }  // namespace
 
 void run_loader_rank(const Config& config, const ProcessInfo& process, MessageChannel& channel, int training_ranks) {
-  const TokenDataset dataset = TokenDataset::open(config.data.path);
+  const TokenDataset dataset = TokenDataset::open(config.data.path, dataset_format(config.data));
   validate_dataset_vocab(config, dataset.vocab_size(), dataset.max_token_id());
   const int servers = static_cast<int>(config.loader.servers);
   spdlog::info("loader server {} of {} (world rank {}){}", process.rank - training_ranks, servers, process.rank,

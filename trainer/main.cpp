@@ -21,6 +21,10 @@ commands:
   prepare-data --input FILE... --output DATA.h5  tokenize text or JSONL into a dataset
   make-corpus --output DATA.h5 [...]             write the built-in demo corpus
   export CHECKPOINT --output FILE.h5             whole weights under Hugging Face names
+  import-hf HF_DIR --output CHECKPOINT_DIR       a Hugging Face LLaMA (safetensors) as a step-0 checkpoint
+  export-hf CHECKPOINT --output HF_DIR           a checkpoint as a Hugging Face model directory
+  eval CHECKPOINT --data DATA                    loss and perplexity on held-out data
+  generate CHECKPOINT --prompt TEXT              continue a text (greedy or sampled)
   profile CONFIG.yaml [--output FILE.yaml]       measure the planner's cost model on this machine
   plan --cluster HW.yaml --model M.yaml ...      plan and simulate one step on a described cluster
   analyze TRACE... [--output R.json ...]         what-if straggler analysis of op traces
@@ -54,6 +58,10 @@ int main(int argc, char** argv) {
   if (command == "prepare-data") return hdp::command_prepare_data(args);
   if (command == "make-corpus") return hdp::command_make_corpus(args);
   if (command == "export") return hdp::command_export(args);
+  if (command == "import-hf") return hdp::command_import_hf(args);
+  if (command == "export-hf") return hdp::command_export_hf(args);
+  if (command == "eval") return hdp::command_eval(args);
+  if (command == "generate") return hdp::command_generate(args);
   if (command == "profile") return hdp::command_profile(args);
   if (command == "plan") return hdp::command_plan(args);
   if (command == "analyze") return hdp::command_analyze(args);

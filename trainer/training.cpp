@@ -444,7 +444,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
   if (!remote) install_stop_handlers(process.rank == 0);
   std::optional<TokenDataset> dataset;
   if (!remote) {
-    dataset.emplace(TokenDataset::open(config.data.path));
+    dataset.emplace(TokenDataset::open(config.data.path, dataset_format(config.data)));
     validate_dataset_vocab(config, dataset->vocab_size(), dataset->max_token_id());
   }
 

@@ -1,0 +1,36 @@
+#pragma once
+// `trainer generate CHECKPOINT --prompt TEXT`: text continued by a checkpoint.
+//
+// The checkpoint (any layout) is loaded whole into one process. Each new token
+// runs the decoder over the whole context again (no KV cache: the model keeps
+// no per-sequence attention state between calls), then the final norm and the
+// LM head on the last position only; the next token is the argmax (temperature
+// 0) or drawn from softmax(logits / temperature) cut to the smallest set of
+// tokens whose probability reaches top_p, from base/rng.h's stream for `seed`.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace hdp {
+
+struct GenerateOptions {
+  std::string tokenizer;        // "" = byte-level; a tokenizer.model or tokenizer.json
+  int64_t max_new_tokens = 128;
+  double temperature = 0;       // 0: greedy
+  double top_p = 1.0;
+  uint64_t seed = 1;
+  int64_t threads = 0;          // 0: every core
+};
+
+struct GenerateResult {
+  std::string checkpoint;       // the step directory used
+  std::vector<uint32_t> prompt_ids, new_ids;
+  std::string text;             // the new tokens decoded
+  bool stopped_at_eos = false;
+  double seconds = 0;
+};
+
+GenerateResult generate_text(const std::string& checkpoint, const std::string& prompt, const GenerateOptions& options);
+
+}  // namespace hdp
