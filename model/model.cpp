@@ -98,7 +98,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   }
   if (long_sequences.hdp != nullptr && long_sequences.hdp->size() > 1) {
     ring_attention_ = std::make_unique<RingAttention>(*long_sequences.hdp, max_tokens_, local_kv_heads_, c.head_dim(),
-                                                      device);
+                                                      c.attention_window(), device);
   }
   Arena sizing = Arena::counting(device, "activations");
   layout_activations(sizing);
@@ -529,7 +529,7 @@ void LlamaModel::attention_forward_of(Slot& s, const LayerActivations& a) {
   if (s.has_ring) {
     ring_attention_->forward(out, a.lse, q, k, v, s.local_blocks, s.ring, s.ring_begin);
   } else {
-    attention_forward(out, a.lse, q, k, v, s.cu_seqlens.rows(0, s.num_sequences + 1));
+    attention_forward(out, a.lse, q, k, v, s.cu_seqlens.rows(0, s.num_sequences + 1), config_.attention_window());
   }
 }
 
@@ -543,7 +543,8 @@ void LlamaModel::attention_backward_of(Slot& s, const LayerActivations& a) {
   if (s.has_ring) {
     ring_attention_->backward(dq, dk, dv, dout, q, k, v, out, a.lse, s.local_blocks, s.ring, s.ring_begin);
   } else {
-    attention_backward(dq, dk, dv, dout, q, k, v, out, a.lse, s.cu_seqlens.rows(0, s.num_sequences + 1));
+    attention_backward(dq, dk, dv, dout, q, k, v, out, a.lse, s.cu_seqlens.rows(0, s.num_sequences + 1),
+                       config_.attention_window());
   }
 }
 

@@ -3,6 +3,7 @@
 // nothing else from the configuration.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "model/model_shape.h"
@@ -21,9 +22,15 @@ struct ModelConfig {
   double norm_eps = 1e-5;
   bool tie_embeddings = false;
   double init_std = 0.02;
+  // Mistral's sliding window (Jiang et al. 2023, "Mistral 7B"): a query at position i
+  // sees the keys at positions i - W < j <= i. Empty: full causal attention (LLaMA,
+  // and Mistral checkpoints whose Hugging Face config says sliding_window: null).
+  std::optional<int64_t> sliding_window;
 
   int64_t head_dim() const { return hidden_size / num_heads; }
   int64_t kv_dim() const { return num_kv_heads * head_dim(); }
+  // The window as the attention kernels take it: 0 (kNoWindow) when there is none.
+  int64_t attention_window() const { return sliding_window.value_or(0); }
   // Its counts (parameters, FLOPs, saved activations) are those of this shape.
   ModelShape shape() const {
     ModelShape s;
@@ -36,6 +43,7 @@ struct ModelConfig {
     s.ffn = ffn_hidden_size;
     s.vocab = vocab_size;
     s.tied_embeddings = tie_embeddings;
+    s.window = attention_window();
     return s;
   }
 };

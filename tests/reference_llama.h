@@ -1,6 +1,8 @@
 #pragma once
 // An independent, deliberately naive LLaMA forward pass in double precision,
-// written straight from the Hugging Face definitions (no tiling, no kernels).
+// written straight from the Hugging Face definitions (no tiling, no kernels), with
+// Mistral's sliding window when the config has one (MistralForCausalLM: a query at
+// position i sees the keys at positions j with i - W < j <= i).
 // Tests differentiate it numerically to check the model's hand-written backward.
 
 #include <cmath>
@@ -91,6 +93,7 @@ inline double reference_loss(const ModelConfig& c, const Weights& W, const Refer
         std::vector<int64_t> keys;
         for (int64_t s = 0; s <= t; ++s) {
           if (doc_of[s] != doc_of[t]) continue;
+          if (c.sliding_window && b.positions[t] - b.positions[s] >= *c.sliding_window) continue;
           double dot = 0;
           for (int64_t j = 0; j < d; ++j) dot += q[t][hh * d + j] * k[s][kvh * d + j];
           scores.push_back(dot / std::sqrt(static_cast<double>(d)));

@@ -215,6 +215,30 @@ TEST(HybridDataParallel, RingsFormBetweenTheSameStageOfSeveralPipelines) {
   EXPECT_GT(*std::max_element(ring_bytes.begin(), ring_bytes.end()), 0);
 }
 
+// Mistral's sliding window under every kind of parallelism: a window of 32 on
+// sequences of up to 128 tokens (tp2, pp2, hdp2 of short sequences), and a window of
+// 100 on sequences of up to 1024 tokens spread over rings of 2 (zig-zag chunks of
+// 256: the ring members exchange only the last 99 rows of the chunks the window
+// reaches). Each equals one process with the same window, which differs from full
+// attention.
+TEST(SlidingWindow, EveryLayoutEqualsOneProcess) {
+  const std::string window = "--set model.arch=mistral --set model.sliding_window=32 ";
+  const RunResult want = train(scratch_dir("parallel-window-single"), {"single", 1, 1, 1}, window);
+  EXPECT_GT(std::abs(want.losses.back() - single_process().losses.back()), 1e-4 * want.losses.back());
+  for (const Layout& l : {Layout{"window_tp2", 2, 1, 1}, Layout{"window_pp2", 1, 2, 1}, Layout{"window_hdp2", 1, 1, 2}})
+    expect_same_run(train(scratch_dir("parallel-" + l.name), l, window), want, l.name);
+
+  const std::string ring = "--set model.arch=mistral --set model.sliding_window=100 --set data.path=" +
+                           long_corpus() + " --set data.max_seq_len=1024 --set data.global_batch_tokens=4096 ";
+  const RunResult ring_want = train(scratch_dir("parallel-window-ring-single"), {"single", 1, 1, 1},
+                                    ring + "--set data.micro_batch_tokens=1024");
+  const std::string dir = scratch_dir("parallel-window-ring-hdp2");
+  expect_same_run(train(dir, {"window_ring_hdp2", 1, 1, 2}, ring + "--set data.micro_batch_tokens=512"), ring_want,
+                  "window_ring_hdp2");
+  const std::vector<double> ring_bytes = metric_values(dir, "attention_bytes");
+  EXPECT_GT(*std::max_element(ring_bytes.begin(), ring_bytes.end()), 0);
+}
+
 TEST(BalanceScheduler, EqualsOneProcessWithAndWithoutPipelines) {
   // Long and short sequences mixed; the balance scheduler gives ranks different
   // numbers of micro-batches. pp = 1 uses DP-Balance, pp = 2 PP-Balance.

@@ -112,6 +112,28 @@ TEST(Training, DemoCorpusLossFallsClearly) {
   EXPECT_LT(last, 3.0) << "first " << first << ", mean of last five " << last;
 }
 
+// configs/tiny-mistral.yaml: the sliding window (128) is shorter than most
+// sequences (up to 512 tokens), and the model still learns the corpus.
+TEST(Training, TinyMistralWithASlidingWindowLearns) {
+  const std::string dir = scratch_dir("training-mistral");
+  const std::string config = std::string(HDP_SOURCE_DIR) + "/configs/tiny-mistral.yaml";
+  auto r = run_trainer("train " + config + " --set data.path=" + corpus() + " --set train.run_dir=" + dir +
+                       " --set train.checkpoint_dir=" + dir + "/ckpt --set train.steps=60 --set train.peak_flops=1e11"
+                       " --set train.log_every=100 --set train.checkpoint_every=60 --set optim.warmup_steps=10");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The checkpoint records the window with the model.
+  const Config saved = parse_config_text(checkpoint_config(step_dir(dir, 60)), "checkpoint", {}, false);
+  EXPECT_EQ(saved.model.arch, "mistral");
+  EXPECT_EQ(saved.model.sliding_window, std::optional<int64_t>(128));
+  const auto lines = metric_lines(dir);
+  ASSERT_EQ(lines.size(), 60u);
+  const double first = field(lines.front(), "loss");
+  double last = 0;
+  for (size_t i = lines.size() - 5; i < lines.size(); ++i) last += field(lines[i], "loss") / 5;
+  EXPECT_NEAR(first, std::log(258.0), 0.3);
+  EXPECT_LT(last, 3.0) << "first " << first << ", mean of last five " << last;
+}
+
 TEST(Training, ResumeIsBitIdentical) {
   const std::string straight = scratch_dir("training-straight"), split = scratch_dir("training-split");
   const std::string common = "--set data.global_batch_tokens=2048 --set train.keep_checkpoints=5 ";

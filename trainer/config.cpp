@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
+#include <optional>
 #include <system_error>
 #include <variant>
 
@@ -31,8 +33,9 @@ struct EnumRef {
   std::string valid;  // "choose " and the table's choices
 };
 
-using FieldRef =
-    std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*, EnumRef>;
+// std::optional<int64_t>: a whole number or null (model.sliding_window).
+using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*,
+                              std::optional<int64_t>*, EnumRef>;
 
 struct Field {
   std::string key;
@@ -78,7 +81,8 @@ const std::vector<Section>& schema() {
         field("rope_theta", &Config::model, &ModelConfig::rope_theta),
         field("norm_eps", &Config::model, &ModelConfig::norm_eps),
         field("tie_embeddings", &Config::model, &ModelConfig::tie_embeddings),
-        field("init_std", &Config::model, &ModelConfig::init_std)}},
+        field("init_std", &Config::model, &ModelConfig::init_std),
+        field("sliding_window", &Config::model, &ModelConfig::sliding_window)}},
       {"data",
        {field("path", &Config::data, &DataConfig::path),
         field("format", &Config::data, &DataConfig::format),
@@ -212,6 +216,8 @@ std::string value_text(const FieldRef& ref) {
                                  using T = std::remove_pointer_t<decltype(p)>;
                                  if constexpr (std::is_same_v<T, std::string>) return "'" + *p + "'";
                                  else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return int_list(*p);
+                                 else if constexpr (std::is_same_v<T, std::optional<int64_t>>)
+                                   return p->has_value() ? std::to_string(**p) : std::string("null");
                                  else if constexpr (std::is_same_v<T, bool>) return *p ? "true" : "false";
                                  else if constexpr (std::is_same_v<T, double>) return format_double(*p);
                                  else return std::to_string(*p);
@@ -229,6 +235,15 @@ void assign_name(const EnumRef& ref, const YAML::Node& node, const std::string& 
 // Converts `node` into the field's type, or fails naming `where` and `key`.
 void assign(const FieldRef& ref, const YAML::Node& node, const std::string& where, const std::string& key) {
   std::visit(Overloaded{[&](const EnumRef& e) { assign_name(e, node, where, key); },
+                        [&](std::optional<int64_t>* p) {
+                          if (node.IsNull()) {
+                            p->reset();
+                            return;
+                          }
+                          int64_t v = p->value_or(0);
+                          read_yaml_value(node, where, key, v, p->has_value());
+                          *p = v;
+                        },
                         [&](auto* p) { read_yaml_value(node, where, key, *p); }},
              ref);
 }
@@ -377,8 +392,23 @@ struct Parser {
     const ParallelConfig& p = config.parallel;
 
     // model
-    require(m.arch == "llama", "model.arch", "unsupported architecture " + shown("model.arch"),
-            "the only architecture in this build is 'llama'");
+    require(m.arch == "llama" || m.arch == "mistral", "model.arch", "unsupported architecture " + shown("model.arch"),
+            m.arch == "mixtral" ? "Mixtral's sparse mixture-of-experts layers are not in this build yet; choose "
+                                  "'llama' or 'mistral'"
+                                : "choose 'llama' or 'mistral'");
+    // As Hugging Face configs: MistralConfig carries sliding_window (4096 in Mistral 7B
+    // v0.1, null from v0.2 on), LlamaConfig has none, so a window on llama is a mistake.
+    if (m.sliding_window) {
+      require(m.arch == "mistral", "model.sliding_window",
+              "a sliding window needs model.arch 'mistral', not " + shown("model.arch"),
+              "set model.arch: mistral, or remove model.sliding_window (or set it to null) for full attention",
+              {"model.arch"});
+      require(*m.sliding_window >= 1, "model.sliding_window", shown("model.sliding_window") + " is not positive",
+              "it must be at least 1 (keys a query sees, itself included), or null for full attention");
+      require(*m.sliding_window <= std::numeric_limits<int32_t>::max(), "model.sliding_window",
+              shown("model.sliding_window") + " is too large",
+              "positions are 32-bit; use null for full attention");
+    }
     positive(m.vocab_size, "model.vocab_size");
     positive(m.hidden_size, "model.hidden_size");
     positive(m.num_layers, "model.num_layers");
@@ -544,6 +574,10 @@ std::string emit_config_yaml(const Config& config) {
                               using T = std::remove_pointer_t<decltype(p)>;
                               if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
                               else if constexpr (std::is_same_v<T, std::vector<int64_t>>) out << YAML::Flow << *p;
+                              else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
+                                if (p->has_value()) out << **p;
+                                else out << YAML::Null;
+                              }
                               else if constexpr (std::is_same_v<T, double>) out << yaml_double(*p);
                               else out << *p;
                             }},

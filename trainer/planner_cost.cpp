@@ -55,6 +55,8 @@ void check_cost_file_shape(const CostFile& file, const Config& config, const std
 
 CostModel cost_model_from_file(const CostFile& file, const Config& config, int64_t saved_floats_per_token) {
   CostModel c = file.cost;
+  // The fit's s^2 term is the attention term of this run's window (planning/cost_model.h).
+  c.window = config.model.attention_window();
   // A tp rank runs 1/tp of the projections, the MLP, the attention heads and the
   // LM head's vocabulary; the all-reduces and the replicated norms and residual
   // additions are not in this scaling (an approximation, docs/cost-model.md).
