@@ -40,6 +40,7 @@ void check_cost_file_shape(const CostFile& file, const Config& config, const std
   compare("head_dim", p.head_dim, m.head_dim());
   compare("ffn_hidden_size", p.ffn_hidden_size, m.ffn_hidden_size);
   compare("vocab_size", p.vocab_size, m.vocab_size);
+  compare("sliding_window", p.sliding_window, m.attention_window());
   if (differences.empty()) return;
   const std::string config_name = config.source.empty() ? std::string("the config") : "the config " + config.source;
   throw ConfigError(where + ": model: the cost file was profiled for another model shape (" +
