@@ -38,6 +38,7 @@ MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens) : shape_(shape), m
   for (auto* v : {&xs_, &ys_, &dys_, &dxs_}) v->resize(T * k * H);
   for (auto* v : {&gate_, &up_, &act_, &dacts_, &dgate_, &dup_}) v->resize(T * k * F);
   counts_.assign(E, 0);
+  prob_sums_.assign(E, 0.0);
   first_.assign(E + 1, 0);
 }
 
@@ -106,13 +107,22 @@ void MoeBlock::forward(Tensor out, const Tensor& x, const MoeTensors& w) {
   for (int64_t e = 0; e < E; ++e) {
     double p_sum = 0;
     for (int64_t t = 0; t < T; ++t) p_sum += probs_[t * E + e];
+    prob_sums_[e] = p_sum;
     aux += (static_cast<double>(counts_[e]) / T) * (p_sum / T);
   }
   aux_ = T > 0 ? static_cast<double>(E) * aux : 0.0;
 }
 
+std::vector<double> MoeBlock::aux_gradient(double c) const {
+  std::vector<double> g(shape_.experts, 0.0);
+  if (tokens_ == 0) return g;
+  const double T = static_cast<double>(tokens_);
+  for (int64_t e = 0; e < shape_.experts; ++e) g[e] = c * shape_.experts * (static_cast<double>(counts_[e]) / T) / T;
+  return g;
+}
+
 void MoeBlock::backward(Tensor dx, const MoeTensors& grads, const Tensor& dout, const Tensor& x,
-                        const MoeTensors& w, double aux_weight) {
+                        const MoeTensors& w, std::span<const double> aux_grad) {
   const int64_t T = tokens_, E = shape_.experts, k = shape_.top_k, H = shape_.hidden, F = shape_.ffn;
   if (x.dim(0) != T || dout.dim(0) != T || dx.dim(0) != T) {
     throw std::invalid_argument("MoE block: backward over another number of tokens than the forward");
@@ -148,11 +158,11 @@ void MoeBlock::backward(Tensor dx, const MoeTensors& grads, const Tensor& dout, 
   }
   // Router. The weights are p_j / S over the chosen j (S their sum), so
   // dp_j = (dw_j - sum_i dw_i w_i) / S for chosen j and 0 otherwise; the aux loss adds
-  // aux_weight E f_e / T to every dp_e; then the softmax's backward.
+  // aux_grad[e] to every dp_e; then the softmax's backward.
   std::vector<double> dp(E);
   for (int64_t t = 0; t < T; ++t) {
     const float* p = probs_.data() + t * E;
-    for (int64_t e = 0; e < E; ++e) dp[e] = aux_weight * E * (static_cast<double>(counts_[e]) / T) / T;
+    for (int64_t e = 0; e < E; ++e) dp[e] = aux_grad.empty() ? 0.0 : aux_grad[e];
     double s = 0, dot = 0;
     for (int64_t j = 0; j < k; ++j) {
       s += p[chosen_[t * k + j]];

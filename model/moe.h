@@ -47,15 +47,22 @@ class MoeBlock {
   // backward needs (the routing, each expert's inputs and gate/up projections).
   void forward(Tensor out, const Tensor& x, const MoeTensors& weights);
   // dx [T, H] is overwritten; the weights' gradients are added into `grads`.
-  // aux_weight: d(loss)/d(aux) of this block's load-balancing loss (the loss
-  // coefficient times whatever scale the caller gives the loss).
+  // aux_grad [E]: d(loss)/d(p_te), the same for every token t, from a load-balancing
+  // loss over this forward's router probabilities p (empty: none). For this block's
+  // own aux_loss() with weight c it is c E f_e / T (aux_gradient below); a caller
+  // that pools several blocks (Hugging Face concatenates all layers) passes its own.
   void backward(Tensor dx, const MoeTensors& grads, const Tensor& dout, const Tensor& x, const MoeTensors& weights,
-                double aux_weight);
+                std::span<const double> aux_grad);
+  // c E f_e / T of the last forward: the gradient of c x aux_loss() per probability.
+  std::vector<double> aux_gradient(double c) const;
 
   // Of the last forward: the load-balancing loss, the (token, choice) pairs each
   // expert received, and the token's chosen experts [T, k] and their weights.
   double aux_loss() const { return aux_; }
   const std::vector<int64_t>& expert_tokens() const { return counts_; }
+  // Per expert: the sum over the last forward's tokens of its router probability.
+  const std::vector<double>& probability_sums() const { return prob_sums_; }
+  int64_t tokens() const { return tokens_; }
   std::span<const int32_t> chosen() const { return {chosen_.data(), static_cast<size_t>(tokens_ * shape_.top_k)}; }
   std::span<const float> weights() const { return {weights_.data(), static_cast<size_t>(tokens_ * shape_.top_k)}; }
 
@@ -67,6 +74,7 @@ class MoeBlock {
   std::vector<int32_t> chosen_;            // [T, k]
   std::vector<float> weights_;             // [T, k], renormalised
   std::vector<int64_t> counts_, first_;    // per expert: rows, first row of its group
+  std::vector<double> prob_sums_;          // per expert: summed router probability
   std::vector<int32_t> row_token_, row_choice_;  // per grouped row: its token and choice slot
   std::vector<float> xs_, gate_, up_, act_, ys_;  // grouped rows: inputs, projections, outputs
   std::vector<float> dys_, dacts_, dgate_, dup_, dxs_;

@@ -82,7 +82,10 @@ const std::vector<Section>& schema() {
         field("norm_eps", &Config::model, &ModelConfig::norm_eps),
         field("tie_embeddings", &Config::model, &ModelConfig::tie_embeddings),
         field("init_std", &Config::model, &ModelConfig::init_std),
-        field("sliding_window", &Config::model, &ModelConfig::sliding_window)}},
+        field("sliding_window", &Config::model, &ModelConfig::sliding_window),
+        field("num_experts", &Config::model, &ModelConfig::num_experts),
+        field("experts_per_token", &Config::model, &ModelConfig::experts_per_token),
+        field("router_aux_loss_coef", &Config::model, &ModelConfig::router_aux_loss_coef)}},
       {"data",
        {field("path", &Config::data, &DataConfig::path),
         field("format", &Config::data, &DataConfig::format),
@@ -392,15 +395,14 @@ struct Parser {
     const ParallelConfig& p = config.parallel;
 
     // model
-    require(m.arch == "llama" || m.arch == "mistral", "model.arch", "unsupported architecture " + shown("model.arch"),
-            m.arch == "mixtral" ? "Mixtral's sparse mixture-of-experts layers are not in this build yet; choose "
-                                  "'llama' or 'mistral'"
-                                : "choose 'llama' or 'mistral'");
-    // As Hugging Face configs: MistralConfig carries sliding_window (4096 in Mistral 7B
-    // v0.1, null from v0.2 on), LlamaConfig has none, so a window on llama is a mistake.
+    require(m.arch == "llama" || m.arch == "mistral" || m.arch == "mixtral", "model.arch",
+            "unsupported architecture " + shown("model.arch"), "choose 'llama', 'mistral' or 'mixtral'");
+    // As Hugging Face configs: MistralConfig and MixtralConfig carry sliding_window (4096
+    // in Mistral 7B v0.1, null from v0.2 on), LlamaConfig has none, so a window on llama
+    // is a mistake.
     if (m.sliding_window) {
-      require(m.arch == "mistral", "model.sliding_window",
-              "a sliding window needs model.arch 'mistral', not " + shown("model.arch"),
+      require(m.arch != "llama", "model.sliding_window",
+              "a sliding window needs model.arch 'mistral' or 'mixtral', not " + shown("model.arch"),
               "set model.arch: mistral, or remove model.sliding_window (or set it to null) for full attention",
               {"model.arch"});
       require(*m.sliding_window >= 1, "model.sliding_window", shown("model.sliding_window") + " is not positive",
@@ -538,6 +540,32 @@ struct Parser {
     const LoaderConfig& lo = config.loader;
     positive(lo.servers, "loader.servers");
     positive(lo.timeout_s, "loader.timeout_s");
+
+    // Mixtral (Jiang et al. 2024): so far one CPU process whose micro-batches hold whole
+    // sequences (model/moe.h). Its keys are read but unused for other architectures (the
+    // effective config writes every key, so they cannot be refused there).
+    if (m.moe()) {
+      positive(m.num_experts, "model.num_experts");
+      require(m.experts_per_token >= 1 && m.experts_per_token <= m.num_experts, "model.experts_per_token",
+              shown("model.experts_per_token") + " is outside [1, model.num_experts = " +
+                  std::to_string(m.num_experts) + "]",
+              "choose how many experts each token runs, e.g. 2 as Mixtral", {"model.num_experts"});
+      non_negative(m.router_aux_loss_coef, "model.router_aux_loss_coef",
+                   "it must be 0 or more (Mixtral uses 0.02, Hugging Face defaults to 0.001)");
+      const char* one_process = "Mixtral's MoE layers run on one process so far (no expert parallelism or sharded "
+                                "experts yet); set it to 1";
+      for (const char* key : {"parallel.tp", "parallel.pp", "parallel.hdp"}) {
+        const int degree = std::string(key) == "parallel.tp" ? p.tp : std::string(key) == "parallel.pp" ? p.pp : p.hdp;
+        require(degree == 1, key, shown(key) + " with model.arch 'mixtral'", one_process, {"model.arch"});
+      }
+      require(t.device == Device::CPU, "train.device", shown("train.device") + " with model.arch 'mixtral'",
+              "Mixtral's MoE layers run on the CPU backend so far; use train.device: cpu", {"model.arch"});
+      require(d.max_seq_len <= d.micro_batch_tokens, "data.max_seq_len",
+              shown("data.max_seq_len") + " is above data.micro_batch_tokens " + shown("data.micro_batch_tokens") +
+                  " with model.arch 'mixtral'",
+              "Mixtral's MoE layers cannot offload activations yet, so every sequence must fit one micro-batch",
+              {"data.micro_batch_tokens", "model.arch"});
+    }
 
     // files last, so that value errors are reported even before the data exists
     if (check_files) {
