@@ -161,6 +161,7 @@ std::vector<int64_t> encode_hello(const LoaderHello& hello) {
                    c.head_seconds_per_token}) {
     w.put(v);
   }
+  w.put(c.window);
   return std::move(w.out);
 }
 
@@ -174,6 +175,7 @@ LoaderHello decode_hello(std::span<const int64_t> payload) {
                     &c.embedding_seconds_per_token, &c.head_seconds_per_token}) {
     *v = r.get_double();
   }
+  c.window = r.get();
   return hello;
 }
 

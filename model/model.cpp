@@ -86,6 +86,17 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   bind_parameters();
 
   slots_.resize(activation_slots);
+  if (c.moe()) {
+    // The MoE block keeps its routing and saved rows for one micro-batch in flight, on
+    // the CPU, for the whole layer (no tensor-parallel split of the experts yet).
+    if (activation_slots != 1 || tp_size != 1 || device != Device::CPU ||
+        (long_sequences.hdp != nullptr && long_sequences.hdp->size() > 1) || long_sequences.offload) {
+      throw std::invalid_argument(
+          "model: Mixtral's MoE layers run on one CPU process so far (no tp, pp, hdp rings or offload)");
+    }
+    const MoeShape moe{c.hidden_size, c.ffn_hidden_size, c.num_experts, c.experts_per_token};
+    for (int64_t l = 0; l < num_local_layers_; ++l) moe_.emplace_back(moe, max_tokens_);
+  }
   if (long_sequences.offload && num_local_layers_ >= 3) {
     copy_engine_ = std::make_unique<CopyEngine>(device);
     const size_t host_floats = static_cast<size_t>(num_local_layers_ - 2) * layer_block_floats(max_tokens_, 0);
@@ -98,7 +109,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   }
   if (long_sequences.hdp != nullptr && long_sequences.hdp->size() > 1) {
     ring_attention_ = std::make_unique<RingAttention>(*long_sequences.hdp, max_tokens_, local_kv_heads_, c.head_dim(),
-                                                      device);
+                                                      c.attention_window(), device);
   }
   Arena sizing = Arena::counting(device, "activations");
   layout_activations(sizing);
@@ -161,6 +172,18 @@ void LlamaModel::build_parameter_table() {
     add(pre + "self_attn.v_proj.weight", {c.num_kv_heads * d, H}, kv_shard, true, false, false);
     add(pre + "self_attn.o_proj.weight", {H, c.num_heads * d}, o_shard, true, true, false);
     add(pre + "post_attention_layernorm.weight", {H}, replicated, false, false, true);
+    if (c.moe()) {
+      // Mixtral: the router and every expert under Hugging Face's names; w2 (down) is
+      // an output projection, initialised scaled like down_proj.
+      add(pre + "block_sparse_moe.gate.weight", {c.num_experts, H}, replicated, true, false, false);
+      for (int64_t e = 0; e < c.num_experts; ++e) {
+        const std::string ex = pre + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        add(ex + "w1.weight", {F, H}, ffn_rows, true, false, false);
+        add(ex + "w2.weight", {H, F}, ffn_cols, true, true, false);
+        add(ex + "w3.weight", {F, H}, ffn_rows, true, false, false);
+      }
+      continue;
+    }
     add(pre + "mlp.gate_proj.weight", {F, H}, ffn_rows, true, false, false);
     add(pre + "mlp.up_proj.weight", {F, H}, ffn_rows, true, false, false);
     add(pre + "mlp.down_proj.weight", {H, F}, ffn_cols, true, true, false);
@@ -199,6 +222,30 @@ void LlamaModel::bind_parameters() {
     bind("self_attn.v_proj.weight", &LayerTensors::v);
     bind("self_attn.o_proj.weight", &LayerTensors::o);
     bind("post_attention_layernorm.weight", &LayerTensors::post_norm);
+    if (config_.moe()) {
+      auto bind_moe = [&](const std::string& name, Tensor& weight, Tensor& gradient) {
+        const ParameterInfo& p = parameter(pre + name);
+        weight = view(params_, p);
+        gradient = view(grads_, p);
+        layer.gradients_begin = std::min(layer.gradients_begin, p.offset);
+      };
+      MoeTensors& w = layer.weights.moe;
+      MoeTensors& g = layer.gradients.moe;
+      bind_moe("block_sparse_moe.gate.weight", w.gate, g.gate);
+      const size_t E = static_cast<size_t>(config_.num_experts);
+      for (MoeTensors* t : {&w, &g}) {
+        t->w1.resize(E);
+        t->w2.resize(E);
+        t->w3.resize(E);
+      }
+      for (size_t e = 0; e < E; ++e) {
+        const std::string ex = "block_sparse_moe.experts." + std::to_string(e) + ".";
+        bind_moe(ex + "w1.weight", w.w1[e], g.w1[e]);
+        bind_moe(ex + "w2.weight", w.w2[e], g.w2[e]);
+        bind_moe(ex + "w3.weight", w.w3[e], g.w3[e]);
+      }
+      continue;
+    }
     bind("mlp.gate_proj.weight", &LayerTensors::gate);
     bind("mlp.up_proj.weight", &LayerTensors::up);
     bind("mlp.down_proj.weight", &LayerTensors::down);
@@ -479,6 +526,10 @@ void LlamaModel::set_batch(int slot, const MicroBatchView& batch) {
   }
   Slot& s = slots_.at(slot);
   s.tokens_used = T;
+  if (!moe_.empty()) {
+    moe_predictions_ = 0;
+    for (int32_t target : batch.targets) moe_predictions_ += target >= 0;
+  }
   s.num_sequences = static_cast<int64_t>(batch.cu_seqlens.size()) - 1;
   s.ring_begin = ring_begin;
   s.has_ring = batch.ring != nullptr;
@@ -529,7 +580,7 @@ void LlamaModel::attention_forward_of(Slot& s, const LayerActivations& a) {
   if (s.has_ring) {
     ring_attention_->forward(out, a.lse, q, k, v, s.local_blocks, s.ring, s.ring_begin);
   } else {
-    attention_forward(out, a.lse, q, k, v, s.cu_seqlens.rows(0, s.num_sequences + 1));
+    attention_forward(out, a.lse, q, k, v, s.cu_seqlens.rows(0, s.num_sequences + 1), config_.attention_window());
   }
 }
 
@@ -543,7 +594,8 @@ void LlamaModel::attention_backward_of(Slot& s, const LayerActivations& a) {
   if (s.has_ring) {
     ring_attention_->backward(dq, dk, dv, dout, q, k, v, out, a.lse, s.local_blocks, s.ring, s.ring_begin);
   } else {
-    attention_backward(dq, dk, dv, dout, q, k, v, out, a.lse, s.cu_seqlens.rows(0, s.num_sequences + 1));
+    attention_backward(dq, dk, dv, dout, q, k, v, out, a.lse, s.cu_seqlens.rows(0, s.num_sequences + 1),
+                       config_.attention_window());
   }
 }
 
@@ -577,6 +629,13 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
     tp_regions_.attention_output.forward(a.x_mid);
     add_inplace(a.x_mid, a.x_in);
     rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, w.post_norm, eps);
+    if (!moe_.empty()) {
+      // Mixtral: the sparse MoE block in place of the MLP (one process: no tp region, no offload).
+      const Tensor out = l + 1 < L ? s.layers[l + 1].x_in : s.x_out.rows(0, T);
+      moe_[l].forward(out, a.ln2, w.moe);
+      add_inplace(out, a.x_mid);
+      continue;
+    }
     const Tensor mlp_in = tp_regions_.mlp_input.forward(a.ln2);
     linear_forward(a.gate, mlp_in, w.gate);
     linear_forward(a.up, mlp_in, w.up);
@@ -590,16 +649,47 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
     add_inplace(out, a.x_mid);
     if (s.offloaded && l < L - 2) park_layer(s, l);
   }
+  const double aux_term = moe_.empty() ? 0.0 : pool_load_balancing(T, loss_scale);
   if (!partition_.has_head) return 0.0;
   rmsnorm_forward(s.ln_final.rows(0, T), s.rstd_final.rows(0, T), s.x_out.rows(0, T), final_norm_, eps);
   const double loss = head_forward_backward(s, loss_scale, with_backward);
   head_gradient_pending_ = with_backward ? slot : -1;
-  return loss;
+  return loss + aux_term;
 }
 
 // The LM head and loss run chunk by chunk over tokens; with backward, each chunk's
 // logits are turned into their gradient in place and pushed through the head at
 // once, so only one [chunk, vocab] buffer ever exists.
+// Mixtral's load-balancing loss as Hugging Face's load_balancing_loss_func computes it
+// (Switch Transformer's: Fedus et al. 2022) over all layers' routing of this micro-batch
+// (its router logits concatenated over the layers): N = layers x T, aux = E sum_e f_e P_e
+// with f_e the fraction of the N tokens' choices that went to expert e and P_e the mean
+// router probability of e over the N. Returns coef aux P with P the micro-batch's
+// predicted tokens, so that the caller's division by the step's predicted tokens (the
+// token-level loss, loss_scale) weights each micro-batch by its share and one
+// micro-batch adds exactly coef aux, as Hugging Face does; the gradient per router
+// probability is coef P loss_scale E f_e / N.
+double LlamaModel::pool_load_balancing(int64_t tokens, float loss_scale) {
+  const int64_t E = config_.num_experts;
+  const double N = static_cast<double>(moe_.size()) * static_cast<double>(tokens);
+  expert_tokens_.assign(E, 0);
+  std::vector<double> probability(E, 0.0);
+  for (const MoeBlock& block : moe_) {
+    for (int64_t e = 0; e < E; ++e) {
+      expert_tokens_[e] += block.expert_tokens()[e];
+      probability[e] += block.probability_sums()[e];
+    }
+  }
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e) aux += (static_cast<double>(expert_tokens_[e]) / N) * (probability[e] / N);
+  aux_loss_ = N > 0 ? static_cast<double>(E) * aux : 0.0;
+  const double c = config_.router_aux_loss_coef, P = static_cast<double>(moe_predictions_);
+  aux_grad_.assign(E, 0.0);
+  for (int64_t e = 0; e < E && N > 0; ++e)
+    aux_grad_[e] = c * P * loss_scale * static_cast<double>(E) * (static_cast<double>(expert_tokens_[e]) / N) / N;
+  return c * aux_loss_ * P;
+}
+
 double LlamaModel::head_forward_backward(Slot& s, float loss_scale, bool backward) {
   const int64_t T = s.tokens_used;
   double loss_sum = 0;
@@ -649,13 +739,19 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
                  dup = sc.dup.rows(0, T), dattn = sc.dattn.rows(0, T), dq = sc.dq.rows(0, T), dk = sc.dk.rows(0, T),
                  dv = sc.dv.rows(0, T);
 
-    // MLP block: dres is the gradient of the layer output.
-    swiglu_forward(act, a.gate, a.up);  // recomputed rather than stored
-    linear_backward(dact, dw.down, tp_regions_.mlp_output.backward(dres), act, w.down, false);
-    swiglu_backward(dgate, dup, dact, a.gate, a.up);
-    linear_backward(dnorm, dw.gate, dgate, a.ln2, w.gate, false);
-    linear_backward(dnorm, dw.up, dup, a.ln2, w.up, true);
-    tp_regions_.mlp_input.backward(dnorm);
+    if (!moe_.empty()) {
+      // Mixtral: dres is the gradient of the layer output; the router also gets the
+      // pooled load-balancing loss's gradient.
+      moe_[l].backward(dnorm, dw.moe, dres, a.ln2, w.moe, aux_grad_);
+    } else {
+      // MLP block: dres is the gradient of the layer output.
+      swiglu_forward(act, a.gate, a.up);  // recomputed rather than stored
+      linear_backward(dact, dw.down, tp_regions_.mlp_output.backward(dres), act, w.down, false);
+      swiglu_backward(dgate, dup, dact, a.gate, a.up);
+      linear_backward(dnorm, dw.gate, dgate, a.ln2, w.gate, false);
+      linear_backward(dnorm, dw.up, dup, a.ln2, w.up, true);
+      tp_regions_.mlp_input.backward(dnorm);
+    }
     rmsnorm_backward(dres, dw.post_norm, dnorm, a.x_mid, w.post_norm, a.rstd2);
 
     // Attention block: dres is now the gradient of x_mid.

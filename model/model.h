@@ -25,6 +25,7 @@
 #include "kernels/tensor.h"
 #include "model/model_config.h"
 #include "model/model_shape.h"
+#include "model/moe.h"
 #include "parallel/communicator.h"
 #include "parallel/ring_attention.h"
 #include "parallel/tensor_parallel.h"
@@ -146,6 +147,12 @@ class LlamaModel {
   size_t activation_bytes() const { return activation_arena_.capacity(); }
   const ActivationUsage& activation_usage() const { return usage_; }
   size_t ring_buffer_bytes() const { return ring_attention_ ? ring_attention_->buffer_bytes() : 0; }
+  // Mixtral, of the last forward: the load-balancing loss over all layers' routing
+  // (Hugging Face's load_balancing_loss_func over the concatenated layers; its
+  // coef x aux x P, P the micro-batch's predicted tokens, is in forward's return value), and the (token, choice)
+  // pairs each expert received, summed over the layers.
+  double aux_loss() const { return aux_loss_; }
+  const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
   // Floats one layer saves per token for backward (Act(s) = 4 x this x s bytes).
   int64_t saved_floats_per_token() const { return row_width_ + small_width_; }
 
@@ -153,6 +160,7 @@ class LlamaModel {
   // A transformer layer's tensors in one flat buffer (parameters or gradients).
   struct LayerTensors {
     Tensor input_norm, q, k, v, o, post_norm, gate, up, down;
+    MoeTensors moe;  // Mixtral: the sparse MoE block in place of gate, up, down
   };
   // One layer of this stage, found by name in the parameter table once, at
   // construction: nothing depends on the order of the table.
@@ -248,6 +256,14 @@ class LlamaModel {
   Scratch scratch_;
   ActivationUsage usage_;
   int head_gradient_pending_ = -1;  // slot whose head gradient awaits backward
+  // Mixtral: one block per layer (its routing and saved rows are the one micro-batch in
+  // flight), the pooled load-balancing loss and its gradient per router probability.
+  std::vector<MoeBlock> moe_;
+  double pool_load_balancing(int64_t tokens, float loss_scale);
+  double aux_loss_ = 0;
+  int64_t moe_predictions_ = 0;  // predicted tokens of the micro-batch in flight
+  std::vector<double> aux_grad_;
+  std::vector<int64_t> expert_tokens_;
 };
 
 }  // namespace hdp

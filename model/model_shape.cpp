@@ -14,6 +14,12 @@ double router_parameters(const ModelShape& m) {
 
 }  // namespace
 
+double attention_pairs(int64_t seq_len, int64_t window) {
+  const double s = static_cast<double>(seq_len), w = static_cast<double>(window);
+  if (window <= 0 || seq_len <= window) return s * (s + 1) / 2;
+  return w * (w + 1) / 2 + (s - w) * w;
+}
+
 void validate_model_shape(const ModelShape& m) {
   auto positive = [](int64_t v, const char* field) {
     if (v < 1) throw std::invalid_argument(std::string(field) + " must be at least 1, got " + str(v));
@@ -27,6 +33,7 @@ void validate_model_shape(const ModelShape& m) {
   positive(m.vocab, "vocab_size");
   positive(m.experts, "num_experts");
   positive(m.experts_per_token, "experts_per_token");
+  if (m.window < 0) throw std::invalid_argument("sliding_window must be positive (or 0 for none), got " + str(m.window));
   // heads need not be a multiple of kv_heads here (LLaMA-30B is listed as 52 heads
   // over 8 KV groups): only FLOPs and bytes are counted.
   if (m.experts_per_token > m.experts)
@@ -81,8 +88,10 @@ double attention_flops_per_token_pair(const ModelShape& m, int tp) {
 }
 
 double layer_flops_per_token(const ModelShape& m, int tp, int64_t seq_len) {
-  return layer_matmul_flops_per_token(m, tp) +
-         attention_flops_per_token_pair(m, tp) / 2 * (static_cast<double>(seq_len) + 1.0);
+  const double pair = attention_flops_per_token_pair(m, tp), s = static_cast<double>(seq_len);
+  // Within the window every query sees all earlier keys: (s + 1) / 2 on average.
+  if (m.window <= 0 || seq_len <= m.window) return layer_matmul_flops_per_token(m, tp) + pair / 2 * (s + 1.0);
+  return layer_matmul_flops_per_token(m, tp) + pair * attention_pairs(seq_len, m.window) / s;
 }
 
 double head_flops_per_token(const ModelShape& m, int tp) {

@@ -15,6 +15,11 @@
 // that backward (the gradients of both operands), so every matmul parameter costs
 // 6 FLOPs per token. Attention's QK^T and PV cost 2 qdim each per (query, visible
 // key) pair forward, so 12 qdim forward + backward.
+//
+// Visible pairs: a causal document of s tokens has s (s + 1) / 2 (query, key) pairs;
+// with Mistral's sliding window W (Jiang et al. 2023, "Mistral 7B": a query sees
+// the W most recent keys, itself included) a document longer than W has
+// W (W + 1) / 2 + (s - W) W, so attention grows linearly in s past the window.
 
 #include <cstdint>
 #include <span>
@@ -29,7 +34,12 @@ struct ModelShape {
   int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
   int64_t experts = 1, experts_per_token = 1;
   bool tied_embeddings = false;
+  int64_t window = 0;  // sliding window W of every layer's attention; 0: none (full causal)
 };
+
+// (query, visible key) pairs of one causal document of s tokens under a sliding
+// window (0: none): s (s + 1) / 2, or W (W + 1) / 2 + (s - W) W when s > W.
+double attention_pairs(int64_t seq_len, int64_t window);
 
 // Throws std::invalid_argument naming the first bad field.
 void validate_model_shape(const ModelShape& model);
@@ -58,7 +68,8 @@ double head_parameters(const ModelShape& model, int pp);
 // Forward + backward FLOPs on one rank of tp: one layer's projections, active
 // experts and router per token; its attention per (query, visible key) pair; one
 // layer per token of a causal sequence of seq_len tokens (a token sees
-// (seq_len + 1) / 2 keys on average); the LM head per token.
+// attention_pairs(seq_len, window) / seq_len keys on average: (seq_len + 1) / 2
+// without a window); the LM head per token.
 double layer_matmul_flops_per_token(const ModelShape& model, int tp);
 double attention_flops_per_token_pair(const ModelShape& model, int tp);
 double layer_flops_per_token(const ModelShape& model, int tp, int64_t seq_len);

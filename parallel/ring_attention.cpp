@@ -13,17 +13,20 @@ constexpr int kGradientTag = 1002;
 
 }  // namespace
 
-RingAttention::RingAttention(Communicator& hdp, int64_t max_rows, int64_t kv_heads, int64_t head_dim, Device device)
+RingAttention::RingAttention(Communicator& hdp, int64_t max_rows, int64_t kv_heads, int64_t head_dim, int64_t window,
+                             Device device)
     : hdp_(hdp),
       max_rows_(max_rows),
       kv_heads_(kv_heads),
       head_dim_(head_dim),
+      window_(window),
       arena_(Arena::counting(device, "ring attention")) {
   const int64_t block = 2 * max_rows * kv_heads * head_dim;
   auto layout = [&](Arena& a) {
     for (Tensor& t : kv_) t = a.tensor({block});
-    for (Tensor& t : dkv_) t = a.tensor({block});
-    dkv_local_ = a.tensor({block});
+    send_ = a.tensor({block});
+    dkv_ = a.tensor({block});
+    dkv_back_ = a.tensor({block});
   };
   Arena sizing = Arena::counting(device, "ring attention");
   layout(sizing);
@@ -43,21 +46,51 @@ Tensor RingAttention::values(const Tensor& buffer, int64_t rows) const {
   return Tensor(buffer.data + rows * kv_heads_ * head_dim_, {rows, kv_heads_, head_dim_}, buffer.device);
 }
 
-void RingAttention::ring_blocks(const RingLayout& ring, int source, int64_t ring_begin, int64_t k_offset) {
+void RingAttention::ring_blocks(const RingLayout& ring, int source, std::span<const ChunkRows> held,
+                                int64_t ring_begin, int64_t k_offset) {
   blocks_.clear();
   int64_t q_row = ring_begin;
   for (const RingChunk& mine : ring.chunks[ring.self]) {
     int64_t k_row = k_offset;
-    for (const RingChunk& theirs : ring.chunks[source]) {
-      if (theirs.sequence == mine.sequence && theirs.position <= mine.position + mine.rows - 1) {
+    for (size_t c = 0; c < ring.chunks[source].size(); ++c) {
+      const RingChunk& theirs = ring.chunks[source][c];
+      const ChunkRows run = held[c];
+      const int64_t first = theirs.position + run.begin, last = theirs.position + run.end - 1;
+      // Skipped: keys all in this chunk's future, or all at least W before its first query.
+      const bool visible = theirs.sequence == mine.sequence && run.rows() > 0 &&
+                           first <= mine.position + mine.rows - 1 &&
+                           (window_ <= 0 || last > mine.position - window_);
+      if (visible) {
         blocks_.push_back({static_cast<int32_t>(q_row), static_cast<int32_t>(q_row + mine.rows),
-                           static_cast<int32_t>(k_row), static_cast<int32_t>(k_row + theirs.rows),
-                           static_cast<int32_t>(mine.position), static_cast<int32_t>(theirs.position)});
+                           static_cast<int32_t>(k_row), static_cast<int32_t>(k_row + run.rows()),
+                           static_cast<int32_t>(mine.position), static_cast<int32_t>(first)});
       }
-      k_row += theirs.rows;
+      k_row += run.rows();
     }
     q_row += mine.rows;
   }
+}
+
+void RingAttention::post_exchange(const RingLayout& ring, int t, const Tensor& k, const Tensor& v,
+                                  int64_t ring_begin, const Tensor& into, CommRequest& send, CommRequest& receive) {
+  const int n = static_cast<int>(ring.peers.size()), p = ring.self;
+  const int from = (p - t + n) % n, to = (p + t) % n;
+  const int64_t incoming = total_rows(key_rows_needed(ring, from, p, window_));
+  if (incoming > 0) receive = hdp_.recv_async(packed(into, incoming), ring.peers[from], kKeyValueTag);
+  sent_ = key_rows_needed(ring, p, to, window_);
+  const int64_t outgoing = total_rows(sent_);
+  if (outgoing == 0) return;
+  int64_t row = 0, chunk_row = ring_begin;
+  for (size_t c = 0; c < sent_.size(); ++c) {
+    const ChunkRows run = sent_[c];
+    if (run.rows() > 0) {
+      copy(keys(send_, outgoing).rows(row, row + run.rows()), k.rows(chunk_row + run.begin, chunk_row + run.end));
+      copy(values(send_, outgoing).rows(row, row + run.rows()), v.rows(chunk_row + run.begin, chunk_row + run.end));
+      row += run.rows();
+    }
+    chunk_row += ring.chunks[p][c].rows;
+  }
+  send = hdp_.send_async(packed(send_, outgoing), ring.peers[to], kKeyValueTag);
 }
 
 void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -70,23 +103,28 @@ void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tenso
                                 std::to_string(mine) + " (buffers hold " + std::to_string(max_rows_) + ")");
   }
   attention_reset_rows(out, lse, 0, T);
-  if (!local_blocks.empty()) attention_forward_blocks(out, lse, q, k, v, local_blocks);
+  if (!local_blocks.empty()) attention_forward_blocks(out, lse, q, k, v, local_blocks, window_);
 
-  copy(keys(kv_[0], mine), k.rows(ring_begin, T));
-  copy(values(kv_[0], mine), v.rows(ring_begin, T));
-  const int next = ring.peers[(p + 1) % n], previous = ring.peers[(p + n - 1) % n];
+  own_.assign(ring.chunks[p].size(), ChunkRows{});
+  for (size_t c = 0; c < own_.size(); ++c) own_[c] = {0, ring.chunks[p][c].rows};
   int current = 0;
   for (int step = 0; step < n; ++step) {
-    // At step t this member holds the keys and values of member p - t.
+    // At step t this member computes against member p - t's rows (its own at step 0,
+    // read in place) while the rows of step t + 1 arrive.
     const int source = (p - step + n) % n;
-    const int64_t rows = ring.rows(source);
     CommRequest send, receive;
-    if (step + 1 < n) {
-      receive = hdp_.recv_async(packed(kv_[1 - current], ring.rows((source + n - 1) % n)), previous, kKeyValueTag);
-      send = hdp_.send_async(packed(kv_[current], rows), next, kKeyValueTag);
+    if (step + 1 < n) post_exchange(ring, step + 1, k, v, ring_begin, kv_[1 - current], send, receive);
+    if (step == 0) {
+      ring_blocks(ring, p, own_, ring_begin, ring_begin);
+      if (!blocks_.empty()) attention_forward_blocks(out, lse, q, k, v, blocks_, window_);
+    } else {
+      held_ = key_rows_needed(ring, source, p, window_);
+      const int64_t rows = total_rows(held_);
+      ring_blocks(ring, source, held_, ring_begin, 0);
+      if (!blocks_.empty()) {
+        attention_forward_blocks(out, lse, q, keys(kv_[current], rows), values(kv_[current], rows), blocks_, window_);
+      }
     }
-    ring_blocks(ring, source, ring_begin, 0);
-    attention_forward_blocks(out, lse, q, keys(kv_[current], rows), values(kv_[current], rows), blocks_);
     {
       TraceSpan span(trace_ops::kRingExchange.data());  // the exposed wait, nested in a compute op
       send.wait();
@@ -101,52 +139,63 @@ void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout
                              std::span<const AttentionBlock> local_blocks, const RingLayout& ring,
                              int64_t ring_begin) {
   const int n = static_cast<int>(ring.peers.size()), p = ring.self;
-  const int64_t T = q.dim(0), mine = ring.rows(p);
   fill(dq, 0.0f);
   fill(dk, 0.0f);
   fill(dv, 0.0f);
-  if (!local_blocks.empty()) attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, local_blocks);
+  if (!local_blocks.empty()) attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, local_blocks, window_);
 
-  copy(keys(kv_[0], mine), k.rows(ring_begin, T));
-  copy(values(kv_[0], mine), v.rows(ring_begin, T));
-  const int next = ring.peers[(p + 1) % n], previous = ring.peers[(p + n - 1) % n];
+  own_.assign(ring.chunks[p].size(), ChunkRows{});
+  for (size_t c = 0; c < own_.size(); ++c) own_[c] = {0, ring.chunks[p][c].rows};
   int current = 0;
-  CommRequest gradient_sends[2];
   for (int step = 0; step < n; ++step) {
-    const int source = (p - step + n) % n;
-    const int64_t rows = ring.rows(source);
-    CommRequest send, receive, incoming;
-    if (step + 1 < n) {
-      receive = hdp_.recv_async(packed(kv_[1 - current], ring.rows((source + n - 1) % n)), previous, kKeyValueTag);
-      send = hdp_.send_async(packed(kv_[current], rows), next, kKeyValueTag);
-    }
-    // The gradient of block `source` accumulated by the members that held it
-    // before arrives while this member computes its own contribution.
-    if (step > 0) incoming = hdp_.recv_async(packed(dkv_local_, rows), previous, kGradientTag);
-    Tensor& contribution = dkv_[step % 2];
-    gradient_sends[step % 2].wait();
-    fill(packed(contribution, rows), 0.0f);
-    ring_blocks(ring, source, ring_begin, 0);
-    attention_backward_blocks(dq, keys(contribution, rows), values(contribution, rows), dout, q,
-                              keys(kv_[current], rows), values(kv_[current], rows), out, lse, blocks_);
+    const int source = (p - step + n) % n, reader = (p + step) % n;
+    CommRequest send, receive, gradient_send, gradient_back;
+    if (step + 1 < n) post_exchange(ring, step + 1, k, v, ring_begin, kv_[1 - current], send, receive);
+    // The gradient of this member's rows that member p + t read at this step comes
+    // back while this member computes its own part of p - t's.
+    int64_t back_rows = 0;
     if (step > 0) {
-      incoming.wait();
-      add_inplace(packed(contribution, rows), packed(dkv_local_, rows));
+      back_ = key_rows_needed(ring, p, reader, window_);
+      back_rows = total_rows(back_);
+      if (back_rows > 0) gradient_back = hdp_.recv_async(packed(dkv_back_, back_rows), ring.peers[reader], kGradientTag);
     }
-    if (n > 1) gradient_sends[step % 2] = hdp_.send_async(packed(contribution, rows), next, kGradientTag);
+    if (step == 0) {
+      ring_blocks(ring, p, own_, ring_begin, ring_begin);
+      if (!blocks_.empty()) attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks_, window_);
+    } else {
+      held_ = key_rows_needed(ring, source, p, window_);
+      const int64_t rows = total_rows(held_);
+      if (rows > 0) {
+        fill(packed(dkv_, rows), 0.0f);
+        ring_blocks(ring, source, held_, ring_begin, 0);
+        attention_backward_blocks(dq, keys(dkv_, rows), values(dkv_, rows), dout, q, keys(kv_[current], rows),
+                                  values(kv_[current], rows), out, lse, blocks_, window_);
+        gradient_send = hdp_.send_async(packed(dkv_, rows), ring.peers[source], kGradientTag);
+      }
+    }
+    if (back_rows > 0) {
+      gradient_back.wait();
+      int64_t row = 0, chunk_row = ring_begin;
+      for (size_t c = 0; c < back_.size(); ++c) {
+        const ChunkRows run = back_[c];
+        if (run.rows() > 0) {
+          add_inplace(dk.rows(chunk_row + run.begin, chunk_row + run.end),
+                      keys(dkv_back_, back_rows).rows(row, row + run.rows()));
+          add_inplace(dv.rows(chunk_row + run.begin, chunk_row + run.end),
+                      values(dkv_back_, back_rows).rows(row, row + run.rows()));
+          row += run.rows();
+        }
+        chunk_row += ring.chunks[p][c].rows;
+      }
+    }
     {
       TraceSpan span(trace_ops::kRingExchange.data());  // the exposed wait, nested in a compute op
+      gradient_send.wait();
       send.wait();
       receive.wait();
     }
     current = 1 - current;
   }
-  // After a full turn the gradient of this member's own block comes back complete.
-  const Tensor own = n > 1 ? dkv_local_ : dkv_[0];
-  if (n > 1) hdp_.recv(packed(dkv_local_, mine), previous, kGradientTag);
-  for (CommRequest& r : gradient_sends) r.wait();
-  add_inplace(dk.rows(ring_begin, T), keys(own, mine));
-  add_inplace(dv.rows(ring_begin, T), values(own, mine));
 }
 
 }  // namespace hdp

@@ -2,10 +2,14 @@
 // Ring attention over the hybrid-data-parallel communicator: the k ranks of a
 // ring each hold two zig-zag chunks of every sequence of the ring (with their
 // true positions) and compute the attention of their query rows against every
-// member's keys by passing key/value blocks around the ring. Partial results are
-// merged with their log-sum-exp; in backward the key/value gradients travel
-// with their blocks and arrive back at their owner after a full turn. Every
-// transfer is non-blocking and overlaps the computation of the current block.
+// member's keys in k steps: at step t member p computes against the keys and
+// values of member p - t, which member p - t sent it directly during step t - 1
+// (overlapping that step's compute), and only the rows p reads: the chunks that are
+// not wholly in p's future and, under a sliding window (Mistral: Jiang et al. 2023),
+// only their last W - 1 rows (parallel/ring_layout.h, key_rows_needed). A step
+// with nothing to read sends nothing and computes nothing. Partial results are
+// merged with their log-sum-exp; in backward each step's key/value gradients go
+// straight back to their owner, who adds them into its rows.
 //
 // No communicator is made per ring: all rings are point-to-point messages on the
 // one hdp communicator of this tp rank and pipeline stage.
@@ -24,7 +28,8 @@ namespace hdp {
 class RingAttention {
  public:
   // max_rows: the most ring rows any member holds; buffers are sized for it.
-  RingAttention(Communicator& hdp, int64_t max_rows, int64_t kv_heads, int64_t head_dim,
+  // window: the sliding window of every query (kernels/ops.h), kNoWindow for none.
+  RingAttention(Communicator& hdp, int64_t max_rows, int64_t kv_heads, int64_t head_dim, int64_t window,
                 Device device = Device::CPU);
 
   // out [T, Hq, d], lse [Hq, T]: computed for every row. q, k, v are the micro-batch's
@@ -40,21 +45,29 @@ class RingAttention {
   size_t buffer_bytes() const { return arena_.capacity(); }
 
  private:
-  // Blocks of this member's ring query rows against member `source`'s key rows,
-  // whose first row is k_offset in the key tensor.
-  void ring_blocks(const RingLayout& ring, int source, int64_t ring_begin, int64_t k_offset);
+  // Blocks of this member's ring query rows against the runs `held` of member
+  // `source`'s chunks, packed one after another from row k_offset of the key tensor.
+  void ring_blocks(const RingLayout& ring, int source, std::span<const ChunkRows> held, int64_t ring_begin,
+                   int64_t k_offset);
+  // Posts this step's exchange for the next: the receive of what member p - t
+  // sends into `into`, and the send of this member's rows that p + t reads (packed
+  // from k and v rows [ring_begin, T)). Either is skipped when empty.
+  void post_exchange(const RingLayout& ring, int t, const Tensor& k, const Tensor& v, int64_t ring_begin,
+                     const Tensor& into, CommRequest& send, CommRequest& receive);
   // [rows, 2, Hkv, d] packed keys and values of a member's ring rows.
   Tensor keys(const Tensor& packed, int64_t rows) const;
   Tensor values(const Tensor& packed, int64_t rows) const;
   Tensor packed(const Tensor& buffer, int64_t rows) const;
 
   Communicator& hdp_;
-  int64_t max_rows_, kv_heads_, head_dim_;
+  int64_t max_rows_, kv_heads_, head_dim_, window_;
   Arena arena_;
-  Tensor kv_[2];      // key/value blocks in flight: the one computed on and the one arriving
-  Tensor dkv_[2];     // travelling key/value gradients: the one arriving and the one being sent
-  Tensor dkv_local_;  // this step's contribution, computed while the travelling one arrives
+  Tensor kv_[2];     // received key/value rows: the ones computed on and the ones arriving
+  Tensor send_;      // this member's rows packed for the member they go to
+  Tensor dkv_;       // this step's key/value gradient contribution, sent back to its owner
+  Tensor dkv_back_;  // the gradient of this member's rows coming back from a reader
   std::vector<AttentionBlock> blocks_;
+  std::vector<ChunkRows> own_, held_, sent_, back_;
 };
 
 }  // namespace hdp

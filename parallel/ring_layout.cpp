@@ -1,5 +1,6 @@
 #include "parallel/ring_layout.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -36,6 +37,31 @@ RingLayout zigzag_ring_layout(std::span<const int> peers, std::span<const int64_
     }
   }
   return ring;
+}
+
+std::vector<ChunkRows> key_rows_needed(const RingLayout& ring, int source, int receiver, int64_t window) {
+  std::vector<ChunkRows> runs;
+  for (const RingChunk& key : ring.chunks[source]) {
+    // Positions [lo, hi] of the key chunk that some query of the receiver sees.
+    int64_t lo = key.position + key.rows, hi = key.position - 1;
+    for (const RingChunk& query : ring.chunks[receiver]) {
+      if (query.sequence != key.sequence || query.rows == 0) continue;
+      const int64_t last_query = query.position + query.rows - 1;
+      const int64_t first = window > 0 ? std::max(key.position, query.position - window + 1) : key.position;
+      const int64_t last = std::min(key.position + key.rows - 1, last_query);
+      if (first > last) continue;
+      lo = std::min(lo, first);
+      hi = std::max(hi, last);
+    }
+    runs.push_back(lo <= hi ? ChunkRows{lo - key.position, hi + 1 - key.position} : ChunkRows{key.rows, key.rows});
+  }
+  return runs;
+}
+
+int64_t total_rows(std::span<const ChunkRows> runs) {
+  int64_t n = 0;
+  for (const ChunkRows& r : runs) n += r.rows();
+  return n;
 }
 
 }  // namespace hdp

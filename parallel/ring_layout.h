@@ -33,4 +33,19 @@ int64_t zigzag_chunk_begin(int64_t length, int chunk, int ring_size);
 // position `self`: member j holds chunks j and 2k-1-j of every sequence, in order.
 RingLayout zigzag_ring_layout(std::span<const int> peers, std::span<const int64_t> sequence_lengths, int self);
 
+// A run of rows of one chunk, [begin, end) counted from the chunk's first row.
+struct ChunkRows {
+  int64_t begin = 0, end = 0;
+  int64_t rows() const { return end - begin; }
+};
+
+// Of each chunk of member `source`, the rows member `receiver` reads as keys: those
+// whose position is at most, and with a sliding window W > 0 more than W below, the
+// position of one of the receiver's query rows of the same sequence (kernels/ops.h).
+// Chunks of different members never overlap, so it is a suffix of the chunk (the
+// receiver's later queries read its last W - 1 rows at most) or nothing; the whole
+// chunk without a window. One run per chunk of `source`, in its row order.
+std::vector<ChunkRows> key_rows_needed(const RingLayout& ring, int source, int receiver, int64_t window);
+int64_t total_rows(std::span<const ChunkRows> runs);
+
 }  // namespace hdp

@@ -50,6 +50,8 @@ CostProfileInfo read_measured_shape(const YamlMap& model) {
   p.vocab_size = positive_integer(model, "vocab_size");
   p.tp = positive_integer(model, "tp");
   p.saved_floats_per_token = positive_integer(model, "saved_floats_per_token");
+  // Absent in files of models without a window.
+  p.sliding_window = optional_positive_integer(model, "sliding_window", 0);
   return p;
 }
 
@@ -123,8 +125,9 @@ void write_cost_file(const std::string& path, const CostFile& file) {
   out << YAML::Key << "vocab_size" << YAML::Value << p.vocab_size;
   out << YAML::Key << "tp" << YAML::Value << p.tp;
   out << YAML::Key << "saved_floats_per_token" << YAML::Value << p.saved_floats_per_token;
+  if (p.sliding_window > 0) out << YAML::Key << "sliding_window" << YAML::Value << p.sliding_window;
   out << YAML::EndMap;
-  out << YAML::Key << "layer" << YAML::Comment("T(s) = a1 s^2 + b1 s + g seconds; Act(s) = a2 s + b2 bytes");
+  out << YAML::Key << "layer" << YAML::Comment("T(s) = a1 s^2 + b1 s + g seconds (s^2: attention_term under a window); Act(s) = a2 s + b2 bytes");
   out << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "a1" << YAML::Value << c.a1;
   out << YAML::Key << "b1" << YAML::Value << c.b1;
@@ -186,6 +189,8 @@ CostFile read_cost_file(const std::string& path) {
   CostFile file;
   file.profiled = read_measured_shape(root.map("model"));
   file.cost = read_cost_model(root);
+  // The fit's s^2 term is the attention term under the measured window (cost_model.h).
+  file.cost.window = file.profiled.sliding_window;
   file.fit.copy_bytes = optional_positive_integer(root.map("copy"), "bytes", 0);
   if (const std::optional<YamlMap> fit = root.optional_map("fit")) file.fit = read_fit(*fit, file.fit);
   if (const std::optional<YamlMap> profiled = root.optional_map("profiled")) read_provenance(*profiled, file.profiled);

@@ -18,6 +18,7 @@ struct CostProfileInfo {
   int64_t hidden_size = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0, ffn_hidden_size = 0, vocab_size = 0;
   int64_t tp = 1;                     // tensor-parallel degree of the measured layer
   int64_t saved_floats_per_token = 0; // LlamaModel::saved_floats_per_token() of the measured layer
+  int64_t sliding_window = 0;         // the measured model's sliding window (Mistral); 0: none
   int64_t threads = 0;                // OpenMP threads while measuring
   int64_t repeats = 0;                // timed runs per measurement (median)
   // The GEMM library and its kernels, e.g. "oneDNN 2.6.3 sgemm, avx2 kernels".

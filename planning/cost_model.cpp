@@ -6,8 +6,13 @@
 namespace hdp {
 
 double CostModel::compute_seconds(int64_t s) const {
+  return a1 * attention_term(s) + b1 * static_cast<double>(s) + g;
+}
+
+double CostModel::attention_term(int64_t s) const {
   const double x = static_cast<double>(s);
-  return a1 * x * x + b1 * x + g;
+  if (window <= 0 || s <= window) return x * x;
+  return 2 * attention_pairs(s, window) - x;
 }
 
 double CostModel::activation_bytes(int64_t s) const { return a2 * static_cast<double>(s) + b2; }
@@ -30,6 +35,7 @@ CostModel analytic_cost_model(const ModelShape& model, int tp, double saved_byte
   m.g = 0;
   m.a2 = saved_bytes_per_token;
   m.b2 = 0;
+  m.window = model.window;
   m.d2h_bytes_per_s = copy_bytes_per_second;
   m.h2d_bytes_per_s = copy_bytes_per_second;
   return m;

@@ -12,7 +12,10 @@
 namespace hdp {
 
 struct CostModel {
-  double a1 = 0, b1 = 0, g = 0;  // T(s) = a1 s^2 + b1 s + g seconds
+  // T(s) = a1 s^2 + b1 s + g seconds; under a sliding window W (Mistral: Jiang et al.
+  // 2023) s^2 becomes attention_term(s), so T grows linearly past W.
+  double a1 = 0, b1 = 0, g = 0;
+  int64_t window = 0;  // the model's sliding window; 0: none
   double a2 = 0, b2 = 0;         // Act(s) = a2 s + b2 bytes
   double d2h_bytes_per_s = 0, h2d_bytes_per_s = 0;
   // Forward and backward per token of the parts outside the layers: on the first
@@ -22,18 +25,23 @@ struct CostModel {
 
   // One layer's forward and backward over a sequence of s tokens.
   double compute_seconds(int64_t s) const;
+  // What a1 multiplies: s^2 without a window; with one, 2 P(s) - s where P(s) =
+  // attention_pairs(s, W) (model/model_shape.h) is the number of visible (query, key)
+  // pairs, which is s^2 again for s <= W. So a1 (2 P(s) - s) + b1 s is exactly the
+  // attention FLOPs per pair times P(s) plus the matmuls per token times s (below).
+  double attention_term(int64_t s) const;
   // One layer's saved activations for a sequence of s tokens.
   double activation_bytes(int64_t s) const;
 };
 
 // The FLOP counts of one layer on one rank of a tensor-parallel group of tp
 // (model/model_shape.h) at a fixed rate. Over a causal sequence of s tokens the
-// layer costs matmul s + attention s (s + 1) / 2 FLOPs (matmul per token,
-// attention per (query, visible key) pair), so
+// layer costs matmul s + attention P(s) FLOPs (matmul per token, attention per
+// (query, visible key) pair; P(s) = s (s + 1) / 2 without a window), so
 // a1 = attention / 2 / rate, b1 = (matmul + attention / 2) / rate, g = 0;
 // a2 = saved_bytes_per_token, b2 = 0; both copy directions at copy_bytes_per_second.
 // The embedding and the head are the caller's. The shape must split over tp
-// (validate_split).
+// (validate_split). The window is the shape's.
 CostModel analytic_cost_model(const ModelShape& model, int tp, double saved_bytes_per_token, double flops_per_second,
                               double copy_bytes_per_second);
 

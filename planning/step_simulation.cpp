@@ -7,6 +7,7 @@
 #include <string>
 
 #include "parallel/pipeline.h"
+#include "parallel/ring_layout.h"
 
 namespace hdp {
 
@@ -186,7 +187,7 @@ class StepGraphBuilder {
   void time_ring_groups();
   void add_streams();
   LayerWork layer_work(const PlannedMicroBatch& mb, int s) const;
-  void add_ring_work(const PlannedMicroBatch& mb, int s, double ring_tokens, LayerWork& w) const;
+  void add_ring_work(const PlannedMicroBatch& mb, int s, LayerWork& w) const;
   // Forward + backward seconds of the embedding (first stage) and the head (last).
   double extra_seconds(const PlannedMicroBatch& mb, int s) const;
   int ring_group_of(size_t g, int s, bool forward);
@@ -200,10 +201,12 @@ class StepGraphBuilder {
   const ParallelDegrees grid_;
   const double f_;  // forward's share of compute
   std::vector<size_t> first_{0};  // micro-batch offsets: (rank r, micro-batch i) is first_[r] + i
-  // Per ring and stage (ring_at): the slowest link between consecutive members,
+  // Per ring and stage (ring_at): each ring step's transfer time (measure_rings),
   // and the ring's forward and backward time (its slowest member's).
-  std::vector<double> ring_bw_, ring_lat_, ring_fwd_, ring_bwd_;
-  std::vector<double> ring_step_;  // per ring: one member's one ring step
+  std::vector<std::vector<double>> ring_transfer_;
+  std::vector<double> ring_fwd_, ring_bwd_;
+  std::vector<double> ring_step_;       // per ring: one member's one computing ring step
+  std::vector<double> ring_sent_rows_;  // per ring: key rows a member sends per pass, on average
   StepSimulation out_;
   sim::OpGraph graph_;
   const uint32_t L_fwd = graph_.label("forward"), L_bwd = graph_.label("backward");
@@ -224,25 +227,49 @@ void StepGraphBuilder::measure_rings() {
   const int pp = grid_.pp;
   const HardwareProfile& hw = k_.hardware;
   const size_t R = plan_.rings.size();
-  ring_bw_.resize(R * pp);
-  ring_lat_.resize(R * pp);
+  ring_transfer_.assign(R * pp, {});
   ring_step_.resize(R);
+  ring_sent_rows_.resize(R);
   for (size_t g = 0; g < R; ++g) {
     const Ring& ring = plan_.rings[g];
     const int n = static_cast<int>(ring.ranks.size());
     double attention = 0;
-    for (int64_t q : ring.sequences)
-      attention += k_.cost.a1 * static_cast<double>(lengths_[q]) * static_cast<double>(lengths_[q]);
-    ring_step_[g] = n > 0 ? attention / (static_cast<double>(n) * n) : 0;
-    for (int s = 0; s < pp; ++s) {
-      double bw = std::numeric_limits<double>::infinity(), lat = 0;
-      for (int j = 0; j < n && n > 1; ++j) {
-        const long a = gpu(ring.ranks[j], s), b = gpu(ring.ranks[(j + 1) % n], s);
-        bw = std::min(bw, hw.link_bytes_per_s(a, b));
-        lat = std::max(lat, hw.link_latency_s(a, b));
+    std::vector<int64_t> ring_lengths;
+    for (int64_t q : ring.sequences) {
+      attention += k_.cost.a1 * k_.cost.attention_term(lengths_[q]);
+      ring_lengths.push_back(lengths_[q]);
+    }
+    // What the trainer's ring sends (parallel/ring_attention.h): at step t member p
+    // receives from member p - t the key rows it reads (parallel/ring_layout.h), none
+    // under a window that does not reach. Members run in lock step: a step moves the
+    // most any member receives, over the slowest of its links.
+    const RingLayout layout = zigzag_ring_layout(ring.ranks, ring_lengths, 0);
+    std::vector<int64_t> rows(n, 0);  // per step t: the most rows a member receives
+    double sent = 0;
+    int active = 1;  // steps that compute: step 0 (own rows) and every step with rows
+    for (int t = 1; t < n; ++t) {
+      for (int p = 0; p < n; ++p) {
+        const int64_t r = total_rows(key_rows_needed(layout, (p - t + n) % n, p, k_.cost.window));
+        rows[t] = std::max(rows[t], r);
+        sent += static_cast<double>(r);
       }
-      ring_bw_[ring_at(g, s)] = bw;
-      ring_lat_[ring_at(g, s)] = lat;
+      if (rows[t] > 0) ++active;
+    }
+    ring_step_[g] = n > 0 ? attention / (static_cast<double>(n) * active) : 0;
+    ring_sent_rows_[g] = n > 0 ? sent / n : 0;
+    for (int s = 0; s < pp; ++s) {
+      std::vector<double>& xfer = ring_transfer_[ring_at(g, s)];
+      xfer.assign(n + 1, 0.0);  // xfer[t]: step t's transfer; 0 at t = 0 and t = n
+      for (int t = 1; t < n; ++t) {
+        if (rows[t] == 0) continue;
+        double bw = std::numeric_limits<double>::infinity(), lat = 0;
+        for (int p = 0; p < n; ++p) {
+          const long a = gpu(ring.ranks[(p - t + n) % n], s), b = gpu(ring.ranks[p], s);
+          bw = std::min(bw, hw.link_bytes_per_s(a, b));
+          lat = std::max(lat, hw.link_latency_s(a, b));
+        }
+        xfer[t] = lat + k_.kv_bytes_per_token * static_cast<double>(rows[t]) / bw;
+      }
     }
   }
 }
@@ -292,33 +319,32 @@ LayerWork StepGraphBuilder::layer_work(const PlannedMicroBatch& mb, int s) const
   w.forward = f_ * linear;
   w.backward = (1 - f_) * linear;
   w.pure = linear;
-  if (mb.ring >= 0) add_ring_work(mb, s, ring_tokens, w);
+  if (mb.ring >= 0) add_ring_work(mb, s, w);
   return w;
 }
 
-// Ring attention (Liu et al., 2023): n steps of one member's block against each
-// member's K/V, each step overlapping the next block's transfer, so a step takes
-// the longer of its compute and its transfer.
-void StepGraphBuilder::add_ring_work(const PlannedMicroBatch& mb, int s, double ring_tokens, LayerWork& w) const {
+// Ring attention (Liu et al., 2023) as the trainer runs it: n steps of one member's
+// rows against each member's key rows, the next step's rows arriving during the
+// current step's compute, so a step takes the longer of the two; a step without rows
+// neither computes nor waits. Backward sends each step's key/value gradients back
+// to their owner after that step's compute.
+void StepGraphBuilder::add_ring_work(const PlannedMicroBatch& mb, int s, LayerWork& w) const {
   const size_t g = static_cast<size_t>(mb.ring);
   const int n = static_cast<int>(plan_.rings[g].ranks.size());
   const double step = ring_step_[g];
   const double sequences = static_cast<double>(plan_.rings[g].sequences.size());
-  w.pure += step * n + k_.cost.g * sequences;
+  const std::vector<double>& x = ring_transfer_[ring_at(g, s)];
   w.forward += f_ * k_.cost.g * sequences;
   w.backward += (1 - f_) * k_.cost.g * sequences;
-  if (n <= 1) {
-    w.forward += f_ * step;
-    w.backward += (1 - f_) * step;
-    return;
+  w.pure += k_.cost.g * sequences;
+  for (int t = 0; t < n; ++t) {
+    if (t > 0 && x[t] == 0) continue;  // nothing to read at this step
+    w.pure += step;
+    w.forward += std::max(f_ * step, x[t + 1]);
+    w.backward += std::max((1 - f_) * step + x[t], x[t + 1]);
   }
-  const double bytes = k_.kv_bytes_per_token * ring_tokens;
-  const double bw = ring_bw_[ring_at(g, s)], lat = ring_lat_[ring_at(g, s)];
-  const double xf = lat + bytes / bw;
-  const double xb = lat + 2 * bytes / bw;
-  w.forward += f_ * step + (n - 1) * std::max(f_ * step, xf);
-  w.backward += (1 - f_) * step + (n - 1) * std::max((1 - f_) * step, xb) + xb;
-  w.attention_bytes = bytes * (n - 1) + 2 * bytes * n;
+  // Forward K/V, backward K/V and backward K/V gradients: the same rows three times.
+  w.attention_bytes = 3 * k_.kv_bytes_per_token * ring_sent_rows_[g];
 }
 
 double StepGraphBuilder::extra_seconds(const PlannedMicroBatch& mb, int s) const {

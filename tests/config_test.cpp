@@ -72,6 +72,7 @@ std::string load_error(const std::string& path, const std::vector<std::string>& 
 
 void expect_same(const Config& a, const Config& b) {
   EXPECT_EQ(a.model.arch, b.model.arch);
+  EXPECT_EQ(a.model.sliding_window, b.model.sliding_window);
   EXPECT_EQ(a.model.vocab_size, b.model.vocab_size);
   EXPECT_EQ(a.model.hidden_size, b.model.hidden_size);
   EXPECT_EQ(a.model.num_layers, b.model.num_layers);
@@ -312,7 +313,8 @@ TEST(ConfigErrors, UnknownKeySuggestsTheClosest) {
   EXPECT_CONTAINS(msg, path + ":3: model.hiden_size: unknown key in section 'model'");
   EXPECT_CONTAINS(msg, "did you mean 'hidden_size'?");
   EXPECT_CONTAINS(msg, "valid keys in model: arch, vocab_size, hidden_size, num_layers, num_heads, "
-                             "num_kv_heads, ffn_hidden_size, rope_theta, norm_eps, tie_embeddings, init_std");
+                             "num_kv_heads, ffn_hidden_size, rope_theta, norm_eps, tie_embeddings, init_std, sliding_window, "
+                             "num_experts, experts_per_token, router_aux_loss_coef");
 }
 
 TEST(ConfigErrors, UnknownKeyFarFromAnyHasNoSuggestion) {
@@ -459,7 +461,7 @@ TEST(ConfigErrors, OtherConstraints) {
     std::string expected;
   };
   const std::vector<Case> cases = {
-      {"model.arch=gpt2", "model.arch: unsupported architecture 'gpt2'; the only architecture in this build is 'llama'"},
+      {"model.arch=gpt2", "model.arch: unsupported architecture 'gpt2'; choose 'llama', 'mistral' or 'mixtral'"},
       {"data.format=bin", "data.format: unsupported dataset format 'bin'; choose hdf5 (this trainer's file) or megatron"},
       {"data.max_seq_len=1", "data.max_seq_len: 1 is too small; it must be at least 2"},
       {"data.micro_batch_tokens=0", "data.micro_batch_tokens: 0 is not positive"},
@@ -499,6 +501,106 @@ TEST(ConfigErrors, OtherConstraints) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.override_);
     EXPECT_CONTAINS(load_error(path, {c.override_}), "--set " + c.override_ + ": " + c.expected);
+  }
+}
+
+// model.sliding_window as Hugging Face configs have it: a positive integer or null
+// on mistral, absent (null) on llama.
+TEST(Config, SlidingWindow) {
+  Scratch s("sliding_window");
+  const Config d = load_config(s.config(kMinimalConfig));
+  EXPECT_FALSE(d.model.sliding_window.has_value());
+  EXPECT_EQ(d.model.attention_window(), 0);
+  EXPECT_EQ(d.model.shape().window, 0);
+  EXPECT_CONTAINS(d.yaml, "sliding_window: ~");
+
+  const std::string path = s.config(
+      "model:\n"
+      "  arch: mistral\n"
+      "  sliding_window: 96\n"
+      "data:\n"
+      "  path: DATA\n",
+      "mistral.yaml");
+  const Config m = load_config(path);
+  EXPECT_EQ(m.model.arch, "mistral");
+  ASSERT_TRUE(m.model.sliding_window.has_value());
+  EXPECT_EQ(*m.model.sliding_window, 96);
+  EXPECT_EQ(m.model.attention_window(), 96);
+  EXPECT_EQ(m.model.shape().window, 96);
+  EXPECT_CONTAINS(m.yaml, "sliding_window: 96");
+  const Config back = parse_config_text(m.yaml, "stored", {}, false);
+  expect_same(back, m);
+  EXPECT_EQ(back.yaml, m.yaml);
+
+  // null on mistral: full attention (Mistral 7B v0.2 and later), also from --set.
+  const Config full = load_config(path, {"model.sliding_window=null"});
+  EXPECT_FALSE(full.model.sliding_window.has_value());
+  const Config full_back = parse_config_text(full.yaml, "stored", {}, false);
+  EXPECT_FALSE(full_back.model.sliding_window.has_value());
+  EXPECT_EQ(full_back.yaml, full.yaml);
+
+  EXPECT_CONTAINS(load_error(path, {"model.sliding_window=0"}),
+                  "--set model.sliding_window=0: model.sliding_window: 0 is not positive; it must be at least 1");
+  EXPECT_CONTAINS(load_error(path, {"model.sliding_window=-4"}), "model.sliding_window: -4 is not positive");
+  EXPECT_CONTAINS(load_error(path, {"model.sliding_window=4294967296"}),
+                  "model.sliding_window: 4294967296 is too large");
+  EXPECT_CONTAINS(load_error(path, {"model.sliding_window=wide"}), "model.sliding_window");
+  // A window on llama is refused at the line that set it.
+  const std::string llama = s.config(
+      "model:\n"
+      "  arch: llama\n"
+      "  sliding_window: 64\n"
+      "data:\n"
+      "  path: DATA\n",
+      "llama.yaml");
+  EXPECT_CONTAINS(load_error(llama), llama + ":3: model.sliding_window: a sliding window needs model.arch "
+                                             "'mistral' or 'mixtral', not 'llama'; set model.arch: mistral");
+}
+
+// model.arch: mixtral with its keys (Hugging Face's defaults), and the settings it
+// does not support yet refused at start-up naming the key.
+TEST(Config, Mixtral) {
+  Scratch s("mixtral");
+  const std::string path = s.config(
+      "model:\n"
+      "  arch: mixtral\n"
+      "  num_experts: 4\n"
+      "  experts_per_token: 2\n"
+      "  router_aux_loss_coef: 0.02\n"
+      "data:\n"
+      "  path: DATA\n"
+      "  max_seq_len: 512\n"
+      "  micro_batch_tokens: 2048\n",
+      "mixtral.yaml");
+  const Config c = load_config(path);
+  EXPECT_TRUE(c.model.moe());
+  EXPECT_EQ(c.model.num_experts, 4);
+  EXPECT_EQ(c.model.experts_per_token, 2);
+  EXPECT_EQ(c.model.router_aux_loss_coef, 0.02);
+  EXPECT_EQ(c.model.shape().experts, 4);
+  EXPECT_EQ(c.model.shape().experts_per_token, 2);
+  const Config back = parse_config_text(c.yaml, "stored", {}, false);
+  EXPECT_EQ(back.model.num_experts, 4);
+  EXPECT_EQ(back.yaml, c.yaml);
+  const Config d = load_config(s.config(kMinimalConfig));
+  EXPECT_EQ(d.model.num_experts, 8);
+  EXPECT_EQ(d.model.experts_per_token, 2);
+  EXPECT_EQ(d.model.router_aux_loss_coef, 0.001);
+  EXPECT_EQ(d.model.shape().experts, 1);  // llama: the keys are not used
+
+  const std::vector<std::pair<std::string, std::string>> refused = {
+      {"model.experts_per_token=5", "model.experts_per_token: 5 is outside [1, model.num_experts = 4]"},
+      {"model.num_experts=0", "model.num_experts: 0 is not positive"},
+      {"model.router_aux_loss_coef=-1", "model.router_aux_loss_coef: -1 is negative"},
+      {"parallel.tp=2", "parallel.tp: 2 with model.arch 'mixtral'; Mixtral's MoE layers run on one process so far"},
+      {"parallel.pp=2", "parallel.pp: 2 with model.arch 'mixtral'"},
+      {"parallel.hdp=2", "parallel.hdp: 2 with model.arch 'mixtral'"},
+      {"train.device=cuda", "train.device: 'cuda' with model.arch 'mixtral'; Mixtral's MoE layers run on the CPU"},
+      {"data.max_seq_len=4096", "data.max_seq_len: 4096 is above data.micro_batch_tokens 2048"},
+  };
+  for (const auto& [override_, expected] : refused) {
+    SCOPED_TRACE(override_);
+    EXPECT_CONTAINS(load_error(path, {override_}), "--set " + override_ + ": " + expected);
   }
 }
 
@@ -813,6 +915,16 @@ TEST(Config, ShippedConfigs) {
   EXPECT_EQ(tiny.train.log_every, 10);
   EXPECT_EQ(tiny.optim.warmup_steps, 20);
   EXPECT_EQ(tiny.optim.min_lr, 2e-4);
+
+  // tiny-mistral: tiny-llama's shape and data with a window shorter than the sequences.
+  const Config mistral = parse_config_text(read("tiny-mistral.yaml"), "configs/tiny-mistral.yaml", {}, false);
+  EXPECT_EQ(mistral.model.arch, "mistral");
+  EXPECT_EQ(mistral.model.sliding_window, std::optional<int64_t>(128));
+  EXPECT_LT(*mistral.model.sliding_window, mistral.data.max_seq_len);
+  EXPECT_EQ(mistral.model.hidden_size, tiny.model.hidden_size);
+  EXPECT_EQ(mistral.model.num_layers, tiny.model.num_layers);
+  EXPECT_EQ(mistral.data.path, tiny.data.path);
+  EXPECT_EQ(mistral.train.run_dir, "runs/tiny-mistral");
 
   const Config bench = parse_config_text(read("bench-llama.yaml"), "configs/bench-llama.yaml", {}, false);
   EXPECT_EQ(bench.model.vocab_size, 32000);

@@ -298,12 +298,15 @@ INSTANTIATE_TEST_SUITE_P(Layouts, GuardedParallel,
 
 // Documents longer than a micro-batch: attention over a ring of 2 ranks, half of
 // each rank's activations offloaded to host memory, against one CPU process that
-// holds whole sequences.
-TEST(GuardedRing, LongDocumentsOverARingWithOffloadEqualOneCpuProcess) {
+// holds whole sequences; with full attention and with a sliding window of 100
+// (Mistral), whose ring sends only the key rows the window reaches.
+class GuardedRing : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(GuardedRing, LongDocumentsOverARingWithOffloadEqualOneCpuProcess) {
   const std::string dir = scratch_dir("guarded-long-" + std::to_string(getpid()));
   auto c = run_trainer("make-corpus --output " + dir + "/long.h5 --documents 100 --max-length 1024 --seed 7");
   ASSERT_EQ(c.exit_code, 0) << c.output;
-  const std::string data = "--set data.path=" + dir + "/long.h5 --set data.max_seq_len=1024 ";
+  const std::string data = "--set data.path=" + dir + "/long.h5 --set data.max_seq_len=1024 " + GetParam();
   auto a = run_trainer(train_args(dir + "/cpu", "cpu", 3, 0, data + "--set data.micro_batch_tokens=1024"));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   auto b = run_command(mpirun(2) + " " +
@@ -320,6 +323,10 @@ TEST(GuardedRing, LongDocumentsOverARingWithOffloadEqualOneCpuProcess) {
   EXPECT_GT(*std::max_element(ring.begin(), ring.end()), 0);
   EXPECT_GT(*std::max_element(offloaded.begin(), offloaded.end()), 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Attention, GuardedRing,
+                         ::testing::Values("", "--set model.arch=mistral --set model.sliding_window=100 "),
+                         [](const auto& info) { return std::string(info.index == 0 ? "full" : "window100"); });
 
 }  // namespace
 }  // namespace hdp

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "reference_llama.h"
 #include "model/model.h"
@@ -47,18 +48,53 @@ ReferenceBatch packed_batch() {
 
 MicroBatchView view(const ReferenceBatch& b) { return {b.tokens, b.targets, b.positions, b.cu_seqlens}; }
 
-class ModelGradient : public ::testing::TestWithParam<bool> {};
+// LLaMA untied and tied, and tiny-mistral: a sliding window of 2 keys, shorter
+// than the 4- and 5-token documents, so the window masks real pairs.
+struct GradientCase {
+  const char* name;
+  bool tied;
+  int64_t window;  // 0: none
+  bool moe = false;  // Mixtral: 4 experts, top-2, a large aux coefficient so its gradient shows
+};
+
+ModelConfig gradient_config(const GradientCase& g) {
+  ModelConfig c = tiny_config(g.tied);
+  if (g.window > 0) {
+    c.arch = "mistral";
+    c.sliding_window = g.window;
+  }
+  if (g.moe) {
+    c.arch = "mixtral";
+    c.num_experts = 4;
+    c.experts_per_token = 2;
+    c.router_aux_loss_coef = 0.5;
+  }
+  return c;
+}
+
+class ModelGradient : public ::testing::TestWithParam<GradientCase> {};
 
 TEST_P(ModelGradient, MatchesFiniteDifferencesOfNaiveReference) {
-  const ModelConfig c = tiny_config(GetParam());
+  const ModelConfig c = gradient_config(GetParam());
   LlamaModel model(c, 16);
-  model.init_weights(7);
   const ReferenceBatch batch = packed_batch();
+  // Mixtral: the first seed from 7 whose routing keeps every token's k-th and (k+1)-th
+  // router probabilities 1e-3 apart, so that no step of the finite differences below
+  // (weights moved by 1e-4) flips a top-k choice, where the loss has a kink.
+  uint64_t seed = 7;
+  for (;; ++seed) {
+    model.init_weights(seed);
+    double margin = 0;
+    testing::reference_loss(c, testing::weights_of(model), batch, &margin);
+    if (!c.moe() || margin > 1e-3) break;
+    ASSERT_LT(seed, 100u) << "no seed with a clear routing";
+  }
 
   model.zero_grad();
   const double loss = model.forward_backward(view(batch), 1.0f);
   testing::Weights w = testing::weights_of(model);
   const double reference = testing::reference_loss(c, w, batch);
+  if (c.moe()) EXPECT_GT(model.aux_loss(), 0.0);
   EXPECT_NEAR(loss, reference, 1e-5 * std::abs(reference));
   EXPECT_NEAR(model.forward_loss(view(batch)), reference, 1e-5 * std::abs(reference));
 
@@ -91,7 +127,36 @@ TEST_P(ModelGradient, MatchesFiniteDifferencesOfNaiveReference) {
   EXPECT_EQ(checked, model.num_parameters());
 }
 
-INSTANTIATE_TEST_SUITE_P(UntiedAndTied, ModelGradient, ::testing::Values(false, true));
+INSTANTIATE_TEST_SUITE_P(Models, ModelGradient,
+                         ::testing::Values(GradientCase{"untied", false, 0}, GradientCase{"tied", true, 0},
+                                           GradientCase{"mistral_window2", false, 2},
+                                           GradientCase{"mistral_window3_tied", true, 3},
+                                           GradientCase{"mixtral", false, 0, true},
+                                           GradientCase{"mixtral_window3", false, 3, true}),
+                         [](const auto& info) { return std::string(info.param.name); });
+
+// The window really masks: with W = 2 the loss differs from full attention (the
+// reference agrees with both), and a window as long as the longest document (5)
+// is full attention exactly.
+TEST(Model, SlidingWindowMasksOnlyKeysOutsideIt) {
+  const ReferenceBatch batch = packed_batch();
+  auto loss_with = [&](int64_t window, double* reference) {
+    const ModelConfig c = gradient_config({"w", false, window});
+    LlamaModel model(c, 16);
+    model.init_weights(7);
+    *reference = testing::reference_loss(c, testing::weights_of(model), batch);
+    return model.forward_loss(view(batch));
+  };
+  double ref_full = 0, ref_2 = 0, ref_5 = 0, ref_1 = 0;
+  const double full = loss_with(0, &ref_full), w2 = loss_with(2, &ref_2), w5 = loss_with(5, &ref_5);
+  const double w1 = loss_with(1, &ref_1);
+  EXPECT_NEAR(full, ref_full, 1e-5 * ref_full);
+  EXPECT_NEAR(w2, ref_2, 1e-5 * ref_2);
+  EXPECT_NEAR(w1, ref_1, 1e-5 * ref_1);
+  EXPECT_EQ(w5, full);  // bit-identical: no key of a 5-token document is outside a window of 5
+  EXPECT_GT(std::abs(w2 - full), 1e-3 * full);
+  EXPECT_GT(std::abs(w1 - w2), 1e-3 * full);
+}
 
 TEST(Model, PackedMicroBatchEqualsDocumentsRunSeparately) {
   ModelConfig c = tiny_config(false);
@@ -202,6 +267,21 @@ TEST(Model, ShapeCountsAreThoseOfTheModel) {
   double expected = 0;
   for (int64_t s : lengths) expected += s * (2 * (6 * 480 + 48 * (s + 1)) + 528);
   EXPECT_EQ(training_flops(tiny_config(false).shape(), lengths), expected);
+
+  // With a sliding window of 2 (Mistral) the documents have 3 + 2 x 2 = 7, 1 and
+  // 3 + 3 x 2 = 9 visible (query, key) pairs instead of 10, 1 and 15; attention is
+  // 6 x 2 x 8 = 96 FLOPs per pair and layer.
+  EXPECT_EQ(attention_pairs(4, 2), 7);
+  EXPECT_EQ(attention_pairs(1, 2), 1);
+  EXPECT_EQ(attention_pairs(5, 2), 9);
+  EXPECT_EQ(attention_pairs(5, 0), 15);
+  EXPECT_EQ(attention_pairs(5, 5), 15);
+  EXPECT_EQ(attention_pairs(4096, 1024), 1024.0 * 1025 / 2 + 3072.0 * 1024);
+  const ModelShape windowed = gradient_config({"w", false, 2}).shape();
+  EXPECT_EQ(windowed.window, 2);
+  const double windowed_expected = 2 * (6 * 480 * 10 + 96 * (7 + 1 + 9)) + 528 * 10;
+  EXPECT_NEAR(training_flops(windowed, lengths), windowed_expected, 1e-12 * windowed_expected);
+  EXPECT_LT(training_flops(windowed, lengths), expected);
 }
 
 TEST(Model, InitIsDeterministicAndScaled) {

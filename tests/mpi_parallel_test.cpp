@@ -205,10 +205,11 @@ TEST(ZeroAdamW, ShardedStepEqualsUnshardedStep) {
 }
 
 Config engine_config(const std::string& parallel, const std::string& data = "{path: unused.h5, max_seq_len: 64, "
-                                                                           "micro_batch_tokens: 96, global_batch_tokens: 1024}") {
+                                                                           "micro_batch_tokens: 96, global_batch_tokens: 1024}",
+                     const std::string& model_extra = "") {
   return parse_config_text(
       "model: {vocab_size: 50, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, ffn_hidden_size: 48,"
-      " init_std: 0.1}\n"
+      " init_std: 0.1" + model_extra + "}\n"
       "data: " + data + "\n"
       "optim: {lr: 0.01, warmup_steps: 0, grad_clip: 0}\n"
       "offload: {enabled: false}\n"
@@ -361,6 +362,60 @@ TEST(RingAttention, ADocumentSplitOver2To4RanksGivesTheWholeDocumentsGradients) 
     for (int j = k; j < 3; ++j) mixed.ranks[0].push_back(PlannedMicroBatch{{{2 + j, 0, several.sequences[2 + j].length}}});
     expect_close(planned_gradient(engine, groups, several, mixed), want_mixed, std::string(parallel) + " mixed ring");
   }
+}
+
+// Sliding windows (Mistral) over rings: a 4096-token document over rings of 2 to 4
+// ranks equals the whole document under the same window, for windows shorter than
+// a zig-zag chunk (300 < 512), longer than a chunk (1000) and longer than the
+// document (5000, full attention). And a member receives only the key rows it
+// reads: over a ring of 4 (8 chunks of 512) with W = 300 chunk c is read by the
+// holder of chunk c + 1 only, its last W - 1 = 299 rows; chunks 3 and 4 share a
+// holder, so 6 transfers of 299 rows per layer and pass (forward K/V, backward K/V,
+// backward K/V gradients). Without a window chunk c is read whole by every other
+// member holding a later chunk: 3 members for c <= 3, then 3, 2, 1 for c = 4, 5, 6,
+// 18 transfers of 512 rows. A row of K and V is 2 x 2 KV heads x 8 x 4 bytes = 128.
+TEST(RingAttention, SlidingWindowRingsEqualTheWholeDocumentAndSendOnlyTheRowsRead) {
+  const RingData data = ring_data("window", {4096});
+  const std::string data_config =
+      "{path: unused.h5, max_seq_len: 4096, micro_batch_tokens: 4096, global_batch_tokens: 16384}";
+  std::vector<float> full_attention;
+  for (int64_t window : {300, 1000, 5000, 0}) {
+    const std::string extra = window > 0 ? ", arch: mistral, sliding_window: " + std::to_string(window) : "";
+    const Config config = engine_config("{hdp: 4}", data_config, extra);
+    ProcessGroups groups(ParallelDegrees{1, 1, 4}, false);
+    TrainingEngine engine(config, groups);
+    StepPlan whole{4096, std::vector<std::vector<PlannedMicroBatch>>(4), {}};
+    whole.ranks[0].push_back(PlannedMicroBatch{{{0, 0, 4096}}});
+    const std::vector<float> want = planned_gradient(engine, groups, data, whole);
+    if (window == 0) full_attention = want;
+    for (int k = 2; k <= 4; ++k) {
+      StepPlan ring{4096, std::vector<std::vector<PlannedMicroBatch>>(4), {Ring{{}, {0}}}};
+      for (int j = 0; j < k; ++j) ring.rings[0].ranks.push_back(j);
+      for (int j = 0; j < k; ++j) ring.ranks[j].push_back(ring_member(data.sequences, ring.rings[0], j));
+      const int64_t before = groups.hdp().stats().p2p_bytes;
+      expect_close(planned_gradient(engine, groups, data, ring), want,
+                   "window " + std::to_string(window) + " ring of " + std::to_string(k));
+      double sent = static_cast<double>(groups.hdp().stats().p2p_bytes - before);
+      groups.hdp().all_reduce(std::span<double>(&sent, 1), ReduceOp::Sum);
+      if (k == 4 && window == 300) EXPECT_EQ(sent, 4.0 * 3 * 6 * 299 * 128);
+      if (k == 4 && (window == 0 || window == 5000)) EXPECT_EQ(sent, 4.0 * 3 * 18 * 512 * 128);
+    }
+  }
+  // The windows really mask: W = 300 changes the gradient of full attention.
+  const RingData again = ring_data("window-again", {4096});
+  const Config config = engine_config("{hdp: 4}", data_config, ", arch: mistral, sliding_window: 300");
+  ProcessGroups groups(ParallelDegrees{1, 1, 4}, false);
+  TrainingEngine engine(config, groups);
+  StepPlan whole{4096, std::vector<std::vector<PlannedMicroBatch>>(4), {}};
+  whole.ranks[0].push_back(PlannedMicroBatch{{{0, 0, 4096}}});
+  const std::vector<float> windowed = planned_gradient(engine, groups, again, whole);
+  ASSERT_EQ(windowed.size(), full_attention.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < windowed.size(); ++i) {
+    diff += (windowed[i] - full_attention[i]) * (windowed[i] - full_attention[i]);
+    norm += full_attention[i] * full_attention[i];
+  }
+  EXPECT_GT(std::sqrt(diff), 1e-3 * std::sqrt(norm));
 }
 
 }  // namespace

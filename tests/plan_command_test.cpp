@@ -150,7 +150,7 @@ TEST(PlanFiles, ClusterAndModelFilesLoad) {
   EXPECT_EQ(h.gpus_per_node, 8);
   EXPECT_DOUBLE_EQ(h.peak_flops, 989.4e12);
   EXPECT_DOUBLE_EQ(h.internode_bytes_per_s, 50e9);
-  for (const char* name : {"llama-7b", "llama-13b", "llama-30b", "llama-70b", "mistral-8x7b", "mistral-8x22b"}) {
+  for (const char* name : {"llama-7b", "llama-13b", "llama-30b", "llama-70b", "mistral-7b", "mistral-8x7b", "mistral-8x22b"}) {
     const ModelShape m = load_model_file(config(std::string("models/") + name + ".yaml"));
     EXPECT_EQ(m.name, name);
     EXPECT_EQ(m.vocab, 32000);
@@ -163,6 +163,10 @@ TEST(PlanFiles, ClusterAndModelFilesLoad) {
   const ModelShape big = load_model_file(config("models/llama-70b.yaml"));
   EXPECT_EQ(big.ffn, 28672);
   EXPECT_EQ(big.kv_heads, 8);
+  const ModelShape mistral = load_model_file(config("models/mistral-7b.yaml"));
+  EXPECT_EQ(mistral.window, 4096);
+  EXPECT_EQ(mistral.ffn, 14336);
+  EXPECT_EQ(big.window, 0);  // no key: full attention
 }
 
 void expect_plan_error(const std::string& path, bool cluster, const std::string& needle) {
@@ -220,6 +224,9 @@ TEST(PlanFiles, ErrorsNameFileAndKey) {
                                          "ffn_hidden_size: 11008\nvocab_size: 32000\nnum_experts: 2\n"
                                          "experts_per_token: 4\n";
   expect_plan_error(dir + "/model2.yaml", false, "experts_per_token");
+  std::ofstream(dir + "/window.yaml") << "num_layers: 32\nhidden_size: 4096\nnum_heads: 32\nnum_kv_heads: 8\n"
+                                         "ffn_hidden_size: 14336\nvocab_size: 32000\nsliding_window: 0\n";
+  expect_plan_error(dir + "/window.yaml", false, "window.yaml:7: sliding_window: 0 is not positive");
 }
 
 TEST(PlanSetupTest, LayoutErrors) {
@@ -268,6 +275,27 @@ TEST(PlanCommand, RunsAndWritesTraces) {
   const std::string json((std::istreambuf_iterator<char>(in)), {});
   EXPECT_NE(json.find("pp-fwd-recv"), std::string::npos);
   EXPECT_NE(json.find("\"pid\":15,"), std::string::npos);  // hdp 8 x pp 2 processes
+}
+
+// Mistral-7B plans with its sliding window; its simulated compute is below the same
+// shape with full attention at a 256K context.
+TEST(PlanCommand, MistralSlidingWindowCutsTheSimulatedCompute) {
+  const std::string dir = scratch_dir("plan_command_mistral");
+  std::ifstream in(config("models/mistral-7b.yaml"));
+  std::string text((std::istreambuf_iterator<char>(in)), {});
+  text.erase(text.find("sliding_window:"));
+  std::ofstream(dir + "/full.yaml") << text;
+  auto plan = [&](const std::string& model) {
+    const auto r = run_trainer("plan --cluster " + config("cluster/h100.yaml") + " --model " + model +
+                               " --gpus 64 --tp 8 --context 256K --global-batch-tokens 4M --lengths byted --seed 3 "
+                               "--policies naive");
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    return r.output;
+  };
+  const std::string windowed = plan(config("models/mistral-7b.yaml")), full = plan(dir + "/full.yaml");
+  EXPECT_NE(windowed.find("sliding window 4096"), std::string::npos) << windowed;
+  EXPECT_EQ(full.find("sliding window"), std::string::npos) << full;
+  EXPECT_NE(windowed, full);
 }
 
 TEST(PlanCommand, BadInputExitsWithTwo) {

@@ -111,6 +111,44 @@ TEST(CostModel, AnalyticMatchesFlopCount) {
   EXPECT_THROW(analytic_cost_model(testing::kSmallLayer, 1, 400, 0, 1e10), std::invalid_argument);
 }
 
+// Mistral's sliding window (W = 1024): attention FLOPs follow the visible pairs,
+// s (s + 1) / 2 up to W and W (W + 1) / 2 + (s - W) W past it, so the layer's time
+// grows linearly past the window (12 qdim FLOPs per pair, 6 per matmul parameter
+// and token), and the planner's per-sequence price is the MFU's FLOP count.
+TEST(CostModel, SlidingWindowCountsVisiblePairsOnly) {
+  ModelShape shape = testing::kSmallLayer;
+  shape.window = 1024;
+  const CostModel m = analytic_cost_model(shape, 1, 400, 2e11, 1e10);
+  EXPECT_EQ(m.window, 1024);
+  const double qdim = 512, params = 512.0 * (512 + 2 * 256) + 512.0 * 512 + 3.0 * 512 * 1376;
+  const std::vector<std::pair<int64_t, double>> pairs = {
+      {1, 1}, {100, 5050}, {1024, 524800}, {1025, 524800 + 1024}, {4096, 524800 + 3072.0 * 1024}};
+  for (const auto& [s, p] : pairs) {
+    const double flops = 6 * params * s + 12 * qdim * p;
+    EXPECT_NEAR(m.compute_seconds(s), flops / 2e11, 1e-12 * flops / 2e11) << s;
+  }
+  // Linear past the window: equal steps in s cost equal time.
+  const double step1 = m.compute_seconds(3000) - m.compute_seconds(2000);
+  const double step2 = m.compute_seconds(4000) - m.compute_seconds(3000);
+  EXPECT_NEAR(step1, step2, 1e-9 * step1);
+  EXPECT_NEAR(step1, 1000 * (6 * params + 12 * qdim * 1024) / 2e11, 1e-9 * step1);
+  // Within the window it is the model without one.
+  const CostModel full = analytic_cost_model(testing::kSmallLayer, 1, 400, 2e11, 1e10);
+  EXPECT_EQ(m.compute_seconds(1024), full.compute_seconds(1024));
+  // At 4096 tokens attention is 3670528 / 8390656 of full attention's.
+  const double linear = 6 * params * 4096 / 2e11;
+  EXPECT_NEAR((m.compute_seconds(4096) - linear) / (full.compute_seconds(4096) - linear), 3670528.0 / 8390656.0,
+              1e-9);
+  // The one FLOP definition: the MFU's count of a one-layer model is the same.
+  shape.layers = 1;
+  shape.vocab = 1;
+  for (int64_t s : {500, 4096}) {
+    const std::vector<int64_t> one = {s};
+    const double mfu_flops = training_flops(shape, one) - head_flops_per_token(shape, 1) * static_cast<double>(s);
+    EXPECT_NEAR(m.compute_seconds(s) * 2e11, mfu_flops, 1e-9 * mfu_flops) << s;
+  }
+}
+
 TEST(ChooseRanks, WithoutOffloadTheRanksCoverTheTokens) {
   PlannerSettings s = settings(16, 1000, 8);
   s.offload.enabled = false;

@@ -236,12 +236,13 @@ TEST(StepSimulation, OneFOneBWithCommunication) {
   EXPECT_DOUBLE_EQ(simulate_step(plan, lengths, k).step_seconds, 10);
 }
 
-// Two ranks share a ring over one 4-token sequence (zig-zag: 2 tokens each).
-// T(s) = a1 s^2 with a1 = 1: one member's ring step is s^2 / k^2 = 4 s, forward
-// a quarter of it. The K/V block is 2 tokens x 1 byte at 1 byte/s (GPUs on
-// different nodes): 2 s forward, 4 s backward (K, V and their gradients).
-// Forward 1 + max(1, 2) = 3; backward 3 + max(3, 4) + 4 (the gradients return
-// to their owner) = 11.
+// Two ranks share a ring over one 4-token sequence (zig-zag: member 0 holds
+// positions 0 and 3, member 1 positions 1 and 2). T(s) = a1 s^2 with a1 = 1: one
+// member's ring step is s^2 / k^2 = 4 s, forward a quarter of it. At step 1 member
+// 0 reads both rows of member 1 (for position 3) and member 1 one row of member 0
+// (position 0; 3 is in its future): 2 rows of 1 byte at 1 byte/s (GPUs on different
+// nodes) = 2 s. Forward max(1, 2) + 1 = 3; backward max(3, 2) + (3 + 2: the
+// gradients go back after the step's compute) = 8. Bytes: 3 rows, three times.
 TEST(StepSimulation, RingMicroBatch) {
   StepCosts k = hand_costs(2, 1, 0.25);
   k.cost.a1 = 1;
@@ -261,24 +262,54 @@ TEST(StepSimulation, RingMicroBatch) {
   }
   check_plan(plan, lengths, 1, 1);
   const StepSimulation s = simulate_step(plan, lengths, k, true);
-  EXPECT_DOUBLE_EQ(s.step_seconds, 14);
-  EXPECT_DOUBLE_EQ(s.attention_bytes, 2 * (2 * 1 + 2 * 2 * 2));
+  EXPECT_DOUBLE_EQ(s.step_seconds, 11);
+  EXPECT_DOUBLE_EQ(s.attention_bytes, 3 * 3);
   EXPECT_DOUBLE_EQ(s.compute_seconds, 16);  // a1 s^2 in all
   EXPECT_DOUBLE_EQ(s.ring_wait_seconds, 0);
   // Rank 1 first runs a local 2-token sequence (T = 4: forward 1, backward 3): the
-  // ring starts at 4 and rank 0 waits 4 s inside it.
+  // ring starts at 4 and rank 0 waits 4 s inside it: 4 + 11.
   StepPlan late = plan;
   std::vector<int64_t> more = lengths;
   more.push_back(2);
   late.ranks[1].insert(late.ranks[1].begin(), PlannedMicroBatch{{{1, 0, 2, -1}}, -1, 0});
   const StepSimulation w = simulate_step(late, more, k);
-  EXPECT_DOUBLE_EQ(w.step_seconds, 18);
+  EXPECT_DOUBLE_EQ(w.step_seconds, 15);
   EXPECT_DOUBLE_EQ(w.ring_wait_seconds, 4);
   const RingStats st = ring_stats(plan, lengths);
   EXPECT_EQ(st.rings, 1);
   EXPECT_EQ(st.spread_sequences, 1);
   EXPECT_EQ(st.max_ranks, 2);
   EXPECT_DOUBLE_EQ(st.mean_ranks, 2);
+}
+
+// The same ring under a sliding window of 2 (Mistral): the 4-token sequence has
+// 3 + 2 x 2 = 7 visible pairs, so a1 multiplies 2 x 7 - 4 = 10 instead of 16 and
+// one member's ring step is 10 / 4 = 2.5 s. Each member now reads one row of the
+// other (position 2 for 3, 0 for 1): 1 s. Forward max(0.625, 1) + 0.625 = 1.625;
+// backward max(1.875, 1) + (1.875 + 1) = 4.75. Bytes: 2 rows, three times.
+TEST(StepSimulation, RingMicroBatchUnderASlidingWindow) {
+  StepCosts k = hand_costs(2, 1, 0.25);
+  k.cost.a1 = 1;
+  k.cost.b1 = 0;
+  k.cost.window = 2;
+  k.kv_bytes_per_token = 1;
+  k.hardware.gpus_per_node = 1;
+  const std::vector<int64_t> lengths = {4};
+  StepPlan plan;
+  plan.capacity = 2;
+  plan.rings.push_back({{0, 1}, {0}});
+  plan.ranks.resize(2);
+  for (int j = 0; j < 2; ++j) {
+    PlannedMicroBatch mb;
+    mb.pieces = zigzag_ring_pieces(plan.rings[0], 0, j, lengths);
+    mb.ring = 0;
+    plan.ranks[j].push_back(mb);
+  }
+  check_plan(plan, lengths, 1, 1);
+  const StepSimulation s = simulate_step(plan, lengths, k, true);
+  EXPECT_DOUBLE_EQ(s.compute_seconds, 10);
+  EXPECT_DOUBLE_EQ(s.step_seconds, 6.375);
+  EXPECT_DOUBLE_EQ(s.attention_bytes, 3 * 2);
 }
 
 // Rank 0 computes 3 s, rank 1 1 s; the reduce-scatter starts when rank 0 arrives:

@@ -46,6 +46,27 @@ TEST(ProfilerFit, QuadraticRecoversExactCoefficients) {
   EXPECT_NEAR(small.g / g, 1.0, 1e-9);
 }
 
+// A windowed layer (W = 1024): T(s) = a1 s^2 + b1 s + g up to the window and
+// a1 (2 P(s) - s) + b1 s + g past it, with P(s) = 1024 x 1025 / 2 + (s - 1024) 1024
+// the visible pairs. Fitting with the window gives the coefficients back; fitting the
+// same times as if attention were quadratic misses them by far.
+TEST(ProfilerFit, SlidingWindowFitsTheVisiblePairs) {
+  const double a1 = 3.25e-9, b1 = 2.5e-6, g = 1.5e-4, W = 1024;
+  std::vector<double> t;
+  for (double s : kLengths) {
+    const double square = s <= W ? s * s : 2 * (W * (W + 1) / 2 + (s - W) * W) - s;
+    t.push_back(a1 * square + b1 * s + g);
+  }
+  const CostFit fit = fit_quadratic(kLengths, t, 1024);
+  EXPECT_EQ(fit.window, 1024);
+  EXPECT_NEAR(fit.a1 / a1, 1.0, 1e-9);
+  EXPECT_NEAR(fit.b1 / b1, 1.0, 1e-9);
+  EXPECT_NEAR(fit.g / g, 1.0, 1e-9);
+  EXPECT_NEAR(fit(8192), t.back(), 1e-9 * t.back());
+  EXPECT_LT(held_out_quadratic(kLengths, t, 1024).max, 1e-9);
+  EXPECT_GT(held_out_quadratic(kLengths, t).max, 0.05);
+}
+
 TEST(ProfilerFit, LinearRecoversExactCoefficients) {
   std::vector<double> bytes;
   for (double s : kLengths) bytes.push_back(6848.0 * s + 512.0);
@@ -291,6 +312,36 @@ Config config_with(const std::string& cost_file) {
   c.source = "configs/test.yaml";
   c.scheduler.cost_file = cost_file;
   return c;
+}
+
+// A cost file profiled on a windowed model records the window, reads it back into
+// the cost model (whose s^2 term then follows the visible pairs), and is refused
+// for a config with another window.
+TEST(CostFile, SlidingWindowIsRecordedAndChecked) {
+  const std::string dir = scratch_dir("profiler_window");
+  Config c = config_with(dir + "/window.yaml");
+  c.model.arch = "mistral";
+  c.model.sliding_window = 256;
+  CostFile f = sample_file(c.model);
+  f.profiled.sliding_window = 256;
+  write_cost_file(c.scheduler.cost_file, f);
+  const CostFile r = read_cost_file(c.scheduler.cost_file);
+  EXPECT_EQ(r.profiled.sliding_window, 256);
+  EXPECT_EQ(r.cost.window, 256);
+  const CostModel m = planner_cost_model(c, 1e10, 1000);
+  EXPECT_EQ(m.window, 256);
+  EXPECT_DOUBLE_EQ(m.compute_seconds(1024),
+                   f.cost.a1 * (2 * (256.0 * 257 / 2 + 768.0 * 256) - 1024) + f.cost.b1 * 1024 + f.cost.g);
+  c.model.sliding_window = 512;
+  try {
+    planner_cost_model(c, 1e10, 1000);
+    FAIL() << "a cost file of another window was accepted";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("sliding_window 256 vs 512"), std::string::npos) << e.what();
+  }
+  // A file without a window says nothing about one: full attention.
+  write_cost_file(dir + "/full.yaml", sample_file(ModelConfig{}));
+  EXPECT_EQ(read_cost_file(dir + "/full.yaml").cost.window, 0);
 }
 
 TEST(CostFile, AnotherModelShapeIsRefusedNamingBoth) {

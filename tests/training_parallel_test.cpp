@@ -234,6 +234,57 @@ TEST(HybridDataParallel, RingsFormBetweenTheSameStageOfSeveralPipelines) {
   EXPECT_GT(*std::max_element(ring_bytes.begin(), ring_bytes.end()), 0);
 }
 
+// Mistral's sliding window under every kind of parallelism: a window of 32 on
+// sequences of up to 128 tokens (tp2, pp2, hdp2 of short sequences), and a window of
+// 100 on sequences of up to 1024 tokens spread over rings of 2 (without offload a
+// 1024-token sequence needs 2 ranks of 512; zig-zag chunks of 256: each member reads
+// only the last 99 rows of the other's chunk before its own, 198 rows per pass
+// against 768 without a window). Each equals one process with the same window,
+// which differs from full attention, and moves well under half the ring traffic of
+// full attention on the same batches.
+TEST(SlidingWindow, EveryLayoutEqualsOneProcess) {
+  const std::string window = "--set model.arch=mistral --set model.sliding_window=32 ";
+  const RunResult want = train(scratch_dir("parallel-window-single"), {"single", 1, 1, 1}, window);
+  // The window changes the training: the weights after 5 steps differ from full attention's.
+  double diff = 0, norm = 0;
+  for (const auto& [name, w] : single_process().weights) {
+    const std::vector<float>& g = want.weights.at(name);
+    for (size_t i = 0; i < w.size(); ++i) {
+      diff += (static_cast<double>(g[i]) - w[i]) * (static_cast<double>(g[i]) - w[i]);
+      norm += static_cast<double>(w[i]) * w[i];
+    }
+  }
+  EXPECT_GT(std::sqrt(diff), 1e-3 * std::sqrt(norm));
+  for (const Layout& l : {Layout{"window_tp2", 2, 1, 1}, Layout{"window_pp2", 1, 2, 1}, Layout{"window_hdp2", 1, 1, 2}})
+    expect_same_run(train(scratch_dir("parallel-" + l.name), l, window), want, l.name);
+
+  const std::string ring = "--set model.arch=mistral --set model.sliding_window=100 --set data.path=" +
+                           long_corpus() + " --set data.max_seq_len=1024 --set data.global_batch_tokens=4096 "
+                           "--set offload.enabled=false ";
+  const RunResult ring_want = train(scratch_dir("parallel-window-ring-single"), {"single", 1, 1, 1},
+                                    ring + "--set data.micro_batch_tokens=1024");
+  const std::string dir = scratch_dir("parallel-window-ring-hdp2");
+  expect_same_run(train(dir, {"window_ring_hdp2", 1, 1, 2}, ring + "--set data.micro_batch_tokens=512"), ring_want,
+                  "window_ring_hdp2");
+  const std::vector<double> ring_bytes = metric_values(dir, "attention_bytes");
+  EXPECT_GT(*std::max_element(ring_bytes.begin(), ring_bytes.end()), 0);
+  const std::string full_dir = scratch_dir("parallel-full-ring-hdp2");
+  const std::string no_window = "--set data.path=" + long_corpus() +
+                                " --set data.max_seq_len=1024 --set data.global_batch_tokens=4096 "
+                                "--set offload.enabled=false --set data.micro_batch_tokens=512";
+  train(full_dir, {"full_ring_hdp2", 1, 1, 2}, no_window);
+  const std::vector<double> full_bytes = metric_values(full_dir, "attention_bytes");
+  ASSERT_EQ(full_bytes.size(), ring_bytes.size());
+  double windowed_total = 0, full_total = 0;
+  for (size_t i = 0; i < ring_bytes.size(); ++i) {
+    EXPECT_LE(ring_bytes[i], full_bytes[i]) << "step " << i + 1;
+    windowed_total += ring_bytes[i];
+    full_total += full_bytes[i];
+  }
+  EXPECT_LT(windowed_total, 0.5 * full_total);
+  std::printf("ring attention bytes over 5 steps: window 100 %.0f, full %.0f\n", windowed_total, full_total);
+}
+
 TEST(BalanceScheduler, EqualsOneProcessWithAndWithoutPipelines) {
   // Long and short sequences mixed; the balance scheduler gives ranks different
   // numbers of micro-batches. pp = 1 uses DP-Balance, pp = 2 PP-Balance.

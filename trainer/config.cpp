@@ -11,6 +11,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
+#include <optional>
 #include <system_error>
 #include <variant>
 
@@ -31,8 +33,9 @@ struct EnumRef {
   std::string valid;  // "choose " and the table's choices
 };
 
-using FieldRef =
-    std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*, EnumRef>;
+// std::optional<int64_t>: a whole number or null (model.sliding_window).
+using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*,
+                              std::optional<int64_t>*, EnumRef>;
 
 struct Field {
   std::string key;
@@ -78,7 +81,11 @@ const std::vector<Section>& schema() {
         field("rope_theta", &Config::model, &ModelConfig::rope_theta),
         field("norm_eps", &Config::model, &ModelConfig::norm_eps),
         field("tie_embeddings", &Config::model, &ModelConfig::tie_embeddings),
-        field("init_std", &Config::model, &ModelConfig::init_std)}},
+        field("init_std", &Config::model, &ModelConfig::init_std),
+        field("sliding_window", &Config::model, &ModelConfig::sliding_window),
+        field("num_experts", &Config::model, &ModelConfig::num_experts),
+        field("experts_per_token", &Config::model, &ModelConfig::experts_per_token),
+        field("router_aux_loss_coef", &Config::model, &ModelConfig::router_aux_loss_coef)}},
       {"data",
        {field("path", &Config::data, &DataConfig::path),
         field("format", &Config::data, &DataConfig::format),
@@ -216,6 +223,8 @@ std::string value_text(const FieldRef& ref) {
                                  using T = std::remove_pointer_t<decltype(p)>;
                                  if constexpr (std::is_same_v<T, std::string>) return "'" + *p + "'";
                                  else if constexpr (std::is_same_v<T, std::vector<int64_t>>) return int_list(*p);
+                                 else if constexpr (std::is_same_v<T, std::optional<int64_t>>)
+                                   return p->has_value() ? std::to_string(**p) : std::string("null");
                                  else if constexpr (std::is_same_v<T, bool>) return *p ? "true" : "false";
                                  else if constexpr (std::is_same_v<T, double>) return format_double(*p);
                                  else return std::to_string(*p);
@@ -233,6 +242,15 @@ void assign_name(const EnumRef& ref, const YAML::Node& node, const std::string& 
 // Converts `node` into the field's type, or fails naming `where` and `key`.
 void assign(const FieldRef& ref, const YAML::Node& node, const std::string& where, const std::string& key) {
   std::visit(Overloaded{[&](const EnumRef& e) { assign_name(e, node, where, key); },
+                        [&](std::optional<int64_t>* p) {
+                          if (node.IsNull()) {
+                            p->reset();
+                            return;
+                          }
+                          int64_t v = p->value_or(0);
+                          read_yaml_value(node, where, key, v, p->has_value());
+                          *p = v;
+                        },
                         [&](auto* p) { read_yaml_value(node, where, key, *p); }},
              ref);
 }
@@ -381,8 +399,22 @@ struct Parser {
     const ParallelConfig& p = config.parallel;
 
     // model
-    require(m.arch == "llama", "model.arch", "unsupported architecture " + shown("model.arch"),
-            "the only architecture in this build is 'llama'");
+    require(m.arch == "llama" || m.arch == "mistral" || m.arch == "mixtral", "model.arch",
+            "unsupported architecture " + shown("model.arch"), "choose 'llama', 'mistral' or 'mixtral'");
+    // As Hugging Face configs: MistralConfig and MixtralConfig carry sliding_window (4096
+    // in Mistral 7B v0.1, null from v0.2 on), LlamaConfig has none, so a window on llama
+    // is a mistake.
+    if (m.sliding_window) {
+      require(m.arch != "llama", "model.sliding_window",
+              "a sliding window needs model.arch 'mistral' or 'mixtral', not " + shown("model.arch"),
+              "set model.arch: mistral, or remove model.sliding_window (or set it to null) for full attention",
+              {"model.arch"});
+      require(*m.sliding_window >= 1, "model.sliding_window", shown("model.sliding_window") + " is not positive",
+              "it must be at least 1 (keys a query sees, itself included), or null for full attention");
+      require(*m.sliding_window <= std::numeric_limits<int32_t>::max(), "model.sliding_window",
+              shown("model.sliding_window") + " is too large",
+              "positions are 32-bit; use null for full attention");
+    }
     positive(m.vocab_size, "model.vocab_size");
     positive(m.hidden_size, "model.hidden_size");
     positive(m.num_layers, "model.num_layers");
@@ -520,6 +552,32 @@ struct Parser {
     positive(lo.servers, "loader.servers");
     positive(lo.timeout_s, "loader.timeout_s");
 
+    // Mixtral (Jiang et al. 2024): so far one CPU process whose micro-batches hold whole
+    // sequences (model/moe.h). Its keys are read but unused for other architectures (the
+    // effective config writes every key, so they cannot be refused there).
+    if (m.moe()) {
+      positive(m.num_experts, "model.num_experts");
+      require(m.experts_per_token >= 1 && m.experts_per_token <= m.num_experts, "model.experts_per_token",
+              shown("model.experts_per_token") + " is outside [1, model.num_experts = " +
+                  std::to_string(m.num_experts) + "]",
+              "choose how many experts each token runs, e.g. 2 as Mixtral", {"model.num_experts"});
+      non_negative(m.router_aux_loss_coef, "model.router_aux_loss_coef",
+                   "it must be 0 or more (Mixtral uses 0.02, Hugging Face defaults to 0.001)");
+      const char* one_process = "Mixtral's MoE layers run on one process so far (no expert parallelism or sharded "
+                                "experts yet); set it to 1";
+      for (const char* key : {"parallel.tp", "parallel.pp", "parallel.hdp"}) {
+        const int degree = std::string(key) == "parallel.tp" ? p.tp : std::string(key) == "parallel.pp" ? p.pp : p.hdp;
+        require(degree == 1, key, shown(key) + " with model.arch 'mixtral'", one_process, {"model.arch"});
+      }
+      require(t.device == Device::CPU, "train.device", shown("train.device") + " with model.arch 'mixtral'",
+              "Mixtral's MoE layers run on the CPU backend so far; use train.device: cpu", {"model.arch"});
+      require(d.max_seq_len <= d.micro_batch_tokens, "data.max_seq_len",
+              shown("data.max_seq_len") + " is above data.micro_batch_tokens " + shown("data.micro_batch_tokens") +
+                  " with model.arch 'mixtral'",
+              "Mixtral's MoE layers cannot offload activations yet, so every sequence must fit one micro-batch",
+              {"data.micro_batch_tokens", "model.arch"});
+    }
+
     // files last, so that value errors are reported even before the data exists
     if (check_files) {
       if (d.format == "megatron") {
@@ -563,6 +621,10 @@ std::string emit_config_yaml(const Config& config) {
                               using T = std::remove_pointer_t<decltype(p)>;
                               if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
                               else if constexpr (std::is_same_v<T, std::vector<int64_t>>) out << YAML::Flow << *p;
+                              else if constexpr (std::is_same_v<T, std::optional<int64_t>>) {
+                                if (p->has_value()) out << **p;
+                                else out << YAML::Null;
+                              }
                               else if constexpr (std::is_same_v<T, double>) out << yaml_double(*p);
                               else out << *p;
                             }},

@@ -86,6 +86,13 @@ class TrainingEngine::Stage final : public PipelineStage {
     } else {
       loss_sum_ += model_.forward(slot, loss_scale_, true);
     }
+    if (model_.config().moe()) {
+      int64_t predictions = 0;
+      for (int32_t target : batches_[i].targets) predictions += target >= 0;
+      aux_sum_ += model_.aux_loss() * static_cast<double>(predictions);
+      expert_tokens_.resize(model_.expert_tokens().size(), 0);
+      for (size_t e = 0; e < expert_tokens_.size(); ++e) expert_tokens_[e] += model_.expert_tokens()[e];
+    }
     synchronize(model_.device());  // busy time is device time: GPU ops return before they run
     stretch(t0);
     busy_ += Clock::now() - t0;
@@ -109,6 +116,8 @@ class TrainingEngine::Stage final : public PipelineStage {
   Tensor output_gradient(int slot) override { return model_.output_gradient(slot); }
   Tensor input_gradient(int slot) override { return model_.input_gradient(slot); }
   double loss_sum() const { return loss_sum_; }
+  double aux_sum() const { return aux_sum_; }
+  const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
   double busy_ms() const { return std::chrono::duration<double, std::milli>(busy_).count(); }
 
  private:
@@ -125,6 +134,8 @@ class TrainingEngine::Stage final : public PipelineStage {
   int poisoned_;  // StepOptions::poisoned_micro_batch
   double slow_factor_;  // slow_rank_factor()
   double loss_sum_ = 0;
+  double aux_sum_ = 0;                  // Mixtral: aux loss x predictions, summed over micro-batches
+  std::vector<int64_t> expert_tokens_;  // Mixtral: per expert, over layers and micro-batches
 };
 
 TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : config_(config), groups_(groups) {
@@ -196,6 +207,11 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
     loss_sum = groups_.world().all_reduce_sum(counts_loss ? stage.loss_sum() : 0.0);
   }
   result.loss = result.predictions > 0 ? loss_sum / static_cast<double>(result.predictions) : 0.0;
+  if (config_.model.moe()) {
+    // One process so far (the config refuses more), so the sums are this rank's.
+    result.aux_loss = result.predictions > 0 ? stage.aux_sum() / static_cast<double>(result.predictions) : 0.0;
+    result.expert_tokens = stage.expert_tokens();
+  }
   result.busy_ms = stage.busy_ms();
 
   result.updated = !options.apply_update || options.apply_update(result);

@@ -43,6 +43,11 @@ struct StepResult {
   int64_t predictions = 0;   // predicted tokens in the global batch
   double busy_ms = 0;        // this rank's time in forward and backward (ring transfers included)
   bool updated = true;       // false: StepOptions::apply_update skipped the optimizer update
+  // Mixtral: the load-balancing loss of the step (each micro-batch's, weighted by its
+  // share of the predictions; already in `loss` times model.router_aux_loss_coef), and
+  // the (token, choice) pairs each expert received over all layers and micro-batches.
+  double aux_loss = 0;
+  std::vector<int64_t> expert_tokens;
 };
 
 // What a step may be told besides its micro-batches.

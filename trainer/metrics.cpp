@@ -54,6 +54,13 @@ std::string to_json(const StepMetrics& m) {
   s += ", \"host_pool_bytes\": " + std::to_string(m.host_pool_bytes);
   s += ", \"offloaded_bytes\": " + std::to_string(m.offloaded_bytes);
   s += ", \"skipped_steps\": " + std::to_string(m.skipped_steps);
+  if (m.moe) {
+    s += ", \"aux_loss\": " + number(m.aux_loss);
+    std::string counts;
+    for (size_t e = 0; e < m.expert_tokens.size(); ++e) counts += (e ? ", " : "") + std::to_string(m.expert_tokens[e]);
+    s += ", \"expert_tokens\": [" + counts + "]";
+    s += ", \"expert_load_max_over_mean\": " + number(m.expert_load_max_over_mean);
+  }
   return s + "}";
 }
 

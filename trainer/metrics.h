@@ -47,6 +47,13 @@ struct StepMetrics {
   int64_t activation_peak_bytes = 0;
   int64_t host_pool_bytes = 0;
   int64_t offloaded_bytes = 0;  // activations the whole job copied to host memory this step
+  // Mixtral only (absent otherwise): the step's load-balancing loss (its
+  // model.router_aux_loss_coef multiple is in `loss`), the (token, choice) pairs each
+  // expert received over all layers, and the busiest expert's count over the mean.
+  bool moe = false;
+  double aux_loss = 0;
+  std::vector<int64_t> expert_tokens;
+  double expert_load_max_over_mean = 0;
   // Steps since step 1 whose optimizer update the numerical guard skipped, this one
   // included (trainer/numerical_guard.h); carried over a resume by the checkpoint.
   int64_t skipped_steps = 0;

@@ -144,7 +144,7 @@ ModelShape load_model_file(const std::string& path) {
   const YamlMap y = read_flat_file(
       path, "model", "configs/models/llama-7b.yaml",
       {"num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size"},
-      {"name", "head_dim", "num_experts", "experts_per_token", "tie_embeddings"});
+      {"name", "head_dim", "num_experts", "experts_per_token", "tie_embeddings", "sliding_window"});
   ModelShape m;
   m.name = y.get_or<std::string>("name", std::filesystem::path(path).stem().string());
   m.layers = y.get<int64_t>("num_layers");
@@ -162,6 +162,13 @@ ModelShape load_model_file(const std::string& path) {
   m.experts = y.get_or<int64_t>("num_experts", m.experts);
   m.experts_per_token = y.get_or<int64_t>("experts_per_token", m.experts_per_token);
   m.tied_embeddings = y.get_or<bool>("tie_embeddings", m.tied_embeddings);
+  // Mistral's sliding window (absent: full attention), as in the Hugging Face config.
+  if (y.has("sliding_window")) {
+    m.window = y.get<int64_t>("sliding_window");
+    if (m.window < 1)
+      y.fail("sliding_window", std::to_string(m.window) + " is not positive",
+             "it must be at least 1; leave the key out for full attention");
+  }
   try {
     validate_model_shape(m);
   } catch (const std::invalid_argument& e) {
@@ -330,14 +337,15 @@ void print_model_and_cluster(const PlanRequest& r, const PlanSetup& setup) {
   const ModelCosts mc = model_costs(model, setup.layout.tp, setup.layout.pp);
   const double params = static_cast<double>(model.layers) * mc.layer_parameters + mc.embedding_parameters +
                         mc.head_parameters;
-  std::printf("model    %s: %lld layers, hidden %lld, %lld heads / %lld KV, FFN %lld%s, vocab %lld (%.2f B parameters)\n",
+  std::printf("model    %s: %lld layers, hidden %lld, %lld heads / %lld KV, FFN %lld%s, vocab %lld%s (%.2f B parameters)\n",
               model.name.c_str(), static_cast<long long>(model.layers), static_cast<long long>(model.hidden),
               static_cast<long long>(model.heads), static_cast<long long>(model.kv_heads),
               static_cast<long long>(model.ffn),
               model.experts > 1 ? (" x " + std::to_string(model.experts) + " experts, top-" +
                                    std::to_string(model.experts_per_token)).c_str()
                                 : "",
-              static_cast<long long>(model.vocab), params / 1e9);
+              static_cast<long long>(model.vocab),
+              model.window > 0 ? (", sliding window " + std::to_string(model.window)).c_str() : "", params / 1e9);
   std::printf("cluster  %s: %lld GPUs (%lld nodes of %d); %.1f TFLOP/s per GPU (%.1f peak x %.2f)\n", hw.name.c_str(),
               static_cast<long long>(r.gpus), static_cast<long long>((r.gpus + hw.gpus_per_node - 1) / hw.gpus_per_node),
               hw.gpus_per_node, hw.flops_per_second() / 1e12, hw.peak_flops / 1e12, hw.achievable_fraction);

@@ -40,6 +40,7 @@ void check_cost_file_shape(const CostFile& file, const Config& config, const std
   compare("head_dim", p.head_dim, m.head_dim());
   compare("ffn_hidden_size", p.ffn_hidden_size, m.ffn_hidden_size);
   compare("vocab_size", p.vocab_size, m.vocab_size);
+  compare("sliding_window", p.sliding_window, m.attention_window());
   if (differences.empty()) return;
   const std::string config_name = config.source.empty() ? std::string("the config") : "the config " + config.source;
   throw ConfigError(where + ": model: the cost file was profiled for another model shape (" +
@@ -55,6 +56,8 @@ void check_cost_file_shape(const CostFile& file, const Config& config, const std
 
 CostModel cost_model_from_file(const CostFile& file, const Config& config, int64_t saved_floats_per_token) {
   CostModel c = file.cost;
+  // The fit's s^2 term is the attention term of this run's window (planning/cost_model.h).
+  c.window = config.model.attention_window();
   // A tp rank runs 1/tp of the projections, the MLP, the attention heads and the
   // LM head's vocabulary; the all-reduces and the replicated norms and residual
   // additions are not in this scaling (an approximation, docs/cost-model.md).

@@ -72,7 +72,7 @@ std::vector<double> least_squares(std::vector<double> a, std::vector<double> b, 
 // residual is the NNLS optimum (it has a support on which it is the
 // unconstrained solution). Returns the coefficients of x^p_j.
 std::vector<double> fit_powers(std::span<const double> s, std::span<const double> t, std::span<const int> powers,
-                               const char* what) {
+                               const char* what, int64_t window = 0) {
   const size_t m = s.size(), n = powers.size();
   if (t.size() != m) throw std::invalid_argument(std::string(what) + ": lengths and timings differ in size");
   double scale = 0;
@@ -89,7 +89,15 @@ std::vector<double> fit_powers(std::span<const double> s, std::span<const double
     throw std::invalid_argument(std::string(what) + ": needs at least " + std::to_string(n) +
                                 " distinct lengths, got " + std::to_string(distinct.size()));
   }
-  auto column = [&](size_t i, size_t j) { return std::pow(s[i] / scale, powers[j]) / t[i]; };
+  // Under a window the square column is the attention term (the same s^2 up to W).
+  auto column = [&](size_t i, size_t j) {
+    if (window > 0 && powers[j] == 2) {
+      CostModel m;
+      m.window = window;
+      return m.attention_term(std::llround(s[i])) / (scale * scale) / t[i];
+    }
+    return std::pow(s[i] / scale, powers[j]) / t[i];
+  };
   std::vector<double> best(n, 0.0);
   double best_residual = std::numeric_limits<double>::infinity();
   // Full support first: if it is feasible it is the optimum.
@@ -229,10 +237,20 @@ std::string host_name() {
 
 }  // namespace
 
-CostFit fit_quadratic(std::span<const double> s, std::span<const double> t) {
+double CostFit::operator()(double s) const {
+  if (window <= 0) return (a1 * s + b1) * s + g;
+  CostModel m;
+  m.a1 = a1;
+  m.b1 = b1;
+  m.g = g;
+  m.window = window;
+  return m.compute_seconds(std::llround(s));
+}
+
+CostFit fit_quadratic(std::span<const double> s, std::span<const double> t, int64_t window) {
   static constexpr std::array<int, 3> powers{2, 1, 0};
-  const std::vector<double> c = fit_powers(s, t, powers, "fit_quadratic");
-  return {c[0], c[1], c[2]};
+  const std::vector<double> c = fit_powers(s, t, powers, "fit_quadratic", window);
+  return {c[0], c[1], c[2], window};
 }
 
 ActivationFit fit_linear(std::span<const double> s, std::span<const double> t) {
@@ -256,7 +274,7 @@ RelativeError relative_error(const std::function<double(double)>& model, std::sp
   return e;
 }
 
-RelativeError held_out_quadratic(std::span<const double> s, std::span<const double> t) {
+RelativeError held_out_quadratic(std::span<const double> s, std::span<const double> t, int64_t window) {
   if (s.size() != t.size()) throw std::invalid_argument("held_out_quadratic: lengths and values differ in size");
   if (s.size() < 5) {
     throw std::invalid_argument("held_out_quadratic: needs at least 5 points (3 to fit, 2 held out), got " +
@@ -267,7 +285,7 @@ RelativeError held_out_quadratic(std::span<const double> s, std::span<const doub
     (i % 2 == 0 ? fs : hs).push_back(s[i]);
     (i % 2 == 0 ? ft : ht).push_back(t[i]);
   }
-  const CostFit fit = fit_quadratic(fs, ft);
+  const CostFit fit = fit_quadratic(fs, ft, window);
   return relative_error(fit, hs, ht);
 }
 
@@ -332,6 +350,7 @@ CostProfileInfo profile_info(const Config& config, const ProfileOptions& options
   info.ffn_hidden_size = model_config.ffn_hidden_size;
   info.vocab_size = model_config.vocab_size;
   info.tp = 1;
+  info.sliding_window = model_config.attention_window();
   info.threads = omp_get_max_threads();
   info.repeats = options.repeats;
   info.gemm = cpu::gemm_library_description(cpu::kGemmLibrary);
@@ -444,11 +463,11 @@ void measure_copies(const ProfileOptions& options, CostModel& cost, const Profil
 void fit_layer(CostFile& file) {
   CostFitReport& fit = file.fit;
   std::vector<double> s(fit.lengths.begin(), fit.lengths.end());
-  const RelativeError held = held_out_quadratic(s, fit.layer_seconds);
+  const RelativeError held = held_out_quadratic(s, fit.layer_seconds, file.cost.window);
   fit.held_out_max_relative_error = held.max;
   fit.held_out_mean_relative_error = held.mean;
   for (size_t i = 1; i < fit.lengths.size(); i += 2) fit.held_out_lengths.push_back(fit.lengths[i]);
-  const CostFit t = fit_quadratic(s, fit.layer_seconds);
+  const CostFit t = fit_quadratic(s, fit.layer_seconds, file.cost.window);
   fit.max_relative_error = relative_error(t, s, fit.layer_seconds).max;
   const ActivationFit act = fit_linear(s, fit.activation_bytes);
   fit.activation_max_relative_error = relative_error(act, s, fit.activation_bytes).max;
@@ -468,6 +487,7 @@ CostFile profile_cost_model(const Config& config, const ProfileOptions& options,
   }
   CostFile file;
   file.profiled = profile_info(config, options);
+  file.cost.window = file.profiled.sliding_window;
   const CpuClock started = CpuClock::now();
   file.fit.lengths = options.lengths;
   file.fit.head_tokens = options.head_tokens;
@@ -504,6 +524,10 @@ std::string describe_cost_file(const CostFile& file) {
   out << "\n";
   out << fmt::format("  T(s)   = {:.4e} s^2 + {:.4e} s + {:.4e}  seconds (one layer, forward+backward)\n", c.a1, c.b1,
                      c.g);
+  if (c.window > 0) {
+    out << fmt::format("           (sliding window {}: s^2 stands for 2 P(s) - s past it, P(s) the visible pairs)\n",
+                       c.window);
+  }
   out << fmt::format("  Act(s) = {:.2f} s + {:.0f}  bytes (saved floats per token {} = {} bytes; fit max error {:.2e})\n",
                      c.a2, c.b2, p.saved_floats_per_token, 4 * p.saved_floats_per_token,
                      f.activation_max_relative_error);
@@ -520,8 +544,8 @@ std::string describe_cost_file(const CostFile& file) {
     }
     CostFit even{};
     bool have_even = fs.size() >= 3;
-    if (have_even) even = fit_quadratic(fs, ft);
-    const CostFit all{c.a1, c.b1, c.g};
+    if (have_even) even = fit_quadratic(fs, ft, c.window);
+    const CostFit all{c.a1, c.b1, c.g, c.window};
     out << "      length   measured ms   fit ms (all)   error   held-out fit ms   error\n";
     for (size_t i = 0; i < f.lengths.size(); ++i) {
       const double s = static_cast<double>(f.lengths[i]), t = f.layer_seconds[i];

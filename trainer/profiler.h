@@ -18,10 +18,12 @@ namespace hdp {
 
 // ---- fitting ----
 
-// T(s) = a1 s^2 + b1 s + g.
+// T(s) = a1 s^2 + b1 s + g; under a sliding window W (Mistral) s^2 is
+// CostModel::attention_term(s) (planning/cost_model.h), linear in s past W.
 struct CostFit {
   double a1 = 0, b1 = 0, g = 0;
-  double operator()(double s) const { return (a1 * s + b1) * s + g; }
+  int64_t window = 0;  // 0: none
+  double operator()(double s) const;
 };
 // Act(s) = a2 s + b2.
 struct ActivationFit {
@@ -37,7 +39,7 @@ struct ActivationFit {
 // noise-free data gives its coefficients back to rounding. Needs at least 3 (2)
 // points with distinct s, every s and t positive; throws std::invalid_argument
 // otherwise.
-CostFit fit_quadratic(std::span<const double> s, std::span<const double> t);
+CostFit fit_quadratic(std::span<const double> s, std::span<const double> t, int64_t window = 0);
 ActivationFit fit_linear(std::span<const double> s, std::span<const double> t);
 
 // |model(s) - t| / t over the points.
@@ -51,7 +53,7 @@ RelativeError relative_error(const std::function<double(double)>& model, std::sp
 // Held-out check: fit on the even-indexed points (0, 2, 4, ...), evaluate on the
 // odd-indexed ones. With lengths sorted ascending this fits on every other length
 // and tests the fit in between. Needs at least 5 points for the quadratic.
-RelativeError held_out_quadratic(std::span<const double> s, std::span<const double> t);
+RelativeError held_out_quadratic(std::span<const double> s, std::span<const double> t, int64_t window = 0);
 
 // ---- measuring ----
 

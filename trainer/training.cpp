@@ -325,6 +325,18 @@ class TrainingLoop {
     StepMetrics m;
     m.step = measured.step;
     m.loss = measured.result.loss;
+    if (config_.model.moe()) {
+      m.moe = true;
+      m.aux_loss = measured.result.aux_loss;
+      m.expert_tokens = measured.result.expert_tokens;
+      int64_t total = 0, most = 0;
+      for (int64_t n : m.expert_tokens) {
+        total += n;
+        most = std::max(most, n);
+      }
+      m.expert_load_max_over_mean =
+          total > 0 ? static_cast<double>(most) * static_cast<double>(m.expert_tokens.size()) / total : 0.0;
+    }
     m.lr = measured.lr;
     m.grad_norm = measured.result.grad_norm;
     m.tokens = measured.result.predictions;

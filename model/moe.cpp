@@ -1,0 +1,179 @@
+#include "model/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+
+#include "kernels/ops.h"
+
+namespace hdp {
+namespace {
+
+Tensor view(std::vector<float>& v, int64_t rows, int64_t cols) { return Tensor(v.data(), {rows, cols}); }
+
+void require_cpu(const Tensor& t, const char* what) {
+  if (t.device != Device::CPU) {
+    throw std::invalid_argument(std::string("MoE block: ") + what + " is not on the CPU (the block runs there only so far)");
+  }
+}
+
+}  // namespace
+
+MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens) : shape_(shape), max_tokens_(max_tokens) {
+  if (shape.experts < 1 || shape.hidden < 1 || shape.ffn < 1 || shape.top_k < 1 || shape.top_k > shape.experts) {
+    throw std::invalid_argument("MoE block: needs at least one expert and 1 <= top_k <= experts, got " +
+                                std::to_string(shape.experts) + " experts, top_k " + std::to_string(shape.top_k));
+  }
+  const int64_t T = max_tokens, E = shape.experts, k = shape.top_k, H = shape.hidden, F = shape.ffn;
+  logits_.resize(T * E);
+  probs_.resize(T * E);
+  dlogits_.resize(T * E);
+  chosen_.resize(T * k);
+  weights_.resize(T * k);
+  dweights_.resize(T * k);
+  row_token_.resize(T * k);
+  row_choice_.resize(T * k);
+  for (auto* v : {&xs_, &ys_, &dys_, &dxs_}) v->resize(T * k * H);
+  for (auto* v : {&gate_, &up_, &act_, &dacts_, &dgate_, &dup_}) v->resize(T * k * F);
+  counts_.assign(E, 0);
+  prob_sums_.assign(E, 0.0);
+  first_.assign(E + 1, 0);
+}
+
+void MoeBlock::forward(Tensor out, const Tensor& x, const MoeTensors& w) {
+  const int64_t T = x.dim(0), E = shape_.experts, k = shape_.top_k, H = shape_.hidden, F = shape_.ffn;
+  if (T > max_tokens_ || x.dim(1) != H || out.dim(0) != T || out.dim(1) != H) {
+    throw std::invalid_argument("MoE block: x and out must be [T, " + std::to_string(H) + "] with T <= " +
+                                std::to_string(max_tokens_));
+  }
+  require_cpu(x, "x");
+  require_cpu(out, "out");
+  tokens_ = T;
+  // Router logits and softmax in fp32 (Mixtral computes the routing in fp32 whatever
+  // the activations' type), accumulated in double for the normaliser.
+  linear_forward(view(logits_, T, E), x, w.gate);
+  std::fill(counts_.begin(), counts_.end(), 0);
+  std::vector<int32_t> order(E);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* l = logits_.data() + t * E;
+    float* p = probs_.data() + t * E;
+    const float mx = *std::max_element(l, l + E);
+    double z = 0;
+    for (int64_t e = 0; e < E; ++e) z += std::exp(static_cast<double>(l[e] - mx));
+    for (int64_t e = 0; e < E; ++e) p[e] = static_cast<float>(std::exp(static_cast<double>(l[e] - mx)) / z);
+    // Top k by probability; equal probabilities go to the lower expert index.
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [p](int32_t a, int32_t b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += p[order[j]];
+    for (int64_t j = 0; j < k; ++j) {
+      chosen_[t * k + j] = order[j];
+      weights_[t * k + j] = static_cast<float>(p[order[j]] / sum);
+      ++counts_[order[j]];
+    }
+  }
+  // Group the (token, choice) pairs by expert: expert e's rows are [first_[e], first_[e + 1]).
+  for (int64_t e = 0; e < E; ++e) first_[e + 1] = first_[e] + counts_[e];
+  std::vector<int64_t> next(first_.begin(), first_.end() - 1);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t r = next[chosen_[t * k + j]]++;
+      row_token_[r] = static_cast<int32_t>(t);
+      row_choice_[r] = static_cast<int32_t>(j);
+      std::copy(x.data + t * H, x.data + (t + 1) * H, xs_.data() + r * H);
+    }
+  // Each expert over its group: one GEMM per projection.
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t b = first_[e], n = counts_[e];
+    if (n == 0) continue;
+    const Tensor xe(xs_.data() + b * H, {n, H}), g(gate_.data() + b * F, {n, F}), u(up_.data() + b * F, {n, F}),
+        a(act_.data() + b * F, {n, F}), y(ys_.data() + b * H, {n, H});
+    linear_forward(g, xe, w.w1[e]);
+    linear_forward(u, xe, w.w3[e]);
+    swiglu_forward(a, g, u);
+    linear_forward(y, a, w.w2[e]);
+  }
+  std::fill(out.data, out.data + T * H, 0.0f);
+  for (int64_t r = 0; r < T * k; ++r) {
+    const int64_t t = row_token_[r];
+    const float c = weights_[t * k + row_choice_[r]];
+    for (int64_t h = 0; h < H; ++h) out.data[t * H + h] += c * ys_[r * H + h];
+  }
+  // Load balancing: E sum_e f_e P_e over the T tokens.
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    double p_sum = 0;
+    for (int64_t t = 0; t < T; ++t) p_sum += probs_[t * E + e];
+    prob_sums_[e] = p_sum;
+    aux += (static_cast<double>(counts_[e]) / T) * (p_sum / T);
+  }
+  aux_ = T > 0 ? static_cast<double>(E) * aux : 0.0;
+}
+
+std::vector<double> MoeBlock::aux_gradient(double c) const {
+  std::vector<double> g(shape_.experts, 0.0);
+  if (tokens_ == 0) return g;
+  const double T = static_cast<double>(tokens_);
+  for (int64_t e = 0; e < shape_.experts; ++e) g[e] = c * shape_.experts * (static_cast<double>(counts_[e]) / T) / T;
+  return g;
+}
+
+void MoeBlock::backward(Tensor dx, const MoeTensors& grads, const Tensor& dout, const Tensor& x,
+                        const MoeTensors& w, std::span<const double> aux_grad) {
+  const int64_t T = tokens_, E = shape_.experts, k = shape_.top_k, H = shape_.hidden, F = shape_.ffn;
+  if (x.dim(0) != T || dout.dim(0) != T || dx.dim(0) != T) {
+    throw std::invalid_argument("MoE block: backward over another number of tokens than the forward");
+  }
+  require_cpu(dx, "dx");
+  require_cpu(dout, "dout");
+  // Per grouped row: dY = weight x dout of its token; d(weight) = <dout, Y>.
+  for (int64_t r = 0; r < T * k; ++r) {
+    const int64_t t = row_token_[r], j = row_choice_[r];
+    const float c = weights_[t * k + j];
+    double dot = 0;
+    for (int64_t h = 0; h < H; ++h) {
+      dys_[r * H + h] = c * dout.data[t * H + h];
+      dot += static_cast<double>(dout.data[t * H + h]) * ys_[r * H + h];
+    }
+    dweights_[t * k + j] = static_cast<float>(dot);
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    const int64_t b = first_[e], n = counts_[e];
+    if (n == 0) continue;
+    const Tensor xe(xs_.data() + b * H, {n, H}), g(gate_.data() + b * F, {n, F}), u(up_.data() + b * F, {n, F}),
+        a(act_.data() + b * F, {n, F}), dy(dys_.data() + b * H, {n, H}), da(dacts_.data() + b * F, {n, F}),
+        dg(dgate_.data() + b * F, {n, F}), du(dup_.data() + b * F, {n, F}), dxe(dxs_.data() + b * H, {n, H});
+    linear_backward(da, grads.w2[e], dy, a, w.w2[e], false);
+    swiglu_backward(dg, du, da, g, u);
+    linear_backward(dxe, grads.w1[e], dg, xe, w.w1[e], false);
+    linear_backward(dxe, grads.w3[e], du, xe, w.w3[e], true);
+  }
+  std::fill(dx.data, dx.data + T * H, 0.0f);
+  for (int64_t r = 0; r < T * k; ++r) {
+    const int64_t t = row_token_[r];
+    for (int64_t h = 0; h < H; ++h) dx.data[t * H + h] += dxs_[r * H + h];
+  }
+  // Router. The weights are p_j / S over the chosen j (S their sum), so
+  // dp_j = (dw_j - sum_i dw_i w_i) / S for chosen j and 0 otherwise; the aux loss adds
+  // aux_grad[e] to every dp_e; then the softmax's backward.
+  std::vector<double> dp(E);
+  for (int64_t t = 0; t < T; ++t) {
+    const float* p = probs_.data() + t * E;
+    for (int64_t e = 0; e < E; ++e) dp[e] = aux_grad.empty() ? 0.0 : aux_grad[e];
+    double s = 0, dot = 0;
+    for (int64_t j = 0; j < k; ++j) {
+      s += p[chosen_[t * k + j]];
+      dot += static_cast<double>(dweights_[t * k + j]) * weights_[t * k + j];
+    }
+    for (int64_t j = 0; j < k; ++j) dp[chosen_[t * k + j]] += (dweights_[t * k + j] - dot) / s;
+    double pdp = 0;
+    for (int64_t e = 0; e < E; ++e) pdp += p[e] * dp[e];
+    for (int64_t e = 0; e < E; ++e) dlogits_[t * E + e] = static_cast<float>(p[e] * (dp[e] - pdp));
+  }
+  linear_backward(dx, grads.gate, view(dlogits_, T, E), x, w.gate, true);
+}
+
+}  // namespace hdp

@@ -1,0 +1,233 @@
+// The Mixtral sparse MoE block (model/moe.h) against a naive double-precision
+// reference written from Hugging Face's MixtralSparseMoeBlock and
+// load_balancing_loss_func: outputs, the load-balancing loss by hand, and the
+// gradients of the router, every expert and the input by finite differences.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "model/moe.h"
+
+namespace hdp {
+namespace {
+
+struct RefWeights {
+  std::vector<double> gate;                // [E, H]
+  std::vector<std::vector<double>> w1, w2, w3;  // [F, H], [H, F], [F, H]
+};
+
+struct RefResult {
+  std::vector<double> out;  // [T, H]
+  double aux = 0;
+  double margin = 1e300;    // smallest gap between the k-th and (k+1)-th probability
+};
+
+// softmax -> top-k -> renormalise -> sum_k w silu(x w1^T) * (x w3^T) w2^T; aux = E sum_e f_e P_e.
+RefResult reference(const MoeShape& s, const std::vector<double>& x, const RefWeights& w) {
+  const int64_t H = s.hidden, F = s.ffn, E = s.experts, k = s.top_k, T = static_cast<int64_t>(x.size()) / H;
+  RefResult r;
+  r.out.assign(T * H, 0.0);
+  std::vector<double> counts(E, 0.0), prob_sums(E, 0.0);
+  for (int64_t t = 0; t < T; ++t) {
+    std::vector<double> logits(E, 0.0), p(E);
+    for (int64_t e = 0; e < E; ++e)
+      for (int64_t h = 0; h < H; ++h) logits[e] += w.gate[e * H + h] * x[t * H + h];
+    const double mx = *std::max_element(logits.begin(), logits.end());
+    double z = 0;
+    for (int64_t e = 0; e < E; ++e) z += std::exp(logits[e] - mx);
+    for (int64_t e = 0; e < E; ++e) p[e] = std::exp(logits[e] - mx) / z;
+    std::vector<int64_t> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return p[a] > p[b]; });
+    if (k < E) r.margin = std::min(r.margin, p[order[k - 1]] - p[order[k]]);
+    double sum = 0;
+    for (int64_t j = 0; j < k; ++j) sum += p[order[j]];
+    for (int64_t e = 0; e < E; ++e) prob_sums[e] += p[e];
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t e = order[j];
+      counts[e] += 1;
+      const double weight = p[e] / sum;
+      std::vector<double> a(F);
+      for (int64_t f = 0; f < F; ++f) {
+        double g = 0, u = 0;
+        for (int64_t h = 0; h < H; ++h) {
+          g += w.w1[e][f * H + h] * x[t * H + h];
+          u += w.w3[e][f * H + h] * x[t * H + h];
+        }
+        a[f] = g / (1 + std::exp(-g)) * u;
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        double y = 0;
+        for (int64_t f = 0; f < F; ++f) y += w.w2[e][h * F + f] * a[f];
+        r.out[t * H + h] += weight * y;
+      }
+    }
+  }
+  for (int64_t e = 0; e < E; ++e) r.aux += (counts[e] / T) * (prob_sums[e] / T);
+  r.aux *= static_cast<double>(E);
+  return r;
+}
+
+struct Block {
+  MoeShape shape;
+  std::vector<std::vector<float>> storage;  // gate, then w1, w2, w3 of each expert
+  MoeTensors tensors;
+  Block(const MoeShape& s, bool zero, uint32_t seed) : shape(s) {
+    std::mt19937 rng(seed);
+    std::normal_distribution<float> n(0.0f, 0.6f);
+    auto make = [&](int64_t rows, int64_t cols) {
+      storage.emplace_back(rows * cols);
+      for (float& v : storage.back()) v = zero ? 0.0f : n(rng);
+      return std::pair{rows, cols};
+    };
+    std::vector<std::pair<int64_t, int64_t>> dims = {make(s.experts, s.hidden)};
+    for (int64_t e = 0; e < s.experts; ++e) {
+      dims.push_back(make(s.ffn, s.hidden));
+      dims.push_back(make(s.hidden, s.ffn));
+      dims.push_back(make(s.ffn, s.hidden));
+    }
+    tensors.gate = Tensor(storage[0].data(), {dims[0].first, dims[0].second});
+    for (int64_t e = 0; e < s.experts; ++e) {
+      const size_t i = 1 + 3 * e;
+      tensors.w1.push_back(Tensor(storage[i].data(), {dims[i].first, dims[i].second}));
+      tensors.w2.push_back(Tensor(storage[i + 1].data(), {dims[i + 1].first, dims[i + 1].second}));
+      tensors.w3.push_back(Tensor(storage[i + 2].data(), {dims[i + 2].first, dims[i + 2].second}));
+    }
+  }
+  RefWeights ref() const {
+    RefWeights r;
+    r.gate.assign(storage[0].begin(), storage[0].end());
+    for (int64_t e = 0; e < shape.experts; ++e) {
+      const size_t i = 1 + 3 * e;
+      r.w1.emplace_back(storage[i].begin(), storage[i].end());
+      r.w2.emplace_back(storage[i + 1].begin(), storage[i + 1].end());
+      r.w3.emplace_back(storage[i + 2].begin(), storage[i + 2].end());
+    }
+    return r;
+  }
+};
+
+// The load-balancing loss by hand. H = 1, router weights (0, ln 3): token 1 (x = 1)
+// has probabilities (1/4, 3/4), token 2 (x = 2) (1/10, 9/10). Top-1: both choose
+// expert 1, f = (0, 1), P = (0.175, 0.825), aux = 2 x 0.825 = 1.65. Top-2: f = (1, 1),
+// aux = 2 x (0.175 + 0.825) = 2 = k, as for any top-k = E routing. The top-1 weight is
+// renormalised to 1, so the output is expert 1's alone.
+TEST(MoeBlock, LoadBalancingLossByHand) {
+  for (int64_t k : {1, 2}) {
+    const MoeShape s{1, 2, 2, k};
+    Block b(s, false, 3);
+    b.storage[0] = {0.0f, static_cast<float>(std::log(3.0))};
+    std::vector<float> x = {1.0f, 2.0f}, out(2);
+    MoeBlock block(s, 4);
+    block.forward(Tensor(out.data(), {2, 1}), Tensor(x.data(), {2, 1}), b.tensors);
+    EXPECT_NEAR(block.aux_loss(), k == 1 ? 1.65 : 2.0, 1e-6) << k;
+    EXPECT_EQ(block.expert_tokens(), (k == 1 ? std::vector<int64_t>{0, 2} : std::vector<int64_t>{2, 2}));
+    if (k == 1) {
+      EXPECT_EQ(std::vector<int32_t>(block.chosen().begin(), block.chosen().end()), (std::vector<int32_t>{1, 1}));
+      EXPECT_EQ(std::vector<float>(block.weights().begin(), block.weights().end()), (std::vector<float>{1.0f, 1.0f}));
+    } else {
+      EXPECT_NEAR(block.weights()[0], 0.75f, 1e-6);  // renormalised over the 2: p itself
+      EXPECT_NEAR(block.weights()[1], 0.25f, 1e-6);
+    }
+    const RefResult r = reference(s, {1.0, 2.0}, b.ref());
+    EXPECT_NEAR(r.aux, block.aux_loss(), 1e-6);
+    for (int i = 0; i < 2; ++i) EXPECT_NEAR(out[i], r.out[i], 1e-5 * (1 + std::abs(r.out[i])));
+  }
+}
+
+// Dropless: every token reaches its k experts however unbalanced the router is. A zero
+// router ties every expert; ties go to the lower index, so every token picks experts
+// 0 and 1 and the others get nothing: f = (1, 1, 0, 0), P = 1/4 each, aux = 4 x 2/4 = 2.
+TEST(MoeBlock, DroplessUnderAnUnbalancedRouter) {
+  const MoeShape s{4, 3, 4, 2};
+  Block b(s, false, 5);
+  std::fill(b.storage[0].begin(), b.storage[0].end(), 0.0f);
+  std::vector<float> x(9 * 4), out(9 * 4);
+  std::mt19937 rng(1);
+  std::normal_distribution<float> n;
+  for (float& v : x) v = n(rng);
+  MoeBlock block(s, 9);
+  block.forward(Tensor(out.data(), {9, 4}), Tensor(x.data(), {9, 4}), b.tensors);
+  EXPECT_EQ(block.expert_tokens(), (std::vector<int64_t>{9, 9, 0, 0}));
+  EXPECT_NEAR(block.aux_loss(), 4 * (1.0 * 0.25 + 1.0 * 0.25), 1e-6);  // f = (1, 1, 0, 0), P = 1/4 each
+  const RefResult r = reference(s, std::vector<double>(x.begin(), x.end()), b.ref());
+  for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], r.out[i], 1e-5 * (1 + std::abs(r.out[i]))) << i;
+}
+
+// Gradients of L = sum(c . out) + coef x aux with respect to the router, every
+// expert's w1, w2, w3 and the input, against central differences of the reference.
+TEST(MoeBlock, GradientsMatchFiniteDifferences) {
+  const MoeShape s{6, 5, 4, 2};
+  const int64_t T = 7, H = s.hidden;
+  const double coef = 0.37;
+  Block b(s, false, 11), g(s, true, 0);
+  std::vector<float> x(T * H), c(T * H), out(T * H), dx(T * H);
+  std::mt19937 rng(2);
+  std::normal_distribution<float> n;
+  for (float& v : x) v = n(rng);
+  for (float& v : c) v = n(rng);
+  MoeBlock block(s, T);
+  block.forward(Tensor(out.data(), {T, H}), Tensor(x.data(), {T, H}), b.tensors);
+  block.backward(Tensor(dx.data(), {T, H}), g.tensors, Tensor(c.data(), {T, H}), Tensor(x.data(), {T, H}), b.tensors,
+                 block.aux_gradient(coef));
+
+  RefWeights w = b.ref();
+  std::vector<double> xd(x.begin(), x.end());
+  auto loss = [&] {
+    const RefResult r = reference(s, xd, w);
+    double l = coef * r.aux;
+    for (int64_t i = 0; i < T * H; ++i) l += c[i] * r.out[i];
+    return l;
+  };
+  const RefResult base = reference(s, xd, w);
+  ASSERT_GT(base.margin, 1e-3) << "a top-k choice too close to call for finite differences";
+  for (int64_t i = 0; i < T * H; ++i) ASSERT_NEAR(out[i], base.out[i], 1e-5 * (1 + std::abs(base.out[i])));
+  EXPECT_NEAR(block.aux_loss(), base.aux, 1e-6);
+  int64_t used = 0;
+  for (int64_t e = 0; e < s.experts; ++e) used += block.expert_tokens()[e] > 0;
+  EXPECT_GE(used, 3);  // most experts have tokens, so their gradients are really checked
+
+  const double h = 1e-5;
+  auto check = [&](std::vector<double>& param, const std::vector<float>& grad, const std::string& name) {
+    ASSERT_EQ(param.size(), grad.size());
+    for (size_t i = 0; i < param.size(); ++i) {
+      const double saved = param[i];
+      param[i] = saved + h;
+      const double up = loss();
+      param[i] = saved - h;
+      const double down = loss();
+      param[i] = saved;
+      const double fd = (up - down) / (2 * h);
+      ASSERT_NEAR(grad[i], fd, 2e-4 * (1 + std::abs(fd))) << name << "[" << i << "]";
+    }
+  };
+  check(w.gate, g.storage[0], "gate");
+  for (int64_t e = 0; e < s.experts; ++e) {
+    check(w.w1[e], g.storage[1 + 3 * e], "experts." + std::to_string(e) + ".w1");
+    check(w.w2[e], g.storage[2 + 3 * e], "experts." + std::to_string(e) + ".w2");
+    check(w.w3[e], g.storage[3 + 3 * e], "experts." + std::to_string(e) + ".w3");
+  }
+  check(xd, dx, "x");
+  // The aux loss really reaches the router: without it the router gradient differs.
+  Block g0(s, true, 0);
+  block.forward(Tensor(out.data(), {T, H}), Tensor(x.data(), {T, H}), b.tensors);
+  block.backward(Tensor(dx.data(), {T, H}), g0.tensors, Tensor(c.data(), {T, H}), Tensor(x.data(), {T, H}), b.tensors,
+                 {});
+  double diff = 0;
+  for (size_t i = 0; i < g.storage[0].size(); ++i) diff += std::abs(g.storage[0][i] - g0.storage[0][i]);
+  EXPECT_GT(diff, 1e-4);
+}
+
+TEST(MoeBlock, BadShapesAreRefused) {
+  EXPECT_THROW(MoeBlock(MoeShape{4, 3, 2, 3}, 8), std::invalid_argument);
+  EXPECT_THROW(MoeBlock(MoeShape{4, 3, 0, 1}, 8), std::invalid_argument);
+  EXPECT_THROW(MoeBlock(MoeShape{4, 3, 2, 0}, 8), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace hdp
