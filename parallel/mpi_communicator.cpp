@@ -157,6 +157,10 @@ void split_counts(int64_t n, int parts, MpiPending& p) {
 MPI_Op mpi_op(ReduceOp op) { return op == ReduceOp::Sum ? MPI_SUM : MPI_MAX; }
 
 int count_of(const Tensor& t, const std::string& what) {
+  // Elements travel as MPI_FLOAT: a bf16 tensor would be sent as half as many
+  // garbage floats, so it is refused (bf16 runs use no collective on activations).
+  if (t.dtype != DType::F32)
+    throw std::invalid_argument("MPI " + what + ": " + dtype_name(t.dtype) + " tensors are not supported (fp32 only)");
   if (t.numel() > INT_MAX) throw std::invalid_argument("MPI " + what + ": more than 2^31 elements in one call");
   return static_cast<int>(t.numel());
 }
