@@ -36,9 +36,10 @@ const std::string& corpus() {
   return path;
 }
 
-std::string train_args(const std::string& dir, int steps, const std::string& extra) {
+std::string train_args(const std::string& dir, int steps, const std::string& extra, int checkpoint_every = 0) {
   return "train " + kTinyConfig + " --set data.path=" + corpus() + " --set train.run_dir=" + dir +
-         " --set train.checkpoint_every=0 --set train.steps=" + std::to_string(steps) +
+         " --set train.checkpoint_dir=" + dir + "/ckpt --set train.checkpoint_every=" +
+         std::to_string(checkpoint_every) + " --set train.steps=" + std::to_string(steps) +
          " --set train.peak_flops=1e11 --set train.log_every=50 --set train.threads=1 " + extra;
 }
 
@@ -46,16 +47,19 @@ double mean_of_last(const std::vector<double>& v, size_t n) {
   return std::accumulate(v.end() - static_cast<std::ptrdiff_t>(n), v.end(), 0.0) / static_cast<double>(n);
 }
 
-// tiny-llama as configs/tiny-llama.yaml has it, 200 steps, with one micro-batch of
-// 2048 tokens per step (global_batch_tokens 2048 instead of 4096, to halve the
-// test's time); fp32 and bf16 run side by side, one thread each.
+// tiny-llama as configs/tiny-llama.yaml has it (4096 tokens per step in two
+// micro-batches, so gradients also accumulate across micro-batches), 200 steps; fp32
+// and bf16 run side by side, one thread each. With half the batch the two curves
+// drift apart during the fast fall of the loss around steps 60-180 (the noisier
+// gradients amplify rounding differences into a shift of a few steps, up to 8% in a
+// 10-step window and 1.9% at the end); with the configured batch they stay within
+// about 0.4% (measured).
 TEST(TrainingBf16, LossCurveWithinTwoPercentOfFp32After200Steps) {
   const std::string dir = scratch_dir("bf16-vs-fp32");
-  const std::string common = " --set data.global_batch_tokens=2048";
   const std::string fp32 = std::string(HDP_TRAINER_BINARY) + " " +
-                           train_args(dir + "/fp32", 200, common + " --set train.precision=fp32");
+                           train_args(dir + "/fp32", 200, " --set train.precision=fp32");
   const std::string bf16 = std::string(HDP_TRAINER_BINARY) + " " +
-                           train_args(dir + "/bf16", 200, common + " --set train.precision=bf16");
+                           train_args(dir + "/bf16", 200, " --set train.precision=bf16");
   const auto r = run_command("(" + fp32 + " > " + dir + "/fp32.log 2>&1 & " + bf16 + " > " + dir +
                              "/bf16.log 2>&1; s=$?; wait $!; f=$?; exit $((s + f)))");
   ASSERT_EQ(r.exit_code, 0) << run_command("tail -5 " + dir + "/fp32.log " + dir + "/bf16.log").output;
@@ -74,14 +78,19 @@ TEST(TrainingBf16, LossCurveWithinTwoPercentOfFp32After200Steps) {
     EXPECT_LT(std::fabs(b - a), 0.02 * a) << "steps " << s - 9 << "-" << s;
   }
   // The start-up log names the activations' dtype.
-  EXPECT_NE(run_command("grep -c 'in bf16' " + dir + "/bf16.log").output.find('1'), std::string::npos);
+  EXPECT_EQ(run_command("grep -q 'activations [0-9.]* in bf16' " + dir + "/bf16.log").exit_code, 0);
 
   // The guarded device (device memory closed to the host outside ops) runs the same
-  // bf16 steps to the same losses: its first steps lie in the warm-up, whose
-  // learning rates do not depend on train.steps.
-  const std::string gdir = dir + "/guarded";
-  const auto g = run_trainer(train_args(gdir, 4, common + " --set train.precision=bf16 --set train.device=guarded"));
+  // bf16 steps to the same losses, also across a checkpoint: 2 steps, then a resumed
+  // run to step 4 (the fp32 master weights are what a checkpoint holds; the bf16
+  // copy is rounded from them again). Its steps lie in the warm-up, whose learning
+  // rates do not depend on train.steps.
+  const std::string gdir = dir + "/guarded", guarded = " --set train.precision=bf16 --set train.device=guarded";
+  const auto g1 = run_trainer(train_args(gdir, 2, guarded, 2));
+  ASSERT_EQ(g1.exit_code, 0) << g1.output;
+  const auto g = run_trainer(train_args(gdir, 4, guarded, 2));
   ASSERT_EQ(g.exit_code, 0) << g.output;
+  EXPECT_NE(g.output.find("resumed from"), std::string::npos) << g.output;
   const std::vector<double> lg = metric_values(gdir, "loss");
   ASSERT_EQ(lg.size(), 4u);
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(lg[i], l16[i]) << "step " << i + 1;

@@ -509,7 +509,7 @@ struct Parser {
     // no tensor parallelism, no rings or offload, the CPU kernels); every other
     // layout is refused here rather than run wrongly.
     if (t.precision == DType::BF16) {
-      const std::string bf16 = "train.precision " + shown("train.precision");
+      const std::string bf16 = shown("train.precision");
       const std::string fallback = "; or set train.precision: fp32";
       require(t.device != Device::CUDA, "train.precision",
               bf16 + " is not available on train.device " + shown("train.device") +
