@@ -505,23 +505,15 @@ struct Parser {
             "choose a fraction in [0, 1], or a negative value to let the cost model choose");
     positive(of.bandwidth_gbs, "offload.bandwidth_gbs");
 
-    // precision: bf16 runs where its ops and transfers exist (one pipeline stage,
-    // no tensor parallelism, no rings or offload, the CPU kernels); every other
-    // layout is refused here rather than run wrongly.
+    // precision: bf16 runs where its ops and transfers exist (the CPU kernels; no
+    // rings or offload); every other layout is refused here rather than run wrongly.
     if (t.precision == DType::BF16) {
       const std::string bf16 = shown("train.precision");
       const std::string fallback = "; or set train.precision: fp32";
       require(t.device != Device::CUDA, "train.precision",
               bf16 + " is not available on train.device " + shown("train.device") +
-                  ": the cuda backend has no bf16 kernels yet",
+                  ": the cuda backend has bf16 kernels only for the GEMMs and elementwise ops yet",
               "run bf16 on train.device: cpu, or fp32 on cuda", {"train.device"});
-      require(p.tp == 1, "train.precision", bf16 + " does not run with parallel.tp " + shown("parallel.tp") + " yet",
-              "bf16 needs parallel.tp: 1 (the tensor-parallel all-reduce of bf16 activations is not implemented)" +
-                  fallback,
-              {"parallel.tp"});
-      require(p.pp == 1, "train.precision", bf16 + " does not run with parallel.pp " + shown("parallel.pp") + " yet",
-              "bf16 needs parallel.pp: 1 (pipeline sends of bf16 activations are not implemented)" + fallback,
-              {"parallel.pp"});
       require(d.max_seq_len <= d.micro_batch_tokens, "train.precision",
               bf16 + " does not run with data.max_seq_len " + shown("data.max_seq_len") +
                   " above data.micro_batch_tokens " + shown("data.micro_batch_tokens") + " yet",
