@@ -1,6 +1,7 @@
 #pragma once
 // Communicator over an MPI communicator. Host buffers go to MPI as they are;
-// device buffers are staged through page-locked host memory (see below).
+// device buffers are staged through page-locked host memory (see below), and bf16
+// tensors through fp32 staging blocks (elements always travel as MPI_FLOAT).
 
 #include <mpi.h>
 

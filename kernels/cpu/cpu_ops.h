@@ -1,8 +1,8 @@
 #pragma once
 // The CPU backend: one function per op in kernels/ops.h, same arguments. The
-// dispatcher (kernels/ops.cpp) has already checked shapes and devices, so these
-// functions trust their inputs. Forward and backward of an op live side by side
-// in one file (cpu/<op>.cpp).
+// dispatcher (kernels/ops.cpp) has already checked shapes, devices and dtypes (these
+// take fp32; the bf16 twins are at the end), so these functions trust their inputs.
+// Forward and backward of an op live side by side in one file (cpu/<op>.cpp).
 //
 // Threading: OpenMP inside each op (static schedule for elementwise work,
 // dynamic where tasks write disjoint outputs); matmul/linear split C into blocks
