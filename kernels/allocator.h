@@ -50,6 +50,13 @@ class Arena {
     return static_cast<T*>(allocate_bytes(count * sizeof(T)));
   }
   Tensor tensor(std::initializer_list<int64_t> dims) { return make<float>(dims); }
+  // fp32 or bf16 elements.
+  Tensor tensor(std::initializer_list<int64_t> dims, DType dtype) {
+    if (dtype == DType::F32) return make<float>(dims);
+    Tensor t = Tensor::of_bf16(nullptr, dims, device_);
+    t.data = static_cast<float*>(allocate_bytes(t.bytes()));
+    return t;
+  }
   IndexTensor index_tensor(std::initializer_list<int64_t> dims) { return make<int32_t>(dims); }
 
   Device device() const { return device_; }

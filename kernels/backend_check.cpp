@@ -50,6 +50,21 @@ class Workspace {
     fill(t.dev, value);
     return t;
   }
+  // bf16 on both sides, from random values (host bf16 memory lives in host_bf16_).
+  Twin random_bf16(std::initializer_list<int64_t> dims, float lo = -1.0f, float hi = 1.0f) {
+    int64_t n = 1;
+    for (int64_t d : dims) n *= d;
+    host_bf16_.emplace_back(static_cast<size_t>(std::max<int64_t>(n, 1)));
+    std::uniform_real_distribution<float> u(lo, hi);
+    for (int64_t i = 0; i < n; ++i) host_bf16_.back()[static_cast<size_t>(i)] = to_bf16(u(rng_));
+    Twin t;
+    t.host = Tensor::of_bf16(host_bf16_.back().data(), dims, Device::CPU);
+    arenas_.emplace_back(device_, static_cast<size_t>(std::max<int64_t>(n, 1)) * sizeof(bf16), "check");
+    t.dev = arenas_.back().tensor(dims, DType::BF16);
+    copy(t.dev, t.host);
+    return t;
+  }
+
   IndexTwin indices(const std::vector<int32_t>& values) {
     const int64_t n = static_cast<int64_t>(values.size());
     host_int_.emplace_back(values);
@@ -77,8 +92,24 @@ class Workspace {
   std::mt19937& rng_;
   std::deque<std::vector<float>> host_;
   std::deque<std::vector<int32_t>> host_int_;
+  std::deque<std::vector<bf16>> host_bf16_;
   std::deque<Arena> arenas_;
 };
+
+// A tensor's values as fp32 in host memory (bf16 is fetched as it is stored, then
+// widened exactly on the host).
+std::vector<float> host_values(const Tensor& t) {
+  const int64_t n = t.numel();
+  std::vector<float> out(static_cast<size_t>(n));
+  if (t.dtype == DType::BF16) {
+    std::vector<bf16> raw(static_cast<size_t>(n));
+    copy(Tensor::of_bf16(raw.data(), {n}, Device::CPU), t.view({n}));
+    for (int64_t i = 0; i < n; ++i) out[static_cast<size_t>(i)] = to_float(raw[static_cast<size_t>(i)]);
+  } else {
+    copy(Tensor(out.data(), {n}, Device::CPU), t.view({n}));
+  }
+  return out;
+}
 
 class Checker {
  public:
@@ -96,12 +127,11 @@ class Checker {
 
   // Compares a twin's device half with its CPU half.
   void compare(const std::string& op, const std::string& shape, const Twin& t, double tolerance) {
-    std::vector<float> got(static_cast<size_t>(t.host.numel()));
-    copy(Tensor(got.data(), {t.host.numel()}, Device::CPU), t.dev.view({t.dev.numel()}));
+    const std::vector<float> want = host_values(t.host), got = host_values(t.dev);
     double max_abs = 0, scale = 0;
     bool finite = true;
     for (int64_t i = 0; i < t.host.numel(); ++i) {
-      const double ref = t.host.data[i], x = got[static_cast<size_t>(i)];
+      const double ref = want[static_cast<size_t>(i)], x = got[static_cast<size_t>(i)];
       if (std::isnan(ref) && std::isnan(x)) continue;
       if (std::isinf(ref) && x == ref) continue;  // -inf lse of rows that see no key
       if (!std::isfinite(x) || !std::isfinite(ref)) {
@@ -450,6 +480,56 @@ void check_adamw(Checker& c) {
   c.compare("adamw_update v", shape, v, kTolPointwise);
 }
 
+// The bf16 ops a device runs itself (on CUDA: cuBLASLt with bf16 operands and fp32
+// accumulation, the elementwise kernels, conversions) against the CPU's bf16 twins.
+// A bf16 result is rounded once from an fp32 value whose summation order may
+// differ, so the two may land one bf16 step (2^-8 of the value) apart.
+constexpr double kTolBf16 = 1e-2;
+
+void check_bf16(Checker& c) {
+  for (int64_t T : {int64_t{5}, int64_t{333}}) {
+    const int64_t in = 96, out_features = 160;
+    const std::string shape = dims({{"T", T}, {"in", in}, {"out", out_features}});
+    Workspace w = c.workspace();
+    const Twin x = w.random_bf16({T, in}), wt = w.random_bf16({out_features, in}), y = w.random_bf16({T, out_features});
+    linear_forward(y.host, x.host, wt.host);
+    linear_forward(y.dev, x.dev, wt.dev);
+    c.compare("linear_forward [bf16]", shape, y, kTolBf16);
+    const Twin dy = w.random_bf16({T, out_features}), dx = w.random_bf16({T, in});
+    const Twin dw = w.random({out_features, in});  // weight gradients stay fp32
+    linear_backward(dx.host, dw.host, dy.host, x.host, wt.host, true);
+    linear_backward(dx.dev, dw.dev, dy.dev, x.dev, wt.dev, true);
+    c.compare("linear_backward dx (accumulate) [bf16]", shape, dx, kTolBf16);
+    c.compare("linear_backward dw (fp32) [bf16]", shape, dw, kTolReduction);
+    const Twin a = w.random_bf16({T, in}), b = w.random_bf16({out_features, in}), cc = w.random_bf16({T, out_features});
+    matmul(cc.host, a.host, false, b.host, true, 0.75f, 0.5f);
+    matmul(cc.dev, a.dev, false, b.dev, true, 0.75f, 0.5f);
+    c.compare("matmul NT [bf16]", shape, cc, kTolBf16);
+  }
+  for (int64_t n : {int64_t{1}, int64_t{1 << 20} + 3}) {
+    const std::string shape = dims({{"n", n}});
+    Workspace w = c.workspace();
+    const Twin y = w.random_bf16({n}), x = w.random_bf16({n});
+    add_inplace(y.host, x.host);
+    add_inplace(y.dev, x.dev);
+    c.compare("add_inplace [bf16]", shape, y, 0);  // one fp32 sum, one rounding: exact
+    scale_inplace(y.host, -1.7f);
+    scale_inplace(y.dev, -1.7f);
+    c.compare("scale_inplace [bf16]", shape, y, 0);
+    fill(y.host, 0.3f);
+    fill(y.dev, 0.3f);
+    c.compare("fill [bf16]", shape, y, 0);
+    // fp32 -> bf16 (rounding to nearest even) and back (exact), on the device.
+    const Twin f = w.random({n}, -100.0f, 100.0f), g = w.random({n});
+    copy(y.host, f.host);
+    copy(y.dev, f.dev);
+    c.compare("copy fp32 -> bf16", shape, y, 0);
+    copy(g.host, y.host);
+    copy(g.dev, y.dev);
+    c.compare("copy bf16 -> fp32", shape, g, 0);
+  }
+}
+
 }  // namespace
 
 std::vector<OpCheck> check_backend(Device device, uint64_t seed) {
@@ -466,6 +546,7 @@ std::vector<OpCheck> check_backend(Device device, uint64_t seed) {
   check_attention(c);
   check_attention_blocks(c, kNoWindow);
   check_attention_blocks(c, 40);
+  check_bf16(c);
   if (device == Device::CUDA) {
     // The same products with train.tf32 on: GEMMs and attention (d = 64, 128) on tensor cores.
     const bool was = cuda::tf32();

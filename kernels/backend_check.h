@@ -6,6 +6,8 @@
 // grouped-query attention, ring-attention blocks with true positions that merge
 // over several calls, sliding-window attention (documents and blocks, blocks
 // wholly outside the window), a sharded vocabulary with targets outside the shard.
+// The bf16 ops a device has (on CUDA: the cuBLASLt GEMMs, the elementwise ops and
+// the fp32 <-> bf16 conversions) are checked against the CPU's bf16 twins too.
 //
 // Error measure per output: max |device - cpu| / max |cpu| (relative to the
 // tensor's scale, so near-zero elements do not dominate); NaN or Inf fails.

@@ -15,8 +15,20 @@
 
 // A backend's case in a dispatch switch, present only when it is compiled in.
 // Each CUDA op is timed on the device when HDP_CUDA_OP_TIMES=1 (cuda_runtime.h).
+// Every op first names the dtype it computes in (`dtype_`, from check_dtypes);
+// the CUDA backend has bf16 only for the GEMMs, the elementwise ops and copy
+// (HDP_CUDA_CASE_BF16), so any other bf16 op on it is refused by name.
 #if HDP_HAVE_CUDA
 #define HDP_CUDA_CASE(call)             \
+  case Device::CUDA: {                  \
+    require_cuda_dtype(op, dtype_);     \
+    cuda::require_device(op);           \
+    const cuda::OpTimer op_timer_(op);  \
+    return cuda::call;                  \
+  }
+// The ops whose CUDA functions take bf16 as well (GEMMs through cuBLASLt, the
+// elementwise ops and copy).
+#define HDP_CUDA_CASE_BF16(call)        \
   case Device::CUDA: {                  \
     cuda::require_device(op);           \
     const cuda::OpTimer op_timer_(op);  \
@@ -24,10 +36,20 @@
   }
 #else
 #define HDP_CUDA_CASE(call)
+#define HDP_CUDA_CASE_BF16(call)
 #endif
 
-// The test-only device: the CPU kernels, with guarded memory open to the host
-// only while the op runs (kernels/guarded_memory.h).
+// The CPU backend and the test-only guarded device (the CPU kernels behind a
+// device boundary, its memory open to the host only while the op runs:
+// kernels/guarded_memory.h), for ops with a bf16 twin (kernels/cpu/bf16.cpp).
+#define HDP_CPU_CASES(call)                                                       \
+  case Device::CPU: return dtype_ == DType::BF16 ? cpu::bf16_ops::call : cpu::call;  \
+  case Device::Guarded: {                                                       \
+    const guarded::Access guarded_access_;                                      \
+    return dtype_ == DType::BF16 ? cpu::bf16_ops::call : cpu::call;                 \
+  }
+
+// The guarded device for the ops that exist in fp32 only.
 #define HDP_GUARDED_CASE(call)                   \
   case Device::Guarded: {                        \
     const guarded::Access guarded_access_;       \
@@ -38,6 +60,47 @@ namespace hdp {
 namespace {
 
 [[noreturn]] void fail(const char* op, const std::string& msg) { throw std::invalid_argument(std::string(op) + ": " + msg); }
+
+// One argument of an op, for its dtype check.
+struct DTypeArg {
+  const char* name;
+  const Tensor& tensor;
+};
+
+// An op's dtype rule: the `compute` tensors share one dtype, fp32 or bf16 (the
+// precision the op runs in), and the `fp32` tensors are fp32 whatever it is
+// (statistics, gradients of weights, optimizer state). Returns the compute dtype
+// (fp32 for an op without compute tensors). Any other combination is an error
+// naming the op and every dtype, so bf16 memory cannot reach an fp32 kernel.
+DType check_dtypes(const char* op, std::initializer_list<DTypeArg> compute, std::initializer_list<DTypeArg> fp32 = {}) {
+  const DType dtype = compute.size() ? compute.begin()->tensor.dtype : DType::F32;
+  bool ok = dtype == DType::F32 || dtype == DType::BF16;
+  for (const DTypeArg& a : compute) ok = ok && a.tensor.dtype == dtype;
+  for (const DTypeArg& a : fp32) ok = ok && a.tensor.dtype == DType::F32;
+  if (ok) return dtype;
+  std::string got, rule;
+  for (const DTypeArg& a : compute) {
+    got += std::string(got.empty() ? "" : ", ") + a.name + "=" + dtype_name(a.tensor.dtype);
+    rule += std::string(rule.empty() ? "" : ", ") + a.name;
+  }
+  std::string fixed;
+  for (const DTypeArg& a : fp32) {
+    got += std::string(got.empty() ? "" : ", ") + a.name + "=" + dtype_name(a.tensor.dtype);
+    fixed += std::string(fixed.empty() ? "" : ", ") + a.name;
+  }
+  std::string valid;
+  if (!rule.empty()) valid = rule + " all fp32 or all bf16";
+  if (!fixed.empty()) valid += (valid.empty() ? "" : ", and ") + fixed + " fp32";
+  fail(op, "unsupported dtypes " + got + " (supported: " + valid + ")");
+}
+
+#if HDP_HAVE_CUDA
+void require_cuda_dtype(const char* op, DType dtype) {
+  if (dtype != DType::F32)
+    fail(op, std::string("the cuda backend has no ") + dtype_name(dtype) +
+                 " kernel for this op yet (train.precision: bf16 runs on device cpu or guarded)");
+}
+#endif
 
 // name=[shape] for error messages
 template <class T>
@@ -89,6 +152,7 @@ void require(bool cond, const char* op, const std::string& msg) {
 
 void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, float alpha, float beta) {
   const char* op = "matmul";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"c", c}, {"a", a}, {"b", b}});
   require_dims(op, "a", a, {-1, -1});
   require_dims(op, "b", b, {-1, -1});
   require_dims(op, "c", c, {-1, -1});
@@ -98,22 +162,21 @@ void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool t
     fail(op, "c=" + c.shape_string() + " = op(a=" + a.shape_string() + (transpose_a ? "^T" : "") + ") * op(b=" +
                  b.shape_string() + (transpose_b ? "^T" : "") + ") does not match");
   switch (common_device(op, c, a, b)) {
-    case Device::CPU: return cpu::matmul(c, a, transpose_a, b, transpose_b, alpha, beta);
-    HDP_CUDA_CASE(matmul(c, a, transpose_a, b, transpose_b, alpha, beta))
-    HDP_GUARDED_CASE(matmul(c, a, transpose_a, b, transpose_b, alpha, beta))
+    HDP_CUDA_CASE_BF16(matmul(c, a, transpose_a, b, transpose_b, alpha, beta))
+    HDP_CPU_CASES(matmul(c, a, transpose_a, b, transpose_b, alpha, beta))
     default: throw UnsupportedDevice(op, c.device);
   }
 }
 
 void linear_forward(Tensor y, const Tensor& x, const Tensor& w) {
   const char* op = "linear_forward";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"y", y}, {"x", x}, {"w", w}});
   require_dims(op, "x", x, {-1, -1});
   require_dims(op, "w", w, {-1, x.dim(1)});
   require_dims(op, "y", y, {x.dim(0), w.dim(0)});
   switch (common_device(op, y, x, w)) {
-    case Device::CPU: return cpu::linear_forward(y, x, w);
-    HDP_CUDA_CASE(linear_forward(y, x, w))
-    HDP_GUARDED_CASE(linear_forward(y, x, w))
+    HDP_CUDA_CASE_BF16(linear_forward(y, x, w))
+    HDP_CPU_CASES(linear_forward(y, x, w))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
@@ -127,44 +190,45 @@ void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, co
   // An empty dx (Tensor{}) skips the input gradient.
   const bool skip_dx = dx.ndim == 0 && dx.data == nullptr;
   if (!skip_dx) require_dims(op, "dx", dx, {x.dim(0), x.dim(1)});
+  [[maybe_unused]] const DType dtype_ = skip_dx ? check_dtypes(op, {{"dy", dy}, {"x", x}, {"w", w}}, {{"dw", dw}})
+                                : check_dtypes(op, {{"dx", dx}, {"dy", dy}, {"x", x}, {"w", w}}, {{"dw", dw}});
   const Device dev = skip_dx ? common_device(op, dw, dy, x, w) : common_device(op, dx, dw, dy, x, w);
   switch (dev) {
-    case Device::CPU: return cpu::linear_backward(dx, dw, dy, x, w, accumulate_dx);
-    HDP_CUDA_CASE(linear_backward(dx, dw, dy, x, w, accumulate_dx))
-    HDP_GUARDED_CASE(linear_backward(dx, dw, dy, x, w, accumulate_dx))
+    HDP_CUDA_CASE_BF16(linear_backward(dx, dw, dy, x, w, accumulate_dx))
+    HDP_CPU_CASES(linear_backward(dx, dw, dy, x, w, accumulate_dx))
     default: throw UnsupportedDevice(op, dev);
   }
 }
 
 void add_inplace(Tensor y, const Tensor& x) {
   const char* op = "add_inplace";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"y", y}, {"x", x}});
   require_same_shape(op, "y", y, "x", x);
   switch (common_device(op, y, x)) {
-    case Device::CPU: return cpu::add_inplace(y, x);
-    HDP_CUDA_CASE(add_inplace(y, x))
-    HDP_GUARDED_CASE(add_inplace(y, x))
+    HDP_CUDA_CASE_BF16(add_inplace(y, x))
+    HDP_CPU_CASES(add_inplace(y, x))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
 
 void scale_inplace(Tensor y, float s) {
   const char* op = "scale_inplace";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"y", y}});
   require(y.numel() == 0 || y.data, op, "tensor without data");
   switch (y.device) {
-    case Device::CPU: return cpu::scale_inplace(y, s);
-    HDP_CUDA_CASE(scale_inplace(y, s))
-    HDP_GUARDED_CASE(scale_inplace(y, s))
+    HDP_CUDA_CASE_BF16(scale_inplace(y, s))
+    HDP_CPU_CASES(scale_inplace(y, s))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
 
 void fill(Tensor y, float value) {
   const char* op = "fill";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"y", y}});
   require(y.numel() == 0 || y.data, op, "tensor without data");
   switch (y.device) {
-    case Device::CPU: return cpu::fill(y, value);
-    HDP_CUDA_CASE(fill(y, value))
-    HDP_GUARDED_CASE(fill(y, value))
+    HDP_CUDA_CASE_BF16(fill(y, value))
+    HDP_CPU_CASES(fill(y, value))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
@@ -181,16 +245,22 @@ Device copy_backend(const char* op, const TensorOf<T>& dst, const TensorOf<T>& s
 
 void copy(Tensor dst, const Tensor& src) {
   const char* op = "copy";
+  // Any of fp32 and bf16 on either side: a copy between dtypes converts (rounding
+  // to nearest even into bf16), which is how the bf16 weights follow the fp32 master.
+  for (const Tensor* t : std::initializer_list<const Tensor*>{&dst, &src})
+    if (t->dtype != DType::F32 && t->dtype != DType::BF16)
+      fail(op, std::string("unsupported dtype ") + dtype_name(t->dtype) + " (supported: fp32 and bf16)");
+  [[maybe_unused]] const DType dtype_ = dst.dtype == DType::F32 && src.dtype == DType::F32 ? DType::F32 : DType::BF16;
   switch (copy_backend(op, dst, src)) {
-    case Device::CPU: return cpu::copy(dst, src);
-    HDP_CUDA_CASE(copy(dst, src))
-    HDP_GUARDED_CASE(copy(dst, src))
+    HDP_CUDA_CASE_BF16(copy(dst, src))
+    HDP_CPU_CASES(copy(dst, src))
     default: throw UnsupportedDevice(op, dst.device);
   }
 }
 
 void copy(IndexTensor dst, const IndexTensor& src) {
   const char* op = "copy";
+  [[maybe_unused]] const DType dtype_ = DType::F32;  // 4-byte elements, as the CUDA case expects
   switch (copy_backend(op, dst, src)) {
     case Device::CPU: return static_cast<void>(std::copy_n(src.data, src.numel(), dst.data));
     HDP_CUDA_CASE(copy_index(dst, src))
@@ -204,6 +274,7 @@ void copy(IndexTensor dst, const IndexTensor& src) {
 
 double sum_squares(const Tensor& x) {
   const char* op = "sum_squares";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {}, {{"x", x}});
   require(x.numel() == 0 || x.data, op, "tensor without data");
   switch (x.device) {
     case Device::CPU: return cpu::sum_squares(x);
@@ -215,6 +286,7 @@ double sum_squares(const Tensor& x) {
 
 void synchronize(Device device) {
   const char* op = "synchronize";
+  [[maybe_unused]] const DType dtype_ = DType::F32;
   switch (device) {
     case Device::CPU:
     case Device::Guarded: return;  // the CPU kernels finish before they return
@@ -227,28 +299,28 @@ void synchronize(Device device) {
 
 void embedding_forward(Tensor out, const IndexTensor& tokens, const Tensor& table, int64_t vocab_begin) {
   const char* op = "embedding_forward";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"out", out}, {"table", table}});
   require_dims(op, "tokens", tokens, {-1});
   require_dims(op, "table", table, {-1, -1});
   require_dims(op, "out", out, {tokens.dim(0), table.dim(1)});
   require(vocab_begin >= 0, op, "vocab_begin must be >= 0");
   switch (common_device(op, out, tokens, table)) {
-    case Device::CPU: return cpu::embedding_forward(out, tokens, table, vocab_begin);
     HDP_CUDA_CASE(embedding_forward(out, tokens, table, vocab_begin))
-    HDP_GUARDED_CASE(embedding_forward(out, tokens, table, vocab_begin))
+    HDP_CPU_CASES(embedding_forward(out, tokens, table, vocab_begin))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
 
 void embedding_backward(Tensor dtable, const IndexTensor& tokens, const Tensor& dout, int64_t vocab_begin) {
   const char* op = "embedding_backward";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"dout", dout}}, {{"dtable", dtable}});
   require_dims(op, "tokens", tokens, {-1});
   require_dims(op, "dtable", dtable, {-1, -1});
   require_dims(op, "dout", dout, {tokens.dim(0), dtable.dim(1)});
   require(vocab_begin >= 0, op, "vocab_begin must be >= 0");
   switch (common_device(op, dtable, tokens, dout)) {
-    case Device::CPU: return cpu::embedding_backward(dtable, tokens, dout, vocab_begin);
     HDP_CUDA_CASE(embedding_backward(dtable, tokens, dout, vocab_begin))
-    HDP_GUARDED_CASE(embedding_backward(dtable, tokens, dout, vocab_begin))
+    HDP_CPU_CASES(embedding_backward(dtable, tokens, dout, vocab_begin))
     default: throw UnsupportedDevice(op, dtable.device);
   }
 }
@@ -257,21 +329,22 @@ void embedding_backward(Tensor dtable, const IndexTensor& tokens, const Tensor& 
 
 void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) {
   const char* op = "rmsnorm_forward";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"y", y}, {"x", x}, {"w", w}}, {{"rstd", rstd}});
   require_dims(op, "x", x, {-1, -1});
   require_dims(op, "y", y, {x.dim(0), x.dim(1)});
   require_dims(op, "w", w, {x.dim(1)});
   require_dims(op, "rstd", rstd, {x.dim(0)});
   require(eps >= 0, op, "eps must be >= 0");
   switch (common_device(op, y, rstd, x, w)) {
-    case Device::CPU: return cpu::rmsnorm_forward(y, rstd, x, w, eps);
     HDP_CUDA_CASE(rmsnorm_forward(y, rstd, x, w, eps))
-    HDP_GUARDED_CASE(rmsnorm_forward(y, rstd, x, w, eps))
+    HDP_CPU_CASES(rmsnorm_forward(y, rstd, x, w, eps))
     default: throw UnsupportedDevice(op, y.device);
   }
 }
 
 void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd) {
   const char* op = "rmsnorm_backward";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"dx", dx}, {"dy", dy}, {"x", x}, {"w", w}}, {{"dw", dw}, {"rstd", rstd}});
   require_dims(op, "x", x, {-1, -1});
   require_dims(op, "dx", dx, {x.dim(0), x.dim(1)});
   require_dims(op, "dy", dy, {x.dim(0), x.dim(1)});
@@ -279,9 +352,8 @@ void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, c
   require_dims(op, "dw", dw, {x.dim(1)});
   require_dims(op, "rstd", rstd, {x.dim(0)});
   switch (common_device(op, dx, dw, dy, x, w, rstd)) {
-    case Device::CPU: return cpu::rmsnorm_backward(dx, dw, dy, x, w, rstd);
     HDP_CUDA_CASE(rmsnorm_backward(dx, dw, dy, x, w, rstd))
-    HDP_GUARDED_CASE(rmsnorm_backward(dx, dw, dy, x, w, rstd))
+    HDP_CPU_CASES(rmsnorm_backward(dx, dw, dy, x, w, rstd))
     default: throw UnsupportedDevice(op, dx.device);
   }
 }
@@ -300,22 +372,22 @@ void check_rope(const char* op, const Tensor& x, const IndexTensor& positions, f
 
 void rope_forward(Tensor x, const IndexTensor& positions, float theta) {
   const char* op = "rope_forward";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"x", x}});
   check_rope(op, x, positions, theta);
   switch (x.device) {
-    case Device::CPU: return cpu::rope_forward(x, positions, theta);
     HDP_CUDA_CASE(rope_forward(x, positions, theta))
-    HDP_GUARDED_CASE(rope_forward(x, positions, theta))
+    HDP_CPU_CASES(rope_forward(x, positions, theta))
     default: throw UnsupportedDevice(op, x.device);
   }
 }
 
 void rope_backward(Tensor dx, const IndexTensor& positions, float theta) {
   const char* op = "rope_backward";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"dx", dx}});
   check_rope(op, dx, positions, theta);
   switch (dx.device) {
-    case Device::CPU: return cpu::rope_backward(dx, positions, theta);
     HDP_CUDA_CASE(rope_backward(dx, positions, theta))
-    HDP_GUARDED_CASE(rope_backward(dx, positions, theta))
+    HDP_CPU_CASES(rope_backward(dx, positions, theta))
     default: throw UnsupportedDevice(op, dx.device);
   }
 }
@@ -353,12 +425,12 @@ void check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const IndexTensor& cu_seqlens, int64_t window) {
   const char* op = "attention_forward";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"out", out}, {"q", q}, {"k", k}, {"v", v}}, {{"lse", lse}});
   check_attention(op, q, k, v, out, lse, cu_seqlens);
   check_window(op, window);
   switch (common_device(op, out, lse, q, k, v, cu_seqlens)) {
-    case Device::CPU: return cpu::attention_forward(out, lse, q, k, v, cu_seqlens, window);
     HDP_CUDA_CASE(attention_forward(out, lse, q, k, v, cu_seqlens, window))
-    HDP_GUARDED_CASE(attention_forward(out, lse, q, k, v, cu_seqlens, window))
+    HDP_CPU_CASES(attention_forward(out, lse, q, k, v, cu_seqlens, window))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
@@ -367,6 +439,7 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
                         const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens,
                         int64_t window) {
   const char* op = "attention_backward";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"dq", dq}, {"dk", dk}, {"dv", dv}, {"dout", dout}, {"q", q}, {"k", k}, {"v", v}, {"out", out}}, {{"lse", lse}});
   check_attention(op, q, k, v, out, lse, cu_seqlens);
   check_window(op, window);
   require_same_shape(op, "dq", dq, "q", q);
@@ -374,9 +447,8 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   require_same_shape(op, "dv", dv, "v", v);
   require_same_shape(op, "dout", dout, "out", out);
   switch (common_device(op, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens)) {
-    case Device::CPU: return cpu::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, window);
     HDP_CUDA_CASE(attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, window))
-    HDP_GUARDED_CASE(attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, window))
+    HDP_CPU_CASES(attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, window))
     default: throw UnsupportedDevice(op, dq.device);
   }
 }
@@ -411,18 +483,19 @@ void check_attention_blocks(const char* op, const Tensor& q, const Tensor& k, co
 void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                               std::span<const AttentionBlock> blocks, int64_t window) {
   const char* op = "attention_forward_blocks";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"out", out}, {"q", q}, {"k", k}, {"v", v}}, {{"lse", lse}});
   check_attention_blocks(op, q, k, v, out, lse, blocks);
   check_window(op, window);
   switch (common_device(op, out, lse, q, k, v)) {
-    case Device::CPU: return cpu::attention_forward_blocks(out, lse, q, k, v, blocks, window);
     HDP_CUDA_CASE(attention_forward_blocks(out, lse, q, k, v, blocks, window))
-    HDP_GUARDED_CASE(attention_forward_blocks(out, lse, q, k, v, blocks, window))
+    HDP_CPU_CASES(attention_forward_blocks(out, lse, q, k, v, blocks, window))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
 
 void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end) {
   const char* op = "attention_reset_rows";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"out", out}}, {{"lse", lse}});
   require_dims(op, "out", out, {-1, -1, -1});
   const int64_t T = out.dim(0);
   require_dims(op, "lse", lse, {out.dim(1), T});
@@ -430,9 +503,8 @@ void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end) {
           "rows [" + std::to_string(begin) + ", " + std::to_string(end) + ") must lie inside out=" +
               out.shape_string());
   switch (common_device(op, out, lse)) {
-    case Device::CPU: return cpu::attention_reset_rows(out, lse, begin, end);
     HDP_CUDA_CASE(attention_reset_rows(out, lse, begin, end))
-    HDP_GUARDED_CASE(attention_reset_rows(out, lse, begin, end))
+    HDP_CPU_CASES(attention_reset_rows(out, lse, begin, end))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
@@ -441,6 +513,7 @@ void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& do
                                const Tensor& v, const Tensor& out, const Tensor& lse,
                                std::span<const AttentionBlock> blocks, int64_t window) {
   const char* op = "attention_backward_blocks";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"dq", dq}, {"dk", dk}, {"dv", dv}, {"dout", dout}, {"q", q}, {"k", k}, {"v", v}, {"out", out}}, {{"lse", lse}});
   check_attention_blocks(op, q, k, v, out, lse, blocks);
   check_window(op, window);
   require_same_shape(op, "dq", dq, "q", q);
@@ -448,9 +521,8 @@ void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& do
   require_same_shape(op, "dv", dv, "v", v);
   require_same_shape(op, "dout", dout, "out", out);
   switch (common_device(op, dq, dk, dv, dout, q, k, v, out, lse)) {
-    case Device::CPU: return cpu::attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks, window);
     HDP_CUDA_CASE(attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks, window))
-    HDP_GUARDED_CASE(attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks, window))
+    HDP_CPU_CASES(attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks, window))
     default: throw UnsupportedDevice(op, dq.device);
   }
 }
@@ -459,26 +531,26 @@ void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& do
 
 void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) {
   const char* op = "swiglu_forward";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"out", out}, {"gate", gate}, {"up", up}});
   require_same_shape(op, "gate", gate, "up", up);
   require_same_shape(op, "out", out, "gate", gate);
   switch (common_device(op, out, gate, up)) {
-    case Device::CPU: return cpu::swiglu_forward(out, gate, up);
     HDP_CUDA_CASE(swiglu_forward(out, gate, up))
-    HDP_GUARDED_CASE(swiglu_forward(out, gate, up))
+    HDP_CPU_CASES(swiglu_forward(out, gate, up))
     default: throw UnsupportedDevice(op, out.device);
   }
 }
 
 void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) {
   const char* op = "swiglu_backward";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"dgate", dgate}, {"dup", dup}, {"dout", dout}, {"gate", gate}, {"up", up}});
   require_same_shape(op, "gate", gate, "up", up);
   require_same_shape(op, "dout", dout, "gate", gate);
   require_same_shape(op, "dgate", dgate, "gate", gate);
   require_same_shape(op, "dup", dup, "up", up);
   switch (common_device(op, dgate, dup, dout, gate, up)) {
-    case Device::CPU: return cpu::swiglu_backward(dgate, dup, dout, gate, up);
     HDP_CUDA_CASE(swiglu_backward(dgate, dup, dout, gate, up))
-    HDP_GUARDED_CASE(swiglu_backward(dgate, dup, dout, gate, up))
+    HDP_CPU_CASES(swiglu_backward(dgate, dup, dout, gate, up))
     default: throw UnsupportedDevice(op, dgate.device);
   }
 }
@@ -501,6 +573,7 @@ void check_targets(const char* op, const IndexTensor& targets, int64_t vocab_lim
 void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit, const Tensor& logits,
                          const IndexTensor& targets, int64_t vocab_begin) {
   const char* op = "cross_entropy_stats";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"logits", logits}}, {{"row_max", row_max}, {"row_sumexp", row_sumexp}, {"target_logit", target_logit}});
   require_dims(op, "logits", logits, {-1, -1});
   const int64_t T = logits.dim(0);
   require_dims(op, "targets", targets, {T});
@@ -511,9 +584,8 @@ void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit,
   const Device dev = common_device(op, row_max, row_sumexp, target_logit, logits, targets);
   check_targets(op, targets, -1);
   switch (dev) {
-    case Device::CPU: return cpu::cross_entropy_stats(row_max, row_sumexp, target_logit, logits, targets, vocab_begin);
     HDP_CUDA_CASE(cross_entropy_stats(row_max, row_sumexp, target_logit, logits, targets, vocab_begin))
-    HDP_GUARDED_CASE(cross_entropy_stats(row_max, row_sumexp, target_logit, logits, targets, vocab_begin))
+    HDP_CPU_CASES(cross_entropy_stats(row_max, row_sumexp, target_logit, logits, targets, vocab_begin))
     default: throw UnsupportedDevice(op, dev);
   }
 }
@@ -521,6 +593,7 @@ void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit,
 void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const IndexTensor& targets, int64_t vocab_begin,
                                     float grad_scale) {
   const char* op = "cross_entropy_backward_inplace";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"logits", logits}}, {{"lse", lse}});
   require_dims(op, "logits", logits, {-1, -1});
   const int64_t T = logits.dim(0);
   require_dims(op, "targets", targets, {T});
@@ -529,15 +602,15 @@ void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const Inde
   const Device dev = common_device(op, logits, lse, targets);
   check_targets(op, targets, -1);
   switch (dev) {
-    case Device::CPU: return cpu::cross_entropy_backward_inplace(logits, lse, targets, vocab_begin, grad_scale);
     HDP_CUDA_CASE(cross_entropy_backward_inplace(logits, lse, targets, vocab_begin, grad_scale))
-    HDP_GUARDED_CASE(cross_entropy_backward_inplace(logits, lse, targets, vocab_begin, grad_scale))
+    HDP_CPU_CASES(cross_entropy_backward_inplace(logits, lse, targets, vocab_begin, grad_scale))
     default: throw UnsupportedDevice(op, dev);
   }
 }
 
 void cross_entropy_rescale_sumexp(Tensor row_sumexp, const Tensor& row_max, const Tensor& global_max) {
   const char* op = "cross_entropy_rescale_sumexp";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {}, {{"row_sumexp", row_sumexp}, {"row_max", row_max}, {"global_max", global_max}});
   require_dims(op, "row_sumexp", row_sumexp, {-1});
   const int64_t T = row_sumexp.dim(0);
   require_dims(op, "row_max", row_max, {T});
@@ -554,6 +627,7 @@ void cross_entropy_rescale_sumexp(Tensor row_sumexp, const Tensor& row_max, cons
 double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
                                  const Tensor& target_logit, const IndexTensor& targets) {
   const char* op = "cross_entropy_global_loss";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {}, {{"lse", lse}, {"global_max", global_max}, {"row_sumexp", row_sumexp}, {"target_logit", target_logit}});
   require_dims(op, "lse", lse, {-1});
   const int64_t T = lse.dim(0);
   require_dims(op, "global_max", global_max, {T});
@@ -571,6 +645,7 @@ double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Ten
 
 double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT) {
   const char* op = "cross_entropy_forward_backward";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"logits", logits}}, {{"scratch_3xT", scratch_3xT}});
   require_dims(op, "logits", logits, {-1, -1});
   const int64_t T = logits.dim(0);
   require_dims(op, "targets", targets, {T});
@@ -579,9 +654,8 @@ double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets,
   const Device dev = common_device(op, logits, targets, scratch_3xT);
   check_targets(op, targets, logits.dim(1));
   switch (dev) {
-    case Device::CPU: return cpu::cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT);
     HDP_CUDA_CASE(cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT))
-    HDP_GUARDED_CASE(cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT))
+    HDP_CPU_CASES(cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT))
     default: throw UnsupportedDevice(op, dev);
   }
 }
@@ -590,6 +664,7 @@ double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets,
 
 void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s) {
   const char* op = "adamw_update";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {}, {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}});
   require_same_shape(op, "param", param, "grad", grad);
   require_same_shape(op, "m", m, "param", param);
   require_same_shape(op, "v", v, "param", param);

@@ -2,7 +2,12 @@
 // The op interface the model is written against. Each function checks shapes,
 // checks that all tensors live on one device, and dispatches to that device's
 // backend (kernels/cpu, kernels/cuda). Forward and backward of an op sit side by
-// side in one backend file. All tensors are fp32, contiguous, row-major.
+// side in one backend file. Tensors are contiguous and row-major, fp32 or
+// bf16 (kernels/dtype.h), and each op checks their dtypes too (check_dtypes in
+// kernels/ops.cpp): ops on activations and weights run in fp32 or bf16 (the bf16
+// twins, kernels/cpu/bf16.cpp: fp32 arithmetic, one rounding where a bf16 result is
+// stored); statistics (rstd, lse, the cross-entropy statistics), gradients of
+// weights and the optimizer state are always fp32.
 //
 // Conventions
 //   T  tokens in the micro-batch       H  hidden size

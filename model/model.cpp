@@ -13,6 +13,7 @@ namespace hdp {
 namespace {
 
 constexpr int64_t kParamAlignFloats = 16;  // 64-byte alignment of every tensor in the flat buffer
+constexpr int64_t kActivationAlignBytes = 64;  // of every saved activation tensor
 constexpr int64_t kLogitsBudgetFloats = int64_t{1} << 24;
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
@@ -27,6 +28,12 @@ int64_t head_chunk_for(int64_t vocab, int64_t capacity) {
 // Rows [begin, end) of an even split of n into parts.
 int64_t split_point(int64_t n, int part, int parts) { return n * part / parts; }
 
+// A tensor of `dtype` at `base` (activation memory carved by hand).
+Tensor tensor_at(char* base, std::initializer_list<int64_t> dims, DType dtype, Device device) {
+  if (dtype == DType::BF16) return Tensor::of_bf16(reinterpret_cast<bf16*>(base), dims, device);
+  return Tensor(reinterpret_cast<float*>(base), dims, device);
+}
+
 // Where a transformer layer's parameters are named, by its index in the whole model.
 std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_string(layer) + "."; }
 
@@ -34,7 +41,7 @@ std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_strin
 
 LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const ModelPartition& partition,
                        int activation_slots, Communicator* tp, const LongSequenceOptions& long_sequences,
-                       Device device)
+                       Device device, DType precision)
     : config_(config),
       partition_(partition),
       capacity_(capacity_tokens),
@@ -42,6 +49,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
       tp_(tp),
       tp_regions_(tp),
       device_(device),
+      precision_(precision),
       param_arena_(Arena::counting(device, "parameters")),
       grad_arena_(Arena::counting(device, "gradients")),
       activation_arena_(Arena::counting(device, "activations")),
@@ -49,6 +57,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   const ModelConfig& c = config;
   const int tp_size = partition.tp_size;
   if (capacity_tokens <= 0) throw std::invalid_argument("model: capacity_tokens must be positive");
+  if (precision != DType::F32 && precision != DType::BF16)
+    throw std::invalid_argument(std::string("model: precision ") + dtype_name(precision) + " is not fp32 or bf16");
   if (activation_slots <= 0) throw std::invalid_argument("model: activation_slots must be positive");
   if (c.hidden_size % c.num_heads != 0 || c.num_heads % c.num_kv_heads != 0 || c.head_dim() % 2 != 0) {
     throw std::invalid_argument("model: heads must divide hidden size, kv heads must divide heads, head_dim even");
@@ -77,12 +87,17 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   small_width_ = widths.small;
 
   build_parameter_table();
-  param_arena_ = Arena(device, static_cast<size_t>(flat_numel_) * sizeof(float), "parameters");
+  // bf16: the compute copy sits behind the fp32 master weights (both 64-byte aligned).
+  const size_t compute_bytes =
+      precision == DType::BF16 ? static_cast<size_t>(round_up(flat_numel_ * 2, Arena::kAlignment)) : 0;
+  param_arena_ = Arena(device, static_cast<size_t>(flat_numel_) * sizeof(float) + compute_bytes, "parameters");
   grad_arena_ = Arena(device, static_cast<size_t>(flat_numel_) * sizeof(float), "gradients");
   params_ = param_arena_.tensor({flat_numel_});
+  if (precision == DType::BF16) compute_params_ = param_arena_.tensor({flat_numel_}, DType::BF16);
   grads_ = grad_arena_.tensor({flat_numel_});
   fill(params_, 0.0f);
   fill(grads_, 0.0f);
+  refresh_compute_weights();
   bind_parameters();
 
   slots_.resize(activation_slots);
@@ -99,12 +114,12 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   }
   if (long_sequences.offload && num_local_layers_ >= 3) {
     copy_engine_ = std::make_unique<CopyEngine>(device);
-    const size_t host_floats = static_cast<size_t>(num_local_layers_ - 2) * layer_block_floats(max_tokens_, 0);
+    const size_t host_layer_bytes = static_cast<size_t>(num_local_layers_ - 2) * layer_block_bytes(max_tokens_, 0);
     // Pinned on CUDA, so the copy stream moves rows asynchronously at full bandwidth.
-    const size_t host_bytes = host_floats * sizeof(float) * slots_.size();
+    const size_t host_bytes = host_layer_bytes * slots_.size();
     host_arena_ = device == Device::CUDA ? Arena::pinned_host(host_bytes, "offloaded activations")
                                          : Arena(Device::CPU, host_bytes, "offloaded activations");
-    for (Slot& slot : slots_) slot.host = host_arena_.tensor({static_cast<int64_t>(host_floats)});
+    for (Slot& slot : slots_) slot.host = host_arena_.tensor({static_cast<int64_t>(host_layer_bytes / sizeof(float))});
     usage_.host_pool_bytes = host_arena_.capacity();
   }
   if (long_sequences.hdp != nullptr && long_sequences.hdp->size() > 1) {
@@ -200,8 +215,12 @@ void LlamaModel::build_parameter_table() {
 }
 
 void LlamaModel::bind_parameters() {
+  // Weights are read from the compute copy (bf16 in mixed precision), gradients
+  // are the fp32 flat buffer: the same offsets in both.
+  const Tensor weights = compute_parameters();
   auto view = [&](const Tensor& flat, const ParameterInfo& p) {
-    Tensor t(flat.data + p.offset, {}, device_);
+    Tensor t = flat.rows(p.offset, p.offset + p.numel);
+    t.ndim = 0;
     for (int64_t d : p.shape) t.shape[t.ndim++] = d;
     return t;
   };
@@ -212,7 +231,7 @@ void LlamaModel::bind_parameters() {
     layer.gradients_begin = flat_numel_;
     auto bind = [&](const char* name, Tensor LayerTensors::*tensor) {
       const ParameterInfo& p = parameter(pre + name);
-      layer.weights.*tensor = view(params_, p);
+      layer.weights.*tensor = view(weights, p);
       layer.gradients.*tensor = view(grads_, p);
       layer.gradients_begin = std::min(layer.gradients_begin, p.offset);
     };
@@ -252,7 +271,7 @@ void LlamaModel::bind_parameters() {
   }
   if (partition_.has_embedding) {
     const ParameterInfo& p = parameter("model.embed_tokens.weight");
-    embed_ = view(params_, p);
+    embed_ = view(weights, p);
     d_embed_ = view(grads_, p);
     embedding_gradients_begin_ = p.offset;
   }
@@ -261,9 +280,9 @@ void LlamaModel::bind_parameters() {
     // Tied embeddings: the stage's embedding table, or on a last stage without
     // the embedding its tied copy, under the same name.
     const ParameterInfo& head = parameter(config_.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight");
-    final_norm_ = view(params_, norm);
+    final_norm_ = view(weights, norm);
     d_final_norm_ = view(grads_, norm);
-    head_ = view(params_, head);
+    head_ = view(weights, head);
     d_head_ = view(grads_, head);
     // A head that is this stage's embedding table gets its gradient final with the embedding's.
     const bool head_is_embedding = config_.tie_embeddings && partition_.has_embedding;
@@ -271,40 +290,44 @@ void LlamaModel::bind_parameters() {
   }
 }
 
-size_t LlamaModel::layer_block_floats(int64_t rows, int64_t tokens) const {
-  auto aligned = [](int64_t n) { return static_cast<size_t>(round_up(n, kParamAlignFloats)); };
+// Bytes of one layer's saved tensors: row tensors (activation dtype) for `rows`
+// rows, the small fp32 ones (1/rms twice, log-sum-exp) for `tokens` tokens; every
+// tensor 64-byte aligned.
+size_t LlamaModel::layer_block_bytes(int64_t rows, int64_t tokens) const {
+  auto aligned = [](int64_t n) { return static_cast<size_t>(round_up(n, kActivationAlignBytes)); };
   const int64_t H = config_.hidden_size, F = local_ffn_, d = config_.head_dim();
   const int64_t qdim = local_heads_ * d, kv = local_kv_heads_ * d;
+  const int64_t row_bytes = static_cast<int64_t>(dtype_size(precision_)), small_bytes = sizeof(float);
   size_t n = 0;
-  for (int64_t width : {H, H, qdim, kv, kv, qdim, H, H, F, F}) n += aligned(rows * width);
-  for (int64_t width : {int64_t{1}, int64_t{1}, local_heads_}) n += aligned(tokens * width);
+  for (int64_t width : {H, H, qdim, kv, kv, qdim, H, H, F, F}) n += aligned(rows * width * row_bytes);
+  for (int64_t width : {int64_t{1}, int64_t{1}, local_heads_}) n += aligned(tokens * width * small_bytes);
   return n;
 }
 
 // One layer's saved tensors, carved from `base`: row tensors with `rows` rows, the
 // small ones for `tokens` tokens.
-LlamaModel::LayerActivations LlamaModel::carve_layer(float* base, int64_t rows, int64_t tokens) const {
+LlamaModel::LayerActivations LlamaModel::carve_layer(char* base, int64_t rows, int64_t tokens) const {
   const int64_t H = config_.hidden_size, F = local_ffn_, d = config_.head_dim();
   const int64_t qdim = local_heads_ * d, kv = local_kv_heads_ * d;
-  auto take = [&](int64_t n, int64_t width) {
-    Tensor t(base, {n, width}, device_);
-    base += round_up(n * width, kParamAlignFloats);
+  auto take = [&](int64_t n, int64_t width, DType dtype) {
+    Tensor t = tensor_at(base, {n, width}, dtype, device_);
+    base += round_up(static_cast<int64_t>(t.bytes()), kActivationAlignBytes);
     return t;
   };
   LayerActivations a;
-  a.x_in = take(rows, H);
-  a.ln1 = take(rows, H);
-  a.q = take(rows, qdim);
-  a.k = take(rows, kv);
-  a.v = take(rows, kv);
-  a.attn = take(rows, qdim);
-  a.x_mid = take(rows, H);
-  a.ln2 = take(rows, H);
-  a.gate = take(rows, F);
-  a.up = take(rows, F);
-  a.rstd1 = take(tokens, 1).view({tokens});
-  a.rstd2 = take(tokens, 1).view({tokens});
-  a.lse = take(tokens, local_heads_).view({local_heads_, tokens});
+  a.x_in = take(rows, H, precision_);
+  a.ln1 = take(rows, H, precision_);
+  a.q = take(rows, qdim, precision_);
+  a.k = take(rows, kv, precision_);
+  a.v = take(rows, kv, precision_);
+  a.attn = take(rows, qdim, precision_);
+  a.x_mid = take(rows, H, precision_);
+  a.ln2 = take(rows, H, precision_);
+  a.gate = take(rows, F, precision_);
+  a.up = take(rows, F, precision_);
+  a.rstd1 = take(tokens, 1, DType::F32).view({tokens});
+  a.rstd2 = take(tokens, 1, DType::F32).view({tokens});
+  a.lse = take(tokens, local_heads_, DType::F32).view({local_heads_, tokens});
   return a;
 }
 
@@ -315,43 +338,44 @@ void LlamaModel::layout_activations(Arena& arena) {
   // of up to max_tokens use the same memory (two working blocks plus the rows kept
   // on the device), which the planner's token limit guarantees fits, up to the
   // small per-token tensors, which are never offloaded.
-  size_t region = static_cast<size_t>(L) * layer_block_floats(capacity_, capacity_);
+  // In bytes (activations in the model's precision, the small tensors in fp32).
+  size_t region = static_cast<size_t>(L) * layer_block_bytes(capacity_, capacity_);
   if (copy_engine_) {
     // Slack: the kept rows of each layer are rounded to whole rows.
-    region = std::max(region, static_cast<size_t>(L) * (layer_block_floats(capacity_, 0) + layer_block_floats(0, T) +
-                                                        static_cast<size_t>(row_width_)));
+    region = std::max(region, static_cast<size_t>(L) * (layer_block_bytes(capacity_, 0) + layer_block_bytes(0, T) +
+                                                        static_cast<size_t>(row_width_) * sizeof(float)));
   }
   for (Slot& s : slots_) {
     s.tokens = arena.index_tensor({T});
     s.targets = arena.index_tensor({T});
     s.positions = arena.index_tensor({T});
     s.cu_seqlens = arena.index_tensor({T + 1});
-    s.region = arena.tensor({static_cast<int64_t>(region)});
+    s.region = arena.tensor({static_cast<int64_t>(region / sizeof(float))});  // raw bytes, carved by carve_layer
     s.layers.assign(L, {});
     s.kept.assign(L, {});
     s.parked.assign(L, {});
     s.offload_done.assign(L, {});
     s.restore_done.assign(L, {});
     s.local_blocks.reserve(static_cast<size_t>(T));
-    s.x_out = arena.tensor({T, H});
+    s.x_out = arena.tensor({T, H}, precision_);
     if (partition_.has_head) {
       s.rstd_final = arena.tensor({T});
-      s.ln_final = arena.tensor({T, H});
+      s.ln_final = arena.tensor({T, H}, precision_);
     }
   }
   Scratch& s = scratch_;
-  s.residual_grad = arena.tensor({T, H});
-  s.norm_grad = arena.tensor({T, H});
-  s.dq = arena.tensor({T, qdim});
-  s.dk = arena.tensor({T, kv});
-  s.dv = arena.tensor({T, kv});
-  s.dattn = arena.tensor({T, qdim});
-  s.dgate = arena.tensor({T, F});
-  s.dup = arena.tensor({T, F});
-  s.ffn_act = arena.tensor({T, F});
-  s.dffn_act = arena.tensor({T, F});
+  s.residual_grad = arena.tensor({T, H}, precision_);
+  s.norm_grad = arena.tensor({T, H}, precision_);
+  s.dq = arena.tensor({T, qdim}, precision_);
+  s.dk = arena.tensor({T, kv}, precision_);
+  s.dv = arena.tensor({T, kv}, precision_);
+  s.dattn = arena.tensor({T, qdim}, precision_);
+  s.dgate = arena.tensor({T, F}, precision_);
+  s.dup = arena.tensor({T, F}, precision_);
+  s.ffn_act = arena.tensor({T, F}, precision_);
+  s.dffn_act = arena.tensor({T, F}, precision_);
   if (partition_.has_head) {
-    s.logits = arena.tensor({head_chunk_tokens_, local_vocab_});
+    s.logits = arena.tensor({head_chunk_tokens_, local_vocab_}, precision_);
     s.ce_stats = arena.tensor({3 * head_chunk_tokens_});
     s.ce_global = arena.tensor({head_chunk_tokens_});
   }
@@ -364,8 +388,8 @@ void LlamaModel::layout_activations(Arena& arena) {
 // back to their working block before their backward.
 void LlamaModel::layout_micro_batch(Slot& s, double offload_ratio) {
   const int64_t T = s.tokens_used, L = num_local_layers_;
-  float* region = s.region.data;
-  const size_t capacity = static_cast<size_t>(s.region.numel());
+  char* region = reinterpret_cast<char*>(s.region.raw());  // sizes below are in bytes
+  const size_t capacity = s.region.bytes();
   s.offloaded = offload_ratio > 0 && L >= 3;
   if (offload_ratio > 0 && !copy_engine_ && L >= 3) {
     throw std::invalid_argument("micro-batch with offload ratio " + std::to_string(offload_ratio) +
@@ -373,7 +397,7 @@ void LlamaModel::layout_micro_batch(Slot& s, double offload_ratio) {
   }
   size_t used = 0;
   if (!s.offloaded) {
-    const size_t block = layer_block_floats(T, T);
+    const size_t block = layer_block_bytes(T, T);
     used = static_cast<size_t>(L) * block;
     if (used > capacity) {
       throw std::invalid_argument("micro-batch of " + std::to_string(T) + " tokens does not fit the activation memory "
@@ -383,23 +407,23 @@ void LlamaModel::layout_micro_batch(Slot& s, double offload_ratio) {
   } else {
     const int64_t off = std::clamp<int64_t>(std::llround(offload_ratio * static_cast<double>(T)), 0, T);
     s.keep_rows = T - off;
-    const size_t work = layer_block_floats(T, T), keep = layer_block_floats(s.keep_rows, T);
+    const size_t work = layer_block_bytes(T, T), keep = layer_block_bytes(s.keep_rows, T);
     used = 2 * work + static_cast<size_t>(L - 2) * keep;
     if (used > capacity) {
       throw std::invalid_argument("micro-batch of " + std::to_string(T) + " tokens with offload ratio " +
                                   std::to_string(offload_ratio) + " does not fit the activation memory");
     }
-    const size_t parked = layer_block_floats(off, 0);
+    const size_t parked = layer_block_bytes(off, 0);
     for (int64_t i = 0; i < L; ++i) {
       s.layers[i] = carve_layer(region + (i % 2) * work, T, T);
       if (i < L - 2) {
         s.kept[i] = carve_layer(region + 2 * work + i * keep, s.keep_rows, T);
-        s.parked[i] = carve_layer(s.host.data + i * parked, off, 0);
+        s.parked[i] = carve_layer(reinterpret_cast<char*>(s.host.raw()) + i * parked, off, 0);
       }
     }
-    usage_.host_peak_bytes = std::max(usage_.host_peak_bytes, static_cast<size_t>(L - 2) * parked * sizeof(float));
+    usage_.host_peak_bytes = std::max(usage_.host_peak_bytes, static_cast<size_t>(L - 2) * parked);
   }
-  usage_.device_peak_bytes = std::max(usage_.device_peak_bytes, used * sizeof(float));
+  usage_.device_peak_bytes = std::max(usage_.device_peak_bytes, used);
 }
 
 namespace {
@@ -502,6 +526,11 @@ void LlamaModel::init_weights(uint64_t seed) {
     }
     copy(parameter_tensor(p), Tensor(local.data(), {p.numel}, Device::CPU));
   }
+  refresh_compute_weights();
+}
+
+void LlamaModel::refresh_compute_weights() {
+  if (precision_ == DType::BF16) copy(compute_params_, params_);  // rounds to nearest even
 }
 
 void LlamaModel::zero_grad() { fill(grads_, 0.0f); }

@@ -97,20 +97,35 @@ class LlamaModel {
   // capacity_tokens: the plain micro-batch capacity; activation_slots: micro-batches whose
   // forward may be in flight before their backward (pipeline schedules).
   // tp: the tensor-parallel group (nullptr or size 1 without tensor parallelism).
+  // precision: DType::F32 runs everything in fp32. DType::BF16 is mixed precision
+  // (Micikevicius et al. 2018): the flat parameters and gradients stay fp32 (the
+  // master weights, which the optimizer, ZeRO and checkpoints use), forward and
+  // backward read a bf16 copy of the parameters (refresh_compute_weights) and
+  // keep their activations in bf16; RMSNorm's 1/rms, attention's log-sum-exp and
+  // the cross-entropy statistics and loss stay fp32.
   LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const ModelPartition& partition = {},
              int activation_slots = 1, Communicator* tp = nullptr, const LongSequenceOptions& long_sequences = {},
-             Device device = Device::CPU);
+             Device device = Device::CPU,
+             DType precision = DType::F32);
   ~LlamaModel();
 
   const ModelConfig& config() const { return config_; }
   const ModelPartition& partition() const { return partition_; }
   Device device() const { return device_; }
+  DType precision() const { return precision_; }
   const std::vector<ParameterInfo>& parameters() const { return parameters_; }
   const ParameterInfo& parameter(const std::string& name) const;
   Tensor parameter_tensor(const ParameterInfo& p) const;
   Tensor gradient_tensor(const ParameterInfo& p) const;
   Tensor flat_parameters() const { return params_; }
   Tensor flat_gradients() const { return grads_; }
+  // bf16: the parameters forward and backward read, rounded from the fp32 master
+  // weights (flat_parameters()) by refresh_compute_weights(). fp32: flat_parameters().
+  Tensor compute_parameters() const { return precision_ == DType::BF16 ? compute_params_ : params_; }
+  // Rounds the fp32 master weights into the bf16 copy (nothing to do in fp32). Run
+  // after every change of the master weights: init_weights does; the trainer runs
+  // it at the start of every step, which covers the optimizer update and loads.
+  void refresh_compute_weights();
   int64_t num_parameters() const;  // this rank's, excluding alignment padding
   int64_t num_layers() const { return num_local_layers_; }
 
@@ -216,8 +231,8 @@ class LlamaModel {
   void build_parameter_table();
   void bind_parameters();
   void layout_activations(Arena& arena);
-  size_t layer_block_floats(int64_t rows, int64_t tokens) const;
-  LayerActivations carve_layer(float* base, int64_t rows, int64_t tokens) const;
+  size_t layer_block_bytes(int64_t rows, int64_t tokens) const;
+  LayerActivations carve_layer(char* base, int64_t rows, int64_t tokens) const;
   void layout_micro_batch(Slot& s, double offload_ratio);
   void park_layer(Slot& s, int64_t layer);
   void restore_layer(Slot& s, int64_t layer);
@@ -236,6 +251,7 @@ class LlamaModel {
   Communicator* tp_;
   TensorParallelRegions tp_regions_;
   Device device_;
+  DType precision_;  // of the compute weights and the activations
   std::vector<ParameterInfo> parameters_;
   int64_t flat_numel_ = 0;
 
@@ -246,6 +262,7 @@ class LlamaModel {
   std::unique_ptr<CopyEngine> copy_engine_;
   std::unique_ptr<RingAttention> ring_attention_;
   Tensor params_, grads_;
+  Tensor compute_params_;  // bf16 copy of params_ (empty in fp32)
   std::vector<LayerParameters> layer_parameters_;
   Tensor embed_, final_norm_, head_;
   Tensor d_embed_, d_final_norm_, d_head_;

@@ -91,8 +91,12 @@ class StagingPool {
 
 namespace {
 
+// Bytes a tensor takes on the wire: every element travels as an MPI_FLOAT (bf16
+// tensors are widened into a staging block first, see MpiCommunicator::staged).
+size_t wire_bytes(const Tensor& t) { return static_cast<size_t>(t.numel()) * sizeof(float); }
+
 // Tensor t as one flat run of elements [begin, end).
-Tensor flat(const Tensor& t, int64_t begin, int64_t end) { return Tensor(t.data + begin, {end - begin}, t.device); }
+Tensor flat(const Tensor& t, int64_t begin, int64_t end) { return t.view({t.numel()}).rows(begin, end); }
 Tensor flat(const Tensor& t) { return flat(t, 0, t.numel()); }
 
 class MpiPending final : public CommRequest::Pending {
@@ -127,7 +131,7 @@ class MpiPending final : public CommRequest::Pending {
   float* host_buffer(const Tensor& t, bool staged, int64_t in_begin, int64_t in_end, bool output) {
     if (!staged) return t.data;
     // Page-locked for CUDA buffers; plain host memory for the others (Device::Guarded, the test mode).
-    const StagingPool::Block b = pool->acquire(t.bytes(), t.device == Device::CUDA);
+    const StagingPool::Block b = pool->acquire(wire_bytes(t), t.device == Device::CUDA);
     blocks.push_back(b);
     if (in_end > in_begin) copy(Tensor(b.data + in_begin, {in_end - in_begin}, Device::CPU), flat(t, in_begin, in_end));
     if (output) copy_back.push_back({flat(t), b.data});
@@ -197,7 +201,7 @@ std::unique_ptr<MpiPending> pending_with(const std::shared_ptr<StagingPool>& poo
 
 CommRequest MpiCommunicator::all_reduce_async(Tensor data, ReduceOp op) {
   const int n = count_of(data, name_ + " all-reduce");
-  stats_.collective_bytes += ring_bytes(static_cast<int64_t>(data.bytes()), size_, 2);
+  stats_.collective_bytes += ring_bytes(static_cast<int64_t>(wire_bytes(data)), size_, 2);
   ++stats_.collectives;
   if (size_ == 1) return {};
   auto p = pending_with(staging_);
@@ -215,7 +219,7 @@ CommRequest MpiCommunicator::reduce_scatter_async(const Tensor& send, Tensor rec
                                 std::to_string(recv.numel()) + " elements, its part of " + std::to_string(n) +
                                 " has " + std::to_string(mine));
   }
-  stats_.collective_bytes += ring_bytes(static_cast<int64_t>(send.bytes()), size_, 1);
+  stats_.collective_bytes += ring_bytes(static_cast<int64_t>(wire_bytes(send)), size_, 1);
   ++stats_.collectives;
   if (size_ == 1 && (staged(send) || staged(recv))) {  // nothing to reduce: recv = send, on the device
     copy(flat(recv), flat(send));
@@ -231,7 +235,7 @@ CommRequest MpiCommunicator::reduce_scatter_async(const Tensor& send, Tensor rec
 
 CommRequest MpiCommunicator::all_gather_async(Tensor buffer) {
   const int n = count_of(buffer, name_ + " all-gather");
-  stats_.collective_bytes += ring_bytes(static_cast<int64_t>(buffer.bytes()), size_, 1);
+  stats_.collective_bytes += ring_bytes(static_cast<int64_t>(wire_bytes(buffer)), size_, 1);
   ++stats_.collectives;
   if (size_ == 1) return {};
   auto p = pending_with(staging_);
@@ -246,7 +250,7 @@ CommRequest MpiCommunicator::all_gather_async(Tensor buffer) {
 
 CommRequest MpiCommunicator::send_async(const Tensor& data, int peer, int tag) {
   const int n = count_of(data, name_ + " send");
-  stats_.p2p_bytes += static_cast<int64_t>(data.bytes());
+  stats_.p2p_bytes += static_cast<int64_t>(wire_bytes(data));
   ++stats_.p2p_messages;
   auto p = pending_with(staging_);
   const float* buffer = p->input(data, staged(data));

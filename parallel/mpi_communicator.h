@@ -1,6 +1,7 @@
 #pragma once
 // Communicator over an MPI communicator. Host buffers go to MPI as they are;
-// device buffers are staged through page-locked host memory (see below).
+// device buffers are staged through page-locked host memory (see below), and bf16
+// tensors through fp32 staging blocks (elements always travel as MPI_FLOAT).
 
 #include <mpi.h>
 
@@ -61,8 +62,10 @@ class MpiCommunicator final : public Communicator {
   void stage_host_buffers_for_testing(bool on) { stage_host_ = on; }
 
  private:
-  // Whether `t` goes through a staging block.
-  bool staged(const Tensor& t) const { return t.device != Device::CPU || stage_host_; }
+  // Whether `t` goes through a staging block: device memory, and bf16 tensors, which
+  // travel as fp32 (widened exactly into the block, rounded once on the way back, so
+  // an all-reduce sums bf16 contributions in fp32).
+  bool staged(const Tensor& t) const { return t.device != Device::CPU || stage_host_ || t.dtype != DType::F32; }
 
   MPI_Comm comm_;
   std::string name_;

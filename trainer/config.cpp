@@ -117,6 +117,7 @@ const std::vector<Section>& schema() {
         field("threads", &Config::train, &TrainConfig::threads),
         enum_field("device", &Config::train, &TrainConfig::device, kDeviceNames, "device"),
         field("tf32", &Config::train, &TrainConfig::tf32),
+        enum_field("precision", &Config::train, &TrainConfig::precision, kPrecisionNames, "precision"),
         field("spike_factor", &Config::train, &TrainConfig::spike_factor),
         field("max_bad_steps", &Config::train, &TrainConfig::max_bad_steps)}},
       {"parallel",
@@ -546,6 +547,28 @@ struct Parser {
     require(of.ratio <= 1, "offload.ratio", shown("offload.ratio") + " is above 1",
             "choose a fraction in [0, 1], or a negative value to let the cost model choose");
     positive(of.bandwidth_gbs, "offload.bandwidth_gbs");
+
+    // precision: bf16 runs where its ops and transfers exist (the CPU kernels; no
+    // rings or offload); every other layout is refused here rather than run wrongly.
+    if (t.precision == DType::BF16) {
+      const std::string bf16 = shown("train.precision");
+      const std::string fallback = "; or set train.precision: fp32";
+      require(t.device != Device::CUDA, "train.precision",
+              bf16 + " is not available on train.device " + shown("train.device") +
+                  ": the cuda backend has bf16 kernels only for the GEMMs and elementwise ops yet",
+              "run bf16 on train.device: cpu, or fp32 on cuda", {"train.device"});
+      require(d.max_seq_len <= d.micro_batch_tokens, "train.precision",
+              bf16 + " does not run with data.max_seq_len " + shown("data.max_seq_len") +
+                  " above data.micro_batch_tokens " + shown("data.micro_batch_tokens") + " yet",
+              "bf16 needs every sequence to fit one micro-batch (ring attention and offload of bf16 activations are "
+              "not implemented)" + fallback,
+              {"data.max_seq_len"});
+      require(!(sc.policy == SchedulerPolicy::Static && sc.cp > 1), "train.precision",
+              bf16 + " does not run with scheduler.cp " + shown("scheduler.cp") + " yet",
+              "bf16 needs scheduler.cp: 0 or 1 (context-parallel rings of bf16 activations are not implemented)" +
+                  fallback,
+              {"scheduler.cp"});
+    }
 
     // loader
     const LoaderConfig& lo = config.loader;

@@ -14,6 +14,7 @@
 #include "base/errors.h"
 #include "data/dataset.h"
 #include "kernels/device.h"
+#include "kernels/dtype.h"
 #include "model/model_config.h"
 #include "model/optim_config.h"
 #include "parallel/parallel_degrees.h"
@@ -75,6 +76,8 @@ struct TrainConfig {
   int64_t threads = 0;                   // OpenMP/BLAS threads per rank; 0 = cores / ranks on the node
   Device device = Device::CPU;           // cpu | cuda (the local rank's GPU); guarded: tests only
   bool tf32 = false;                     // cuda: fp32 GEMMs on TF32 tensor cores
+  DType precision = DType::F32;          // fp32 | bf16 (mixed precision: bf16 compute weights and activations,
+                                         // fp32 master weights, gradients and moments; docs/configuration.md)
   double spike_factor = 0;               // skip a step whose loss exceeds this x the recent median; 0 = off
   int64_t max_bad_steps = 3;             // this many skipped (NaN/Inf or spike) steps in a row stop the run
 };

@@ -158,7 +158,7 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
   pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), long_sequences.max_tokens, config.model.hidden_size,
                                                  device);
   model_ = std::make_unique<LlamaModel>(config.model, capacity, partition, pipeline_->slots(), &groups.tp(),
-                                        long_sequences, device);
+                                        long_sequences, device, config.train.precision);
   const int64_t bucket_floats = std::max<int64_t>(1, config.parallel.bucket_mb * (1 << 20) / 4);
   optimizer_ = std::make_unique<ZeroAdamW>(flat_parameters(*model_), model_->flat_parameters().numel(),
                                            adamw_settings(config.optim), groups.hdp(), groups.world(), bucket_floats,
@@ -182,6 +182,9 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
   }
   const float loss_scale = result.predictions > 0 ? 1.0f / static_cast<float>(result.predictions) : 0.0f;
 
+  // Mixed precision: forward and backward read the bf16 copy of the fp32 master
+  // weights, rounded here once per step (after the last update or a checkpoint load).
+  model_->refresh_compute_weights();
   model_->zero_grad();
   optimizer_->begin_reduction(model_->flat_gradients());
   Stage stage(*model_, *optimizer_, micro_batches, loss_scale, options.poisoned_micro_batch, slow_factor_);

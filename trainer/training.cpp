@@ -99,10 +99,11 @@ void log_stage(TrainingEngine& engine, const MemoryReport& memory, const GridCoo
   std::string layers;
   for (int64_t n : engine.stage_layers()) layers += (layers.empty() ? "" : " + ") + std::to_string(n);
   spdlog::info("stage {} (layers {}): {:.2f} M parameters on this rank; device memory {:.1f} MiB (parameters {:.1f}, "
-               "gradients {:.1f}, optimizer shard {:.1f}, activations {:.1f}, pipeline buffers {:.1f}, ring buffers "
+               "gradients {:.1f}, optimizer shard {:.1f}, activations {:.1f} in {}, pipeline buffers {:.1f}, ring buffers "
                "{:.1f}); host pool for offloaded activations {:.1f} MiB",
                coords.pp_rank, layers, engine.model().num_parameters() / 1e6, mib(memory.total()),
                mib(memory.parameters), mib(memory.gradients), mib(memory.optimizer), mib(memory.activations),
+               dtype_name(engine.model().precision()),
                mib(memory.pipeline), mib(memory.ring), mib(memory.host_pool));
 }
 

@@ -7,8 +7,15 @@
 // sum_squares accumulates in double and reduces in two fixed stages (per-block
 // partials into a static device array, then one block), so for a given n the
 // summation order, and hence the result, is the same on every run.
+//
+// add, scale, fill and copy also take bf16 tensors (fp32 arithmetic, one rounding
+// on store, as the CPU twins in kernels/cpu/bf16.cpp); a copy between fp32 and bf16
+// is a conversion kernel on device memory.
+
+#include <cuda_bf16.h>
 
 #include <cstdint>
+#include <stdexcept>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -39,6 +46,42 @@ __global__ void fill_kernel(float* __restrict__ y, float value, int64_t n) {
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
     y[i] = value;
 }
+
+
+// bf16 twins (kernels/cpu/bf16.cpp is their reference): fp32 arithmetic, one
+// round-to-nearest-even (__float2bfloat16_rn, as hdp::to_bf16) on store.
+__global__ void add_bf16_kernel(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + __bfloat162float(x[i]));
+}
+
+__global__ void scale_bf16_kernel(__nv_bfloat16* __restrict__ y, float s, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) * s);
+}
+
+__global__ void fill_bf16_kernel(__nv_bfloat16* __restrict__ y, float value, int64_t n) {
+  const __nv_bfloat16 v = __float2bfloat16_rn(value);
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = v;
+}
+
+__global__ void round_to_bf16_kernel(__nv_bfloat16* __restrict__ y, const float* __restrict__ x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = __float2bfloat16_rn(x[i]);
+}
+
+__global__ void widen_bf16_kernel(float* __restrict__ y, const __nv_bfloat16* __restrict__ x, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    y[i] = __bfloat162float(x[i]);
+}
+
+__nv_bfloat16* bf16_ptr(const Tensor& t) { return reinterpret_cast<__nv_bfloat16*>(t.bf16_data()); }
 
 // Stage 1: block b writes the double sum of squares of its grid-stride share.
 __global__ void sum_squares_partial_kernel(const float* __restrict__ x, int64_t n) {
@@ -73,6 +116,11 @@ void copy_bytes(void* dst, const void* src, size_t bytes, bool host_side) {
 void add_inplace(Tensor y, const Tensor& x) {
   const int64_t n = y.numel();
   if (n == 0) return;
+  if (y.dtype == DType::BF16) {
+    add_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(bf16_ptr(y), bf16_ptr(x), n);
+    HDP_CUDA_CHECK_LAUNCH("add_inplace (bf16)");
+    return;
+  }
   add_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(y.data, x.data, n);
   HDP_CUDA_CHECK_LAUNCH("add_inplace");
 }
@@ -80,6 +128,11 @@ void add_inplace(Tensor y, const Tensor& x) {
 void scale_inplace(Tensor y, float s) {
   const int64_t n = y.numel();
   if (n == 0) return;
+  if (y.dtype == DType::BF16) {
+    scale_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(bf16_ptr(y), s, n);
+    HDP_CUDA_CHECK_LAUNCH("scale_inplace (bf16)");
+    return;
+  }
   scale_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(y.data, s, n);
   HDP_CUDA_CHECK_LAUNCH("scale_inplace");
 }
@@ -87,6 +140,11 @@ void scale_inplace(Tensor y, float s) {
 void fill(Tensor y, float value) {
   const int64_t n = y.numel();
   if (n == 0) return;
+  if (y.dtype == DType::BF16) {
+    fill_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(bf16_ptr(y), value, n);
+    HDP_CUDA_CHECK_LAUNCH("fill (bf16)");
+    return;
+  }
   fill_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(y.data, value, n);
   HDP_CUDA_CHECK_LAUNCH("fill");
 }
@@ -94,6 +152,19 @@ void fill(Tensor y, float value) {
 void copy(Tensor dst, const Tensor& src) {
   const int64_t n = dst.numel();
   if (n == 0 || dst.data == src.data) return;
+  if (dst.dtype != src.dtype) {
+    // A conversion runs as a kernel, so both sides must be device memory.
+    if (dst.device == Device::CPU || src.device == Device::CPU)
+      throw std::invalid_argument("copy: fp32 <-> bf16 conversion between host and cuda memory is not supported; "
+                                  "copy first, then convert on one side");
+    if (dst.dtype == DType::BF16) {
+      round_to_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(bf16_ptr(dst), src.f32(), n);
+    } else {
+      widen_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(dst.f32(), bf16_ptr(src), n);
+    }
+    HDP_CUDA_CHECK_LAUNCH("copy (fp32 <-> bf16)");
+    return;
+  }
   copy_bytes(dst.data, src.data, dst.bytes(), dst.device == Device::CPU || src.device == Device::CPU);
 }
 

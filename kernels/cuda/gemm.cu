@@ -5,6 +5,10 @@
 //
 // fp32 inputs run with CUBLAS_COMPUTE_32F (exact fp32, the default, used by the
 // equality tests) or CUBLAS_COMPUTE_32F_FAST_TF32 (tensor cores, set_tf32).
+// bf16 inputs (A and B) run with CUBLAS_COMPUTE_32F on bf16 tensor cores: products
+// accumulate in fp32 and C is written as bf16 (rounded once) or fp32 (the weight
+// gradients of linear_backward, which accumulate in fp32), the same contract as
+// the CPU twins (kernels/cpu/bf16.cpp).
 // The algorithm for each (shape, transposes, precision) is chosen once by the
 // heuristic and cached, and the workspace is allocated once, so a step makes no
 // cuBLASLt planning calls and no allocations after its first micro-batch.
@@ -37,7 +41,8 @@ void check(cublasStatus_t status, const char* what) {
 struct GemmKey {
   bool trans_a, trans_b, tf32;
   int64_t m, n, k, lda, ldb, ldc;
-  auto tie() const { return std::tie(trans_a, trans_b, tf32, m, n, k, lda, ldb, ldc); }
+  bool ab_bf16 = false, c_bf16 = false;  // element types of A and B, and of C
+  auto tie() const { return std::tie(trans_a, trans_b, tf32, m, n, k, lda, ldb, ldc, ab_bf16, c_bf16); }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
@@ -59,7 +64,9 @@ class Blas {
     auto it = plans_.find(key);
     if (it != plans_.end()) return it->second;
     GemmPlan p;
-    const cublasComputeType_t compute = key.tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const cublasComputeType_t compute =
+        key.tf32 && !key.ab_bf16 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+    const cudaDataType_t ab_type = key.ab_bf16 ? CUDA_R_16BF : CUDA_R_32F, c_type = key.c_bf16 ? CUDA_R_16BF : CUDA_R_32F;
     check(cublasLtMatmulDescCreate(&p.desc, compute, CUDA_R_32F), "cublasLtMatmulDescCreate");
     const cublasOperation_t ta = key.trans_a ? CUBLAS_OP_T : CUBLAS_OP_N, tb = key.trans_b ? CUBLAS_OP_T : CUBLAS_OP_N;
     check(cublasLtMatmulDescSetAttribute(p.desc, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "TRANSA");
@@ -67,9 +74,9 @@ class Blas {
     // Stored shapes (column-major rows x cols) of A and B before op().
     const uint64_t a_rows = key.trans_a ? key.k : key.m, a_cols = key.trans_a ? key.m : key.k;
     const uint64_t b_rows = key.trans_b ? key.n : key.k, b_cols = key.trans_b ? key.k : key.n;
-    check(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_32F, a_rows, a_cols, key.lda), "layout A");
-    check(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_32F, b_rows, b_cols, key.ldb), "layout B");
-    check(cublasLtMatrixLayoutCreate(&p.c, CUDA_R_32F, key.m, key.n, key.ldc), "layout C");
+    check(cublasLtMatrixLayoutCreate(&p.a, ab_type, a_rows, a_cols, key.lda), "layout A");
+    check(cublasLtMatrixLayoutCreate(&p.b, ab_type, b_rows, b_cols, key.ldb), "layout B");
+    check(cublasLtMatrixLayoutCreate(&p.c, c_type, key.m, key.n, key.ldc), "layout C");
     cublasLtMatmulPreference_t pref = nullptr;
     check(cublasLtMatmulPreferenceCreate(&pref), "preference");
     check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
@@ -82,13 +89,13 @@ class Blas {
     cublasLtMatmulPreferenceDestroy(pref);
     if (found == 0) {
       throw std::runtime_error("cuBLASLt: no algorithm for a " + std::to_string(key.m) + "x" + std::to_string(key.n) +
-                               "x" + std::to_string(key.k) + " fp32 product");
+                               "x" + std::to_string(key.k) + (key.ab_bf16 ? " bf16" : " fp32") + " product");
     }
     p.algo = result.algo;
     return plans_.emplace(key, p).first->second;
   }
 
-  void run(const GemmPlan& p, const float* A, const float* B, float* C, float alpha, float beta) {
+  void run(const GemmPlan& p, const void* A, const void* B, void* C, float alpha, float beta) {
     check(cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &p.algo, workspace_,
                          kWorkspaceBytes, compute_stream()),
           "cublasLtMatmul");
@@ -106,13 +113,14 @@ Blas& blas() {
   return b;
 }
 
-// Row-major c[M, N] = alpha * op(a) op(b) + beta * c, with a, b, c contiguous.
-void gemm_row_major(float* c, const float* a, bool transpose_a, const float* b, bool transpose_b, int64_t M, int64_t N,
-                    int64_t K, int64_t lda, int64_t ldb, float alpha, float beta) {
+// Row-major c[M, N] = alpha * op(a) op(b) + beta * c, with a, b, c contiguous; a and b
+// share one dtype (fp32 or bf16), c is fp32 or bf16.
+void gemm_row_major(const Tensor& c, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, int64_t M,
+                    int64_t N, int64_t K, int64_t lda, int64_t ldb, float alpha, float beta) {
   if (M == 0 || N == 0) return;
   if (K == 0) {
     // An empty sum: c = beta * c.
-    Tensor t(c, {M * N}, Device::CUDA);
+    const Tensor t = c.view({M * N});
     if (beta == 0.0f) {
       cuda::fill(t, 0.0f);
     } else {
@@ -122,16 +130,18 @@ void gemm_row_major(float* c, const float* a, bool transpose_a, const float* b, 
   }
   // Column-major: C^T[N, M] = op(b)^T[N, K] op(a)^T[K, M]; b's storage is the
   // column-major b^T, so op(b)^T needs a transpose exactly when transpose_b is set.
-  const GemmKey key{transpose_b, transpose_a, tf32(), N, M, K, ldb, lda, N};
+  GemmKey key{transpose_b, transpose_a, tf32(), N, M, K, ldb, lda, N};
+  key.ab_bf16 = a.dtype == DType::BF16;
+  key.c_bf16 = c.dtype == DType::BF16;
   Blas& B = blas();
-  B.run(B.plan(key), b, a, c, alpha, beta);
+  B.run(B.plan(key), b.raw(), a.raw(), c.raw(), alpha, beta);
 }
 
 }  // namespace
 
 void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, float alpha, float beta) {
   const int64_t M = c.dim(0), N = c.dim(1), K = transpose_a ? a.dim(0) : a.dim(1);
-  gemm_row_major(c.data, a.data, transpose_a, b.data, transpose_b, M, N, K, a.dim(1), b.dim(1), alpha, beta);
+  gemm_row_major(c, a, transpose_a, b, transpose_b, M, N, K, a.dim(1), b.dim(1), alpha, beta);
 }
 
 // y[T, out] = x[T, in] w[out, in]^T
