@@ -596,6 +596,7 @@ TEST(Config, Mixtral) {
       {"parallel.pp=2", "parallel.pp: 2 with model.arch 'mixtral'"},
       {"parallel.hdp=2", "parallel.hdp: 2 with model.arch 'mixtral'"},
       {"train.device=cuda", "train.device: 'cuda' with model.arch 'mixtral'; Mixtral's MoE layers run on the CPU"},
+      {"train.precision=bf16", "train.precision: 'bf16' with model.arch 'mixtral'; Mixtral's MoE layers compute in fp32"},
       {"data.max_seq_len=4096", "data.max_seq_len: 4096 is above data.micro_batch_tokens 2048"},
   };
   for (const auto& [override_, expected] : refused) {

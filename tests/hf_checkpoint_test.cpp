@@ -12,12 +12,14 @@
 #include <fstream>
 #include <cmath>
 #include <map>
+#include <optional>
 #include <regex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
 #include "data/corpus.h"
+#include "kernels/dtype.h"
 #include "data/dataset.h"
 #include "reference_llama.h"
 #include "test_util.h"
@@ -178,7 +180,7 @@ TEST(HfCheckpoint, Bf16AndF16FilesImportAsTheirExactValues) {
     for (const auto& [name, w] : original) {
       std::vector<float> want(w.size());
       for (size_t i = 0; i < w.size(); ++i)
-        want[i] = kind == std::string("bf16") ? bf16_to_float(float_to_bf16(w[i])) : f16_to_float(float_to_f16(w[i]));
+        want[i] = kind == std::string("bf16") ? round_bf16(w[i]) : f16_to_float(float_to_f16(w[i]));
       EXPECT_TRUE(bit_equal(imported.at(name), want)) << kind << " " << name;
     }
   }
@@ -225,8 +227,8 @@ TEST_F(HfImportRefuses, SettingsWeDoNotImplement) {
       {"model-type", [](Json& c) { c["model_type"] = "gpt2"; }, "config.json: model_type: 'gpt2' is not supported"},
       {"architecture", [](Json& c) { c["architectures"] = {"Qwen2ForCausalLM"}; },
        "config.json: architectures: [\"Qwen2ForCausalLM\"] is not supported"},
-      {"sliding-window", [](Json& c) { c["model_type"] = "mistral"; c["architectures"] = {"MistralForCausalLM"}; c["sliding_window"] = 4096; },
-       "config.json: sliding_window: 4096 is not supported yet"},
+      {"sliding-window", [](Json& c) { c["model_type"] = "mistral"; c["architectures"] = {"MistralForCausalLM"}; c["sliding_window"] = 0; },
+       "config.json: sliding_window: 0 is less than 1"},
       {"activation", [](Json& c) { c["hidden_act"] = "gelu"; }, "config.json: hidden_act: 'gelu' is not supported"},
       {"head-dim", [](Json& c) { c["head_dim"] = 32; }, "config.json: head_dim: 32 is not hidden_size / num_attention_heads = 16"},
       {"missing-key", [](Json& c) { c.erase("hidden_size"); }, "config.json: hidden_size: required key is missing"},
@@ -238,13 +240,23 @@ TEST_F(HfImportRefuses, SettingsWeDoNotImplement) {
     EXPECT_CONTAINS(r.output, dir_ + "/" + c.name + "/" + c.message);
     EXPECT_FALSE(fs::exists(dir_ + "/" + c.name + "-ckpt/step-00000000")) << c.name;
   }
-  // A Mistral without a sliding window is the LLaMA network: it imports.
-  const auto mistral = import(variant("mistral-no-window", [](Json& c) {
-    c["model_type"] = "mistral";
-    c["architectures"] = {"MistralForCausalLM"};
-    c["sliding_window"] = nullptr;
-  }));
-  EXPECT_EQ(mistral.exit_code, 0) << mistral.output;
+  // Mistral models import with their window (null: full attention) and export with it.
+  for (const std::optional<int64_t> window : {std::optional<int64_t>(), std::optional<int64_t>(48)}) {
+    const std::string name = window ? "mistral-window" : "mistral-no-window";
+    const std::string hf = variant(name, [&](Json& c) {
+      c["model_type"] = "mistral";
+      c["architectures"] = {"MistralForCausalLM"};
+      c["sliding_window"] = window ? Json(*window) : Json(nullptr);
+    });
+    const auto mistral = import(hf);
+    ASSERT_EQ(mistral.exit_code, 0) << mistral.output;
+    const auto back = run_trainer("export-hf " + hf + "-ckpt --output " + hf + "-back --dtype fp32");
+    ASSERT_EQ(back.exit_code, 0) << back.output;
+    const Json config = read_json(hf + "-back/config.json");
+    EXPECT_EQ(config["model_type"], "mistral") << name;
+    EXPECT_EQ(config["architectures"][0], "MistralForCausalLM") << name;
+    EXPECT_EQ(config["sliding_window"], window ? Json(*window) : Json(nullptr)) << name;
+  }
 }
 
 TEST_F(HfImportRefuses, WeightsThatDoNotFitTheConfig) {

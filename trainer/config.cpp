@@ -594,6 +594,8 @@ struct Parser {
       }
       require(t.device == Device::CPU, "train.device", shown("train.device") + " with model.arch 'mixtral'",
               "Mixtral's MoE layers run on the CPU backend so far; use train.device: cpu", {"model.arch"});
+      require(t.precision == DType::F32, "train.precision", shown("train.precision") + " with model.arch 'mixtral'",
+              "Mixtral's MoE layers compute in fp32 only so far; set train.precision: fp32", {"model.arch"});
       require(d.max_seq_len <= d.micro_batch_tokens, "data.max_seq_len",
               shown("data.max_seq_len") + " is above data.micro_batch_tokens " + shown("data.micro_batch_tokens") +
                   " with model.arch 'mixtral'",

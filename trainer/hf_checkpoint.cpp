@@ -168,7 +168,8 @@ Config imported_config(const HfModelConfig& hf, const std::string& source, const
   const ModelConfig& m = hf.model;
   std::ostringstream y;
   y << "model:\n"
-    << "  arch: llama\n"
+    << "  arch: " << m.arch << "\n"
+    << "  sliding_window: " << (m.sliding_window ? std::to_string(*m.sliding_window) : std::string("null")) << "\n"
     << "  vocab_size: " << m.vocab_size << "\n"
     << "  hidden_size: " << m.hidden_size << "\n"
     << "  num_layers: " << m.num_layers << "\n"
@@ -201,6 +202,7 @@ Config imported_config(const HfModelConfig& hf, const std::string& source, const
   same("norm_eps", got.norm_eps == m.norm_eps);
   same("tie_embeddings", got.tie_embeddings == m.tie_embeddings);
   same("arch", got.arch == m.arch);
+  same("sliding_window", got.sliding_window == m.sliding_window);
   return config;
 }
 
@@ -213,15 +215,10 @@ HfModelConfig read_hf_config(const std::string& path) {
   ModelConfig& m = hf.model;
 
   const std::string model_type = c.string("model_type");
-  if (model_type == "mistral") {
-    // Mistral is LLaMA plus a sliding window; without one it is the same network.
-    if (c.has("sliding_window"))
-      c.fail("sliding_window", c.at("sliding_window").dump() + " is not supported yet (Mistral's sliding-window "
-             "attention is not in this build's model)", "only Mistral models with \"sliding_window\": null import");
-  } else if (model_type != "llama") {
-    c.fail("model_type", "'" + model_type + "' is not supported", "this build imports 'llama' (and 'mistral' "
-           "without a sliding window)");
-  }
+  // Mistral is LLaMA plus an optional sliding window (Jiang et al. 2023); Mixtral's
+  // expert tensors are not mapped yet.
+  if (model_type != "llama" && model_type != "mistral")
+    c.fail("model_type", "'" + model_type + "' is not supported", "this build imports 'llama' and 'mistral'");
   if (c.has("architectures")) {
     const Json& a = c.at("architectures");
     const std::set<std::string> known = {"LlamaForCausalLM", "MistralForCausalLM"};
@@ -241,7 +238,9 @@ HfModelConfig read_hf_config(const std::string& path) {
   if (c.number("attention_dropout", 0.0) != 0.0)
     c.fail("attention_dropout", c.at("attention_dropout").dump() + " is not supported", "training has no dropout (0.0)");
 
-  m.arch = "llama";
+  m.arch = model_type;
+  // Hugging Face writes null (or leaves the key out) for full attention.
+  if (model_type == "mistral" && c.has("sliding_window")) m.sliding_window = c.integer("sliding_window", std::nullopt, 1);
   m.hidden_size = c.integer("hidden_size");
   m.ffn_hidden_size = c.integer("intermediate_size");
   m.num_layers = c.integer("num_hidden_layers");
@@ -348,6 +347,8 @@ std::string export_hf(const std::string& checkpoint, const std::string& output_d
   const CheckpointContents contents = checkpoint_contents(path);
   const Config config = parse_config_text(contents.config, path + "/manifest.yaml (config)", {}, false);
   const ModelConfig& m = config.model;
+  if (m.moe())
+    throw UsageError(path + ": export-hf writes LLaMA and Mistral models; Mixtral's expert tensors are not mapped yet");
 
   std::optional<int64_t> bos = options.bos_token_id, eos = options.eos_token_id;
   if (m.vocab_size == static_cast<int64_t>(kByteVocabSize)) {
@@ -423,11 +424,12 @@ std::string export_hf(const std::string& checkpoint, const std::string& output_d
     write_text((fs::path(output_dir) / kIndexFile).string(), idx.dump(2) + "\n");
   }
 
-  // What transformers' LlamaConfig reads; every key that changes the numerics is explicit.
+  // What transformers' LlamaConfig (MistralConfig) reads; every key that changes the
+  // numerics is explicit.
   const char* torch_dtype = options.dtype == SafetensorsDtype::BF16 ? "bfloat16" : "float32";
   OrderedJson cfg = {
-      {"architectures", {"LlamaForCausalLM"}},
-      {"model_type", "llama"},
+      {"architectures", {m.arch == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", m.arch},
       {"torch_dtype", torch_dtype},
       {"vocab_size", m.vocab_size},
       {"hidden_size", m.hidden_size},
@@ -451,6 +453,7 @@ std::string export_hf(const std::string& checkpoint, const std::string& output_d
       {"bos_token_id", *bos},
       {"eos_token_id", *eos},
   };
+  if (m.arch == "mistral") cfg["sliding_window"] = m.sliding_window ? OrderedJson(*m.sliding_window) : OrderedJson(nullptr);
   write_text((fs::path(output_dir) / "config.json").string(), cfg.dump(2) + "\n");
   OrderedJson gen = {{"_from_model_config", true}, {"bos_token_id", *bos}, {"eos_token_id", *eos}};
   write_text((fs::path(output_dir) / "generation_config.json").string(), gen.dump(2) + "\n");

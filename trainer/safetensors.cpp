@@ -9,6 +9,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "kernels/dtype.h"
 #include "trainer/checkpoint.h"
 
 namespace hdp {
@@ -108,16 +109,6 @@ const char* safetensors_dtype_name(SafetensorsDtype dtype) {
 }
 
 size_t safetensors_dtype_bytes(SafetensorsDtype dtype) { return dtype == SafetensorsDtype::F32 ? 4 : 2; }
-
-float bf16_to_float(uint16_t bits) { return std::bit_cast<float>(static_cast<uint32_t>(bits) << 16); }
-
-uint16_t float_to_bf16(float value) {
-  const uint32_t x = std::bit_cast<uint32_t>(value);
-  // A NaN whose payload sits only in the low half would round to infinity: keep it a (quiet) NaN.
-  if (std::isnan(value)) return static_cast<uint16_t>((x >> 16) | 0x0040);
-  const uint32_t rounding = 0x7fff + ((x >> 16) & 1);  // round to nearest, ties to even
-  return static_cast<uint16_t>((x + rounding) >> 16);
-}
 
 float f16_to_float(uint16_t bits) {
   const uint32_t sign = static_cast<uint32_t>(bits & 0x8000) << 16;
@@ -259,7 +250,7 @@ std::vector<float> SafetensorsReader::read_floats(const SafetensorsTensor& t) {
   for (size_t i = 0; i < values.size(); ++i) {
     uint16_t h;
     std::memcpy(&h, bytes.data() + 2 * i, 2);
-    values[i] = t.dtype == SafetensorsDtype::BF16 ? bf16_to_float(h) : f16_to_float(h);
+    values[i] = t.dtype == SafetensorsDtype::BF16 ? to_float(bf16{h}) : f16_to_float(h);
   }
   return values;
 }
@@ -328,7 +319,7 @@ void SafetensorsWriter::write_floats(std::span<const float> values) {
   }
   std::vector<uint16_t> narrow(values.size());
   for (size_t i = 0; i < values.size(); ++i)
-    narrow[i] = dtype == SafetensorsDtype::BF16 ? float_to_bf16(values[i]) : float_to_f16(values[i]);
+    narrow[i] = dtype == SafetensorsDtype::BF16 ? to_bf16(values[i]).bits : float_to_f16(values[i]);
   write(std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(narrow.data()), narrow.size() * 2));
 }
 

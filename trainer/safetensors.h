@@ -32,12 +32,9 @@ enum class SafetensorsDtype { F32, F16, BF16 };
 const char* safetensors_dtype_name(SafetensorsDtype dtype);
 size_t safetensors_dtype_bytes(SafetensorsDtype dtype);
 
-// Conversions between float32 and the 16-bit formats, exact where the target
-// can hold the value: bf16 is the top half of a float32 (rounded to nearest
-// even when narrowing, NaN kept a NaN); f16 is IEEE binary16 (subnormals,
-// infinities and NaN included).
-float bf16_to_float(uint16_t bits);
-uint16_t float_to_bf16(float value);
+// Conversions between float32 and IEEE binary16 (subnormals, infinities and NaN
+// included), exact where the target can hold the value, rounded to nearest even
+// otherwise. bf16 is the compute type's (kernels/dtype.h: to_bf16, to_float).
 float f16_to_float(uint16_t bits);
 uint16_t float_to_f16(float value);
 
