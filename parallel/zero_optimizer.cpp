@@ -4,6 +4,8 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "parallel/progress.h"
+
 namespace hdp {
 namespace {
 
@@ -100,6 +102,7 @@ void ZeroAdamW::gradients_ready(int64_t offset) {
 }
 
 double ZeroAdamW::finish_gradients() {
+  progress::Context context("grads-sync");
   if (grads_.data == nullptr) throw std::logic_error("ZeRO: finish_gradients before begin_reduction");
   for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) start(*it);
   for (Bucket& b : buckets_) b.request.wait();
@@ -124,6 +127,7 @@ void ZeroAdamW::step(Tensor params, double lr, float grad_scale, int64_t step) {
     adamw_update(Tensor(params.data + seg.flat_offset, {seg.length}, params.device), grad_shard_.rows(a, b),
                  m_.rows(a, b), v_.rows(a, b), s);
   }
+  progress::Context context("parameter all-gather");
   std::vector<CommRequest> gathers;
   gathers.reserve(buckets_.size());
   for (const Bucket& b : buckets_) {

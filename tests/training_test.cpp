@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -220,6 +221,95 @@ TEST(Training, TooManyBadStepsInARowStopTheRunNamingTheStep) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("step 3: 1 bad step(s) in a row (train.max_bad_steps = 1"), std::string::npos) << r.output;
   EXPECT_EQ(metric_lines(dir).size(), 3u);
+}
+
+// The manifest's text, and one sampler field of it.
+std::string manifest_of(const std::string& ckpt) { return testing::file_text(ckpt + "/manifest.yaml"); }
+std::string manifest_field(const std::string& manifest, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(manifest, m, std::regex("\n *" + key + ": ([^\n]*)"))) return "";
+  return m[1];
+}
+
+// Two bad steps in a row (HDP_FAULT_INJECT=0:3-4:nan poisons steps 3 and 4 once)
+// at train.max_bad_steps = 2: the run rolls back to the checkpoint of step 2,
+// skips the global batches of the bad steps and trains steps 3-6 on the batches
+// after them; the metrics hold each step once and count the rollback, the log
+// names the batches' documents, and the checkpoint rolled back to records the
+// skipped batches, so that a run resumed from it skips them as well.
+TEST(Training, MaxBadStepsInARowRollBackToTheLastGoodCheckpointAndSkipTheirBatches) {
+  const std::string dir = scratch_dir("training-rollback"), resumed = scratch_dir("training-rollback-resumed");
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
+                             "--set train.keep_checkpoints=10 --set train.max_bad_steps=2 ";
+  auto r = testing::run_command("HDP_FAULT_INJECT=0:3-4:nan " + std::string(HDP_TRAINER_BINARY) + " " +
+                                run_args(dir, 6, common));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 3: update skipped (loss nan, gradient norm nan: not finite); global batch of documents "),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 4: 2 bad step(s) in a row (train.max_bad_steps = 2; the last: loss nan"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rolling back to " + step_dir(dir, 2) + " (step 2) and skipping the global batches of "
+                          "step(s) 3, 4 from now on (rollback 1 of this run; 2 skipped batch(es) in all): step 3: "
+                          "documents "),
+            std::string::npos) << r.output;
+  const auto lines = metric_lines(dir);
+  ASSERT_EQ(lines.size(), 6u);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(field(lines[i], "step"), static_cast<double>(i + 1));
+    EXPECT_TRUE(std::isfinite(field(lines[i], "loss"))) << lines[i];
+    EXPECT_EQ(field(lines[i], "skipped_steps"), 0) << lines[i];
+    EXPECT_EQ(field(lines[i], "rollbacks"), i < 2 ? 0 : 1) << lines[i];
+    EXPECT_EQ(field(lines[i], "skipped_batches"), i < 2 ? 0 : 2) << lines[i];
+  }
+  // The checkpoint rolled back to records both batches (3 numbers each), and
+  // every later one carries the record and the spike window (2 + 4 losses).
+  const std::string m2 = manifest_of(step_dir(dir, 2)), m6 = manifest_of(step_dir(dir, 6));
+  EXPECT_EQ(manifest_field(m2, "rollbacks"), "1") << m2;
+  const std::string skipped = manifest_field(m2, "skipped_batches");
+  EXPECT_EQ(std::count(skipped.begin(), skipped.end(), ','), 5) << m2;
+  EXPECT_EQ(manifest_field(m6, "skipped_batches"), manifest_field(m2, "skipped_batches")) << m6;
+  const std::string window = manifest_field(m6, "loss_window");
+  EXPECT_EQ(std::count(window.begin(), window.end(), ','), 5) << m6;
+
+  // A run resumed from the checkpoint of step 2 alone (no fault now) skips the
+  // same batches: the same losses and the same final state, bit for bit.
+  fs::create_directories(resumed + "/ckpt");
+  fs::copy(step_dir(dir, 2), step_dir(resumed, 2), fs::copy_options::recursive);
+  auto again = run_trainer(run_args(resumed, 6, common));
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  const auto relines = metric_lines(resumed);
+  ASSERT_EQ(relines.size(), 4u) << again.output;
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(field(relines[i], "loss"), field(lines[i + 2], "loss")) << "step " << i + 3;
+  expect_same_checkpoint(step_dir(dir, 6), step_dir(resumed, 6));
+}
+
+// AdamW's bias correction counts updates, not steps. X skips step 3's update
+// (NaN) and trains step 4 on the fourth batch; Y resumes from X's step-2
+// checkpoint with the third batch recorded as skipped, so its step 3 trains the
+// same fourth batch from the same state. With a constant learning rate (min_lr =
+// lr after the warm-up) both must reach bit-identical weights: the counter must
+// be 3 in both (it would be 4 in X if skipped steps advanced it).
+TEST(Training, ASkippedStepDoesNotAdvanceTheAdamWStepCounter) {
+  const std::string x = scratch_dir("training-adam-skip"), y = scratch_dir("training-adam-skipped-batch");
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
+                             "--set train.keep_checkpoints=10 --set optim.warmup_steps=1 --set optim.lr=2e-3 "
+                             "--set optim.min_lr=2e-3 ";
+  auto rx = testing::run_command("HDP_FAULT_INJECT=0:3:nan " + std::string(HDP_TRAINER_BINARY) + " " + run_args(x, 4, common));
+  ASSERT_EQ(rx.exit_code, 0) << rx.output;
+  ASSERT_NE(rx.output.find("step 3: update skipped"), std::string::npos) << rx.output;
+  // Y: X's step-2 checkpoint, with the batch that starts where it stopped marked as skipped.
+  fs::create_directories(y + "/ckpt");
+  fs::copy(step_dir(x, 2), step_dir(y, 2), fs::copy_options::recursive);
+  std::string manifest = manifest_of(step_dir(y, 2));
+  const std::string start = manifest_field(manifest, "epoch") + ", " + manifest_field(manifest, "cursor") + ", " +
+                            manifest_field(manifest, "document_offset");
+  const size_t at = manifest.find("skipped_batches: []");
+  ASSERT_NE(at, std::string::npos) << manifest;
+  manifest.replace(at, std::string("skipped_batches: []").size(), "skipped_batches: [" + start + "]");
+  std::ofstream(step_dir(y, 2) + "/manifest.yaml") << manifest;
+  auto ry = run_trainer(run_args(y, 3, common));
+  ASSERT_EQ(ry.exit_code, 0) << ry.output;
+  expect_same_checkpoint(step_dir(x, 4), step_dir(y, 3), /*same_progress=*/false);
 }
 
 TEST(Training, CorruptedAndTruncatedCheckpointsAreRefused) {

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <regex>
 #include <span>
@@ -349,6 +350,16 @@ std::string emit_manifest(const Manifest& m, bool literal_config) {
   out << YAML::Key << "train_seed" << YAML::Value << m.progress.train_seed;
   out << YAML::Key << "data_seed" << YAML::Value << m.progress.data_seed;
   out << YAML::Key << "skipped_steps" << YAML::Value << m.progress.skipped_steps;
+  out << YAML::Key << "rollbacks" << YAML::Value << m.progress.rollbacks;
+  // Three numbers per skipped batch: epoch, cursor, document_offset of its start.
+  out << YAML::Key << "skipped_batches" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const SamplerState& s : m.progress.skipped_batches) {
+    out << static_cast<int64_t>(s.epoch) << s.cursor << s.document_offset;
+  }
+  out << YAML::EndSeq;
+  out << YAML::Key << "loss_window" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (double loss : m.progress.loss_window) out << loss;
+  out << YAML::EndSeq;
   out << YAML::Key << "layout" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "tp" << YAML::Value << m.degrees.tp;
   out << YAML::Key << "pp" << YAML::Value << m.degrees.pp;
@@ -381,6 +392,17 @@ Manifest read_manifest_map(const YamlMap& root) {
   m.progress.data_seed = root.get<uint64_t>("data_seed");
   // Absent from manifests written before the numerical guard existed.
   m.progress.skipped_steps = root.get_or<int64_t>("skipped_steps", 0);
+  // Absent from manifests written before rollbacks: none, and an empty window.
+  m.progress.rollbacks = root.get_or<int64_t>("rollbacks", 0);
+  const auto skipped = root.get_or<std::vector<int64_t>>("skipped_batches", {});
+  if (skipped.size() % 3 != 0) {
+    root.fail("skipped_batches", "holds " + std::to_string(skipped.size()) + " numbers",
+              "three per skipped batch: epoch, cursor, document_offset");
+  }
+  for (size_t i = 0; i < skipped.size(); i += 3) {
+    m.progress.skipped_batches.push_back({static_cast<uint64_t>(skipped[i]), skipped[i + 1], skipped[i + 2]});
+  }
+  m.progress.loss_window = root.get_or<std::vector<double>>("loss_window", {});
   const YamlMap layout = root.map("layout");
   m.degrees.tp = layout.get<int>("tp");
   m.degrees.pp = layout.get<int>("pp");
@@ -402,6 +424,25 @@ Manifest parse_manifest(const std::string& text, const std::string& what) {
   } catch (const ConfigError& e) {
     throw CheckpointError(e.what());
   }
+}
+
+// The manifest as YAML: the config as a literal block when that keeps it exactly,
+// else double-quoted (e.g. leading indentation or trailing blank lines: a quoted
+// scalar keeps them).
+std::string manifest_text(const Manifest& m, const std::string& where) {
+  std::string text = emit_manifest(m, true);
+  bool exact = false;
+  try {
+    exact = parse_manifest(text, "manifest").config == m.config;
+  } catch (const CheckpointError&) {
+  }
+  if (!exact) {
+    text = emit_manifest(m, false);
+    if (parse_manifest(text, "manifest").config != m.config) {
+      throw CheckpointError(where + ": the config text does not survive YAML quoting");
+    }
+  }
+  return text;
 }
 
 Manifest read_manifest(const std::string& path) {
@@ -735,19 +776,7 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
         const std::string name = entry.path().filename().string();
         if (std::find(m.parts.begin(), m.parts.end(), name) == m.parts.end()) fs::remove_all(entry.path());
       }
-      std::string text = emit_manifest(m, true);
-      bool exact = false;
-      try {
-        exact = parse_manifest(text, "manifest").config == config_yaml;
-      } catch (const CheckpointError&) {
-      }
-      if (!exact) {  // e.g. leading indentation or trailing blank lines: a quoted scalar keeps them
-        text = emit_manifest(m, false);
-        if (parse_manifest(text, "manifest").config != config_yaml) {
-          throw CheckpointError(tmp_dir + ": the config text does not survive YAML quoting");
-        }
-      }
-      write_text_file((fs::path(tmp_dir) / kManifest).string(), text);
+      write_text_file((fs::path(tmp_dir) / kManifest).string(), manifest_text(m, tmp_dir));
       std::error_code ec;
       fs::remove_all(final_path, ec);  // a rerun of this step replaces it
       if (ec) throw CheckpointError(final_path + ": cannot replace: " + ec.message());
@@ -768,12 +797,36 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
   return final_path;
 }
 
-std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir) {
+std::optional<std::string> latest_checkpoint_before(const std::string& checkpoint_dir, int64_t step) {
   auto all = list_checkpoints(checkpoint_dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (it->complete) return it->path.string();
+    if (it->complete && it->step < step) return it->path.string();
   }
   return std::nullopt;
+}
+
+std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir) {
+  return latest_checkpoint_before(checkpoint_dir, std::numeric_limits<int64_t>::max());
+}
+
+int delete_checkpoints_after(const std::string& checkpoint_dir, int64_t step) {
+  int deleted = 0;
+  for (const Listed& l : list_checkpoints(checkpoint_dir)) {
+    if (l.step <= step) continue;
+    std::error_code ec;
+    // The manifest first: a directory left half-deleted is then never taken for complete.
+    if (l.complete) fs::remove(l.path / kManifest, ec);
+    fs::remove_all(l.path, ec);
+    if (!ec) ++deleted;
+  }
+  return deleted;
+}
+
+void record_rollbacks(const std::string& path, int64_t rollbacks, const std::vector<SamplerState>& skipped_batches) {
+  Manifest m = read_manifest(path);
+  m.progress.rollbacks = rollbacks;
+  m.progress.skipped_batches = skipped_batches;
+  write_text_file((fs::path(path) / kManifest).string(), manifest_text(m, path));
 }
 
 TrainingProgress load_checkpoint(const std::string& path, LlamaModel& model, ZeroAdamW* optimizer) {

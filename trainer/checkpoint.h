@@ -18,6 +18,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "base/errors.h"
 #include "data/batch.h"
@@ -39,6 +40,13 @@ struct TrainingProgress {
   uint64_t train_seed = 0;
   uint64_t data_seed = 0;
   int64_t skipped_steps = 0;  // updates the numerical guard skipped so far (trainer/numerical_guard.h)
+  // Rollbacks so far (trainer/training.cpp), and where every global batch skipped by
+  // one starts (a resumed run skips them too).
+  int64_t rollbacks = 0;
+  std::vector<SamplerState> skipped_batches;
+  // The numerical guard's window of recent good losses, oldest first, so that a
+  // resumed run judges spikes like one that never stopped.
+  std::vector<double> loss_window;
 };
 
 // Where this rank sits when it writes its part.
@@ -70,6 +78,15 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
 // The newest complete checkpoint in the directory, if any (directories without a
 // committed manifest are ignored).
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir);
+// The newest complete checkpoint of a step before `step`, if any.
+std::optional<std::string> latest_checkpoint_before(const std::string& checkpoint_dir, int64_t step);
+// Deletes the checkpoints (complete or not) of steps after `step`: after a
+// rollback they belong to an abandoned trajectory. Returns how many it deleted.
+int delete_checkpoints_after(const std::string& checkpoint_dir, int64_t step);
+// Rewrites the manifest of a committed checkpoint with these rollback records
+// (atomically: the checkpoint stays complete throughout), so that a run resumed
+// from it skips the batches too.
+void record_rollbacks(const std::string& path, int64_t rollbacks, const std::vector<SamplerState>& skipped_batches);
 
 // Loads this rank's slice of the weights (and, when optimizer is given, its shard of
 // the moments) into a model whose global shapes must match, from a checkpoint

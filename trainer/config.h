@@ -76,6 +76,7 @@ struct TrainConfig {
   bool tf32 = false;                     // cuda: fp32 GEMMs on TF32 tensor cores
   double spike_factor = 0;               // skip a step whose loss exceeds this x the recent median; 0 = off
   int64_t max_bad_steps = 3;             // this many skipped (NaN/Inf or spike) steps in a row stop the run
+  double hang_timeout_s = 600;           // no progress (or a silent peer) this long is a hang: stacks, summary, exit 1; 0 = off
 };
 
 // tp, pp, hdp: the tensor-parallel degree, pipeline stages and hybrid-data-parallel

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "kernels/ops.h"
+#include "parallel/progress.h"
 #include "planning/plan.h"
 #include "planning/stage_split.h"
 #include "model/optimizer.h"
@@ -53,6 +54,7 @@ class TrainingEngine::Stage final : public PipelineStage {
                                           b.ring >= 0 ? &b.ring_layout : nullptr, b.offload_ratio});
   }
   void forward(int i, int slot) override {
+    progress::Context context("forward");
     const auto t0 = Clock::now();
     if (i == poisoned_) {
       // A NaN loss scale seeds backward with NaN, as an overflow in the loss would.
@@ -65,6 +67,7 @@ class TrainingEngine::Stage final : public PipelineStage {
     busy_ += Clock::now() - t0;
   }
   void backward(int i, int slot) override {
+    progress::Context context("backward");
     const auto t0 = Clock::now();
     // Gradients become final during the last micro-batch's backward: reduce them
     // bucket by bucket while the rest of backward runs.
@@ -123,14 +126,17 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
 
 TrainingEngine::~TrainingEngine() = default;
 
-StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t step_number,
+StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t update_number,
                                 const StepOptions& options) {
   StepResult result;
   int64_t local_predictions = 0;
   for (const PackedMicroBatch& mb : micro_batches) local_predictions += mb.num_predictions();
   // Token-level loss: every rank scales its gradients by the global count, so the
   // sum over ranks and micro-batches is the gradient of the global mean.
-  result.predictions = groups_.hdp().all_reduce_sum(local_predictions);
+  {
+    progress::Context context("token count all-reduce");
+    result.predictions = groups_.hdp().all_reduce_sum(local_predictions);
+  }
   const float loss_scale = result.predictions > 0 ? 1.0f / static_cast<float>(result.predictions) : 0.0f;
 
   model_->zero_grad();
@@ -141,6 +147,7 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
   // Tied embeddings split over the first and last stage: their two gradient parts
   // are summed before the data-parallel reduction.
   if (Communicator* tied = groups_.tied()) {
+    progress::Context context("tied-embedding sync");
     const ParameterInfo& p = model_->parameter("model.embed_tokens.weight");
     tied->all_reduce(model_->gradient_tensor(p), ReduceOp::Sum);
   }
@@ -148,13 +155,17 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
 
   // The loss is known on the last stage; tp ranks hold identical copies.
   const bool counts_loss = groups_.last_stage() && groups_.coords().tp_rank == 0;
-  const double loss_sum = groups_.world().all_reduce_sum(counts_loss ? stage.loss_sum() : 0.0);
+  double loss_sum = 0;
+  {
+    progress::Context context("loss all-reduce");
+    loss_sum = groups_.world().all_reduce_sum(counts_loss ? stage.loss_sum() : 0.0);
+  }
   result.loss = result.predictions > 0 ? loss_sum / static_cast<double>(result.predictions) : 0.0;
   result.busy_ms = stage.busy_ms();
 
   result.updated = !options.apply_update || options.apply_update(result);
   if (!result.updated) return result;  // the next step's zero_grad and begin_reduction start afresh
-  optimizer_->step(model_->flat_parameters(), lr, clip_factor(result.grad_norm, config_.optim.grad_clip), step_number);
+  optimizer_->step(model_->flat_parameters(), lr, clip_factor(result.grad_norm, config_.optim.grad_clip), update_number);
   return result;
 }
 

@@ -54,6 +54,8 @@ std::string to_json(const StepMetrics& m) {
   s += ", \"host_pool_bytes\": " + std::to_string(m.host_pool_bytes);
   s += ", \"offloaded_bytes\": " + std::to_string(m.offloaded_bytes);
   s += ", \"skipped_steps\": " + std::to_string(m.skipped_steps);
+  s += ", \"rollbacks\": " + std::to_string(m.rollbacks);
+  s += ", \"skipped_batches\": " + std::to_string(m.skipped_batches);
   return s + "}";
 }
 
