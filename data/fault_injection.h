@@ -1,11 +1,12 @@
 #pragma once
-// HDP_FAULT_INJECT=RANK:STEP[-LAST][:hang|:nan], read by the training loop
+// HDP_FAULT_INJECT=RANK:STEP[-LAST][:hang|:nan|:ckpt], read by the training loop
 // (trainer/training.cpp: that rank exits abruptly, without MPI_Finalize, when the
 // step begins; with `:hang` it stops itself with SIGSTOP instead, a frozen
 // process the hang watchdog must catch; with `:nan` the loss and gradients of
 // its first micro-batch of each step STEP..LAST become NaN, once per step number
 // (a step rerun after a rollback is not poisoned again), which the numerical
-// guard must catch) and by the remote loader's servers (data/remote_loader.cpp:
+// guard must catch; with `:ckpt` it exits (_Exit, code 3) once its part of the
+// checkpoint of step STEP is written and before the checkpoint is committed) and by the remote loader's servers (data/remote_loader.cpp:
 // that rank exits abruptly, or with `:hang` stops answering, when asked for the
 // tokens of step STEP). Tests use it to check that a job goes down promptly with
 // a message, or survives bad steps.
@@ -24,16 +25,17 @@ struct FaultInjection {
   int64_t last_step = -1;  // `:nan` poisons steps [step, last_step]; = step unless a range is given
   bool hang = false;  // `:hang`: stop (training rank) or stop answering (loader rank) instead of exiting
   bool nan = false;   // `:nan`: a training rank poisons a micro-batch instead of exiting
+  bool checkpoint = false;  // `:ckpt`: a training rank exits while writing the checkpoint of that step
 };
 
 // The fault HDP_FAULT_INJECT asks for; none when it is unset. Throws
-// std::invalid_argument when it is set but not RANK:STEP[-LAST][:hang|:nan].
+// std::invalid_argument when it is set but not RANK:STEP[-LAST][:hang|:nan|:ckpt].
 inline FaultInjection fault_injection_from_env() {
   FaultInjection f;
   const char* spec = std::getenv("HDP_FAULT_INJECT");
   if (spec == nullptr) return f;
   auto bad = [spec] {
-    throw std::invalid_argument(std::string("HDP_FAULT_INJECT='") + spec + "': expected RANK:STEP[-LAST][:hang|:nan]");
+    throw std::invalid_argument(std::string("HDP_FAULT_INJECT='") + spec + "': expected RANK:STEP[-LAST][:hang|:nan|:ckpt]");
   };
   char* end = nullptr;
   const char* p = spec;
@@ -56,12 +58,13 @@ inline FaultInjection fault_injection_from_env() {
   } else if (*p != '\0') {
     bad();
   }
-  if (!(mode.empty() || mode == "hang" || mode == "nan")) bad();
+  if (!(mode.empty() || mode == "hang" || mode == "nan" || mode == "ckpt")) bad();
   f.rank = static_cast<int>(rank);
   f.step = step;
   f.last_step = last;
   f.hang = mode == "hang";
   f.nan = mode == "nan";
+  f.checkpoint = mode == "ckpt";
   return f;
 }
 

@@ -312,6 +312,65 @@ TEST(Training, ASkippedStepDoesNotAdvanceTheAdamWStepCounter) {
   expect_same_checkpoint(step_dir(x, 4), step_dir(y, 3), /*same_progress=*/false);
 }
 
+// Asynchronous checkpoints (trainer/checkpoint_writer.h), every step: they hold
+// exactly what synchronous ones hold (the snapshot is the state at the step
+// boundary, not a later one); a process killed while writing one
+// (HDP_FAULT_INJECT=0:3:ckpt exits once its part of step 3's checkpoint is
+// written, before the commit) leaves it unfinished under step-00000003.tmp, never
+// under its final name; the resumed run takes step 2's and ends bit-identical to
+// a run that never stopped.
+TEST(Training, AsyncCheckpointsEqualSyncOnesAndAKillDuringAWriteLeavesNoHalfCheckpoint) {
+  const std::string straight = scratch_dir("training-async-straight"), sync = scratch_dir("training-async-sync"),
+                    killed = scratch_dir("training-async-killed");
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
+                             "--set train.keep_checkpoints=10 ";
+  auto a = run_trainer(run_args(straight, 6, common));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_NE(a.output.find("(in the background)"), std::string::npos) << a.output;
+  auto s = run_trainer(run_args(sync, 6, common + "--set train.async_checkpoints=false"));
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  EXPECT_EQ(s.output.find("in the background"), std::string::npos) << s.output;
+  for (int step : {1, 3, 6}) expect_same_checkpoint(step_dir(straight, step), step_dir(sync, step));
+
+  auto k = testing::run_command("HDP_FAULT_INJECT=0:3:ckpt " + std::string(HDP_TRAINER_BINARY) + " " +
+                                run_args(killed, 6, common));
+  ASSERT_EQ(k.exit_code, 3) << k.output;
+  EXPECT_NE(k.output.find("exits abruptly while writing the checkpoint of step 3"), std::string::npos) << k.output;
+  EXPECT_FALSE(fs::exists(step_dir(killed, 3))) << "a half-written checkpoint under its final name";
+  EXPECT_TRUE(fs::exists(step_dir(killed, 3) + ".tmp/rank-00000.h5"));
+  EXPECT_FALSE(fs::exists(step_dir(killed, 3) + ".tmp/manifest.yaml"));
+  auto resumed = run_trainer(run_args(killed, 6, common));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + step_dir(killed, 2) + " at step 2"), std::string::npos)
+      << resumed.output;
+  const auto la = metric_lines(straight), lb = metric_lines(killed);
+  ASSERT_EQ(la.size(), 6u);
+  ASSERT_EQ(lb.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(field(lb[i], "loss"), field(la[i], "loss")) << "step " << i + 1;
+  expect_same_checkpoint(step_dir(straight, 6), step_dir(killed, 6));
+  EXPECT_FALSE(fs::exists(step_dir(killed, 3) + ".tmp")) << "the unfinished directory is cleaned up";
+}
+
+// A background write that fails (here: a file stands where the checkpoint's
+// temporary directory must go) ends the run at the next step with exit code 2
+// and the path; it is never lost.
+TEST(Training, AFailedBackgroundCheckpointWriteEndsTheRunWithCode2NamingThePath) {
+  const std::string dir = scratch_dir("training-async-fails");
+  const std::string log = dir + "/log.txt";
+  testing::BackgroundRun run(std::string(HDP_TRAINER_BINARY) + " " +
+                                 run_args(dir, 100000, "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1"),
+                             log);
+  ASSERT_TRUE(testing::wait_for_steps(run, dir, 1, 300)) << testing::file_text(log);
+  for (int step = 1; step <= 400; ++step) std::ofstream(step_dir(dir, step) + ".tmp") << "in the way\n";
+  const size_t blocked_from = metric_lines(dir).size() + 1;  // a step whose checkpoint cannot be written
+  ASSERT_EQ(run.wait(300), 2) << testing::file_text(log);
+  const std::string output = testing::file_text(log);
+  EXPECT_NE(output.find(".tmp: cannot create"), std::string::npos) << output;
+  EXPECT_NE(output.find(dir + "/ckpt/step-"), std::string::npos) << output;
+  // Reported within two steps of the failing one (the write runs beside the next step).
+  EXPECT_LE(metric_lines(dir).size(), blocked_from + 2) << output;
+}
+
 TEST(Training, CorruptedAndTruncatedCheckpointsAreRefused) {
   const std::string dir = scratch_dir("training-corrupt");
   auto r = run_trainer(run_args(dir, 2, "--set data.global_batch_tokens=1024 --set train.checkpoint_every=2"));

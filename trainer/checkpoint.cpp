@@ -251,21 +251,14 @@ std::vector<std::string> link_names(hid_t group, const std::string& what) {
 // ---------------------------------------------------------------------------
 // Writing a part.
 
-std::vector<float> to_host(const Tensor& t) {
-  std::vector<float> host(t.numel());
-  copy(Tensor(host.data(), {t.numel()}, Device::CPU), t);
-  return host;
-}
-
-void write_part(const std::string& file, const LlamaModel& model, const ZeroAdamW& optimizer,
-                const TrainingProgress& progress, const CheckpointLayout& layout) {
+void write_part(const std::string& file, const CheckpointSnapshot& s, const CheckpointLayout& layout) {
   const std::string tmp = file + ".tmp";
-  const auto& params = model.parameters();
+  const auto& params = s.parameters;
   try {
     Hdf5Lock lock;
     H5Handle f = h5_file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "creating " + tmp);
     write_attr_i64(f.get(), "format_version", kFormatVersion);
-    write_attr_i64(f.get(), "step", progress.step);
+    write_attr_i64(f.get(), "step", s.progress.step);
     write_attr_i64(f.get(), "world_rank", layout.world_rank);
     write_attr_i64(f.get(), "tp", layout.degrees.tp);
     write_attr_i64(f.get(), "pp", layout.degrees.pp);
@@ -280,16 +273,16 @@ void write_part(const std::string& file, const LlamaModel& model, const ZeroAdam
     if (layout.coords.hdp_rank == 0) {
       for (const ParameterInfo& p : params) {
         if (!writes(p)) continue;
-        const std::vector<float> host = to_host(model.parameter_tensor(p));
-        H5Handle dset = write_dataset(f.get(), p.name, p.shape, host.data(), host.size());
+        H5Handle dset = write_dataset(f.get(), p.name, p.shape, s.flat_parameters.data() + p.offset,
+                                      static_cast<size_t>(p.numel));
         write_slice_attrs(dset.get(), slice_of(p));
       }
     }
 
     H5Handle opt = h5_group(H5Gcreate2(f.get(), "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "optimizer");
     std::map<size_t, H5Handle> groups;
-    const Tensor moments[2] = {optimizer.exp_avg(), optimizer.exp_avg_sq()};
-    for (const ZeroAdamW::Segment& seg : optimizer.segments()) {
+    const std::vector<float>* moments[2] = {&s.exp_avg, &s.exp_avg_sq};
+    for (const ZeroAdamW::Segment& seg : s.segments) {
       if (seg.parameter >= params.size()) {
         throw CheckpointError(file + ": optimizer segment of parameter " + std::to_string(seg.parameter) +
                               ", the model has " + std::to_string(params.size()));
@@ -306,10 +299,9 @@ void write_part(const std::string& file, const LlamaModel& model, const ZeroAdam
       }
       const int64_t start = seg.flat_offset - p.offset;
       for (int i = 0; i < 2; ++i) {
-        const std::vector<float> host =
-            to_host(moments[i].rows(seg.state_offset, seg.state_offset + seg.length));
         const std::string name = std::string(kMomentNames[i]) + "." + std::to_string(start);
-        H5Handle dset = write_dataset(it->second.get(), name, {seg.length}, host.data(), host.size());
+        H5Handle dset = write_dataset(it->second.get(), name, {seg.length}, moments[i]->data() + seg.state_offset,
+                                      static_cast<size_t>(seg.length));
         write_attr_i64(dset.get(), "start", start);
       }
     }
@@ -722,9 +714,37 @@ std::string checkpoint_path(const std::string& checkpoint_dir, int64_t step) {
   return (fs::path(checkpoint_dir) / name).string();
 }
 
+void take_snapshot(const LlamaModel& model, const ZeroAdamW& optimizer, const TrainingProgress& progress,
+                   const CheckpointLayout& layout, CheckpointSnapshot& out) {
+  auto to_host = [](const Tensor& t, std::vector<float>& host) {
+    host.resize(static_cast<size_t>(t.numel()));
+    if (t.numel() > 0) copy(Tensor(host.data(), {t.numel()}, Device::CPU), t);
+  };
+  out.parameters = model.parameters();
+  out.segments = optimizer.segments();
+  out.progress = progress;
+  // Only hdp rank 0 of each slice writes weights (write_part).
+  if (layout.coords.hdp_rank == 0) {
+    to_host(model.flat_parameters(), out.flat_parameters);
+  } else {
+    out.flat_parameters.clear();
+  }
+  to_host(optimizer.exp_avg(), out.exp_avg);
+  to_host(optimizer.exp_avg_sq(), out.exp_avg_sq);
+}
+
 std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const ZeroAdamW& optimizer,
                             const TrainingProgress& progress, const std::string& config_yaml, int64_t keep,
                             const CheckpointLayout& layout) {
+  CheckpointSnapshot snapshot;
+  take_snapshot(model, optimizer, progress, layout, snapshot);
+  return save_checkpoint(checkpoint_dir, snapshot, config_yaml, keep, layout);
+}
+
+std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointSnapshot& snapshot,
+                            const std::string& config_yaml, int64_t keep, const CheckpointLayout& layout,
+                            const std::function<void()>& after_part) {
+  const TrainingProgress& progress = snapshot.progress;
   const ParallelDegrees& d = layout.degrees;
   const GridCoords& c = layout.coords;
   const int world_size = d.world();
@@ -743,7 +763,8 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
     std::error_code ec;
     fs::create_directories(tmp_dir, ec);
     if (!fs::is_directory(tmp_dir)) throw CheckpointError(tmp_dir + ": cannot create: " + ec.message());
-    write_part((fs::path(tmp_dir) / part_name(layout.world_rank)).string(), model, optimizer, progress, layout);
+    write_part((fs::path(tmp_dir) / part_name(layout.world_rank)).string(), snapshot, layout);
+    if (after_part) after_part();
   } catch (const std::exception& e) {
     error = e.what();
   }

@@ -15,6 +15,7 @@
 // into one HDF5 file for outside readers.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -57,6 +58,23 @@ struct CheckpointLayout {
   Communicator* world = nullptr;  // save synchronises over it (two all-reduces); nullptr = offline, see below
 };
 
+// What one rank's part holds, copied to host memory at a step boundary, so that
+// the part can be written while training goes on (asynchronous checkpoints,
+// trainer/checkpoint_writer.h): the parameters' layout and this rank's slice of
+// their values (only when it writes weights: hdp rank 0), its ZeRO-1 segments and
+// moment shards, and the progress. Its buffers are reused by the next snapshot.
+struct CheckpointSnapshot {
+  std::vector<ParameterInfo> parameters;
+  std::vector<ZeroAdamW::Segment> segments;
+  std::vector<float> flat_parameters;  // empty unless this rank writes weights
+  std::vector<float> exp_avg, exp_avg_sq;
+  TrainingProgress progress;
+};
+
+// Fills `out` from the model and optimizer (device to host copies).
+void take_snapshot(const LlamaModel& model, const ZeroAdamW& optimizer, const TrainingProgress& progress,
+                   const CheckpointLayout& layout, CheckpointSnapshot& out);
+
 // checkpoint_dir/step-00000123
 std::string checkpoint_path(const std::string& checkpoint_dir, int64_t step);
 
@@ -74,6 +92,12 @@ std::string checkpoint_path(const std::string& checkpoint_dir, int64_t step);
 std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const ZeroAdamW& optimizer,
                             const TrainingProgress& progress, const std::string& config_yaml, int64_t keep,
                             const CheckpointLayout& layout);
+// The same from a snapshot. `after_part`, when given, runs once this rank's part is
+// written and before the commit (a test knob: a process killed there leaves a
+// half-written checkpoint).
+std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointSnapshot& snapshot,
+                            const std::string& config_yaml, int64_t keep, const CheckpointLayout& layout,
+                            const std::function<void()>& after_part = {});
 
 // The newest complete checkpoint in the directory, if any (directories without a
 // committed manifest are ignored).

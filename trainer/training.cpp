@@ -28,6 +28,7 @@
 #include "parallel/process_groups.h"
 #include "parallel/progress.h"
 #include "trainer/checkpoint.h"
+#include "trainer/checkpoint_writer.h"
 #include "trainer/planner_cost.h"
 #include "trainer/engine.h"
 #include "trainer/hang_watchdog.h"
@@ -230,6 +231,20 @@ class TrainingLoop {
     if (process.rank == 0) metrics_.emplace(config.train.run_dir, progress.step);
     fault_ = fault_injection_from_env();
     guard_.restore_window(progress.loss_window);
+    if (config.train.checkpoint_every > 0) {
+      // Writes in the background need MPI from a second thread when there are several ranks.
+      const bool async = config.train.async_checkpoints && (process.thread_multiple || config.parallel.world() == 1);
+      std::function<void(int64_t)> after_part;
+      if (fault_.checkpoint && fault_.rank == process.rank) {
+        after_part = [rank = process.rank, step = fault_.step](int64_t written) {
+          if (written != step) return;
+          spdlog::critical("fault injection: rank {} exits abruptly while writing the checkpoint of step {}", rank, step);
+          std::_Exit(3);
+        };
+      }
+      writer_.emplace(config.train.checkpoint_dir, config.yaml, config.train.keep_checkpoints, layout_, async,
+                      process.rank == 0, std::move(after_part));
+    }
   }
 
   // Runs the steps; stops early, after a checkpoint, when a rank received a stop
@@ -237,6 +252,7 @@ class TrainingLoop {
   void run() {
     // A rollback (below) moves next_step_ back.
     for (next_step_ = progress_.step + 1; next_step_ <= config_.train.steps && stop_signal_ == 0;) run_step(next_step_++);
+    if (writer_) writer_->wait();  // the last checkpoint is complete before the run reports its end
   }
 
   // The stop signal the ranks agreed on (0: none, the run went to train.steps), and the last step run.
@@ -259,7 +275,8 @@ class TrainingLoop {
 
   void run_step(int64_t step) {
     progress::set_step(step);
-    const bool fault_now = fault_.rank == process_.rank && fault_.step == step && !fault_.nan;
+    if (writer_) writer_->check();  // an earlier background write's error ends the run here
+    const bool fault_now = fault_.rank == process_.rank && fault_.step == step && !fault_.nan && !fault_.checkpoint;
     // Each poisoned step number once: a step rerun after a rollback is clean.
     const bool poison = fault_.rank == process_.rank && fault_.nan && step >= fault_.step && step <= fault_.last_step &&
                         step > last_poisoned_step_;
@@ -378,6 +395,7 @@ class TrainingLoop {
       *why_not = "rollbacks need loader.mode local (the remote loader cannot replay batches)";
       return std::nullopt;
     }
+    writer_->wait();  // the newest checkpoint may still be in the making
     auto target = latest_checkpoint_before(config_.train.checkpoint_dir, first_bad);
     if (!target) {
       *why_not = "no checkpoint before step " + std::to_string(first_bad) + " in " + config_.train.checkpoint_dir +
@@ -512,11 +530,11 @@ class TrainingLoop {
     progress_.step = step;
     progress_.sampler = batch.next;
     progress_.loss_window = guard_.window();
-    const auto t0 = Clock::now();
-    if (process_.rank == 0) spdlog::info("writing checkpoint for step {} ...", step);
-    const std::string path = save_checkpoint(config_.train.checkpoint_dir, engine_.model(), engine_.optimizer(),
-                                             progress_, config_.yaml, config_.train.keep_checkpoints, layout_);
-    if (process_.rank == 0) spdlog::info("checkpoint {} written in {:.0f} ms", path, ms_since(t0));
+    writer_->save(engine_.model(), engine_.optimizer(), progress_);
+    if (process_.rank == 0 && writer_->async()) {
+      spdlog::info("checkpoint for step {}: state copied in {:.0f} ms, writing in the background", step,
+                   writer_->last_blocking_ms());
+    }
   }
 
   const Config& config_;
@@ -529,6 +547,7 @@ class TrainingLoop {
   const size_t memory_bytes_;  // the engine's device memory, reported as peak_mem_bytes
   const CheckpointLayout layout_;
   std::optional<MetricsWriter> metrics_;  // rank 0
+  std::optional<CheckpointWriter> writer_;  // train.checkpoint_every > 0
   FaultInjection fault_;
   NumericalGuard guard_;
   // What the ranks agreed on for the current step (agree_on_update).
