@@ -371,6 +371,64 @@ TEST(Training, AFailedBackgroundCheckpointWriteEndsTheRunWithCode2NamingThePath)
   EXPECT_LE(metric_lines(dir).size(), blocked_from + 2) << output;
 }
 
+// A checkpoint directory is one job's while it runs (trainer/checkpoint_dir.h):
+// a second job is refused with exit 2 naming the holder's host and pid; the lock
+// goes when the first job ends; a lock left by a dead process of this host is
+// taken over.
+TEST(Training, ASecondJobIsKeptOutOfACheckpointDirectoryInUse) {
+  const std::string dir = scratch_dir("training-lock"), other = scratch_dir("training-lock-other");
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 ";
+  const std::string log = dir + "/log.txt";
+  testing::BackgroundRun first(std::string(HDP_TRAINER_BINARY) + " " + run_args(dir, 100000, common), log);
+  ASSERT_TRUE(testing::wait_for_steps(first, dir, 1, 300)) << testing::file_text(log);
+  char host[256] = "";
+  gethostname(host, sizeof(host));
+  // The second job: its own run_dir, the first one's checkpoint_dir.
+  auto second = run_trainer(run_args(other, 3, common + "--set train.checkpoint_dir=" + dir + "/ckpt"));
+  EXPECT_EQ(second.exit_code, 2) << second.output;
+  EXPECT_NE(second.output.find("train.checkpoint_dir '" + dir + "/ckpt' is in use by another job: host " +
+                               std::string(host) + ", pid " + std::to_string(first.pid())),
+            std::string::npos) << second.output;
+  kill(first.pid(), SIGTERM);
+  ASSERT_EQ(first.wait(300), 0) << testing::file_text(log);
+  EXPECT_FALSE(fs::exists(dir + "/ckpt/trainer.lock")) << "the lock goes with the job";
+
+  // A lock whose process is gone (this host): taken over.
+  const pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  waitpid(gone, nullptr, 0);
+  std::ofstream(dir + "/ckpt/trainer.lock") << "host " << host << "\npid " << gone << "\n";
+  const int steps = static_cast<int>(metric_lines(dir).size()) + 1;
+  auto third = run_trainer(run_args(dir, steps, common));
+  ASSERT_EQ(third.exit_code, 0) << third.output;
+  EXPECT_NE(third.output.find("taking over the lock of host " + std::string(host) + " pid " + std::to_string(gone) +
+                              " (that process is gone)"),
+            std::string::npos) << third.output;
+  EXPECT_FALSE(fs::exists(dir + "/ckpt/trainer.lock"));
+}
+
+// A run whose checkpoint_dir holds another run's checkpoints (another train.seed
+// here) is refused with exit 2 naming the difference, unless asked.
+TEST(Training, ACheckpointDirectoryOfAnotherRunIsRefusedUnlessAsked) {
+  const std::string dir = scratch_dir("training-other-run");
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=2 ";
+  auto first = run_trainer(run_args(dir, 2, common + "--set train.seed=1"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto other = run_trainer(run_args(dir, 4, common + "--set train.seed=2"));
+  EXPECT_EQ(other.exit_code, 2) << other.output;
+  EXPECT_NE(other.output.find("train.checkpoint_dir '" + dir + "/ckpt' holds the checkpoints of another run: the "
+                              "newest, " + step_dir(dir, 2) + ", was written with another config (train.seed 1 "
+                              "there, 2 here)"),
+            std::string::npos) << other.output;
+  auto never = run_trainer(run_args(dir, 4, common + "--set train.seed=2 --set train.resume=never"));
+  EXPECT_EQ(never.exit_code, 2) << "starting afresh beside them would mix the runs: " << never.output;
+  auto same = run_trainer(run_args(dir, 4, common + "--set train.seed=1"));
+  EXPECT_EQ(same.exit_code, 0) << "the same run resumes: " << same.output;
+  auto asked = run_trainer(run_args(dir, 6, common + "--set train.seed=2 --set train.reuse_checkpoint_dir=true"));
+  ASSERT_EQ(asked.exit_code, 0) << asked.output;
+  EXPECT_NE(asked.output.find("resumed from " + step_dir(dir, 4)), std::string::npos) << asked.output;
+}
+
 TEST(Training, CorruptedAndTruncatedCheckpointsAreRefused) {
   const std::string dir = scratch_dir("training-corrupt");
   auto r = run_trainer(run_args(dir, 2, "--set data.global_batch_tokens=1024 --set train.checkpoint_every=2"));

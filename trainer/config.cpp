@@ -106,6 +106,7 @@ const std::vector<Section>& schema() {
         field("checkpoint_dir", &Config::train, &TrainConfig::checkpoint_dir),
         field("keep_checkpoints", &Config::train, &TrainConfig::keep_checkpoints),
         field("async_checkpoints", &Config::train, &TrainConfig::async_checkpoints),
+        field("reuse_checkpoint_dir", &Config::train, &TrainConfig::reuse_checkpoint_dir),
         enum_field("resume", &Config::train, &TrainConfig::resume, kResumeModeNames, "mode"),
         field("init_from", &Config::train, &TrainConfig::init_from),
         field("peak_flops", &Config::train, &TrainConfig::peak_flops),

@@ -69,6 +69,7 @@ struct TrainConfig {
   std::string checkpoint_dir = "checkpoints/default";
   int64_t keep_checkpoints = 3;          // newest K complete checkpoints are kept
   bool async_checkpoints = true;          // write checkpoints in a background thread from a host snapshot
+  bool reuse_checkpoint_dir = false;      // accept a checkpoint_dir holding another run's checkpoints
   ResumeMode resume = ResumeMode::Auto;
   std::string init_from;                 // checkpoint file whose weights start training
   double peak_flops = 0;                 // FLOP/s for MFU; 0 = measure with a GEMM probe

@@ -28,6 +28,7 @@
 #include "parallel/process_groups.h"
 #include "parallel/progress.h"
 #include "trainer/checkpoint.h"
+#include "trainer/checkpoint_dir.h"
 #include "trainer/checkpoint_writer.h"
 #include "trainer/planner_cost.h"
 #include "trainer/engine.h"
@@ -217,8 +218,10 @@ class BatchSource {
 class TrainingLoop {
  public:
   TrainingLoop(const Config& config, const ProcessInfo& process, ProcessGroups& groups, TrainingEngine& engine,
-               BatchSource& batches, const TrainingProgress& progress, double peak_flops, size_t memory_bytes)
+               BatchSource& batches, const TrainingProgress& progress, double peak_flops, size_t memory_bytes,
+               const CheckpointDirLock* lock)
       : config_(config),
+        lock_(lock),
         process_(process),
         groups_(groups),
         engine_(engine),
@@ -276,6 +279,7 @@ class TrainingLoop {
   void run_step(int64_t step) {
     progress::set_step(step);
     if (writer_) writer_->check();  // an earlier background write's error ends the run here
+    if (lock_) lock_->refresh();
     const bool fault_now = fault_.rank == process_.rank && fault_.step == step && !fault_.nan && !fault_.checkpoint;
     // Each poisoned step number once: a step rerun after a rollback is clean.
     const bool poison = fault_.rank == process_.rank && fault_.nan && step >= fault_.step && step <= fault_.last_step &&
@@ -531,13 +535,14 @@ class TrainingLoop {
     progress_.sampler = batch.next;
     progress_.loss_window = guard_.window();
     writer_->save(engine_.model(), engine_.optimizer(), progress_);
-    if (process_.rank == 0 && writer_->async()) {
-      spdlog::info("checkpoint for step {}: state copied in {:.0f} ms, writing in the background", step,
-                   writer_->last_blocking_ms());
+    if (process_.rank == 0) {
+      spdlog::info("checkpoint for step {}: training waited {:.0f} ms ({})", step, writer_->last_blocking_ms(),
+                   writer_->async() ? "state copied to host memory, writing in the background" : "written synchronously");
     }
   }
 
   const Config& config_;
+  const CheckpointDirLock* lock_;  // rank 0 with checkpoints: refreshed every step
   const ProcessInfo& process_;
   ProcessGroups& groups_;
   TrainingEngine& engine_;
@@ -600,6 +605,13 @@ void run_training(const Config& config, const ProcessInfo& process) {
     }
   }
   check_output_directories(config, process.rank);
+  // One run per checkpoint directory (trainer/checkpoint_dir.h): a lock while this job
+  // writes there, and no continuing another run's checkpoints unless asked.
+  std::optional<CheckpointDirLock> checkpoint_lock;
+  if (config.train.checkpoint_every > 0 && process.rank == 0) {
+    checkpoint_lock.emplace(config.train.checkpoint_dir, process.hostname, 2 * config.train.hang_timeout_s);
+  }
+  if (config.train.checkpoint_every > 0 || config.train.resume == ResumeMode::Auto) check_checkpoint_dir_run(config);
   // A signal stops a local-loader run at the next step boundary with a checkpoint.
   // Remote loader ranks plan every step up to train.steps and cannot stop early
   // yet, so there signals keep their default action (the job ends at once).
@@ -656,7 +668,8 @@ void run_training(const Config& config, const ProcessInfo& process) {
     watchdog.emplace(HangWatchdogOptions{config.train.hang_timeout_s, config.train.run_dir, process.hostname, process.rank},
                      process.thread_multiple ? world : nullptr);
   }
-  TrainingLoop loop(config, process, groups, engine, *batches, progress, peak_flops, memory.total());
+  TrainingLoop loop(config, process, groups, engine, *batches, progress, peak_flops, memory.total(),
+                    checkpoint_lock ? &*checkpoint_lock : nullptr);
   loop.run();
   watchdog.reset();
   if (loader) loader->stop_servers();
