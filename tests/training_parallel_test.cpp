@@ -366,11 +366,12 @@ TEST(ParallelFailures, ANanLossOnOneRankSkipsTheStepOnEveryRank) {
 // declaring rank is not always rank 0.
 void stopped_rank_ends_the_job(int stopped) {
   const int other = 1 - stopped;
-  const double timeout = 5;
+  // Generous against a loaded machine: no phase of this small model's step comes near it.
+  const double timeout = 10;
   const std::string dir = scratch_dir("parallel-hang-" + std::to_string(stopped));
   const std::string log = dir + "/log.txt";
   testing::BackgroundRun run("env HDP_FAULT_INJECT=" + std::to_string(stopped) + ":3:hang " + mpirun(2) + " " +
-                                 train_args(dir, {"hdp2", 1, 1, 2}, 6, "--set train.hang_timeout_s=5"),
+                                 train_args(dir, {"hdp2", 1, 1, 2}, 6, "--set train.hang_timeout_s=10"),
                              log);
   // Steps 1 and 2 run (the watchdog does not fire while the job progresses);
   // the hang starts when the second metrics line is written.
@@ -403,6 +404,32 @@ TEST(ParallelFailures, AStoppedRankOneEndsTheJobWithinTheHangTimeoutNamingItAndW
 
 TEST(ParallelFailures, AStoppedRankZeroEndsTheJobWithinTheHangTimeoutNamingItAndWhatRankOneWaitsFor) {
   stopped_rank_ends_the_job(0);
+}
+
+// The same from outside, at whatever moment the test gets to it: one of the two
+// ranks of a running job is SIGSTOP'ed (as a frozen node would be); the job ends
+// within hang_timeout_s + 30 s naming a silent rank and what the other waits for.
+TEST(ParallelFailures, ARankSigstoppedFromOutsideEndsTheJobWithinTheHangTimeout) {
+  const double timeout = 10;
+  const std::string dir = scratch_dir("parallel-hang-outside");
+  const std::string log = dir + "/log.txt";
+  testing::BackgroundRun run(mpirun(2) + " " + train_args(dir, {"hdp2", 1, 1, 2}, 100000, "--set train.hang_timeout_s=10"),
+                             log);
+  ASSERT_TRUE(testing::wait_for_steps(run, dir, 3, 300)) << testing::file_text(log);
+  const std::vector<pid_t> ranks = run.children();
+  ASSERT_EQ(ranks.size(), 2u) << testing::file_text(log);
+  kill(ranks.back(), SIGSTOP);
+  const auto hang_start = std::chrono::steady_clock::now();
+  const int code = run.wait(timeout + 60);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - hang_start).count();
+  const std::string output = testing::file_text(log);
+  kill(ranks.back(), SIGKILL);  // in case mpirun left it behind
+  ASSERT_NE(code, -2) << output;
+  EXPECT_NE(code, 0) << output;
+  EXPECT_LT(seconds, timeout + 30) << output;
+  const std::regex named("hang detected: .*rank [01] sent no heartbeat for [0-9.]+ s and did not answer.*; rank [01] "
+                         "waits in step [0-9]+, [a-z -]+: [a-z]+ [a-z -]+");
+  EXPECT_TRUE(std::regex_search(output, named)) << output;
 }
 
 TEST(ParallelFailures, WorldSizeMismatchEndsTheJobWithCode2) {
