@@ -169,6 +169,7 @@ int HangWatchdog::drain(Clock::time_point now) {
     if (m->payload.size() < 3) continue;
     Peer& p = peers_[m->source];
     p.last_heard = now;
+    p.heard = true;
     p.step = m->payload[0];
     p.waiting = m->payload[2] != 0;
     p.phase = read_text(m->payload, 3);
@@ -178,6 +179,7 @@ int HangWatchdog::drain(Clock::time_point now) {
     if (m->payload.size() < 3) continue;
     Peer& p = peers_[m->source];
     p.last_heard = now;
+    p.heard = true;
     p.reported = true;
     p.step = m->payload[0];
     p.progress_age_ms = m->payload[1];
@@ -262,8 +264,9 @@ std::string HangWatchdog::summary(const std::string& reason) {
     const Peer& p = peers_[r];
     if (static_cast<int>(r) == options_.rank || p.finished || p.reported) continue;
     parts.push_back("rank " + std::to_string(r) + " sent no heartbeat for " +
-                    format_seconds(seconds(now - p.last_heard)) + " s and did not answer (stopped, frozen or dead; "
-                    "last heard in " + where(p.step, p.phase) + ")");
+                    format_seconds(seconds(now - p.last_heard)) + " s and did not answer (stopped, frozen or dead; " +
+                    (p.heard ? "last heard in " + where(p.step, p.phase) : std::string("none received since the watchdog started")) +
+                    ")");
   }
   // The others grouped by phase, the smallest groups (the odd ones out) first.
   std::map<std::string, std::vector<int>> groups;

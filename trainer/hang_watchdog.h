@@ -66,7 +66,8 @@ class HangWatchdog {
   struct Peer {
     Clock::time_point last_heard;
     int64_t step = 0;
-    std::string phase = "(no heartbeat yet)";
+    std::string phase;
+    bool heard = false;      // any heartbeat or report received
     bool finished = false;   // said goodbye
     bool reported = false;   // answered this hang's notice
     bool waiting = false;
