@@ -121,6 +121,7 @@ HangWatchdog::~HangWatchdog() {
 void HangWatchdog::run() {
   const auto tick = std::chrono::duration<double>(tick_s(options_.timeout_s));
   const double timeout = options_.timeout_s;
+  if (channel_) send_beats(Clock::now());  // the peers know this rank from the start
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mutex_);
