@@ -1,11 +1,15 @@
 #pragma once
-// HDP_FAULT_INJECT=RANK:STEP[:hang|:nan], read by the training loop (trainer/training.cpp:
-// that rank exits abruptly, without MPI_Finalize, when the step begins; with `:nan`
-// instead the loss and gradients of its first micro-batch of that step become NaN,
-// which the numerical guard must catch) and by the remote loader's servers
-// (data/remote_loader.cpp: that rank exits abruptly, or with `:hang` stops
-// answering, when asked for the tokens of that step). Tests use it to check that a
-// job goes down promptly with a message, or survives a bad step.
+// HDP_FAULT_INJECT=RANK:STEP[-LAST][:hang|:nan|:ckpt], read by the training loop
+// (trainer/training.cpp: that rank exits abruptly, without MPI_Finalize, when the
+// step begins; with `:hang` it stops itself with SIGSTOP instead, a frozen
+// process the hang watchdog must catch; with `:nan` the loss and gradients of
+// its first micro-batch of each step STEP..LAST become NaN, once per step number
+// (a step rerun after a rollback is not poisoned again), which the numerical
+// guard must catch; with `:ckpt` it exits (_Exit, code 3) once its part of the
+// checkpoint of step STEP is written and before the checkpoint is committed) and by the remote loader's servers (data/remote_loader.cpp:
+// that rank exits abruptly, or with `:hang` stops answering, when asked for the
+// tokens of step STEP). Tests use it to check that a job goes down promptly with
+// a message, or survives bad steps.
 
 #include <cstdint>
 #include <cstdio>
@@ -18,23 +22,49 @@ namespace hdp {
 struct FaultInjection {
   int rank = -1;      // -1: no fault injected
   int64_t step = -1;
-  bool hang = false;  // `:hang`: stop answering instead of exiting
+  int64_t last_step = -1;  // `:nan` poisons steps [step, last_step]; = step unless a range is given
+  bool hang = false;  // `:hang`: stop (training rank) or stop answering (loader rank) instead of exiting
   bool nan = false;   // `:nan`: a training rank poisons a micro-batch instead of exiting
+  bool checkpoint = false;  // `:ckpt`: a training rank exits while writing the checkpoint of that step
 };
 
 // The fault HDP_FAULT_INJECT asks for; none when it is unset. Throws
-// std::invalid_argument when it is set but not RANK:STEP[:hang|:nan].
+// std::invalid_argument when it is set but not RANK:STEP[-LAST][:hang|:nan|:ckpt].
 inline FaultInjection fault_injection_from_env() {
   FaultInjection f;
-  if (const char* spec = std::getenv("HDP_FAULT_INJECT")) {
-    char mode[16] = "";
-    long long step = -1;
-    const int n = std::sscanf(spec, "%d:%lld:%15s", &f.rank, &step, mode);
-    if (n < 2) throw std::invalid_argument(std::string("HDP_FAULT_INJECT='") + spec + "': expected RANK:STEP[:hang|:nan]");
-    f.step = static_cast<int64_t>(step);
-    f.hang = std::string(mode) == "hang";
-    f.nan = std::string(mode) == "nan";
+  const char* spec = std::getenv("HDP_FAULT_INJECT");
+  if (spec == nullptr) return f;
+  auto bad = [spec] {
+    throw std::invalid_argument(std::string("HDP_FAULT_INJECT='") + spec + "': expected RANK:STEP[-LAST][:hang|:nan|:ckpt]");
+  };
+  char* end = nullptr;
+  const char* p = spec;
+  const long rank = std::strtol(p, &end, 10);
+  if (end == p || *end != ':') bad();
+  p = end + 1;
+  const long long step = std::strtoll(p, &end, 10);
+  if (end == p || step < 0) bad();
+  p = end;
+  long long last = step;
+  if (*p == '-') {
+    ++p;
+    last = std::strtoll(p, &end, 10);
+    if (end == p || last < step) bad();
+    p = end;
   }
+  std::string mode;
+  if (*p == ':') {
+    mode = p + 1;
+  } else if (*p != '\0') {
+    bad();
+  }
+  if (!(mode.empty() || mode == "hang" || mode == "nan" || mode == "ckpt")) bad();
+  f.rank = static_cast<int>(rank);
+  f.step = step;
+  f.last_step = last;
+  f.hang = mode == "hang";
+  f.nan = mode == "nan";
+  f.checkpoint = mode == "ckpt";
   return f;
 }
 

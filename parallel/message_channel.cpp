@@ -8,13 +8,15 @@
 #include <mutex>
 #include <thread>
 
+#include "parallel/mpi_communicator.h"
+
 namespace hdp {
 namespace {
 
 class MpiChannel final : public MessageChannel {
  public:
-  MpiChannel() {
-    MPI_Comm_dup(MPI_COMM_WORLD, &comm_);
+  explicit MpiChannel(MPI_Comm base) {
+    MPI_Comm_dup(base, &comm_);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
   }
@@ -48,14 +50,15 @@ class MpiChannel final : public MessageChannel {
       }
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
-    int count = 0;
-    MPI_Get_count(&status, MPI_INT64_T, &count);
-    Message m;
-    m.source = status.MPI_SOURCE;
-    m.tag = status.MPI_TAG;
-    m.payload.resize(count);
-    MPI_Recv(m.payload.data(), count, MPI_INT64_T, m.source, m.tag, comm_, MPI_STATUS_IGNORE);
-    return m;
+    return take(status);
+  }
+
+  std::optional<Message> try_receive(int source, int tag) override {
+    MPI_Status status;
+    int arrived = 0;
+    MPI_Iprobe(source < 0 ? MPI_ANY_SOURCE : source, tag, comm_, &arrived, &status);
+    if (!arrived) return std::nullopt;
+    return take(status);
   }
 
   void flush() override {
@@ -69,6 +72,18 @@ class MpiChannel final : public MessageChannel {
     std::vector<int64_t> payload;
     MPI_Request request;
   };
+  // Receives the message `status` announced (MPI_Iprobe).
+  Message take(const MPI_Status& status) {
+    int count = 0;
+    MPI_Get_count(&status, MPI_INT64_T, &count);
+    Message m;
+    m.source = status.MPI_SOURCE;
+    m.tag = status.MPI_TAG;
+    m.payload.resize(count);
+    MPI_Recv(m.payload.data(), count, MPI_INT64_T, m.source, m.tag, comm_, MPI_STATUS_IGNORE);
+    return m;
+  }
+
   // Drops the sends that have completed (their buffers are free).
   void reap() {
     while (!pending_.empty()) {
@@ -87,6 +102,10 @@ class MpiChannel final : public MessageChannel {
 
 }  // namespace
 
-std::unique_ptr<MessageChannel> make_world_channel() { return std::make_unique<MpiChannel>(); }
+std::unique_ptr<MessageChannel> make_world_channel() { return std::make_unique<MpiChannel>(MPI_COMM_WORLD); }
+
+std::unique_ptr<MessageChannel> make_channel(const MpiCommunicator& comm) {
+  return std::make_unique<MpiChannel>(comm.handle());
+}
 
 }  // namespace hdp

@@ -36,11 +36,18 @@ class MessageChannel {
   // The next message with `tag` from `source` (or any source when source < 0).
   // Throws MessageTimeout naming `what` after timeout_s seconds without one.
   virtual Message receive(int source, int tag, double timeout_s, const std::string& what) = 0;
+  // The next message with `tag` from `source` (any source when source < 0) if one
+  // has arrived; never waits.
+  virtual std::optional<Message> try_receive(int source, int tag) = 0;
   // Waits until every message sent so far has left this rank.
   virtual void flush() = 0;
 };
 
 // A channel over a duplicate of MPI_COMM_WORLD (world ranks).
 std::unique_ptr<MessageChannel> make_world_channel();
+
+class MpiCommunicator;
+// A channel over a duplicate of `comm` (its ranks). Collective over comm.
+std::unique_ptr<MessageChannel> make_channel(const MpiCommunicator& comm);
 
 }  // namespace hdp

@@ -11,6 +11,7 @@
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/device.h"
 #include "kernels/ops.h"
+#include "parallel/progress.h"
 
 namespace hdp {
 
@@ -102,6 +103,10 @@ Tensor flat(const Tensor& t) { return flat(t, 0, t.numel()); }
 class MpiPending final : public CommRequest::Pending {
  public:
   MPI_Request request = MPI_REQUEST_NULL;
+  // What wait() is waiting for, for the hang watchdog (parallel/progress.h).
+  const char* op = "";
+  const char* group = "";
+  int peer = -1;  // world rank, -1 for a collective
   // Count and displacement arrays of a v-collective must outlive the call.
   std::vector<int> counts, displacements;
   // Staged buffers: the blocks in use, and the outputs to copy back after MPI_Wait.
@@ -116,7 +121,10 @@ class MpiPending final : public CommRequest::Pending {
   ~MpiPending() override { release_blocks(); }
 
   void wait() override {
-    MPI_Wait(&request, MPI_STATUS_IGNORE);
+    {
+      progress::Waiting waiting(op, group, peer);
+      MPI_Wait(&request, MPI_STATUS_IGNORE);
+    }
     for (const CopyBack& c : copy_back) {
       copy(c.destination, Tensor(c.staged, {c.destination.numel()}, Device::CPU));
     }
@@ -173,6 +181,16 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name)
     : comm_(comm), name_(std::move(name)), staging_(std::make_shared<StagingPool>()) {
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  // The world rank of every member, so that a wait names its peer as the job knows it.
+  MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
+  MPI_Comm_group(comm_, &group);
+  MPI_Comm_group(MPI_COMM_WORLD, &world);
+  std::vector<int> members(size_);
+  for (int r = 0; r < size_; ++r) members[r] = r;
+  world_ranks_.resize(size_);
+  MPI_Group_translate_ranks(group, size_, members.data(), world, world_ranks_.data());
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
 }
 
 MpiCommunicator::~MpiCommunicator() {
@@ -192,9 +210,13 @@ size_t MpiCommunicator::staging_bytes() const { return staging_->bytes(); }
 int64_t MpiCommunicator::staging_allocations() const { return staging_->allocations(); }
 
 namespace {
-std::unique_ptr<MpiPending> pending_with(const std::shared_ptr<StagingPool>& pool) {
+std::unique_ptr<MpiPending> pending_with(const std::shared_ptr<StagingPool>& pool, const char* op, const std::string& group,
+                                         int peer = -1) {
   auto p = std::make_unique<MpiPending>();
   p->pool = pool;
+  p->op = op;
+  p->group = group.c_str();
+  p->peer = peer;
   return p;
 }
 }  // namespace
@@ -204,7 +226,7 @@ CommRequest MpiCommunicator::all_reduce_async(Tensor data, ReduceOp op) {
   stats_.collective_bytes += ring_bytes(static_cast<int64_t>(wire_bytes(data)), size_, 2);
   ++stats_.collectives;
   if (size_ == 1) return {};
-  auto p = pending_with(staging_);
+  auto p = pending_with(staging_, "all-reduce", name_);
   float* buffer = p->in_out(data, staged(data));
   MPI_Iallreduce(MPI_IN_PLACE, buffer, n, MPI_FLOAT, mpi_op(op), comm_, &p->request);
   return CommRequest(std::move(p));
@@ -225,7 +247,7 @@ CommRequest MpiCommunicator::reduce_scatter_async(const Tensor& send, Tensor rec
     copy(flat(recv), flat(send));
     return {};
   }
-  auto p = pending_with(staging_);
+  auto p = pending_with(staging_, "reduce-scatter", name_);
   split_counts(n, size_, *p);
   const float* send_buffer = p->input(send, staged(send));
   float* recv_buffer = p->output(recv, staged(recv));
@@ -238,7 +260,7 @@ CommRequest MpiCommunicator::all_gather_async(Tensor buffer) {
   stats_.collective_bytes += ring_bytes(static_cast<int64_t>(wire_bytes(buffer)), size_, 1);
   ++stats_.collectives;
   if (size_ == 1) return {};
-  auto p = pending_with(staging_);
+  auto p = pending_with(staging_, "all-gather", name_);
   split_counts(n, size_, *p);
   // In place, MPI reads only this rank's part.
   float* host = p->host_buffer(buffer, staged(buffer), part_begin(n, rank_, size_), part_begin(n, rank_ + 1, size_),
@@ -252,7 +274,7 @@ CommRequest MpiCommunicator::send_async(const Tensor& data, int peer, int tag) {
   const int n = count_of(data, name_ + " send");
   stats_.p2p_bytes += static_cast<int64_t>(wire_bytes(data));
   ++stats_.p2p_messages;
-  auto p = pending_with(staging_);
+  auto p = pending_with(staging_, "send to", name_, world_rank(peer));
   const float* buffer = p->input(data, staged(data));
   MPI_Isend(buffer, n, MPI_FLOAT, peer, tag, comm_, &p->request);
   return CommRequest(std::move(p));
@@ -260,7 +282,7 @@ CommRequest MpiCommunicator::send_async(const Tensor& data, int peer, int tag) {
 
 CommRequest MpiCommunicator::recv_async(Tensor data, int peer, int tag) {
   const int n = count_of(data, name_ + " recv");
-  auto p = pending_with(staging_);
+  auto p = pending_with(staging_, "recv from", name_, world_rank(peer));
   float* buffer = p->output(data, staged(data));
   MPI_Irecv(buffer, n, MPI_FLOAT, peer, tag, comm_, &p->request);
   return CommRequest(std::move(p));
@@ -268,11 +290,13 @@ CommRequest MpiCommunicator::recv_async(Tensor data, int peer, int tag) {
 
 void MpiCommunicator::all_reduce(std::span<double> values, ReduceOp op) {
   if (size_ == 1) return;
+  progress::Waiting waiting("all-reduce", name_.c_str());
   MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, mpi_op(op), comm_);
 }
 
 void MpiCommunicator::all_reduce(std::span<int64_t> values, ReduceOp op) {
   if (size_ == 1) return;
+  progress::Waiting waiting("all-reduce", name_.c_str());
   MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T, mpi_op(op), comm_);
 }
 

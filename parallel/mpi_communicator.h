@@ -7,6 +7,8 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "parallel/communicator.h"
 
@@ -38,6 +40,8 @@ class MpiCommunicator final : public Communicator {
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
   MPI_Comm handle() const { return comm_; }
+  // The MPI_COMM_WORLD rank of member `rank` of this communicator.
+  int world_rank(int rank) const { return rank >= 0 && rank < size_ ? world_ranks_[rank] : -1; }
 
   // Device buffers (Device::CUDA) work in every call: an input is copied to a
   // staging block before the MPI call starts (so the caller may reuse it at once),
@@ -71,6 +75,7 @@ class MpiCommunicator final : public Communicator {
   std::string name_;
   int rank_ = 0;
   int size_ = 1;
+  std::vector<int> world_ranks_;  // world_rank()
   std::shared_ptr<StagingPool> staging_;
   bool stage_host_ = false;
 };

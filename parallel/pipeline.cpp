@@ -7,6 +7,7 @@
 
 #include "kernels/ops.h"
 #include "parallel/op_tracer.h"
+#include "parallel/progress.h"
 
 namespace hdp {
 
@@ -80,6 +81,7 @@ PipelineExecutor::PipelineExecutor(Communicator& pp, int64_t capacity_rows, int6
 }
 
 void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
+  progress::Context context("pipeline");
   const bool first = stage_ == 0, last = stage_ == stages_ - 1;
   const std::vector<PipelineOp> ops = one_f_one_b(stage_, stages_, micro_batches);
   auto slot_of = [&](int i) { return i % slots_; };

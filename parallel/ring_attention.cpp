@@ -4,6 +4,7 @@
 #include <string>
 
 #include "parallel/op_tracer.h"
+#include "parallel/progress.h"
 
 namespace hdp {
 namespace {
@@ -96,6 +97,7 @@ void RingAttention::post_exchange(const RingLayout& ring, int t, const Tensor& k
 void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                             std::span<const AttentionBlock> local_blocks, const RingLayout& ring,
                             int64_t ring_begin) {
+  progress::Context context("ring attention forward");
   const int n = static_cast<int>(ring.peers.size()), p = ring.self;
   const int64_t T = q.dim(0), mine = ring.rows(p);
   if (T - ring_begin != mine || mine > max_rows_) {
@@ -138,6 +140,7 @@ void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout
                              const Tensor& v, const Tensor& out, const Tensor& lse,
                              std::span<const AttentionBlock> local_blocks, const RingLayout& ring,
                              int64_t ring_begin) {
+  progress::Context context("ring attention backward");
   const int n = static_cast<int>(ring.peers.size()), p = ring.self;
   fill(dq, 0.0f);
   fill(dk, 0.0f);

@@ -6,6 +6,7 @@
 #include <stdexcept>
 
 #include "parallel/op_tracer.h"
+#include "parallel/progress.h"
 
 namespace hdp {
 namespace {
@@ -103,6 +104,7 @@ void ZeroAdamW::gradients_ready(int64_t offset) {
 }
 
 double ZeroAdamW::finish_gradients() {
+  progress::Context context("grads-sync");
   if (grads_.data == nullptr) throw std::logic_error("ZeRO: finish_gradients before begin_reduction");
   {
     // Traced as the exposed part: the buckets started during backward overlap it.
@@ -138,6 +140,7 @@ void ZeroAdamW::step(Tensor params, double lr, float grad_scale, int64_t step) {
   update.reset();
   TraceSpan span(trace_ops::kParamsSync.data());
   if (span.tracer()) span.set_group(span.tracer()->stage_group("params"));
+  progress::Context context("parameter all-gather");
   std::vector<CommRequest> gathers;
   gathers.reserve(buckets_.size());
   for (const Bucket& b : buckets_) {

@@ -1,17 +1,25 @@
 // The pieces of "training that survives" below the training loop: the numerical
-// guard's verdicts and streaks, and the stop-signal handlers (first signal
-// recorded, second one exits at once). End to end through the trainer binary:
+// guard's verdicts, streaks and window, the fault-injection knob, the stop-signal
+// handlers (first signal recorded, second one exits at once), the progress marker
+// and the thread-stack dump of the hang watchdog. End to end through the trainer binary:
 // tests/training_test.cpp and tests/training_parallel_test.cpp.
 
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <limits>
+#include <string>
+#include <thread>
+#include <vector>
 
+#include "data/fault_injection.h"
+#include "parallel/progress.h"
 #include "trainer/numerical_guard.h"
 #include "trainer/signals.h"
+#include "trainer/thread_stacks.h"
 
 namespace hdp {
 namespace {
@@ -67,6 +75,52 @@ TEST(NumericalGuard, MaxBadStepsInARowStopAndAGoodStepResetsTheStreak) {
   EXPECT_TRUE(strict.record(StepFault::NonFinite, kNan)) << "max_bad_steps 1 stops at the first bad step";
 }
 
+// The window a checkpoint carries: oldest first, at most kWindow, and a guard
+// restored from it judges spikes exactly like the one it came from.
+TEST(NumericalGuard, TheWindowRoundTripsThroughRestore) {
+  NumericalGuard a(3, 3);
+  for (size_t i = 0; i < NumericalGuard::kWindow + 7; ++i) a.record(StepFault::None, 1.0 + static_cast<double>(i % 13));
+  const std::vector<double> w = a.window();
+  ASSERT_EQ(w.size(), NumericalGuard::kWindow);
+  EXPECT_EQ(w.back(), 1.0 + static_cast<double>((NumericalGuard::kWindow + 6) % 13)) << "newest last";
+  NumericalGuard b(3, 3);
+  b.restore_window(w);
+  EXPECT_EQ(b.window(), w);
+  EXPECT_EQ(b.median(), a.median());
+  for (double loss : {2.0, 30.0, 5.5}) {
+    EXPECT_EQ(b.inspect(loss, 1), a.inspect(loss, 1)) << loss;
+    a.record(StepFault::None, loss);
+    b.record(StepFault::None, loss);
+    EXPECT_EQ(b.window(), a.window());
+  }
+  NumericalGuard short_history(3, 3);
+  short_history.restore_window({2.0, 2.0});
+  EXPECT_EQ(short_history.inspect(100, 1), StepFault::None) << "2 losses are too little history, restored or not";
+}
+
+// HDP_FAULT_INJECT=RANK:STEP[-LAST][:hang|:nan]; anything else is refused.
+TEST(FaultInjection, ParsesStepRangesAndModesAndRefusesTheRest) {
+  setenv("HDP_FAULT_INJECT", "1:3-5:nan", 1);
+  FaultInjection f = fault_injection_from_env();
+  EXPECT_EQ(f.rank, 1);
+  EXPECT_EQ(f.step, 3);
+  EXPECT_EQ(f.last_step, 5);
+  EXPECT_TRUE(f.nan);
+  setenv("HDP_FAULT_INJECT", "0:7:hang", 1);
+  f = fault_injection_from_env();
+  EXPECT_EQ(f.step, 7);
+  EXPECT_EQ(f.last_step, 7);
+  EXPECT_TRUE(f.hang);
+  setenv("HDP_FAULT_INJECT", "2:4", 1);
+  f = fault_injection_from_env();
+  EXPECT_FALSE(f.hang || f.nan);
+  for (const char* bad : {"2", "2:x", "2:5-3", "2:3:explode", "2:3-", "a:3"}) {
+    setenv("HDP_FAULT_INJECT", bad, 1);
+    EXPECT_THROW(fault_injection_from_env(), std::invalid_argument) << bad;
+  }
+  unsetenv("HDP_FAULT_INJECT");
+}
+
 // Death tests run the body in a child process, so the handlers and the signals
 // stay out of the test runner.
 TEST(StopSignals, TheFirstSignalIsRecordedAndAnnounced) {
@@ -89,6 +143,61 @@ TEST(StopSignals, ASecondSignalExitsAtOnceWith128PlusItsNumber) {
         _exit(0);
       },
       ::testing::ExitedWithCode(128 + SIGINT), "SIGINT received a second time: exiting at once, without a checkpoint");
+}
+
+// The hang watchdog's view of the training thread (parallel/progress.h): the
+// phase text names the context, the group, the operation and the peer; the
+// counter moves at every change; scopes on other threads change nothing.
+TEST(ProgressMarker, NamesThePhaseAndMovesOnEveryChangeOfTheWatchedThreadOnly) {
+  EXPECT_EXIT(
+      {
+        progress::watch_this_thread();
+        progress::set_step(7);
+        const uint64_t c0 = progress::snapshot().counter;
+        {
+          progress::Context context("ring attention forward");
+          progress::Waiting waiting("recv from", "hdp", 4);
+          const progress::Snapshot s = progress::snapshot();
+          if (s.phase != "ring attention forward: hdp recv from rank 4" || !s.waiting || s.step != 7) _exit(1);
+          if (s.counter <= c0) _exit(2);
+          // Another thread's scopes (a loader or copy thread) leave the marker alone.
+          std::thread([&] {
+            progress::Context other("elsewhere");
+            progress::Waiting w("all-reduce", "world");
+          }).join();
+          if (progress::snapshot().counter != s.counter) _exit(3);
+        }
+        const progress::Snapshot after = progress::snapshot();
+        if (after.waiting || after.phase != "start-up") _exit(4);
+        {
+          progress::Context context("grads-sync");
+          progress::Waiting waiting("reduce-scatter", "hdp");
+          if (progress::snapshot().phase != "grads-sync: hdp reduce-scatter") _exit(5);
+        }
+        _exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// A function whose name must appear, symbolised, in the dump of a thread blocked in it.
+__attribute__((noinline)) void blocked_in_a_function_with_a_known_name(std::atomic<bool>& release,
+                                                                       std::atomic<bool>& entered) {
+  entered = true;
+  while (!release.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  asm volatile("");  // keeps the frame from being a tail call
+}
+
+TEST(ThreadStacks, ListEveryThreadWithItsFunctionsNamed) {
+  std::atomic<bool> release{false}, entered{false};
+  std::thread blocked([&] { blocked_in_a_function_with_a_known_name(release, entered); });
+  while (!entered) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  const std::string text = thread_stacks_text();
+  release = true;
+  blocked.join();
+  EXPECT_NE(text.find("[main]"), std::string::npos) << text;
+  EXPECT_NE(text.find("[watchdog, this dump]"), std::string::npos) << text;
+  EXPECT_NE(text.find("blocked_in_a_function_with_a_known_name"), std::string::npos) << text;
+  EXPECT_EQ(text.find("did not answer"), std::string::npos) << text;
 }
 
 }  // namespace

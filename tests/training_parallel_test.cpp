@@ -428,6 +428,80 @@ TEST(ParallelFailures, ANanLossOnOneRankSkipsTheStepOnEveryRank) {
   }
 }
 
+// A rank that is stopped (HDP_FAULT_INJECT=R:3:hang makes rank R SIGSTOP itself
+// at the start of step 3: no heartbeat, no answer, no exit) must not hang the
+// job: within hang_timeout_s + 30 s the other rank's watchdog declares the hang,
+// writes its stacks, names the stopped rank and what it waits for itself, and the
+// job exits non-zero. Both ranks take their turn being stopped, so that the
+// declaring rank is not always rank 0.
+void stopped_rank_ends_the_job(int stopped) {
+  const int other = 1 - stopped;
+  // Generous against a loaded machine: no phase of this small model's step comes near it.
+  const double timeout = 10;
+  const std::string dir = scratch_dir("parallel-hang-" + std::to_string(stopped));
+  const std::string log = dir + "/log.txt";
+  testing::BackgroundRun run("env HDP_FAULT_INJECT=" + std::to_string(stopped) + ":3:hang " + mpirun(2) + " " +
+                                 train_args(dir, {"hdp2", 1, 1, 2}, 6, "--set train.hang_timeout_s=10"),
+                             log);
+  // Steps 1 and 2 run (the watchdog does not fire while the job progresses);
+  // the hang starts when the second metrics line is written.
+  ASSERT_TRUE(testing::wait_for_steps(run, dir, 2, 300)) << testing::file_text(log);
+  const auto hang_start = std::chrono::steady_clock::now();
+  const int code = run.wait(timeout + 60);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - hang_start).count();
+  const std::string output = testing::file_text(log);
+  ASSERT_NE(code, -2) << "still running " << timeout + 60 << " s after the hang began:\n" << output;
+  EXPECT_NE(code, 0) << output;
+  EXPECT_LT(seconds, timeout + 30) << output;
+  EXPECT_EQ(testing::metric_line_count(dir), 2u) << output;
+  const std::string s = std::to_string(stopped), o = std::to_string(other);
+  EXPECT_NE(output.find("rank " + s + " stops itself (SIGSTOP) at step 3"), std::string::npos) << output;
+  EXPECT_NE(output.find("rank " + s + " sent no heartbeat for"), std::string::npos) << output;
+  // The healthy rank is in step 3's first collective, the token count over hdp.
+  EXPECT_NE(output.find("rank " + o + " waits in step 3, token count all-reduce: hdp all-reduce"), std::string::npos)
+      << output;
+  const std::string stacks = testing::file_text(dir + "/hang/rank-" + o + ".txt");
+  EXPECT_NE(stacks.find("phase: step 3, token count all-reduce: hdp all-reduce"), std::string::npos) << stacks;
+  EXPECT_NE(stacks.find("[main]"), std::string::npos) << stacks;
+  // Symbolised: the training thread's frames name the trainer's functions.
+  EXPECT_NE(stacks.find("hdp::TrainingEngine::step"), std::string::npos) << stacks;
+  EXPECT_NE(testing::file_text(dir + "/hang/summary.txt").find("rank " + s + " sent no heartbeat"), std::string::npos);
+}
+
+TEST(ParallelFailures, AStoppedRankOneEndsTheJobWithinTheHangTimeoutNamingItAndWhatRankZeroWaitsFor) {
+  stopped_rank_ends_the_job(1);
+}
+
+TEST(ParallelFailures, AStoppedRankZeroEndsTheJobWithinTheHangTimeoutNamingItAndWhatRankOneWaitsFor) {
+  stopped_rank_ends_the_job(0);
+}
+
+// The same from outside, at whatever moment the test gets to it: one of the two
+// ranks of a running job is SIGSTOP'ed (as a frozen node would be); the job ends
+// within hang_timeout_s + 30 s naming a silent rank and what the other waits for.
+TEST(ParallelFailures, ARankSigstoppedFromOutsideEndsTheJobWithinTheHangTimeout) {
+  const double timeout = 10;
+  const std::string dir = scratch_dir("parallel-hang-outside");
+  const std::string log = dir + "/log.txt";
+  testing::BackgroundRun run(mpirun(2) + " " + train_args(dir, {"hdp2", 1, 1, 2}, 100000, "--set train.hang_timeout_s=10"),
+                             log);
+  ASSERT_TRUE(testing::wait_for_steps(run, dir, 3, 300)) << testing::file_text(log);
+  const std::vector<pid_t> ranks = run.children();
+  ASSERT_EQ(ranks.size(), 2u) << testing::file_text(log);
+  kill(ranks.back(), SIGSTOP);
+  const auto hang_start = std::chrono::steady_clock::now();
+  const int code = run.wait(timeout + 60);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - hang_start).count();
+  const std::string output = testing::file_text(log);
+  kill(ranks.back(), SIGKILL);  // in case mpirun left it behind
+  ASSERT_NE(code, -2) << output;
+  EXPECT_NE(code, 0) << output;
+  EXPECT_LT(seconds, timeout + 30) << output;
+  const std::regex named("hang detected: .*rank [01] sent no heartbeat for [0-9.]+ s and did not answer.*; rank [01] "
+                         "waits in step [0-9]+, [a-z -]+: [a-z]+ [a-z -]+");
+  EXPECT_TRUE(std::regex_search(output, named)) << output;
+}
+
 TEST(ParallelFailures, WorldSizeMismatchEndsTheJobWithCode2) {
   const std::string dir = scratch_dir("parallel-mismatch");
   auto r = run_command(mpirun(3) + " " + train_args(dir, {"bad", 2, 1, 1}, 1));

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -281,6 +282,212 @@ TEST(Training, TooManyBadStepsInARowStopTheRunNamingTheStep) {
   EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_NE(r.output.find("step 3: 1 bad step(s) in a row (train.max_bad_steps = 1"), std::string::npos) << r.output;
   EXPECT_EQ(metric_lines(dir).size(), 3u);
+}
+
+// The manifest's text, and one sampler field of it.
+std::string manifest_of(const std::string& ckpt) { return testing::file_text(ckpt + "/manifest.yaml"); }
+std::string manifest_field(const std::string& manifest, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(manifest, m, std::regex("\n *" + key + ": ([^\n]*)"))) return "";
+  return m[1];
+}
+
+// Two bad steps in a row (HDP_FAULT_INJECT=0:3-4:nan poisons steps 3 and 4 once)
+// at train.max_bad_steps = 2: the run rolls back to the checkpoint of step 2,
+// skips the global batches of the bad steps and trains steps 3-6 on the batches
+// after them; the metrics hold each step once and count the rollback, the log
+// names the batches' documents, and the checkpoint rolled back to records the
+// skipped batches, so that a run resumed from it skips them as well.
+TEST(Training, MaxBadStepsInARowRollBackToTheLastGoodCheckpointAndSkipTheirBatches) {
+  const std::string dir = scratch_dir("training-rollback"), resumed = scratch_dir("training-rollback-resumed");
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
+                             "--set train.keep_checkpoints=10 --set train.max_bad_steps=2 ";
+  auto r = testing::run_command("HDP_FAULT_INJECT=0:3-4:nan " + std::string(HDP_TRAINER_BINARY) + " " +
+                                run_args(dir, 6, common));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("step 3: update skipped (loss nan, gradient norm nan: not finite); global batch of documents "),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("step 4: 2 bad step(s) in a row (train.max_bad_steps = 2; the last: loss nan"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("rolling back to " + step_dir(dir, 2) + " (step 2) and skipping the global batches of "
+                          "step(s) 3, 4 from now on (rollback 1 of this run; 2 skipped batch(es) in all): step 3: "
+                          "documents "),
+            std::string::npos) << r.output;
+  const auto lines = metric_lines(dir);
+  ASSERT_EQ(lines.size(), 6u);
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_EQ(field(lines[i], "step"), static_cast<double>(i + 1));
+    EXPECT_TRUE(std::isfinite(field(lines[i], "loss"))) << lines[i];
+    EXPECT_EQ(field(lines[i], "skipped_steps"), 0) << lines[i];
+    EXPECT_EQ(field(lines[i], "rollbacks"), i < 2 ? 0 : 1) << lines[i];
+    EXPECT_EQ(field(lines[i], "skipped_batches"), i < 2 ? 0 : 2) << lines[i];
+  }
+  // The checkpoint rolled back to records both batches (3 numbers each), and
+  // every later one carries the record and the spike window (2 + 4 losses).
+  const std::string m2 = manifest_of(step_dir(dir, 2)), m6 = manifest_of(step_dir(dir, 6));
+  EXPECT_EQ(manifest_field(m2, "rollbacks"), "1") << m2;
+  const std::string skipped = manifest_field(m2, "skipped_batches");
+  EXPECT_EQ(std::count(skipped.begin(), skipped.end(), ','), 5) << m2;
+  EXPECT_EQ(manifest_field(m6, "skipped_batches"), manifest_field(m2, "skipped_batches")) << m6;
+  const std::string window = manifest_field(m6, "loss_window");
+  EXPECT_EQ(std::count(window.begin(), window.end(), ','), 5) << m6;
+
+  // A run resumed from the checkpoint of step 2 alone (no fault now) skips the
+  // same batches: the same losses and the same final state, bit for bit.
+  fs::create_directories(resumed + "/ckpt");
+  fs::copy(step_dir(dir, 2), step_dir(resumed, 2), fs::copy_options::recursive);
+  auto again = run_trainer(run_args(resumed, 6, common));
+  ASSERT_EQ(again.exit_code, 0) << again.output;
+  const auto relines = metric_lines(resumed);
+  ASSERT_EQ(relines.size(), 4u) << again.output;
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(field(relines[i], "loss"), field(lines[i + 2], "loss")) << "step " << i + 3;
+  expect_same_checkpoint(step_dir(dir, 6), step_dir(resumed, 6));
+}
+
+// AdamW's bias correction counts updates, not steps. X skips step 3's update
+// (NaN) and trains step 4 on the fourth batch; Y resumes from X's step-2
+// checkpoint with the third batch recorded as skipped, so its step 3 trains the
+// same fourth batch from the same state. With a constant learning rate (min_lr =
+// lr after the warm-up) both must reach bit-identical weights: the counter must
+// be 3 in both (it would be 4 in X if skipped steps advanced it).
+TEST(Training, ASkippedStepDoesNotAdvanceTheAdamWStepCounter) {
+  const std::string x = scratch_dir("training-adam-skip"), y = scratch_dir("training-adam-skipped-batch");
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
+                             "--set train.keep_checkpoints=10 --set optim.warmup_steps=1 --set optim.lr=2e-3 "
+                             "--set optim.min_lr=2e-3 ";
+  auto rx = testing::run_command("HDP_FAULT_INJECT=0:3:nan " + std::string(HDP_TRAINER_BINARY) + " " + run_args(x, 4, common));
+  ASSERT_EQ(rx.exit_code, 0) << rx.output;
+  ASSERT_NE(rx.output.find("step 3: update skipped"), std::string::npos) << rx.output;
+  // Y: X's step-2 checkpoint, with the batch that starts where it stopped marked as skipped.
+  fs::create_directories(y + "/ckpt");
+  fs::copy(step_dir(x, 2), step_dir(y, 2), fs::copy_options::recursive);
+  std::string manifest = manifest_of(step_dir(y, 2));
+  const std::string start = manifest_field(manifest, "epoch") + ", " + manifest_field(manifest, "cursor") + ", " +
+                            manifest_field(manifest, "document_offset");
+  const size_t at = manifest.find("skipped_batches: []");
+  ASSERT_NE(at, std::string::npos) << manifest;
+  manifest.replace(at, std::string("skipped_batches: []").size(), "skipped_batches: [" + start + "]");
+  std::ofstream(step_dir(y, 2) + "/manifest.yaml") << manifest;
+  auto ry = run_trainer(run_args(y, 3, common));
+  ASSERT_EQ(ry.exit_code, 0) << ry.output;
+  expect_same_checkpoint(step_dir(x, 4), step_dir(y, 3), /*same_progress=*/false);
+}
+
+// Asynchronous checkpoints (trainer/checkpoint_writer.h), every step: they hold
+// exactly what synchronous ones hold (the snapshot is the state at the step
+// boundary, not a later one); a process killed while writing one
+// (HDP_FAULT_INJECT=0:3:ckpt exits once its part of step 3's checkpoint is
+// written, before the commit) leaves it unfinished under step-00000003.tmp, never
+// under its final name; the resumed run takes step 2's and ends bit-identical to
+// a run that never stopped.
+TEST(Training, AsyncCheckpointsEqualSyncOnesAndAKillDuringAWriteLeavesNoHalfCheckpoint) {
+  const std::string straight = scratch_dir("training-async-straight"), sync = scratch_dir("training-async-sync"),
+                    killed = scratch_dir("training-async-killed");
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
+                             "--set train.keep_checkpoints=10 ";
+  auto a = run_trainer(run_args(straight, 6, common));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  EXPECT_NE(a.output.find("(in the background)"), std::string::npos) << a.output;
+  auto s = run_trainer(run_args(sync, 6, common + "--set train.async_checkpoints=false"));
+  ASSERT_EQ(s.exit_code, 0) << s.output;
+  EXPECT_EQ(s.output.find("in the background"), std::string::npos) << s.output;
+  for (int step : {1, 3, 6}) expect_same_checkpoint(step_dir(straight, step), step_dir(sync, step));
+
+  auto k = testing::run_command("HDP_FAULT_INJECT=0:3:ckpt " + std::string(HDP_TRAINER_BINARY) + " " +
+                                run_args(killed, 6, common));
+  ASSERT_EQ(k.exit_code, 3) << k.output;
+  EXPECT_NE(k.output.find("exits abruptly while writing the checkpoint of step 3"), std::string::npos) << k.output;
+  EXPECT_FALSE(fs::exists(step_dir(killed, 3))) << "a half-written checkpoint under its final name";
+  EXPECT_TRUE(fs::exists(step_dir(killed, 3) + ".tmp/rank-00000.h5"));
+  EXPECT_FALSE(fs::exists(step_dir(killed, 3) + ".tmp/manifest.yaml"));
+  auto resumed = run_trainer(run_args(killed, 6, common));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + step_dir(killed, 2) + " at step 2"), std::string::npos)
+      << resumed.output;
+  const auto la = metric_lines(straight), lb = metric_lines(killed);
+  ASSERT_EQ(la.size(), 6u);
+  ASSERT_EQ(lb.size(), 6u);
+  for (size_t i = 0; i < 6; ++i) EXPECT_EQ(field(lb[i], "loss"), field(la[i], "loss")) << "step " << i + 1;
+  expect_same_checkpoint(step_dir(straight, 6), step_dir(killed, 6));
+  EXPECT_FALSE(fs::exists(step_dir(killed, 3) + ".tmp")) << "the unfinished directory is cleaned up";
+}
+
+// A background write that fails (here: a file stands where the checkpoint's
+// temporary directory must go) ends the run at the next step with exit code 2
+// and the path; it is never lost.
+TEST(Training, AFailedBackgroundCheckpointWriteEndsTheRunWithCode2NamingThePath) {
+  const std::string dir = scratch_dir("training-async-fails");
+  const std::string log = dir + "/log.txt";
+  testing::BackgroundRun run(std::string(HDP_TRAINER_BINARY) + " " +
+                                 run_args(dir, 100000, "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1"),
+                             log);
+  ASSERT_TRUE(testing::wait_for_steps(run, dir, 1, 300)) << testing::file_text(log);
+  for (int step = 1; step <= 400; ++step) std::ofstream(step_dir(dir, step) + ".tmp") << "in the way\n";
+  const size_t blocked_from = metric_lines(dir).size() + 1;  // a step whose checkpoint cannot be written
+  ASSERT_EQ(run.wait(300), 2) << testing::file_text(log);
+  const std::string output = testing::file_text(log);
+  EXPECT_NE(output.find(".tmp: cannot create"), std::string::npos) << output;
+  EXPECT_NE(output.find(dir + "/ckpt/step-"), std::string::npos) << output;
+  // Reported within two steps of the failing one (the write runs beside the next step).
+  EXPECT_LE(metric_lines(dir).size(), blocked_from + 2) << output;
+}
+
+// A checkpoint directory is one job's while it runs (trainer/checkpoint_dir.h):
+// a second job is refused with exit 2 naming the holder's host and pid; the lock
+// goes when the first job ends; a lock left by a dead process of this host is
+// taken over.
+TEST(Training, ASecondJobIsKeptOutOfACheckpointDirectoryInUse) {
+  const std::string dir = scratch_dir("training-lock"), other = scratch_dir("training-lock-other");
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 ";
+  const std::string log = dir + "/log.txt";
+  testing::BackgroundRun first(std::string(HDP_TRAINER_BINARY) + " " + run_args(dir, 100000, common), log);
+  ASSERT_TRUE(testing::wait_for_steps(first, dir, 1, 300)) << testing::file_text(log);
+  char host[256] = "";
+  gethostname(host, sizeof(host));
+  // The second job: its own run_dir, the first one's checkpoint_dir.
+  auto second = run_trainer(run_args(other, 3, common + "--set train.checkpoint_dir=" + dir + "/ckpt"));
+  EXPECT_EQ(second.exit_code, 2) << second.output;
+  EXPECT_NE(second.output.find("train.checkpoint_dir '" + dir + "/ckpt' is in use by another job: host " +
+                               std::string(host) + ", pid " + std::to_string(first.pid())),
+            std::string::npos) << second.output;
+  kill(first.pid(), SIGTERM);
+  ASSERT_EQ(first.wait(300), 0) << testing::file_text(log);
+  EXPECT_FALSE(fs::exists(dir + "/ckpt/trainer.lock")) << "the lock goes with the job";
+
+  // A lock whose process is gone (this host): taken over.
+  const pid_t gone = fork();
+  if (gone == 0) _exit(0);
+  waitpid(gone, nullptr, 0);
+  std::ofstream(dir + "/ckpt/trainer.lock") << "host " << host << "\npid " << gone << "\n";
+  const int steps = static_cast<int>(metric_lines(dir).size()) + 1;
+  auto third = run_trainer(run_args(dir, steps, common));
+  ASSERT_EQ(third.exit_code, 0) << third.output;
+  EXPECT_NE(third.output.find("taking over the lock of host " + std::string(host) + " pid " + std::to_string(gone) +
+                              " (that process is gone)"),
+            std::string::npos) << third.output;
+  EXPECT_FALSE(fs::exists(dir + "/ckpt/trainer.lock"));
+}
+
+// A run whose checkpoint_dir holds another run's checkpoints (another train.seed
+// here) is refused with exit 2 naming the difference, unless asked.
+TEST(Training, ACheckpointDirectoryOfAnotherRunIsRefusedUnlessAsked) {
+  const std::string dir = scratch_dir("training-other-run");
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=2 ";
+  auto first = run_trainer(run_args(dir, 2, common + "--set train.seed=1"));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  auto other = run_trainer(run_args(dir, 4, common + "--set train.seed=2"));
+  EXPECT_EQ(other.exit_code, 2) << other.output;
+  EXPECT_NE(other.output.find("train.checkpoint_dir '" + dir + "/ckpt' holds the checkpoints of another run: the "
+                              "newest, " + step_dir(dir, 2) + ", was written with another config (train.seed 1 "
+                              "there, 2 here)"),
+            std::string::npos) << other.output;
+  auto never = run_trainer(run_args(dir, 4, common + "--set train.seed=2 --set train.resume=never"));
+  EXPECT_EQ(never.exit_code, 2) << "starting afresh beside them would mix the runs: " << never.output;
+  auto same = run_trainer(run_args(dir, 4, common + "--set train.seed=1"));
+  EXPECT_EQ(same.exit_code, 0) << "the same run resumes: " << same.output;
+  auto asked = run_trainer(run_args(dir, 6, common + "--set train.seed=2 --set train.reuse_checkpoint_dir=true"));
+  ASSERT_EQ(asked.exit_code, 0) << asked.output;
+  EXPECT_NE(asked.output.find("resumed from " + step_dir(dir, 4)), std::string::npos) << asked.output;
 }
 
 TEST(Training, CorruptedAndTruncatedCheckpointsAreRefused) {

@@ -251,22 +251,14 @@ std::vector<std::string> link_names(hid_t group, const std::string& what) {
 // ---------------------------------------------------------------------------
 // Writing a part.
 
-std::vector<float> to_host(const Tensor& t) {
-  std::vector<float> host(t.numel());
-  copy(Tensor(host.data(), {t.numel()}, Device::CPU), t);
-  return host;
-}
-
-// optimizer: nullptr for a weights-only part (its optimizer group stays empty).
-void write_part(const std::string& file, const LlamaModel& model, const ZeroAdamW* optimizer,
-                const TrainingProgress& progress, const CheckpointLayout& layout) {
+void write_part(const std::string& file, const CheckpointSnapshot& s, const CheckpointLayout& layout) {
   const std::string tmp = file + ".tmp";
-  const auto& params = model.parameters();
+  const auto& params = s.parameters;
   try {
     Hdf5Lock lock;
     H5Handle f = h5_file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "creating " + tmp);
     write_attr_i64(f.get(), "format_version", kFormatVersion);
-    write_attr_i64(f.get(), "step", progress.step);
+    write_attr_i64(f.get(), "step", s.progress.step);
     write_attr_i64(f.get(), "world_rank", layout.world_rank);
     write_attr_i64(f.get(), "tp", layout.degrees.tp);
     write_attr_i64(f.get(), "pp", layout.degrees.pp);
@@ -281,17 +273,16 @@ void write_part(const std::string& file, const LlamaModel& model, const ZeroAdam
     if (layout.coords.hdp_rank == 0) {
       for (const ParameterInfo& p : params) {
         if (!writes(p)) continue;
-        const std::vector<float> host = to_host(model.parameter_tensor(p));
-        H5Handle dset = write_dataset(f.get(), p.name, p.shape, host.data(), host.size());
+        H5Handle dset = write_dataset(f.get(), p.name, p.shape, s.flat_parameters.data() + p.offset,
+                                      static_cast<size_t>(p.numel));
         write_slice_attrs(dset.get(), slice_of(p));
       }
     }
 
     H5Handle opt = h5_group(H5Gcreate2(f.get(), "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "optimizer");
     std::map<size_t, H5Handle> groups;
-    static const std::vector<ZeroAdamW::Segment> kNoSegments;
-    const Tensor moments[2] = {optimizer ? optimizer->exp_avg() : Tensor(), optimizer ? optimizer->exp_avg_sq() : Tensor()};
-    for (const ZeroAdamW::Segment& seg : optimizer ? optimizer->segments() : kNoSegments) {
+    const std::vector<float>* moments[2] = {&s.exp_avg, &s.exp_avg_sq};
+    for (const ZeroAdamW::Segment& seg : s.segments) {
       if (seg.parameter >= params.size()) {
         throw CheckpointError(file + ": optimizer segment of parameter " + std::to_string(seg.parameter) +
                               ", the model has " + std::to_string(params.size()));
@@ -308,10 +299,9 @@ void write_part(const std::string& file, const LlamaModel& model, const ZeroAdam
       }
       const int64_t start = seg.flat_offset - p.offset;
       for (int i = 0; i < 2; ++i) {
-        const std::vector<float> host =
-            to_host(moments[i].rows(seg.state_offset, seg.state_offset + seg.length));
         const std::string name = std::string(kMomentNames[i]) + "." + std::to_string(start);
-        H5Handle dset = write_dataset(it->second.get(), name, {seg.length}, host.data(), host.size());
+        H5Handle dset = write_dataset(it->second.get(), name, {seg.length}, moments[i]->data() + seg.state_offset,
+                                      static_cast<size_t>(seg.length));
         write_attr_i64(dset.get(), "start", start);
       }
     }
@@ -352,6 +342,16 @@ std::string emit_manifest(const Manifest& m, bool literal_config) {
   out << YAML::Key << "train_seed" << YAML::Value << m.progress.train_seed;
   out << YAML::Key << "data_seed" << YAML::Value << m.progress.data_seed;
   out << YAML::Key << "skipped_steps" << YAML::Value << m.progress.skipped_steps;
+  out << YAML::Key << "rollbacks" << YAML::Value << m.progress.rollbacks;
+  // Three numbers per skipped batch: epoch, cursor, document_offset of its start.
+  out << YAML::Key << "skipped_batches" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (const SamplerState& s : m.progress.skipped_batches) {
+    out << static_cast<int64_t>(s.epoch) << s.cursor << s.document_offset;
+  }
+  out << YAML::EndSeq;
+  out << YAML::Key << "loss_window" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (double loss : m.progress.loss_window) out << loss;
+  out << YAML::EndSeq;
   out << YAML::Key << "layout" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "tp" << YAML::Value << m.degrees.tp;
   out << YAML::Key << "pp" << YAML::Value << m.degrees.pp;
@@ -384,6 +384,17 @@ Manifest read_manifest_map(const YamlMap& root) {
   m.progress.data_seed = root.get<uint64_t>("data_seed");
   // Absent from manifests written before the numerical guard existed.
   m.progress.skipped_steps = root.get_or<int64_t>("skipped_steps", 0);
+  // Absent from manifests written before rollbacks: none, and an empty window.
+  m.progress.rollbacks = root.get_or<int64_t>("rollbacks", 0);
+  const auto skipped = root.get_or<std::vector<int64_t>>("skipped_batches", {});
+  if (skipped.size() % 3 != 0) {
+    root.fail("skipped_batches", "holds " + std::to_string(skipped.size()) + " numbers",
+              "three per skipped batch: epoch, cursor, document_offset");
+  }
+  for (size_t i = 0; i < skipped.size(); i += 3) {
+    m.progress.skipped_batches.push_back({static_cast<uint64_t>(skipped[i]), skipped[i + 1], skipped[i + 2]});
+  }
+  m.progress.loss_window = root.get_or<std::vector<double>>("loss_window", {});
   const YamlMap layout = root.map("layout");
   m.degrees.tp = layout.get<int>("tp");
   m.degrees.pp = layout.get<int>("pp");
@@ -405,6 +416,25 @@ Manifest parse_manifest(const std::string& text, const std::string& what) {
   } catch (const ConfigError& e) {
     throw CheckpointError(e.what());
   }
+}
+
+// The manifest as YAML: the config as a literal block when that keeps it exactly,
+// else double-quoted (e.g. leading indentation or trailing blank lines: a quoted
+// scalar keeps them).
+std::string manifest_text(const Manifest& m, const std::string& where) {
+  std::string text = emit_manifest(m, true);
+  bool exact = false;
+  try {
+    exact = parse_manifest(text, "manifest").config == m.config;
+  } catch (const CheckpointError&) {
+  }
+  if (!exact) {
+    text = emit_manifest(m, false);
+    if (parse_manifest(text, "manifest").config != m.config) {
+      throw CheckpointError(where + ": the config text does not survive YAML quoting");
+    }
+  }
+  return text;
 }
 
 Manifest read_manifest(const std::string& path) {
@@ -684,10 +714,38 @@ std::string checkpoint_path(const std::string& checkpoint_dir, int64_t step) {
   return (fs::path(checkpoint_dir) / name).string();
 }
 
-// save_checkpoint and save_weights_checkpoint: one commit protocol, with or without the moments.
-static std::string save_parts(const std::string& checkpoint_dir, const LlamaModel& model, const ZeroAdamW* optimizer,
-                              const TrainingProgress& progress, const std::string& config_yaml, int64_t keep,
-                              const CheckpointLayout& layout) {
+static void to_host(const Tensor& t, std::vector<float>& host) {
+  host.resize(static_cast<size_t>(t.numel()));
+  if (t.numel() > 0) copy(Tensor(host.data(), {t.numel()}, Device::CPU), t);
+}
+
+void take_snapshot(const LlamaModel& model, const ZeroAdamW& optimizer, const TrainingProgress& progress,
+                   const CheckpointLayout& layout, CheckpointSnapshot& out) {
+  out.parameters = model.parameters();
+  out.segments = optimizer.segments();
+  out.progress = progress;
+  // Only hdp rank 0 of each slice writes weights (write_part).
+  if (layout.coords.hdp_rank == 0) {
+    to_host(model.flat_parameters(), out.flat_parameters);
+  } else {
+    out.flat_parameters.clear();
+  }
+  to_host(optimizer.exp_avg(), out.exp_avg);
+  to_host(optimizer.exp_avg_sq(), out.exp_avg_sq);
+}
+
+std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const ZeroAdamW& optimizer,
+                            const TrainingProgress& progress, const std::string& config_yaml, int64_t keep,
+                            const CheckpointLayout& layout) {
+  CheckpointSnapshot snapshot;
+  take_snapshot(model, optimizer, progress, layout, snapshot);
+  return save_checkpoint(checkpoint_dir, snapshot, config_yaml, keep, layout);
+}
+
+std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointSnapshot& snapshot,
+                            const std::string& config_yaml, int64_t keep, const CheckpointLayout& layout,
+                            const std::function<void()>& after_part) {
+  const TrainingProgress& progress = snapshot.progress;
   const ParallelDegrees& d = layout.degrees;
   const GridCoords& c = layout.coords;
   const int world_size = d.world();
@@ -706,7 +764,8 @@ static std::string save_parts(const std::string& checkpoint_dir, const LlamaMode
     std::error_code ec;
     fs::create_directories(tmp_dir, ec);
     if (!fs::is_directory(tmp_dir)) throw CheckpointError(tmp_dir + ": cannot create: " + ec.message());
-    write_part((fs::path(tmp_dir) / part_name(layout.world_rank)).string(), model, optimizer, progress, layout);
+    write_part((fs::path(tmp_dir) / part_name(layout.world_rank)).string(), snapshot, layout);
+    if (after_part) after_part();
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -739,19 +798,7 @@ static std::string save_parts(const std::string& checkpoint_dir, const LlamaMode
         const std::string name = entry.path().filename().string();
         if (std::find(m.parts.begin(), m.parts.end(), name) == m.parts.end()) fs::remove_all(entry.path());
       }
-      std::string text = emit_manifest(m, true);
-      bool exact = false;
-      try {
-        exact = parse_manifest(text, "manifest").config == config_yaml;
-      } catch (const CheckpointError&) {
-      }
-      if (!exact) {  // e.g. leading indentation or trailing blank lines: a quoted scalar keeps them
-        text = emit_manifest(m, false);
-        if (parse_manifest(text, "manifest").config != config_yaml) {
-          throw CheckpointError(tmp_dir + ": the config text does not survive YAML quoting");
-        }
-      }
-      write_text_file((fs::path(tmp_dir) / kManifest).string(), text);
+      write_text_file((fs::path(tmp_dir) / kManifest).string(), manifest_text(m, tmp_dir));
       std::error_code ec;
       fs::remove_all(final_path, ec);  // a rerun of this step replaces it
       if (ec) throw CheckpointError(final_path + ": cannot replace: " + ec.message());
@@ -772,29 +819,32 @@ static std::string save_parts(const std::string& checkpoint_dir, const LlamaMode
   return final_path;
 }
 
-std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const ZeroAdamW& optimizer,
-                            const TrainingProgress& progress, const std::string& config_yaml, int64_t keep,
-                            const CheckpointLayout& layout) {
-  return save_parts(checkpoint_dir, model, &optimizer, progress, config_yaml, keep, layout);
-}
-
 std::string save_weights_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model,
                                     const TrainingProgress& progress, const std::string& config_yaml) {
   const ModelPartition& part = model.partition();
   if (part.tp_size != 1 || part.first_layer != 0 || model.num_layers() != model.config().num_layers ||
       !part.has_embedding || !part.has_head)
     throw std::invalid_argument("save_weights_checkpoint: the model must be whole (one rank)");
+  // No optimizer segments: the part's optimizer group stays empty.
+  CheckpointSnapshot snapshot;
+  snapshot.parameters = model.parameters();
+  snapshot.progress = progress;
+  to_host(model.flat_parameters(), snapshot.flat_parameters);
   CheckpointLayout layout;  // one rank, offline: it writes the only part and commits
   // Nothing is pruned: the directory may hold checkpoints that are not ours to delete.
-  return save_parts(checkpoint_dir, model, nullptr, progress, config_yaml, std::numeric_limits<int64_t>::max(), layout);
+  return save_checkpoint(checkpoint_dir, snapshot, config_yaml, std::numeric_limits<int64_t>::max(), layout);
+}
+
+std::optional<std::string> latest_checkpoint_before(const std::string& checkpoint_dir, int64_t step) {
+  auto all = list_checkpoints(checkpoint_dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (it->complete && it->step < step) return it->path.string();
+  }
+  return std::nullopt;
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir) {
-  auto all = list_checkpoints(checkpoint_dir);
-  for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (it->complete) return it->path.string();
-  }
-  return std::nullopt;
+  return latest_checkpoint_before(checkpoint_dir, std::numeric_limits<int64_t>::max());
 }
 
 std::string checkpoint_or_latest(const std::string& path) {
@@ -802,6 +852,26 @@ std::string checkpoint_or_latest(const std::string& path) {
   if (fs::exists(fs::path(path) / kManifest, ec)) return path;
   if (auto latest = latest_checkpoint(path)) return *latest;
   throw CheckpointError(path + ": neither a checkpoint (no " + kManifest + ") nor a directory holding complete checkpoints");
+}
+
+int delete_checkpoints_after(const std::string& checkpoint_dir, int64_t step) {
+  int deleted = 0;
+  for (const Listed& l : list_checkpoints(checkpoint_dir)) {
+    if (l.step <= step) continue;
+    std::error_code ec;
+    // The manifest first: a directory left half-deleted is then never taken for complete.
+    if (l.complete) fs::remove(l.path / kManifest, ec);
+    fs::remove_all(l.path, ec);
+    if (!ec) ++deleted;
+  }
+  return deleted;
+}
+
+void record_rollbacks(const std::string& path, int64_t rollbacks, const std::vector<SamplerState>& skipped_batches) {
+  Manifest m = read_manifest(path);
+  m.progress.rollbacks = rollbacks;
+  m.progress.skipped_batches = skipped_batches;
+  write_text_file((fs::path(path) / kManifest).string(), manifest_text(m, path));
 }
 
 TrainingProgress load_checkpoint(const std::string& path, LlamaModel& model, ZeroAdamW* optimizer) {

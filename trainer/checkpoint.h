@@ -41,6 +41,13 @@ struct TrainingProgress {
   uint64_t train_seed = 0;
   uint64_t data_seed = 0;
   int64_t skipped_steps = 0;  // updates the numerical guard skipped so far (trainer/numerical_guard.h)
+  // Rollbacks so far (trainer/training.cpp), and where every global batch skipped by
+  // one starts (a resumed run skips them too).
+  int64_t rollbacks = 0;
+  std::vector<SamplerState> skipped_batches;
+  // The numerical guard's window of recent good losses, oldest first, so that a
+  // resumed run judges spikes like one that never stopped.
+  std::vector<double> loss_window;
 };
 
 // Where this rank sits when it writes its part.
@@ -50,6 +57,23 @@ struct CheckpointLayout {
   int world_rank = 0;
   Communicator* world = nullptr;  // save synchronises over it (two all-reduces); nullptr = offline, see below
 };
+
+// What one rank's part holds, copied to host memory at a step boundary, so that
+// the part can be written while training goes on (asynchronous checkpoints,
+// trainer/checkpoint_writer.h): the parameters' layout and this rank's slice of
+// their values (only when it writes weights: hdp rank 0), its ZeRO-1 segments and
+// moment shards, and the progress. Its buffers are reused by the next snapshot.
+struct CheckpointSnapshot {
+  std::vector<ParameterInfo> parameters;
+  std::vector<ZeroAdamW::Segment> segments;
+  std::vector<float> flat_parameters;  // empty unless this rank writes weights
+  std::vector<float> exp_avg, exp_avg_sq;
+  TrainingProgress progress;
+};
+
+// Fills `out` from the model and optimizer (device to host copies).
+void take_snapshot(const LlamaModel& model, const ZeroAdamW& optimizer, const TrainingProgress& progress,
+                   const CheckpointLayout& layout, CheckpointSnapshot& out);
 
 // checkpoint_dir/step-00000123
 std::string checkpoint_path(const std::string& checkpoint_dir, int64_t step);
@@ -68,6 +92,12 @@ std::string checkpoint_path(const std::string& checkpoint_dir, int64_t step);
 std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const ZeroAdamW& optimizer,
                             const TrainingProgress& progress, const std::string& config_yaml, int64_t keep,
                             const CheckpointLayout& layout);
+// The same from a snapshot. `after_part`, when given, runs once this rank's part is
+// written and before the commit (a test knob: a process killed there leaves a
+// half-written checkpoint).
+std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointSnapshot& snapshot,
+                            const std::string& config_yaml, int64_t keep, const CheckpointLayout& layout,
+                            const std::function<void()>& after_part = {});
 
 // A checkpoint of a whole model's weights only (one part, no optimizer state),
 // committed like any other: what `train.init_from` takes (import-hf writes its
@@ -79,6 +109,15 @@ std::string save_weights_checkpoint(const std::string& checkpoint_dir, const Lla
 // The newest complete checkpoint in the directory, if any (directories without a
 // committed manifest are ignored).
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir);
+// The newest complete checkpoint of a step before `step`, if any.
+std::optional<std::string> latest_checkpoint_before(const std::string& checkpoint_dir, int64_t step);
+// Deletes the checkpoints (complete or not) of steps after `step`: after a
+// rollback they belong to an abandoned trajectory. Returns how many it deleted.
+int delete_checkpoints_after(const std::string& checkpoint_dir, int64_t step);
+// Rewrites the manifest of a committed checkpoint with these rollback records
+// (atomically: the checkpoint stays complete throughout), so that a run resumed
+// from it skips the batches too.
+void record_rollbacks(const std::string& path, int64_t rollbacks, const std::vector<SamplerState>& skipped_batches);
 
 // `path` itself when it is a checkpoint (holds manifest.yaml), else the newest complete
 // checkpoint in it; CheckpointError when it is neither. What the converters and

@@ -7,6 +7,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -111,6 +112,8 @@ const std::vector<Section>& schema() {
         field("checkpoint_every", &Config::train, &TrainConfig::checkpoint_every),
         field("checkpoint_dir", &Config::train, &TrainConfig::checkpoint_dir),
         field("keep_checkpoints", &Config::train, &TrainConfig::keep_checkpoints),
+        field("async_checkpoints", &Config::train, &TrainConfig::async_checkpoints),
+        field("reuse_checkpoint_dir", &Config::train, &TrainConfig::reuse_checkpoint_dir),
         enum_field("resume", &Config::train, &TrainConfig::resume, kResumeModeNames, "mode"),
         field("init_from", &Config::train, &TrainConfig::init_from),
         field("peak_flops", &Config::train, &TrainConfig::peak_flops),
@@ -119,7 +122,8 @@ const std::vector<Section>& schema() {
         field("tf32", &Config::train, &TrainConfig::tf32),
         enum_field("precision", &Config::train, &TrainConfig::precision, kPrecisionNames, "precision"),
         field("spike_factor", &Config::train, &TrainConfig::spike_factor),
-        field("max_bad_steps", &Config::train, &TrainConfig::max_bad_steps)}},
+        field("max_bad_steps", &Config::train, &TrainConfig::max_bad_steps),
+        field("hang_timeout_s", &Config::train, &TrainConfig::hang_timeout_s)}},
       {"parallel",
        {field("tp", &Config::parallel, &ParallelConfig::tp),
         field("pp", &Config::parallel, &ParallelConfig::pp),
@@ -487,6 +491,10 @@ struct Parser {
             "of the recent good steps is skipped");
     require(t.max_bad_steps >= 1, "train.max_bad_steps", shown("train.max_bad_steps") + " is less than 1",
             "choose how many skipped steps in a row stop the run, at least 1 (1 = stop at the first bad step)");
+    require(t.hang_timeout_s == 0 || (t.hang_timeout_s >= 1 && std::isfinite(t.hang_timeout_s)), "train.hang_timeout_s",
+            shown("train.hang_timeout_s") + " is not 0 or at least 1",
+            "choose the seconds without progress after which the job is declared hung, at least 1 (default 600), or 0 "
+            "to turn hang detection off");
 
     // trace
     non_negative(config.trace.every, "trace.every", "it must be 0 or more (0 = no tracing)");

@@ -70,6 +70,8 @@ struct TrainConfig {
   int64_t checkpoint_every = 0;          // 0 disables
   std::string checkpoint_dir = "checkpoints/default";
   int64_t keep_checkpoints = 3;          // newest K complete checkpoints are kept
+  bool async_checkpoints = true;          // write checkpoints in a background thread from a host snapshot
+  bool reuse_checkpoint_dir = false;      // accept a checkpoint_dir holding another run's checkpoints
   ResumeMode resume = ResumeMode::Auto;
   std::string init_from;                 // checkpoint file whose weights start training
   double peak_flops = 0;                 // FLOP/s for MFU; 0 = measure with a GEMM probe
@@ -80,6 +82,7 @@ struct TrainConfig {
                                          // fp32 master weights, gradients and moments; docs/configuration.md)
   double spike_factor = 0;               // skip a step whose loss exceeds this x the recent median; 0 = off
   int64_t max_bad_steps = 3;             // this many skipped (NaN/Inf or spike) steps in a row stop the run
+  double hang_timeout_s = 600;           // no progress (or a silent peer) this long is a hang: stacks, summary, exit 1; 0 = off
 };
 
 // tp, pp, hdp: the tensor-parallel degree, pipeline stages and hybrid-data-parallel

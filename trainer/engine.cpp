@@ -13,6 +13,7 @@
 #include "base/errors.h"
 #include "kernels/ops.h"
 #include "parallel/op_tracer.h"
+#include "parallel/progress.h"
 #include "planning/plan.h"
 #include "planning/stage_split.h"
 #include "model/optimizer.h"
@@ -78,6 +79,7 @@ class TrainingEngine::Stage final : public PipelineStage {
   }
   void forward(int i, int slot) override {
     TraceSpan span(trace_ops::kForwardCompute.data(), i);
+    progress::Context context("forward");
     const auto t0 = Clock::now();
     if (i == poisoned_) {
       // A NaN loss scale seeds backward with NaN, as an overflow in the loss would.
@@ -99,6 +101,7 @@ class TrainingEngine::Stage final : public PipelineStage {
   }
   void backward(int i, int slot) override {
     TraceSpan span(trace_ops::kBackwardCompute.data(), i);
+    progress::Context context("backward");
     const auto t0 = Clock::now();
     // Gradients become final during the last micro-batch's backward: reduce them
     // bucket by bucket while the rest of backward runs.
@@ -168,7 +171,7 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
 
 TrainingEngine::~TrainingEngine() = default;
 
-StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t step_number,
+StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t update_number,
                                 const StepOptions& options) {
   StepResult result;
   int64_t local_predictions = 0;
@@ -178,6 +181,7 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
   {
     TraceSpan span(trace_ops::kTokenCount.data());
     if (span.tracer()) span.set_group(span.tracer()->stage_group("count"));
+    progress::Context context("token count all-reduce");
     result.predictions = groups_.hdp().all_reduce_sum(local_predictions);
   }
   const float loss_scale = result.predictions > 0 ? 1.0f / static_cast<float>(result.predictions) : 0.0f;
@@ -196,6 +200,7 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
     // The group of this pipeline's first and last stage: a name no pipeline transfer uses.
     TraceSpan span(trace_ops::kTiedEmbedding.data());
     if (span.tracer()) span.set_group(span.tracer()->pipeline_group(true, -1, -1));
+    progress::Context context("tied-embedding sync");
     const ParameterInfo& p = model_->parameter("model.embed_tokens.weight");
     tied->all_reduce(model_->gradient_tensor(p), ReduceOp::Sum);
   }
@@ -207,6 +212,7 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
   {
     TraceSpan span(trace_ops::kLoss.data());
     if (span.tracer()) span.set_group(span.tracer()->world_group("loss"));
+    progress::Context context("loss all-reduce");
     loss_sum = groups_.world().all_reduce_sum(counts_loss ? stage.loss_sum() : 0.0);
   }
   result.loss = result.predictions > 0 ? loss_sum / static_cast<double>(result.predictions) : 0.0;
@@ -219,7 +225,7 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
 
   result.updated = !options.apply_update || options.apply_update(result);
   if (!result.updated) return result;  // the next step's zero_grad and begin_reduction start afresh
-  optimizer_->step(model_->flat_parameters(), lr, clip_factor(result.grad_norm, config_.optim.grad_clip), step_number);
+  optimizer_->step(model_->flat_parameters(), lr, clip_factor(result.grad_norm, config_.optim.grad_clip), update_number);
   return result;
 }
 

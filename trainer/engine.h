@@ -75,7 +75,9 @@ class TrainingEngine {
 
   // One optimizer step over this pipeline's micro-batches (identical on every
   // stage and tp rank of the pipeline; pipelines may have different counts).
-  StepResult step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t step_number,
+  // update_number: AdamW's bias-correction step, the updates applied so far + 1
+  // (skipped steps do not count).
+  StepResult step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t update_number,
                   const StepOptions& options = {});
 
   LlamaModel& model() { return *model_; }

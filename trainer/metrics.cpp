@@ -61,6 +61,8 @@ std::string to_json(const StepMetrics& m) {
     s += ", \"expert_tokens\": [" + counts + "]";
     s += ", \"expert_load_max_over_mean\": " + number(m.expert_load_max_over_mean);
   }
+  s += ", \"rollbacks\": " + std::to_string(m.rollbacks);
+  s += ", \"skipped_batches\": " + std::to_string(m.skipped_batches);
   return s + "}";
 }
 

@@ -57,6 +57,10 @@ struct StepMetrics {
   // Steps since step 1 whose optimizer update the numerical guard skipped, this one
   // included (trainer/numerical_guard.h); carried over a resume by the checkpoint.
   int64_t skipped_steps = 0;
+  // Rollbacks to an earlier checkpoint so far, and the global batches they skip
+  // (trainer/training.cpp); both carried over a resume.
+  int64_t rollbacks = 0;
+  int64_t skipped_batches = 0;
 };
 
 std::string to_json(const StepMetrics& m);

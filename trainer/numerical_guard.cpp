@@ -29,6 +29,20 @@ bool NumericalGuard::record(StepFault fault, double loss) {
   return ++bad_in_a_row_ >= max_bad_steps_;
 }
 
+std::vector<double> NumericalGuard::window() const {
+  const size_t n = std::min(recorded_, kWindow);
+  std::vector<double> out;
+  out.reserve(n);
+  for (size_t i = recorded_ - n; i < recorded_; ++i) out.push_back(recent_[i % kWindow]);
+  return out;
+}
+
+void NumericalGuard::restore_window(const std::vector<double>& losses) {
+  recorded_ = 0;
+  const size_t first = losses.size() > kWindow ? losses.size() - kWindow : 0;
+  for (size_t i = first; i < losses.size(); ++i) recent_[recorded_++ % kWindow] = losses[i];
+}
+
 double NumericalGuard::median() const {
   const size_t n = std::min(recorded_, kWindow);
   if (n == 0) return 0;

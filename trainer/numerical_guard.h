@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace hdp {
 
@@ -35,6 +36,14 @@ class NumericalGuard {
   int64_t bad_in_a_row() const { return bad_in_a_row_; }
   // The median of the recent good losses a spike is measured against; 0 before any.
   double median() const;
+
+  // The good losses the median is taken over, oldest first (at most kWindow), and
+  // how to put them back: a checkpoint carries them, so a resumed run judges
+  // spikes against the same history as one that never stopped.
+  std::vector<double> window() const;
+  void restore_window(const std::vector<double>& losses);
+  // Forgets the current streak of bad steps (after a rollback).
+  void reset_streak() { bad_in_a_row_ = 0; }
 
   // Good losses the median is taken over, and how many are needed before spikes count.
   static constexpr size_t kWindow = 50;

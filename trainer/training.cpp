@@ -1,6 +1,8 @@
 #include "trainer/training.h"
 
 #include <spdlog/spdlog.h>
+#include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <array>
@@ -24,9 +26,13 @@
 #include "kernels/cuda/cuda_runtime.h"
 #include "parallel/message_channel.h"
 #include "parallel/process_groups.h"
+#include "parallel/progress.h"
 #include "trainer/checkpoint.h"
+#include "trainer/checkpoint_dir.h"
+#include "trainer/checkpoint_writer.h"
 #include "trainer/planner_cost.h"
 #include "trainer/engine.h"
+#include "trainer/hang_watchdog.h"
 #include "trainer/loader_roles.h"
 #include "trainer/metrics.h"
 #include "trainer/numerical_guard.h"
@@ -162,27 +168,50 @@ double peak_flops_for_mfu(const TrainConfig& train, Device device, const Process
 
 // Where a training rank's batches come from, produced a step or two ahead in the
 // prefetch thread. Local: every rank samples the same sequences and makes the same
-// plan, then reads only its own micro-batches. Remote: the loader's scheduler plans
-// and the servers send this rank's tokens.
+// plan, then reads only its own micro-batches; global batches recorded as bad
+// (rollbacks, below) are drawn and dropped, on every rank alike. Remote: the
+// loader's scheduler plans and the servers send this rank's tokens.
 class BatchSource {
  public:
   BatchSource(const Config& config, const CostModel& cost, const TokenDataset& dataset, const SamplerState& start,
-              int hdp_rank)
-      : planner_(std::in_place, config, cost),
-        sampler_(std::in_place, dataset, sampler_options(config.data), start),
-        prefetcher_([this, &dataset, hdp_rank] { return planner_->next_local_batch(*sampler_, dataset, hdp_rank); },
-                    2) {}
+              const std::vector<SamplerState>& skipped, int hdp_rank)
+      : config_(&config), dataset_(&dataset), hdp_rank_(hdp_rank), planner_(std::in_place, config, cost) {
+    restart(start, skipped);
+  }
   // The next `steps` batches from the loader; past them there is no work to wait for.
-  BatchSource(RemoteBatchClient& loader, int64_t steps)
-      : prefetcher_([&loader, remaining = steps]() mutable { return remaining-- > 0 ? loader.next() : GlobalBatch{}; },
-                    2) {}
+  BatchSource(RemoteBatchClient& loader, int64_t steps) {
+    prefetcher_.emplace([&loader, remaining = steps]() mutable { return remaining-- > 0 ? loader.next() : GlobalBatch{}; },
+                        2);
+  }
 
-  GlobalBatch next() { return prefetcher_.next(); }
+  GlobalBatch next() { return prefetcher_->next(); }
+
+  // Local only: whether restart() is possible.
+  bool restartable() const { return dataset_ != nullptr; }
+  // Drops the batches prefetched so far and goes on from `start`, skipping the
+  // global batches that begin at one of `skipped`.
+  void restart(const SamplerState& start, const std::vector<SamplerState>& skipped) {
+    prefetcher_.reset();  // joins the prefetch thread before its sampler is replaced
+    sampler_.emplace(*dataset_, sampler_options(config_->data), start);
+    skipped_ = skipped;
+    prefetcher_.emplace([this] { return next_local(); }, 2);
+  }
 
  private:
+  GlobalBatch next_local() {
+    for (;;) {
+      GlobalBatch batch = planner_->next_local_batch(*sampler_, *dataset_, hdp_rank_);
+      if (std::find(skipped_.begin(), skipped_.end(), batch.start) == skipped_.end()) return batch;
+    }
+  }
+
+  const Config* config_ = nullptr;         // local
+  const TokenDataset* dataset_ = nullptr;  // local
+  int hdp_rank_ = 0;
   std::optional<StepPlanner> planner_;   // local
   std::optional<BatchSampler> sampler_;  // local
-  BatchPrefetcher prefetcher_;
+  std::vector<SamplerState> skipped_;    // local: starts of the global batches to drop
+  std::optional<BatchPrefetcher> prefetcher_;
 };
 
 // A training rank's steps after `progress.step` up to train.steps: each runs the
@@ -191,8 +220,10 @@ class BatchSource {
 class TrainingLoop {
  public:
   TrainingLoop(const Config& config, const ProcessInfo& process, ProcessGroups& groups, TrainingEngine& engine,
-               BatchSource& batches, const TrainingProgress& progress, double peak_flops, size_t memory_bytes)
+               BatchSource& batches, const TrainingProgress& progress, double peak_flops, size_t memory_bytes,
+               const CheckpointDirLock* lock)
       : config_(config),
+        lock_(lock),
         process_(process),
         groups_(groups),
         engine_(engine),
@@ -205,12 +236,29 @@ class TrainingLoop {
         tracer_(config.trace, config.train.run_dir, groups.coords(), process.rank, groups.world()) {
     if (process.rank == 0) metrics_.emplace(config.train.run_dir, progress.step);
     fault_ = fault_injection_from_env();
+    guard_.restore_window(progress.loss_window);
+    if (config.train.checkpoint_every > 0) {
+      // Writes in the background need MPI from a second thread when there are several ranks.
+      const bool async = config.train.async_checkpoints && (process.thread_multiple || config.parallel.world() == 1);
+      std::function<void(int64_t)> after_part;
+      if (fault_.checkpoint && fault_.rank == process.rank) {
+        after_part = [rank = process.rank, step = fault_.step](int64_t written) {
+          if (written != step) return;
+          spdlog::critical("fault injection: rank {} exits abruptly while writing the checkpoint of step {}", rank, step);
+          std::_Exit(3);
+        };
+      }
+      writer_.emplace(config.train.checkpoint_dir, config.yaml, config.train.keep_checkpoints, layout_, async,
+                      process.rank == 0, std::move(after_part));
+    }
   }
 
   // Runs the steps; stops early, after a checkpoint, when a rank received a stop
   // signal (trainer/signals.h).
   void run() {
-    for (int64_t step = progress_.step + 1; step <= config_.train.steps && stop_signal_ == 0; ++step) run_step(step);
+    // A rollback (below) moves next_step_ back.
+    for (next_step_ = progress_.step + 1; next_step_ <= config_.train.steps && stop_signal_ == 0;) run_step(next_step_++);
+    if (writer_) writer_->wait();  // the last checkpoint is complete before the run reports its end
   }
 
   // The stop signal the ranks agreed on (0: none, the run went to train.steps), and the last step run.
@@ -232,17 +280,30 @@ class TrainingLoop {
   };
 
   void run_step(int64_t step) {
-    const bool fault_now = fault_.rank == process_.rank && fault_.step == step;
-    if (fault_now && !fault_.nan) {
+    progress::set_step(step);
+    if (writer_) writer_->check();  // an earlier background write's error ends the run here
+    if (lock_) lock_->refresh();
+    const bool fault_now = fault_.rank == process_.rank && fault_.step == step && !fault_.nan && !fault_.checkpoint;
+    // Each poisoned step number once: a step rerun after a rollback is clean.
+    const bool poison = fault_.rank == process_.rank && fault_.nan && step >= fault_.step && step <= fault_.last_step &&
+                        step > last_poisoned_step_;
+    if (fault_now && fault_.hang) {
+      // A stopped process: no heartbeat, no answer, no exit (what a frozen node looks like).
+      spdlog::critical("fault injection: rank {} stops itself (SIGSTOP) at step {}", process_.rank, step);
+      spdlog::default_logger()->flush();
+      ::kill(::getpid(), SIGSTOP);
+    } else if (fault_now) {
       spdlog::critical("fault injection: rank {} exits abruptly at step {}", process_.rank, step);
       std::_Exit(3);
     }
     tracer_.begin(step);
+    progress::Context step_context("training step");
     StepMeasurement measured;
     measured.step = step;
     const auto t0 = Clock::now();
     const GlobalBatch batch = [&] {
       TraceSpan wait(trace_ops::kDataWait.data());
+      progress::Context context("data wait");
       return batches_.next();
     }();
     measured.data_wait_ms = ms_since(t0);
@@ -253,18 +314,26 @@ class TrainingLoop {
     const int64_t offloaded_before = engine_.model().activation_usage().offloaded_bytes;
     StepOptions options;
     options.apply_update = [this](const StepResult& r) { return agree_on_update(r); };
-    if (fault_now && fault_.nan) {
+    if (poison) {
       spdlog::warn("fault injection: rank {} poisons the loss of its first micro-batch at step {}", process_.rank, step);
       options.poisoned_micro_batch = 0;
+      last_poisoned_step_ = step;
     }
-    measured.result = engine_.step(batch.micro_batches, measured.lr, step, options);
+    // AdamW's bias correction counts the updates applied, not the steps: a skipped
+    // step must not advance it.
+    measured.result = engine_.step(batch.micro_batches, measured.lr, step - progress_.skipped_steps, options);
     measured.step_ms = ms_since(t0);
     measured.offloaded_bytes = engine_.model().activation_usage().offloaded_bytes - offloaded_before;
 
     const StepMetrics m = step_metrics(measured, batch);
     if (metrics_) metrics_->write(m);
     last_step_ = step;
-    if (!measured.result.updated) report_bad_step(step);
+    if (measured.result.updated) {
+      streak_.clear();
+    } else {
+      streak_.push_back({step, batch.start, document_list(batch)});
+      if (report_bad_step(step)) return;  // rolled back: the loop goes on after the checkpoint
+    }
     if (process_.rank == 0 && (step % config_.train.log_every == 0 || step == 1 || step == config_.train.steps)) {
       log_step(m);
     }
@@ -287,6 +356,7 @@ class TrainingLoop {
   bool agree_on_update(const StepResult& result) {
     const StepFault mine = guard_.inspect(result.loss, result.grad_norm);
     std::array<int64_t, 3> flags = {mine == StepFault::NonFinite, mine == StepFault::Spike, stop_signal()};
+    progress::Context context("bad-step and stop flags all-reduce");
     {
       TraceSpan span(trace_ops::kUpdateAgreement.data());
       if (span.tracer()) span.set_group(span.tracer()->world_group("agree"));
@@ -300,25 +370,113 @@ class TrainingLoop {
     return step_fault_ == StepFault::None;
   }
 
-  // A step whose update was skipped: say why on rank 0; stop the run (every rank
-  // alike) at train.max_bad_steps in a row.
-  void report_bad_step(int64_t step) {
+  // A step whose update was skipped: say why on rank 0, with the batch's
+  // documents. At train.max_bad_steps in a row, roll back (every rank alike) to
+  // the newest checkpoint before the streak and skip its global batches, or stop
+  // when there is none. Returns true when it rolled back.
+  bool report_bad_step(int64_t step) {
     if (process_.rank == 0) {
-      spdlog::warn("step {}: update skipped ({}); {} bad step(s) in a row, the run stops at train.max_bad_steps = {}",
-                   step, fault_description_, guard_.bad_in_a_row(), config_.train.max_bad_steps);
+      spdlog::warn("step {}: update skipped ({}); global batch of {}; {} bad step(s) in a row (at "
+                   "train.max_bad_steps = {} the run rolls back to the last checkpoint before them, or stops)",
+                   step, fault_description_, streak_.back().documents, guard_.bad_in_a_row(),
+                   config_.train.max_bad_steps);
     }
-    if (too_many_bad_) {
-      throw std::runtime_error("step " + std::to_string(step) + ": " + std::to_string(guard_.bad_in_a_row()) +
-                               " bad step(s) in a row (train.max_bad_steps = " +
-                               std::to_string(config_.train.max_bad_steps) + "; the last: " + fault_description_ +
-                               "); stopping. Lower optim.lr, check the data, or resume from the last checkpoint");
+    if (!too_many_bad_) return false;
+    const std::string what = "step " + std::to_string(step) + ": " + std::to_string(guard_.bad_in_a_row()) +
+                             " bad step(s) in a row (train.max_bad_steps = " +
+                             std::to_string(config_.train.max_bad_steps) + "; the last: " + fault_description_ + ")";
+    std::string why_not;
+    if (const auto target = rollback_target(&why_not)) {
+      rollback(*target, what);
+      return true;
     }
+    throw std::runtime_error(what + "; stopping: " + why_not +
+                             ". Lower optim.lr, check the data, or resume from the last checkpoint");
+  }
+
+  // The checkpoint a rollback of the current streak returns to: the newest one
+  // before its first bad step (their updates were skipped, but the model may have
+  // been drifting before the guard saw it). None, with the reason, when
+  // checkpoints are off, the remote loader cannot replay batches, or rolling back
+  // keeps ending in the same streak.
+  std::optional<std::string> rollback_target(std::string* why_not) {
+    const int64_t first_bad = streak_.front().step;
+    if (config_.train.checkpoint_every == 0) {
+      *why_not = "no checkpoint to roll back to (train.checkpoint_every is 0)";
+      return std::nullopt;
+    }
+    if (!batches_.restartable()) {
+      *why_not = "rollbacks need loader.mode local (the remote loader cannot replay batches)";
+      return std::nullopt;
+    }
+    writer_->wait();  // the newest checkpoint may still be in the making
+    auto target = latest_checkpoint_before(config_.train.checkpoint_dir, first_bad);
+    if (!target) {
+      *why_not = "no checkpoint before step " + std::to_string(first_bad) + " in " + config_.train.checkpoint_dir +
+                 " to roll back to";
+    } else if (*target == last_rollback_target_ && rollbacks_to_target_ >= kMaxRollbacksToOneCheckpoint) {
+      *why_not = "rolled back to " + *target + " " + std::to_string(rollbacks_to_target_) +
+                 " times and the bad steps persist (the model, not the data, looks broken)";
+      target.reset();
+    }
+    return target;
+  }
+
+  // Loads `target` on every rank, records the streak's global batches as skipped
+  // (in the checkpoint's manifest too, so that a run resumed from it skips them as
+  // well) and goes on after it. Checkpoints newer than the target belong to the
+  // abandoned trajectory and are deleted; so are their metrics lines. The
+  // recovery recipe of PaLM (Chowdhery et al. 2022) and ByteRobust (ByteDance,
+  // 2025): restart before the spike and skip the batches around it.
+  void rollback(const std::string& target, const std::string& what) {
+    std::vector<SamplerState> skipped = progress_.skipped_batches;
+    std::string steps, documents;
+    for (const BadStep& b : streak_) {
+      if (std::find(skipped.begin(), skipped.end(), b.start) == skipped.end()) skipped.push_back(b.start);
+      steps += (steps.empty() ? "" : ", ") + std::to_string(b.step);
+      documents += (documents.empty() ? "" : "; ") + ("step " + std::to_string(b.step) + ": " + b.documents);
+    }
+    rollbacks_to_target_ = target == last_rollback_target_ ? rollbacks_to_target_ + 1 : 1;
+    last_rollback_target_ = target;
+    TrainingProgress restored = load_checkpoint(target, engine_.model(), &engine_.optimizer());
+    restored.rollbacks = progress_.rollbacks + 1;
+    restored.skipped_batches = skipped;
+    if (process_.rank == 0) {
+      spdlog::warn("{}; rolling back to {} (step {}) and skipping the global batches of step(s) {} from now on "
+                   "(rollback {} of this run; {} skipped batch(es) in all): {}",
+                   what, target, restored.step, steps, restored.rollbacks, skipped.size(), documents);
+      delete_checkpoints_after(config_.train.checkpoint_dir, restored.step);
+      record_rollbacks(target, restored.rollbacks, skipped);
+    }
+    // No rank goes on (and may write a checkpoint) before rank 0 has cleaned up.
+    groups_.world().all_reduce_sum(int64_t{0});
+    progress_ = restored;
+    guard_.restore_window(restored.loss_window);
+    guard_.reset_streak();
+    streak_.clear();
+    batches_.restart(restored.sampler, skipped);
+    if (metrics_) metrics_.emplace(config_.train.run_dir, restored.step);
+    next_step_ = restored.step + 1;
+  }
+
+  // "documents 3, 17, 18 (3 sequences)": the documents of a global batch, for logs.
+  static std::string document_list(const GlobalBatch& batch) {
+    constexpr size_t kShown = 16;
+    std::vector<int64_t> ids;
+    for (const SequenceSpan& s : batch.sequences) {
+      if (std::find(ids.begin(), ids.end(), s.document) == ids.end()) ids.push_back(s.document);
+    }
+    std::string out = "documents ";
+    for (size_t i = 0; i < ids.size() && i < kShown; ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
+    if (ids.size() > kShown) out += ", ... (" + std::to_string(ids.size()) + " documents)";
+    return out + " (" + std::to_string(batch.sequences.size()) + " sequences)";
   }
 
   // The step's metrics record. A collective over the world: the job-wide figures
   // (ring traffic, offloaded bytes, every rank's measured and planned busy time)
   // are sums over the training ranks.
   StepMetrics step_metrics(const StepMeasurement& measured, const GlobalBatch& batch) {
+    progress::Context context("metrics all-reduce");
     const int training_ranks = config_.parallel.world();
     Communicator& world = groups_.world();
     std::vector<int64_t> lengths;
@@ -373,6 +531,8 @@ class TrainingLoop {
     m.activation_peak_bytes = static_cast<int64_t>(engine_.model().activation_usage().device_peak_bytes);
     m.host_pool_bytes = static_cast<int64_t>(engine_.model().activation_usage().host_pool_bytes);
     m.skipped_steps = progress_.skipped_steps;
+    m.rollbacks = progress_.rollbacks;
+    m.skipped_batches = static_cast<int64_t>(progress_.skipped_batches.size());
     return m;
   }
 
@@ -393,16 +553,19 @@ class TrainingLoop {
   // sampler position after `batch`, so that a resumed run goes on with the next one.
   void save_checkpoint_at(int64_t step, const GlobalBatch& batch) {
     TraceSpan span(trace_ops::kCheckpoint.data());
+    progress::Context context("checkpoint save");
     progress_.step = step;
     progress_.sampler = batch.next;
-    const auto t0 = Clock::now();
-    if (process_.rank == 0) spdlog::info("writing checkpoint for step {} ...", step);
-    const std::string path = save_checkpoint(config_.train.checkpoint_dir, engine_.model(), engine_.optimizer(),
-                                             progress_, config_.yaml, config_.train.keep_checkpoints, layout_);
-    if (process_.rank == 0) spdlog::info("checkpoint {} written in {:.0f} ms", path, ms_since(t0));
+    progress_.loss_window = guard_.window();
+    writer_->save(engine_.model(), engine_.optimizer(), progress_);
+    if (process_.rank == 0) {
+      spdlog::info("checkpoint for step {}: training waited {:.0f} ms ({})", step, writer_->last_blocking_ms(),
+                   writer_->async() ? "state copied to host memory, writing in the background" : "written synchronously");
+    }
   }
 
   const Config& config_;
+  const CheckpointDirLock* lock_;  // rank 0 with checkpoints: refreshed every step
   const ProcessInfo& process_;
   ProcessGroups& groups_;
   TrainingEngine& engine_;
@@ -412,6 +575,7 @@ class TrainingLoop {
   const size_t memory_bytes_;  // the engine's device memory, reported as peak_mem_bytes
   const CheckpointLayout layout_;
   std::optional<MetricsWriter> metrics_;  // rank 0
+  std::optional<CheckpointWriter> writer_;  // train.checkpoint_every > 0
   FaultInjection fault_;
   NumericalGuard guard_;
   StepTracer tracer_;  // the trace section (docs/tracing.md)
@@ -421,11 +585,25 @@ class TrainingLoop {
   bool too_many_bad_ = false;  // max_bad_steps bad steps in a row
   int stop_signal_ = 0;        // a stop signal some rank received, agreed by all
   int64_t last_step_ = 0;
+  int64_t next_step_ = 1;
+  int64_t last_poisoned_step_ = 0;  // HDP_FAULT_INJECT=R:S-L:nan: the last step poisoned
+  // The current streak of bad steps: each step, where its global batch starts and its documents.
+  struct BadStep {
+    int64_t step;
+    SamplerState start;
+    std::string documents;
+  };
+  std::vector<BadStep> streak_;
+  // Rollbacks in a row to the same checkpoint (a stop after kMaxRollbacksToOneCheckpoint).
+  static constexpr int kMaxRollbacksToOneCheckpoint = 3;
+  std::string last_rollback_target_;
+  int rollbacks_to_target_ = 0;
 };
 
 }  // namespace
 
 void run_training(const Config& config, const ProcessInfo& process) {
+  progress::watch_this_thread();
   const ParallelDegrees& degrees = config.parallel;
   const bool remote = config.loader.mode == LoaderMode::Remote;
   const int loader_ranks = remote ? static_cast<int>(config.loader.servers) : 0;
@@ -451,6 +629,13 @@ void run_training(const Config& config, const ProcessInfo& process) {
     }
   }
   check_output_directories(config, process.rank);
+  // One run per checkpoint directory (trainer/checkpoint_dir.h): a lock while this job
+  // writes there, and no continuing another run's checkpoints unless asked.
+  std::optional<CheckpointDirLock> checkpoint_lock;
+  if (config.train.checkpoint_every > 0 && process.rank == 0) {
+    checkpoint_lock.emplace(config.train.checkpoint_dir, process.hostname, 2 * config.train.hang_timeout_s);
+  }
+  if (config.train.checkpoint_every > 0 || config.train.resume == ResumeMode::Auto) check_checkpoint_dir_run(config);
   // A signal stops a local-loader run at the next step boundary with a checkpoint.
   // Remote loader ranks plan every step up to train.steps and cannot stop early
   // yet, so there signals keep their default action (the job ends at once).
@@ -496,11 +681,21 @@ void run_training(const Config& config, const ProcessInfo& process) {
     }
     batches.emplace(*loader, config.train.steps - progress.step);
   } else {
-    batches.emplace(config, cost, *dataset, progress.sampler, coords.hdp_rank);
+    batches.emplace(config, cost, *dataset, progress.sampler, progress.skipped_batches, coords.hdp_rank);
   }
 
-  TrainingLoop loop(config, process, groups, engine, *batches, progress, peak_flops, memory.total());
+  std::optional<HangWatchdog> watchdog;
+  if (config.train.hang_timeout_s > 0) {
+    // Heartbeats travel from the watchdog thread, which needs MPI_THREAD_MULTIPLE;
+    // without it each rank watches only itself.
+    const auto* world = dynamic_cast<const MpiCommunicator*>(&groups.world());
+    watchdog.emplace(HangWatchdogOptions{config.train.hang_timeout_s, config.train.run_dir, process.hostname, process.rank},
+                     process.thread_multiple ? world : nullptr);
+  }
+  TrainingLoop loop(config, process, groups, engine, *batches, progress, peak_flops, memory.total(),
+                    checkpoint_lock ? &*checkpoint_lock : nullptr);
   loop.run();
+  watchdog.reset();
   if (loader) loader->stop_servers();
   if (device == Device::CUDA && cuda::op_times_enabled()) spdlog::info("rank {}: {}", process.rank, cuda::op_times_report());
   if (process.rank == 0 && loop.stopped_by() != 0) {
