@@ -4,6 +4,7 @@
 #include "kernels/guarded_memory.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <new>
 #include <stdexcept>
@@ -75,7 +76,16 @@ Arena::Arena(Device device, size_t capacity_bytes, std::string name)
 
 Arena::Arena(DeviceAllocator& allocator, size_t capacity_bytes, std::string name)
     : device_(allocator.device()), name_(std::move(name)), allocator_(&allocator), capacity_(align_up(capacity_bytes)) {
-  base_ = static_cast<char*>(allocator.allocate(capacity_));
+  try {
+    base_ = static_cast<char*>(allocator.allocate(capacity_));
+  } catch (const std::bad_alloc&) {
+    char size[32];
+    std::snprintf(size, sizeof(size), "%.1f GiB", static_cast<double>(capacity_) / (1024.0 * 1024.0 * 1024.0));
+    throw OutOfMemory("memory: the '" + name_ + "' arena needs " + std::to_string(capacity_) + " bytes (" + size +
+                      ") of " + device_name(device_) + " memory, more than this machine could give; the config's "
+                      "model (hidden_size, num_layers, vocab_size), data.micro_batch_tokens or layout (more tp or "
+                      "pp ranks split the model) must need less");
+  }
   if (device_ == Device::Guarded && base_) guarded::set_name(base_, name_);
 }
 

@@ -6,10 +6,19 @@
 #include <cstdint>
 #include <string>
 
+#include "base/errors.h"
 #include "kernels/device.h"
 #include "kernels/tensor.h"
 
 namespace hdp {
+
+// An arena larger than its device (or the host) can give: the config asks for a model,
+// batch or layout this machine cannot hold. Bad input (exit 2) naming the arena and the
+// size, rather than a bare std::bad_alloc.
+class OutOfMemory : public InputError {
+ public:
+  using InputError::InputError;
+};
 
 class DeviceAllocator {
  public:

@@ -25,11 +25,20 @@ std::vector<int64_t> split_layers(int64_t num_layers, int stages, double layer_c
   const double inf = std::numeric_limits<double>::infinity();
   std::vector<std::vector<double>> best(stages + 1, std::vector<double>(L + 1, inf));
   best[0][0] = 0;
+  // Stage s - 1 takes the last n of l layers: the rest costs best[s - 1][l - n], which
+  // does not grow as n grows (fewer layers before it), while its own cost(s - 1, n)
+  // grows with n. The max of the two is least where they cross, found by bisection:
+  // O(stages L log L) rather than O(stages L^2), so a model of a million layers plans
+  // in well under a second.
   for (int s = 1; s <= stages; ++s) {
     for (int64_t l = s; l <= L; ++l) {
-      for (int64_t n = 1; n <= l - (s - 1); ++n) {
-        best[s][l] = std::min(best[s][l], std::max(best[s - 1][l - n], cost(s - 1, n)));
+      auto at = [&](int64_t n) { return std::max(best[s - 1][l - n], cost(s - 1, n)); };
+      int64_t lo = 1, hi = l - (s - 1);  // the first n whose own cost reaches the rest's
+      while (lo < hi) {
+        const int64_t mid = lo + (hi - lo) / 2;
+        if (cost(s - 1, mid) >= best[s - 1][l - mid]) hi = mid; else lo = mid + 1;
       }
+      best[s][l] = lo > 1 ? std::min(at(lo), at(lo - 1)) : at(lo);
     }
   }
   // Rebuild from the last stage, giving each stage as many layers as the optimum allows.

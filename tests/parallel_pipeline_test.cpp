@@ -57,6 +57,16 @@ TEST(SplitLayers, EveryStageKeepsALayerUnderAHugeExtraCost) {
   EXPECT_EQ(split_layers(6, 3, 1.0, 1000.0, 0), (std::vector<int64_t>{1, 1, 4}));
 }
 
+// A million layers (a config typo the trainer must reject quickly, not spin on): the
+// bisection keeps the split O(stages L log L).
+TEST(SplitLayers, AMillionLayersSplitAtOnce) {
+  EXPECT_EQ(split_layers(1000000, 4, 1.0, 0, 0), (std::vector<int64_t>{250000, 250000, 250000, 250000}));
+  const std::vector<int64_t> got = split_layers(1000000, 3, 1.0, 10.0, 20.0);
+  // The optimum is ceil((1000000 + 30) / 3) = 333344 per stage; the rebuild gives the
+  // later stages as many layers as it allows (20 + 333324, 333344) and the first the rest.
+  EXPECT_EQ(got, (std::vector<int64_t>{333332, 333344, 333324}));
+}
+
 TEST(SplitLayers, FewerLayersThanStagesOrNoStagesThrow) {
   EXPECT_THROW(split_layers(3, 4, 1.0, 0, 0), std::invalid_argument);
   EXPECT_THROW(split_layers(4, 0, 1.0, 0, 0), std::invalid_argument);

@@ -589,7 +589,15 @@ INSTANTIATE_TEST_SUITE_P(
         BadInvocation{"EmptyDataset", "train " + kTinyConfig + " --set data.path=DIR/empty.h5 --set train.run_dir=DIR/run --set train.checkpoint_dir=DIR/ckpt",
                       "dataset 'DIR/empty.h5' holds no tokens"},
         BadInvocation{"PrepareOutputIsAnInput", "prepare-data --input DIR/notes.txt --output DIR/notes.txt",
-                      "--output 'DIR/notes.txt' is the input"}),
+                      "--output 'DIR/notes.txt' is the input"},
+        // About 320,000 GiB of parameters: more than any address space, so the arena
+        // cannot be had even where the kernel overcommits memory.
+        BadInvocation{"ModelLargerThanMemory",
+                      "train " + kTinyConfig + " --set data.path=CORPUS --set train.run_dir=DIR/run "
+                      "--set train.checkpoint_dir=DIR/ckpt "
+                      "--set model.num_layers=20000 --set model.hidden_size=16384 --set model.num_heads=128 "
+                      "--set model.num_kv_heads=128 --set model.ffn_hidden_size=65536",
+                      "the 'parameters' arena needs 343600039002112 bytes (320002.5 GiB) of cpu memory"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(CommandLine, HelpAndVersion) {
