@@ -3,11 +3,11 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <numeric>
 
 #include "base/rng.h"
 #include "data/tokenizer.h"
 #include "kernels/ops.h"
+#include "model/cached_decoder.h"
 #include "model/model.h"
 #include "parallel/runtime.h"
 #include "trainer/checkpoint.h"
@@ -31,22 +31,12 @@ GenerateResult generate_text(const std::string& checkpoint, const std::string& p
     throw UsageError("the tokenizer's vocabulary (" + std::to_string(tokenizer->vocab_size()) +
                      ") is larger than the model's model.vocab_size " + std::to_string(m.vocab_size));
 
-  // Embedding and layers as one pipeline "stage" without the head: its output is
-  // the last layer's hidden states, to which the final norm and head are applied
-  // for the last position only.
+  // The whole model holds the weights; the cached decoder runs them one new token at
+  // a time (the model's own activation memory is not used, hence a capacity of 1).
   const int64_t context = std::max<int64_t>(config.data.max_seq_len, 2);
-  ModelPartition decoder;
-  decoder.has_head = false;
-  LlamaModel model(m, context, decoder);
+  LlamaModel model(m, /*capacity_tokens=*/1);
   load_checkpoint(result.checkpoint, model, nullptr);
-  std::vector<float> final_norm, head;
-  const std::string head_name = m.tie_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
-  read_whole_tensors(result.checkpoint, [&](const CheckpointTensorInfo& t, std::vector<float>&& values) {
-    if (t.name == "model.norm.weight") final_norm = std::move(values);
-    if (t.name == head_name) head = std::move(values);
-  });
-  if (final_norm.size() != static_cast<size_t>(m.hidden_size) || head.size() != static_cast<size_t>(m.vocab_size * m.hidden_size))
-    throw CheckpointError(result.checkpoint + ": the final norm or the LM head is missing");
+  CachedDecoder decoder(model, context);
 
   std::vector<uint32_t> ids;
   if (tokenizer->adds_bos()) ids.push_back(tokenizer->bos_id());
@@ -55,29 +45,19 @@ GenerateResult generate_text(const std::string& checkpoint, const std::string& p
   result.prompt_ids = ids;
 
   Rng rng(options.seed, /*stream=*/0x67656e);  // "gen"
-  const int64_t H = m.hidden_size, V = m.vocab_size;
-  std::vector<float> normed(H), rstd(1), logits(V);
-  std::vector<int32_t> tokens, targets, positions, cu_seqlens;
+  const int64_t V = m.vocab_size;
+  std::vector<int32_t> pending;  // tokens not yet in the cache
+  const auto first_kept = [&](size_t keep) { return ids.size() > keep ? ids.size() - keep : size_t{0}; };
+  pending.assign(ids.begin() + static_cast<long>(first_kept(static_cast<size_t>(context))), ids.end());
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
-    // The last `context` tokens: positions beyond what the model trained on are not used.
-    const size_t first = ids.size() > static_cast<size_t>(context) ? ids.size() - context : 0;
-    tokens.assign(ids.begin() + static_cast<long>(first), ids.end());
-    const int32_t n = static_cast<int32_t>(tokens.size());
-    targets.assign(n, -1);
-    positions.resize(n);
-    std::iota(positions.begin(), positions.end(), 0);
-    cu_seqlens = {0, n};
-    MicroBatchView view;
-    view.tokens = tokens;
-    view.targets = targets;
-    view.positions = positions;
-    view.cu_seqlens = cu_seqlens;
-    model.set_batch(0, view);
-    model.forward(0, 1.0f, /*with_backward=*/false);
-    const Tensor last = model.output_activation(0).rows(n - 1, n);
-    rmsnorm_forward(Tensor(normed.data(), {1, H}), Tensor(rstd.data(), {1}), last, Tensor(final_norm.data(), {H}),
-                    static_cast<float>(m.norm_eps));
-    linear_forward(Tensor(logits.data(), {1, V}), Tensor(normed.data(), {1, H}), Tensor(head.data(), {V, H}));
+    // Positions beyond what the model trained on are not used: when the cache is
+    // full, it restarts from the last half context at position 0.
+    if (decoder.length() + static_cast<int64_t>(pending.size()) > context) {
+      decoder.clear();
+      pending.assign(ids.begin() + static_cast<long>(first_kept(static_cast<size_t>(context / 2))), ids.end());
+    }
+    const std::span<const float> logits = decoder.append(pending);
+    pending.clear();
 
     uint32_t next = 0;
     if (options.temperature == 0) {
@@ -111,6 +91,7 @@ GenerateResult generate_text(const std::string& checkpoint, const std::string& p
       break;
     }
     ids.push_back(next);
+    pending.push_back(static_cast<int32_t>(next));
     result.new_ids.push_back(next);
   }
   // Ids the tokenizer cannot decode (the model's vocabulary may be larger) end the text.

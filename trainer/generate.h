@@ -1,12 +1,14 @@
 #pragma once
 // `trainer generate CHECKPOINT --prompt TEXT`: text continued by a checkpoint.
 //
-// The checkpoint (any layout) is loaded whole into one process. Each new token
-// runs the decoder over the whole context again (no KV cache: the model keeps
-// no per-sequence attention state between calls), then the final norm and the
-// LM head on the last position only; the next token is the argmax (temperature
-// 0) or drawn from softmax(logits / temperature) cut to the smallest set of
-// tokens whose probability reaches top_p, from base/rng.h's stream for `seed`.
+// The checkpoint (any layout) is loaded whole into one process. The prompt runs
+// through the decoder once, filling a key/value cache (model/cached_decoder.h);
+// each new token then costs one row through the layers and one query against the
+// cache. Positions stay below data.max_seq_len, the context the model trained
+// with: when the cache is full it restarts from the last half context. After the
+// final norm and the LM head of the last position, the next token is the argmax
+// (temperature 0) or drawn from softmax(logits / temperature) cut to the smallest
+// set of tokens whose probability reaches top_p, from base/rng.h's stream for `seed`.
 
 #include <cstdint>
 #include <string>
