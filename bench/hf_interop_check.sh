@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# Interchange with Hugging Face transformers, checked with transformers itself (which
+# the tests may not use): for tiny-llama and tiny-mistral (a window of 16 tokens,
+# shorter than the text generated), train a few steps, `trainer export-hf` (fp32), load the directory with
+# transformers' from_pretrained, and compare its greedy continuation of a prompt with
+# `trainer generate`'s; then let transformers save the model again (save_pretrained),
+# `trainer import-hf` that directory, export it once more and compare the two exports'
+# tensors bit for bit.
+#
+#   bench/hf_interop_check.sh PYTHON [OUT_DIR]
+# PYTHON: a python3 of a throwaway virtual environment with torch and transformers.
+set -euo pipefail
+python="$1"
+out="${2:-runs/hf-interop}"
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+trainer="${TRAINER:-$root/build/trainer/trainer}"
+cd "$root"
+[[ -f data-cache/demo-corpus.h5 ]] || "$trainer" make-corpus --output data-cache/demo-corpus.h5
+rm -rf "$out" && mkdir -p "$out"
+prompt="Where does Clara live?"
+new_tokens=40
+# The byte-level vocabulary: BOS 256, then the prompt's bytes.
+prompt_ids="256$(printf '%s' "$prompt" | od -An -tu1 -v | tr -s ' \n' ',' | sed 's/,$//')"
+status=0
+for model in tiny-llama tiny-mistral; do
+  run="$out/$model"
+  # tiny-mistral with a window of 16, well inside the 63 positions of prompt and continuation.
+  window=()
+  [[ $model == tiny-mistral ]] && window=(--set model.sliding_window=16)
+  "$trainer" train "configs/$model.yaml" "${window[@]}" --set train.steps=60 --set train.run_dir="$run" \
+    --set train.checkpoint_dir="$run/checkpoints" --set train.checkpoint_every=60 >"$run.train.log" 2>&1
+  "$trainer" export-hf "$run/checkpoints" --output "$run/hf" --dtype fp32 >/dev/null
+  ours=$("$trainer" generate "$run/checkpoints" --prompt "$prompt" --max-new-tokens $new_tokens --threads 1 2>/dev/null)
+  ours="${ours#"$prompt"}"  # generate prints the prompt, then its continuation
+  theirs=$("$python" bench/hf_interop_check.py "$run/hf" "$run/hf-resaved" "$prompt_ids" $new_tokens)
+  # Their new ids as text (bytes; ids >= 256 are BOS/EOS and end the text as ours does).
+  their_text=$(sed -n 's/^new //p' <<<"$theirs" | tr ',' '\n' | awk '$1 < 256 { printf "%c", $1 } $1 >= 256 { exit }')
+  echo "$model: transformers loaded it as $(sed -n 's/^class //p' <<<"$theirs"); its loss over prompt + continuation $(sed -n 's/^loss //p' <<<"$theirs")"
+  echo "  ours:         $(printf '%q' "$ours")"
+  echo "  transformers: $(printf '%q' "$their_text")"
+  if [[ "$ours" == "$their_text" ]]; then echo "  greedy continuations: identical"; else echo "  greedy continuations: DIFFER"; status=1; fi
+  "$trainer" import-hf "$run/hf-resaved" --output "$run/reimported" >/dev/null
+  "$trainer" export-hf "$run/reimported" --output "$run/hf-again" --dtype fp32 >/dev/null
+  if cmp -s "$run/hf/model.safetensors" "$run/hf-again/model.safetensors"; then
+    echo "  export -> transformers save_pretrained -> import-hf -> export: model.safetensors byte-identical"
+  else
+    "$python" - "$run/hf/model.safetensors" "$run/hf-again/model.safetensors" <<'PY' || status=1
+import sys
+from safetensors.torch import load_file
+a, b = load_file(sys.argv[1]), load_file(sys.argv[2])
+assert a.keys() == b.keys(), f"tensor names differ: {sorted(set(a) ^ set(b))}"
+bad = [k for k in a if not (a[k] == b[k]).all()]
+print("  export -> transformers save_pretrained -> import-hf -> export: " +
+      ("every tensor bit-identical (files differ in layout only)" if not bad else f"tensors differ: {bad}"))
+sys.exit(1 if bad else 0)
+PY
+  fi
+done
+exit $status
