@@ -526,6 +526,19 @@ ModelShape mixtral8x7b() {
   return m;
 }
 
+// The MFU's model FLOPs (training_flops) of top-2 of 8 experts of FFN F are those of
+// a dense FFN of 2 F plus the router: 6 hidden x 8 per token and layer.
+TEST(ExpertParallel, ModelFlopsCountTheActiveExperts) {
+  const ModelShape moe = mixtral8x7b();
+  ModelShape dense = moe;
+  dense.experts = dense.experts_per_token = 1;
+  dense.ffn = 2 * moe.ffn;
+  const std::vector<int64_t> lengths = {4096, 100};
+  EXPECT_DOUBLE_EQ(training_flops(moe, lengths) - training_flops(dense, lengths), 4196.0 * 32 * 6 * 4096 * 8);
+  // Memory counts all 8: four times the dense model's FFN parameters.
+  EXPECT_DOUBLE_EQ(expert_parameters(moe), 4 * expert_parameters(dense));
+}
+
 TEST(ExpertParallel, CandidatesAndErrors) {
   const ModelShape moe = mixtral8x7b();
   EXPECT_EQ(expert_parallel_candidates(moe, 12), (std::vector<int>{1, 2, 4}));
