@@ -314,6 +314,7 @@ void BM_AttentionWindowForwardBackward(benchmark::State& state) {
   state.counters["tokens/s"] = benchmark::Counter(tokens, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_AttentionWindowForwardBackward)
+    ->ArgsProduct({{1024, 2048, 4096, 8192, 16384}, {1024}, {8}, {4}, {64}})
     ->ArgsProduct({{2048, 4096, 8192, 16384, 32768}, {4096}, {8}, {4}, {64}})
     ->ArgsProduct({{2048, 4096, 8192, 16384}, {hdp::kNoWindow}, {8}, {4}, {64}})
     ->ArgNames({"L", "W", "Hq", "Hkv", "d"})

@@ -60,11 +60,15 @@ LayerSlice layer_slice(const ModelShape& m, int tp) {
   return s;
 }
 
+double expert_parameters(const ModelShape& m) {
+  return 3 * static_cast<double>(m.hidden) * static_cast<double>(m.ffn) * static_cast<double>(m.experts);
+}
+
 double layer_parameters(const ModelShape& m) {
-  const double H = static_cast<double>(m.hidden), F = static_cast<double>(m.ffn), E = static_cast<double>(m.experts);
+  const double H = static_cast<double>(m.hidden);
   const double qdim = static_cast<double>(m.heads * m.head_dim), kvdim = static_cast<double>(m.kv_heads * m.head_dim);
   // Projections, every expert's gate, up and down, the router, and the two norms.
-  return H * (qdim + 2 * kvdim) + qdim * H + 3 * H * F * E + router_parameters(m) + 2 * H;
+  return H * (qdim + 2 * kvdim) + qdim * H + expert_parameters(m) + router_parameters(m) + 2 * H;
 }
 
 double embedding_parameters(const ModelShape& m) {

@@ -62,6 +62,10 @@ LayerSlice layer_slice(const ModelShape& model, int tp);
 // shares the embedding's weights when tied, unless pp > 1 puts them on different
 // stages).
 double layer_parameters(const ModelShape& model);
+// The part of layer_parameters in its experts' FFNs (gate, up and down of all
+// `experts`): what expert parallelism shards, 3 hidden ffn experts (the router is not
+// an expert's). A dense model's one FFN counts too (experts = 1).
+double expert_parameters(const ModelShape& model);
 double embedding_parameters(const ModelShape& model);
 double head_parameters(const ModelShape& model, int pp);
 

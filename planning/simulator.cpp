@@ -364,4 +364,10 @@ double ring_all_reduce_seconds(double bytes, int members, double bandwidth, doub
   return 2 * ring_reduce_scatter_seconds(bytes, members, bandwidth, latency);
 }
 
+double all_to_all_seconds(double bytes, int members, double bandwidth, double latency) {
+  if (members <= 1) return 0;
+  if (!(bandwidth > 0)) throw std::invalid_argument("all_to_all_seconds: bandwidth must be positive");
+  return (members - 1) * (latency + bytes / (static_cast<double>(members) * bandwidth));
+}
+
 }  // namespace hdp::sim

@@ -186,10 +186,15 @@ class ChromeTraceWriter {
 // - point to point: latency + bytes / bandwidth;
 // - ring reduce-scatter or all-gather of `bytes` (the whole buffer) over n
 //   members: (n - 1) (latency + bytes / (n bandwidth));
-// - ring all-reduce: twice that. Zero for n <= 1.
+// - ring all-reduce: twice that;
+// - all-to-all of `bytes` (a member's whole buffer, 1 / n of it for each member)
+//   over n members, pairwise exchanges: (n - 1) (latency + bytes / (n bandwidth)),
+//   the same as a reduce-scatter: each member sends and receives (n - 1) / n of it.
+// Zero for n <= 1.
 double p2p_seconds(double bytes, double bandwidth, double latency);
 double ring_reduce_scatter_seconds(double bytes, int members, double bandwidth, double latency);
 double ring_all_gather_seconds(double bytes, int members, double bandwidth, double latency);
 double ring_all_reduce_seconds(double bytes, int members, double bandwidth, double latency);
+double all_to_all_seconds(double bytes, int members, double bandwidth, double latency);
 
 }  // namespace hdp::sim

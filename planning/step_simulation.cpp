@@ -30,34 +30,79 @@ ModelCosts model_costs(const ModelShape& m, int tp, int pp) {
   c.saved_bytes_per_token = saved_bytes_per_token(m, tp, kActivationBytes);
   c.kv_bytes_per_token = kv_bytes_per_token(m, tp, kActivationBytes);
   c.boundary_bytes_per_token = boundary_bytes_per_token(m, kActivationBytes);
+  c.expert_parameters = expert_parameters(m);
+  if (m.experts > 1)
+    c.all_to_all_bytes_per_token =
+        static_cast<double>(m.hidden) * kActivationBytes * static_cast<double>(m.experts_per_token);
   return c;
+}
+
+void validate_expert_parallel(const ModelShape& m, int hdp, int ep) {
+  if (ep < 1) throw std::invalid_argument("ep must be at least 1, got " + str(ep));
+  if (ep > 1 && m.experts == 1)
+    throw std::invalid_argument("ep " + str(ep) + " needs a mixture of experts; the model is dense (num_experts 1)");
+  if (m.experts % ep != 0)
+    throw std::invalid_argument("num_experts " + str(m.experts) + " is not divisible by ep " + str(ep));
+  if (hdp % ep != 0) throw std::invalid_argument("hdp " + str(hdp) + " is not divisible by ep " + str(ep));
+}
+
+std::vector<int> expert_parallel_candidates(const ModelShape& m, int hdp) {
+  std::vector<int> eps;
+  for (int ep = 1; ep <= hdp; ++ep)
+    if (hdp % ep == 0 && m.experts % ep == 0) eps.push_back(ep);
+  return eps;
 }
 
 namespace {
 
-double stage_parameters_per_gpu(const ModelCosts& c, int tp, int stage, int pp, int64_t layers) {
-  double p = static_cast<double>(layers) * c.layer_parameters;
-  if (stage == 0) p += c.embedding_parameters;
-  if (stage == pp - 1) p += c.head_parameters;
-  return p / tp;
+// One stage's parameters on one GPU: outside the experts (its layers' share of
+// 1 / tp, the embedding on the first stage, the head on the last) and in its experts
+// (a further 1 / ep).
+struct StageParameters {
+  double dense = 0, experts = 0;
+  double total() const { return dense + experts; }
+};
+
+StageParameters stage_parameters_per_gpu(const ModelCosts& c, int tp, int ep, int stage, int pp, int64_t layers) {
+  const double l = static_cast<double>(layers);
+  StageParameters p;
+  p.dense = l * (c.layer_parameters - c.expert_parameters);
+  if (stage == 0) p.dense += c.embedding_parameters;
+  if (stage == pp - 1) p.dense += c.head_parameters;
+  p.dense /= tp;
+  p.experts = l * c.expert_parameters / tp / ep;
+  return p;
+}
+
+// The link of a collective over GPUs first ... last: NVLink when one node holds them all.
+struct GroupLink {
+  double bytes_per_s = 0, latency_s = 0;
+};
+GroupLink group_link(const HardwareProfile& hw, long first, long last) {
+  if (hw.same_node(first, last)) return {hw.nvlink_bytes_per_s, hw.intranode_latency_s};
+  return {hw.internode_bytes_per_s, hw.internode_latency_s};
 }
 
 }  // namespace
 
 MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, const ParallelDegrees& degrees,
-                           std::span<const int64_t> stage_layers) {
+                           std::span<const int64_t> stage_layers, int ep) {
   validate_hardware(hw);
   const int pp = degrees.pp;
   if (static_cast<int>(stage_layers.size()) != pp)
     throw std::invalid_argument("memory_budget: " + str(static_cast<int64_t>(stage_layers.size())) +
                                 " stage layer counts for pp " + str(pp));
   if (degrees.hdp < 1) throw std::invalid_argument("hdp must be at least 1");
+  validate_expert_parallel(model, degrees.hdp, ep);
   const ModelCosts c = model_costs(model, degrees.tp, pp);
   MemoryBudget b;
   double best = std::numeric_limits<double>::infinity();
   for (int s = 0; s < pp; ++s) {
-    const double p = stage_parameters_per_gpu(c, degrees.tp, s, pp, stage_layers[s]);
-    const double fixed = p * (2 + 4) + p * 12 / degrees.hdp;
+    // Weights and gradients of this GPU's experts; the optimizer state of all
+    // parameters / tp over hdp (an expert's over the hdp / ep ranks holding its 1 / ep).
+    const double p = stage_parameters_per_gpu(c, degrees.tp, ep, s, pp, stage_layers[s]).total();
+    const double all = stage_parameters_per_gpu(c, degrees.tp, 1, s, pp, stage_layers[s]).total();
+    const double fixed = p * (2 + 4) + all * 12 / degrees.hdp;
     const double free = hw.hbm_bytes - hw.reserved_bytes - fixed;
     b.parameters_per_gpu.push_back(p);
     b.static_bytes.push_back(fixed);
@@ -80,12 +125,13 @@ MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, c
 }
 
 StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, const ParallelDegrees& degrees,
-                          std::span<const int64_t> stage_layers) {
+                          std::span<const int64_t> stage_layers, int ep) {
   validate_hardware(hw);
   const int pp = degrees.pp;
   if (static_cast<int>(stage_layers.size()) != pp)
     throw std::invalid_argument("make_step_costs: " + str(static_cast<int64_t>(stage_layers.size())) +
                                 " stage layer counts for pp " + str(pp));
+  validate_expert_parallel(model, degrees.hdp, ep);
   const ModelCosts c = model_costs(model, degrees.tp, pp);
   const double rate = hw.flops_per_second();
   StepCosts k;
@@ -98,13 +144,33 @@ StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, co
   k.hardware = hw;
   k.kv_bytes_per_token = c.kv_bytes_per_token;
   k.boundary_bytes_per_token = c.boundary_bytes_per_token;
+  k.ep = ep;
+  k.all_to_all_bytes_per_token = c.all_to_all_bytes_per_token;
+  // An ep group is ep consecutive hdp ranks of one stage: tp x ep consecutive GPUs
+  // from a multiple of tp x ep, so every group sits alike; group 0 of stage 0 stands for all.
+  const GroupLink a2a = group_link(hw, 0, static_cast<long>(degrees.tp) * ep - 1);
+  k.all_to_all_bytes_per_s = a2a.bytes_per_s;
+  k.all_to_all_latency_s = a2a.latency_s;
   for (int s = 0; s < pp; ++s) {
-    const double p = stage_parameters_per_gpu(c, degrees.tp, s, pp, stage_layers[s]);
-    k.gradient_bytes.push_back(4 * p);
-    k.parameter_bytes.push_back(2 * p);
-    k.optimizer_seconds.push_back(32 * p / degrees.hdp / hw.hbm_bytes_per_s);
+    const StageParameters p = stage_parameters_per_gpu(c, degrees.tp, ep, s, pp, stage_layers[s]);
+    // With ep = 1 every parameter is synchronised over all hdp ranks.
+    const double together = ep > 1 ? p.dense : p.total();
+    k.gradient_bytes.push_back(4 * together);
+    k.parameter_bytes.push_back(2 * together);
+    if (ep > 1) {
+      k.expert_gradient_bytes.push_back(4 * p.experts);
+      k.expert_parameter_bytes.push_back(2 * p.experts);
+    }
+    // The shard: 1 / hdp of the dense part, 1 / (hdp / ep) of this GPU's experts.
+    const double shard = p.dense / degrees.hdp + p.experts * ep / degrees.hdp;
+    k.optimizer_seconds.push_back(32 * shard / hw.hbm_bytes_per_s);
   }
   return k;
+}
+
+double all_to_all_seconds_per_token(const StepCosts& k) {
+  if (k.ep <= 1 || k.all_to_all_bytes_per_token <= 0) return 0;
+  return 6 * k.all_to_all_bytes_per_token * (k.ep - 1) / k.ep / k.all_to_all_bytes_per_s;
 }
 
 namespace {
@@ -132,6 +198,14 @@ void check_step_inputs(const StepPlan& plan, std::span<const int64_t> lengths, c
   if (k.gradient_bytes.size() != static_cast<size_t>(pp) || k.parameter_bytes.size() != static_cast<size_t>(pp) ||
       k.optimizer_seconds.size() != static_cast<size_t>(pp))
     throw std::invalid_argument("simulate_step: per-stage gradient, parameter and optimizer figures must have pp entries");
+  if (k.ep < 1 || k.hdp % k.ep != 0)
+    throw std::invalid_argument("simulate_step: ep " + str(k.ep) + " does not divide hdp " + str(k.hdp));
+  const size_t expert_stages = k.ep > 1 ? static_cast<size_t>(pp) : 0;
+  if (k.expert_gradient_bytes.size() != expert_stages || k.expert_parameter_bytes.size() != expert_stages)
+    throw std::invalid_argument("simulate_step: per-stage expert gradient and parameter figures must have pp entries "
+                                "with ep > 1 and none with ep 1");
+  if (k.ep > 1 && k.all_to_all_bytes_per_token > 0 && !(k.all_to_all_bytes_per_s > 0))
+    throw std::invalid_argument("simulate_step: the all-to-all bandwidth must be positive");
   if (!(k.forward_fraction > 0 && k.forward_fraction < 1))
     throw std::invalid_argument("simulate_step: forward_fraction must be in (0, 1)");
   for (const auto& mbs : plan.ranks)
@@ -154,6 +228,8 @@ class StepGraphBuilder {
     const size_t slots = first_.back() * grid_.pp;
     forward_ops_.assign(slots, kNone);
     backward_ops_.assign(slots, kNone);
+    forward_end_ops_.assign(slots, kNone);
+    backward_end_ops_.assign(slots, kNone);
     d2h_ops_.assign(slots, kNone);
     h2d_ops_.assign(slots, kNone);
     const size_t processes = static_cast<size_t>(grid_.hdp) * grid_.pp;
@@ -169,7 +245,8 @@ class StepGraphBuilder {
   void add_compute(int r, int s);
   // The activation sends and receives between stages s and s + 1, forward then backward.
   void add_pipeline_transfers(int r, int s);
-  // Stage s's gradient reduce-scatter, optimizer and parameter all-gather (ZeRO-1 over hdp).
+  // Stage s's gradient reduce-scatter, optimizer and parameter all-gather (ZeRO-1 over
+  // hdp; with ep > 1 the experts' over the hdp / ep ranks that hold them).
   void add_gradient_sync(int s);
   StepSimulation replay(bool keep_graph);
 
@@ -191,6 +268,9 @@ class StepGraphBuilder {
   // Forward + backward seconds of the embedding (first stage) and the head (last).
   double extra_seconds(const PlannedMicroBatch& mb, int s) const;
   int ring_group_of(size_t g, int s, bool forward);
+  // The expert all-to-alls of micro-batch op after its compute on the dp stream
+  // (two per layer forward, four backward); kNone for a dense model, ep 1 or no tokens.
+  sim::OpId add_all_to_all(int r, int s, const PipelineOp& op, sim::OpId compute);
   // Offload copy of micro-batch i beside its forward (d2h) or backward (h2d);
   // kNone when it offloads nothing.
   sim::OpId add_offload_copy(int r, int s, const PipelineOp& op, sim::OpId previous_compute);
@@ -216,9 +296,14 @@ class StepGraphBuilder {
   const uint32_t L_d2h = graph_.label("offload d2h"), L_h2d = graph_.label("offload h2d");
   const uint32_t L_rs = graph_.label("grad reduce-scatter"), L_opt = graph_.label("optimizer");
   const uint32_t L_ag = graph_.label("param all-gather");
+  const uint32_t L_a2a_fwd = graph_.label("expert all-to-all forward");
+  const uint32_t L_a2a_bwd = graph_.label("expert all-to-all backward");
+  const uint32_t L_ers = graph_.label("expert grad reduce-scatter"), L_eag = graph_.label("expert param all-gather");
   std::vector<int> streams_;
   std::vector<int> ring_group_;
   std::vector<sim::OpId> forward_ops_, backward_ops_, d2h_ops_, h2d_ops_;  // at(r, s, i)
+  // The last operation of each forward and backward: its all-to-all, else its compute.
+  std::vector<sim::OpId> forward_end_ops_, backward_end_ops_;
   std::vector<sim::OpId> last_compute_, last_copy_;                        // per process
   std::vector<sim::OpId> reduce_scatter_ops_;
 };
@@ -385,13 +470,34 @@ void StepGraphBuilder::add_compute(int r, int s) {
     const uint32_t label = mb.ring >= 0 ? (op.forward ? L_ring_fwd : L_ring_bwd) : (op.forward ? L_fwd : L_bwd);
     std::vector<sim::OpId> deps;
     if (pending_copy != kNone) deps.push_back(pending_copy);
+    // The previous micro-batch's all-to-all blocks this compute.
+    if (prev != kNone && graph_.stream(prev) != stream(r, s, kCompute)) deps.push_back(prev);
     const sim::OpId id = graph_.add_op(stream(r, s, kCompute), seconds, label, deps, group, op.micro_batch);
+    const sim::OpId a2a = add_all_to_all(r, s, op, id);
+    const sim::OpId end = a2a != kNone ? a2a : id;
     (op.forward ? forward_ops_ : backward_ops_)[at(r, s, op.micro_batch)] = id;
+    (op.forward ? forward_end_ops_ : backward_end_ops_)[at(r, s, op.micro_batch)] = end;
     pending_copy = add_offload_copy(r, s, op, prev);
-    prev = id;
+    prev = end;
   }
   last_compute_[r + static_cast<size_t>(grid_.hdp) * s] = prev;
   last_copy_[r + static_cast<size_t>(grid_.hdp) * s] = pending_copy;
+}
+
+sim::OpId StepGraphBuilder::add_all_to_all(int r, int s, const PipelineOp& op, sim::OpId compute) {
+  const int ep = k_.ep;
+  const double tokens = static_cast<double>(plan_.ranks[r][op.micro_batch].tokens());
+  if (ep <= 1 || !(k_.all_to_all_bytes_per_token > 0) || !(tokens > 0)) return kNone;
+  const double l = static_cast<double>(k_.stage_layers[s]);
+  // Forward: dispatch and combine. Backward: their gradients, and the two again for
+  // the expert inputs, counted as recomputed (an upper bound when they are kept).
+  const double count = op.forward ? 2 : 4;
+  const double buffer = k_.all_to_all_bytes_per_token * tokens;
+  const double seconds =
+      l * count * sim::all_to_all_seconds(buffer, ep, k_.all_to_all_bytes_per_s, k_.all_to_all_latency_s);
+  out_.all_to_all_bytes += l * count * buffer * (ep - 1) / ep * grid_.tp;
+  out_.all_to_all_seconds += seconds;
+  return graph_.add_op(stream(r, s, kDp), seconds, op.forward ? L_a2a_fwd : L_a2a_bwd, {compute}, -1, op.micro_batch);
 }
 
 // A fraction of the saved activations of all but two layers goes to host memory
@@ -435,7 +541,7 @@ void StepGraphBuilder::add_pipeline_transfers(int r, int s) {
     const size_t lo = at(r, s, i), hi = at(r, s + 1, i);
     // Forward: stage s sends its output, stage s + 1 receives it.
     const int g = graph_.new_group();
-    std::vector<sim::OpId> deps{forward_ops_[lo]};
+    std::vector<sim::OpId> deps{forward_end_ops_[lo]};
     if (d2h_ops_[lo] != kNone) deps.push_back(d2h_ops_[lo]);
     graph_.add_op(stream(r, s, kFwdSend), seconds, L_send_act, deps, g, i);
     const sim::OpId recv = graph_.add_op(stream(r, s + 1, kFwdRecv), seconds, L_recv_act, {}, g, i);
@@ -448,7 +554,7 @@ void StepGraphBuilder::add_pipeline_transfers(int r, int s) {
     const size_t lo = at(r, s, i), hi = at(r, s + 1, i);
     // Backward: stage s + 1 sends the input gradient, stage s receives it.
     const int g = graph_.new_group();
-    std::vector<sim::OpId> deps{backward_ops_[hi]};
+    std::vector<sim::OpId> deps{backward_end_ops_[hi]};
     if (h2d_ops_[hi] != kNone) deps.push_back(h2d_ops_[hi]);
     graph_.add_op(stream(r, s + 1, kBwdSend), seconds, L_send_grad, deps, g, i);
     const sim::OpId recv = graph_.add_op(stream(r, s, kBwdRecv), seconds, L_recv_grad, {}, g, i);
@@ -459,14 +565,26 @@ void StepGraphBuilder::add_pipeline_transfers(int r, int s) {
 
 void StepGraphBuilder::add_gradient_sync(int s) {
   const HardwareProfile& hw = k_.hardware;
-  const int hdp = grid_.hdp, tp = grid_.tp;
-  const bool one_node = hw.same_node(gpu(0, s), gpu(hdp - 1, s) + tp - 1);
-  const double bw = one_node ? hw.nvlink_bytes_per_s : hw.internode_bytes_per_s;
-  const double lat = one_node ? hw.intranode_latency_s : hw.internode_latency_s;
-  const double rs = sim::ring_reduce_scatter_seconds(k_.gradient_bytes[s], hdp, bw, lat);
-  const double ag = sim::ring_all_gather_seconds(k_.parameter_bytes[s], hdp, bw, lat);
+  const int hdp = grid_.hdp, tp = grid_.tp, ep = k_.ep;
+  const GroupLink all = group_link(hw, gpu(0, s), gpu(hdp - 1, s) + tp - 1);
+  const double rs = sim::ring_reduce_scatter_seconds(k_.gradient_bytes[s], hdp, all.bytes_per_s, all.latency_s);
+  const double ag = sim::ring_all_gather_seconds(k_.parameter_bytes[s], hdp, all.bytes_per_s, all.latency_s);
   out_.gradient_bytes += (k_.gradient_bytes[s] + k_.parameter_bytes[s]) * tp * hdp;
   const int g_rs = graph_.new_group(), g_ag = graph_.new_group();
+  // With ep > 1 the experts of ep-group position j live on ranks j, j + ep, ...: one
+  // reduce-scatter and one all-gather per position.
+  const bool experts = ep > 1;
+  const int holders = hdp / ep;
+  std::vector<int> g_ers, g_eag;
+  double ers = 0, eag = 0;
+  if (experts) {
+    for (int j = 0; j < ep; ++j) g_ers.push_back(graph_.new_group()), g_eag.push_back(graph_.new_group());
+    // Every position's ranks span the same GPUs (but for an offset of j x tp): position 0 stands for all.
+    const GroupLink link = group_link(hw, gpu(0, s), gpu(hdp - ep, s) + tp - 1);
+    ers = sim::ring_reduce_scatter_seconds(k_.expert_gradient_bytes[s], holders, link.bytes_per_s, link.latency_s);
+    eag = sim::ring_all_gather_seconds(k_.expert_parameter_bytes[s], holders, link.bytes_per_s, link.latency_s);
+    out_.gradient_bytes += (k_.expert_gradient_bytes[s] + k_.expert_parameter_bytes[s]) * tp * hdp;
+  }
   for (int r = 0; r < hdp; ++r) {
     std::vector<sim::OpId> deps;
     const size_t p = r + static_cast<size_t>(hdp) * s;
@@ -474,8 +592,11 @@ void StepGraphBuilder::add_gradient_sync(int s) {
     if (last_copy_[p] != kNone) deps.push_back(last_copy_[p]);
     const sim::OpId a = graph_.add_op(stream(r, s, kDp), rs, L_rs, deps, g_rs);
     reduce_scatter_ops_.push_back(a);
-    const sim::OpId o = graph_.add_op(stream(r, s, kCompute), k_.optimizer_seconds[s], L_opt, {a});
+    std::vector<sim::OpId> reduced{a};
+    if (experts) reduced.push_back(graph_.add_op(stream(r, s, kDp), ers, L_ers, deps, g_ers[r % ep]));
+    const sim::OpId o = graph_.add_op(stream(r, s, kCompute), k_.optimizer_seconds[s], L_opt, reduced);
     graph_.add_op(stream(r, s, kDp), ag, L_ag, {o}, g_ag);
+    if (experts) graph_.add_op(stream(r, s, kDp), eag, L_eag, {o}, g_eag[r % ep]);
   }
 }
 

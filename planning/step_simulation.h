@@ -24,6 +24,21 @@
 // reduce-scatter over the hdp ranks (a collective: the DP bubble shows as the
 // wait for the slowest rank), runs the optimizer on its ZeRO-1 shard, and joins
 // the parameter all-gather. The step time is the makespan.
+//
+// Expert parallelism (ep, MoE models only; GShard: Lepikhin et al., 2021, "GShard:
+// Scaling Giant Models with Conditional Computation and Automatic Sharding"; Switch
+// Transformer: Fedus et al., 2022): the hdp ranks of a stage form groups of ep
+// consecutive ranks (neighbouring GPUs, as tp's). A group holds every expert once,
+// each member num_experts / ep of them (tp shards each as any FFN), and every MoE
+// layer sends each token to its experts' members and back: per GPU and layer a
+// dispatch and a combine all-to-all forward, twice that backward, each of
+// tokens x hidden x 2 bytes x experts_per_token, of which (ep - 1) / ep leaves the
+// GPU. The all-to-all blocks the layer (its output is the next operation's input), so
+// it is an operation on the dp stream after the micro-batch's compute that the next
+// compute waits for. Routing is taken as balanced: every member receives as many
+// tokens as it sends, and runs experts_per_token experts' FLOPs per token whatever ep.
+// An expert's gradients are reduce-scattered over the hdp / ep ranks that hold it
+// (ranks r, r + ep, ...), the rest over all hdp ranks.
 
 #include <cstdint>
 #include <optional>
@@ -57,22 +72,37 @@ struct ModelCosts {
   double saved_bytes_per_token = 0;    // one layer's values saved for backward, per GPU (model/model_shape.h)
   double kv_bytes_per_token = 0;       // K and V of one layer per GPU (ring attention block), bf16
   double boundary_bytes_per_token = 0;  // activation (or its gradient) sent between pipeline stages, per GPU
+  double expert_parameters = 0;        // one layer's experts (all of them, whole model): what ep shards
+  // One dispatch (or combine) all-to-all per GPU, layer and token: the token's
+  // hidden values in bf16 for each of its experts, hidden x 2 x experts_per_token
+  // (of which (ep - 1) / ep leaves the GPU); 0 for a dense model.
+  double all_to_all_bytes_per_token = 0;
 };
 ModelCosts model_costs(const ModelShape& model, int tp, int pp);
+
+// Throws std::invalid_argument unless ep is at least 1 and divides num_experts and
+// hdp; a dense model (num_experts 1) takes ep 1 only.
+void validate_expert_parallel(const ModelShape& model, int hdp, int ep);
+// The degrees of expert parallelism a model may use over hdp ranks: the divisors of
+// hdp that divide num_experts, ascending ({1} for a dense model).
+std::vector<int> expert_parallel_candidates(const ModelShape& model, int hdp);
 
 // Per-stage memory and the capacity C it allows.
 struct MemoryBudget {
   int64_t capacity = 0;  // C: the smallest over stages of floor(free / (in_flight x layers x saved bytes))
   int limiting_stage = 0;
-  std::vector<double> parameters_per_gpu;  // per stage
+  std::vector<double> parameters_per_gpu;  // per stage, experts sharded over ep
   std::vector<double> static_bytes;        // weights + gradients + optimizer shard, per GPU and stage
   std::vector<double> free_bytes;          // hbm - reserved - static, per stage
 };
 // Stage s keeps pp - s micro-batches in flight under 1F1B, each of at most C
-// tokens over its layers. Throws std::invalid_argument if a stage has no room
-// for a single token.
+// tokens over its layers. With ep > 1 a GPU holds the weights and gradients of
+// 1 / ep of the experts; the optimizer state of an expert is sharded over the
+// hdp / ep ranks that hold it, so per GPU it is 12 / hdp of all parameters / tp
+// whatever ep. Throws std::invalid_argument if a stage has no room for a single
+// token or ep is not valid (validate_expert_parallel).
 MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hardware, const ParallelDegrees& degrees,
-                           std::span<const int64_t> stage_layers);
+                           std::span<const int64_t> stage_layers, int ep = 1);
 
 // Everything the step graph needs; make_step_costs derives it from the model and
 // cluster, tests set it by hand.
@@ -91,13 +121,28 @@ struct StepCosts {
   double boundary_bytes_per_token = 0;  // pipeline send per token
   std::vector<double> gradient_bytes;   // per stage: per GPU, reduce-scattered over hdp
   std::vector<double> parameter_bytes;  // per stage: per GPU, all-gathered over hdp
+  // With ep > 1, gradient_bytes and parameter_bytes are the parameters outside
+  // the experts and these the experts' (per stage, per GPU), synchronised over the
+  // hdp / ep ranks that hold the same experts; with ep = 1 they are empty.
+  std::vector<double> expert_gradient_bytes, expert_parameter_bytes;
   std::vector<double> optimizer_seconds;  // per stage: the update of one ZeRO-1 shard
+  // Expert parallelism: ep, a dispatch all-to-all's buffer per token (hidden x 2 x
+  // experts_per_token; 0 for a dense model), and the link of an ep group (NVLink
+  // when its GPUs share a node, else the network; every group is placed alike).
+  int ep = 1;
+  double all_to_all_bytes_per_token = 0;
+  double all_to_all_bytes_per_s = 0, all_to_all_latency_s = 0;
   int pp() const { return static_cast<int>(stage_layers.size()); }
 };
 // Compute rate: hardware.flops_per_second() per GPU. Copies at pcie_bytes_per_s.
 // Optimizer: 32 bytes of HBM traffic per parameter of the shard.
 StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hardware, const ParallelDegrees& degrees,
-                          std::span<const int64_t> stage_layers);
+                          std::span<const int64_t> stage_layers, int ep = 1);
+
+// The all-to-all seconds of one layer's forward and backward per token (six
+// all-to-alls, bandwidth terms only), which the planners add to the layer's linear
+// cost: 6 x all_to_all_bytes_per_token x (ep - 1) / ep / all_to_all_bytes_per_s.
+double all_to_all_seconds_per_token(const StepCosts& costs);
 
 struct StepSimulation {
   double step_seconds = 0;          // makespan
@@ -109,6 +154,8 @@ struct StepSimulation {
   double attention_bytes = 0;       // ring attention traffic of all GPUs (tp included)
   double pipeline_bytes = 0;        // pipeline sends of all GPUs
   double gradient_bytes = 0;        // reduce-scatter + all-gather input of all GPUs
+  double all_to_all_bytes = 0;      // expert all-to-all bytes sent by all GPUs (tp included)
+  double all_to_all_seconds = 0;    // expert all-to-all operations' time, summed over processes
   double offloaded_bytes = 0;       // device -> host copies of all GPUs
   double max_offloaded_bytes_per_gpu = 0;  // the largest single micro-batch's offloaded bytes on one GPU
   double gradient_sync_seconds = 0;  // the latest reduce-scatter start to the end of the step

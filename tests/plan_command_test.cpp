@@ -2,7 +2,7 @@
 // the published token-share statistics, global batches are cut at the context,
 // lengths files and their errors, the cluster and model files (and their
 // errors, naming file and key), and the command end to end (exit codes, the
-// table, the Chrome trace).
+// table, the Chrome trace, Mixtral with its expert-parallel degree chosen).
 
 #include <gtest/gtest.h>
 
@@ -153,11 +153,15 @@ TEST(PlanFiles, ClusterAndModelFilesLoad) {
   for (const char* name : {"llama-7b", "llama-13b", "llama-30b", "llama-70b", "mistral-7b", "mistral-8x7b", "mistral-8x22b"}) {
     const ModelShape m = load_model_file(config(std::string("models/") + name + ".yaml"));
     EXPECT_EQ(m.name, name);
-    EXPECT_EQ(m.vocab, 32000);
+    EXPECT_EQ(m.vocab, std::string(name) == "mistral-8x22b" ? 32768 : 32000) << name;
     EXPECT_EQ(m.head_dim * m.heads, m.hidden) << name;
   }
   const ModelShape moe = load_model_file(config("models/mistral-8x22b.yaml"));
   EXPECT_EQ(moe.layers, 56);
+  EXPECT_EQ(moe.hidden, 6144);
+  EXPECT_EQ(moe.heads, 48);
+  EXPECT_EQ(moe.ffn, 16384);
+  EXPECT_EQ(moe.window, 0);
   EXPECT_EQ(moe.experts, 8);
   EXPECT_EQ(moe.experts_per_token, 2);
   const ModelShape big = load_model_file(config("models/llama-70b.yaml"));
@@ -243,6 +247,29 @@ TEST(PlanSetupTest, LayoutErrors) {
   EXPECT_THROW(plan_policy("greedy"), PlanInputError);
 }
 
+// Mixtral-8x7B on 64 GPUs at tp 8 (hdp 8): ep shards the experts' weights and
+// gradients, so the capacity grows with ep, and the planners' layer cost carries the
+// all-to-alls (over the network: a tp 8 group fills a node) per token.
+TEST(PlanSetupTest, ExpertParallelSetup) {
+  const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
+  const ModelShape m = load_model_file(config("models/mistral-8x7b.yaml"));
+  const int64_t context = 64 * 1024;
+  const PlanSetup one = make_plan_setup(h, m, 64, 8, 1, context);
+  const PlanSetup four = make_plan_setup(h, m, 64, 8, 1, context, 0, 4);
+  EXPECT_EQ(one.ep, 1);
+  EXPECT_EQ(four.ep, 4);
+  EXPECT_GT(four.settings.capacity, one.settings.capacity);
+  EXPECT_DOUBLE_EQ(one.settings.cost.b1, one.costs.cost.b1);
+  // 6 all-to-alls x 4096 x 2 bytes x 2 experts x 3/4 leave each GPU at 50 GB/s.
+  EXPECT_DOUBLE_EQ(four.costs.all_to_all_bytes_per_s, h.internode_bytes_per_s);
+  EXPECT_DOUBLE_EQ(four.settings.cost.b1,
+                   four.costs.cost.b1 + 6 * 4096.0 * 2 * 2 * 3 / 4 / h.internode_bytes_per_s);
+  EXPECT_THROW(make_plan_setup(h, m, 64, 8, 1, context, 0, 3), PlanInputError);   // 8 experts
+  EXPECT_THROW(make_plan_setup(h, m, 32, 8, 1, context, 0, 8), PlanInputError);   // hdp 4
+  EXPECT_THROW(make_plan_setup(h, load_model_file(config("models/llama-7b.yaml")), 64, 8, 1, context, 0, 2),
+               PlanInputError);
+}
+
 // The command end to end on a small cluster: 64 GPUs, tp 8, 256K context.
 TEST(PlanCommand, RunsAndWritesTraces) {
   const std::string dir = scratch_dir("plan_command");
@@ -296,6 +323,39 @@ TEST(PlanCommand, MistralSlidingWindowCutsTheSimulatedCompute) {
   EXPECT_NE(windowed.find("sliding window 4096"), std::string::npos) << windowed;
   EXPECT_EQ(full.find("sliding window"), std::string::npos) << full;
   EXPECT_NE(windowed, full);
+}
+
+// Mixtral-8x7B and 8x22B plan end to end. Without --ep every ep dividing hdp 8 and
+// the 8 experts is planned; 8x22B's 141 B parameters do not fit 64 GPUs at tp 8
+// without ep (its experts' bf16 weights and fp32 gradients alone take 6 x 135 B / 8 =
+// 101 GB per GPU).
+TEST(PlanCommand, MixtralPlansWithExpertParallelism) {
+  auto plan = [&](const std::string& model, const std::string& extra) {
+    return run_trainer("plan --cluster " + config("cluster/h100.yaml") + " --model " + config("models/" + model) +
+                       " --gpus 64 --tp 8 --context 64K --global-batch-tokens 2M --lengths github --seed 3 "
+                       "--policies naive,balance" + extra);
+  };
+  const auto small = plan("mistral-8x7b.yaml", "");
+  ASSERT_EQ(small.exit_code, 0) << small.output;
+  for (const char* needle : {"46.70 B parameters, 12.88 B active per token", "ep       1: C = ", "ep       2: C = ",
+                             "ep       4: C = ", "ep       8: C = ", "chosen", "balance", "tokens/s"})
+    EXPECT_NE(small.output.find(needle), std::string::npos) << needle << "\n" << small.output;
+  const auto big = plan("mistral-8x22b.yaml", "");
+  ASSERT_EQ(big.exit_code, 0) << big.output;
+  for (const char* needle : {"vocab 32768", "ep       1: does not fit", "ep       8: C = ", "chosen", "balance"})
+    EXPECT_NE(big.output.find(needle), std::string::npos) << needle << "\n" << big.output;
+  // A fixed ep: no search; the all-to-alls are reported.
+  const auto fixed = plan("mistral-8x22b.yaml", " --ep 8");
+  ASSERT_EQ(fixed.exit_code, 0) << fixed.output;
+  EXPECT_EQ(fixed.output.find("chosen"), std::string::npos) << fixed.output;
+  EXPECT_NE(fixed.output.find("ep 8 (1 of 8 experts per GPU"), std::string::npos) << fixed.output;
+  EXPECT_NE(fixed.output.find("expert all-to-all"), std::string::npos) << fixed.output;
+  const auto bad = plan("mistral-8x7b.yaml", " --ep 3");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("num_experts 8 is not divisible by ep 3"), std::string::npos) << bad.output;
+  const auto unfit = plan("mistral-8x22b.yaml", " --ep 1");
+  EXPECT_EQ(unfit.exit_code, 2) << unfit.output;
+  EXPECT_NE(unfit.output.find("does not fit"), std::string::npos) << unfit.output;
 }
 
 TEST(PlanCommand, BadInputExitsWithTwo) {

@@ -4,7 +4,9 @@
 // started, deadlock detection, 1F1B pipelines with and without communication,
 // a ring micro-batch, the DP bubble before the gradient reduce-scatter, offload
 // copies that do not hide, the model's byte and FLOP counts and the memory
-// budget, and the Chrome trace.
+// budget, expert parallelism (all-to-alls that block the layer, expert gradients
+// synchronised over the ranks that hold them, memory sharded by ep), and the
+// Chrome trace.
 
 #include <gtest/gtest.h>
 
@@ -166,6 +168,9 @@ TEST(Simulator, CommunicationFormulas) {
   EXPECT_DOUBLE_EQ(sim::ring_all_gather_seconds(400, 4, 10, 0.5), 31.5);
   EXPECT_DOUBLE_EQ(sim::ring_all_reduce_seconds(400, 4, 10, 0), 60);
   EXPECT_DOUBLE_EQ(sim::ring_all_reduce_seconds(400, 1, 10, 0), 0);
+  // All-to-all of a 400-byte buffer over 4 members: each sends 3 x 100 bytes.
+  EXPECT_DOUBLE_EQ(sim::all_to_all_seconds(400, 4, 10, 0.5), 3 * (0.5 + 10));
+  EXPECT_DOUBLE_EQ(sim::all_to_all_seconds(400, 1, 10, 0.5), 0);
 }
 
 // Costs for hand-computed step graphs: per layer T(s) = b1 s (+ a1 s^2), one layer
@@ -511,5 +516,160 @@ TEST(StepSimulation, PlannersOutputReplays) {
   }
 }
 
+// Mixtral-8x7B (Jiang et al. 2024, "Mixtral of Experts"): 8 experts of FFN 14336, top 2.
+ModelShape mixtral8x7b() {
+  ModelShape m = llama7b();
+  m.name = "mixtral-8x7b";
+  m.ffn = 14336;
+  m.experts = 8;
+  m.experts_per_token = 2;
+  return m;
+}
+
+// The MFU's model FLOPs (training_flops) of top-2 of 8 experts of FFN F are those of
+// a dense FFN of 2 F plus the router: 6 hidden x 8 per token and layer.
+TEST(ExpertParallel, ModelFlopsCountTheActiveExperts) {
+  const ModelShape moe = mixtral8x7b();
+  ModelShape dense = moe;
+  dense.experts = dense.experts_per_token = 1;
+  dense.ffn = 2 * moe.ffn;
+  const std::vector<int64_t> lengths = {4096, 100};
+  EXPECT_DOUBLE_EQ(training_flops(moe, lengths) - training_flops(dense, lengths), 4196.0 * 32 * 6 * 4096 * 8);
+  // Memory counts all 8: four times the dense model's FFN parameters.
+  EXPECT_DOUBLE_EQ(expert_parameters(moe), 4 * expert_parameters(dense));
+}
+
+TEST(ExpertParallel, CandidatesAndErrors) {
+  const ModelShape moe = mixtral8x7b();
+  EXPECT_EQ(expert_parallel_candidates(moe, 12), (std::vector<int>{1, 2, 4}));
+  EXPECT_EQ(expert_parallel_candidates(moe, 64), (std::vector<int>{1, 2, 4, 8}));
+  EXPECT_EQ(expert_parallel_candidates(moe, 3), (std::vector<int>{1}));
+  EXPECT_EQ(expert_parallel_candidates(llama7b(), 64), (std::vector<int>{1}));
+  EXPECT_NO_THROW(validate_expert_parallel(moe, 16, 8));
+  EXPECT_THROW(validate_expert_parallel(moe, 12, 8), std::invalid_argument);   // hdp
+  EXPECT_THROW(validate_expert_parallel(moe, 12, 3), std::invalid_argument);   // experts
+  EXPECT_THROW(validate_expert_parallel(moe, 12, 0), std::invalid_argument);
+  EXPECT_THROW(validate_expert_parallel(llama7b(), 8, 2), std::invalid_argument);  // dense
+}
+
+// Per GPU: weights and gradients of 1 / ep of the experts, the optimizer state of all
+// parameters over hdp; the experts' gradients and weights synchronised apart, and a
+// dispatch buffer of hidden x 2 bytes x 2 experts per token.
+TEST(ExpertParallel, MemoryAndStepCostsOfMixtral) {
+  HardwareProfile hw;  // 200 GB per GPU: the 46.7 B parameters fit tp 2 at ep 1 too
+  hw.peak_flops = 1e15;
+  hw.achievable_fraction = 0.5;
+  hw.hbm_bytes = 200e9;
+  hw.hbm_bytes_per_s = 3e12;
+  hw.reserved_bytes = 5e9;
+  hw.gpus_per_node = 8;
+  hw.nvlink_bytes_per_s = 400e9;
+  hw.internode_bytes_per_s = 50e9;
+  hw.pcie_bytes_per_s = 1e10;
+  const ModelShape m = mixtral8x7b();
+  const ModelCosts c = model_costs(m, 2, 1);
+  EXPECT_DOUBLE_EQ(c.expert_parameters, 3.0 * 4096 * 14336 * 8);
+  EXPECT_DOUBLE_EQ(c.all_to_all_bytes_per_token, 4096.0 * 2 * 2);
+  EXPECT_DOUBLE_EQ(model_costs(llama7b(), 1, 1).all_to_all_bytes_per_token, 0);
+  const ParallelDegrees layout{2, 1, 8};
+  const std::vector<int64_t> split = {32};
+  const double experts = 32 * 3.0 * 4096 * 14336 * 8;
+  const double dense = 32 * (c.layer_parameters - 3.0 * 4096 * 14336 * 8) + c.embedding_parameters + c.head_parameters;
+  for (int ep : {1, 2, 4, 8}) {
+    const MemoryBudget b = memory_budget(m, hw, layout, split, ep);
+    const double mine = dense / 2 + experts / 2 / ep;
+    EXPECT_DOUBLE_EQ(b.parameters_per_gpu[0], mine) << ep;
+    EXPECT_NEAR(b.static_bytes[0], 6 * mine + 12 * (dense + experts) / 2 / 8, 1e-3) << ep;
+    EXPECT_EQ(b.capacity, static_cast<int64_t>((200e9 - 5e9 - b.static_bytes[0]) / (32 * c.saved_bytes_per_token)))
+        << ep;
+    const StepCosts k = make_step_costs(m, hw, layout, split, ep);
+    EXPECT_EQ(k.ep, ep);
+    EXPECT_DOUBLE_EQ(k.all_to_all_bytes_per_token, 16384);
+    if (ep == 1) {
+      EXPECT_DOUBLE_EQ(k.gradient_bytes[0], 4 * mine);
+      EXPECT_TRUE(k.expert_gradient_bytes.empty());
+      EXPECT_DOUBLE_EQ(all_to_all_seconds_per_token(k), 0);
+    } else {
+      EXPECT_DOUBLE_EQ(k.gradient_bytes[0], 4 * dense / 2);
+      EXPECT_DOUBLE_EQ(k.parameter_bytes[0], 2 * dense / 2);
+      EXPECT_DOUBLE_EQ(k.expert_gradient_bytes[0], 4 * experts / 2 / ep);
+      EXPECT_DOUBLE_EQ(k.expert_parameter_bytes[0], 2 * experts / 2 / ep);
+      // tp 2 x ep GPUs: one node up to ep 4, the network at ep 8.
+      const double bw = ep <= 4 ? 400e9 : 50e9;
+      EXPECT_DOUBLE_EQ(k.all_to_all_bytes_per_s, bw);
+      EXPECT_DOUBLE_EQ(all_to_all_seconds_per_token(k), 6 * 16384.0 * (ep - 1) / ep / bw);
+    }
+    EXPECT_NEAR(k.optimizer_seconds[0], 32 * (dense + experts) / 2 / 8 / 3e12, 1e-15) << ep;
+  }
+  // Expert parallelism frees memory: a larger ep, a larger capacity.
+  EXPECT_GT(memory_budget(m, hw, layout, split, 8).capacity, memory_budget(m, hw, layout, split, 1).capacity);
+  EXPECT_THROW(memory_budget(m, hw, layout, split, 16), std::invalid_argument);
+  EXPECT_THROW(make_step_costs(m, hw, layout, split, 3), std::invalid_argument);
+}
+
+// hdp 4 = two ep groups of 2 ({0, 1}, {2, 3}; two GPUs per node), one layer,
+// T(s) = s with forward a quarter. All-to-all: 8 bytes per token over a 4 bytes/s
+// link with 0.25 s latency, 2 members: 0.25 + 8 t / (2 x 4) = 0.25 + t per
+// all-to-all, two forward and four backward, each after its compute and before the
+// next. Rank 0 (4 tokens): 1 + 2 x 4.25 + 3 + 4 x 4.25 = 29.5; ranks 1-3 (2
+// tokens): 0.5 + 4.5 + 1.5 + 9 = 15.5. Then over the network (1 byte/s): dense
+// gradients 8 bytes over 4 ranks, 3 x 8 / 4 = 6 (29.5 to 35.5); expert gradients 4
+// bytes over ranks {0, 2}, 4 / 2 = 2 (to 37.5); optimizer 0.5; dense weights 4 bytes,
+// 3 x 4 / 4 = 3; expert weights 2 bytes, 2 / 2 = 1: 42.
+TEST(StepSimulation, ExpertAllToAllsBlockTheLayer) {
+  StepCosts k = hand_costs(4, 1, 0.25);
+  k.cost.b1 = 1;
+  k.hardware.gpus_per_node = 2;
+  k.hardware.nvlink_bytes_per_s = 4;
+  k.hardware.intranode_latency_s = 0.25;
+  k.ep = 2;
+  k.all_to_all_bytes_per_token = 8;
+  k.all_to_all_bytes_per_s = 4;
+  k.all_to_all_latency_s = 0.25;
+  k.gradient_bytes = {8};
+  k.parameter_bytes = {4};
+  k.expert_gradient_bytes = {4};
+  k.expert_parameter_bytes = {2};
+  k.optimizer_seconds = {0.5};
+  std::vector<int64_t> lengths = {4, 2, 2, 2};
+  StepPlan plan;
+  plan.capacity = 4;
+  plan.ranks.resize(4);
+  for (int r = 0; r < 4; ++r) plan.ranks[r].push_back(PlannedMicroBatch{{{r, 0, lengths[r], -1}}, -1, 0});
+  const StepSimulation s = simulate_step(plan, lengths, k);
+  EXPECT_DOUBLE_EQ(s.step_seconds, 42);
+  EXPECT_DOUBLE_EQ(s.compute_seconds, 10);  // the all-to-alls are not compute
+  EXPECT_DOUBLE_EQ(s.all_to_all_seconds, 25.5 + 3 * 13.5);
+  // Sent: 6 all-to-alls x 8 t bytes x (ep - 1) / ep over 10 tokens.
+  EXPECT_DOUBLE_EQ(s.all_to_all_bytes, 6 * 8 * 10 / 2.0);
+  EXPECT_DOUBLE_EQ(s.gradient_bytes, (8 + 4) * 4 + (4 + 2) * 4);
+  EXPECT_DOUBLE_EQ(s.max_busy_seconds, 4 + 0.5);
+  // Mismatched expert figures are refused.
+  k.expert_gradient_bytes.clear();
+  EXPECT_THROW(simulate_step(plan, lengths, k), std::invalid_argument);
+}
+
+// Two stages, hdp 2 = one ep group: stage 1's forward waits for stage 0's all-to-alls.
+// 2 tokens, T = s (forward 0.5, backward 1.5), all-to-all 16 bytes / (2 x 4) = 2:
+// stage 0 forward to 0.5 + 4; stage 1 forward 0.5 + 4 and backward 1.5 + 8 to
+// 18.5; stage 0 backward 1.5 + 8: 28.
+TEST(StepSimulation, ExpertAllToAllsBeforeThePipelineSend) {
+  StepCosts k = hand_costs(2, 2, 0.25);
+  k.cost.b1 = 1;
+  k.hardware.gpus_per_node = 2;
+  k.ep = 2;
+  k.all_to_all_bytes_per_token = 8;
+  k.all_to_all_bytes_per_s = 4;
+  k.expert_gradient_bytes = {0, 0};
+  k.expert_parameter_bytes = {0, 0};
+  std::vector<int64_t> lengths;
+  const StepPlan plan = local_plan({1, 1}, 2, lengths);
+  const StepSimulation s = simulate_step(plan, lengths, k, true);
+  EXPECT_DOUBLE_EQ(s.step_seconds, 28);
+  const auto& labels = s.graph->labels();
+  EXPECT_NE(std::find(labels.begin(), labels.end(), "expert all-to-all forward"), labels.end());
+}
+
 }  // namespace
+
 }  // namespace hdp

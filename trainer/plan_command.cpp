@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -59,6 +61,9 @@ each long sequence spans.
   --capacity C            tokens per rank and micro-batch (default: derived from memory)
   --cp N                  the static policy's context-parallel degree (default: the
                           smallest divisor of hdp that fits the longest sequence)
+  --ep E                  expert parallelism of a mixture-of-experts model: E must
+                          divide hdp and num_experts (default: each such E is
+                          planned and simulated, the fastest step is kept)
   --policies LIST         comma-separated, from static, naive, naive-no-offload and
                           balance (default static,naive,balance)
   --no-check              skip check_plan on each plan (slow for very large rings;
@@ -207,7 +212,7 @@ std::vector<int64_t> global_batch_lengths(const std::string& source, int64_t con
 }
 
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
-                          int64_t context, int64_t capacity) {
+                          int64_t context, int64_t capacity, int ep) {
   if (tp < 1 || pp < 1 || gpus < 1) throw PlanInputError("gpus, tp and pp must be at least 1");
   if (gpus % (tp * pp) != 0)
     throw PlanInputError(std::to_string(gpus) + " GPUs are not a multiple of tp x pp = " + std::to_string(tp * pp));
@@ -215,19 +220,22 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   s.hardware = hardware;
   s.model = model;
   s.layout = {tp, pp, gpus / (tp * pp)};
+  s.ep = ep;
   try {
     s.stage_layers = stage_layer_split(model, tp, pp, context);
-    s.memory = memory_budget(model, hardware, s.layout, s.stage_layers);
-    s.costs = make_step_costs(model, hardware, s.layout, s.stage_layers);
+    s.memory = memory_budget(model, hardware, s.layout, s.stage_layers, ep);
+    s.costs = make_step_costs(model, hardware, s.layout, s.stage_layers, ep);
   } catch (const std::invalid_argument& e) {
-    throw PlanInputError(model.name + " with tp " + std::to_string(tp) + ", pp " + std::to_string(pp) + " on " +
-                         hardware.name + ": " + e.what());
+    throw PlanInputError(model.name + " with tp " + std::to_string(tp) + ", pp " + std::to_string(pp) +
+                         (ep > 1 ? ", ep " + std::to_string(ep) : std::string()) + " on " + hardware.name + ": " +
+                         e.what());
   }
   s.settings.hdp = s.layout.hdp;
   s.settings.capacity = capacity > 0 ? capacity : s.memory.capacity;
   s.settings.layers_per_stage = *std::min_element(s.stage_layers.begin(), s.stage_layers.end());
   s.settings.pipeline_stages = pp;
   s.settings.cost = s.costs.cost;
+  s.settings.cost.b1 += all_to_all_seconds_per_token(s.costs);
   s.settings.cost.embedding_seconds_per_token = s.costs.embedding_seconds_per_token;
   s.settings.cost.head_seconds_per_token = s.costs.head_seconds_per_token;
   // Each GPU's share of its node's host memory bounds what it offloads.
@@ -271,6 +279,7 @@ namespace {
 struct PlanRequest {
   std::string cluster_path, model_path, lengths_source;
   int64_t gpus = 0, context = 0, batch_tokens = 0, seed = 1, tp = 1, pp = 1, capacity = 0, cp = 0;
+  int64_t ep = 0;  // 0: every ep the model allows is tried (1 for a dense model)
   std::optional<std::string> trace;
   bool check = true;
   std::vector<std::string> policies;  // known, each once, in the order given
@@ -302,11 +311,13 @@ PlanRequest read_plan_request(Arguments& args) {
   r.pp = args.integer("--pp", 1, 1);
   r.capacity = args.integer("--capacity", 0, 0);
   r.cp = args.integer("--cp", 0, 0);
+  r.ep = args.integer("--ep", 0, 1);
   r.trace = args.option("--trace");
   r.check = !args.flag("--no-check");
   const std::string policies = args.option("--policies").value_or("static,naive,balance");
   args.expect_empty();
-  if (r.gpus > 1 << 24 || r.tp > 1 << 10 || r.pp > 1 << 10) throw UsageError("--gpus, --tp or --pp is implausibly large");
+  if (r.gpus > 1 << 24 || r.tp > 1 << 10 || r.pp > 1 << 10 || r.ep > 1 << 20)
+    throw UsageError("--gpus, --tp, --pp or --ep is implausibly large");
   r.policies = policy_list(policies);
   return r;
 }
@@ -337,7 +348,14 @@ void print_model_and_cluster(const PlanRequest& r, const PlanSetup& setup) {
   const ModelCosts mc = model_costs(model, setup.layout.tp, setup.layout.pp);
   const double params = static_cast<double>(model.layers) * mc.layer_parameters + mc.embedding_parameters +
                         mc.head_parameters;
-  std::printf("model    %s: %lld layers, hidden %lld, %lld heads / %lld KV, FFN %lld%s, vocab %lld%s (%.2f B parameters)\n",
+  // A token runs experts_per_token of the experts: the parameters behind its FLOPs.
+  const double idle_experts = static_cast<double>(model.experts - model.experts_per_token) /
+                              static_cast<double>(model.experts) * mc.expert_parameters;
+  const std::string active =
+      model.experts > 1 ? ", " + fixed((params - static_cast<double>(model.layers) * idle_experts) / 1e9, 2) +
+                              " B active per token"
+                        : "";
+  std::printf("model    %s: %lld layers, hidden %lld, %lld heads / %lld KV, FFN %lld%s, vocab %lld%s (%.2f B parameters%s)\n",
               model.name.c_str(), static_cast<long long>(model.layers), static_cast<long long>(model.hidden),
               static_cast<long long>(model.heads), static_cast<long long>(model.kv_heads),
               static_cast<long long>(model.ffn),
@@ -345,7 +363,8 @@ void print_model_and_cluster(const PlanRequest& r, const PlanSetup& setup) {
                                    std::to_string(model.experts_per_token)).c_str()
                                 : "",
               static_cast<long long>(model.vocab),
-              model.window > 0 ? (", sliding window " + std::to_string(model.window)).c_str() : "", params / 1e9);
+              model.window > 0 ? (", sliding window " + std::to_string(model.window)).c_str() : "", params / 1e9,
+              active.c_str());
   std::printf("cluster  %s: %lld GPUs (%lld nodes of %d); %.1f TFLOP/s per GPU (%.1f peak x %.2f)\n", hw.name.c_str(),
               static_cast<long long>(r.gpus), static_cast<long long>((r.gpus + hw.gpus_per_node - 1) / hw.gpus_per_node),
               hw.gpus_per_node, hw.flops_per_second() / 1e12, hw.peak_flops / 1e12, hw.achievable_fraction);
@@ -354,8 +373,17 @@ void print_model_and_cluster(const PlanRequest& r, const PlanSetup& setup) {
     if (!split.empty()) split += '/';
     split += std::to_string(l);
   }
-  std::printf("layout   tp %d x pp %d x hdp %d; layers per stage %s\n", setup.layout.tp, setup.layout.pp,
-              setup.layout.hdp, split.c_str());
+  std::string experts;
+  if (model.experts > 1) {
+    experts = "; ep " + std::to_string(setup.ep) + " (" + std::to_string(model.experts / setup.ep) + " of " +
+              std::to_string(model.experts) + " experts per GPU";
+    if (setup.ep > 1)
+      experts += ", all-to-all at " + fixed(setup.costs.all_to_all_bytes_per_s / 1e9, 0) + " GB/s, " +
+                 fixed(all_to_all_seconds_per_token(setup.costs) * 1e9, 1) + " ns per token and layer";
+    experts += ")";
+  }
+  std::printf("layout   tp %d x pp %d x hdp %d%s; layers per stage %s\n", setup.layout.tp, setup.layout.pp,
+              setup.layout.hdp, experts.c_str(), split.c_str());
   const int s0 = setup.memory.limiting_stage;
   std::printf("capacity C = %s tokens per rank and micro-batch (%s stage %d: (%.1f GB HBM - %.1f reserved - "
               "%.1f weights, gradients, optimizer shard) / (%d in flight x %lld layers x %.1f KB per token and layer) "
@@ -484,6 +512,9 @@ void print_details(const std::vector<PolicyOutcome>& outcomes) {
                 o.sim.min_busy_seconds, o.sim.max_busy_seconds, o.sim.ring_wait_seconds / o.sim.processes,
                 o.sim.gradient_sync_seconds,
                 o.sim.offloaded_bytes / 1e9, o.sim.max_offloaded_bytes_per_gpu / 1e9, o.sim.pipeline_bytes / 1e9);
+    if (o.sim.all_to_all_bytes > 0)
+      std::printf("%-16s expert all-to-all %.1f GB, %.3f s per rank\n", "", o.sim.all_to_all_bytes / 1e9,
+                  o.sim.all_to_all_seconds / o.sim.processes);
     std::printf("%-16s timing: plan %.3f s, check_plan %.3f s, simulate %.3f s (%s operations, %s dependencies)\n", "",
                 o.plan_seconds, o.check_seconds, o.simulate_seconds, grouped(static_cast<double>(o.sim.operations)).c_str(),
                 grouped(static_cast<double>(o.sim.dependencies)).c_str());
@@ -504,6 +535,54 @@ void warn_host_memory(const std::vector<PolicyOutcome>& outcomes, const Hardware
   }
 }
 
+// The ep to plan with and, when several were tried, one line per candidate.
+struct ExpertChoice {
+  int ep = 1;
+  std::string report;
+};
+
+// --ep when given, 1 for a dense model, else the candidate
+// (expert_parallel_candidates) whose fastest policy simulates the shortest step
+// (ties: the smaller ep; a candidate that fits beats one that does not). The
+// candidates run without traces.
+ExpertChoice choose_expert_parallel(const PlanRequest& r, const HardwareProfile& hardware, const ModelShape& model,
+                                    std::span<const int64_t> lengths) {
+  if (r.ep > 0) return {static_cast<int>(r.ep), ""};
+  if (model.experts == 1 || r.gpus % (r.tp * r.pp) != 0) return {1, ""};
+  PlanRequest quiet = r;
+  quiet.trace.reset();
+  ExpertChoice choice;
+  double best = std::numeric_limits<double>::infinity();
+  bool fits = false;
+  std::string failures;
+  for (int ep : expert_parallel_candidates(model, static_cast<int>(r.gpus / (r.tp * r.pp)))) {
+    std::optional<PlanSetup> setup;
+    try {
+      setup = make_plan_setup(hardware, model, static_cast<int>(r.gpus), static_cast<int>(r.tp),
+                              static_cast<int>(r.pp), r.context, r.capacity, ep);
+    } catch (const PlanInputError& e) {
+      choice.report += "ep       " + std::to_string(ep) + ": does not fit: " + e.what() + "\n";
+      failures += (failures.empty() ? "" : "; ") + std::string(e.what());
+      continue;
+    }
+    setup->static_cp = static_cast<int>(r.cp);
+    double step = std::numeric_limits<double>::infinity();
+    std::string fastest = "no policy places the batch";
+    for (const std::string& name : r.policies) {
+      const PolicyOutcome o = run_policy(name, quiet, *setup, lengths);
+      if (o.failure.empty() && o.sim.step_seconds < step) step = o.sim.step_seconds, fastest = name;
+    }
+    choice.report += "ep       " + std::to_string(ep) + ": C = " +
+                     grouped(static_cast<double>(setup->settings.capacity)) + " tokens; " +
+                     (std::isfinite(step) ? "step " + fixed(step, 2) + " s (" + fastest + ")" : fastest) + "\n";
+    if (!fits || step < best) choice.ep = ep, best = step;
+    fits = true;
+  }
+  if (!fits) throw PlanInputError("no expert-parallel degree fits: " + failures);
+  choice.report += "ep       " + std::to_string(choice.ep) + " chosen\n\n";
+  return choice;
+}
+
 }  // namespace
 
 int command_plan(const std::vector<std::string>& raw) {
@@ -516,12 +595,14 @@ int command_plan(const std::vector<std::string>& raw) {
     const PlanRequest request = read_plan_request(args);
     const HardwareProfile hardware = load_cluster_file(request.cluster_path);
     const ModelShape model = load_model_file(request.model_path);
-    PlanSetup setup = make_plan_setup(hardware, model, static_cast<int>(request.gpus), static_cast<int>(request.tp),
-                                      static_cast<int>(request.pp), request.context, request.capacity);
-    setup.static_cp = static_cast<int>(request.cp);
     const PlanBatch batch = draw_batch(request);
+    const ExpertChoice experts = choose_expert_parallel(request, hardware, model, batch.lengths);
+    PlanSetup setup = make_plan_setup(hardware, model, static_cast<int>(request.gpus), static_cast<int>(request.tp),
+                                      static_cast<int>(request.pp), request.context, request.capacity, experts.ep);
+    setup.static_cp = static_cast<int>(request.cp);
     print_model_and_cluster(request, setup);
     print_batch(request, batch);
+    std::fputs(experts.report.c_str(), stdout);
     std::vector<PolicyOutcome> outcomes;
     for (const std::string& name : request.policies)
       outcomes.push_back(run_policy(name, request, setup, batch.lengths));

@@ -60,13 +60,16 @@ struct PlanSetup {
   PlannerSettings settings;  // capacity = --capacity or memory.capacity
   BalanceSettings balance;   // DataParallel with one stage, Pipeline with several
   int static_cp = 0;         // 0: the smallest that fits the longest sequence
+  int ep = 1;                // expert parallelism (planning/step_simulation.h); 1 for a dense model
 };
 // context: the longest sequence (the stage split counts attention at it, as the
 // trainer does at data.max_seq_len). Throws PlanInputError if gpus is not a
-// multiple of tp x pp, or the model does not allow the layout or does not fit the
-// GPUs' memory.
+// multiple of tp x pp, or the model does not allow the layout or ep
+// (validate_expert_parallel) or does not fit the GPUs' memory. The planners' cost
+// model adds the layer's expert all-to-alls per token (all_to_all_seconds_per_token)
+// to the linear term: they block the layer as compute does.
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
-                          int64_t context, int64_t capacity = 0);
+                          int64_t context, int64_t capacity = 0, int ep = 1);
 
 // The planners by name: the training policies (static, naive, balance; their
 // names as scheduler.policy spells them) and ablations; a new policy is one entry.
