@@ -103,11 +103,14 @@ soak_s=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }
 
 # Figures.
 restarts=$(grep -c '"event":"restart"' soak/ettr.jsonl || true)
-resumes=$(grep -c "resumed from soak/checkpoints/step-" soak.log || true)
+# Rank 0's lines (the other ranks' carry "[rank N]").
+resumes=$(grep -v '\[rank ' soak.log | grep -c "resumed from soak/checkpoints/step-" || true)
+steps_run=$(grep -v '\[rank ' soak.log | grep -cE "info step +[0-9]+/$steps " || true)
 load_errors=$(grep -Eci "checkpoint.*(checksum|corrupt|cannot read|missing|error)|CheckpointError" soak.log || true)
-rerun=$(grep -o "resumed from soak/checkpoints/step-[0-9]* at step [0-9]*" soak.log | awk '{print $NF}' | tr '\n' ' ')
+rerun=$(grep -v '\[rank ' soak.log | grep -o "resumed from soak/checkpoints/step-[0-9]* at step [0-9]*" | awk '{print $NF}' | tr '\n' ' ')
 ettr=$(tail -1 soak/ettr.jsonl | grep -o '"ettr":[0-9.e+-]*' | cut -d: -f2)
-echo "kill_soak: $done_kills kills, $restarts restarts, $resumes resumes (from steps: $rerun)"
+echo "kill_soak: $done_kills kills, $restarts restarts, $resumes resumed from a checkpoint (steps: $rerun)"
+echo "kill_soak: $steps_run steps trained for $steps kept ($((steps_run - steps)) rerun after kills)"
 echo "kill_soak: $half_written half-written checkpoints (step-N.tmp) found after kills, $load_errors checkpoint load errors"
 echo "kill_soak: supervised run $soak_s s against $ref_s s uninterrupted; ETTR $ettr (ettr.jsonl end line)"
 
