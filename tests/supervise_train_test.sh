@@ -56,6 +56,7 @@ head -1 sup/ettr.jsonl | grep -q '"event":"restart"' || fail "first ettr line is
 head -1 sup/ettr.jsonl | grep -Eq '"cause":"(exit code [0-9]+|killed by signal [0-9]+[^"]*)"' || fail "no cause in the restart line"
 tail -1 sup/ettr.jsonl | grep -q '"outcome":"success"' || fail "last ettr line is not a success"
 tail -1 sup/ettr.jsonl | grep -q '"restarts":1' || fail "last ettr line does not count 1 restart"
+tail -1 sup/ettr.jsonl | grep -q '"last_kept_step":8' || fail "last ettr line does not keep steps up to 8"
 ratio="$(tail -1 sup/ettr.jsonl | grep -o '"ettr":[0-9.e+-]*' | cut -d: -f2)"
 awk -v r="$ratio" 'BEGIN { exit !(r > 0 && r < 1) }' || fail "ETTR $ratio is not in (0, 1)"
 echo "supervise_train_test: restarted once, bit-identical to the uninterrupted run; ETTR $ratio"

@@ -209,6 +209,10 @@ class EttrLog {
     const double now = unix_now();
     const std::vector<StepTiming> steps =
         read_step_timings((std::filesystem::path(options_.run_dir) / "metrics.jsonl").string());
+    // "Every step" is reported as the last step there is.
+    int64_t last_step = 0;
+    for (const StepTiming& t : steps) last_step = std::max(last_step, t.step);
+    last_kept_step = std::min(last_kept_step, last_step);
     const Ettr all = ettr_between(steps, last_kept_step, start_s_, now);
     const Ettr hour = ettr_between(steps, last_kept_step, std::max(start_s_, now - 3600.0), now);
     nlohmann::ordered_json line = {{"time", now},
