@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <optional>
 #include <sstream>
@@ -21,6 +22,7 @@
 #include "trainer/hf_checkpoint.h"
 #include "trainer/profiler.h"
 #include "trainer/selftest.h"
+#include "trainer/supervisor.h"
 #include "trainer/training.h"
 
 namespace hdp {
@@ -38,6 +40,8 @@ Trains the model the config describes (see docs/configuration.md).
   --set key.path=value   override one config key (repeatable, applied in order)
 
 Run under mpirun or srun for several ranks; without them it is a single rank.
+Restarted by `trainer supervise` (HDP_SUPERVISE_RESTART above 0 in the environment),
+it takes train.resume=auto and continues from the newest complete checkpoint.
 )";
 
 const char* const kPrepareHelp = R"(usage: trainer prepare-data --input FILE... --output DATA.h5 [--tokenizer PATH]
@@ -204,10 +208,17 @@ int command_train(int argc, char** argv, const std::vector<std::string>& raw) {
   const ProcessInfo& process = runtime.info();
   setup_logging(process.rank);
   const int code = run_subcommand("train", [&] {
-    const std::vector<std::string> overrides = args.repeated("--set");
+    std::vector<std::string> overrides = args.repeated("--set");
     const std::vector<std::string> files = args.positional();
     args.expect_empty();
     if (files.size() != 1) throw UsageError("expects exactly one CONFIG.yaml");
+    // A restart by `trainer supervise` continues the run it restarts, whatever the
+    // config and the command line say (trainer/supervisor.h).
+    const char* restart = std::getenv(kSuperviseRestartVariable);
+    if (restart != nullptr && std::atoi(restart) > 0) {
+      overrides.push_back("train.resume=auto");
+      if (process.rank == 0) spdlog::info("restart {} under trainer supervise: train.resume=auto", restart);
+    }
     const Config config = load_config(files[0], overrides);
     if (process.rank == 0) spdlog::info("config {} ({} ranks)", files[0], process.world_size);
     run_training(config, process);

@@ -25,5 +25,7 @@ int command_analyze(const std::vector<std::string>& args);
 int command_trace(const std::vector<std::string>& args);
 // trainer/plot_command.cpp
 int command_plot(const std::vector<std::string>& args);
+// trainer/supervise_command.cpp
+int command_supervise(const std::vector<std::string>& args);
 
 }  // namespace hdp

@@ -31,6 +31,7 @@ commands:
   trace merge TRACE_DIR --output TRACE.json      a run's per-rank traces as one Perfetto trace
   plot RUN_DIR... [--output DIR]                 SVG charts of metrics.jsonl (several runs compared)
   selftest [--seed N]                            check the CUDA backend op by op against the CPU
+  supervise [--max-restarts N] -- COMMAND...      run a training command, restarting it after failures
 
   trainer <command> --help   options of one command
   trainer --version          version
@@ -67,6 +68,7 @@ int main(int argc, char** argv) {
   if (command == "analyze") return hdp::command_analyze(args);
   if (command == "trace") return hdp::command_trace(args);
   if (command == "plot") return hdp::command_plot(args);
+  if (command == "supervise") return hdp::command_supervise(args);
   if (command == "selftest") return hdp::command_selftest(args);
   std::fprintf(stderr, "trainer: unknown command '%s'\n\n%s", command.c_str(), kUsage);
   return hdp::kExitBadInput;

@@ -36,6 +36,9 @@ std::string to_json(const StepMetrics& m) {
   s += ", \"micro_batches\": " + std::to_string(m.micro_batches);
   s += ", \"tokens_per_s\": " + number(m.tokens_per_s);
   s += ", \"step_ms\": " + number(m.step_ms);
+  char time[32];
+  std::snprintf(time, sizeof(time), "%.3f", m.time);  // milliseconds; %.9g would round to tens of seconds
+  s += ", \"time\": " + std::string(time);
   s += ", \"data_wait_ms\": " + number(m.data_wait_ms);
   s += ", \"mfu\": " + number(m.mfu);
   s += ", \"peak_mem_bytes\": " + std::to_string(m.peak_mem_bytes);

@@ -19,6 +19,7 @@ struct StepMetrics {
   int64_t micro_batches = 0;
   double tokens_per_s = 0;    // input tokens per second of step time
   double step_ms = 0;
+  double time = 0;            // Unix time in seconds when the step ended (for ETTR, trainer/ettr.h)
   double data_wait_ms = 0;    // time the step waited for its batch
   double mfu = 0;             // model FLOP/s divided by the peak FLOP/s
   int64_t peak_mem_bytes = 0;

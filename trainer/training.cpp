@@ -503,6 +503,7 @@ class TrainingLoop {
     m.micro_batches = static_cast<int64_t>(batch.micro_batches.size());
     for (const PackedMicroBatch& mb : batch.micro_batches) m.rank_tokens += mb.num_tokens();
     m.step_ms = measured.step_ms;
+    m.time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     m.data_wait_ms = measured.data_wait_ms;
     m.tokens_per_s = batch.tokens / (measured.step_ms / 1e3);
     m.mfu = training_flops(config_.model.shape(), lengths) / (measured.step_ms / 1e3) / (peak_flops_ * training_ranks);

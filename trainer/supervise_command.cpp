@@ -1,0 +1,98 @@
+// `trainer supervise [options] -- COMMAND...`: automatic restart of a training
+// command (trainer/supervisor.h). A C++ command rather than a script: it has to
+// own the command's process group, forward signals to it race-free, tell an exit
+// code from a killing signal, and compute ETTR from the run's metrics and
+// checkpoint directory with the trainer's own readers.
+
+#include <signal.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "trainer/command_line.h"
+#include "trainer/commands.h"
+#include "trainer/supervisor.h"
+
+namespace hdp {
+namespace {
+
+const char* const kSuperviseHelp = R"(usage: trainer supervise [options] -- COMMAND...
+
+Runs COMMAND (e.g. mpirun -np 2 trainer train CONFIG.yaml) and runs it again
+when it fails: an exit code other than 0 and 2, or killed by a signal (a rank
+killed, out of memory, the hang watchdog's abort). Exit code 2 (bad input) and
+success end supervision. Restart k waits BACKOFF * 2^(k-1) seconds (at most
+--max-backoff-s) and runs COMMAND with HDP_SUPERVISE_RESTART=k in its
+environment, which makes `trainer train` resume (train.resume=auto) from the
+newest complete checkpoint. SIGTERM and SIGINT are forwarded to COMMAND's
+process group and end supervision without a restart.
+
+Writes RUN_DIR/ettr.jsonl, one line per restart and one at the end: the effective
+training time ratio (time of steps whose progress survives / wall time since
+supervise started, and over the last hour), the restarts so far and the cause
+of each failure.
+  --max-restarts N      restarts before giving up (default 10)
+  --backoff-s S         wait before the first restart, doubled each time (default 10)
+  --max-backoff-s S     longest wait (default 600)
+  --run-dir DIR         the run's train.run_dir, where metrics.jsonl is (required)
+  --checkpoint-dir DIR  the run's train.checkpoint_dir (default RUN_DIR/checkpoints)
+  --stop-signal SIG     what COMMAND's group gets for SIGTERM/SIGINT: TERM, INT or USR1
+                        (default: the signal received; USR1 for mpirun, which forwards
+                        it to every rank but kills them a second after a TERM)
+Exit code: COMMAND's last exit code, or 128 + the signal that ended it.
+)";
+
+double seconds_option(Arguments& args, const std::string& name, double fallback) {
+  const std::optional<std::string> text = args.option(name);
+  if (!text) return fallback;
+  try {
+    size_t used = 0;
+    const double v = std::stod(*text, &used);
+    if (used == text->size() && v >= 0) return v;
+  } catch (const std::exception&) {
+  }
+  throw UsageError(name + " expects a number of seconds >= 0, got '" + *text + "'");
+}
+
+int parse_stop_signal(const std::string& name) {
+  if (name == "TERM" || name == "SIGTERM") return SIGTERM;
+  if (name == "INT" || name == "SIGINT") return SIGINT;
+  if (name == "USR1" || name == "SIGUSR1") return SIGUSR1;
+  throw UsageError("--stop-signal '" + name + "' is not one of TERM, INT, USR1");
+}
+
+}  // namespace
+
+int command_supervise(const std::vector<std::string>& raw) {
+  // Everything after "--" is the command, untouched by option parsing.
+  const auto dash = std::find(raw.begin(), raw.end(), std::string("--"));
+  Arguments args(std::vector<std::string>(raw.begin(), dash));
+  if (args.wants_help()) {
+    std::fputs(kSuperviseHelp, stdout);
+    return kExitSuccess;
+  }
+  setup_logging(0);
+  return run_subcommand("supervise", [&] {
+    SupervisorOptions options;
+    options.max_restarts = static_cast<int>(args.integer("--max-restarts", options.max_restarts, 0));
+    options.backoff_s = seconds_option(args, "--backoff-s", options.backoff_s);
+    options.max_backoff_s = seconds_option(args, "--max-backoff-s", options.max_backoff_s);
+    const std::optional<std::string> run_dir = args.option("--run-dir");
+    const std::optional<std::string> checkpoint_dir = args.option("--checkpoint-dir");
+    const std::optional<std::string> stop_signal = args.option("--stop-signal");
+    args.expect_empty();
+    if (!run_dir) throw UsageError("--run-dir is required (the run's train.run_dir, for ettr.jsonl)");
+    if (dash == raw.end() || dash + 1 == raw.end()) throw UsageError("expects the command to run after '--'");
+    options.command.assign(dash + 1, raw.end());
+    options.run_dir = *run_dir;
+    options.checkpoint_dir = checkpoint_dir.value_or(*run_dir + "/checkpoints");
+    if (stop_signal) options.stop_signal = parse_stop_signal(*stop_signal);
+    return supervise(options);
+  });
+}
+
+}  // namespace hdp

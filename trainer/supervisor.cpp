@@ -1,0 +1,311 @@
+#include "trainer/supervisor.h"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <limits>
+#include <stdexcept>
+#include <thread>
+
+#include "base/errors.h"
+#include "trainer/checkpoint.h"
+#include "trainer/ettr.h"
+
+namespace hdp {
+namespace {
+
+// The process group of the running command (0: none) and the first stop signal
+// received. Lock-free atomics: the handler reads and writes them.
+std::atomic<pid_t> g_child_group{0};
+std::atomic<int> g_stop_signal{0};
+std::atomic<int> g_forward_as{0};  // 0: the signal received
+static_assert(std::atomic<pid_t>::is_always_lock_free);
+
+// Forwards every SIGTERM/SIGINT (or SupervisorOptions::stop_signal in its place) to
+// the command's process group, a second one too (the trainer takes a second signal
+// as "stop at once"), and remembers the first.
+void on_stop_signal(int signal) {
+  int none = 0;
+  g_stop_signal.compare_exchange_strong(none, signal);
+  const pid_t group = g_child_group.load();
+  const int forward = g_forward_as.load();
+  if (group > 0) ::kill(-group, forward ? forward : signal);
+}
+
+void install_forwarding_handlers() {
+  struct sigaction action;
+  std::memset(&action, 0, sizeof(action));
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  for (int signal : {SIGTERM, SIGINT}) sigaction(signal, &action, nullptr);
+}
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string signal_text(int signal) {
+  const char* abbrev = sigabbrev_np(signal);
+  return "signal " + std::to_string(signal) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
+}
+
+// How one run of the command ended.
+struct Outcome {
+  int exit_code = 0;  // when it exited
+  int signal = 0;     // when a signal killed it
+  int status() const { return signal ? 128 + signal : exit_code; }
+  std::string text() const { return signal ? "killed by " + signal_text(signal) : "exit code " + std::to_string(exit_code); }
+};
+
+// This process's children (by /proc/PID/stat's parent field).
+std::vector<pid_t> children() {
+  std::vector<pid_t> found;
+  const pid_t self = ::getpid();
+  DIR* proc = ::opendir("/proc");
+  if (proc == nullptr) return found;
+  while (const dirent* entry = ::readdir(proc)) {
+    char* end = nullptr;
+    const long pid = std::strtol(entry->d_name, &end, 10);
+    if (*end != '\0' || pid <= 0) continue;
+    std::ifstream stat(std::string("/proc/") + entry->d_name + "/stat");
+    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    const size_t paren = text.rfind(')');  // the command name may hold spaces and parentheses
+    if (paren == std::string::npos) continue;
+    char state = 0;
+    long parent = 0;
+    if (std::sscanf(text.c_str() + paren + 1, " %c %ld", &state, &parent) == 2 && parent == self) {
+      found.push_back(static_cast<pid_t>(pid));
+    }
+  }
+  ::closedir(proc);
+  return found;
+}
+
+// Ends what a finished command left running. The supervisor is a child subreaper
+// (prctl), so the command's orphaned descendants become its children: mpirun
+// exits as soon as a rank fails, while the ranks it signalled may live on for a
+// moment, and rank 0 would then still hold CHECKPOINT_DIR/trainer.lock against the
+// restart (OpenMPI 4.1 puts each rank in a process group of its own, so killing
+// mpirun's group does not reach them). Each is killed and reaped until none is left.
+void end_leftovers() {
+  for (std::vector<pid_t> left = children(); !left.empty(); left = children()) {
+    for (pid_t pid : left) ::kill(pid, SIGKILL);
+    for (pid_t pid : left) {
+      while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+}
+
+// Starts the command in a process group of its own (so that a signal reaches
+// mpirun and everything it started here) and waits for it. A command that cannot
+// be started at all is bad input.
+Outcome run_once(const std::vector<std::string>& command, int restart) {
+  std::vector<char*> argv;
+  for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  const std::string restart_text = std::to_string(restart);  // nothing allocates after fork
+  // The child reports a failed exec through this pipe (closed on a successful exec).
+  int exec_pipe[2];
+  if (::pipe2(exec_pipe, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  // Stop signals are held back until the child's group is recorded, so none is lost.
+  sigset_t stops, previous;
+  sigemptyset(&stops);
+  sigaddset(&stops, SIGTERM);
+  sigaddset(&stops, SIGINT);
+  sigprocmask(SIG_BLOCK, &stops, &previous);
+  const pid_t pid = ::fork();
+  if (pid < 0) {
+    sigprocmask(SIG_SETMASK, &previous, nullptr);
+    throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  }
+  if (pid == 0) {
+    ::close(exec_pipe[0]);
+    ::setpgid(0, 0);
+    ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGINT, SIG_DFL);
+    sigprocmask(SIG_SETMASK, &previous, nullptr);
+    ::setenv(kSuperviseRestartVariable, restart_text.c_str(), 1);
+    // In a background process group, reading the terminal would stop the command
+    // (SIGTTIN; mpirun forwards its stdin to rank 0): training reads no input.
+    if (::isatty(STDIN_FILENO)) {
+      const int null = ::open("/dev/null", O_RDONLY);
+      if (null >= 0) ::dup2(null, STDIN_FILENO);
+    }
+    ::execvp(argv[0], argv.data());
+    const int error = errno;
+    [[maybe_unused]] const ssize_t n = ::write(exec_pipe[1], &error, sizeof(error));
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // also here: whichever runs first, the group exists before a signal is forwarded
+  g_child_group.store(pid);
+  sigprocmask(SIG_SETMASK, &previous, nullptr);
+  ::close(exec_pipe[1]);
+  int exec_error = 0;
+  ssize_t got;
+  do got = ::read(exec_pipe[0], &exec_error, sizeof(exec_error));
+  while (got < 0 && errno == EINTR);
+  ::close(exec_pipe[0]);
+
+  int status = 0;
+  while (::waitpid(pid, &status, 0) < 0) {
+    if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
+  }
+  g_child_group.store(0);
+  end_leftovers();
+  if (got == static_cast<ssize_t>(sizeof(exec_error))) {
+    throw InputError("trainer supervise: cannot run '" + command[0] + "': " + std::strerror(exec_error));
+  }
+  Outcome outcome;
+  if (WIFSIGNALED(status)) outcome.signal = WTERMSIG(status);
+  else outcome.exit_code = WEXITSTATUS(status);
+  return outcome;
+}
+
+// The step whose progress survives a failure: the newest complete checkpoint's
+// (step-NNNNNNNN, docs/checkpoint-format.md), 0 without one.
+int64_t checkpointed_step(const std::string& checkpoint_dir) {
+  const std::optional<std::string> latest = latest_checkpoint(checkpoint_dir);
+  if (!latest) return 0;
+  long long step = 0;
+  const std::string name = std::filesystem::path(*latest).filename().string();
+  if (std::sscanf(name.c_str(), "step-%lld", &step) != 1) return 0;
+  return step;
+}
+
+class EttrLog {
+ public:
+  EttrLog(const SupervisorOptions& options, double start_s)
+      : options_(options), start_s_(start_s), path_((std::filesystem::path(options.run_dir) / "ettr.jsonl").string()) {
+    std::filesystem::create_directories(options.run_dir);
+    out_.open(path_, std::ios::app);
+    if (!out_) throw InputError("trainer supervise: cannot write " + path_ + " (--run-dir)");
+  }
+
+  // One line: `event` "restart" or "end"; `restarts` made so far (on a restart line,
+  // counting the one it announces); `last_kept_step` the step whose progress
+  // survives; `causes` the failures so far.
+  void write(const std::string& event, int restarts, int64_t last_kept_step, const std::vector<std::string>& causes,
+             nlohmann::ordered_json extra) {
+    const double now = unix_now();
+    const std::vector<StepTiming> steps =
+        read_step_timings((std::filesystem::path(options_.run_dir) / "metrics.jsonl").string());
+    // "Every step" is reported as the last step there is.
+    int64_t last_step = 0;
+    for (const StepTiming& t : steps) last_step = std::max(last_step, t.step);
+    last_kept_step = std::min(last_kept_step, last_step);
+    const Ettr all = ettr_between(steps, last_kept_step, start_s_, now);
+    const Ettr hour = ettr_between(steps, last_kept_step, std::max(start_s_, now - 3600.0), now);
+    nlohmann::ordered_json line = {{"time", now},
+                           {"event", event},
+                           {"restarts", restarts},
+                           {"last_kept_step", last_kept_step},
+                           {"wall_s", all.wall_s},
+                           {"effective_s", all.effective_s},
+                           {"ettr", all.ratio},
+                           {"last_hour_wall_s", hour.wall_s},
+                           {"last_hour_effective_s", hour.effective_s},
+                           {"ettr_last_hour", hour.ratio},
+                           {"causes", causes}};
+    line.update(extra);
+    out_ << line.dump() << '\n';
+    out_.flush();
+    spdlog::info("supervise: {} | ETTR {:.3f} ({:.1f} of {:.1f} s), last hour {:.3f} | progress kept to step {}", event,
+                 all.ratio, all.effective_s, all.wall_s, hour.ratio, last_kept_step);
+  }
+
+ private:
+  const SupervisorOptions& options_;
+  double start_s_;
+  std::string path_;
+  std::ofstream out_;
+};
+
+// Sleeps `seconds`, or less when a stop signal arrives.
+void back_off(double seconds) {
+  const auto until = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  while (g_stop_signal.load() == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+}  // namespace
+
+double backoff_before(const SupervisorOptions& options, int restart) {
+  return std::min(options.max_backoff_s, options.backoff_s * std::ldexp(1.0, std::min(restart - 1, 62)));
+}
+
+int supervise(const SupervisorOptions& options) {
+  const double start_s = unix_now();
+  EttrLog log(options, start_s);
+  g_forward_as.store(options.stop_signal);
+  install_forwarding_handlers();
+  ::prctl(PR_SET_CHILD_SUBREAPER, 1);  // see end_leftovers
+  std::vector<std::string> causes;
+  constexpr int64_t kAll = std::numeric_limits<int64_t>::max();
+  for (int restart = 0;; ++restart) {
+    if (g_stop_signal.load() != 0) {  // a signal before the first run started
+      log.write("end", restart, checkpointed_step(options.checkpoint_dir), causes,
+                {{"outcome", "stopped"}, {"exit_code", 128 + g_stop_signal.load()}});
+      return 128 + g_stop_signal.load();
+    }
+    spdlog::info("supervise: run {} (restart {} of at most {}): {}", restart + 1, restart, options.max_restarts,
+                 options.command[0]);
+    const Outcome outcome = run_once(options.command, restart);
+    const int stopped_by = g_stop_signal.load();
+    if (outcome.signal == 0 && outcome.exit_code == 0) {
+      log.write("end", restart, kAll, causes, {{"outcome", stopped_by ? "stopped" : "success"}, {"exit_code", 0}});
+      return 0;
+    }
+    const int64_t kept = checkpointed_step(options.checkpoint_dir);
+    if (stopped_by) {
+      spdlog::info("supervise: stopped by {}; the command ended with {}", signal_text(stopped_by), outcome.text());
+      log.write("end", restart, kept, causes, {{"outcome", "stopped"}, {"cause", outcome.text()}, {"exit_code", outcome.status()}});
+      return outcome.status();
+    }
+    if (outcome.signal == 0 && outcome.exit_code == 2) {
+      spdlog::error("supervise: the command ended with exit code 2 (bad input); not restarting");
+      log.write("end", restart, kept, causes, {{"outcome", "bad input"}, {"cause", outcome.text()}, {"exit_code", 2}});
+      return 2;
+    }
+    causes.push_back(outcome.text());
+    if (restart >= options.max_restarts) {
+      spdlog::error("supervise: the command failed ({}) and {} restarts are used up; giving up", outcome.text(),
+                    options.max_restarts);
+      log.write("end", restart, kept, causes,
+                {{"outcome", "restarts exhausted"}, {"cause", outcome.text()}, {"exit_code", outcome.status()}});
+      return outcome.status();
+    }
+    const double wait_s = backoff_before(options, restart + 1);
+    spdlog::warn("supervise: the command failed ({}); restart {} of {} in {:.1f} s, resuming from step {}",
+                 outcome.text(), restart + 1, options.max_restarts, wait_s, kept);
+    log.write("restart", restart + 1, kept, causes, {{"cause", outcome.text()}, {"exit_code", outcome.status()}, {"backoff_s", wait_s}});
+    back_off(wait_s);
+    if (const int signal = g_stop_signal.load()) {
+      spdlog::info("supervise: stopped by {} while waiting to restart", signal_text(signal));
+      log.write("end", restart, kept, causes, {{"outcome", "stopped"}, {"exit_code", 128 + signal}});
+      return 128 + signal;
+    }
+  }
+}
+
+}  // namespace hdp
