@@ -606,6 +606,9 @@ TEST(Config, Mixtral) {
   EXPECT_CONTAINS(load_error(path, {"parallel.hdp=2", "scheduler.policy=static", "scheduler.cp=2"}),
                   "scheduler.cp: 2 with model.arch 'mixtral'; Mixtral's MoE layers do not run in context-parallel "
                   "rings yet");
+  EXPECT_CONTAINS(load_error(path, {"parallel.pp=2", "model.num_layers=2", "data.micro_batch_tokens=4194304"}),
+                  "data.micro_batch_tokens: 4194304 x model.num_layers x model.experts_per_token reaches 2^24 with "
+                  "model.arch 'mixtral' and parallel.pp 2");
 }
 
 // Each mode and policy is read once into its enum, by the names users write, and
