@@ -704,8 +704,9 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
 // router probability of e over the N. One forward call is one micro-batch, and Hugging
 // Face computes the loss per forward call (data-parallel replicas and accumulation steps
 // each over their own batch), so the statistics pool over the micro-batch's layers only,
-// whichever stages hold them, never over data-parallel ranks; since every layout packs
-// the global batch into the same micro-batches, the loss is the same in every layout.
+// whichever stages hold them, never over data-parallel ranks; since every planner packs
+// the global batch into the same micro-batches for a given capacity before assigning
+// them to ranks, the loss is the same in every layout.
 // This stage adds its layers to the statistics it received (routing_input) and, on the
 // last stage, where they cover every layer, returns coef aux P with P the micro-batch's
 // predicted tokens, so that the caller's division by the step's predicted tokens (the
