@@ -314,11 +314,15 @@ TEST(MixtralLayouts, EveryLayoutEqualsOneProcess) {
   const std::vector<std::string> want_tokens = expert_token_lists(single_dir);
   ASSERT_EQ(want_aux.size(), 5u);
   ASSERT_EQ(want_tokens.size(), 5u);
-  for (const Layout& l : {Layout{"mixtral_tp2", 2, 1, 1}, Layout{"mixtral_pp2", 1, 2, 1},
-                          Layout{"mixtral_hdp2", 1, 1, 2}, Layout{"mixtral_tp2_pp2", 2, 2, 1},
-                          Layout{"mixtral_tp2_hdp2", 2, 1, 2}, Layout{"mixtral_pp2_hdp2", 1, 2, 2}}) {
+  // The balance scheduler assigns the same micro-batches to other ranks (DP-Balance with
+  // pp = 1, PP-Balance with pp = 2): the same losses again.
+  const std::string balance = "--set scheduler.policy=balance ";
+  for (const auto& [l, extra] : std::vector<std::pair<Layout, std::string>>{
+           {{"mixtral_tp2", 2, 1, 1}, ""}, {{"mixtral_pp2", 1, 2, 1}, ""}, {{"mixtral_hdp2", 1, 1, 2}, ""},
+           {{"mixtral_tp2_pp2", 2, 2, 1}, ""}, {{"mixtral_tp2_hdp2", 2, 1, 2}, ""}, {{"mixtral_pp2_hdp2", 1, 2, 2}, ""},
+           {{"mixtral_balance_hdp4", 1, 1, 4}, balance}, {{"mixtral_balance_pp2_hdp2", 1, 2, 2}, balance}}) {
     const std::string dir = scratch_dir("parallel-" + l.name);
-    expect_same_run(train(dir, l, moe), want, l.name);
+    expect_same_run(train(dir, l, moe + extra), want, l.name);
     const std::vector<double> aux = metric_values(dir, "aux_loss");
     const std::vector<double> load = metric_values(dir, "expert_load_max_over_mean");
     ASSERT_EQ(aux.size(), 5u) << l.name;
