@@ -102,15 +102,20 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
 
   slots_.resize(activation_slots);
   if (c.moe()) {
-    // The MoE block keeps its routing and saved rows for one micro-batch in flight, on
-    // the CPU, for the whole layer (no tensor-parallel split of the experts yet).
-    if (activation_slots != 1 || tp_size != 1 || device != Device::CPU ||
-        (long_sequences.hdp != nullptr && long_sequences.hdp->size() > 1) || long_sequences.offload) {
-      throw std::invalid_argument(
-          "model: Mixtral's MoE layers run on one CPU process so far (no tp, pp, hdp rings or offload)");
+    // The MoE blocks keep their routing and saved rows on the CPU, one set per slot;
+    // each holds this rank's tp slice of every expert.
+    if (device != Device::CPU || long_sequences.offload) {
+      throw std::invalid_argument("model: Mixtral's MoE layers run on the CPU and without offload so far");
     }
-    const MoeShape moe{c.hidden_size, c.ffn_hidden_size, c.num_experts, c.experts_per_token};
-    for (int64_t l = 0; l < num_local_layers_; ++l) moe_.emplace_back(moe, max_tokens_);
+    const MoeShape moe{c.hidden_size, local_ffn_, c.num_experts, c.experts_per_token};
+    moe_.resize(activation_slots);
+    for (std::vector<MoeBlock>& blocks : moe_)
+      for (int64_t l = 0; l < num_local_layers_; ++l) blocks.emplace_back(moe, max_tokens_, tp);
+    for (Slot& slot : slots_) {
+      slot.routing_before.assign(2 * c.num_experts, 0.0f);
+      slot.routing_through.assign(2 * c.num_experts, 0.0f);
+      slot.routing_totals.assign(c.num_experts, 0.0f);
+    }
   }
   if (long_sequences.offload && num_local_layers_ >= 3) {
     copy_engine_ = std::make_unique<CopyEngine>(device);
@@ -556,8 +561,13 @@ void LlamaModel::set_batch(int slot, const MicroBatchView& batch) {
   Slot& s = slots_.at(slot);
   s.tokens_used = T;
   if (!moe_.empty()) {
-    moe_predictions_ = 0;
-    for (int32_t target : batch.targets) moe_predictions_ += target >= 0;
+    // The routing statistics pool over one forward's tokens: a ring's forward spans its
+    // members, which this block does not reduce over (the config keeps Mixtral's
+    // sequences within one micro-batch).
+    if (batch.ring != nullptr) throw std::invalid_argument("micro-batch: Mixtral's MoE layers do not run in rings");
+    s.predictions = 0;
+    for (int32_t target : batch.targets) s.predictions += target >= 0;
+    std::fill(s.routing_before.begin(), s.routing_before.end(), 0.0f);
   }
   s.num_sequences = static_cast<int64_t>(batch.cu_seqlens.size()) - 1;
   s.ring_begin = ring_begin;
@@ -659,9 +669,9 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
     add_inplace(a.x_mid, a.x_in);
     rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, w.post_norm, eps);
     if (!moe_.empty()) {
-      // Mixtral: the sparse MoE block in place of the MLP (one process: no tp region, no offload).
+      // Mixtral: the sparse MoE block in place of the MLP (its tp all-reduces are its own; no offload).
       const Tensor out = l + 1 < L ? s.layers[l + 1].x_in : s.x_out.rows(0, T);
-      moe_[l].forward(out, a.ln2, w.moe);
+      moe_[slot][l].forward(out, a.ln2, w.moe);
       add_inplace(out, a.x_mid);
       continue;
     }
@@ -678,7 +688,8 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
     add_inplace(out, a.x_mid);
     if (s.offloaded && l < L - 2) park_layer(s, l);
   }
-  const double aux_term = moe_.empty() ? 0.0 : pool_load_balancing(T, loss_scale);
+  s.loss_scale = loss_scale;
+  const double aux_term = moe_.empty() ? 0.0 : pool_load_balancing(s);
   if (!partition_.has_head) return 0.0;
   rmsnorm_forward(s.ln_final.rows(0, T), s.rstd_final.rows(0, T), s.x_out.rows(0, T), final_norm_, eps);
   const double loss = head_forward_backward(s, loss_scale, with_backward);
@@ -686,39 +697,75 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
   return loss + aux_term;
 }
 
-// The LM head and loss run chunk by chunk over tokens; with backward, each chunk's
-// logits are turned into their gradient in place and pushed through the head at
-// once, so only one [chunk, vocab] buffer ever exists.
 // Mixtral's load-balancing loss as Hugging Face's load_balancing_loss_func computes it
 // (Switch Transformer's: Fedus et al. 2022) over all layers' routing of this micro-batch
 // (its router logits concatenated over the layers): N = layers x T, aux = E sum_e f_e P_e
 // with f_e the fraction of the N tokens' choices that went to expert e and P_e the mean
-// router probability of e over the N. Returns coef aux P with P the micro-batch's
+// router probability of e over the N. One forward call is one micro-batch, and Hugging
+// Face computes the loss per forward call (data-parallel replicas and accumulation steps
+// each over their own batch), so the statistics pool over the micro-batch's layers only,
+// whichever stages hold them, never over data-parallel ranks; since every planner packs
+// the global batch into the same micro-batches for a given capacity before assigning
+// them to ranks, the loss is the same in every layout.
+// This stage adds its layers to the statistics it received (routing_input) and, on the
+// last stage, where they cover every layer, returns coef aux P with P the micro-batch's
 // predicted tokens, so that the caller's division by the step's predicted tokens (the
 // token-level loss, loss_scale) weights each micro-batch by its share and one
-// micro-batch adds exactly coef aux, as Hugging Face does; the gradient per router
-// probability is coef P loss_scale E f_e / N.
-double LlamaModel::pool_load_balancing(int64_t tokens, float loss_scale) {
+// micro-batch adds exactly coef aux, as Hugging Face does.
+double LlamaModel::pool_load_balancing(Slot& s) {
   const int64_t E = config_.num_experts;
-  const double N = static_cast<double>(moe_.size()) * static_cast<double>(tokens);
-  expert_tokens_.assign(E, 0);
-  std::vector<double> probability(E, 0.0);
-  for (const MoeBlock& block : moe_) {
+  const int slot = static_cast<int>(&s - slots_.data());
+  s.routing_through = s.routing_before;
+  for (const MoeBlock& block : moe_[slot]) {
     for (int64_t e = 0; e < E; ++e) {
-      expert_tokens_[e] += block.expert_tokens()[e];
-      probability[e] += block.probability_sums()[e];
+      s.routing_through[e] += static_cast<float>(block.expert_tokens()[e]);
+      s.routing_through[E + e] += static_cast<float>(block.probability_sums()[e]);
     }
   }
+  if (!partition_.has_head) return 0.0;
+  const double N = static_cast<double>(config_.num_layers) * static_cast<double>(s.tokens_used);
+  expert_tokens_.assign(E, 0);
   double aux = 0;
-  for (int64_t e = 0; e < E; ++e) aux += (static_cast<double>(expert_tokens_[e]) / N) * (probability[e] / N);
+  for (int64_t e = 0; e < E; ++e) {
+    s.routing_totals[e] = s.routing_through[e];
+    expert_tokens_[e] = static_cast<int64_t>(s.routing_through[e]);
+    aux += (static_cast<double>(s.routing_through[e]) / N) * (static_cast<double>(s.routing_through[E + e]) / N);
+  }
   aux_loss_ = N > 0 ? static_cast<double>(E) * aux : 0.0;
-  const double c = config_.router_aux_loss_coef, P = static_cast<double>(moe_predictions_);
-  aux_grad_.assign(E, 0.0);
-  for (int64_t e = 0; e < E && N > 0; ++e)
-    aux_grad_[e] = c * P * loss_scale * static_cast<double>(E) * (static_cast<double>(expert_tokens_[e]) / N) / N;
-  return c * aux_loss_ * P;
+  return config_.router_aux_loss_coef * aux_loss_ * static_cast<double>(s.predictions);
 }
 
+// The gradient of coef aux P loss_scale per router probability, the same for every
+// token and layer of the micro-batch: coef P loss_scale E f_e / N, from the counts of
+// every layer (routing_totals: this stage's own on the last stage, received from the
+// next stage on the others).
+void LlamaModel::load_balancing_gradient(const Slot& s) {
+  const int64_t E = config_.num_experts;
+  const double N = static_cast<double>(config_.num_layers) * static_cast<double>(s.tokens_used);
+  const double c = config_.router_aux_loss_coef, P = static_cast<double>(s.predictions);
+  aux_grad_.assign(E, 0.0);
+  for (int64_t e = 0; e < E && N > 0; ++e)
+    aux_grad_[e] = c * P * s.loss_scale * static_cast<double>(E) * (static_cast<double>(s.routing_totals[e]) / N) / N;
+}
+
+Tensor LlamaModel::routing_input(int slot) {
+  std::vector<float>& v = slots_.at(slot).routing_before;
+  return v.empty() ? Tensor() : Tensor(v.data(), {static_cast<int64_t>(v.size())});
+}
+
+Tensor LlamaModel::routing_output(int slot) {
+  std::vector<float>& v = slots_.at(slot).routing_through;
+  return v.empty() ? Tensor() : Tensor(v.data(), {static_cast<int64_t>(v.size())});
+}
+
+Tensor LlamaModel::routing_totals(int slot) {
+  std::vector<float>& v = slots_.at(slot).routing_totals;
+  return v.empty() ? Tensor() : Tensor(v.data(), {static_cast<int64_t>(v.size())});
+}
+
+// The LM head and loss run chunk by chunk over tokens; with backward, each chunk's
+// logits are turned into their gradient in place and pushed through the head at
+// once, so only one [chunk, vocab] buffer ever exists.
 double LlamaModel::head_forward_backward(Slot& s, float loss_scale, bool backward) {
   const int64_t T = s.tokens_used;
   double loss_sum = 0;
@@ -747,6 +794,7 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
     if (ready) ready(gradients_begin);
   };
 
+  if (!moe_.empty()) load_balancing_gradient(s);
   if (partition_.has_head) {
     if (head_gradient_pending_ != slot) {
       throw std::logic_error("model: backward of the last stage must follow forward(slot, scale, true)");
@@ -771,7 +819,7 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
     if (!moe_.empty()) {
       // Mixtral: dres is the gradient of the layer output; the router also gets the
       // pooled load-balancing loss's gradient.
-      moe_[l].backward(dnorm, dw.moe, dres, a.ln2, w.moe, aux_grad_);
+      moe_[slot][l].backward(dnorm, dw.moe, dres, a.ln2, w.moe, aux_grad_);
     } else {
       // MLP block: dres is the gradient of the layer output.
       swiglu_forward(act, a.gate, a.up);  // recomputed rather than stored

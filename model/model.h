@@ -162,12 +162,26 @@ class LlamaModel {
   size_t activation_bytes() const { return activation_arena_.capacity(); }
   const ActivationUsage& activation_usage() const { return usage_; }
   size_t ring_buffer_bytes() const { return ring_attention_ ? ring_attention_->buffer_bytes() : 0; }
-  // Mixtral, of the last forward: the load-balancing loss over all layers' routing
-  // (Hugging Face's load_balancing_loss_func over the concatenated layers; its
-  // coef x aux x P, P the micro-batch's predicted tokens, is in forward's return value), and the (token, choice)
-  // pairs each expert received, summed over the layers.
+  // Mixtral, of the last forward on the last stage: the load-balancing loss over all
+  // layers' routing (Hugging Face's load_balancing_loss_func over the concatenated
+  // layers; its coef x aux x P, P the micro-batch's predicted tokens, is in forward's
+  // return value), and the (token, choice) pairs each expert received, summed over
+  // the layers. Other stages: 0 and empty.
   double aux_loss() const { return aux_loss_; }
   const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
+  // Mixtral under pipeline parallelism: a micro-batch's load-balancing loss pools the
+  // routing of every layer, so its statistics travel beside the activations (the
+  // pipeline executor sends them with the same 1F1B order). routing_input / output:
+  // [2E] floats, per expert the (token, choice) count and then the summed router
+  // probability of the layers before this stage (received before forward; zero on the
+  // first stage) and up to its end (sent after forward). routing_totals: [E] counts of
+  // all layers, which the last stage fills in forward and the others receive before
+  // backward and pass on after it; backward's gradient of the loss needs them. Counts
+  // travel as fp32, exact below 2^24 choices per micro-batch. Empty for other
+  // architectures.
+  Tensor routing_input(int slot);
+  Tensor routing_output(int slot);
+  Tensor routing_totals(int slot);
   // Floats one layer saves per token for backward (Act(s) = 4 x this x s bytes).
   int64_t saved_floats_per_token() const { return row_width_ + small_width_; }
 
@@ -221,6 +235,11 @@ class LlamaModel {
     int64_t keep_rows = 0;         // rows that stay on the device for offloaded layers
     bool offloaded = false;        // layers [0, num_layers - 2) go through host memory
     Tensor x_out, rstd_final, ln_final;  // stage output; final norm on the last stage
+    // Mixtral: routing_input / output / totals (above), the micro-batch's predicted
+    // tokens and the loss scale of its forward.
+    std::vector<float> routing_before, routing_through, routing_totals;
+    int64_t predictions = 0;
+    float loss_scale = 0;
   };
   // Reused across layers and slots.
   struct Scratch {
@@ -273,12 +292,13 @@ class LlamaModel {
   Scratch scratch_;
   ActivationUsage usage_;
   int head_gradient_pending_ = -1;  // slot whose head gradient awaits backward
-  // Mixtral: one block per layer (its routing and saved rows are the one micro-batch in
-  // flight), the pooled load-balancing loss and its gradient per router probability.
-  std::vector<MoeBlock> moe_;
-  double pool_load_balancing(int64_t tokens, float loss_scale);
+  // Mixtral: one block per slot and layer (each keeps the routing and saved rows of its
+  // slot's micro-batch), the pooled load-balancing loss and its gradient per router
+  // probability.
+  std::vector<std::vector<MoeBlock>> moe_;  // [slot][layer]
+  double pool_load_balancing(Slot& s);
+  void load_balancing_gradient(const Slot& s);
   double aux_loss_ = 0;
-  int64_t moe_predictions_ = 0;  // predicted tokens of the micro-batch in flight
   std::vector<double> aux_grad_;
   std::vector<int64_t> expert_tokens_;
 };

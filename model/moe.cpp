@@ -21,7 +21,8 @@ void require_cpu(const Tensor& t, const char* what) {
 
 }  // namespace
 
-MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens) : shape_(shape), max_tokens_(max_tokens) {
+MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp)
+    : shape_(shape), tp_(tp), input_(tp), output_(tp), max_tokens_(max_tokens) {
   if (shape.experts < 1 || shape.hidden < 1 || shape.ffn < 1 || shape.top_k < 1 || shape.top_k > shape.experts) {
     throw std::invalid_argument("MoE block: needs at least one expert and 1 <= top_k <= experts, got " +
                                 std::to_string(shape.experts) + " experts, top_k " + std::to_string(shape.top_k));
@@ -102,6 +103,8 @@ void MoeBlock::forward(Tensor out, const Tensor& x, const MoeTensors& w) {
     const float c = weights_[t * k + row_choice_[r]];
     for (int64_t h = 0; h < H; ++h) out.data[t * H + h] += c * ys_[r * H + h];
   }
+  // Each tp rank combined its slice of every expert's w2 output: their sum is the output.
+  output_.forward(out);
   // Load balancing: E sum_e f_e P_e over the T tokens.
   double aux = 0;
   for (int64_t e = 0; e < E; ++e) {
@@ -140,6 +143,8 @@ void MoeBlock::backward(Tensor dx, const MoeTensors& grads, const Tensor& dout, 
     }
     dweights_[t * k + j] = static_cast<float>(dot);
   }
+  // <dout, Y> over this rank's slice of Y: the sum over the tp ranks is the whole dot.
+  if (tp_ != nullptr && tp_->size() > 1) tp_->all_reduce(view(dweights_, T, k), ReduceOp::Sum);
   for (int64_t e = 0; e < E; ++e) {
     const int64_t b = first_[e], n = counts_[e];
     if (n == 0) continue;
@@ -156,6 +161,8 @@ void MoeBlock::backward(Tensor dx, const MoeTensors& grads, const Tensor& dout, 
     const int64_t t = row_token_[r];
     for (int64_t h = 0; h < H; ++h) dx.data[t * H + h] += dxs_[r * H + h];
   }
+  // Each rank's expert slices gave part of dx; the router's part below is whole on every rank.
+  input_.backward(dx);
   // Router. The weights are p_j / S over the chosen j (S their sum), so
   // dp_j = (dw_j - sum_i dw_i w_i) / S for chosen j and 0 otherwise; the aux loss adds
   // aux_grad[e] to every dp_e; then the softmax's backward.

@@ -14,15 +14,25 @@
 // to expert e (summing to k) and P_e the mean router probability of e. It is k when the
 // load is perfectly balanced. Its gradient flows through P only (f counts choices).
 //
-// State of this block: single process, CPU tensors, not yet wired into LlamaModel
-// (model.arch: mixtral is refused by the config); tested standalone against a naive
-// reference (tests/model_moe_test.cpp).
+// Tensor parallelism (Megatron style, Shoeybi et al. 2019): every expert's FFN is
+// split like the dense MLP, w1 and w3 by rows (column-parallel), w2 by columns
+// (row-parallel), so `shape.ffn` is this rank's F / tp; the router is replicated and
+// every tp rank routes identically. The block makes three all-reduces on the tp
+// group: forward, of the combined partial output (g, identity backward); backward,
+// of the combine weights' partial gradients <dout, Y> (Y is partial on each rank)
+// before the router's backward, and of the experts' partial input gradient (f,
+// identity forward) before the replicated router adds its own, whole, part.
+//
+// CPU tensors only (the config refuses other devices for Mixtral); tested standalone
+// against a naive reference (tests/model_moe_test.cpp).
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
 #include "kernels/tensor.h"
+#include "parallel/communicator.h"
+#include "parallel/tensor_parallel.h"
 
 namespace hdp {
 
@@ -41,7 +51,8 @@ struct MoeTensors {
 class MoeBlock {
  public:
   // Throws std::invalid_argument for a shape with no expert, top_k outside [1, E].
-  MoeBlock(const MoeShape& shape, int64_t max_tokens);
+  // tp: the tensor-parallel group the experts are split over (nullptr: none).
+  MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp = nullptr);
 
   // out [T, H] = sum over the token's k experts of weight x expert(x). Keeps what
   // backward needs (the routing, each expert's inputs and gate/up projections).
@@ -68,6 +79,9 @@ class MoeBlock {
 
  private:
   MoeShape shape_;
+  Communicator* tp_;
+  CopyToTensorParallelRegion input_;       // f: into the column-parallel w1, w3 of every expert
+  ReduceFromTensorParallelRegion output_;  // g: out of the row-parallel w2, after the combine
   int64_t max_tokens_, tokens_ = 0;
   double aux_ = 0;
   std::vector<float> logits_, probs_;      // [T, E]

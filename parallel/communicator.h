@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <stdexcept>
 #include <string>
 
 #include "kernels/tensor.h"
@@ -61,6 +62,29 @@ struct CommStats {
 // Where part `part` of an even split of n elements into `parts` begins.
 inline int64_t part_begin(int64_t n, int part, int parts) { return n * part / parts; }
 
+// all_to_all_v's contract, checked by every implementation: one count per rank, none
+// negative, and send / recv holding exactly their sums. Throws std::invalid_argument
+// naming the group.
+inline void check_all_to_all_counts(const std::string& group, int size, const Tensor& send,
+                                    std::span<const int64_t> send_counts, const Tensor& recv,
+                                    std::span<const int64_t> recv_counts) {
+  auto check = [&](const char* what, const Tensor& t, std::span<const int64_t> counts) {
+    if (static_cast<int>(counts.size()) != size)
+      throw std::invalid_argument(group + " all-to-all: " + std::to_string(counts.size()) + " " + what +
+                                  " counts for " + std::to_string(size) + " ranks");
+    int64_t total = 0;
+    for (int64_t c : counts) {
+      if (c < 0) throw std::invalid_argument(group + " all-to-all: a negative " + what + " count");
+      total += c;
+    }
+    if (total != t.numel())
+      throw std::invalid_argument(group + " all-to-all: " + what + " counts sum to " + std::to_string(total) +
+                                  ", the tensor holds " + std::to_string(t.numel()));
+  };
+  check("send", send, send_counts);
+  check("recv", recv, recv_counts);
+}
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -78,6 +102,13 @@ class Communicator {
   // In place: part rank() of buffer is this rank's input; afterwards every part
   // holds its owner's data.
   virtual CommRequest all_gather_async(Tensor buffer) = 0;
+  // All-to-all with a size per peer (expert parallelism's token dispatch and combine):
+  // `send` is send_counts[r] elements for each rank r, back to back in rank order;
+  // `recv` receives recv_counts[r] elements from each rank r, back to back in rank
+  // order, and recv_counts[r] must be what rank r sends to this rank. One count per
+  // rank each; send and recv hold exactly the sums.
+  virtual CommRequest all_to_all_v_async(const Tensor& send, std::span<const int64_t> send_counts, Tensor recv,
+                                         std::span<const int64_t> recv_counts) = 0;
   virtual CommRequest send_async(const Tensor& data, int peer, int tag) = 0;
   virtual CommRequest recv_async(Tensor data, int peer, int tag) = 0;
 
@@ -88,6 +119,10 @@ class Communicator {
   void all_reduce(Tensor data, ReduceOp op) { all_reduce_async(data, op).wait(); }
   void reduce_scatter(const Tensor& send, Tensor recv) { reduce_scatter_async(send, recv).wait(); }
   void all_gather(Tensor buffer) { all_gather_async(buffer).wait(); }
+  void all_to_all_v(const Tensor& send, std::span<const int64_t> send_counts, Tensor recv,
+                    std::span<const int64_t> recv_counts) {
+    all_to_all_v_async(send, send_counts, recv, recv_counts).wait();
+  }
   void send(const Tensor& data, int peer, int tag) { send_async(data, peer, tag).wait(); }
   void recv(Tensor data, int peer, int tag) { recv_async(data, peer, tag).wait(); }
   double all_reduce_sum(double value) {

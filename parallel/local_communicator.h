@@ -25,6 +25,16 @@ class LocalCommunicator final : public Communicator {
     return {};
   }
   CommRequest all_gather_async(Tensor) override { return single("all-gather"); }
+  CommRequest all_to_all_v_async(const Tensor& send, std::span<const int64_t> send_counts, Tensor recv,
+                                 std::span<const int64_t> recv_counts) override {
+    single("all-to-all");
+    check_all_to_all_counts(name_, size_, send, send_counts, recv, recv_counts);
+    if (send.numel() != recv.numel())
+      throw std::invalid_argument(name_ + " all-to-all: one rank receives what it sends, " +
+                                  std::to_string(send.numel()) + " elements, not " + std::to_string(recv.numel()));
+    if (send.numel() > 0) copy(recv, send);
+    return {};
+  }
   CommRequest send_async(const Tensor&, int, int) override { throw std::logic_error(name_ + ": no peer to send to"); }
   CommRequest recv_async(Tensor, int, int) override { throw std::logic_error(name_ + ": no peer to receive from"); }
   void all_reduce(std::span<double>, ReduceOp) override { single("all-reduce"); }

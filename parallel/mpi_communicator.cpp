@@ -109,6 +109,7 @@ class MpiPending final : public CommRequest::Pending {
   int peer = -1;  // world rank, -1 for a collective
   // Count and displacement arrays of a v-collective must outlive the call.
   std::vector<int> counts, displacements;
+  std::vector<int> recv_counts, recv_displacements;  // all-to-all: the receiving side's
   // Staged buffers: the blocks in use, and the outputs to copy back after MPI_Wait.
   std::shared_ptr<StagingPool> pool;
   std::vector<StagingPool::Block> blocks;
@@ -267,6 +268,34 @@ CommRequest MpiCommunicator::all_gather_async(Tensor buffer) {
                                true);
   MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, host, p->counts.data(), p->displacements.data(), MPI_FLOAT,
                   comm_, &p->request);
+  return CommRequest(std::move(p));
+}
+
+CommRequest MpiCommunicator::all_to_all_v_async(const Tensor& send, std::span<const int64_t> send_counts, Tensor recv,
+                                                std::span<const int64_t> recv_counts) {
+  check_all_to_all_counts(name_, size_, send, send_counts, recv, recv_counts);
+  count_of(send, name_ + " all-to-all");
+  count_of(recv, name_ + " all-to-all");
+  auto p = pending_with(staging_, "all-to-all", name_);
+  auto layout = [this](std::span<const int64_t> counts, std::vector<int>& c, std::vector<int>& d) {
+    c.resize(size_);
+    d.resize(size_);
+    int64_t offset = 0;
+    for (int r = 0; r < size_; ++r) {
+      c[r] = static_cast<int>(counts[r]);
+      d[r] = static_cast<int>(offset);
+      offset += counts[r];
+    }
+  };
+  layout(send_counts, p->counts, p->displacements);
+  layout(recv_counts, p->recv_counts, p->recv_displacements);
+  // What leaves this rank: everything but its part for itself.
+  stats_.collective_bytes += (send.numel() - send_counts[rank_]) * static_cast<int64_t>(sizeof(float));
+  ++stats_.collectives;
+  const float* send_buffer = p->input(send, staged(send));
+  float* recv_buffer = p->output(recv, staged(recv));
+  MPI_Ialltoallv(send_buffer, p->counts.data(), p->displacements.data(), MPI_FLOAT, recv_buffer,
+                 p->recv_counts.data(), p->recv_displacements.data(), MPI_FLOAT, comm_, &p->request);
   return CommRequest(std::move(p));
 }
 

@@ -51,6 +51,8 @@ class MpiCommunicator final : public Communicator {
   CommRequest all_reduce_async(Tensor data, ReduceOp op) override;
   CommRequest reduce_scatter_async(const Tensor& send, Tensor recv) override;
   CommRequest all_gather_async(Tensor buffer) override;
+  CommRequest all_to_all_v_async(const Tensor& send, std::span<const int64_t> send_counts, Tensor recv,
+                                 std::span<const int64_t> recv_counts) override;
   CommRequest send_async(const Tensor& data, int peer, int tag) override;
   CommRequest recv_async(Tensor data, int peer, int tag) override;
   void all_reduce(std::span<double> values, ReduceOp op) override;

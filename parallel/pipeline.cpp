@@ -96,9 +96,14 @@ void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
   auto slot_of = [&](int i) { return i % slots_; };
   auto activation_tag = [](int i) { return 2 * i; };
   auto gradient_tag = [](int i) { return 2 * i + 1; };
+  // The side values' tags follow all micro-batches' activation and gradient tags.
+  auto side_tag = [&](int tag) { return 2 * micro_batches + tag; };
+  auto has = [](const Tensor& t) { return t.data != nullptr; };
 
   std::vector<CommRequest> activation_in(micro_batches), gradient_in(micro_batches);
   std::vector<CommRequest> activation_out(slots_), gradient_out(slots_);
+  std::vector<CommRequest> side_in(micro_batches), side_back_in(micro_batches);
+  std::vector<CommRequest> side_out(slots_), side_back_out(slots_);
   int prepared = 0;       // micro-batches [0, prepared) have their inputs loaded / receives posted
   int backwards_done = 0;
 
@@ -109,8 +114,11 @@ void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
     while (prepared < std::min(limit, micro_batches) && prepared - slots_ < backwards_done) {
       const int i = prepared++, slot = slot_of(i);
       activation_out[slot].wait();
+      side_out[slot].wait();
       stage.prepare(i, slot);
       if (!first) activation_in[i] = pp_.recv_async(stage.input_activation(slot), stage_ - 1, activation_tag(i));
+      if (!first && has(stage.side_input(slot)))
+        side_in[i] = pp_.recv_async(stage.side_input(slot), stage_ - 1, side_tag(activation_tag(i)));
     }
   };
 
@@ -141,10 +149,16 @@ void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
         activation_in[i].wait();
       } else {
         wait_recv(activation_in[i], true, i);
+        side_in[i].wait();
       }
       stage.forward(i, slot);
       if (!last) {
         activation_out[slot] = pp_.send_async(stage.output_activation(slot), stage_ + 1, activation_tag(i));
+        if (has(stage.side_output(slot)))
+          side_out[slot] = pp_.send_async(stage.side_output(slot), stage_ + 1, side_tag(activation_tag(i)));
+        side_back_out[slot].wait();
+        if (has(stage.side_backward(slot)))
+          side_back_in[i] = pp_.recv_async(stage.side_backward(slot), stage_ + 1, side_tag(gradient_tag(i)));
         traced_send(true, i);
         gradient_in[i] = pp_.recv_async(grad_in_[slot].rows(0, rows), stage_ + 1, gradient_tag(i));
       }
@@ -152,10 +166,13 @@ void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
     } else {
       if (!last) {
         wait_recv(gradient_in[i], false, i);
+        side_back_in[i].wait();
         copy(stage.output_gradient(slot), grad_in_[slot].rows(0, rows));
       }
       stage.backward(i, slot);
       if (!first) {
+        if (has(stage.side_backward(slot)))
+          side_back_out[slot] = pp_.send_async(stage.side_backward(slot), stage_ - 1, side_tag(gradient_tag(i)));
         gradient_out[slot].wait();
         copy(grad_out_[slot].rows(0, rows), stage.input_gradient(slot));
         gradient_out[slot] = pp_.send_async(grad_out_[slot].rows(0, rows), stage_ - 1, gradient_tag(i));
@@ -167,6 +184,8 @@ void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
   }
   for (CommRequest& r : activation_out) r.wait();
   for (CommRequest& r : gradient_out) r.wait();
+  for (CommRequest& r : side_out) r.wait();
+  for (CommRequest& r : side_back_out) r.wait();
 }
 
 }  // namespace hdp

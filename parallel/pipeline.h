@@ -48,6 +48,12 @@ class PipelineStage {
   virtual Tensor output_activation(int slot) = 0;
   virtual Tensor output_gradient(int slot) = 0;
   virtual Tensor input_gradient(int slot) = 0;
+  // Small per-micro-batch values that travel beside the activations and their
+  // gradients, in the same order (Mixtral's routing statistics, which pool over the
+  // layers of every stage). A tensor without data: nothing travels.
+  virtual Tensor side_input(int /*slot*/) { return {}; }     // received with the input activation
+  virtual Tensor side_output(int /*slot*/) { return {}; }    // sent with the output activation
+  virtual Tensor side_backward(int /*slot*/) { return {}; }  // received before backward, sent on after it
 };
 
 class PipelineExecutor {

@@ -1,7 +1,8 @@
 // The Mixtral sparse MoE block (model/moe.h) against a naive double-precision
 // reference written from Hugging Face's MixtralSparseMoeBlock and
 // load_balancing_loss_func: outputs, the load-balancing loss by hand, and the
-// gradients of the router, every expert and the input by finite differences.
+// gradients of the router, every expert and the input by finite differences, and its
+// tensor-parallel slices against the whole block.
 
 #include <gtest/gtest.h>
 
@@ -12,6 +13,7 @@
 #include <vector>
 
 #include "model/moe.h"
+#include "thread_communicator.h"
 
 namespace hdp {
 namespace {
@@ -221,6 +223,65 @@ TEST(MoeBlock, GradientsMatchFiniteDifferences) {
   double diff = 0;
   for (size_t i = 0; i < g.storage[0].size(); ++i) diff += std::abs(g.storage[0][i] - g0.storage[0][i]);
   EXPECT_GT(diff, 1e-4);
+}
+
+// Tensor parallelism: two ranks, each holding rows [r F/2, (r + 1) F/2) of every
+// expert's w1 and w3 and those columns of w2 and the whole router, give the whole
+// block's output, input gradient and router gradient, and each the rows (columns) of
+// the whole expert gradients it holds, aux loss included.
+TEST(MoeBlock, TensorParallelSlicesEqualTheWholeBlock) {
+  const MoeShape s{6, 8, 4, 2};
+  const int64_t T = 9, H = s.hidden, F = s.ffn, E = s.experts;
+  const double coef = 0.37;
+  Block whole(s, false, 13), whole_grad(s, true, 0);
+  std::vector<float> x(T * H), c(T * H), out(T * H), dx(T * H);
+  std::mt19937 rng(4);
+  std::normal_distribution<float> n;
+  for (float& v : x) v = n(rng);
+  for (float& v : c) v = n(rng);
+  MoeBlock block(s, T);
+  block.forward(Tensor(out.data(), {T, H}), Tensor(x.data(), {T, H}), whole.tensors);
+  block.backward(Tensor(dx.data(), {T, H}), whole_grad.tensors, Tensor(c.data(), {T, H}), Tensor(x.data(), {T, H}),
+                 whole.tensors, block.aux_gradient(coef));
+
+  const int tp = 2;
+  testing::run_ranks(tp, [&](testing::ThreadCommunicator& comm) {
+    const int r = comm.rank();
+    const MoeShape local{H, F / tp, E, s.top_k};
+    const int64_t f0 = r * F / tp, f1 = (r + 1) * F / tp;
+    Block slice(local, true, 0), grad(local, true, 0);
+    slice.storage[0] = whole.storage[0];
+    for (int64_t e = 0; e < E; ++e) {
+      const std::vector<float>&w1 = whole.storage[1 + 3 * e], &w2 = whole.storage[2 + 3 * e],
+                              &w3 = whole.storage[3 + 3 * e];
+      std::copy(w1.begin() + f0 * H, w1.begin() + f1 * H, slice.storage[1 + 3 * e].begin());
+      std::copy(w3.begin() + f0 * H, w3.begin() + f1 * H, slice.storage[3 + 3 * e].begin());
+      for (int64_t h = 0; h < H; ++h)
+        for (int64_t f = f0; f < f1; ++f) slice.storage[2 + 3 * e][h * (f1 - f0) + f - f0] = w2[h * F + f];
+    }
+    std::vector<float> xr = x, cr = c, o(T * H), d(T * H);
+    MoeBlock part(local, T, &comm);
+    part.forward(Tensor(o.data(), {T, H}), Tensor(xr.data(), {T, H}), slice.tensors);
+    EXPECT_EQ(part.expert_tokens(), block.expert_tokens());
+    EXPECT_NEAR(part.aux_loss(), block.aux_loss(), 1e-12);
+    part.backward(Tensor(d.data(), {T, H}), grad.tensors, Tensor(cr.data(), {T, H}), Tensor(xr.data(), {T, H}),
+                  slice.tensors, part.aux_gradient(coef));
+    auto near = [](float got, float want) { return std::abs(got - want) <= 1e-5f * (1 + std::abs(want)); };
+    for (int64_t i = 0; i < T * H; ++i) {
+      EXPECT_TRUE(near(o[i], out[i])) << "rank " << r << " out[" << i << "] " << o[i] << " vs " << out[i];
+      EXPECT_TRUE(near(d[i], dx[i])) << "rank " << r << " dx[" << i << "] " << d[i] << " vs " << dx[i];
+    }
+    for (size_t i = 0; i < grad.storage[0].size(); ++i)
+      EXPECT_TRUE(near(grad.storage[0][i], whole_grad.storage[0][i])) << "rank " << r << " gate[" << i << "]";
+    for (int64_t e = 0; e < E; ++e) {
+      for (int64_t f = f0; f < f1; ++f)
+        for (int64_t h = 0; h < H; ++h) {
+          EXPECT_TRUE(near(grad.storage[1 + 3 * e][(f - f0) * H + h], whole_grad.storage[1 + 3 * e][f * H + h]));
+          EXPECT_TRUE(near(grad.storage[3 + 3 * e][(f - f0) * H + h], whole_grad.storage[3 + 3 * e][f * H + h]));
+          EXPECT_TRUE(near(grad.storage[2 + 3 * e][h * (f1 - f0) + f - f0], whole_grad.storage[2 + 3 * e][h * F + f]));
+        }
+    }
+  });
 }
 
 TEST(MoeBlock, BadShapesAreRefused) {

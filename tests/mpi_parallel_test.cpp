@@ -121,6 +121,53 @@ TEST(MpiCommunicator, StagedBuffersGiveTheSameResultsAndReuseThePool) {
   EXPECT_EQ(world.staging_allocations(), allocations) << "a repeated round must reuse the staging blocks";
 }
 
+// All-to-all with per-peer sizes, zero included: rank r sends (r + 2q) % 3 elements to
+// rank q, valued 1000 r + 100 q + i, and receives in rank order what each rank sends
+// it; directly and through the staging path (whose input is copied at the call), and
+// on one rank without MPI.
+TEST(MpiCommunicator, AllToAllWithPerPeerSizes) {
+  ASSERT_EQ(world_size(), 4) << "run under mpirun -np 4";
+  MpiCommunicator world(MPI_COMM_WORLD, "world");
+  const int r = world.rank();
+  auto count = [](int from, int to) { return static_cast<int64_t>((from + 2 * to) % 3); };
+  std::vector<int64_t> send_counts(4), recv_counts(4);
+  std::vector<float> send;
+  for (int q = 0; q < 4; ++q) {
+    send_counts[q] = count(r, q);
+    recv_counts[q] = count(q, r);
+    for (int64_t i = 0; i < send_counts[q]; ++i) send.push_back(static_cast<float>(1000 * r + 100 * q + i));
+  }
+  std::vector<float> expected;
+  for (int q = 0; q < 4; ++q)
+    for (int64_t i = 0; i < recv_counts[q]; ++i) expected.push_back(static_cast<float>(1000 * q + 100 * r + i));
+  const int64_t n_send = static_cast<int64_t>(send.size()), n_recv = static_cast<int64_t>(expected.size());
+  for (bool staged : {false, true}) {
+    SCOPED_TRACE(staged ? "staged" : "direct");
+    world.stage_host_buffers_for_testing(staged);
+    world.reset_stats();
+    std::vector<float> in = send, out(n_recv, -1.0f);
+    CommRequest request =
+        world.all_to_all_v_async(Tensor(in.data(), {n_send}), send_counts, Tensor(out.data(), {n_recv}), recv_counts);
+    if (staged && n_send > 0) in[0] = -99;  // copied at the call: changing it now changes nothing
+    request.wait();
+    EXPECT_EQ(out, expected);
+    EXPECT_EQ(world.stats().collective_bytes, (n_send - send_counts[r]) * 4);
+    EXPECT_EQ(world.stats().collectives, 1);
+  }
+  world.stage_host_buffers_for_testing(false);
+  // Counts that do not match the tensors are refused before anything is sent.
+  std::vector<float> out(n_recv);
+  const std::vector<int64_t> three = {1, 1, 1};
+  EXPECT_THROW(world.all_to_all_v(Tensor(send.data(), {n_send}), three, Tensor(out.data(), {n_recv}), recv_counts),
+               std::invalid_argument);
+
+  LocalCommunicator local;
+  std::vector<float> a = {1, 2, 3}, b(3);
+  const std::vector<int64_t> all = {3};
+  local.all_to_all_v(Tensor(a.data(), {3}), all, Tensor(b.data(), {3}), all);
+  EXPECT_EQ(b, a);
+}
+
 TEST(ProcessGroups, RankOrderIsTpFastestThenHdpThenPp) {
   const ParallelDegrees grids[] = {{2, 1, 2}, {1, 2, 2}, {2, 2, 1}, {1, 1, 4}};
   for (const ParallelDegrees& degrees : grids) {

@@ -40,6 +40,26 @@ void expect_near(const std::vector<float>& got, const std::vector<float>& want, 
   for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(got[i], want[i], tolerance) << what << " element " << i;
 }
 
+// The test group's all-to-all (tests/thread_communicator.h), which unit tests of
+// expert dispatch run on: 3 ranks, rank r sends r + q elements to rank q.
+TEST(ThreadCommunicator, AllToAllDeliversEachRanksPartsInRankOrder) {
+  run_ranks(3, [](ThreadCommunicator& comm) {
+    const int r = comm.rank();
+    std::vector<int64_t> send_counts, recv_counts;
+    std::vector<float> send, expected;
+    for (int q = 0; q < 3; ++q) {
+      send_counts.push_back(r + q);
+      recv_counts.push_back(q + r);
+      for (int i = 0; i < r + q; ++i) send.push_back(static_cast<float>(100 * r + 10 * q + i));
+      for (int i = 0; i < q + r; ++i) expected.push_back(static_cast<float>(100 * q + 10 * r + i));
+    }
+    std::vector<float> out(expected.size(), -1.0f);
+    comm.all_to_all_v(host(send, {static_cast<int64_t>(send.size())}), send_counts,
+                      host(out, {static_cast<int64_t>(out.size())}), recv_counts);
+    EXPECT_EQ(out, expected) << "rank " << r;
+  });
+}
+
 // ---- the regions --------------------------------------------------------------------
 
 TEST(CopyToTensorParallelRegion, ForwardIsTheIdentityAndBackwardSumsTheRanksGradients) {

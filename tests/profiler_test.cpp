@@ -437,6 +437,9 @@ class PeerCommunicator final : public Communicator {
   CommRequest all_reduce_async(Tensor, ReduceOp) override { throw std::logic_error("unused"); }
   CommRequest reduce_scatter_async(const Tensor&, Tensor) override { throw std::logic_error("unused"); }
   CommRequest all_gather_async(Tensor) override { throw std::logic_error("unused"); }
+  CommRequest all_to_all_v_async(const Tensor&, std::span<const int64_t>, Tensor, std::span<const int64_t>) override {
+    throw std::logic_error("unused");
+  }
   CommRequest send_async(const Tensor&, int, int) override { throw std::logic_error("unused"); }
   CommRequest recv_async(Tensor, int, int) override { throw std::logic_error("unused"); }
   void all_reduce(std::span<double> values, ReduceOp op) override {

@@ -1,8 +1,8 @@
 #pragma once
 // An in-process group for unit tests of collectives without MPI: each of `size`
 // threads holds its rank's ThreadCommunicator over one shared ThreadGroup. Only
-// what the tensor-parallel tests need is real, the all-reduce of CPU tensors
-// (summed in rank order, so every rank gets bit-identical results); every other
+// what the tests need is real: the all-reduce of CPU tensors (summed in rank
+// order, so every rank gets bit-identical results) and the all-to-all; every other
 // transfer throws.
 
 #include <algorithm>
@@ -21,7 +21,8 @@ namespace hdp::testing {
 
 class ThreadGroup {
  public:
-  explicit ThreadGroup(int size) : size_(size), arrived_(size), buffers_(static_cast<size_t>(size)) {}
+  explicit ThreadGroup(int size)
+      : size_(size), arrived_(size), buffers_(static_cast<size_t>(size)), counts_(static_cast<size_t>(size)) {}
   int size() const { return size_; }
   void leave() { arrived_.arrive_and_drop(); }
 
@@ -30,6 +31,7 @@ class ThreadGroup {
   int size_;
   std::barrier<> arrived_;
   std::vector<Tensor> buffers_;  // each rank's buffer of the collective in flight
+  std::vector<std::vector<int64_t>> counts_;  // each rank's send counts of the all-to-all in flight
 };
 
 class ThreadCommunicator final : public Communicator {
@@ -59,6 +61,32 @@ class ThreadCommunicator final : public Communicator {
   }
   CommRequest reduce_scatter_async(const Tensor&, Tensor) override { return unsupported("reduce-scatter"); }
   CommRequest all_gather_async(Tensor) override { return unsupported("all-gather"); }
+  CommRequest all_to_all_v_async(const Tensor& send, std::span<const int64_t> send_counts, Tensor recv,
+                                 std::span<const int64_t> recv_counts) override {
+    if (send.device != Device::CPU || recv.device != Device::CPU)
+      throw std::logic_error("thread communicator: CPU tensors only");
+    check_all_to_all_counts(name_, size(), send, send_counts, recv, recv_counts);
+    const size_t me = static_cast<size_t>(rank_);
+    group_.buffers_[me] = send;
+    group_.counts_[me].assign(send_counts.begin(), send_counts.end());
+    group_.arrived_.arrive_and_wait();
+    // From each rank q: its part for this rank, after its parts for the ranks before.
+    int64_t at = 0;
+    for (int q = 0; q < size(); ++q) {
+      const std::vector<int64_t>& counts = group_.counts_[static_cast<size_t>(q)];
+      if (counts[me] != recv_counts[static_cast<size_t>(q)])
+        throw std::logic_error("thread communicator: all-to-all counts disagree between ranks");
+      int64_t from = 0;
+      for (int j = 0; j < rank_; ++j) from += counts[static_cast<size_t>(j)];
+      const float* src = group_.buffers_[static_cast<size_t>(q)].data + from;
+      std::copy(src, src + counts[me], recv.data + at);
+      at += counts[me];
+    }
+    // Every rank has read every buffer before any rank reuses its own.
+    group_.arrived_.arrive_and_wait();
+    ++stats_.collectives;
+    return {};
+  }
   CommRequest send_async(const Tensor&, int, int) override { return unsupported("send"); }
   CommRequest recv_async(Tensor, int, int) override { return unsupported("recv"); }
   void all_reduce(std::span<double>, ReduceOp) override { unsupported("all-reduce of host values"); }

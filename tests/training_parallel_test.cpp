@@ -285,6 +285,76 @@ TEST(SlidingWindow, EveryLayoutEqualsOneProcess) {
   std::printf("ring attention bytes over 5 steps: window 100 %.0f, full %.0f\n", windowed_total, full_total);
 }
 
+// The "expert_tokens" list of every step of RUN_DIR/metrics.jsonl, as written.
+std::vector<std::string> expert_token_lists(const std::string& run_dir) {
+  std::ifstream in(run_dir + "/metrics.jsonl");
+  std::vector<std::string> out;
+  std::smatch m;
+  const std::regex pattern("\"expert_tokens\": \\[([0-9, ]*)\\]");
+  for (std::string line; std::getline(in, line);)
+    if (std::regex_search(line, m, pattern)) out.push_back(m[1]);
+  return out;
+}
+
+// Mixtral (4 experts, top-2, Mixtral's aux coefficient 0.02) under tp2 (every expert's
+// FFN split over the two ranks, the router replicated), pp2 (the micro-batch's routing
+// statistics travel with the activations, so the load-balancing loss still pools all 4
+// layers), hdp2 (plain data parallelism: the loss is per micro-batch, as Hugging Face
+// computes it per forward, and every layout packs the same micro-batches) and the 4-rank
+// combinations: losses, weights, the load-balancing loss, the per-expert counts and the
+// max/mean load all equal one process's. The counts are compared exactly: a routing
+// decision that flipped under another reduction order would show there.
+TEST(MixtralLayouts, EveryLayoutEqualsOneProcess) {
+  const std::string moe = "--set model.arch=mixtral --set model.num_experts=4 --set model.experts_per_token=2 "
+                          "--set model.router_aux_loss_coef=0.02 ";
+  const std::string single_dir = scratch_dir("parallel-mixtral-single");
+  const RunResult want = train(single_dir, {"single", 1, 1, 1}, moe);
+  const std::vector<double> want_aux = metric_values(single_dir, "aux_loss");
+  const std::vector<double> want_load = metric_values(single_dir, "expert_load_max_over_mean");
+  const std::vector<std::string> want_tokens = expert_token_lists(single_dir);
+  ASSERT_EQ(want_aux.size(), 5u);
+  ASSERT_EQ(want_tokens.size(), 5u);
+  // The balance scheduler assigns the same micro-batches to other ranks (DP-Balance with
+  // pp = 1, PP-Balance with pp = 2): the same losses again.
+  const std::string balance = "--set scheduler.policy=balance ";
+  for (const auto& [l, extra] : std::vector<std::pair<Layout, std::string>>{
+           {{"mixtral_tp2", 2, 1, 1}, ""}, {{"mixtral_pp2", 1, 2, 1}, ""}, {{"mixtral_hdp2", 1, 1, 2}, ""},
+           {{"mixtral_tp2_pp2", 2, 2, 1}, ""}, {{"mixtral_tp2_hdp2", 2, 1, 2}, ""}, {{"mixtral_pp2_hdp2", 1, 2, 2}, ""},
+           {{"mixtral_balance_hdp4", 1, 1, 4}, balance}, {{"mixtral_balance_pp2_hdp2", 1, 2, 2}, balance}}) {
+    const std::string dir = scratch_dir("parallel-" + l.name);
+    expect_same_run(train(dir, l, moe + extra), want, l.name);
+    const std::vector<double> aux = metric_values(dir, "aux_loss");
+    const std::vector<double> load = metric_values(dir, "expert_load_max_over_mean");
+    ASSERT_EQ(aux.size(), 5u) << l.name;
+    ASSERT_EQ(load.size(), 5u) << l.name;
+    for (size_t i = 0; i < 5; ++i) {
+      EXPECT_NEAR(aux[i], want_aux[i], 1e-5 * want_aux[i]) << l.name << " step " << i + 1;
+      EXPECT_NEAR(load[i], want_load[i], 1e-9) << l.name << " step " << i + 1;
+    }
+    EXPECT_EQ(expert_token_lists(dir), want_tokens) << l.name;
+  }
+}
+
+// A Mixtral checkpoint is layout-independent: steps 1-2 under tp2 x hdp2 (every expert
+// sharded over tp), 3-4 on one process, 5 under tp2 x pp2, equal an uninterrupted
+// single-process run.
+TEST(MixtralLayouts, ResumeAcrossLayoutsContinuesLikeAnUninterruptedRun) {
+  const std::string common = "--set model.arch=mixtral --set model.num_experts=4 --set model.experts_per_token=2 "
+                             "--set model.router_aux_loss_coef=0.02 --set optim.warmup_steps=10 "
+                             "--set train.keep_checkpoints=5";
+  const RunResult want = train(scratch_dir("parallel-mixtral-resume-straight"), {"single", 1, 1, 1}, common);
+  const std::string dir = scratch_dir("parallel-mixtral-resume");
+  auto a = run_command(mpirun(4) + " " + train_args(dir, {"a", 2, 1, 2}, 2, common));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b = run_trainer(train_args(dir, {"b", 1, 1, 1}, 4, common));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  EXPECT_NE(b.output.find("resumed from"), std::string::npos) << b.output;
+  auto c = run_command(mpirun(4) + " " + train_args(dir, {"c", 2, 2, 1}, 5, common));
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_NE(c.output.find("resumed from"), std::string::npos) << c.output;
+  expect_same_run(result_of(dir), want, "mixtral resumed");
+}
+
 TEST(BalanceScheduler, EqualsOneProcessWithAndWithoutPipelines) {
   // Long and short sequences mixed; the balance scheduler gives ranks different
   // numbers of micro-batches. pp = 1 uses DP-Balance, pp = 2 PP-Balance.

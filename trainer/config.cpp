@@ -583,9 +583,10 @@ struct Parser {
     positive(lo.servers, "loader.servers");
     positive(lo.timeout_s, "loader.timeout_s");
 
-    // Mixtral (Jiang et al. 2024): so far one CPU process whose micro-batches hold whole
-    // sequences (model/moe.h). Its keys are read but unused for other architectures (the
-    // effective config writes every key, so they cannot be refused there).
+    // Mixtral (Jiang et al. 2024): on the CPU, in fp32, under tp (sharded experts), pp and
+    // hdp, with micro-batches that hold whole sequences (model/moe.h). Its keys are read
+    // but unused for other architectures (the effective config writes every key, so they
+    // cannot be refused there).
     if (m.moe()) {
       positive(m.num_experts, "model.num_experts");
       require(m.experts_per_token >= 1 && m.experts_per_token <= m.num_experts, "model.experts_per_token",
@@ -594,12 +595,6 @@ struct Parser {
               "choose how many experts each token runs, e.g. 2 as Mixtral", {"model.num_experts"});
       non_negative(m.router_aux_loss_coef, "model.router_aux_loss_coef",
                    "it must be 0 or more (Mixtral uses 0.02, Hugging Face defaults to 0.001)");
-      const char* one_process = "Mixtral's MoE layers run on one process so far (no expert parallelism or sharded "
-                                "experts yet); set it to 1";
-      for (const char* key : {"parallel.tp", "parallel.pp", "parallel.hdp"}) {
-        const int degree = std::string(key) == "parallel.tp" ? p.tp : std::string(key) == "parallel.pp" ? p.pp : p.hdp;
-        require(degree == 1, key, shown(key) + " with model.arch 'mixtral'", one_process, {"model.arch"});
-      }
       require(t.device == Device::CPU, "train.device", shown("train.device") + " with model.arch 'mixtral'",
               "Mixtral's MoE layers run on the CPU backend so far; use train.device: cpu", {"model.arch"});
       require(t.precision == DType::F32, "train.precision", shown("train.precision") + " with model.arch 'mixtral'",
@@ -607,8 +602,23 @@ struct Parser {
       require(d.max_seq_len <= d.micro_batch_tokens, "data.max_seq_len",
               shown("data.max_seq_len") + " is above data.micro_batch_tokens " + shown("data.micro_batch_tokens") +
                   " with model.arch 'mixtral'",
-              "Mixtral's MoE layers cannot offload activations yet, so every sequence must fit one micro-batch",
+              "Mixtral's MoE layers cannot offload activations or split a sequence over a ring yet, so every "
+              "sequence must fit one micro-batch",
               {"data.micro_batch_tokens", "model.arch"});
+      // Under pp a micro-batch's (token, choice) counts travel between stages as fp32
+      // (model/model.h, routing_input), exact below 2^24.
+      require(p.pp == 1 || m.num_layers * d.micro_batch_tokens * m.experts_per_token < (int64_t{1} << 24),
+              "data.micro_batch_tokens",
+              shown("data.micro_batch_tokens") + " x model.num_layers x model.experts_per_token reaches 2^24 with "
+                  "model.arch 'mixtral' and parallel.pp " + shown("parallel.pp"),
+              "the routing counts a pipeline passes between its stages are exact below 2^24; use smaller "
+              "micro-batches",
+              {"model.num_layers", "model.experts_per_token", "parallel.pp"});
+      require(!(sc.policy == SchedulerPolicy::Static && sc.cp > 1), "scheduler.cp",
+              shown("scheduler.cp") + " with model.arch 'mixtral'",
+              "Mixtral's MoE layers do not run in context-parallel rings yet (a forward's routing statistics would "
+              "span the ring); set scheduler.cp: 0 or 1",
+              {"model.arch"});
     }
 
     // files last, so that value errors are reported even before the data exists

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <limits>
@@ -88,7 +89,8 @@ class TrainingEngine::Stage final : public PipelineStage {
     } else {
       loss_sum_ += model_.forward(slot, loss_scale_, true);
     }
-    if (model_.config().moe()) {
+    if (model_.config().moe() && model_.partition().has_head) {
+      // The last stage's statistics cover every layer of the micro-batch.
       int64_t predictions = 0;
       for (int32_t target : batches_[i].targets) predictions += target >= 0;
       aux_sum_ += model_.aux_loss() * static_cast<double>(predictions);
@@ -118,6 +120,9 @@ class TrainingEngine::Stage final : public PipelineStage {
   Tensor output_activation(int slot) override { return model_.output_activation(slot); }
   Tensor output_gradient(int slot) override { return model_.output_gradient(slot); }
   Tensor input_gradient(int slot) override { return model_.input_gradient(slot); }
+  Tensor side_input(int slot) override { return model_.routing_input(slot); }
+  Tensor side_output(int slot) override { return model_.routing_output(slot); }
+  Tensor side_backward(int slot) override { return model_.routing_totals(slot); }
   double loss_sum() const { return loss_sum_; }
   double aux_sum() const { return aux_sum_; }
   const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
@@ -217,9 +222,24 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
   }
   result.loss = result.predictions > 0 ? loss_sum / static_cast<double>(result.predictions) : 0.0;
   if (config_.model.moe()) {
-    // One process so far (the config refuses more), so the sums are this rank's.
-    result.aux_loss = result.predictions > 0 ? stage.aux_sum() / static_cast<double>(result.predictions) : 0.0;
-    result.expert_tokens = stage.expert_tokens();
+    // Each pipeline's last stage holds its micro-batches' whole statistics (tp ranks
+    // identical copies, counted once): summed over the world, aux_loss is the mean of
+    // the micro-batches' losses weighted by their predictions and expert_tokens the
+    // step's choices per expert, whatever the layout.
+    const int64_t E = config_.model.num_experts;
+    std::vector<double> sums(E + 1, 0.0);
+    if (counts_loss) {
+      sums[0] = stage.aux_sum();
+      for (int64_t e = 0; e < E && e < static_cast<int64_t>(stage.expert_tokens().size()); ++e)
+        sums[e + 1] = static_cast<double>(stage.expert_tokens()[e]);
+    }
+    {
+      progress::Context context("MoE statistics all-reduce");
+      groups_.world().all_reduce(std::span<double>(sums), ReduceOp::Sum);
+    }
+    result.aux_loss = result.predictions > 0 ? sums[0] / static_cast<double>(result.predictions) : 0.0;
+    result.expert_tokens.resize(E);
+    for (int64_t e = 0; e < E; ++e) result.expert_tokens[e] = static_cast<int64_t>(std::llround(sums[e + 1]));
   }
   result.busy_ms = stage.busy_ms();
 
