@@ -516,6 +516,18 @@ TEST(Training, CorruptedAndTruncatedCheckpointsAreRefused) {
   EXPECT_NE(truncated.output.find(ckpt), std::string::npos) << truncated.output;
 }
 
+// A global batch below one micro-batch is allowed (micro_batch_tokens is a rank's
+// capacity, not its share) but never silent: the run warns naming both keys.
+TEST(Training, AGlobalBatchBelowTheMicroBatchIsWarnedAbout) {
+  const std::string dir = scratch_dir("training-small-global-batch");
+  auto r = run_trainer(run_args(dir, 1, "--set data.global_batch_tokens=1024 --set data.micro_batch_tokens=2048 "
+                                        "--set train.checkpoint_every=0"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("data.global_batch_tokens 1024 is below data.micro_batch_tokens 2048: a step holds at most "
+                          "1024 tokens, so every micro-batch is at most 50% full"),
+            std::string::npos) << r.output;
+}
+
 TEST(Training, InitFromTakesWeightsButNotProgress) {
   const std::string src = scratch_dir("training-init-src"), dst = scratch_dir("training-init-dst");
   auto a = run_trainer(run_args(src, 3, "--set data.global_batch_tokens=1024 --set train.checkpoint_every=3"));

@@ -96,6 +96,16 @@ void log_job(const Config& config, const std::optional<TokenDataset>& dataset, c
                  training_ranks, training_ranks + loader_ranks - 1, training_ranks);
   }
   spdlog::info("{}", describe_grid(degrees));
+  // Documented (a rank's capacity, not its share), but rarely meant: the activation
+  // memory is sized for micro_batch_tokens and a step never fills it.
+  if (config.data.global_batch_tokens < config.data.micro_batch_tokens) {
+    spdlog::warn("data.global_batch_tokens {} is below data.micro_batch_tokens {}: a step holds at most {} tokens, so "
+                 "every micro-batch is at most {:.0f}% full while activation memory is sized for {}; lower "
+                 "data.micro_batch_tokens to save memory, or raise data.global_batch_tokens",
+                 config.data.global_batch_tokens, config.data.micro_batch_tokens, config.data.global_batch_tokens,
+                 100.0 * config.data.global_batch_tokens / config.data.micro_batch_tokens,
+                 config.data.micro_batch_tokens);
+  }
   spdlog::info("CPU GEMM: {}", cpu::gemm_library_description(cpu::kGemmLibrary));
 }
 
