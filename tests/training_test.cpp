@@ -609,7 +609,30 @@ INSTANTIATE_TEST_SUITE_P(
                       "--set train.checkpoint_dir=DIR/ckpt "
                       "--set model.num_layers=20000 --set model.hidden_size=16384 --set model.num_heads=128 "
                       "--set model.num_kv_heads=128 --set model.ffn_hidden_size=65536",
-                      "the 'parameters' arena needs 343600039002112 bytes (320002.5 GiB) of cpu memory"}),
+                      "the 'parameters' arena needs 343600039002112 bytes (320002.5 GiB) of cpu memory"},
+        // Sizes whose element counts overflow 64 bits: refused by the config, naming
+        // the sizes and the bytes, before any count wraps around.
+        BadInvocation{"ModelSizesOverflow",
+                      "train " + kTinyConfig + " --set data.path=CORPUS --set model.hidden_size=1000000000",
+                      "model.hidden_size: too large to count: model.hidden_size 1000000000, model.ffn_hidden_size 352, "
+                      "model.vocab_size 258, model.num_layers 4 make 1.2e+19 parameters, whose weights, gradients and "
+                      "AdamW moments need 1.92e+20 bytes, beyond 64-bit sizes"},
+        // Counts that fit but cannot be had: the activation arena's OutOfMemory, not a
+        // bare std::bad_alloc from a host list sized before it.
+        BadInvocation{"MicroBatchLargerThanMemory",
+                      "train " + kTinyConfig + " --set data.path=CORPUS --set train.run_dir=DIR/run "
+                      "--set data.micro_batch_tokens=10000000000000",
+                      "the 'activations' arena needs"},
+        BadInvocation{"MicroBatchLogitsOverflow",
+                      "train " + kTinyConfig + " --set data.path=CORPUS --set data.micro_batch_tokens=100000000000000000",
+                      "data.micro_batch_tokens: too large to count: data.micro_batch_tokens 100000000000000000"},
+        // Existing directories this user cannot write in (/proc refuses new files even to root).
+        BadInvocation{"RunDirNotWritable", "train " + kTinyConfig + " --set data.path=CORPUS --set train.run_dir=/proc",
+                      "train.run_dir: cannot write in the directory '/proc'"},
+        BadInvocation{"CheckpointDirNotWritable",
+                      "train " + kTinyConfig + " --set data.path=CORPUS --set train.run_dir=DIR/run "
+                      "--set train.checkpoint_dir=/proc/self --set train.checkpoint_every=5",
+                      "train.checkpoint_dir: cannot write in the directory '/proc/self'"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(CommandLine, HelpAndVersion) {
