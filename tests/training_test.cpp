@@ -434,6 +434,122 @@ TEST(Training, AFailedBackgroundCheckpointWriteEndsTheRunWithCode2NamingThePath)
   EXPECT_LE(metric_lines(dir).size(), blocked_from + 2) << output;
 }
 
+// Every line of metrics.jsonl is whole (ends its JSON object).
+void expect_whole_lines(const std::string& run_dir) {
+  const std::string text = testing::file_text(run_dir + "/metrics.jsonl");
+  EXPECT_TRUE(text.empty() || text.back() == '\n') << "a line cut short: " << text;
+  for (const std::string& line : metric_lines(run_dir)) EXPECT_EQ(line.back(), '}') << line;
+}
+
+// A disk that fills up while a checkpoint part is written (HDP_FAULT_INJECT
+// RANK:STEP:full-checkpoint puts the part on /dev/full, whose writes fail with
+// ENOSPC) ends the run with exit code 2 naming the part, written in the background
+// or not; nothing is lost: the checkpoint before it is whole, no half checkpoint
+// stands under a final name, and the run resumes from there.
+TEST(Training, AFullDiskDuringACheckpointEndsTheRunWithCode2AndLosesNothing) {
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    const std::string dir = scratch_dir(std::string("training-full-disk-checkpoint-") + (async ? "async" : "sync"));
+    const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=1 "
+                               "--set train.keep_checkpoints=10 --set train.async_checkpoints=" +
+                               (async ? "true" : "false");
+    auto full = testing::run_command("HDP_FAULT_INJECT=0:2:full-checkpoint " + std::string(HDP_TRAINER_BINARY) + " " +
+                                     run_args(dir, 4, common));
+    ASSERT_EQ(full.exit_code, 2) << full.output;
+    EXPECT_NE(full.output.find(step_dir(dir, 2) + ".tmp/rank-00000.h5: writing the checkpoint part failed"),
+              std::string::npos) << full.output;
+    EXPECT_NE(full.output.find("No space left on device"), std::string::npos) << full.output;
+    EXPECT_TRUE(fs::exists(step_dir(dir, 1) + "/manifest.yaml"));
+    EXPECT_FALSE(fs::exists(step_dir(dir, 2))) << "a half-written checkpoint under its final name";
+    EXPECT_FALSE(fs::exists(step_dir(dir, 2) + ".tmp/rank-00000.h5.tmp")) << "the part's temporary file is removed";
+    expect_whole_lines(dir);
+    auto resumed = run_trainer(run_args(dir, 4, common));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("resumed from " + step_dir(dir, 1) + " at step 1"), std::string::npos)
+        << resumed.output;
+    const auto lines = metric_lines(dir);
+    ASSERT_EQ(lines.size(), 4u);
+    for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(field(lines[i], "step"), static_cast<double>(i + 1));
+  }
+}
+
+// A full disk under run_dir (HDP_FAULT_INJECT RANK:STEP:full-metrics) is an error,
+// never a run that reports success with its record cut: exit code 2 naming
+// metrics.jsonl and the step, every line in the file whole, and a resume continues it.
+TEST(Training, AFullDiskForTheMetricsEndsTheRunWithCode2AndNeverTearsALine) {
+  const std::string dir = scratch_dir("training-full-disk-metrics");
+  const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=2";
+  auto full = testing::run_command("HDP_FAULT_INJECT=0:3:full-metrics " + std::string(HDP_TRAINER_BINARY) + " " +
+                                   run_args(dir, 5, common));
+  ASSERT_EQ(full.exit_code, 2) << full.output;
+  EXPECT_NE(full.output.find(dir + "/metrics.jsonl: cannot write the metrics of step 3 (No space left on device)"),
+            std::string::npos) << full.output;
+  EXPECT_EQ(metric_lines(dir).size(), 2u);
+  expect_whole_lines(dir);
+  auto resumed = run_trainer(run_args(dir, 5, common));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto lines = metric_lines(dir);
+  ASSERT_EQ(lines.size(), 5u);
+  for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(field(lines[i], "step"), static_cast<double>(i + 1));
+}
+
+// A file size limit (ulimit -f) is the other way a write runs out of room: the
+// trainer ignores SIGXFSZ, so the write fails with EFBIG and is reported like a
+// full disk. 8 MiB lets MPI start (its shared memory files are a few MiB) and cuts
+// the tiny model's checkpoint part (about 9.6 MB) half way: HDF5 fails in the
+// middle of a file, whose clean-up at exit used to crash the process (exit 139).
+TEST(Training, AFileSizeLimitHalfWayThroughACheckpointPartIsReportedLikeAFullDisk) {
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    const std::string dir = scratch_dir(std::string("training-file-size-limit-") + (async ? "async" : "sync"));
+    auto r = testing::run_command("bash -c 'ulimit -f 8192 && exec " + std::string(HDP_TRAINER_BINARY) + " " +
+                                  run_args(dir, 3, std::string("--set data.global_batch_tokens=1024 --set "
+                                                               "train.checkpoint_every=1 --set train.async_checkpoints=") +
+                                                       (async ? "true" : "false")) +
+                                  "'");
+    ASSERT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(step_dir(dir, 1) + ".tmp/rank-00000.h5: writing the checkpoint part failed: "),
+              std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("File too large"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(step_dir(dir, 1)));
+    EXPECT_FALSE(fs::exists(step_dir(dir, 1) + ".tmp/rank-00000.h5.tmp"));
+    expect_whole_lines(dir);
+  }
+}
+
+// A step-N directory without a manifest was not committed by the trainer (it
+// renames a checkpoint to its final name only with the manifest in): the run warns
+// naming it, never resumes from it, never deletes it, and moves it aside to
+// step-N.incomplete rather than overwrite it with the checkpoint of step N.
+TEST(Training, AStepDirectoryWithoutAManifestIsWarnedAboutAndNeverOverwritten) {
+  const std::string dir = scratch_dir("training-manifestless");
+  const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=1 "
+                             "--set train.keep_checkpoints=1";
+  for (int step : {2, 9}) {
+    fs::create_directories(step_dir(dir, step));
+    std::ofstream(step_dir(dir, step) + "/notes.txt") << "mine " << step << "\n";
+  }
+  auto first = run_trainer(run_args(dir, 3, common));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  for (int step : {2, 9}) {
+    EXPECT_NE(first.output.find(step_dir(dir, step) + " has no manifest.yaml, so it is not a complete checkpoint: not "
+                                "resumed from and not deleted"),
+              std::string::npos) << first.output;
+  }
+  EXPECT_NE(first.output.find(step_dir(dir, 2) + " had no manifest.yaml (not a complete checkpoint): moved to " +
+                              step_dir(dir, 2) + ".incomplete to write the checkpoint of step 2"),
+            std::string::npos) << first.output;
+  EXPECT_EQ(testing::file_text(step_dir(dir, 2) + ".incomplete/notes.txt"), "mine 2\n");
+  EXPECT_TRUE(fs::exists(step_dir(dir, 3) + "/manifest.yaml"));
+  EXPECT_FALSE(fs::exists(step_dir(dir, 2))) << "the checkpoint of step 2 is pruned (keep_checkpoints 1)";
+
+  auto second = run_trainer(run_args(dir, 4, common));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from " + step_dir(dir, 3) + " at step 3"), std::string::npos) << second.output;
+  EXPECT_EQ(testing::file_text(step_dir(dir, 9) + "/notes.txt"), "mine 9\n");
+  EXPECT_EQ(testing::file_text(step_dir(dir, 2) + ".incomplete/notes.txt"), "mine 2\n");
+}
+
 // A checkpoint directory is one job's while it runs (trainer/checkpoint_dir.h):
 // a second job is refused with exit 2 naming the holder's host and pid; the lock
 // goes when the first job ends; a lock left by a dead process of this host is
