@@ -679,6 +679,9 @@ TEST_P(CommandLine, BadInputExitsWithCode2AndNamesTheProblem) {
     std::ofstream(dir + "/notes.jsonl") << "{\"text\": \"fine\"}\n{\"text\": broken}\n";
     std::ofstream(dir + "/notes.txt") << "a document\n";
     std::ofstream(dir + "/a-file") << "not a directory\n";
+    // The same file under other names: a hard link and a symbolic link.
+    fs::create_hard_link(dir + "/notes.txt", dir + "/notes-hard.txt");
+    fs::create_symlink("notes.txt", dir + "/notes-sym.txt");
     // A valid dataset without documents (prepare-data refuses to write one).
     TokenDatasetWriter empty = TokenDatasetWriter::create(dir + "/empty.h5", 258, "byte", 256, 257);
     empty.finish();
@@ -720,6 +723,10 @@ INSTANTIATE_TEST_SUITE_P(
                       "dataset 'DIR/empty.h5' holds no tokens"},
         BadInvocation{"PrepareOutputIsAnInput", "prepare-data --input DIR/notes.txt --output DIR/notes.txt",
                       "--output 'DIR/notes.txt' is the input"},
+        BadInvocation{"PrepareOutputIsAnInputsHardLink", "prepare-data --input DIR/notes.txt --output DIR/notes-hard.txt",
+                      "--output 'DIR/notes-hard.txt' is the input 'DIR/notes.txt'"},
+        BadInvocation{"PrepareOutputIsAnInputsSymlink", "prepare-data --input DIR/notes-sym.txt --output DIR/notes.txt",
+                      "--output 'DIR/notes.txt' is the input 'DIR/notes-sym.txt'"},
         // About 320,000 GiB of parameters: more than any address space, so the arena
         // cannot be had even where the kernel overcommits memory.
         BadInvocation{"ModelLargerThanMemory",
