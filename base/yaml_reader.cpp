@@ -5,6 +5,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +13,8 @@
 #include <sstream>
 #include <system_error>
 #include <type_traits>
+
+#include "base/utf8.h"
 
 namespace hdp {
 namespace {
@@ -228,6 +231,39 @@ YamlDocument YamlDocument::read_file(const std::string& path, const std::string&
 
 YamlDocument YamlDocument::parse(const std::string& text, const std::string& source, const std::string& remedy) {
   const YamlDocument document(source, YAML::Node(), remedy);
+  // yaml-cpp takes UTF-16 and UTF-32 by their byte order mark and any other bytes
+  // one by one, so a NUL or a Latin-1 byte comes out as a puzzling syntax error or
+  // a garbled value. A config is UTF-8 text: the first byte that is not is named.
+  const auto starts_with = [&](const char* mark, size_t n) { return text.size() >= n && text.compare(0, n, mark, n) == 0; };
+  if (starts_with("\xff\xfe", 2) || starts_with("\xfe\xff", 2) || starts_with("\0\0\xfe\xff", 4)) {
+    document.fail(source + ":1", "", "the file is UTF-16 or UTF-32 (it starts with a byte order mark), not UTF-8",
+                  "save it as UTF-8 text, e.g. iconv -f UTF-16 -t UTF-8");
+  }
+  Utf8Checker utf8;
+  int64_t line = 1, line_start = 0;
+  for (size_t i = 0; i <= text.size(); ++i) {
+    const bool end = i == text.size();
+    const auto b = end ? 0 : static_cast<unsigned char>(text[i]);
+    if (!end && b == 0) {
+      document.fail(source + ":" + std::to_string(line), "",
+                    "a NUL byte at column " + std::to_string(static_cast<int64_t>(i) - line_start + 1) +
+                        ": this is not a text file",
+                    "a config is UTF-8 text; check that this is the file meant");
+    }
+    if (end ? utf8.finish() : utf8.next(b, static_cast<int64_t>(i))) {
+      char hex[8];
+      std::snprintf(hex, sizeof(hex), "0x%02x", static_cast<unsigned char>(text[utf8.first_invalid()]));
+      document.fail(source + ":" + std::to_string(line), "",
+                    "the byte " + std::string(hex) + " at column " +
+                        std::to_string(utf8.first_invalid() - line_start + 1) + " is not UTF-8 text",
+                    "save the file as UTF-8 (e.g. iconv -f LATIN1 -t UTF-8), or write the character with an escape "
+                    "in a double-quoted string");
+    }
+    if (!end && b == '\n') {
+      ++line;
+      line_start = static_cast<int64_t>(i) + 1;
+    }
+  }
   try {
     return YamlDocument(source, YAML::Load(text), remedy);
   } catch (const YAML::ParserException& e) {

@@ -20,6 +20,13 @@ std::mutex& hdf5_mutex();
 // a null handler). Idempotent and cheap; call with hdf5_mutex() held.
 void hdf5_silence_errors();
 
+// Turns off HDF5's clean-up at process exit (H5dont_atexit); call first thing in
+// main, before any HDF5 call. After a write fails (a full disk, a file size limit)
+// HDF5 1.10's failed close leaves the file half destroyed, and that clean-up then
+// crashes the exiting process (SIGSEGV in H5F__close_cb) after it reported the
+// error; every file the project opens it also closes itself.
+void hdf5_skip_exit_cleanup();
+
 // RAII: locks hdf5_mutex() and makes sure error printing is silenced.
 class Hdf5Lock {
  public:

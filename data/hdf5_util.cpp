@@ -1,5 +1,6 @@
 #include "data/hdf5_util.h"
 
+#include <algorithm>
 #include <vector>
 
 #include "data/hdf5_lock.h"
@@ -10,6 +11,8 @@ std::mutex& hdf5_mutex() {
   static std::mutex m;
   return m;
 }
+
+void hdf5_skip_exit_cleanup() { H5dont_atexit(); }
 
 void hdf5_silence_errors() {
   // The setting lives in the library's (global, non-thread-safe build) default
@@ -37,8 +40,22 @@ herr_t collect_entry(unsigned, const H5E_error2_t* err, void* data) {
   return 0;
 }
 
+// The file driver's I/O errors carry a long record over two lines (time, file
+// name, descriptor, buffer address, sizes) with the system's message inside, e.g.
+// 'No space left on device': that message is what the reader needs.
+std::string condensed(std::string desc) {
+  std::replace(desc.begin(), desc.end(), '\n', ' ');
+  const std::string marker = "error message = '";
+  const size_t at = desc.find(marker);
+  if (at == std::string::npos) return desc;
+  const size_t begin = at + marker.size(), end = desc.find('\'', begin);
+  const size_t head = desc.find(": time = ");
+  return (head == std::string::npos ? std::string("I/O failed") : desc.substr(0, head)) + ": " +
+         desc.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
+}
+
 std::string describe(const StackEntry& e) {
-  std::string s = e.desc.empty() ? e.minor : e.desc;
+  std::string s = e.desc.empty() ? e.minor : condensed(e.desc);
   if (!e.minor.empty() && !e.desc.empty() && e.minor != e.desc) s += " (" + e.minor + ")";
   return s;
 }

@@ -2,14 +2,17 @@
 
 #include <spdlog/spdlog.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <atomic>
 #include <fstream>
+#include <string_view>
 #include <thread>
+#include <utility>
 
+#include "base/utf8.h"
 #include "data/json.h"
 #include "data/megatron.h"
 #include "data/tokenizer.h"
@@ -56,6 +59,75 @@ class Progress {
   std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
 };
 
+
+// What prepare-data checks in every byte of an input, across the blocks or lines
+// it is read in: a NUL byte (binary data, never text) is refused naming the file,
+// line and byte offset; bytes that are not UTF-8 are counted, for one warning per
+// file naming the first.
+class TextCheck {
+ public:
+  explicit TextCheck(std::string path) : path_(std::move(path)) {}
+
+  void feed(std::string_view bytes) {
+    for (const char ch : bytes) {
+      const auto b = static_cast<unsigned char>(ch);
+      if (b == 0) {
+        throw DataInputError(path_ + ":" + std::to_string(line_) + ": a NUL byte at byte offset " +
+                             std::to_string(offset_) +
+                             ": this is binary data, not text; prepare-data reads UTF-8 text and JSON Lines");
+      }
+      count(utf8_.next(b, offset_));
+      if (b == '\n') ++line_;
+      ++offset_;
+    }
+  }
+
+  // After the last byte: warns when there were bytes that are not UTF-8.
+  void finish() {
+    count(utf8_.finish());
+    if (invalid_ == 0) return;
+    spdlog::warn("prepare-data: {}: {} byte sequence(s) that are not valid UTF-8, the first on line {} (byte offset {}); "
+                 "they go to the tokenizer unchanged. If the file is in another encoding, convert it first, e.g. "
+                 "iconv -f LATIN1 -t UTF-8", path_, invalid_, first_line_, utf8_.first_invalid());
+  }
+
+ private:
+  void count(int invalid) {
+    if (invalid > 0 && invalid_ == 0) first_line_ = line_;  // a sequence never spans a newline
+    invalid_ += invalid;
+  }
+
+  std::string path_;
+  Utf8Checker utf8_;
+  int64_t offset_ = 0, line_ = 1;
+  int64_t invalid_ = 0, first_line_ = 0;
+};
+
+// Compressed files are refused by their magic bytes: their tokens would be the
+// compressed bytes. (Decompressing is one command away and keeps prepare-data free
+// of compression libraries.)
+void refuse_compressed(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  unsigned char head[6] = {};
+  in.read(reinterpret_cast<char*>(head), sizeof(head));
+  const auto got = in.gcount();
+  struct Format {
+    const char* name;
+    std::string magic;
+    const char* command;
+  };
+  const Format formats[] = {{"gzip", "\x1f\x8b", "gunzip -k"},
+                            {"zstd", "\x28\xb5\x2f\xfd", "zstd -d"},
+                            {"xz", std::string("\xfd" "7zXZ\0", 6), "unxz -k"}};
+  for (const Format& f : formats) {
+    if (got >= static_cast<std::streamsize>(f.magic.size()) &&
+        std::memcmp(head, f.magic.data(), f.magic.size()) == 0) {
+      throw DataInputError(path + ": is " + f.name + "-compressed (its first bytes are " + f.name +
+                           "'s magic number); prepare-data reads text, so decompress it first, e.g. " + f.command +
+                           " " + path);
+    }
+  }
+}
 // Writer: TokenDatasetWriter (HDF5) or MegatronWriter (.bin/.idx), the same calls.
 template <class Writer>
 void add_document(Writer& writer, std::vector<uint32_t>& ids, const Tokenizer& tokenizer,
@@ -85,6 +157,7 @@ void read_jsonl(const std::string& path, const Tokenizer& tokenizer, Writer& wri
   };
   std::vector<Line> batch(kBatchLines);
   int64_t line_no = 0;
+  TextCheck check(path);
   auto encode = [&](Line& l) {
     const std::string where = path + ":" + std::to_string(l.number) + ": ";
     JsonStringField field;
@@ -126,6 +199,8 @@ void read_jsonl(const std::string& path, const Tokenizer& tokenizer, Writer& wri
       }
       ++line_no;
       bytes += static_cast<int64_t>(l.text.size()) + 1;
+      check.feed(l.text);
+      if (!in.eof()) check.feed("\n");
       if (is_blank(l.text)) continue;
       l.number = line_no;
       l.ids.clear();
@@ -155,6 +230,7 @@ void read_jsonl(const std::string& path, const Tokenizer& tokenizer, Writer& wri
     progress.add(bytes, stats);
   }
   if (in.bad()) throw DataInputError(path + ":" + std::to_string(line_no + 1) + ": read error");
+  check.finish();
 }
 
 template <class Writer>
@@ -169,6 +245,7 @@ void read_plain(const std::string& path, const Tokenizer& tokenizer, Writer& wri
   // A subword tokenizer must not see a word cut in two: it encodes up to the last
   // newline of what was read and carries the rest into the next block.
   std::string carry;
+  TextCheck check(path);
   auto encode = [&](std::string_view text) {
     ids.clear();
     if (doc_tokens == 0 && tokenizer.adds_bos()) ids.push_back(tokenizer.bos_id());
@@ -183,6 +260,7 @@ void read_plain(const std::string& path, const Tokenizer& tokenizer, Writer& wri
       stats.input_bytes += got;
       progress.add(got, stats);
       std::string_view text(block.data(), static_cast<size_t>(got));
+      check.feed(text);
       if (tokenizer.splits_anywhere()) {
         encode(text);
       } else {
@@ -198,6 +276,7 @@ void read_plain(const std::string& path, const Tokenizer& tokenizer, Writer& wri
   }
   if (!carry.empty()) encode(carry);
   if (in.bad()) throw DataInputError(path + ": read error");
+  check.finish();
   if (doc_tokens == 0) {
     stats.skipped += 1;
     spdlog::warn("prepare-data: {} is empty; skipped", path);
@@ -224,6 +303,7 @@ DatasetBuildStats prepare_dataset(const std::vector<std::string>& inputs, const 
     if (fs::is_directory(st)) throw DataInputError(path + ": is a directory, expected a file");
     std::ifstream probe(path, std::ios::binary);
     if (!probe) throw DataInputError(path + ": cannot open: " + std::strerror(errno));
+    refuse_compressed(path);
   }
 
   DatasetBuildStats stats;

@@ -6,6 +6,8 @@
 //   non-blank line is one document, the object's "text" string (fully
 //   unescaped, \uXXXX and surrogate pairs to UTF-8). Other members are ignored.
 // - Any other input is one document: the file's bytes, unchanged.
+// - Compressed inputs (gzip, zstd, xz) and NUL bytes are refused; bytes that are
+//   not UTF-8 are kept, with one warning per file counting them.
 // - Every document gets EOS (257) appended; documents with empty text are
 //   skipped (counted in stats.skipped), so no document is just an EOS.
 
@@ -38,7 +40,8 @@ struct PrepareOptions {
 };
 
 // Writes `output` (via output + ".tmp", see TokenDatasetWriter). Throws
-// DataInputError for input problems (missing/unreadable file, invalid JSON at
+// DataInputError for input problems (missing/unreadable file, compressed file,
+// NUL byte at file:line, invalid JSON at
 // file:line, missing or non-string "text" at file:line, no documents at all)
 // and DatasetError for output problems. Logs progress and a summary via spdlog.
 DatasetBuildStats prepare_dataset(const std::vector<std::string>& inputs, const std::string& output,

@@ -196,7 +196,7 @@ void serve_tokens(const TokenDataset& dataset, MessageChannel& channel, int firs
       ++stopped;
       continue;
     }
-    if (fault.rank == channel.rank() && fault.step == step && !fault.nan) {
+    if (fault.rank == channel.rank() && fault.step == step && fault.exits()) {
       spdlog::critical("fault injection: loader rank {} {} at step {}", channel.rank(),
                        fault.hang ? "stops answering" : "exits abruptly", step);
       if (!fault.hang) std::_Exit(3);

@@ -135,6 +135,10 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   layout_activations(sizing);
   activation_arena_ = Arena(device, sizing.used(), "activations");
   layout_activations(activation_arena_);
+  // Host lists sized by the token capacity, once the arena holding far more per
+  // token was had: for an impossible capacity the arena's OutOfMemory (bad input,
+  // naming the bytes) comes first, not a bare std::bad_alloc from here.
+  for (Slot& s : slots_) s.local_blocks.reserve(static_cast<size_t>(max_tokens_));
 }
 
 LlamaModel::~LlamaModel() {
@@ -361,7 +365,6 @@ void LlamaModel::layout_activations(Arena& arena) {
     s.parked.assign(L, {});
     s.offload_done.assign(L, {});
     s.restore_done.assign(L, {});
-    s.local_blocks.reserve(static_cast<size_t>(T));
     s.x_out = arena.tensor({T, H}, precision_);
     if (partition_.has_head) {
       s.rstd_final = arena.tensor({T});

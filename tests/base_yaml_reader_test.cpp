@@ -105,6 +105,26 @@ TEST(YamlReader, UnknownAndDuplicateKeys) {
             "list.yaml:1: (top level): expected a mapping of keys, got a list");
 }
 
+// A config is UTF-8 text: a NUL, a byte that is not UTF-8 (here Latin-1 'é') and a
+// UTF-16 file are named by line and column before yaml-cpp garbles them; UTF-8
+// text (a byte order mark included) reads as it is.
+TEST(YamlReader, BytesThatAreNotUtf8TextAreNamed) {
+  EXPECT_EQ(error_of([] { YamlDocument::parse(std::string("a: 1\nb: x\0y\n", 12), "nul.yaml"); }),
+            "nul.yaml:2: a NUL byte at column 5: this is not a text file; a config is UTF-8 text; check that this is "
+            "the file meant");
+  EXPECT_NE(error_of([] { YamlDocument::parse("a: 1\n# caf\xe9\nb: 2\n", "latin1.yaml"); })
+                .find("latin1.yaml:2: the byte 0xe9 at column 6 is not UTF-8 text; save the file as UTF-8"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { YamlDocument::parse("name: ok\xc3", "cut.yaml"); })
+                .find("cut.yaml:1: the byte 0xc3 at column 9 is not UTF-8 text"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { YamlDocument::parse(std::string("\xff\xfe" "a\0:\0", 6), "utf16.yaml"); })
+                .find("utf16.yaml:1: the file is UTF-16 or UTF-32 (it starts with a byte order mark), not UTF-8"),
+            std::string::npos);
+  const YamlMap root = YamlDocument::parse("\xef\xbb\xbfname: caf\xc3\xa9 \xf0\x9f\x98\x80\n", "utf8.yaml").root_map();
+  EXPECT_EQ(root.get<std::string>("name"), "caf\xc3\xa9 \xf0\x9f\x98\x80");
+}
+
 TEST(YamlReader, FilesSyntaxErrorsAndRemedies) {
   const std::string dir = testing::scratch_dir("yaml_reader");
   EXPECT_EQ(error_of([&] { YamlDocument::read_file(dir + "/absent.yaml", "cluster", "pass a cluster file"); }),

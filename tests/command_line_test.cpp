@@ -14,6 +14,7 @@
 #include "data/prepare.h"
 #include "trainer/checkpoint.h"
 #include "trainer/command_line.h"
+#include "trainer/metrics.h"
 #include "trainer/plan_command.h"
 
 namespace hdp {
@@ -74,6 +75,7 @@ TEST(ExitCodes, EveryInputErrorIsTwoAnythingElseOne) {
   EXPECT_EQ(exit_code_of([] { throw DatasetError("corpus.h5: not HDF5"); }), 2);
   EXPECT_EQ(exit_code_of([] { throw DataInputError("notes.jsonl:2: invalid JSON"); }), 2);
   EXPECT_EQ(exit_code_of([] { throw CheckpointError("step-1: fails its checksum"); }), 2);
+  EXPECT_EQ(exit_code_of([] { throw MetricsError("runs/x/metrics.jsonl: No space left on device"); }), 2);
   EXPECT_EQ(exit_code_of([] { throw PlanInputError("52 heads over tp 8"); }), 2);
   EXPECT_EQ(exit_code_of([] { throw LengthsInputError("unknown length distribution 'pile'"); }), 2);
   EXPECT_EQ(exit_code_of([] { throw JsonError("expected a value", 3); }), 2);

@@ -1,8 +1,13 @@
 // Byte tokenizer, the JSON string-field parser and prepare_dataset.
 #include <gtest/gtest.h>
 
+#include <spdlog/sinks/ostream_sink.h>
+#include <spdlog/spdlog.h>
+
 #include <filesystem>
 #include <fstream>
+#include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -159,6 +164,50 @@ TEST(DataPrepare, ErrorsNameFileAndLine) {
 
   write_file(dir + "/empty.jsonl", "\n\n");
   expect_input_error({dir + "/empty.jsonl"}, out, "no non-empty documents");
+}
+
+// Inputs that are not text: compressed files and NUL bytes are refused naming
+// the file (and the line and byte offset of the NUL), before any output exists;
+// bytes that are not UTF-8 are kept (the tokenizer sees them unchanged) with one
+// warning per file counting them and naming the first's line and offset.
+TEST(DataPrepare, CompressedAndBinaryInputsAreRefusedAndInvalidUtf8IsCounted) {
+  std::string dir = testing::scratch_dir("data_prepare_not_text");
+  std::string out = dir + "/out.h5";
+  write_file(dir + "/notes.txt.gz", std::string("\x1f\x8b\x08\x00\x00\x00\x00\x00", 8) + "compressed");
+  expect_input_error({dir + "/notes.txt.gz"}, out,
+                     dir + "/notes.txt.gz: is gzip-compressed (its first bytes are gzip's magic number); prepare-data "
+                           "reads text, so decompress it first, e.g. gunzip -k " + dir + "/notes.txt.gz");
+  write_file(dir + "/notes.jsonl.zst", std::string("\x28\xb5\x2f\xfd\x00\x58", 6));
+  expect_input_error({dir + "/notes.jsonl.zst"}, out, dir + "/notes.jsonl.zst: is zstd-compressed");
+
+  write_file(dir + "/binary.txt", std::string("line one\nline two\nab\0cd\n", 24));
+  expect_input_error({dir + "/binary.txt"}, out, dir + "/binary.txt:3: a NUL byte at byte offset 20: this is binary data");
+  write_file(dir + "/binary.jsonl", std::string("{\"text\": \"ok\"}\n{\"text\": \"a\0\"}\n", 30));
+  expect_input_error({dir + "/binary.jsonl"}, out, dir + "/binary.jsonl:2: a NUL byte at byte offset 26");
+
+  // Latin-1 "café" (e9), a stray continuation byte (80), an overlong '/' (c0 af), a
+  // surrogate (ed a0 80) and a sequence cut short by a newline (e6 97); the
+  // four-byte emoji is valid.
+  const std::string latin1 = "caf\xe9\nfine \xf0\x9f\x98\x80 text\n\x80 \xc0\xaf \xed\xa0\x80 \xe6\x97\nend";
+  write_file(dir + "/latin1.txt", latin1);
+  std::ostringstream log;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(log);
+  spdlog::default_logger()->sinks().push_back(sink);
+  DatasetBuildStats stats = prepare_dataset({dir + "/latin1.txt"}, out);
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(stats.documents, 1);
+  EXPECT_EQ(doc_text(TokenDataset(out), 0), latin1) << "kept unchanged";
+  // e9; 80; c0 and af; ed, a0 and 80; e6 97 cut short: 8.
+  EXPECT_NE(log.str().find("prepare-data: " + dir + "/latin1.txt: 8 byte sequence(s) that are not valid UTF-8, the "
+                           "first on line 1 (byte offset 3)"),
+            std::string::npos) << log.str();
+  std::ostringstream clean_log;
+  auto clean_sink = std::make_shared<spdlog::sinks::ostream_sink_mt>(clean_log);
+  spdlog::default_logger()->sinks().push_back(clean_sink);
+  write_file(dir + "/utf8.txt", "café \xf0\x9f\x98\x80 日本\n");
+  prepare_dataset({dir + "/utf8.txt"}, dir + "/utf8.h5");
+  spdlog::default_logger()->sinks().pop_back();
+  EXPECT_EQ(clean_log.str().find("utf8.txt"), std::string::npos) << "valid UTF-8 is not warned about: " << clean_log.str();
 }
 
 }  // namespace

@@ -1,22 +1,29 @@
 // The pieces of "training that survives" below the training loop: the numerical
 // guard's verdicts, streaks and window, the fault-injection knob, the stop-signal
 // handlers (first signal recorded, second one exits at once), the progress marker
-// and the thread-stack dump of the hang watchdog. End to end through the trainer binary:
+// and the thread-stack dump of the hang watchdog, and metrics lines that never tear.
+// End to end through the trainer binary:
 // tests/training_test.cpp and tests/training_parallel_test.cpp.
 
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cmath>
+#include <fstream>
 #include <limits>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "data/fault_injection.h"
 #include "parallel/progress.h"
+#include "test_util.h"
+#include "trainer/metrics.h"
 #include "trainer/numerical_guard.h"
 #include "trainer/signals.h"
 #include "trainer/thread_stacks.h"
@@ -98,7 +105,7 @@ TEST(NumericalGuard, TheWindowRoundTripsThroughRestore) {
   EXPECT_EQ(short_history.inspect(100, 1), StepFault::None) << "2 losses are too little history, restored or not";
 }
 
-// HDP_FAULT_INJECT=RANK:STEP[-LAST][:hang|:nan]; anything else is refused.
+// HDP_FAULT_INJECT=RANK:STEP[-LAST][:MODE]; anything else is refused.
 TEST(FaultInjection, ParsesStepRangesAndModesAndRefusesTheRest) {
   setenv("HDP_FAULT_INJECT", "1:3-5:nan", 1);
   FaultInjection f = fault_injection_from_env();
@@ -114,11 +121,65 @@ TEST(FaultInjection, ParsesStepRangesAndModesAndRefusesTheRest) {
   setenv("HDP_FAULT_INJECT", "2:4", 1);
   f = fault_injection_from_env();
   EXPECT_FALSE(f.hang || f.nan);
-  for (const char* bad : {"2", "2:x", "2:5-3", "2:3:explode", "2:3-", "a:3"}) {
+  EXPECT_TRUE(f.exits());
+  setenv("HDP_FAULT_INJECT", "0:2:full-metrics", 1);
+  f = fault_injection_from_env();
+  EXPECT_TRUE(f.full_metrics);
+  EXPECT_FALSE(f.full_checkpoint || f.exits());
+  setenv("HDP_FAULT_INJECT", "0:2:full-checkpoint", 1);
+  f = fault_injection_from_env();
+  EXPECT_TRUE(f.full_checkpoint);
+  EXPECT_FALSE(f.full_metrics || f.exits());
+  for (const char* bad : {"2", "2:x", "2:5-3", "2:3:explode", "2:3-", "a:3", "0:2:full"}) {
     setenv("HDP_FAULT_INJECT", bad, 1);
     EXPECT_THROW(fault_injection_from_env(), std::invalid_argument) << bad;
   }
   unsetenv("HDP_FAULT_INJECT");
+}
+
+// A metrics line that crosses a file size limit (RLIMIT_FSIZE, with SIGXFSZ
+// ignored as the trainer does) is written only in part: the writer cuts the file
+// back to its whole lines and throws MetricsError naming the file and the step.
+// In a child process, so that the limit stays out of the test runner.
+TEST(MetricsWriter, ALineThatDoesNotFitIsUndoneAndNamed) {
+  const std::string dir = testing::scratch_dir("metrics-size-limit");
+  StepMetrics m;
+  m.step = 1;
+  const size_t line = to_json(m).size() + 1;  // the same for steps 1..9
+  const pid_t child = fork();
+  if (child == 0) {
+    signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{static_cast<rlim_t>(2 * line + line / 2), RLIM_INFINITY};
+    setrlimit(RLIMIT_FSIZE, &limit);
+    MetricsWriter writer(dir, 0);
+    for (m.step = 1; m.step <= 9; ++m.step) {
+      try {
+        writer.write(m);
+      } catch (const MetricsError& e) {
+        std::ofstream(dir + "/error.txt") << e.what();
+        _exit(static_cast<int>(m.step));
+      }
+    }
+    _exit(100);
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child died of a signal";
+  EXPECT_EQ(WEXITSTATUS(status), 3) << "steps 1 and 2 fit, step 3 crosses the limit";
+  std::ifstream in(dir + "/metrics.jsonl", std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  m.step = 1;
+  std::string expected = to_json(m) + "\n";
+  m.step = 2;
+  expected += to_json(m) + "\n";
+  EXPECT_EQ(text.str(), expected) << "only whole lines";
+  std::ifstream error_file(dir + "/error.txt");
+  std::stringstream error;
+  error << error_file.rdbuf();
+  EXPECT_EQ(error.str(), dir + "/metrics.jsonl: cannot write the metrics of step 3 (only " + std::to_string(line / 2) +
+                             " of " + std::to_string(line) + " bytes written); free space on its file system (or raise "
+                             "the file size limit) and resume from the last checkpoint");
 }
 
 // Death tests run the body in a child process, so the handlers and the signals

@@ -579,6 +579,24 @@ TEST(ParallelFailures, WorldSizeMismatchEndsTheJobWithCode2) {
   EXPECT_NE(r.output.find("= 2 ranks, but the job has 3"), std::string::npos) << r.output;
 }
 
+// A full disk under one rank's checkpoint part (rank 1 of two, its part on
+// /dev/full: ENOSPC) fails the whole checkpoint: every rank exits with code 2, rank
+// 1 naming its part and rank 0 that another rank failed; the checkpoint before it
+// stays whole and nothing stands under the new step's name.
+TEST(ParallelFailures, AFullDiskUnderOneRanksCheckpointPartEndsTheJobWithCode2) {
+  const std::string dir = scratch_dir("parallel-full-disk");
+  auto r = run_command("HDP_FAULT_INJECT=1:2:full-checkpoint " + mpirun(2) + " " +
+                       train_args(dir, {"hdp2", 1, 1, 2}, 4, "--set train.checkpoint_every=1"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(dir + "/ckpt/step-00000002.tmp/rank-00001.h5: writing the checkpoint part failed"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("No space left on device"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(dir + "/ckpt/step-00000002.tmp: another rank failed to write its part"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/ckpt/step-00000001/manifest.yaml"));
+  EXPECT_FALSE(std::filesystem::exists(dir + "/ckpt/step-00000002"));
+}
+
 TEST(ParallelFailures, ARankThatDiesEndsTheJobPromptly) {
   const std::string dir = scratch_dir("parallel-crash");
   const auto t0 = std::chrono::steady_clock::now();

@@ -243,6 +243,8 @@ TEST(Training, MetricsAfterACrashAndResumeHoldEachStepOnce) {
   auto crashed = testing::run_command("HDP_FAULT_INJECT=0:5 " + std::string(HDP_TRAINER_BINARY) + " " + run_args(dir, 6, common));
   ASSERT_EQ(crashed.exit_code, 3) << crashed.output;
   ASSERT_EQ(metric_lines(dir).size(), 4u);
+  // A line cut short, as a process killed in the middle of a write leaves it.
+  std::ofstream(dir + "/metrics.jsonl", std::ios::app) << "{\"step\": 5, \"loss\": 4.1";
   auto resumed = run_trainer(run_args(dir, 6, common));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
   const auto lines = metric_lines(dir);
@@ -432,6 +434,122 @@ TEST(Training, AFailedBackgroundCheckpointWriteEndsTheRunWithCode2NamingThePath)
   EXPECT_LE(metric_lines(dir).size(), blocked_from + 2) << output;
 }
 
+// Every line of metrics.jsonl is whole (ends its JSON object).
+void expect_whole_lines(const std::string& run_dir) {
+  const std::string text = testing::file_text(run_dir + "/metrics.jsonl");
+  EXPECT_TRUE(text.empty() || text.back() == '\n') << "a line cut short: " << text;
+  for (const std::string& line : metric_lines(run_dir)) EXPECT_EQ(line.back(), '}') << line;
+}
+
+// A disk that fills up while a checkpoint part is written (HDP_FAULT_INJECT
+// RANK:STEP:full-checkpoint puts the part on /dev/full, whose writes fail with
+// ENOSPC) ends the run with exit code 2 naming the part, written in the background
+// or not; nothing is lost: the checkpoint before it is whole, no half checkpoint
+// stands under a final name, and the run resumes from there.
+TEST(Training, AFullDiskDuringACheckpointEndsTheRunWithCode2AndLosesNothing) {
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    const std::string dir = scratch_dir(std::string("training-full-disk-checkpoint-") + (async ? "async" : "sync"));
+    const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=1 "
+                               "--set train.keep_checkpoints=10 --set train.async_checkpoints=" +
+                               (async ? "true" : "false");
+    auto full = testing::run_command("HDP_FAULT_INJECT=0:2:full-checkpoint " + std::string(HDP_TRAINER_BINARY) + " " +
+                                     run_args(dir, 4, common));
+    ASSERT_EQ(full.exit_code, 2) << full.output;
+    EXPECT_NE(full.output.find(step_dir(dir, 2) + ".tmp/rank-00000.h5: writing the checkpoint part failed"),
+              std::string::npos) << full.output;
+    EXPECT_NE(full.output.find("No space left on device"), std::string::npos) << full.output;
+    EXPECT_TRUE(fs::exists(step_dir(dir, 1) + "/manifest.yaml"));
+    EXPECT_FALSE(fs::exists(step_dir(dir, 2))) << "a half-written checkpoint under its final name";
+    EXPECT_FALSE(fs::exists(step_dir(dir, 2) + ".tmp/rank-00000.h5.tmp")) << "the part's temporary file is removed";
+    expect_whole_lines(dir);
+    auto resumed = run_trainer(run_args(dir, 4, common));
+    ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+    EXPECT_NE(resumed.output.find("resumed from " + step_dir(dir, 1) + " at step 1"), std::string::npos)
+        << resumed.output;
+    const auto lines = metric_lines(dir);
+    ASSERT_EQ(lines.size(), 4u);
+    for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(field(lines[i], "step"), static_cast<double>(i + 1));
+  }
+}
+
+// A full disk under run_dir (HDP_FAULT_INJECT RANK:STEP:full-metrics) is an error,
+// never a run that reports success with its record cut: exit code 2 naming
+// metrics.jsonl and the step, every line in the file whole, and a resume continues it.
+TEST(Training, AFullDiskForTheMetricsEndsTheRunWithCode2AndNeverTearsALine) {
+  const std::string dir = scratch_dir("training-full-disk-metrics");
+  const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=2";
+  auto full = testing::run_command("HDP_FAULT_INJECT=0:3:full-metrics " + std::string(HDP_TRAINER_BINARY) + " " +
+                                   run_args(dir, 5, common));
+  ASSERT_EQ(full.exit_code, 2) << full.output;
+  EXPECT_NE(full.output.find(dir + "/metrics.jsonl: cannot write the metrics of step 3 (No space left on device)"),
+            std::string::npos) << full.output;
+  EXPECT_EQ(metric_lines(dir).size(), 2u);
+  expect_whole_lines(dir);
+  auto resumed = run_trainer(run_args(dir, 5, common));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  const auto lines = metric_lines(dir);
+  ASSERT_EQ(lines.size(), 5u);
+  for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(field(lines[i], "step"), static_cast<double>(i + 1));
+}
+
+// A file size limit (ulimit -f) is the other way a write runs out of room: the
+// trainer ignores SIGXFSZ, so the write fails with EFBIG and is reported like a
+// full disk. 8 MiB lets MPI start (its shared memory files are a few MiB) and cuts
+// the tiny model's checkpoint part (about 9.6 MB) half way: HDF5 fails in the
+// middle of a file, whose clean-up at exit used to crash the process (exit 139).
+TEST(Training, AFileSizeLimitHalfWayThroughACheckpointPartIsReportedLikeAFullDisk) {
+  for (const bool async : {false, true}) {
+    SCOPED_TRACE(async ? "async" : "sync");
+    const std::string dir = scratch_dir(std::string("training-file-size-limit-") + (async ? "async" : "sync"));
+    auto r = testing::run_command("bash -c 'ulimit -f 8192 && exec " + std::string(HDP_TRAINER_BINARY) + " " +
+                                  run_args(dir, 3, std::string("--set data.global_batch_tokens=1024 --set "
+                                                               "train.checkpoint_every=1 --set train.async_checkpoints=") +
+                                                       (async ? "true" : "false")) +
+                                  "'");
+    ASSERT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(step_dir(dir, 1) + ".tmp/rank-00000.h5: writing the checkpoint part failed: "),
+              std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("File too large"), std::string::npos) << r.output;
+    EXPECT_FALSE(fs::exists(step_dir(dir, 1)));
+    EXPECT_FALSE(fs::exists(step_dir(dir, 1) + ".tmp/rank-00000.h5.tmp"));
+    expect_whole_lines(dir);
+  }
+}
+
+// A step-N directory without a manifest was not committed by the trainer (it
+// renames a checkpoint to its final name only with the manifest in): the run warns
+// naming it, never resumes from it, never deletes it, and moves it aside to
+// step-N.incomplete rather than overwrite it with the checkpoint of step N.
+TEST(Training, AStepDirectoryWithoutAManifestIsWarnedAboutAndNeverOverwritten) {
+  const std::string dir = scratch_dir("training-manifestless");
+  const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=1 "
+                             "--set train.keep_checkpoints=1";
+  for (int step : {2, 9}) {
+    fs::create_directories(step_dir(dir, step));
+    std::ofstream(step_dir(dir, step) + "/notes.txt") << "mine " << step << "\n";
+  }
+  auto first = run_trainer(run_args(dir, 3, common));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  for (int step : {2, 9}) {
+    EXPECT_NE(first.output.find(step_dir(dir, step) + " has no manifest.yaml, so it is not a complete checkpoint: not "
+                                "resumed from and not deleted"),
+              std::string::npos) << first.output;
+  }
+  EXPECT_NE(first.output.find(step_dir(dir, 2) + " had no manifest.yaml (not a complete checkpoint): moved to " +
+                              step_dir(dir, 2) + ".incomplete to write the checkpoint of step 2"),
+            std::string::npos) << first.output;
+  EXPECT_EQ(testing::file_text(step_dir(dir, 2) + ".incomplete/notes.txt"), "mine 2\n");
+  EXPECT_TRUE(fs::exists(step_dir(dir, 3) + "/manifest.yaml"));
+  EXPECT_FALSE(fs::exists(step_dir(dir, 2))) << "the checkpoint of step 2 is pruned (keep_checkpoints 1)";
+
+  auto second = run_trainer(run_args(dir, 4, common));
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(second.output.find("resumed from " + step_dir(dir, 3) + " at step 3"), std::string::npos) << second.output;
+  EXPECT_EQ(testing::file_text(step_dir(dir, 9) + "/notes.txt"), "mine 9\n");
+  EXPECT_EQ(testing::file_text(step_dir(dir, 2) + ".incomplete/notes.txt"), "mine 2\n");
+}
+
 // A checkpoint directory is one job's while it runs (trainer/checkpoint_dir.h):
 // a second job is refused with exit 2 naming the holder's host and pid; the lock
 // goes when the first job ends; a lock left by a dead process of this host is
@@ -516,6 +634,18 @@ TEST(Training, CorruptedAndTruncatedCheckpointsAreRefused) {
   EXPECT_NE(truncated.output.find(ckpt), std::string::npos) << truncated.output;
 }
 
+// A global batch below one micro-batch is allowed (micro_batch_tokens is a rank's
+// capacity, not its share) but never silent: the run warns naming both keys.
+TEST(Training, AGlobalBatchBelowTheMicroBatchIsWarnedAbout) {
+  const std::string dir = scratch_dir("training-small-global-batch");
+  auto r = run_trainer(run_args(dir, 1, "--set data.global_batch_tokens=1024 --set data.micro_batch_tokens=2048 "
+                                        "--set train.checkpoint_every=0"));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("data.global_batch_tokens 1024 is below data.micro_batch_tokens 2048: a step holds at most "
+                          "1024 tokens, so every micro-batch is at most 50% full"),
+            std::string::npos) << r.output;
+}
+
 TEST(Training, InitFromTakesWeightsButNotProgress) {
   const std::string src = scratch_dir("training-init-src"), dst = scratch_dir("training-init-dst");
   auto a = run_trainer(run_args(src, 3, "--set data.global_batch_tokens=1024 --set train.checkpoint_every=3"));
@@ -549,6 +679,9 @@ TEST_P(CommandLine, BadInputExitsWithCode2AndNamesTheProblem) {
     std::ofstream(dir + "/notes.jsonl") << "{\"text\": \"fine\"}\n{\"text\": broken}\n";
     std::ofstream(dir + "/notes.txt") << "a document\n";
     std::ofstream(dir + "/a-file") << "not a directory\n";
+    // The same file under other names: a hard link and a symbolic link.
+    fs::create_hard_link(dir + "/notes.txt", dir + "/notes-hard.txt");
+    fs::create_symlink("notes.txt", dir + "/notes-sym.txt");
     // A valid dataset without documents (prepare-data refuses to write one).
     TokenDatasetWriter empty = TokenDatasetWriter::create(dir + "/empty.h5", 258, "byte", 256, 257);
     empty.finish();
@@ -590,6 +723,10 @@ INSTANTIATE_TEST_SUITE_P(
                       "dataset 'DIR/empty.h5' holds no tokens"},
         BadInvocation{"PrepareOutputIsAnInput", "prepare-data --input DIR/notes.txt --output DIR/notes.txt",
                       "--output 'DIR/notes.txt' is the input"},
+        BadInvocation{"PrepareOutputIsAnInputsHardLink", "prepare-data --input DIR/notes.txt --output DIR/notes-hard.txt",
+                      "--output 'DIR/notes-hard.txt' is the input 'DIR/notes.txt'"},
+        BadInvocation{"PrepareOutputIsAnInputsSymlink", "prepare-data --input DIR/notes-sym.txt --output DIR/notes.txt",
+                      "--output 'DIR/notes.txt' is the input 'DIR/notes-sym.txt'"},
         // About 320,000 GiB of parameters: more than any address space, so the arena
         // cannot be had even where the kernel overcommits memory.
         BadInvocation{"ModelLargerThanMemory",
@@ -597,7 +734,30 @@ INSTANTIATE_TEST_SUITE_P(
                       "--set train.checkpoint_dir=DIR/ckpt "
                       "--set model.num_layers=20000 --set model.hidden_size=16384 --set model.num_heads=128 "
                       "--set model.num_kv_heads=128 --set model.ffn_hidden_size=65536",
-                      "the 'parameters' arena needs 343600039002112 bytes (320002.5 GiB) of cpu memory"}),
+                      "the 'parameters' arena needs 343600039002112 bytes (320002.5 GiB) of cpu memory"},
+        // Sizes whose element counts overflow 64 bits: refused by the config, naming
+        // the sizes and the bytes, before any count wraps around.
+        BadInvocation{"ModelSizesOverflow",
+                      "train " + kTinyConfig + " --set data.path=CORPUS --set model.hidden_size=1000000000",
+                      "model.hidden_size: too large to count: model.hidden_size 1000000000, model.ffn_hidden_size 352, "
+                      "model.vocab_size 258, model.num_layers 4 make 1.2e+19 parameters, whose weights, gradients and "
+                      "AdamW moments need 1.92e+20 bytes, beyond 64-bit sizes"},
+        // Counts that fit but cannot be had: the activation arena's OutOfMemory, not a
+        // bare std::bad_alloc from a host list sized before it.
+        BadInvocation{"MicroBatchLargerThanMemory",
+                      "train " + kTinyConfig + " --set data.path=CORPUS --set train.run_dir=DIR/run "
+                      "--set data.micro_batch_tokens=10000000000000",
+                      "the 'activations' arena needs"},
+        BadInvocation{"MicroBatchLogitsOverflow",
+                      "train " + kTinyConfig + " --set data.path=CORPUS --set data.micro_batch_tokens=100000000000000000",
+                      "data.micro_batch_tokens: too large to count: data.micro_batch_tokens 100000000000000000"},
+        // Existing directories this user cannot write in (/proc refuses new files even to root).
+        BadInvocation{"RunDirNotWritable", "train " + kTinyConfig + " --set data.path=CORPUS --set train.run_dir=/proc",
+                      "train.run_dir: cannot write in the directory '/proc'"},
+        BadInvocation{"CheckpointDirNotWritable",
+                      "train " + kTinyConfig + " --set data.path=CORPUS --set train.run_dir=DIR/run "
+                      "--set train.checkpoint_dir=/proc/self --set train.checkpoint_every=5",
+                      "train.checkpoint_dir: cannot write in the directory '/proc/self'"}),
     [](const auto& info) { return info.param.name; });
 
 TEST(CommandLine, HelpAndVersion) {

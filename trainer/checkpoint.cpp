@@ -1,5 +1,6 @@
 #include "trainer/checkpoint.h"
 
+#include <spdlog/spdlog.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -251,9 +252,11 @@ std::vector<std::string> link_names(hid_t group, const std::string& what) {
 // ---------------------------------------------------------------------------
 // Writing a part.
 
-void write_part(const std::string& file, const CheckpointSnapshot& s, const CheckpointLayout& layout) {
+void write_part(const std::string& file, const CheckpointSnapshot& s, const CheckpointLayout& layout,
+                const CheckpointHooks& hooks) {
   const std::string tmp = file + ".tmp";
   const auto& params = s.parameters;
+  if (hooks.before_part) hooks.before_part(tmp);
   try {
     Hdf5Lock lock;
     H5Handle f = h5_file(H5Fcreate(tmp.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT), "creating " + tmp);
@@ -489,6 +492,33 @@ std::vector<Listed> list_checkpoints(const std::string& dir) {
   return found;
 }
 
+// `path`, or path-2, path-3, ...: the first that does not exist.
+std::string unused_name(const std::string& path) {
+  std::error_code ec;
+  std::string name = path;
+  for (int i = 2; fs::exists(name, ec); ++i) name = path + "-" + std::to_string(i);
+  return name;
+}
+
+// Deletes a listed checkpoint. A complete one is renamed to step-N.tmp first, so
+// that a crash half way leaves an unfinished directory (the next prune removes
+// it), never a step-N without its manifest. False when it could not be deleted.
+bool delete_listed(const Listed& l) {
+  std::error_code ec;
+  fs::path doomed = l.path;
+  if (l.complete) {
+    doomed += ".tmp";
+    fs::remove_all(doomed, ec);
+    fs::rename(l.path, doomed, ec);
+    if (ec) {
+      doomed = l.path;
+      fs::remove(l.path / kManifest, ec);  // then at least never taken for complete
+    }
+  }
+  fs::remove_all(doomed, ec);
+  return !ec;
+}
+
 // Keeps the newest `keep` complete checkpoints (and the one just written); deletes
 // older complete ones and unfinished .tmp directories of earlier steps. Failures
 // to delete are not errors: the next save tries again.
@@ -496,15 +526,14 @@ void prune(const std::string& dir, int64_t keep, int64_t current_step) {
   auto all = list_checkpoints(dir);
   int64_t kept = 0;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    std::error_code ec;
     if (it->complete) {
       if (it->step == current_step || kept < std::max<int64_t>(keep, 1)) {
         ++kept;
         continue;
       }
-      fs::remove_all(it->path, ec);
+      delete_listed(*it);
     } else if (it->tmp && it->step < current_step) {
-      fs::remove_all(it->path, ec);
+      delete_listed(*it);
     }
   }
 }
@@ -744,7 +773,7 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
 
 std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointSnapshot& snapshot,
                             const std::string& config_yaml, int64_t keep, const CheckpointLayout& layout,
-                            const std::function<void()>& after_part) {
+                            const CheckpointHooks& hooks) {
   const TrainingProgress& progress = snapshot.progress;
   const ParallelDegrees& d = layout.degrees;
   const GridCoords& c = layout.coords;
@@ -764,8 +793,8 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointS
     std::error_code ec;
     fs::create_directories(tmp_dir, ec);
     if (!fs::is_directory(tmp_dir)) throw CheckpointError(tmp_dir + ": cannot create: " + ec.message());
-    write_part((fs::path(tmp_dir) / part_name(layout.world_rank)).string(), snapshot, layout);
-    if (after_part) after_part();
+    write_part((fs::path(tmp_dir) / part_name(layout.world_rank)).string(), snapshot, layout, hooks);
+    if (hooks.after_part) hooks.after_part();
   } catch (const std::exception& e) {
     error = e.what();
   }
@@ -800,6 +829,15 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointS
       }
       write_text_file((fs::path(tmp_dir) / kManifest).string(), manifest_text(m, tmp_dir));
       std::error_code ec;
+      if (fs::exists(final_path, ec) && !fs::exists(fs::path(final_path) / kManifest, ec)) {
+        // Not a checkpoint this trainer committed (those have a manifest): someone's
+        // files, kept, not overwritten.
+        const std::string aside = unused_name(final_path + ".incomplete");
+        fs::rename(final_path, aside, ec);
+        if (ec) throw CheckpointError(final_path + ": has no " + kManifest + " and cannot be moved aside: " + ec.message());
+        spdlog::warn("{} had no {} (not a complete checkpoint): moved to {} to write the checkpoint of step {}",
+                     final_path, kManifest, aside, progress.step);
+      }
       fs::remove_all(final_path, ec);  // a rerun of this step replaces it
       if (ec) throw CheckpointError(final_path + ": cannot replace: " + ec.message());
       fs::rename(tmp_dir, final_path, ec);
@@ -843,6 +881,14 @@ std::optional<std::string> latest_checkpoint_before(const std::string& checkpoin
   return std::nullopt;
 }
 
+std::vector<std::string> manifestless_checkpoints(const std::string& checkpoint_dir) {
+  std::vector<std::string> found;
+  for (const Listed& l : list_checkpoints(checkpoint_dir)) {
+    if (!l.complete && !l.tmp) found.push_back(l.path.string());
+  }
+  return found;
+}
+
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir) {
   return latest_checkpoint_before(checkpoint_dir, std::numeric_limits<int64_t>::max());
 }
@@ -857,12 +903,8 @@ std::string checkpoint_or_latest(const std::string& path) {
 int delete_checkpoints_after(const std::string& checkpoint_dir, int64_t step) {
   int deleted = 0;
   for (const Listed& l : list_checkpoints(checkpoint_dir)) {
-    if (l.step <= step) continue;
-    std::error_code ec;
-    // The manifest first: a directory left half-deleted is then never taken for complete.
-    if (l.complete) fs::remove(l.path / kManifest, ec);
-    fs::remove_all(l.path, ec);
-    if (!ec) ++deleted;
+    if (l.step <= step || (!l.complete && !l.tmp)) continue;  // a step-N without a manifest is not ours
+    if (delete_listed(l)) ++deleted;
   }
   return deleted;
 }

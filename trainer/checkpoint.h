@@ -92,12 +92,20 @@ std::string checkpoint_path(const std::string& checkpoint_dir, int64_t step);
 std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model, const ZeroAdamW& optimizer,
                             const TrainingProgress& progress, const std::string& config_yaml, int64_t keep,
                             const CheckpointLayout& layout);
-// The same from a snapshot. `after_part`, when given, runs once this rank's part is
-// written and before the commit (a test knob: a process killed there leaves a
-// half-written checkpoint).
+// Test knobs of a save (HDP_FAULT_INJECT, data/fault_injection.h).
+struct CheckpointHooks {
+  // Runs before this rank creates the file of its part, with that file's path (a
+  // symlink put there to /dev/full makes the part's writes fail with ENOSPC).
+  std::function<void(const std::string& file)> before_part;
+  // Runs once this rank's part is written and before the commit (a process killed
+  // there leaves a half-written checkpoint).
+  std::function<void()> after_part;
+};
+
+// The same from a snapshot.
 std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointSnapshot& snapshot,
                             const std::string& config_yaml, int64_t keep, const CheckpointLayout& layout,
-                            const std::function<void()>& after_part = {});
+                            const CheckpointHooks& hooks = {});
 
 // A checkpoint of a whole model's weights only (one part, no optimizer state),
 // committed like any other: what `train.init_from` takes (import-hf writes its
@@ -109,6 +117,12 @@ std::string save_weights_checkpoint(const std::string& checkpoint_dir, const Lla
 // The newest complete checkpoint in the directory, if any (directories without a
 // committed manifest are ignored).
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir);
+// The step-N directories (final names, not step-N.tmp) without a manifest. This
+// trainer never leaves one (it renames a checkpoint's directory to its final name
+// only once the manifest is in), so they are someone's files: never resumed from,
+// never deleted; save_checkpoint moves one in the way of its step to
+// step-N.incomplete (step-N.incomplete-2, ...) with a warning.
+std::vector<std::string> manifestless_checkpoints(const std::string& checkpoint_dir);
 // The newest complete checkpoint of a step before `step`, if any.
 std::optional<std::string> latest_checkpoint_before(const std::string& checkpoint_dir, int64_t step);
 // Deletes the checkpoints (complete or not) of steps after `step`: after a

@@ -21,14 +21,14 @@ double ms_since(Clock::time_point t0) {
 
 CheckpointWriter::CheckpointWriter(std::string checkpoint_dir, std::string config_yaml, int64_t keep,
                                    const CheckpointLayout& layout, bool async, bool announce,
-                                   std::function<void(int64_t)> after_part)
+                                   std::function<CheckpointHooks(int64_t)> hooks)
     : checkpoint_dir_(std::move(checkpoint_dir)),
       config_yaml_(std::move(config_yaml)),
       keep_(keep),
       layout_(layout),
       async_(async),
       announce_(announce),
-      after_part_(std::move(after_part)) {
+      hooks_(std::move(hooks)) {
   if (async_ && layout.world != nullptr && layout.world->size() > 1) {
     const auto* world = dynamic_cast<const MpiCommunicator*>(layout.world);
     if (world == nullptr) throw std::logic_error("CheckpointWriter: asynchronous writes need an MPI world");
@@ -41,10 +41,11 @@ CheckpointWriter::CheckpointWriter(std::string checkpoint_dir, std::string confi
 
 CheckpointWriter::~CheckpointWriter() {
   if (!thread_.joinable()) return;
-  if (std::uncaught_exceptions() > 0) {
+  if (std::uncaught_exceptions() > 0 && commit_world_) {
     // The job is going down: this rank logs and aborts next. Joining could wait
     // forever for a peer's commit collective; the abort ends the thread with the
-    // process.
+    // process. A single rank has no peer to wait for, and joins: a thread left
+    // writing HDF5 while the process exits would crash in the library's clean-up.
     thread_.detach();
     return;
   }
@@ -86,9 +87,8 @@ void CheckpointWriter::check() {
 void CheckpointWriter::write(int64_t step) {
   try {
     const auto t0 = Clock::now();
-    std::function<void()> hook;
-    if (after_part_) hook = [this, step] { after_part_(step); };
-    const std::string path = save_checkpoint(checkpoint_dir_, snapshot_, config_yaml_, keep_, layout_, hook);
+    const CheckpointHooks hooks = hooks_ ? hooks_(step) : CheckpointHooks{};
+    const std::string path = save_checkpoint(checkpoint_dir_, snapshot_, config_yaml_, keep_, layout_, hooks);
     if (announce_) {
       spdlog::info("checkpoint {} written in {:.0f} ms{}", path, ms_since(t0), async_ ? " (in the background)" : "");
     }

@@ -34,10 +34,12 @@ class CheckpointWriter {
   // committing over a duplicate of the world (collective over it: every training
   // rank constructs its writer at the same point); needs MPI_THREAD_MULTIPLE when
   // the world has several ranks. Otherwise save() writes before it returns.
-  // after_part: save_checkpoint's test hook.
+  // hooks: save_checkpoint's test knobs for the checkpoint of a step.
   CheckpointWriter(std::string checkpoint_dir, std::string config_yaml, int64_t keep, const CheckpointLayout& layout,
-                   bool async, bool announce, std::function<void(int64_t step)> after_part = {});
+                   bool async, bool announce, std::function<CheckpointHooks(int64_t step)> hooks = {});
   // Waits for the write in flight (its error, if any, is logged, not thrown).
+  // Unwinding from an error of a job of several ranks it does not wait: the write
+  // may wait for a peer's commit collective, and the job is aborted next.
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
   CheckpointWriter& operator=(const CheckpointWriter&) = delete;
@@ -65,7 +67,7 @@ class CheckpointWriter {
   CheckpointLayout layout_;  // world: the writer's own communicator when async
   bool async_;
   bool announce_;
-  std::function<void(int64_t)> after_part_;
+  std::function<CheckpointHooks(int64_t)> hooks_;
   std::unique_ptr<MpiCommunicator> commit_world_;
   CheckpointSnapshot snapshot_;
   std::thread thread_;

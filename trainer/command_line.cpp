@@ -9,6 +9,7 @@
 
 #include "data/dataset.h"
 #include "trainer/checkpoint.h"
+#include "trainer/metrics.h"
 
 namespace hdp {
 
@@ -126,6 +127,8 @@ int report(const std::string& command, const std::exception_ptr& error) {
     return bad_input("dataset error", e);
   } catch (const CheckpointError& e) {
     return bad_input("checkpoint error", e);
+  } catch (const MetricsError& e) {
+    return bad_input("metrics error", e);
   } catch (const InputError& e) {
     return bad_input("input error", e);
   } catch (const std::exception& e) {

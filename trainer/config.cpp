@@ -6,8 +6,10 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -619,6 +621,47 @@ struct Parser {
               "Mixtral's MoE layers do not run in context-parallel rings yet (a forward's routing statistics would "
               "span the ring); set scheduler.cp: 0 or 1",
               {"model.arch"});
+    }
+
+    // Sizes are 64-bit: element counts and offsets are int64 (the model lays every
+    // parameter out in one flat buffer), byte counts size_t. A shape whose counts
+    // do not fit would wrap around and fail later with a meaningless bounds error,
+    // so the counts are made in double (exact enough to compare with 2^63) and must
+    // fit with room: the fp32 weights, their gradients and the two AdamW moments, 16
+    // bytes a parameter, and one micro-batch's logits (micro_batch_tokens x vocab).
+    {
+      const ModelShape shape = m.shape();
+      const double parameters = static_cast<double>(m.num_layers) * layer_parameters(shape) +
+                                embedding_parameters(shape) + head_parameters(shape, 1);
+      const double state_bytes = 16 * parameters;
+      const double logits = static_cast<double>(d.micro_batch_tokens) * static_cast<double>(m.vocab_size);
+      constexpr double kLimit = 0x1p62;  // bytes or elements: a quarter of what int64 counts
+      if (state_bytes >= kLimit || logits >= kLimit) {
+        // Named first: the largest of the sizes, the likeliest typo.
+        std::vector<std::string> keys = {"model.hidden_size", "model.ffn_hidden_size", "model.vocab_size",
+                                         "model.num_layers"};
+        if (m.moe()) keys.push_back("model.num_experts");
+        if (logits >= kLimit) keys.push_back("data.micro_batch_tokens");
+        auto value = [&](const std::string& key) {
+          return key == "model.hidden_size" ? m.hidden_size : key == "model.ffn_hidden_size" ? m.ffn_hidden_size
+               : key == "model.vocab_size" ? m.vocab_size : key == "model.num_layers" ? m.num_layers
+               : key == "model.num_experts" ? m.num_experts : d.micro_batch_tokens;
+        };
+        std::stable_sort(keys.begin(), keys.end(), [&](const std::string& a, const std::string& b) { return value(a) > value(b); });
+        std::string sizes;
+        for (const std::string& key : keys) sizes += (sizes.empty() ? "" : ", ") + key + " " + std::to_string(value(key));
+        char need[160];
+        if (state_bytes >= kLimit) {
+          std::snprintf(need, sizeof(need), "%.3g parameters, whose weights, gradients and AdamW moments need %.3g bytes",
+                        parameters, state_bytes);
+        } else {
+          std::snprintf(need, sizeof(need), "%.3g logits a micro-batch, %.3g bytes", logits, 4 * logits);
+        }
+        require(false, keys.front(),
+                "too large to count: " + sizes + " make " + need +
+                    ", beyond 64-bit sizes (2^62 = 4.6e18)",
+                "check these sizes for a typo; the largest models trained today have about 1e12 parameters", keys);
+      }
     }
 
     // files last, so that value errors are reported even before the data exists

@@ -2,11 +2,13 @@
 //
 // Exit codes: the table in trainer/command_line.h (0 success, 2 bad input, 1 other).
 
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <string>
 #include <vector>
 
+#include "data/hdf5_lock.h"
 #include "trainer/command_line.h"
 #include "trainer/commands.h"
 
@@ -40,6 +42,11 @@ commands:
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A file grown past the size limit (ulimit -f) then fails its write with EFBIG,
+  // which every command reports naming the file, as a full disk (ENOSPC), instead
+  // of SIGXFSZ killing the process with a core dump.
+  std::signal(SIGXFSZ, SIG_IGN);
+  hdp::hdf5_skip_exit_cleanup();
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) {
     std::fputs(kUsage, stderr);

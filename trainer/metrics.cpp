@@ -1,8 +1,14 @@
 #include "trainer/metrics.h"
 
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <stdexcept>
 
 namespace hdp {
@@ -90,16 +96,47 @@ MetricsWriter::MetricsWriter(const std::string& run_dir, int64_t resumed_step) {
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << kept;
-    if (!out.flush()) throw std::runtime_error("cannot write " + tmp);
+    if (!out.flush()) {
+      const std::string reason = std::strerror(errno);
+      out.close();
+      std::error_code ec;
+      std::filesystem::remove(tmp, ec);
+      throw MetricsError(tmp + ": cannot write the metrics file (" + reason + ")");
+    }
   }
-  std::filesystem::rename(tmp, path_);
-  out_.open(path_, std::ios::app);
-  if (!out_) throw std::runtime_error("cannot open " + path_ + " for writing");
+  std::error_code ec;
+  std::filesystem::rename(tmp, path_, ec);
+  if (ec) throw MetricsError(path_ + ": renaming " + tmp + " failed: " + ec.message());
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  if (fd_ < 0) throw MetricsError(path_ + ": cannot open the metrics file for writing (" + std::strerror(errno) + ")");
+  size_ = static_cast<int64_t>(kept.size());
+}
+
+MetricsWriter::~MetricsWriter() {
+  if (fd_ >= 0) ::close(fd_);
 }
 
 void MetricsWriter::write(const StepMetrics& m) {
-  out_ << to_json(m) << '\n';
-  out_.flush();
+  const std::string line = to_json(m) + '\n';
+  const ssize_t written = ::write(fd_, line.data(), line.size());
+  if (written == static_cast<ssize_t>(line.size())) {
+    size_ += written;
+    return;
+  }
+  // Nothing, or part of the line, reached the file: cut it back to its whole lines.
+  const std::string reason = written < 0 ? std::strerror(errno) : "only " + std::to_string(written) + " of " +
+                                                                       std::to_string(line.size()) + " bytes written";
+  if (written > 0) (void)::ftruncate(fd_, size_);
+  throw MetricsError(path_ + ": cannot write the metrics of step " + std::to_string(m.step) + " (" + reason +
+                     "); free space on its file system (or raise the file size limit) and resume from the last "
+                     "checkpoint");
+}
+
+void MetricsWriter::fail_writes_as_on_a_full_disk() {
+  const int full = ::open("/dev/full", O_WRONLY | O_CLOEXEC);
+  if (full < 0) throw std::runtime_error(std::string("/dev/full: cannot open (") + std::strerror(errno) + ")");
+  ::dup2(full, fd_);
+  ::close(full);
 }
 
 }  // namespace hdp

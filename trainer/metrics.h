@@ -2,9 +2,10 @@
 // Per-step training metrics: one JSON object per line in RUN_DIR/metrics.jsonl.
 
 #include <cstdint>
-#include <fstream>
 #include <string>
 #include <vector>
+
+#include "base/errors.h"
 
 namespace hdp {
 
@@ -66,19 +67,37 @@ struct StepMetrics {
 
 std::string to_json(const StepMetrics& m);
 
+// metrics.jsonl could not be written (a full disk, a file size limit): the run
+// stops with exit code 2 naming the file rather than go on with its record lost.
+class MetricsError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
 class MetricsWriter {
  public:
   // Appends to run_dir/metrics.jsonl (creating run_dir) after the lines of steps
   // 1..resumed_step, dropping any later ones: a run resumed from the checkpoint of
   // step N reruns the steps after N, and each step should appear once. 0 starts the
-  // file afresh.
+  // file afresh. A line cut short (a crash mid-write) is dropped too.
   MetricsWriter(const std::string& run_dir, int64_t resumed_step);
+  ~MetricsWriter();
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  // Appends the step's line whole, in one write(2): the file never holds part of
+  // a line. A failed or short write is undone (the file cut back to its last
+  // whole line) and thrown as a MetricsError naming the file and the reason.
   void write(const StepMetrics& m);
   const std::string& path() const { return path_; }
+  // A test knob (HDP_FAULT_INJECT=RANK:STEP:full-metrics, data/fault_injection.h):
+  // later lines go to /dev/full, whose writes fail with ENOSPC as on a full disk.
+  void fail_writes_as_on_a_full_disk();
 
  private:
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;
+  int64_t size_ = 0;  // bytes of whole lines in the file
 };
 
 }  // namespace hdp

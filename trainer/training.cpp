@@ -9,6 +9,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <numeric>
 #include <optional>
@@ -96,6 +97,16 @@ void log_job(const Config& config, const std::optional<TokenDataset>& dataset, c
                  training_ranks, training_ranks + loader_ranks - 1, training_ranks);
   }
   spdlog::info("{}", describe_grid(degrees));
+  // Documented (a rank's capacity, not its share), but rarely meant: the activation
+  // memory is sized for micro_batch_tokens and a step never fills it.
+  if (config.data.global_batch_tokens < config.data.micro_batch_tokens) {
+    spdlog::warn("data.global_batch_tokens {} is below data.micro_batch_tokens {}: a step holds at most {} tokens, so "
+                 "every micro-batch is at most {:.0f}% full while activation memory is sized for {}; lower "
+                 "data.micro_batch_tokens to save memory, or raise data.global_batch_tokens",
+                 config.data.global_batch_tokens, config.data.micro_batch_tokens, config.data.global_batch_tokens,
+                 100.0 * config.data.global_batch_tokens / config.data.micro_batch_tokens,
+                 config.data.micro_batch_tokens);
+  }
   spdlog::info("CPU GEMM: {}", cpu::gemm_library_description(cpu::kGemmLibrary));
 }
 
@@ -115,8 +126,15 @@ void log_stage(TrainingEngine& engine, const MemoryReport& memory, const GridCoo
 
 // Where training starts: a checkpoint to resume (weights, moments, step, data
 // position), a checkpoint to take weights from, or fresh weights.
-TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine) {
+TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, int rank) {
   const TrainConfig& t = config.train;
+  if (rank == 0 && (t.resume == ResumeMode::Auto || t.checkpoint_every > 0)) {
+    for (const std::string& dir : manifestless_checkpoints(t.checkpoint_dir)) {
+      spdlog::warn("{} has no manifest.yaml, so it is not a complete checkpoint: not resumed from and not deleted; a "
+                   "checkpoint of its step moves it to {}.incomplete first. Look at it, then delete it or move it "
+                   "out of train.checkpoint_dir", dir, dir);
+    }
+  }
   if (t.resume == ResumeMode::Auto) {
     if (auto latest = latest_checkpoint(t.checkpoint_dir)) {
       TrainingProgress progress = load_checkpoint(*latest, engine.model(), &engine.optimizer());
@@ -240,16 +258,29 @@ class TrainingLoop {
     if (config.train.checkpoint_every > 0) {
       // Writes in the background need MPI from a second thread when there are several ranks.
       const bool async = config.train.async_checkpoints && (process.thread_multiple || config.parallel.world() == 1);
-      std::function<void(int64_t)> after_part;
-      if (fault_.checkpoint && fault_.rank == process.rank) {
-        after_part = [rank = process.rank, step = fault_.step](int64_t written) {
-          if (written != step) return;
-          spdlog::critical("fault injection: rank {} exits abruptly while writing the checkpoint of step {}", rank, step);
-          std::_Exit(3);
+      std::function<CheckpointHooks(int64_t)> hooks;
+      if ((fault_.checkpoint || fault_.full_checkpoint) && fault_.rank == process.rank) {
+        hooks = [rank = process.rank, fault = fault_](int64_t step) {
+          CheckpointHooks h;
+          if (step != fault.step) return h;
+          if (fault.checkpoint) {
+            h.after_part = [rank, step] {
+              spdlog::critical("fault injection: rank {} exits abruptly while writing the checkpoint of step {}", rank,
+                               step);
+              std::_Exit(3);
+            };
+          } else {
+            h.before_part = [rank, step](const std::string& file) {
+              spdlog::warn("fault injection: rank {} writes its part of the checkpoint of step {} to a full disk ({} "
+                           "-> /dev/full)", rank, step, file);
+              std::filesystem::create_symlink("/dev/full", file);
+            };
+          }
+          return h;
         };
       }
       writer_.emplace(config.train.checkpoint_dir, config.yaml, config.train.keep_checkpoints, layout_, async,
-                      process.rank == 0, std::move(after_part));
+                      process.rank == 0, std::move(hooks));
     }
   }
 
@@ -283,7 +314,7 @@ class TrainingLoop {
     progress::set_step(step);
     if (writer_) writer_->check();  // an earlier background write's error ends the run here
     if (lock_) lock_->refresh();
-    const bool fault_now = fault_.rank == process_.rank && fault_.step == step && !fault_.nan && !fault_.checkpoint;
+    const bool fault_now = fault_.rank == process_.rank && fault_.step == step && fault_.exits();
     // Each poisoned step number once: a step rerun after a rollback is clean.
     const bool poison = fault_.rank == process_.rank && fault_.nan && step >= fault_.step && step <= fault_.last_step &&
                         step > last_poisoned_step_;
@@ -326,6 +357,11 @@ class TrainingLoop {
     measured.offloaded_bytes = engine_.model().activation_usage().offloaded_bytes - offloaded_before;
 
     const StepMetrics m = step_metrics(measured, batch);
+    if (metrics_ && fault_.full_metrics && fault_.rank == process_.rank && fault_.step == step) {
+      spdlog::warn("fault injection: rank {} writes the metrics of step {} to a full disk ({} -> /dev/full)",
+                   process_.rank, step, metrics_->path());
+      metrics_->fail_writes_as_on_a_full_disk();
+    }
     if (metrics_) metrics_->write(m);
     last_step_ = step;
     if (measured.result.updated) {
@@ -656,7 +692,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
   const MemoryReport memory = engine.memory();
   log_stage(engine, memory, coords);
 
-  const TrainingProgress progress = restore_or_init(config, engine);
+  const TrainingProgress progress = restore_or_init(config, engine, process.rank);
   std::optional<RemoteBatchClient> loader;
   if (remote) loader.emplace(*channel, training_ranks, training_ranks, loader_ranks, config.loader.timeout_s);
   if (progress.step >= config.train.steps) {
