@@ -574,6 +574,17 @@ void check_bf16_dense_and_elementwise(Checker& c) {
     copy(g.host, y.host);
     copy(g.dev, y.dev);
     c.compare("copy bf16 -> fp32", shape, g, 0);
+    // The same across the host boundary (how the MPI communicator stages bf16 device
+    // tensors through fp32 host blocks): host fp32 -> device bf16, device bf16 -> host fp32.
+    const Twin h = w.random({n}, -100.0f, 100.0f);
+    copy(y.host, h.host);
+    copy(y.dev, h.host);
+    c.compare("copy fp32 (host) -> bf16", shape, y, 0);
+    std::vector<float> widened(static_cast<size_t>(n));
+    copy(Tensor(widened.data(), {n}, Device::CPU), y.dev);
+    copy(g.host, y.host);
+    copy(g.dev, Tensor(widened.data(), {n}, Device::CPU));
+    c.compare("copy bf16 -> fp32 (host)", shape, g, 0);
   }
 }
 

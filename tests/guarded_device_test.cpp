@@ -212,6 +212,7 @@ TEST(GuardedSelftest, EveryOpMatchesTheCpu) {
   expect_checks_pass(checks);
   for (const char* op :
        {"matmul NT [bf16]", "linear_forward [bf16]", "linear_backward dx (accumulate) [bf16]", "add_inplace [bf16]",
+        "copy fp32 (host) -> bf16", "copy bf16 -> fp32 (host)",
         "embedding_forward [bf16]", "embedding_backward [bf16]", "rmsnorm_forward y [bf16]",
         "rmsnorm_backward dx [bf16]", "rmsnorm_backward dw [bf16]", "rope_forward [bf16]", "rope_backward [bf16]",
         "swiglu_forward [bf16]", "swiglu_backward dgate [bf16]", "swiglu_backward dup [bf16]",
