@@ -6,8 +6,10 @@
 // grouped-query attention, ring-attention blocks with true positions that merge
 // over several calls, sliding-window attention (documents and blocks, blocks
 // wholly outside the window), a sharded vocabulary with targets outside the shard.
-// The bf16 ops a device has (on CUDA: the cuBLASLt GEMMs, the elementwise ops and
-// the fp32 <-> bf16 conversions) are checked against the CPU's bf16 twins too.
+// Every op with bf16 activations is checked again in bf16 against the CPU's bf16
+// twins (kernels/cpu/bf16.cpp), on the same shapes, within one bf16 step of the
+// tensor's scale where a result is stored in bf16 (fp32 results keep the fp32
+// tolerances); on CUDA attention runs again with TF32 on, in fp32 and bf16.
 //
 // Error measure per output: max |device - cpu| / max |cpu| (relative to the
 // tensor's scale, so near-zero elements do not dominate); NaN or Inf fails.

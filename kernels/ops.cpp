@@ -15,20 +15,11 @@
 
 // A backend's case in a dispatch switch, present only when it is compiled in.
 // Each CUDA op is timed on the device when HDP_CUDA_OP_TIMES=1 (cuda_runtime.h).
-// Every op first names the dtype it computes in (`dtype_`, from check_dtypes);
-// the CUDA backend has bf16 only for the GEMMs, the elementwise ops and copy
-// (HDP_CUDA_CASE_BF16), so any other bf16 op on it is refused by name.
+// Every op first names the dtype it computes in (`dtype_`, from check_dtypes); the
+// CUDA backend has a kernel for both fp32 and bf16 of every op (bf16: the twins of
+// kernels/cpu/bf16.cpp, kernels/cuda/common.cuh).
 #if HDP_HAVE_CUDA
 #define HDP_CUDA_CASE(call)             \
-  case Device::CUDA: {                  \
-    require_cuda_dtype(op, dtype_);     \
-    cuda::require_device(op);           \
-    const cuda::OpTimer op_timer_(op);  \
-    return cuda::call;                  \
-  }
-// The ops whose CUDA functions take bf16 as well (GEMMs through cuBLASLt, the
-// elementwise ops and copy).
-#define HDP_CUDA_CASE_BF16(call)        \
   case Device::CUDA: {                  \
     cuda::require_device(op);           \
     const cuda::OpTimer op_timer_(op);  \
@@ -36,7 +27,6 @@
   }
 #else
 #define HDP_CUDA_CASE(call)
-#define HDP_CUDA_CASE_BF16(call)
 #endif
 
 // The CPU backend and the test-only guarded device (the CPU kernels behind a
@@ -93,14 +83,6 @@ DType check_dtypes(const char* op, std::initializer_list<DTypeArg> compute, std:
   if (!fixed.empty()) valid += (valid.empty() ? "" : ", and ") + fixed + " fp32";
   fail(op, "unsupported dtypes " + got + " (supported: " + valid + ")");
 }
-
-#if HDP_HAVE_CUDA
-void require_cuda_dtype(const char* op, DType dtype) {
-  if (dtype != DType::F32)
-    fail(op, std::string("the cuda backend has no ") + dtype_name(dtype) +
-                 " kernel for this op yet (train.precision: bf16 runs on device cpu or guarded)");
-}
-#endif
 
 // name=[shape] for error messages
 template <class T>
@@ -162,7 +144,7 @@ void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool t
     fail(op, "c=" + c.shape_string() + " = op(a=" + a.shape_string() + (transpose_a ? "^T" : "") + ") * op(b=" +
                  b.shape_string() + (transpose_b ? "^T" : "") + ") does not match");
   switch (common_device(op, c, a, b)) {
-    HDP_CUDA_CASE_BF16(matmul(c, a, transpose_a, b, transpose_b, alpha, beta))
+    HDP_CUDA_CASE(matmul(c, a, transpose_a, b, transpose_b, alpha, beta))
     HDP_CPU_CASES(matmul(c, a, transpose_a, b, transpose_b, alpha, beta))
     default: throw UnsupportedDevice(op, c.device);
   }
@@ -175,7 +157,7 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w) {
   require_dims(op, "w", w, {-1, x.dim(1)});
   require_dims(op, "y", y, {x.dim(0), w.dim(0)});
   switch (common_device(op, y, x, w)) {
-    HDP_CUDA_CASE_BF16(linear_forward(y, x, w))
+    HDP_CUDA_CASE(linear_forward(y, x, w))
     HDP_CPU_CASES(linear_forward(y, x, w))
     default: throw UnsupportedDevice(op, y.device);
   }
@@ -194,7 +176,7 @@ void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, co
                                 : check_dtypes(op, {{"dx", dx}, {"dy", dy}, {"x", x}, {"w", w}}, {{"dw", dw}});
   const Device dev = skip_dx ? common_device(op, dw, dy, x, w) : common_device(op, dx, dw, dy, x, w);
   switch (dev) {
-    HDP_CUDA_CASE_BF16(linear_backward(dx, dw, dy, x, w, accumulate_dx))
+    HDP_CUDA_CASE(linear_backward(dx, dw, dy, x, w, accumulate_dx))
     HDP_CPU_CASES(linear_backward(dx, dw, dy, x, w, accumulate_dx))
     default: throw UnsupportedDevice(op, dev);
   }
@@ -205,7 +187,7 @@ void add_inplace(Tensor y, const Tensor& x) {
   [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"y", y}, {"x", x}});
   require_same_shape(op, "y", y, "x", x);
   switch (common_device(op, y, x)) {
-    HDP_CUDA_CASE_BF16(add_inplace(y, x))
+    HDP_CUDA_CASE(add_inplace(y, x))
     HDP_CPU_CASES(add_inplace(y, x))
     default: throw UnsupportedDevice(op, y.device);
   }
@@ -216,7 +198,7 @@ void scale_inplace(Tensor y, float s) {
   [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"y", y}});
   require(y.numel() == 0 || y.data, op, "tensor without data");
   switch (y.device) {
-    HDP_CUDA_CASE_BF16(scale_inplace(y, s))
+    HDP_CUDA_CASE(scale_inplace(y, s))
     HDP_CPU_CASES(scale_inplace(y, s))
     default: throw UnsupportedDevice(op, y.device);
   }
@@ -227,7 +209,7 @@ void fill(Tensor y, float value) {
   [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"y", y}});
   require(y.numel() == 0 || y.data, op, "tensor without data");
   switch (y.device) {
-    HDP_CUDA_CASE_BF16(fill(y, value))
+    HDP_CUDA_CASE(fill(y, value))
     HDP_CPU_CASES(fill(y, value))
     default: throw UnsupportedDevice(op, y.device);
   }
@@ -252,7 +234,7 @@ void copy(Tensor dst, const Tensor& src) {
       fail(op, std::string("unsupported dtype ") + dtype_name(t->dtype) + " (supported: fp32 and bf16)");
   [[maybe_unused]] const DType dtype_ = dst.dtype == DType::F32 && src.dtype == DType::F32 ? DType::F32 : DType::BF16;
   switch (copy_backend(op, dst, src)) {
-    HDP_CUDA_CASE_BF16(copy(dst, src))
+    HDP_CUDA_CASE(copy(dst, src))
     HDP_CPU_CASES(copy(dst, src))
     default: throw UnsupportedDevice(op, dst.device);
   }

@@ -675,6 +675,21 @@ TEST(Config, CudaWithSeveralRanksIsAccepted) {
             2);
 }
 
+TEST(Config, Bf16OnCudaIsAcceptedButItsLayoutLimitsStay) {
+  // Every op has a CUDA bf16 kernel; rings of bf16 activations do not exist on any device.
+  Scratch s("cuda_bf16");
+  const std::string path = s.config(kMinimalConfig);
+  for (const char* layout : {"parallel.tp=1", "parallel.tp=2", "parallel.pp=2", "parallel.hdp=2"}) {
+    SCOPED_TRACE(layout);
+    const Config c = load_config(path, {"train.device=cuda", "train.precision=bf16", layout});
+    EXPECT_EQ(c.train.precision, DType::BF16);
+    EXPECT_EQ(c.train.device, Device::CUDA);
+  }
+  EXPECT_CONTAINS(load_error(path, {"train.device=cuda", "train.precision=bf16", "scheduler.policy=static",
+                                    "parallel.hdp=2", "scheduler.cp=2"}),
+                  "train.precision");
+}
+
 TEST(ConfigErrors, MissingDataFile) {
   Scratch s("missing_data");
   const std::string missing = s.dir + "/nope/corpus.h5";

@@ -1,7 +1,7 @@
-// The CUDA backend against the CPU backend, op by op and over five training
-// steps of a small model (the checks of `trainer selftest`). Skipped with a
-// message where no CUDA device is usable, as on the CI machines: there the
-// backend is compiled but cannot run.
+// The CUDA backend against the CPU backend, op by op (fp32 and bf16) and over five
+// training steps of a small model in fp32 and bf16 (the checks of `trainer
+// selftest`). Skipped with a message where no CUDA device is usable, as on the CI
+// machines: there the backend is compiled but cannot run.
 
 #include <gtest/gtest.h>
 
@@ -37,6 +37,12 @@ TEST(GpuBackend, TrainingStepsEqualCpu) {
   if (skip_without_device()) GTEST_SKIP() << "no CUDA device";
   hdp::cuda::initialize(0);
   expect_all_pass(hdp::check_model_training(hdp::Device::CUDA, 3));
+}
+
+TEST(GpuBackend, Bf16TrainingStepsEqualCpuBf16) {
+  if (skip_without_device()) GTEST_SKIP() << "no CUDA device";
+  hdp::cuda::initialize(0);
+  expect_all_pass(hdp::check_model_training(hdp::Device::CUDA, 3, hdp::DType::BF16));
 }
 
 TEST(GpuBackend, OffloadEqualsCpu) {

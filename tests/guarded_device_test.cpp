@@ -205,8 +205,38 @@ void expect_checks_pass(const std::vector<OpCheck>& checks) {
   for (const OpCheck& c : checks) EXPECT_TRUE(c.pass) << c.op << " " << c.shape << ": max abs " << c.max_abs;
 }
 
-TEST(GuardedSelftest, EveryOpMatchesTheCpu) { expect_checks_pass(check_backend(Device::Guarded, 1)); }
+// Also proves the selftest's bf16 rows: one for every op with bf16 activations, and
+// (the guarded device runs the CPU's bf16 twins) each exactly equal to the CPU.
+TEST(GuardedSelftest, EveryOpMatchesTheCpu) {
+  const std::vector<OpCheck> checks = check_backend(Device::Guarded, 1);
+  expect_checks_pass(checks);
+  for (const char* op :
+       {"matmul NT [bf16]", "linear_forward [bf16]", "linear_backward dx (accumulate) [bf16]", "add_inplace [bf16]",
+        "copy fp32 (host) -> bf16", "copy bf16 -> fp32 (host)",
+        "embedding_forward [bf16]", "embedding_backward [bf16]", "rmsnorm_forward y [bf16]",
+        "rmsnorm_backward dx [bf16]", "rmsnorm_backward dw [bf16]", "rope_forward [bf16]", "rope_backward [bf16]",
+        "swiglu_forward [bf16]", "swiglu_backward dgate [bf16]", "swiglu_backward dup [bf16]",
+        "cross_entropy_stats sumexp [bf16]", "cross_entropy_backward_inplace [bf16]",
+        "cross_entropy_forward_backward loss [bf16]", "cross_entropy_forward_backward grad [bf16]",
+        "attention_forward out [bf16]", "attention_forward lse [bf16]", "attention_backward dq [bf16]",
+        "attention_backward dk [bf16]", "attention_backward dv [bf16]", "attention_forward_blocks out (2 calls) [bf16]",
+        "attention_backward_blocks dq [bf16]", "attention_backward_blocks dv [bf16]"}) {
+    const auto rows = std::count_if(checks.begin(), checks.end(), [&](const OpCheck& c) { return c.op == op; });
+    EXPECT_GT(rows, 0) << "no selftest row " << op;
+  }
+  for (const OpCheck& c : checks) {
+    if (c.op.find("[bf16]") != std::string::npos) {
+      EXPECT_EQ(c.max_abs, 0.0) << c.op << " " << c.shape;
+    }
+  }
+}
 TEST(GuardedSelftest, ModelTrainingChecksPass) { expect_checks_pass(check_model_training(Device::Guarded, 1)); }
+// bf16 mixed precision on a device: the bf16 weight copy refreshed from the fp32
+// master weights on the device, the loss over bf16 logits, fp32 gradients and AdamW,
+// with device memory closed to the host outside ops.
+TEST(GuardedSelftest, ModelTrainingChecksPassInBf16) {
+  expect_checks_pass(check_model_training(Device::Guarded, 1, DType::BF16));
+}
 TEST(GuardedSelftest, OffloadChecksPass) { expect_checks_pass(check_offload(Device::Guarded, 1)); }
 
 // ---- the trainer end to end ------------------------------------------------------------

@@ -134,7 +134,6 @@ TEST(TrainingBf16, UnsupportedLayoutsAreRefusedAtStartUp) {
   const std::vector<Case> cases = {
       {"--set data.max_seq_len=4096 --set data.global_batch_tokens=8192", "data.max_seq_len"},
       {"--set scheduler.policy=static --set parallel.hdp=2 --set scheduler.cp=2", "scheduler.cp"},
-      {"--set train.device=cuda", "train.device"},
   };
   for (const Case& c : cases) {
     const auto r = run_trainer(train_args(dir, 1, "--set train.precision=bf16 " + c.set));

@@ -7,6 +7,7 @@
 
 #include "kernels/backend_check.h"
 #include "kernels/device.h"
+#include "kernels/dtype.h"
 
 namespace hdp {
 
@@ -15,9 +16,10 @@ struct SelftestOptions {
 };
 
 // Five AdamW steps of a small grouped-query model on `device` and on the CPU from
-// the same weights and packed batches: each step's loss, the first gradients and
-// the final weights compared.
-std::vector<OpCheck> check_model_training(Device device, uint64_t seed);
+// the same weights and packed batches, in `precision` (fp32, or bf16 mixed
+// precision against the CPU's bf16 path): each step's loss, the first gradients
+// and the final (fp32 master) weights compared.
+std::vector<OpCheck> check_model_training(Device device, uint64_t seed, DType precision = DType::F32);
 
 // The copy engine on `device` (round trips through host memory, pinned on CUDA,
 // whose result depends on every ordering between the copy and compute streams;

@@ -83,6 +83,9 @@ void bind_gpu(const TrainConfig& train, const ProcessInfo& process) {
   spdlog::info("rank {} (local rank {}): GPU {} of {} visible{}, {}{}", process.rank, process.local_rank, gpu,
                visible, process.local_size > visible ? " (shared by the node's ranks)" : "",
                cuda::device_description(), train.tf32 ? ", fp32 GEMMs on TF32 tensor cores" : "");
+  if (train.precision == DType::BF16 && process.rank == 0)
+    spdlog::warn("train.precision: bf16 on cuda runs the CUDA bf16 kernels, which are unverified until `trainer "
+                 "selftest` passes on this GPU (it compares every bf16 op and bf16 training steps with the CPU)");
 }
 
 // Rank 0's summary of the job: where the data comes from, the grid, the BLAS kernels.

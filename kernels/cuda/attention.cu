@@ -81,6 +81,18 @@
 // forward/dQ key tiles BK = 64 (d = 64) or 32 (d = 128); dK/dV query tiles likewise.
 // Shared memory: ~78 KB forward, ~111 KB dQ and dK/dV at d = 128 (2 CTAs per H100 SM).
 // With TF32 off, or any other d, the exact kernels above run unchanged.
+//
+// BF16 (mixed precision): every kernel is instantiated on the element type E of q, k,
+// v, dO and out and the type O of what it writes (common.cuh): bf16 operands are
+// read exactly (widened to fp32 when staged into shared memory), every product,
+// the softmax statistics, lse, D and the accumulators are fp32, and a bf16 result is
+// rounded once on store - the CPU twin's rule (kernels/cpu/bf16.cpp). The document
+// variant writes out, dq, dk, dv in bf16 directly (O = E). The block variant merges
+// or sums the blocks of one call into fp32 images of out, dq, dk, dv (O = float)
+// and rounds them once when the call ends, as the twin does, so blocks sharing
+// rows are not rounded once per block. On the TF32 path a bf16 operand is already
+// a TF32 value (8 significant bits of 11), so only P and dS are rounded to TF32;
+// a bf16 m16n8k16 tensor-core kernel (twice TF32's rate) does not exist yet.
 
 #include <algorithm>
 #include <climits>
@@ -198,15 +210,15 @@ __device__ __forceinline__ void tile_intervals(const Geom& g, int row0, int* slo
 
 // dst[r][c] (row stride D + 1) = base[(row0 + r) * ld + c] for rows in [lo, hi] and
 // c < d, zero elsewhere. base points at column 0 of the head.
-template <int ROWS, int D>
-__device__ __forceinline__ void load_tile(float* __restrict__ dst, const float* __restrict__ base, long long ld,
-                                          int row0, int lo, int hi, int d) {
+template <int ROWS, int D, class E>
+__device__ __forceinline__ void load_tile(float* __restrict__ dst, const E* __restrict__ base, long long ld, int row0,
+                                          int lo, int hi, int d) {
   constexpr int LD = D + 1;
   for (int idx = threadIdx.x; idx < ROWS * D; idx += kThreads) {
     const int r = idx / D, c = idx % D;
     const int i = row0 + r;
     float x = 0.0f;
-    if (c < d && i >= lo && i <= hi) x = base[static_cast<long long>(i) * ld + c];
+    if (c < d && i >= lo && i <= hi) x = to_f32(base[static_cast<long long>(i) * ld + c]);
     dst[r * LD + c] = x;
   }
 }
@@ -236,12 +248,11 @@ constexpr size_t dkdv_smem_bytes() {
 
 // ---------------------------------------------------------------- forward
 
-template <int D, int BQ, int BK>
-__global__ void __launch_bounds__(kThreads) attention_forward_kernel(float* __restrict__ out, float* __restrict__ lse,
-                                                                     const float* __restrict__ q,
-                                                                     const float* __restrict__ k,
-                                                                     const float* __restrict__ v, Geom g, int T,
-                                                                     int Hq, int Hkv, int d, float scale, bool merge) {
+template <int D, int BQ, int BK, class E, class O>
+__global__ void __launch_bounds__(kThreads)
+    attention_forward_kernel(O* __restrict__ out, float* __restrict__ lse, const E* __restrict__ q,
+                             const E* __restrict__ k, const E* __restrict__ v, Geom g, int T, int Hq, int Hkv, int d,
+                             float scale, bool merge) {
   constexpr int LD = D + 1, LP = BK + 1, RA = BQ / 16, SB = BK / 16, OB = D / 16;
   extern __shared__ float smem[];
   float* Qs = smem;
@@ -272,12 +283,12 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(float* __re
     m[a] = -INFINITY;
     l[a] = 1.0f;
     const bool live = lo[a] <= hi[a];
-    const float* orow = out + (static_cast<long long>(i) * Hq + h) * d;
+    const O* orow = out + (static_cast<long long>(i) * Hq + h) * d;
     if (merge && live) m[a] = lse[static_cast<long long>(h) * T + i];
 #pragma unroll
     for (int b = 0; b < OB; ++b) {
       const int c = tx + 16 * b;
-      acc[a][b] = (merge && live && c < d) ? orow[c] : 0.0f;
+      acc[a][b] = (merge && live && c < d) ? to_f32(orow[c]) : 0.0f;
     }
   }
 
@@ -358,11 +369,11 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(float* __re
     if (lo[a] > hi[a]) continue;
     const int i = i0 + ty + 16 * a;
     const float inv = 1.0f / l[a];
-    float* orow = out + (static_cast<long long>(i) * Hq + h) * d;
+    O* orow = out + (static_cast<long long>(i) * Hq + h) * d;
 #pragma unroll
     for (int b = 0; b < OB; ++b) {
       const int c = tx + 16 * b;
-      if (c < d) orow[c] = acc[a][b] * inv;
+      if (c < d) orow[c] = from_f32<O>(acc[a][b] * inv);
     }
     if (tx == 0) lse[static_cast<long long>(h) * T + i] = m[a] + logf(l[a]);
   }
@@ -374,26 +385,27 @@ __global__ void __launch_bounds__(kThreads) attention_forward_kernel(float* __re
 // summing in the same order (fmaf over ascending c) as the kernels below form
 // dP = dO . V, so a row that sees a single key (P = 1, out = V exactly) gets
 // dP - D = 0 exactly, as in exact arithmetic.
-__global__ void attention_rowdot_kernel(float* __restrict__ dvec, const float* __restrict__ dout,
-                                        const float* __restrict__ out, long long T, int Hq, int d) {
+template <class E>
+__global__ void attention_rowdot_kernel(float* __restrict__ dvec, const E* __restrict__ dout, const E* __restrict__ out,
+                                        long long T, int Hq, int d) {
   const long long stride = static_cast<long long>(gridDim.x) * blockDim.x;
   for (long long w = static_cast<long long>(blockIdx.x) * blockDim.x + threadIdx.x; w < T * Hq; w += stride) {
     const long long i = w / Hq;
     const int h = static_cast<int>(w % Hq);
-    const float* a = dout + w * d;
-    const float* b = out + w * d;
+    const E* a = dout + w * d;
+    const E* b = out + w * d;
     float s = 0.0f;
-    for (int c = 0; c < d; ++c) s = fmaf(a[c], b[c], s);
+    for (int c = 0; c < d; ++c) s = fmaf(to_f32(a[c]), to_f32(b[c]), s);
     dvec[static_cast<long long>(h) * T + i] = s;
   }
 }
 
-template <int D, int BQ, int BK>
+template <int D, int BQ, int BK, class E, class O>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_dq_kernel(float* __restrict__ dq, const float* __restrict__ dout, const float* __restrict__ q,
-                                 const float* __restrict__ k, const float* __restrict__ v,
-                                 const float* __restrict__ lse, const float* __restrict__ dvec, Geom g, int T, int Hq,
-                                 int Hkv, int d, float scale, bool accumulate) {
+    attention_backward_dq_kernel(O* __restrict__ dq, const E* __restrict__ dout, const E* __restrict__ q,
+                                 const E* __restrict__ k, const E* __restrict__ v, const float* __restrict__ lse,
+                                 const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d, float scale,
+                                 bool accumulate) {
   constexpr int LD = D + 1, LP = BK + 1, RA = BQ / 16, SB = BK / 16, OB = D / 16;
   extern __shared__ float smem[];
   float* Qs = smem;
@@ -491,20 +503,20 @@ __global__ void __launch_bounds__(kThreads)
   for (int a = 0; a < RA; ++a) {
     if (lo[a] > hi[a]) continue;
     const int i = i0 + ty + 16 * a;
-    float* row = dq + (static_cast<long long>(i) * Hq + h) * d;
+    O* row = dq + (static_cast<long long>(i) * Hq + h) * d;
 #pragma unroll
     for (int b = 0; b < OB; ++b) {
       const int c = tx + 16 * b;
-      if (c < d) row[c] = accumulate ? row[c] + acc[a][b] : acc[a][b];
+      if (c < d) row[c] = from_f32<O>(accumulate ? to_f32(row[c]) + acc[a][b] : acc[a][b]);
     }
   }
 }
 
-template <int D, int BQ, int BK>
+template <int D, int BQ, int BK, class E, class O>
 __global__ void __launch_bounds__(kThreads)
-    attention_backward_dkdv_kernel(float* __restrict__ dk, float* __restrict__ dv, const float* __restrict__ dout,
-                                   const float* __restrict__ q, const float* __restrict__ k,
-                                   const float* __restrict__ v, const float* __restrict__ lse,
+    attention_backward_dkdv_kernel(O* __restrict__ dk, O* __restrict__ dv, const E* __restrict__ dout,
+                                   const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
+                                   const float* __restrict__ lse,
                                    const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d, float scale,
                                    bool accumulate) {
   // Thread (ty, tx) owns key rows ty + 16a and query columns / head-dim columns tx + 16b.
@@ -627,8 +639,8 @@ __global__ void __launch_bounds__(kThreads)
     for (int b = 0; b < OB; ++b) {
       const int c = tx + 16 * b;
       if (c < d) {
-        dk[row + c] = accumulate ? dk[row + c] + dka[a][b] : dka[a][b];
-        dv[row + c] = accumulate ? dv[row + c] + dva[a][b] : dva[a][b];
+        dk[row + c] = from_f32<O>(accumulate ? to_f32(dk[row + c]) + dka[a][b] : dka[a][b]);
+        dv[row + c] = from_f32<O>(accumulate ? to_f32(dv[row + c]) + dva[a][b] : dva[a][b]);
       }
     }
   }
@@ -695,29 +707,33 @@ __device__ __forceinline__ void frag_b_kn(uint32_t (&b)[2], const float* s, int 
 
 // dst[r][c] (row stride LDS) = tf32(base[(row0 + r) * ld + c]) for rows in [lo, hi],
 // zero elsewhere; c < D (= d on this path). 128 threads.
-template <int ROWS, int D, int LDS>
-__device__ __forceinline__ void load_tile_tc(float* __restrict__ dst, const float* __restrict__ base, long long ld,
+template <int ROWS, int D, int LDS, class E>
+__device__ __forceinline__ void load_tile_tc(float* __restrict__ dst, const E* __restrict__ base, long long ld,
                                              int row0, int lo, int hi) {
   static_assert(D % 4 == 0 && LDS % 4 == 0, "float4 rows");
-  if ((reinterpret_cast<uintptr_t>(base) & 15u) == 0 && (ld & 3) == 0) {
-    constexpr int C4 = D / 4;
-    for (int idx = threadIdx.x; idx < ROWS * C4; idx += kTcThreads) {
-      const int r = idx / C4, c = (idx % C4) * 4, i = row0 + r;
-      float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-      if (i >= lo && i <= hi) x = *reinterpret_cast<const float4*>(base + static_cast<long long>(i) * ld + c);
-      x.x = tf32_round(x.x);
-      x.y = tf32_round(x.y);
-      x.z = tf32_round(x.z);
-      x.w = tf32_round(x.w);
-      *reinterpret_cast<float4*>(dst + r * LDS + c) = x;
+  if constexpr (std::is_same_v<E, float>) {
+    if ((reinterpret_cast<uintptr_t>(base) & 15u) == 0 && (ld & 3) == 0) {
+      constexpr int C4 = D / 4;
+      for (int idx = threadIdx.x; idx < ROWS * C4; idx += kTcThreads) {
+        const int r = idx / C4, c = (idx % C4) * 4, i = row0 + r;
+        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (i >= lo && i <= hi) x = *reinterpret_cast<const float4*>(base + static_cast<long long>(i) * ld + c);
+        x.x = tf32_round(x.x);
+        x.y = tf32_round(x.y);
+        x.z = tf32_round(x.z);
+        x.w = tf32_round(x.w);
+        *reinterpret_cast<float4*>(dst + r * LDS + c) = x;
+      }
+      return;
     }
-  } else {
-    for (int idx = threadIdx.x; idx < ROWS * D; idx += kTcThreads) {
-      const int r = idx / D, c = idx % D, i = row0 + r;
-      float x = 0.0f;
-      if (i >= lo && i <= hi) x = base[static_cast<long long>(i) * ld + c];
-      dst[r * LDS + c] = tf32_round(x);
-    }
+  }
+  // bf16 (every bf16 value is a TF32 value, so the rounding leaves it unchanged),
+  // or fp32 rows not aligned for float4.
+  for (int idx = threadIdx.x; idx < ROWS * D; idx += kTcThreads) {
+    const int r = idx / D, c = idx % D, i = row0 + r;
+    float x = 0.0f;
+    if (i >= lo && i <= hi) x = to_f32(base[static_cast<long long>(i) * ld + c]);
+    dst[r * LDS + c] = tf32_round(x);
   }
 }
 
@@ -765,11 +781,11 @@ constexpr size_t dkdv_tc_smem_bytes() {
 }
 
 // Forward: one CTA per (64 query rows, query head); key tiles of BK rows.
-template <int D, int BK>
+template <int D, int BK, class E, class O>
 __global__ void __launch_bounds__(kTcThreads)
-    attention_forward_tc_kernel(float* __restrict__ out, float* __restrict__ lse, const float* __restrict__ q,
-                                const float* __restrict__ k, const float* __restrict__ v, Geom g, int T, int Hq,
-                                int Hkv, int d, float scale, bool merge) {
+    attention_forward_tc_kernel(O* __restrict__ out, float* __restrict__ lse, const E* __restrict__ q,
+                                const E* __restrict__ k, const E* __restrict__ v, Geom g, int T, int Hq, int Hkv,
+                                int d, float scale, bool merge) {
   constexpr int BQ = kTcRows, LQ = D + 4, LK = D + 4, LV = D + 8, LP = BK + 4, NS = BK / 8, NO = D / 8;
   extern __shared__ float4 tc_smem[];
   float* Qs = reinterpret_cast<float*>(tc_smem);
@@ -801,13 +817,13 @@ __global__ void __launch_bounds__(kTcThreads)
     m[e] = -INFINITY;
     l[e] = 1.0f;
     const bool live = lo[e] <= hi[e];
-    const float* orow = out + (static_cast<long long>(i) * Hq + h) * d;
+    const O* orow = out + (static_cast<long long>(i) * Hq + h) * d;
     if (merge && live) m[e] = lse[static_cast<long long>(h) * T + i];
 #pragma unroll
     for (int nb = 0; nb < NO; ++nb) {
       const int c = 8 * nb + 2 * tq;
-      acc[nb][2 * e] = (merge && live) ? orow[c] : 0.0f;
-      acc[nb][2 * e + 1] = (merge && live) ? orow[c + 1] : 0.0f;
+      acc[nb][2 * e] = (merge && live) ? to_f32(orow[c]) : 0.0f;
+      acc[nb][2 * e + 1] = (merge && live) ? to_f32(orow[c + 1]) : 0.0f;
     }
   }
   int wlo, whi;
@@ -901,23 +917,22 @@ __global__ void __launch_bounds__(kTcThreads)
     if (lo[e] > hi[e]) continue;
     const int i = i0 + r0 + gq + 8 * e;
     const float inv = 1.0f / l[e];
-    float* orow = out + (static_cast<long long>(i) * Hq + h) * d;
+    O* orow = out + (static_cast<long long>(i) * Hq + h) * d;
 #pragma unroll
     for (int nb = 0; nb < NO; ++nb) {
       const int c = 8 * nb + 2 * tq;
-      orow[c] = acc[nb][2 * e] * inv;
-      orow[c + 1] = acc[nb][2 * e + 1] * inv;
+      orow[c] = from_f32<O>(acc[nb][2 * e] * inv);
+      orow[c + 1] = from_f32<O>(acc[nb][2 * e + 1] * inv);
     }
     if (tq == 0) lse[static_cast<long long>(h) * T + i] = m[e] + logf(l[e]);
   }
 }
 
 // dQ: one CTA per (64 query rows, query head); key tiles of BK rows.
-template <int D, int BK>
+template <int D, int BK, class E, class O>
 __global__ void __launch_bounds__(kTcThreads)
-    attention_backward_dq_tc_kernel(float* __restrict__ dq, const float* __restrict__ dout,
-                                    const float* __restrict__ q, const float* __restrict__ k,
-                                    const float* __restrict__ v, const float* __restrict__ lse,
+    attention_backward_dq_tc_kernel(O* __restrict__ dq, const E* __restrict__ dout, const E* __restrict__ q,
+                                    const E* __restrict__ k, const E* __restrict__ v, const float* __restrict__ lse,
                                     const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d,
                                     float scale, bool accumulate) {
   constexpr int BQ = kTcRows, L = D + 4, LP = BK + 4, NS = BK / 8, NO = D / 8;
@@ -1017,23 +1032,23 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int e = 0; e < 2; ++e) {
     if (lo[e] > hi[e]) continue;
     const int i = i0 + r0 + gq + 8 * e;
-    float* row = dq + (static_cast<long long>(i) * Hq + h) * d;
+    O* row = dq + (static_cast<long long>(i) * Hq + h) * d;
 #pragma unroll
     for (int nb = 0; nb < NO; ++nb) {
       const int c = 8 * nb + 2 * tq;
-      row[c] = accumulate ? row[c] + acc[nb][2 * e] : acc[nb][2 * e];
-      row[c + 1] = accumulate ? row[c + 1] + acc[nb][2 * e + 1] : acc[nb][2 * e + 1];
+      row[c] = from_f32<O>(accumulate ? to_f32(row[c]) + acc[nb][2 * e] : acc[nb][2 * e]);
+      row[c + 1] = from_f32<O>(accumulate ? to_f32(row[c + 1]) + acc[nb][2 * e + 1] : acc[nb][2 * e + 1]);
     }
   }
 }
 
 // dK/dV: one CTA per (64 key rows, kv head), over the group's query heads and query
 // tiles of BQ rows.
-template <int D, int BQ>
+template <int D, int BQ, class E, class O>
 __global__ void __launch_bounds__(kTcThreads)
-    attention_backward_dkdv_tc_kernel(float* __restrict__ dk, float* __restrict__ dv, const float* __restrict__ dout,
-                                      const float* __restrict__ q, const float* __restrict__ k,
-                                      const float* __restrict__ v, const float* __restrict__ lse,
+    attention_backward_dkdv_tc_kernel(O* __restrict__ dk, O* __restrict__ dv, const E* __restrict__ dout,
+                                      const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
+                                      const float* __restrict__ lse,
                                       const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d,
                                       float scale, bool accumulate) {
   constexpr int BK = kTcRows, L = D + 4, LP = BQ + 4, NS = BQ / 8, NO = D / 8;
@@ -1166,8 +1181,8 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
         const int c = 8 * nb + 2 * tq + x;
-        dk[row + c] = accumulate ? dk[row + c] + dka[nb][2 * e + x] : dka[nb][2 * e + x];
-        dv[row + c] = accumulate ? dv[row + c] + dva[nb][2 * e + x] : dva[nb][2 * e + x];
+        dk[row + c] = from_f32<O>(accumulate ? to_f32(dk[row + c]) + dka[nb][2 * e + x] : dka[nb][2 * e + x]);
+        dv[row + c] = from_f32<O>(accumulate ? to_f32(dv[row + c]) + dva[nb][2 * e + x] : dva[nb][2 * e + x]);
       }
   }
 }
@@ -1211,24 +1226,23 @@ void allow_smem(size_t bytes) {
 
 unsigned tiles(long long rows, int tile) { return static_cast<unsigned>((rows + tile - 1) / tile); }
 
-template <int D, int BQ, int BK>
-void launch_forward(const char* op, float* out, float* lse, const float* q, const float* k, const float* v,
-                    const Geom& g, const Shape& s, bool merge) {
+template <int D, int BQ, int BK, class E, class O>
+void launch_forward(const char* op, O* out, float* lse, const E* q, const E* k, const E* v, const Geom& g,
+                    const Shape& s, bool merge) {
   constexpr size_t smem = fwd_smem_bytes<D, BQ, BK>();
-  constexpr auto kernel = attention_forward_kernel<D, BQ, BK>;
+  constexpr auto kernel = attention_forward_kernel<D, BQ, BK, E, O>;
   allow_smem<kernel>(smem);
   const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, BQ), static_cast<unsigned>(s.Hq));
   kernel<<<grid, kThreads, smem, compute_stream()>>>(out, lse, q, k, v, g, s.T, s.Hq, s.Hkv, s.d, s.scale, merge);
   HDP_CUDA_CHECK_LAUNCH(op);
 }
 
-template <int D, int BQ, int BK>
-void launch_backward(const char* op, float* dq, float* dk, float* dv, const float* dout, const float* q,
-                     const float* k, const float* v, const float* lse, const float* dvec, const Geom& g,
-                     const Shape& s, bool accumulate) {
+template <int D, int BQ, int BK, class E, class O>
+void launch_backward(const char* op, O* dq, O* dk, O* dv, const E* dout, const E* q, const E* k, const E* v,
+                     const float* lse, const float* dvec, const Geom& g, const Shape& s, bool accumulate) {
   {
     constexpr size_t smem = dkdv_smem_bytes<D, BQ, BK>();
-    constexpr auto kernel = attention_backward_dkdv_kernel<D, BQ, BK>;
+    constexpr auto kernel = attention_backward_dkdv_kernel<D, BQ, BK, E, O>;
     allow_smem<kernel>(smem);
     const dim3 grid(tiles(static_cast<long long>(g.k_end) - g.k_begin, BK), static_cast<unsigned>(s.Hkv));
     kernel<<<grid, kThreads, smem, compute_stream()>>>(dk, dv, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
@@ -1237,7 +1251,7 @@ void launch_backward(const char* op, float* dq, float* dk, float* dv, const floa
   }
   {
     constexpr size_t smem = dq_smem_bytes<D, BQ, BK>();
-    constexpr auto kernel = attention_backward_dq_kernel<D, BQ, BK>;
+    constexpr auto kernel = attention_backward_dq_kernel<D, BQ, BK, E, O>;
     allow_smem<kernel>(smem);
     const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, BQ), static_cast<unsigned>(s.Hq));
     kernel<<<grid, kThreads, smem, compute_stream()>>>(dq, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
@@ -1246,24 +1260,23 @@ void launch_backward(const char* op, float* dq, float* dk, float* dv, const floa
   }
 }
 
-template <int D, int BK>
-void launch_forward_tc(const char* op, float* out, float* lse, const float* q, const float* k, const float* v,
-                       const Geom& g, const Shape& s, bool merge) {
+template <int D, int BK, class E, class O>
+void launch_forward_tc(const char* op, O* out, float* lse, const E* q, const E* k, const E* v, const Geom& g,
+                       const Shape& s, bool merge) {
   constexpr size_t smem = fwd_tc_smem_bytes<D, BK>();
-  constexpr auto kernel = attention_forward_tc_kernel<D, BK>;
+  constexpr auto kernel = attention_forward_tc_kernel<D, BK, E, O>;
   allow_smem<kernel>(smem);
   const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, kTcRows), static_cast<unsigned>(s.Hq));
   kernel<<<grid, kTcThreads, smem, compute_stream()>>>(out, lse, q, k, v, g, s.T, s.Hq, s.Hkv, s.d, s.scale, merge);
   HDP_CUDA_CHECK_LAUNCH(op);
 }
 
-template <int D, int BK, int BQ>
-void launch_backward_tc(const char* op, float* dq, float* dk, float* dv, const float* dout, const float* q,
-                        const float* k, const float* v, const float* lse, const float* dvec, const Geom& g,
-                        const Shape& s, bool accumulate) {
+template <int D, int BK, int BQ, class E, class O>
+void launch_backward_tc(const char* op, O* dq, O* dk, O* dv, const E* dout, const E* q, const E* k, const E* v,
+                        const float* lse, const float* dvec, const Geom& g, const Shape& s, bool accumulate) {
   {
     constexpr size_t smem = dkdv_tc_smem_bytes<D, BQ>();
-    constexpr auto kernel = attention_backward_dkdv_tc_kernel<D, BQ>;
+    constexpr auto kernel = attention_backward_dkdv_tc_kernel<D, BQ, E, O>;
     allow_smem<kernel>(smem);
     const dim3 grid(tiles(static_cast<long long>(g.k_end) - g.k_begin, kTcRows), static_cast<unsigned>(s.Hkv));
     kernel<<<grid, kTcThreads, smem, compute_stream()>>>(dk, dv, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
@@ -1272,7 +1285,7 @@ void launch_backward_tc(const char* op, float* dq, float* dk, float* dv, const f
   }
   {
     constexpr size_t smem = dq_tc_smem_bytes<D, BK>();
-    constexpr auto kernel = attention_backward_dq_tc_kernel<D, BK>;
+    constexpr auto kernel = attention_backward_dq_tc_kernel<D, BK, E, O>;
     allow_smem<kernel>(smem);
     const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, kTcRows), static_cast<unsigned>(s.Hq));
     kernel<<<grid, kTcThreads, smem, compute_stream()>>>(dq, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
@@ -1285,8 +1298,9 @@ void launch_backward_tc(const char* op, float* dq, float* dk, float* dv, const f
 // runs the exact fp32 kernels.
 bool use_tensor_cores(const Shape& s) { return tf32() && (s.d == 64 || s.d == 128); }
 
-void forward(const char* op, float* out, float* lse, const float* q, const float* k, const float* v, const Geom& g,
-             const Shape& s, bool merge) {
+template <class E, class O>
+void forward(const char* op, O* out, float* lse, const E* q, const E* k, const E* v, const Geom& g, const Shape& s,
+             bool merge) {
   if (use_tensor_cores(s)) {
     if (s.d == 64)
       launch_forward_tc<64, 64>(op, out, lse, q, k, v, g, s, merge);
@@ -1302,8 +1316,9 @@ void forward(const char* op, float* out, float* lse, const float* q, const float
   }
 }
 
-void backward(const char* op, float* dq, float* dk, float* dv, const float* dout, const float* q, const float* k,
-              const float* v, const float* lse, const float* dvec, const Geom& g, const Shape& s, bool accumulate) {
+template <class E, class O>
+void backward(const char* op, O* dq, O* dk, O* dv, const E* dout, const E* q, const E* k, const E* v,
+              const float* lse, const float* dvec, const Geom& g, const Shape& s, bool accumulate) {
   if (use_tensor_cores(s)) {
     // <D, dQ key tile, dK/dV query tile>
     if (s.d == 64)
@@ -1320,33 +1335,31 @@ void backward(const char* op, float* dq, float* dk, float* dv, const float* dout
   }
 }
 
-// D = rowsum(dO * O) for every query row and head, in a persistent buffer that only
-// grows (the old one is freed after the stream has drained its last reader).
+// D = rowsum(dO * O) for every query row and head, in a persistent buffer.
 float* rowdot(const char* op, const Tensor& dout, const Tensor& out, const Shape& s) {
-  static std::mutex mu;
-  static float* buffer = nullptr;
-  static size_t capacity = 0;  // floats
+  static DeviceScratch scratch;
   const size_t need = static_cast<size_t>(s.T) * static_cast<size_t>(s.Hq);
-  float* dvec;
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (need > capacity) {
-      const size_t grown = std::max(need, capacity + capacity / 2);
-      if (buffer) {
-        HDP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
-        HDP_CUDA_CHECK(cudaFree(buffer));
-        buffer = nullptr;
-        capacity = 0;
-      }
-      HDP_CUDA_CHECK(cudaMalloc(&buffer, grown * sizeof(float)));
-      capacity = grown;
-    }
-    dvec = buffer;
-  }
-  attention_rowdot_kernel<<<blocks_for(static_cast<long long>(need), 256), 256, 0, compute_stream()>>>(
-      dvec, dout.data, out.data, s.T, s.Hq, s.d);
+  float* dvec = static_cast<float*>(scratch.get(need * sizeof(float)));
+  with_element_type(out.dtype, [&](auto e) {
+    using E = decltype(e);
+    attention_rowdot_kernel<<<blocks_for(static_cast<long long>(need), 256), 256, 0, compute_stream()>>>(
+        dvec, elements<E>(dout), elements<E>(out), s.T, s.Hq, s.d);
+  });
   HDP_CUDA_CHECK_LAUNCH(op);
   return dvec;
+}
+
+// The fp32 image of a bf16 result the block variant adds into (out, dq, dk, dv):
+// the blocks of one call are merged or summed into it in fp32 and it is rounded
+// back once when the call ends, exactly as the CPU twin does (a launch per block
+// rounding into bf16 each time would round once per block). In a persistent
+// buffer per role; widened from `t` on the device.
+Tensor fp32_image(DeviceScratch& scratch, const Tensor& t) {
+  Tensor image = t;
+  image.data = static_cast<float*>(scratch.get(static_cast<size_t>(t.numel()) * sizeof(float)));
+  image.dtype = DType::F32;
+  cuda::copy(image, t);
+  return image;
 }
 
 Geom document_geom(const IndexTensor& cu, int T, int64_t window) {
@@ -1393,8 +1406,12 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
                        const IndexTensor& cu_seqlens, int64_t window) {
   const Shape s = shape_of(q, k);
   if (s.T == 0 || s.Hq == 0 || s.d == 0 || cu_seqlens.numel() < 2) return;
-  forward("attention_forward", out.data, lse.data, q.data, k.data, v.data, document_geom(cu_seqlens, s.T, window),
-          s, /*merge=*/false);
+  const Geom g = document_geom(cu_seqlens, s.T, window);
+  with_element_type(q.dtype, [&](auto e) {
+    using E = decltype(e);
+    forward("attention_forward", elements<E>(out), lse.f32(), elements<E>(q), elements<E>(k), elements<E>(v), g, s,
+            /*merge=*/false);
+  });
 }
 
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
@@ -1405,8 +1422,12 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   if (s.T == 0 || s.Hq == 0 || s.d == 0 || cu_seqlens.numel() < 2) return;
   bucket(s.d, op);  // throws before anything is enqueued
   const float* dvec = rowdot(op, dout, out, s);
-  backward(op, dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, lse.data, dvec,
-           document_geom(cu_seqlens, s.T, window), s, /*accumulate=*/false);
+  const Geom g = document_geom(cu_seqlens, s.T, window);
+  with_element_type(q.dtype, [&](auto e) {
+    using E = decltype(e);
+    backward(op, elements<E>(dq), elements<E>(dk), elements<E>(dv), elements<E>(dout), elements<E>(q),
+             elements<E>(k), elements<E>(v), lse.f32(), dvec, g, s, /*accumulate=*/false);
+  });
 }
 
 void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -1414,21 +1435,28 @@ void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Ten
   const char* op = "attention_forward_blocks";
   const Shape s = shape_of(q, k);
   if (s.T == 0 || s.Hq == 0 || s.d == 0) return;
-  for (const AttentionBlock& b : blocks) {
-    Geom g;
-    if (!block_geom(b, window, g)) continue;
-    forward(op, out.data, lse.data, q.data, k.data, v.data, g, s, /*merge=*/true);
-  }
+  static DeviceScratch out_image;
+  const Tensor acc = out.dtype == DType::BF16 ? fp32_image(out_image, out) : out;  // merged into in fp32
+  with_element_type(q.dtype, [&](auto e) {
+    using E = decltype(e);
+    for (const AttentionBlock& b : blocks) {
+      Geom g;
+      if (!block_geom(b, window, g)) continue;
+      forward(op, acc.f32(), lse.f32(), elements<E>(q), elements<E>(k), elements<E>(v), g, s, /*merge=*/true);
+    }
+  });
+  if (acc.data != out.data) cuda::copy(out, acc);  // one rounding per call
 }
 
 void attention_reset_rows(Tensor out, Tensor lse, int64_t begin, int64_t end) {
   if (end <= begin) return;
   const int64_t T = lse.dim(1), row = out.row_numel(), heads = lse.dim(0), n = end - begin;
-  if (row > 0)
-    HDP_CUDA_CHECK(cudaMemsetAsync(out.data + begin * row, 0, static_cast<size_t>(n * row) * sizeof(float),
-                                   compute_stream()));
+  if (row > 0)  // zero is all-zero bytes in fp32 and bf16 alike
+    HDP_CUDA_CHECK(cudaMemsetAsync(static_cast<char*>(out.raw()) + begin * row * out.element_size(), 0,
+                                   static_cast<size_t>(n * row) * out.element_size(), compute_stream()));
   if (heads > 0) {
-    attention_fill_lse_kernel<<<blocks_for(heads * n, 256), 256, 0, compute_stream()>>>(lse.data, T, begin, n, heads);
+    attention_fill_lse_kernel<<<blocks_for(heads * n, 256), 256, 0, compute_stream()>>>(lse.f32(), T, begin, n,
+                                                                                        heads);
     HDP_CUDA_CHECK_LAUNCH("attention_reset_rows");
   }
 }
@@ -1447,11 +1475,23 @@ void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& do
   if (!any) return;
   bucket(s.d, op);
   const float* dvec = rowdot(op, dout, out, s);
-  for (const AttentionBlock& b : blocks) {
-    Geom g;
-    if (!block_geom(b, window, g)) continue;
-    backward(op, dq.data, dk.data, dv.data, dout.data, q.data, k.data, v.data, lse.data, dvec, g, s,
-             /*accumulate=*/true);
+  static DeviceScratch dq_image, dk_image, dv_image;
+  const bool bf16 = dq.dtype == DType::BF16;  // gradients summed over the blocks in fp32
+  const Tensor dq_acc = bf16 ? fp32_image(dq_image, dq) : dq, dk_acc = bf16 ? fp32_image(dk_image, dk) : dk,
+               dv_acc = bf16 ? fp32_image(dv_image, dv) : dv;
+  with_element_type(q.dtype, [&](auto e) {
+    using E = decltype(e);
+    for (const AttentionBlock& b : blocks) {
+      Geom g;
+      if (!block_geom(b, window, g)) continue;
+      backward(op, dq_acc.f32(), dk_acc.f32(), dv_acc.f32(), elements<E>(dout), elements<E>(q), elements<E>(k),
+               elements<E>(v), lse.f32(), dvec, g, s, /*accumulate=*/true);
+    }
+  });
+  if (bf16) {  // one rounding per call
+    cuda::copy(dq, dq_acc);
+    cuda::copy(dk, dk_acc);
+    cuda::copy(dv, dv_acc);
   }
 }
 

@@ -1,11 +1,18 @@
 #pragma once
 // Shared by the CUDA backend's .cu files: error checks that name the op, the
-// compute stream every op is enqueued on, grid sizing, and warp/block reductions.
+// compute stream every op is enqueued on, grid sizing, warp/block reductions, and
+// the fp32/bf16 element types the kernels are instantiated on.
 
+#include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <mutex>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+
+#include "kernels/tensor.h"
 
 namespace hdp::cuda {
 
@@ -67,6 +74,73 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
   __syncthreads();
   v = lane < warps ? shared[lane] : -INFINITY;
   return warp_max(v);
+}
+
+// A device buffer that only grows, for an op's scratch: get() returns at least
+// `bytes`; a larger request frees the old buffer after the compute stream has
+// drained its last reader. One per role (a function-local static); a caller whose
+// uses could overlap (several threads) serializes them itself.
+class DeviceScratch {
+ public:
+  void* get(size_t bytes) {
+    std::lock_guard<std::mutex> lock(grow_);
+    if (bytes > capacity_) {
+      const size_t grown = std::max(bytes, capacity_ + capacity_ / 2);
+      if (buffer_) {
+        HDP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
+        HDP_CUDA_CHECK(cudaFree(buffer_));
+        buffer_ = nullptr;
+        capacity_ = 0;
+      }
+      HDP_CUDA_CHECK(cudaMalloc(&buffer_, grown));
+      capacity_ = grown;
+    }
+    return buffer_;
+  }
+ private:
+  std::mutex grow_;
+  void* buffer_ = nullptr;
+  size_t capacity_ = 0;
+};
+
+// ---- element types: fp32 and bf16 ----------------------------------------------
+// The bf16 kernels are the fp32 kernels instantiated on the element type of the
+// activations (E = float or __nv_bfloat16): they read bf16 exactly (widened to
+// fp32), compute in fp32 and round once, to nearest even, where a bf16 result is
+// stored (__float2bfloat16_rn, which is hdp::to_bf16: kernels/dtype.h) - the rule
+// of the CPU bf16 twins (kernels/cpu/bf16.cpp) that the selftest holds them to.
+__device__ __forceinline__ float to_f32(float x) { return x; }
+__device__ __forceinline__ float to_f32(__nv_bfloat16 x) { return __bfloat162float(x); }
+template <class E>
+__device__ __forceinline__ E from_f32(float x);
+template <>
+__device__ __forceinline__ float from_f32<float>(float x) {
+  return x;
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+// A tensor's device pointer as element type E (checks the tensor's dtype).
+template <class E>
+E* elements(const Tensor& t) {
+  if constexpr (std::is_same_v<E, float>) {
+    return t.f32();
+  } else {
+    static_assert(std::is_same_v<E, __nv_bfloat16>, "fp32 or bf16");
+    return reinterpret_cast<__nv_bfloat16*>(t.bf16_data());
+  }
+}
+
+// Calls f(float{}) or f(__nv_bfloat16{}) for an fp32 or bf16 dtype: launchers
+// instantiate their kernel on the activations' element type with it.
+template <class F>
+void with_element_type(DType dtype, F&& f) {
+  if (dtype == DType::BF16)
+    f(__nv_bfloat16{});
+  else
+    f(float{});
 }
 
 }  // namespace hdp::cuda

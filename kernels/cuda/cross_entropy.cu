@@ -20,6 +20,12 @@
 // The vocabulary-parallel glue between the passes (rescale of the sums to the global
 // max, global log-sum-exp and loss) is elementwise plus one single-block loss sum
 // like forward_backward's.
+//
+// bf16 logits (E = __nv_bfloat16, common.cuh), the LM head's output in mixed
+// precision: every pass streams the bf16 row itself (no fp32 copy of the logits),
+// widening each element; the on-line max, the sums, lse, the target logit and the
+// loss are fp32/double as above, and the gradient is rounded once into the bf16
+// logits (dlogits), as the CPU twin does.
 
 #include <cmath>
 #include <cstdint>
@@ -52,12 +58,13 @@ __device__ __forceinline__ void merge(float& m, double& s, float m2, double s2) 
 
 // On-line max and sum of exp(x - max) of row x[0, V) over the block; every thread
 // gets the result. `sm`, `ss` hold 32 entries each.
-__device__ void row_stats(const float* __restrict__ x, int64_t V, float& row_max, double& row_sum, float* sm,
+template <class E>
+__device__ void row_stats(const E* __restrict__ x, int64_t V, float& row_max, double& row_sum, float* sm,
                           double* ss) {
   float m = -INFINITY;
   double s = 0.0;
   for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const float v = x[i];
+    const float v = to_f32(x[i]);
     if (v > m) {
       s = s * static_cast<double>(expf(m - v)) + 1.0;  // m = -inf at first: expf(-inf) = 0
       m = v;
@@ -101,8 +108,9 @@ __device__ __forceinline__ int64_t local_target(int32_t tgt, int64_t vocab_begin
   return local >= 0 && local < V ? local : -1;
 }
 
+template <class E>
 __global__ void stats_kernel(float* __restrict__ row_max, float* __restrict__ row_sumexp,
-                             float* __restrict__ target_logit, const float* __restrict__ logits,
+                             float* __restrict__ target_logit, const E* __restrict__ logits,
                              const int32_t* __restrict__ targets, int64_t T, int64_t V, int64_t vocab_begin) {
   __shared__ float sm[32];
   __shared__ double ss[32];
@@ -116,7 +124,7 @@ __global__ void stats_kernel(float* __restrict__ row_max, float* __restrict__ ro
       }
       continue;
     }
-    const float* x = logits + t * V;
+    const E* x = logits + t * V;
     float m;
     double s;
     row_stats(x, V, m, s, sm, ss);
@@ -124,7 +132,7 @@ __global__ void stats_kernel(float* __restrict__ row_max, float* __restrict__ ro
       row_max[t] = m;
       row_sumexp[t] = static_cast<float>(s);
       const int64_t lt = local_target(tgt, vocab_begin, V);
-      target_logit[t] = lt >= 0 ? x[lt] : 0.0f;
+      target_logit[t] = lt >= 0 ? to_f32(x[lt]) : 0.0f;
     }
   }
 }
@@ -136,31 +144,33 @@ __device__ __forceinline__ float grad_value(float x, float lse, float grad_scale
 }
 
 // Grid: blockIdx.x rows (grid-stride), blockIdx.y column chunks of kBwdThreads * kBwdPerThread (grid-stride).
-__global__ void backward_kernel(float* __restrict__ logits, const float* __restrict__ lse,
+template <class E>
+__global__ void backward_kernel(E* __restrict__ logits, const float* __restrict__ lse,
                                 const int32_t* __restrict__ targets, int64_t T, int64_t V, int64_t vocab_begin,
                                 float grad_scale) {
   const int64_t chunk = static_cast<int64_t>(blockDim.x) * kBwdPerThread;
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-    float* x = logits + t * V;
+    E* x = logits + t * V;
     const int32_t tgt = targets[t];
     const int64_t lt = local_target(tgt, vocab_begin, V);
     const float l = lse[t];
     for (int64_t c0 = blockIdx.y * chunk; c0 < V; c0 += static_cast<int64_t>(gridDim.y) * chunk) {
       const int64_t c1 = c0 + chunk < V ? c0 + chunk : V;
       for (int64_t i = c0 + threadIdx.x; i < c1; i += blockDim.x)
-        x[i] = tgt < 0 ? 0.0f : grad_value(x[i], l, grad_scale, i == lt);
+        x[i] = from_f32<E>(tgt < 0 ? 0.0f : grad_value(to_f32(x[i]), l, grad_scale, i == lt));
     }
   }
 }
 
 // Both passes per row; scratch rows: row_max, row_sumexp, target_logit.
-__global__ void forward_backward_kernel(float* __restrict__ logits, const int32_t* __restrict__ targets,
+template <class E>
+__global__ void forward_backward_kernel(E* __restrict__ logits, const int32_t* __restrict__ targets,
                                         float* __restrict__ row_max, float* __restrict__ row_sumexp,
                                         float* __restrict__ target_logit, int64_t T, int64_t V, float grad_scale) {
   __shared__ float sm[32];
   __shared__ double ss[32];
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-    float* x = logits + t * V;
+    E* x = logits + t * V;
     const int32_t tgt = targets[t];
     if (tgt < 0) {  // uniform over the block
       if (threadIdx.x == 0) {
@@ -168,12 +178,12 @@ __global__ void forward_backward_kernel(float* __restrict__ logits, const int32_
         row_sumexp[t] = 1.0f;
         target_logit[t] = 0.0f;
       }
-      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) x[i] = 0.0f;
+      for (int64_t i = threadIdx.x; i < V; i += blockDim.x) x[i] = from_f32<E>(0.0f);
       continue;
     }
     const int64_t lt = local_target(tgt, 0, V);
     // Read before row_stats' barriers, so before any thread overwrites the row below.
-    const float tl = lt >= 0 ? x[lt] : 0.0f;
+    const float tl = lt >= 0 ? to_f32(x[lt]) : 0.0f;
     float m;
     double s;
     row_stats(x, V, m, s, sm, ss);
@@ -184,7 +194,8 @@ __global__ void forward_backward_kernel(float* __restrict__ logits, const int32_
       target_logit[t] = tl;
     }
     const float lse = __fadd_rn(m, logf(sumexp));  // _rn: no FMA contraction with logf's last step
-    for (int64_t i = threadIdx.x; i < V; i += blockDim.x) x[i] = grad_value(x[i], lse, grad_scale, i == lt);
+    for (int64_t i = threadIdx.x; i < V; i += blockDim.x)
+      x[i] = from_f32<E>(grad_value(to_f32(x[i]), lse, grad_scale, i == lt));
   }
 }
 
@@ -259,8 +270,12 @@ void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit,
                          const IndexTensor& targets, int64_t vocab_begin) {
   const int64_t T = logits.dim(0), V = logits.dim(1);
   if (T == 0) return;
-  stats_kernel<<<row_blocks(T), kRowThreads, 0, compute_stream()>>>(row_max.data, row_sumexp.data, target_logit.data,
-                                                                    logits.data, targets.data, T, V, vocab_begin);
+  with_element_type(logits.dtype, [&](auto e) {
+    using E = decltype(e);
+    stats_kernel<<<row_blocks(T), kRowThreads, 0, compute_stream()>>>(row_max.f32(), row_sumexp.f32(),
+                                                                      target_logit.f32(), elements<E>(logits),
+                                                                      targets.data, T, V, vocab_begin);
+  });
   HDP_CUDA_CHECK_LAUNCH("cross_entropy_stats");
 }
 
@@ -271,8 +286,11 @@ void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const Inde
   const int64_t chunk = static_cast<int64_t>(kBwdThreads) * kBwdPerThread;
   const int64_t chunks = (V + chunk - 1) / chunk;
   const dim3 grid(row_blocks(T), static_cast<unsigned>(chunks < 65535 ? chunks : 65535));
-  backward_kernel<<<grid, kBwdThreads, 0, compute_stream()>>>(logits.data, lse.data, targets.data, T, V, vocab_begin,
-                                                              grad_scale);
+  with_element_type(logits.dtype, [&](auto e) {
+    using E = decltype(e);
+    backward_kernel<<<grid, kBwdThreads, 0, compute_stream()>>>(elements<E>(logits), lse.f32(), targets.data, T, V,
+                                                                vocab_begin, grad_scale);
+  });
   HDP_CUDA_CHECK_LAUNCH("cross_entropy_backward_inplace");
 }
 
@@ -283,8 +301,11 @@ double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets,
   float* row_max = scratch_3xT.data;
   float* row_sumexp = row_max + T;
   float* target_logit = row_max + 2 * T;
-  forward_backward_kernel<<<row_blocks(T), kRowThreads, 0, stream>>>(logits.data, targets.data, row_max, row_sumexp,
-                                                                     target_logit, T, V, grad_scale);
+  with_element_type(logits.dtype, [&](auto e) {
+    using E = decltype(e);
+    forward_backward_kernel<<<row_blocks(T), kRowThreads, 0, stream>>>(elements<E>(logits), targets.data, row_max,
+                                                                       row_sumexp, target_logit, T, V, grad_scale);
+  });
   HDP_CUDA_CHECK_LAUNCH("cross_entropy_forward_backward (rows)");
   loss_kernel<<<1, kLossThreads, 0, stream>>>(row_max, row_sumexp, target_logit, targets.data, T);
   HDP_CUDA_CHECK_LAUNCH("cross_entropy_forward_backward (loss)");

@@ -2,8 +2,10 @@
 // The CUDA backend: one function per op in kernels/ops.h, same arguments, same
 // semantics as the CPU backend (kernels/cpu/cpu_ops.h), which is the reference
 // every function here is checked against (trainer selftest, tests/gpu_backend_test).
-// The dispatcher (kernels/ops.cpp) has already checked shapes and that every tensor
-// lives on Device::CUDA, so these functions trust their inputs.
+// The dispatcher (kernels/ops.cpp) has already checked shapes, dtypes and that every
+// tensor lives on Device::CUDA, so these functions trust their inputs. Every op takes
+// the dtypes check_dtypes allows: fp32, or bf16 activations and weights with the
+// semantics of the CPU bf16 twins (kernels/cpu/bf16.cpp; common.cuh).
 //
 // Stream semantics: every op is enqueued on the backend's compute stream
 // (cuda_runtime.h) and returns without waiting, except the ones that return a

@@ -10,12 +10,13 @@
 //
 // add, scale, fill and copy also take bf16 tensors (fp32 arithmetic, one rounding
 // on store, as the CPU twins in kernels/cpu/bf16.cpp); a copy between fp32 and bf16
-// is a conversion kernel on device memory.
+// is a conversion kernel on device memory (through a device image of the host side
+// when one side is host memory).
 
 #include <cuda_bf16.h>
 
 #include <cstdint>
-#include <stdexcept>
+#include <mutex>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -81,8 +82,6 @@ __global__ void widen_bf16_kernel(float* __restrict__ y, const __nv_bfloat16* __
     y[i] = __bfloat162float(x[i]);
 }
 
-__nv_bfloat16* bf16_ptr(const Tensor& t) { return reinterpret_cast<__nv_bfloat16*>(t.bf16_data()); }
-
 // Stage 1: block b writes the double sum of squares of its grid-stride share.
 __global__ void sum_squares_partial_kernel(const float* __restrict__ x, int64_t n) {
   __shared__ double shared[32];
@@ -117,7 +116,8 @@ void add_inplace(Tensor y, const Tensor& x) {
   const int64_t n = y.numel();
   if (n == 0) return;
   if (y.dtype == DType::BF16) {
-    add_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(bf16_ptr(y), bf16_ptr(x), n);
+    add_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(elements<__nv_bfloat16>(y),
+                                                                                 elements<__nv_bfloat16>(x), n);
     HDP_CUDA_CHECK_LAUNCH("add_inplace (bf16)");
     return;
   }
@@ -129,7 +129,7 @@ void scale_inplace(Tensor y, float s) {
   const int64_t n = y.numel();
   if (n == 0) return;
   if (y.dtype == DType::BF16) {
-    scale_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(bf16_ptr(y), s, n);
+    scale_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(elements<__nv_bfloat16>(y), s, n);
     HDP_CUDA_CHECK_LAUNCH("scale_inplace (bf16)");
     return;
   }
@@ -141,7 +141,7 @@ void fill(Tensor y, float value) {
   const int64_t n = y.numel();
   if (n == 0) return;
   if (y.dtype == DType::BF16) {
-    fill_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(bf16_ptr(y), value, n);
+    fill_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(elements<__nv_bfloat16>(y), value, n);
     HDP_CUDA_CHECK_LAUNCH("fill (bf16)");
     return;
   }
@@ -152,20 +152,36 @@ void fill(Tensor y, float value) {
 void copy(Tensor dst, const Tensor& src) {
   const int64_t n = dst.numel();
   if (n == 0 || dst.data == src.data) return;
-  if (dst.dtype != src.dtype) {
-    // A conversion runs as a kernel, so both sides must be device memory.
-    if (dst.device == Device::CPU || src.device == Device::CPU)
-      throw std::invalid_argument("copy: fp32 <-> bf16 conversion between host and cuda memory is not supported; "
-                                  "copy first, then convert on one side");
-    if (dst.dtype == DType::BF16) {
-      round_to_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(bf16_ptr(dst), src.f32(), n);
-    } else {
-      widen_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(dst.f32(), bf16_ptr(src), n);
-    }
-    HDP_CUDA_CHECK_LAUNCH("copy (fp32 <-> bf16)");
+  if (dst.dtype == src.dtype) {
+    copy_bytes(dst.data, src.data, dst.bytes(), dst.device == Device::CPU || src.device == Device::CPU);
     return;
   }
-  copy_bytes(dst.data, src.data, dst.bytes(), dst.device == Device::CPU || src.device == Device::CPU);
+  // A conversion runs as a kernel on device memory. With one side on the host
+  // (a communicator staging bf16 device tensors through fp32 host blocks), the
+  // device side is converted through a device image of the host side's dtype.
+  const bool host_side = dst.device == Device::CPU || src.device == Device::CPU;
+  static DeviceScratch images;
+  static std::mutex image_use;  // copies may come from several threads
+  std::unique_lock<std::mutex> lock(image_use, std::defer_lock);
+  Tensor from = src, to = dst;
+  if (host_side) {
+    lock.lock();
+    Tensor& device_image = src.device == Device::CPU ? from : to;
+    device_image.data = static_cast<float*>(images.get(device_image.bytes()));
+    device_image.device = Device::CUDA;
+    if (src.device == Device::CPU) copy_bytes(from.data, src.data, src.bytes(), false);
+  }
+  cudaStream_t stream = compute_stream();
+  if (to.dtype == DType::BF16) {
+    round_to_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(elements<__nv_bfloat16>(to), from.f32(), n);
+  } else {
+    widen_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(to.f32(), elements<__nv_bfloat16>(from), n);
+  }
+  HDP_CUDA_CHECK_LAUNCH("copy (fp32 <-> bf16)");
+  if (host_side) {
+    if (dst.device == Device::CPU) copy_bytes(dst.data, to.data, dst.bytes(), false);
+    HDP_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host buffer and the image are free again
+  }
 }
 
 void copy_index(IndexTensor dst, const IndexTensor& src) {

@@ -19,30 +19,32 @@ constexpr int kThreads = 256;
 
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(rows < (1 << 20) ? rows : (1 << 20)); }
 
-__global__ void embedding_forward_kernel(float* __restrict__ out, const int32_t* __restrict__ tokens,
-                                         const float* __restrict__ table, int64_t T, int64_t V, int64_t H,
+template <class E>
+__global__ void embedding_forward_kernel(E* __restrict__ out, const int32_t* __restrict__ tokens,
+                                         const E* __restrict__ table, int64_t T, int64_t V, int64_t H,
                                          int64_t vocab_begin) {
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     const int64_t row = static_cast<int64_t>(tokens[t]) - vocab_begin;
-    float* dst = out + t * H;
+    E* dst = out + t * H;
     if (row >= 0 && row < V) {
-      const float* src = table + row * H;
+      const E* src = table + row * H;
       for (int64_t c = threadIdx.x; c < H; c += blockDim.x) dst[c] = src[c];
     } else {
-      for (int64_t c = threadIdx.x; c < H; c += blockDim.x) dst[c] = 0.0f;
+      for (int64_t c = threadIdx.x; c < H; c += blockDim.x) dst[c] = from_f32<E>(0.0f);
     }
   }
 }
 
+template <class E>
 __global__ void embedding_backward_kernel(float* __restrict__ dtable, const int32_t* __restrict__ tokens,
-                                          const float* __restrict__ dout, int64_t T, int64_t V, int64_t H,
+                                          const E* __restrict__ dout, int64_t T, int64_t V, int64_t H,
                                           int64_t vocab_begin) {
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     const int64_t row = static_cast<int64_t>(tokens[t]) - vocab_begin;
     if (row < 0 || row >= V) continue;  // uniform over the block
     float* dst = dtable + row * H;
-    const float* src = dout + t * H;
-    for (int64_t c = threadIdx.x; c < H; c += blockDim.x) atomicAdd(dst + c, src[c]);
+    const E* src = dout + t * H;
+    for (int64_t c = threadIdx.x; c < H; c += blockDim.x) atomicAdd(dst + c, to_f32(src[c]));
   }
 }
 
@@ -51,16 +53,22 @@ __global__ void embedding_backward_kernel(float* __restrict__ dtable, const int3
 void embedding_forward(Tensor out, const IndexTensor& tokens, const Tensor& table, int64_t vocab_begin) {
   const int64_t T = tokens.numel(), V = table.dim(0), H = table.dim(1);
   if (T == 0 || H == 0) return;
-  embedding_forward_kernel<<<row_blocks(T), kThreads, 0, compute_stream()>>>(out.data, tokens.data, table.data, T, V,
-                                                                              H, vocab_begin);
+  with_element_type(out.dtype, [&](auto e) {
+    using E = decltype(e);
+    embedding_forward_kernel<<<row_blocks(T), kThreads, 0, compute_stream()>>>(
+        elements<E>(out), tokens.data, elements<E>(table), T, V, H, vocab_begin);
+  });
   HDP_CUDA_CHECK_LAUNCH("embedding_forward");
 }
 
 void embedding_backward(Tensor dtable, const IndexTensor& tokens, const Tensor& dout, int64_t vocab_begin) {
   const int64_t T = tokens.numel(), V = dtable.dim(0), H = dtable.dim(1);
   if (T == 0 || H == 0 || V == 0) return;
-  embedding_backward_kernel<<<row_blocks(T), kThreads, 0, compute_stream()>>>(dtable.data, tokens.data, dout.data, T,
-                                                                               V, H, vocab_begin);
+  with_element_type(dout.dtype, [&](auto e) {
+    using E = decltype(e);
+    embedding_backward_kernel<<<row_blocks(T), kThreads, 0, compute_stream()>>>(
+        dtable.f32(), tokens.data, elements<E>(dout), T, V, H, vocab_begin);
+  });
   HDP_CUDA_CHECK_LAUNCH("embedding_backward");
 }
 

@@ -12,6 +12,10 @@
 // a double partial per column into a persistent device scratch [R, H], and a second
 // kernel sums each column's R partials in chunk order and adds them into dw. The
 // chunking depends only on (T, H), so results are the same on every run.
+//
+// bf16 (E = __nv_bfloat16, common.cuh): x, w, y, dy and dx are bf16, read widened;
+// the statistics, rstd and dw stay fp32 (double partials), and y and dx (the fp32
+// sum dx + update) are rounded once on store, as the CPU twin does.
 
 #include <cstdint>
 
@@ -45,51 +49,55 @@ double* partials(size_t count) {
 
 unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(rows < (1 << 20) ? rows : (1 << 20)); }
 
-__global__ void rmsnorm_forward_kernel(float* __restrict__ y, float* __restrict__ rstd, const float* __restrict__ x,
-                                       const float* __restrict__ w, int64_t T, int64_t H, float eps) {
+template <class E>
+__global__ void rmsnorm_forward_kernel(E* __restrict__ y, float* __restrict__ rstd, const E* __restrict__ x,
+                                       const E* __restrict__ w, int64_t T, int64_t H, float eps) {
   __shared__ double shared[32];
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-    const float* xr = x + t * H;
-    float* yr = y + t * H;
+    const E* xr = x + t * H;
+    E* yr = y + t * H;
     double acc = 0.0;
     for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
-      const double v = static_cast<double>(xr[i]);
+      const double v = static_cast<double>(to_f32(xr[i]));
       acc += v * v;
     }
     const double mean = block_sum(acc, shared) / static_cast<double>(H);
     const float r = static_cast<float>(1.0 / sqrt(mean + static_cast<double>(eps)));
     if (threadIdx.x == 0) rstd[t] = r;
-    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) yr[i] = __fmul_rn(w[i], __fmul_rn(xr[i], r));
+    for (int64_t i = threadIdx.x; i < H; i += blockDim.x) 
+      yr[i] = from_f32<E>(__fmul_rn(to_f32(w[i]), __fmul_rn(to_f32(xr[i]), r)));
   }
 }
 
 // dx += r * (w * dy) - c * x with c = r^3 * sum((w * dy) * x) / H.
-__global__ void rmsnorm_backward_dx_kernel(float* __restrict__ dx, const float* __restrict__ dy,
-                                           const float* __restrict__ x, const float* __restrict__ w,
+template <class E>
+__global__ void rmsnorm_backward_dx_kernel(E* __restrict__ dx, const E* __restrict__ dy, const E* __restrict__ x,
+                                           const E* __restrict__ w,
                                            const float* __restrict__ rstd, int64_t T, int64_t H) {
   __shared__ double shared[32];
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
-    const float* xr = x + t * H;
-    const float* dyr = dy + t * H;
-    float* dxr = dx + t * H;
+    const E* xr = x + t * H;
+    const E* dyr = dy + t * H;
+    E* dxr = dx + t * H;
     const float r = rstd[t];
     double acc = 0.0;
     for (int64_t i = threadIdx.x; i < H; i += blockDim.x)
-      acc += static_cast<double>(__fmul_rn(w[i], dyr[i])) * static_cast<double>(xr[i]);
+      acc += static_cast<double>(__fmul_rn(to_f32(w[i]), to_f32(dyr[i]))) * static_cast<double>(to_f32(xr[i]));
     const double dot = block_sum(acc, shared);
     const double rd = r;
     const float c = static_cast<float>(rd * rd * rd * dot / static_cast<double>(H));
     for (int64_t i = threadIdx.x; i < H; i += blockDim.x) {
-      const float g = __fmul_rn(w[i], dyr[i]);
-      dxr[i] = __fadd_rn(dxr[i], __fsub_rn(__fmul_rn(r, g), __fmul_rn(c, xr[i])));
+      const float g = __fmul_rn(to_f32(w[i]), to_f32(dyr[i]));
+      dxr[i] = from_f32<E>(__fadd_rn(to_f32(dxr[i]), __fsub_rn(__fmul_rn(r, g), __fmul_rn(c, to_f32(xr[i])))));
     }
   }
 }
 
 // Block (column tile blockIdx.x, row chunk blockIdx.y): for each column of the tile,
 // the double sum over the chunk's rows of dy * (x * r), into partial[chunk, column].
-__global__ void rmsnorm_backward_dw_partial_kernel(double* __restrict__ partial, const float* __restrict__ dy,
-                                                   const float* __restrict__ x, const float* __restrict__ rstd,
+template <class E>
+__global__ void rmsnorm_backward_dw_partial_kernel(double* __restrict__ partial, const E* __restrict__ dy,
+                                                   const E* __restrict__ x, const float* __restrict__ rstd,
                                                    int64_t T, int64_t H, int64_t rows_per_chunk) {
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (c >= H) return;
@@ -98,7 +106,7 @@ __global__ void rmsnorm_backward_dw_partial_kernel(double* __restrict__ partial,
   double acc = 0.0;
   for (int64_t t = t0; t < t1; ++t) {
     const float r = rstd[t];
-    acc += static_cast<double>(__fmul_rn(dy[t * H + c], __fmul_rn(x[t * H + c], r)));
+    acc += static_cast<double>(__fmul_rn(to_f32(dy[t * H + c]), __fmul_rn(to_f32(x[t * H + c]), r)));
   }
   partial[blockIdx.y * H + c] = acc;
 }
@@ -119,8 +127,11 @@ __global__ void rmsnorm_backward_dw_final_kernel(float* __restrict__ dw, const d
 void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps) {
   const int64_t T = x.dim(0), H = x.dim(1);
   if (T == 0) return;
-  rmsnorm_forward_kernel<<<row_blocks(T), kRowThreads, 0, compute_stream()>>>(y.data, rstd.data, x.data, w.data, T, H,
-                                                                              eps);
+  with_element_type(x.dtype, [&](auto e) {
+    using E = decltype(e);
+    rmsnorm_forward_kernel<<<row_blocks(T), kRowThreads, 0, compute_stream()>>>(
+        elements<E>(y), rstd.f32(), elements<E>(x), elements<E>(w), T, H, eps);
+  });
   HDP_CUDA_CHECK_LAUNCH("rmsnorm_forward");
 }
 
@@ -128,8 +139,11 @@ void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, c
   const int64_t T = x.dim(0), H = x.dim(1);
   if (T == 0 || H == 0) return;
   cudaStream_t stream = compute_stream();
-  rmsnorm_backward_dx_kernel<<<row_blocks(T), kRowThreads, 0, stream>>>(dx.data, dy.data, x.data, w.data, rstd.data,
-                                                                        T, H);
+  with_element_type(x.dtype, [&](auto e) {
+    using E = decltype(e);
+    rmsnorm_backward_dx_kernel<<<row_blocks(T), kRowThreads, 0, stream>>>(
+        elements<E>(dx), elements<E>(dy), elements<E>(x), elements<E>(w), rstd.f32(), T, H);
+  });
   HDP_CUDA_CHECK_LAUNCH("rmsnorm_backward (dx)");
 
   const int64_t col_tiles = (H + kColThreads - 1) / kColThreads;
@@ -140,10 +154,14 @@ void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, c
   chunks = (T + rows_per_chunk - 1) / rows_per_chunk;  // no empty chunk
   double* partial = partials(static_cast<size_t>(chunks * H));
   const dim3 grid(static_cast<unsigned>(col_tiles), static_cast<unsigned>(chunks));
-  rmsnorm_backward_dw_partial_kernel<<<grid, kColThreads, 0, stream>>>(partial, dy.data, x.data, rstd.data, T, H,
-                                                                       rows_per_chunk);
+  with_element_type(x.dtype, [&](auto e) {
+    using E = decltype(e);
+    rmsnorm_backward_dw_partial_kernel<<<grid, kColThreads, 0, stream>>>(partial, elements<E>(dy), elements<E>(x),
+                                                                         rstd.f32(), T, H, rows_per_chunk);
+  });
   HDP_CUDA_CHECK_LAUNCH("rmsnorm_backward (dw partials)");
-  rmsnorm_backward_dw_final_kernel<<<blocks_for(H, kColThreads), kColThreads, 0, stream>>>(dw.data, partial, chunks, H);
+  rmsnorm_backward_dw_final_kernel<<<blocks_for(H, kColThreads), kColThreads, 0, stream>>>(dw.f32(), partial, chunks,
+                                                                                           H);
   HDP_CUDA_CHECK_LAUNCH("rmsnorm_backward (dw)");
 }
 

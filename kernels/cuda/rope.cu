@@ -12,6 +12,8 @@
 // of the token with them, threads running along contiguous elements of the row.
 // The rotation uses _rn intrinsics in the CPU's evaluation order (no FMA
 // contraction by nvcc; a CPU build with FMA may still differ in the last bit).
+// bf16 (E = __nv_bfloat16, common.cuh): each pair is read widened, rotated in fp32
+// and rounded once on store, as the CPU twin does.
 
 #include <cmath>
 #include <cstdint>
@@ -34,7 +36,8 @@ struct InvFreq {
 float* g_inv_freq = nullptr;
 int64_t g_inv_freq_count = 0;
 
-__global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ positions, int64_t T, int64_t heads,
+template <class E>
+__global__ void rope_kernel(E* __restrict__ x, const int32_t* __restrict__ positions, int64_t T, int64_t heads,
                             int64_t d, float sign, const __grid_constant__ InvFreq inv_freq,
                             const float* __restrict__ inv_freq_buffer) {
   extern __shared__ float cs_sn[];  // cos [half] then sign * sin [half]
@@ -52,14 +55,14 @@ __global__ void rope_kernel(float* __restrict__ x, const int32_t* __restrict__ p
       sn[j] = sign * s;
     }
     __syncthreads();
-    float* row = x + t * heads * d;
+    E* row = x + t * heads * d;
     for (int64_t idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
       const int64_t h = idx / half, j = idx - h * half;
-      float* lo = row + h * d + j;
-      float* hi = lo + half;
-      const float x1 = *lo, x2 = *hi;
-      *lo = __fsub_rn(__fmul_rn(x1, cs[j]), __fmul_rn(x2, sn[j]));
-      *hi = __fadd_rn(__fmul_rn(x2, cs[j]), __fmul_rn(x1, sn[j]));
+      E* lo = row + h * d + j;
+      E* hi = lo + half;
+      const float x1 = to_f32(*lo), x2 = to_f32(*hi);
+      *lo = from_f32<E>(__fsub_rn(__fmul_rn(x1, cs[j]), __fmul_rn(x2, sn[j])));
+      *hi = from_f32<E>(__fadd_rn(__fmul_rn(x2, cs[j]), __fmul_rn(x1, sn[j])));
     }
   }
 }
@@ -97,8 +100,11 @@ void rope_rotate(Tensor x, const IndexTensor& positions, float theta, bool inver
   }
   const unsigned blocks = static_cast<unsigned>(T < (1 << 20) ? T : (1 << 20));
   const size_t shared = 2 * static_cast<size_t>(half) * sizeof(float);
-  rope_kernel<<<blocks, kThreads, shared, stream>>>(x.data, positions.data, T, heads, d, inverse ? -1.0f : 1.0f,
-                                                    inv_freq, buffer);
+  with_element_type(x.dtype, [&](auto e) {
+    using E = decltype(e);
+    rope_kernel<<<blocks, kThreads, shared, stream>>>(elements<E>(x), positions.data, T, heads, d,
+                                                      inverse ? -1.0f : 1.0f, inv_freq, buffer);
+  });
   HDP_CUDA_CHECK_LAUNCH(op);
 }
 
