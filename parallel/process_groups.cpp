@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <utility>
 #include <stdexcept>
 #include <vector>
 
@@ -20,32 +21,41 @@ std::unique_ptr<MpiCommunicator> split_roles(int training_ranks) {
   return world.split(trains ? 0 : 1, world.rank(), trains ? "training" : "loader");
 }
 
+std::string describe_shared_gpus(const std::vector<RankGpu>& gpus) {
+  std::map<std::pair<std::string, std::string>, std::vector<int>> ranks_of;  // (host, bus id) -> world ranks
+  for (const RankGpu& g : gpus) ranks_of[{g.host, g.bus_id}].push_back(g.rank);
+  std::string shared;
+  for (auto& [gpu, ranks] : ranks_of) {
+    if (ranks.size() < 2) continue;
+    std::sort(ranks.begin(), ranks.end());
+    std::string list;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      list += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+    }
+    shared += (shared.empty() ? "" : "; ") + std::string("ranks ") + list + " share GPU " + gpu.second + " on " + gpu.first;
+  }
+  return shared;
+}
+
 std::string gpus_shared_by_ranks(const MpiCommunicator* group, const std::string& hostname) {
   std::unique_ptr<MpiCommunicator> every_rank;
   if (group == nullptr) every_rank = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world");
   const MpiCommunicator& world = group ? *group : *every_rank;
-  // Every rank's "host GPU-bus-id", fixed width, gathered everywhere.
-  constexpr int kWidth = 256;
-  std::vector<char> mine(kWidth, '\0'), all(static_cast<size_t>(kWidth) * static_cast<size_t>(world.size()), '\0');
-  const std::string id = hostname + " " + cuda::device_bus_id();
-  std::memcpy(mine.data(), id.data(), std::min<size_t>(id.size(), kWidth - 1));
-  if (MPI_Allgather(mine.data(), kWidth, MPI_CHAR, all.data(), kWidth, MPI_CHAR, world.handle()) != MPI_SUCCESS) {
+  // Every rank's host name and bus id, fixed width, gathered everywhere.
+  constexpr size_t kWidth = 128;
+  std::vector<char> mine(2 * kWidth, '\0'), all(2 * kWidth * static_cast<size_t>(world.size()), '\0');
+  const std::string bus_id = cuda::device_bus_id();
+  std::memcpy(mine.data(), hostname.data(), std::min(hostname.size(), kWidth - 1));
+  std::memcpy(mine.data() + kWidth, bus_id.data(), std::min(bus_id.size(), kWidth - 1));
+  if (MPI_Allgather(mine.data(), 2 * kWidth, MPI_CHAR, all.data(), 2 * kWidth, MPI_CHAR, world.handle()) != MPI_SUCCESS) {
     throw std::runtime_error(world.name() + ": gathering the ranks' GPUs failed");
   }
-  std::map<std::string, std::vector<int>> ranks_of;  // "host bus-id" -> ranks, in rank order
-  for (int r = 0; r < world.size(); ++r) ranks_of[std::string(all.data() + static_cast<size_t>(r) * kWidth)].push_back(r);
-  std::string shared;
-  for (const auto& [gpu, ranks] : ranks_of) {
-    if (ranks.size() < 2) continue;
-    std::string list;
-    for (size_t i = 0; i < ranks.size(); ++i) {
-      list += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(world.world_rank(ranks[i]));
-    }
-    const size_t space = gpu.find(' ');
-    shared += (shared.empty() ? "" : "; ") + std::string("ranks ") + list + " share GPU " + gpu.substr(space + 1) +
-              " on " + gpu.substr(0, space);
+  std::vector<RankGpu> gpus;
+  for (int r = 0; r < world.size(); ++r) {
+    const char* at = all.data() + 2 * kWidth * static_cast<size_t>(r);
+    gpus.push_back({world.world_rank(r), std::string(at), std::string(at + kWidth)});
   }
-  return shared;
+  return describe_shared_gpus(gpus);
 }
 
 ProcessGroups::ProcessGroups(const ParallelDegrees& degrees, bool tie_first_last,

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "parallel/communicator.h"
 #include "parallel/mpi_communicator.h"
@@ -20,10 +21,19 @@ std::unique_ptr<MpiCommunicator> split_roles(int training_ranks);
 // What the tp, pp, hdp and tied groups move tensors with.
 enum class CommBackend { Mpi, Nccl };
 
-// Collective over `world` (null: MPI_COMM_WORLD), each rank on its chosen GPU: the ranks that share a GPU
-// with another rank (same host name and PCI bus id), as "ranks 0 and 2 share GPU
-// 0000:18:00.0 on node1; ..."; empty when every rank has its own. NCCL refuses two
-// ranks of one communicator on one GPU, so this is asked before making any.
+// Where a rank trains: its world rank, host name and GPU (PCI bus id: one GPU of a
+// node whatever number CUDA_VISIBLE_DEVICES gives it).
+struct RankGpu {
+  int rank = 0;
+  std::string host;
+  std::string bus_id;
+};
+// The ranks that share a GPU with another, as "ranks 0 and 2 share GPU 0000:18:00.0
+// on node1; ranks 1, 3 and 5 share ..."; empty when every rank has its own.
+std::string describe_shared_gpus(const std::vector<RankGpu>& gpus);
+// Collective over `world` (null: MPI_COMM_WORLD), each rank on its chosen GPU: the
+// description above of the ranks of `world`. NCCL refuses two ranks of one
+// communicator on one GPU, so this is asked before making any.
 std::string gpus_shared_by_ranks(const MpiCommunicator* world, const std::string& hostname);
 
 class ProcessGroups {
