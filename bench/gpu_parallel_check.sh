@@ -10,21 +10,36 @@
 #         tests/training_parallel_test.cpp HybridDataParallel.LongDocuments...),
 #         against its own single-rank run (micro_batch_tokens 2048, no ring)
 # and prints each layout's first 5 losses beside the single rank's, the largest
-# relative difference and whether it is within 1e-4. Device buffers cross ranks
-# through the MPI communicator's pinned host staging.
+# relative difference and whether it is within 1e-4. In these cases device buffers
+# cross ranks through the MPI communicator's pinned host staging (parallel.comm=mpi).
+# The NCCL communicator (parallel/nccl_communicator.h), compiled only until a GPU
+# session runs this:
+#   conformance  the communicator conformance suite (tests/communicator_conformance.h)
+#                on NCCL and on MPI with CUDA buffers, on 1 rank and on 2 ranks
+#                sharing the GPU(s): NCCL forms groups only of ranks with a GPU of
+#                their own (one GPU: NCCL groups of 1 only; MPI uses both ranks)
+#   nccl1        one rank with parallel.comm=nccl (world size 1: the NCCL
+#                communicators exist but every group has one rank) against `single`
+#   tp2-nccl pp2-nccl hdp2-nccl long-nccl
+#                the layouts above with parallel.comm=nccl; they need a GPU per rank
+#                and are reported as skipped (not failed) on a machine with fewer
 #
 #   bench/gpu_parallel_check.sh BUNDLE OUTDIR [cases...]
-# BUNDLE is a directory made by scripts/bundle.sh from a CUDA build; cases default
-# to "tp2 pp2 hdp2 long". OUTDIR receives one log per run and summary.txt; run
-# directories go to runs/gpc-*. Exit status: 0 when every case ran and is within
-# 1e-4, 1 otherwise. HDP_CHECK_DEVICE=cpu runs the same checks on the CPU (to try
-# the script on a machine without a GPU).
+# BUNDLE is a directory made by scripts/bundle.sh from a CUDA build; for the
+# conformance case it must hold the test program too:
+#   scripts/bundle.sh BUNDLE build/trainer/trainer build/tests/mpi_communicator_conformance_test
+# Cases default to "tp2 pp2 hdp2 long conformance nccl1 tp2-nccl pp2-nccl hdp2-nccl
+# long-nccl". OUTDIR receives one log per run and summary.txt; run directories go
+# to runs/gpc-*. Exit status: 0 when every case ran (or was skipped for want of
+# GPUs) and is within 1e-4, 1 otherwise. HDP_CHECK_DEVICE=cpu runs the same checks
+# on the CPU (to try the script on a machine without a GPU; the NCCL cases then
+# fail at start-up with exit 2, as parallel.comm=nccl on train.device cpu must).
 set -uo pipefail
 bundle="$(cd "$1" && pwd)"
 out="$2"
 shift 2
 cases=("$@")
-[ ${#cases[@]} -eq 0 ] && cases=(tp2 pp2 hdp2 long)
+[ ${#cases[@]} -eq 0 ] && cases=(tp2 pp2 hdp2 long conformance nccl1 tp2-nccl pp2-nccl hdp2-nccl long-nccl)
 mkdir -p "$out"
 
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
@@ -43,6 +58,8 @@ fi
 
 common=(configs/tiny-llama.yaml --set train.steps=5 --set train.device="${HDP_CHECK_DEVICE:-cuda}" --set train.tf32=false
         --set train.log_every=1 --set train.checkpoint_every=0 --set train.resume=never)
+# How many GPUs this machine has (0 without nvidia-smi): the NCCL layouts need one per rank.
+gpus="$(nvidia-smi --list-gpus 2>/dev/null | grep -c "^GPU" || true)"
 long_data=(--set data.path=data-cache/long-corpus.h5 --set data.max_seq_len=2048 --set data.global_batch_tokens=6144)
 
 losses() {  # the loss of every step in a metrics.jsonl
@@ -94,14 +111,49 @@ say "== 1 rank (reference)"
 run single 1 || failed=1
 for c in "${cases[@]}"; do
   case "$c" in
-    tp2)  say "== tp2 (2 ranks)";  run tp2 2 --set parallel.tp=2 && compare tp2 single || failed=1 ;;
-    pp2)  say "== pp2 (2 ranks)";  run pp2 2 --set parallel.pp=2 && compare pp2 single || failed=1 ;;
-    hdp2) say "== hdp2 (2 ranks)"; run hdp2 2 --set parallel.hdp=2 && compare hdp2 single || failed=1 ;;
+    tp2)  say "== tp2 (2 ranks)";  run tp2 2 --set parallel.tp=2 --set parallel.comm=mpi && compare tp2 single || failed=1 ;;
+    pp2)  say "== pp2 (2 ranks)";  run pp2 2 --set parallel.pp=2 --set parallel.comm=mpi && compare pp2 single || failed=1 ;;
+    hdp2) say "== hdp2 (2 ranks)"; run hdp2 2 --set parallel.hdp=2 --set parallel.comm=mpi && compare hdp2 single || failed=1 ;;
+    conformance)
+      # Groups of 1 and 2 ranks; the test program prints why a backend or size is skipped.
+      for n in 1 2; do
+        say "== communicator conformance, $n rank(s): NCCL and MPI with CUDA buffers"
+        timeout 600 "$bundle/mpirun.sh" --oversubscribe -np "$n" "$bundle/run.sh" --bin mpi_communicator_conformance_test \
+          --gtest_filter='Nccl/*:MpiCuda/*' > "$out/conformance-$n.log" 2>&1
+        rc=$?
+        grep -E '^\[  (PASSED|SKIPPED|FAILED) ' "$out/conformance-$n.log" | sort | uniq -c | sed 's/^/  /' | tee -a "$summary"
+        if [ $rc -ne 0 ]; then
+          say "  conformance on $n rank(s): exit $rc (log $out/conformance-$n.log)"
+          failed=1
+        fi
+      done
+      ;;
+    nccl1) say "== 1 rank, parallel.comm=nccl"; run nccl1 1 --set parallel.comm=nccl && compare nccl1 single || failed=1 ;;
+    tp2-nccl | pp2-nccl | hdp2-nccl)
+      n=2
+      degree="${c%-nccl}"
+      if [ "$gpus" -lt "$n" ]; then
+        say "== $c: skipped, $gpus GPU(s) for $n ranks (NCCL needs one per rank)"
+      else
+        say "== $c ($n ranks, NCCL)"
+        run "$c" "$n" --set "parallel.${degree%2}=2" --set parallel.comm=nccl && compare "$c" single || failed=1
+      fi
+      ;;
+    long-nccl)
+      if [ "$gpus" -lt 4 ]; then
+        say "== long-nccl: skipped, $gpus GPU(s) for 4 ranks (NCCL needs one per rank)"
+      else
+        [ -f runs/gpc-long1/metrics.jsonl ] || run long1 1 "${long_data[@]}" --set data.micro_batch_tokens=2048 || failed=1
+        say "== long documents: hdp4 on NCCL, ring attention as grouped send/recv + offload (4 ranks)"
+        run long-nccl 4 "${long_data[@]}" --set data.micro_batch_tokens=512 --set parallel.hdp=4 --set parallel.comm=nccl &&
+          compare long-nccl long1 || failed=1
+      fi
+      ;;
     long)
       say "== long documents: 1 rank (reference, micro-batch 2048)"
       run long1 1 "${long_data[@]}" --set data.micro_batch_tokens=2048 || failed=1
       say "== long documents: hdp4, ring attention + offload (4 ranks, micro-batch 512)"
-      if run long 4 "${long_data[@]}" --set data.micro_batch_tokens=512 --set parallel.hdp=4; then
+      if run long 4 "${long_data[@]}" --set data.micro_batch_tokens=512 --set parallel.hdp=4 --set parallel.comm=mpi; then
         compare long long1
         # Whether the sequences really went through the ring and host memory.
         for key in attention_bytes offloaded_bytes; do
@@ -113,7 +165,7 @@ for c in "${cases[@]}"; do
         failed=1
       fi
       ;;
-    *) say "unknown case $c (tp2 pp2 hdp2 long)"; failed=1 ;;
+    *) say "unknown case $c (tp2 pp2 hdp2 long conformance nccl1 tp2-nccl pp2-nccl hdp2-nccl long-nccl)"; failed=1 ;;
   esac
 done
 say "== $([ $failed -eq 0 ] && echo 'all layouts within 1e-4 of one rank' || echo 'SOME LAYOUTS FAILED or differ') (summary in $summary)"

@@ -1,16 +1,19 @@
 #pragma once
 // One interface for every collective and point-to-point transfer the trainer
 // makes. The MPI implementation (mpi_communicator.h) moves CPU buffers directly and
-// device buffers through page-locked host staging; a NCCL implementation could move
-// device buffers directly behind the same calls. Nothing above parallel/ calls MPI
-// directly. Tensors may live on any device; callers never touch their elements on
-// the host.
+// device buffers through page-locked host staging; the NCCL implementation
+// (nccl_communicator.h, CUDA builds) moves device buffers directly behind the same
+// calls. Nothing above parallel/ calls MPI or NCCL directly. Tensors may live on any
+// device; callers never touch their elements on the host. tests/communicator_conformance.h
+// is the one set of tests every implementation passes.
 
 #include <cstdint>
 #include <memory>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "kernels/tensor.h"
 
@@ -18,8 +21,11 @@ namespace hdp {
 
 enum class ReduceOp { Sum, Max };
 
-// A non-blocking operation in flight. wait() blocks until it completed; the
-// buffers it uses must stay untouched until then. An empty request is complete.
+// A non-blocking operation in flight. wait() returns when the operation's results
+// may be used and its buffers reused by the work that follows: for host buffers
+// (MPI) that is when it completed; for device buffers under NCCL it is when the
+// device's compute stream has been made to wait for it (nothing blocks the host),
+// so later ops on that stream see the data. An empty request is complete.
 class CommRequest {
  public:
   class Pending {
@@ -39,25 +45,54 @@ class CommRequest {
 
   void wait() {
     if (pending_) {
-      pending_->wait();
-      pending_.reset();
+      // Reset first: a wait() that throws (a mismatched message) leaves the request complete.
+      std::unique_ptr<Pending> pending = std::move(pending_);
+      pending->wait();
     }
   }
   bool pending() const { return pending_ != nullptr; }
+
+  // One request for several: wait() waits for each in order (none: complete).
+  static CommRequest all(std::vector<CommRequest> requests);
 
  private:
   std::unique_ptr<Pending> pending_;
 };
 
+inline CommRequest CommRequest::all(std::vector<CommRequest> requests) {
+  if (requests.empty()) return {};
+  class All final : public Pending {
+   public:
+    explicit All(std::vector<CommRequest> r) : requests_(std::move(r)) {}
+    void wait() override {
+      for (CommRequest& r : requests_) r.wait();
+    }
+
+   private:
+    std::vector<CommRequest> requests_;
+  };
+  return CommRequest(std::make_unique<All>(std::move(requests)));
+}
+
 // Bytes this rank put on the wire through one communicator. Point-to-point
-// counts the payload; collectives count what a ring algorithm sends per rank:
-// all-reduce 2(n-1)/n x bytes, reduce-scatter and all-gather (n-1)/n x the full buffer.
+// counts the payload of each send; collectives count what a ring algorithm sends
+// per rank (ring_collective_bytes): all-reduce 2(n-1)/n x bytes, reduce-scatter and
+// all-gather (n-1)/n x the full buffer. Bytes are those of the elements as they
+// travel: MPI moves every element as fp32 (bf16 is widened for the wire), NCCL
+// moves bf16 as bf16.
 struct CommStats {
   int64_t p2p_bytes = 0;
   int64_t collective_bytes = 0;
   int64_t p2p_messages = 0;
   int64_t collectives = 0;
 };
+
+// What one rank of `ranks` sends in a ring collective over a buffer of `bytes`:
+// passes x (n-1)/n x bytes (all-reduce makes 2 passes, reduce-scatter and
+// all-gather 1; Patarasuk & Yuan 2009). Nothing for a group of one.
+inline int64_t ring_collective_bytes(int64_t bytes, int ranks, int passes) {
+  return ranks <= 1 ? 0 : passes * bytes * (ranks - 1) / ranks;
+}
 
 // Where part `part` of an even split of n elements into `parts` begins.
 inline int64_t part_begin(int64_t n, int part, int parts) { return n * part / parts; }
@@ -85,6 +120,24 @@ inline void check_all_to_all_counts(const std::string& group, int size, const Te
   check("recv", recv, recv_counts);
 }
 
+// Why a reduce-scatter receive of `received` elements is not part `rank` of a buffer
+// of n elements split over `ranks` (empty when it is): every implementation refuses
+// such a call before anything moves, with this message.
+inline std::string reduce_scatter_part_error(const std::string& group, int rank, int ranks, int64_t n, int64_t received) {
+  const int64_t part = part_begin(n, rank + 1, ranks) - part_begin(n, rank, ranks);
+  if (received == part) return {};
+  return group + " reduce-scatter: rank " + std::to_string(rank) + " receives " + std::to_string(received) +
+         " elements, its part of " + std::to_string(n) + " has " + std::to_string(part);
+}
+
+// One message of a grouped exchange (Communicator::exchange): what to send to
+// `peer`, or where to receive what `peer` sends, matched by tag as send/recv are.
+struct Transfer {
+  Tensor data;
+  int peer = -1;
+  int tag = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -109,8 +162,25 @@ class Communicator {
   // rank each; send and recv hold exactly the sums.
   virtual CommRequest all_to_all_v_async(const Tensor& send, std::span<const int64_t> send_counts, Tensor recv,
                                          std::span<const int64_t> recv_counts) = 0;
+  // A receive must be as large as the message it matches; a receive of another size
+  // is an error naming the group, the peer and both sizes (thrown by wait()).
   virtual CommRequest send_async(const Tensor& data, int peer, int tag) = 0;
   virtual CommRequest recv_async(Tensor data, int peer, int tag) = 0;
+  // The sends and receives of one step of a pattern in which ranks both send and
+  // receive (ring attention's key/value rows and their gradients), posted as one
+  // unit. Where operations run in issue order on a stream (NCCL), two ranks that
+  // each receive before they send would wait for each other; posted together they
+  // run as one group (ncclGroupStart/End), as ByteScale (Ge et al. 2025, section
+  // 5.1) runs its ring exchanges. Every rank that takes part calls it at the same
+  // point of its sequence of operations on this communicator. Completes when all
+  // have. Default: the receives, then the sends, each posted on its own.
+  virtual CommRequest exchange(std::span<const Transfer> sends, std::span<const Transfer> receives) {
+    std::vector<CommRequest> requests;
+    requests.reserve(sends.size() + receives.size());
+    for (const Transfer& r : receives) requests.push_back(recv_async(r.data, r.peer, r.tag));
+    for (const Transfer& s : sends) requests.push_back(send_async(s.data, s.peer, s.tag));
+    return CommRequest::all(std::move(requests));
+  }
 
   // Blocking reductions of small host-side values (losses, token counts, norms).
   virtual void all_reduce(std::span<double> values, ReduceOp op) = 0;

@@ -2,7 +2,8 @@
 // A communicator that needs no MPI. With one rank, collectives are identities and
 // point-to-point is an error: for single-process tools and tests. It can also
 // pose as rank r of a larger group that never communicates, so that tools can
-// lay out that rank's shards (any transfer then throws).
+// lay out that rank's shards (any transfer then throws). Its statistics count
+// what a group of one sends: collectives, and no bytes.
 
 #include <stdexcept>
 
@@ -21,7 +22,9 @@ class LocalCommunicator final : public Communicator {
   CommRequest all_reduce_async(Tensor, ReduceOp) override { return single("all-reduce"); }
   CommRequest reduce_scatter_async(const Tensor& send, Tensor recv) override {
     single("reduce-scatter");
-    copy(recv, send);
+    const std::string error = reduce_scatter_part_error(name_, rank_, size_, send.numel(), recv.numel());
+    if (!error.empty()) throw std::invalid_argument(error);
+    if (recv.numel() > 0) copy(recv, send);
     return {};
   }
   CommRequest all_gather_async(Tensor) override { return single("all-gather"); }
@@ -37,13 +40,18 @@ class LocalCommunicator final : public Communicator {
   }
   CommRequest send_async(const Tensor&, int, int) override { throw std::logic_error(name_ + ": no peer to send to"); }
   CommRequest recv_async(Tensor, int, int) override { throw std::logic_error(name_ + ": no peer to receive from"); }
-  void all_reduce(std::span<double>, ReduceOp) override { single("all-reduce"); }
-  void all_reduce(std::span<int64_t>, ReduceOp) override { single("all-reduce"); }
+  void all_reduce(std::span<double>, ReduceOp) override { require_single("all-reduce"); }
+  void all_reduce(std::span<int64_t>, ReduceOp) override { require_single("all-reduce"); }
   using Communicator::all_reduce;
 
  private:
-  CommRequest single(const char* what) const {
+  void require_single(const char* what) const {
     if (size_ != 1) throw std::logic_error(name_ + ": " + what + " across " + std::to_string(size_) + " ranks needs a real communicator");
+  }
+  // A collective on tensors, counted as the other implementations count it.
+  CommRequest single(const char* what) {
+    require_single(what);
+    ++stats_.collectives;
     return {};
   }
   std::string name_;

@@ -17,6 +17,8 @@ class MpiChannel final : public MessageChannel {
  public:
   explicit MpiChannel(MPI_Comm base) {
     MPI_Comm_dup(base, &comm_);
+    // A communicator it is split from may return errors (MpiCommunicator); this one's calls do not check them.
+    MPI_Comm_set_errhandler(comm_, MPI_ERRORS_ARE_FATAL);
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
   }

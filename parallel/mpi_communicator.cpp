@@ -100,9 +100,28 @@ size_t wire_bytes(const Tensor& t) { return static_cast<size_t>(t.numel()) * siz
 Tensor flat(const Tensor& t, int64_t begin, int64_t end) { return t.view({t.numel()}).rows(begin, end); }
 Tensor flat(const Tensor& t) { return flat(t, 0, t.numel()); }
 
+std::string mpi_error(int rc) {
+  char text[MPI_MAX_ERROR_STRING];
+  int length = 0;
+  MPI_Error_string(rc, text, &length);
+  return std::string(text, static_cast<size_t>(length));
+}
+
+// The communicators this class owns return errors instead of aborting the job (see
+// the constructor), so every call is checked and a failure names the group, the
+// operation and the peer (a world rank).
+void check(int rc, const std::string& group, const char* op, int peer = -1) {
+  if (rc != MPI_SUCCESS) {
+    throw std::runtime_error(group + " " + op + (peer >= 0 ? " rank " + std::to_string(peer) : std::string()) + ": " +
+                             mpi_error(rc));
+  }
+}
+
 class MpiPending final : public CommRequest::Pending {
  public:
   MPI_Request request = MPI_REQUEST_NULL;
+  // A receive: the elements it expects, checked against what arrived (-1 otherwise).
+  int64_t expected = -1;
   // What wait() is waiting for, for the hang watchdog (parallel/progress.h).
   const char* op = "";
   const char* group = "";
@@ -124,7 +143,9 @@ class MpiPending final : public CommRequest::Pending {
   void wait() override {
     {
       progress::Waiting waiting(op, group, peer);
-      MPI_Wait(&request, MPI_STATUS_IGNORE);
+      MPI_Status status;
+      const int rc = MPI_Wait(&request, &status);
+      if (rc != MPI_SUCCESS || expected >= 0) check_arrived(rc, status);
     }
     for (const CopyBack& c : copy_back) {
       copy(c.destination, Tensor(c.staged, {c.destination.numel()}, Device::CPU));
@@ -151,6 +172,24 @@ class MpiPending final : public CommRequest::Pending {
   float* in_out(const Tensor& t, bool staged) { return host_buffer(t, staged, 0, t.numel(), true); }
 
  private:
+  // A receive whose message is longer (MPI_ERR_TRUNCATE) or shorter than its buffer.
+  void check_arrived(int rc, const MPI_Status& status) {
+    const std::string where = std::string(group) + " " + op + (peer >= 0 ? " rank " + std::to_string(peer) : std::string());
+    if (rc != MPI_SUCCESS) {
+      release_blocks();
+      throw std::runtime_error(where + ": " + mpi_error(rc) +
+                               (expected >= 0 ? " (the message is longer than the " + std::to_string(expected) +
+                                                    " elements of the receive)"
+                                              : std::string()));
+    }
+    int count = 0;
+    MPI_Get_count(&status, MPI_FLOAT, &count);
+    if (count != expected) {
+      release_blocks();
+      throw std::runtime_error(where + ": " + std::to_string(count) + " elements arrived, the receive holds " +
+                               std::to_string(expected));
+    }
+  }
   void release_blocks() {
     for (const StagingPool::Block& b : blocks) pool->release(b);
     blocks.clear();
@@ -174,12 +213,14 @@ int count_of(const Tensor& t, const std::string& what) {
   return static_cast<int>(t.numel());
 }
 
-int64_t ring_bytes(int64_t bytes, int n, int passes) { return n <= 1 ? 0 : passes * bytes * (n - 1) / n; }
-
 }  // namespace
 
 MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name)
     : comm_(comm), name_(std::move(name)), staging_(std::make_shared<StagingPool>()) {
+  // Errors on a communicator this object owns come back as codes, which every call
+  // checks (a receive of the wrong size names the group and peer instead of aborting
+  // with MPI's message); MPI_COMM_WORLD keeps its handler, which other code relies on.
+  if (comm_ != MPI_COMM_WORLD) MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
   // The world rank of every member, so that a wait names its peer as the job knows it.
@@ -202,7 +243,7 @@ MpiCommunicator::~MpiCommunicator() {
 
 std::unique_ptr<MpiCommunicator> MpiCommunicator::split(int color, int key, std::string name) const {
   MPI_Comm out = MPI_COMM_NULL;
-  MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out);
+  check(MPI_Comm_split(comm_, color < 0 ? MPI_UNDEFINED : color, key, &out), name_, "split");
   if (out == MPI_COMM_NULL) return nullptr;
   return std::make_unique<MpiCommunicator>(out, std::move(name));
 }
@@ -224,25 +265,21 @@ std::unique_ptr<MpiPending> pending_with(const std::shared_ptr<StagingPool>& poo
 
 CommRequest MpiCommunicator::all_reduce_async(Tensor data, ReduceOp op) {
   const int n = count_of(data, name_ + " all-reduce");
-  stats_.collective_bytes += ring_bytes(static_cast<int64_t>(wire_bytes(data)), size_, 2);
+  stats_.collective_bytes += ring_collective_bytes(static_cast<int64_t>(wire_bytes(data)), size_, 2);
   ++stats_.collectives;
   if (size_ == 1) return {};
   auto p = pending_with(staging_, "all-reduce", name_);
   float* buffer = p->in_out(data, staged(data));
-  MPI_Iallreduce(MPI_IN_PLACE, buffer, n, MPI_FLOAT, mpi_op(op), comm_, &p->request);
+  check(MPI_Iallreduce(MPI_IN_PLACE, buffer, n, MPI_FLOAT, mpi_op(op), comm_, &p->request), name_, "all-reduce");
   return CommRequest(std::move(p));
 }
 
 CommRequest MpiCommunicator::reduce_scatter_async(const Tensor& send, Tensor recv) {
   const int n = count_of(send, name_ + " reduce-scatter");
   count_of(recv, name_ + " reduce-scatter");
-  const int64_t mine = part_begin(n, rank_ + 1, size_) - part_begin(n, rank_, size_);
-  if (recv.numel() != mine) {
-    throw std::invalid_argument(name_ + " reduce-scatter: rank " + std::to_string(rank_) + " receives " +
-                                std::to_string(recv.numel()) + " elements, its part of " + std::to_string(n) +
-                                " has " + std::to_string(mine));
-  }
-  stats_.collective_bytes += ring_bytes(static_cast<int64_t>(wire_bytes(send)), size_, 1);
+  const std::string error = reduce_scatter_part_error(name_, rank_, size_, n, recv.numel());
+  if (!error.empty()) throw std::invalid_argument(error);
+  stats_.collective_bytes += ring_collective_bytes(static_cast<int64_t>(wire_bytes(send)), size_, 1);
   ++stats_.collectives;
   if (size_ == 1 && (staged(send) || staged(recv))) {  // nothing to reduce: recv = send, on the device
     copy(flat(recv), flat(send));
@@ -252,13 +289,14 @@ CommRequest MpiCommunicator::reduce_scatter_async(const Tensor& send, Tensor rec
   split_counts(n, size_, *p);
   const float* send_buffer = p->input(send, staged(send));
   float* recv_buffer = p->output(recv, staged(recv));
-  MPI_Ireduce_scatter(send_buffer, recv_buffer, p->counts.data(), MPI_FLOAT, MPI_SUM, comm_, &p->request);
+  check(MPI_Ireduce_scatter(send_buffer, recv_buffer, p->counts.data(), MPI_FLOAT, MPI_SUM, comm_, &p->request), name_,
+        "reduce-scatter");
   return CommRequest(std::move(p));
 }
 
 CommRequest MpiCommunicator::all_gather_async(Tensor buffer) {
   const int n = count_of(buffer, name_ + " all-gather");
-  stats_.collective_bytes += ring_bytes(static_cast<int64_t>(wire_bytes(buffer)), size_, 1);
+  stats_.collective_bytes += ring_collective_bytes(static_cast<int64_t>(wire_bytes(buffer)), size_, 1);
   ++stats_.collectives;
   if (size_ == 1) return {};
   auto p = pending_with(staging_, "all-gather", name_);
@@ -266,8 +304,9 @@ CommRequest MpiCommunicator::all_gather_async(Tensor buffer) {
   // In place, MPI reads only this rank's part.
   float* host = p->host_buffer(buffer, staged(buffer), part_begin(n, rank_, size_), part_begin(n, rank_ + 1, size_),
                                true);
-  MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, host, p->counts.data(), p->displacements.data(), MPI_FLOAT,
-                  comm_, &p->request);
+  check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, host, p->counts.data(), p->displacements.data(), MPI_FLOAT,
+                       comm_, &p->request),
+        name_, "all-gather");
   return CommRequest(std::move(p));
 }
 
@@ -305,7 +344,7 @@ CommRequest MpiCommunicator::send_async(const Tensor& data, int peer, int tag) {
   ++stats_.p2p_messages;
   auto p = pending_with(staging_, "send to", name_, world_rank(peer));
   const float* buffer = p->input(data, staged(data));
-  MPI_Isend(buffer, n, MPI_FLOAT, peer, tag, comm_, &p->request);
+  check(MPI_Isend(buffer, n, MPI_FLOAT, peer, tag, comm_, &p->request), name_, "send to", world_rank(peer));
   return CommRequest(std::move(p));
 }
 
@@ -313,20 +352,23 @@ CommRequest MpiCommunicator::recv_async(Tensor data, int peer, int tag) {
   const int n = count_of(data, name_ + " recv");
   auto p = pending_with(staging_, "recv from", name_, world_rank(peer));
   float* buffer = p->output(data, staged(data));
-  MPI_Irecv(buffer, n, MPI_FLOAT, peer, tag, comm_, &p->request);
+  p->expected = n;
+  check(MPI_Irecv(buffer, n, MPI_FLOAT, peer, tag, comm_, &p->request), name_, "recv from", world_rank(peer));
   return CommRequest(std::move(p));
 }
 
 void MpiCommunicator::all_reduce(std::span<double> values, ReduceOp op) {
   if (size_ == 1) return;
   progress::Waiting waiting("all-reduce", name_.c_str());
-  MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, mpi_op(op), comm_);
+  check(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_DOUBLE, mpi_op(op), comm_), name_,
+        "all-reduce");
 }
 
 void MpiCommunicator::all_reduce(std::span<int64_t> values, ReduceOp op) {
   if (size_ == 1) return;
   progress::Waiting waiting("all-reduce", name_.c_str());
-  MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T, mpi_op(op), comm_);
+  check(MPI_Allreduce(MPI_IN_PLACE, values.data(), static_cast<int>(values.size()), MPI_INT64_T, mpi_op(op), comm_),
+        name_, "all-reduce");
 }
 
 }  // namespace hdp

@@ -2,6 +2,9 @@
 // Communicator over an MPI communicator. Host buffers go to MPI as they are;
 // device buffers are staged through page-locked host memory (see below), and bf16
 // tensors through fp32 staging blocks (elements always travel as MPI_FLOAT).
+// Communicators it owns (every one but MPI_COMM_WORLD's) return MPI's errors, and
+// each call checks them: a failure, e.g. a receive of another size than its message,
+// throws naming the group, the operation and the peer.
 
 #include <mpi.h>
 

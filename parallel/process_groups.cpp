@@ -2,9 +2,16 @@
 
 #include <mpi.h>
 
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <utility>
 #include <stdexcept>
+#include <vector>
 
+#include "kernels/cuda/cuda_runtime.h"
 #include "parallel/mpi_communicator.h"
+#include "parallel/nccl_communicator.h"
 
 namespace hdp {
 
@@ -14,9 +21,46 @@ std::unique_ptr<MpiCommunicator> split_roles(int training_ranks) {
   return world.split(trains ? 0 : 1, world.rank(), trains ? "training" : "loader");
 }
 
+std::string describe_shared_gpus(const std::vector<RankGpu>& gpus) {
+  std::map<std::pair<std::string, std::string>, std::vector<int>> ranks_of;  // (host, bus id) -> world ranks
+  for (const RankGpu& g : gpus) ranks_of[{g.host, g.bus_id}].push_back(g.rank);
+  std::string shared;
+  for (auto& [gpu, ranks] : ranks_of) {
+    if (ranks.size() < 2) continue;
+    std::sort(ranks.begin(), ranks.end());
+    std::string list;
+    for (size_t i = 0; i < ranks.size(); ++i) {
+      list += (i == 0 ? "" : i + 1 == ranks.size() ? " and " : ", ") + std::to_string(ranks[i]);
+    }
+    shared += (shared.empty() ? "" : "; ") + std::string("ranks ") + list + " share GPU " + gpu.second + " on " + gpu.first;
+  }
+  return shared;
+}
+
+std::string gpus_shared_by_ranks(const MpiCommunicator* group, const std::string& hostname) {
+  std::unique_ptr<MpiCommunicator> every_rank;
+  if (group == nullptr) every_rank = std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world");
+  const MpiCommunicator& world = group ? *group : *every_rank;
+  // Every rank's host name and bus id, fixed width, gathered everywhere.
+  constexpr size_t kWidth = 128;
+  std::vector<char> mine(2 * kWidth, '\0'), all(2 * kWidth * static_cast<size_t>(world.size()), '\0');
+  const std::string bus_id = cuda::device_bus_id();
+  std::memcpy(mine.data(), hostname.data(), std::min(hostname.size(), kWidth - 1));
+  std::memcpy(mine.data() + kWidth, bus_id.data(), std::min(bus_id.size(), kWidth - 1));
+  if (MPI_Allgather(mine.data(), 2 * kWidth, MPI_CHAR, all.data(), 2 * kWidth, MPI_CHAR, world.handle()) != MPI_SUCCESS) {
+    throw std::runtime_error(world.name() + ": gathering the ranks' GPUs failed");
+  }
+  std::vector<RankGpu> gpus;
+  for (int r = 0; r < world.size(); ++r) {
+    const char* at = all.data() + 2 * kWidth * static_cast<size_t>(r);
+    gpus.push_back({world.world_rank(r), std::string(at), std::string(at + kWidth)});
+  }
+  return describe_shared_gpus(gpus);
+}
+
 ProcessGroups::ProcessGroups(const ParallelDegrees& degrees, bool tie_first_last,
-                             std::unique_ptr<MpiCommunicator> base)
-    : degrees_(degrees) {
+                             std::unique_ptr<MpiCommunicator> base, CommBackend backend)
+    : degrees_(degrees), backend_(backend) {
   auto world = base ? std::move(base) : std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world");
   if (degrees.world() != world->size()) {
     throw std::invalid_argument("tp x pp x hdp = " + std::to_string(degrees.tp) + " x " + std::to_string(degrees.pp) +
@@ -25,12 +69,18 @@ ProcessGroups::ProcessGroups(const ParallelDegrees& degrees, bool tie_first_last
   }
   coords_ = degrees.coords(world->rank());
   const GridCoords& c = coords_;
+  // The groups' parent: the MPI world itself, or one NCCL communicator over it.
+  if (backend == CommBackend::Nccl) nccl_world_ = make_nccl_communicator(world->split(0, world->rank(), "world"));
+  auto split = [&](int color, int key, const char* name) -> std::unique_ptr<Communicator> {
+    if (nccl_world_) return split_nccl_communicator(*nccl_world_, color, key, name);
+    return world->split(color, key, name);
+  };
   // color: the coordinates that the group members share; key: the varying one.
-  tp_ = world->split(c.hdp_rank + degrees.hdp * c.pp_rank, c.tp_rank, "tp");
-  hdp_ = world->split(c.tp_rank + degrees.tp * c.pp_rank, c.hdp_rank, "hdp");
-  pp_ = world->split(c.tp_rank + degrees.tp * c.hdp_rank, c.pp_rank, "pp");
+  tp_ = split(c.hdp_rank + degrees.hdp * c.pp_rank, c.tp_rank, "tp");
+  hdp_ = split(c.tp_rank + degrees.tp * c.pp_rank, c.hdp_rank, "hdp");
+  pp_ = split(c.tp_rank + degrees.tp * c.hdp_rank, c.pp_rank, "pp");
   const bool on_tied = tie_first_last && degrees.pp > 1 && (c.pp_rank == 0 || c.pp_rank == degrees.pp - 1);
-  tied_ = world->split(on_tied ? c.tp_rank + degrees.tp * c.hdp_rank : -1, c.pp_rank, "tied-embeddings");
+  tied_ = split(on_tied ? c.tp_rank + degrees.tp * c.hdp_rank : -1, c.pp_rank, "tied-embeddings");
   world_ = std::move(world);
 }
 

@@ -72,17 +72,17 @@ void RingAttention::ring_blocks(const RingLayout& ring, int source, std::span<co
   }
 }
 
-void RingAttention::post_exchange(const RingLayout& ring, int t, const Tensor& k, const Tensor& v,
-                                  int64_t ring_begin, const Tensor& into, CommRequest& send, CommRequest& receive) {
+CommRequest RingAttention::post_exchange(const RingLayout& ring, int t, const Tensor& k, const Tensor& v,
+                                         int64_t ring_begin, const Tensor& into) {
   const int n = static_cast<int>(ring.peers.size()), p = ring.self;
   const int from = (p - t + n) % n, to = (p + t) % n;
+  std::vector<Transfer> sends, receives;
   const int64_t incoming = total_rows(key_rows_needed(ring, from, p, window_));
-  if (incoming > 0) receive = hdp_.recv_async(packed(into, incoming), ring.peers[from], kKeyValueTag);
+  if (incoming > 0) receives.push_back({packed(into, incoming), ring.peers[from], kKeyValueTag});
   sent_ = key_rows_needed(ring, p, to, window_);
   const int64_t outgoing = total_rows(sent_);
-  if (outgoing == 0) return;
   int64_t row = 0, chunk_row = ring_begin;
-  for (size_t c = 0; c < sent_.size(); ++c) {
+  for (size_t c = 0; c < sent_.size() && outgoing > 0; ++c) {
     const ChunkRows run = sent_[c];
     if (run.rows() > 0) {
       copy(keys(send_, outgoing).rows(row, row + run.rows()), k.rows(chunk_row + run.begin, chunk_row + run.end));
@@ -91,7 +91,9 @@ void RingAttention::post_exchange(const RingLayout& ring, int t, const Tensor& k
     }
     chunk_row += ring.chunks[p][c].rows;
   }
-  send = hdp_.send_async(packed(send_, outgoing), ring.peers[to], kKeyValueTag);
+  if (outgoing > 0) sends.push_back({packed(send_, outgoing), ring.peers[to], kKeyValueTag});
+  if (sends.empty() && receives.empty()) return {};
+  return hdp_.exchange(sends, receives);
 }
 
 void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -114,8 +116,8 @@ void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tenso
     // At step t this member computes against member p - t's rows (its own at step 0,
     // read in place) while the rows of step t + 1 arrive.
     const int source = (p - step + n) % n;
-    CommRequest send, receive;
-    if (step + 1 < n) post_exchange(ring, step + 1, k, v, ring_begin, kv_[1 - current], send, receive);
+    CommRequest exchange;
+    if (step + 1 < n) exchange = post_exchange(ring, step + 1, k, v, ring_begin, kv_[1 - current]);
     if (step == 0) {
       ring_blocks(ring, p, own_, ring_begin, ring_begin);
       if (!blocks_.empty()) attention_forward_blocks(out, lse, q, k, v, blocks_, window_);
@@ -129,8 +131,7 @@ void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tenso
     }
     {
       TraceSpan span(trace_ops::kRingExchange.data());  // the exposed wait, nested in a compute op
-      send.wait();
-      receive.wait();
+      exchange.wait();
     }
     current = 1 - current;
   }
@@ -152,16 +153,9 @@ void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout
   int current = 0;
   for (int step = 0; step < n; ++step) {
     const int source = (p - step + n) % n, reader = (p + step) % n;
-    CommRequest send, receive, gradient_send, gradient_back;
-    if (step + 1 < n) post_exchange(ring, step + 1, k, v, ring_begin, kv_[1 - current], send, receive);
-    // The gradient of this member's rows that member p + t read at this step comes
-    // back while this member computes its own part of p - t's.
-    int64_t back_rows = 0;
-    if (step > 0) {
-      back_ = key_rows_needed(ring, p, reader, window_);
-      back_rows = total_rows(back_);
-      if (back_rows > 0) gradient_back = hdp_.recv_async(packed(dkv_back_, back_rows), ring.peers[reader], kGradientTag);
-    }
+    CommRequest exchange, gradients;
+    if (step + 1 < n) exchange = post_exchange(ring, step + 1, k, v, ring_begin, kv_[1 - current]);
+    std::vector<Transfer> gradient_sends, gradient_receives;
     if (step == 0) {
       ring_blocks(ring, p, own_, ring_begin, ring_begin);
       if (!blocks_.empty()) attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks_, window_);
@@ -173,11 +167,25 @@ void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout
         ring_blocks(ring, source, held_, ring_begin, 0);
         attention_backward_blocks(dq, keys(dkv_, rows), values(dkv_, rows), dout, q, keys(kv_[current], rows),
                                   values(kv_[current], rows), out, lse, blocks_, window_);
-        gradient_send = hdp_.send_async(packed(dkv_, rows), ring.peers[source], kGradientTag);
+        gradient_sends.push_back({packed(dkv_, rows), ring.peers[source], kGradientTag});
       }
     }
+    // This step's key/value gradients go back to their owner p - t while the gradient
+    // of this member's rows that member p + t read comes back: one grouped exchange,
+    // posted once this member's part is computed (the reader's part arrives when the
+    // reader has computed it, so posting the receive earlier would gain nothing).
+    int64_t back_rows = 0;
+    if (step > 0) {
+      back_ = key_rows_needed(ring, p, reader, window_);
+      back_rows = total_rows(back_);
+      if (back_rows > 0) gradient_receives.push_back({packed(dkv_back_, back_rows), ring.peers[reader], kGradientTag});
+    }
+    if (!gradient_sends.empty() || !gradient_receives.empty()) gradients = hdp_.exchange(gradient_sends, gradient_receives);
     if (back_rows > 0) {
-      gradient_back.wait();
+      {
+        TraceSpan span(trace_ops::kRingExchange.data());
+        gradients.wait();
+      }
       int64_t row = 0, chunk_row = ring_begin;
       for (size_t c = 0; c < back_.size(); ++c) {
         const ChunkRows run = back_[c];
@@ -193,9 +201,8 @@ void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout
     }
     {
       TraceSpan span(trace_ops::kRingExchange.data());  // the exposed wait, nested in a compute op
-      gradient_send.wait();
-      send.wait();
-      receive.wait();
+      gradients.wait();
+      exchange.wait();
     }
     current = 1 - current;
   }

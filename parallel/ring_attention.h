@@ -12,7 +12,8 @@
 // straight back to their owner, who adds them into its rows.
 //
 // No communicator is made per ring: all rings are point-to-point messages on the
-// one hdp communicator of this tp rank and pipeline stage.
+// one hdp communicator of this tp rank and pipeline stage, each step's sends and
+// receives posted together as one Communicator::exchange (one NCCL group under NCCL).
 
 #include <cstdint>
 #include <span>
@@ -49,11 +50,11 @@ class RingAttention {
   // `source`'s chunks, packed one after another from row k_offset of the key tensor.
   void ring_blocks(const RingLayout& ring, int source, std::span<const ChunkRows> held, int64_t ring_begin,
                    int64_t k_offset);
-  // Posts this step's exchange for the next: the receive of what member p - t
-  // sends into `into`, and the send of this member's rows that p + t reads (packed
-  // from k and v rows [ring_begin, T)). Either is skipped when empty.
-  void post_exchange(const RingLayout& ring, int t, const Tensor& k, const Tensor& v, int64_t ring_begin,
-                     const Tensor& into, CommRequest& send, CommRequest& receive);
+  // Posts this step's exchange for the next, as one grouped exchange: the receive of
+  // what member p - t sends into `into`, and the send of this member's rows that
+  // p + t reads (packed from k and v rows [ring_begin, T)). Either is left out when empty.
+  CommRequest post_exchange(const RingLayout& ring, int t, const Tensor& k, const Tensor& v, int64_t ring_begin,
+                            const Tensor& into);
   // [rows, 2, Hkv, d] packed keys and values of a member's ring rows.
   Tensor keys(const Tensor& packed, int64_t rows) const;
   Tensor values(const Tensor& packed, int64_t rows) const;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "test_util.h"
+#include "parallel/nccl_communicator.h"
 #include "trainer/config.h"
 
 namespace hdp {
@@ -688,6 +689,33 @@ TEST(Config, Bf16OnCudaIsAcceptedButItsLayoutLimitsStay) {
   EXPECT_CONTAINS(load_error(path, {"train.device=cuda", "train.precision=bf16", "scheduler.policy=static",
                                     "parallel.hdp=2", "scheduler.cp=2"}),
                   "train.precision");
+}
+
+TEST(Config, CommunicatorChoice) {
+  Scratch s("comm");
+  const std::string path = s.config(kMinimalConfig);
+  EXPECT_EQ(load_config(path).parallel.comm, CommMode::Auto);
+  EXPECT_EQ(load_config(path, {"parallel.comm=mpi", "train.device=cuda"}).parallel.comm, CommMode::Mpi);
+  EXPECT_EQ(load_config(path, {"parallel.comm=auto", "train.device=cuda"}).parallel.comm, CommMode::Auto);
+  // NCCL moves GPU buffers: on the CPU it is refused, naming the key and the device.
+  const std::string on_cpu = load_error(path, {"parallel.comm=nccl"});
+  EXPECT_CONTAINS(on_cpu, "parallel.comm: 'nccl' needs train.device: cuda, not 'cpu' (default)");
+  EXPECT_CONTAINS(on_cpu, "use parallel.comm: mpi");
+  EXPECT_CONTAINS(load_error(path, {"parallel.comm=gloo"}), "parallel.comm: unknown communicator 'gloo'; choose auto");
+  // On cuda it needs a build with NCCL; a config read back from a checkpoint
+  // (check_files = false) is not judged by this machine's build.
+  if (nccl_compiled()) {
+    EXPECT_EQ(load_config(path, {"parallel.comm=nccl", "train.device=cuda"}).parallel.comm, CommMode::Nccl);
+  } else {
+    EXPECT_CONTAINS(load_error(path, {"parallel.comm=nccl", "train.device=cuda"}),
+                    "parallel.comm: 'nccl' asked for, but this build has no NCCL");
+  }
+  const Config stored = load_config(path, {"train.device=cuda"});
+  std::string yaml = emit_config_yaml(stored);
+  const size_t at = yaml.find("comm: \"auto\"");
+  ASSERT_NE(at, std::string::npos) << yaml;
+  yaml.replace(at, std::string("comm: \"auto\"").size(), "comm: \"nccl\"");
+  EXPECT_EQ(parse_config_text(yaml, "stored", {}, false).parallel.comm, CommMode::Nccl);
 }
 
 TEST(ConfigErrors, MissingDataFile) {

@@ -1,4 +1,5 @@
-// Run by ctest under mpirun with 4 ranks: the MPI communicator, the process
+// Run by ctest under mpirun with 4 ranks: the MPI communicator's staging pool (its
+// collectives and messages are in mpi_communicator_conformance_test), the process
 // grid, ZeRO-1 against an unsharded AdamW step, and the training engine's
 // gradients with uneven micro-batch counts across hybrid-data-parallel ranks.
 
@@ -23,49 +24,6 @@ namespace {
 
 using testing::world_rank;
 using testing::world_size;
-
-TEST(MpiCommunicator, CollectivesWithUnevenParts) {
-  ASSERT_EQ(world_size(), 4) << "run under mpirun -np 4";
-  MpiCommunicator world(MPI_COMM_WORLD, "world");
-  const int r = world.rank();
-
-  std::vector<float> v = {1.0f + r, 10.0f * r};
-  world.all_reduce(Tensor(v.data(), {2}), ReduceOp::Sum);
-  EXPECT_EQ(v[0], 1 + 2 + 3 + 4);
-  EXPECT_EQ(v[1], 60);
-  std::vector<float> m = {static_cast<float>(r == 2 ? 7 : r)};
-  world.all_reduce(Tensor(m.data(), {1}), ReduceOp::Max);
-  EXPECT_EQ(m[0], 7);
-
-  // 10 elements over 4 ranks: parts of 2, 3, 2, 3 ([10r/4, 10(r+1)/4)).
-  std::vector<float> send(10);
-  for (int i = 0; i < 10; ++i) send[i] = static_cast<float>(100 * r + i);
-  const int64_t begin = part_begin(10, r, 4), end = part_begin(10, r + 1, 4);
-  std::vector<float> recv(end - begin);
-  world.reduce_scatter(Tensor(send.data(), {10}), Tensor(recv.data(), {end - begin}));
-  for (int64_t i = begin; i < end; ++i) EXPECT_EQ(recv[i - begin], 600 + 4 * i) << i;
-
-  std::vector<float> gathered(10, -1.0f);
-  for (int64_t i = begin; i < end; ++i) gathered[i] = static_cast<float>(r);
-  world.all_gather(Tensor(gathered.data(), {10}));
-  for (int i = 0; i < 10; ++i) {
-    int owner = 0;
-    while (part_begin(10, owner + 1, 4) <= i) ++owner;
-    EXPECT_EQ(gathered[i], owner) << i;
-  }
-
-  // A ring of non-blocking sends and receives.
-  std::vector<float> out(5, static_cast<float>(r)), in(5);
-  world.reset_stats();
-  CommRequest rx = world.recv_async(Tensor(in.data(), {5}), (r + 3) % 4, 7);
-  CommRequest tx = world.send_async(Tensor(out.data(), {5}), (r + 1) % 4, 7);
-  rx.wait();
-  tx.wait();
-  EXPECT_EQ(in[4], static_cast<float>((r + 3) % 4));
-  EXPECT_EQ(world.stats().p2p_bytes, 20);
-  EXPECT_EQ(world.stats().p2p_messages, 1);
-  EXPECT_EQ(world.all_reduce_sum(int64_t{r}), 6);
-}
 
 // The staging path that device buffers take (copy in before the MPI call, copy out
 // in wait(), blocks from the communicator's pool), exercised with host buffers:

@@ -20,6 +20,7 @@
 #include <variant>
 
 #include "base/yaml_reader.h"
+#include "parallel/nccl_communicator.h"
 
 namespace hdp {
 namespace {
@@ -131,7 +132,8 @@ const std::vector<Section>& schema() {
         field("pp", &Config::parallel, &ParallelConfig::pp),
         field("hdp", &Config::parallel, &ParallelConfig::hdp),
         field("pp_layers", &Config::parallel, &ParallelConfig::pp_layers),
-        field("bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb)}},
+        field("bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb),
+        enum_field("comm", &Config::parallel, &ParallelConfig::comm, kCommModeNames, "communicator")}},
       {"scheduler",
        {enum_field("policy", &Config::scheduler, &SchedulerConfig::policy, kSchedulerPolicyNames, "policy"),
         enum_field("balance", &Config::scheduler, &SchedulerConfig::balance, kSchedulerBalanceNames, "balance mode"),
@@ -509,6 +511,16 @@ struct Parser {
     positive(int64_t{p.pp}, "parallel.pp");
     positive(int64_t{p.hdp}, "parallel.hdp");
     positive(p.bucket_mb, "parallel.bucket_mb");
+    if (p.comm == CommMode::Nccl) {
+      require(t.device == Device::CUDA, "parallel.comm",
+              shown("parallel.comm") + " needs train.device: cuda, not " + shown("train.device"),
+              "NCCL moves GPU buffers; use parallel.comm: mpi (or auto) on the CPU", {"train.device"});
+      // Whether this build has NCCL is a property of the machine, like the files:
+      // not checked for a config read back from a checkpoint elsewhere.
+      require(!check_files || nccl_compiled(), "parallel.comm",
+              shown("parallel.comm") + " asked for, but this build has no NCCL (it needs the CUDA backend and libnccl)",
+              "use parallel.comm: mpi or auto, or rebuild with CUDA and NCCL");
+    }
     require(m.num_kv_heads % p.tp == 0, "parallel.tp",
             shown("parallel.tp") + " does not divide model.num_kv_heads " + shown("model.num_kv_heads"),
             "tensor parallelism splits the key/value heads across ranks; choose a divisor of " +

@@ -47,6 +47,15 @@ inline constexpr EnumName<SchedulerBalance> kSchedulerBalanceNames[] = {
     {SchedulerBalance::Auto, "auto", "dp without pipeline parallelism, pp with it"}};
 
 // loader.mode
+// What the tp, pp and hdp groups move tensors with (parallel/process_groups.h): NCCL
+// (device buffers directly; CUDA builds with NCCL) or MPI (device buffers through
+// page-locked host staging); auto picks NCCL when train.device is cuda and NCCL was built.
+enum class CommMode { Auto, Nccl, Mpi };
+inline constexpr EnumName<CommMode> kCommModeNames[] = {
+    {CommMode::Auto, "auto", "nccl when train.device is cuda and this build has NCCL, else mpi"},
+    {CommMode::Nccl, "nccl", "NCCL on the GPUs (train.device: cuda, one GPU per rank)"},
+    {CommMode::Mpi, "mpi", "MPI, device buffers staged through host memory"}};
+
 enum class LoaderMode { Local, Remote };
 inline constexpr EnumName<LoaderMode> kLoaderModeNames[] = {
     {LoaderMode::Local, "local", "every training rank reads its own data"},
@@ -90,6 +99,7 @@ struct TrainConfig {
 struct ParallelConfig : ParallelDegrees {
   std::vector<int64_t> pp_layers;        // layers per stage; empty = balanced by cost
   int64_t bucket_mb = 25;                // ZeRO-1 gradient bucket size
+  CommMode comm = CommMode::Auto;        // the groups' transport; resolve with comm_backend()
 };
 
 // How a step's sequences are spread over the hybrid-data-parallel ranks.

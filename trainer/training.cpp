@@ -26,6 +26,7 @@
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "parallel/message_channel.h"
+#include "parallel/nccl_communicator.h"
 #include "parallel/process_groups.h"
 #include "parallel/progress.h"
 #include "trainer/checkpoint.h"
@@ -86,6 +87,25 @@ void bind_gpu(const TrainConfig& train, const ProcessInfo& process) {
   if (train.precision == DType::BF16 && process.rank == 0)
     spdlog::warn("train.precision: bf16 on cuda runs the CUDA bf16 kernels, which are unverified until `trainer "
                  "selftest` passes on this GPU (it compares every bf16 op and bf16 training steps with the CPU)");
+}
+
+// parallel.comm resolved on the training ranks (collective over `training_world`, or
+// over every rank when it is null, after bind_gpu). nccl: exit 2 when two ranks share a GPU, which NCCL refuses,
+// naming them and the GPU. auto: NCCL when the ranks train on GPUs of their own and
+// NCCL was built; ranks sharing a GPU (tests, small machines) go through MPI.
+CommBackend choose_comm_backend(const Config& config, const MpiCommunicator* training_world,
+                                const ProcessInfo& process) {
+  const CommMode mode = config.parallel.comm;
+  if (mode == CommMode::Mpi || config.train.device != Device::CUDA || !nccl_compiled()) return CommBackend::Mpi;
+  const std::string shared = gpus_shared_by_ranks(training_world, process.hostname);
+  if (shared.empty()) return CommBackend::Nccl;
+  if (mode == CommMode::Nccl) {
+    throw ConfigError("parallel.comm: nccl needs one GPU per rank, but " + shared +
+                      " (NCCL refuses two ranks of one communicator on one GPU); give each rank its own GPU "
+                      "(more GPUs, or fewer ranks per node), or set parallel.comm: mpi to stage through host memory");
+  }
+  if (process.rank == 0) spdlog::info("parallel.comm auto: MPI, because {}", shared);
+  return CommBackend::Mpi;
 }
 
 // Rank 0's summary of the job: where the data comes from, the grid, the BLAS kernels.
@@ -686,7 +706,9 @@ void run_training(const Config& config, const ProcessInfo& process) {
     validate_dataset_vocab(config, dataset->vocab_size(), dataset->max_token_id());
   }
 
-  ProcessGroups groups(degrees, config.model.tie_embeddings, std::move(training_world));
+  const CommBackend backend = choose_comm_backend(config, training_world.get(), process);
+  ProcessGroups groups(degrees, config.model.tie_embeddings, std::move(training_world), backend);
+  if (process.rank == 0) spdlog::info("tp, pp and hdp groups over {}", backend == CommBackend::Nccl ? "NCCL" : "MPI");
   const GridCoords& coords = groups.coords();
   spdlog::info("rank {} on {}: tp {} pp {} hdp {}; {} threads", process.rank, process.hostname, coords.tp_rank,
                coords.pp_rank, coords.hdp_rank, threads);

@@ -34,6 +34,12 @@ void* pinned_malloc(size_t bytes);          // cudaHostAlloc (page-locked host m
 void pinned_free(void* ptr);
 // Waits for all work enqueued on the compute stream.
 void synchronize();
+// The compute stream itself (a cudaStream_t), for host code outside kernels/ that
+// orders its own device work against the ops' (the NCCL communicator's events).
+void* compute_stream_handle();
+// The PCI bus id of this process's device ("0000:18:00.0"): one GPU of a node
+// whatever number CUDA_VISIBLE_DEVICES gives it, so ranks can tell whether they share one.
+std::string device_bus_id();
 
 // The copy engine's stream (kernels/copy_engine.cpp, kernels/cuda/copy_stream.cu).
 // Streams and events are opaque handles (cudaStream_t, cudaEvent_t) so that host

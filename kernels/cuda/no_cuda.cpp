@@ -26,6 +26,8 @@ void device_free(void*) {}
 void* pinned_malloc(size_t) { absent(); }
 void pinned_free(void*) {}
 void synchronize() {}
+void* compute_stream_handle() { absent(); }
+std::string device_bus_id() { absent(); }
 void* copy_stream_create() { absent(); }
 void copy_stream_destroy(void*) {}
 void* copy_event_create() { absent(); }

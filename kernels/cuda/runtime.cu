@@ -144,6 +144,15 @@ void pinned_free(void* ptr) {
 
 void synchronize() { HDP_CUDA_CHECK(cudaStreamSynchronize(compute_stream())); }
 
+void* compute_stream_handle() { return compute_stream(); }
+
+std::string device_bus_id() {
+  compute_stream();  // the device is chosen
+  char id[64] = {};
+  HDP_CUDA_CHECK(cudaDeviceGetPCIBusId(id, static_cast<int>(sizeof id), state().device));
+  return id;
+}
+
 // ---- per-op device times ----------------------------------------------------------
 namespace {
 
