@@ -32,6 +32,7 @@
 #include <string>
 #include <vector>
 
+#include "bench/random_data.h"
 #include "kernels/cpu/blas_threads.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/gemm.h"
@@ -42,14 +43,6 @@ namespace {
 
 using hdp::IndexTensor;
 using hdp::Tensor;
-
-std::vector<float> random_vector(size_t n, float lo, float hi, uint32_t seed) {
-  std::vector<float> v(n);
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 void set_gflops(benchmark::State& state, double flops_per_iter) {
   state.counters["GFLOP/s"] =

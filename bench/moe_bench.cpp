@@ -13,20 +13,13 @@
 #include <random>
 #include <vector>
 
+#include "bench/random_data.h"
 #include "kernels/ops.h"
 #include "model/moe.h"
 
 namespace {
 
 using hdp::Tensor;
-
-std::vector<float> random_vector(size_t n, float lo, float hi, uint32_t seed) {
-  std::vector<float> v(n);
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> u(lo, hi);
-  for (auto& x : v) x = u(rng);
-  return v;
-}
 
 void set_rates(benchmark::State& state, double flops_per_iter, int64_t tokens) {
   const double n = static_cast<double>(state.iterations());

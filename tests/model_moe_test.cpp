@@ -142,6 +142,14 @@ TEST(MoeBlock, LoadBalancingLossByHand) {
   }
 }
 
+// n standard normal floats from `rng`.
+std::vector<float> normal_values(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> normal;
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
 // Dropless: every token reaches its k experts however unbalanced the router is. A zero
 // router ties every expert; ties go to the lower index, so every token picks experts
 // 0 and 1 and the others get nothing: f = (1, 1, 0, 0), P = 1/4 each, aux = 4 x 2/4 = 2.
@@ -149,10 +157,8 @@ TEST(MoeBlock, DroplessUnderAnUnbalancedRouter) {
   const MoeShape s{4, 3, 4, 2};
   Block b(s, false, 5);
   std::fill(b.storage[0].begin(), b.storage[0].end(), 0.0f);
-  std::vector<float> x(9 * 4), out(9 * 4);
   std::mt19937 rng(1);
-  std::normal_distribution<float> n;
-  for (float& v : x) v = n(rng);
+  std::vector<float> x = normal_values(9 * 4, rng), out(9 * 4);
   MoeBlock block(s, 9);
   block.forward(Tensor(out.data(), {9, 4}), Tensor(x.data(), {9, 4}), b.tensors);
   EXPECT_EQ(block.expert_tokens(), (std::vector<int64_t>{9, 9, 0, 0}));
@@ -168,11 +174,8 @@ TEST(MoeBlock, GradientsMatchFiniteDifferences) {
   const int64_t T = 7, H = s.hidden;
   const double coef = 0.37;
   Block b(s, false, 11), g(s, true, 0);
-  std::vector<float> x(T * H), c(T * H), out(T * H), dx(T * H);
   std::mt19937 rng(2);
-  std::normal_distribution<float> n;
-  for (float& v : x) v = n(rng);
-  for (float& v : c) v = n(rng);
+  std::vector<float> x = normal_values(T * H, rng), c = normal_values(T * H, rng), out(T * H), dx(T * H);
   MoeBlock block(s, T);
   block.forward(Tensor(out.data(), {T, H}), Tensor(x.data(), {T, H}), b.tensors);
   block.backward(Tensor(dx.data(), {T, H}), g.tensors, Tensor(c.data(), {T, H}), Tensor(x.data(), {T, H}), b.tensors,
@@ -234,11 +237,8 @@ TEST(MoeBlock, TensorParallelSlicesEqualTheWholeBlock) {
   const int64_t T = 9, H = s.hidden, F = s.ffn, E = s.experts;
   const double coef = 0.37;
   Block whole(s, false, 13), whole_grad(s, true, 0);
-  std::vector<float> x(T * H), c(T * H), out(T * H), dx(T * H);
   std::mt19937 rng(4);
-  std::normal_distribution<float> n;
-  for (float& v : x) v = n(rng);
-  for (float& v : c) v = n(rng);
+  std::vector<float> x = normal_values(T * H, rng), c = normal_values(T * H, rng), out(T * H), dx(T * H);
   MoeBlock block(s, T);
   block.forward(Tensor(out.data(), {T, H}), Tensor(x.data(), {T, H}), whole.tensors);
   block.backward(Tensor(dx.data(), {T, H}), whole_grad.tensors, Tensor(c.data(), {T, H}), Tensor(x.data(), {T, H}),
