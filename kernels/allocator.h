@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "base/errors.h"
 #include "kernels/device.h"
@@ -36,6 +37,30 @@ DeviceAllocator& allocator_for(Device device);
 // copy engine moves to and from the device asynchronously and at full bandwidth.
 // Throws UnsupportedDevice when the CUDA backend is not compiled in.
 DeviceAllocator& pinned_host_allocator();
+
+// A std::vector allocator over host memory from a DeviceAllocator of host memory:
+// the heap (allocator_for(Device::CPU)), or page-locked memory
+// (pinned_host_allocator()), which device-to-host copies fill at full bandwidth
+// without a staging copy. Vectors compare equal only with the same source.
+template <class T>
+class HostVectorAllocator {
+ public:
+  using value_type = T;
+  HostVectorAllocator() : source_(&allocator_for(Device::CPU)) {}
+  explicit HostVectorAllocator(DeviceAllocator& source) : source_(&source) {}
+  template <class U>
+  HostVectorAllocator(const HostVectorAllocator<U>& other) : source_(other.source()) {}
+  T* allocate(size_t n) { return static_cast<T*>(source_->allocate(n * sizeof(T))); }
+  void deallocate(T* p, size_t) { source_->deallocate(p); }
+  DeviceAllocator* source() const { return source_; }
+  bool operator==(const HostVectorAllocator& other) const { return source_ == other.source_; }
+
+ private:
+  DeviceAllocator* source_;
+};
+
+// Host copies of device state (checkpoint snapshots): pinned when the state is on a GPU.
+using HostBuffer = std::vector<float, HostVectorAllocator<float>>;
 
 // Bump allocator over one block. An arena made with Arena::counting() hands out
 // no memory and only adds up sizes, so a layout function can run once to size

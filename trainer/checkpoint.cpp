@@ -284,7 +284,7 @@ void write_part(const std::string& file, const CheckpointSnapshot& s, const Chec
 
     H5Handle opt = h5_group(H5Gcreate2(f.get(), "optimizer", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), "optimizer");
     std::map<size_t, H5Handle> groups;
-    const std::vector<float>* moments[2] = {&s.exp_avg, &s.exp_avg_sq};
+    const HostBuffer* moments[2] = {&s.exp_avg, &s.exp_avg_sq};
     for (const ZeroAdamW::Segment& seg : s.segments) {
       if (seg.parameter >= params.size()) {
         throw CheckpointError(file + ": optimizer segment of parameter " + std::to_string(seg.parameter) +
@@ -743,7 +743,9 @@ std::string checkpoint_path(const std::string& checkpoint_dir, int64_t step) {
   return (fs::path(checkpoint_dir) / name).string();
 }
 
-static void to_host(const Tensor& t, std::vector<float>& host) {
+static void to_host(const Tensor& t, HostBuffer& host) {
+  if (t.device == Device::CUDA && host.get_allocator().source() != &pinned_host_allocator())
+    host = HostBuffer(HostVectorAllocator<float>(pinned_host_allocator()));
   host.resize(static_cast<size_t>(t.numel()));
   if (t.numel() > 0) copy(Tensor(host.data(), {t.numel()}, Device::CPU), t);
 }

@@ -23,6 +23,7 @@
 
 #include "base/errors.h"
 #include "data/batch.h"
+#include "kernels/allocator.h"
 #include "parallel/communicator.h"
 #include "parallel/parallel_degrees.h"
 #include "parallel/zero_optimizer.h"
@@ -62,12 +63,13 @@ struct CheckpointLayout {
 // the part can be written while training goes on (asynchronous checkpoints,
 // trainer/checkpoint_writer.h): the parameters' layout and this rank's slice of
 // their values (only when it writes weights: hdp rank 0), its ZeRO-1 segments and
-// moment shards, and the progress. Its buffers are reused by the next snapshot.
+// moment shards, and the progress. Its buffers are reused by the next snapshot, and
+// are page-locked when the state is on a GPU (so the copies run at full bandwidth).
 struct CheckpointSnapshot {
   std::vector<ParameterInfo> parameters;
   std::vector<ZeroAdamW::Segment> segments;
-  std::vector<float> flat_parameters;  // empty unless this rank writes weights
-  std::vector<float> exp_avg, exp_avg_sq;
+  HostBuffer flat_parameters;  // empty unless this rank writes weights
+  HostBuffer exp_avg, exp_avg_sq;
   TrainingProgress progress;
 };
 
