@@ -130,7 +130,8 @@ const char* const kGenerateHelp = R"(usage: trainer generate CHECKPOINT --prompt
 Continues TEXT with a checkpoint (a step directory saved under any layout, or a
 checkpoint directory, whose newest complete checkpoint is taken) and prints the
 prompt and its continuation. Stops after --max-new-tokens or at the tokenizer's
-EOS. Each token recomputes the whole context (no KV cache yet).
+EOS. The prompt runs once into a key/value cache; each new token then costs one
+position. Past data.max_seq_len the cache restarts from the last half context.
   --tokenizer PATH       tokenizer.model or tokenizer.json (default byte-level)
   --max-new-tokens N     default 128
   --temperature T        0 (default): greedy; otherwise sample softmax(logits / T)
