@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "base/errors.h"
@@ -46,6 +47,11 @@ template <class T>
 class HostVectorAllocator {
  public:
   using value_type = T;
+  // Assigning or swapping vectors takes the other's memory source along (a
+  // snapshot buffer switched to pinned memory stays pinned).
+  using propagate_on_container_copy_assignment = std::true_type;
+  using propagate_on_container_move_assignment = std::true_type;
+  using propagate_on_container_swap = std::true_type;
   HostVectorAllocator() : source_(&allocator_for(Device::CPU)) {}
   explicit HostVectorAllocator(DeviceAllocator& source) : source_(&source) {}
   template <class U>

@@ -49,7 +49,6 @@ CachedDecoder::CachedDecoder(const LlamaModel& model, int64_t max_positions)
         layer.moe.w2.push_back(weight(model, ex + "w2.weight"));
         layer.moe.w3.push_back(weight(model, ex + "w3.weight"));
       }
-      moe_.emplace_back(MoeShape{H, F, c.num_experts, c.experts_per_token}, max_positions);
     } else {
       layer.gate = weight(model, pre + "mlp.gate_proj.weight");
       layer.up = weight(model, pre + "mlp.up_proj.weight");
@@ -59,6 +58,7 @@ CachedDecoder::CachedDecoder(const LlamaModel& model, int64_t max_positions)
     layer.values.resize(static_cast<size_t>(max_positions * kv));
     layers_.push_back(std::move(layer));
   }
+  if (c.moe()) moe_.emplace(MoeShape{H, F, c.num_experts, c.experts_per_token}, max_positions);
   const auto rows = [&](int64_t width) { return static_cast<size_t>(max_positions * width); };
   x_.resize(rows(H));
   normed_.resize(rows(H));
@@ -112,7 +112,7 @@ std::span<const float> CachedDecoder::append(std::span<const int32_t> tokens) {
     add_inplace(mid, x);
     rmsnorm_forward(normed, rstd, mid, w.post_norm, eps);
     if (c.moe()) {
-      moe_[l].forward(x, normed, w.moe);
+      moe_->forward(x, normed, w.moe);
     } else {
       const Tensor gate(gate_.data(), {T, F}), up(up_.data(), {T, F}), act(act_.data(), {T, F});
       linear_forward(gate, normed, w.gate);

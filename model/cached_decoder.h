@@ -10,6 +10,7 @@
 // tokens up to the summation order of attention (tests/model_cached_decoder_test.cpp).
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -47,7 +48,9 @@ class CachedDecoder {
   int64_t length_ = 0;
   Tensor embed_, final_norm_, head_;
   std::vector<Layer> layers_;
-  std::vector<MoeBlock> moe_;
+  // Mixtral: one block serves every layer in turn (forward only, so nothing it keeps
+  // for backward outlives the layer; one set of its buffers, not one per layer).
+  std::optional<MoeBlock> moe_;
   // Scratch for up to max_positions rows (a prompt), reused by every layer.
   std::vector<float> x_, normed_, q_, attn_, lse_, mid_, gate_, up_, act_, rstd_, logits_;
   std::vector<int32_t> tokens_, positions_;

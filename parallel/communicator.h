@@ -8,6 +8,7 @@
 // is the one set of tests every implementation passes.
 
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <span>
 #include <stdexcept>
@@ -52,7 +53,9 @@ class CommRequest {
   }
   bool pending() const { return pending_ != nullptr; }
 
-  // One request for several: wait() waits for each in order (none: complete).
+  // One request for several: wait() waits for each in order (none: complete); when
+  // one fails it still waits for the others (whose buffers are in use until then)
+  // and then rethrows the first error.
   static CommRequest all(std::vector<CommRequest> requests);
 
  private:
@@ -65,7 +68,15 @@ inline CommRequest CommRequest::all(std::vector<CommRequest> requests) {
    public:
     explicit All(std::vector<CommRequest> r) : requests_(std::move(r)) {}
     void wait() override {
-      for (CommRequest& r : requests_) r.wait();
+      std::exception_ptr first;
+      for (CommRequest& r : requests_) {
+        try {
+          r.wait();
+        } catch (...) {
+          if (!first) first = std::current_exception();
+        }
+      }
+      if (first) std::rethrow_exception(first);
     }
 
    private:
@@ -77,7 +88,7 @@ inline CommRequest CommRequest::all(std::vector<CommRequest> requests) {
 // Bytes this rank put on the wire through one communicator. Point-to-point
 // counts the payload of each send; collectives count what a ring algorithm sends
 // per rank (ring_collective_bytes): all-reduce 2(n-1)/n x bytes, reduce-scatter and
-// all-gather (n-1)/n x the full buffer. Bytes are those of the elements as they
+// all-gather (n-1)/n x the full buffer, all-to-all what leaves the rank. Bytes are those of the elements as they
 // travel: MPI moves every element as fp32 (bf16 is widened for the wire), NCCL
 // moves bf16 as bf16.
 struct CommStats {
@@ -98,8 +109,8 @@ inline int64_t ring_collective_bytes(int64_t bytes, int ranks, int passes) {
 inline int64_t part_begin(int64_t n, int part, int parts) { return n * part / parts; }
 
 // all_to_all_v's contract, checked by every implementation: one count per rank, none
-// negative, and send / recv holding exactly their sums. Throws std::invalid_argument
-// naming the group.
+// negative, send / recv holding exactly their sums, and one dtype. Throws
+// std::invalid_argument naming the group.
 inline void check_all_to_all_counts(const std::string& group, int size, const Tensor& send,
                                     std::span<const int64_t> send_counts, const Tensor& recv,
                                     std::span<const int64_t> recv_counts) {
@@ -118,6 +129,9 @@ inline void check_all_to_all_counts(const std::string& group, int size, const Te
   };
   check("send", send, send_counts);
   check("recv", recv, recv_counts);
+  if (send.dtype != recv.dtype)
+    throw std::invalid_argument(group + " all-to-all: sends " + dtype_name(send.dtype) + " into a " +
+                                dtype_name(recv.dtype) + " receive");
 }
 
 // Why a reduce-scatter receive of `received` elements is not part `rank` of a buffer

@@ -333,8 +333,9 @@ CommRequest MpiCommunicator::all_to_all_v_async(const Tensor& send, std::span<co
   ++stats_.collectives;
   const float* send_buffer = p->input(send, staged(send));
   float* recv_buffer = p->output(recv, staged(recv));
-  MPI_Ialltoallv(send_buffer, p->counts.data(), p->displacements.data(), MPI_FLOAT, recv_buffer,
-                 p->recv_counts.data(), p->recv_displacements.data(), MPI_FLOAT, comm_, &p->request);
+  check(MPI_Ialltoallv(send_buffer, p->counts.data(), p->displacements.data(), MPI_FLOAT, recv_buffer,
+                       p->recv_counts.data(), p->recv_displacements.data(), MPI_FLOAT, comm_, &p->request),
+        name_, "all-to-all");
   return CommRequest(std::move(p));
 }
 

@@ -5,8 +5,8 @@
 // callers need no #ifdef.
 //
 // What goes where: collectives on CUDA tensors (all-reduce, reduce-scatter,
-// all-gather, fp32 and bf16 natively) and grouped exchanges (ring attention) run
-// on NCCL, on a communication stream of the communicator's own: the stream first
+// all-gather, all-to-all with a size per peer, fp32 and bf16 natively) and grouped
+// exchanges (ring attention) run on NCCL, on a communication stream of the communicator's own: the stream first
 // waits for the work already enqueued on the compute stream (an event), and a
 // request's wait() makes the compute stream wait for the operation's completion
 // event, so neither the host nor the compute stream blocks while it runs. The
@@ -15,8 +15,11 @@
 // Those keep MPI's semantics (messages matched by tag, in any posting order, sizes
 // checked), which NCCL lacks: it matches a pair's messages in issue order only and
 // runs a rank's operations in order, so a receive posted before its send (the
-// pipeline posts receives ahead) would block the stream. CommStats count both, with
-// bf16 at 2 bytes an element on NCCL's wire.
+// pipeline posts receives ahead) would block the stream. A grouped exchange on NCCL
+// is therefore matched by its sorted (peer, tag) order and its sizes are not checked:
+// both sides must agree on every transfer's size exactly (ring attention computes
+// them from one shared layout), where MPI would name a mismatch. CommStats count
+// both, with bf16 at 2 bytes an element on NCCL's wire.
 
 #include <memory>
 #include <string>

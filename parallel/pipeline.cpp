@@ -115,6 +115,9 @@ void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
       const int i = prepared++, slot = slot_of(i);
       activation_out[slot].wait();
       side_out[slot].wait();
+      // The slot's side values going back (sent after its last backward) may be
+      // rewritten by the next forward in the slot (the last stage's routing totals).
+      side_back_out[slot].wait();
       stage.prepare(i, slot);
       if (!first) activation_in[i] = pp_.recv_async(stage.input_activation(slot), stage_ - 1, activation_tag(i));
       if (!first && has(stage.side_input(slot)))

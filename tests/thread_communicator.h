@@ -32,7 +32,13 @@ class ThreadGroup {
  public:
   explicit ThreadGroup(int size) : size_(size), arrived_(size), posted_(static_cast<size_t>(size)) {}
   int size() const { return size_; }
-  void leave() { arrived_.arrive_and_drop(); }
+  // A rank that failed outside a collective leaves: the collective the others are in
+  // (or enter next) fails with this error instead of reading its stale contribution.
+  void leave(int rank) {
+    posted_[static_cast<size_t>(rank)] = Contribution{};
+    posted_[static_cast<size_t>(rank)].error = "rank " + std::to_string(rank) + " left the group (it failed)";
+    arrived_.arrive_and_drop();
+  }
 
  private:
   friend class ThreadCommunicator;
@@ -43,7 +49,7 @@ class ThreadGroup {
     std::vector<int64_t> integers;
     size_t host_count() const { return doubles.size() + integers.size(); }
     std::string op;            // the collective, so that mismatched calls are found
-    std::vector<int64_t> counts;  // all-to-all: the elements for each rank (sizes differ by rank)
+    std::vector<int64_t> counts, recv_counts;  // all-to-all: elements to and from each rank (sizes differ by rank)
     std::string error;         // this rank's call is invalid (a wrong receive size)
   };
   struct Message {
@@ -117,22 +123,31 @@ class ThreadCommunicator final : public Communicator {
     check_all_to_all_counts(name_, size(), send, send_counts, recv, recv_counts);
     ThreadGroup::Contribution mine = tensor_call(send, "all-to-all");
     mine.counts.assign(send_counts.begin(), send_counts.end());
+    mine.recv_counts.assign(recv_counts.begin(), recv_counts.end());
     // What leaves this rank, each element as fp32 (wire_bytes), as the MPI communicator counts it.
     stats_.collective_bytes += (send.numel() - send_counts[static_cast<size_t>(rank_)]) * static_cast<int64_t>(sizeof(float));
     ++stats_.collectives;
     std::string error;
     collective("all-to-all", std::move(mine), [&] {
+      // Every rank checks the whole count matrix, so all of them fail alike (the
+      // dtypes agree: collective() checked them).
+      for (int q = 0; q < size() && error.empty(); ++q) {
+        for (int r = 0; r < size(); ++r) {
+          const int64_t sent = group_.posted_[static_cast<size_t>(q)].counts[static_cast<size_t>(r)];
+          const int64_t expected = group_.posted_[static_cast<size_t>(r)].recv_counts[static_cast<size_t>(q)];
+          if (sent != expected) {
+            error = name_ + " all-to-all: rank " + std::to_string(q) + " sends " + std::to_string(sent) +
+                    " elements to rank " + std::to_string(r) + ", which expects " + std::to_string(expected);
+            break;
+          }
+        }
+      }
+      if (!error.empty()) return;
       // From each rank q: its part for this rank, after its parts for the ranks before.
       const size_t me = static_cast<size_t>(rank_), element = recv.element_size();
       int64_t at = 0;
-      for (int q = 0; q < size() && error.empty(); ++q) {
+      for (int q = 0; q < size(); ++q) {
         const ThreadGroup::Contribution& c = group_.posted_[static_cast<size_t>(q)];
-        if (c.counts[me] != recv_counts[static_cast<size_t>(q)] || c.data.dtype != recv.dtype) {
-          error = name_ + " all-to-all: rank " + std::to_string(q) + " sends " + std::to_string(c.counts[me]) +
-                  " elements to rank " + std::to_string(rank_) + ", which expects " +
-                  std::to_string(recv_counts[static_cast<size_t>(q)]);
-          break;
-        }
         int64_t from = 0;
         for (int j = 0; j < rank_; ++j) from += c.counts[static_cast<size_t>(j)];
         std::memcpy(static_cast<char*>(recv.raw()) + at * element,
@@ -324,7 +339,7 @@ inline void run_ranks(int size, const std::function<void(ThreadCommunicator&)>& 
         body(comm);
       } catch (...) {
         errors[static_cast<size_t>(r)] = std::current_exception();
-        group.leave();
+        group.leave(r);
       }
     });
   }

@@ -617,15 +617,17 @@ struct Parser {
               "Mixtral's MoE layers cannot offload activations or split a sequence over a ring yet, so every "
               "sequence must fit one micro-batch",
               {"data.micro_batch_tokens", "model.arch"});
-      // Under pp a micro-batch's (token, choice) counts travel between stages as fp32
-      // (model/model.h, routing_input), exact below 2^24.
-      require(p.pp == 1 || m.num_layers * d.micro_batch_tokens * m.experts_per_token < (int64_t{1} << 24),
+      // A micro-batch's (token, choice) counts are kept as fp32, the form in which they
+      // travel between pipeline stages (model/model.h, routing_input): exact below 2^24.
+      // The product is taken in double: the sizes are not checked yet (below).
+      require(static_cast<double>(m.num_layers) * static_cast<double>(d.micro_batch_tokens) *
+                      static_cast<double>(m.experts_per_token) <
+                  static_cast<double>(int64_t{1} << 24),
               "data.micro_batch_tokens",
               shown("data.micro_batch_tokens") + " x model.num_layers x model.experts_per_token reaches 2^24 with "
-                  "model.arch 'mixtral' and parallel.pp " + shown("parallel.pp"),
-              "the routing counts a pipeline passes between its stages are exact below 2^24; use smaller "
-              "micro-batches",
-              {"model.num_layers", "model.experts_per_token", "parallel.pp"});
+                  "model.arch 'mixtral'",
+              "the routing counts of a micro-batch are exact below 2^24; use smaller micro-batches",
+              {"model.num_layers", "model.experts_per_token"});
       require(!(sc.policy == SchedulerPolicy::Static && sc.cp > 1), "scheduler.cp",
               shown("scheduler.cp") + " with model.arch 'mixtral'",
               "Mixtral's MoE layers do not run in context-parallel rings yet (a forward's routing statistics would "
