@@ -43,11 +43,13 @@ static_assert(std::atomic<pid_t>::is_always_lock_free);
 // the command's process group, a second one too (the trainer takes a second signal
 // as "stop at once"), and remembers the first.
 void on_stop_signal(int signal) {
+  const int saved_errno = errno;  // kill may set it under the interrupted code
   int none = 0;
   g_stop_signal.compare_exchange_strong(none, signal);
   const pid_t group = g_child_group.load();
   const int forward = g_forward_as.load();
   if (group > 0) ::kill(-group, forward ? forward : signal);
+  errno = saved_errno;
 }
 
 void install_forwarding_handlers() {
@@ -158,6 +160,13 @@ Outcome run_once(const std::vector<std::string>& command, int restart) {
   }
   ::setpgid(pid, pid);  // also here: whichever runs first, the group exists before a signal is forwarded
   g_child_group.store(pid);
+  // A stop signal that came after the caller's check of g_stop_signal but before the
+  // block above was recorded with no group to forward it to: forward it now, as the
+  // handler would (one that came while blocked is pending, and the handler forwards it).
+  if (const int stop = g_stop_signal.load()) {
+    const int forward = g_forward_as.load();
+    ::kill(-pid, forward ? forward : stop);
+  }
   sigprocmask(SIG_SETMASK, &previous, nullptr);
   ::close(exec_pipe[1]);
   int exec_error = 0;
