@@ -65,9 +65,33 @@ double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// The common signals' names; not sigabbrev_np, which needs glibc >= 2.32 (not on
+// RHEL 8 or Ubuntu 20.04).
+const char* signal_name(int signal) {
+  switch (signal) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGABRT: return "SIGABRT";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGBUS: return "SIGBUS";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    default: return nullptr;
+  }
+}
+
 std::string signal_text(int signal) {
-  const char* abbrev = sigabbrev_np(signal);
-  return "signal " + std::to_string(signal) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
+  const char* name = signal_name(signal);
+  return "signal " + std::to_string(signal) + (name ? std::string(" (") + name + ")" : "");
 }
 
 // How one run of the command ended.
