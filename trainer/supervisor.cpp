@@ -149,7 +149,9 @@ Outcome run_once(const std::vector<std::string>& command, int restart) {
   std::vector<char*> argv;
   for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  const std::string restart_text = std::to_string(restart);  // nothing allocates after fork
+  // Made before fork; the child's setenv still allocates, which is safe only because
+  // the supervisor is single-threaded (no other thread can hold malloc's lock at fork).
+  const std::string restart_text = std::to_string(restart);
   // The child reports a failed exec through this pipe (closed on a successful exec).
   int exec_pipe[2];
   if (::pipe2(exec_pipe, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
@@ -230,9 +232,14 @@ class EttrLog {
   EttrLog(const SupervisorOptions& options, double start_s)
       : options_(options), start_s_(start_s), path_((std::filesystem::path(options.run_dir) / "ettr.jsonl").string()) {
     std::filesystem::create_directories(options.run_dir);
-    out_.open(path_, std::ios::app);
-    if (!out_) throw InputError("trainer supervise: cannot write " + path_ + " (--run-dir)");
+    // Close-on-exec (unlike std::ofstream's), so that mpirun and the ranks do not
+    // inherit it; appended a whole line per write.
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw InputError("trainer supervise: cannot write " + path_ + " (--run-dir)");
   }
+  ~EttrLog() { ::close(fd_); }
+  EttrLog(const EttrLog&) = delete;
+  EttrLog& operator=(const EttrLog&) = delete;
 
   // One line: `event` "restart" or "end"; `restarts` made so far (on a restart line,
   // counting the one it announces); `last_kept_step` the step whose progress
@@ -260,8 +267,13 @@ class EttrLog {
                            {"ettr_last_hour", hour.ratio},
                            {"causes", causes}};
     line.update(extra);
-    out_ << line.dump() << '\n';
-    out_.flush();
+    const std::string text = line.dump() + '\n';
+    for (size_t done = 0; done < text.size();) {
+      const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw std::runtime_error("trainer supervise: cannot write " + path_ + ": " + std::strerror(errno));
+      done += static_cast<size_t>(n);
+    }
     spdlog::info("supervise: {} | ETTR {:.3f} ({:.1f} of {:.1f} s), last hour {:.3f} | progress kept to step {}", event,
                  all.ratio, all.effective_s, all.wall_s, hour.ratio, last_kept_step);
   }
@@ -270,7 +282,7 @@ class EttrLog {
   const SupervisorOptions& options_;
   double start_s_;
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;
 };
 
 // Sleeps `seconds`, or less when a stop signal arrives.
