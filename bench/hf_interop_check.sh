@@ -25,16 +25,18 @@ status=0
 for model in tiny-llama tiny-mistral; do
   run="$out/$model"
   # tiny-mistral with a window of 16, well inside the 63 positions of prompt and continuation.
+  # (${window[@]+...}: an empty array under set -u fails on bash < 4.4.)
   window=()
   [[ $model == tiny-mistral ]] && window=(--set model.sliding_window=16)
-  "$trainer" train "configs/$model.yaml" "${window[@]}" --set train.steps=60 --set train.run_dir="$run" \
+  "$trainer" train "configs/$model.yaml" ${window[@]+"${window[@]}"} --set train.steps=60 --set train.run_dir="$run" \
     --set train.checkpoint_dir="$run/checkpoints" --set train.checkpoint_every=60 >"$run.train.log" 2>&1
   "$trainer" export-hf "$run/checkpoints" --output "$run/hf" --dtype fp32 >/dev/null
   ours=$("$trainer" generate "$run/checkpoints" --prompt "$prompt" --max-new-tokens $new_tokens --threads 1 2>/dev/null)
   ours="${ours#"$prompt"}"  # generate prints the prompt, then its continuation
   theirs=$("$python" bench/hf_interop_check.py "$run/hf" "$run/hf-resaved" "$prompt_ids" $new_tokens)
   # Their new ids as text (bytes; ids >= 256 are BOS/EOS and end the text as ours does).
-  their_text=$(sed -n 's/^new //p' <<<"$theirs" | tr ',' '\n' | awk '$1 < 256 { printf "%c", $1 } $1 >= 256 { exit }')
+  # LC_ALL=C: under a UTF-8 locale gawk's %c prints 128..255 as two bytes.
+  their_text=$(sed -n 's/^new //p' <<<"$theirs" | tr ',' '\n' | LC_ALL=C awk '$1 < 256 { printf "%c", $1 } $1 >= 256 { exit }')
   echo "$model: transformers loaded it as $(sed -n 's/^class //p' <<<"$theirs"); its loss over prompt + continuation $(sed -n 's/^loss //p' <<<"$theirs")"
   echo "  ours:         $(printf '%q' "$ours")"
   echo "  transformers: $(printf '%q' "$their_text")"

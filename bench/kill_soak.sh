@@ -37,10 +37,22 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -x "$trainer" ] || { echo "kill_soak.sh: no trainer binary at $trainer (pass --trainer)" >&2; exit 2; }
+temporary=0
 if [ -z "$work" ]; then
   work="$(mktemp -d)"
-  trap 'rm -rf "$work"' EXIT
+  temporary=1
 fi
+supervisor=""
+# On any exit (fail included): stop the supervised job first (its ranks would go on
+# writing into the work directory), then delete the directory if it is ours.
+cleanup() {
+  if [ -n "$supervisor" ] && kill -0 "$supervisor" 2> /dev/null; then
+    kill -TERM "$supervisor" 2> /dev/null || true
+    wait "$supervisor" 2> /dev/null || true
+  fi
+  if [ "$temporary" = 1 ]; then rm -rf "$work"; fi
+}
+trap cleanup EXIT
 mkdir -p "$work"
 work="$(cd "$work" && pwd)"
 cd "$work"
@@ -68,7 +80,8 @@ start=$(date +%s.%N)
   > soak.log 2>&1 &
 supervisor=$!
 
-restarts_logged() { [ -e soak/ettr.jsonl ] && grep -c '"event":"restart"' soak/ettr.jsonl || echo 0; }
+# grep -c prints 0 itself (and fails) when nothing matches.
+restarts_logged() { if [ -e soak/ettr.jsonl ]; then grep -c '"event":"restart"' soak/ettr.jsonl || true; else echo 0; fi; }
 # The ranks of the running job: the children of the supervisor's child (mpirun).
 ranks_now() {
   local launcher
@@ -89,7 +102,8 @@ while [ "$done_kills" -lt "$kills" ] && kill -0 "$supervisor" 2> /dev/null; do
   before="$(restarts_logged)"
   kill -KILL "$victim" 2> /dev/null || continue
   done_kills=$((done_kills + 1))
-  step="$(grep -c . soak/metrics.jsonl 2> /dev/null || echo 0)"
+  step=0
+  if [ -e soak/metrics.jsonl ]; then step="$(grep -c . soak/metrics.jsonl || true)"; fi
   echo "kill_soak: kill $done_kills/$kills: SIGKILL to rank pid $victim after ${delay} s (metrics at step $step)"
   # Wait for the supervisor to notice and restart (or to end, if the run had finished).
   while [ "$(restarts_logged)" = "$before" ] && kill -0 "$supervisor" 2> /dev/null; do sleep 0.1; done
@@ -98,6 +112,7 @@ while [ "$done_kills" -lt "$kills" ] && kill -0 "$supervisor" 2> /dev/null; do
 done
 status=0
 wait "$supervisor" || status=$?
+supervisor=""  # ended: nothing for cleanup to stop (its pid may be reused)
 soak_s=$(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
 [ "$status" = 0 ] || { tail -30 soak.log; fail "the supervised run ended with $status"; }
 

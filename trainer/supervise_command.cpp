@@ -7,7 +7,9 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
+#include <limits>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -78,7 +80,13 @@ int command_supervise(const std::vector<std::string>& raw) {
   setup_logging(0);
   return run_subcommand("supervise", [&] {
     SupervisorOptions options;
-    options.max_restarts = static_cast<int>(args.integer("--max-restarts", options.max_restarts, 0));
+    // Bounded before the cast to int, which would wrap.
+    const int64_t max_restarts = args.integer("--max-restarts", options.max_restarts, 0);
+    if (max_restarts > std::numeric_limits<int>::max()) {
+      throw UsageError("--max-restarts must be at most " + std::to_string(std::numeric_limits<int>::max()) +
+                       ", got " + std::to_string(max_restarts));
+    }
+    options.max_restarts = static_cast<int>(max_restarts);
     options.backoff_s = seconds_option(args, "--backoff-s", options.backoff_s);
     options.max_backoff_s = seconds_option(args, "--max-backoff-s", options.max_backoff_s);
     const std::optional<std::string> run_dir = args.option("--run-dir");

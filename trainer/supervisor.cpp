@@ -43,11 +43,13 @@ static_assert(std::atomic<pid_t>::is_always_lock_free);
 // the command's process group, a second one too (the trainer takes a second signal
 // as "stop at once"), and remembers the first.
 void on_stop_signal(int signal) {
+  const int saved_errno = errno;  // kill may set it under the interrupted code
   int none = 0;
   g_stop_signal.compare_exchange_strong(none, signal);
   const pid_t group = g_child_group.load();
   const int forward = g_forward_as.load();
   if (group > 0) ::kill(-group, forward ? forward : signal);
+  errno = saved_errno;
 }
 
 void install_forwarding_handlers() {
@@ -63,9 +65,33 @@ double unix_now() {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+// The common signals' names; not sigabbrev_np, which needs glibc >= 2.32 (not on
+// RHEL 8 or Ubuntu 20.04).
+const char* signal_name(int signal) {
+  switch (signal) {
+    case SIGHUP: return "SIGHUP";
+    case SIGINT: return "SIGINT";
+    case SIGQUIT: return "SIGQUIT";
+    case SIGILL: return "SIGILL";
+    case SIGABRT: return "SIGABRT";
+    case SIGFPE: return "SIGFPE";
+    case SIGKILL: return "SIGKILL";
+    case SIGSEGV: return "SIGSEGV";
+    case SIGPIPE: return "SIGPIPE";
+    case SIGALRM: return "SIGALRM";
+    case SIGTERM: return "SIGTERM";
+    case SIGUSR1: return "SIGUSR1";
+    case SIGUSR2: return "SIGUSR2";
+    case SIGBUS: return "SIGBUS";
+    case SIGXCPU: return "SIGXCPU";
+    case SIGXFSZ: return "SIGXFSZ";
+    default: return nullptr;
+  }
+}
+
 std::string signal_text(int signal) {
-  const char* abbrev = sigabbrev_np(signal);
-  return "signal " + std::to_string(signal) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
+  const char* name = signal_name(signal);
+  return "signal " + std::to_string(signal) + (name ? std::string(" (") + name + ")" : "");
 }
 
 // How one run of the command ended.
@@ -123,7 +149,9 @@ Outcome run_once(const std::vector<std::string>& command, int restart) {
   std::vector<char*> argv;
   for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
-  const std::string restart_text = std::to_string(restart);  // nothing allocates after fork
+  // Made before fork; the child's setenv still allocates, which is safe only because
+  // the supervisor is single-threaded (no other thread can hold malloc's lock at fork).
+  const std::string restart_text = std::to_string(restart);
   // The child reports a failed exec through this pipe (closed on a successful exec).
   int exec_pipe[2];
   if (::pipe2(exec_pipe, O_CLOEXEC) != 0) throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
@@ -158,6 +186,13 @@ Outcome run_once(const std::vector<std::string>& command, int restart) {
   }
   ::setpgid(pid, pid);  // also here: whichever runs first, the group exists before a signal is forwarded
   g_child_group.store(pid);
+  // A stop signal that came after the caller's check of g_stop_signal but before the
+  // block above was recorded with no group to forward it to: forward it now, as the
+  // handler would (one that came while blocked is pending, and the handler forwards it).
+  if (const int stop = g_stop_signal.load()) {
+    const int forward = g_forward_as.load();
+    ::kill(-pid, forward ? forward : stop);
+  }
   sigprocmask(SIG_SETMASK, &previous, nullptr);
   ::close(exec_pipe[1]);
   int exec_error = 0;
@@ -197,9 +232,14 @@ class EttrLog {
   EttrLog(const SupervisorOptions& options, double start_s)
       : options_(options), start_s_(start_s), path_((std::filesystem::path(options.run_dir) / "ettr.jsonl").string()) {
     std::filesystem::create_directories(options.run_dir);
-    out_.open(path_, std::ios::app);
-    if (!out_) throw InputError("trainer supervise: cannot write " + path_ + " (--run-dir)");
+    // Close-on-exec (unlike std::ofstream's), so that mpirun and the ranks do not
+    // inherit it; appended a whole line per write.
+    fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw InputError("trainer supervise: cannot write " + path_ + " (--run-dir)");
   }
+  ~EttrLog() { ::close(fd_); }
+  EttrLog(const EttrLog&) = delete;
+  EttrLog& operator=(const EttrLog&) = delete;
 
   // One line: `event` "restart" or "end"; `restarts` made so far (on a restart line,
   // counting the one it announces); `last_kept_step` the step whose progress
@@ -227,8 +267,13 @@ class EttrLog {
                            {"ettr_last_hour", hour.ratio},
                            {"causes", causes}};
     line.update(extra);
-    out_ << line.dump() << '\n';
-    out_.flush();
+    const std::string text = line.dump() + '\n';
+    for (size_t done = 0; done < text.size();) {
+      const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) throw std::runtime_error("trainer supervise: cannot write " + path_ + ": " + std::strerror(errno));
+      done += static_cast<size_t>(n);
+    }
     spdlog::info("supervise: {} | ETTR {:.3f} ({:.1f} of {:.1f} s), last hour {:.3f} | progress kept to step {}", event,
                  all.ratio, all.effective_s, all.wall_s, hour.ratio, last_kept_step);
   }
@@ -237,7 +282,7 @@ class EttrLog {
   const SupervisorOptions& options_;
   double start_s_;
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;
 };
 
 // Sleeps `seconds`, or less when a stop signal arrives.
