@@ -21,7 +21,7 @@ clean=(env -i HOME="$work" PATH=/usr/bin:/bin OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLO
 # Which files the dynamic loader picks with the bundle's library path.
 source bundle/lib/bundle-env.sh
 outside="$(ldd bundle/bin/trainer | awk '/=>/ {print $3}' | grep -v "^$work/bundle/" |
-  grep -Ev '/(libc|libm|libmvec|libpthread|libdl|librt|libresolv|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libstdc\+\+|libgcc_s)\.so' || true)"
+  grep -Ev '/(libc|libm|libmvec|libpthread|libdl|librt|libresolv|ld-linux[^/]*|libcuda|libcudart|libcublas|libcublasLt|libnccl|libcudnn[a-z0-9_]*|libstdc\+\+|libgcc_s)\.so' || true)"
 if [ -n "$outside" ]; then
   echo "bundle_test: libraries resolved outside the bundle:"; echo "$outside"; exit 1
 fi
