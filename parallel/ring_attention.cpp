@@ -76,10 +76,13 @@ CommRequest RingAttention::post_exchange(const RingLayout& ring, int t, const Te
                                          int64_t ring_begin, const Tensor& into) {
   const int n = static_cast<int>(ring.peers.size()), p = ring.self;
   const int from = (p - t + n) % n, to = (p + t) % n;
-  std::vector<Transfer> sends, receives;
-  const int64_t incoming = total_rows(key_rows_needed(ring, from, p, window_));
-  if (incoming > 0) receives.push_back({packed(into, incoming), ring.peers[from], kKeyValueTag});
-  sent_ = key_rows_needed(ring, p, to, window_);
+  // At most one message each way: fixed slots, nothing allocated per step.
+  Transfer send[1], receive[1];
+  size_t sends = 0, receives = 0;
+  key_rows_needed(ring, from, p, window_, incoming_);
+  const int64_t incoming = total_rows(incoming_);
+  if (incoming > 0) receive[receives++] = {packed(into, incoming), ring.peers[from], kKeyValueTag};
+  key_rows_needed(ring, p, to, window_, sent_);
   const int64_t outgoing = total_rows(sent_);
   int64_t row = 0, chunk_row = ring_begin;
   for (size_t c = 0; c < sent_.size() && outgoing > 0; ++c) {
@@ -91,9 +94,9 @@ CommRequest RingAttention::post_exchange(const RingLayout& ring, int t, const Te
     }
     chunk_row += ring.chunks[p][c].rows;
   }
-  if (outgoing > 0) sends.push_back({packed(send_, outgoing), ring.peers[to], kKeyValueTag});
-  if (sends.empty() && receives.empty()) return {};
-  return hdp_.exchange(sends, receives);
+  if (outgoing > 0) send[sends++] = {packed(send_, outgoing), ring.peers[to], kKeyValueTag};
+  if (sends == 0 && receives == 0) return {};
+  return hdp_.exchange(std::span<const Transfer>(send, sends), std::span<const Transfer>(receive, receives));
 }
 
 void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -122,7 +125,7 @@ void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tenso
       ring_blocks(ring, p, own_, ring_begin, ring_begin);
       if (!blocks_.empty()) attention_forward_blocks(out, lse, q, k, v, blocks_, window_);
     } else {
-      held_ = key_rows_needed(ring, source, p, window_);
+      key_rows_needed(ring, source, p, window_, held_);
       const int64_t rows = total_rows(held_);
       ring_blocks(ring, source, held_, ring_begin, 0);
       if (!blocks_.empty()) {
@@ -155,19 +158,20 @@ void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout
     const int source = (p - step + n) % n, reader = (p + step) % n;
     CommRequest exchange, gradients;
     if (step + 1 < n) exchange = post_exchange(ring, step + 1, k, v, ring_begin, kv_[1 - current]);
-    std::vector<Transfer> gradient_sends, gradient_receives;
+    Transfer gradient_send[1], gradient_receive[1];  // at most one each way, as in post_exchange
+    size_t gradient_sends = 0, gradient_receives = 0;
     if (step == 0) {
       ring_blocks(ring, p, own_, ring_begin, ring_begin);
       if (!blocks_.empty()) attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks_, window_);
     } else {
-      held_ = key_rows_needed(ring, source, p, window_);
+      key_rows_needed(ring, source, p, window_, held_);
       const int64_t rows = total_rows(held_);
       if (rows > 0) {
         fill(packed(dkv_, rows), 0.0f);
         ring_blocks(ring, source, held_, ring_begin, 0);
         attention_backward_blocks(dq, keys(dkv_, rows), values(dkv_, rows), dout, q, keys(kv_[current], rows),
                                   values(kv_[current], rows), out, lse, blocks_, window_);
-        gradient_sends.push_back({packed(dkv_, rows), ring.peers[source], kGradientTag});
+        gradient_send[gradient_sends++] = {packed(dkv_, rows), ring.peers[source], kGradientTag};
       }
     }
     // This step's key/value gradients go back to their owner p - t while the gradient
@@ -176,11 +180,14 @@ void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout
     // reader has computed it, so posting the receive earlier would gain nothing).
     int64_t back_rows = 0;
     if (step > 0) {
-      back_ = key_rows_needed(ring, p, reader, window_);
+      key_rows_needed(ring, p, reader, window_, back_);
       back_rows = total_rows(back_);
-      if (back_rows > 0) gradient_receives.push_back({packed(dkv_back_, back_rows), ring.peers[reader], kGradientTag});
+      if (back_rows > 0) gradient_receive[gradient_receives++] = {packed(dkv_back_, back_rows), ring.peers[reader], kGradientTag};
     }
-    if (!gradient_sends.empty() || !gradient_receives.empty()) gradients = hdp_.exchange(gradient_sends, gradient_receives);
+    if (gradient_sends > 0 || gradient_receives > 0) {
+      gradients = hdp_.exchange(std::span<const Transfer>(gradient_send, gradient_sends),
+                                std::span<const Transfer>(gradient_receive, gradient_receives));
+    }
     if (back_rows > 0) {
       {
         TraceSpan span(trace_ops::kRingExchange.data());

@@ -68,7 +68,7 @@ class RingAttention {
   Tensor dkv_;       // this step's key/value gradient contribution, sent back to its owner
   Tensor dkv_back_;  // the gradient of this member's rows coming back from a reader
   std::vector<AttentionBlock> blocks_;
-  std::vector<ChunkRows> own_, held_, sent_, back_;
+  std::vector<ChunkRows> own_, held_, sent_, back_, incoming_;
 };
 
 }  // namespace hdp

@@ -39,8 +39,8 @@ RingLayout zigzag_ring_layout(std::span<const int> peers, std::span<const int64_
   return ring;
 }
 
-std::vector<ChunkRows> key_rows_needed(const RingLayout& ring, int source, int receiver, int64_t window) {
-  std::vector<ChunkRows> runs;
+void key_rows_needed(const RingLayout& ring, int source, int receiver, int64_t window, std::vector<ChunkRows>& runs) {
+  runs.clear();
   for (const RingChunk& key : ring.chunks[source]) {
     // Positions [lo, hi] of the key chunk that some query of the receiver sees.
     int64_t lo = key.position + key.rows, hi = key.position - 1;
@@ -55,7 +55,6 @@ std::vector<ChunkRows> key_rows_needed(const RingLayout& ring, int source, int r
     }
     runs.push_back(lo <= hi ? ChunkRows{lo - key.position, hi + 1 - key.position} : ChunkRows{key.rows, key.rows});
   }
-  return runs;
 }
 
 int64_t total_rows(std::span<const ChunkRows> runs) {

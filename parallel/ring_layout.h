@@ -44,8 +44,9 @@ struct ChunkRows {
 // position of one of the receiver's query rows of the same sequence (kernels/ops.h).
 // Chunks of different members never overlap, so it is a suffix of the chunk (the
 // receiver's later queries read its last W - 1 rows at most) or nothing; the whole
-// chunk without a window. One run per chunk of `source`, in its row order.
-std::vector<ChunkRows> key_rows_needed(const RingLayout& ring, int source, int receiver, int64_t window);
+// chunk without a window. One run per chunk of `source`, in its row order, into
+// `runs` (cleared first; its capacity is kept, so a ring step allocates nothing).
+void key_rows_needed(const RingLayout& ring, int source, int receiver, int64_t window, std::vector<ChunkRows>& runs);
 int64_t total_rows(std::span<const ChunkRows> runs);
 
 }  // namespace hdp

@@ -332,9 +332,11 @@ void StepGraphBuilder::measure_rings() {
     std::vector<int64_t> rows(n, 0);  // per step t: the most rows a member receives
     double sent = 0;
     int active = 1;  // steps that compute: step 0 (own rows) and every step with rows
+    std::vector<ChunkRows> read;
     for (int t = 1; t < n; ++t) {
       for (int p = 0; p < n; ++p) {
-        const int64_t r = total_rows(key_rows_needed(layout, (p - t + n) % n, p, k_.cost.window));
+        key_rows_needed(layout, (p - t + n) % n, p, k_.cost.window, read);
+        const int64_t r = total_rows(read);
         rows[t] = std::max(rows[t], r);
         sent += static_cast<double>(r);
       }

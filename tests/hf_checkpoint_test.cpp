@@ -42,6 +42,16 @@ using testing::small_model_overrides;
 
 const std::string kConfig = std::string(HDP_SOURCE_DIR) + "/configs/tiny-llama.yaml";
 
+// One JSON Lines record {"text": ...} of a demo document's text, newlines as spaces.
+std::string jsonl_record(const std::string& document) {
+  std::string text;
+  for (char c : document) {
+    if (c == '"' || c == '\\') text += '\\';
+    text += c == '\n' ? ' ' : c;
+  }
+  return "{\"text\": \"" + text + "\"}\n";
+}
+
 // A trained checkpoint of the small model (2 steps, so the weights are not the init's).
 std::string trained_checkpoint(const std::string& dir, const std::string& extra = "") {
   auto r = run_trainer("train " + kConfig + " --set data.path=" + small_corpus() + " --set train.run_dir=" + dir +
@@ -364,14 +374,7 @@ TEST(TokenizedData, MegatronFilesTrainLikeTheHdf5Dataset) {
   {
     std::ofstream jsonl(dir + "/docs.jsonl");
     CorpusOptions options;
-    for (int64_t doc = 0; doc < 200; ++doc) {
-      std::string text;
-      for (char c : generate_demo_document(options, doc)) {
-        if (c == '"' || c == '\\') text += '\\';
-        text += c == '\n' ? ' ' : c;
-      }
-      jsonl << "{\"text\": \"" << text << "\"}\n";
-    }
+    for (int64_t doc = 0; doc < 200; ++doc) jsonl << jsonl_record(generate_demo_document(options, doc));
   }
   auto r = run_trainer("prepare-data --input " + dir + "/docs.jsonl --output " + dir + "/docs.h5");
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -403,14 +406,7 @@ TEST(Eval, LossEqualsTheReferenceModel) {
     std::ofstream jsonl(dir + "/heldout.jsonl");
     CorpusOptions options;
     options.seed = 4321;
-    for (int64_t doc = 0; doc < 6; ++doc) {
-      std::string text;
-      for (char c : generate_demo_document(options, doc).substr(0, 20 + 13 * doc)) {
-        if (c == '"' || c == '\\') text += '\\';
-        text += c == '\n' ? ' ' : c;
-      }
-      jsonl << "{\"text\": \"" << text << "\"}\n";
-    }
+    for (int64_t doc = 0; doc < 6; ++doc) jsonl << jsonl_record(generate_demo_document(options, doc).substr(0, 20 + 13 * doc));
   }
   auto r = run_trainer("prepare-data --input " + dir + "/heldout.jsonl --output " + dir + "/heldout.h5");
   ASSERT_EQ(r.exit_code, 0) << r.output;

@@ -241,6 +241,22 @@ TEST(StepSimulation, OneFOneBWithCommunication) {
   EXPECT_DOUBLE_EQ(simulate_step(plan, lengths, k).step_seconds, 10);
 }
 
+// One sequence of `lengths` over a ring of ranks 0 and 1 (zig-zag pieces), capacity 2, checked.
+StepPlan two_member_ring_plan(const std::vector<int64_t>& lengths) {
+  StepPlan plan;
+  plan.capacity = 2;
+  plan.rings.push_back({{0, 1}, {0}});
+  plan.ranks.resize(2);
+  for (int j = 0; j < 2; ++j) {
+    PlannedMicroBatch mb;
+    mb.pieces = zigzag_ring_pieces(plan.rings[0], 0, j, lengths);
+    mb.ring = 0;
+    plan.ranks[j].push_back(mb);
+  }
+  check_plan(plan, lengths, 1, 1);
+  return plan;
+}
+
 // Two ranks share a ring over one 4-token sequence (zig-zag: member 0 holds
 // positions 0 and 3, member 1 positions 1 and 2). T(s) = a1 s^2 with a1 = 1: one
 // member's ring step is s^2 / k^2 = 4 s, forward a quarter of it. At step 1 member
@@ -255,17 +271,7 @@ TEST(StepSimulation, RingMicroBatch) {
   k.kv_bytes_per_token = 1;
   k.hardware.gpus_per_node = 1;
   const std::vector<int64_t> lengths = {4};
-  StepPlan plan;
-  plan.capacity = 2;
-  plan.rings.push_back({{0, 1}, {0}});
-  plan.ranks.resize(2);
-  for (int j = 0; j < 2; ++j) {
-    PlannedMicroBatch mb;
-    mb.pieces = zigzag_ring_pieces(plan.rings[0], 0, j, lengths);
-    mb.ring = 0;
-    plan.ranks[j].push_back(mb);
-  }
-  check_plan(plan, lengths, 1, 1);
+  const StepPlan plan = two_member_ring_plan(lengths);
   const StepSimulation s = simulate_step(plan, lengths, k, true);
   EXPECT_DOUBLE_EQ(s.step_seconds, 11);
   EXPECT_DOUBLE_EQ(s.attention_bytes, 3 * 3);
@@ -300,17 +306,7 @@ TEST(StepSimulation, RingMicroBatchUnderASlidingWindow) {
   k.kv_bytes_per_token = 1;
   k.hardware.gpus_per_node = 1;
   const std::vector<int64_t> lengths = {4};
-  StepPlan plan;
-  plan.capacity = 2;
-  plan.rings.push_back({{0, 1}, {0}});
-  plan.ranks.resize(2);
-  for (int j = 0; j < 2; ++j) {
-    PlannedMicroBatch mb;
-    mb.pieces = zigzag_ring_pieces(plan.rings[0], 0, j, lengths);
-    mb.ring = 0;
-    plan.ranks[j].push_back(mb);
-  }
-  check_plan(plan, lengths, 1, 1);
+  const StepPlan plan = two_member_ring_plan(lengths);
   const StepSimulation s = simulate_step(plan, lengths, k, true);
   EXPECT_DOUBLE_EQ(s.compute_seconds, 10);
   EXPECT_DOUBLE_EQ(s.step_seconds, 6.375);
