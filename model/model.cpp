@@ -41,7 +41,7 @@ std::string layer_prefix(int64_t layer) { return "model.layers." + std::to_strin
 
 LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const ModelPartition& partition,
                        int activation_slots, Communicator* tp, const LongSequenceOptions& long_sequences,
-                       Device device, DType precision)
+                       Device device, DType precision, Communicator* ep)
     : config_(config),
       partition_(partition),
       capacity_(capacity_tokens),
@@ -71,6 +71,12 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   // but not run.
   if (tp != nullptr && tp->size() != tp_size) {
     throw std::invalid_argument("model: the tp communicator size differs from partition.tp_size");
+  }
+  if (partition.ep_size < 1 || partition.ep_rank < 0 || partition.ep_rank >= partition.ep_size ||
+      (partition.ep_size > 1 && (!c.moe() || c.num_experts % partition.ep_size != 0)) ||
+      (ep != nullptr && (ep->size() != partition.ep_size || ep->rank() != partition.ep_rank))) {
+    throw std::invalid_argument("model: expert parallelism of " + std::to_string(partition.ep_size) +
+                                " needs a mixture of experts whose count it divides, and a matching ep communicator");
   }
   num_local_layers_ = partition.num_layers < 0 ? c.num_layers - partition.first_layer : partition.num_layers;
   if (partition.first_layer < 0 || num_local_layers_ < 0 || partition.first_layer + num_local_layers_ > c.num_layers) {
@@ -103,14 +109,14 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   slots_.resize(activation_slots);
   if (c.moe()) {
     // The MoE blocks keep their routing and saved rows on the CPU, one set per slot;
-    // each holds this rank's tp slice of every expert.
+    // each holds this rank's tp slice of its experts (all, or its share under ep).
     if (device != Device::CPU || long_sequences.offload) {
       throw std::invalid_argument("model: Mixtral's MoE layers run on the CPU and without offload so far");
     }
     const MoeShape moe{c.hidden_size, local_ffn_, c.num_experts, c.experts_per_token};
     moe_.resize(activation_slots);
     for (std::vector<MoeBlock>& blocks : moe_)
-      for (int64_t l = 0; l < num_local_layers_; ++l) blocks.emplace_back(moe, max_tokens_, tp);
+      for (int64_t l = 0; l < num_local_layers_; ++l) blocks.emplace_back(moe, max_tokens_, tp, ep);
     for (Slot& slot : slots_) {
       slot.routing_before.assign(2 * c.num_experts, 0.0f);
       slot.routing_through.assign(2 * c.num_experts, 0.0f);
@@ -147,6 +153,13 @@ LlamaModel::~LlamaModel() {
 
 // In forward order (embedding, layers, final norm and LM head), so that backward
 // finishes the gradients from the end of the flat buffer down (GradientsReady).
+std::vector<int64_t> LlamaModel::local_experts() const {
+  const int64_t per_rank = config_.num_experts / partition_.ep_size;
+  std::vector<int64_t> experts(per_rank);
+  for (int64_t j = 0; j < per_rank; ++j) experts[j] = partition_.ep_rank * per_rank + j;
+  return experts;
+}
+
 void LlamaModel::build_parameter_table() {
   const ModelConfig& c = config_;
   const int r = partition_.tp_rank;
@@ -158,7 +171,7 @@ void LlamaModel::build_parameter_table() {
     int64_t begin = 0, end = 0;
   };
   auto add = [&](std::string name, std::vector<int64_t> global, Spec shard, bool decay, bool scaled, bool ones,
-                 bool tied_copy = false) {
+                 bool tied_copy = false, bool expert = false) {
     ParameterInfo p;
     p.name = std::move(name);
     p.global_shape = global;
@@ -178,6 +191,7 @@ void LlamaModel::build_parameter_table() {
     p.scaled_init = scaled;
     p.ones_init = ones;
     p.tied_copy = tied_copy;
+    p.expert = expert;
     offset += round_up(p.numel, kParamAlignFloats);
     parameters_.push_back(std::move(p));
   };
@@ -200,11 +214,11 @@ void LlamaModel::build_parameter_table() {
       // Mixtral: the router and every expert under Hugging Face's names; w2 (down) is
       // an output projection, initialised scaled like down_proj.
       add(pre + "block_sparse_moe.gate.weight", {c.num_experts, H}, replicated, true, false, false);
-      for (int64_t e = 0; e < c.num_experts; ++e) {
+      for (int64_t e : local_experts()) {
         const std::string ex = pre + "block_sparse_moe.experts." + std::to_string(e) + ".";
-        add(ex + "w1.weight", {F, H}, ffn_rows, true, false, false);
-        add(ex + "w2.weight", {H, F}, ffn_cols, true, true, false);
-        add(ex + "w3.weight", {F, H}, ffn_rows, true, false, false);
+        add(ex + "w1.weight", {F, H}, ffn_rows, true, false, false, false, true);
+        add(ex + "w2.weight", {H, F}, ffn_cols, true, true, false, false, true);
+        add(ex + "w3.weight", {F, H}, ffn_rows, true, false, false, false, true);
       }
       continue;
     }
@@ -260,17 +274,17 @@ void LlamaModel::bind_parameters() {
       MoeTensors& w = layer.weights.moe;
       MoeTensors& g = layer.gradients.moe;
       bind_moe("block_sparse_moe.gate.weight", w.gate, g.gate);
-      const size_t E = static_cast<size_t>(config_.num_experts);
+      const std::vector<int64_t> experts = local_experts();
       for (MoeTensors* t : {&w, &g}) {
-        t->w1.resize(E);
-        t->w2.resize(E);
-        t->w3.resize(E);
+        t->w1.resize(experts.size());
+        t->w2.resize(experts.size());
+        t->w3.resize(experts.size());
       }
-      for (size_t e = 0; e < E; ++e) {
-        const std::string ex = "block_sparse_moe.experts." + std::to_string(e) + ".";
-        bind_moe(ex + "w1.weight", w.w1[e], g.w1[e]);
-        bind_moe(ex + "w2.weight", w.w2[e], g.w2[e]);
-        bind_moe(ex + "w3.weight", w.w3[e], g.w3[e]);
+      for (size_t j = 0; j < experts.size(); ++j) {
+        const std::string ex = "block_sparse_moe.experts." + std::to_string(experts[j]) + ".";
+        bind_moe(ex + "w1.weight", w.w1[j], g.w1[j]);
+        bind_moe(ex + "w2.weight", w.w2[j], g.w2[j]);
+        bind_moe(ex + "w3.weight", w.w3[j], g.w3[j]);
       }
       continue;
     }

@@ -40,6 +40,10 @@ struct ModelPartition {
   int64_t num_layers = -1;   // -1: every layer from first_layer on
   bool has_embedding = true; // first pipeline stage
   bool has_head = true;      // last pipeline stage: final norm, LM head, loss
+  // Mixtral under expert parallelism (model/moe.h): this rank holds experts
+  // [ep_rank E / ep_size, (ep_rank + 1) E / ep_size) of every MoE layer.
+  int ep_rank = 0;
+  int ep_size = 1;
 };
 
 // One tensor inside the flat parameter buffer, under its Hugging Face name.
@@ -58,6 +62,9 @@ struct ParameterInfo {
   // The last stage's copy of tied embeddings (pipeline parallel): kept equal to the
   // first stage's, which is the one that counts (checkpoints, gradient norm).
   bool tied_copy = false;
+  // An expert's weight (Mixtral): under expert parallelism only the ranks that hold the
+  // expert have it, and its gradient is reduced over the expert-data-parallel group.
+  bool expert = false;
 };
 
 // A micro-batch as the model sees it (host memory): whole sequences packed back to
@@ -96,7 +103,8 @@ class LlamaModel {
  public:
   // capacity_tokens: the plain micro-batch capacity; activation_slots: micro-batches whose
   // forward may be in flight before their backward (pipeline schedules).
-  // tp: the tensor-parallel group (nullptr or size 1 without tensor parallelism).
+  // tp: the tensor-parallel group (nullptr or size 1 without tensor parallelism);
+  // ep: Mixtral's expert-parallel group (partition.ep_size ranks; nullptr when 1).
   // precision: DType::F32 runs everything in fp32. DType::BF16 is mixed precision
   // (Micikevicius et al. 2018): the flat parameters and gradients stay fp32 (the
   // master weights, which the optimizer, ZeRO and checkpoints use), forward and
@@ -106,7 +114,7 @@ class LlamaModel {
   LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const ModelPartition& partition = {},
              int activation_slots = 1, Communicator* tp = nullptr, const LongSequenceOptions& long_sequences = {},
              Device device = Device::CPU,
-             DType precision = DType::F32);
+             DType precision = DType::F32, Communicator* ep = nullptr);
   ~LlamaModel();
 
   const ModelConfig& config() const { return config_; }
@@ -248,6 +256,8 @@ class LlamaModel {
   };
 
   void build_parameter_table();
+  // Mixtral: the experts this rank holds (all, or its share under expert parallelism).
+  std::vector<int64_t> local_experts() const;
   void bind_parameters();
   void layout_activations(Arena& arena);
   size_t layer_block_bytes(int64_t rows, int64_t tokens) const;

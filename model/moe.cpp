@@ -21,13 +21,22 @@ void require_cpu(const Tensor& t, const char* what) {
 
 }  // namespace
 
-MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp)
-    : shape_(shape), tp_(tp), input_(tp), output_(tp), max_tokens_(max_tokens) {
+MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp, Communicator* ep)
+    : shape_(shape), tp_(tp), ep_(ep != nullptr && ep->size() > 1 ? ep : nullptr), input_(tp), output_(tp),
+      max_tokens_(max_tokens) {
   if (shape.experts < 1 || shape.hidden < 1 || shape.ffn < 1 || shape.top_k < 1 || shape.top_k > shape.experts) {
     throw std::invalid_argument("MoE block: needs at least one expert and 1 <= top_k <= experts, got " +
                                 std::to_string(shape.experts) + " experts, top_k " + std::to_string(shape.top_k));
   }
+  ep_size_ = ep_ ? ep_->size() : 1;
+  if (shape.experts % ep_size_ != 0) {
+    throw std::invalid_argument("MoE block: " + std::to_string(shape.experts) + " experts cannot be shared out over " +
+                                std::to_string(ep_size_) + " expert-parallel ranks");
+  }
+  local_experts_ = shape.experts / ep_size_;
+  first_expert_ = (ep_ ? ep_->rank() : 0) * local_experts_;
   const int64_t T = max_tokens, E = shape.experts, k = shape.top_k, H = shape.hidden, F = shape.ffn;
+  const int64_t R = ep_size_ * T * k;  // rows this rank's experts can receive: every peer's every choice
   logits_.resize(T * E);
   probs_.resize(T * E);
   dlogits_.resize(T * E);
@@ -37,10 +46,91 @@ MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp)
   row_token_.resize(T * k);
   row_choice_.resize(T * k);
   for (auto* v : {&xs_, &ys_, &dys_, &dxs_}) v->resize(T * k * H);
-  for (auto* v : {&gate_, &up_, &act_, &dacts_, &dgate_, &dup_}) v->resize(T * k * F);
+  for (auto* v : {&ex_xs_, &ex_ys_, &ex_dys_, &ex_dxs_}) v->resize(R * H);
+  for (auto* v : {&gate_, &up_, &act_, &dacts_, &dgate_, &dup_}) v->resize(R * F);
+  if (ep_) transit_.resize(R * H);
   counts_.assign(E, 0);
   prob_sums_.assign(E, 0.0);
   first_.assign(E + 1, 0);
+  send_rows_.assign(ep_size_, 0);
+  recv_rows_.assign(ep_size_, 0);
+  arrived_.assign(ep_size_ * local_experts_, 0);
+  expert_first_.assign(local_experts_ + 1, 0);
+  count_send_.resize(E);
+  count_recv_.resize(E);
+}
+
+void MoeBlock::exchange_counts() {
+  const int64_t El = local_experts_;
+  if (ep_) {
+    // Rank p's experts are [p El, (p + 1) El): the counts go to their owners as one
+    // all-to-all of El numbers per rank.
+    for (int64_t e = 0; e < shape_.experts; ++e) count_send_[e] = static_cast<float>(counts_[e]);
+    const std::vector<int64_t> per_rank(ep_size_, El);
+    ep_->all_to_all_v(Tensor(count_send_.data(), {shape_.experts}), per_rank,
+                      Tensor(count_recv_.data(), {shape_.experts}), per_rank);
+    for (int64_t i = 0; i < ep_size_ * El; ++i) arrived_[i] = static_cast<int64_t>(count_recv_[i]);
+  } else {
+    for (int64_t j = 0; j < El; ++j) arrived_[j] = counts_[j];
+  }
+  for (int p = 0; p < ep_size_; ++p) {
+    send_rows_[p] = first_[(p + 1) * El] - first_[p * El];
+    recv_rows_[p] = 0;
+    for (int64_t j = 0; j < El; ++j) recv_rows_[p] += arrived_[p * El + j];
+  }
+  for (int64_t j = 0; j < El; ++j) {
+    int64_t n = 0;
+    for (int p = 0; p < ep_size_; ++p) n += arrived_[p * El + j];
+    expert_first_[j + 1] = expert_first_[j] + n;
+  }
+}
+
+// Between the rank order in which the all-to-all delivers rows (rank p's rows for
+// expert 0, 1, ..., then rank p + 1's) and the expert order the GEMMs want.
+void MoeBlock::dispatch(const float* rows, float* expert_rows, int64_t width) {
+  const int64_t El = local_experts_;
+  const float* arrived = rows;
+  if (ep_) {
+    std::vector<int64_t> send(ep_size_), recv(ep_size_);
+    for (int p = 0; p < ep_size_; ++p) {
+      send[p] = send_rows_[p] * width;
+      recv[p] = recv_rows_[p] * width;
+    }
+    ep_->all_to_all_v(Tensor(const_cast<float*>(rows), {first_[shape_.experts] * width}), send,
+                      Tensor(transit_.data(), {expert_first_[El] * width}), recv);
+    arrived = transit_.data();
+  }
+  std::vector<int64_t> next(expert_first_.begin(), expert_first_.end() - 1);
+  for (int p = 0; p < ep_size_; ++p)
+    for (int64_t j = 0; j < El; ++j) {
+      const int64_t n = arrived_[p * El + j] * width;
+      std::copy(arrived, arrived + n, expert_rows + next[j] * width);
+      arrived += n;
+      next[j] += arrived_[p * El + j];
+    }
+}
+
+void MoeBlock::combine(const float* expert_rows, float* rows, int64_t width) {
+  const int64_t El = local_experts_;
+  float* departing = ep_ ? transit_.data() : rows;
+  float* out = departing;
+  std::vector<int64_t> next(expert_first_.begin(), expert_first_.end() - 1);
+  for (int p = 0; p < ep_size_; ++p)
+    for (int64_t j = 0; j < El; ++j) {
+      const int64_t n = arrived_[p * El + j];
+      std::copy(expert_rows + next[j] * width, expert_rows + (next[j] + n) * width, out);
+      out += n * width;
+      next[j] += n;
+    }
+  if (ep_) {
+    std::vector<int64_t> send(ep_size_), recv(ep_size_);
+    for (int p = 0; p < ep_size_; ++p) {
+      send[p] = recv_rows_[p] * width;
+      recv[p] = send_rows_[p] * width;
+    }
+    ep_->all_to_all_v(Tensor(departing, {expert_first_[El] * width}), send, Tensor(rows, {first_[shape_.experts] * width}),
+                      recv);
+  }
 }
 
 void MoeBlock::forward(Tensor out, const Tensor& x, const MoeTensors& w) {
@@ -86,17 +176,21 @@ void MoeBlock::forward(Tensor out, const Tensor& x, const MoeTensors& w) {
       row_choice_[r] = static_cast<int32_t>(j);
       std::copy(x.data + t * H, x.data + (t + 1) * H, xs_.data() + r * H);
     }
-  // Each expert over its group: one GEMM per projection.
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t b = first_[e], n = counts_[e];
+  // The rows go to their experts' ranks; each local expert runs over its rows from
+  // every rank: one GEMM per projection.
+  exchange_counts();
+  dispatch(xs_.data(), ex_xs_.data(), H);
+  for (int64_t e = 0; e < local_experts_; ++e) {
+    const int64_t b = expert_first_[e], n = expert_first_[e + 1] - b;
     if (n == 0) continue;
-    const Tensor xe(xs_.data() + b * H, {n, H}), g(gate_.data() + b * F, {n, F}), u(up_.data() + b * F, {n, F}),
-        a(act_.data() + b * F, {n, F}), y(ys_.data() + b * H, {n, H});
+    const Tensor xe(ex_xs_.data() + b * H, {n, H}), g(gate_.data() + b * F, {n, F}), u(up_.data() + b * F, {n, F}),
+        a(act_.data() + b * F, {n, F}), y(ex_ys_.data() + b * H, {n, H});
     linear_forward(g, xe, w.w1[e]);
     linear_forward(u, xe, w.w3[e]);
     swiglu_forward(a, g, u);
     linear_forward(y, a, w.w2[e]);
   }
+  combine(ex_ys_.data(), ys_.data(), H);
   std::fill(out.data, out.data + T * H, 0.0f);
   for (int64_t r = 0; r < T * k; ++r) {
     const int64_t t = row_token_[r];
@@ -145,17 +239,21 @@ void MoeBlock::backward(Tensor dx, const MoeTensors& grads, const Tensor& dout, 
   }
   // <dout, Y> over this rank's slice of Y: the sum over the tp ranks is the whole dot.
   if (tp_ != nullptr && tp_->size() > 1) tp_->all_reduce(view(dweights_, T, k), ReduceOp::Sum);
-  for (int64_t e = 0; e < E; ++e) {
-    const int64_t b = first_[e], n = counts_[e];
+  // The output gradients travel to the experts' ranks as the rows did, the input
+  // gradients come back.
+  dispatch(dys_.data(), ex_dys_.data(), H);
+  for (int64_t e = 0; e < local_experts_; ++e) {
+    const int64_t b = expert_first_[e], n = expert_first_[e + 1] - b;
     if (n == 0) continue;
-    const Tensor xe(xs_.data() + b * H, {n, H}), g(gate_.data() + b * F, {n, F}), u(up_.data() + b * F, {n, F}),
-        a(act_.data() + b * F, {n, F}), dy(dys_.data() + b * H, {n, H}), da(dacts_.data() + b * F, {n, F}),
-        dg(dgate_.data() + b * F, {n, F}), du(dup_.data() + b * F, {n, F}), dxe(dxs_.data() + b * H, {n, H});
+    const Tensor xe(ex_xs_.data() + b * H, {n, H}), g(gate_.data() + b * F, {n, F}), u(up_.data() + b * F, {n, F}),
+        a(act_.data() + b * F, {n, F}), dy(ex_dys_.data() + b * H, {n, H}), da(dacts_.data() + b * F, {n, F}),
+        dg(dgate_.data() + b * F, {n, F}), du(dup_.data() + b * F, {n, F}), dxe(ex_dxs_.data() + b * H, {n, H});
     linear_backward(da, grads.w2[e], dy, a, w.w2[e], false);
     swiglu_backward(dg, du, da, g, u);
     linear_backward(dxe, grads.w1[e], dg, xe, w.w1[e], false);
     linear_backward(dxe, grads.w3[e], du, xe, w.w3[e], true);
   }
+  combine(ex_dxs_.data(), dxs_.data(), H);
   std::fill(dx.data, dx.data + T * H, 0.0f);
   for (int64_t r = 0; r < T * k; ++r) {
     const int64_t t = row_token_[r];

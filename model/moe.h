@@ -23,6 +23,18 @@
 // before the router's backward, and of the experts' partial input gradient (f,
 // identity forward) before the replicated router adds its own, whole, part.
 //
+// Expert parallelism (GShard, Lepikhin et al. 2021; Megatron-core's token
+// dispatcher): the ep ranks of an expert-parallel group each hold E / ep whole
+// experts (their tp slices), rank r experts [r E / ep, (r + 1) E / ep). Every rank
+// routes its own tokens over all E experts (the router is replicated), then two
+// all-to-alls on the ep group: dispatch sends each (token, choice) row to the rank
+// of its expert (first the row counts per expert, then the rows), the owner runs its
+// experts over everything it received and combine sends the outputs back; backward
+// sends the output gradients the same way and the input gradients back. The
+// combine weights, the aux loss and the routing statistics stay with the token's
+// rank, so they are the same as without ep. Under tp x ep each tp rank exchanges
+// with the ep peers of its own tp rank, and the tp all-reduces are unchanged.
+//
 // CPU tensors only (the config refuses other devices for Mixtral); tested standalone
 // against a naive reference (tests/model_moe_test.cpp).
 
@@ -42,7 +54,8 @@ struct MoeShape {
 
 // The block's weights (or their gradients) under Hugging Face's names:
 // block_sparse_moe.gate.weight [E, H], block_sparse_moe.experts.e.w1.weight [F, H],
-// .w3.weight [F, H], .w2.weight [H, F].
+// .w3.weight [F, H], .w2.weight [H, F]. w1, w2, w3 hold this rank's experts only
+// (E / ep of them, in expert order).
 struct MoeTensors {
   Tensor gate;
   std::vector<Tensor> w1, w2, w3;
@@ -50,9 +63,16 @@ struct MoeTensors {
 
 class MoeBlock {
  public:
-  // Throws std::invalid_argument for a shape with no expert, top_k outside [1, E].
+  // Throws std::invalid_argument for a shape with no expert, top_k outside [1, E], or
+  // an ep group whose size does not divide E.
   // tp: the tensor-parallel group the experts are split over (nullptr: none).
-  MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp = nullptr);
+  // ep: the expert-parallel group the experts are shared out over (nullptr: none).
+  // Every rank of the ep group must run forward and backward the same number of
+  // times in the same order (each is a collective), with its own tokens (T may be 0).
+  MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp = nullptr, Communicator* ep = nullptr);
+
+  int64_t local_experts() const { return local_experts_; }
+  int64_t first_local_expert() const { return first_expert_; }
 
   // out [T, H] = sum over the token's k experts of weight x expert(x). Keeps what
   // backward needs (the routing, each expert's inputs and gate/up projections).
@@ -78,8 +98,21 @@ class MoeBlock {
   std::span<const float> weights() const { return {weights_.data(), static_cast<size_t>(tokens_ * shape_.top_k)}; }
 
  private:
+  // Rows travel between the routing order (grouped by expert: the rows of the ep
+  // group's rank p are contiguous, expert by expert) and this rank's expert order
+  // (its local expert j's rows from every rank p, contiguous). dispatch: routing
+  // order here -> expert order at the owners; combine: the way back. `width` floats
+  // per row.
+  void dispatch(const float* rows, float* expert_rows, int64_t width);
+  void combine(const float* expert_rows, float* rows, int64_t width);
+  // Exchanges the per-expert row counts of this forward (sets the members below).
+  void exchange_counts();
+
   MoeShape shape_;
   Communicator* tp_;
+  Communicator* ep_;  // nullptr when the experts are not shared out
+  int ep_size_ = 1;
+  int64_t local_experts_ = 0, first_expert_ = 0;
   CopyToTensorParallelRegion input_;       // f: into the column-parallel w1, w3 of every expert
   ReduceFromTensorParallelRegion output_;  // g: out of the row-parallel w2, after the combine
   int64_t max_tokens_, tokens_ = 0;
@@ -90,8 +123,15 @@ class MoeBlock {
   std::vector<int64_t> counts_, first_;    // per expert: rows, first row of its group
   std::vector<double> prob_sums_;          // per expert: summed router probability
   std::vector<int32_t> row_token_, row_choice_;  // per grouped row: its token and choice slot
-  std::vector<float> xs_, gate_, up_, act_, ys_;  // grouped rows: inputs, projections, outputs
-  std::vector<float> dys_, dacts_, dgate_, dup_, dxs_;
+  std::vector<float> xs_, ys_, dys_, dxs_;  // routing order: inputs, outputs and their gradients
+  // Expert order (at most ep x max_tokens x k rows): the rows this rank's experts run.
+  std::vector<int64_t> send_rows_, recv_rows_;  // per ep rank: rows sent to it, received from it
+  std::vector<int64_t> arrived_;   // [ep][local expert]: rows from each rank for each of its experts
+  std::vector<int64_t> expert_first_;  // per local expert: its first row in expert order (+ the total)
+  std::vector<float> count_send_, count_recv_;  // the counts as they travel (fp32, exact below 2^24)
+  std::vector<float> transit_;     // rows in the ep group's rank order, as the all-to-all moves them
+  std::vector<float> ex_xs_, gate_, up_, act_, ex_ys_;  // inputs, projections, outputs
+  std::vector<float> ex_dys_, dacts_, dgate_, dup_, ex_dxs_;
   std::vector<float> dweights_, dlogits_;
 };
 

@@ -16,7 +16,8 @@ int ParallelDegrees::rank(const GridCoords& c) const { return c.tp_rank + tp * (
 
 std::string describe_grid(const ParallelDegrees& d) {
   std::string out = "grid tp=" + std::to_string(d.tp) + " pp=" + std::to_string(d.pp) +
-                    " hdp=" + std::to_string(d.hdp) + " (rank: tp pp hdp)";
+                    " hdp=" + std::to_string(d.hdp) +
+                    (d.ep > 1 ? " ep=" + std::to_string(d.ep) + " (inside hdp)" : "") + " (rank: tp pp hdp)";
   for (int r = 0; r < d.world(); ++r) {
     const GridCoords c = d.coords(r);
     char line[64];

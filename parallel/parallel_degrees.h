@@ -9,6 +9,14 @@
 // stage is a contiguous block of tp * hdp ranks. The trainer's process groups,
 // its config and checkpoints, and the simulated clusters of `trainer plan` all use
 // this order.
+//
+// Expert parallelism (Mixtral) subdivides the hdp axis, as Megatron-core and
+// DeepSpeed-MoE place expert groups inside the data-parallel group: ep consecutive
+// hdp ranks form an expert-parallel group that shares the experts out (ep divides
+// hdp), and the hdp ranks with the same place in their expert group form its
+// expert-data-parallel group (hdp / ep ranks, which hold the same experts):
+//
+//   hdp_rank = ep_rank + ep * expert_dp_rank
 
 #include <string>
 
@@ -24,8 +32,11 @@ struct ParallelDegrees {
   int tp = 1;
   int pp = 1;
   int hdp = 1;
+  int ep = 1;  // expert-parallel degree inside hdp (1: every rank holds every expert)
 
   int world() const { return tp * pp * hdp; }
+  int ep_rank(const GridCoords& c) const { return c.hdp_rank % ep; }
+  int expert_dp_rank(const GridCoords& c) const { return c.hdp_rank / ep; }
   GridCoords coords(int rank) const;
   int rank(const GridCoords& coords) const;
 };

@@ -55,6 +55,11 @@ class ProcessGroups {
   Communicator& tp() const { return *tp_; }
   Communicator& pp() const { return *pp_; }
   Communicator& hdp() const { return *hdp_; }
+  // Expert parallelism (parallel_degrees.h): the ep hdp ranks that share the experts
+  // out (nullptr when ep = 1), and the hdp / ep ranks that hold the same experts and
+  // reduce their gradients (the hdp group itself when ep = 1).
+  Communicator* ep() const { return ep_.get(); }
+  Communicator& expert_dp() const { return expert_dp_ ? *expert_dp_ : *hdp_; }
   // The first and last stage of this pipeline (same tp and hdp rank), or nullptr
   // when this rank is on neither or pp = 1.
   Communicator* tied() const { return tied_.get(); }
@@ -68,7 +73,7 @@ class ProcessGroups {
   GridCoords coords_;
   CommBackend backend_;
   std::unique_ptr<Communicator> nccl_world_;  // the groups' parent under NCCL
-  std::unique_ptr<Communicator> world_, tp_, pp_, hdp_, tied_;
+  std::unique_ptr<Communicator> world_, tp_, pp_, hdp_, tied_, ep_, expert_dp_;
 };
 
 }  // namespace hdp

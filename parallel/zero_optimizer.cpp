@@ -11,18 +11,19 @@
 namespace hdp {
 namespace {
 
-// Buckets of about bucket_floats, cut at parameter boundaries, in flat order.
-// Cutting walks backwards because backward finalises gradients from the end.
-std::vector<std::pair<int64_t, int64_t>> cut_buckets(const std::vector<FlatParameter>& params, int64_t flat_numel,
+// Buckets of about bucket_floats, cut at parameter boundaries and wherever the
+// parameters' group changes (expert or not), in flat order. Cutting walks backwards
+// because backward finalises gradients from the end.
+std::vector<std::pair<int64_t, int64_t>> cut_buckets(std::vector<FlatParameter> params, int64_t flat_numel,
                                                      int64_t bucket_floats) {
-  std::vector<int64_t> starts;
-  for (const FlatParameter& p : params) starts.push_back(p.offset);
-  std::sort(starts.begin(), starts.end());
+  std::sort(params.begin(), params.end(),
+            [](const FlatParameter& a, const FlatParameter& b) { return a.offset < b.offset; });
   std::vector<std::pair<int64_t, int64_t>> buckets;
   int64_t end = flat_numel;
-  for (auto it = starts.rbegin(); it != starts.rend(); ++it) {
-    const int64_t begin = (it + 1 == starts.rend()) ? 0 : *it;
-    if (end - begin >= bucket_floats || begin == 0) {
+  for (size_t i = params.size(); i-- > 0;) {
+    const int64_t begin = i == 0 ? 0 : params[i].offset;
+    const bool group_changes = i > 0 && params[i - 1].expert != params[i].expert;
+    if (end - begin >= bucket_floats || begin == 0 || group_changes) {
       if (end > begin) buckets.emplace_back(begin, end);
       end = begin;
     }
@@ -35,18 +36,26 @@ std::vector<std::pair<int64_t, int64_t>> cut_buckets(const std::vector<FlatParam
 }  // namespace
 
 ZeroAdamW::ZeroAdamW(std::vector<FlatParameter> parameters, int64_t flat_numel, const AdamWSettings& settings,
-                     Communicator& hdp, Communicator& norm_group, int64_t bucket_floats, Device device)
+                     Communicator& hdp, Communicator& norm_group, int64_t bucket_floats, Device device,
+                     Communicator* expert_dp)
     : parameters_(std::move(parameters)),
       settings_(settings),
-      hdp_(hdp),
       norm_group_(norm_group),
       arena_(Arena::counting(device, "optimizer")) {
   if (bucket_floats <= 0) throw std::invalid_argument("ZeRO: bucket size must be positive");
-  const int r = hdp.rank(), n = hdp.size();
+  sharded_ = false;
   for (auto [begin, end] : cut_buckets(parameters_, flat_numel, bucket_floats)) {
     Bucket b;
     b.begin = begin;
     b.end = end;
+    // A bucket holds parameters of one group (cut_buckets): any of them tells which.
+    bool expert = false;
+    for (const FlatParameter& p : parameters_) {
+      if (p.offset >= begin && p.offset < end) expert = p.expert;
+    }
+    b.group = expert && expert_dp != nullptr ? expert_dp : &hdp;
+    const int r = b.group->rank(), n = b.group->size();
+    sharded_ = sharded_ || n > 1;
     b.part_begin = begin + part_begin(end - begin, r, n);
     b.part_end = begin + part_begin(end - begin, r + 1, n);
     b.shard_offset = shard_numel_;
@@ -64,7 +73,6 @@ ZeroAdamW::ZeroAdamW(std::vector<FlatParameter> parameters, int64_t flat_numel, 
   }
   // Without sharding the reduced gradient is the gradient buffer itself (the
   // buckets tile it in order), so only the moments need memory.
-  sharded_ = n > 1;
   auto layout = [&](Arena& arena) {
     if (sharded_) grad_shard_ = arena.tensor({shard_numel_});
     m_ = arena.tensor({shard_numel_});
@@ -82,7 +90,7 @@ void ZeroAdamW::start(Bucket& b) {
   if (b.started) return;
   b.started = true;
   if (!sharded_) return;
-  b.request = hdp_.reduce_scatter_async(Tensor(grads_.data + b.begin, {b.end - b.begin}, grads_.device),
+  b.request = b.group->reduce_scatter_async(Tensor(grads_.data + b.begin, {b.end - b.begin}, grads_.device),
                                         grad_shard_.rows(b.shard_offset, b.shard_offset + (b.part_end - b.part_begin)));
 }
 
@@ -144,7 +152,7 @@ void ZeroAdamW::step(Tensor params, double lr, float grad_scale, int64_t step) {
   std::vector<CommRequest> gathers;
   gathers.reserve(buckets_.size());
   for (const Bucket& b : buckets_) {
-    gathers.push_back(hdp_.all_gather_async(Tensor(params.data + b.begin, {b.end - b.begin}, params.device)));
+    gathers.push_back(b.group->all_gather_async(Tensor(params.data + b.begin, {b.end - b.begin}, params.device)));
   }
   for (CommRequest& r : gathers) r.wait();
   grads_ = Tensor();

@@ -15,6 +15,13 @@
 //   3. step() updates the shard (fp32: the shard of the parameter buffer is the
 //      master copy) and all-gathers the updated parameters bucket by bucket.
 // With hdp = 1 the same path runs without sharding.
+//
+// Expert parallelism (Mixtral): an expert's weights live only on the hdp ranks
+// that hold the expert, its expert-data-parallel group (parallel_degrees.h). Their
+// buckets (never mixed with others: buckets are also cut where the group changes)
+// are split over, reduce-scattered in and all-gathered over that group instead;
+// everything else is as above. Every rank of the hdp group has the same buckets in
+// the same order, so the collectives of both groups are posted in one order.
 
 #include <cstdint>
 #include <vector>
@@ -31,6 +38,7 @@ struct FlatParameter {
   bool weight_decay = false;
   bool counts_in_norm = true;   // false for copies counted elsewhere (tp-replicated, tied copies)
   bool synced_later = false;    // gradient completed by another collective first (tied embeddings)
+  bool expert = false;          // sharded over the expert-data-parallel group, not hdp
 };
 
 struct AdamWSettings {
@@ -43,8 +51,10 @@ struct AdamWSettings {
 class ZeroAdamW {
  public:
   // norm_group: every rank whose shards make up the whole gradient (the world).
+  // expert_dp: the group that shards the `expert` parameters (nullptr: hdp).
   ZeroAdamW(std::vector<FlatParameter> parameters, int64_t flat_numel, const AdamWSettings& settings,
-            Communicator& hdp, Communicator& norm_group, int64_t bucket_floats, Device device = Device::CPU);
+            Communicator& hdp, Communicator& norm_group, int64_t bucket_floats, Device device = Device::CPU,
+            Communicator* expert_dp = nullptr);
 
   // A piece of this rank's shard: flat elements [flat_offset, flat_offset + length)
   // of parameter `parameter`, whose moments sit at [state_offset, state_offset + length).
@@ -77,6 +87,7 @@ class ZeroAdamW {
     int64_t part_begin = 0;         // this rank's part: [part_begin, part_end)
     int64_t part_end = 0;
     int64_t shard_offset = 0;       // where the part sits in the shard buffers
+    Communicator* group = nullptr;  // hdp, or the expert-data-parallel group
     bool synced_later = false;
     bool started = false;
     CommRequest request;
@@ -85,9 +96,8 @@ class ZeroAdamW {
 
   std::vector<FlatParameter> parameters_;
   AdamWSettings settings_;
-  Communicator& hdp_;
   Communicator& norm_group_;
-  bool sharded_ = true;             // hdp > 1
+  bool sharded_ = true;             // some bucket's group has more than one rank
   std::vector<Bucket> buckets_;     // in flat order
   std::vector<Segment> segments_;
   int64_t shard_numel_ = 0;

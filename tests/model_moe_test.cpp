@@ -2,7 +2,7 @@
 // reference written from Hugging Face's MixtralSparseMoeBlock and
 // load_balancing_loss_func: outputs, the load-balancing loss by hand, and the
 // gradients of the router, every expert and the input by finite differences, and its
-// tensor-parallel slices against the whole block.
+// tensor-parallel slices and expert-parallel shares against the whole block.
 
 #include <gtest/gtest.h>
 
@@ -282,6 +282,79 @@ TEST(MoeBlock, TensorParallelSlicesEqualTheWholeBlock) {
         }
     }
   });
+}
+
+// Expert parallelism: two ranks with their own tokens (one of them possibly none, as a
+// padded micro-batch), each holding half of the experts. Each rank's output, input
+// gradient and router gradient equal the whole block's over its own tokens; an
+// expert's gradient, computed where the expert lives, is the sum of the whole block's
+// over both ranks' tokens; the routing statistics stay with the tokens' rank.
+TEST(MoeBlock, ExpertParallelSharesEqualTheWholeBlock) {
+  const MoeShape s{6, 5, 4, 2};
+  const int64_t H = s.hidden, E = s.experts;
+  const double coef = 0.37;
+  Block whole(s, false, 21);
+  for (const std::vector<int64_t>& tokens : {std::vector<int64_t>{9, 5}, std::vector<int64_t>{7, 0}}) {
+    const int ep = 2;
+    const int64_t capacity = *std::max_element(tokens.begin(), tokens.end());
+    std::mt19937 rng(8);
+    std::vector<std::vector<float>> x(ep), c(ep), out(ep), dx(ep);
+    std::vector<std::vector<int64_t>> counts(ep);
+    std::vector<double> aux(ep);
+    std::vector<Block> grads;
+    for (int r = 0; r < ep; ++r) {
+      const int64_t T = tokens[r];
+      x[r] = normal_values(T * H, rng);
+      c[r] = normal_values(T * H, rng);
+      out[r].resize(T * H);
+      dx[r].resize(T * H);
+      grads.emplace_back(s, true, 0);
+      MoeBlock block(s, capacity);
+      block.forward(Tensor(out[r].data(), {T, H}), Tensor(x[r].data(), {T, H}), whole.tensors);
+      block.backward(Tensor(dx[r].data(), {T, H}), grads[r].tensors, Tensor(c[r].data(), {T, H}),
+                     Tensor(x[r].data(), {T, H}), whole.tensors, block.aux_gradient(coef));
+      counts[r] = block.expert_tokens();
+      aux[r] = block.aux_loss();
+    }
+    testing::run_ranks(ep, [&](testing::ThreadCommunicator& comm) {
+      const int r = comm.rank();
+      const int64_t T = tokens[r], first = r * E / ep, last = (r + 1) * E / ep;
+      // This rank's experts: views of the whole block's weights and of its own gradients.
+      Block grad(s, true, 0);
+      MoeTensors weights{whole.tensors.gate, {}, {}, {}}, gradients{grad.tensors.gate, {}, {}, {}};
+      for (int64_t e = first; e < last; ++e) {
+        for (auto [from, to] : {std::pair{&whole.tensors, &weights}, std::pair{&grad.tensors, &gradients}}) {
+          to->w1.push_back(from->w1[e]);
+          to->w2.push_back(from->w2[e]);
+          to->w3.push_back(from->w3[e]);
+        }
+      }
+      std::vector<float> xr = x[r], cr = c[r], o(T * H), d(T * H);
+      MoeBlock part(s, capacity, nullptr, &comm);
+      EXPECT_EQ(part.local_experts(), E / ep);
+      EXPECT_EQ(part.first_local_expert(), first);
+      part.forward(Tensor(o.data(), {T, H}), Tensor(xr.data(), {T, H}), weights);
+      EXPECT_EQ(part.expert_tokens(), counts[r]);
+      EXPECT_NEAR(part.aux_loss(), aux[r], 1e-12);
+      part.backward(Tensor(d.data(), {T, H}), gradients, Tensor(cr.data(), {T, H}), Tensor(xr.data(), {T, H}),
+                    weights, part.aux_gradient(coef));
+      auto near = [](float got, double want) { return std::abs(got - want) <= 1e-5 * (1 + std::abs(want)); };
+      for (int64_t i = 0; i < T * H; ++i) {
+        EXPECT_TRUE(near(o[i], out[r][i])) << "rank " << r << " out[" << i << "] " << o[i] << " vs " << out[r][i];
+        EXPECT_TRUE(near(d[i], dx[r][i])) << "rank " << r << " dx[" << i << "] " << d[i] << " vs " << dx[r][i];
+      }
+      for (size_t i = 0; i < grad.storage[0].size(); ++i)
+        EXPECT_TRUE(near(grad.storage[0][i], grads[r].storage[0][i])) << "rank " << r << " gate[" << i << "]";
+      for (int64_t e = first; e < last; ++e)
+        for (size_t w = 1; w <= 3; ++w) {
+          const size_t i = 3 * e + w;
+          for (size_t j = 0; j < grad.storage[i].size(); ++j) {
+            const double want = static_cast<double>(grads[0].storage[i][j]) + grads[1].storage[i][j];
+            EXPECT_TRUE(near(grad.storage[i][j], want)) << "rank " << r << " expert " << e << " w" << w << "[" << j << "]";
+          }
+        }
+    });
+  }
 }
 
 TEST(MoeBlock, BadShapesAreRefused) {

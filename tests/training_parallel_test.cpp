@@ -303,10 +303,16 @@ std::vector<std::string> expert_token_lists(const std::string& run_dir) {
 // computes it per forward, and every layout packs the same micro-batches) and the 4-rank
 // combinations: losses, weights, the load-balancing loss, the per-expert counts and the
 // max/mean load all equal one process's. The counts are compared exactly: a routing
-// decision that flipped under another reduction order would show there.
+// decision that flipped under another reduction order would show there. Expert
+// parallelism (ep, inside hdp): ep2 x hdp2 (each rank holds 2 of the 4 experts), ep2
+// inside hdp4 (the expert-data-parallel groups of 2 shard the experts' ZeRO state),
+// ep4 (one expert per rank), tp2 x ep2, pp2 x ep2 and under the balance scheduler.
+// A step's five micro-batches leave ranks with different numbers of them: the
+// fewer pad with empty ones, which only take part in the token exchanges.
 TEST(MixtralLayouts, EveryLayoutEqualsOneProcess) {
+  // Five micro-batches a step: hdp ranks get different numbers of them.
   const std::string moe = "--set model.arch=mixtral --set model.num_experts=4 --set model.experts_per_token=2 "
-                          "--set model.router_aux_loss_coef=0.02 ";
+                          "--set model.router_aux_loss_coef=0.02 --set data.global_batch_tokens=1280 ";
   const std::string single_dir = scratch_dir("parallel-mixtral-single");
   const RunResult want = train(single_dir, {"single", 1, 1, 1}, moe);
   const std::vector<double> want_aux = metric_values(single_dir, "aux_loss");
@@ -317,10 +323,14 @@ TEST(MixtralLayouts, EveryLayoutEqualsOneProcess) {
   // The balance scheduler assigns the same micro-batches to other ranks (DP-Balance with
   // pp = 1, PP-Balance with pp = 2): the same losses again.
   const std::string balance = "--set scheduler.policy=balance ";
+  const std::string ep2 = "--set parallel.ep=2 ";
   for (const auto& [l, extra] : std::vector<std::pair<Layout, std::string>>{
            {{"mixtral_tp2", 2, 1, 1}, ""}, {{"mixtral_pp2", 1, 2, 1}, ""}, {{"mixtral_hdp2", 1, 1, 2}, ""},
            {{"mixtral_tp2_pp2", 2, 2, 1}, ""}, {{"mixtral_tp2_hdp2", 2, 1, 2}, ""}, {{"mixtral_pp2_hdp2", 1, 2, 2}, ""},
-           {{"mixtral_balance_hdp4", 1, 1, 4}, balance}, {{"mixtral_balance_pp2_hdp2", 1, 2, 2}, balance}}) {
+           {{"mixtral_balance_hdp4", 1, 1, 4}, balance}, {{"mixtral_balance_pp2_hdp2", 1, 2, 2}, balance},
+           {{"mixtral_hdp2_ep2", 1, 1, 2}, ep2}, {{"mixtral_hdp4_ep2", 1, 1, 4}, ep2},
+           {{"mixtral_hdp4_ep4", 1, 1, 4}, "--set parallel.ep=4 "}, {{"mixtral_tp2_hdp2_ep2", 2, 1, 2}, ep2},
+           {{"mixtral_pp2_hdp2_ep2", 1, 2, 2}, ep2}, {{"mixtral_balance_hdp4_ep2", 1, 1, 4}, balance + ep2}}) {
     const std::string dir = scratch_dir("parallel-" + l.name);
     expect_same_run(train(dir, l, moe + extra), want, l.name);
     const std::vector<double> aux = metric_values(dir, "aux_loss");
@@ -335,21 +345,21 @@ TEST(MixtralLayouts, EveryLayoutEqualsOneProcess) {
   }
 }
 
-// A Mixtral checkpoint is layout-independent: steps 1-2 under tp2 x hdp2 (every expert
-// sharded over tp), 3-4 on one process, 5 under tp2 x pp2, equal an uninterrupted
-// single-process run.
+// A Mixtral checkpoint is layout-independent: steps 1-2 under tp2 x hdp2 x ep2 (every
+// expert sharded over tp, each on one of the two hdp ranks), 3-4 on one process, 5
+// under pp2 x hdp2 x ep2, equal an uninterrupted single-process run.
 TEST(MixtralLayouts, ResumeAcrossLayoutsContinuesLikeAnUninterruptedRun) {
   const std::string common = "--set model.arch=mixtral --set model.num_experts=4 --set model.experts_per_token=2 "
                              "--set model.router_aux_loss_coef=0.02 --set optim.warmup_steps=10 "
                              "--set train.keep_checkpoints=5";
   const RunResult want = train(scratch_dir("parallel-mixtral-resume-straight"), {"single", 1, 1, 1}, common);
   const std::string dir = scratch_dir("parallel-mixtral-resume");
-  auto a = run_command(mpirun(4) + " " + train_args(dir, {"a", 2, 1, 2}, 2, common));
+  auto a = run_command(mpirun(4) + " " + train_args(dir, {"a", 2, 1, 2}, 2, common + " --set parallel.ep=2"));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   auto b = run_trainer(train_args(dir, {"b", 1, 1, 1}, 4, common));
   ASSERT_EQ(b.exit_code, 0) << b.output;
   EXPECT_NE(b.output.find("resumed from"), std::string::npos) << b.output;
-  auto c = run_command(mpirun(4) + " " + train_args(dir, {"c", 2, 2, 1}, 5, common));
+  auto c = run_command(mpirun(4) + " " + train_args(dir, {"c", 1, 2, 2}, 5, common + " --set parallel.ep=2"));
   ASSERT_EQ(c.exit_code, 0) << c.output;
   EXPECT_NE(c.output.find("resumed from"), std::string::npos) << c.output;
   expect_same_run(result_of(dir), want, "mixtral resumed");

@@ -252,6 +252,17 @@ std::vector<std::string> link_names(hid_t group, const std::string& what) {
 // ---------------------------------------------------------------------------
 // Writing a part.
 
+// One copy of every weight is written: of a tp slice by the first rank of the
+// data-parallel group that holds it (hdp, or for an expert under expert parallelism
+// its expert-data-parallel group); of a tp-replicated tensor by tp rank 0 only;
+// tied copies never.
+bool writes_weights_of(const ParameterInfo& p, const CheckpointLayout& layout) {
+  const GridCoords& c = layout.coords;
+  const int dp_rank = p.expert ? layout.degrees.expert_dp_rank(c) : c.hdp_rank;
+  return dp_rank == 0 && !p.tied_copy && (p.shard_dim >= 0 || c.tp_rank == 0);
+}
+bool writes_any_weight(const CheckpointLayout& layout) { return layout.degrees.expert_dp_rank(layout.coords) == 0; }
+
 void write_part(const std::string& file, const CheckpointSnapshot& s, const CheckpointLayout& layout,
                 const CheckpointHooks& hooks) {
   const std::string tmp = file + ".tmp";
@@ -270,12 +281,12 @@ void write_part(const std::string& file, const CheckpointSnapshot& s, const Chec
     write_attr_i64(f.get(), "pp_rank", layout.coords.pp_rank);
     write_attr_i64(f.get(), "hdp_rank", layout.coords.hdp_rank);
 
-    // Tied copies are never written; tp-replicated tensors come from tp rank 0 only.
+    // The moments of every rank's shard are written, once per tensor-parallel slice.
     auto writes = [&](const ParameterInfo& p) { return !p.tied_copy && (p.shard_dim >= 0 || layout.coords.tp_rank == 0); };
 
-    if (layout.coords.hdp_rank == 0) {
+    if (writes_any_weight(layout)) {
       for (const ParameterInfo& p : params) {
-        if (!writes(p)) continue;
+        if (!writes_weights_of(p, layout)) continue;
         H5Handle dset = write_dataset(f.get(), p.name, p.shape, s.flat_parameters.data() + p.offset,
                                       static_cast<size_t>(p.numel));
         write_slice_attrs(dset.get(), slice_of(p));
@@ -755,8 +766,8 @@ void take_snapshot(const LlamaModel& model, const ZeroAdamW& optimizer, const Tr
   out.parameters = model.parameters();
   out.segments = optimizer.segments();
   out.progress = progress;
-  // Only hdp rank 0 of each slice writes weights (write_part).
-  if (layout.coords.hdp_rank == 0) {
+  // Only the first data-parallel rank of each slice writes weights (write_part).
+  if (writes_any_weight(layout)) {
     to_host(model.flat_parameters(), out.flat_parameters);
   } else {
     out.flat_parameters.clear();

@@ -131,6 +131,7 @@ const std::vector<Section>& schema() {
        {field("tp", &Config::parallel, &ParallelConfig::tp),
         field("pp", &Config::parallel, &ParallelConfig::pp),
         field("hdp", &Config::parallel, &ParallelConfig::hdp),
+        field("ep", &Config::parallel, &ParallelConfig::ep),
         field("pp_layers", &Config::parallel, &ParallelConfig::pp_layers),
         field("bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb),
         enum_field("comm", &Config::parallel, &ParallelConfig::comm, kCommModeNames, "communicator")}},
@@ -510,6 +511,21 @@ struct Parser {
     positive(int64_t{p.tp}, "parallel.tp");
     positive(int64_t{p.pp}, "parallel.pp");
     positive(int64_t{p.hdp}, "parallel.hdp");
+    positive(int64_t{p.ep}, "parallel.ep");
+    // Expert parallelism subdivides hdp (parallel/parallel_degrees.h) and shares out
+    // whole experts.
+    require(p.ep == 1 || m.moe(), "parallel.ep", shown("parallel.ep") + " with " + shown("model.arch"),
+            "expert parallelism spreads a mixture of experts; use model.arch: mixtral or parallel.ep: 1",
+            {"model.arch"});
+    require(p.hdp % p.ep == 0, "parallel.ep",
+            shown("parallel.ep") + " does not divide parallel.hdp " + shown("parallel.hdp"),
+            "an expert-parallel group is ep of the hdp ranks; choose a divisor of " + std::to_string(p.hdp),
+            {"parallel.hdp"});
+    require(!m.moe() || m.num_experts % p.ep == 0, "parallel.ep",
+            shown("parallel.ep") + " does not divide model.num_experts " + shown("model.num_experts"),
+            "every rank of an expert-parallel group holds num_experts / ep whole experts; choose a divisor of " +
+                std::to_string(m.num_experts),
+            {"model.num_experts"});
     positive(p.bucket_mb, "parallel.bucket_mb");
     if (p.comm == CommMode::Nccl) {
       require(t.device == Device::CUDA, "parallel.comm",

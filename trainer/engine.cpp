@@ -60,21 +60,35 @@ int64_t largest_micro_batch(const Config& config) {
   return std::max(capacity, std::min(memory_limit, config.data.max_seq_len));
 }
 
+namespace {
+
+// A micro-batch without tokens (expert parallelism's padding, TrainingEngine::step).
+PackedMicroBatch no_tokens() {
+  PackedMicroBatch b;
+  b.cu_seqlens = {0};
+  return b;
+}
+
+}  // namespace
+
 // The model stage as the pipeline executor sees it.
 class TrainingEngine::Stage final : public PipelineStage {
  public:
-  Stage(LlamaModel& model, ZeroAdamW& optimizer, std::span<const PackedMicroBatch> batches, float loss_scale,
-        int poisoned, double slow_factor)
+  // count >= batches.size(): micro-batches past the pipeline's own are empty (expert
+  // parallelism's padding, TrainingEngine::step).
+  Stage(LlamaModel& model, ZeroAdamW& optimizer, std::span<const PackedMicroBatch> batches, int count,
+        float loss_scale, int poisoned, double slow_factor)
       : model_(model),
         optimizer_(optimizer),
         batches_(batches),
+        count_(count),
         loss_scale_(loss_scale),
         poisoned_(poisoned),
         slow_factor_(slow_factor) {}
 
-  int64_t rows(int i) const override { return batches_[i].num_tokens(); }
+  int64_t rows(int i) const override { return batch(i).num_tokens(); }
   void prepare(int i, int slot) override {
-    const PackedMicroBatch& b = batches_[i];
+    const PackedMicroBatch& b = batch(i);
     model_.set_batch(slot, MicroBatchView{b.tokens, b.targets, b.positions, b.cu_seqlens,
                                           b.ring >= 0 ? &b.ring_layout : nullptr, b.offload_ratio});
   }
@@ -92,7 +106,7 @@ class TrainingEngine::Stage final : public PipelineStage {
     if (model_.config().moe() && model_.partition().has_head) {
       // The last stage's statistics cover every layer of the micro-batch.
       int64_t predictions = 0;
-      for (int32_t target : batches_[i].targets) predictions += target >= 0;
+      for (int32_t target : batch(i).targets) predictions += target >= 0;
       aux_sum_ += model_.aux_loss() * static_cast<double>(predictions);
       expert_tokens_.resize(model_.expert_tokens().size(), 0);
       for (size_t e = 0; e < expert_tokens_.size(); ++e) expert_tokens_[e] += model_.expert_tokens()[e];
@@ -107,7 +121,7 @@ class TrainingEngine::Stage final : public PipelineStage {
     const auto t0 = Clock::now();
     // Gradients become final during the last micro-batch's backward: reduce them
     // bucket by bucket while the rest of backward runs.
-    if (i + 1 == static_cast<int>(batches_.size())) {
+    if (i + 1 == count_) {
       model_.backward(slot, [this](int64_t offset) { optimizer_.gradients_ready(offset); });
     } else {
       model_.backward(slot);
@@ -130,6 +144,9 @@ class TrainingEngine::Stage final : public PipelineStage {
 
  private:
   using Clock = std::chrono::steady_clock;
+  const PackedMicroBatch& batch(int i) const {
+    return i < static_cast<int>(batches_.size()) ? batches_[static_cast<size_t>(i)] : empty_;
+  }
   // HDP_SLOW_RANK: this rank computes slow_factor_ times slower, as a slow GPU would.
   void stretch(Clock::time_point t0) const {
     if (slow_factor_ > 1) std::this_thread::sleep_for((Clock::now() - t0) * (slow_factor_ - 1));
@@ -138,6 +155,8 @@ class TrainingEngine::Stage final : public PipelineStage {
   LlamaModel& model_;
   ZeroAdamW& optimizer_;
   std::span<const PackedMicroBatch> batches_;
+  int count_;
+  PackedMicroBatch empty_ = no_tokens();
   float loss_scale_;
   int poisoned_;  // StepOptions::poisoned_micro_batch
   double slow_factor_;  // slow_rank_factor()
@@ -156,6 +175,8 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
   partition.num_layers = stage_layers_[c.pp_rank];
   partition.has_embedding = groups.first_stage();
   partition.has_head = groups.last_stage();
+  partition.ep_rank = config.parallel.ep_rank(c);
+  partition.ep_size = config.parallel.ep;
 
   const int64_t capacity = config.data.micro_batch_tokens;
   LongSequenceOptions long_sequences;
@@ -166,11 +187,11 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
   pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), long_sequences.max_tokens, config.model.hidden_size,
                                                  device);
   model_ = std::make_unique<LlamaModel>(config.model, capacity, partition, pipeline_->slots(), &groups.tp(),
-                                        long_sequences, device, config.train.precision);
+                                        long_sequences, device, config.train.precision, groups.ep());
   const int64_t bucket_floats = std::max<int64_t>(1, config.parallel.bucket_mb * (1 << 20) / 4);
   optimizer_ = std::make_unique<ZeroAdamW>(flat_parameters(*model_), model_->flat_parameters().numel(),
                                            adamw_settings(config.optim), groups.hdp(), groups.world(), bucket_floats,
-                                           device);
+                                           device, &groups.expert_dp());
   slow_factor_ = slow_rank_factor(groups.world().rank());
 }
 
@@ -196,8 +217,19 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
   model_->refresh_compute_weights();
   model_->zero_grad();
   optimizer_->begin_reduction(model_->flat_gradients());
-  Stage stage(*model_, *optimizer_, micro_batches, loss_scale, options.poisoned_micro_batch, slow_factor_);
-  pipeline_->run(stage, static_cast<int>(micro_batches.size()));
+  // Expert parallelism: the ranks of an expert-parallel group exchange tokens in every
+  // MoE layer of every micro-batch (model/moe.h), so they run equally many; a pipeline
+  // with fewer than its group's most pads with empty micro-batches, which only take
+  // part in those exchanges. The group's pipelines all have the same stages, so every
+  // stage pads alike.
+  int64_t count = static_cast<int64_t>(micro_batches.size());
+  if (Communicator* ep = groups_.ep()) {
+    progress::Context context("micro-batch count all-reduce (expert parallelism)");
+    ep->all_reduce(std::span<int64_t>(&count, 1), ReduceOp::Max);
+  }
+  Stage stage(*model_, *optimizer_, micro_batches, static_cast<int>(count), loss_scale, options.poisoned_micro_batch,
+              slow_factor_);
+  pipeline_->run(stage, static_cast<int>(count));
 
   // Tied embeddings split over the first and last stage: their two gradient parts
   // are summed before the data-parallel reduction.
