@@ -607,6 +607,18 @@ TEST(Config, Mixtral) {
   EXPECT_CONTAINS(load_error(path, {"parallel.hdp=2", "scheduler.policy=static", "scheduler.cp=2"}),
                   "scheduler.cp: 2 with model.arch 'mixtral'; Mixtral's MoE layers do not run in context-parallel "
                   "rings yet");
+  // Expert parallelism: ep divides hdp and the experts, and needs experts.
+  const Config ep = load_config(path, {"parallel.hdp=4", "parallel.ep=2"});
+  EXPECT_EQ(ep.parallel.ep, 2);
+  EXPECT_EQ(ep.parallel.ep_rank({0, 0, 3}), 1);
+  EXPECT_EQ(ep.parallel.expert_dp_rank({0, 0, 3}), 1);
+  EXPECT_CONTAINS(load_error(path, {"parallel.hdp=4", "parallel.ep=3"}),
+                  "parallel.ep: 3 does not divide parallel.hdp 4");
+  EXPECT_CONTAINS(load_error(path, {"parallel.hdp=8", "parallel.ep=8"}),
+                  "parallel.ep: 8 does not divide model.num_experts 4");
+  EXPECT_CONTAINS(load_error(path, {"parallel.hdp=2", "parallel.ep=0"}), "parallel.ep: 0 is not positive");
+  EXPECT_CONTAINS(load_error(s.config(kMinimalConfig), {"parallel.hdp=2", "parallel.ep=2"}),
+                  "parallel.ep: 2 with model.arch 'llama' (default); expert parallelism spreads a mixture of experts");
   // The routing counts are fp32 in every layout (they cross pipeline stages so).
   for (const char* pp : {"parallel.pp=1", "parallel.pp=2"}) {
     EXPECT_CONTAINS(load_error(path, {pp, "model.num_layers=2", "data.micro_batch_tokens=4194304"}),

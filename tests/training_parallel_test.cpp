@@ -342,6 +342,9 @@ TEST(MixtralLayouts, EveryLayoutEqualsOneProcess) {
       EXPECT_NEAR(load[i], want_load[i], 1e-9) << l.name << " step " << i + 1;
     }
     EXPECT_EQ(expert_token_lists(dir), want_tokens) << l.name;
+    // Tokens travel between ranks exactly when the experts are shared out.
+    const bool shared_out = extra.find("parallel.ep") != std::string::npos;
+    for (double bytes : metric_values(dir, "ep_bytes")) EXPECT_EQ(bytes > 0, shared_out) << l.name;
   }
 }
 

@@ -514,7 +514,7 @@ struct Parser {
     positive(int64_t{p.ep}, "parallel.ep");
     // Expert parallelism subdivides hdp (parallel/parallel_degrees.h) and shares out
     // whole experts.
-    require(p.ep == 1 || m.moe(), "parallel.ep", shown("parallel.ep") + " with " + shown("model.arch"),
+    require(p.ep == 1 || m.moe(), "parallel.ep", shown("parallel.ep") + " with model.arch " + shown("model.arch"),
             "expert parallelism spreads a mixture of experts; use model.arch: mixtral or parallel.ep: 1",
             {"model.arch"});
     require(p.hdp % p.ep == 0, "parallel.ep",

@@ -51,6 +51,7 @@ std::string to_json(const StepMetrics& m) {
   s += ", \"tp_bytes\": " + std::to_string(m.tp_bytes);
   s += ", \"pp_bytes\": " + std::to_string(m.pp_bytes);
   s += ", \"hdp_bytes\": " + std::to_string(m.hdp_bytes);
+  s += ", \"ep_bytes\": " + std::to_string(m.ep_bytes);
   s += ", \"attention_bytes\": " + std::to_string(m.attention_bytes);
   s += ", \"busy_ms_min\": " + number(m.busy_ms_min);
   s += ", \"busy_ms_max\": " + number(m.busy_ms_max);

@@ -24,11 +24,12 @@ struct StepMetrics {
   double data_wait_ms = 0;    // time the step waited for its batch
   double mfu = 0;             // model FLOP/s divided by the peak FLOP/s
   int64_t peak_mem_bytes = 0;
-  // Bytes rank 0 sent this step through its tensor-, pipeline- and
-  // hybrid-data-parallel groups (parallel/communicator.h says how they are counted).
+  // Bytes rank 0 sent this step through its tensor-, pipeline-, hybrid-data- and
+  // expert-parallel groups (parallel/communicator.h says how they are counted).
   int64_t tp_bytes = 0;
   int64_t pp_bytes = 0;
   int64_t hdp_bytes = 0;
+  int64_t ep_bytes = 0;       // Mixtral's token dispatch and combine (parallel.ep)
   // Ring attention traffic of the whole job this step (point-to-point bytes on the
   // hdp groups of every rank).
   int64_t attention_bytes = 0;

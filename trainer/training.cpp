@@ -365,6 +365,10 @@ class TrainingLoop {
     groups_.tp().reset_stats();
     groups_.pp().reset_stats();
     groups_.hdp().reset_stats();
+    if (Communicator* ep = groups_.ep()) {
+      ep->reset_stats();
+      groups_.expert_dp().reset_stats();
+    }
     const int64_t offloaded_before = engine_.model().activation_usage().offloaded_bytes;
     StepOptions options;
     options.apply_update = [this](const StepResult& r) { return agree_on_update(r); };
@@ -570,7 +574,10 @@ class TrainingLoop {
     auto sent = [](const Communicator& c) { return c.stats().p2p_bytes + c.stats().collective_bytes; };
     m.tp_bytes = sent(groups_.tp());
     m.pp_bytes = sent(groups_.pp());
-    m.hdp_bytes = sent(groups_.hdp());
+    // Expert parallelism: the experts' gradient reduction runs on their own
+    // expert-data-parallel group, part of the data-parallel traffic.
+    m.hdp_bytes = sent(groups_.hdp()) + (groups_.ep() ? sent(groups_.expert_dp()) : 0);
+    m.ep_bytes = groups_.ep() ? sent(*groups_.ep()) : 0;
     std::vector<double> totals = {static_cast<double>(groups_.hdp().stats().p2p_bytes),
                                   static_cast<double>(measured.offloaded_bytes)};
     world.all_reduce(std::span<double>(totals), ReduceOp::Sum);
