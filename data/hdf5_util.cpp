@@ -99,6 +99,23 @@ void write_scalar_attr(hid_t obj, const char* name, hid_t file_type, hid_t mem_t
   attr.close(what);
 }
 
+// The attribute `name` of `obj`, which must exist and hold a single value of
+// `type_class` (`class_name` says which in the error), and its type.
+struct ScalarAttr {
+  H5Handle attr, type;
+};
+ScalarAttr open_scalar_attr(hid_t obj, const char* name, H5T_class_t type_class, const char* class_name,
+                            const std::string& what) {
+  if (!h5_has_attr(obj, name)) throw Hdf5Error(what + " is missing");
+  ScalarAttr a;
+  a.attr = h5_attr(H5Aopen(obj, name, H5P_DEFAULT), "opening " + what);
+  H5Handle space = h5_space(H5Aget_space(a.attr.get()), what);
+  if (H5Sget_simple_extent_npoints(space.get()) != 1) throw Hdf5Error(what + " is not a single value");
+  a.type = h5_type(H5Aget_type(a.attr.get()), what);
+  if (H5Tget_class(a.type.get()) != type_class) throw Hdf5Error(what + " is not " + class_name);
+  return a;
+}
+
 }  // namespace
 
 void h5_write_attr_u64(hid_t obj, const char* name, uint64_t value) {
@@ -124,13 +141,8 @@ bool h5_has_attr(hid_t obj, const char* name) {
 }
 
 uint64_t h5_read_attr_uint(hid_t obj, const char* name) {
-  std::string what = std::string("attribute '") + name + "'";
-  if (!h5_has_attr(obj, name)) throw Hdf5Error(what + " is missing");
-  H5Handle attr = h5_attr(H5Aopen(obj, name, H5P_DEFAULT), "opening " + what);
-  H5Handle space = h5_space(H5Aget_space(attr.get()), what);
-  if (H5Sget_simple_extent_npoints(space.get()) != 1) throw Hdf5Error(what + " is not a single value");
-  H5Handle type = h5_type(H5Aget_type(attr.get()), what);
-  if (H5Tget_class(type.get()) != H5T_INTEGER) throw Hdf5Error(what + " is not an integer");
+  const std::string what = std::string("attribute '") + name + "'";
+  const auto [attr, type] = open_scalar_attr(obj, name, H5T_INTEGER, "an integer", what);
   if (H5Tget_sign(type.get()) == H5T_SGN_2) {
     int64_t v = 0;
     h5check_status(H5Aread(attr.get(), H5T_NATIVE_INT64, &v), "reading " + what);
@@ -143,13 +155,8 @@ uint64_t h5_read_attr_uint(hid_t obj, const char* name) {
 }
 
 std::string h5_read_attr_string(hid_t obj, const char* name) {
-  std::string what = std::string("attribute '") + name + "'";
-  if (!h5_has_attr(obj, name)) throw Hdf5Error(what + " is missing");
-  H5Handle attr = h5_attr(H5Aopen(obj, name, H5P_DEFAULT), "opening " + what);
-  H5Handle space = h5_space(H5Aget_space(attr.get()), what);
-  if (H5Sget_simple_extent_npoints(space.get()) != 1) throw Hdf5Error(what + " is not a single value");
-  H5Handle type = h5_type(H5Aget_type(attr.get()), what);
-  if (H5Tget_class(type.get()) != H5T_STRING) throw Hdf5Error(what + " is not a string");
+  const std::string what = std::string("attribute '") + name + "'";
+  const auto [attr, type] = open_scalar_attr(obj, name, H5T_STRING, "a string", what);
   if (h5check_tri(H5Tis_variable_str(type.get()), what)) {
     H5Handle mem = h5_type(H5Tcopy(H5T_C_S1), what);
     h5check_status(H5Tset_size(mem.get(), H5T_VARIABLE), what);

@@ -1,7 +1,9 @@
 #pragma once
 // A small strict JSON (RFC 8259) parser, just enough for JSON Lines inputs:
 // validates one JSON text and extracts a top-level string member, with full
-// string unescaping (\n, \", \uXXXX, surrogate pairs -> UTF-8).
+// string unescaping (\n, \", \uXXXX, surrogate pairs -> UTF-8). It builds no
+// tree, which makes it several times faster per corpus line than nlohmann-json
+// (the product's reader for whole JSON documents; docs/architecture.md, data/).
 
 #include <cstddef>
 #include <stdexcept>

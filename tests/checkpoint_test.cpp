@@ -340,6 +340,7 @@ TEST(Checkpoint, PruningKeepsNewestAndLatestIgnoresIncomplete) {
   fill_state(ranks);
   EXPECT_EQ(latest_checkpoint(dir), std::nullopt);
   EXPECT_EQ(latest_checkpoint(dir + "/does-not-exist"), std::nullopt);
+  EXPECT_EQ(latest_checkpoint_step(dir), std::nullopt);
   fs::create_directories(checkpoint_path(dir, 1) + ".tmp");   // stale, older: deleted
   fs::create_directories(checkpoint_path(dir, 90) + ".tmp");  // a newer unfinished one: ignored, kept
   fs::create_directories(checkpoint_path(dir, 80));           // no manifest: ignored, kept
@@ -351,6 +352,7 @@ TEST(Checkpoint, PruningKeepsNewestAndLatestIgnoresIncomplete) {
   EXPECT_TRUE(fs::exists(checkpoint_path(dir, 90) + ".tmp"));
   EXPECT_TRUE(fs::exists(checkpoint_path(dir, 80)));
   EXPECT_EQ(latest_checkpoint(dir), checkpoint_path(dir, 6));
+  EXPECT_EQ(latest_checkpoint_step(dir), std::optional<int64_t>(6));  // not 80 (no manifest) nor 90 (.tmp)
 }
 
 TEST(Checkpoint, OfflinePartsCommitOnlyWithRankZero) {

@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -57,6 +59,16 @@ TEST(Arguments, MistakesAreUsageErrors) {
   EXPECT_EQ(usage_error([](Arguments& a) { a.integer("--gpus", std::nullopt, 1); }, {"--gpus", "0"}),
             "--gpus must be at least 1, got 0");
   EXPECT_EQ(usage_error([](Arguments& a) { a.integer("--gpus", std::nullopt, 1); }, {}), "--gpus is required");
+  // K and M scale within int64: 2^63 - 2^20 and -2^63 fit, one more M does not.
+  EXPECT_EQ(Arguments({"--n", "8796093022207M"}).integer("--n", std::nullopt),
+            std::numeric_limits<int64_t>::max() - (1 << 20) + 1);
+  EXPECT_EQ(Arguments({"--n", "-8796093022208M"}).integer("--n", std::nullopt), std::numeric_limits<int64_t>::min());
+  EXPECT_EQ(usage_error([](Arguments& a) { a.integer("--tokens", std::nullopt); }, {"--tokens", "8796093022208M"}),
+            "--tokens does not fit a signed 64-bit integer, got '8796093022208M'");
+  EXPECT_EQ(usage_error([](Arguments& a) { a.integer("--tokens", std::nullopt); }, {"--tokens", "-9007199254740993k"}),
+            "--tokens does not fit a signed 64-bit integer, got '-9007199254740993k'");
+  EXPECT_EQ(usage_error([](Arguments& a) { a.integer("--tokens", std::nullopt); }, {"--tokens", "99999999999999999999"}),
+            "--tokens does not fit a signed 64-bit integer, got '99999999999999999999'");
   EXPECT_EQ(usage_error([](Arguments& a) { a.expect_empty(); }, {"--bogus"}), "unknown argument '--bogus'");
 }
 

@@ -33,6 +33,7 @@ namespace {
 
 using testing::metric_values;
 using testing::mpirun;
+using testing::random_documents;
 using testing::read_weights;
 using testing::run_command;
 using testing::run_trainer;
@@ -141,30 +142,13 @@ struct Batch {
   MicroBatchView view() const { return {tokens, targets, positions, cu_seqlens}; }
 };
 
-// Documents of the given lengths packed back to back (random tokens).
-Batch documents(const std::vector<int>& lengths, int vocab, uint64_t seed) {
-  Batch b;
-  b.cu_seqlens.push_back(0);
-  for (int len : lengths) {
-    const size_t start = b.tokens.size();
-    for (int i = 0; i < len; ++i) {
-      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-      b.tokens.push_back(static_cast<int32_t>((seed >> 33) % vocab));
-      b.positions.push_back(i);
-    }
-    for (int i = 0; i < len; ++i) b.targets.push_back(i + 1 < len ? b.tokens[start + i + 1] : -1);
-    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
-  }
-  return b;
-}
-
 TEST(GuardedModel, PackedUnevenDocumentsGiveTheCpuLossAndGradientsBitForBit) {
   const ModelConfig c = small_config();
   LlamaModel cpu(c, 256), dev(c, 256, {}, 1, nullptr, {}, Device::Guarded);
   cpu.init_weights(5);
   dev.init_weights(5);
   ASSERT_EQ(to_host(cpu.flat_parameters()), to_host(dev.flat_parameters()));
-  const Batch a = documents({37, 1, 90, 13}, 61, 3), b = documents({70, 70}, 61, 8);
+  const Batch a = random_documents<Batch>({37, 1, 90, 13}, 61, 3), b = random_documents<Batch>({70, 70}, 61, 8);
   cpu.zero_grad();
   dev.zero_grad();
   for (const Batch* batch : {&a, &b}) {
@@ -184,7 +168,7 @@ TEST(GuardedModel, AnOffloadedMicroBatchGivesTheCpuLossAndGradientsBitForBit) {
   cpu.init_weights(9);
   dev.init_weights(9);
   // 192 tokens, half offloaded: 96-row halves keep every offloaded tensor 64-byte aligned.
-  const Batch b = documents({120, 50, 22}, 61, 4);
+  const Batch b = random_documents<Batch>({120, 50, 22}, 61, 4);
   MicroBatchView with = b.view();
   with.offload_ratio = 0.5;
   cpu.zero_grad();

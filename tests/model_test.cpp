@@ -8,11 +8,13 @@
 #include <string>
 
 #include "reference_llama.h"
+#include "test_util.h"
 #include "model/model.h"
 
 namespace hdp {
 namespace {
 
+using testing::random_documents;
 using testing::ReferenceBatch;
 
 ModelConfig tiny_config(bool tied) {
@@ -311,22 +313,6 @@ TEST(Model, InitIsDeterministicAndScaled) {
 namespace hdp {
 namespace {
 
-ReferenceBatch random_documents(const std::vector<int>& lengths, int vocab, uint64_t seed) {
-  ReferenceBatch b;
-  b.cu_seqlens.push_back(0);
-  for (int len : lengths) {
-    const size_t start = b.tokens.size();
-    for (int i = 0; i < len; ++i) {
-      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-      b.tokens.push_back(static_cast<int32_t>((seed >> 33) % vocab));
-      b.positions.push_back(i);
-    }
-    for (int i = 0; i < len; ++i) b.targets.push_back(i + 1 < len ? b.tokens[start + i + 1] : -1);
-    b.cu_seqlens.push_back(static_cast<int32_t>(b.tokens.size()));
-  }
-  return b;
-}
-
 ModelConfig offload_config() {
   ModelConfig c;
   c.vocab_size = 61;
@@ -348,7 +334,7 @@ TEST(Offload, GradientsAreBitIdenticalAndTheDevicePeakFallsByTheOffloadedBytes) 
   plain.init_weights(9);
   offloaded.init_weights(9);
   // 192 tokens, half of them offloaded: 96-row halves keep every tensor 64-byte aligned.
-  const ReferenceBatch b = random_documents({120, 50, 22}, 61, 4);
+  const ReferenceBatch b = random_documents<ReferenceBatch>({120, 50, 22}, 61, 4);
   MicroBatchView with = view(b), without = view(b);
   with.offload_ratio = 0.5;
   plain.zero_grad();
@@ -382,7 +368,7 @@ TEST(Offload, AMicroBatchAboveTheCapacityRunsWithOffload) {
   LlamaModel small(c, 256, {}, 1, nullptr, offload), large(c, 384);
   small.init_weights(2);
   large.init_weights(2);
-  const ReferenceBatch b = random_documents({300, 84}, 61, 8);
+  const ReferenceBatch b = random_documents<ReferenceBatch>({300, 84}, 61, 8);
   MicroBatchView v = view(b);
   EXPECT_THROW(small.forward_backward(v, 0.01f), std::invalid_argument);  // no room without offload
   v.offload_ratio = 0.75;

@@ -223,19 +223,7 @@ Config engine_config(const std::string& parallel, const std::string& data = "{pa
 }
 
 PackedMicroBatch micro_batch(const std::vector<int>& lengths, uint64_t seed) {
-  PackedMicroBatch mb;
-  mb.cu_seqlens.push_back(0);
-  for (int len : lengths) {
-    const size_t start = mb.tokens.size();
-    for (int i = 0; i < len; ++i) {
-      seed = seed * 6364136223846793005ull + 1442695040888963407ull;
-      mb.tokens.push_back(static_cast<int32_t>((seed >> 33) % 50));
-      mb.positions.push_back(i);
-    }
-    for (int i = 0; i < len; ++i) mb.targets.push_back(i + 1 < len ? mb.tokens[start + i + 1] : -1);
-    mb.cu_seqlens.push_back(static_cast<int32_t>(mb.tokens.size()));
-  }
-  return mb;
+  return testing::random_documents<PackedMicroBatch>(lengths, 50, seed);
 }
 
 // The summed (global) gradient of this rank's slice after one step under `plan`:

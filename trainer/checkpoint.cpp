@@ -886,12 +886,18 @@ std::string save_weights_checkpoint(const std::string& checkpoint_dir, const Lla
   return save_checkpoint(checkpoint_dir, snapshot, config_yaml, std::numeric_limits<int64_t>::max(), layout);
 }
 
-std::optional<std::string> latest_checkpoint_before(const std::string& checkpoint_dir, int64_t step) {
+static std::optional<Listed> newest_complete_before(const std::string& checkpoint_dir, int64_t step) {
   auto all = list_checkpoints(checkpoint_dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (it->complete && it->step < step) return it->path.string();
+    if (it->complete && it->step < step) return std::move(*it);
   }
   return std::nullopt;
+}
+
+std::optional<std::string> latest_checkpoint_before(const std::string& checkpoint_dir, int64_t step) {
+  const std::optional<Listed> found = newest_complete_before(checkpoint_dir, step);
+  if (!found) return std::nullopt;
+  return found->path.string();
 }
 
 std::vector<std::string> manifestless_checkpoints(const std::string& checkpoint_dir) {
@@ -904,6 +910,12 @@ std::vector<std::string> manifestless_checkpoints(const std::string& checkpoint_
 
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir) {
   return latest_checkpoint_before(checkpoint_dir, std::numeric_limits<int64_t>::max());
+}
+
+std::optional<int64_t> latest_checkpoint_step(const std::string& checkpoint_dir) {
+  const std::optional<Listed> found = newest_complete_before(checkpoint_dir, std::numeric_limits<int64_t>::max());
+  if (!found) return std::nullopt;
+  return found->step;
 }
 
 std::string checkpoint_or_latest(const std::string& path) {

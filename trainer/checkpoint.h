@@ -119,6 +119,8 @@ std::string save_weights_checkpoint(const std::string& checkpoint_dir, const Lla
 // The newest complete checkpoint in the directory, if any (directories without a
 // committed manifest are ignored).
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir);
+// Its step (the N of its step-N name), if any.
+std::optional<int64_t> latest_checkpoint_step(const std::string& checkpoint_dir);
 // The step-N directories (final names, not step-N.tmp) without a manifest. This
 // trainer never leaves one (it renames a checkpoint's directory to its final name
 // only once the manifest is in), so they are someone's files: never resumed from,

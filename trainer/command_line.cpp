@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <exception>
+#include <stdexcept>
 
 #include "data/dataset.h"
 #include "trainer/checkpoint.h"
@@ -70,15 +71,18 @@ int64_t Arguments::integer(const std::string& name, std::optional<int64_t> fallb
   int64_t scale = 1;
   if (!text.empty() && (text.back() == 'K' || text.back() == 'k')) scale = 1024, text.pop_back();
   else if (!text.empty() && (text.back() == 'M' || text.back() == 'm')) scale = 1024 * 1024, text.pop_back();
+  const std::string out_of_range = name + " does not fit a signed 64-bit integer, got '" + *value + "'";
   int64_t x = 0;
   try {
     size_t used = 0;
     x = std::stoll(text, &used);
     if (used != text.size()) throw std::invalid_argument("trailing characters");
+  } catch (const std::out_of_range&) {
+    throw UsageError(out_of_range);
   } catch (const std::exception&) {
     throw UsageError(name + " expects an integer, got '" + *value + "'");
   }
-  x *= scale;
+  if (__builtin_mul_overflow(x, scale, &x)) throw UsageError(out_of_range);
   if (x < minimum) throw UsageError(name + " must be at least " + std::to_string(minimum) + ", got " + *value);
   return x;
 }

@@ -44,7 +44,8 @@ class Arguments {
   // All values following an option up to the next option: "--input a.txt b.jsonl".
   std::vector<std::string> list(const std::string& name);
   // An integer option, with K and M suffixes for powers of two ("2M" = 2097152);
-  // `fallback` when absent (required without one), at least `minimum`.
+  // `fallback` when absent (required without one), at least `minimum`; a value
+  // that does not fit int64_t, suffix applied, is a UsageError.
   int64_t integer(const std::string& name, std::optional<int64_t> fallback,
                   int64_t minimum = std::numeric_limits<int64_t>::min());
   // The arguments that are not options ("CONFIG.yaml").

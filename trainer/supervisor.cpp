@@ -219,12 +219,7 @@ Outcome run_once(const std::vector<std::string>& command, int restart) {
 // The step whose progress survives a failure: the newest complete checkpoint's
 // (step-NNNNNNNN, docs/checkpoint-format.md), 0 without one.
 int64_t checkpointed_step(const std::string& checkpoint_dir) {
-  const std::optional<std::string> latest = latest_checkpoint(checkpoint_dir);
-  if (!latest) return 0;
-  long long step = 0;
-  const std::string name = std::filesystem::path(*latest).filename().string();
-  if (std::sscanf(name.c_str(), "step-%lld", &step) != 1) return 0;
-  return step;
+  return latest_checkpoint_step(checkpoint_dir).value_or(0);
 }
 
 class EttrLog {
