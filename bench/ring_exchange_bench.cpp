@@ -203,9 +203,9 @@ Figures measure(Communicator& comm, const Options& o, int64_t tokens) {
 }
 
 int run(int argc, char** argv) {
+  const Options o = parse(argc, argv);  // before MPI: a bad flag exits 2 on every rank alike
   MpiRuntime runtime(&argc, &argv);
   const ProcessInfo& process = runtime.info();
-  const Options o = parse(argc, argv);
   if (process.world_size < 2) usage("run it under mpirun with 2 or more ranks");
   if (o.device == Device::CUDA) {
     std::string why;
