@@ -22,14 +22,21 @@
 #                communicators exist but every group has one rank) against `single`
 #   tp2-nccl pp2-nccl hdp2-nccl long-nccl
 #                the layouts above with parallel.comm=nccl; they need a GPU per rank
-#                and are reported as skipped (not failed) on a machine with fewer
+#                and are reported as skipped (not failed) on a machine with fewer;
+#                hdp2-nccl also traces a step and counts its device-* records (the
+#                NCCL operations timed by events on their stream, parallel/device_ops.h)
+#   ring-bench   bench/ring_exchange_bench (ring attention's K/V exchange: bytes/s per
+#                rank and the share hidden behind the block attention) on 2 ranks with
+#                CUDA buffers over MPI, and over NCCL on 2 and 4 ranks where there are
+#                as many GPUs (skipped otherwise); its tables go to the summary
 #
 #   bench/gpu_parallel_check.sh BUNDLE OUTDIR [cases...]
 # BUNDLE is a directory made by scripts/bundle.sh from a CUDA build; for the
-# conformance case it must hold the test program too:
-#   scripts/bundle.sh BUNDLE build/trainer/trainer build/tests/mpi_communicator_conformance_test
+# conformance and ring-bench cases it must hold those programs too:
+#   scripts/bundle.sh BUNDLE build/trainer/trainer build/tests/mpi_communicator_conformance_test \
+#       build/bench/ring_exchange_bench
 # Cases default to "tp2 pp2 hdp2 long conformance nccl1 tp2-nccl pp2-nccl hdp2-nccl
-# long-nccl". OUTDIR receives one log per run and summary.txt; run directories go
+# long-nccl ring-bench". OUTDIR receives one log per run and summary.txt; run directories go
 # to runs/gpc-*. Exit status: 0 when every case ran (or was skipped for want of
 # GPUs) and is within 1e-4, 1 otherwise. HDP_CHECK_DEVICE=cpu runs the same checks
 # on the CPU (to try the script on a machine without a GPU; the NCCL cases then
@@ -39,7 +46,7 @@ bundle="$(cd "$1" && pwd)"
 out="$2"
 shift 2
 cases=("$@")
-[ ${#cases[@]} -eq 0 ] && cases=(tp2 pp2 hdp2 long conformance nccl1 tp2-nccl pp2-nccl hdp2-nccl long-nccl)
+[ ${#cases[@]} -eq 0 ] && cases=(tp2 pp2 hdp2 long conformance nccl1 tp2-nccl pp2-nccl hdp2-nccl long-nccl ring-bench)
 mkdir -p "$out"
 
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
@@ -136,7 +143,15 @@ for c in "${cases[@]}"; do
         say "== $c: skipped, $gpus GPU(s) for $n ranks (NCCL needs one per rank)"
       else
         say "== $c ($n ranks, NCCL)"
-        run "$c" "$n" --set "parallel.${degree%2}=2" --set parallel.comm=nccl && compare "$c" single || failed=1
+        trace=()
+        [ "$c" = hdp2-nccl ] && trace=(--set trace.every=2 --set trace.steps=1)
+        run "$c" "$n" --set "parallel.${degree%2}=2" --set parallel.comm=nccl "${trace[@]}" && compare "$c" single || failed=1
+        if [ "$c" = hdp2-nccl ]; then
+          # The NCCL collectives' device times, as the tracer records them (docs/tracing.md).
+          device_records="$(cat runs/gpc-hdp2-nccl/trace/rank-*.jsonl 2>/dev/null | grep -c '"op":"device-')"
+          say "  hdp2-nccl: $device_records device-* trace records (NCCL operations timed on their stream)"
+          [ "$device_records" -gt 0 ] || failed=1
+        fi
       fi
       ;;
     long-nccl)
@@ -165,7 +180,23 @@ for c in "${cases[@]}"; do
         failed=1
       fi
       ;;
-    *) say "unknown case $c (tp2 pp2 hdp2 long conformance nccl1 tp2-nccl pp2-nccl hdp2-nccl long-nccl)"; failed=1 ;;
+    ring-bench)
+      # mpi with CUDA buffers: staged through pinned host memory; nccl: one GPU per rank.
+      for setting in "mpi 2" "nccl 2" "nccl 4"; do
+        read -r comm n <<< "$setting"
+        if [ "$comm" = nccl ] && [ "$gpus" -lt "$n" ]; then
+          say "== ring exchange bench, $comm, $n ranks: skipped, $gpus GPU(s) (NCCL needs one per rank)"
+          continue
+        fi
+        say "== ring exchange bench, $comm, $n ranks (bench-llama-1b's K/V blocks)"
+        timeout 600 "$bundle/mpirun.sh" --oversubscribe -np "$n" "$bundle/run.sh" --bin ring_exchange_bench \
+          --comm "$comm" --device "${HDP_CHECK_DEVICE:-cuda}" --tokens 4096,16384 > "$out/ring-bench-$comm-$n.log" 2>&1
+        rc=$?
+        sed 's/^/  /' "$out/ring-bench-$comm-$n.log" | tee -a "$summary"
+        [ $rc -eq 0 ] || { say "  ring-bench $comm $n: exit $rc"; failed=1; }
+      done
+      ;;
+    *) say "unknown case $c (tp2 pp2 hdp2 long conformance nccl1 tp2-nccl pp2-nccl hdp2-nccl long-nccl ring-bench)"; failed=1 ;;
   esac
 done
 say "== $([ $failed -eq 0 ] && echo 'all layouts within 1e-4 of one rank' || echo 'SOME LAYOUTS FAILED or differ') (summary in $summary)"

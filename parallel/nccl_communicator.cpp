@@ -7,11 +7,14 @@
 #include <algorithm>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_runtime.h"
+#include "parallel/device_ops.h"
+#include "parallel/op_tracer.h"
 
 namespace hdp {
 namespace {
@@ -87,7 +90,109 @@ class NcclPending final : public CommRequest::Pending {
   cudaEvent_t done_;
 };
 
-Tensor flat(const Tensor& t) { return t.view({t.numel()}); }
+// A communicator's operations as the device ledger (parallel/device_ops.h) sees
+// them: a pair of timing events on the communication stream around each, in
+// slots reused once the ledger released them. Event times are read relative to an
+// epoch event whose host time is known: it is re-recorded whenever nothing of the
+// stream is in flight (every earlier operation seen finished), so the stream is
+// idle and the event completes as it is recorded, and the float milliseconds of
+// cudaEventElapsedTime stay small (fine-grained). The ledger may query from the
+// watchdog thread, hence the lock.
+class NcclTimeline final : public DeviceStream {
+ public:
+  NcclTimeline(ncclComm_t comm, std::string group) : comm_(comm), group_(std::move(group)) {
+    check_cuda(cudaGetDevice(&device_), group_, "device");
+    check_cuda(cudaEventCreate(&epoch_), group_, "event");
+  }
+  ~NcclTimeline() override {
+    for (const Slot& s : slots_) {
+      cudaEventDestroy(s.start);
+      cudaEventDestroy(s.end);
+    }
+    cudaEventDestroy(epoch_);
+  }
+  NcclTimeline(const NcclTimeline&) = delete;
+  NcclTimeline& operator=(const NcclTimeline&) = delete;
+
+  // Before the stream's wait for the compute stream.
+  void mark_epoch_if_idle(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (in_flight_ > 0 && epoch_recorded_) return;
+    check_cuda(cudaEventRecord(epoch_, stream), group_, "event");
+    epoch_us_ = OpTracer::local_us();
+    epoch_recorded_ = true;
+  }
+  // The start event of a new operation, once the stream may run it; its slot.
+  uint64_t begin(cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    uint64_t slot = 0;
+    if (free_.empty()) {
+      Slot s;
+      check_cuda(cudaEventCreate(&s.start), group_, "event");
+      check_cuda(cudaEventCreate(&s.end), group_, "event");
+      slot = slots_.size();
+      slots_.push_back(s);
+    } else {
+      slot = free_.back();
+      free_.pop_back();
+    }
+    ++in_flight_;
+    check_cuda(cudaEventRecord(slots_[slot].start, stream), group_, "event");
+    return slot;
+  }
+  void end(uint64_t slot, cudaStream_t stream) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    check_cuda(cudaEventRecord(slots_[slot].end, stream), group_, "event");
+  }
+
+  std::optional<DeviceTimes> finished(uint64_t slot) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    make_device_current();
+    const Slot& s = slots_[slot];
+    if (cudaEventQuery(s.end) != cudaSuccess) return std::nullopt;
+    float start_ms = 0, end_ms = 0;
+    if (cudaEventElapsedTime(&start_ms, epoch_, s.start) != cudaSuccess ||
+        cudaEventElapsedTime(&end_ms, epoch_, s.end) != cudaSuccess) {
+      return DeviceTimes{epoch_us_, epoch_us_};  // finished, its times unreadable
+    }
+    return DeviceTimes{epoch_us_ + 1e3 * start_ms, epoch_us_ + 1e3 * end_ms};
+  }
+  void release(uint64_t slot) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    free_.push_back(slot);
+    --in_flight_;
+  }
+  std::string async_error() override {
+    ncclResult_t result = ncclSuccess;
+    if (ncclCommGetAsyncError(comm_, &result) != ncclSuccess) return {};
+    if (result == ncclSuccess || result == ncclInProgress) return {};
+    std::string detail = ncclGetErrorString(result);
+    const char* last = ncclGetLastError(comm_);
+    if (last != nullptr && *last != '\0') detail += std::string(": ") + last;
+    return group_ + ": NCCL error: " + detail;
+  }
+
+ private:
+  // The watchdog thread queries too: its current device must be this stream's.
+  void make_device_current() const {
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current != device_) cudaSetDevice(device_);
+  }
+
+  struct Slot {
+    cudaEvent_t start = nullptr, end = nullptr;
+  };
+  ncclComm_t comm_;
+  std::string group_;
+  int device_ = 0;
+  std::mutex mutex_;
+  std::vector<Slot> slots_;
+  std::vector<uint64_t> free_;
+  int64_t in_flight_ = 0;
+  cudaEvent_t epoch_ = nullptr;
+  double epoch_us_ = 0;
+  bool epoch_recorded_ = false;
+};
 
 class NcclCommunicator final : public Communicator {
  public:
@@ -95,17 +200,23 @@ class NcclCommunicator final : public Communicator {
       : mpi_(std::move(mpi)), comm_(comm), events_(std::make_shared<EventPool>()) {
     check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), name(), "stream");
     check_cuda(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming), name(), "event");
+    timeline_ = std::make_unique<NcclTimeline>(comm_, name());
+    device_ops().attach(timeline_.get());
   }
   ~NcclCommunicator() override {
     if (std::uncaught_exceptions() > 0) {
+      device_ops().detach(timeline_.get());  // no more queries of a communicator being aborted
       // The job is going down (this rank logs and aborts next): finalizing could wait
       // for peers that never come, aborting the communicator does not.
       ncclCommAbort(comm_);
     } else {
       cudaStreamSynchronize(stream_);
+      device_ops().poll();  // the finished operations' trace records are kept
+      device_ops().detach(timeline_.get());
       ncclCommFinalize(comm_);
       ncclCommDestroy(comm_);
     }
+    timeline_.reset();
     cudaEventDestroy(ready_);
     cudaStreamDestroy(stream_);
   }
@@ -135,7 +246,7 @@ class NcclCommunicator final : public Communicator {
     check_nccl(ncclAllReduce(data.raw(), data.raw(), static_cast<size_t>(data.numel()), type,
                              op == ReduceOp::Sum ? ncclSum : ncclMax, comm_, stream_),
                name(), "all-reduce", comm_);
-    return finish();
+    return finish(DeviceOp{name(), "all-reduce", static_cast<int64_t>(data.bytes())});
   }
 
   CommRequest reduce_scatter_async(const Tensor& send, Tensor recv) override {
@@ -169,7 +280,7 @@ class NcclCommunicator final : public Communicator {
       }
       check_nccl(ncclGroupEnd(), name(), "reduce-scatter", comm_);
     }
-    return finish();
+    return finish(DeviceOp{name(), "reduce-scatter", static_cast<int64_t>(send.bytes())});
   }
 
   CommRequest all_gather_async(Tensor buffer) override {
@@ -199,7 +310,7 @@ class NcclCommunicator final : public Communicator {
       }
       check_nccl(ncclGroupEnd(), name(), "all-gather", comm_);
     }
-    return finish();
+    return finish(DeviceOp{name(), "all-gather", static_cast<int64_t>(buffer.bytes())});
   }
 
   // One NCCL group of a send and a receive per peer (NCCL has no all-to-all-v
@@ -234,7 +345,7 @@ class NcclCommunicator final : public Communicator {
       received += g;
     }
     check_nccl(ncclGroupEnd(), name(), "all-to-all", comm_);
-    return finish();
+    return finish(DeviceOp{name(), "all-to-all", static_cast<int64_t>(send.bytes() + recv.bytes())});
   }
 
   CommRequest send_async(const Tensor& data, int peer, int tag) override {
@@ -285,7 +396,10 @@ class NcclCommunicator final : public Communicator {
                  name(), "send to", comm_);
     }
     check_nccl(ncclGroupEnd(), name(), "exchange", comm_);
-    return finish();
+    DeviceOp op{name(), "exchange", 0, to.empty() ? -1 : to.front().peer, from.empty() ? -1 : from.front().peer};
+    for (const Transfer& t : to) op.bytes += static_cast<int64_t>(t.data.bytes());
+    for (const Transfer& t : from) op.bytes += static_cast<int64_t>(t.data.bytes());
+    return finish(std::move(op));
   }
 
   void all_reduce(std::span<double> values, ReduceOp op) override { mpi_->all_reduce(values, op); }
@@ -314,14 +428,21 @@ class NcclCommunicator final : public Communicator {
     return request;
   }
 
-  // The communication stream waits for everything enqueued on the compute stream so far.
+  // The communication stream waits for everything enqueued on the compute stream so
+  // far; then the operation's start event (its device time excludes that wait).
   void start() {
+    device_ops().poll();  // retires finished operations, so an idle stream is seen idle
     cudaStream_t compute = static_cast<cudaStream_t>(cuda::compute_stream_handle());
     check_cuda(cudaEventRecord(ready_, compute), name(), "event");
+    timeline_->mark_epoch_if_idle(stream_);
     check_cuda(cudaStreamWaitEvent(stream_, ready_, 0), name(), "event");
+    op_ = timeline_->begin(stream_);
   }
-  // The request whose wait() makes the compute stream wait for what was enqueued since start().
-  CommRequest finish() {
+  // The operation's end event and its entry in the device ledger; the request whose
+  // wait() makes the compute stream wait for what was enqueued since start().
+  CommRequest finish(DeviceOp op) {
+    timeline_->end(op_, stream_);
+    device_ops().enqueued(timeline_.get(), op_, std::move(op), OpTracer::local_us());
     cudaEvent_t done = events_->take();
     check_cuda(cudaEventRecord(done, stream_), name(), "event");
     return CommRequest(std::make_unique<NcclPending>(events_, done));
@@ -332,6 +453,8 @@ class NcclCommunicator final : public Communicator {
   cudaStream_t stream_ = nullptr;
   cudaEvent_t ready_ = nullptr;  // reusable at once: the wait on it is enqueued when it is recorded
   std::shared_ptr<EventPool> events_;
+  std::unique_ptr<NcclTimeline> timeline_;
+  uint64_t op_ = 0;  // the slot of the operation between start() and finish()
 };
 
 }  // namespace

@@ -7,6 +7,8 @@ namespace hdp {
 void OpTracer::begin(int64_t step) {
   step_ = step;
   records_.clear();
+  open_op_ = nullptr;
+  open_microbatch_ = -1;
   records_.reserve(256);
   active_ = this;
 }

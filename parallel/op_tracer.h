@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace hdp {
@@ -45,6 +46,10 @@ inline constexpr std::string_view kTensorParallelPrefix = "tp-";
 inline constexpr std::string_view kRingPrefix = "ring-";
 inline constexpr std::string_view kTensorParallelAllReduce = "tp-allreduce";
 inline constexpr std::string_view kRingExchange = "ring-exchange";
+// The device time of a collective enqueued on a device stream (NCCL), measured by
+// events around it (parallel/device_ops.h): "device-" + the op whose span enqueued
+// it ("device-grads-sync"). Reported, not replayed: the host ops hold its time.
+inline constexpr std::string_view kDevicePrefix = "device-";
 }  // namespace trace_ops
 
 struct OpRecord {
@@ -75,12 +80,17 @@ class OpTracer {
     return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
   void set_offset_us(double offset) { offset_us_ = offset; }
+  double offset_us() const { return offset_us_; }
 
   void record(const char* op, int microbatch, double start_us, double end_us, std::string group = {});
   // The records since begin(), handed over and cleared.
   std::vector<OpRecord> take();
 
   int64_t step() const { return step_; }
+  // The innermost open TraceSpan's op and the innermost micro-batch given (null / -1: none), which a
+  // device operation enqueued inside it is named after (parallel/device_ops.h).
+  const char* open_op() const { return open_op_; }
+  int open_microbatch() const { return open_microbatch_; }
   int pp_rank() const { return pp_; }
   int dp_rank() const { return dp_; }
   int tp_rank() const { return tp_; }
@@ -100,6 +110,9 @@ class OpTracer {
   int64_t step_ = -1;
   double offset_us_ = 0;
   std::vector<OpRecord> records_;
+  const char* open_op_ = nullptr;
+  int open_microbatch_ = -1;
+  friend class TraceSpan;
 };
 
 // Records the op that runs while it lives, when a traced step runs.
@@ -110,12 +123,18 @@ class TraceSpan {
       op_ = op;
       microbatch_ = microbatch;
       start_ = tracer_->now_us();
+      enclosing_op_ = std::exchange(tracer_->open_op_, op);
+      enclosing_microbatch_ = tracer_->open_microbatch_;
+      if (microbatch >= 0) tracer_->open_microbatch_ = microbatch;  // a nested span keeps its op's
     }
   }
   TraceSpan(const TraceSpan&) = delete;
   TraceSpan& operator=(const TraceSpan&) = delete;
   ~TraceSpan() {
-    if (tracer_) tracer_->record(op_, microbatch_, start_, tracer_->now_us(), std::move(group_));
+    if (!tracer_) return;
+    tracer_->open_op_ = enclosing_op_;
+    tracer_->open_microbatch_ = enclosing_microbatch_;
+    tracer_->record(op_, microbatch_, start_, tracer_->now_us(), std::move(group_));
   }
   OpTracer* tracer() const { return tracer_; }
   void set_group(std::string group) { group_ = std::move(group); }
@@ -126,6 +145,8 @@ class TraceSpan {
   int microbatch_ = -1;
   double start_ = 0;
   std::string group_;
+  const char* enclosing_op_ = nullptr;
+  int enclosing_microbatch_ = -1;
 };
 
 }  // namespace hdp

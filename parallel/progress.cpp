@@ -2,6 +2,9 @@
 
 #include <atomic>
 
+#include "parallel/device_ops.h"
+#include "parallel/op_tracer.h"
+
 namespace hdp::progress {
 namespace {
 
@@ -64,6 +67,7 @@ Waiting::~Waiting() {
 }
 
 Snapshot snapshot() {
+  device_ops().poll();
   for (;;) {
     const uint64_t s1 = g_sequence.load(std::memory_order_acquire);
     if (s1 % 2 == 1) continue;
@@ -82,6 +86,11 @@ Snapshot snapshot() {
       out.waiting = true;
       out.phase += std::string(": ") + (group ? group : "?") + " " + op;
       if (peer >= 0) out.phase += " rank " + std::to_string(peer);
+    }
+    if (const auto oldest = device_ops().oldest_unfinished(OpTracer::local_us())) {
+      out.device_op = describe(oldest->op);
+      out.device_op_age_s = oldest->age_s;
+      out.phase += " (device: " + out.device_op + " unfinished)";
     }
     return out;
   }

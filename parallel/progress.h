@@ -61,9 +61,16 @@ struct Snapshot {
   int64_t step = 0;
   std::string phase;     // "grads-sync: hdp reduce-scatter", "forward", "ring attention: hdp recv from rank 4"
   bool waiting = false;  // in a wait on other ranks (else computing or doing I/O)
+  // The oldest communication enqueued on a device stream (NCCL) that has not
+  // finished, and how long ago it was enqueued (parallel/device_ops.h); empty
+  // when none. The phase names it too: under NCCL the host returns from a
+  // collective at once, and a hung one stops the host later, somewhere else.
+  std::string device_op;
+  double device_op_age_s = 0;
 };
 
-// The watched thread's marker, read from any thread.
+// The watched thread's marker, read from any thread. Polls the device ledger
+// first (parallel/device_ops.h), so a device operation it names had not finished.
 Snapshot snapshot();
 
 }  // namespace hdp::progress

@@ -44,7 +44,9 @@ Kind stream_kind(std::string_view name, bool grouped) {
   if (name == n::kBackwardSend) return kBackwardSend;
   if (name == n::kBackwardRecv) return kBackwardRecv;
   if (name == n::kParamsSync || name == n::kGradsSync) return kDp;
-  if (name.starts_with(n::kTensorParallelPrefix) || name.starts_with(n::kRingPrefix)) return kNested;
+  if (name.starts_with(n::kTensorParallelPrefix) || name.starts_with(n::kRingPrefix) ||
+      name.starts_with(n::kDevicePrefix))
+    return kNested;
   if (name == n::kForwardCompute || name == n::kBackwardCompute || name == n::kOptimizer ||
       name == n::kDataWait || name == n::kCheckpoint)
     return kCompute;
@@ -298,8 +300,10 @@ StragglerReport analyze_stragglers(const Trace& trace, const StragglerOptions& o
     for (uint32_t i : ops) {
       const TraceOp& op = trace.ops[i];
       const TypeInfo& info = c.types[op.op];
-      first = std::min(first, op.start_us);
-      last = std::max(last, op.end_us);
+      if (info.kind != kNested) {  // a device-* record may end after its step's host ops
+        first = std::min(first, op.start_us);
+        last = std::max(last, op.end_us);
+      }
       ++count[op.op];
       sum[op.op] += c.duration_us[i];
       if (is_communication(info.kind)) transfers[op.op].push_back(static_cast<float>(c.duration_us[i]));

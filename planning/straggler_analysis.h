@@ -61,7 +61,7 @@ const char* straggler_cause_name(StragglerCause cause);
 struct OpTypeReport {
   std::string name;
   bool communication = false;  // ideal = median transfer (else mean duration)
-  bool replayed = true;        // false: nested in compute ("tp-", "ring-")
+  bool replayed = true;        // false: nested in another op ("tp-", "ring-", "device-")
   int64_t count = 0;
   double mean_us = 0;   // mean duration (transfer time for communication)
   double ideal_us = 0;

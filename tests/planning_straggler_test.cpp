@@ -161,6 +161,36 @@ TEST(StragglerAnalysis, HandComputedTrace) {
   EXPECT_NE(r.verdict.find("pp 0 dp 1"), std::string::npos) << r.verdict;
 }
 
+// NCCL operations' device times (device-*, parallel/device_ops.h) are reported, not
+// replayed: a params all-gather finishing after the step's host ops, written after
+// a later line, changes neither the measured nor the replayed step.
+TEST(StragglerAnalysis, DeviceRecordsAreNestedAndLeaveTheStepAlone) {
+  EXPECT_STREQ(trace_stream_name("device-grads-sync", false), "nested");
+  EXPECT_STREQ(trace_stream_name("device-all-reduce", true), "nested");
+  EXPECT_STREQ(trace_stream_name("grads-sync", true), "dp");
+  const std::string dir = testing::scratch_dir("straggler_device");
+  const std::string device =
+      R"({"step":0,"microbatch":-1,"pp_rank":0,"dp_rank":0,"op":"device-grads-sync","start_us":310,"end_us":400,"group":null}
+{"step":0,"microbatch":-1,"pp_rank":0,"dp_rank":1,"op":"device-params-sync","start_us":450,"end_us":900,"group":null}
+)";
+  const StragglerReport plain = analyze_stragglers(read_traces({write_file(dir, "plain.jsonl", kTwoRanks)}));
+  const Trace trace = read_traces({write_file(dir, "device.jsonl", std::string(kTwoRanks) + device)});
+  ASSERT_EQ(trace.ops.size(), 10u);
+  const StragglerReport r = analyze_stragglers(trace);
+  EXPECT_DOUBLE_EQ(r.measured_step_us, plain.measured_step_us);
+  EXPECT_DOUBLE_EQ(r.step_us, plain.step_us);
+  EXPECT_DOUBLE_EQ(r.ideal_step_us, plain.ideal_step_us);
+  EXPECT_DOUBLE_EQ(r.slowdown, plain.slowdown);
+  bool reported = false;
+  for (const OpTypeReport& t : r.op_types) {
+    if (t.name != "device-grads-sync") continue;
+    reported = true;
+    EXPECT_FALSE(t.replayed);
+    EXPECT_FALSE(t.communication);
+  }
+  EXPECT_TRUE(reported);
+}
+
 void expect_trace_error(const std::string& text, const std::string& message) {
   const std::string dir = testing::scratch_dir("straggler_bad");
   const std::string path = write_file(dir, "bad.jsonl", text);

@@ -1,7 +1,8 @@
 // The pieces of "training that survives" below the training loop: the numerical
 // guard's verdicts, streaks and window, the fault-injection knob, the stop-signal
 // handlers (first signal recorded, second one exits at once), the progress marker
-// and the thread-stack dump of the hang watchdog, and metrics lines that never tear.
+// and the thread-stack dump of the hang watchdog, its end of a job on a device
+// stream's asynchronous error, and metrics lines that never tear.
 // End to end through the trainer binary:
 // tests/training_test.cpp and tests/training_parallel_test.cpp.
 
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <fstream>
 #include <limits>
@@ -21,8 +23,11 @@
 #include <vector>
 
 #include "data/fault_injection.h"
+#include "parallel/device_ops.h"
+#include "parallel/op_tracer.h"
 #include "parallel/progress.h"
 #include "test_util.h"
+#include "trainer/hang_watchdog.h"
 #include "trainer/metrics.h"
 #include "trainer/numerical_guard.h"
 #include "trainer/signals.h"
@@ -234,6 +239,67 @@ TEST(ProgressMarker, NamesThePhaseAndMovesOnEveryChangeOfTheWatchedThreadOnly) {
           progress::Context context("grads-sync");
           progress::Waiting waiting("reduce-scatter", "hdp");
           if (progress::snapshot().phase != "grads-sync: hdp reduce-scatter") _exit(5);
+        }
+        _exit(0);
+      },
+      ::testing::ExitedWithCode(0), "");
+}
+
+// A device stream (the NCCL communicator's, parallel/device_ops.h) whose one
+// operation never finishes and whose communicator reports an asynchronous error.
+class FailedDeviceStream final : public DeviceStream {
+ public:
+  std::optional<DeviceTimes> finished(uint64_t) override { return std::nullopt; }
+  void release(uint64_t) override {}
+  std::string async_error() override { return "tp: NCCL error: remote process exited or there was a network error"; }
+};
+
+// Under NCCL the host never waits in a collective: the watchdog polls the device
+// streams' asynchronous errors and ends the job at once (exit 1), naming the rank,
+// the group, the error and the unfinished operation, in the summary and beside the
+// stacks. Rank 3 watching only itself, with a timeout far beyond the test.
+TEST(HangWatchdog, AnAsyncDeviceErrorEndsTheJobNamingRankGroupAndUnfinishedOperation) {
+  const std::string dir = testing::scratch_dir("watchdog_device_error");
+  EXPECT_EXIT(
+      {
+        FailedDeviceStream stream;
+        device_ops().attach(&stream);
+        device_ops().enqueued(&stream, 0, DeviceOp{"tp", "all-reduce", 4 << 20}, OpTracer::local_us());
+        HangWatchdog watchdog(HangWatchdogOptions{600, dir, "host-a", 3}, nullptr);
+        std::this_thread::sleep_for(std::chrono::seconds(30));
+        _exit(0);  // the watchdog did nothing
+      },
+      ::testing::ExitedWithCode(1), "");
+  std::ifstream summary(dir + "/hang/summary.txt");
+  std::string line;
+  std::getline(summary, line);
+  EXPECT_EQ(line.rfind("rank 3: tp: NCCL error: remote process exited or there was a network error; tp all-reduce "
+                       "of 4.0 MiB enqueued ",
+                       0),
+            0u)
+      << line;
+  EXPECT_NE(line.find(" s ago had not finished. Ending the job (exit code 1)."), std::string::npos) << line;
+  std::stringstream stacks;
+  stacks << std::ifstream(dir + "/hang/rank-3.txt").rdbuf();
+  EXPECT_NE(stacks.str().find("phase: start-up (device: tp all-reduce of 4.0 MiB unfinished)"), std::string::npos)
+      << stacks.str();
+  EXPECT_NE(stacks.str().find("oldest unfinished device operation: tp all-reduce of 4.0 MiB, enqueued "),
+            std::string::npos)
+      << stacks.str();
+}
+
+// Without MPI_THREAD_MULTIPLE a rank watches only itself: a rank other than 0 that
+// keeps making progress has no peers to miss (it once took its own missing
+// heartbeat slot for a silent rank 0 and declared a hang after hang_timeout_s).
+TEST(HangWatchdog, ARankWatchingOnlyItselfHasNoSilentPeers) {
+  const std::string dir = testing::scratch_dir("watchdog_alone");
+  EXPECT_EXIT(
+      {
+        progress::watch_this_thread();
+        HangWatchdog watchdog(HangWatchdogOptions{1.0, dir, "host-a", 3}, nullptr);
+        for (int i = 0; i < 80; ++i) {  // 2 s of progress: twice the timeout
+          progress::Context context(i % 2 ? "forward" : "backward");
+          std::this_thread::sleep_for(std::chrono::milliseconds(25));
         }
         _exit(0);
       },

@@ -13,6 +13,8 @@
 #include <map>
 #include <stdexcept>
 
+#include "parallel/device_ops.h"
+#include "parallel/op_tracer.h"
 #include "parallel/progress.h"
 #include "parallel/runtime.h"
 #include "trainer/thread_stacks.h"
@@ -90,6 +92,7 @@ HangWatchdog::HangWatchdog(const HangWatchdogOptions& options, const MpiCommunic
   prepare_thread_stacks();
   if (training_world != nullptr && training_world->size() > 1) channel_ = make_channel(*training_world);
   const int ranks = channel_ ? channel_->size() : 1;
+  self_ = channel_ ? options.rank : 0;
   const auto now = Clock::now();
   peers_.assign(ranks, Peer{});
   for (Peer& p : peers_) p.last_heard = now;
@@ -133,6 +136,8 @@ void HangWatchdog::run() {
       last_counter_ = mine.counter;
       last_change_ = now;
     }
+    const std::string device_error = device_ops().async_error(OpTracer::local_us());
+    if (!device_error.empty()) fail_on_device_error(device_error);
     if (channel_) {
       send_beats(now);
       if (drain(now) >= 0) await_abort(answered_);
@@ -144,7 +149,7 @@ void HangWatchdog::run() {
     }
     for (size_t r = 0; r < peers_.size(); ++r) {
       const Peer& p = peers_[r];
-      if (static_cast<int>(r) == options_.rank || p.finished) continue;
+      if (static_cast<int>(r) == self_ || p.finished) continue;
       const double silent = seconds(now - p.last_heard);
       if (silent >= timeout) {
         coordinate("rank " + std::to_string(options_.rank) + " heard no heartbeat from rank " + std::to_string(r) +
@@ -219,6 +224,17 @@ void HangWatchdog::await_abort(int coordinator) {
   abort_job(1);
 }
 
+void HangWatchdog::fail_on_device_error(const std::string& error) {
+  const std::string text = "rank " + std::to_string(options_.rank) + ": " + error + ". Ending the job (exit code 1).";
+  spdlog::critical("{}", text);
+  write_stacks(error);
+  std::error_code ec;
+  fs::create_directories(fs::path(options_.run_dir) / "hang", ec);
+  std::ofstream(fs::path(options_.run_dir) / "hang" / "summary.txt") << text << "\n";
+  spdlog::default_logger()->flush();
+  abort_job(1);
+}
+
 void HangWatchdog::coordinate(const std::string& reason) {
   spdlog::error("hang: {}; collecting the phases and stacks of all ranks", reason);
   if (channel_) {
@@ -237,7 +253,7 @@ void HangWatchdog::coordinate(const std::string& reason) {
       bool all = true, all_heard = true;
       for (size_t r = 0; r < peers_.size(); ++r) {
         const Peer& p = peers_[r];
-        if (static_cast<int>(r) == options_.rank || p.finished || p.reported) continue;
+        if (static_cast<int>(r) == self_ || p.finished || p.reported) continue;
         all = false;
         if (seconds(now - p.last_heard) < options_.timeout_s) all_heard = false;
       }
@@ -263,7 +279,7 @@ std::string HangWatchdog::summary(const std::string& reason) {
   // Silent ranks first: they are the likely cause.
   for (size_t r = 0; r < peers_.size(); ++r) {
     const Peer& p = peers_[r];
-    if (static_cast<int>(r) == options_.rank || p.finished || p.reported) continue;
+    if (static_cast<int>(r) == self_ || p.finished || p.reported) continue;
     parts.push_back("rank " + std::to_string(r) + " sent no heartbeat for " +
                     format_seconds(seconds(now - p.last_heard)) + " s and did not answer (stopped, frozen or dead; " +
                     (p.heard ? "last heard in " + where(p.step, p.phase) : std::string("none received since the watchdog started")) +
@@ -279,7 +295,7 @@ std::string HangWatchdog::summary(const std::string& reason) {
   };
   for (size_t r = 0; r < peers_.size(); ++r) {
     const Peer& p = peers_[r];
-    if (static_cast<int>(r) == options_.rank) {
+    if (static_cast<int>(r) == self_) {
       add(options_.rank, mine.step, mine.phase, mine.waiting);
     } else if (p.reported) {
       add(static_cast<int>(r), p.step, p.phase, p.waiting);
@@ -296,7 +312,7 @@ std::string HangWatchdog::summary(const std::string& reason) {
   }
   std::vector<int> finished;
   for (size_t r = 0; r < peers_.size(); ++r) {
-    if (static_cast<int>(r) != options_.rank && peers_[r].finished) finished.push_back(static_cast<int>(r));
+    if (static_cast<int>(r) != self_ && peers_[r].finished) finished.push_back(static_cast<int>(r));
   }
   if (!finished.empty()) parts.push_back(rank_list(finished) + " had already stopped watching");
   std::string text = "hang detected: " + reason + ". ";
@@ -318,6 +334,10 @@ std::string HangWatchdog::write_stacks(const std::string& cause) {
   out << "rank " << options_.rank << " on " << options_.hostname << ", pid " << ::getpid() << "\n";
   out << "cause: " << cause << "\n";
   out << "phase: " << where(mine.step, mine.phase) << (mine.waiting ? " (waiting on other ranks)" : "") << "\n";
+  if (!mine.device_op.empty()) {
+    out << "oldest unfinished device operation: " << mine.device_op << ", enqueued "
+        << format_seconds(mine.device_op_age_s) << " s ago\n";
+  }
   out << "no progress for " << format_seconds(seconds(Clock::now() - last_change_)) << " s\n\n";
   out << thread_stacks_text();
   out.flush();

@@ -22,6 +22,10 @@
 //     heartbeat for 12 s; ranks 0, 2, 3 wait in grads-sync: hdp reduce-scatter"),
 //     logs that and writes RUN_DIR/hang/summary.txt, and ends the job (MPI_Abort,
 //     exit code 1), within hang_timeout_s + about 15 s.
+//   - under NCCL, where a collective returns before it runs, the phase also names
+//     the oldest unfinished device operation (parallel/device_ops.h), and an
+//     NCCL communicator's asynchronous error, polled every tick, ends the job at
+//     once naming the rank, the group and that operation.
 // Without MPI_THREAD_MULTIPLE (no messages from a second thread) each rank only
 // watches itself.
 
@@ -82,6 +86,9 @@ class HangWatchdog {
   void answer_notice(int coordinator);
   // Declares a hang: notices, own stacks, reports, the summary, MPI_Abort.
   [[noreturn]] void coordinate(const std::string& reason);
+  // A device stream's communicator failed (ncclCommGetAsyncError): logs the error with
+  // this rank and the unfinished operation, writes the stacks, ends the job.
+  [[noreturn]] void fail_on_device_error(const std::string& error);
   // After answering a notice: waits for the job to end, ends it if nobody does.
   [[noreturn]] void await_abort(int coordinator);
   std::string write_stacks(const std::string& cause);
@@ -90,6 +97,9 @@ class HangWatchdog {
   HangWatchdogOptions options_;
   std::unique_ptr<MessageChannel> channel_;
   std::vector<Peer> peers_;  // by training rank (this rank's entry unused)
+  // This rank's index in peers_: its rank, or 0 when it watches only itself (no channel,
+  // peers_ holds only its own entry).
+  int self_ = 0;
   Clock::time_point last_change_;
   uint64_t last_counter_ = 0;
   Clock::time_point last_beat_;

@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <stdexcept>
 
+#include "parallel/device_ops.h"
 #include "planning/trace.h"
 
 namespace hdp {
@@ -42,7 +43,12 @@ void StepTracer::align_clock() {
 }
 
 void StepTracer::begin(int64_t step) {
-  if (!tracer_ || !traced(step)) return;
+  if (!tracer_) return;
+  if (write_device_records()) {
+    file_.flush();
+    if (!file_) throw std::runtime_error(path_ + ": cannot write the trace file");
+  }
+  if (!traced(step)) return;
   if (!aligned_ || (step - 1) % every_ == 0) align_clock();
   aligned_ = true;
   tracer_->begin(step);
@@ -57,8 +63,24 @@ void StepTracer::end() {
                      r.start_us, r.end_us, r.group, "\"rank\":" + std::to_string(rank_));
     file_ << '\n';
   }
+  write_device_records();
   file_.flush();
   if (!file_) throw std::runtime_error(path_ + ": cannot write the trace file");
+}
+
+// Device operations (NCCL) finish after the host moved on, often after their
+// step ended: their records are written when a poll finds them finished, at the
+// end of a traced step or the start of a later one, each with its own step.
+bool StepTracer::write_device_records() {
+  device_ops().poll();
+  const std::vector<DeviceTraceRecord> records = device_ops().take_trace_records();
+  for (const DeviceTraceRecord& d : records) {
+    const OpRecord& r = d.record;
+    write_trace_line(file_, d.step, r.microbatch, tracer_->pp_rank(), tracer_->dp_rank(), tracer_->tp_rank(), r.op,
+                     r.start_us, r.end_us, r.group, "\"rank\":" + std::to_string(rank_));
+    file_ << '\n';
+  }
+  return !records.empty();
 }
 
 }  // namespace hdp

@@ -34,6 +34,8 @@ class StepTracer {
  private:
   bool traced(int64_t step) const { return every_ > 0 && (step - 1) % every_ < steps_; }
   void align_clock();
+  // Writes the records of device operations that finished since the last call; true if any.
+  bool write_device_records();
 
   int64_t every_ = 0, steps_ = 1;
   bool aligned_ = false;  // a resumed run may start inside a window
