@@ -22,6 +22,7 @@
 #include <array>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <random>
 #include <string>
@@ -119,8 +120,9 @@ void load_b(WarpRegisters& w, const std::vector<float>& Bt, int ld) {  // B stor
     }
 }
 
-std::vector<float> random_bf16_values(std::mt19937& rng, size_t n) {
-  std::uniform_real_distribution<float> u(-2.0f, 2.0f);
+// n uniform values in [lo, hi), rounded to bf16 (held in fp32).
+std::vector<float> random_values(std::mt19937& rng, size_t n, float lo = -2.0f, float hi = 2.0f) {
+  std::uniform_real_distribution<float> u(lo, hi);
   std::vector<float> x(n);
   for (float& v : x) v = round_bf16(u(rng));
   return x;
@@ -149,8 +151,8 @@ TEST(MmaFragments, WarpProductEqualsMatrixProduct) {
   std::mt19937 rng(7);
   for (int trial = 0; trial < 20; ++trial) {
     const int lda = 16 + 8, ldb = 16 + 8;  // the kernels' padding: D + 8 halves
-    const std::vector<float> A = random_bf16_values(rng, 16 * lda), Bt = random_bf16_values(rng, 8 * ldb),
-                             C = random_bf16_values(rng, 16 * 8);
+    const std::vector<float> A = random_values(rng, 16 * lda), Bt = random_values(rng, 8 * ldb),
+                             C = random_values(rng, 16 * 8);
     WarpRegisters w;
     load_a(w, A, lda);
     load_b(w, Bt, ldb);
@@ -174,8 +176,8 @@ TEST(MmaFragments, AccumulatorBecomesOperandInRegisters) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 20; ++trial) {
     const int ld = 16;
-    const std::vector<float> A1 = random_bf16_values(rng, 16 * ld), B1t = random_bf16_values(rng, 16 * ld),
-                             B2t = random_bf16_values(rng, 8 * ld);
+    const std::vector<float> A1 = random_values(rng, 16 * ld), B1t = random_values(rng, 16 * ld),
+                             B2t = random_values(rng, 8 * ld);
     // S's two n-blocks (columns 0..7 and 8..15) as C fragments per lane.
     std::array<std::array<std::array<float, 4>, 2>, kLanes> s{};
     for (int nb = 0; nb < 2; ++nb) {
@@ -225,13 +227,6 @@ struct Problem {
   std::vector<float> q, k, v, dout;  // bf16 values held in fp32
   std::vector<int> lo, hi;           // keys of each query row
 };
-
-std::vector<float> random_values(std::mt19937& rng, size_t n, float lo, float hi) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> x(n);
-  for (float& v : x) v = round_bf16(u(rng));
-  return x;
-}
 
 Problem make_problem(const Case& c, std::mt19937& rng) {
   Problem p;

@@ -773,11 +773,12 @@ __device__ __forceinline__ float quad_max(float x) {
 // columns 8 nb + c_col(lane, x) of its rows e = 0, 1): masks and scales S, takes the
 // new row max m', rescales l and the accumulators by alpha = exp(m - m'), adds the
 // row sums of P to l, and leaves P = exp(S - m') in s (fp32; 0 where masked). A row
-// whose max is still -inf keeps alpha = 1 and P = 0.
-template <int NS, int NO>
+// whose max is still -inf keeps alpha = 1 and P = 0. row_done(e) runs when row e is
+// done (the TF32 kernel stores its P there, in the order it always had).
+template <int NS, int NO, class RowDone>
 __device__ __forceinline__ void online_softmax_tile(float (&s)[NS][4], float (&acc)[NO][4], float (&m)[2],
                                                     float (&l)[2], const int (&lo)[2], const int (&hi)[2], int k0,
-                                                    int lane, float scale) {
+                                                    int lane, float scale, RowDone row_done) {
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     float mx = -INFINITY;
@@ -816,6 +817,7 @@ __device__ __forceinline__ void online_softmax_tile(float (&s)[NS][4], float (&a
       acc[nb][2 * e] *= alpha;
       acc[nb][2 * e + 1] *= alpha;
     }
+    row_done(e);
   }
 }
 
@@ -907,14 +909,13 @@ __global__ void __launch_bounds__(kTcThreads)
       }
     }
 
-    online_softmax_tile(s, acc, m, l, lo, hi, k0, lane, scale);  // s becomes P (fp32)
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
+    online_softmax_tile(s, acc, m, l, lo, hi, k0, lane, scale, [&](int e) {  // s becomes P (fp32)
 #pragma unroll
       for (int nb = 0; nb < NS; ++nb) {
         Pw[(gq + 8 * e) * LP + 8 * nb + 2 * tq] = tf32_round(s[nb][2 * e]);
         Pw[(gq + 8 * e) * LP + 8 * nb + 2 * tq + 1] = tf32_round(s[nb][2 * e + 1]);
       }
+    });
     __syncwarp();
 
 #pragma unroll 2
@@ -1391,7 +1392,7 @@ __global__ void __launch_bounds__(kTcThreads)
         mma_bf16(s[nb], a, b);
       }
     }
-    online_softmax_tile(s, acc, m, l, lo, hi, k0, lane, scale);  // s becomes P (fp32)
+    online_softmax_tile(s, acc, m, l, lo, hi, k0, lane, scale, [](int) {});  // s becomes P (fp32)
 
 #pragma unroll
     for (int kk = 0; kk < BK / 16; ++kk) {
