@@ -10,8 +10,8 @@
 #      (the mean loss of the last 10 steps within 2%, as tests/training_bf16_test.cpp
 #      asks of the CPU)
 #   5. bench: bench-llama-1b, step time, tokens/s, MFU (model FLOPs / 989 TFLOP/s, the
-#      H100's dense BF16 peak), peak memory: fp32, TF32, bf16, bf16 with TF32
-#      attention; then device time per op for TF32 and bf16
+#      H100's dense BF16 peak), peak memory: fp32, TF32, bf16 (attention on bf16
+#      tensor cores); then device time per op for TF32 and bf16
 #   6. pytorch: the same shape in Hugging Face LlamaForCausalLM (when importable)
 #
 #   bench/gpu_session.sh BUNDLE OUTDIR [steps...]   (default: all six in this order)
@@ -130,8 +130,9 @@ if has_step bench; then
   : > "$out/bench-1b-summary.txt"
   bench_run fp32 --set train.tf32=false
   bench_run tf32 --set train.tf32=true
-  bench_run bf16 --set train.precision=bf16 --set train.tf32=false        # attention on CUDA cores (exact fp32)
-  bench_run bf16-tf32attn --set train.precision=bf16 --set train.tf32=true  # attention on TF32 tensor cores
+  # bf16 attention (d = 128) runs on the bf16 tensor-core kernels (mma m16n8k16)
+  # whatever train.tf32 says; the flag only moves fp32 products to TF32.
+  bench_run bf16 --set train.precision=bf16 --set train.tf32=true
   for run in "tf32 --set train.tf32=true" "bf16 --set train.precision=bf16 --set train.tf32=true"; do
     set -- $run
     name="$1"

@@ -70,7 +70,8 @@
 //   dK/dV    (2 BQ + 2 BK)(D + 1) + 2 BK (BQ + 1)
 // with BQ = BK = 64 for D <= 128 and 32 for D = 256 (at most ~162 KB, D = 128 dK/dV).
 //
-// TF32 tensor cores (train.tf32, hdp::cuda::tf32()): for d = 64 and d = 128 every tile
+// TF32 tensor cores (train.tf32, hdp::cuda::tf32()): for fp32 operands with d = 64 and
+// d = 128 every tile
 // product (forward S = Q K^T and O += P V; backward S, dP = dO V^T, dV += P^T dO,
 // dK += dS^T Q, dQ += dS K, and S^T, dP^T in dK/dV) runs as mma.sync m16n8k8 TF32
 // (operands rounded with cvt.rna.tf32.f32 when staged into shared memory, P and dS
@@ -83,16 +84,18 @@
 // With TF32 off, or any other d, the exact kernels above run unchanged.
 //
 // BF16 (mixed precision): every kernel is instantiated on the element type E of q, k,
-// v, dO and out and the type O of what it writes (common.cuh): bf16 operands are
-// read exactly (widened to fp32 when staged into shared memory), every product,
-// the softmax statistics, lse, D and the accumulators are fp32, and a bf16 result is
-// rounded once on store - the CPU twin's rule (kernels/cpu/bf16.cpp). The document
+// v, dO and out and the type O of what it writes (common.cuh). The document
 // variant writes out, dq, dk, dv in bf16 directly (O = E). The block variant merges
 // or sums the blocks of one call into fp32 images of out, dq, dk, dv (O = float)
 // and rounds them once when the call ends, as the twin does, so blocks sharing
-// rows are not rounded once per block. On the TF32 path a bf16 operand is already
-// a TF32 value (8 significant bits of 11), so only P and dS are rounded to TF32;
-// a bf16 m16n8k16 tensor-core kernel (twice TF32's rate) does not exist yet.
+// rows are not rounded once per block. With d = 64 or 128 (whatever train.tf32 says)
+// bf16 operands run on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation; the
+// section "BF16 tensor cores" below): the same decomposition and masks as the TF32
+// kernels, with P and dS rounded to bf16 as operands. Any other d runs the exact
+// kernels above: bf16 operands read exactly (widened to fp32 when staged into shared
+// memory), every product, the softmax statistics, lse, D and the accumulators fp32,
+// a bf16 result rounded once on store - the CPU twin's rule (kernels/cpu/bf16.cpp).
+// Compiled only: the bf16 tensor-core kernels have not run on a GPU yet.
 
 #include <algorithm>
 #include <climits>
@@ -105,6 +108,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_runtime.h"
+#include "kernels/cuda/mma_fragments.h"
 
 namespace hdp::cuda {
 namespace {
@@ -727,8 +731,8 @@ __device__ __forceinline__ void load_tile_tc(float* __restrict__ dst, const E* _
       return;
     }
   }
-  // bf16 (every bf16 value is a TF32 value, so the rounding leaves it unchanged),
-  // or fp32 rows not aligned for float4.
+  // fp32 rows not aligned for float4 (the TF32 kernels run for fp32 operands only:
+  // bf16 operands take the bf16 kernels).
   for (int idx = threadIdx.x; idx < ROWS * D; idx += kTcThreads) {
     const int r = idx / D, c = idx % D, i = row0 + r;
     float x = 0.0f;
@@ -762,6 +766,59 @@ __device__ __forceinline__ float quad_sum(float x) {
 __device__ __forceinline__ float quad_max(float x) {
   x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
   return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// One key tile of the forward's on-line softmax on a warp's C fragments (the m16n8
+// accumulator layout, shared by m16n8k8 TF32 and m16n8k16 bf16: this lane holds
+// columns 8 nb + c_col(lane, x) of its rows e = 0, 1): masks and scales S, takes the
+// new row max m', rescales l and the accumulators by alpha = exp(m - m'), adds the
+// row sums of P to l, and leaves P = exp(S - m') in s (fp32; 0 where masked). A row
+// whose max is still -inf keeps alpha = 1 and P = 0. row_done(e) runs when row e is
+// done (the TF32 kernel stores its P there, in the order it always had).
+template <int NS, int NO, class RowDone>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[NS][4], float (&acc)[NO][4], float (&m)[2],
+                                                    float (&l)[2], const int (&lo)[2], const int (&hi)[2], int k0,
+                                                    int lane, float scale, RowDone row_done) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int j = k0 + 8 * nb + mma::c_col(lane, x);
+        const bool vis = j >= lo[e] && j <= hi[e];
+        float& sv = s[nb][2 * e + x];
+        sv = vis ? sv * scale : -INFINITY;
+        mx = fmaxf(mx, sv);
+      }
+    mx = quad_max(mx);
+    const float mnew = fmaxf(m[e], mx);
+    float alpha = 1.0f, sum = 0.0f;
+    if (mnew == -INFINITY) {
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb) s[nb][2 * e] = s[nb][2 * e + 1] = 0.0f;
+    } else {
+      alpha = expf(m[e] - mnew);
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          float& sv = s[nb][2 * e + x];
+          sv = expf(sv - mnew);  // masked: exp(-inf) = 0
+          sum += sv;
+        }
+    }
+    sum = quad_sum(sum);
+    l[e] = l[e] * alpha + sum;
+    m[e] = mnew;
+#pragma unroll
+    for (int nb = 0; nb < NO; ++nb) {
+      acc[nb][2 * e] *= alpha;
+      acc[nb][2 * e + 1] *= alpha;
+    }
+    row_done(e);
+  }
 }
 
 template <int D, int BK>
@@ -852,50 +909,13 @@ __global__ void __launch_bounds__(kTcThreads)
       }
     }
 
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int nb = 0; nb < NS; ++nb)
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const int j = k0 + 8 * nb + 2 * tq + x;
-          const bool vis = j >= lo[e] && j <= hi[e];
-          float& sv = s[nb][2 * e + x];
-          sv = vis ? sv * scale : -INFINITY;
-          mx = fmaxf(mx, sv);
-        }
-      mx = quad_max(mx);
-      const float mnew = fmaxf(m[e], mx);
-      float alpha = 1.0f, sum = 0.0f;
-      if (mnew == -INFINITY) {
-#pragma unroll
-        for (int nb = 0; nb < NS; ++nb) s[nb][2 * e] = s[nb][2 * e + 1] = 0.0f;
-      } else {
-        alpha = expf(m[e] - mnew);
-#pragma unroll
-        for (int nb = 0; nb < NS; ++nb)
-#pragma unroll
-          for (int x = 0; x < 2; ++x) {
-            float& sv = s[nb][2 * e + x];
-            sv = expf(sv - mnew);  // masked: exp(-inf) = 0
-            sum += sv;
-          }
-      }
-      sum = quad_sum(sum);
-      l[e] = l[e] * alpha + sum;
-      m[e] = mnew;
-#pragma unroll
-      for (int nb = 0; nb < NO; ++nb) {
-        acc[nb][2 * e] *= alpha;
-        acc[nb][2 * e + 1] *= alpha;
-      }
+    online_softmax_tile(s, acc, m, l, lo, hi, k0, lane, scale, [&](int e) {  // s becomes P (fp32)
 #pragma unroll
       for (int nb = 0; nb < NS; ++nb) {
         Pw[(gq + 8 * e) * LP + 8 * nb + 2 * tq] = tf32_round(s[nb][2 * e]);
         Pw[(gq + 8 * e) * LP + 8 * nb + 2 * tq + 1] = tf32_round(s[nb][2 * e + 1]);
       }
-    }
+    });
     __syncwarp();
 
 #pragma unroll 2
@@ -1187,6 +1207,455 @@ __global__ void __launch_bounds__(kTcThreads)
   }
 }
 
+// ---------------------------------------------------------------- BF16 tensor cores
+
+// bf16 operands with d = 64 or 128 (whatever train.tf32 says): the TF32 kernels' CTA
+// decomposition, masks, skipped tiles and fp32 softmax, with every tile product on
+// mma.sync m16n8k16 bf16 with fp32 accumulation (twice TF32's rate; fragment layouts
+// in kernels/cuda/mma_fragments.h, checked on the CPU by tests/kernels_mma_fragments_test.cpp).
+// Tiles are staged in shared memory as they are stored (bf16 bits, no rounding), rows
+// padded by 8 halves so a warp's 32-bit fragment loads hit 32 different banks. An
+// operand that is the B of a product whose k runs along its rows (V in P V, K in
+// dS K, dO in P^T dO, Q in dS^T Q) is staged transposed, so every fragment register
+// is one 32-bit load. P and dS never go through shared memory: the C fragments of
+// S (or S^T) are the A fragments of the next product (mma_fragments.h).
+//
+// Rounding points, FlashAttention-2's: P and dS are rounded to bf16 (to nearest
+// even) exactly where they become A operands -
+//   forward:  P = exp(S - m') with m' the running row max (values in [0, 1]) before
+//             O += P V; the row sum l is taken from the fp32 P;
+//   dQ:       dS = P (dP - D) * scale before dQ += dS K;
+//   dK/dV:    P^T before dV += P^T dO, dS^T before dK += dS^T Q -
+// and nowhere else: S, dP, the softmax statistics, lse, D and every accumulator are
+// fp32 (a product of two bf16 values is exact in fp32). So a result differs from the
+// CPU twin (fp32 throughout, one rounding on store) by more than the store's
+// rounding; the selftest's tolerance for these rows is derived in
+// tests/kernels_mma_fragments_test.cpp by emulating the same rounding on the CPU.
+
+// c += A B on the tensor cores, bf16 operands (two per register, low half first).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+// Two fp32 values rounded to bf16 (nearest even) in one register, lo in the low half.
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);  // .x = lo, stored first
+  return *reinterpret_cast<const uint32_t*>(&p);
+}
+
+// A fragment of the 16 x 16 block at s (row-major bf16, row stride ld halves).
+__device__ __forceinline__ void frag_a_bf16(uint32_t (&a)[4], const uint16_t* s, int ld, int lane) {
+#pragma unroll
+  for (int r = 0; r < mma::kARegs; ++r)
+    a[r] = *reinterpret_cast<const uint32_t*>(s + mma::a_row(lane, r) * ld + mma::a_col(lane, r, 0));
+}
+// B fragment (16 x 8, k x n) stored transposed at s: B[k][n] = s[n * ld + k].
+__device__ __forceinline__ void frag_b_bf16(uint32_t (&b)[2], const uint16_t* s, int ld, int lane) {
+#pragma unroll
+  for (int r = 0; r < mma::kBRegs; ++r)
+    b[r] = *reinterpret_cast<const uint32_t*>(s + mma::b_n(lane) * ld + mma::b_k(lane, r, 0));
+}
+// A fragment of columns [16j, 16j + 16) of a strip of C fragments c (n-blocks of 8
+// columns), rounded to bf16: the rounding point of P and dS.
+template <int N>
+__device__ __forceinline__ void frag_a_from_c(uint32_t (&a)[4], const float (&c)[N][4], int j) {
+#pragma unroll
+  for (int r = 0; r < mma::kARegs; ++r) {
+    const float* cb = c[2 * j + mma::c_block_of_a(r)];
+    a[r] = pack_bf16x2(cb[mma::c_value_of_a(r)], cb[mma::c_value_of_a(r) + 1]);
+  }
+}
+
+// Rows [lo, hi] of a bf16 tile from global memory (row i at base + i * ld, columns
+// [0, D)), zero elsewhere, into shared memory: row-major into dst (row stride LDS)
+// when dst is given, transposed into dst_t (dst_t[c * LDT + r]) when it is given.
+// 8 halves per thread and step (16-byte loads when aligned). 128 threads.
+template <int ROWS, int D, int LDS, int LDT>
+__device__ __forceinline__ void stage_bf16(uint16_t* __restrict__ dst, uint16_t* __restrict__ dst_t,
+                                           const __nv_bfloat16* __restrict__ base, long long ld, int row0, int lo,
+                                           int hi) {
+  static_assert(D % 8 == 0 && LDS % 8 == 0 && LDT % 2 == 0, "16-byte rows");
+  constexpr int C8 = D / 8;
+  const uint16_t* src = reinterpret_cast<const uint16_t*>(base);
+  const bool vec = (reinterpret_cast<uintptr_t>(src) & 15u) == 0 && (ld & 7) == 0;
+  for (int idx = threadIdx.x; idx < ROWS * C8; idx += kTcThreads) {
+    const int r = idx / C8, c = (idx % C8) * 8, i = row0 + r;
+    uint4 x = make_uint4(0u, 0u, 0u, 0u);
+    if (i >= lo && i <= hi) {
+      const uint16_t* row = src + static_cast<long long>(i) * ld + c;
+      if (vec) {
+        x = *reinterpret_cast<const uint4*>(row);
+      } else {
+        x.x = row[0] | (static_cast<uint32_t>(row[1]) << 16);
+        x.y = row[2] | (static_cast<uint32_t>(row[3]) << 16);
+        x.z = row[4] | (static_cast<uint32_t>(row[5]) << 16);
+        x.w = row[6] | (static_cast<uint32_t>(row[7]) << 16);
+      }
+    }
+    if (dst) *reinterpret_cast<uint4*>(dst + r * LDS + c) = x;
+    if (dst_t) {
+      const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        dst_t[(c + 2 * e) * LDT + r] = static_cast<uint16_t>(w[e] & 0xffffu);
+        dst_t[(c + 2 * e + 1) * LDT + r] = static_cast<uint16_t>(w[e] >> 16);
+      }
+    }
+  }
+}
+
+// Shared memory (bytes): bf16 tiles with rows of D + 8 halves (row-major) or of
+// tile + 8 halves (transposed), then the per-row intervals.
+template <int D, int BK>
+constexpr size_t fwd_bf16_smem_bytes() {
+  return sizeof(uint16_t) * (kTcRows * (D + 8) + BK * (D + 8) + D * (BK + 8)) + sizeof(int) * (2 * kTcRows + 4);
+}
+template <int D, int BK>
+constexpr size_t dq_bf16_smem_bytes() {
+  return sizeof(uint16_t) * (2 * kTcRows * (D + 8) + 2 * BK * (D + 8) + D * (BK + 8)) +
+         sizeof(int) * (2 * kTcRows + 4);
+}
+template <int D, int BQ>
+constexpr size_t dkdv_bf16_smem_bytes() {
+  return sizeof(uint16_t) * (2 * kTcRows * (D + 8) + 2 * BQ * (D + 8) + 2 * D * (BQ + 8)) + sizeof(float) * 2 * BQ +
+         sizeof(int) * (2 * kTcRows + 4);
+}
+
+// Forward: one CTA per (64 query rows, query head); key tiles of BK rows.
+template <int D, int BK, class O>
+__global__ void __launch_bounds__(kTcThreads)
+    attention_forward_bf16_kernel(O* __restrict__ out, float* __restrict__ lse, const __nv_bfloat16* __restrict__ q,
+                                  const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, Geom g,
+                                  int T, int Hq, int Hkv, int d, float scale, bool merge) {
+  constexpr int BQ = kTcRows, L = D + 8, LV = BK + 8, NS = BK / 8, NO = D / 8;
+  extern __shared__ uint4 bf16_smem[];
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(bf16_smem);
+  uint16_t* Ks = Qs + BQ * L;
+  uint16_t* Vt = Ks + BK * L;  // V^T: Vt[c * LV + j]
+  int* rlo = reinterpret_cast<int*>(Vt + D * LV);
+  int* rhi = rlo + BQ;
+  int* range = rhi + BQ;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = warp * 16;
+  const int h = blockIdx.y, kvh = h / (Hq / Hkv);
+  const int i0 = g.q_begin + static_cast<int>(gridDim.x - 1 - blockIdx.x) * BQ;  // longest rows first
+  tile_intervals<BQ, false>(g, i0, rlo, rhi, range);
+  const int klo = range[0], khi = range[1], qfirst = range[2], qlast = range[3];
+  if (qfirst > qlast) return;  // uniform over the CTA
+
+  const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
+  stage_bf16<BQ, D, L, 0>(Qs, nullptr, q + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
+
+  // This lane's rows of every C fragment: r0 + c_row(lane, 2e) (e = 0, 1).
+  int lo[2], hi[2];
+  float m[2], l[2], acc[NO][4];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int r = r0 + mma::c_row(lane, 2 * e), i = i0 + r;
+    lo[e] = rlo[r];
+    hi[e] = rhi[r];
+    m[e] = -INFINITY;
+    l[e] = 1.0f;
+    const bool live = lo[e] <= hi[e];
+    const O* orow = out + (static_cast<long long>(i) * Hq + h) * d;
+    if (merge && live) m[e] = lse[static_cast<long long>(h) * T + i];
+#pragma unroll
+    for (int nb = 0; nb < NO; ++nb)
+#pragma unroll
+      for (int x = 0; x < 2; ++x)
+        acc[nb][2 * e + x] = (merge && live) ? to_f32(orow[8 * nb + mma::c_col(lane, x)]) : 0.0f;
+  }
+  int wlo, whi;
+  warp_interval(lo, hi, wlo, whi);
+
+  for (int k0 = klo; k0 <= khi; k0 += BK) {
+    __syncthreads();  // the previous tile's readers of Ks, Vt are done
+    stage_bf16<BK, D, L, 0>(Ks, nullptr, k + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
+    stage_bf16<BK, D, 0, LV>(nullptr, Vt, v + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
+    __syncthreads();
+    if (k0 > whi || k0 + (BK - 1) < wlo) continue;  // warp-uniform: no row of this warp sees the tile
+
+    float s[NS][4];
+#pragma unroll
+    for (int nb = 0; nb < NS; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t a[4];
+      frag_a_bf16(a, Qs + r0 * L + 16 * kk, L, lane);
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb) {
+        uint32_t b[2];
+        frag_b_bf16(b, Ks + 8 * nb * L + 16 * kk, L, lane);
+        mma_bf16(s[nb], a, b);
+      }
+    }
+    online_softmax_tile(s, acc, m, l, lo, hi, k0, lane, scale, [](int) {});  // s becomes P (fp32)
+
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t a[4];
+      frag_a_from_c(a, s, kk);  // P rounded to bf16
+#pragma unroll
+      for (int nb = 0; nb < NO; ++nb) {
+        uint32_t b[2];
+        frag_b_bf16(b, Vt + 8 * nb * LV + 16 * kk, LV, lane);
+        mma_bf16(acc[nb], a, b);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    if (lo[e] > hi[e]) continue;
+    const int i = i0 + r0 + mma::c_row(lane, 2 * e);
+    const float inv = 1.0f / l[e];
+    O* orow = out + (static_cast<long long>(i) * Hq + h) * d;
+#pragma unroll
+    for (int nb = 0; nb < NO; ++nb)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) orow[8 * nb + mma::c_col(lane, x)] = from_f32<O>(acc[nb][2 * e + x] * inv);
+    if (mma::thread_in_group(lane) == 0) lse[static_cast<long long>(h) * T + i] = m[e] + logf(l[e]);
+  }
+}
+
+// dQ: one CTA per (64 query rows, query head); key tiles of BK rows.
+template <int D, int BK, class O>
+__global__ void __launch_bounds__(kTcThreads)
+    attention_backward_dq_bf16_kernel(O* __restrict__ dq, const __nv_bfloat16* __restrict__ dout,
+                                      const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                                      const __nv_bfloat16* __restrict__ v, const float* __restrict__ lse,
+                                      const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d,
+                                      float scale, bool accumulate) {
+  constexpr int BQ = kTcRows, L = D + 8, LT = BK + 8, NS = BK / 8, NO = D / 8;
+  extern __shared__ uint4 bf16_smem[];
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(bf16_smem);
+  uint16_t* Os = Qs + BQ * L;  // dO
+  uint16_t* Ks = Os + BQ * L;
+  uint16_t* Vs = Ks + BK * L;
+  uint16_t* Kt = Vs + BK * L;  // K^T: Kt[c * LT + j]
+  int* rlo = reinterpret_cast<int*>(Kt + D * LT);
+  int* rhi = rlo + BQ;
+  int* range = rhi + BQ;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = warp * 16;
+  const int h = blockIdx.y, kvh = h / (Hq / Hkv);
+  const int i0 = g.q_begin + static_cast<int>(gridDim.x - 1 - blockIdx.x) * BQ;  // longest rows first
+  tile_intervals<BQ, false>(g, i0, rlo, rhi, range);
+  const int klo = range[0], khi = range[1], qfirst = range[2], qlast = range[3];
+  if (qfirst > qlast) return;
+
+  const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
+  stage_bf16<BQ, D, L, 0>(Qs, nullptr, q + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
+  stage_bf16<BQ, D, L, 0>(Os, nullptr, dout + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
+
+  int lo[2], hi[2];
+  float lse_r[2], dv_r[2], acc[NO][4];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const int r = r0 + mma::c_row(lane, 2 * e), i = i0 + r;
+    lo[e] = rlo[r];
+    hi[e] = rhi[r];
+    const bool live = lo[e] <= hi[e];
+    lse_r[e] = live ? lse[static_cast<long long>(h) * T + i] : 0.0f;
+    dv_r[e] = live ? dvec[static_cast<long long>(h) * T + i] : 0.0f;
+  }
+#pragma unroll
+  for (int nb = 0; nb < NO; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
+  int wlo, whi;
+  warp_interval(lo, hi, wlo, whi);
+
+  for (int k0 = klo; k0 <= khi; k0 += BK) {
+    __syncthreads();
+    stage_bf16<BK, D, L, LT>(Ks, Kt, k + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
+    stage_bf16<BK, D, L, 0>(Vs, nullptr, v + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
+    __syncthreads();
+    if (k0 > whi || k0 + (BK - 1) < wlo) continue;  // warp-uniform
+
+    float s[NS][4], dp[NS][4];
+#pragma unroll
+    for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+      for (int x = 0; x < 4; ++x) s[nb][x] = dp[nb][x] = 0.0f;
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      uint32_t aq[4], ao[4];
+      frag_a_bf16(aq, Qs + r0 * L + 16 * kk, L, lane);
+      frag_a_bf16(ao, Os + r0 * L + 16 * kk, L, lane);
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb) {
+        uint32_t b[2];
+        frag_b_bf16(b, Ks + 8 * nb * L + 16 * kk, L, lane);
+        mma_bf16(s[nb], aq, b);
+        frag_b_bf16(b, Vs + 8 * nb * L + 16 * kk, L, lane);
+        mma_bf16(dp[nb], ao, b);
+      }
+    }
+    // dS (fp32) into s.
+#pragma unroll
+    for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int e = i >> 1, j = k0 + 8 * nb + mma::c_col(lane, i);
+        const bool vis = j >= lo[e] && j <= hi[e];
+        const float p = expf(s[nb][i] * scale - lse_r[e]);
+        s[nb][i] = vis ? p * (dp[nb][i] - dv_r[e]) * scale : 0.0f;
+      }
+#pragma unroll
+    for (int kk = 0; kk < BK / 16; ++kk) {
+      uint32_t a[4];
+      frag_a_from_c(a, s, kk);  // dS rounded to bf16
+#pragma unroll
+      for (int nb = 0; nb < NO; ++nb) {
+        uint32_t b[2];
+        frag_b_bf16(b, Kt + 8 * nb * LT + 16 * kk, LT, lane);
+        mma_bf16(acc[nb], a, b);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    if (lo[e] > hi[e]) continue;
+    const int i = i0 + r0 + mma::c_row(lane, 2 * e);
+    O* row = dq + (static_cast<long long>(i) * Hq + h) * d;
+#pragma unroll
+    for (int nb = 0; nb < NO; ++nb)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int c = 8 * nb + mma::c_col(lane, x);
+        row[c] = from_f32<O>(accumulate ? to_f32(row[c]) + acc[nb][2 * e + x] : acc[nb][2 * e + x]);
+      }
+  }
+}
+
+// dK/dV: one CTA per (64 key rows, kv head), over the group's query heads and query
+// tiles of BQ rows.
+template <int D, int BQ, class O>
+__global__ void __launch_bounds__(kTcThreads)
+    attention_backward_dkdv_bf16_kernel(O* __restrict__ dk, O* __restrict__ dv, const __nv_bfloat16* __restrict__ dout,
+                                        const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                                        const __nv_bfloat16* __restrict__ v, const float* __restrict__ lse,
+                                        const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d,
+                                        float scale, bool accumulate) {
+  constexpr int BK = kTcRows, L = D + 8, LT = BQ + 8, NS = BQ / 8, NO = D / 8;
+  extern __shared__ uint4 bf16_smem[];
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(bf16_smem);
+  uint16_t* Vs = Ks + BK * L;
+  uint16_t* Qs = Vs + BK * L;
+  uint16_t* Os = Qs + BQ * L;   // dO
+  uint16_t* Qt = Os + BQ * L;   // Q^T: Qt[c * LT + i]
+  uint16_t* Ot = Qt + D * LT;   // dO^T
+  float* lse_s = reinterpret_cast<float*>(Ot + D * LT);
+  float* dv_s = lse_s + BQ;
+  int* klo_s = reinterpret_cast<int*>(dv_s + BQ);
+  int* khi_s = klo_s + BK;
+  int* range = khi_s + BK;
+
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = warp * 16;
+  const int kvh = blockIdx.y, group = Hq / Hkv;
+  const int j0 = g.k_begin + static_cast<int>(blockIdx.x) * BK;
+  tile_intervals<BK, true>(g, j0, klo_s, khi_s, range);
+  const int qmin = range[0], qmax = range[1], kfirst = range[2], klast = range[3];
+  if (kfirst > klast) return;
+
+  const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
+  stage_bf16<BK, D, L, 0>(Ks, nullptr, k + static_cast<long long>(kvh) * d, ldk, j0, kfirst, klast);
+  stage_bf16<BK, D, L, 0>(Vs, nullptr, v + static_cast<long long>(kvh) * d, ldk, j0, kfirst, klast);
+
+  int lo[2], hi[2];
+  float dka[NO][4], dva[NO][4];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    lo[e] = klo_s[r0 + mma::c_row(lane, 2 * e)];
+    hi[e] = khi_s[r0 + mma::c_row(lane, 2 * e)];
+  }
+#pragma unroll
+  for (int nb = 0; nb < NO; ++nb)
+#pragma unroll
+    for (int x = 0; x < 4; ++x) dka[nb][x] = dva[nb][x] = 0.0f;
+  int wlo, whi;
+  warp_interval(lo, hi, wlo, whi);
+
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    for (int q0 = qmin; q0 <= qmax; q0 += BQ) {
+      __syncthreads();  // the previous tile's readers of Qs, Os, Qt, Ot, lse_s, dv_s are done
+      stage_bf16<BQ, D, L, LT>(Qs, Qt, q + static_cast<long long>(h) * d, ldq, q0, qmin, qmax);
+      stage_bf16<BQ, D, L, LT>(Os, Ot, dout + static_cast<long long>(h) * d, ldq, q0, qmin, qmax);
+      if (threadIdx.x < BQ) {
+        const int i = q0 + static_cast<int>(threadIdx.x);
+        const bool ok = i <= qmax;
+        lse_s[threadIdx.x] = ok ? lse[static_cast<long long>(h) * T + i] : 0.0f;
+        dv_s[threadIdx.x] = ok ? dvec[static_cast<long long>(h) * T + i] : 0.0f;
+      }
+      __syncthreads();
+      if (q0 > whi || q0 + (BQ - 1) < wlo) continue;  // warp-uniform
+
+      float st[NS][4], dpt[NS][4];
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) st[nb][x] = dpt[nb][x] = 0.0f;
+#pragma unroll
+      for (int kk = 0; kk < D / 16; ++kk) {
+        uint32_t ak[4], av[4];
+        frag_a_bf16(ak, Ks + r0 * L + 16 * kk, L, lane);
+        frag_a_bf16(av, Vs + r0 * L + 16 * kk, L, lane);
+#pragma unroll
+        for (int nb = 0; nb < NS; ++nb) {
+          uint32_t b[2];
+          frag_b_bf16(b, Qs + 8 * nb * L + 16 * kk, L, lane);
+          mma_bf16(st[nb], ak, b);
+          frag_b_bf16(b, Os + 8 * nb * L + 16 * kk, L, lane);
+          mma_bf16(dpt[nb], av, b);
+        }
+      }
+      // P^T into st, dS^T into dpt (fp32).
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int e = x >> 1, col = 8 * nb + mma::c_col(lane, x), i = q0 + col;
+          const bool vis = i >= lo[e] && i <= hi[e];
+          const float p = expf(st[nb][x] * scale - lse_s[col]);
+          st[nb][x] = vis ? p : 0.0f;
+          dpt[nb][x] = vis ? p * (dpt[nb][x] - dv_s[col]) * scale : 0.0f;
+        }
+#pragma unroll
+      for (int kk = 0; kk < BQ / 16; ++kk) {
+        uint32_t ap[4], as[4];
+        frag_a_from_c(ap, st, kk);   // P^T rounded to bf16
+        frag_a_from_c(as, dpt, kk);  // dS^T rounded to bf16
+#pragma unroll
+        for (int nb = 0; nb < NO; ++nb) {
+          uint32_t b[2];
+          frag_b_bf16(b, Ot + 8 * nb * LT + 16 * kk, LT, lane);
+          mma_bf16(dva[nb], ap, b);
+          frag_b_bf16(b, Qt + 8 * nb * LT + 16 * kk, LT, lane);
+          mma_bf16(dka[nb], as, b);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    if (lo[e] > hi[e]) continue;
+    const int j = j0 + r0 + mma::c_row(lane, 2 * e);
+    const long long row = (static_cast<long long>(j) * Hkv + kvh) * d;
+#pragma unroll
+    for (int nb = 0; nb < NO; ++nb)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int c = 8 * nb + mma::c_col(lane, x);
+        dk[row + c] = from_f32<O>(accumulate ? to_f32(dk[row + c]) + dka[nb][2 * e + x] : dka[nb][2 * e + x]);
+        dv[row + c] = from_f32<O>(accumulate ? to_f32(dv[row + c]) + dva[nb][2 * e + x] : dva[nb][2 * e + x]);
+      }
+  }
+}
+
 // ---------------------------------------------------------------- host side
 
 struct Shape {
@@ -1294,14 +1763,58 @@ void launch_backward_tc(const char* op, O* dq, O* dk, O* dv, const E* dout, cons
   }
 }
 
-// The TF32 tensor-core kernels serve d = 64 and 128 when TF32 is on; everything else
-// runs the exact fp32 kernels.
-bool use_tensor_cores(const Shape& s) { return tf32() && (s.d == 64 || s.d == 128); }
+template <int D, int BK, class O>
+void launch_forward_bf16(const char* op, O* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
+                         const __nv_bfloat16* v, const Geom& g, const Shape& s, bool merge) {
+  constexpr size_t smem = fwd_bf16_smem_bytes<D, BK>();
+  constexpr auto kernel = attention_forward_bf16_kernel<D, BK, O>;
+  allow_smem<kernel>(smem);
+  const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, kTcRows), static_cast<unsigned>(s.Hq));
+  kernel<<<grid, kTcThreads, smem, compute_stream()>>>(out, lse, q, k, v, g, s.T, s.Hq, s.Hkv, s.d, s.scale, merge);
+  HDP_CUDA_CHECK_LAUNCH(op);
+}
+
+template <int D, int BK, int BQ, class O>
+void launch_backward_bf16(const char* op, O* dq, O* dk, O* dv, const __nv_bfloat16* dout, const __nv_bfloat16* q,
+                          const __nv_bfloat16* k, const __nv_bfloat16* v, const float* lse, const float* dvec,
+                          const Geom& g, const Shape& s, bool accumulate) {
+  {
+    constexpr size_t smem = dkdv_bf16_smem_bytes<D, BQ>();
+    constexpr auto kernel = attention_backward_dkdv_bf16_kernel<D, BQ, O>;
+    allow_smem<kernel>(smem);
+    const dim3 grid(tiles(static_cast<long long>(g.k_end) - g.k_begin, kTcRows), static_cast<unsigned>(s.Hkv));
+    kernel<<<grid, kTcThreads, smem, compute_stream()>>>(dk, dv, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
+                                                         s.scale, accumulate);
+    HDP_CUDA_CHECK_LAUNCH(op);
+  }
+  {
+    constexpr size_t smem = dq_bf16_smem_bytes<D, BK>();
+    constexpr auto kernel = attention_backward_dq_bf16_kernel<D, BK, O>;
+    allow_smem<kernel>(smem);
+    const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, kTcRows), static_cast<unsigned>(s.Hq));
+    kernel<<<grid, kTcThreads, smem, compute_stream()>>>(dq, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
+                                                         s.scale, accumulate);
+    HDP_CUDA_CHECK_LAUNCH(op);
+  }
+}
+
+// Tensor-core paths for d = 64 and 128: bf16 operands always take the bf16 kernels
+// (m16n8k16); fp32 operands take the TF32 kernels when TF32 is on (tf32()). Every
+// other case runs the exact fp32 kernels (bf16 widened on staging).
+bool tensor_core_head_dim(const Shape& s) { return s.d == 64 || s.d == 128; }
 
 template <class E, class O>
 void forward(const char* op, O* out, float* lse, const E* q, const E* k, const E* v, const Geom& g, const Shape& s,
              bool merge) {
-  if (use_tensor_cores(s)) {
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    if (tensor_core_head_dim(s)) {
+      if (s.d == 64)
+        launch_forward_bf16<64, 64>(op, out, lse, q, k, v, g, s, merge);
+      else
+        launch_forward_bf16<128, 64>(op, out, lse, q, k, v, g, s, merge);
+      return;
+    }
+  } else if (tf32() && tensor_core_head_dim(s)) {
     if (s.d == 64)
       launch_forward_tc<64, 64>(op, out, lse, q, k, v, g, s, merge);
     else
@@ -1319,8 +1832,16 @@ void forward(const char* op, O* out, float* lse, const E* q, const E* k, const E
 template <class E, class O>
 void backward(const char* op, O* dq, O* dk, O* dv, const E* dout, const E* q, const E* k, const E* v,
               const float* lse, const float* dvec, const Geom& g, const Shape& s, bool accumulate) {
-  if (use_tensor_cores(s)) {
-    // <D, dQ key tile, dK/dV query tile>
+  // <D, dQ key tile, dK/dV query tile>
+  if constexpr (std::is_same_v<E, __nv_bfloat16>) {
+    if (tensor_core_head_dim(s)) {
+      if (s.d == 64)
+        launch_backward_bf16<64, 64, 64>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate);
+      else
+        launch_backward_bf16<128, 64, 32>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate);
+      return;
+    }
+  } else if (tf32() && tensor_core_head_dim(s)) {
     if (s.d == 64)
       launch_backward_tc<64, 64, 64>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate);
     else
