@@ -141,6 +141,11 @@ void MoeBlock::forward(Tensor out, const Tensor& x, const MoeTensors& w) {
   }
   require_cpu(x, "x");
   require_cpu(out, "out");
+  if (static_cast<int64_t>(w.w1.size()) != local_experts_ || static_cast<int64_t>(w.w2.size()) != local_experts_ ||
+      static_cast<int64_t>(w.w3.size()) != local_experts_) {
+    throw std::invalid_argument("MoE block: weights of " + std::to_string(w.w1.size()) + " experts for the " +
+                                std::to_string(local_experts_) + " this rank runs (an ep group missing?)");
+  }
   tokens_ = T;
   // Router logits and softmax in fp32 (Mixtral computes the routing in fp32 whatever
   // the activations' type), accumulated in double for the normaliser.

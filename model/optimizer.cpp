@@ -39,7 +39,7 @@ std::vector<FlatParameter> flat_parameters(const LlamaModel& model) {
     f.numel = p.numel;
     f.weight_decay = p.weight_decay;
     f.counts_in_norm = !p.tied_copy && (p.shard_dim >= 0 || tp_primary);
-    f.expert = p.expert;
+    f.expert = p.expert && model.partition().ep_size > 1;  // otherwise their group is hdp, like the rest
     f.synced_later = model.config().tie_embeddings && p.name == "model.embed_tokens.weight" &&
                      !(model.partition().has_embedding && model.partition().has_head);
     out.push_back(f);

@@ -149,10 +149,17 @@ class NcclTimeline final : public DeviceStream {
     std::lock_guard<std::mutex> lock(mutex_);
     make_device_current();
     const Slot& s = slots_[slot];
-    if (cudaEventQuery(s.end) != cudaSuccess) return std::nullopt;
+    // A query that fails (cudaErrorNotReady while the operation runs) leaves its error
+    // as the thread's last error, which the next kernel launch's check would report
+    // as its own: clear it, as kernels/cuda/runtime.cu does after its queries.
+    if (cudaEventQuery(s.end) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return std::nullopt;
+    }
     float start_ms = 0, end_ms = 0;
     if (cudaEventElapsedTime(&start_ms, epoch_, s.start) != cudaSuccess ||
         cudaEventElapsedTime(&end_ms, epoch_, s.end) != cudaSuccess) {
+      (void)cudaGetLastError();
       return DeviceTimes{epoch_us_, epoch_us_};  // finished, its times unreadable
     }
     return DeviceTimes{epoch_us_ + 1e3 * start_ms, epoch_us_ + 1e3 * end_ms};
@@ -173,7 +180,8 @@ class NcclTimeline final : public DeviceStream {
   }
 
  private:
-  // The watchdog thread queries too: its current device must be this stream's.
+  // The thread that polls (the training thread, or one tearing the communicator
+  // down) must have this stream's device current.
   void make_device_current() const {
     int current = -1;
     if (cudaGetDevice(&current) == cudaSuccess && current != device_) cudaSetDevice(device_);

@@ -67,7 +67,6 @@ Waiting::~Waiting() {
 }
 
 Snapshot snapshot() {
-  device_ops().poll();
   for (;;) {
     const uint64_t s1 = g_sequence.load(std::memory_order_acquire);
     if (s1 % 2 == 1) continue;

@@ -69,8 +69,11 @@ struct Snapshot {
   double device_op_age_s = 0;
 };
 
-// The watched thread's marker, read from any thread. Polls the device ledger
-// first (parallel/device_ops.h), so a device operation it names had not finished.
+// The watched thread's marker, read from any thread. The device operation it names
+// had not finished when the training thread last polled the ledger (it does on every
+// enqueue and traced step; parallel/device_ops.h). The reader makes no CUDA call:
+// with a collective stuck, the training thread may hold the driver's locks, and a
+// watchdog that queried events could hang with it (PyTorch's NCCL watchdog met this).
 Snapshot snapshot();
 
 }  // namespace hdp::progress

@@ -199,8 +199,12 @@ TEST(DeviceOps, TheProgressMarkerNamesTheOldestUnfinishedDeviceOperation) {
   EXPECT_GE(s.device_op_age_s, 2.5);
   EXPECT_EQ(s.phase, "loss all-reduce (device: hdp reduce-scatter of 16.0 MiB unfinished)");
 
+  // Finished on the device: the marker says so once the training thread has polled
+  // (the reader itself makes no device call).
   hdp.done[4] = {0, 1};
-  s = progress::snapshot();  // polls the ledger
+  EXPECT_EQ(progress::snapshot().device_op, "hdp reduce-scatter of 16.0 MiB");
+  device_ops().poll();
+  s = progress::snapshot();
   EXPECT_EQ(s.device_op, "");
   EXPECT_EQ(s.phase, "loss all-reduce");
   device_ops().detach(&hdp);
