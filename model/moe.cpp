@@ -7,6 +7,7 @@
 #include <string>
 
 #include "kernels/ops.h"
+#include "parallel/op_tracer.h"
 
 namespace hdp {
 namespace {
@@ -67,6 +68,7 @@ void MoeBlock::exchange_counts() {
     // all-to-all of El numbers per rank.
     for (int64_t e = 0; e < shape_.experts; ++e) count_send_[e] = static_cast<float>(counts_[e]);
     const std::vector<int64_t> per_rank(ep_size_, El);
+    TraceSpan span(trace_ops::kExpertAllToAll.data());  // nested in forward-compute
     ep_->all_to_all_v(Tensor(count_send_.data(), {shape_.experts}), per_rank,
                       Tensor(count_recv_.data(), {shape_.experts}), per_rank);
     for (int64_t i = 0; i < ep_size_ * El; ++i) arrived_[i] = static_cast<int64_t>(count_recv_[i]);
@@ -96,6 +98,7 @@ void MoeBlock::dispatch(const float* rows, float* expert_rows, int64_t width) {
       send[p] = send_rows_[p] * width;
       recv[p] = recv_rows_[p] * width;
     }
+    TraceSpan span(trace_ops::kExpertAllToAll.data());  // nested in forward- or backward-compute
     ep_->all_to_all_v(Tensor(const_cast<float*>(rows), {first_[shape_.experts] * width}), send,
                       Tensor(transit_.data(), {expert_first_[El] * width}), recv);
     arrived = transit_.data();
@@ -128,6 +131,7 @@ void MoeBlock::combine(const float* expert_rows, float* rows, int64_t width) {
       send[p] = recv_rows_[p] * width;
       recv[p] = send_rows_[p] * width;
     }
+    TraceSpan span(trace_ops::kExpertAllToAll.data());  // nested in forward- or backward-compute
     ep_->all_to_all_v(Tensor(departing, {expert_first_[El] * width}), send, Tensor(rows, {first_[shape_.experts] * width}),
                       recv);
   }

@@ -40,11 +40,14 @@ inline constexpr std::string_view kLoss = "loss-allreduce";
 inline constexpr std::string_view kTiedEmbedding = "tied-embedding-allreduce";
 inline constexpr std::string_view kUpdateAgreement = "update-agreement-allreduce";
 // Communication that runs inside a compute op in this trainer (the tp
-// all-reduces of a layer, ring-attention block exchanges): names with these
-// prefixes are reported but not replayed, their time is their compute op's.
+// all-reduces of a layer, ring-attention block exchanges, Mixtral's expert-parallel
+// all-to-alls): names with these prefixes are reported but not replayed, their time
+// is their compute op's.
 inline constexpr std::string_view kTensorParallelPrefix = "tp-";
 inline constexpr std::string_view kRingPrefix = "ring-";
+inline constexpr std::string_view kExpertParallelPrefix = "ep-";
 inline constexpr std::string_view kTensorParallelAllReduce = "tp-allreduce";
+inline constexpr std::string_view kExpertAllToAll = "ep-alltoall";
 inline constexpr std::string_view kRingExchange = "ring-exchange";
 // The device time of a collective enqueued on a device stream (NCCL), measured by
 // events around it (parallel/device_ops.h): "device-" + the op whose span enqueued

@@ -45,7 +45,7 @@ Kind stream_kind(std::string_view name, bool grouped) {
   if (name == n::kBackwardRecv) return kBackwardRecv;
   if (name == n::kParamsSync || name == n::kGradsSync) return kDp;
   if (name.starts_with(n::kTensorParallelPrefix) || name.starts_with(n::kRingPrefix) ||
-      name.starts_with(n::kDevicePrefix))
+      name.starts_with(n::kExpertParallelPrefix) || name.starts_with(n::kDevicePrefix))
     return kNested;
   if (name == n::kForwardCompute || name == n::kBackwardCompute || name == n::kOptimizer ||
       name == n::kDataWait || name == n::kCheckpoint)
