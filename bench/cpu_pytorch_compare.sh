@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # The CPU comparison of issue 9, in one run on one machine: a bench-llama training step
 # of ours (build/bench/train_step_bench, with the machine's 2048^3 SGEMM rate measured in
-# the same process) next to Hugging Face LlamaForCausalLM on PyTorch, eager and
-# torch.compile, on the same shape and tokens per step (4 x 1024 tokens, fp32, AdamW),
-# then ours again (A/B/A), with a clean OpenBLAS environment.
+# the same process; median of 5 steps after 2 untimed warm-ups) next to Hugging Face
+# LlamaForCausalLM on PyTorch, eager and torch.compile, on the same shape and tokens
+# per step (4 x 1024 tokens, fp32, AdamW), then ours again (A/B/A), with a clean
+# OpenBLAS environment.
 #
 #   bench/cpu_pytorch_compare.sh PYTHON [BUILD_DIR]
 # PYTHON: a python3 of a throwaway virtual environment with torch and transformers.
@@ -15,7 +16,7 @@ clean=(env -u OPENBLAS_CORETYPE -u OPENBLAS_L2_SIZE)
 lscpu | sed -n 's/^Model name: *//p'
 ours() {
   "${clean[@]}" "$build/bench/train_step_bench" 2>&1 |
-    grep -E "gemm|BM_|openblas_core|threads" || true
+    grep -E "BM_GemmReference|_median|_cv|openblas_core|threads" || true
 }
 echo "== ours"; ours
 echo "== PyTorch (eager, torch.compile)"

@@ -5,12 +5,17 @@
 //
 // Tolerances: the reference uses the same float32 angle as the kernel (HF
 // computes inv_freq and pos * inv_freq in float32), so only cos/sin rounding and
-// two float products remain: 1e-6 relative to max(1, |value|).
+// two float products remain: 1e-6 relative to max(1, |value|). The op caches its
+// cos/sin table; its results equal per-element sincosf bit for bit.
 
 #include <gtest/gtest.h>
 
+#include <math.h>
+
+#include <bit>
 #include <cmath>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -108,4 +113,69 @@ TEST(KernelsRope, RejectsOddHeadDimAndWrongPositions) {
                std::invalid_argument);
   EXPECT_THROW(hdp::rope_forward(Tensor(buf.data(), {5, 2, 4}), IndexTensor(pos.data(), {4}), 1e4f),
                std::invalid_argument);
+}
+
+namespace {
+// The kernel's formula evaluated directly per element (sincosf of the float angle),
+// as the kernel computed it before it kept a table.
+std::vector<float> direct_rope(std::vector<float> x, const std::vector<int32_t>& pos, int64_t heads, int64_t d,
+                               float theta, bool inverse) {
+  const int64_t half = d / 2;
+  for (size_t t = 0; t < pos.size(); ++t)
+    for (int64_t j = 0; j < half; ++j) {
+      const float inv = 1.0f / std::pow(theta, static_cast<float>(2 * j) / static_cast<float>(d));
+      float s, c;
+      ::sincosf(static_cast<float>(pos[t]) * inv, &s, &c);
+      const float sn = (inverse ? -1.0f : 1.0f) * s;
+      for (int64_t h = 0; h < heads; ++h) {
+        float* lo = x.data() + (t * heads + h) * d;
+        const float x1 = lo[j], x2 = lo[j + half];
+        lo[j] = x1 * c - x2 * sn;
+        lo[j + half] = x2 * c + x1 * sn;
+      }
+    }
+  return x;
+}
+}  // namespace
+
+TEST(KernelsRope, CachedAnglesEqualSincosfBitForBit) {
+  // The op keeps cos/sin per (position, frequency) and grows the table to the largest
+  // position seen; a new theta or head dim rebuilds it. Every call, in any order,
+  // must give exactly the bits of sincosf evaluated per element.
+  const int64_t heads = 2;
+  struct Call {
+    int64_t d;
+    float theta;
+    int32_t max_pos;
+  };
+  for (const Call& call : {Call{64, 10000.0f, 100}, Call{64, 10000.0f, 5000}, Call{64, 500000.0f, 300},
+                           Call{16, 500000.0f, 70000}, Call{64, 10000.0f, 10}}) {
+    SCOPED_TRACE(::testing::Message() << "d=" << call.d << " theta=" << call.theta << " max_pos=" << call.max_pos);
+    const int64_t T = 37;
+    std::vector<int32_t> pos(T);
+    for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>((t * 7919) % (call.max_pos + 1));
+    pos[T - 1] = call.max_pos;
+    const auto x0 = random_floats(T * heads * call.d, 11);
+    for (bool inverse : {false, true}) {
+      std::vector<float> x = x0;
+      const Tensor xt(x.data(), {T, heads, call.d});
+      const hdp::IndexTensor pt(pos.data(), {T});
+      if (inverse) hdp::rope_backward(xt, pt, call.theta);
+      else hdp::rope_forward(xt, pt, call.theta);
+      const auto want = direct_rope(x0, pos, heads, call.d, call.theta, inverse);
+      for (size_t i = 0; i < x.size(); ++i)
+        ASSERT_EQ(std::bit_cast<uint32_t>(x[i]), std::bit_cast<uint32_t>(want[i])) << i << " inverse=" << inverse;
+    }
+  }
+}
+
+TEST(KernelsRope, RejectsNegativePosition) {
+  std::vector<float> buf(5 * 2 * 4);
+  std::vector<int32_t> pos = {0, 1, 2, -3, 4};
+  try {
+    hdp::rope_forward(Tensor(buf.data(), {5, 2, 4}), IndexTensor(pos.data(), {5}), 1e4f);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("position -3 of row 3"), std::string::npos) << e.what();
+  }
 }
