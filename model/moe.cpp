@@ -37,7 +37,6 @@ MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp, 
   local_experts_ = shape.experts / ep_size_;
   first_expert_ = (ep_ ? ep_->rank() : 0) * local_experts_;
   const int64_t T = max_tokens, E = shape.experts, k = shape.top_k, H = shape.hidden, F = shape.ffn;
-  const int64_t R = ep_size_ * T * k;  // rows this rank's experts can receive: every peer's every choice
   logits_.resize(T * E);
   probs_.resize(T * E);
   dlogits_.resize(T * E);
@@ -47,9 +46,7 @@ MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp, 
   row_token_.resize(T * k);
   row_choice_.resize(T * k);
   for (auto* v : {&xs_, &ys_, &dys_, &dxs_}) v->resize(T * k * H);
-  for (auto* v : {&ex_xs_, &ex_ys_, &ex_dys_, &ex_dxs_}) v->resize(R * H);
-  for (auto* v : {&gate_, &up_, &act_, &dacts_, &dgate_, &dup_}) v->resize(R * F);
-  if (ep_) transit_.resize(R * H);
+  reserve_expert_rows(T * k);
   counts_.assign(E, 0);
   prob_sums_.assign(E, 0.0);
   first_.assign(E + 1, 0);
@@ -59,6 +56,14 @@ MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp, 
   expert_first_.assign(local_experts_ + 1, 0);
   count_send_.resize(E);
   count_recv_.resize(E);
+}
+
+void MoeBlock::reserve_expert_rows(int64_t rows) {
+  const int64_t H = shape_.hidden, F = shape_.ffn;
+  if (static_cast<int64_t>(ex_xs_.size()) >= rows * H) return;
+  for (auto* v : {&ex_xs_, &ex_ys_, &ex_dys_, &ex_dxs_}) v->resize(rows * H);
+  for (auto* v : {&gate_, &up_, &act_, &dacts_, &dgate_, &dup_}) v->resize(rows * F);
+  if (ep_) transit_.resize(rows * H);
 }
 
 void MoeBlock::exchange_counts() {
@@ -85,6 +90,7 @@ void MoeBlock::exchange_counts() {
     for (int p = 0; p < ep_size_; ++p) n += arrived_[p * El + j];
     expert_first_[j + 1] = expert_first_[j] + n;
   }
+  reserve_expert_rows(expert_first_[El]);
 }
 
 // Between the rank order in which the all-to-all delivers rows (rank p's rows for

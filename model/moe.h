@@ -105,8 +105,15 @@ class MoeBlock {
   // per row.
   void dispatch(const float* rows, float* expert_rows, int64_t width);
   void combine(const float* expert_rows, float* rows, int64_t width);
-  // Exchanges the per-expert row counts of this forward (sets the members below).
+  // Exchanges the per-expert row counts of this forward (sets the members below) and
+  // makes room for the rows that will arrive.
   void exchange_counts();
+  // The expert-order buffers hold at least `rows` rows. They start at max_tokens x k
+  // rows, all a rank ever receives without ep and what a balanced router sends it with
+  // ep, and grow only when a forward receives more (at most ep x max_tokens x k):
+  // sized for the worst case up front, every block of every layer and pipeline slot
+  // would hold ep times the memory a balanced router needs.
+  void reserve_expert_rows(int64_t rows);
 
   MoeShape shape_;
   Communicator* tp_;
@@ -124,7 +131,7 @@ class MoeBlock {
   std::vector<double> prob_sums_;          // per expert: summed router probability
   std::vector<int32_t> row_token_, row_choice_;  // per grouped row: its token and choice slot
   std::vector<float> xs_, ys_, dys_, dxs_;  // routing order: inputs, outputs and their gradients
-  // Expert order (at most ep x max_tokens x k rows): the rows this rank's experts run.
+  // Expert order (reserve_expert_rows): the rows this rank's experts run.
   std::vector<int64_t> send_rows_, recv_rows_;  // per ep rank: rows sent to it, received from it
   std::vector<int64_t> arrived_;   // [ep][local expert]: rows from each rank for each of its experts
   std::vector<int64_t> expert_first_;  // per local expert: its first row in expert order (+ the total)

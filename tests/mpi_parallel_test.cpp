@@ -390,8 +390,12 @@ TEST(RingAttention, SlidingWindowRingsEqualTheWholeDocumentAndSendOnlyTheRowsRea
                    "window " + std::to_string(window) + " ring of " + std::to_string(k));
       double sent = static_cast<double>(groups.hdp().stats().p2p_bytes - before);
       groups.hdp().all_reduce(std::span<double>(&sent, 1), ReduceOp::Sum);
-      if (k == 4 && window == 300) EXPECT_EQ(sent, 4.0 * 3 * 6 * 299 * 128);
-      if (k == 4 && (window == 0 || window == 5000)) EXPECT_EQ(sent, 4.0 * 3 * 18 * 512 * 128);
+      if (k == 4 && window == 300) {
+        EXPECT_EQ(sent, 4.0 * 3 * 6 * 299 * 128);
+      }
+      if (k == 4 && (window == 0 || window == 5000)) {
+        EXPECT_EQ(sent, 4.0 * 3 * 18 * 512 * 128);
+      }
     }
   }
   // The windows really mask: W = 300 changes the gradient of full attention.
