@@ -52,6 +52,9 @@ MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp, 
   first_.assign(E + 1, 0);
   send_rows_.assign(ep_size_, 0);
   recv_rows_.assign(ep_size_, 0);
+  send_elements_.assign(ep_size_, 0);
+  recv_elements_.assign(ep_size_, 0);
+  next_.assign(local_experts_, 0);
   arrived_.assign(ep_size_ * local_experts_, 0);
   expert_first_.assign(local_experts_ + 1, 0);
   count_send_.resize(E);
@@ -93,29 +96,36 @@ void MoeBlock::exchange_counts() {
   reserve_expert_rows(expert_first_[El]);
 }
 
+void MoeBlock::exchange_rows(const float* send, std::span<const int64_t> send_rows, float* recv,
+                             std::span<const int64_t> recv_rows, int64_t width) {
+  int64_t send_total = 0, recv_total = 0;
+  for (int p = 0; p < ep_size_; ++p) {
+    send_elements_[p] = send_rows[p] * width;
+    recv_elements_[p] = recv_rows[p] * width;
+    send_total += send_elements_[p];
+    recv_total += recv_elements_[p];
+  }
+  TraceSpan span(trace_ops::kExpertAllToAll.data());  // nested in forward- or backward-compute
+  ep_->all_to_all_v(Tensor(const_cast<float*>(send), {send_total}), send_elements_, Tensor(recv, {recv_total}),
+                    recv_elements_);
+}
+
 // Between the rank order in which the all-to-all delivers rows (rank p's rows for
 // expert 0, 1, ..., then rank p + 1's) and the expert order the GEMMs want.
 void MoeBlock::dispatch(const float* rows, float* expert_rows, int64_t width) {
   const int64_t El = local_experts_;
   const float* arrived = rows;
   if (ep_) {
-    std::vector<int64_t> send(ep_size_), recv(ep_size_);
-    for (int p = 0; p < ep_size_; ++p) {
-      send[p] = send_rows_[p] * width;
-      recv[p] = recv_rows_[p] * width;
-    }
-    TraceSpan span(trace_ops::kExpertAllToAll.data());  // nested in forward- or backward-compute
-    ep_->all_to_all_v(Tensor(const_cast<float*>(rows), {first_[shape_.experts] * width}), send,
-                      Tensor(transit_.data(), {expert_first_[El] * width}), recv);
+    exchange_rows(rows, send_rows_, transit_.data(), recv_rows_, width);
     arrived = transit_.data();
   }
-  std::vector<int64_t> next(expert_first_.begin(), expert_first_.end() - 1);
+  std::copy(expert_first_.begin(), expert_first_.end() - 1, next_.begin());
   for (int p = 0; p < ep_size_; ++p)
     for (int64_t j = 0; j < El; ++j) {
       const int64_t n = arrived_[p * El + j] * width;
-      std::copy(arrived, arrived + n, expert_rows + next[j] * width);
+      std::copy(arrived, arrived + n, expert_rows + next_[j] * width);
       arrived += n;
-      next[j] += arrived_[p * El + j];
+      next_[j] += arrived_[p * El + j];
     }
 }
 
@@ -123,24 +133,16 @@ void MoeBlock::combine(const float* expert_rows, float* rows, int64_t width) {
   const int64_t El = local_experts_;
   float* departing = ep_ ? transit_.data() : rows;
   float* out = departing;
-  std::vector<int64_t> next(expert_first_.begin(), expert_first_.end() - 1);
+  std::copy(expert_first_.begin(), expert_first_.end() - 1, next_.begin());
   for (int p = 0; p < ep_size_; ++p)
     for (int64_t j = 0; j < El; ++j) {
       const int64_t n = arrived_[p * El + j];
-      std::copy(expert_rows + next[j] * width, expert_rows + (next[j] + n) * width, out);
+      std::copy(expert_rows + next_[j] * width, expert_rows + (next_[j] + n) * width, out);
       out += n * width;
-      next[j] += n;
+      next_[j] += n;
     }
-  if (ep_) {
-    std::vector<int64_t> send(ep_size_), recv(ep_size_);
-    for (int p = 0; p < ep_size_; ++p) {
-      send[p] = recv_rows_[p] * width;
-      recv[p] = send_rows_[p] * width;
-    }
-    TraceSpan span(trace_ops::kExpertAllToAll.data());  // nested in forward- or backward-compute
-    ep_->all_to_all_v(Tensor(departing, {expert_first_[El] * width}), send, Tensor(rows, {first_[shape_.experts] * width}),
-                      recv);
-  }
+  // The way back: what this rank received from rank p returns to it.
+  if (ep_) exchange_rows(departing, recv_rows_, rows, send_rows_, width);
 }
 
 void MoeBlock::forward(Tensor out, const Tensor& x, const MoeTensors& w) {

@@ -105,6 +105,10 @@ class MoeBlock {
   // per row.
   void dispatch(const float* rows, float* expert_rows, int64_t width);
   void combine(const float* expert_rows, float* rows, int64_t width);
+  // One all-to-all on the ep group: send_rows[p] rows of `width` floats to rank p,
+  // recv_rows[p] from it.
+  void exchange_rows(const float* send, std::span<const int64_t> send_rows, float* recv,
+                     std::span<const int64_t> recv_rows, int64_t width);
   // Exchanges the per-expert row counts of this forward (sets the members below) and
   // makes room for the rows that will arrive.
   void exchange_counts();
@@ -135,6 +139,8 @@ class MoeBlock {
   std::vector<int64_t> send_rows_, recv_rows_;  // per ep rank: rows sent to it, received from it
   std::vector<int64_t> arrived_;   // [ep][local expert]: rows from each rank for each of its experts
   std::vector<int64_t> expert_first_;  // per local expert: its first row in expert order (+ the total)
+  std::vector<int64_t> next_;          // per local expert: where its next row goes (dispatch, combine)
+  std::vector<int64_t> send_elements_, recv_elements_;  // exchange_rows: the counts in floats
   std::vector<float> count_send_, count_recv_;  // the counts as they travel (fp32, exact below 2^24)
   std::vector<float> transit_;     // rows in the ep group's rank order, as the all-to-all moves them
   std::vector<float> ex_xs_, gate_, up_, act_, ex_ys_;  // inputs, projections, outputs
