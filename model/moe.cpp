@@ -59,6 +59,7 @@ MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp, 
   expert_first_.assign(local_experts_ + 1, 0);
   count_send_.resize(E);
   count_recv_.resize(E);
+  counts_per_rank_.assign(ep_size_, local_experts_);
 }
 
 void MoeBlock::reserve_expert_rows(int64_t rows) {
@@ -75,10 +76,9 @@ void MoeBlock::exchange_counts() {
     // Rank p's experts are [p El, (p + 1) El): the counts go to their owners as one
     // all-to-all of El numbers per rank.
     for (int64_t e = 0; e < shape_.experts; ++e) count_send_[e] = static_cast<float>(counts_[e]);
-    const std::vector<int64_t> per_rank(ep_size_, El);
     TraceSpan span(trace_ops::kExpertAllToAll.data());  // nested in forward-compute
-    ep_->all_to_all_v(Tensor(count_send_.data(), {shape_.experts}), per_rank,
-                      Tensor(count_recv_.data(), {shape_.experts}), per_rank);
+    ep_->all_to_all_v(Tensor(count_send_.data(), {shape_.experts}), counts_per_rank_,
+                      Tensor(count_recv_.data(), {shape_.experts}), counts_per_rank_);
     for (int64_t i = 0; i < ep_size_ * El; ++i) arrived_[i] = static_cast<int64_t>(count_recv_[i]);
   } else {
     for (int64_t j = 0; j < El; ++j) arrived_[j] = counts_[j];

@@ -142,6 +142,7 @@ class MoeBlock {
   std::vector<int64_t> next_;          // per local expert: where its next row goes (dispatch, combine)
   std::vector<int64_t> send_elements_, recv_elements_;  // exchange_rows: the counts in floats
   std::vector<float> count_send_, count_recv_;  // the counts as they travel (fp32, exact below 2^24)
+  std::vector<int64_t> counts_per_rank_;        // local_experts_ counts to and from every ep rank
   std::vector<float> transit_;     // rows in the ep group's rank order, as the all-to-all moves them
   std::vector<float> ex_xs_, gate_, up_, act_, ex_ys_;  // inputs, projections, outputs
   std::vector<float> ex_dys_, dacts_, dgate_, dup_, ex_dxs_;
