@@ -110,9 +110,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   if (c.moe()) {
     // The MoE blocks keep their routing and saved rows on the CPU, one set per slot;
     // each holds this rank's tp slice of its experts (all, or its share under ep).
-    if (device != Device::CPU || long_sequences.offload) {
-      throw std::invalid_argument("model: Mixtral's MoE layers run on the CPU and without offload so far");
-    }
+    if (device != Device::CPU) throw std::invalid_argument("model: Mixtral's MoE layers run on the CPU so far");
     const MoeShape moe{c.hidden_size, local_ffn_, c.num_experts, c.experts_per_token};
     moe_.resize(activation_slots);
     for (std::vector<MoeBlock>& blocks : moe_)
@@ -120,7 +118,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
     for (Slot& slot : slots_) {
       slot.routing_before.assign(2 * c.num_experts, 0.0f);
       slot.routing_through.assign(2 * c.num_experts, 0.0f);
-      slot.routing_totals.assign(c.num_experts, 0.0f);
+      slot.routing_totals.assign(c.num_experts + 2, 0.0f);
     }
   }
   if (long_sequences.offload && num_local_layers_ >= 3) {
@@ -578,10 +576,6 @@ void LlamaModel::set_batch(int slot, const MicroBatchView& batch) {
   Slot& s = slots_.at(slot);
   s.tokens_used = T;
   if (!moe_.empty()) {
-    // The routing statistics pool over one forward's tokens: a ring's forward spans its
-    // members, which this block does not reduce over (the config keeps Mixtral's
-    // sequences within one micro-batch).
-    if (batch.ring != nullptr) throw std::invalid_argument("micro-batch: Mixtral's MoE layers do not run in rings");
     s.predictions = 0;
     for (int32_t target : batch.targets) s.predictions += target >= 0;
     std::fill(s.routing_before.begin(), s.routing_before.end(), 0.0f);
@@ -685,23 +679,22 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
     tp_regions_.attention_output.forward(a.x_mid);
     add_inplace(a.x_mid, a.x_in);
     rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, w.post_norm, eps);
-    if (!moe_.empty()) {
-      // Mixtral: the sparse MoE block in place of the MLP (its tp all-reduces are its own; no offload).
-      const Tensor out = l + 1 < L ? s.layers[l + 1].x_in : s.x_out.rows(0, T);
-      moe_[slot][l].forward(out, a.ln2, w.moe);
-      add_inplace(out, a.x_mid);
-      continue;
-    }
-    const Tensor mlp_in = tp_regions_.mlp_input.forward(a.ln2);
-    linear_forward(a.gate, mlp_in, w.gate);
-    linear_forward(a.up, mlp_in, w.up);
-    swiglu_forward(act, a.gate, a.up);
     // The output becomes the next layer's input, in the working block that layer
     // l - 1 used: its rows must have left for the host first.
-    if (s.offloaded && l >= 1 && l - 1 < L - 2) s.offload_done[l - 1].wait();
     const Tensor out = l + 1 < L ? s.layers[l + 1].x_in : s.x_out.rows(0, T);
-    linear_forward(out, act, w.down);
-    tp_regions_.mlp_output.forward(out);
+    if (!moe_.empty()) {
+      // Mixtral: the sparse MoE block in place of the MLP (its tp all-reduces are its own).
+      if (s.offloaded && l >= 1 && l - 1 < L - 2) s.offload_done[l - 1].wait();
+      moe_[slot][l].forward(out, a.ln2, w.moe);
+    } else {
+      const Tensor mlp_in = tp_regions_.mlp_input.forward(a.ln2);
+      linear_forward(a.gate, mlp_in, w.gate);
+      linear_forward(a.up, mlp_in, w.up);
+      swiglu_forward(act, a.gate, a.up);
+      if (s.offloaded && l >= 1 && l - 1 < L - 2) s.offload_done[l - 1].wait();
+      linear_forward(out, act, w.down);
+      tp_regions_.mlp_output.forward(out);
+    }
     add_inplace(out, a.x_mid);
     if (s.offloaded && l < L - 2) park_layer(s, l);
   }
@@ -724,11 +717,16 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
 // whichever stages hold them, never over data-parallel ranks; since every planner packs
 // the global batch into the same micro-batches for a given capacity before assigning
 // them to ranks, the loss is the same in every layout.
+// A ring micro-batch is one forward spread over the ring's members (each holds its
+// chunks of the ring's sequences, and its own whole sequences beside them), so its
+// statistics pool over the members too: one process that holds the members'
+// micro-batches as one computes the same loss.
 // This stage adds its layers to the statistics it received (routing_input) and, on the
 // last stage, where they cover every layer, returns coef aux P with P the micro-batch's
-// predicted tokens, so that the caller's division by the step's predicted tokens (the
-// token-level loss, loss_scale) weights each micro-batch by its share and one
-// micro-batch adds exactly coef aux, as Hugging Face does.
+// predicted tokens (this member's, in a ring: the members' terms add up to the forward's),
+// so that the caller's division by the step's predicted tokens (the token-level loss,
+// loss_scale) weights each micro-batch by its share and one micro-batch adds exactly
+// coef aux, as Hugging Face does.
 double LlamaModel::pool_load_balancing(Slot& s) {
   const int64_t E = config_.num_experts;
   const int slot = static_cast<int>(&s - slots_.data());
@@ -740,26 +738,33 @@ double LlamaModel::pool_load_balancing(Slot& s) {
     }
   }
   if (!partition_.has_head) return 0.0;
-  const double N = static_cast<double>(config_.num_layers) * static_cast<double>(s.tokens_used);
   expert_tokens_.assign(E, 0);
+  for (int64_t e = 0; e < E; ++e) expert_tokens_[e] = static_cast<int64_t>(s.routing_through[e]);
+  // The forward's statistics: counts, probability sums, tokens and predictions.
+  forward_routing_.assign(s.routing_through.begin(), s.routing_through.end());
+  forward_routing_.push_back(static_cast<float>(s.tokens_used));
+  forward_routing_.push_back(static_cast<float>(s.predictions));
+  if (s.has_ring) ring_attention_->sum_over_members(forward_routing_, s.ring);
+  const double N = static_cast<double>(config_.num_layers) * static_cast<double>(forward_routing_[2 * E]);
   double aux = 0;
   for (int64_t e = 0; e < E; ++e) {
-    s.routing_totals[e] = s.routing_through[e];
-    expert_tokens_[e] = static_cast<int64_t>(s.routing_through[e]);
-    aux += (static_cast<double>(s.routing_through[e]) / N) * (static_cast<double>(s.routing_through[E + e]) / N);
+    s.routing_totals[e] = forward_routing_[e];
+    aux += (static_cast<double>(forward_routing_[e]) / N) * (static_cast<double>(forward_routing_[E + e]) / N);
   }
+  s.routing_totals[E] = forward_routing_[2 * E];
+  s.routing_totals[E + 1] = forward_routing_[2 * E + 1];
   aux_loss_ = N > 0 ? static_cast<double>(E) * aux : 0.0;
   return config_.router_aux_loss_coef * aux_loss_ * static_cast<double>(s.predictions);
 }
 
 // The gradient of coef aux P loss_scale per router probability, the same for every
-// token and layer of the micro-batch: coef P loss_scale E f_e / N, from the counts of
-// every layer (routing_totals: this stage's own on the last stage, received from the
-// next stage on the others).
+// token and layer of the forward: coef P loss_scale E f_e / N, from the counts of every
+// layer, the forward's tokens and its predictions P (routing_totals: this stage's own on
+// the last stage, received from the next stage on the others; over the members of a ring).
 void LlamaModel::load_balancing_gradient(const Slot& s) {
   const int64_t E = config_.num_experts;
-  const double N = static_cast<double>(config_.num_layers) * static_cast<double>(s.tokens_used);
-  const double c = config_.router_aux_loss_coef, P = static_cast<double>(s.predictions);
+  const double N = static_cast<double>(config_.num_layers) * static_cast<double>(s.routing_totals[E]);
+  const double c = config_.router_aux_loss_coef, P = static_cast<double>(s.routing_totals[E + 1]);
   aux_grad_.assign(E, 0.0);
   for (int64_t e = 0; e < E && N > 0; ++e)
     aux_grad_[e] = c * P * s.loss_scale * static_cast<double>(E) * (static_cast<double>(s.routing_totals[e]) / N) / N;

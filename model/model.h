@@ -182,11 +182,12 @@ class LlamaModel {
   // pipeline executor sends them with the same 1F1B order). routing_input / output:
   // [2E] floats, per expert the (token, choice) count and then the summed router
   // probability of the layers before this stage (received before forward; zero on the
-  // first stage) and up to its end (sent after forward). routing_totals: [E] counts of
-  // all layers, which the last stage fills in forward and the others receive before
-  // backward and pass on after it; backward's gradient of the loss needs them. Counts
-  // travel as fp32, exact below 2^24 choices per micro-batch. Empty for other
-  // architectures.
+  // first stage) and up to its end (sent after forward). routing_totals: [E + 2], the
+  // counts of all layers, then the forward's tokens and predicted tokens (over the
+  // members of a ring micro-batch, whose forward they share), which the last stage fills
+  // in forward and the others receive before backward and pass on after it; backward's
+  // gradient of the loss needs them. Counts travel as fp32, exact below 2^24 choices
+  // per forward. Empty for other architectures.
   Tensor routing_input(int slot);
   Tensor routing_output(int slot);
   Tensor routing_totals(int slot);
@@ -310,6 +311,7 @@ class LlamaModel {
   void load_balancing_gradient(const Slot& s);
   double aux_loss_ = 0;
   std::vector<double> aux_grad_;
+  std::vector<float> forward_routing_;  // the last stage's statistics of a forward ([2E + 2])
   std::vector<int64_t> expert_tokens_;
 };
 

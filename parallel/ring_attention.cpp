@@ -1,5 +1,6 @@
 #include "parallel/ring_attention.h"
 
+#include <algorithm>
 #include <stdexcept>
 #include <string>
 
@@ -11,6 +12,7 @@ namespace {
 
 constexpr int kKeyValueTag = 1001;
 constexpr int kGradientTag = 1002;
+constexpr int kMemberSumTag = 1003;
 
 }  // namespace
 
@@ -212,6 +214,26 @@ void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout
       exchange.wait();
     }
     current = 1 - current;
+  }
+}
+
+void RingAttention::sum_over_members(std::span<float> values, const RingLayout& ring) {
+  progress::Context context("ring statistics exchange");
+  const int n = static_cast<int>(ring.peers.size()), p = ring.self;
+  const int64_t m = static_cast<int64_t>(values.size());
+  members_values_.resize(static_cast<size_t>(n * m));
+  std::copy(values.begin(), values.end(), members_values_.begin() + p * m);
+  std::vector<Transfer> sends, receives;
+  for (int j = 0; j < n; ++j) {
+    if (j == p) continue;
+    sends.push_back({Tensor(values.data(), {m}), ring.peers[j], kMemberSumTag});
+    receives.push_back({Tensor(members_values_.data() + j * m, {m}), ring.peers[j], kMemberSumTag});
+  }
+  hdp_.exchange(sends, receives).wait();
+  for (int64_t i = 0; i < m; ++i) {
+    float sum = 0;
+    for (int j = 0; j < n; ++j) sum += members_values_[j * m + i];
+    values[i] = sum;
   }
 }
 

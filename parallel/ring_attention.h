@@ -43,6 +43,12 @@ class RingAttention {
                 const Tensor& v, const Tensor& out, const Tensor& lse, std::span<const AttentionBlock> local_blocks,
                 const RingLayout& ring, int64_t ring_begin);
 
+  // Sums `values` (host memory, the same length on every member) over the ring's
+  // members: every member sends its values to every other and adds all of them in
+  // ring order, so all end with the same bits. For the small statistics a forward
+  // pools over its tokens (Mixtral's routing counts, model/model.cpp).
+  void sum_over_members(std::span<float> values, const RingLayout& ring);
+
   size_t buffer_bytes() const { return arena_.capacity(); }
 
  private:
@@ -69,6 +75,7 @@ class RingAttention {
   Tensor dkv_back_;  // the gradient of this member's rows coming back from a reader
   std::vector<AttentionBlock> blocks_;
   std::vector<ChunkRows> own_, held_, sent_, back_, incoming_;
+  std::vector<float> members_values_;  // sum_over_members: every member's values, in ring order
 };
 
 }  // namespace hdp

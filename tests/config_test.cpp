@@ -595,18 +595,18 @@ TEST(Config, Mixtral) {
       {"model.router_aux_loss_coef=-1", "model.router_aux_loss_coef: -1 is negative"},
       {"train.device=cuda", "train.device: 'cuda' with model.arch 'mixtral'; Mixtral's MoE layers run on the CPU"},
       {"train.precision=bf16", "train.precision: 'bf16' with model.arch 'mixtral'; Mixtral's MoE layers compute in fp32"},
-      {"data.max_seq_len=4096", "data.max_seq_len: 4096 is above data.micro_batch_tokens 2048"},
   };
   for (const auto& [override_, expected] : refused) {
     SCOPED_TRACE(override_);
     EXPECT_CONTAINS(load_error(path, {override_}), "--set " + override_ + ": " + expected);
   }
-  // tp (sharded experts), pp and hdp run; context-parallel rings do not.
+  // tp (sharded experts), pp, hdp and rings of sequences longer than a micro-batch run.
   const Config grid = load_config(path, {"parallel.tp=2", "parallel.pp=2", "parallel.hdp=2", "model.num_layers=2"});
   EXPECT_EQ(grid.parallel.tp * grid.parallel.pp * grid.parallel.hdp, 8);
-  EXPECT_CONTAINS(load_error(path, {"parallel.hdp=2", "scheduler.policy=static", "scheduler.cp=2"}),
-                  "scheduler.cp: 2 with model.arch 'mixtral'; Mixtral's MoE layers do not run in context-parallel "
-                  "rings yet");
+  EXPECT_EQ(load_config(path, {"parallel.hdp=2", "scheduler.policy=static", "scheduler.cp=2"}).scheduler.cp, 2);
+  EXPECT_EQ(load_config(path, {"parallel.hdp=2", "data.max_seq_len=4096", "data.global_batch_tokens=8192"})
+                .data.max_seq_len,
+            4096);
   // Expert parallelism: ep divides hdp and the experts, and needs experts.
   const Config ep = load_config(path, {"parallel.hdp=4", "parallel.ep=2"});
   EXPECT_EQ(ep.parallel.ep, 2);
@@ -625,6 +625,10 @@ TEST(Config, Mixtral) {
                     "data.micro_batch_tokens: 4194304 x model.num_layers x model.experts_per_token reaches 2^24 with "
                     "model.arch 'mixtral'");
   }
+  // A ring's forward pools the counts of its members: up to hdp x the longest sequence.
+  EXPECT_CONTAINS(load_error(path, {"parallel.hdp=8", "model.num_layers=2", "data.max_seq_len=524288",
+                                    "data.global_batch_tokens=1048576"}),
+                  "parallel.hdp 8 x data.max_seq_len 524288 x model.num_layers x model.experts_per_token reaches 2^24");
 }
 
 // Each mode and policy is read once into its enum, by the names users write, and

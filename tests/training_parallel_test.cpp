@@ -368,6 +368,62 @@ TEST(MixtralLayouts, ResumeAcrossLayoutsContinuesLikeAnUninterruptedRun) {
   expect_same_run(result_of(dir), want, "mixtral resumed");
 }
 
+// Documents of exactly 1024 tokens (1023 bytes and EOS), written once per test process.
+const std::string& exact_1024_corpus() {
+  static const std::string path = [] {
+    const std::string dir = scratch_dir("exact-corpus-" + std::to_string(getpid()));
+    auto r = run_trainer("make-corpus --output " + dir + "/exact.h5 --documents 40 --min-length 1023 "
+                         "--max-length 1023 --seed 11");
+    if (r.exit_code != 0) throw std::runtime_error("make-corpus failed: " + r.output);
+    return dir + "/exact.h5";
+  }();
+  return path;
+}
+
+// Mixtral over rings: a sequence longer than a micro-batch is zig-zag split over the
+// ranks it needs, and its forward's load-balancing statistics pool over the ring's
+// members (model/model.cpp, pool_load_balancing). Every sequence holds exactly 1024
+// tokens, so one process with 1024-token micro-batches runs each sequence as one
+// forward, as each ring does: the losses (with the aux loss), weights, aux loss and
+// per-expert counts equal one process's under rings of 2 (512 per member), of 2
+// with offload (capacity 256, half of each member's activations in host memory), of
+// 4, and rings of 2 with tp2, pp2 (the pooled totals travel back through the
+// stages) and ep2 (the ring's members exchange tokens with their experts' ranks).
+// Without the pooling the aux loss would be each member's own and differ.
+TEST(MixtralLayouts, LongSequencesOverRingsAndOffloadEqualOneProcess) {
+  const std::string moe = "--set model.arch=mixtral --set model.num_experts=4 --set model.experts_per_token=2 "
+                          "--set model.router_aux_loss_coef=0.02 --set data.path=" + exact_1024_corpus() +
+                          " --set data.max_seq_len=1024 --set data.global_batch_tokens=4096 ";
+  const std::string single_dir = scratch_dir("parallel-mixtral-ring-single");
+  const RunResult want = train(single_dir, {"single", 1, 1, 1}, moe + "--set data.micro_batch_tokens=1024");
+  const std::vector<double> want_aux = metric_values(single_dir, "aux_loss");
+  const std::vector<std::string> want_tokens = expert_token_lists(single_dir);
+  ASSERT_EQ(want_aux.size(), 5u);
+  // Without offload a 1024-token sequence needs two ranks of 512 (with it, one rank
+  // would hold it alone, half in host memory).
+  const std::string mbt512 = "--set data.micro_batch_tokens=512 --set offload.enabled=false ";
+  for (const auto& [l, extra] : std::vector<std::pair<Layout, std::string>>{
+           {{"mixtral_ring_hdp2", 1, 1, 2}, mbt512},
+           {{"mixtral_ring_offload_hdp2", 1, 1, 2}, "--set data.micro_batch_tokens=256 "},
+           {{"mixtral_ring_hdp4", 1, 1, 4}, "--set data.micro_batch_tokens=256 --set offload.enabled=false "},
+           {{"mixtral_ring_tp2_hdp2", 2, 1, 2}, mbt512},
+           {{"mixtral_ring_pp2_hdp2", 1, 2, 2}, mbt512},
+           {{"mixtral_ring_hdp2_ep2", 1, 1, 2}, mbt512 + "--set parallel.ep=2 "}}) {
+    const std::string dir = scratch_dir("parallel-" + l.name);
+    expect_same_run(train(dir, l, moe + extra), want, l.name);
+    const std::vector<double> aux = metric_values(dir, "aux_loss");
+    ASSERT_EQ(aux.size(), 5u) << l.name;
+    for (size_t i = 0; i < 5; ++i) EXPECT_NEAR(aux[i], want_aux[i], 1e-5 * want_aux[i]) << l.name << " step " << i + 1;
+    EXPECT_EQ(expert_token_lists(dir), want_tokens) << l.name;
+    const std::vector<double> ring_bytes = metric_values(dir, "attention_bytes");
+    EXPECT_GT(*std::max_element(ring_bytes.begin(), ring_bytes.end()), 0) << l.name;
+    if (l.name == "mixtral_ring_offload_hdp2") {
+      const std::vector<double> offloaded = metric_values(dir, "offloaded_bytes");
+      EXPECT_GT(*std::max_element(offloaded.begin(), offloaded.end()), 0) << l.name;
+    }
+  }
+}
+
 TEST(BalanceScheduler, EqualsOneProcessWithAndWithoutPipelines) {
   // Long and short sequences mixed; the balance scheduler gives ranks different
   // numbers of micro-batches. pp = 1 uses DP-Balance, pp = 2 PP-Balance.

@@ -627,28 +627,25 @@ struct Parser {
               "Mixtral's MoE layers run on the CPU backend so far; use train.device: cpu", {"model.arch"});
       require(t.precision == DType::F32, "train.precision", shown("train.precision") + " with model.arch 'mixtral'",
               "Mixtral's MoE layers compute in fp32 only so far; set train.precision: fp32", {"model.arch"});
-      require(d.max_seq_len <= d.micro_batch_tokens, "data.max_seq_len",
-              shown("data.max_seq_len") + " is above data.micro_batch_tokens " + shown("data.micro_batch_tokens") +
-                  " with model.arch 'mixtral'",
-              "Mixtral's MoE layers cannot offload activations or split a sequence over a ring yet, so every "
-              "sequence must fit one micro-batch",
-              {"data.micro_batch_tokens", "model.arch"});
-      // A micro-batch's (token, choice) counts are kept as fp32, the form in which they
-      // travel between pipeline stages (model/model.h, routing_input): exact below 2^24.
-      // The product is taken in double: the sizes are not checked yet (below).
-      require(static_cast<double>(m.num_layers) * static_cast<double>(d.micro_batch_tokens) *
-                      static_cast<double>(m.experts_per_token) <
+      // A forward's (token, choice) counts are kept as fp32, the form in which they
+      // travel between pipeline stages and ring members (model/model.h, routing_input):
+      // exact below 2^24. A forward is one micro-batch, or with sequences longer than a
+      // micro-batch a ring of at most hdp members, each holding at most the longest
+      // sequence (offload lets a member hold more than the capacity). The product is
+      // taken in double: the sizes are not checked yet (below).
+      const bool rings = d.max_seq_len > d.micro_batch_tokens;
+      const double forward_tokens = rings ? static_cast<double>(p.hdp) * static_cast<double>(d.max_seq_len)
+                                          : static_cast<double>(d.micro_batch_tokens);
+      require(static_cast<double>(m.num_layers) * forward_tokens * static_cast<double>(m.experts_per_token) <
                   static_cast<double>(int64_t{1} << 24),
               "data.micro_batch_tokens",
-              shown("data.micro_batch_tokens") + " x model.num_layers x model.experts_per_token reaches 2^24 with "
-                  "model.arch 'mixtral'",
-              "the routing counts of a micro-batch are exact below 2^24; use smaller micro-batches",
-              {"model.num_layers", "model.experts_per_token"});
-      require(!(sc.policy == SchedulerPolicy::Static && sc.cp > 1), "scheduler.cp",
-              shown("scheduler.cp") + " with model.arch 'mixtral'",
-              "Mixtral's MoE layers do not run in context-parallel rings yet (a forward's routing statistics would "
-              "span the ring); set scheduler.cp: 0 or 1",
-              {"model.arch"});
+              (rings ? "parallel.hdp " + shown("parallel.hdp") + " x data.max_seq_len " + shown("data.max_seq_len")
+                     : shown("data.micro_batch_tokens")) +
+                  " x model.num_layers x model.experts_per_token reaches 2^24 with model.arch 'mixtral'",
+              "the routing counts of a forward are exact below 2^24; use smaller micro-batches or sequences",
+              rings ? std::vector<std::string>{"data.max_seq_len", "parallel.hdp", "model.num_layers",
+                                               "model.experts_per_token"}
+                    : std::vector<std::string>{"model.num_layers", "model.experts_per_token"});
     }
 
     // Sizes are 64-bit: element counts and offsets are int64 (the model lays every
