@@ -344,6 +344,64 @@ void check_swiglu(Checker& c, DType dt) {
   c.compare(named("swiglu_backward dup", dt), shape, dup, stored_tolerance(dt, kTolPointwise * 5));
 }
 
+// The MoE block's row movement as a routing makes it: every token picks k = 2 of 4
+// experts, dispatch gathers each token's row once per choice into expert order
+// (N = T * k rows, each token's index repeated), the combine sums each token's
+// expert rows back weighted by the router, and its weight gradient; plus a gather
+// with a scale per row from an index with arbitrary repeats. H = 72 is no multiple
+// of a warp or a vector. T = 0 (no token reached this rank) must work too.
+void check_moe_rows(Checker& c, DType dt) {
+  for (int64_t T : {int64_t{37}, int64_t{0}}) {
+    const int64_t k = 2, experts = 4, H = 72, N = T * k;
+    const std::string shape = dims({{"T", T}, {"k", k}, {"H", H}});
+    Workspace w = c.workspace();
+    // Pairs (t, j) in expert order: dispatch[r] is the token of the r-th pair, and
+    // slot[t * k + j] where pair (t, j) landed.
+    std::vector<int32_t> choice(static_cast<size_t>(N)), dispatch, slot(static_cast<size_t>(N)),
+        repeats(static_cast<size_t>(N));
+    std::uniform_int_distribution<int32_t> expert(0, static_cast<int32_t>(experts - 1));
+    std::uniform_int_distribution<int32_t> token(0, static_cast<int32_t>(std::max<int64_t>(T - 1, 0)));
+    for (int64_t t = 0; t < T; ++t) {
+      choice[t * k] = expert(c.rng());
+      do choice[t * k + 1] = expert(c.rng());
+      while (choice[t * k + 1] == choice[t * k]);
+    }
+    for (int32_t e = 0; e < experts; ++e)
+      for (int64_t p = 0; p < N; ++p)
+        if (choice[p] == e) {
+          slot[p] = static_cast<int32_t>(dispatch.size());
+          dispatch.push_back(static_cast<int32_t>(p / k));
+        }
+    for (int32_t& r : repeats) r = token(c.rng());
+    IndexTwin to_experts = w.indices(dispatch), back = w.indices(slot), any = w.indices(repeats);
+    back.host = back.host.view({T, k});
+    back.dev = back.dev.view({T, k});
+
+    const Twin x = w.random_as(dt, {T, H}), rows = w.random_as(dt, {N, H}), scale = w.random({N}, -2, 2);
+    gather_rows(rows.host, x.host, to_experts.host);
+    gather_rows(rows.dev, x.dev, to_experts.dev);
+    c.compare(named("gather_rows (dispatch)", dt), shape, rows, 0);  // rows move unchanged
+    const Twin scaled = w.random_as(dt, {N, H});
+    gather_rows(scaled.host, x.host, any.host, scale.host);
+    gather_rows(scaled.dev, x.dev, any.dev, scale.dev);
+    c.compare(named("gather_rows (scale)", dt), shape, scaled, stored_tolerance(dt, kTolPointwise));
+    c.share_reference(dt, scaled);
+
+    const Twin weights = w.random({T, k}, 0, 1), out = w.random_as(dt, {T, H});
+    combine_rows(out.host, rows.host, back.host, weights.host);
+    combine_rows(out.dev, rows.dev, back.dev, weights.dev);
+    c.compare(named("combine_rows", dt), shape, out, stored_tolerance(dt, kTolPointwise));
+    combine_rows(out.host, scaled.host, back.host);
+    combine_rows(out.dev, scaled.dev, back.dev);
+    c.compare(named("combine_rows (no weights)", dt), shape, out, stored_tolerance(dt, kTolPointwise));
+
+    const Twin dout = w.random_as(dt, {T, H}), dweights = w.random({T, k});
+    combine_rows_weight_backward(dweights.host, dout.host, rows.host, back.host);
+    combine_rows_weight_backward(dweights.dev, dout.dev, rows.dev, back.dev);
+    c.compare(named("combine_rows_weight_backward", dt), shape, dweights, kTolReduction);  // fp32 either way
+  }
+}
+
 // The tolerance of attention's bf16-stored results (out, dq, dk, dv) with head dim
 // d: on CUDA with d = 64 or 128 the bf16 tensor-core kernels round P and dS to bf16
 // as mma operands, beyond the store's one rounding
@@ -615,6 +673,7 @@ std::vector<OpCheck> check_backend(Device device, uint64_t seed) {
     check_rmsnorm(c, dt);
     check_rope(c, dt);
     check_swiglu(c, dt);
+    check_moe_rows(c, dt);
     check_cross_entropy(c, dt);
     if (dt == DType::F32) check_adamw(c);  // the optimizer state is fp32 in either precision
     check_attention(c, dt);

@@ -5,7 +5,9 @@
 // documents of uneven lengths (one token, tile-unaligned, longer than a tile),
 // grouped-query attention, ring-attention blocks with true positions that merge
 // over several calls, sliding-window attention (documents and blocks, blocks
-// wholly outside the window), a sharded vocabulary with targets outside the shard.
+// wholly outside the window), a sharded vocabulary with targets outside the shard,
+// the MoE block's row movement for a top-2 routing (rows gathered with repeats, and
+// no token at all).
 // Every op with bf16 activations is checked again in bf16 against the CPU's bf16
 // twins (kernels/cpu/bf16.cpp), on the same shapes, within one bf16 step of the
 // tensor's scale where a result is stored in bf16 (fp32 results keep the fp32

@@ -537,6 +537,92 @@ void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor&
   }
 }
 
+// ---- mixture-of-experts row movement ------------------------------------------------
+
+namespace {
+// An optional argument left out: a default Tensor (scale, weights of value 1).
+bool absent(const Tensor& t) { return t.ndim == 0 && t.data == nullptr; }
+
+// Every entry of `index` names a row of `of` (rows [0, limit)). The CPU and the guarded
+// device read the indices where they lie (the guarded device inside an op's access,
+// as its kernels do); on CUDA that would take a synchronizing copy to the host per
+// call, so there the caller guarantees it and the kernels read nothing for a bad
+// index (kernels/cuda/moe_rows.cu).
+void check_row_indices(const char* op, const IndexTensor& index, const char* of, const Tensor& rows) {
+  if (index.device == Device::CUDA) return;
+  const auto check = [&] {
+    const int64_t limit = rows.dim(0), k = index.ndim == 2 ? index.dim(1) : 1;
+    for (int64_t i = 0; i < index.numel(); ++i) {
+      const int64_t v = index.data[i];
+      if (v < 0 || v >= limit) {
+        const std::string where = index.ndim == 1 ? std::to_string(i)
+                                         : std::to_string(i / k) + ", " + std::to_string(i % k);
+        fail(op, "index[" + where + "] = " + std::to_string(v) + " is not a row of " + arg(of, rows));
+      }
+    }
+  };
+  if (index.device == Device::Guarded) {
+    const guarded::Access guarded_access_;
+    return check();
+  }
+  check();
+}
+}  // namespace
+
+void gather_rows(Tensor out, const Tensor& x, const IndexTensor& index, const Tensor& scale) {
+  const char* op = "gather_rows";
+  const bool scaled = !absent(scale);
+  [[maybe_unused]] const DType dtype_ = scaled ? check_dtypes(op, {{"out", out}, {"x", x}}, {{"scale", scale}})
+                                               : check_dtypes(op, {{"out", out}, {"x", x}});
+  require_dims(op, "x", x, {-1, -1});
+  require_dims(op, "index", index, {-1});
+  require_dims(op, "out", out, {index.dim(0), x.dim(1)});
+  if (scaled) require_dims(op, "scale", scale, {index.dim(0)});
+  const Device dev = scaled ? common_device(op, out, x, index, scale) : common_device(op, out, x, index);
+  check_row_indices(op, index, "x", x);
+  switch (dev) {
+    HDP_CUDA_CASE(gather_rows(out, x, index, scale))
+    HDP_CPU_CASES(gather_rows(out, x, index, scale))
+    default: throw UnsupportedDevice(op, dev);
+  }
+}
+
+void combine_rows(Tensor out, const Tensor& rows, const IndexTensor& index, const Tensor& weights) {
+  const char* op = "combine_rows";
+  const bool weighted = !absent(weights);
+  [[maybe_unused]] const DType dtype_ = weighted
+                                            ? check_dtypes(op, {{"out", out}, {"rows", rows}}, {{"weights", weights}})
+                                            : check_dtypes(op, {{"out", out}, {"rows", rows}});
+  require_dims(op, "rows", rows, {-1, -1});
+  require_dims(op, "index", index, {-1, -1});
+  require_dims(op, "out", out, {index.dim(0), rows.dim(1)});
+  if (weighted) require_dims(op, "weights", weights, {index.dim(0), index.dim(1)});
+  const Device dev = weighted ? common_device(op, out, rows, index, weights) : common_device(op, out, rows, index);
+  check_row_indices(op, index, "rows", rows);
+  switch (dev) {
+    HDP_CUDA_CASE(combine_rows(out, rows, index, weights))
+    HDP_CPU_CASES(combine_rows(out, rows, index, weights))
+    default: throw UnsupportedDevice(op, dev);
+  }
+}
+
+void combine_rows_weight_backward(Tensor dweights, const Tensor& dout, const Tensor& rows, const IndexTensor& index) {
+  const char* op = "combine_rows_weight_backward";
+  [[maybe_unused]] const DType dtype_ =
+      check_dtypes(op, {{"dout", dout}, {"rows", rows}}, {{"dweights", dweights}});
+  require_dims(op, "rows", rows, {-1, -1});
+  require_dims(op, "index", index, {-1, -1});
+  require_dims(op, "dout", dout, {index.dim(0), rows.dim(1)});
+  require_dims(op, "dweights", dweights, {index.dim(0), index.dim(1)});
+  const Device dev = common_device(op, dweights, dout, rows, index);
+  check_row_indices(op, index, "rows", rows);
+  switch (dev) {
+    HDP_CUDA_CASE(combine_rows_weight_backward(dweights, dout, rows, index))
+    HDP_CPU_CASES(combine_rows_weight_backward(dweights, dout, rows, index))
+    default: throw UnsupportedDevice(op, dev);
+  }
+}
+
 // ---- cross-entropy ---------------------------------------------------------------
 
 namespace {

@@ -126,6 +126,29 @@ void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
 // Overwrites dgate and dup.
 void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
 
+// ---- mixture-of-experts row movement ----------------------------------------------
+// The sparse MoE block (Shazeer et al. 2017, "Outrageously Large Neural Networks";
+// Jiang et al. 2024, "Mixtral of Experts") moves rows between token order and expert
+// order: each token's row goes to each of its k chosen experts and their outputs come
+// back weighted by the router. These ops do that movement on any device. Rows, x, out
+// and dout are the compute dtype (fp32 or bf16, all alike); scale, weights and
+// dweights are fp32; indices int32. An index must name a row of the tensor it indexes:
+// on the CPU (and the guarded device) every index is checked and a bad one throws
+// std::invalid_argument naming the op and the row; a CUDA op cannot check without a
+// round trip to the host, so there the caller guarantees it, and a row whose index is
+// out of range reads nothing (zero) rather than memory outside the tensor.
+//
+// out [N, H] row r = scale[r] * x[index[r]] (scale empty, i.e. a default Tensor: 1), index [N] int32 rows of x [T, H].
+// Used to dispatch tokens to experts (each token's row copied once per chosen expert), to permute rows
+// between orders, and (with scale) for the experts' output gradients weight x dout.
+void gather_rows(Tensor out, const Tensor& x, const IndexTensor& index, const Tensor& scale = Tensor());
+// out [T, H] row t = sum over j < k of weights[t, j] * rows[index[t, j]] (weights empty: 1), index [T, k] int32
+// rows of rows [N, H]; overwritten. Summed in j order in fp32, one rounding on store (deterministic, no atomics).
+// The combine of expert outputs, and (weights empty) the backward of gather_rows for inputs gathered k times.
+void combine_rows(Tensor out, const Tensor& rows, const IndexTensor& index, const Tensor& weights = Tensor());
+// dweights [T, k] fp32, overwritten: <dout[t], rows[index[t, j]]>, the gradient of combine_rows by its weights.
+void combine_rows_weight_backward(Tensor dweights, const Tensor& dout, const Tensor& rows, const IndexTensor& index);
+
 // ---- fused softmax cross-entropy ------------------------------------------------
 // Split in two passes so a vocabulary-parallel caller can reduce the per-row
 // statistics across ranks between them. logits [T, V_local] hold vocabulary ids

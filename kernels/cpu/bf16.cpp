@@ -257,6 +257,24 @@ void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor&
   store(dup, DU);
 }
 
+// ---- mixture-of-experts row movement: scale, weights and dweights fp32 -----------------
+
+void gather_rows(Tensor out, const Tensor& x, const IndexTensor& index, const Tensor& scale) {
+  const Tensor X = widen(x, 0), OUT = output(out, 1);
+  cpu::gather_rows(OUT, X, index, scale);
+  store(out, OUT);
+}
+
+void combine_rows(Tensor out, const Tensor& rows, const IndexTensor& index, const Tensor& weights) {
+  const Tensor R = widen(rows, 0), OUT = output(out, 1);
+  cpu::combine_rows(OUT, R, index, weights);
+  store(out, OUT);
+}
+
+void combine_rows_weight_backward(Tensor dweights, const Tensor& dout, const Tensor& rows, const IndexTensor& index) {
+  cpu::combine_rows_weight_backward(dweights, widen(dout, 0), widen(rows, 1), index);
+}
+
 // ---- cross-entropy over bf16 logits: the on-line max, the sums of exponentials,
 // the log-sum-exp and the loss in fp32 (double for the loss sum) ------------------------
 

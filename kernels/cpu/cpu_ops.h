@@ -53,6 +53,10 @@ void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& do
 void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
 void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
 
+void gather_rows(Tensor out, const Tensor& x, const IndexTensor& index, const Tensor& scale);
+void combine_rows(Tensor out, const Tensor& rows, const IndexTensor& index, const Tensor& weights);
+void combine_rows_weight_backward(Tensor dweights, const Tensor& dout, const Tensor& rows, const IndexTensor& index);
+
 void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit, const Tensor& logits,
                          const IndexTensor& targets, int64_t vocab_begin);
 void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const IndexTensor& targets, int64_t vocab_begin,
@@ -103,6 +107,9 @@ void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& do
                                std::span<const AttentionBlock> blocks, int64_t window);
 void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
 void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
+void gather_rows(Tensor out, const Tensor& x, const IndexTensor& index, const Tensor& scale);
+void combine_rows(Tensor out, const Tensor& rows, const IndexTensor& index, const Tensor& weights);
+void combine_rows_weight_backward(Tensor dweights, const Tensor& dout, const Tensor& rows, const IndexTensor& index);
 void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit, const Tensor& logits,
                          const IndexTensor& targets, int64_t vocab_begin);
 void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const IndexTensor& targets, int64_t vocab_begin,
