@@ -25,6 +25,8 @@ void validate(const PlannerSettings& s, const std::string& who) {
     throw std::invalid_argument(who + ": layers per stage must be at least 1, got " + str(s.layers_per_stage));
   if (s.pipeline_stages < 1)
     throw std::invalid_argument(who + ": pipeline stages must be at least 1, got " + str(s.pipeline_stages));
+  if (s.ep < 1 || s.hdp % s.ep != 0)
+    throw std::invalid_argument(who + ": ep " + str(s.ep) + " does not divide hdp " + str(s.hdp));
 }
 
 void validate_lengths(std::span<const int64_t> lengths, const std::string& who) {
@@ -753,6 +755,30 @@ std::optional<Assignment> naive_assignment(const StepPlan& naive, const std::vec
   return a;
 }
 
+// Expert parallelism's lock step (lock_step_seconds) as an assignment: the items,
+// all of one rank (nullopt if a ring is among them), most expensive first, cut into
+// rows of ep consecutive items, each row costing its first (its most expensive);
+// rows in that order go to the ep group with the least summed row cost (ties: the
+// lower group), its member m taking the row's m-th item. The i-th micro-batches of a
+// group's members are then neighbours in cost order, so the lock step wastes little.
+std::optional<Assignment> lock_step_rows(const std::vector<WorkItem>& items, int hdp, int ep) {
+  for (const WorkItem& item : items)
+    if (item.ranks != 1) return std::nullopt;
+  Assignment a(hdp);
+  RankHeap groups(hdp / ep);
+  for (size_t first = 0; first < items.size(); first += static_cast<size_t>(ep)) {
+    auto [load, g] = groups.pop();
+    const size_t end = std::min(items.size(), first + static_cast<size_t>(ep));
+    for (size_t i = first; i < end; ++i) {
+      const int r = g * ep + static_cast<int>(i - first);
+      a.local[r].push_back(i);
+      a.seconds[r] += items[i].cost;
+    }
+    groups.push({load + items[first].cost, g});
+  }
+  return a;
+}
+
 // Where a ring sits in a rank's list: its slot index and the ring.
 struct RingCell {
   size_t slot;
@@ -813,6 +839,29 @@ StepPlan lay_out(const std::vector<WorkItem>& items, std::vector<PlannedMicroBat
 
 }  // namespace
 
+std::vector<double> lock_step_seconds(const std::vector<std::vector<double>>& seconds, int ep) {
+  const size_t ranks = seconds.size();
+  if (ep < 1 || ranks % static_cast<size_t>(ep) != 0)
+    throw std::invalid_argument("lock_step_seconds: ep " + str(ep) + " does not divide the " +
+                                str(static_cast<int64_t>(ranks)) + " ranks");
+  std::vector<double> out(ranks, 0.0);
+  const size_t n = static_cast<size_t>(ep);
+  for (size_t first = 0; first < ranks; first += n) {
+    size_t longest = 0;
+    for (size_t m = first; m < first + n; ++m) longest = std::max(longest, seconds[m].size());
+    double group = 0;
+    for (size_t i = 0; i < longest; ++i) {
+      double slowest = 0;
+      for (size_t m = first; m < first + n; ++m)
+        if (i < seconds[m].size()) slowest = std::max(slowest, seconds[m][i]);
+      group += slowest;
+    }
+    std::fill(out.begin() + static_cast<std::ptrdiff_t>(first), out.begin() + static_cast<std::ptrdiff_t>(first + n),
+              group);
+  }
+  return out;
+}
+
 std::vector<double> predicted_rank_seconds(const StepPlan& plan, std::span<const int64_t> lengths,
                                            const PlannerSettings& st) {
   validate(st, "predicted_rank_seconds");
@@ -823,10 +872,11 @@ std::vector<double> predicted_rank_seconds(const StepPlan& plan, std::span<const
                                   str(num_sequences));
     return lengths[q];
   };
-  std::vector<double> seconds(plan.ranks.size(), 0.0);
+  // Per rank, each micro-batch's seconds in list order.
+  std::vector<std::vector<double>> seconds(plan.ranks.size());
   for (size_t r = 0; r < plan.ranks.size(); ++r) {
-    double total = 0;
     for (const PlannedMicroBatch& mb : plan.ranks[r]) {
+      double total = 0;
       for (const PlannedPiece& p : mb.pieces) {
         if (p.ring == -1) {
           length_of(p.sequence);
@@ -841,10 +891,10 @@ std::vector<double> predicted_rank_seconds(const StepPlan& plan, std::span<const
         const double k = static_cast<double>(std::max<size_t>(ring.ranks.size(), 1));
         for (int64_t q : ring.sequences) total += sequence_seconds(length_of(q), st) / k;
       }
+      seconds[r].push_back(total);
     }
-    seconds[r] = total;
   }
-  return seconds;
+  return lock_step_seconds(seconds, st.ep);
 }
 
 StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& st, const BalanceSettings& balance) {
@@ -889,11 +939,21 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
     return items;
   };
 
+  // A candidate's predicted step: its busiest rank, or with expert parallelism the
+  // busiest ep group in lock step, which needs the lists' order: lay_out of a copy
+  // of the micro-batches (lay_out moves them out of the pool).
+  auto predicted_max = [&](const std::vector<WorkItem>& candidate_items, Assignment& a) {
+    if (st.ep == 1) return a.busiest();
+    std::vector<PlannedMicroBatch> copy = pool;
+    const std::vector<double> t = predicted_rank_seconds(lay_out(candidate_items, copy, a, lengths, st), lengths, st);
+    return t.empty() ? 0.0 : *std::max_element(t.begin(), t.end());
+  };
+
   // Candidate 1: Algorithm 2 on these items, refined.
   std::vector<WorkItem> items = make_items(split.longs);
   Assignment best = assign_rounds(items, hdp, balance);
   refine(items, best);
-  double best_max = best.busiest();
+  double best_max = predicted_max(items, best);
   Assignment* winner = &best;
   const std::vector<WorkItem>* winner_items = &items;
 
@@ -924,8 +984,9 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
       wide_items = make_items(widened);
       wide = assign_rounds(wide_items, hdp, balance);
       refine(wide_items, *wide);
-      if (wide->busiest() < best_max * (1 - 1e-9)) {
-        best_max = wide->busiest();
+      const double wide_max = predicted_max(wide_items, *wide);
+      if (wide_max < best_max * (1 - 1e-9)) {
+        best_max = wide_max;
         winner = &*wide;
         winner_items = &wide_items;
       }
@@ -941,11 +1002,19 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
     naive = naive_assignment(plan_naive(lengths, st), items, pool, lengths.size(), hdp);
   if (naive) {
     refine(items, *naive);
-    if (naive->busiest() < best_max * (1 - 1e-9)) {
-      best_max = naive->busiest();
+    const double naive_max = predicted_max(items, *naive);
+    if (naive_max < best_max * (1 - 1e-9)) {
+      best_max = naive_max;
       winner = &*naive;
       winner_items = &items;
     }
+  }
+  // Candidate 4, with expert parallelism: lock_step_rows, for a batch without rings.
+  std::optional<Assignment> rows;
+  if (st.ep > 1) rows = lock_step_rows(items, hdp, st.ep);
+  if (rows && predicted_max(items, *rows) < best_max * (1 - 1e-9)) {
+    winner = &*rows;
+    winner_items = &items;
   }
   return lay_out(*winner_items, pool, *winner, lengths, st);
 }

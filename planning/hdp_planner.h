@@ -36,6 +36,11 @@ struct PlannerSettings {
   int pipeline_stages = 1;
   CostModel cost;
   OffloadSettings offload;
+  // Expert parallelism (model/moe.h): hdp ranks [g ep, (g + 1) ep) form group g, whose
+  // MoE layers exchange tokens by all-to-all in every micro-batch, so its members run
+  // their i-th micro-batches in lock step (lock_step_seconds). 1: no coupling. Must
+  // divide hdp.
+  int ep = 1;
 };
 
 struct LongSequenceChoice {
@@ -109,7 +114,16 @@ struct BalanceSettings {
 // to the least loaded ranks, while they lower it. The same is done with widened
 // rings (BalanceSettings::widen) and, as a third candidate, starting from
 // plan_naive's assignment; the candidate with the smallest predicted maximum wins
-// (ties: the first), so the result never predicts a slower step than plan_naive.
+// (ties: the first), so the result never predicts a slower step than plan_naive
+// (with ep > 1: than plan_naive's assignment listed as this scheduler lists it).
+// With settings.ep > 1 the candidates are compared by their laid-out plans'
+// predicted_rank_seconds, that is coupled by lock_step_seconds (each rank's own
+// micro-batches are listed most expensive first, so the i-th micro-batches of a
+// group's members tend to be of similar cost), and when no sequence needs a ring a
+// fourth candidate aligns them on purpose: the items, most expensive first, cut into
+// rows of ep, each row costing its first item, the rows going to the ep group with
+// the least summed row cost, member m taking the row's m-th item. The rounds and the
+// refinement still balance the ranks' own sums.
 // Bound (without the candidates' help): every round gives items in decreasing cost
 // to ranks in increasing load, which keeps max - min load <= the costliest item c,
 // so max <= total / hdp + c (hdp - 1) / hdp. Ranks with cheaper micro-batches
@@ -122,6 +136,16 @@ struct BalanceSettings {
 // with one stage they are dropped. Passes check_plan.
 StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& settings, const BalanceSettings& balance);
 
+// The busy seconds of ranks coupled by expert parallelism. seconds[r][i] is rank r's
+// i-th micro-batch's time alone; ranks [g ep, (g + 1) ep) run their i-th micro-batches
+// together (every MoE layer's all-to-all waits for the group's slowest member, and a
+// member with fewer micro-batches runs empty ones that only join the exchanges,
+// TrainingEngine::step), so each member of group g is busy for
+//   sum over i of max over members m of seconds[m][i]   (a missing one counts 0).
+// With ep = 1 this is each rank's own sum. Throws std::invalid_argument unless ep >= 1
+// divides the ranks.
+std::vector<double> lock_step_seconds(const std::vector<std::vector<double>>& seconds, int ep);
+
 // Predicted seconds of forward and backward each hdp rank spends on its
 // micro-batches, under the cost model, for one pipeline stage of layers_per_stage
 // layers (l): a local piece of t tokens costs l T(t); a ring of k ranks costs each
@@ -131,7 +155,9 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
 // embedding_seconds_per_token + head_seconds_per_token (a ring member: s / k tokens
 // of each sequence); with several stages this is one stage's layer time only (the
 // embedding and head add to the first and last stage). Empty micro-batches cost
-// nothing, and offload adds nothing (its copies must hide under compute).
+// nothing, and offload adds nothing (its copies must hide under compute). With
+// settings.ep > 1 the micro-batches' times are coupled by lock_step_seconds, in
+// the order the plan lists them.
 std::vector<double> predicted_rank_seconds(const StepPlan& plan, std::span<const int64_t> lengths,
                                            const PlannerSettings& settings);
 

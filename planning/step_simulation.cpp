@@ -31,9 +31,11 @@ ModelCosts model_costs(const ModelShape& m, int tp, int pp) {
   c.kv_bytes_per_token = kv_bytes_per_token(m, tp, kActivationBytes);
   c.boundary_bytes_per_token = boundary_bytes_per_token(m, kActivationBytes);
   c.expert_parameters = expert_parameters(m);
-  if (m.experts > 1)
+  if (m.experts > 1) {
     c.all_to_all_bytes_per_token =
         static_cast<double>(m.hidden) * kActivationBytes * static_cast<double>(m.experts_per_token);
+    c.all_to_all_count_bytes = 4.0 * static_cast<double>(m.experts);  // fp32 counts, as model/moe.h sends them
+  }
   return c;
 }
 
@@ -146,6 +148,7 @@ StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, co
   k.boundary_bytes_per_token = c.boundary_bytes_per_token;
   k.ep = ep;
   k.all_to_all_bytes_per_token = c.all_to_all_bytes_per_token;
+  k.all_to_all_count_bytes = c.all_to_all_count_bytes;
   // An ep group is ep consecutive hdp ranks of one stage: tp x ep consecutive GPUs
   // from a multiple of tp x ep, so every group sits alike; group 0 of stage 0 stands for all.
   const GroupLink a2a = group_link(hw, 0, static_cast<long>(degrees.tp) * ep - 1);
@@ -170,7 +173,7 @@ StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, co
 
 double all_to_all_seconds_per_token(const StepCosts& k) {
   if (k.ep <= 1 || k.all_to_all_bytes_per_token <= 0) return 0;
-  return 6 * k.all_to_all_bytes_per_token * (k.ep - 1) / k.ep / k.all_to_all_bytes_per_s;
+  return 4 * k.all_to_all_bytes_per_token * (k.ep - 1) / k.ep / k.all_to_all_bytes_per_s;
 }
 
 namespace {
@@ -491,13 +494,17 @@ sim::OpId StepGraphBuilder::add_all_to_all(int r, int s, const PipelineOp& op, s
   const double tokens = static_cast<double>(plan_.ranks[r][op.micro_batch].tokens());
   if (ep <= 1 || !(k_.all_to_all_bytes_per_token > 0) || !(tokens > 0)) return kNone;
   const double l = static_cast<double>(k_.stage_layers[s]);
-  // Forward: dispatch and combine. Backward: their gradients, and the two again for
-  // the expert inputs, counted as recomputed (an upper bound when they are kept).
-  const double count = op.forward ? 2 : 4;
+  // What model/moe.h runs per layer: forward the count exchange, then dispatch and
+  // combine; backward the output gradients out and the input gradients back (the
+  // forward's counts are reused). The count exchange is a few bytes: its time is
+  // almost all latency.
   const double buffer = k_.all_to_all_bytes_per_token * tokens;
-  const double seconds =
-      l * count * sim::all_to_all_seconds(buffer, ep, k_.all_to_all_bytes_per_s, k_.all_to_all_latency_s);
-  out_.all_to_all_bytes += l * count * buffer * (ep - 1) / ep * grid_.tp;
+  const double counts = op.forward ? k_.all_to_all_count_bytes : 0.0;
+  auto exchange = [&](double bytes) {
+    return sim::all_to_all_seconds(bytes, ep, k_.all_to_all_bytes_per_s, k_.all_to_all_latency_s);
+  };
+  const double seconds = l * (2 * exchange(buffer) + (counts > 0 ? exchange(counts) : 0.0));
+  out_.all_to_all_bytes += l * (2 * buffer + counts) * (ep - 1) / ep * grid_.tp;
   out_.all_to_all_seconds += seconds;
   return graph_.add_op(stream(r, s, kDp), seconds, op.forward ? L_a2a_fwd : L_a2a_bwd, {compute}, -1, op.micro_batch);
 }

@@ -30,10 +30,12 @@
 // Transformer: Fedus et al., 2022): the hdp ranks of a stage form groups of ep
 // consecutive ranks (neighbouring GPUs, as tp's). A group holds every expert once,
 // each member num_experts / ep of them (tp shards each as any FFN), and every MoE
-// layer sends each token to its experts' members and back: per GPU and layer a
-// dispatch and a combine all-to-all forward, twice that backward, each of
-// tokens x hidden x 2 bytes x experts_per_token, of which (ep - 1) / ep leaves the
-// GPU. The all-to-all blocks the layer (its output is the next operation's input), so
+// layer sends each token to its experts' members and back, as model/moe.h runs it:
+// per GPU and layer forward an exchange of the per-expert row counts (num_experts
+// fp32 values) and then a dispatch and a combine all-to-all, backward two (the output
+// gradients out, the input gradients back; the counts are reused); each row
+// all-to-all moves tokens x hidden x 2 bytes x experts_per_token, of which
+// (ep - 1) / ep leaves the GPU. The all-to-all blocks the layer (its output is the next operation's input), so
 // it is an operation on the dp stream after the micro-batch's compute that the next
 // compute waits for. Routing is taken as balanced: every member receives as many
 // tokens as it sends, and runs experts_per_token experts' FLOPs per token whatever ep.
@@ -77,6 +79,9 @@ struct ModelCosts {
   // hidden values in bf16 for each of its experts, hidden x 2 x experts_per_token
   // (of which (ep - 1) / ep leaves the GPU); 0 for a dense model.
   double all_to_all_bytes_per_token = 0;
+  // The count exchange before dispatch, per GPU, layer and micro-batch: one fp32 row
+  // count per expert, 4 x num_experts bytes (model/moe.h); 0 for a dense model.
+  double all_to_all_count_bytes = 0;
 };
 ModelCosts model_costs(const ModelShape& model, int tp, int pp);
 
@@ -127,10 +132,12 @@ struct StepCosts {
   std::vector<double> expert_gradient_bytes, expert_parameter_bytes;
   std::vector<double> optimizer_seconds;  // per stage: the update of one ZeRO-1 shard
   // Expert parallelism: ep, a dispatch all-to-all's buffer per token (hidden x 2 x
-  // experts_per_token; 0 for a dense model), and the link of an ep group (NVLink
-  // when its GPUs share a node, else the network; every group is placed alike).
+  // experts_per_token; 0 for a dense model), the count exchange's buffer per layer
+  // and micro-batch (4 x num_experts), and the link of an ep group (NVLink when its
+  // GPUs share a node, else the network; every group is placed alike).
   int ep = 1;
   double all_to_all_bytes_per_token = 0;
+  double all_to_all_count_bytes = 0;
   double all_to_all_bytes_per_s = 0, all_to_all_latency_s = 0;
   int pp() const { return static_cast<int>(stage_layers.size()); }
 };
@@ -139,9 +146,10 @@ struct StepCosts {
 StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hardware, const ParallelDegrees& degrees,
                           std::span<const int64_t> stage_layers, int ep = 1);
 
-// The all-to-all seconds of one layer's forward and backward per token (six
+// The all-to-all seconds of one layer's forward and backward per token (four row
 // all-to-alls, bandwidth terms only), which the planners add to the layer's linear
-// cost: 6 x all_to_all_bytes_per_token x (ep - 1) / ep / all_to_all_bytes_per_s.
+// cost: 4 x all_to_all_bytes_per_token x (ep - 1) / ep / all_to_all_bytes_per_s.
+// The latencies and the count exchange, constants per micro-batch, are not in it.
 double all_to_all_seconds_per_token(const StepCosts& costs);
 
 struct StepSimulation {

@@ -101,6 +101,68 @@ TEST(PredictedRankSeconds, HandCase) {
   EXPECT_THROW(predicted_rank_seconds(p, testing::kHandLengths, s), std::invalid_argument);
 }
 
+// ---- expert parallelism's lock step ----
+
+TEST(LockStepSeconds, AGroupRunsTheSumOfItsSlowestIthMicroBatches) {
+  // Four ranks, ep 2: groups {0, 1} and {2, 3}. Group 0: max(3, 2) + max(1, 2) + max(-,
+  // 2) = 3 + 2 + 2 = 7 (rank 0 pays rank 1's third micro-batch with an empty one);
+  // group 1: max(5, -) = 5.
+  const std::vector<std::vector<double>> seconds = {{3, 1}, {2, 2, 2}, {5}, {}};
+  EXPECT_EQ(lock_step_seconds(seconds, 2), (std::vector<double>{7, 7, 5, 5}));
+  // ep 1: each rank alone, 3 + 1, 2 + 2 + 2, 5, 0.
+  EXPECT_EQ(lock_step_seconds(seconds, 1), (std::vector<double>{4, 6, 5, 0}));
+  // ep 4: one group, max(3, 2, 5, -) + max(1, 2) + 2 = 5 + 2 + 2.
+  EXPECT_EQ(lock_step_seconds(seconds, 4), (std::vector<double>{9, 9, 9, 9}));
+  EXPECT_THROW(lock_step_seconds(seconds, 3), std::invalid_argument);
+  EXPECT_THROW(lock_step_seconds(seconds, 0), std::invalid_argument);
+}
+
+TEST(PredictedRankSeconds, ExpertParallelRanksRunInLockStep) {
+  // T(s) = s, one layer; rank 0 runs sequences of 4 then 1 token, rank 1 three of 2.
+  PlannerSettings s = settings(2, 4, 1, 0.0, 1.0);
+  const std::vector<int64_t> lengths = {4, 1, 2, 2, 2};
+  StepPlan p;
+  p.capacity = 4;
+  p.ranks.resize(2);
+  for (int64_t q : {0, 1}) p.ranks[0].push_back(PlannedMicroBatch{{{q, 0, lengths[q], -1}}, -1, 0});
+  for (int64_t q : {2, 3, 4}) p.ranks[1].push_back(PlannedMicroBatch{{{q, 0, lengths[q], -1}}, -1, 0});
+  // Alone: 4 + 1 = 5 and 2 + 2 + 2 = 6.
+  EXPECT_EQ(predicted_rank_seconds(p, lengths, s), (std::vector<double>{5, 6}));
+  // One ep group: max(4, 2) + max(1, 2) + max(-, 2) = 8 on both.
+  s.ep = 2;
+  EXPECT_EQ(predicted_rank_seconds(p, lengths, s), (std::vector<double>{8, 8}));
+  s.ep = 3;  // does not divide hdp 2
+  EXPECT_THROW(predicted_rank_seconds(p, lengths, s), std::invalid_argument);
+  EXPECT_THROW(plan_balance(lengths, s, {}), std::invalid_argument);
+}
+
+TEST(PlanBalance, ExpertParallelGroupsGetAlignedMicroBatches) {
+  // T(s) = s, capacity 4: sequences of 4, 3, 3, 3 and 3 tokens are micro-batches of
+  // their own (no two fit together) costing 4, 3, 3, 3, 3; hdp 4.
+  PlannerSettings s = settings(4, 4, 1, 0.0, 1.0);
+  const std::vector<int64_t> lengths = {4, 3, 3, 3, 3};
+  // Without ep: round 1 gives 4, 3, 3, 3 to ranks 0-3; round 2 serves the ranks more
+  // than 5% below 4, least loaded first (ties: the lower rank): rank 1 takes the last 3.
+  StepPlan p = plan_balance(lengths, s, {});
+  ASSERT_NO_THROW(check_plan(p, lengths, 1, 1));
+  EXPECT_EQ(predicted_rank_seconds(p, lengths, s), (std::vector<double>{4, 6, 3, 3}));
+  // That assignment under ep 2 (groups {0, 1}, {2, 3}): group 0 runs max(4, 3) +
+  // max(-, 3) = 7, group 1 3: a predicted step of 7.
+  s.ep = 2;
+  EXPECT_EQ(predicted_rank_seconds(p, lengths, s), (std::vector<double>{7, 7, 3, 3}));
+  // The lock-step rows: [4, 3] costing 4 to group 0, [3, 3] costing 3 to group 1, [3]
+  // costing 3 to group 1 (3 < 4). Group 0: max(4, 3) = 4; group 1: max(3, 3) + max(3,
+  // -) = 6: a predicted step of 6, the least any assignment allows (the group with
+  // the 4 holding three micro-batches would run 4 + 3 = 7).
+  p = plan_balance(lengths, s, {});
+  ASSERT_NO_THROW(check_plan(p, lengths, 1, 1));
+  EXPECT_EQ(predicted_rank_seconds(p, lengths, s), (std::vector<double>{4, 4, 6, 6}));
+  EXPECT_EQ(sequences_of(p, 0), (std::vector<std::vector<int64_t>>{{0}}));
+  EXPECT_EQ(sequences_of(p, 1), (std::vector<std::vector<int64_t>>{{1}}));
+  EXPECT_EQ(sequences_of(p, 2), (std::vector<std::vector<int64_t>>{{2}, {4}}));
+  EXPECT_EQ(sequences_of(p, 3), (std::vector<std::vector<int64_t>>{{3}}));
+}
+
 // ---- plan_balance by hand ----
 
 TEST(PlanBalance, FourItemsOnTwoRanks) {

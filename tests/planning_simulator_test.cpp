@@ -550,7 +550,8 @@ TEST(ExpertParallel, CandidatesAndErrors) {
 
 // Per GPU: weights and gradients of 1 / ep of the experts, the optimizer state of all
 // parameters over hdp; the experts' gradients and weights synchronised apart, and a
-// dispatch buffer of hidden x 2 bytes x 2 experts per token.
+// dispatch buffer of hidden x 2 bytes x 2 experts per token, and a count exchange of
+// the 8 experts' fp32 row counts (8 x 4 = 32 bytes) per layer and micro-batch.
 TEST(ExpertParallel, MemoryAndStepCostsOfMixtral) {
   HardwareProfile hw;  // 200 GB per GPU: the 46.7 B parameters fit tp 2 at ep 1 too
   hw.peak_flops = 1e15;
@@ -567,6 +568,8 @@ TEST(ExpertParallel, MemoryAndStepCostsOfMixtral) {
   EXPECT_DOUBLE_EQ(c.expert_parameters, 3.0 * 4096 * 14336 * 8);
   EXPECT_DOUBLE_EQ(c.all_to_all_bytes_per_token, 4096.0 * 2 * 2);
   EXPECT_DOUBLE_EQ(model_costs(llama7b(), 1, 1).all_to_all_bytes_per_token, 0);
+  EXPECT_DOUBLE_EQ(c.all_to_all_count_bytes, 8 * 4);
+  EXPECT_DOUBLE_EQ(model_costs(llama7b(), 1, 1).all_to_all_count_bytes, 0);
   const ParallelDegrees layout{2, 1, 8};
   const std::vector<int64_t> split = {32};
   const double experts = 32 * 3.0 * 4096 * 14336 * 8;
@@ -581,6 +584,7 @@ TEST(ExpertParallel, MemoryAndStepCostsOfMixtral) {
     const StepCosts k = make_step_costs(m, hw, layout, split, ep);
     EXPECT_EQ(k.ep, ep);
     EXPECT_DOUBLE_EQ(k.all_to_all_bytes_per_token, 16384);
+    EXPECT_DOUBLE_EQ(k.all_to_all_count_bytes, 32);
     if (ep == 1) {
       EXPECT_DOUBLE_EQ(k.gradient_bytes[0], 4 * mine);
       EXPECT_TRUE(k.expert_gradient_bytes.empty());
@@ -593,7 +597,8 @@ TEST(ExpertParallel, MemoryAndStepCostsOfMixtral) {
       // tp 2 x ep GPUs: one node up to ep 4, the network at ep 8.
       const double bw = ep <= 4 ? 400e9 : 50e9;
       EXPECT_DOUBLE_EQ(k.all_to_all_bytes_per_s, bw);
-      EXPECT_DOUBLE_EQ(all_to_all_seconds_per_token(k), 6 * 16384.0 * (ep - 1) / ep / bw);
+      // Four row all-to-alls per layer (two forward, two backward).
+      EXPECT_DOUBLE_EQ(all_to_all_seconds_per_token(k), 4 * 16384.0 * (ep - 1) / ep / bw);
     }
     EXPECT_NEAR(k.optimizer_seconds[0], 32 * (dense + experts) / 2 / 8 / 3e12, 1e-15) << ep;
   }
@@ -604,14 +609,17 @@ TEST(ExpertParallel, MemoryAndStepCostsOfMixtral) {
 }
 
 // hdp 4 = two ep groups of 2 ({0, 1}, {2, 3}; two GPUs per node), one layer,
-// T(s) = s with forward a quarter. All-to-all: 8 bytes per token over a 4 bytes/s
-// link with 0.25 s latency, 2 members: 0.25 + 8 t / (2 x 4) = 0.25 + t per
-// all-to-all, two forward and four backward, each after its compute and before the
-// next. Rank 0 (4 tokens): 1 + 2 x 4.25 + 3 + 4 x 4.25 = 29.5; ranks 1-3 (2
-// tokens): 0.5 + 4.5 + 1.5 + 9 = 15.5. Then over the network (1 byte/s): dense
-// gradients 8 bytes over 4 ranks, 3 x 8 / 4 = 6 (29.5 to 35.5); expert gradients 4
-// bytes over ranks {0, 2}, 4 / 2 = 2 (to 37.5); optimizer 0.5; dense weights 4 bytes,
-// 3 x 4 / 4 = 3; expert weights 2 bytes, 2 / 2 = 1: 42.
+// T(s) = s with forward a quarter. Row all-to-all: 8 bytes per token over a 4 bytes/s
+// link with 0.25 s latency, 2 members: (2 - 1)(0.25 + 8 t / (2 x 4)) = 0.25 + t; the
+// count exchange: 8 bytes (2 experts' fp32 counts), 0.25 + 8 / (2 x 4) = 1.25. Forward:
+// the count exchange and two row all-to-alls (dispatch, combine); backward two (the
+// output gradients out, the input gradients back); each after its compute and before
+// the next. Rank 0 (4 tokens): 1 + (1.25 + 2 x 4.25) + 3 + 2 x 4.25 = 1 + 9.75 + 3 +
+// 8.5 = 22.25; ranks 1-3 (2 tokens): 0.5 + (1.25 + 2 x 2.25) + 1.5 + 2 x 2.25 = 0.5 +
+// 5.75 + 1.5 + 4.5 = 12.25. Then over the network (1 byte/s): dense gradients 8 bytes
+// over 4 ranks, 3 x 8 / 4 = 6 (22.25 to 28.25); expert gradients 4 bytes over ranks
+// {0, 2}, 4 / 2 = 2 (to 30.25); optimizer 0.5; dense weights 4 bytes, 3 x 4 / 4 = 3;
+// expert weights 2 bytes, 2 / 2 = 1: 30.25 + 0.5 + 3 + 1 = 34.75.
 TEST(StepSimulation, ExpertAllToAllsBlockTheLayer) {
   StepCosts k = hand_costs(4, 1, 0.25);
   k.cost.b1 = 1;
@@ -620,6 +628,7 @@ TEST(StepSimulation, ExpertAllToAllsBlockTheLayer) {
   k.hardware.intranode_latency_s = 0.25;
   k.ep = 2;
   k.all_to_all_bytes_per_token = 8;
+  k.all_to_all_count_bytes = 8;
   k.all_to_all_bytes_per_s = 4;
   k.all_to_all_latency_s = 0.25;
   k.gradient_bytes = {8};
@@ -633,11 +642,14 @@ TEST(StepSimulation, ExpertAllToAllsBlockTheLayer) {
   plan.ranks.resize(4);
   for (int r = 0; r < 4; ++r) plan.ranks[r].push_back(PlannedMicroBatch{{{r, 0, lengths[r], -1}}, -1, 0});
   const StepSimulation s = simulate_step(plan, lengths, k);
-  EXPECT_DOUBLE_EQ(s.step_seconds, 42);
+  EXPECT_DOUBLE_EQ(s.step_seconds, 34.75);
   EXPECT_DOUBLE_EQ(s.compute_seconds, 10);  // the all-to-alls are not compute
-  EXPECT_DOUBLE_EQ(s.all_to_all_seconds, 25.5 + 3 * 13.5);
-  // Sent: 6 all-to-alls x 8 t bytes x (ep - 1) / ep over 10 tokens.
-  EXPECT_DOUBLE_EQ(s.all_to_all_bytes, 6 * 8 * 10 / 2.0);
+  // Rank 0: 9.75 + 8.5 = 18.25; ranks 1-3: 5.75 + 4.5 = 10.25 each.
+  EXPECT_DOUBLE_EQ(s.all_to_all_seconds, 18.25 + 3 * 10.25);
+  // Sent: 4 row all-to-alls x 8 t bytes x (ep - 1) / ep over 10 tokens, and one count
+  // exchange of 8 x (ep - 1) / ep bytes per micro-batch, 4 micro-batches:
+  // 4 x 8 x 10 / 2 + 4 x 8 / 2 = 160 + 16.
+  EXPECT_DOUBLE_EQ(s.all_to_all_bytes, 160 + 16);
   EXPECT_DOUBLE_EQ(s.gradient_bytes, (8 + 4) * 4 + (4 + 2) * 4);
   EXPECT_DOUBLE_EQ(s.max_busy_seconds, 4 + 0.5);
   // Mismatched expert figures are refused.
@@ -646,22 +658,24 @@ TEST(StepSimulation, ExpertAllToAllsBlockTheLayer) {
 }
 
 // Two stages, hdp 2 = one ep group: stage 1's forward waits for stage 0's all-to-alls.
-// 2 tokens, T = s (forward 0.5, backward 1.5), all-to-all 16 bytes / (2 x 4) = 2:
-// stage 0 forward to 0.5 + 4; stage 1 forward 0.5 + 4 and backward 1.5 + 8 to
-// 18.5; stage 0 backward 1.5 + 8: 28.
+// 2 tokens, T = s (forward 0.5, backward 1.5), no latency; a row all-to-all 16 bytes /
+// (2 x 4) = 2, the count exchange 8 bytes / (2 x 4) = 1. Forward: 0.5 + 1 + 2 x 2 =
+// 5.5, backward 1.5 + 2 x 2 = 5.5. Stage 0 forward to 5.5; stage 1 forward to 11 and
+// backward to 16.5; stage 0 backward: 22.
 TEST(StepSimulation, ExpertAllToAllsBeforeThePipelineSend) {
   StepCosts k = hand_costs(2, 2, 0.25);
   k.cost.b1 = 1;
   k.hardware.gpus_per_node = 2;
   k.ep = 2;
   k.all_to_all_bytes_per_token = 8;
+  k.all_to_all_count_bytes = 8;
   k.all_to_all_bytes_per_s = 4;
   k.expert_gradient_bytes = {0, 0};
   k.expert_parameter_bytes = {0, 0};
   std::vector<int64_t> lengths;
   const StepPlan plan = local_plan({1, 1}, 2, lengths);
   const StepSimulation s = simulate_step(plan, lengths, k, true);
-  EXPECT_DOUBLE_EQ(s.step_seconds, 28);
+  EXPECT_DOUBLE_EQ(s.step_seconds, 22);
   const auto& labels = s.graph->labels();
   EXPECT_NE(std::find(labels.begin(), labels.end(), "expert all-to-all forward"), labels.end());
 }

@@ -17,6 +17,7 @@
 #include "trainer/config.h"
 #include "trainer/planner_cost.h"
 #include "trainer/profiler.h"
+#include "trainer/step_planner.h"
 
 namespace hdp {
 namespace {
@@ -409,6 +410,30 @@ TEST(CostFile, EmptyMeansDerivedFromFlops) {
   EXPECT_EQ(a.b1, b.b1);
   EXPECT_EQ(a.a2, 4.0 * 900);
   EXPECT_EQ(a.head_seconds_per_token, b.head_seconds_per_token);
+}
+
+// Expert parallelism's four row all-to-alls per token and layer, at the cost model's
+// slower copy direction, and the planner that adds them and couples the ep group.
+TEST(CostFile, ExpertParallelAllToAllsAreALayerTermPerToken) {
+  Config c = config_with("");
+  c.model.arch = "mixtral";
+  c.model.hidden_size = 128;
+  c.model.experts_per_token = 2;
+  c.parallel.hdp = 2;
+  CostModel cost = derived_cost_model(c, 2e10, 900);
+  cost.d2h_bytes_per_s = 8e9;
+  cost.h2d_bytes_per_s = 1e10;
+  EXPECT_EQ(expert_all_to_all_seconds_per_token(c, cost), 0.0);  // ep 1: nothing leaves the rank
+  c.parallel.ep = 2;
+  // 4 all-to-alls x 2 experts x 128 values x 4 bytes (fp32) x 1/2 leave the rank:
+  // 2048 bytes at 8 GB/s = 2.56e-7 s.
+  EXPECT_DOUBLE_EQ(expert_all_to_all_seconds_per_token(c, cost), 2048 / 8e9);
+  c.train.precision = DType::BF16;  // 2 bytes a value: half
+  EXPECT_DOUBLE_EQ(expert_all_to_all_seconds_per_token(c, cost), 1024 / 8e9);
+  c.train.precision = DType::F32;
+  const StepPlanner planner(c, cost);
+  EXPECT_DOUBLE_EQ(planner.settings().cost.b1, cost.b1 + 2048 / 8e9);
+  EXPECT_EQ(planner.settings().ep, 2);
 }
 
 TEST(Profiler, StartupProfileOfATinyModelGivesAUsableModel) {

@@ -234,6 +234,7 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   s.settings.capacity = capacity > 0 ? capacity : s.memory.capacity;
   s.settings.layers_per_stage = *std::min_element(s.stage_layers.begin(), s.stage_layers.end());
   s.settings.pipeline_stages = pp;
+  s.settings.ep = ep;
   s.settings.cost = s.costs.cost;
   s.settings.cost.b1 += all_to_all_seconds_per_token(s.costs);
   s.settings.cost.embedding_seconds_per_token = s.costs.embedding_seconds_per_token;

@@ -67,7 +67,8 @@ struct PlanSetup {
 // multiple of tp x pp, or the model does not allow the layout or ep
 // (validate_expert_parallel) or does not fit the GPUs' memory. The planners' cost
 // model adds the layer's expert all-to-alls per token (all_to_all_seconds_per_token)
-// to the linear term: they block the layer as compute does.
+// to the linear term: they block the layer as compute does; its ep couples the
+// predicted times of an ep group's ranks (PlannerSettings::ep).
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
                           int64_t context, int64_t capacity = 0, int ep = 1);
 

@@ -7,6 +7,7 @@
 #include <array>
 #include <sstream>
 
+#include "kernels/dtype.h"
 #include "parallel/communicator.h"
 #include "trainer/profiler.h"
 
@@ -84,6 +85,17 @@ CostModel derived_cost_model(const Config& config, double flops_per_second, int6
                                        config.offload.bandwidth_gbs * 1e9);
   cost.head_seconds_per_token = head_flops_per_token(shape, tp) / flops_per_second;
   return cost;
+}
+
+double expert_all_to_all_seconds_per_token(const Config& config, const CostModel& cost) {
+  const int ep = config.parallel.ep;
+  if (ep <= 1) return 0;
+  const double bandwidth = std::min(cost.d2h_bytes_per_s, cost.h2d_bytes_per_s);
+  if (!(bandwidth > 0)) return 0;
+  const double row_bytes = static_cast<double>(config.model.hidden_size) *
+                           static_cast<double>(dtype_size(config.train.precision)) *
+                           static_cast<double>(config.model.experts_per_token);
+  return 4 * row_bytes * (ep - 1) / ep / bandwidth;
 }
 
 CostModel planner_cost_model(const Config& config, double flops_per_second, int64_t saved_floats_per_token,

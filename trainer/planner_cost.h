@@ -40,4 +40,18 @@ CostModel planner_cost_model(const Config& config, double flops_per_second, int6
 
 // The FLOP-derived model of one tensor-parallel rank's slice of a layer.
 CostModel derived_cost_model(const Config& config, double flops_per_second, int64_t saved_floats_per_token);
+
+// Expert parallelism's all-to-alls per token and layer (model/moe.h), which block the
+// layer as its compute does: dispatch and combine forward and their gradients
+// backward, four row all-to-alls each sending experts_per_token rows of hidden_size
+// values per token (train.precision's element size), (ep - 1) / ep of them to other
+// ranks:
+//   4 x experts_per_token x hidden_size x element bytes x (ep - 1) / ep / bandwidth
+// seconds. The bandwidth is the cost model's copy bandwidth, min(d2h, h2d): the only
+// bandwidth the model has (offload.bandwidth_gbs, or the profiler's measured copy);
+// on the CPU backend, the only one Mixtral runs on, ranks of a node exchange through
+// shared memory, which is such a copy. The count exchange before dispatch
+// (num_experts numbers) is latency, which the model has no term for. 0 with
+// parallel.ep 1.
+double expert_all_to_all_seconds_per_token(const Config& config, const CostModel& cost);
 }  // namespace hdp

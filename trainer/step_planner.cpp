@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "trainer/engine.h"
+#include "trainer/planner_cost.h"
 
 namespace hdp {
 
@@ -14,7 +15,12 @@ StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
   settings_.capacity = config.data.micro_batch_tokens;
   settings_.layers_per_stage = planner_layers(config);
   settings_.pipeline_stages = config.parallel.pp;
+  // Under expert parallelism every MoE layer's all-to-alls block it as its compute
+  // does (a per-token term of the layer), and the ranks of an ep group run their
+  // micro-batches in lock step.
   settings_.cost = cost;
+  settings_.cost.b1 += expert_all_to_all_seconds_per_token(config, cost);
+  settings_.ep = config.parallel.ep;
   settings_.offload.enabled = config.offload.enabled;
   settings_.offload.forced_ratio = config.offload.ratio;
   const SchedulerBalance balance = config.scheduler.balance;

@@ -27,7 +27,9 @@ std::vector<PackedMicroBatch> local_micro_batches(const TokenDataset& dataset, s
 
 class StepPlanner {
  public:
-  // cost: the planner's cost model (planning/cost_file.h). Throws ConfigError when
+  // cost: the planner's cost model (planning/cost_file.h); under parallel.ep > 1 the
+  // planner adds expert_all_to_all_seconds_per_token to its b1 and couples each ep
+  // group's predicted times (PlannerSettings::ep). Throws ConfigError when
   // the longest sequence (data.max_seq_len) cannot be placed on parallel.hdp ranks.
   StepPlanner(const Config& config, const CostModel& cost);
 
