@@ -51,7 +51,9 @@ void BM_MoeForwardBackward(benchmark::State& state) {
   }
   auto x = random_vector(T * H, -1, 1, 7), dout = random_vector(T * H, -1, 1, 8);
   std::vector<float> out(T * H), dx(T * H);
-  hdp::MoeBlock block({H, F, E, k}, T);
+  const hdp::MoeShape shape{H, F, E, k};
+  hdp::MoeWorkspace workspace(shape, T, hdp::Device::CPU, hdp::DType::F32, false);
+  hdp::MoeBlock block(shape, T, workspace);
   for (auto _ : state) {
     block.forward(Tensor(out.data(), {T, H}), Tensor(x.data(), {T, H}), w);
     block.backward(Tensor(dx.data(), {T, H}), g, Tensor(dout.data(), {T, H}), Tensor(x.data(), {T, H}), w, {});

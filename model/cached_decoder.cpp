@@ -58,7 +58,11 @@ CachedDecoder::CachedDecoder(const LlamaModel& model, int64_t max_positions)
     layer.values.resize(static_cast<size_t>(max_positions * kv));
     layers_.push_back(std::move(layer));
   }
-  if (c.moe()) moe_.emplace(MoeShape{H, F, c.num_experts, c.experts_per_token}, max_positions);
+  if (c.moe()) {
+    const MoeShape shape{H, F, c.num_experts, c.experts_per_token};
+    moe_workspace_.emplace(shape, max_positions, Device::CPU, DType::F32, false);
+    moe_.emplace(shape, max_positions, *moe_workspace_);
+  }
   const auto rows = [&](int64_t width) { return static_cast<size_t>(max_positions * width); };
   x_.resize(rows(H));
   normed_.resize(rows(H));

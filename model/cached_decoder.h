@@ -50,6 +50,7 @@ class CachedDecoder {
   std::vector<Layer> layers_;
   // Mixtral: one block serves every layer in turn (forward only, so nothing it keeps
   // for backward outlives the layer; one set of its buffers, not one per layer).
+  std::optional<MoeWorkspace> moe_workspace_;
   std::optional<MoeBlock> moe_;
   // Scratch for up to max_positions rows (a prompt), reused by every layer.
   std::vector<float> x_, normed_, q_, attn_, lse_, mid_, gate_, up_, act_, rstd_, logits_;

@@ -108,13 +108,15 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
 
   slots_.resize(activation_slots);
   if (c.moe()) {
-    // The MoE blocks keep their routing and saved rows on the CPU, one set per slot;
-    // each holds this rank's tp slice of its experts (all, or its share under ep).
-    if (device != Device::CPU) throw std::invalid_argument("model: Mixtral's MoE layers run on the CPU so far");
+    // The MoE blocks keep their routing and saved rows, one set per slot and layer, and
+    // share one workspace; each holds this rank's tp slice of its experts (all, or its
+    // share under ep).
     const MoeShape moe{c.hidden_size, local_ffn_, c.num_experts, c.experts_per_token};
+    const bool expert_parallel = ep != nullptr && ep->size() > 1;
+    moe_workspace_ = std::make_unique<MoeWorkspace>(moe, max_tokens_, device, precision, expert_parallel);
     moe_.resize(activation_slots);
     for (std::vector<MoeBlock>& blocks : moe_)
-      for (int64_t l = 0; l < num_local_layers_; ++l) blocks.emplace_back(moe, max_tokens_, tp, ep);
+      for (int64_t l = 0; l < num_local_layers_; ++l) blocks.emplace_back(moe, max_tokens_, *moe_workspace_, tp, ep);
     for (Slot& slot : slots_) {
       slot.routing_before.assign(2 * c.num_experts, 0.0f);
       slot.routing_through.assign(2 * c.num_experts, 0.0f);
@@ -151,6 +153,14 @@ LlamaModel::~LlamaModel() {
 
 // In forward order (embedding, layers, final norm and LM head), so that backward
 // finishes the gradients from the end of the flat buffer down (GradientsReady).
+size_t LlamaModel::activation_bytes() const {
+  size_t bytes = activation_arena_.capacity();
+  if (moe_workspace_) bytes += moe_workspace_->bytes();
+  for (const std::vector<MoeBlock>& blocks : moe_)
+    for (const MoeBlock& block : blocks) bytes += block.bytes();
+  return bytes;
+}
+
 std::vector<int64_t> LlamaModel::local_experts() const {
   const int64_t per_rank = config_.num_experts / partition_.ep_size;
   std::vector<int64_t> experts(per_rank);
@@ -265,7 +275,7 @@ void LlamaModel::bind_parameters() {
     if (config_.moe()) {
       auto bind_moe = [&](const std::string& name, Tensor& weight, Tensor& gradient) {
         const ParameterInfo& p = parameter(pre + name);
-        weight = view(params_, p);
+        weight = view(weights, p);
         gradient = view(grads_, p);
         layer.gradients_begin = std::min(layer.gradients_begin, p.offset);
       };

@@ -167,7 +167,9 @@ class LlamaModel {
 
   size_t parameter_bytes() const { return param_arena_.capacity(); }
   size_t gradient_bytes() const { return grad_arena_.capacity(); }
-  size_t activation_bytes() const { return activation_arena_.capacity(); }
+  // The activation arena, and Mixtral's MoE blocks' saved rows and their workspace
+  // (which grow past their start only under expert parallelism, model/moe.h).
+  size_t activation_bytes() const;
   const ActivationUsage& activation_usage() const { return usage_; }
   size_t ring_buffer_bytes() const { return ring_attention_ ? ring_attention_->buffer_bytes() : 0; }
   // Mixtral, of the last forward on the last stage: the load-balancing loss over all
@@ -306,6 +308,7 @@ class LlamaModel {
   // Mixtral: one block per slot and layer (each keeps the routing and saved rows of its
   // slot's micro-batch), the pooled load-balancing loss and its gradient per router
   // probability.
+  std::unique_ptr<MoeWorkspace> moe_workspace_;
   std::vector<std::vector<MoeBlock>> moe_;  // [slot][layer]
   double pool_load_balancing(Slot& s);
   void load_balancing_gradient(const Slot& s);

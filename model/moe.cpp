@@ -12,19 +12,51 @@
 namespace hdp {
 namespace {
 
-Tensor view(std::vector<float>& v, int64_t rows, int64_t cols) { return Tensor(v.data(), {rows, cols}); }
-
-void require_cpu(const Tensor& t, const char* what) {
-  if (t.device != Device::CPU) {
-    throw std::invalid_argument(std::string("MoE block: ") + what + " is not on the CPU (the block runs there only so far)");
-  }
-}
+// Host memory as a CPU tensor, for copies to and from the device.
+Tensor host(std::vector<float>& v, int64_t rows, int64_t cols) { return Tensor(v.data(), {rows, cols}); }
+IndexTensor host(std::vector<int32_t>& v, int64_t n) { return IndexTensor(v.data(), {n}); }
 
 }  // namespace
 
-MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp, Communicator* ep)
-    : shape_(shape), tp_(tp), ep_(ep != nullptr && ep->size() > 1 ? ep : nullptr), input_(tp), output_(tp),
-      max_tokens_(max_tokens) {
+MoeWorkspace::MoeWorkspace(const MoeShape& shape, int64_t max_tokens, Device device, DType dtype,
+                           bool expert_parallel)
+    : shape_(shape), device_(device), dtype_(dtype), expert_parallel_(expert_parallel),
+      fixed_(Arena::counting(device, "MoE workspace")), rows_(Arena::counting(device, "MoE workspace rows")) {
+  const int64_t T = max_tokens, E = shape.experts, k = shape.top_k, H = shape.hidden;
+  for (int pass = 0; pass < 2; ++pass) {
+    logits = fixed_.tensor({T, E}, dtype);
+    dlogits = fixed_.tensor({T, E}, dtype);
+    dweights = fixed_.tensor({T, k});
+    routed = fixed_.tensor({T * k, H}, dtype);
+    if (pass == 0) fixed_ = Arena(device, fixed_.used(), "MoE workspace");
+  }
+  reserve(T * k);
+}
+
+void MoeWorkspace::reserve(int64_t rows) {
+  if (rows <= rows_capacity_) return;
+  const int64_t H = shape_.hidden, F = shape_.ffn;
+  rows_ = Arena::counting(device_, "MoE workspace rows");
+  for (int pass = 0; pass < 2; ++pass) {
+    act = rows_.tensor({rows, F}, dtype_);
+    dact = rows_.tensor({rows, F}, dtype_);
+    dgate = rows_.tensor({rows, F}, dtype_);
+    dup = rows_.tensor({rows, F}, dtype_);
+    expert_dx = rows_.tensor({rows, H}, dtype_);
+    if (expert_parallel_) {
+      expert_out = rows_.tensor({rows, H}, dtype_);
+      transit = rows_.tensor({rows, H}, dtype_);
+    }
+    if (pass == 0) rows_ = Arena(device_, rows_.used(), "MoE workspace rows");
+  }
+  rows_capacity_ = rows;
+}
+
+MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, MoeWorkspace& workspace, Communicator* tp,
+                   Communicator* ep)
+    : shape_(shape), ws_(workspace), tp_(tp), ep_(ep != nullptr && ep->size() > 1 ? ep : nullptr), input_(tp),
+      output_(tp), max_tokens_(max_tokens), fixed_(Arena::counting(workspace.device(), "MoE block")),
+      rows_(Arena::counting(workspace.device(), "MoE block rows")) {
   if (shape.experts < 1 || shape.hidden < 1 || shape.ffn < 1 || shape.top_k < 1 || shape.top_k > shape.experts) {
     throw std::invalid_argument("MoE block: needs at least one expert and 1 <= top_k <= experts, got " +
                                 std::to_string(shape.experts) + " experts, top_k " + std::to_string(shape.top_k));
@@ -36,7 +68,7 @@ MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp, 
   }
   local_experts_ = shape.experts / ep_size_;
   first_expert_ = (ep_ ? ep_->rank() : 0) * local_experts_;
-  const int64_t T = max_tokens, E = shape.experts, k = shape.top_k, H = shape.hidden, F = shape.ffn;
+  const int64_t T = max_tokens, E = shape.experts, k = shape.top_k, H = shape.hidden;
   logits_.resize(T * E);
   probs_.resize(T * E);
   dlogits_.resize(T * E);
@@ -44,8 +76,16 @@ MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp, 
   weights_.resize(T * k);
   dweights_.resize(T * k);
   row_token_.resize(T * k);
-  row_choice_.resize(T * k);
-  for (auto* v : {&xs_, &ys_, &dys_, &dxs_}) v->resize(T * k * H);
+  token_row_.resize(T * k);
+  row_weight_.resize(T * k);
+  for (int pass = 0; pass < 2; ++pass) {
+    d_row_token_ = fixed_.index_tensor({T * k});
+    d_token_row_ = fixed_.index_tensor({T, k});
+    d_row_weight_ = fixed_.tensor({T * k});
+    d_weights_ = fixed_.tensor({T, k});
+    ys_ = fixed_.tensor({T * k, H}, workspace.dtype());
+    if (pass == 0) fixed_ = Arena(workspace.device(), fixed_.used(), "MoE block");
+  }
   reserve_expert_rows(T * k);
   counts_.assign(E, 0);
   prob_sums_.assign(E, 0.0);
@@ -54,7 +94,6 @@ MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp, 
   recv_rows_.assign(ep_size_, 0);
   send_elements_.assign(ep_size_, 0);
   recv_elements_.assign(ep_size_, 0);
-  next_.assign(local_experts_, 0);
   arrived_.assign(ep_size_ * local_experts_, 0);
   expert_first_.assign(local_experts_ + 1, 0);
   count_send_.resize(E);
@@ -63,105 +102,33 @@ MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp, 
 }
 
 void MoeBlock::reserve_expert_rows(int64_t rows) {
+  ws_.reserve(rows);
+  if (rows <= rows_capacity_) return;
   const int64_t H = shape_.hidden, F = shape_.ffn;
-  if (static_cast<int64_t>(ex_xs_.size()) >= rows * H) return;
-  for (auto* v : {&ex_xs_, &ex_ys_, &ex_dys_, &ex_dxs_}) v->resize(rows * H);
-  for (auto* v : {&gate_, &up_, &act_, &dacts_, &dgate_, &dup_}) v->resize(rows * F);
-  if (ep_) transit_.resize(rows * H);
-}
-
-void MoeBlock::exchange_counts() {
-  const int64_t El = local_experts_;
-  if (ep_) {
-    // Rank p's experts are [p El, (p + 1) El): the counts go to their owners as one
-    // all-to-all of El numbers per rank.
-    for (int64_t e = 0; e < shape_.experts; ++e) count_send_[e] = static_cast<float>(counts_[e]);
-    TraceSpan span(trace_ops::kExpertAllToAll.data());  // nested in forward-compute
-    ep_->all_to_all_v(Tensor(count_send_.data(), {shape_.experts}), counts_per_rank_,
-                      Tensor(count_recv_.data(), {shape_.experts}), counts_per_rank_);
-    for (int64_t i = 0; i < ep_size_ * El; ++i) arrived_[i] = static_cast<int64_t>(count_recv_[i]);
-  } else {
-    for (int64_t j = 0; j < El; ++j) arrived_[j] = counts_[j];
-  }
-  for (int p = 0; p < ep_size_; ++p) {
-    send_rows_[p] = first_[(p + 1) * El] - first_[p * El];
-    recv_rows_[p] = 0;
-    for (int64_t j = 0; j < El; ++j) recv_rows_[p] += arrived_[p * El + j];
-  }
-  for (int64_t j = 0; j < El; ++j) {
-    int64_t n = 0;
-    for (int p = 0; p < ep_size_; ++p) n += arrived_[p * El + j];
-    expert_first_[j + 1] = expert_first_[j] + n;
-  }
-  reserve_expert_rows(expert_first_[El]);
-}
-
-void MoeBlock::exchange_rows(const float* send, std::span<const int64_t> send_rows, float* recv,
-                             std::span<const int64_t> recv_rows, int64_t width) {
-  int64_t send_total = 0, recv_total = 0;
-  for (int p = 0; p < ep_size_; ++p) {
-    send_elements_[p] = send_rows[p] * width;
-    recv_elements_[p] = recv_rows[p] * width;
-    send_total += send_elements_[p];
-    recv_total += recv_elements_[p];
-  }
-  TraceSpan span(trace_ops::kExpertAllToAll.data());  // nested in forward- or backward-compute
-  ep_->all_to_all_v(Tensor(const_cast<float*>(send), {send_total}), send_elements_, Tensor(recv, {recv_total}),
-                    recv_elements_);
-}
-
-// Between the rank order in which the all-to-all delivers rows (rank p's rows for
-// expert 0, 1, ..., then rank p + 1's) and the expert order the GEMMs want.
-void MoeBlock::dispatch(const float* rows, float* expert_rows, int64_t width) {
-  const int64_t El = local_experts_;
-  const float* arrived = rows;
-  if (ep_) {
-    exchange_rows(rows, send_rows_, transit_.data(), recv_rows_, width);
-    arrived = transit_.data();
-  }
-  std::copy(expert_first_.begin(), expert_first_.end() - 1, next_.begin());
-  for (int p = 0; p < ep_size_; ++p)
-    for (int64_t j = 0; j < El; ++j) {
-      const int64_t n = arrived_[p * El + j] * width;
-      std::copy(arrived, arrived + n, expert_rows + next_[j] * width);
-      arrived += n;
-      next_[j] += arrived_[p * El + j];
+  const Device device = ws_.device();
+  rows_ = Arena::counting(device, "MoE block rows");
+  for (int pass = 0; pass < 2; ++pass) {
+    xs_ = rows_.tensor({rows, H}, ws_.dtype());
+    gate_ = rows_.tensor({rows, F}, ws_.dtype());
+    up_ = rows_.tensor({rows, F}, ws_.dtype());
+    if (ep_) {
+      d_to_expert_ = rows_.index_tensor({rows});
+      d_from_expert_ = rows_.index_tensor({rows});
     }
+    if (pass == 0) rows_ = Arena(device, rows_.used(), "MoE block rows");
+  }
+  if (ep_) {
+    to_expert_.resize(rows);
+    from_expert_.resize(rows);
+  }
+  rows_capacity_ = rows;
 }
 
-void MoeBlock::combine(const float* expert_rows, float* rows, int64_t width) {
-  const int64_t El = local_experts_;
-  float* departing = ep_ ? transit_.data() : rows;
-  float* out = departing;
-  std::copy(expert_first_.begin(), expert_first_.end() - 1, next_.begin());
-  for (int p = 0; p < ep_size_; ++p)
-    for (int64_t j = 0; j < El; ++j) {
-      const int64_t n = arrived_[p * El + j];
-      std::copy(expert_rows + next_[j] * width, expert_rows + (next_[j] + n) * width, out);
-      out += n * width;
-      next_[j] += n;
-    }
-  // The way back: what this rank received from rank p returns to it.
-  if (ep_) exchange_rows(departing, recv_rows_, rows, send_rows_, width);
-}
-
-void MoeBlock::forward(Tensor out, const Tensor& x, const MoeTensors& w) {
-  const int64_t T = x.dim(0), E = shape_.experts, k = shape_.top_k, H = shape_.hidden, F = shape_.ffn;
-  if (T > max_tokens_ || x.dim(1) != H || out.dim(0) != T || out.dim(1) != H) {
-    throw std::invalid_argument("MoE block: x and out must be [T, " + std::to_string(H) + "] with T <= " +
-                                std::to_string(max_tokens_));
-  }
-  require_cpu(x, "x");
-  require_cpu(out, "out");
-  if (static_cast<int64_t>(w.w1.size()) != local_experts_ || static_cast<int64_t>(w.w2.size()) != local_experts_ ||
-      static_cast<int64_t>(w.w3.size()) != local_experts_) {
-    throw std::invalid_argument("MoE block: weights of " + std::to_string(w.w1.size()) + " experts for the " +
-                                std::to_string(local_experts_) + " this rank runs (an ep group missing?)");
-  }
-  tokens_ = T;
-  // Router logits and softmax in fp32 (Mixtral computes the routing in fp32 whatever
-  // the activations' type), accumulated in double for the normaliser.
-  linear_forward(view(logits_, T, E), x, w.gate);
+void MoeBlock::route(int64_t T) {
+  const int64_t E = shape_.experts, k = shape_.top_k;
+  // Router softmax in fp32 (Mixtral computes the routing in fp32 whatever the
+  // activations' type), accumulated in double for the normaliser.
+  copy(host(logits_, T, E), ws_.logits.rows(0, T));
   std::fill(counts_.begin(), counts_.end(), 0);
   std::vector<int32_t> order(E);
   for (int64_t t = 0; t < T; ++t) {
@@ -190,33 +157,118 @@ void MoeBlock::forward(Tensor out, const Tensor& x, const MoeTensors& w) {
     for (int64_t j = 0; j < k; ++j) {
       const int64_t r = next[chosen_[t * k + j]]++;
       row_token_[r] = static_cast<int32_t>(t);
-      row_choice_[r] = static_cast<int32_t>(j);
-      std::copy(x.data + t * H, x.data + (t + 1) * H, xs_.data() + r * H);
+      token_row_[t * k + j] = static_cast<int32_t>(r);
+      row_weight_[r] = weights_[t * k + j];
     }
+  const int64_t N = T * k;
+  copy(d_row_token_.rows(0, N), host(row_token_, N));
+  copy(d_token_row_.rows(0, T), IndexTensor(token_row_.data(), {T, k}));
+  copy(d_row_weight_.rows(0, N), Tensor(row_weight_.data(), {N}));
+  copy(d_weights_.rows(0, T), host(weights_, T, k));
+}
+
+void MoeBlock::exchange_counts() {
+  const int64_t El = local_experts_;
+  if (ep_) {
+    // Rank p's experts are [p El, (p + 1) El): the counts go to their owners as one
+    // all-to-all of El numbers per rank.
+    for (int64_t e = 0; e < shape_.experts; ++e) count_send_[e] = static_cast<float>(counts_[e]);
+    TraceSpan span(trace_ops::kExpertAllToAll.data());  // nested in forward-compute
+    ep_->all_to_all_v(Tensor(count_send_.data(), {shape_.experts}), counts_per_rank_,
+                      Tensor(count_recv_.data(), {shape_.experts}), counts_per_rank_);
+    for (int64_t i = 0; i < ep_size_ * El; ++i) arrived_[i] = static_cast<int64_t>(count_recv_[i]);
+  } else {
+    for (int64_t j = 0; j < El; ++j) arrived_[j] = counts_[j];
+  }
+  for (int p = 0; p < ep_size_; ++p) {
+    send_rows_[p] = first_[(p + 1) * El] - first_[p * El];
+    recv_rows_[p] = 0;
+    for (int64_t j = 0; j < El; ++j) recv_rows_[p] += arrived_[p * El + j];
+  }
+  for (int64_t j = 0; j < El; ++j) {
+    int64_t n = 0;
+    for (int p = 0; p < ep_size_; ++p) n += arrived_[p * El + j];
+    expert_first_[j + 1] = expert_first_[j] + n;
+  }
+  const int64_t R = expert_first_[El];
+  reserve_expert_rows(R);
+  if (!ep_) return;
+  // The all-to-all delivers rank p's rows for its experts 0, 1, ... then rank p + 1's;
+  // the experts' GEMMs want each expert's rows from every rank together.
+  std::vector<int64_t> next(expert_first_.begin(), expert_first_.end() - 1);
+  int64_t arrival = 0;
+  for (int p = 0; p < ep_size_; ++p)
+    for (int64_t j = 0; j < El; ++j)
+      for (int64_t i = 0; i < arrived_[p * El + j]; ++i, ++arrival) {
+        const int64_t row = next[j]++;
+        to_expert_[row] = static_cast<int32_t>(arrival);
+        from_expert_[arrival] = static_cast<int32_t>(row);
+      }
+  copy(d_to_expert_.rows(0, R), host(to_expert_, R));
+  copy(d_from_expert_.rows(0, R), host(from_expert_, R));
+}
+
+void MoeBlock::exchange_rows(const Tensor& send, std::span<const int64_t> send_rows, Tensor recv,
+                             std::span<const int64_t> recv_rows) {
+  const int64_t width = shape_.hidden;  // every row moved is a hidden-size row
+  for (int p = 0; p < ep_size_; ++p) {
+    send_elements_[p] = send_rows[p] * width;
+    recv_elements_[p] = recv_rows[p] * width;
+  }
+  TraceSpan span(trace_ops::kExpertAllToAll.data());  // nested in forward- or backward-compute
+  ep_->all_to_all_v(send.view({send.numel()}), send_elements_, recv.view({recv.numel()}), recv_elements_);
+}
+
+void MoeBlock::forward(Tensor out, const Tensor& x, const MoeTensors& w) {
+  const int64_t T = x.dim(0), H = shape_.hidden, k = shape_.top_k, N = T * k;
+  if (T > max_tokens_ || x.dim(1) != H || out.dim(0) != T || out.dim(1) != H) {
+    throw std::invalid_argument("MoE block: x and out must be [T, " + std::to_string(H) + "] with T <= " +
+                                std::to_string(max_tokens_));
+  }
+  if (x.device != ws_.device() || out.device != ws_.device() || x.dtype != ws_.dtype()) {
+    throw std::invalid_argument(std::string("MoE block: x is a ") + dtype_name(x.dtype) + " tensor on " +
+                                device_name(x.device) + ", the block runs " + dtype_name(ws_.dtype()) + " on " +
+                                device_name(ws_.device()));
+  }
+  if (static_cast<int64_t>(w.w1.size()) != local_experts_ || static_cast<int64_t>(w.w2.size()) != local_experts_ ||
+      static_cast<int64_t>(w.w3.size()) != local_experts_) {
+    throw std::invalid_argument("MoE block: weights of " + std::to_string(w.w1.size()) + " experts for the " +
+                                std::to_string(local_experts_) + " this rank runs (an ep group missing?)");
+  }
+  tokens_ = T;
+  linear_forward(ws_.logits.rows(0, T), x, w.gate);
+  route(T);
   // The rows go to their experts' ranks; each local expert runs over its rows from
-  // every rank: one GEMM per projection.
+  // every rank: one GEMM per projection. Without ep, expert order is routing order.
   exchange_counts();
-  dispatch(xs_.data(), ex_xs_.data(), H);
+  const int64_t R = expert_first_[local_experts_];
+  if (ep_) {
+    gather_rows(ws_.routed.rows(0, N), x, d_row_token_.rows(0, N));
+    exchange_rows(ws_.routed.rows(0, N), send_rows_, ws_.transit.rows(0, R), recv_rows_);
+    gather_rows(xs_.rows(0, R), ws_.transit.rows(0, R), d_to_expert_.rows(0, R));
+  } else {
+    gather_rows(xs_.rows(0, R), x, d_row_token_.rows(0, N));
+  }
+  const Tensor expert_out = ep_ ? ws_.expert_out : ys_;
   for (int64_t e = 0; e < local_experts_; ++e) {
     const int64_t b = expert_first_[e], n = expert_first_[e + 1] - b;
     if (n == 0) continue;
-    const Tensor xe(ex_xs_.data() + b * H, {n, H}), g(gate_.data() + b * F, {n, F}), u(up_.data() + b * F, {n, F}),
-        a(act_.data() + b * F, {n, F}), y(ex_ys_.data() + b * H, {n, H});
-    linear_forward(g, xe, w.w1[e]);
-    linear_forward(u, xe, w.w3[e]);
+    const Tensor g = gate_.rows(b, b + n), u = up_.rows(b, b + n), a = ws_.act.rows(b, b + n);
+    linear_forward(g, xs_.rows(b, b + n), w.w1[e]);
+    linear_forward(u, xs_.rows(b, b + n), w.w3[e]);
     swiglu_forward(a, g, u);
-    linear_forward(y, a, w.w2[e]);
+    linear_forward(expert_out.rows(b, b + n), a, w.w2[e]);
   }
-  combine(ex_ys_.data(), ys_.data(), H);
-  std::fill(out.data, out.data + T * H, 0.0f);
-  for (int64_t r = 0; r < T * k; ++r) {
-    const int64_t t = row_token_[r];
-    const float c = weights_[t * k + row_choice_[r]];
-    for (int64_t h = 0; h < H; ++h) out.data[t * H + h] += c * ys_[r * H + h];
+  if (ep_) {
+    // The way back: what this rank received from rank p returns to it.
+    gather_rows(ws_.transit.rows(0, R), ws_.expert_out.rows(0, R), d_from_expert_.rows(0, R));
+    exchange_rows(ws_.transit.rows(0, R), recv_rows_, ys_.rows(0, N), send_rows_);
   }
+  combine_rows(out, ys_.rows(0, N), d_token_row_.rows(0, T), d_weights_.rows(0, T));
   // Each tp rank combined its slice of every expert's w2 output: their sum is the output.
   output_.forward(out);
   // Load balancing: E sum_e f_e P_e over the T tokens.
+  const int64_t E = shape_.experts;
   double aux = 0;
   for (int64_t e = 0; e < E; ++e) {
     double p_sum = 0;
@@ -237,45 +289,46 @@ std::vector<double> MoeBlock::aux_gradient(double c) const {
 
 void MoeBlock::backward(Tensor dx, const MoeTensors& grads, const Tensor& dout, const Tensor& x,
                         const MoeTensors& w, std::span<const double> aux_grad) {
-  const int64_t T = tokens_, E = shape_.experts, k = shape_.top_k, H = shape_.hidden, F = shape_.ffn;
+  const int64_t T = tokens_, E = shape_.experts, k = shape_.top_k, N = T * k;
   if (x.dim(0) != T || dout.dim(0) != T || dx.dim(0) != T) {
     throw std::invalid_argument("MoE block: backward over another number of tokens than the forward");
   }
-  require_cpu(dx, "dx");
-  require_cpu(dout, "dout");
-  // Per grouped row: dY = weight x dout of its token; d(weight) = <dout, Y>.
-  for (int64_t r = 0; r < T * k; ++r) {
-    const int64_t t = row_token_[r], j = row_choice_[r];
-    const float c = weights_[t * k + j];
-    double dot = 0;
-    for (int64_t h = 0; h < H; ++h) {
-      dys_[r * H + h] = c * dout.data[t * H + h];
-      dot += static_cast<double>(dout.data[t * H + h]) * ys_[r * H + h];
-    }
-    dweights_[t * k + j] = static_cast<float>(dot);
-  }
+  const int64_t R = expert_first_[local_experts_];
+  // Per routing row: dY = weight x dout of its token; per (token, choice): d(weight) = <dout, Y>.
+  const Tensor dys = ws_.routed.rows(0, N);
+  gather_rows(dys, dout, d_row_token_.rows(0, N), d_row_weight_.rows(0, N));
+  combine_rows_weight_backward(ws_.dweights.rows(0, T), dout, ys_.rows(0, N), d_token_row_.rows(0, T));
+  copy(host(dweights_, T, k), ws_.dweights.rows(0, T));
   // <dout, Y> over this rank's slice of Y: the sum over the tp ranks is the whole dot.
-  if (tp_ != nullptr && tp_->size() > 1) tp_->all_reduce(view(dweights_, T, k), ReduceOp::Sum);
+  if (tp_ != nullptr && tp_->size() > 1) tp_->all_reduce(host(dweights_, T, k), ReduceOp::Sum);
   // The output gradients travel to the experts' ranks as the rows did, the input
   // gradients come back.
-  dispatch(dys_.data(), ex_dys_.data(), H);
+  Tensor expert_dy = dys;
+  if (ep_) {
+    exchange_rows(dys, send_rows_, ws_.transit.rows(0, R), recv_rows_);
+    gather_rows(ws_.expert_out.rows(0, R), ws_.transit.rows(0, R), d_to_expert_.rows(0, R));
+    expert_dy = ws_.expert_out;
+  }
   for (int64_t e = 0; e < local_experts_; ++e) {
     const int64_t b = expert_first_[e], n = expert_first_[e + 1] - b;
     if (n == 0) continue;
-    const Tensor xe(ex_xs_.data() + b * H, {n, H}), g(gate_.data() + b * F, {n, F}), u(up_.data() + b * F, {n, F}),
-        a(act_.data() + b * F, {n, F}), dy(ex_dys_.data() + b * H, {n, H}), da(dacts_.data() + b * F, {n, F}),
-        dg(dgate_.data() + b * F, {n, F}), du(dup_.data() + b * F, {n, F}), dxe(ex_dxs_.data() + b * H, {n, H});
-    linear_backward(da, grads.w2[e], dy, a, w.w2[e], false);
+    const Tensor xe = xs_.rows(b, b + n), g = gate_.rows(b, b + n), u = up_.rows(b, b + n),
+                 a = ws_.act.rows(b, b + n), da = ws_.dact.rows(b, b + n), dg = ws_.dgate.rows(b, b + n),
+                 du = ws_.dup.rows(b, b + n), dxe = ws_.expert_dx.rows(b, b + n);
+    swiglu_forward(a, g, u);  // recomputed rather than kept, as the dense MLP does
+    linear_backward(da, grads.w2[e], expert_dy.rows(b, b + n), a, w.w2[e], false);
     swiglu_backward(dg, du, da, g, u);
     linear_backward(dxe, grads.w1[e], dg, xe, w.w1[e], false);
     linear_backward(dxe, grads.w3[e], du, xe, w.w3[e], true);
   }
-  combine(ex_dxs_.data(), dxs_.data(), H);
-  std::fill(dx.data, dx.data + T * H, 0.0f);
-  for (int64_t r = 0; r < T * k; ++r) {
-    const int64_t t = row_token_[r];
-    for (int64_t h = 0; h < H; ++h) dx.data[t * H + h] += dxs_[r * H + h];
+  Tensor dxs = ws_.expert_dx.rows(0, R);
+  if (ep_) {
+    gather_rows(ws_.transit.rows(0, R), ws_.expert_dx.rows(0, R), d_from_expert_.rows(0, R));
+    exchange_rows(ws_.transit.rows(0, R), recv_rows_, ws_.routed.rows(0, N), send_rows_);
+    dxs = ws_.routed.rows(0, N);
   }
+  // Each token's input gradient: the sum over its k rows.
+  combine_rows(dx, dxs, d_token_row_.rows(0, T));
   // Each rank's expert slices gave part of dx; the router's part below is whole on every rank.
   input_.backward(dx);
   // Router. The weights are p_j / S over the chosen j (S their sum), so
@@ -295,7 +348,8 @@ void MoeBlock::backward(Tensor dx, const MoeTensors& grads, const Tensor& dout, 
     for (int64_t e = 0; e < E; ++e) pdp += p[e] * dp[e];
     for (int64_t e = 0; e < E; ++e) dlogits_[t * E + e] = static_cast<float>(p[e] * (dp[e] - pdp));
   }
-  linear_backward(dx, grads.gate, view(dlogits_, T, E), x, w.gate, true);
+  copy(ws_.dlogits.rows(0, T), host(dlogits_, T, E));
+  linear_backward(dx, grads.gate, ws_.dlogits.rows(0, T), x, w.gate, true);
 }
 
 }  // namespace hdp

@@ -35,13 +35,21 @@
 // rank, so they are the same as without ep. Under tp x ep each tp rank exchanges
 // with the ep peers of its own tp rank, and the tp all-reduces are unchanged.
 //
-// CPU tensors only (the config refuses other devices for Mixtral); tested standalone
-// against a naive reference (tests/model_moe_test.cpp).
+// Any device and either precision: the router, the experts' GEMMs and the row
+// movement (kernels/ops.h: gather_rows, combine_rows) run as ops on the block's device
+// in the activations' dtype; the routing decisions (softmax in fp32, top-k, the
+// grouping of rows by expert) are made on the host from the router's logits [T, E],
+// which come back once per forward (a device synchronisation: the sizes of the
+// experts' GEMMs depend on them, as in every dropless implementation that runs one
+// GEMM per expert), and the router's gradient [T, E] goes back once per backward.
+// Tested standalone against a naive reference (tests/model_moe_test.cpp), in bf16
+// against fp32 and on the guarded device against the CPU.
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "kernels/allocator.h"
 #include "kernels/tensor.h"
 #include "parallel/communicator.h"
 #include "parallel/tensor_parallel.h"
@@ -61,21 +69,60 @@ struct MoeTensors {
   std::vector<Tensor> w1, w2, w3;
 };
 
+// What a block needs only while its forward or backward runs, shared by every block
+// of a model (one per pipeline slot and layer would hold layers x slots copies):
+// the router's logits and their gradient, the experts' activation and the gradients
+// in expert order, and under expert parallelism the rows in transit. Sized for
+// max_tokens x k rows in expert order (every row a rank ever runs without ep, and
+// what a balanced router sends it with ep); a forward that receives more under ep
+// grows it (reserve).
+class MoeWorkspace {
+ public:
+  MoeWorkspace(const MoeShape& shape, int64_t max_tokens, Device device, DType dtype, bool expert_parallel);
+
+  Device device() const { return device_; }
+  DType dtype() const { return dtype_; }
+  // Makes room for `rows` rows in expert order (grow-only).
+  void reserve(int64_t rows);
+  size_t bytes() const { return fixed_.capacity() + rows_.capacity(); }
+
+  Tensor logits, dlogits;          // [max_tokens, E], the activations' dtype
+  Tensor dweights;                 // [max_tokens, k] fp32
+  Tensor routed, transit;          // [max_tokens k, H]: routing order; in transit (ep: rows of the ep group, grown)
+  Tensor act, dact, dgate, dup;    // [rows, F], expert order
+  Tensor expert_out, expert_grad;  // [rows, H], expert order (ep: outputs and output gradients; without ep unused)
+  Tensor expert_dx;                // [rows, H], expert order: the experts' input gradients
+  int64_t rows() const { return rows_capacity_; }
+
+ private:
+  MoeShape shape_;
+  Device device_;
+  DType dtype_;
+  bool expert_parallel_;
+  Arena fixed_, rows_;
+  int64_t rows_capacity_ = 0;
+};
+
 class MoeBlock {
  public:
   // Throws std::invalid_argument for a shape with no expert, top_k outside [1, E], or
   // an ep group whose size does not divide E.
+  // workspace: the model's shared scratch (its device and dtype are the block's).
   // tp: the tensor-parallel group the experts are split over (nullptr: none).
   // ep: the expert-parallel group the experts are shared out over (nullptr: none).
   // Every rank of the ep group must run forward and backward the same number of
   // times in the same order (each is a collective), with its own tokens (T may be 0).
-  MoeBlock(const MoeShape& shape, int64_t max_tokens, Communicator* tp = nullptr, Communicator* ep = nullptr);
+  MoeBlock(const MoeShape& shape, int64_t max_tokens, MoeWorkspace& workspace, Communicator* tp = nullptr,
+           Communicator* ep = nullptr);
 
   int64_t local_experts() const { return local_experts_; }
   int64_t first_local_expert() const { return first_expert_; }
+  // Device memory this block keeps for its backward.
+  size_t bytes() const { return fixed_.capacity() + rows_.capacity(); }
 
   // out [T, H] = sum over the token's k experts of weight x expert(x). Keeps what
-  // backward needs (the routing, each expert's inputs and gate/up projections).
+  // backward needs (the routing, each expert's inputs and gate/up projections, the
+  // experts' outputs).
   void forward(Tensor out, const Tensor& x, const MoeTensors& weights);
   // dx [T, H] is overwritten; the weights' gradients are added into `grads`.
   // aux_grad [E]: d(loss)/d(p_te), the same for every token t, from a load-balancing
@@ -98,28 +145,23 @@ class MoeBlock {
   std::span<const float> weights() const { return {weights_.data(), static_cast<size_t>(tokens_ * shape_.top_k)}; }
 
  private:
-  // Rows travel between the routing order (grouped by expert: the rows of the ep
-  // group's rank p are contiguous, expert by expert) and this rank's expert order
-  // (its local expert j's rows from every rank p, contiguous). dispatch: routing
-  // order here -> expert order at the owners; combine: the way back. `width` floats
-  // per row.
-  void dispatch(const float* rows, float* expert_rows, int64_t width);
-  void combine(const float* expert_rows, float* rows, int64_t width);
-  // One all-to-all on the ep group: send_rows[p] rows of `width` floats to rank p,
-  // recv_rows[p] from it.
-  void exchange_rows(const float* send, std::span<const int64_t> send_rows, float* recv,
-                     std::span<const int64_t> recv_rows, int64_t width);
-  // Exchanges the per-expert row counts of this forward (sets the members below) and
-  // makes room for the rows that will arrive.
+  // The routing on the host: softmax, top k, renormalised weights, counts and the
+  // grouping of the (token, choice) rows by expert (routing order); uploads the
+  // index and weight tensors.
+  void route(int64_t T);
+  // Exchanges the per-expert row counts of this forward (sets the members below),
+  // makes room for the rows that will arrive and, under ep, uploads the permutations
+  // between the order in which the all-to-all delivers rows and expert order.
   void exchange_counts();
-  // The expert-order buffers hold at least `rows` rows. They start at max_tokens x k
-  // rows, all a rank ever receives without ep and what a balanced router sends it with
-  // ep, and grow only when a forward receives more (at most ep x max_tokens x k):
-  // sized for the worst case up front, every block of every layer and pipeline slot
-  // would hold ep times the memory a balanced router needs.
+  // One all-to-all on the ep group: send_rows[p] rows to rank p, recv_rows[p] from it.
+  void exchange_rows(const Tensor& send, std::span<const int64_t> send_rows, Tensor recv,
+                     std::span<const int64_t> recv_rows);
+  // The saved rows in expert order hold at least `rows` rows (grow-only; the
+  // workspace likewise): max_tokens x k from the start, more only under ep.
   void reserve_expert_rows(int64_t rows);
 
   MoeShape shape_;
+  MoeWorkspace& ws_;
   Communicator* tp_;
   Communicator* ep_;  // nullptr when the experts are not shared out
   int ep_size_ = 1;
@@ -128,25 +170,32 @@ class MoeBlock {
   ReduceFromTensorParallelRegion output_;  // g: out of the row-parallel w2, after the combine
   int64_t max_tokens_, tokens_ = 0;
   double aux_ = 0;
+  // Host: the routing and its statistics.
   std::vector<float> logits_, probs_;      // [T, E]
   std::vector<int32_t> chosen_;            // [T, k]
   std::vector<float> weights_;             // [T, k], renormalised
   std::vector<int64_t> counts_, first_;    // per expert: rows, first row of its group
   std::vector<double> prob_sums_;          // per expert: summed router probability
-  std::vector<int32_t> row_token_, row_choice_;  // per grouped row: its token and choice slot
-  std::vector<float> xs_, ys_, dys_, dxs_;  // routing order: inputs, outputs and their gradients
-  // Expert order (reserve_expert_rows): the rows this rank's experts run.
+  std::vector<int32_t> row_token_, token_row_;  // routing row -> its token; (token, choice) -> its routing row
+  std::vector<float> row_weight_;          // routing row -> its combine weight
+  std::vector<float> dweights_, dlogits_;  // backward: [T, k], [T, E]
   std::vector<int64_t> send_rows_, recv_rows_;  // per ep rank: rows sent to it, received from it
   std::vector<int64_t> arrived_;   // [ep][local expert]: rows from each rank for each of its experts
   std::vector<int64_t> expert_first_;  // per local expert: its first row in expert order (+ the total)
-  std::vector<int64_t> next_;          // per local expert: where its next row goes (dispatch, combine)
-  std::vector<int64_t> send_elements_, recv_elements_;  // exchange_rows: the counts in floats
+  std::vector<int32_t> to_expert_, from_expert_;  // ep: expert row <- arrival row, arrival row <- expert row
+  std::vector<int64_t> send_elements_, recv_elements_;  // exchange_rows: the counts in elements
   std::vector<float> count_send_, count_recv_;  // the counts as they travel (fp32, exact below 2^24)
   std::vector<int64_t> counts_per_rank_;        // local_experts_ counts to and from every ep rank
-  std::vector<float> transit_;     // rows in the ep group's rank order, as the all-to-all moves them
-  std::vector<float> ex_xs_, gate_, up_, act_, ex_ys_;  // inputs, projections, outputs
-  std::vector<float> ex_dys_, dacts_, dgate_, dup_, ex_dxs_;
-  std::vector<float> dweights_, dlogits_;
+  // Device, kept for backward. Routing order (max_tokens x k rows):
+  Arena fixed_;
+  IndexTensor d_row_token_, d_token_row_;  // [N], [T, k]
+  Tensor d_row_weight_, d_weights_;        // [N], [T, k] fp32
+  Tensor ys_;                              // [N, H]: the experts' outputs
+  // Expert order (reserve_expert_rows):
+  Arena rows_;
+  int64_t rows_capacity_ = 0;
+  Tensor xs_, gate_, up_;                  // [R, H], [R, F], [R, F]
+  IndexTensor d_to_expert_, d_from_expert_;  // [R] (ep only)
 };
 
 }  // namespace hdp

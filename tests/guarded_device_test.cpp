@@ -223,6 +223,11 @@ TEST(GuardedSelftest, ModelTrainingChecksPass) { expect_checks_pass(check_model_
 TEST(GuardedSelftest, ModelTrainingChecksPassInBf16) {
   expect_checks_pass(check_model_training(Device::Guarded, 1, DType::BF16));
 }
+// Mixtral: the MoE blocks' routing through copies and their row movement as ops.
+TEST(GuardedSelftest, MixtralModelTrainingChecksPass) {
+  for (DType precision : {DType::F32, DType::BF16})
+    expect_checks_pass(check_model_training(Device::Guarded, 1, precision, true));
+}
 TEST(GuardedSelftest, OffloadChecksPass) { expect_checks_pass(check_offload(Device::Guarded, 1)); }
 
 // ---- the trainer end to end ------------------------------------------------------------
@@ -343,6 +348,50 @@ TEST_P(GuardedRing, LongDocumentsOverARingWithOffloadEqualOneCpuProcess) {
 INSTANTIATE_TEST_SUITE_P(Attention, GuardedRing,
                          ::testing::Values("", "--set model.arch=mistral --set model.sliding_window=100 "),
                          [](const auto& info) { return std::string(info.index == 0 ? "full" : "window100"); });
+
+// Mixtral (4 experts, top 2) on the guarded device: the MoE blocks' router, expert
+// GEMMs and row movement run as device ops, the routing reads the logits through a
+// copy. One process equals the CPU bit for bit; hdp2 x ep2 (the tokens' all-to-alls
+// move guarded memory) and a ring of 2 over 512-token sequences with offload equal
+// one CPU process.
+TEST(GuardedTrainer, MixtralEqualsTheCpuRunAlsoUnderExpertParallelismAndRings) {
+  const std::string dir = scratch_dir("guarded-mixtral-" + std::to_string(getpid()));
+  const std::string moe = "--set model.arch=mixtral --set model.num_experts=4 --set model.experts_per_token=2 "
+                          "--set model.router_aux_loss_coef=0.02 ";
+  auto a = run_trainer(train_args(dir + "/cpu", "cpu", 3, 0, moe));
+  ASSERT_EQ(a.exit_code, 0) << a.output;
+  auto b = run_trainer(train_args(dir + "/dev", "guarded", 3, 0, moe));
+  ASSERT_EQ(b.exit_code, 0) << b.output;
+  auto c = run_command(mpirun(2) + " " +
+                       train_args(dir + "/ep2", "guarded", 3, 0, moe + "--set parallel.hdp=2 --set parallel.ep=2"));
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  const std::vector<double> want = metric_values(dir + "/cpu", "loss");
+  ASSERT_EQ(want.size(), 3u);
+  EXPECT_EQ(metric_values(dir + "/dev", "loss"), want);
+  EXPECT_EQ(metric_values(dir + "/dev", "aux_loss"), metric_values(dir + "/cpu", "aux_loss"));
+  const std::vector<double> ep = metric_values(dir + "/ep2", "loss");
+  ASSERT_EQ(ep.size(), 3u) << c.output;
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(ep[i], want[i], 1e-5 * want[i]) << "ep2 step " << i + 1;
+  for (double bytes : metric_values(dir + "/ep2", "ep_bytes")) EXPECT_GT(bytes, 0);
+
+  auto corpus = run_trainer("make-corpus --output " + dir + "/long.h5 --documents 60 --min-length 511 "
+                            "--max-length 511 --seed 5");
+  ASSERT_EQ(corpus.exit_code, 0) << corpus.output;
+  const std::string data = moe + "--set data.path=" + dir + "/long.h5 --set data.max_seq_len=512 ";
+  auto d = run_trainer(train_args(dir + "/long-cpu", "cpu", 3, 0, data + "--set data.micro_batch_tokens=512"));
+  ASSERT_EQ(d.exit_code, 0) << d.output;
+  auto e = run_command(mpirun(2) + " " +
+                       train_args(dir + "/ring", "guarded", 3, 0,
+                                  data + "--set data.micro_batch_tokens=128 --set parallel.hdp=2"));
+  ASSERT_EQ(e.exit_code, 0) << e.output;
+  const std::vector<double> long_want = metric_values(dir + "/long-cpu", "loss"),
+                            ring = metric_values(dir + "/ring", "loss");
+  ASSERT_EQ(long_want.size(), 3u);
+  ASSERT_EQ(ring.size(), 3u) << e.output;
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(ring[i], long_want[i], 1e-5 * long_want[i]) << "ring step " << i + 1;
+  const std::vector<double> offloaded = metric_values(dir + "/ring", "offloaded_bytes");
+  EXPECT_GT(*std::max_element(offloaded.begin(), offloaded.end()), 0);
+}
 
 }  // namespace
 }  // namespace hdp

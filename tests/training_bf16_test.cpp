@@ -147,5 +147,56 @@ TEST(TrainingBf16, UnsupportedLayoutsAreRefusedAtStartUp) {
   EXPECT_NE(r.output.find("bf16"), std::string::npos) << r.output;
 }
 
+// Mixtral (tiny-mixtral's shape: 4 experts of FFN 176, top 2, aux coefficient 0.02)
+// in bf16: the MoE blocks' router logits, expert rows and all-to-all rows are bf16,
+// the routing (softmax, top k) and its statistics fp32. 100 steps track fp32 (every
+// 10-step mean within 3%, the last within 2%); the guarded device gives the CPU's
+// bf16 losses bit for bit; hdp2 x ep2 (bf16 rows through the all-to-alls) equals one
+// process up to the order of the experts' fp32 gradient sums.
+TEST(TrainingBf16, MixtralTracksFp32AndRunsOnTheGuardedDeviceAndUnderExpertParallelism) {
+  const std::string dir = scratch_dir("bf16-mixtral");
+  const std::string moe = " --set model.arch=mixtral --set model.num_experts=4 --set model.experts_per_token=2"
+                          " --set model.ffn_hidden_size=176 --set model.router_aux_loss_coef=0.02";
+  const std::string fp32 = std::string(HDP_TRAINER_BINARY) + " " +
+                           train_args(dir + "/fp32", 100, moe + " --set train.precision=fp32");
+  const std::string bf16 = std::string(HDP_TRAINER_BINARY) + " " +
+                           train_args(dir + "/bf16", 100, moe + " --set train.precision=bf16");
+  const auto r = run_command("(" + fp32 + " > " + dir + "/fp32.log 2>&1 & " + bf16 + " > " + dir +
+                             "/bf16.log 2>&1; s=$?; wait $!; f=$?; exit $((s + f)))");
+  ASSERT_EQ(r.exit_code, 0) << run_command("tail -5 " + dir + "/fp32.log " + dir + "/bf16.log").output;
+  const std::vector<double> l32 = metric_values(dir + "/fp32", "loss"), l16 = metric_values(dir + "/bf16", "loss");
+  ASSERT_EQ(l32.size(), 100u);
+  ASSERT_EQ(l16.size(), 100u);
+  const double end32 = mean_of_last(l32, 10), end16 = mean_of_last(l16, 10);
+  std::printf("mixtral loss, mean of steps 91-100: fp32 %.4f, bf16 %.4f (%.2f%%); first step %.4f / %.4f\n", end32,
+              end16, 100.0 * (end16 - end32) / end32, l32[0], l16[0]);
+  EXPECT_LT(end32, 0.8 * l32[0]);  // it learned
+  EXPECT_LT(std::fabs(end16 - end32), 0.02 * end32);
+  for (size_t s = 10; s <= 100; s += 10) {
+    const double a = std::accumulate(l32.begin() + s - 10, l32.begin() + s, 0.0) / 10;
+    const double b = std::accumulate(l16.begin() + s - 10, l16.begin() + s, 0.0) / 10;
+    EXPECT_LT(std::fabs(b - a), 0.03 * a) << "steps " << s - 9 << "-" << s;
+  }
+  const std::vector<double> aux16 = metric_values(dir + "/bf16", "aux_loss");
+  ASSERT_EQ(aux16.size(), 100u);
+  EXPECT_GT(aux16.back(), 1.9);  // E sum f P is k = 2 when balanced, more otherwise
+  EXPECT_LT(aux16.back(), 2.5);
+
+  const auto g = run_trainer(train_args(dir + "/guarded", 2, moe + " --set train.precision=bf16 "
+                                                                   "--set train.device=guarded"));
+  ASSERT_EQ(g.exit_code, 0) << g.output;
+  const std::vector<double> lg = metric_values(dir + "/guarded", "loss");
+  ASSERT_EQ(lg.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) EXPECT_EQ(lg[i], l16[i]) << "guarded step " << i + 1;
+
+  const auto ep = run_command(testing::mpirun(2) + " " +
+                              train_args(dir + "/ep2", 3, moe + " --set train.precision=bf16 --set parallel.hdp=2 "
+                                                                "--set parallel.ep=2") + " 2>&1");
+  ASSERT_EQ(ep.exit_code, 0) << ep.output;
+  const std::vector<double> le = metric_values(dir + "/ep2", "loss");
+  ASSERT_EQ(le.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_NEAR(le[i], l16[i], 1e-4 * l16[i]) << "ep2 step " << i + 1;
+}
+
 }  // namespace
 }  // namespace hdp

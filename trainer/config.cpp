@@ -611,8 +611,8 @@ struct Parser {
     positive(lo.servers, "loader.servers");
     positive(lo.timeout_s, "loader.timeout_s");
 
-    // Mixtral (Jiang et al. 2024): on the CPU, in fp32, under tp (sharded experts), pp and
-    // hdp, with micro-batches that hold whole sequences (model/moe.h). Its keys are read
+    // Mixtral (Jiang et al. 2024): on every device and precision, under tp (sharded
+    // experts), pp, hdp (rings and offload too) and ep (model/moe.h). Its keys are read
     // but unused for other architectures (the effective config writes every key, so they
     // cannot be refused there).
     if (m.moe()) {
@@ -623,10 +623,6 @@ struct Parser {
               "choose how many experts each token runs, e.g. 2 as Mixtral", {"model.num_experts"});
       non_negative(m.router_aux_loss_coef, "model.router_aux_loss_coef",
                    "it must be 0 or more (Mixtral uses 0.02, Hugging Face defaults to 0.001)");
-      require(t.device == Device::CPU, "train.device", shown("train.device") + " with model.arch 'mixtral'",
-              "Mixtral's MoE layers run on the CPU backend so far; use train.device: cpu", {"model.arch"});
-      require(t.precision == DType::F32, "train.precision", shown("train.precision") + " with model.arch 'mixtral'",
-              "Mixtral's MoE layers compute in fp32 only so far; set train.precision: fp32", {"model.arch"});
       // A forward's (token, choice) counts are kept as fp32, the form in which they
       // travel between pipeline stages and ring members (model/model.h, routing_input):
       // exact below 2^24. A forward is one micro-batch, or with sequences longer than a

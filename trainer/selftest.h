@@ -18,8 +18,11 @@ struct SelftestOptions {
 // Five AdamW steps of a small grouped-query model on `device` and on the CPU from
 // the same weights and packed batches, in `precision` (fp32, or bf16 mixed
 // precision against the CPU's bf16 path): each step's loss, the first gradients
-// and the final (fp32 master) weights compared.
-std::vector<OpCheck> check_model_training(Device device, uint64_t seed, DType precision = DType::F32);
+// and the final (fp32 master) weights compared. With `mixtral`, every MLP is a sparse
+// mixture of 4 experts, top 2 (the MoE block's routing, row movement and
+// load-balancing loss on the device).
+std::vector<OpCheck> check_model_training(Device device, uint64_t seed, DType precision = DType::F32,
+                                          bool mixtral = false);
 
 // The copy engine on `device` (round trips through host memory, pinned on CUDA,
 // whose result depends on every ordering between the copy and compute streams;

@@ -678,7 +678,12 @@ void run_training(const Config& config, const ProcessInfo& process) {
   check_world_size(degrees, remote, loader_ranks, process);
   const int threads = configure_threads(config.train.threads, process);
   const Device device = config.train.device;
-  if (device == Device::CUDA) bind_gpu(config.train, process);
+  if (device == Device::CUDA) {
+    bind_gpu(config.train, process);
+    if (config.model.moe() && process.rank == 0)
+      spdlog::warn("model.arch: mixtral on cuda runs the MoE block's row-movement kernels (gather_rows, "
+                   "combine_rows), which are unverified until `trainer selftest` passes on this GPU");
+  }
 
   // With a remote loader the last ranks serve data; the others train on a
   // communicator of their own.
