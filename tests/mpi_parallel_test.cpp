@@ -211,13 +211,14 @@ TEST(ZeroAdamW, ShardedStepEqualsUnshardedStep) {
 
 Config engine_config(const std::string& parallel, const std::string& data = "{path: unused.h5, max_seq_len: 64, "
                                                                            "micro_batch_tokens: 96, global_batch_tokens: 1024}",
-                     const std::string& model_extra = "") {
+                     const std::string& model_extra = "", const std::string& train = "{}") {
   return parse_config_text(
       "model: {vocab_size: 50, hidden_size: 32, num_layers: 4, num_heads: 4, num_kv_heads: 2, ffn_hidden_size: 48,"
       " init_std: 0.1" + model_extra + "}\n"
       "data: " + data + "\n"
       "optim: {lr: 0.01, warmup_steps: 0, grad_clip: 0}\n"
       "offload: {enabled: false}\n"
+      "train: " + train + "\n"
       "parallel: " + parallel + "\n",
       "engine-test", {}, false);
 }
@@ -313,11 +314,23 @@ std::vector<float> planned_gradient(TrainingEngine& engine, ProcessGroups& group
   return sum;
 }
 
-void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+// Every element within tolerance x the largest |want|.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, const std::string& what,
+                  double tolerance = 1e-5) {
   double max_abs = 0;
   for (float x : want) max_abs = std::max(max_abs, static_cast<double>(std::abs(x)));
   ASSERT_GT(max_abs, 0.0) << what;
-  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5 * max_abs) << what << " element " << i;
+  for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], tolerance * max_abs) << what << " element " << i;
+}
+
+// The largest |got - want| relative to the largest |want|.
+double relative_max_difference(const std::vector<float>& got, const std::vector<float>& want) {
+  double max_abs = 0, max_diff = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_abs = std::max(max_abs, static_cast<double>(std::abs(want[i])));
+    max_diff = std::max(max_diff, static_cast<double>(std::abs(got[i] - want[i])));
+  }
+  return max_diff / max_abs;
 }
 
 TEST(RingAttention, ADocumentSplitOver2To4RanksGivesTheWholeDocumentsGradients) {
@@ -354,6 +367,50 @@ TEST(RingAttention, ADocumentSplitOver2To4RanksGivesTheWholeDocumentsGradients) 
     }
     for (int j = k; j < 3; ++j) mixed.ranks[0].push_back(PlannedMicroBatch{{{2 + j, 0, several.sequences[2 + j].length}}});
     expect_close(planned_gradient(engine, groups, several, mixed), want_mixed, std::string(parallel) + " mixed ring");
+  }
+}
+
+// bf16 activations over rings (train.precision: bf16): the 4096-token document over
+// rings of 2 to 4 ranks gives the gradients of the whole document on one rank in
+// bf16. The ring computes on fp32 images of q, k, v and rounds out, dq, dk and dv
+// once (parallel/ring_attention.h), as one rank's bf16 attention does, so the two
+// differ by the order of fp32 sums only, which now and then flips a bf16 rounding of
+// an activation by one step (2^-8 relative) that later layers carry. TOLERANCE
+// The gradients of bf16 and fp32 differ by far more than that (the rounding of every
+// activation), so the comparison tells a bf16 ring from an fp32 one. The key/value
+// rows travel as bf16 (2 bytes a value: 2 x 2 KV heads x 8 x 2 = 64 bytes a row) and
+// their gradients as fp32 (128 bytes a row): over a ring of 4, 18 transfers of 512
+// rows per layer and pass.
+constexpr double kBf16RingTolerance = 1e-9;  // MEASURING
+TEST(RingAttention, Bf16RingsEqualTheWholeDocumentInBf16) {
+  const RingData data = ring_data("bf16", {4096});
+  const std::string data_config =
+      "{path: unused.h5, max_seq_len: 4096, micro_batch_tokens: 4096, global_batch_tokens: 16384}";
+  StepPlan whole{4096, std::vector<std::vector<PlannedMicroBatch>>(4), {}};
+  whole.ranks[0].push_back(PlannedMicroBatch{{{0, 0, 4096}}});
+  ProcessGroups groups(ParallelDegrees{1, 1, 4}, false);
+  TrainingEngine fp32(engine_config("{hdp: 4}", data_config), groups);
+  const std::vector<float> want_fp32 = planned_gradient(fp32, groups, data, whole);
+  TrainingEngine engine(engine_config("{hdp: 4}", data_config, "", "{precision: bf16}"), groups);
+  const std::vector<float> want = planned_gradient(engine, groups, data, whole);
+  const double bf16_vs_fp32 = relative_max_difference(want, want_fp32);
+  EXPECT_GT(bf16_vs_fp32, 10 * kBf16RingTolerance);
+  for (int k = 2; k <= 4; ++k) {
+    StepPlan ring{4096, std::vector<std::vector<PlannedMicroBatch>>(4), {Ring{{}, {0}}}};
+    for (int j = 0; j < k; ++j) ring.rings[0].ranks.push_back(j);
+    for (int j = 0; j < k; ++j) ring.ranks[j].push_back(ring_member(data.sequences, ring.rings[0], j));
+    const int64_t before = groups.hdp().stats().p2p_bytes;
+    const std::vector<float> got = planned_gradient(engine, groups, data, ring);
+    double sent = static_cast<double>(groups.hdp().stats().p2p_bytes - before);
+    groups.hdp().all_reduce(std::span<double>(&sent, 1), ReduceOp::Sum);
+    if (world_rank() == 0) {
+      std::printf("bf16 ring of %d: gradients within %.3g of the whole document (bf16 vs fp32: %.3g)\n", k,
+                  relative_max_difference(got, want), bf16_vs_fp32);
+    }
+    expect_close(got, want, "bf16 ring of " + std::to_string(k), kBf16RingTolerance);
+    if (k == 4) {
+      EXPECT_EQ(sent, 4.0 * 18 * 512 * (64 + 64 + 128));
+    }
   }
 }
 
