@@ -317,7 +317,7 @@ CommRequest MpiCommunicator::all_gather_async(Tensor buffer) {
   auto p = pending_with(staging_, "all-gather", name_);
   split_counts(n, size_, *p);
   // In place, MPI reads only this rank's part.
-  float* host = p->host_buffer(buffer, staged(buffer), part_begin(n, rank_, size_), part_begin(n, rank_ + 1, size_),
+  void* host = p->host_buffer(buffer, staged(buffer), part_begin(n, rank_, size_), part_begin(n, rank_ + 1, size_),
                                true);
   check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, host, p->counts.data(), p->displacements.data(), MPI_FLOAT,
                        comm_, &p->request),
