@@ -82,6 +82,22 @@ TEST(GuardedMemory, TheCopyEngineMovesGuardedMemoryOnItsWorkerThread) {
   EXPECT_EQ(to_host(d)[63], -2.0f);
 }
 
+// The engine moves bytes (offload's bf16 rows go out and back as they are): bf16
+// arrives bit for bit, and a copy between dtypes, which would need a conversion it
+// cannot make, is refused before anything moves.
+TEST(GuardedMemory, TheCopyEngineMovesBf16AsBytesAndRefusesAConversion) {
+  Arena dev(Device::Guarded, 1 << 16, "engine device"), host(Device::CPU, 1 << 16, "engine host");
+  const Tensor d = dev.tensor({64}, DType::BF16), h = host.tensor({64}, DType::BF16), wide = host.tensor({64});
+  std::vector<float> values(64);
+  for (int i = 0; i < 64; ++i) values[static_cast<size_t>(i)] = round_bf16(1.0f + 0.01f * static_cast<float>(i));
+  copy(d, Tensor(values.data(), {64}, Device::CPU));
+  CopyEngine engine(Device::Guarded);
+  engine.copy_async(h, d).wait();
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(to_float(h.bf16_data()[i]), values[static_cast<size_t>(i)]) << i;
+  EXPECT_THROW(engine.copy_async(wide, d), std::invalid_argument);
+  EXPECT_THROW(engine.copy_async(d, wide), std::invalid_argument);
+}
+
 TEST(GuardedMemory, ACopyBetweenTwoDeviceKindsIsRefused) {
   Arena dev(Device::Guarded, 1 << 12, "guarded");
   float fake[4];
