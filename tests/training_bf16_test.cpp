@@ -103,8 +103,8 @@ TEST(TrainingBf16, LossCurveWithinTwoPercentOfFp32After200Steps) {
 // - hdp = 2: ZeRO-1 reduces and updates the fp32 gradients and master weights, each
 //   rank rounds its bf16 copy from the all-gathered parameters; equal up to the
 //   order of the fp32 sums (measured 2e-7 relative);
-// - pp = 2: bf16 activations cross the stage boundary exactly (widened to fp32 on
-//   the wire, rounded back losslessly); the same operations, the same bits;
+// - pp = 2: bf16 activations cross the stage boundary exactly (a message carries
+//   the bf16 bytes as they are); the same operations, the same bits;
 // - tp = 2: the row-parallel partial outputs are rounded to bf16 before their
 //   all-reduce sums them in fp32 (one rounding more than one process does): measured
 //   8e-6 relative.
