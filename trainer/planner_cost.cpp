@@ -79,12 +79,9 @@ CostModel cost_model_from_file(const CostFile& file, const Config& config, int64
 CostModel derived_cost_model(const Config& config, double flops_per_second, int64_t saved_floats_per_token) {
   const ModelShape shape = config.model.shape();
   const int tp = config.parallel.tp;
-  // The saved values are in the activations' dtype (bf16: 2 bytes), which is what
-  // offload copies; the few fp32 values per token (1/rms, log-sum-exp) are priced the
-  // same, a small underestimate under bf16 (2 + heads of the 4H + ... values per token).
-  const double value_bytes = static_cast<double>(dtype_size(config.train.precision));
-  CostModel cost = analytic_cost_model(shape, tp, value_bytes * static_cast<double>(saved_floats_per_token),
-                                       flops_per_second, config.offload.bandwidth_gbs * 1e9);
+  // The saved floats are fp32 (4 bytes): the trainer computes in fp32.
+  CostModel cost = analytic_cost_model(shape, tp, 4.0 * static_cast<double>(saved_floats_per_token), flops_per_second,
+                                       config.offload.bandwidth_gbs * 1e9);
   cost.head_seconds_per_token = head_flops_per_token(shape, tp) / flops_per_second;
   return cost;
 }
