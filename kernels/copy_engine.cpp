@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "kernels/cuda/cuda_runtime.h"
@@ -99,6 +100,12 @@ CopyEngine::~CopyEngine() {
 
 CopyEvent CopyEngine::copy_async(Tensor dst, const Tensor& src) {
   if (dst.numel() != src.numel()) throw std::invalid_argument("copy engine: source and destination sizes differ");
+  // A copy moves bytes (memcpy, cudaMemcpyAsync): it cannot convert, so both sides hold
+  // the same dtype (bf16 activations go to the host pool and back as bf16).
+  if (dst.dtype != src.dtype) {
+    throw std::invalid_argument(std::string("copy engine: copies ") + dtype_name(src.dtype) + " into " +
+                                dtype_name(dst.dtype) + " (it moves bytes; convert with copy())");
+  }
   if (device_ == Device::CUDA) return cuda_copy_async(dst, src);
   auto state = std::make_shared<CopyEvent::State>();
   {

@@ -134,8 +134,8 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
     usage_.host_pool_bytes = host_arena_.capacity();
   }
   if (long_sequences.hdp != nullptr && long_sequences.hdp->size() > 1) {
-    ring_attention_ = std::make_unique<RingAttention>(*long_sequences.hdp, max_tokens_, local_kv_heads_, c.head_dim(),
-                                                      c.attention_window(), device);
+    ring_attention_ = std::make_unique<RingAttention>(*long_sequences.hdp, max_tokens_, local_heads_, local_kv_heads_,
+                                                      c.head_dim(), c.attention_window(), precision, device);
   }
   Arena sizing = Arena::counting(device, "activations");
   layout_activations(sizing);
@@ -374,7 +374,7 @@ void LlamaModel::layout_activations(Arena& arena) {
   if (copy_engine_) {
     // Slack: the kept rows of each layer are rounded to whole rows.
     region = std::max(region, static_cast<size_t>(L) * (layer_block_bytes(capacity_, 0) + layer_block_bytes(0, T) +
-                                                        static_cast<size_t>(row_width_) * sizeof(float)));
+                                                        static_cast<size_t>(row_width_) * dtype_size(precision_)));
   }
   for (Slot& s : slots_) {
     s.tokens = arena.index_tensor({T});

@@ -89,8 +89,9 @@ inline CommRequest CommRequest::all(std::vector<CommRequest> requests) {
 // counts the payload of each send; collectives count what a ring algorithm sends
 // per rank (ring_collective_bytes): all-reduce 2(n-1)/n x bytes, reduce-scatter and
 // all-gather (n-1)/n x the full buffer, all-to-all what leaves the rank. Bytes are those of the elements as they
-// travel: MPI moves every element as fp32 (bf16 is widened for the wire), NCCL
-// moves bf16 as bf16.
+// travel: MPI's collectives move every element as fp32 (bf16 is widened for the
+// wire, so reductions sum in fp32) and its point-to-point messages move bf16 as
+// bf16; NCCL moves bf16 as bf16 everywhere.
 struct CommStats {
   int64_t p2p_bytes = 0;
   int64_t collective_bytes = 0;

@@ -92,9 +92,14 @@ class StagingPool {
 
 namespace {
 
-// Bytes a tensor takes on the wire: every element travels as an MPI_FLOAT (bf16
-// tensors are widened into a staging block first, see MpiCommunicator::staged).
+// Bytes a tensor takes on the wire in a collective: every element travels as an
+// MPI_FLOAT (bf16 tensors are widened into a staging block first, see
+// MpiCommunicator::staged), so that reductions sum in fp32.
 size_t wire_bytes(const Tensor& t) { return static_cast<size_t>(t.numel()) * sizeof(float); }
+
+// A point-to-point message reduces nothing: its elements travel in their own dtype,
+// bf16 as its 16 bits (MPI_UINT16_T: the bytes as they are, half of fp32's).
+MPI_Datatype message_type(const Tensor& t) { return t.dtype == DType::BF16 ? MPI_UINT16_T : MPI_FLOAT; }
 
 // Tensor t as one flat run of elements [begin, end).
 Tensor flat(const Tensor& t, int64_t begin, int64_t end) { return t.view({t.numel()}).rows(begin, end); }
@@ -122,6 +127,7 @@ class MpiPending final : public CommRequest::Pending {
   MPI_Request request = MPI_REQUEST_NULL;
   // A receive: the elements it expects, checked against what arrived (-1 otherwise).
   int64_t expected = -1;
+  MPI_Datatype expected_type = MPI_FLOAT;  // the elements' MPI type, for counting them
   // What wait() is waiting for, for the hang watchdog (parallel/progress.h).
   const char* op = "";
   const char* group = "";
@@ -134,7 +140,7 @@ class MpiPending final : public CommRequest::Pending {
   std::vector<StagingPool::Block> blocks;
   struct CopyBack {
     Tensor destination;  // flat
-    float* staged;
+    Tensor staged;       // the block, in the dtype the elements travelled in
   };
   std::vector<CopyBack> copy_back;
 
@@ -147,29 +153,38 @@ class MpiPending final : public CommRequest::Pending {
       const int rc = MPI_Wait(&request, &status);
       if (rc != MPI_SUCCESS || expected >= 0) check_arrived(rc, status);
     }
-    for (const CopyBack& c : copy_back) {
-      copy(c.destination, Tensor(c.staged, {c.destination.numel()}, Device::CPU));
-    }
+    for (const CopyBack& c : copy_back) copy(c.destination, c.staged);
     copy_back.clear();
     release_blocks();
   }
 
   // The host address MPI uses for `t` (flat, all of it): a staging block when
-  // `staged`, else t's own memory. Elements [in_begin, in_end) of t are copied into
-  // the block now (the part MPI reads); with `output`, the whole block is copied
-  // back into t by wait().
-  float* host_buffer(const Tensor& t, bool staged, int64_t in_begin, int64_t in_end, bool output) {
-    if (!staged) return t.data;
+  // `staged`, else t's own memory. The block holds the elements as `wire` (fp32 for
+  // collectives, which widen bf16 exactly; t's own dtype for messages, copied as
+  // bytes). Elements [in_begin, in_end) of t are copied into the block now (the part
+  // MPI reads); with `output`, the whole block is copied back into t by wait(),
+  // rounding once when bf16 travelled as fp32.
+  void* host_buffer(const Tensor& t, bool staged, int64_t in_begin, int64_t in_end, bool output,
+                    DType wire = DType::F32) {
+    if (!staged) return t.raw();
     // Page-locked for CUDA buffers; plain host memory for the others (Device::Guarded, the test mode).
-    const StagingPool::Block b = pool->acquire(wire_bytes(t), t.device == Device::CUDA);
+    const StagingPool::Block b =
+        pool->acquire(static_cast<size_t>(t.numel()) * dtype_size(wire), t.device == Device::CUDA);
     blocks.push_back(b);
-    if (in_end > in_begin) copy(Tensor(b.data + in_begin, {in_end - in_begin}, Device::CPU), flat(t, in_begin, in_end));
-    if (output) copy_back.push_back({flat(t), b.data});
+    Tensor block(b.data, {t.numel()}, Device::CPU);
+    block.dtype = wire;
+    if (in_end > in_begin) copy(block.rows(in_begin, in_end), flat(t, in_begin, in_end));
+    if (output) copy_back.push_back({flat(t), block});
     return b.data;
   }
-  float* input(const Tensor& t, bool staged) { return host_buffer(t, staged, 0, t.numel(), false); }
-  float* output(const Tensor& t, bool staged) { return host_buffer(t, staged, 0, 0, true); }
-  float* in_out(const Tensor& t, bool staged) { return host_buffer(t, staged, 0, t.numel(), true); }
+  float* input(const Tensor& t, bool staged) { return static_cast<float*>(host_buffer(t, staged, 0, t.numel(), false)); }
+  float* output(const Tensor& t, bool staged) { return static_cast<float*>(host_buffer(t, staged, 0, 0, true)); }
+  float* in_out(const Tensor& t, bool staged) { return static_cast<float*>(host_buffer(t, staged, 0, t.numel(), true)); }
+  // A point-to-point message's buffer: its own dtype on the wire.
+  const void* message_input(const Tensor& t, bool staged) {
+    return host_buffer(t, staged, 0, t.numel(), false, t.dtype);
+  }
+  void* message_output(const Tensor& t, bool staged) { return host_buffer(t, staged, 0, 0, true, t.dtype); }
 
  private:
   // A receive whose message is longer (MPI_ERR_TRUNCATE) or shorter than its buffer.
@@ -183,7 +198,7 @@ class MpiPending final : public CommRequest::Pending {
                                               : std::string()));
     }
     int count = 0;
-    MPI_Get_count(&status, MPI_FLOAT, &count);
+    MPI_Get_count(&status, expected_type, &count);
     if (count != expected) {
       release_blocks();
       throw std::runtime_error(where + ": " + std::to_string(count) + " elements arrived, the receive holds " +
@@ -302,7 +317,7 @@ CommRequest MpiCommunicator::all_gather_async(Tensor buffer) {
   auto p = pending_with(staging_, "all-gather", name_);
   split_counts(n, size_, *p);
   // In place, MPI reads only this rank's part.
-  float* host = p->host_buffer(buffer, staged(buffer), part_begin(n, rank_, size_), part_begin(n, rank_ + 1, size_),
+  void* host = p->host_buffer(buffer, staged(buffer), part_begin(n, rank_, size_), part_begin(n, rank_ + 1, size_),
                                true);
   check(MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, host, p->counts.data(), p->displacements.data(), MPI_FLOAT,
                        comm_, &p->request),
@@ -341,21 +356,30 @@ CommRequest MpiCommunicator::all_to_all_v_async(const Tensor& send, std::span<co
 
 CommRequest MpiCommunicator::send_async(const Tensor& data, int peer, int tag) {
   const int n = count_of(data, name_ + " send");
-  stats_.p2p_bytes += static_cast<int64_t>(wire_bytes(data));
+  check_message_dtype(data, "send to");
+  stats_.p2p_bytes += static_cast<int64_t>(data.bytes());
   ++stats_.p2p_messages;
   auto p = pending_with(staging_, "send to", name_, world_rank(peer));
-  const float* buffer = p->input(data, staged(data));
-  check(MPI_Isend(buffer, n, MPI_FLOAT, peer, tag, comm_, &p->request), name_, "send to", world_rank(peer));
+  const void* buffer = p->message_input(data, staged_message(data));
+  check(MPI_Isend(buffer, n, message_type(data), peer, tag, comm_, &p->request), name_, "send to", world_rank(peer));
   return CommRequest(std::move(p));
 }
 
 CommRequest MpiCommunicator::recv_async(Tensor data, int peer, int tag) {
   const int n = count_of(data, name_ + " recv");
+  check_message_dtype(data, "recv from");
   auto p = pending_with(staging_, "recv from", name_, world_rank(peer));
-  float* buffer = p->output(data, staged(data));
+  void* buffer = p->message_output(data, staged_message(data));
   p->expected = n;
-  check(MPI_Irecv(buffer, n, MPI_FLOAT, peer, tag, comm_, &p->request), name_, "recv from", world_rank(peer));
+  p->expected_type = message_type(data);
+  check(MPI_Irecv(buffer, n, message_type(data), peer, tag, comm_, &p->request), name_, "recv from", world_rank(peer));
   return CommRequest(std::move(p));
+}
+
+void MpiCommunicator::check_message_dtype(const Tensor& t, const char* op) const {
+  if (t.dtype != DType::F32 && t.dtype != DType::BF16) {
+    throw std::invalid_argument(name_ + " " + op + ": " + dtype_name(t.dtype) + " tensors are not communicated");
+  }
 }
 
 void MpiCommunicator::all_reduce(std::span<double> values, ReduceOp op) {

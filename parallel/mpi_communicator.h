@@ -1,7 +1,12 @@
 #pragma once
 // Communicator over an MPI communicator. Host buffers go to MPI as they are;
-// device buffers are staged through page-locked host memory (see below), and bf16
-// tensors through fp32 staging blocks (elements always travel as MPI_FLOAT).
+// device buffers are staged through page-locked host memory (see below). In
+// collectives bf16 tensors go through fp32 staging blocks (their elements travel as
+// MPI_FLOAT, so reductions sum in fp32); point-to-point messages travel in their own
+// dtype, bf16 as its 16 bits (MPI_UINT16_T): a send reduces nothing, so the bytes
+// arrive as they left, in half the bytes of fp32 (ring attention's key/value rows,
+// pipeline activations). A receive expects the dtype of its message: a bf16 message
+// into an fp32 receive arrives as the wrong count, an error naming both.
 // Communicators it owns (every one but MPI_COMM_WORLD's) return MPI's errors, and
 // each call checks them: a failure, e.g. a receive of another size than its message,
 // throws naming the group, the operation and the peer.
@@ -75,6 +80,11 @@ class MpiCommunicator final : public Communicator {
   // travel as fp32 (widened exactly into the block, rounded once on the way back, so
   // an all-reduce sums bf16 contributions in fp32).
   bool staged(const Tensor& t) const { return t.device != Device::CPU || stage_host_ || t.dtype != DType::F32; }
+  // Whether a point-to-point message goes through a staging block: device memory
+  // only (its bytes are copied as they are).
+  bool staged_message(const Tensor& t) const { return t.device != Device::CPU || stage_host_; }
+  // Messages carry fp32 or bf16 (index tensors are not Tensors); anything else throws.
+  void check_message_dtype(const Tensor& t, const char* op) const;
 
   MPI_Comm comm_;
   std::string name_;

@@ -16,20 +16,32 @@ constexpr int kMemberSumTag = 1003;
 
 }  // namespace
 
-RingAttention::RingAttention(Communicator& hdp, int64_t max_rows, int64_t kv_heads, int64_t head_dim, int64_t window,
-                             Device device)
+RingAttention::RingAttention(Communicator& hdp, int64_t max_tokens, int64_t q_heads, int64_t kv_heads,
+                             int64_t head_dim, int64_t window, DType precision, Device device)
     : hdp_(hdp),
-      max_rows_(max_rows),
+      max_tokens_(max_tokens),
+      q_heads_(q_heads),
       kv_heads_(kv_heads),
       head_dim_(head_dim),
       window_(window),
+      precision_(precision),
       arena_(Arena::counting(device, "ring attention")) {
-  const int64_t block = 2 * max_rows * kv_heads * head_dim;
+  if (precision != DType::F32 && precision != DType::BF16) {
+    throw std::invalid_argument(std::string("ring attention: activations in ") + dtype_name(precision) +
+                                ", not fp32 or bf16");
+  }
+  const int64_t block = 2 * max_tokens * kv_heads * head_dim;
+  const int64_t q_elements = max_tokens * q_heads * head_dim, kv_elements = max_tokens * kv_heads * head_dim;
   auto layout = [&](Arena& a) {
-    for (Tensor& t : kv_) t = a.tensor({block});
-    send_ = a.tensor({block});
+    for (Tensor& t : kv_) t = a.tensor({block}, precision);
+    send_ = a.tensor({block}, precision);
     dkv_ = a.tensor({block});
     dkv_back_ = a.tensor({block});
+    if (precision == DType::BF16) {
+      kv_f32_ = a.tensor({block});
+      for (Tensor* t : {&q_f32_, &out_f32_, &dout_f32_, &dq_f32_}) *t = a.tensor({q_elements});
+      for (Tensor* t : {&k_f32_, &v_f32_, &dk_f32_, &dv_f32_}) *t = a.tensor({kv_elements});
+    }
   };
   Arena sizing = Arena::counting(device, "ring attention");
   layout(sizing);
@@ -38,15 +50,47 @@ RingAttention::RingAttention(Communicator& hdp, int64_t max_rows, int64_t kv_hea
 }
 
 Tensor RingAttention::packed(const Tensor& buffer, int64_t rows) const {
-  return Tensor(buffer.data, {2 * rows * kv_heads_ * head_dim_}, buffer.device);
+  return buffer.rows(0, 2 * rows * kv_heads_ * head_dim_);
 }
 
 Tensor RingAttention::keys(const Tensor& buffer, int64_t rows) const {
-  return Tensor(buffer.data, {rows, kv_heads_, head_dim_}, buffer.device);
+  const int64_t n = rows * kv_heads_ * head_dim_;
+  return buffer.rows(0, n).view({rows, kv_heads_, head_dim_});
 }
 
 Tensor RingAttention::values(const Tensor& buffer, int64_t rows) const {
-  return Tensor(buffer.data + rows * kv_heads_ * head_dim_, {rows, kv_heads_, head_dim_}, buffer.device);
+  const int64_t n = rows * kv_heads_ * head_dim_;
+  return buffer.rows(n, 2 * n).view({rows, kv_heads_, head_dim_});
+}
+
+Tensor RingAttention::received_fp32(const Tensor& buffer, int64_t rows) {
+  if (buffer.dtype == DType::F32) return buffer;
+  copy(packed(kv_f32_, rows), packed(buffer, rows));  // exact
+  return kv_f32_;
+}
+
+Tensor RingAttention::image_of(const Tensor& image, const Tensor& t, bool widen) {
+  Tensor f = t;
+  f.data = image.data;
+  f.dtype = DType::F32;
+  if (widen) copy(f, t);
+  return f;
+}
+
+void RingAttention::check_call(const char* what, int64_t T, int64_t ring_begin, const RingLayout& ring,
+                               std::initializer_list<const Tensor*> activations) const {
+  const int64_t mine = ring.rows(ring.self);
+  if (T - ring_begin != mine || T > max_tokens_) {
+    throw std::invalid_argument(std::string("ring attention ") + what + ": " + std::to_string(T - ring_begin) +
+                                " ring rows, the layout says " + std::to_string(mine) + " (" + std::to_string(T) +
+                                " rows; buffers hold " + std::to_string(max_tokens_) + ")");
+  }
+  for (const Tensor* t : activations) {
+    if (t->dtype != precision_) {
+      throw std::invalid_argument(std::string("ring attention ") + what + ": a " + dtype_name(t->dtype) +
+                                  " tensor, the ring was built for " + dtype_name(precision_) + " activations");
+    }
+  }
 }
 
 void RingAttention::ring_blocks(const RingLayout& ring, int source, std::span<const ChunkRows> held,
@@ -105,12 +149,20 @@ void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tenso
                             std::span<const AttentionBlock> local_blocks, const RingLayout& ring,
                             int64_t ring_begin) {
   progress::Context context("ring attention forward");
+  check_call("forward", q.dim(0), ring_begin, ring, {&out, &q, &k, &v});
+  if (precision_ == DType::F32) return forward_fp32(out, lse, q, k, v, k, v, local_blocks, ring, ring_begin);
+  const Tensor out32 = image_of(out_f32_, out, false);
+  forward_fp32(out32, lse, image_of(q_f32_, q, true), image_of(k_f32_, k, true), image_of(v_f32_, v, true), k, v,
+               local_blocks, ring, ring_begin);
+  copy(out, out32);  // the output's one rounding
+}
+
+void RingAttention::forward_fp32(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
+                                 const Tensor& wire_k, const Tensor& wire_v,
+                                 std::span<const AttentionBlock> local_blocks, const RingLayout& ring,
+                                 int64_t ring_begin) {
   const int n = static_cast<int>(ring.peers.size()), p = ring.self;
-  const int64_t T = q.dim(0), mine = ring.rows(p);
-  if (T - ring_begin != mine || mine > max_rows_) {
-    throw std::invalid_argument("ring attention: " + std::to_string(T - ring_begin) + " ring rows, the layout says " +
-                                std::to_string(mine) + " (buffers hold " + std::to_string(max_rows_) + ")");
-  }
+  const int64_t T = q.dim(0);
   attention_reset_rows(out, lse, 0, T);
   if (!local_blocks.empty()) attention_forward_blocks(out, lse, q, k, v, local_blocks, window_);
 
@@ -122,7 +174,7 @@ void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tenso
     // read in place) while the rows of step t + 1 arrive.
     const int source = (p - step + n) % n;
     CommRequest exchange;
-    if (step + 1 < n) exchange = post_exchange(ring, step + 1, k, v, ring_begin, kv_[1 - current]);
+    if (step + 1 < n) exchange = post_exchange(ring, step + 1, wire_k, wire_v, ring_begin, kv_[1 - current]);
     if (step == 0) {
       ring_blocks(ring, p, own_, ring_begin, ring_begin);
       if (!blocks_.empty()) attention_forward_blocks(out, lse, q, k, v, blocks_, window_);
@@ -131,7 +183,8 @@ void RingAttention::forward(Tensor out, Tensor lse, const Tensor& q, const Tenso
       const int64_t rows = total_rows(held_);
       ring_blocks(ring, source, held_, ring_begin, 0);
       if (!blocks_.empty()) {
-        attention_forward_blocks(out, lse, q, keys(kv_[current], rows), values(kv_[current], rows), blocks_, window_);
+        const Tensor held = received_fp32(kv_[current], rows);
+        attention_forward_blocks(out, lse, q, keys(held, rows), values(held, rows), blocks_, window_);
       }
     }
     {
@@ -147,6 +200,25 @@ void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout
                              std::span<const AttentionBlock> local_blocks, const RingLayout& ring,
                              int64_t ring_begin) {
   progress::Context context("ring attention backward");
+  check_call("backward", q.dim(0), ring_begin, ring, {&dq, &dk, &dv, &dout, &q, &k, &v, &out});
+  if (precision_ == DType::F32) {
+    return backward_fp32(dq, dk, dv, dout, q, k, v, k, v, out, lse, local_blocks, ring, ring_begin);
+  }
+  const Tensor dq32 = image_of(dq_f32_, dq, false), dk32 = image_of(dk_f32_, dk, false),
+               dv32 = image_of(dv_f32_, dv, false);
+  backward_fp32(dq32, dk32, dv32, image_of(dout_f32_, dout, true), image_of(q_f32_, q, true),
+                image_of(k_f32_, k, true), image_of(v_f32_, v, true), k, v, image_of(out_f32_, out, true), lse,
+                local_blocks, ring, ring_begin);
+  // The gradients' one rounding, after every step's contribution was added in fp32.
+  copy(dq, dq32);
+  copy(dk, dk32);
+  copy(dv, dv32);
+}
+
+void RingAttention::backward_fp32(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q,
+                                  const Tensor& k, const Tensor& v, const Tensor& wire_k, const Tensor& wire_v,
+                                  const Tensor& out, const Tensor& lse, std::span<const AttentionBlock> local_blocks,
+                                  const RingLayout& ring, int64_t ring_begin) {
   const int n = static_cast<int>(ring.peers.size()), p = ring.self;
   fill(dq, 0.0f);
   fill(dk, 0.0f);
@@ -159,7 +231,7 @@ void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout
   for (int step = 0; step < n; ++step) {
     const int source = (p - step + n) % n, reader = (p + step) % n;
     CommRequest exchange, gradients;
-    if (step + 1 < n) exchange = post_exchange(ring, step + 1, k, v, ring_begin, kv_[1 - current]);
+    if (step + 1 < n) exchange = post_exchange(ring, step + 1, wire_k, wire_v, ring_begin, kv_[1 - current]);
     Transfer gradient_send[1], gradient_receive[1];  // at most one each way, as in post_exchange
     size_t gradient_sends = 0, gradient_receives = 0;
     if (step == 0) {
@@ -171,8 +243,9 @@ void RingAttention::backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout
       if (rows > 0) {
         fill(packed(dkv_, rows), 0.0f);
         ring_blocks(ring, source, held_, ring_begin, 0);
-        attention_backward_blocks(dq, keys(dkv_, rows), values(dkv_, rows), dout, q, keys(kv_[current], rows),
-                                  values(kv_[current], rows), out, lse, blocks_, window_);
+        const Tensor held = received_fp32(kv_[current], rows);
+        attention_backward_blocks(dq, keys(dkv_, rows), values(dkv_, rows), dout, q, keys(held, rows),
+                                  values(held, rows), out, lse, blocks_, window_);
         gradient_send[gradient_sends++] = {packed(dkv_, rows), ring.peers[source], kGradientTag};
       }
     }

@@ -241,6 +241,34 @@ TYPED_TEST_P(CommunicatorConformance, GroupedExchange) {
   });
 }
 
+// A ring attention step in bf16: bf16 key/value rows and fp32 gradients in one
+// exchange, in both directions. A message reduces nothing, so both arrive bit for
+// bit (bf16 values of every exponent, fp32 values that bf16 could not hold), and each
+// counts the bytes of its own dtype (bf16: 2 a value).
+TYPED_TEST_P(CommunicatorConformance, GroupedExchangeOfBf16AndFp32Messages) {
+  this->for_each_size(2, [](Communicator& comm, ConformanceBuffers& b) {
+    const int r = comm.rank(), n = comm.size(), next = (r + 1) % n, prev = (r + n - 1) % n;
+    auto rows = [](int rank, int64_t count, float scale) {
+      std::vector<float> v(static_cast<size_t>(count));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = scale * (1.0f + 1e-3f * static_cast<float>(i) + 0.37f * rank);
+      return v;
+    };
+    Tensor keys = b.make(rows(r, 513, 1e-20f), DType::BF16), gradients = b.make(rows(r, 65, 3.0f));
+    Tensor keys_in = b.make(513, DType::BF16), gradients_in = b.make(65);
+    comm.reset_stats();
+    const std::vector<Transfer> sends = {{keys, next, 1}, {gradients, prev, 2}};
+    const std::vector<Transfer> receives = {{keys_in, prev, 1}, {gradients_in, next, 2}};
+    comm.exchange(sends, receives).wait();
+    std::vector<float> want_keys = rows(prev, 513, 1e-20f);
+    for (float& x : want_keys) x = round_bf16(x);
+    EXPECT_EQ(b.get(keys_in), want_keys);
+    EXPECT_EQ(b.get(gradients_in), rows(next, 65, 3.0f));
+    EXPECT_NE(b.get(gradients_in)[1], round_bf16(b.get(gradients_in)[1]));  // fp32 bits bf16 cannot hold
+    EXPECT_EQ(comm.stats().p2p_bytes, 513 * 2 + 65 * 4);
+    EXPECT_EQ(comm.stats().p2p_messages, 2);
+  });
+}
+
 // All-to-all with a size per peer (expert parallelism's dispatch and combine): rank
 // r sends r + q + 1 elements to rank q (none to itself when r is even), each naming
 // sender, receiver and index, so every misplaced element shows; counts that do not sum
@@ -414,7 +442,7 @@ TYPED_TEST_P(CommunicatorConformance, StatsCountBytesAsARingSends) {
 
 REGISTER_TYPED_TEST_SUITE_P(CommunicatorConformance, AllReduceSumAndMax, AllReduceOfBf16Tensors,
                             ReduceScatterWithUnevenParts, AllGatherWithUnevenParts, SendRecvPostedInAnyOrder,
-                            GroupedExchange, AllToAllWithASizePerPeer, ZeroLengthMessagesAndCollectives, HostValueAllReduce,
+                            GroupedExchange, GroupedExchangeOfBf16AndFp32Messages, AllToAllWithASizePerPeer, ZeroLengthMessagesAndCollectives, HostValueAllReduce,
                             MismatchedReceiveIsAnError, ReduceScatterOfTheWrongPartSizeIsAnError,
                             MismatchedCollectiveSizesAreAnError, StatsCountBytesAsARingSends);
 

@@ -696,19 +696,36 @@ TEST(Config, CudaWithSeveralRanksIsAccepted) {
             2);
 }
 
-TEST(Config, Bf16OnCudaIsAcceptedButItsLayoutLimitsStay) {
-  // Every op has a CUDA bf16 kernel; rings of bf16 activations do not exist on any device.
-  Scratch s("cuda_bf16");
+TEST(Config, Bf16RunsEveryLayoutOnEveryDevice) {
+  // Every op has a CUDA bf16 kernel, and rings and offload move bf16 activations
+  // (parallel/ring_attention.h, model/model.cpp): bf16 takes every layout fp32 takes,
+  // on the CPU and on CUDA, sequences longer than a micro-batch and static
+  // context-parallel rings included.
+  Scratch s("bf16_layouts");
   const std::string path = s.config(kMinimalConfig);
-  for (const char* layout : {"parallel.tp=1", "parallel.tp=2", "parallel.pp=2", "parallel.hdp=2"}) {
-    SCOPED_TRACE(layout);
-    const Config c = load_config(path, {"train.device=cuda", "train.precision=bf16", layout});
-    EXPECT_EQ(c.train.precision, DType::BF16);
-    EXPECT_EQ(c.train.device, Device::CUDA);
+  const std::vector<std::vector<std::string>> layouts = {
+      {"parallel.tp=1"},
+      {"parallel.tp=2"},
+      {"parallel.pp=2"},
+      {"parallel.hdp=2"},
+      {"parallel.hdp=2", "data.max_seq_len=4096", "data.global_batch_tokens=8192"},
+      {"parallel.hdp=2", "scheduler.policy=static", "scheduler.cp=2"}};
+  for (const char* device : {"train.device=cpu", "train.device=cuda"}) {
+    for (const std::vector<std::string>& layout : layouts) {
+      std::vector<std::string> overrides = {device, "train.precision=bf16"};
+      overrides.insert(overrides.end(), layout.begin(), layout.end());
+      SCOPED_TRACE(std::string(device) + " " + layout.back());
+      const Config c = load_config(path, overrides);
+      EXPECT_EQ(c.train.precision, DType::BF16);
+      EXPECT_EQ(c.train.device, std::string(device) == "train.device=cpu" ? Device::CPU : Device::CUDA);
+    }
   }
-  EXPECT_CONTAINS(load_error(path, {"train.device=cuda", "train.precision=bf16", "scheduler.policy=static",
-                                    "parallel.hdp=2", "scheduler.cp=2"}),
-                  "train.precision");
+  const Config ring = load_config(path, {"train.precision=bf16", "parallel.hdp=2", "scheduler.policy=static",
+                                         "scheduler.cp=2"});
+  EXPECT_EQ(ring.scheduler.cp, 2);
+  const Config long_sequences = load_config(path, {"train.precision=bf16", "parallel.hdp=2", "data.max_seq_len=4096",
+                                                   "data.global_batch_tokens=8192"});
+  EXPECT_EQ(long_sequences.data.max_seq_len, 4096);
 }
 
 TEST(Config, CommunicatorChoice) {

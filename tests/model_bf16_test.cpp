@@ -1,8 +1,8 @@
 // BF16 mixed precision in the model (train.precision: bf16): fp32 master weights
 // and gradients, a bf16 copy of the weights for compute, bf16 activations. The
 // bf16 forward equals the fp32 forward within bf16 tolerance, the gradients are
-// close to fp32's, activation memory halves, and the guarded device runs bf16 to
-// the same bits as the CPU.
+// close to fp32's, activation memory halves, offload moves bf16 rows without
+// changing a bit, and the guarded device runs bf16 to the same bits as the CPU.
 //
 // Tolerances. bf16 keeps 8 significant bits (unit round-off u = 2^-8 = 0.0039).
 // Every stored activation is rounded once (relative error <= u/2), and errors of
@@ -183,6 +183,43 @@ TEST(ModelBf16, ActivationMemoryAboutHalves) {
   // Everything but 1/rms, the log-sum-exp and the cross-entropy statistics is bf16.
   EXPECT_GT(ratio, 0.5);
   EXPECT_LT(ratio, 0.52);
+}
+
+// Offload of bf16 activations: half of the batch's rows of every layer but the last
+// two go to the host pool and come back as the bytes they were, so loss and
+// gradients are bit-identical to the run without offload; the rows, the pool and the
+// bytes moved are bf16-sized (2 bytes a value), half of fp32's.
+TEST(ModelBf16, OffloadMovesBf16RowsAndChangesNoBit) {
+  const Batch batch = make_batch();
+  LongSequenceOptions offload;
+  offload.max_tokens = 512;
+  offload.offload = true;
+  LlamaModel plain(tiny_llama(), 512, {}, 1, nullptr, {}, Device::CPU, DType::BF16),
+      offloaded(tiny_llama(), 512, {}, 1, nullptr, offload, Device::CPU, DType::BF16);
+  plain.init_weights(3);
+  offloaded.init_weights(3);
+  MicroBatchView with = batch.view();
+  with.offload_ratio = 0.5;
+  plain.zero_grad();
+  offloaded.zero_grad();
+  const double loss_plain = plain.forward_backward(batch.view(), 1.0f / 505);
+  offloaded.set_batch(0, with);
+  const double loss_offloaded = offloaded.forward(0, 1.0f / 505, true);
+  offloaded.backward(0);
+  EXPECT_EQ(loss_plain, loss_offloaded);
+  for (int64_t i = 0; i < plain.flat_gradients().numel(); ++i) {
+    ASSERT_EQ(plain.flat_gradients().data[i], offloaded.flat_gradients().data[i]) << "gradient " << i;
+  }
+  // A row of a layer: x_in, ln1, x_mid, ln2 (128 each), q and attn (4 x 32), k and v
+  // (2 x 32), gate and up (352): 1600 values. Layers 0 and 1 park llround(0.5 x 505) =
+  // 253 rows each; every tensor's rows stay 64-byte multiples, so the device peak falls
+  // by exactly what was parked. The pool holds 2 layers of 512 rows.
+  const int64_t row_values = 4 * 128 + 2 * 128 + 2 * 64 + 2 * 352;
+  const size_t parked = 2 * 253 * row_values * sizeof(bf16);
+  EXPECT_EQ(offloaded.activation_usage().offloaded_bytes, static_cast<int64_t>(parked));
+  EXPECT_EQ(offloaded.activation_usage().host_peak_bytes, parked);
+  EXPECT_EQ(plain.activation_usage().device_peak_bytes - offloaded.activation_usage().device_peak_bytes, parked);
+  EXPECT_EQ(offloaded.activation_usage().host_pool_bytes, 2 * 512 * row_values * sizeof(bf16));
 }
 
 TEST(ModelBf16, GuardedDeviceRunsBf16ToTheSameBitsAsTheCpu) {

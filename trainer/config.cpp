@@ -586,26 +586,6 @@ struct Parser {
             "choose a fraction in [0, 1], or a negative value to let the cost model choose");
     positive(of.bandwidth_gbs, "offload.bandwidth_gbs");
 
-    // precision: bf16 runs where its ops and transfers exist (every op on cpu and
-    // cuda, whose bf16 kernels are unverified until `trainer selftest` passes on a
-    // GPU: training.cpp says so at start-up; no rings or offload); every other layout
-    // is refused here rather than run wrongly.
-    if (t.precision == DType::BF16) {
-      const std::string bf16 = shown("train.precision");
-      const std::string fallback = "; or set train.precision: fp32";
-      require(d.max_seq_len <= d.micro_batch_tokens, "train.precision",
-              bf16 + " does not run with data.max_seq_len " + shown("data.max_seq_len") +
-                  " above data.micro_batch_tokens " + shown("data.micro_batch_tokens") + " yet",
-              "bf16 needs every sequence to fit one micro-batch (ring attention and offload of bf16 activations are "
-              "not implemented)" + fallback,
-              {"data.max_seq_len"});
-      require(!(sc.policy == SchedulerPolicy::Static && sc.cp > 1), "train.precision",
-              bf16 + " does not run with scheduler.cp " + shown("scheduler.cp") + " yet",
-              "bf16 needs scheduler.cp: 0 or 1 (context-parallel rings of bf16 activations are not implemented)" +
-                  fallback,
-              {"scheduler.cp"});
-    }
-
     // loader
     const LoaderConfig& lo = config.loader;
     positive(lo.servers, "loader.servers");
