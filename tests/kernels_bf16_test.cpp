@@ -27,8 +27,11 @@
 #include "kernels/dtype.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
+#include "test_util.h"
 
 namespace {
+
+using hdp::testing::thrown_message;
 
 using hdp::bf16;
 using hdp::DType;
@@ -371,39 +374,31 @@ TEST(Bf16Twins, RoundingInputsMovesResultsByAboutOneUlp) {
 
 // ---- the op layer refuses dtype combinations it has no kernel for ----------------
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(Bf16Dispatch, MixedOrUnsupportedDtypesAreRefusedByName) {
   Pair x = make({4, 8}, 1), w = make({6, 8}, 2), y = make({4, 6}, 3);
-  std::string e = error_of([&] { hdp::linear_forward(y.B, x.F, w.B); });
+  std::string e = thrown_message([&] { hdp::linear_forward(y.B, x.F, w.B); });
   EXPECT_NE(e.find("linear_forward"), std::string::npos) << e;
   EXPECT_NE(e.find("x=fp32"), std::string::npos) << e;
   EXPECT_NE(e.find("all fp32 or all bf16"), std::string::npos) << e;
 
   // Statistics stay fp32: a bf16 rstd is refused.
   Pair rstd = make({4}, 4), norm_w = make({8}, 5), out = make({4, 8}, 6);
-  e = error_of([&] { hdp::rmsnorm_forward(out.B, rstd.B, x.B, norm_w.B, 1e-5f); });
+  e = thrown_message([&] { hdp::rmsnorm_forward(out.B, rstd.B, x.B, norm_w.B, 1e-5f); });
   EXPECT_NE(e.find("rmsnorm_forward"), std::string::npos) << e;
   EXPECT_NE(e.find("rstd=bf16"), std::string::npos) << e;
 
   // Gradients of weights are fp32: a bf16 dw is refused.
   Pair dw = make({6, 8}, 7);
-  e = error_of([&] { hdp::linear_backward(x.B, dw.B, y.B, x.B, w.B, false); });
+  e = thrown_message([&] { hdp::linear_backward(x.B, dw.B, y.B, x.B, w.B, false); });
   EXPECT_NE(e.find("dw=bf16"), std::string::npos) << e;
 
   // The optimizer and the gradient norm run on fp32 only.
   Pair p = make({8}, 8), g = make({8}, 9), m = make({8}, 10), v = make({8}, 11);
-  e = error_of([&] { hdp::adamw_update(p.B, g.F, m.F, v.F, hdp::AdamWStep{}); });
+  e = thrown_message([&] { hdp::adamw_update(p.B, g.F, m.F, v.F, hdp::AdamWStep{}); });
   EXPECT_NE(e.find("adamw_update"), std::string::npos) << e;
   EXPECT_NE(e.find("param=bf16"), std::string::npos) << e;
-  e = error_of([&] { hdp::sum_squares(g.B); });
+  e = thrown_message([&] { hdp::sum_squares(g.B); });
   EXPECT_NE(e.find("sum_squares"), std::string::npos) << e;
 }
 

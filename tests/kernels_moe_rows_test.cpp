@@ -29,6 +29,8 @@
 
 namespace {
 
+using hdp::testing::thrown_message;
+
 using hdp::Arena;
 using hdp::bf16;
 using hdp::Device;
@@ -109,14 +111,6 @@ std::vector<float> reference_weight_gradient(const std::vector<float>& dout, con
   return dw;
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const std::invalid_argument& e) {
-    return e.what();
-  }
-  return "";
-}
 
 TEST(KernelsMoeRows, GatherCopiesOrScalesTheIndexedRows) {
   const int64_t T = 37, H = 72, N = 50;  // repeats: 50 rows drawn from 37
@@ -330,17 +324,17 @@ TEST(KernelsMoeRows, AnIndexOutOfRangeIsRefusedNamingTheOpAndTheRow) {
   for (int32_t bad : {-1, static_cast<int32_t>(T)}) {
     std::vector<int32_t> index = {0, 4, 2, 3};
     index[2] = bad;
-    std::string e = error_of([&] { hdp::gather_rows(as_tensor(out, {4, H}), as_tensor(x, {T, H}), as_index(index, {4})); });
+    std::string e = thrown_message([&] { hdp::gather_rows(as_tensor(out, {4, H}), as_tensor(x, {T, H}), as_index(index, {4})); });
     EXPECT_NE(e.find("gather_rows"), std::string::npos) << e;
     EXPECT_NE(e.find("index[2] = " + std::to_string(bad)), std::string::npos) << e;
     EXPECT_NE(e.find("x=[5, 4]"), std::string::npos) << e;
     EXPECT_EQ(out, std::vector<float>(4 * H, 9.0f)) << "checked before anything is written";
 
     // index [2, 2]: entry 2 is token 1's choice 0.
-    e = error_of([&] { hdp::combine_rows(as_tensor(g, {2, H}), as_tensor(x, {T, H}), as_index(index, {2, 2})); });
+    e = thrown_message([&] { hdp::combine_rows(as_tensor(g, {2, H}), as_tensor(x, {T, H}), as_index(index, {2, 2})); });
     EXPECT_NE(e.find("combine_rows"), std::string::npos) << e;
     EXPECT_NE(e.find("index[1, 0] = " + std::to_string(bad)), std::string::npos) << e;
-    e = error_of([&] {
+    e = thrown_message([&] {
       hdp::combine_rows_weight_backward(as_tensor(dw, {2, 2}), as_tensor(g, {2, H}), as_tensor(x, {T, H}),
                                         as_index(index, {2, 2}));
     });
@@ -356,29 +350,29 @@ TEST(KernelsMoeRows, WrongDtypesAndShapesAreRefusedNamingTheOp) {
   std::vector<int32_t> index = random_indices(N, static_cast<int32_t>(T), 40), slot = random_indices(N, N, 41);
   const IndexTensor I = as_index(index, {N}), S = as_index(slot, {T, k});
 
-  std::string e = error_of([&] { hdp::gather_rows(gathered.B, x.F, I); });
+  std::string e = thrown_message([&] { hdp::gather_rows(gathered.B, x.F, I); });
   EXPECT_NE(e.find("gather_rows: unsupported dtypes out=bf16, x=fp32"), std::string::npos) << e;
-  e = error_of([&] { hdp::gather_rows(gathered.B, x.B, I, scale.B); });
+  e = thrown_message([&] { hdp::gather_rows(gathered.B, x.B, I, scale.B); });
   EXPECT_NE(e.find("gather_rows"), std::string::npos) << e;
   EXPECT_NE(e.find("scale=bf16"), std::string::npos) << e;
-  e = error_of([&] { hdp::combine_rows(out.B, rows.B, S, w.B); });
+  e = thrown_message([&] { hdp::combine_rows(out.B, rows.B, S, w.B); });
   EXPECT_NE(e.find("combine_rows"), std::string::npos) << e;
   EXPECT_NE(e.find("weights=bf16"), std::string::npos) << e;
-  e = error_of([&] { hdp::combine_rows(out.F, rows.B, S); });
+  e = thrown_message([&] { hdp::combine_rows(out.F, rows.B, S); });
   EXPECT_NE(e.find("combine_rows: unsupported dtypes out=fp32, rows=bf16"), std::string::npos) << e;
-  e = error_of([&] { hdp::combine_rows_weight_backward(w.B, out.B, rows.B, S); });
+  e = thrown_message([&] { hdp::combine_rows_weight_backward(w.B, out.B, rows.B, S); });
   EXPECT_NE(e.find("combine_rows_weight_backward"), std::string::npos) << e;
   EXPECT_NE(e.find("dweights=bf16"), std::string::npos) << e;
 
-  e = error_of([&] { hdp::gather_rows(gathered.F, x.F, I, scale.F.view({2, 4})); });
+  e = thrown_message([&] { hdp::gather_rows(gathered.F, x.F, I, scale.F.view({2, 4})); });
   EXPECT_NE(e.find("gather_rows: scale=[2, 4] must have shape [8]"), std::string::npos) << e;
-  e = error_of([&] { hdp::gather_rows(out.F, x.F, I); });
+  e = thrown_message([&] { hdp::gather_rows(out.F, x.F, I); });
   EXPECT_NE(e.find("gather_rows: out=[4, 8] must have shape [8, 8]"), std::string::npos) << e;
-  e = error_of([&] { hdp::combine_rows(out.F, rows.F, S.view({N})); });
+  e = thrown_message([&] { hdp::combine_rows(out.F, rows.F, S.view({N})); });
   EXPECT_NE(e.find("combine_rows: index=[8] must have shape [*, *]"), std::string::npos) << e;
-  e = error_of([&] { hdp::combine_rows(out.F, rows.F, S, w.F.view({k, T})); });
+  e = thrown_message([&] { hdp::combine_rows(out.F, rows.F, S, w.F.view({k, T})); });
   EXPECT_NE(e.find("combine_rows: weights=[2, 4] must have shape [4, 2]"), std::string::npos) << e;
-  e = error_of([&] { hdp::combine_rows_weight_backward(w.F, rows.F, rows.F, S); });
+  e = thrown_message([&] { hdp::combine_rows_weight_backward(w.F, rows.F, rows.F, S); });
   EXPECT_NE(e.find("combine_rows_weight_backward: dout=[8, 8] must have shape [4, 8]"), std::string::npos) << e;
 }
 
@@ -443,7 +437,7 @@ TEST(KernelsMoeRows, TheGuardedDeviceEqualsTheCpu) {
     slot[3] = static_cast<int32_t>(N);
     const IndexTensor bad = to_device(arena, slot, {T, k});
     slot[3] = routing.slot[3];
-    const std::string e = error_of([&] { hdp::combine_rows(out_d, rows_d, bad, w_d); });
+    const std::string e = thrown_message([&] { hdp::combine_rows(out_d, rows_d, bad, w_d); });
     EXPECT_NE(e.find("combine_rows: index[1, 1] = 74 is not a row of rows=[74, 72]"), std::string::npos) << e;
   }
 }

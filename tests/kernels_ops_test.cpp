@@ -8,21 +8,15 @@
 
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
+#include "test_util.h"
 
 namespace {
+
+using hdp::testing::thrown_message;
 using hdp::Device;
 using hdp::IndexTensor;
 using hdp::Tensor;
 
-template <class F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const std::exception& e) {
-    return e.what();
-  }
-  return "";
-}
 }  // namespace
 
 TEST(KernelsOps, EveryOpRejectsCudaTensors) {
@@ -61,7 +55,7 @@ TEST(KernelsOps, EveryOpRejectsCudaTensors) {
   EXPECT_THROW(hdp::cross_entropy_rescale_sumexp(t({4}), t({4}), t({4})), U);
   EXPECT_THROW(hdp::cross_entropy_global_loss(t({4}), t({4}), t({4}), t({4}), tok), U);
   EXPECT_THROW(hdp::adamw_update(t({4}), t({4}), t({4}), t({4}), s), U);
-  const std::string msg = error_of([&] { hdp::swiglu_forward(t({4, 8}), t({4, 8}), t({4, 8})); });
+  const std::string msg = thrown_message([&] { hdp::swiglu_forward(t({4, 8}), t({4, 8}), t({4, 8})); });
   EXPECT_NE(msg.find("swiglu_forward"), std::string::npos) << msg;
   EXPECT_NE(msg.find("cuda"), std::string::npos) << msg;
 }
@@ -69,12 +63,12 @@ TEST(KernelsOps, EveryOpRejectsCudaTensors) {
 TEST(KernelsOps, MixedDevicesAndBadShapesAreInvalidArguments) {
   std::vector<float> buf(4096);
   float* b = buf.data();
-  const std::string mixed = error_of([&] {
+  const std::string mixed = thrown_message([&] {
     hdp::swiglu_forward(Tensor(b, {4, 8}), Tensor(b, {4, 8}, Device::CUDA), Tensor(b, {4, 8}));
   });
   EXPECT_NE(mixed.find("swiglu_forward"), std::string::npos) << mixed;
   EXPECT_NE(mixed.find("device"), std::string::npos) << mixed;
-  const std::string shape = error_of([&] { hdp::swiglu_forward(Tensor(b, {4, 8}), Tensor(b, {4, 8}), Tensor(b, {4, 9})); });
+  const std::string shape = thrown_message([&] { hdp::swiglu_forward(Tensor(b, {4, 8}), Tensor(b, {4, 8}), Tensor(b, {4, 9})); });
   EXPECT_NE(shape.find("swiglu_forward"), std::string::npos) << shape;
   EXPECT_NE(shape.find("[4, 9]"), std::string::npos) << shape;
   EXPECT_THROW(hdp::swiglu_forward(Tensor(b, {4, 8}), Tensor(b, {4, 8}), Tensor(b, {4, 9})), std::invalid_argument);

@@ -3,6 +3,7 @@
 // the trainer binary to check its exit code and messages.
 
 #include <cstdint>
+#include <exception>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,17 @@ struct CommandResult {
 };
 // n floats uniform in [lo, hi) from std::mt19937(seed).
 std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f);
+
+// The message of the exception `f` throws, "" when it throws none.
+template <class F>
+std::string thrown_message(F&& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "";
+}
 
 // Runs a shell command, capturing its output.
 CommandResult run_command(const std::string& command);
