@@ -51,6 +51,25 @@ double mean_of_last(const std::vector<double>& v, size_t n) {
   return std::accumulate(v.end() - static_cast<std::ptrdiff_t>(n), v.end(), 0.0) / static_cast<double>(n);
 }
 
+// `steps` steps in fp32 and in bf16 side by side (one thread each), with `extra`
+// settings; the two loss curves, each checked to have every step.
+struct Fp32AndBf16 {
+  std::vector<double> fp32, bf16;
+};
+Fp32AndBf16 train_fp32_and_bf16(const std::string& dir, int steps, const std::string& extra) {
+  const std::string fp32 = std::string(HDP_TRAINER_BINARY) + " " +
+                           train_args(dir + "/fp32", steps, extra + " --set train.precision=fp32");
+  const std::string bf16 = std::string(HDP_TRAINER_BINARY) + " " +
+                           train_args(dir + "/bf16", steps, extra + " --set train.precision=bf16");
+  const auto r = run_command("(" + fp32 + " > " + dir + "/fp32.log 2>&1 & " + bf16 + " > " + dir +
+                             "/bf16.log 2>&1; s=$?; wait $!; f=$?; exit $((s + f)))");
+  EXPECT_EQ(r.exit_code, 0) << run_command("tail -5 " + dir + "/fp32.log " + dir + "/bf16.log").output;
+  Fp32AndBf16 l{metric_values(dir + "/fp32", "loss"), metric_values(dir + "/bf16", "loss")};
+  EXPECT_EQ(l.fp32.size(), static_cast<size_t>(steps));
+  EXPECT_EQ(l.bf16.size(), static_cast<size_t>(steps));
+  return l;
+}
+
 // tiny-llama as configs/tiny-llama.yaml has it (4096 tokens per step in two
 // micro-batches, so gradients also accumulate across micro-batches), 200 steps; fp32
 // and bf16 run side by side, one thread each. With half the batch the two curves
@@ -65,14 +84,8 @@ double mean_of_last(const std::vector<double>& v, size_t n) {
 // a shift of a few steps passes and a wrong bf16 path does not.
 TEST(TrainingBf16, LossCurveWithinTwoPercentOfFp32After200Steps) {
   const std::string dir = scratch_dir("bf16-vs-fp32");
-  const std::string fp32 = std::string(HDP_TRAINER_BINARY) + " " +
-                           train_args(dir + "/fp32", 200, " --set train.precision=fp32");
-  const std::string bf16 = std::string(HDP_TRAINER_BINARY) + " " +
-                           train_args(dir + "/bf16", 200, " --set train.precision=bf16");
-  const auto r = run_command("(" + fp32 + " > " + dir + "/fp32.log 2>&1 & " + bf16 + " > " + dir +
-                             "/bf16.log 2>&1; s=$?; wait $!; f=$?; exit $((s + f)))");
-  ASSERT_EQ(r.exit_code, 0) << run_command("tail -5 " + dir + "/fp32.log " + dir + "/bf16.log").output;
-  const std::vector<double> l32 = metric_values(dir + "/fp32", "loss"), l16 = metric_values(dir + "/bf16", "loss");
+  const Fp32AndBf16 curves = train_fp32_and_bf16(dir, 200, "");
+  const std::vector<double>&l32 = curves.fp32, &l16 = curves.bf16;
   ASSERT_EQ(l32.size(), 200u);
   ASSERT_EQ(l16.size(), 200u);
   const double end32 = mean_of_last(l32, 10), end16 = mean_of_last(l16, 10);
@@ -158,14 +171,8 @@ TEST(TrainingBf16, MixtralTracksFp32AndRunsOnTheGuardedDeviceAndUnderExpertParal
   const std::string dir = scratch_dir("bf16-mixtral");
   const std::string moe = " --set model.arch=mixtral --set model.num_experts=4 --set model.experts_per_token=2"
                           " --set model.ffn_hidden_size=176 --set model.router_aux_loss_coef=0.02";
-  const std::string fp32 = std::string(HDP_TRAINER_BINARY) + " " +
-                           train_args(dir + "/fp32", 100, moe + " --set train.precision=fp32");
-  const std::string bf16 = std::string(HDP_TRAINER_BINARY) + " " +
-                           train_args(dir + "/bf16", 100, moe + " --set train.precision=bf16");
-  const auto r = run_command("(" + fp32 + " > " + dir + "/fp32.log 2>&1 & " + bf16 + " > " + dir +
-                             "/bf16.log 2>&1; s=$?; wait $!; f=$?; exit $((s + f)))");
-  ASSERT_EQ(r.exit_code, 0) << run_command("tail -5 " + dir + "/fp32.log " + dir + "/bf16.log").output;
-  const std::vector<double> l32 = metric_values(dir + "/fp32", "loss"), l16 = metric_values(dir + "/bf16", "loss");
+  const Fp32AndBf16 curves = train_fp32_and_bf16(dir, 100, moe);
+  const std::vector<double>&l32 = curves.fp32, &l16 = curves.bf16;
   ASSERT_EQ(l32.size(), 100u);
   ASSERT_EQ(l16.size(), 100u);
   const double end32 = mean_of_last(l32, 10), end16 = mean_of_last(l16, 10);
