@@ -810,6 +810,9 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointS
     if (hooks.after_part) hooks.after_part();
   } catch (const std::exception& e) {
     error = e.what();
+    // Said now, before the collective below: the ranks it tells that this part failed
+    // end the job at once, which may kill this rank before its own error is logged.
+    if (layout.world) spdlog::error("checkpoint error: {}", error);
   }
   // 2. Wait for all parts (and learn whether any rank failed).
   if (layout.world) {
