@@ -98,6 +98,9 @@ MoeBlock::MoeBlock(const MoeShape& shape, int64_t max_tokens, MoeWorkspace& work
   expert_first_.assign(local_experts_ + 1, 0);
   count_send_.resize(E);
   count_recv_.resize(E);
+  order_.resize(E);
+  dp_.resize(E);
+  cursor_.reserve(E);
   counts_per_rank_.assign(ep_size_, local_experts_);
 }
 
@@ -130,7 +133,7 @@ void MoeBlock::route(int64_t T) {
   // activations' type), accumulated in double for the normaliser.
   copy(host(logits_, T, E), ws_.logits.rows(0, T));
   std::fill(counts_.begin(), counts_.end(), 0);
-  std::vector<int32_t> order(E);
+  std::vector<int32_t>& order = order_;
   for (int64_t t = 0; t < T; ++t) {
     const float* l = logits_.data() + t * E;
     float* p = probs_.data() + t * E;
@@ -152,7 +155,8 @@ void MoeBlock::route(int64_t T) {
   }
   // Group the (token, choice) pairs by expert: expert e's rows are [first_[e], first_[e + 1]).
   for (int64_t e = 0; e < E; ++e) first_[e + 1] = first_[e] + counts_[e];
-  std::vector<int64_t> next(first_.begin(), first_.end() - 1);
+  std::vector<int64_t>& next = cursor_;
+  next.assign(first_.begin(), first_.end() - 1);
   for (int64_t t = 0; t < T; ++t)
     for (int64_t j = 0; j < k; ++j) {
       const int64_t r = next[chosen_[t * k + j]]++;
@@ -195,7 +199,8 @@ void MoeBlock::exchange_counts() {
   if (!ep_) return;
   // The all-to-all delivers rank p's rows for its experts 0, 1, ... then rank p + 1's;
   // the experts' GEMMs want each expert's rows from every rank together.
-  std::vector<int64_t> next(expert_first_.begin(), expert_first_.end() - 1);
+  std::vector<int64_t>& next = cursor_;
+  next.assign(expert_first_.begin(), expert_first_.end() - 1);
   int64_t arrival = 0;
   for (int p = 0; p < ep_size_; ++p)
     for (int64_t j = 0; j < El; ++j)
@@ -334,7 +339,7 @@ void MoeBlock::backward(Tensor dx, const MoeTensors& grads, const Tensor& dout, 
   // Router. The weights are p_j / S over the chosen j (S their sum), so
   // dp_j = (dw_j - sum_i dw_i w_i) / S for chosen j and 0 otherwise; the aux loss adds
   // aux_grad[e] to every dp_e; then the softmax's backward.
-  std::vector<double> dp(E);
+  std::vector<double>& dp = dp_;
   for (int64_t t = 0; t < T; ++t) {
     const float* p = probs_.data() + t * E;
     for (int64_t e = 0; e < E; ++e) dp[e] = aux_grad.empty() ? 0.0 : aux_grad[e];

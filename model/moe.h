@@ -179,6 +179,11 @@ class MoeBlock {
   std::vector<int32_t> row_token_, token_row_;  // routing row -> its token; (token, choice) -> its routing row
   std::vector<float> row_weight_;          // routing row -> its combine weight
   std::vector<float> dweights_, dlogits_;  // backward: [T, k], [T, E]
+  // Per call, kept so that no forward or backward allocates: the experts in
+  // probability order (route), a write cursor per group, d(loss)/d(p) of one token.
+  std::vector<int32_t> order_;
+  std::vector<int64_t> cursor_;
+  std::vector<double> dp_;
   std::vector<int64_t> send_rows_, recv_rows_;  // per ep rank: rows sent to it, received from it
   std::vector<int64_t> arrived_;   // [ep][local expert]: rows from each rank for each of its experts
   std::vector<int64_t> expert_first_;  // per local expert: its first row in expert order (+ the total)

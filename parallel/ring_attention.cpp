@@ -296,13 +296,14 @@ void RingAttention::sum_over_members(std::span<float> values, const RingLayout& 
   const int64_t m = static_cast<int64_t>(values.size());
   members_values_.resize(static_cast<size_t>(n * m));
   std::copy(values.begin(), values.end(), members_values_.begin() + p * m);
-  std::vector<Transfer> sends, receives;
+  member_sends_.clear();
+  member_receives_.clear();
   for (int j = 0; j < n; ++j) {
     if (j == p) continue;
-    sends.push_back({Tensor(values.data(), {m}), ring.peers[j], kMemberSumTag});
-    receives.push_back({Tensor(members_values_.data() + j * m, {m}), ring.peers[j], kMemberSumTag});
+    member_sends_.push_back({Tensor(values.data(), {m}), ring.peers[j], kMemberSumTag});
+    member_receives_.push_back({Tensor(members_values_.data() + j * m, {m}), ring.peers[j], kMemberSumTag});
   }
-  hdp_.exchange(sends, receives).wait();
+  hdp_.exchange(member_sends_, member_receives_).wait();
   for (int64_t i = 0; i < m; ++i) {
     float sum = 0;
     for (int j = 0; j < n; ++j) sum += members_values_[j * m + i];

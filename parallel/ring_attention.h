@@ -115,6 +115,7 @@ class RingAttention {
   std::vector<AttentionBlock> blocks_;
   std::vector<ChunkRows> own_, held_, sent_, back_, incoming_;
   std::vector<float> members_values_;  // sum_over_members: every member's values, in ring order
+  std::vector<Transfer> member_sends_, member_receives_;  // and its messages (capacity kept)
 };
 
 }  // namespace hdp
