@@ -21,4 +21,10 @@ class ConfigError : public InputError {
   using InputError::InputError;
 };
 
+// A bad command line: reported with the command's usage hint, exit code 2.
+class UsageError : public InputError {
+ public:
+  using InputError::InputError;
+};
+
 }  // namespace hdp

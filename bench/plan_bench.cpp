@@ -22,7 +22,7 @@
 #include "data/length_distributions.h"
 #include "planning/hdp_planner.h"
 #include "planning/plan.h"
-#include "planning/step_simulation.h"
+#include "whatif/step_simulation.h"
 #include "trainer/plan_command.h"
 
 namespace hdp {

@@ -32,7 +32,7 @@
 #include <random>
 #include <vector>
 
-#include "model/model_shape.h"
+#include "spec/model_shape.h"
 #include "planning/cost_model.h"
 #include "planning/hdp_planner.h"
 #include "planning/plan.h"

@@ -27,7 +27,7 @@ SHAPES = {
 
 
 def model_flops_per_token(cfg, seq):
-    # Same accounting as the trainer (model/model_shape.h layer_flops_per_token):
+    # Same accounting as the trainer (spec/model_shape.h layer_flops_per_token):
     # 6 x matmul parameters per token plus causal attention, and the LM head.
     H, F, L, V = cfg.hidden_size, cfg.intermediate_size, cfg.num_hidden_layers, cfg.vocab_size
     d = H // cfg.num_attention_heads

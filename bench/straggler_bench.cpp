@@ -1,5 +1,5 @@
-// How fast the what-if straggler analysis (planning/straggler_analysis.h) is on a
-// big job: a synthetic 1F1B trace (planning/synthetic_trace.h) of pp x dp workers
+// How fast the what-if straggler analysis (whatif/straggler_analysis.h) is on a
+// big job: a synthetic 1F1B trace (whatif/synthetic_trace.h) of pp x dp workers
 // and S steps, one slow worker, analysed in memory (every replay of the method:
 // recorded, ideal, one per op type, DP rank and PP rank, the last stage and the
 // worst workers), and the JSONL reader's rate on a file of a few of its steps.
@@ -15,9 +15,9 @@
 #include <fstream>
 #include <string>
 
-#include "planning/straggler_analysis.h"
-#include "planning/synthetic_trace.h"
-#include "planning/trace.h"
+#include "whatif/straggler_analysis.h"
+#include "whatif/synthetic_trace.h"
+#include "whatif/trace.h"
 
 namespace {
 

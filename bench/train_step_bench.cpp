@@ -19,7 +19,7 @@
 #include "parallel/local_communicator.h"
 #include "kernels/cpu/blas_threads.h"
 #include "parallel/runtime.h"
-#include "trainer/config.h"
+#include "config/config.h"
 #include "model/model.h"
 #include "model/optimizer.h"
 #include "kernels/peak_flops.h"

@@ -5,7 +5,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "parallel/ring_layout.h"
+#include "planning/ring_layout.h"
 
 namespace hdp {
 

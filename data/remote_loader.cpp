@@ -10,7 +10,7 @@
 #include <thread>
 #include <unordered_map>
 
-#include "data/fault_injection.h"
+#include "base/fault_injection.h"
 #include "data/sampler.h"
 
 namespace hdp {

@@ -21,7 +21,7 @@
 #include "planning/cost_model.h"
 #include "parallel/message_channel.h"
 #include "planning/plan.h"
-#include "parallel/ring_layout.h"
+#include "planning/ring_layout.h"
 
 namespace hdp {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "parallel/zero_optimizer.h"
-#include "model/optim_config.h"
+#include "spec/optim_config.h"
 #include "model/model.h"
 
 namespace hdp {

@@ -1,5 +1,5 @@
 // The NCCL communicator's entry points in a build without CUDA or NCCL: none can
-// be made (parallel.comm: nccl is refused before this is reached; see trainer/config.cpp).
+// be made (parallel.comm: nccl is refused before this is reached; see config/config.cpp).
 
 #include <stdexcept>
 

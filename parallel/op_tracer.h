@@ -5,7 +5,7 @@
 // records each op (type, micro-batch, start, end, and a group name shared by the
 // peers of a collective or a send/receive pair) into this rank's tracer. The
 // trainer turns on one tracer per rank for the sampled steps and writes its
-// records as JSONL (trainer/step_tracer.h, docs/tracing.md).
+// records as JSONL (run/step_tracer.h, docs/tracing.md).
 //
 // Free when off: OpTracer::active() is one load of a pointer that is null
 // outside sampled steps, and TraceSpan does nothing else then.
@@ -17,46 +17,13 @@
 #include <utility>
 #include <vector>
 
+#include "whatif/trace.h"
+
 namespace hdp {
 
-// The op names the tracer records and the analysis knows (planning/trace.h;
-// docs/tracing.md). Each is a null-terminated literal.
-namespace trace_ops {
-inline constexpr std::string_view kForwardCompute = "forward-compute";
-inline constexpr std::string_view kBackwardCompute = "backward-compute";
-inline constexpr std::string_view kForwardSend = "forward-send";
-inline constexpr std::string_view kForwardRecv = "forward-recv";
-inline constexpr std::string_view kBackwardSend = "backward-send";
-inline constexpr std::string_view kBackwardRecv = "backward-recv";
-inline constexpr std::string_view kParamsSync = "params-sync";
-inline constexpr std::string_view kGradsSync = "grads-sync";
-inline constexpr std::string_view kOptimizer = "optimizer";
-inline constexpr std::string_view kDataWait = "data-wait";
-inline constexpr std::string_view kCheckpoint = "checkpoint";
-// Collectives outside the pipeline and ZeRO (a dp-stream op each in the analysis).
-inline constexpr std::string_view kTokenCount = "token-count-allreduce";
-inline constexpr std::string_view kGradNorm = "grad-norm-allreduce";
-inline constexpr std::string_view kLoss = "loss-allreduce";
-inline constexpr std::string_view kTiedEmbedding = "tied-embedding-allreduce";
-inline constexpr std::string_view kUpdateAgreement = "update-agreement-allreduce";
-// Communication that runs inside a compute op in this trainer (the tp
-// all-reduces of a layer, ring-attention block exchanges, Mixtral's expert-parallel
-// all-to-alls): names with these prefixes are reported but not replayed, their time
-// is their compute op's.
-inline constexpr std::string_view kTensorParallelPrefix = "tp-";
-inline constexpr std::string_view kRingPrefix = "ring-";
-inline constexpr std::string_view kExpertParallelPrefix = "ep-";
-inline constexpr std::string_view kTensorParallelAllReduce = "tp-allreduce";
-inline constexpr std::string_view kExpertAllToAll = "ep-alltoall";
-inline constexpr std::string_view kRingExchange = "ring-exchange";
-// The device time of a collective enqueued on a device stream (NCCL), measured by
-// events around it (parallel/device_ops.h): "device-" + the op whose span enqueued
-// it ("device-grads-sync"). Reported, not replayed: the host ops hold its time.
-inline constexpr std::string_view kDevicePrefix = "device-";
-}  // namespace trace_ops
 
 struct OpRecord {
-  const char* op = "";  // a string literal (the names of planning/trace.h)
+  const char* op = "";  // a string literal (the names of whatif/trace.h)
   int microbatch = -1;
   double start_us = 0, end_us = 0;
   std::string group;    // empty: a local op

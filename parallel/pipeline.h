@@ -14,26 +14,9 @@
 
 #include "kernels/allocator.h"
 #include "parallel/communicator.h"
+#include "planning/pipeline_schedule.h"
 
 namespace hdp {
-
-// Layers per stage minimising the most expensive stage, in contiguous ranges.
-// Stage costs: layers x layer_cost, plus first_extra on the first stage (embedding)
-// and last_extra on the last (final norm, LM head, loss). Ties prefer earlier
-// stages holding fewer layers. Every stage gets at least one layer.
-std::vector<int64_t> split_layers(int64_t num_layers, int stages, double layer_cost, double first_extra,
-                                  double last_extra);
-
-struct PipelineOp {
-  bool forward = true;
-  int micro_batch = 0;
-};
-
-// One forward-one backward: stage s of p runs min(p - s - 1, m) warm-up forwards,
-// then alternates forward and backward, then drains the remaining backwards.
-std::vector<PipelineOp> one_f_one_b(int stage, int stages, int micro_batches);
-// Micro-batches whose forward can be in flight before their backward on that stage.
-int pipeline_slots(int stage, int stages);
 
 // What the executor drives: one stage of the model. Activations are [rows, hidden].
 class PipelineStage {

@@ -1,6 +1,6 @@
 #pragma once
 // The training ranks' communicators on the 3-D process grid of
-// parallel/parallel_degrees.h (world = tp x pp x hdp): one group per axis, split
+// spec/parallel_degrees.h (world = tp x pp x hdp): one group per axis, split
 // once at start, over MPI or NCCL (parallel.comm).
 
 #include <memory>
@@ -9,7 +9,7 @@
 
 #include "parallel/communicator.h"
 #include "parallel/mpi_communicator.h"
-#include "parallel/parallel_degrees.h"
+#include "spec/parallel_degrees.h"
 
 namespace hdp {
 

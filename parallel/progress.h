@@ -2,7 +2,7 @@
 // The training thread's progress marker: which phase it is in ("grads-sync:
 // hdp reduce-scatter", "ring attention forward: hdp recv from rank 4", ...),
 // which step, and a counter that moves every time the phase changes. The hang
-// watchdog (trainer/hang_watchdog.h) reads it from another thread: a counter
+// watchdog (run/hang_watchdog.h) reads it from another thread: a counter
 // that has not moved for train.hang_timeout_s means this rank is stuck, and the
 // phase says where. This is the per-rank heartbeat of MegaScale (Jiang et al.,
 // NSDI 2024) and the stack-and-phase view ByteRobust (ByteDance, 2025) uses to

@@ -6,7 +6,7 @@
 // values of member p - t, which member p - t sent it directly during step t - 1
 // (overlapping that step's compute), and only the rows p reads: the chunks that are
 // not wholly in p's future and, under a sliding window (Mistral: Jiang et al. 2023),
-// only their last W - 1 rows (parallel/ring_layout.h, key_rows_needed). A step
+// only their last W - 1 rows (planning/ring_layout.h, key_rows_needed). A step
 // with nothing to read sends nothing and computes nothing. Partial results are
 // merged with their log-sum-exp; in backward each step's key/value gradients go
 // straight back to their owner, who adds them into its rows.
@@ -37,7 +37,7 @@
 #include "kernels/allocator.h"
 #include "kernels/ops.h"
 #include "parallel/communicator.h"
-#include "parallel/ring_layout.h"
+#include "planning/ring_layout.h"
 
 namespace hdp {
 

@@ -7,7 +7,7 @@
 
 #include <cstdint>
 
-#include "model/model_shape.h"
+#include "spec/model_shape.h"
 
 namespace hdp {
 
@@ -26,7 +26,7 @@ struct CostModel {
   // One layer's forward and backward over a sequence of s tokens.
   double compute_seconds(int64_t s) const;
   // What a1 multiplies: s^2 without a window; with one, 2 P(s) - s where P(s) =
-  // attention_pairs(s, W) (model/model_shape.h) is the number of visible (query, key)
+  // attention_pairs(s, W) (spec/model_shape.h) is the number of visible (query, key)
   // pairs, which is s^2 again for s <= W. So a1 (2 P(s) - s) + b1 s is exactly the
   // attention FLOPs per pair times P(s) plus the matmuls per token times s (below).
   double attention_term(int64_t s) const;
@@ -35,7 +35,7 @@ struct CostModel {
 };
 
 // The FLOP counts of one layer on one rank of a tensor-parallel group of tp
-// (model/model_shape.h) at a fixed rate. Over a causal sequence of s tokens the
+// (spec/model_shape.h) at a fixed rate. Over a causal sequence of s tokens the
 // layer costs matmul s + attention P(s) FLOPs (matmul per token, attention per
 // (query, visible key) pair; P(s) = s (s + 1) / 2 without a window), so
 // a1 = attention / 2 / rate, b1 = (matmul + attention / 2) / rate, g = 0;

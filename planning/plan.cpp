@@ -9,7 +9,7 @@
 #include <string>
 #include <tuple>
 
-#include "parallel/pipeline.h"
+#include "planning/pipeline_schedule.h"
 
 namespace hdp {
 

@@ -14,7 +14,7 @@
 #include <span>
 #include <vector>
 
-#include "parallel/ring_layout.h"
+#include "planning/ring_layout.h"
 
 namespace hdp {
 

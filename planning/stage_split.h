@@ -6,14 +6,20 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/model_shape.h"
+#include "spec/model_shape.h"
 
 namespace hdp {
 
+// Layers per stage minimising the most expensive stage, in contiguous ranges.
+// Stage costs: layers x layer_cost, plus first_extra on the first stage (embedding)
+// and last_extra on the last (final norm, LM head, loss). Ties prefer earlier
+// stages holding fewer layers. Every stage gets at least one layer.
+std::vector<int64_t> split_layers(int64_t num_layers, int stages, double layer_cost, double first_extra,
+                                  double last_extra);
+
 // Layers per stage of pp, each stage a group of tp tensor-parallel ranks, for
-// sequences of at most seq_len tokens: the contiguous split (parallel/pipeline.h
-// split_layers) that balances the stages' forward + backward work per token on one
-// rank. Throws std::invalid_argument when the shape does not split (validate_split).
+// sequences of at most seq_len tokens: the contiguous split (split_layers) that balances
+// the stages' forward + backward work per token on one rank. Throws std::invalid_argument when the shape does not split (validate_split).
 std::vector<int64_t> stage_layer_split(const ModelShape& model, int tp, int pp, int64_t seq_len);
 
 }  // namespace hdp

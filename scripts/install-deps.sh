@@ -9,7 +9,7 @@ packages=(
   libyaml-cpp-dev
   libhdf5-dev
   libspdlog-dev
-  nlohmann-json3-dev  # op traces and straggler reports (planning/trace.h)
+  nlohmann-json3-dev  # op traces and straggler reports (whatif/trace.h)
   libopenblas-dev
   libdnnl-dev       # oneDNN: the CPU GEMM (kernels/cpu/gemm.h)
   nlohmann-json3-dev   # JSON: safetensors headers, config.json, tokenizer.json

@@ -1,4 +1,4 @@
-// The safetensors reader and writer (trainer/safetensors.h): every dtype written
+// The safetensors reader and writer (checkpoint/safetensors.h): every dtype written
 // by our writer reads back equal, and each kind of broken file (corrupted header,
 // truncated data, overlapping or holed offsets, unknown or unsupported dtypes,
 // shapes that disagree with their offsets) is refused with a CheckpointError
@@ -16,8 +16,8 @@
 #include <vector>
 
 #include "test_util.h"
-#include "trainer/checkpoint.h"
-#include "trainer/safetensors.h"
+#include "checkpoint/checkpoint.h"
+#include "checkpoint/safetensors.h"
 
 namespace hdp {
 namespace {

@@ -15,7 +15,7 @@
 #include "data/hdf5_lock.h"
 #include "parallel/local_communicator.h"
 #include "test_util.h"
-#include "trainer/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "model/model.h"
 #include "model/optimizer.h"
 

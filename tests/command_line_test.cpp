@@ -14,9 +14,9 @@
 #include "data/json.h"
 #include "data/length_distributions.h"
 #include "data/prepare.h"
-#include "trainer/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "trainer/command_line.h"
-#include "trainer/metrics.h"
+#include "run/metrics.h"
 #include "trainer/plan_command.h"
 
 namespace hdp {

@@ -14,7 +14,7 @@
 
 #include "test_util.h"
 #include "parallel/nccl_communicator.h"
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace hdp {
 namespace {

@@ -1,4 +1,4 @@
-// trainer import-hf and export-hf (trainer/hf_checkpoint.h), through the binary:
+// trainer import-hf and export-hf (checkpoint/hf_checkpoint.h), through the binary:
 // export then import gives bit-identical weights (fp32, one file and shards),
 // bf16 and f16 files import as their exact float32 values, the written
 // config.json carries what transformers' LlamaConfig needs, and config.json
@@ -23,7 +23,7 @@
 #include "data/dataset.h"
 #include "reference_llama.h"
 #include "test_util.h"
-#include "trainer/safetensors.h"
+#include "checkpoint/safetensors.h"
 #include "trainer_runs.h"
 
 namespace hdp {

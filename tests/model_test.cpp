@@ -251,7 +251,7 @@ TEST_P(GradientsReadyOrder, ReportsEachPartWhereItsGradientsBeginOnceAllAboveAre
 INSTANTIATE_TEST_SUITE_P(UntiedAndTied, GradientsReadyOrder, ::testing::Values(false, true));
 
 
-// The shape's counts (model/model_shape.h) are those of the model that runs.
+// The shape's counts (spec/model_shape.h) are those of the model that runs.
 TEST(Model, ShapeCountsAreThoseOfTheModel) {
   for (bool tied : {false, true}) {
     const ModelShape shape = tiny_config(tied).shape();

@@ -13,13 +13,13 @@
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_groups.h"
 #include "parallel/ring_attention.h"
-#include "parallel/ring_layout.h"
+#include "planning/ring_layout.h"
 #include "parallel/zero_optimizer.h"
-#include "trainer/config.h"
+#include "config/config.h"
 #include "data/dataset.h"
 #include "test_util.h"
-#include "trainer/engine.h"
-#include "trainer/step_planner.h"
+#include "run/engine.h"
+#include "run/step_planner.h"
 
 namespace hdp {
 namespace {

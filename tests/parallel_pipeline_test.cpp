@@ -13,6 +13,7 @@
 
 #include "parallel/local_communicator.h"
 #include "parallel/pipeline.h"
+#include "planning/stage_split.h"
 
 namespace hdp {
 namespace {

@@ -4,7 +4,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/model_shape.h"
+#include "spec/model_shape.h"
 #include "planning/plan.h"
 
 namespace hdp::testing {

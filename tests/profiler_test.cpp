@@ -14,10 +14,10 @@
 
 #include "parallel/communicator.h"
 #include "test_util.h"
-#include "trainer/config.h"
-#include "trainer/planner_cost.h"
-#include "trainer/profiler.h"
-#include "trainer/step_planner.h"
+#include "config/config.h"
+#include "run/planner_cost.h"
+#include "run/profiler.h"
+#include "run/step_planner.h"
 
 namespace hdp {
 namespace {

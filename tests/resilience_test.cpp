@@ -23,16 +23,16 @@
 #include <thread>
 #include <vector>
 
-#include "data/fault_injection.h"
+#include "base/fault_injection.h"
 #include "parallel/device_ops.h"
 #include "parallel/op_tracer.h"
 #include "parallel/progress.h"
 #include "test_util.h"
-#include "trainer/hang_watchdog.h"
-#include "trainer/metrics.h"
-#include "trainer/numerical_guard.h"
-#include "trainer/signals.h"
-#include "trainer/thread_stacks.h"
+#include "run/hang_watchdog.h"
+#include "run/metrics.h"
+#include "run/numerical_guard.h"
+#include "run/signals.h"
+#include "run/thread_stacks.h"
 
 namespace hdp {
 namespace {
@@ -190,7 +190,7 @@ TEST(MetricsWriter, ALineThatDoesNotFitIsUndoneAndNamed) {
 
 // Death tests run the body in a child process, so the handlers and the signals
 // stay out of the test runner. The calling thread blocks the stop signals (the
-// computing threads never take them, trainer/signals.cpp), so the bodies signal the
+// computing threads never take them, run/signals.cpp), so the bodies signal the
 // process, as Slurm, mpirun and Ctrl-C do (raise() would signal this thread only), and
 // wait for the effect on the thread that takes them (bounded: 2 s).
 bool stop_signal_recorded_within_2s() {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # `trainer supervise` restarts a real training run: a 2-rank tiny-llama (hdp 2,
 # a checkpoint every 2 steps) whose rank 1 dies at step 5 on the first run
-# (HDP_FAULT_INJECT, data/fault_injection.h; set only while HDP_SUPERVISE_RESTART
+# (HDP_FAULT_INJECT, base/fault_injection.h; set only while HDP_SUPERVISE_RESTART
 # is 0, so the restart runs clean). The supervisor must restart it once, the
 # restart must resume from a checkpoint, and the run must end with the loss and
 # gradient-norm sequence and the final weights bit-identical to an uninterrupted

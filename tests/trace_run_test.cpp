@@ -1,4 +1,4 @@
-// The op tracer in a real run (trainer/step_tracer.h, parallel/op_tracer.h) and
+// The op tracer in a real run (run/step_tracer.h, parallel/op_tracer.h) and
 // the analysis on its files: a pp 2 x hdp 2 tiny-llama run with one rank slowed
 // by HDP_SLOW_RANK is traced, analysed, and blamed on that rank; an untouched
 // run's replay reproduces its measured step time within 5% (the bound Lin et al.,

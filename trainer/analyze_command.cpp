@@ -1,5 +1,5 @@
 // `trainer analyze`: the what-if straggler analysis of op traces
-// (planning/straggler_analysis.h) with its report, heatmap and ideal timeline;
+// (whatif/straggler_analysis.h) with its report, heatmap and ideal timeline;
 // `trainer trace merge`: a run's per-rank trace files as one Perfetto trace.
 
 #include <algorithm>
@@ -14,9 +14,9 @@
 #include <string>
 #include <vector>
 
-#include "planning/simulator.h"
-#include "planning/straggler_analysis.h"
-#include "planning/trace.h"
+#include "whatif/simulator.h"
+#include "whatif/straggler_analysis.h"
+#include "whatif/trace.h"
 #include "trainer/command_line.h"
 #include "trainer/commands.h"
 #include "trainer/svg.h"
@@ -138,7 +138,7 @@ int analyze(Arguments& args) {
 }
 
 // One process per rank (pid = pp, dp, tp in the trainer's rank order), one track
-// per stream, through the one Chrome trace writer (planning/simulator.h).
+// per stream, through the one Chrome trace writer (whatif/simulator.h).
 int merge(Arguments& args) {
   const std::string output = args.required("--output");
   const std::vector<std::string> dirs = args.positional();

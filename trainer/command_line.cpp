@@ -9,8 +9,8 @@
 #include <stdexcept>
 
 #include "data/dataset.h"
-#include "trainer/checkpoint.h"
-#include "trainer/metrics.h"
+#include "checkpoint/checkpoint.h"
+#include "run/metrics.h"
 
 namespace hdp {
 

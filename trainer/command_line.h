@@ -22,12 +22,6 @@ constexpr int kExitSuccess = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitBadInput = 2;
 
-// A bad command line: reported with the command's usage hint, exit code 2.
-class UsageError : public InputError {
- public:
-  using InputError::InputError;
-};
-
 // The arguments after the command name. Each accessor removes what it reads;
 // expect_empty() refuses whatever is left.
 class Arguments {

@@ -14,16 +14,16 @@
 #include "data/prepare.h"
 #include "parallel/runtime.h"
 #include "planning/cost_file.h"
-#include "trainer/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "trainer/command_line.h"
-#include "trainer/config.h"
+#include "config/config.h"
 #include "trainer/evaluate.h"
 #include "trainer/generate.h"
-#include "trainer/hf_checkpoint.h"
-#include "trainer/profiler.h"
+#include "checkpoint/hf_checkpoint.h"
+#include "run/profiler.h"
 #include "trainer/selftest.h"
 #include "trainer/supervisor.h"
-#include "trainer/training.h"
+#include "run/training.h"
 
 namespace hdp {
 namespace {

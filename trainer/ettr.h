@@ -6,7 +6,7 @@
 // not effective; its rerun is. Restarts, back-off, start-up, checkpoint writes
 // and data waits outside a step are not effective either.
 //
-// The steps come from the run's metrics.jsonl (trainer/metrics.h): each line's
+// The steps come from the run's metrics.jsonl (run/metrics.h): each line's
 // "step", "step_ms" (the step's duration) and "time" (Unix time in seconds when
 // the step ended). A resumed run rewrites that file to the steps of the
 // checkpoint it resumed from and appends its own, so the file holds every step

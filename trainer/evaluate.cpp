@@ -7,8 +7,8 @@
 
 #include "model/model.h"
 #include "parallel/runtime.h"
-#include "trainer/checkpoint.h"
-#include "trainer/config.h"
+#include "checkpoint/checkpoint.h"
+#include "config/config.h"
 
 namespace hdp {
 

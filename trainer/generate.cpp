@@ -10,9 +10,9 @@
 #include "model/cached_decoder.h"
 #include "model/model.h"
 #include "parallel/runtime.h"
-#include "trainer/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "trainer/command_line.h"
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace hdp {
 

@@ -12,11 +12,11 @@
 
 #include "base/yaml_reader.h"
 #include "data/length_distributions.h"
-#include "planning/simulator.h"
+#include "whatif/simulator.h"
 #include "planning/stage_split.h"
 #include "trainer/command_line.h"
 #include "trainer/commands.h"
-#include "trainer/config.h"
+#include "config/config.h"
 
 namespace hdp {
 

@@ -1,7 +1,7 @@
 #pragma once
 // `trainer plan`: plans one global batch with several policies (static, naive,
 // balance; planning/hdp_planner.h) for a described cluster and model, simulates
-// the training step of each plan (planning/step_simulation.h) and prints step
+// the training step of each plan (whatif/step_simulation.h) and prints step
 // time, tokens/s, idle fraction, attention traffic, ring sizes and the speed-up
 // over static. docs/planning.md describes it.
 
@@ -13,10 +13,10 @@
 #include <vector>
 
 #include "base/errors.h"
-#include "planning/hardware.h"
+#include "whatif/hardware.h"
 #include "planning/hdp_planner.h"
 #include "planning/plan.h"
-#include "planning/step_simulation.h"
+#include "whatif/step_simulation.h"
 
 namespace hdp {
 
@@ -60,7 +60,7 @@ struct PlanSetup {
   PlannerSettings settings;  // capacity = --capacity or memory.capacity
   BalanceSettings balance;   // DataParallel with one stage, Pipeline with several
   int static_cp = 0;         // 0: the smallest that fits the longest sequence
-  int ep = 1;                // expert parallelism (planning/step_simulation.h); 1 for a dense model
+  int ep = 1;                // expert parallelism (whatif/step_simulation.h); 1 for a dense model
 };
 // context: the longest sequence (the stage split counts attention at it, as the
 // trainer does at data.max_seq_len). Throws PlanInputError if gpus is not a

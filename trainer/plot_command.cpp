@@ -1,4 +1,4 @@
-// `trainer plot RUN_DIR...`: SVG charts of metrics.jsonl (trainer/metrics.h):
+// `trainer plot RUN_DIR...`: SVG charts of metrics.jsonl (run/metrics.h):
 // loss, throughput, MFU, gradient norm, and per-rank busy time and the idle
 // fraction, several runs on one chart for comparison (trainer/svg.h).
 

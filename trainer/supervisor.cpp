@@ -26,7 +26,7 @@
 #include <thread>
 
 #include "base/errors.h"
-#include "trainer/checkpoint.h"
+#include "checkpoint/checkpoint.h"
 #include "trainer/ettr.h"
 
 namespace hdp {

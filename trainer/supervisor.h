@@ -35,7 +35,7 @@ struct SupervisorOptions {
   std::string checkpoint_dir;  // where the command's checkpoints are: what survives a failure
   // What the command's group gets when the supervisor receives SIGTERM or SIGINT; 0:
   // that signal. SIGUSR1 suits mpirun (OpenMPI 4), which forwards SIGUSR1 to every
-  // rank but turns SIGTERM into killing them a second later (trainer/signals.h).
+  // rank but turns SIGTERM into killing them a second later (run/signals.h).
   int stop_signal = 0;
 };
 

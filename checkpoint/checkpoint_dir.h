@@ -1,0 +1,42 @@
+#pragma once
+// One run per checkpoint directory. Two jobs writing one directory overwrite each
+// other's checkpoints and a resume then continues whichever wrote last; a run
+// started in a directory of another run's checkpoints silently continues that
+// run under the new config. Both are refused at start-up (exit code 2) with a
+// message naming what is in the way.
+
+#include <string>
+
+#include "config/config.h"
+
+namespace hdp {
+
+// CHECKPOINT_DIR/trainer.lock, held by world rank 0 of the job that writes there:
+// "host H\npid P\n", created exclusively (O_EXCL). A lock whose holder is a dead
+// process on this host, or whose file was not refreshed for `stale_after_s`
+// (another host's job that died; 0: never stale), is taken over with a warning.
+// Removed when the job ends (also on errors); a job killed outright leaves it,
+// and the next one takes it over as above.
+class CheckpointDirLock {
+ public:
+  // Throws CheckpointError naming the holder's host and pid when another live job holds it.
+  CheckpointDirLock(const std::string& checkpoint_dir, const std::string& hostname, double stale_after_s);
+  ~CheckpointDirLock();
+  CheckpointDirLock(const CheckpointDirLock&) = delete;
+  CheckpointDirLock& operator=(const CheckpointDirLock&) = delete;
+
+  // Marks the lock as fresh (its modification time), once per step.
+  void refresh() const;
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+  std::string content_;  // what this job wrote: the lock is removed only while it still holds it
+};
+
+// Throws CheckpointError when train.checkpoint_dir's newest complete checkpoint was
+// written by another run: its model, data.path, data.seed or train.seed differ from this config's. train.reuse_checkpoint_dir: true skips
+// the check.
+void check_checkpoint_dir_run(const Config& config);
+
+}  // namespace hdp

@@ -1,0 +1,109 @@
+#include "checkpoint/checkpoint_writer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <stdexcept>
+#include <utility>
+
+#include "parallel/progress.h"
+
+namespace hdp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+CheckpointWriter::CheckpointWriter(std::string checkpoint_dir, std::string config_yaml, int64_t keep,
+                                   const CheckpointLayout& layout, bool async, bool announce,
+                                   std::function<CheckpointHooks(int64_t)> hooks)
+    : checkpoint_dir_(std::move(checkpoint_dir)),
+      config_yaml_(std::move(config_yaml)),
+      keep_(keep),
+      layout_(layout),
+      async_(async),
+      announce_(announce),
+      hooks_(std::move(hooks)) {
+  if (async_ && layout.world != nullptr && layout.world->size() > 1) {
+    const auto* world = dynamic_cast<const MpiCommunicator*>(layout.world);
+    if (world == nullptr) throw std::logic_error("CheckpointWriter: asynchronous writes need an MPI world");
+    // A communicator only the writer threads use: their commit collectives run
+    // while the training threads run theirs on the world.
+    commit_world_ = world->split(0, world->rank(), "checkpoint");
+    layout_.world = commit_world_.get();
+  }
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (!thread_.joinable()) return;
+  if (std::uncaught_exceptions() > 0 && commit_world_) {
+    // The job is going down: this rank logs and aborts next. Joining could wait
+    // forever for a peer's commit collective; the abort ends the thread with the
+    // process. A single rank has no peer to wait for, and joins: a thread left
+    // writing HDF5 while the process exits would crash in the library's clean-up.
+    thread_.detach();
+    return;
+  }
+  thread_.join();
+  if (error_) {
+    try {
+      std::rethrow_exception(error_);
+    } catch (const std::exception& e) {
+      spdlog::error("checkpoint write failed: {}", e.what());
+    }
+  }
+}
+
+void CheckpointWriter::save(const LlamaModel& model, const ZeroAdamW& optimizer, const TrainingProgress& progress) {
+  progress::Context context("checkpoint save");
+  const auto t0 = Clock::now();
+  join_and_rethrow();  // one snapshot buffer: the previous write must be done with it
+  take_snapshot(model, optimizer, progress, layout_, snapshot_);
+  const int64_t step = progress.step;
+  if (async_) {
+    done_.store(false, std::memory_order_release);
+    thread_ = std::thread([this, step] { write(step); });
+  } else {
+    write(step);
+    join_and_rethrow();
+  }
+  last_blocking_ms_ = ms_since(t0);
+}
+
+void CheckpointWriter::wait() {
+  progress::Context context("checkpoint wait");
+  join_and_rethrow();
+}
+
+void CheckpointWriter::check() {
+  if (done_.load(std::memory_order_acquire)) join_and_rethrow();
+}
+
+void CheckpointWriter::write(int64_t step) {
+  try {
+    const auto t0 = Clock::now();
+    const CheckpointHooks hooks = hooks_ ? hooks_(step) : CheckpointHooks{};
+    const std::string path = save_checkpoint(checkpoint_dir_, snapshot_, config_yaml_, keep_, layout_, hooks);
+    if (announce_) {
+      spdlog::info("checkpoint {} written in {:.0f} ms{}", path, ms_since(t0), async_ ? " (in the background)" : "");
+    }
+  } catch (...) {
+    error_ = std::current_exception();
+  }
+  done_.store(true, std::memory_order_release);
+}
+
+void CheckpointWriter::join_and_rethrow() {
+  if (thread_.joinable()) thread_.join();
+  if (error_) {
+    std::exception_ptr e = std::exchange(error_, nullptr);
+    std::rethrow_exception(e);
+  }
+}
+
+}  // namespace hdp

@@ -1,0 +1,465 @@
+#include "checkpoint/hf_checkpoint.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "base/yaml_reader.h"
+#include "data/tokenizer.h"
+#include "kernels/ops.h"
+#include "model/model.h"
+#include "checkpoint/checkpoint.h"
+#include "config/config.h"
+
+namespace hdp {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
+
+constexpr const char* kIndexFile = "model.safetensors.index.json";
+constexpr const char* kSingleFile = "model.safetensors";
+
+Json read_json_file(const std::string& path, const char* what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw_config_error(path, "", std::string("cannot open ") + what + ": " + std::strerror(errno), "");
+  try {
+    return Json::parse(in);
+  } catch (const Json::exception& e) {
+    throw_config_error(path, "", std::string("not valid JSON (") + e.what() + ")", "");
+  }
+}
+
+void write_text(const std::string& path, const std::string& text) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out << text;
+    if (!(out << std::flush)) throw CheckpointError(tmp + ": cannot write");
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) throw CheckpointError(path + ": renaming " + tmp + " failed: " + ec.message());
+}
+
+// Typed access to config.json's keys; every error names the file and the key.
+class HfConfigReader {
+ public:
+  HfConfigReader(const std::string& path, const Json& root) : path_(path), root_(root) {
+    if (!root_.is_object()) fail("(top level)", "expected a JSON object, got " + std::string(root_.type_name()), "");
+  }
+  // Present and not null.
+  bool has(const char* key) const { return root_.contains(key) && !root_[key].is_null(); }
+  const Json& at(const char* key) const { return root_[key]; }
+
+  int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt, int64_t minimum = 1) const {
+    if (!has(key)) {
+      if (!fallback) fail(key, "required key is missing", "");
+      return *fallback;
+    }
+    const Json& v = root_[key];
+    if (!v.is_number_integer()) fail(key, "expected an integer, got " + v.dump(), "");
+    const int64_t x = v.get<int64_t>();
+    if (x < minimum) fail(key, std::to_string(x) + " is less than " + std::to_string(minimum), "");
+    return x;
+  }
+  double number(const char* key, double fallback) const {
+    if (!has(key)) return fallback;
+    const Json& v = root_[key];
+    if (!v.is_number()) fail(key, "expected a number, got " + v.dump(), "");
+    return v.get<double>();
+  }
+  bool boolean(const char* key, bool fallback) const {
+    if (!has(key)) return fallback;
+    const Json& v = root_[key];
+    if (!v.is_boolean()) fail(key, "expected true or false, got " + v.dump(), "");
+    return v.get<bool>();
+  }
+  std::string string(const char* key, std::optional<std::string> fallback = std::nullopt) const {
+    if (!has(key)) {
+      if (!fallback) fail(key, "required key is missing", "");
+      return *fallback;
+    }
+    const Json& v = root_[key];
+    if (!v.is_string()) fail(key, "expected a string, got " + v.dump(), "");
+    return v.get<std::string>();
+  }
+  // A token id: an integer, or a list of them (the first counts), or null.
+  std::optional<int64_t> token_id(const char* key) const {
+    if (!has(key)) return std::nullopt;
+    const Json& v = root_[key];
+    const Json& first = v.is_array() && !v.empty() ? v[0] : v;
+    if (!first.is_number_integer() || first.get<int64_t>() < 0)
+      fail(key, "expected a non-negative token id (or a list of them), got " + v.dump(), "");
+    return first.get<int64_t>();
+  }
+  [[noreturn]] void fail(const std::string& key, const std::string& problem, const std::string& valid) const {
+    throw_config_error(path_, key, problem, valid);
+  }
+
+ private:
+  std::string path_;
+  const Json& root_;
+};
+
+// The whole model as one rank holds it: a conversion tool's view of the weights.
+std::unique_ptr<LlamaModel> whole_model(const ModelConfig& config) {
+  return std::make_unique<LlamaModel>(config, /*capacity_tokens=*/1);
+}
+
+// Which file holds each tensor: the index of a sharded model, or the one file.
+std::map<std::string, std::string> weight_files(const std::string& hf_dir) {
+  const fs::path dir(hf_dir);
+  std::map<std::string, std::string> files;
+  const std::string index = (dir / kIndexFile).string();
+  std::error_code ec;
+  if (fs::exists(index, ec)) {
+    const Json root = read_json_file(index, "the safetensors index");
+    if (!root.is_object() || !root.contains("weight_map") || !root["weight_map"].is_object())
+      throw_config_error(index, "weight_map", "missing or not an object of tensor name -> file", "");
+    for (const auto& [name, file] : root["weight_map"].items()) {
+      if (!file.is_string()) throw_config_error(index, "weight_map." + name, "expected a file name, got " + file.dump(), "");
+      const std::string f = file.get<std::string>();
+      if (f.empty() || f.find('/') != std::string::npos || f == "." || f == "..")
+        throw_config_error(index, "weight_map." + name, "'" + f + "' is not a file name in the model directory", "");
+      files[name] = (dir / f).string();
+    }
+    if (files.empty()) throw_config_error(index, "weight_map", "lists no tensors", "");
+    return files;
+  }
+  const std::string single = (dir / kSingleFile).string();
+  if (!fs::exists(single, ec)) {
+    for (const char* bin : {"pytorch_model.bin", "pytorch_model.bin.index.json"}) {
+      if (fs::exists(dir / bin, ec))
+        throw CheckpointError(hf_dir + ": holds " + bin + " (PyTorch pickle), which this trainer does not read; "
+                              "save the model as safetensors (save_pretrained(..., safe_serialization=True))");
+    }
+    throw CheckpointError(hf_dir + ": neither " + kSingleFile + " nor " + kIndexFile + " found");
+  }
+  SafetensorsReader reader(single);
+  for (const SafetensorsTensor& t : reader.tensors()) files[t.name] = single;
+  return files;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  return s + "]";
+}
+
+bool is_rotary_buffer(const std::string& name) {
+  const std::string suffix = ".rotary_emb.inv_freq";
+  return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The config stored in the imported checkpoint: the model keys config.json gives
+// and the overrides; data.max_seq_len is the context the model was trained for.
+Config imported_config(const HfModelConfig& hf, const std::string& source, const std::vector<std::string>& overrides) {
+  const ModelConfig& m = hf.model;
+  std::ostringstream y;
+  y << "model:\n"
+    << "  arch: " << m.arch << "\n"
+    << "  sliding_window: " << (m.sliding_window ? std::to_string(*m.sliding_window) : std::string("null")) << "\n"
+    << "  vocab_size: " << m.vocab_size << "\n"
+    << "  hidden_size: " << m.hidden_size << "\n"
+    << "  num_layers: " << m.num_layers << "\n"
+    << "  num_heads: " << m.num_heads << "\n"
+    << "  num_kv_heads: " << m.num_kv_heads << "\n"
+    << "  ffn_hidden_size: " << m.ffn_hidden_size << "\n"
+    << "  rope_theta: " << format_double(m.rope_theta) << "\n"
+    << "  norm_eps: " << format_double(m.norm_eps) << "\n"
+    << "  tie_embeddings: " << (m.tie_embeddings ? "true" : "false") << "\n"
+    << "  init_std: " << format_double(m.init_std) << "\n"
+    << "data:\n"
+    // A stand-in that training configs replace: the import has no dataset.
+    << "  path: data-cache/dataset.h5\n"
+    << "  max_seq_len: " << hf.max_position_embeddings << "\n"
+    << "  global_batch_tokens: " << std::max<int64_t>(4096, hf.max_position_embeddings) << "\n";
+  Config config = parse_config_text(y.str(), source, overrides, /*check_files=*/false);
+  const ModelConfig& got = config.model;
+  auto same = [&](const char* key, bool equal) {
+    if (!equal)
+      throw UsageError("--set model." + std::string(key) + " changes the model that " + source +
+                       " describes; the weights fix the model's shape and numerics");
+  };
+  same("vocab_size", got.vocab_size == m.vocab_size);
+  same("hidden_size", got.hidden_size == m.hidden_size);
+  same("num_layers", got.num_layers == m.num_layers);
+  same("num_heads", got.num_heads == m.num_heads);
+  same("num_kv_heads", got.num_kv_heads == m.num_kv_heads);
+  same("ffn_hidden_size", got.ffn_hidden_size == m.ffn_hidden_size);
+  same("rope_theta", got.rope_theta == m.rope_theta);
+  same("norm_eps", got.norm_eps == m.norm_eps);
+  same("tie_embeddings", got.tie_embeddings == m.tie_embeddings);
+  same("arch", got.arch == m.arch);
+  same("sliding_window", got.sliding_window == m.sliding_window);
+  return config;
+}
+
+}  // namespace
+
+HfModelConfig read_hf_config(const std::string& path) {
+  const Json root = read_json_file(path, "the model config");
+  const HfConfigReader c(path, root);
+  HfModelConfig hf;
+  ModelConfig& m = hf.model;
+
+  const std::string model_type = c.string("model_type");
+  // Mistral is LLaMA plus an optional sliding window (Jiang et al. 2023); Mixtral's
+  // expert tensors are not mapped yet.
+  if (model_type != "llama" && model_type != "mistral")
+    c.fail("model_type", "'" + model_type + "' is not supported", "this build imports 'llama' and 'mistral'");
+  if (c.has("architectures")) {
+    const Json& a = c.at("architectures");
+    const std::set<std::string> known = {"LlamaForCausalLM", "MistralForCausalLM"};
+    if (!a.is_array() || a.size() != 1 || !a[0].is_string() || !known.count(a[0].get<std::string>()))
+      c.fail("architectures", a.dump() + " is not supported", "this build imports [\"LlamaForCausalLM\"] and "
+             "[\"MistralForCausalLM\"]");
+  }
+  if (c.has("rope_scaling"))
+    c.fail("rope_scaling", c.at("rope_scaling").dump() + " is not supported",
+           "this build implements plain RoPE only (rope_scaling: null)");
+  if (c.boolean("attention_bias", false))
+    c.fail("attention_bias", "true is not supported", "the model has no biases (attention_bias: false)");
+  if (c.boolean("mlp_bias", false))
+    c.fail("mlp_bias", "true is not supported", "the model has no biases (mlp_bias: false)");
+  if (const std::string act = c.string("hidden_act", "silu"); act != "silu")
+    c.fail("hidden_act", "'" + act + "' is not supported", "the MLP is SwiGLU (hidden_act: silu)");
+  if (c.number("attention_dropout", 0.0) != 0.0)
+    c.fail("attention_dropout", c.at("attention_dropout").dump() + " is not supported", "training has no dropout (0.0)");
+
+  m.arch = model_type;
+  // Hugging Face writes null (or leaves the key out) for full attention.
+  if (model_type == "mistral" && c.has("sliding_window")) m.sliding_window = c.integer("sliding_window", std::nullopt, 1);
+  m.hidden_size = c.integer("hidden_size");
+  m.ffn_hidden_size = c.integer("intermediate_size");
+  m.num_layers = c.integer("num_hidden_layers");
+  m.num_heads = c.integer("num_attention_heads");
+  m.num_kv_heads = c.integer("num_key_value_heads", m.num_heads);
+  m.vocab_size = c.integer("vocab_size");
+  if (m.hidden_size % m.num_heads != 0)
+    c.fail("num_attention_heads", std::to_string(m.num_heads) + " does not divide hidden_size " +
+           std::to_string(m.hidden_size), "");
+  if (c.has("head_dim") && c.integer("head_dim") != m.head_dim())
+    c.fail("head_dim", std::to_string(c.integer("head_dim")) + " is not hidden_size / num_attention_heads = " +
+           std::to_string(m.head_dim()), "this build's attention has head_dim = hidden_size / num_attention_heads");
+  m.rope_theta = c.number("rope_theta", 10000.0);
+  m.norm_eps = c.number("rms_norm_eps", 1e-6);  // LlamaConfig's default
+  m.tie_embeddings = c.boolean("tie_word_embeddings", false);
+  m.init_std = c.number("initializer_range", m.init_std);
+  hf.max_position_embeddings = c.integer("max_position_embeddings", 2048, 2);
+  hf.bos_token_id = c.token_id("bos_token_id");
+  hf.eos_token_id = c.token_id("eos_token_id");
+  return hf;
+}
+
+std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_dir,
+                      const std::vector<std::string>& overrides) {
+  std::error_code ec;
+  if (!fs::is_directory(hf_dir, ec)) throw CheckpointError(hf_dir + ": no such model directory");
+  if (fs::exists(checkpoint_dir, ec) && !fs::is_empty(checkpoint_dir, ec))
+    throw UsageError("--output '" + checkpoint_dir + "' is not empty; import into a new directory");
+
+  const std::string config_json = (fs::path(hf_dir) / "config.json").string();
+  const HfModelConfig hf = read_hf_config(config_json);
+  const Config config = imported_config(hf, config_json, overrides);
+  const std::map<std::string, std::string> files = weight_files(hf_dir);
+
+  std::unique_ptr<LlamaModel> model = whole_model(config.model);
+  std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
+  auto reader_of = [&](const std::string& file) -> SafetensorsReader& {
+    auto& r = readers[file];
+    if (!r) r = std::make_unique<SafetensorsReader>(file);
+    return *r;
+  };
+  auto tensor_in = [&](const std::string& name) -> std::pair<SafetensorsReader*, const SafetensorsTensor*> {
+    auto it = files.find(name);
+    if (it == files.end()) return {nullptr, nullptr};
+    SafetensorsReader& r = reader_of(it->second);
+    const SafetensorsTensor* t = r.find(name);
+    if (t == nullptr)
+      throw CheckpointError(it->second + ": tensor '" + name + "' is missing (" + kIndexFile + " lists it in this file)");
+    return {&r, t};
+  };
+
+  std::set<std::string> used;
+  for (const ParameterInfo& p : model->parameters()) {
+    auto [reader, t] = tensor_in(p.name);
+    if (t == nullptr)
+      throw CheckpointError(hf_dir + ": tensor '" + p.name + "' " + shape_text(p.global_shape) +
+                            " is missing from the weights");
+    if (t->shape != p.global_shape)
+      throw CheckpointError(reader->path() + ": tensor '" + p.name + "' has shape " + shape_text(t->shape) +
+                            ", config.json's model needs " + shape_text(p.global_shape));
+    const std::vector<float> values = reader->read_floats(*t);
+    copy(model->parameter_tensor(p), Tensor(const_cast<float*>(values.data()), {p.numel}, Device::CPU));
+    used.insert(p.name);
+  }
+  for (const auto& [name, file] : files) {
+    if (used.count(name)) continue;
+    if (is_rotary_buffer(name)) continue;  // RoPE's cached frequencies: recomputed from rope_theta
+    if (name == "lm_head.weight" && config.model.tie_embeddings) {
+      // Some tied models store the head anyway; it must be the embedding.
+      auto [reader, head] = tensor_in(name);
+      auto [embed_reader, embed] = tensor_in("model.embed_tokens.weight");
+      if (head->shape != embed->shape || reader->read_floats(*head) != embed_reader->read_floats(*embed))
+        throw CheckpointError(file + ": tensor 'lm_head.weight' differs from 'model.embed_tokens.weight', but "
+                              "config.json says tie_word_embeddings: true");
+      continue;
+    }
+    throw CheckpointError(file + ": tensor '" + name + "' is not a parameter of the LLaMA model config.json describes");
+  }
+
+  TrainingProgress progress;
+  progress.step = 0;
+  progress.train_seed = config.train.seed;
+  progress.data_seed = config.data.seed;
+  const std::string path = save_weights_checkpoint(checkpoint_dir, *model, progress, config.yaml);
+  // A training config for the imported model, beside its checkpoint: every key, the
+  // model's from config.json; data.path (a stand-in) and train.init_from are the user's to set.
+  write_text((fs::path(checkpoint_dir) / "train-config.yaml").string(),
+             "# Written by trainer import-hf from " + config_json + ".\n# Train with: trainer train " +
+                 (fs::path(checkpoint_dir) / "train-config.yaml").string() + " --set data.path=DATA --set train.init_from=" +
+                 path + "\n" + config.yaml);
+  spdlog::info("import-hf: {} ({} layers, hidden {}, vocabulary {}, {:.1f} M parameters) -> {}", hf_dir,
+               config.model.num_layers, config.model.hidden_size, config.model.vocab_size,
+               model->num_parameters() / 1e6, path);
+  if (hf.bos_token_id || hf.eos_token_id)
+    spdlog::info("import-hf: config.json's bos_token_id {}, eos_token_id {} (give them to export-hf as --bos-id, --eos-id)",
+                 hf.bos_token_id ? std::to_string(*hf.bos_token_id) : "none",
+                 hf.eos_token_id ? std::to_string(*hf.eos_token_id) : "none");
+  return path;
+}
+
+std::string export_hf(const std::string& checkpoint, const std::string& output_dir, const HfExportOptions& options) {
+  if (options.dtype == SafetensorsDtype::F16) throw UsageError("--dtype: export-hf writes bf16 or fp32");
+  const std::string path = checkpoint_or_latest(checkpoint);
+  const CheckpointContents contents = checkpoint_contents(path);
+  const Config config = parse_config_text(contents.config, path + "/manifest.yaml (config)", {}, false);
+  const ModelConfig& m = config.model;
+  if (m.moe())
+    throw UsageError(path + ": export-hf writes LLaMA and Mistral models; Mixtral's expert tensors are not mapped yet");
+
+  std::optional<int64_t> bos = options.bos_token_id, eos = options.eos_token_id;
+  if (m.vocab_size == static_cast<int64_t>(kByteVocabSize)) {
+    if (!bos) bos = kByteBos;
+    if (!eos) eos = kByteEos;
+  }
+  if (!bos || !eos)
+    throw UsageError("--bos-id and --eos-id are needed for a vocabulary of " + std::to_string(m.vocab_size) +
+                     " (only the byte-level vocabulary of 258 has known ids); give the tokenizer's ids");
+  for (int64_t id : {*bos, *eos})
+    if (id < 0 || id >= m.vocab_size)
+      throw UsageError("token id " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(m.vocab_size));
+
+  std::error_code ec;
+  fs::create_directories(output_dir, ec);
+  if (!fs::is_directory(output_dir, ec)) throw CheckpointError(output_dir + ": cannot create the directory");
+  for (const auto& entry : fs::directory_iterator(output_dir)) {
+    const std::string name = entry.path().filename().string();
+    if (name == "config.json" || name == kIndexFile || entry.path().extension() == ".safetensors")
+      throw UsageError("--output '" + output_dir + "' already holds a model (" + name + "); choose an empty directory");
+  }
+
+  // Shards: consecutive tensors while they fit in max_shard_bytes (a tensor larger
+  // than the limit gets a shard of its own), as transformers' save_pretrained does.
+  const size_t value_bytes = safetensors_dtype_bytes(options.dtype);
+  std::vector<size_t> shard_of;
+  std::vector<uint64_t> shard_bytes;
+  uint64_t total = 0;
+  for (const CheckpointTensorInfo& t : contents.tensors) {
+    uint64_t bytes = value_bytes;
+    for (int64_t d : t.shape) bytes *= static_cast<uint64_t>(d);
+    if (shard_bytes.empty() || (shard_bytes.back() > 0 && shard_bytes.back() + bytes > options.max_shard_bytes))
+      shard_bytes.push_back(0);
+    shard_bytes.back() += bytes;
+    shard_of.push_back(shard_bytes.size() - 1);
+    total += bytes;
+  }
+  const size_t shards = shard_bytes.size();
+  auto shard_name = [&](size_t s) {
+    if (shards == 1) return std::string(kSingleFile);
+    char name[64];
+    std::snprintf(name, sizeof(name), "model-%05zu-of-%05zu.safetensors", s + 1, shards);
+    return std::string(name);
+  };
+
+  // The tensors stream from the checkpoint in order; each shard's writer opens at
+  // its first tensor and finishes at its last.
+  std::unique_ptr<SafetensorsWriter> writer;
+  size_t index = 0;
+  read_whole_tensors(path, [&](const CheckpointTensorInfo& t, std::vector<float>&& values) {
+    const size_t s = shard_of.at(index);
+    if (!writer) {
+      std::vector<SafetensorsWriter::Spec> specs;
+      for (size_t i = index; i < contents.tensors.size() && shard_of[i] == s; ++i)
+        specs.push_back({contents.tensors[i].name, options.dtype, contents.tensors[i].shape});
+      writer = std::make_unique<SafetensorsWriter>((fs::path(output_dir) / shard_name(s)).string(), specs,
+                                                   std::map<std::string, std::string>{{"format", "pt"}});
+    }
+    if (t.name != contents.tensors[index].name) throw CheckpointError(path + ": tensor order changed while reading");
+    writer->write_floats(values);
+    ++index;
+    if (index == contents.tensors.size() || shard_of[index] != s) {
+      writer->finish();
+      writer.reset();
+    }
+  });
+  if (index != contents.tensors.size()) throw CheckpointError(path + ": fewer tensors read than listed");
+
+  if (shards > 1) {
+    OrderedJson weight_map = OrderedJson::object();
+    for (size_t i = 0; i < contents.tensors.size(); ++i) weight_map[contents.tensors[i].name] = shard_name(shard_of[i]);
+    OrderedJson idx = {{"metadata", {{"total_size", total}}}, {"weight_map", weight_map}};
+    write_text((fs::path(output_dir) / kIndexFile).string(), idx.dump(2) + "\n");
+  }
+
+  // What transformers' LlamaConfig (MistralConfig) reads; every key that changes the
+  // numerics is explicit.
+  const char* torch_dtype = options.dtype == SafetensorsDtype::BF16 ? "bfloat16" : "float32";
+  OrderedJson cfg = {
+      {"architectures", {m.arch == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM"}},
+      {"model_type", m.arch},
+      {"torch_dtype", torch_dtype},
+      {"vocab_size", m.vocab_size},
+      {"hidden_size", m.hidden_size},
+      {"intermediate_size", m.ffn_hidden_size},
+      {"num_hidden_layers", m.num_layers},
+      {"num_attention_heads", m.num_heads},
+      {"num_key_value_heads", m.num_kv_heads},
+      {"head_dim", m.head_dim()},
+      {"hidden_act", "silu"},
+      {"max_position_embeddings", config.data.max_seq_len},
+      {"rms_norm_eps", m.norm_eps},
+      {"rope_theta", m.rope_theta},
+      {"rope_scaling", nullptr},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"mlp_bias", false},
+      {"pretraining_tp", 1},
+      {"tie_word_embeddings", m.tie_embeddings},
+      {"initializer_range", m.init_std},
+      {"use_cache", true},
+      {"bos_token_id", *bos},
+      {"eos_token_id", *eos},
+  };
+  if (m.arch == "mistral") cfg["sliding_window"] = m.sliding_window ? OrderedJson(*m.sliding_window) : OrderedJson(nullptr);
+  write_text((fs::path(output_dir) / "config.json").string(), cfg.dump(2) + "\n");
+  OrderedJson gen = {{"_from_model_config", true}, {"bos_token_id", *bos}, {"eos_token_id", *eos}};
+  write_text((fs::path(output_dir) / "generation_config.json").string(), gen.dump(2) + "\n");
+  spdlog::info("export-hf: {} (step {}) -> {}: {} tensors, {} in {} file{}, {:.1f} MB", path,
+               contents.progress.step, output_dir, contents.tensors.size(), torch_dtype, shards, shards == 1 ? "" : "s",
+               total / 1e6);
+  return path;
+}
+
+}  // namespace hdp

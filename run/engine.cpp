@@ -1,0 +1,296 @@
+#include "run/engine.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "base/errors.h"
+#include "kernels/ops.h"
+#include "parallel/op_tracer.h"
+#include "parallel/progress.h"
+#include "planning/plan.h"
+#include "planning/stage_split.h"
+#include "model/optimizer.h"
+
+namespace hdp {
+
+std::vector<int64_t> pipeline_layers(const Config& config) {
+  if (!config.parallel.pp_layers.empty()) return config.parallel.pp_layers;
+  return stage_layer_split(config.model.shape(), config.parallel.tp, config.parallel.pp, config.data.max_seq_len);
+}
+
+int64_t planner_layers(const Config& config) {
+  const std::vector<int64_t> layers = pipeline_layers(config);
+  return *std::min_element(layers.begin(), layers.end());
+}
+
+double slow_rank_factor(int rank) {
+  const char* text = std::getenv("HDP_SLOW_RANK");
+  if (text == nullptr || *text == '\0') return 1.0;
+  int slow_rank = -1;
+  double factor = 0;
+  char rest = 0;
+  if (std::sscanf(text, "%d:%lf%c", &slow_rank, &factor, &rest) != 2 || slow_rank < 0 || !(factor >= 1)) {
+    throw InputError(std::string("HDP_SLOW_RANK=") + text +
+                     ": expected RANK:FACTOR, a world rank and a slowdown of at least 1 (e.g. 3:2.5)");
+  }
+  return rank == slow_rank ? factor : 1.0;
+}
+
+bool may_offload(const Config& config) {
+  // Only sequences longer than a micro-batch are offloaded, and the static grid never does.
+  return config.offload.enabled && config.scheduler.policy != SchedulerPolicy::Static &&
+         config.data.max_seq_len > config.data.micro_batch_tokens;
+}
+
+int64_t largest_micro_batch(const Config& config) {
+  const int64_t capacity = config.data.micro_batch_tokens;
+  if (!may_offload(config)) return capacity;
+  // An offloaded micro-batch holds pieces of one long sequence (whole, or its ring
+  // chunks): at most the longest sequence, and at most what the memory formula allows.
+  const OffloadConfig& o = config.offload;
+  const int64_t memory_limit = max_micro_batch_tokens(capacity, planner_layers(config), o.ratio >= 0 ? o.ratio : 1.0);
+  return std::max(capacity, std::min(memory_limit, config.data.max_seq_len));
+}
+
+namespace {
+
+// A micro-batch without tokens (expert parallelism's padding, TrainingEngine::step).
+PackedMicroBatch no_tokens() {
+  PackedMicroBatch b;
+  b.cu_seqlens = {0};
+  return b;
+}
+
+}  // namespace
+
+// The model stage as the pipeline executor sees it.
+class TrainingEngine::Stage final : public PipelineStage {
+ public:
+  // count >= batches.size(): micro-batches past the pipeline's own are empty (expert
+  // parallelism's padding, TrainingEngine::step).
+  Stage(LlamaModel& model, ZeroAdamW& optimizer, std::span<const PackedMicroBatch> batches, int count,
+        float loss_scale, int poisoned, double slow_factor)
+      : model_(model),
+        optimizer_(optimizer),
+        batches_(batches),
+        count_(count),
+        loss_scale_(loss_scale),
+        poisoned_(poisoned),
+        slow_factor_(slow_factor) {}
+
+  int64_t rows(int i) const override { return batch(i).num_tokens(); }
+  void prepare(int i, int slot) override {
+    const PackedMicroBatch& b = batch(i);
+    model_.set_batch(slot, MicroBatchView{b.tokens, b.targets, b.positions, b.cu_seqlens,
+                                          b.ring >= 0 ? &b.ring_layout : nullptr, b.offload_ratio});
+  }
+  void forward(int i, int slot) override {
+    TraceSpan span(trace_ops::kForwardCompute.data(), i);
+    progress::Context context("forward");
+    const auto t0 = Clock::now();
+    if (i == poisoned_) {
+      // A NaN loss scale seeds backward with NaN, as an overflow in the loss would.
+      constexpr float nan = std::numeric_limits<float>::quiet_NaN();
+      loss_sum_ += model_.forward(slot, nan, true) * nan;
+    } else {
+      loss_sum_ += model_.forward(slot, loss_scale_, true);
+    }
+    if (model_.config().moe() && model_.partition().has_head) {
+      // The last stage's statistics cover every layer of the micro-batch.
+      int64_t predictions = 0;
+      for (int32_t target : batch(i).targets) predictions += target >= 0;
+      aux_sum_ += model_.aux_loss() * static_cast<double>(predictions);
+      expert_tokens_.resize(model_.expert_tokens().size(), 0);
+      for (size_t e = 0; e < expert_tokens_.size(); ++e) expert_tokens_[e] += model_.expert_tokens()[e];
+    }
+    synchronize(model_.device());  // busy time is device time: GPU ops return before they run
+    stretch(t0);
+    busy_ += Clock::now() - t0;
+  }
+  void backward(int i, int slot) override {
+    TraceSpan span(trace_ops::kBackwardCompute.data(), i);
+    progress::Context context("backward");
+    const auto t0 = Clock::now();
+    // Gradients become final during the last micro-batch's backward: reduce them
+    // bucket by bucket while the rest of backward runs.
+    if (i + 1 == count_) {
+      model_.backward(slot, [this](int64_t offset) { optimizer_.gradients_ready(offset); });
+    } else {
+      model_.backward(slot);
+    }
+    synchronize(model_.device());
+    stretch(t0);
+    busy_ += Clock::now() - t0;
+  }
+  Tensor input_activation(int slot) override { return model_.input_activation(slot); }
+  Tensor output_activation(int slot) override { return model_.output_activation(slot); }
+  Tensor output_gradient(int slot) override { return model_.output_gradient(slot); }
+  Tensor input_gradient(int slot) override { return model_.input_gradient(slot); }
+  Tensor side_input(int slot) override { return model_.routing_input(slot); }
+  Tensor side_output(int slot) override { return model_.routing_output(slot); }
+  Tensor side_backward(int slot) override { return model_.routing_totals(slot); }
+  double loss_sum() const { return loss_sum_; }
+  double aux_sum() const { return aux_sum_; }
+  const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
+  double busy_ms() const { return std::chrono::duration<double, std::milli>(busy_).count(); }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  const PackedMicroBatch& batch(int i) const {
+    return i < static_cast<int>(batches_.size()) ? batches_[static_cast<size_t>(i)] : empty_;
+  }
+  // HDP_SLOW_RANK: this rank computes slow_factor_ times slower, as a slow GPU would.
+  void stretch(Clock::time_point t0) const {
+    if (slow_factor_ > 1) std::this_thread::sleep_for((Clock::now() - t0) * (slow_factor_ - 1));
+  }
+  Clock::duration busy_{};
+  LlamaModel& model_;
+  ZeroAdamW& optimizer_;
+  std::span<const PackedMicroBatch> batches_;
+  int count_;
+  PackedMicroBatch empty_ = no_tokens();
+  float loss_scale_;
+  int poisoned_;  // StepOptions::poisoned_micro_batch
+  double slow_factor_;  // slow_rank_factor()
+  double loss_sum_ = 0;
+  double aux_sum_ = 0;                  // Mixtral: aux loss x predictions, summed over micro-batches
+  std::vector<int64_t> expert_tokens_;  // Mixtral: per expert, over layers and micro-batches
+};
+
+TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : config_(config), groups_(groups) {
+  const GridCoords& c = groups.coords();
+  stage_layers_ = pipeline_layers(config);
+  ModelPartition partition;
+  partition.tp_rank = c.tp_rank;
+  partition.tp_size = config.parallel.tp;
+  partition.first_layer = std::accumulate(stage_layers_.begin(), stage_layers_.begin() + c.pp_rank, int64_t{0});
+  partition.num_layers = stage_layers_[c.pp_rank];
+  partition.has_embedding = groups.first_stage();
+  partition.has_head = groups.last_stage();
+  partition.ep_rank = config.parallel.ep_rank(c);
+  partition.ep_size = config.parallel.ep;
+
+  const int64_t capacity = config.data.micro_batch_tokens;
+  LongSequenceOptions long_sequences;
+  long_sequences.max_tokens = largest_micro_batch(config);
+  long_sequences.offload = may_offload(config);
+  long_sequences.hdp = &groups.hdp();
+  const Device device = config.train.device;
+  pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), long_sequences.max_tokens, config.model.hidden_size,
+                                                 device);
+  model_ = std::make_unique<LlamaModel>(config.model, capacity, partition, pipeline_->slots(), &groups.tp(),
+                                        long_sequences, device, config.train.precision, groups.ep());
+  const int64_t bucket_floats = std::max<int64_t>(1, config.parallel.bucket_mb * (1 << 20) / 4);
+  optimizer_ = std::make_unique<ZeroAdamW>(flat_parameters(*model_), model_->flat_parameters().numel(),
+                                           adamw_settings(config.optim), groups.hdp(), groups.world(), bucket_floats,
+                                           device, &groups.expert_dp());
+  slow_factor_ = slow_rank_factor(groups.world().rank());
+}
+
+TrainingEngine::~TrainingEngine() = default;
+
+StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t update_number,
+                                const StepOptions& options) {
+  StepResult result;
+  int64_t local_predictions = 0;
+  for (const PackedMicroBatch& mb : micro_batches) local_predictions += mb.num_predictions();
+  // Token-level loss: every rank scales its gradients by the global count, so the
+  // sum over ranks and micro-batches is the gradient of the global mean.
+  {
+    TraceSpan span(trace_ops::kTokenCount.data());
+    if (span.tracer()) span.set_group(span.tracer()->stage_group("count"));
+    progress::Context context("token count all-reduce");
+    result.predictions = groups_.hdp().all_reduce_sum(local_predictions);
+  }
+  const float loss_scale = result.predictions > 0 ? 1.0f / static_cast<float>(result.predictions) : 0.0f;
+
+  // Mixed precision: forward and backward read the bf16 copy of the fp32 master
+  // weights, rounded here once per step (after the last update or a checkpoint load).
+  model_->refresh_compute_weights();
+  model_->zero_grad();
+  optimizer_->begin_reduction(model_->flat_gradients());
+  // Expert parallelism: the ranks of an expert-parallel group exchange tokens in every
+  // MoE layer of every micro-batch (model/moe.h), so they run equally many; a pipeline
+  // with fewer than its group's most pads with empty micro-batches, which only take
+  // part in those exchanges. The group's pipelines all have the same stages, so every
+  // stage pads alike.
+  int64_t count = static_cast<int64_t>(micro_batches.size());
+  if (Communicator* ep = groups_.ep()) {
+    progress::Context context("micro-batch count all-reduce (expert parallelism)");
+    ep->all_reduce(std::span<int64_t>(&count, 1), ReduceOp::Max);
+  }
+  Stage stage(*model_, *optimizer_, micro_batches, static_cast<int>(count), loss_scale, options.poisoned_micro_batch,
+              slow_factor_);
+  pipeline_->run(stage, static_cast<int>(count));
+
+  // Tied embeddings split over the first and last stage: their two gradient parts
+  // are summed before the data-parallel reduction.
+  if (Communicator* tied = groups_.tied()) {
+    // The group of this pipeline's first and last stage: a name no pipeline transfer uses.
+    TraceSpan span(trace_ops::kTiedEmbedding.data());
+    if (span.tracer()) span.set_group(span.tracer()->pipeline_group(true, -1, -1));
+    progress::Context context("tied-embedding sync");
+    const ParameterInfo& p = model_->parameter("model.embed_tokens.weight");
+    tied->all_reduce(model_->gradient_tensor(p), ReduceOp::Sum);
+  }
+  result.grad_norm = optimizer_->finish_gradients();
+
+  // The loss is known on the last stage; tp ranks hold identical copies.
+  const bool counts_loss = groups_.last_stage() && groups_.coords().tp_rank == 0;
+  double loss_sum = 0;
+  {
+    TraceSpan span(trace_ops::kLoss.data());
+    if (span.tracer()) span.set_group(span.tracer()->world_group("loss"));
+    progress::Context context("loss all-reduce");
+    loss_sum = groups_.world().all_reduce_sum(counts_loss ? stage.loss_sum() : 0.0);
+  }
+  result.loss = result.predictions > 0 ? loss_sum / static_cast<double>(result.predictions) : 0.0;
+  if (config_.model.moe()) {
+    // Each pipeline's last stage holds its micro-batches' whole statistics (tp ranks
+    // identical copies, counted once): summed over the world, aux_loss is the mean of
+    // the micro-batches' losses weighted by their predictions and expert_tokens the
+    // step's choices per expert, whatever the layout.
+    const int64_t E = config_.model.num_experts;
+    std::vector<double> sums(E + 1, 0.0);
+    if (counts_loss) {
+      sums[0] = stage.aux_sum();
+      for (int64_t e = 0; e < E && e < static_cast<int64_t>(stage.expert_tokens().size()); ++e)
+        sums[e + 1] = static_cast<double>(stage.expert_tokens()[e]);
+    }
+    {
+      progress::Context context("MoE statistics all-reduce");
+      groups_.world().all_reduce(std::span<double>(sums), ReduceOp::Sum);
+    }
+    result.aux_loss = result.predictions > 0 ? sums[0] / static_cast<double>(result.predictions) : 0.0;
+    result.expert_tokens.resize(E);
+    for (int64_t e = 0; e < E; ++e) result.expert_tokens[e] = static_cast<int64_t>(std::llround(sums[e + 1]));
+  }
+  result.busy_ms = stage.busy_ms();
+
+  result.updated = !options.apply_update || options.apply_update(result);
+  if (!result.updated) return result;  // the next step's zero_grad and begin_reduction start afresh
+  optimizer_->step(model_->flat_parameters(), lr, clip_factor(result.grad_norm, config_.optim.grad_clip), update_number);
+  return result;
+}
+
+MemoryReport TrainingEngine::memory() const {
+  MemoryReport m;
+  m.parameters = model_->parameter_bytes();
+  m.gradients = model_->gradient_bytes();
+  m.optimizer = optimizer_->state_bytes();
+  m.activations = model_->activation_bytes();
+  m.pipeline = pipeline_->buffer_bytes();
+  m.ring = model_->ring_buffer_bytes();
+  m.host_pool = model_->activation_usage().host_pool_bytes;
+  return m;
+}
+
+}  // namespace hdp

@@ -1,0 +1,99 @@
+#pragma once
+// One rank's share of a training step under tensor, pipeline and hybrid data
+// parallelism: its model stage and slice, the 1F1B pipeline over its
+// pipeline's micro-batches, tied-embedding synchronisation, ZeRO-1 gradient
+// reduction and the sharded AdamW update.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "data/batch.h"
+#include "parallel/pipeline.h"
+#include "parallel/process_groups.h"
+#include "parallel/zero_optimizer.h"
+#include "config/config.h"
+#include "model/model.h"
+
+namespace hdp {
+
+// Layers per pipeline stage: parallel.pp_layers when given, otherwise the split
+// that balances the stages' FLOPs at data.max_seq_len (planning/stage_split.h).
+// The test knob HDP_SLOW_RANK=RANK:FACTOR (FACTOR >= 1): world rank RANK's
+// forward and backward compute take FACTOR times as long (a sleep after each),
+// as on a slow GPU; 1 for every other rank and without the variable. Throws
+// InputError on a malformed value. For the straggler analysis's tests.
+double slow_rank_factor(int rank);
+
+std::vector<int64_t> pipeline_layers(const Config& config);
+// The layers per stage the planner budgets memory for: the smallest stage's.
+int64_t planner_layers(const Config& config);
+// Whether this config's plans may offload activations (long sequences, naive or
+// balance policy, offload enabled), and the most tokens one of their micro-batches
+// can hold (more than data.micro_batch_tokens when offload lets a rank hold more of
+// a long sequence).
+bool may_offload(const Config& config);
+int64_t largest_micro_batch(const Config& config);
+
+struct StepResult {
+  double loss = 0;           // global token-level loss: sum of cross-entropies / predictions
+  double grad_norm = 0;      // before clipping
+  int64_t predictions = 0;   // predicted tokens in the global batch
+  double busy_ms = 0;        // this rank's time in forward and backward (ring transfers included)
+  bool updated = true;       // false: StepOptions::apply_update skipped the optimizer update
+  // Mixtral: the load-balancing loss of the step (each micro-batch's, weighted by its
+  // share of the predictions; already in `loss` times model.router_aux_loss_coef), and
+  // the (token, choice) pairs each expert received over all layers and micro-batches.
+  double aux_loss = 0;
+  std::vector<int64_t> expert_tokens;
+};
+
+// What a step may be told besides its micro-batches.
+struct StepOptions {
+  // Called on every rank with the step's global loss and gradient norm once they
+  // are known, before the optimizer update; the update is applied only when it
+  // returns true (run/numerical_guard.h). Empty: always applied.
+  std::function<bool(const StepResult&)> apply_update;
+  // Test knob (HDP_FAULT_INJECT=RANK:STEP:nan, base/fault_injection.h): on a rank
+  // of the last pipeline stage, the loss and the gradients of this rank's
+  // micro-batch with this index become NaN; -1: none.
+  int poisoned_micro_batch = -1;
+};
+
+struct MemoryReport {
+  size_t parameters = 0, gradients = 0, optimizer = 0, activations = 0, pipeline = 0, ring = 0;
+  size_t host_pool = 0;  // host memory for offloaded activations (not device memory)
+  size_t total() const { return parameters + gradients + optimizer + activations + pipeline + ring; }
+};
+
+class TrainingEngine {
+ public:
+  TrainingEngine(const Config& config, ProcessGroups& groups);
+  ~TrainingEngine();
+
+  // One optimizer step over this pipeline's micro-batches (identical on every
+  // stage and tp rank of the pipeline; pipelines may have different counts).
+  // update_number: AdamW's bias-correction step, the updates applied so far + 1
+  // (skipped steps do not count).
+  StepResult step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t update_number,
+                  const StepOptions& options = {});
+
+  LlamaModel& model() { return *model_; }
+  ZeroAdamW& optimizer() { return *optimizer_; }
+  const std::vector<int64_t>& stage_layers() const { return stage_layers_; }
+  MemoryReport memory() const;
+
+ private:
+  class Stage;
+  const Config& config_;
+  ProcessGroups& groups_;
+  std::vector<int64_t> stage_layers_;
+  std::unique_ptr<PipelineExecutor> pipeline_;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<ZeroAdamW> optimizer_;
+  double slow_factor_ = 1;  // slow_rank_factor
+};
+
+}  // namespace hdp

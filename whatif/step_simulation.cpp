@@ -1,0 +1,686 @@
+#include "whatif/step_simulation.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+#include "planning/pipeline_schedule.h"
+#include "planning/ring_layout.h"
+
+namespace hdp {
+
+namespace {
+
+std::string str(int64_t v) { return std::to_string(v); }
+
+}  // namespace
+
+ModelCosts model_costs(const ModelShape& m, int tp, int pp) {
+  validate_model_shape(m);
+  validate_split(m, tp, pp);
+  ModelCosts c;
+  c.layer_parameters = layer_parameters(m);
+  c.embedding_parameters = embedding_parameters(m);
+  c.head_parameters = head_parameters(m, pp);
+  c.layer_matmul_flops_per_token = layer_matmul_flops_per_token(m, tp);
+  c.attention_flops_per_token_pair = attention_flops_per_token_pair(m, tp);
+  c.head_flops_per_token = head_flops_per_token(m, tp);
+  c.saved_bytes_per_token = saved_bytes_per_token(m, tp, kActivationBytes);
+  c.kv_bytes_per_token = kv_bytes_per_token(m, tp, kActivationBytes);
+  c.boundary_bytes_per_token = boundary_bytes_per_token(m, kActivationBytes);
+  c.expert_parameters = expert_parameters(m);
+  if (m.experts > 1) {
+    c.all_to_all_bytes_per_token =
+        static_cast<double>(m.hidden) * kActivationBytes * static_cast<double>(m.experts_per_token);
+    c.all_to_all_count_bytes = 4.0 * static_cast<double>(m.experts);  // fp32 counts, as model/moe.h sends them
+  }
+  return c;
+}
+
+void validate_expert_parallel(const ModelShape& m, int hdp, int ep) {
+  if (ep < 1) throw std::invalid_argument("ep must be at least 1, got " + str(ep));
+  if (ep > 1 && m.experts == 1)
+    throw std::invalid_argument("ep " + str(ep) + " needs a mixture of experts; the model is dense (num_experts 1)");
+  if (m.experts % ep != 0)
+    throw std::invalid_argument("num_experts " + str(m.experts) + " is not divisible by ep " + str(ep));
+  if (hdp % ep != 0) throw std::invalid_argument("hdp " + str(hdp) + " is not divisible by ep " + str(ep));
+}
+
+std::vector<int> expert_parallel_candidates(const ModelShape& m, int hdp) {
+  std::vector<int> eps;
+  for (int ep = 1; ep <= hdp; ++ep)
+    if (hdp % ep == 0 && m.experts % ep == 0) eps.push_back(ep);
+  return eps;
+}
+
+namespace {
+
+// One stage's parameters on one GPU: outside the experts (its layers' share of
+// 1 / tp, the embedding on the first stage, the head on the last) and in its experts
+// (a further 1 / ep).
+struct StageParameters {
+  double dense = 0, experts = 0;
+  double total() const { return dense + experts; }
+};
+
+StageParameters stage_parameters_per_gpu(const ModelCosts& c, int tp, int ep, int stage, int pp, int64_t layers) {
+  const double l = static_cast<double>(layers);
+  StageParameters p;
+  p.dense = l * (c.layer_parameters - c.expert_parameters);
+  if (stage == 0) p.dense += c.embedding_parameters;
+  if (stage == pp - 1) p.dense += c.head_parameters;
+  p.dense /= tp;
+  p.experts = l * c.expert_parameters / tp / ep;
+  return p;
+}
+
+// The link of a collective over GPUs first ... last: NVLink when one node holds them all.
+struct GroupLink {
+  double bytes_per_s = 0, latency_s = 0;
+};
+GroupLink group_link(const HardwareProfile& hw, long first, long last) {
+  if (hw.same_node(first, last)) return {hw.nvlink_bytes_per_s, hw.intranode_latency_s};
+  return {hw.internode_bytes_per_s, hw.internode_latency_s};
+}
+
+}  // namespace
+
+MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, const ParallelDegrees& degrees,
+                           std::span<const int64_t> stage_layers, int ep) {
+  validate_hardware(hw);
+  const int pp = degrees.pp;
+  if (static_cast<int>(stage_layers.size()) != pp)
+    throw std::invalid_argument("memory_budget: " + str(static_cast<int64_t>(stage_layers.size())) +
+                                " stage layer counts for pp " + str(pp));
+  if (degrees.hdp < 1) throw std::invalid_argument("hdp must be at least 1");
+  validate_expert_parallel(model, degrees.hdp, ep);
+  const ModelCosts c = model_costs(model, degrees.tp, pp);
+  MemoryBudget b;
+  double best = std::numeric_limits<double>::infinity();
+  for (int s = 0; s < pp; ++s) {
+    // Weights and gradients of this GPU's experts; the optimizer state of all
+    // parameters / tp over hdp (an expert's over the hdp / ep ranks holding its 1 / ep).
+    const double p = stage_parameters_per_gpu(c, degrees.tp, ep, s, pp, stage_layers[s]).total();
+    const double all = stage_parameters_per_gpu(c, degrees.tp, 1, s, pp, stage_layers[s]).total();
+    const double fixed = p * (2 + 4) + all * 12 / degrees.hdp;
+    const double free = hw.hbm_bytes - hw.reserved_bytes - fixed;
+    b.parameters_per_gpu.push_back(p);
+    b.static_bytes.push_back(fixed);
+    b.free_bytes.push_back(free);
+    const double tokens =
+        free / (static_cast<double>(pp - s) * static_cast<double>(stage_layers[s]) * c.saved_bytes_per_token);
+    if (!(tokens >= 1)) {
+      throw std::invalid_argument(
+          "the model does not fit: stage " + str(s) + "'s weights, gradients and optimizer shard take " +
+          std::to_string(fixed / 1e9) + " GB per GPU of " + std::to_string(hw.hbm_bytes / 1e9) + " GB (" +
+          std::to_string(hw.reserved_bytes / 1e9) + " GB reserved), leaving no room for activations");
+    }
+    if (tokens < best) {
+      best = tokens;
+      b.limiting_stage = s;
+    }
+  }
+  b.capacity = static_cast<int64_t>(std::floor(best));
+  return b;
+}
+
+StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, const ParallelDegrees& degrees,
+                          std::span<const int64_t> stage_layers, int ep) {
+  validate_hardware(hw);
+  const int pp = degrees.pp;
+  if (static_cast<int>(stage_layers.size()) != pp)
+    throw std::invalid_argument("make_step_costs: " + str(static_cast<int64_t>(stage_layers.size())) +
+                                " stage layer counts for pp " + str(pp));
+  validate_expert_parallel(model, degrees.hdp, ep);
+  const ModelCosts c = model_costs(model, degrees.tp, pp);
+  const double rate = hw.flops_per_second();
+  StepCosts k;
+  k.cost = analytic_cost_model(model, degrees.tp, c.saved_bytes_per_token, rate, hw.pcie_bytes_per_s);
+  k.embedding_seconds_per_token = 0;  // a table lookup and its scatter-add: negligible
+  k.head_seconds_per_token = c.head_flops_per_token / rate;
+  k.stage_layers.assign(stage_layers.begin(), stage_layers.end());
+  k.tp = degrees.tp;
+  k.hdp = degrees.hdp;
+  k.hardware = hw;
+  k.kv_bytes_per_token = c.kv_bytes_per_token;
+  k.boundary_bytes_per_token = c.boundary_bytes_per_token;
+  k.ep = ep;
+  k.all_to_all_bytes_per_token = c.all_to_all_bytes_per_token;
+  k.all_to_all_count_bytes = c.all_to_all_count_bytes;
+  // An ep group is ep consecutive hdp ranks of one stage: tp x ep consecutive GPUs
+  // from a multiple of tp x ep, so every group sits alike; group 0 of stage 0 stands for all.
+  const GroupLink a2a = group_link(hw, 0, static_cast<long>(degrees.tp) * ep - 1);
+  k.all_to_all_bytes_per_s = a2a.bytes_per_s;
+  k.all_to_all_latency_s = a2a.latency_s;
+  for (int s = 0; s < pp; ++s) {
+    const StageParameters p = stage_parameters_per_gpu(c, degrees.tp, ep, s, pp, stage_layers[s]);
+    // With ep = 1 every parameter is synchronised over all hdp ranks.
+    const double together = ep > 1 ? p.dense : p.total();
+    k.gradient_bytes.push_back(4 * together);
+    k.parameter_bytes.push_back(2 * together);
+    if (ep > 1) {
+      k.expert_gradient_bytes.push_back(4 * p.experts);
+      k.expert_parameter_bytes.push_back(2 * p.experts);
+    }
+    // The shard: 1 / hdp of the dense part, 1 / (hdp / ep) of this GPU's experts.
+    const double shard = p.dense / degrees.hdp + p.experts * ep / degrees.hdp;
+    k.optimizer_seconds.push_back(32 * shard / hw.hbm_bytes_per_s);
+  }
+  return k;
+}
+
+double all_to_all_seconds_per_token(const StepCosts& k) {
+  if (k.ep <= 1 || k.all_to_all_bytes_per_token <= 0) return 0;
+  return 4 * k.all_to_all_bytes_per_token * (k.ep - 1) / k.ep / k.all_to_all_bytes_per_s;
+}
+
+namespace {
+
+constexpr int kCompute = 0, kFwdSend = 1, kFwdRecv = 2, kBwdSend = 3, kBwdRecv = 4, kDp = 5, kD2h = 6, kH2d = 7;
+const char* const kStreamNames[] = {"compute", "pp-fwd-send", "pp-fwd-recv", "pp-bwd-send",
+                                    "pp-bwd-recv", "dp", "d2h", "h2d"};
+constexpr int kStreams = 8;
+constexpr sim::OpId kNone = std::numeric_limits<sim::OpId>::max();
+
+// One micro-batch's work on one GPU per layer, split into forward and backward.
+struct LayerWork {
+  double forward = 0, backward = 0;  // seconds, communication stalls of ring steps included
+  double pure = 0;                   // forward + backward compute alone
+  double attention_bytes = 0;        // ring traffic sent by this GPU
+};
+
+// Throws std::invalid_argument unless the plan and the costs describe one step.
+void check_step_inputs(const StepPlan& plan, std::span<const int64_t> lengths, const StepCosts& k) {
+  const int pp = k.pp();
+  if (pp < 1) throw std::invalid_argument("simulate_step: no pipeline stages");
+  if (static_cast<int>(plan.ranks.size()) != k.hdp)
+    throw std::invalid_argument("simulate_step: the plan has " + str(static_cast<int64_t>(plan.ranks.size())) +
+                                " ranks, the costs " + str(k.hdp));
+  if (k.gradient_bytes.size() != static_cast<size_t>(pp) || k.parameter_bytes.size() != static_cast<size_t>(pp) ||
+      k.optimizer_seconds.size() != static_cast<size_t>(pp))
+    throw std::invalid_argument("simulate_step: per-stage gradient, parameter and optimizer figures must have pp entries");
+  if (k.ep < 1 || k.hdp % k.ep != 0)
+    throw std::invalid_argument("simulate_step: ep " + str(k.ep) + " does not divide hdp " + str(k.hdp));
+  const size_t expert_stages = k.ep > 1 ? static_cast<size_t>(pp) : 0;
+  if (k.expert_gradient_bytes.size() != expert_stages || k.expert_parameter_bytes.size() != expert_stages)
+    throw std::invalid_argument("simulate_step: per-stage expert gradient and parameter figures must have pp entries "
+                                "with ep > 1 and none with ep 1");
+  if (k.ep > 1 && k.all_to_all_bytes_per_token > 0 && !(k.all_to_all_bytes_per_s > 0))
+    throw std::invalid_argument("simulate_step: the all-to-all bandwidth must be positive");
+  if (!(k.forward_fraction > 0 && k.forward_fraction < 1))
+    throw std::invalid_argument("simulate_step: forward_fraction must be in (0, 1)");
+  for (const auto& mbs : plan.ranks)
+    for (const PlannedMicroBatch& mb : mbs)
+      for (const PlannedPiece& p : mb.pieces)
+        if (p.sequence < 0 || static_cast<size_t>(p.sequence) >= lengths.size() ||
+            (p.ring >= 0 && static_cast<size_t>(p.ring) >= plan.rings.size()))
+          throw std::invalid_argument("simulate_step: a piece names sequence " + str(p.sequence) + " / ring " +
+                                      str(p.ring) + " outside the batch");
+}
+
+// The operation graph of one step, built in the order simulate_step adds its
+// parts: every process's compute (with offload copies), the pipeline transfers,
+// the gradient synchronisation; then replayed.
+class StepGraphBuilder {
+ public:
+  StepGraphBuilder(const StepPlan& plan, std::span<const int64_t> lengths, const StepCosts& costs)
+      : plan_(plan), lengths_(lengths), k_(costs), grid_{costs.tp, costs.pp(), costs.hdp}, f_(costs.forward_fraction) {
+    for (int r = 0; r < grid_.hdp; ++r) first_.push_back(first_.back() + plan.ranks[r].size());
+    const size_t slots = first_.back() * grid_.pp;
+    forward_ops_.assign(slots, kNone);
+    backward_ops_.assign(slots, kNone);
+    forward_end_ops_.assign(slots, kNone);
+    backward_end_ops_.assign(slots, kNone);
+    d2h_ops_.assign(slots, kNone);
+    h2d_ops_.assign(slots, kNone);
+    const size_t processes = static_cast<size_t>(grid_.hdp) * grid_.pp;
+    last_compute_.assign(processes, kNone);
+    last_copy_.assign(processes, kNone);
+    ring_group_.assign(plan.rings.size() * grid_.pp * 2, -1);
+    measure_rings();
+    time_ring_groups();
+    add_streams();
+  }
+
+  // Compute operations of hdp rank r at stage s in 1F1B order, with offload copies beside them.
+  void add_compute(int r, int s);
+  // The activation sends and receives between stages s and s + 1, forward then backward.
+  void add_pipeline_transfers(int r, int s);
+  // Stage s's gradient reduce-scatter, optimizer and parameter all-gather (ZeRO-1 over
+  // hdp; with ep > 1 the experts' over the hdp / ep ranks that hold them).
+  void add_gradient_sync(int s);
+  StepSimulation replay(bool keep_graph);
+
+ private:
+  // The GPU of tp rank 0 of hdp rank r at stage s, in the trainer's rank order.
+  long gpu(int r, int s) const { return static_cast<long>(grid_.rank({0, s, r})); }
+  int stream(int r, int s, int t) const {
+    return streams_[(static_cast<size_t>(r) + static_cast<size_t>(grid_.hdp) * s) * kStreams + t];
+  }
+  // Index of (hdp rank r, micro-batch i, stage s) in the per-operation tables.
+  size_t at(int r, int s, int i) const { return (first_[r] + static_cast<size_t>(i)) * grid_.pp + s; }
+  size_t ring_at(size_t g, int s) const { return g * grid_.pp + s; }
+
+  void measure_rings();
+  void time_ring_groups();
+  void add_streams();
+  LayerWork layer_work(const PlannedMicroBatch& mb, int s) const;
+  void add_ring_work(const PlannedMicroBatch& mb, int s, LayerWork& w) const;
+  // Forward + backward seconds of the embedding (first stage) and the head (last).
+  double extra_seconds(const PlannedMicroBatch& mb, int s) const;
+  int ring_group_of(size_t g, int s, bool forward);
+  // The expert all-to-alls of micro-batch op after its compute on the dp stream
+  // (two per layer forward, four backward); kNone for a dense model, ep 1 or no tokens.
+  sim::OpId add_all_to_all(int r, int s, const PipelineOp& op, sim::OpId compute);
+  // Offload copy of micro-batch i beside its forward (d2h) or backward (h2d);
+  // kNone when it offloads nothing.
+  sim::OpId add_offload_copy(int r, int s, const PipelineOp& op, sim::OpId previous_compute);
+
+  const StepPlan& plan_;
+  std::span<const int64_t> lengths_;
+  const StepCosts& k_;
+  const ParallelDegrees grid_;
+  const double f_;  // forward's share of compute
+  std::vector<size_t> first_{0};  // micro-batch offsets: (rank r, micro-batch i) is first_[r] + i
+  // Per ring and stage (ring_at): each ring step's transfer time (measure_rings),
+  // and the ring's forward and backward time (its slowest member's).
+  std::vector<std::vector<double>> ring_transfer_;
+  std::vector<double> ring_fwd_, ring_bwd_;
+  std::vector<double> ring_step_;       // per ring: one member's one computing ring step
+  std::vector<double> ring_sent_rows_;  // per ring: key rows a member sends per pass, on average
+  StepSimulation out_;
+  sim::OpGraph graph_;
+  const uint32_t L_fwd = graph_.label("forward"), L_bwd = graph_.label("backward");
+  const uint32_t L_ring_fwd = graph_.label("ring forward"), L_ring_bwd = graph_.label("ring backward");
+  const uint32_t L_send_act = graph_.label("send activation"), L_recv_act = graph_.label("recv activation");
+  const uint32_t L_send_grad = graph_.label("send gradient"), L_recv_grad = graph_.label("recv gradient");
+  const uint32_t L_d2h = graph_.label("offload d2h"), L_h2d = graph_.label("offload h2d");
+  const uint32_t L_rs = graph_.label("grad reduce-scatter"), L_opt = graph_.label("optimizer");
+  const uint32_t L_ag = graph_.label("param all-gather");
+  const uint32_t L_a2a_fwd = graph_.label("expert all-to-all forward");
+  const uint32_t L_a2a_bwd = graph_.label("expert all-to-all backward");
+  const uint32_t L_ers = graph_.label("expert grad reduce-scatter"), L_eag = graph_.label("expert param all-gather");
+  std::vector<int> streams_;
+  std::vector<int> ring_group_;
+  std::vector<sim::OpId> forward_ops_, backward_ops_, d2h_ops_, h2d_ops_;  // at(r, s, i)
+  // The last operation of each forward and backward: its all-to-all, else its compute.
+  std::vector<sim::OpId> forward_end_ops_, backward_end_ops_;
+  std::vector<sim::OpId> last_compute_, last_copy_;                        // per process
+  std::vector<sim::OpId> reduce_scatter_ops_;
+};
+
+void StepGraphBuilder::measure_rings() {
+  const int pp = grid_.pp;
+  const HardwareProfile& hw = k_.hardware;
+  const size_t R = plan_.rings.size();
+  ring_transfer_.assign(R * pp, {});
+  ring_step_.resize(R);
+  ring_sent_rows_.resize(R);
+  for (size_t g = 0; g < R; ++g) {
+    const Ring& ring = plan_.rings[g];
+    const int n = static_cast<int>(ring.ranks.size());
+    double attention = 0;
+    std::vector<int64_t> ring_lengths;
+    for (int64_t q : ring.sequences) {
+      attention += k_.cost.a1 * k_.cost.attention_term(lengths_[q]);
+      ring_lengths.push_back(lengths_[q]);
+    }
+    // What the trainer's ring sends (parallel/ring_attention.h): at step t member p
+    // receives from member p - t the key rows it reads (planning/ring_layout.h), none
+    // under a window that does not reach. Members run in lock step: a step moves the
+    // most any member receives, over the slowest of its links.
+    const RingLayout layout = zigzag_ring_layout(ring.ranks, ring_lengths, 0);
+    std::vector<int64_t> rows(n, 0);  // per step t: the most rows a member receives
+    double sent = 0;
+    int active = 1;  // steps that compute: step 0 (own rows) and every step with rows
+    std::vector<ChunkRows> read;
+    for (int t = 1; t < n; ++t) {
+      for (int p = 0; p < n; ++p) {
+        key_rows_needed(layout, (p - t + n) % n, p, k_.cost.window, read);
+        const int64_t r = total_rows(read);
+        rows[t] = std::max(rows[t], r);
+        sent += static_cast<double>(r);
+      }
+      if (rows[t] > 0) ++active;
+    }
+    ring_step_[g] = n > 0 ? attention / (static_cast<double>(n) * active) : 0;
+    ring_sent_rows_[g] = n > 0 ? sent / n : 0;
+    for (int s = 0; s < pp; ++s) {
+      std::vector<double>& xfer = ring_transfer_[ring_at(g, s)];
+      xfer.assign(n + 1, 0.0);  // xfer[t]: step t's transfer; 0 at t = 0 and t = n
+      for (int t = 1; t < n; ++t) {
+        if (rows[t] == 0) continue;
+        double bw = std::numeric_limits<double>::infinity(), lat = 0;
+        for (int p = 0; p < n; ++p) {
+          const long a = gpu(ring.ranks[(p - t + n) % n], s), b = gpu(ring.ranks[p], s);
+          bw = std::min(bw, hw.link_bytes_per_s(a, b));
+          lat = std::max(lat, hw.link_latency_s(a, b));
+        }
+        xfer[t] = lat + k_.kv_bytes_per_token * static_cast<double>(rows[t]) / bw;
+      }
+    }
+  }
+}
+
+// A ring's members run in lock step: each ring operation takes the slowest member's time.
+void StepGraphBuilder::time_ring_groups() {
+  ring_fwd_.assign(plan_.rings.size() * grid_.pp, 0.0);
+  ring_bwd_.assign(plan_.rings.size() * grid_.pp, 0.0);
+  for (int s = 0; s < grid_.pp; ++s) {
+    const double l = static_cast<double>(k_.stage_layers[s]);
+    for (int r = 0; r < grid_.hdp; ++r)
+      for (const PlannedMicroBatch& mb : plan_.ranks[r]) {
+        if (mb.ring < 0) continue;
+        const LayerWork w = layer_work(mb, s);
+        const double e = extra_seconds(mb, s);
+        const size_t g = ring_at(static_cast<size_t>(mb.ring), s);
+        ring_fwd_[g] = std::max(ring_fwd_[g], l * w.forward + f_ * e);
+        ring_bwd_[g] = std::max(ring_bwd_[g], l * w.backward + (1 - f_) * e);
+      }
+  }
+}
+
+void StepGraphBuilder::add_streams() {
+  out_.processes = grid_.hdp * grid_.pp;
+  streams_.resize(static_cast<size_t>(grid_.hdp) * grid_.pp * kStreams);
+  for (int s = 0; s < grid_.pp; ++s)
+    for (int r = 0; r < grid_.hdp; ++r) {
+      const int proc = r + grid_.hdp * s;
+      for (int t = 0; t < kStreams; ++t)
+        streams_[static_cast<size_t>(proc) * kStreams + t] = graph_.add_stream(proc, kStreamNames[t]);
+      out_.process_names.push_back("stage " + std::to_string(s) + " hdp " + std::to_string(r) + " (GPUs " +
+                                   std::to_string(gpu(r, s)) + "-" + std::to_string(gpu(r, s) + grid_.tp - 1) + ")");
+    }
+}
+
+LayerWork StepGraphBuilder::layer_work(const PlannedMicroBatch& mb, int s) const {
+  LayerWork w;
+  double linear = 0, ring_tokens = 0;
+  for (const PlannedPiece& p : mb.pieces) {
+    if (p.ring < 0) {
+      linear += k_.cost.compute_seconds(p.length);
+    } else {
+      ring_tokens += static_cast<double>(p.length);
+    }
+  }
+  linear += k_.cost.b1 * ring_tokens;
+  w.forward = f_ * linear;
+  w.backward = (1 - f_) * linear;
+  w.pure = linear;
+  if (mb.ring >= 0) add_ring_work(mb, s, w);
+  return w;
+}
+
+// Ring attention (Liu et al., 2023) as the trainer runs it: n steps of one member's
+// rows against each member's key rows, the next step's rows arriving during the
+// current step's compute, so a step takes the longer of the two; a step without rows
+// neither computes nor waits. Backward sends each step's key/value gradients back
+// to their owner after that step's compute.
+void StepGraphBuilder::add_ring_work(const PlannedMicroBatch& mb, int s, LayerWork& w) const {
+  const size_t g = static_cast<size_t>(mb.ring);
+  const int n = static_cast<int>(plan_.rings[g].ranks.size());
+  const double step = ring_step_[g];
+  const double sequences = static_cast<double>(plan_.rings[g].sequences.size());
+  const std::vector<double>& x = ring_transfer_[ring_at(g, s)];
+  w.forward += f_ * k_.cost.g * sequences;
+  w.backward += (1 - f_) * k_.cost.g * sequences;
+  w.pure += k_.cost.g * sequences;
+  for (int t = 0; t < n; ++t) {
+    if (t > 0 && x[t] == 0) continue;  // nothing to read at this step
+    w.pure += step;
+    w.forward += std::max(f_ * step, x[t + 1]);
+    w.backward += std::max((1 - f_) * step + x[t], x[t + 1]);
+  }
+  // Forward K/V, backward K/V and backward K/V gradients: the same rows three times.
+  w.attention_bytes = 3 * k_.kv_bytes_per_token * ring_sent_rows_[g];
+}
+
+double StepGraphBuilder::extra_seconds(const PlannedMicroBatch& mb, int s) const {
+  double e = 0;
+  const double tokens = static_cast<double>(mb.tokens());
+  if (s == 0) e += k_.embedding_seconds_per_token * tokens;
+  if (s == grid_.pp - 1) e += k_.head_seconds_per_token * tokens;
+  return e;
+}
+
+int StepGraphBuilder::ring_group_of(size_t g, int s, bool forward) {
+  int& id = ring_group_[ring_at(g, s) * 2 + (forward ? 0 : 1)];
+  if (id < 0) id = graph_.new_group();
+  return id;
+}
+
+void StepGraphBuilder::add_compute(int r, int s) {
+  const double l = static_cast<double>(k_.stage_layers[s]);
+  const auto& mbs = plan_.ranks[r];
+  sim::OpId prev = kNone, pending_copy = kNone;
+  for (const PipelineOp& op : one_f_one_b(s, grid_.pp, static_cast<int>(mbs.size()))) {
+    const PlannedMicroBatch& mb = mbs[op.micro_batch];
+    const LayerWork w = layer_work(mb, s);
+    const double e = extra_seconds(mb, s);
+    double seconds;
+    int group = -1;
+    if (mb.ring >= 0) {
+      const size_t g = ring_at(static_cast<size_t>(mb.ring), s);
+      seconds = op.forward ? ring_fwd_[g] : ring_bwd_[g];
+      group = ring_group_of(static_cast<size_t>(mb.ring), s, op.forward);
+    } else {
+      seconds = op.forward ? l * w.forward + f_ * e : l * w.backward + (1 - f_) * e;
+    }
+    if (op.forward) {
+      out_.compute_seconds += l * w.pure + e;
+      out_.attention_bytes += l * w.attention_bytes * grid_.tp;
+    }
+    const uint32_t label = mb.ring >= 0 ? (op.forward ? L_ring_fwd : L_ring_bwd) : (op.forward ? L_fwd : L_bwd);
+    std::vector<sim::OpId> deps;
+    if (pending_copy != kNone) deps.push_back(pending_copy);
+    // The previous micro-batch's all-to-all blocks this compute.
+    if (prev != kNone && graph_.stream(prev) != stream(r, s, kCompute)) deps.push_back(prev);
+    const sim::OpId id = graph_.add_op(stream(r, s, kCompute), seconds, label, deps, group, op.micro_batch);
+    const sim::OpId a2a = add_all_to_all(r, s, op, id);
+    const sim::OpId end = a2a != kNone ? a2a : id;
+    (op.forward ? forward_ops_ : backward_ops_)[at(r, s, op.micro_batch)] = id;
+    (op.forward ? forward_end_ops_ : backward_end_ops_)[at(r, s, op.micro_batch)] = end;
+    pending_copy = add_offload_copy(r, s, op, prev);
+    prev = end;
+  }
+  last_compute_[r + static_cast<size_t>(grid_.hdp) * s] = prev;
+  last_copy_[r + static_cast<size_t>(grid_.hdp) * s] = pending_copy;
+}
+
+sim::OpId StepGraphBuilder::add_all_to_all(int r, int s, const PipelineOp& op, sim::OpId compute) {
+  const int ep = k_.ep;
+  const double tokens = static_cast<double>(plan_.ranks[r][op.micro_batch].tokens());
+  if (ep <= 1 || !(k_.all_to_all_bytes_per_token > 0) || !(tokens > 0)) return kNone;
+  const double l = static_cast<double>(k_.stage_layers[s]);
+  // What model/moe.h runs per layer: forward the count exchange, then dispatch and
+  // combine; backward the output gradients out and the input gradients back (the
+  // forward's counts are reused). The count exchange is a few bytes: its time is
+  // almost all latency.
+  const double buffer = k_.all_to_all_bytes_per_token * tokens;
+  const double counts = op.forward ? k_.all_to_all_count_bytes : 0.0;
+  auto exchange = [&](double bytes) {
+    return sim::all_to_all_seconds(bytes, ep, k_.all_to_all_bytes_per_s, k_.all_to_all_latency_s);
+  };
+  const double seconds = l * (2 * exchange(buffer) + (counts > 0 ? exchange(counts) : 0.0));
+  out_.all_to_all_bytes += l * (2 * buffer + counts) * (ep - 1) / ep * grid_.tp;
+  out_.all_to_all_seconds += seconds;
+  return graph_.add_op(stream(r, s, kDp), seconds, op.forward ? L_a2a_fwd : L_a2a_bwd, {compute}, -1, op.micro_batch);
+}
+
+// A fraction of the saved activations of all but two layers goes to host memory
+// during forward and comes back during backward, beside the compute; the next
+// compute operation waits for the copy.
+sim::OpId StepGraphBuilder::add_offload_copy(int r, int s, const PipelineOp& op, sim::OpId previous_compute) {
+  const PlannedMicroBatch& mb = plan_.ranks[r][op.micro_batch];
+  const int64_t layers = k_.stage_layers[s];
+  const double ratio = mb.offload_ratio;
+  if (!(ratio > 0 && layers > 2 && mb.tokens() > 0)) return kNone;
+  const size_t idx = at(r, s, op.micro_batch);
+  const double bytes = ratio * static_cast<double>(layers - 2) * k_.cost.activation_bytes(mb.tokens());
+  std::vector<sim::OpId> deps;
+  if (previous_compute != kNone) deps.push_back(previous_compute);
+  if (op.forward) {
+    const sim::OpId c =
+        graph_.add_op(stream(r, s, kD2h), bytes / k_.cost.d2h_bytes_per_s, L_d2h, deps, -1, op.micro_batch);
+    d2h_ops_[idx] = c;
+    out_.offloaded_bytes += bytes * grid_.tp;
+    out_.max_offloaded_bytes_per_gpu = std::max(out_.max_offloaded_bytes_per_gpu, bytes);
+    return c;
+  }
+  if (d2h_ops_[idx] != kNone) deps.push_back(d2h_ops_[idx]);
+  const sim::OpId c =
+      graph_.add_op(stream(r, s, kH2d), bytes / k_.cost.h2d_bytes_per_s, L_h2d, deps, -1, op.micro_batch);
+  h2d_ops_[idx] = c;
+  return c;
+}
+
+// A pair per micro-batch and direction: the transfer starts when both the send
+// and the receive have started (a group).
+void StepGraphBuilder::add_pipeline_transfers(int r, int s) {
+  const HardwareProfile& hw = k_.hardware;
+  const long a = gpu(r, s), b = gpu(r, s + 1);
+  const double bw = hw.link_bytes_per_s(a, b), lat = hw.link_latency_s(a, b);
+  const auto& mbs = plan_.ranks[r];
+  for (int i = 0; i < static_cast<int>(mbs.size()); ++i) {
+    const double bytes = k_.boundary_bytes_per_token * static_cast<double>(mbs[i].tokens());
+    const double seconds = sim::p2p_seconds(bytes, bw, lat);
+    out_.pipeline_bytes += 2 * bytes * grid_.tp;
+    const size_t lo = at(r, s, i), hi = at(r, s + 1, i);
+    // Forward: stage s sends its output, stage s + 1 receives it.
+    const int g = graph_.new_group();
+    std::vector<sim::OpId> deps{forward_end_ops_[lo]};
+    if (d2h_ops_[lo] != kNone) deps.push_back(d2h_ops_[lo]);
+    graph_.add_op(stream(r, s, kFwdSend), seconds, L_send_act, deps, g, i);
+    const sim::OpId recv = graph_.add_op(stream(r, s + 1, kFwdRecv), seconds, L_recv_act, {}, g, i);
+    graph_.add_dependency(forward_ops_[hi], recv);
+    if (d2h_ops_[hi] != kNone) graph_.add_dependency(d2h_ops_[hi], recv);
+  }
+  for (int i = 0; i < static_cast<int>(mbs.size()); ++i) {
+    const double bytes = k_.boundary_bytes_per_token * static_cast<double>(mbs[i].tokens());
+    const double seconds = sim::p2p_seconds(bytes, bw, lat);
+    const size_t lo = at(r, s, i), hi = at(r, s + 1, i);
+    // Backward: stage s + 1 sends the input gradient, stage s receives it.
+    const int g = graph_.new_group();
+    std::vector<sim::OpId> deps{backward_end_ops_[hi]};
+    if (h2d_ops_[hi] != kNone) deps.push_back(h2d_ops_[hi]);
+    graph_.add_op(stream(r, s + 1, kBwdSend), seconds, L_send_grad, deps, g, i);
+    const sim::OpId recv = graph_.add_op(stream(r, s, kBwdRecv), seconds, L_recv_grad, {}, g, i);
+    graph_.add_dependency(backward_ops_[lo], recv);
+    if (h2d_ops_[lo] != kNone) graph_.add_dependency(h2d_ops_[lo], recv);
+  }
+}
+
+void StepGraphBuilder::add_gradient_sync(int s) {
+  const HardwareProfile& hw = k_.hardware;
+  const int hdp = grid_.hdp, tp = grid_.tp, ep = k_.ep;
+  const GroupLink all = group_link(hw, gpu(0, s), gpu(hdp - 1, s) + tp - 1);
+  const double rs = sim::ring_reduce_scatter_seconds(k_.gradient_bytes[s], hdp, all.bytes_per_s, all.latency_s);
+  const double ag = sim::ring_all_gather_seconds(k_.parameter_bytes[s], hdp, all.bytes_per_s, all.latency_s);
+  out_.gradient_bytes += (k_.gradient_bytes[s] + k_.parameter_bytes[s]) * tp * hdp;
+  const int g_rs = graph_.new_group(), g_ag = graph_.new_group();
+  // With ep > 1 the experts of ep-group position j live on ranks j, j + ep, ...: one
+  // reduce-scatter and one all-gather per position.
+  const bool experts = ep > 1;
+  const int holders = hdp / ep;
+  std::vector<int> g_ers, g_eag;
+  double ers = 0, eag = 0;
+  if (experts) {
+    for (int j = 0; j < ep; ++j) g_ers.push_back(graph_.new_group()), g_eag.push_back(graph_.new_group());
+    // Every position's ranks span the same GPUs (but for an offset of j x tp): position 0 stands for all.
+    const GroupLink link = group_link(hw, gpu(0, s), gpu(hdp - ep, s) + tp - 1);
+    ers = sim::ring_reduce_scatter_seconds(k_.expert_gradient_bytes[s], holders, link.bytes_per_s, link.latency_s);
+    eag = sim::ring_all_gather_seconds(k_.expert_parameter_bytes[s], holders, link.bytes_per_s, link.latency_s);
+    out_.gradient_bytes += (k_.expert_gradient_bytes[s] + k_.expert_parameter_bytes[s]) * tp * hdp;
+  }
+  for (int r = 0; r < hdp; ++r) {
+    std::vector<sim::OpId> deps;
+    const size_t p = r + static_cast<size_t>(hdp) * s;
+    if (last_compute_[p] != kNone) deps.push_back(last_compute_[p]);
+    if (last_copy_[p] != kNone) deps.push_back(last_copy_[p]);
+    const sim::OpId a = graph_.add_op(stream(r, s, kDp), rs, L_rs, deps, g_rs);
+    reduce_scatter_ops_.push_back(a);
+    std::vector<sim::OpId> reduced{a};
+    if (experts) reduced.push_back(graph_.add_op(stream(r, s, kDp), ers, L_ers, deps, g_ers[r % ep]));
+    const sim::OpId o = graph_.add_op(stream(r, s, kCompute), k_.optimizer_seconds[s], L_opt, reduced);
+    graph_.add_op(stream(r, s, kDp), ag, L_ag, {o}, g_ag);
+    if (experts) graph_.add_op(stream(r, s, kDp), eag, L_eag, {o}, g_eag[r % ep]);
+  }
+}
+
+StepSimulation StepGraphBuilder::replay(bool keep_graph) {
+  sim::Replay result = sim::replay(graph_);
+  StepSimulation out = std::move(out_);
+  out.step_seconds = result.makespan;
+  out.operations = graph_.size();
+  out.dependencies = graph_.dependencies();
+  double busy_min = std::numeric_limits<double>::infinity(), busy_max = 0;
+  for (int s = 0; s < grid_.pp; ++s)
+    for (int r = 0; r < grid_.hdp; ++r) {
+      const double busy = result.stream_busy[stream(r, s, kCompute)];
+      out.compute_busy_seconds += busy;
+      out.ring_wait_seconds += std::max(0.0, result.stream_occupied[stream(r, s, kCompute)] - busy);
+      busy_min = std::min(busy_min, busy);
+      busy_max = std::max(busy_max, busy);
+    }
+  out.min_busy_seconds = out.processes > 0 ? busy_min : 0;
+  out.max_busy_seconds = busy_max;
+  out.idle_fraction = out.step_seconds > 0 ? 1 - out.compute_busy_seconds / (out.processes * out.step_seconds) : 0;
+  double rs_start = 0;
+  for (sim::OpId a : reduce_scatter_ops_) rs_start = std::max(rs_start, result.start[a]);
+  out.gradient_sync_seconds = out.step_seconds - rs_start;
+  if (keep_graph) {
+    out.graph = std::move(graph_);
+    out.replay = std::move(result);
+  }
+  return out;
+}
+
+}  // namespace
+
+StepSimulation simulate_step(const StepPlan& plan, std::span<const int64_t> lengths, const StepCosts& k,
+                             bool keep_graph) {
+  check_step_inputs(plan, lengths, k);
+  StepGraphBuilder builder(plan, lengths, k);
+  const int hdp = k.hdp, pp = k.pp();
+  for (int s = 0; s < pp; ++s)
+    for (int r = 0; r < hdp; ++r) builder.add_compute(r, s);
+  for (int s = 0; s + 1 < pp; ++s)
+    for (int r = 0; r < hdp; ++r) builder.add_pipeline_transfers(r, s);
+  for (int s = 0; s < pp; ++s) builder.add_gradient_sync(s);
+  return builder.replay(keep_graph);
+}
+
+RingStats ring_stats(const StepPlan& plan, std::span<const int64_t> lengths) {
+  RingStats st;
+  st.rings = static_cast<int64_t>(plan.rings.size());
+  double sum = 0;
+  for (const Ring& ring : plan.rings) {
+    const int n = static_cast<int>(ring.ranks.size());
+    if (n <= 1) continue;
+    for (int64_t q : ring.sequences) {
+      // A sequence shorter than 2n leaves some members without a chunk.
+      const int holders = static_cast<int>(std::min<int64_t>(n, lengths[q]));
+      ++st.spread_sequences;
+      st.spread_tokens += lengths[q];
+      sum += holders;
+      st.max_ranks = std::max(st.max_ranks, holders);
+      int b = 0;
+      while ((1 << b) < holders) ++b;
+      if (st.histogram.size() <= static_cast<size_t>(b)) st.histogram.resize(b + 1, 0);
+      ++st.histogram[b];
+    }
+  }
+  st.mean_ranks = st.spread_sequences > 0 ? sum / static_cast<double>(st.spread_sequences) : 0;
+  st.min_micro_batches_per_rank = plan.ranks.empty() ? 0 : std::numeric_limits<int64_t>::max();
+  for (const auto& mbs : plan.ranks) {
+    const int64_t n = static_cast<int64_t>(mbs.size());
+    st.micro_batches += n;
+    st.max_micro_batches_per_rank = std::max(st.max_micro_batches_per_rank, n);
+    st.min_micro_batches_per_rank = std::min(st.min_micro_batches_per_rank, n);
+  }
+  return st;
+}
+
+}  // namespace hdp
