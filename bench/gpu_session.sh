@@ -1,150 +1,206 @@
 #!/usr/bin/env bash
-# One sitting on a GPU machine, run from the repository root: proves the CUDA
-# backend and measures it, writing every log under OUTDIR.
-#   1. selftest: trainer selftest (every op in fp32 and bf16, and five training steps
-#      in fp32 and in bf16, against the CPU backend)
-#   2. losses: tiny-llama, the first 5 losses on the GPU (fp32) against the CPU
-#   3. curve: tiny-llama, 200 steps in fp32 on the GPU, the loss curve beside the CPU's
-#   4. bf16: tiny-llama in bf16 mixed precision: the first 5 losses on the GPU against
-#      the CPU's bf16 (within 1e-3), then 200 steps on the GPU in bf16 against fp32
-#      (the mean loss of the last 10 steps within 2%, as tests/training_bf16_test.cpp
-#      asks of the CPU)
-#   5. bench: bench-llama-1b, step time, tokens/s, MFU (model FLOPs / 989 TFLOP/s, the
-#      H100's dense BF16 peak), peak memory: fp32, TF32, bf16 (attention on bf16
-#      tensor cores); then device time per op for TF32 and bf16
-#   6. pytorch: the same shape in Hugging Face LlamaForCausalLM (when importable)
+# One sitting on a lent GPU machine, run from the repository root: proves the CUDA
+# backend and measures it, writing every log under OUTDIR and ending with one
+# summary table (check, figure, target, pass) in OUTDIR/summary.txt. A step that
+# fails or runs out of its time limit is marked so and the next one runs: one
+# sitting gives the whole picture. About 5-6 minutes on an H100 with every step.
+#   selftest  trainer selftest: every op in fp32, TF32 and bf16 against the CPU
+#             backend, and training steps in fp32 and bf16 (all must pass)
+#   losses    tiny-llama, the first 5 losses on the GPU (fp32) against the CPU (1e-4)
+#   bf16      tiny-llama in bf16: the first 5 losses on the GPU against the CPU's
+#             bf16 (1e-3); 200 steps on the GPU in bf16 against fp32 (the mean loss
+#             of the last 10 steps within 2%, as tests/training_bf16_test.cpp asks
+#             of the CPU)
+#   bench     bench-llama-1b (4 x 4096-token sequences a step), TF32 and bf16: medians
+#             of steps 3..10 of tokens/s, MFU (model FLOPs / 989 TFLOP/s, the H100's
+#             dense BF16 peak; target 50% in bf16) and peak memory
+#   optimes   bench-llama-1b in bf16, device time per op (HDP_CUDA_OP_TIMES=1)
+#   pytorch   the same shape in Hugging Face LlamaForCausalLM, bf16 autocast, eager and
+#             torch.compile (when torch and transformers import)
+#   nccl      the communicator conformance suite on a one-rank NCCL communicator
+#             (needs bin/mpi_communicator_conformance_test in the bundle)
 #
-#   bench/gpu_session.sh BUNDLE OUTDIR [steps...]   (default: all six in this order)
-# BUNDLE is a directory made by scripts/bundle.sh from a CUDA build. CUDA's own
-# libraries are taken from the system or, failing that, from a PyTorch
-# installation's nvidia-* wheels.
+#   bench/gpu_session.sh BUNDLE OUTDIR [steps...]   (default: all, in this order)
+# BUNDLE is a directory made by scripts/bundle.sh from a CUDA build (bench/gpu_check.sh
+# unpacks the carried archive and calls this). CUDA's own libraries are taken from
+# the system or, failing that, from a PyTorch installation's nvidia-* wheels.
 set -uo pipefail
 bundle="$(cd "$1" && pwd)"
 out="$2"
 shift 2
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(selftest losses curve bf16 bench pytorch)
+[ ${#steps[@]} -eq 0 ] && steps=(selftest losses bf16 bench optimes pytorch nccl)
 mkdir -p "$out"
+out="$(cd "$out" && pwd)"
 has_step() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
 
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 trainer() { "$bundle/run.sh" "$@"; }
 echo "CUDA libraries from: ${cuda_dirs:-the system}"
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"
 
-if has_step selftest; then
-  echo "== selftest"
-  trainer selftest 2>&1 | tee "$out/selftest.txt"
-fi
-
-losses() {  # the loss of every step in a metrics.jsonl
-  grep -o '"loss": *[0-9.e+-]*' "$1" | sed 's/.*: *//'
+# The summary: one tab-separated row per check.
+summary="$out/summary.tsv"
+printf 'check\tfigure\ttarget\tpass\n' > "$summary"
+record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$summary"; }
+# run_logged SECONDS LOG COMMAND...: the command under a time limit, its output in LOG;
+# prints "timed out" or "exit N" for a failure and returns its status.
+run_logged() {
+  local limit="$1" log="$2"
+  shift 2
+  timeout --kill-after=10 "$limit" "$@" > "$log" 2>&1
+  local rc=$?
+  [ $rc -eq 124 ] || [ $rc -eq 137 ] && echo "timed out after ${limit}s (log: $log)"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && [ $rc -ne 137 ] && echo "exit $rc (log: $log)"
+  return $rc
 }
+losses() { grep -o '"loss": *[0-9.e+-]*' "$1" 2>/dev/null | sed 's/.*: *//'; }
+# max_rel A B: the largest relative difference of two loss lists (one per line), or
+# "missing" when either is empty or they differ in length.
+max_rel() {
+  paste <(losses "$1") <(losses "$2") |
+    awk -F'\t' 'NF < 2 || $1 == "" || $2 == "" {bad = 1; next}
+                {r = ($1 - $2) / $1; if (r < 0) r = -r; if (r > m) m = r; n++}
+                END {if (bad || n == 0) print "missing"; else printf "%.2e\n", m}'
+}
+within() { [ "$1" != missing ] && awk -v a="$1" -v b="$2" 'BEGIN {exit !(a + 0 <= b + 0)}'; }
+verdict() { if within "$1" "$2"; then echo yes; else echo NO; fi; }
 
-if has_step losses || has_step curve || has_step bf16; then
+common=(--set train.log_every=1 --set train.checkpoint_every=0 --set train.resume=never)
+if has_step losses || has_step bf16; then
   mkdir -p data-cache
   [ -f data-cache/demo-corpus.h5 ] || trainer make-corpus --output data-cache/demo-corpus.h5 >/dev/null 2>&1
 fi
-common=(--set train.log_every=1 --set train.checkpoint_every=0 --set train.resume=never)
-if has_step losses; then
-  echo "== tiny-llama, first 5 losses, CPU vs GPU (fp32)"
-  trainer train configs/tiny-llama.yaml "${common[@]}" --set train.steps=5 --set train.run_dir=runs/t5-cpu \
-    > "$out/t5-cpu.log" 2>&1
-  trainer train configs/tiny-llama.yaml "${common[@]}" --set train.steps=5 --set train.run_dir=runs/t5-gpu \
-    --set train.device=cuda > "$out/t5-gpu.log" 2>&1
-  tail -2 "$out/t5-gpu.log"
-  paste <(losses runs/t5-cpu/metrics.jsonl) <(losses runs/t5-gpu/metrics.jsonl) |
-    awk '{r = ($1 - $2) / $1; if (r < 0) r = -r; if (r > m) m = r; printf "step %d  cpu %.7f  gpu %.7f  rel %.2e\n", NR, $1, $2, r}
-         END {printf "max relative difference %.2e (%s 1e-4)\n", m, m <= 1e-4 ? "within" : "ABOVE"}' |
-    tee "$out/t5-compare.txt"
+
+if has_step selftest; then
+  echo "== selftest"
+  run_logged 150 "$out/selftest.txt" trainer selftest
+  rc=$?
+  tail -3 "$out/selftest.txt"
+  line="$(grep -Eo '[0-9]+ passed, [0-9]+ failed' "$out/selftest.txt" | tail -1)"
+  record "trainer selftest (fp32, TF32, bf16, training steps)" "${line:-no summary line}" "all pass" \
+    "$([ $rc -eq 0 ] && echo yes || echo NO)"
 fi
-if has_step curve; then
-  echo "== tiny-llama, 200 steps, CPU vs GPU (fp32)"
-  trainer train configs/tiny-llama.yaml "${common[@]}" --set train.run_dir=runs/t200-cpu > "$out/t200-cpu.log" 2>&1
-  trainer train configs/tiny-llama.yaml "${common[@]}" --set train.run_dir=runs/t200-gpu --set train.device=cuda \
-    > "$out/t200-gpu.log" 2>&1
-  tail -2 "$out/t200-gpu.log"
-  paste <(losses runs/t200-cpu/metrics.jsonl) <(losses runs/t200-gpu/metrics.jsonl) |
-    awk 'NR % 20 == 0 || NR == 1 {printf "step %3d  cpu %.4f  gpu %.4f\n", NR, $1, $2}' | tee "$out/t200-compare.txt"
-  grep -o '"step_ms": *[0-9.]*' runs/t200-gpu/metrics.jsonl | tail -1
-fi
-# The mean loss of steps 191..200 of two runs, and whether the second is within 2%.
-mean_tail_within() {  # FP32_METRICS BF16_METRICS
-  paste <(losses "$1" | tail -10) <(losses "$2" | tail -10) |
-    awk '{a += $1; b += $2; n++}
-         END {r = (b - a) / a; if (r < 0) r = -r;
-              printf "mean loss of the last %d steps: fp32 %.4f, bf16 %.4f (%.2f%%, %s 2%%)\n", n, a / n, b / n,
-                     100 * r, r <= 0.02 ? "within" : "ABOVE"}'
+
+# first5 NAME PRECISION LIMIT: the first 5 losses of tiny-llama on the CPU and the GPU.
+first5() {
+  local name="$1" precision="$2" limit="$3"
+  echo "== tiny-llama, first 5 losses, CPU vs GPU ($precision)"
+  run_logged 90 "$out/t5-cpu-$precision.log" trainer train configs/tiny-llama.yaml "${common[@]}" \
+    --set train.steps=5 --set train.precision="$precision" --set train.run_dir=runs/t5-cpu-$precision
+  run_logged 90 "$out/t5-gpu-$precision.log" trainer train configs/tiny-llama.yaml "${common[@]}" \
+    --set train.steps=5 --set train.precision="$precision" --set train.run_dir=runs/t5-gpu-$precision \
+    --set train.device=cuda
+  paste <(losses runs/t5-cpu-$precision/metrics.jsonl) <(losses runs/t5-gpu-$precision/metrics.jsonl) \
+    > "$out/t5-$precision-compare.txt"
+  cat "$out/t5-$precision-compare.txt"
+  local m
+  m="$(max_rel runs/t5-cpu-$precision/metrics.jsonl runs/t5-gpu-$precision/metrics.jsonl)"
+  record "$name" "max relative difference $m" "<= $limit" "$(verdict "$m" "$limit")"
 }
+has_step losses && first5 "tiny-llama 5 losses, GPU fp32 vs CPU fp32" fp32 1e-4
+
 if has_step bf16; then
-  echo "== tiny-llama in bf16, first 5 losses, CPU bf16 vs GPU bf16"
-  trainer train configs/tiny-llama.yaml "${common[@]}" --set train.steps=5 --set train.precision=bf16 \
-    --set train.run_dir=runs/t5-cpu-bf16 > "$out/t5-cpu-bf16.log" 2>&1
-  trainer train configs/tiny-llama.yaml "${common[@]}" --set train.steps=5 --set train.precision=bf16 \
-    --set train.run_dir=runs/t5-gpu-bf16 --set train.device=cuda > "$out/t5-gpu-bf16.log" 2>&1
-  tail -2 "$out/t5-gpu-bf16.log"
   # Both round the same fp32 values to bf16; summation order can move a value across a
   # rounding boundary (a bf16 step, 2^-8), which later steps carry: 1e-3, not fp32's 1e-4.
-  paste <(losses runs/t5-cpu-bf16/metrics.jsonl) <(losses runs/t5-gpu-bf16/metrics.jsonl) |
-    awk '{r = ($1 - $2) / $1; if (r < 0) r = -r; if (r > m) m = r; printf "step %d  cpu %.7f  gpu %.7f  rel %.2e\n", NR, $1, $2, r}
-         END {printf "max relative difference %.2e (%s 1e-3)\n", m, m <= 1e-3 ? "within" : "ABOVE"}' |
-    tee "$out/t5-bf16-compare.txt"
+  first5 "tiny-llama 5 losses, GPU bf16 vs CPU bf16" bf16 1e-3
   echo "== tiny-llama, 200 steps on the GPU, bf16 vs fp32"
-  [ -f runs/t200-gpu/metrics.jsonl ] ||
-    trainer train configs/tiny-llama.yaml "${common[@]}" --set train.run_dir=runs/t200-gpu --set train.device=cuda \
-      > "$out/t200-gpu.log" 2>&1
-  trainer train configs/tiny-llama.yaml "${common[@]}" --set train.run_dir=runs/t200-gpu-bf16 \
-    --set train.device=cuda --set train.precision=bf16 > "$out/t200-gpu-bf16.log" 2>&1
-  tail -2 "$out/t200-gpu-bf16.log"
-  paste <(losses runs/t200-gpu/metrics.jsonl) <(losses runs/t200-gpu-bf16/metrics.jsonl) |
-    awk 'NR % 20 == 0 || NR == 1 {printf "step %3d  fp32 %.4f  bf16 %.4f\n", NR, $1, $2}' | tee "$out/t200-bf16-compare.txt"
-  mean_tail_within runs/t200-gpu/metrics.jsonl runs/t200-gpu-bf16/metrics.jsonl | tee -a "$out/t200-bf16-compare.txt"
-  grep -o '"step_ms": *[0-9.]*' runs/t200-gpu-bf16/metrics.jsonl | tail -1
+  for precision in fp32 bf16; do
+    run_logged 120 "$out/t200-gpu-$precision.log" trainer train configs/tiny-llama.yaml "${common[@]}" \
+      --set train.run_dir=runs/t200-gpu-$precision --set train.device=cuda --set train.precision=$precision
+  done
+  paste <(losses runs/t200-gpu-fp32/metrics.jsonl | tail -10) <(losses runs/t200-gpu-bf16/metrics.jsonl | tail -10) |
+    awk '{a += $1; b += $2; n++}
+         END {if (n < 10) {print "missing"; exit}
+              r = (b - a) / a; if (r < 0) r = -r; printf "%.4f %.4f %.2e\n", a / n, b / n, r}' > "$out/t200-tail.txt"
+  read -r fp32_tail bf16_tail rel < "$out/t200-tail.txt"
+  record "tiny-llama 200 steps on the GPU, bf16 vs fp32 (mean loss of steps 191-200)" \
+    "fp32 ${fp32_tail:-?}, bf16 ${bf16_tail:-?}, relative ${rel:-missing}" "<= 2e-2" "$(verdict "${rel:-missing}" 2e-2)"
+  ms="$(grep -o '"step_ms": *[0-9.]*' runs/t200-gpu-bf16/metrics.jsonl 2>/dev/null | tail -1 | sed 's/.*: *//')"
+  record "tiny-llama bf16 step time on the GPU" "${ms:-?} ms" "-" "-"
 fi
-if has_step bench; then
+
+if has_step bench || has_step optimes; then
   # Documents of exactly 4096 tokens (4095 bytes + BOS): every micro-batch is one
   # full causal 4096-token sequence, the work the PyTorch baseline does.
   mkdir -p data-cache
   [ -f data-cache/bench-4096.h5 ] || trainer make-corpus --output data-cache/bench-4096.h5 --documents 400 \
     --min-length 4095 --median-length 4095 --max-length 4095 >/dev/null 2>&1
+fi
+if has_step bench; then
   # NAME then settings: 10 steps; medians of steps 3..10 (the first two include start-up
-  # work) of tokens/s, MFU (the trainer's, against 989 TFLOP/s on an H100), step time,
-  # and the device memory of all arenas (peak_mem_bytes).
+  # work) of tokens/s, MFU, step time and the device memory of all arenas.
   bench_run() {
     local name="$1"
     shift
     echo "== bench-llama-1b, $name"
-    trainer train configs/bench-llama-1b.yaml --set data.path=data-cache/bench-4096.h5 --set train.steps=10 \
-      --set train.run_dir=runs/b1b-$name "$@" > "$out/bench-1b-$name.log" 2>&1
-    grep -E 'step +[0-9]+/' "$out/bench-1b-$name.log" | tail -4 | sed 's/.*| loss/loss/'
-    grep -E 'peak:|unverified' "$out/bench-1b-$name.log" | head -2
-    paste <(grep -o '"tokens_per_s": [0-9.]*' runs/b1b-$name/metrics.jsonl | sed 's/.*: //') \
-          <(grep -o '"mfu": [0-9.]*' runs/b1b-$name/metrics.jsonl | sed 's/.*: //') \
-          <(grep -o '"step_ms": [0-9.]*' runs/b1b-$name/metrics.jsonl | sed 's/.*: //') \
-          <(grep -o '"peak_mem_bytes": [0-9]*' runs/b1b-$name/metrics.jsonl | sed 's/.*: //') | tail -n +3 |
-      awk -v name="$name" '{t[NR] = $1; m[NR] = $2; s[NR] = $3; p = $4}
+    run_logged 150 "$out/bench-1b-$name.log" trainer train configs/bench-llama-1b.yaml \
+      --set data.path=data-cache/bench-4096.h5 --set train.steps=10 --set train.run_dir=runs/b1b-$name "$@"
+    local m=runs/b1b-$name/metrics.jsonl
+    paste <(grep -o '"tokens_per_s": [0-9.]*' $m 2>/dev/null | sed 's/.*: //') \
+          <(grep -o '"mfu": [0-9.]*' $m 2>/dev/null | sed 's/.*: //') \
+          <(grep -o '"step_ms": [0-9.]*' $m 2>/dev/null | sed 's/.*: //') \
+          <(grep -o '"peak_mem_bytes": [0-9]*' $m 2>/dev/null | sed 's/.*: //') | tail -n +3 |
+      awk '{t[NR] = $1; u[NR] = $2; s[NR] = $3; p = $4}
            function med(a, n,   i, j, x) {for (i = 2; i <= n; i++) {x = a[i]; for (j = i - 1; j > 0 && a[j] > x; j--) a[j + 1] = a[j]; a[j + 1] = x} return a[int((n + 1) / 2)]}
-           END {printf "%s: medians of steps 3..%d: %.0f tokens/s, MFU %.3f, step %.0f ms, peak memory %.1f GB\n",
-                       name, NR + 2, med(t, NR), med(m, NR), med(s, NR), p / 1e9}' | tee -a "$out/bench-1b-summary.txt"
+           END {if (NR == 0) {print "missing"; exit}
+                printf "%.0f %.4f %.0f %.1f\n", med(t, NR), med(u, NR), med(s, NR), p / 1e9}' > "$out/bench-1b-$name.median"
+    local tps mfu step_ms mem
+    read -r tps mfu step_ms mem < "$out/bench-1b-$name.median"
+    echo "$name: ${tps:-?} tokens/s, MFU ${mfu:-?}, step ${step_ms:-?} ms, peak ${mem:-?} GB"
+    if [ "$name" = bf16 ]; then
+      record "bench-llama-1b $name: MFU (median of steps 3-10)" \
+        "${mfu:-missing} (${tps:-?} tokens/s, ${step_ms:-?} ms, ${mem:-?} GB)" ">= 0.50" \
+        "$([ "${tps:-missing}" != missing ] && awk -v m="${mfu:-0}" 'BEGIN {print (m >= 0.5) ? "yes" : "NO"}' || echo NO)"
+    else
+      record "bench-llama-1b $name: MFU (median of steps 3-10)" \
+        "${mfu:-missing} (${tps:-?} tokens/s, ${step_ms:-?} ms, ${mem:-?} GB)" "-" \
+        "$([ "${tps:-missing}" != missing ] && echo ran || echo NO)"
+    fi
   }
-  : > "$out/bench-1b-summary.txt"
-  bench_run fp32 --set train.tf32=false
   bench_run tf32 --set train.tf32=true
   # bf16 attention (d = 128) runs on the bf16 tensor-core kernels (mma m16n8k16)
   # whatever train.tf32 says; the flag only moves fp32 products to TF32.
   bench_run bf16 --set train.precision=bf16 --set train.tf32=true
-  for run in "tf32 --set train.tf32=true" "bf16 --set train.precision=bf16 --set train.tf32=true"; do
-    set -- $run
-    name="$1"
-    shift
-    echo "== bench-llama-1b, $name, device time per op (HDP_CUDA_OP_TIMES=1, 4 steps)"
-    HDP_CUDA_OP_TIMES=1 trainer train configs/bench-llama-1b.yaml --set data.path=data-cache/bench-4096.h5 \
-      --set train.steps=4 --set train.run_dir=runs/b1b-times-$name "$@" > "$out/bench-1b-op-times-$name.log" 2>&1
-    sed -n '/device time per op/,/timed total/p' "$out/bench-1b-op-times-$name.log"
-  done
 fi
-if has_step pytorch && python3 -c 'import torch, transformers' 2>/dev/null; then
-  echo "== PyTorch + transformers baseline"
-  PYTHONUNBUFFERED=1 python3 bench/pytorch_llama_baseline.py --precisions fp32 tf32 bf16 --steps 5 2>&1 |
-    grep -v Warning | tee "$out/pytorch.txt"
+if has_step optimes; then
+  echo "== bench-llama-1b, bf16, device time per op (HDP_CUDA_OP_TIMES=1, 4 steps)"
+  HDP_CUDA_OP_TIMES=1 run_logged 120 "$out/bench-1b-op-times-bf16.log" trainer train configs/bench-llama-1b.yaml \
+    --set data.path=data-cache/bench-4096.h5 --set train.steps=4 --set train.run_dir=runs/b1b-times-bf16 \
+    --set train.precision=bf16 --set train.tf32=true
+  rc=$?
+  sed -n '/device time per op/,/timed total/p' "$out/bench-1b-op-times-bf16.log" | tee "$out/op-times-bf16.txt" | head -30
+  record "device time per op, bf16 (op-times-bf16.txt)" "$(wc -l < "$out/op-times-bf16.txt") lines" "-" \
+    "$([ $rc -eq 0 ] && echo ran || echo NO)"
 fi
+if has_step pytorch; then
+  if python3 -c 'import torch, transformers' 2>/dev/null; then
+    echo "== PyTorch + transformers baseline, bf16, eager and torch.compile"
+    PYTHONUNBUFFERED=1 run_logged 240 "$out/pytorch.txt" python3 bench/pytorch_llama_baseline.py \
+      --precisions bf16 --steps 5 --compile
+    rc=$?
+    grep -v Warning "$out/pytorch.txt" | tail -6
+    record "PyTorch LlamaForCausalLM bf16, eager and compiled (pytorch.txt)" \
+      "$(grep -iE 'mfu' "$out/pytorch.txt" | tail -2 | tr '\n' ';' | tr '\t' ' ')" "-" "$([ $rc -eq 0 ] && echo ran || echo NO)"
+  else
+    record "PyTorch baseline" "torch or transformers does not import" "-" "skipped"
+  fi
+fi
+if has_step nccl; then
+  if [ -x "$bundle/bin/mpi_communicator_conformance_test" ]; then
+    echo "== communicator conformance on one rank, NCCL included"
+    run_logged 120 "$out/nccl-conformance.txt" "$bundle/mpirun.sh" -np 1 "$bundle/run.sh" \
+      --bin mpi_communicator_conformance_test
+    rc=$?
+    tail -4 "$out/nccl-conformance.txt"
+    record "communicator conformance, one rank (MPI, CUDA staging, NCCL)" \
+      "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/nccl-conformance.txt" | tr '\n' ' ')" "all pass (cases needing 2+ ranks skip)" \
+      "$([ $rc -eq 0 ] && echo yes || echo NO)"
+  else
+    record "communicator conformance, one rank" "bin/mpi_communicator_conformance_test not in the bundle" "-" "skipped"
+  fi
+fi
+
+echo
+echo "== summary (also $out/summary.txt)"
+column -t -s $'\t' "$summary" | tee "$out/summary.txt"

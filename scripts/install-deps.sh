@@ -9,16 +9,16 @@ packages=(
   libyaml-cpp-dev
   libhdf5-dev
   libspdlog-dev
-  nlohmann-json3-dev  # op traces and straggler reports (whatif/trace.h)
   libopenblas-dev
   libdnnl-dev       # oneDNN: the CPU GEMM (kernels/cpu/gemm.h)
-  nlohmann-json3-dev   # JSON: safetensors headers, config.json, tokenizer.json
+  nlohmann-json3-dev   # JSON: safetensors headers, config.json, tokenizer.json, op traces
   libsentencepiece-dev # SentencePiece tokenizer.model files (data/)
   sentencepiece        # spm_train / spm_encode: the tokenizer tests compare against them
   libpcre2-dev         # the byte-level BPE pre-tokenizer regex (data/)
   libgtest-dev
   libbenchmark-dev
   slurm-wlm munge   # launch tests (scripts/slurm/selftest.sh)
+  zstd              # the GPU bundle's archive (scripts/bundle.sh --archive)
 )
 
 missing=()
