@@ -36,6 +36,7 @@ has_step() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; do
 
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 trainer() { "$bundle/run.sh" "$@"; }
+run_trainer="$bundle/run.sh"  # what run_logged runs (timeout runs programs, not shell functions)
 echo "CUDA libraries from: ${cuda_dirs:-the system}"
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"
 
@@ -74,7 +75,7 @@ fi
 
 if has_step selftest; then
   echo "== selftest"
-  run_logged 150 "$out/selftest.txt" trainer selftest
+  run_logged 150 "$out/selftest.txt" "$run_trainer" selftest
   rc=$?
   tail -3 "$out/selftest.txt"
   line="$(grep -Eo '[0-9]+ passed, [0-9]+ failed' "$out/selftest.txt" | tail -1)"
@@ -86,9 +87,9 @@ fi
 first5() {
   local name="$1" precision="$2" limit="$3"
   echo "== tiny-llama, first 5 losses, CPU vs GPU ($precision)"
-  run_logged 90 "$out/t5-cpu-$precision.log" trainer train configs/tiny-llama.yaml "${common[@]}" \
+  run_logged 90 "$out/t5-cpu-$precision.log" "$run_trainer" train configs/tiny-llama.yaml "${common[@]}" \
     --set train.steps=5 --set train.precision="$precision" --set train.run_dir=runs/t5-cpu-$precision
-  run_logged 90 "$out/t5-gpu-$precision.log" trainer train configs/tiny-llama.yaml "${common[@]}" \
+  run_logged 90 "$out/t5-gpu-$precision.log" "$run_trainer" train configs/tiny-llama.yaml "${common[@]}" \
     --set train.steps=5 --set train.precision="$precision" --set train.run_dir=runs/t5-gpu-$precision \
     --set train.device=cuda
   paste <(losses runs/t5-cpu-$precision/metrics.jsonl) <(losses runs/t5-gpu-$precision/metrics.jsonl) \
@@ -106,7 +107,7 @@ if has_step bf16; then
   first5 "tiny-llama 5 losses, GPU bf16 vs CPU bf16" bf16 1e-3
   echo "== tiny-llama, 200 steps on the GPU, bf16 vs fp32"
   for precision in fp32 bf16; do
-    run_logged 120 "$out/t200-gpu-$precision.log" trainer train configs/tiny-llama.yaml "${common[@]}" \
+    run_logged 120 "$out/t200-gpu-$precision.log" "$run_trainer" train configs/tiny-llama.yaml "${common[@]}" \
       --set train.run_dir=runs/t200-gpu-$precision --set train.device=cuda --set train.precision=$precision
   done
   paste <(losses runs/t200-gpu-fp32/metrics.jsonl | tail -10) <(losses runs/t200-gpu-bf16/metrics.jsonl | tail -10) |
@@ -134,7 +135,7 @@ if has_step bench; then
     local name="$1"
     shift
     echo "== bench-llama-1b, $name"
-    run_logged 150 "$out/bench-1b-$name.log" trainer train configs/bench-llama-1b.yaml \
+    run_logged 150 "$out/bench-1b-$name.log" "$run_trainer" train configs/bench-llama-1b.yaml \
       --set data.path=data-cache/bench-4096.h5 --set train.steps=10 --set train.run_dir=runs/b1b-$name "$@"
     local m=runs/b1b-$name/metrics.jsonl
     paste <(grep -o '"tokens_per_s": [0-9.]*' $m 2>/dev/null | sed 's/.*: //') \
@@ -165,7 +166,7 @@ if has_step bench; then
 fi
 if has_step optimes; then
   echo "== bench-llama-1b, bf16, device time per op (HDP_CUDA_OP_TIMES=1, 4 steps)"
-  HDP_CUDA_OP_TIMES=1 run_logged 120 "$out/bench-1b-op-times-bf16.log" trainer train configs/bench-llama-1b.yaml \
+  HDP_CUDA_OP_TIMES=1 run_logged 120 "$out/bench-1b-op-times-bf16.log" "$run_trainer" train configs/bench-llama-1b.yaml \
     --set data.path=data-cache/bench-4096.h5 --set train.steps=4 --set train.run_dir=runs/b1b-times-bf16 \
     --set train.precision=bf16 --set train.tf32=true
   rc=$?
@@ -190,12 +191,16 @@ if has_step nccl; then
   if [ -x "$bundle/bin/mpi_communicator_conformance_test" ]; then
     echo "== communicator conformance on one rank, NCCL included"
     run_logged 120 "$out/nccl-conformance.txt" "$bundle/mpirun.sh" -np 1 "$bundle/run.sh" \
-      --bin mpi_communicator_conformance_test
+      --bin mpi_communicator_conformance_test --gtest_color=no
     rc=$?
     tail -4 "$out/nccl-conformance.txt"
+    c="$out/nccl-conformance.txt"
+    passed="$(grep -oE '^\[  PASSED  \] [0-9]+' "$c" | grep -oE '[0-9]+$')"
+    skipped="$(grep -oE '^\[  SKIPPED \] [0-9]+ tests?,' "$c" | grep -oE '[0-9]+')"
+    nccl_ok="$(grep -cE '^\[       OK \] Nccl/' "$c")"
     record "communicator conformance, one rank (MPI, CUDA staging, NCCL)" \
-      "$(grep -E '^\[  (PASSED|FAILED|SKIPPED) ' "$out/nccl-conformance.txt" | tr '\n' ' ')" "all pass (cases needing 2+ ranks skip)" \
-      "$([ $rc -eq 0 ] && echo yes || echo NO)"
+      "${passed:-0} passed (NCCL ${nccl_ok}), ${skipped:-0} skipped (need 2+ ranks)" "all pass, NCCL cases ran" \
+      "$([ $rc -eq 0 ] && [ "$nccl_ok" -gt 0 ] && echo yes || echo NO)"
   else
     record "communicator conformance, one rank" "bin/mpi_communicator_conformance_test not in the bundle" "-" "skipped"
   fi
