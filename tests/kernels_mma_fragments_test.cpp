@@ -99,7 +99,7 @@ void emulate_mma(WarpRegisters& w) {
   }
 }
 
-// Registers filled as frag_a_bf16 / frag_b_bf16 fill them: register r is the 32-bit
+// Registers filled as Bf16Mma::frag_a / frag_b fill them: register r is the 32-bit
 // word at the low half's element, so the high half must be the next element.
 void load_a(WarpRegisters& w, const std::vector<float>& A, int ld) {  // A row-major, 16 x 16
   for (int lane = 0; lane < kLanes; ++lane)
@@ -171,7 +171,7 @@ TEST(MmaFragments, WarpProductEqualsMatrixProduct) {
 
 // FlashAttention-2's hand-over: the C fragments of S = A1 B1 over two n-blocks
 // (16 x 16) become, rounded to bf16, the A fragment of P B2 in registers
-// (c_block_of_a, c_value_of_a). The result must be round_bf16(S) B2.
+// (c_block_of_a, c_value_of_a; Bf16Mma::frag_a_handed). The result must be round_bf16(S) B2.
 TEST(MmaFragments, AccumulatorBecomesOperandInRegisters) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 20; ++trial) {
