@@ -1067,7 +1067,7 @@ __global__ void __launch_bounds__(kTcThreads)
   S* Qs = reinterpret_cast<S*>(tc_smem);
   S* Ks = Qs + BQ * L;
   S* Vs = Ks + BK * L;                // V, read only as the B of P V
-  S* Ps = Vs + Mma::kn_elems(BK, D);  // P: a strip of 16 rows per warp
+  S* Ps = Vs + Mma::kn_elems(BK, D);  // P: a strip of 16 rows per warp (TF32; bf16: none)
   int* rlo = reinterpret_cast<int*>(Ps + BQ * LP);
   int* rhi = rlo + BQ;
   int* range = rhi + BQ;
@@ -1175,8 +1175,8 @@ __global__ void __launch_bounds__(kTcThreads)
   S* Os = Qs + BQ * L;  // dO
   S* Ks = Os + BQ * L;
   S* Vs = Ks + BK * L;
-  S* Kt = Vs + BK * L;               // K^T: Kt[c * LT + j]
-  S* Ss = Kt + Mma::t_elems(BK, D);  // dS: a strip of 16 rows per warp
+  S* Kt = Vs + BK * L;               // K^T: Kt[c * LT + j] (bf16; TF32: none)
+  S* Ss = Kt + Mma::t_elems(BK, D);  // dS: a strip of 16 rows per warp (TF32; bf16: none)
   int* rlo = reinterpret_cast<int*>(Ss + BQ * LP);
   int* rhi = rlo + BQ;
   int* range = rhi + BQ;
@@ -1300,9 +1300,9 @@ __global__ void __launch_bounds__(kTcThreads)
   S* Vs = Ks + BK * L;
   S* Qs = Vs + BK * L;
   S* Os = Qs + BQ * L;               // dO
-  S* Qt = Os + BQ * L;               // Q^T: Qt[c * LT + i]
+  S* Qt = Os + BQ * L;               // Q^T: Qt[c * LT + i] (bf16; TF32: none)
   S* Ot = Qt + Mma::t_elems(BQ, D);  // dO^T
-  S* Ps = Ot + Mma::t_elems(BQ, D);  // P^T, then dS^T: a strip of 16 rows per warp
+  S* Ps = Ot + Mma::t_elems(BQ, D);  // P^T, then dS^T: a strip of 16 rows per warp (TF32)
   float* lse_s = reinterpret_cast<float*>(Ps + BK * LP);
   float* dv_s = lse_s + BQ;
   int* klo_s = reinterpret_cast<int*>(dv_s + BQ);
