@@ -699,8 +699,10 @@ __global__ void attention_fill_lse_kernel(float* __restrict__ lse, long long T, 
 //
 // The kernel bodies keep the forms the separate TF32 and bf16 kernels had (the index
 // arithmetic as written, which column pairs are a loop and which two statements, P
-// handed over row by row, TF32's two dK/dV sweeps): nvcc compiles each instance to the
-// SASS its own kernel had, so the GPU-verified TF32 kernels are unchanged.
+// handed over row by row, TF32's two dK/dV sweeps), so nvcc compiles the GPU-verified
+// TF32 instances, and the bf16 ones but dQ's at d = 128 (whose column-pair epilogue is
+// now TF32's two statements: other branch layout and registers, the same arithmetic),
+// to the SASS their own kernels had (sm_80, sm_90).
 
 constexpr int kTcThreads = 128;  // 4 warps
 constexpr int kTcRows = 64;      // rows of the CTA's own tile (16 per warp)
