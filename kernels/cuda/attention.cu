@@ -665,9 +665,9 @@ __global__ void attention_fill_lse_kernel(float* __restrict__ lse, long long T, 
 // tiles, masks and on-line softmax as above; each direction is one kernel over the kind
 // of product, whose traits (Tf32Mma, Bf16Mma below) hold what differs. 128 threads =
 // 4 warps; warp w owns the 16 rows [16w, 16w + 16) of the CTA's 64-row tile (query rows
-// in forward / dQ, key rows in dK/dV). Fragment layouts: TF32's at Tf32Mma, bf16's in
-// kernels/cuda/mma_fragments.h (checked on the CPU by
-// tests/kernels_mma_fragments_test.cpp). Softmax statistics, lse, D and every
+// in forward / dQ, key rows in dK/dV). Fragment layouts of both in
+// kernels/cuda/mma_fragments.h, checked on the CPU by
+// tests/kernels_mma_fragments_test.cpp. Softmax statistics, lse, D and every
 // accumulator stay fp32. A warp whose rows see nothing of the current tile skips it
 // (exactly what the full computation would give: alpha = 1, P = 0).
 //
@@ -799,18 +799,15 @@ __device__ __forceinline__ void stage_bf16(uint16_t* __restrict__ dst, uint16_t*
 //   kUnrollQK, kUnroll    unroll counts of the forward's S = Q K^T k loop and of the
 //                         others.
 
-// mma.sync m16n8k8 TF32, for fp32 operands. Fragment layouts (PTX ISA, mma.m16n8k8
-// .tf32), with g = lane / 4 and t = lane % 4:
-//   A 16x8 row-major:  a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]
-//   B  8x8 (k x n):    b0 = B[t][g], b1 = B[t+4][g]
-//   C 16x8:            as m16n8k16's (mma_fragments.h)
-// An A register holds column t or t + 4 where the lane's C values are columns 2t and
-// 2t + 1, so P and dS go through the strip: stored at their C positions, rounded to
-// TF32, and read back as A fragments after a __syncwarp.
+// mma.sync m16n8k8 TF32, for fp32 operands (fragment layouts in mma_fragments.h,
+// mma::m16n8k8). Its C fragment is not its A fragment, so P and dS go through the
+// strip: stored at their C positions, rounded to TF32, and read back as A fragments
+// after a __syncwarp. The registers are loaded one statement each (a loop over them
+// compiles to other SASS).
 struct Tf32Mma {
   using Operand = float;
   using Smem = float;  // TF32 bit patterns
-  static constexpr int kK = 8, kPad = 4;
+  static constexpr int kK = mma::m16n8k8::kK, kPad = 4;
   static constexpr bool kTransposed = false, kInRegisters = false;
   static constexpr int kUnrollQK = 4, kUnroll = 2;  // as the kernels were tuned
   // The forward's V with rows of D + 8 floats: conflict-free B reads along k.
@@ -842,25 +839,22 @@ struct Tf32Mma {
   }
   // A fragment of the 16 x 8 block at s (row-major, row stride ld).
   static __device__ __forceinline__ void frag_a(uint32_t (&a)[4], const float* s, int ld, int lane) {
-    const int g = mma::group_of(lane), t = mma::thread_in_group(lane);
-    a[0] = __float_as_uint(s[g * ld + t]);
-    a[1] = __float_as_uint(s[(g + 8) * ld + t]);
-    a[2] = __float_as_uint(s[g * ld + t + 4]);
-    a[3] = __float_as_uint(s[(g + 8) * ld + t + 4]);
+    a[0] = __float_as_uint(s[mma::a_row(lane, 0) * ld + mma::m16n8k8::a_col(lane, 0)]);
+    a[1] = __float_as_uint(s[mma::a_row(lane, 1) * ld + mma::m16n8k8::a_col(lane, 1)]);
+    a[2] = __float_as_uint(s[mma::a_row(lane, 2) * ld + mma::m16n8k8::a_col(lane, 2)]);
+    a[3] = __float_as_uint(s[mma::a_row(lane, 3) * ld + mma::m16n8k8::a_col(lane, 3)]);
   }
   // B fragment (8 x 8, k x n) stored transposed at s: B[k][n] = s[n * ld + k].
   static __device__ __forceinline__ void frag_b(uint32_t (&b)[2], const float* s, int ld, int lane) {
-    const int g = mma::group_of(lane), t = mma::thread_in_group(lane);
-    b[0] = __float_as_uint(s[g * ld + t]);
-    b[1] = __float_as_uint(s[g * ld + t + 4]);
+    b[0] = __float_as_uint(s[mma::b_n(lane) * ld + mma::m16n8k8::b_k(lane, 0)]);
+    b[1] = __float_as_uint(s[mma::b_n(lane) * ld + mma::m16n8k8::b_k(lane, 1)]);
   }
   // B fragment of k-block kk and n-block nb of the row-major x (row stride ld): B = x.
   static __device__ __forceinline__ void frag_b_kn(uint32_t (&b)[2], const float* x, int ld, int kk, int nb,
                                                    int lane) {
     const float* s = x + 8 * kk * ld + 8 * nb;
-    const int g = mma::group_of(lane), t = mma::thread_in_group(lane);
-    b[0] = __float_as_uint(s[t * ld + g]);
-    b[1] = __float_as_uint(s[(t + 4) * ld + g]);
+    b[0] = __float_as_uint(s[mma::m16n8k8::b_k(lane, 0) * ld + mma::b_n(lane)]);
+    b[1] = __float_as_uint(s[mma::m16n8k8::b_k(lane, 1) * ld + mma::b_n(lane)]);
   }
   // A value of P or dS, rounded to TF32, into the warp's strip at idx (its C position).
   static __device__ __forceinline__ void hand_over(float* strip, int idx, float x) { strip[idx] = tf32_round(x); }
@@ -879,7 +873,7 @@ struct Tf32Mma {
 struct Bf16Mma {
   using Operand = __nv_bfloat16;
   using Smem = uint16_t;  // bf16 bits
-  static constexpr int kK = 16, kPad = 8;
+  static constexpr int kK = mma::kK, kPad = 8;
   static constexpr bool kTransposed = true, kInRegisters = true;
   // Every k loop unrolled fully: a count no loop reaches compiles as #pragma unroll
   // without one.
