@@ -7,7 +7,9 @@
 //     register i / 2, half i % 2); registers are filled as the kernels fill them
 //     (one 32-bit word per register, from a row-major A and from B stored as B^T;
 //     the P/dS hand-over from C fragments to A fragments), and the result must be
-//     the plain matrix product.
+//     the plain matrix product. The TF32 kernels' m16n8k8 maps (the same kernel
+//     code, on the other kind of product) are checked the same way: A row-major, B
+//     stored as B^T or row-major, P/dS through the warp's shared strip.
 //  2. The tolerance of the selftest's bf16 attention rows on that path
 //     (kBf16TensorCoreAttentionTolerance, kernels/backend_check.h). The kernels
 //     round P and dS to bf16 where they become A operands; the CPU twin does not.
@@ -99,7 +101,7 @@ void emulate_mma(WarpRegisters& w) {
   }
 }
 
-// Registers filled as frag_a_bf16 / frag_b_bf16 fill them: register r is the 32-bit
+// Registers filled as Bf16Mma::frag_a / frag_b fill them: register r is the 32-bit
 // word at the low half's element, so the high half must be the next element.
 void load_a(WarpRegisters& w, const std::vector<float>& A, int ld) {  // A row-major, 16 x 16
   for (int lane = 0; lane < kLanes; ++lane)
@@ -171,7 +173,7 @@ TEST(MmaFragments, WarpProductEqualsMatrixProduct) {
 
 // FlashAttention-2's hand-over: the C fragments of S = A1 B1 over two n-blocks
 // (16 x 16) become, rounded to bf16, the A fragment of P B2 in registers
-// (c_block_of_a, c_value_of_a). The result must be round_bf16(S) B2.
+// (c_block_of_a, c_value_of_a; Bf16Mma::frag_a_handed). The result must be round_bf16(S) B2.
 TEST(MmaFragments, AccumulatorBecomesOperandInRegisters) {
   std::mt19937 rng(11);
   for (int trial = 0; trial < 20; ++trial) {
@@ -206,6 +208,149 @@ TEST(MmaFragments, AccumulatorBecomesOperandInRegisters) {
           want += static_cast<double>(round_bf16(static_cast<float>(sk))) * B2t[col * ld + k];
         }
         EXPECT_NEAR(w.c[lane][i], want, 1e-4 * (1 + std::abs(want))) << "lane " << lane << " c" << i;
+      }
+  }
+}
+
+// ---------------------------------------------------------------- one warp's m16n8k8 tf32 mma
+
+namespace k8 = hdp::mma::m16n8k8;
+
+struct WarpRegistersTf32 {  // one tf32 value (held in fp32) per register
+  std::array<std::array<float, 4>, kLanes> a{};
+  std::array<std::array<float, 2>, kLanes> b{};
+  std::array<std::array<float, 4>, kLanes> c{};
+};
+
+// The PTX ISA's description of mma.m16n8k8 with .tf32 operands, element by element,
+// with groupID = lane >> 2 and threadID_in_group = lane % 4:
+//   A: row = groupID for a0, a2, groupID + 8 for a1, a3;
+//      col = threadID_in_group for a0, a1, threadID_in_group + 4 for a2, a3
+//   B: row = threadID_in_group for b0, threadID_in_group + 4 for b1;  col = groupID
+//   C: as for m16n8k16.
+void emulate_mma_tf32(WarpRegistersTf32& w) {
+  float A[16][8], B[8][8];
+  int seen_a[16][8] = {}, seen_b[8][8] = {};
+  for (int lane = 0; lane < kLanes; ++lane) {
+    const int group = lane >> 2, tig = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int row = (i == 0 || i == 2) ? group : group + 8, col = i < 2 ? tig : tig + 4;
+      A[row][col] = w.a[lane][i];
+      ++seen_a[row][col];
+    }
+    for (int i = 0; i < 2; ++i) {
+      const int row = i == 0 ? tig : tig + 4, col = group;
+      B[row][col] = w.b[lane][i];
+      ++seen_b[row][col];
+    }
+  }
+  for (int r = 0; r < 16; ++r)
+    for (int c = 0; c < 8; ++c) ASSERT_EQ(seen_a[r][c], 1) << "A element " << r << "," << c;
+  for (int r = 0; r < 8; ++r)
+    for (int c = 0; c < 8; ++c) ASSERT_EQ(seen_b[r][c], 1) << "B element " << r << "," << c;
+  for (int lane = 0; lane < kLanes; ++lane) {
+    const int group = lane >> 2, tig = lane % 4;
+    for (int i = 0; i < 4; ++i) {
+      const int row = i < 2 ? group : group + 8, col = tig * 2 + (i & 1);
+      double sum = w.c[lane][i];
+      for (int k = 0; k < 8; ++k) sum += static_cast<double>(A[row][k]) * B[k][col];
+      w.c[lane][i] = static_cast<float>(sum);
+    }
+  }
+}
+
+// Registers filled as Tf32Mma::frag_a (A row-major), frag_b (B stored as B^T: row n
+// holds B[.][n], e.g. K for S = Q K^T) and frag_b_kn (B row-major, e.g. V for P V)
+// fill them.
+void load_a_tf32(WarpRegistersTf32& w, const std::vector<float>& A, int ld) {
+  for (int lane = 0; lane < kLanes; ++lane)
+    for (int r = 0; r < mma::kARegs; ++r) w.a[lane][r] = A[mma::a_row(lane, r) * ld + k8::a_col(lane, r)];
+}
+void load_b_tf32(WarpRegistersTf32& w, const std::vector<float>& Bt, int ld) {
+  for (int lane = 0; lane < kLanes; ++lane)
+    for (int r = 0; r < mma::kBRegs; ++r) w.b[lane][r] = Bt[mma::b_n(lane) * ld + k8::b_k(lane, r)];
+}
+void load_b_kn_tf32(WarpRegistersTf32& w, const std::vector<float>& B, int ld) {
+  for (int lane = 0; lane < kLanes; ++lane)
+    for (int r = 0; r < mma::kBRegs; ++r) w.b[lane][r] = B[k8::b_k(lane, r) * ld + mma::b_n(lane)];
+}
+
+TEST(MmaFragmentsTf32, MapsCoverEveryElementOnce) {
+  int a[16][8] = {}, b[8][8] = {};
+  for (int lane = 0; lane < kLanes; ++lane) {
+    for (int r = 0; r < mma::kARegs; ++r) ++a[mma::a_row(lane, r)][k8::a_col(lane, r)];
+    for (int r = 0; r < mma::kBRegs; ++r) ++b[k8::b_k(lane, r)][mma::b_n(lane)];
+  }
+  for (int r = 0; r < 16; ++r)
+    for (int col = 0; col < 8; ++col) EXPECT_EQ(a[r][col], 1) << "A " << r << "," << col;
+  for (int k = 0; k < 8; ++k)
+    for (int n = 0; n < 8; ++n) EXPECT_EQ(b[k][n], 1) << "B " << k << "," << n;
+}
+
+// A (16 x 8, row-major, rows padded as the kernels pad them: D + 4) times B, stored as
+// B^T (rows of D + 4) or row-major (rows of D + 8, the forward's V), through the maps
+// and the emulated instruction. bf16-rounded values are exact in tf32.
+TEST(MmaFragmentsTf32, WarpProductEqualsMatrixProduct) {
+  std::mt19937 rng(13);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int lda = 8 + 4, ldbt = 8 + 4, ldb = 8 + 8;
+    const std::vector<float> A = random_values(rng, 16 * lda), Bt = random_values(rng, 8 * ldbt),
+                             C = random_values(rng, 16 * 8);
+    std::vector<float> B(8 * ldb, 0.0f);  // the same B, row-major
+    for (int k = 0; k < 8; ++k)
+      for (int n = 0; n < 8; ++n) B[k * ldb + n] = Bt[n * ldbt + k];
+    for (const bool row_major : {false, true}) {
+      WarpRegistersTf32 w;
+      load_a_tf32(w, A, lda);
+      if (row_major)
+        load_b_kn_tf32(w, B, ldb);
+      else
+        load_b_tf32(w, Bt, ldbt);
+      for (int lane = 0; lane < kLanes; ++lane)
+        for (int i = 0; i < mma::kCRegs; ++i) w.c[lane][i] = C[mma::c_row(lane, i) * 8 + mma::c_col(lane, i)];
+      emulate_mma_tf32(w);
+      for (int lane = 0; lane < kLanes; ++lane)
+        for (int i = 0; i < mma::kCRegs; ++i) {
+          const int row = mma::c_row(lane, i), col = mma::c_col(lane, i);
+          double want = C[row * 8 + col];
+          for (int k = 0; k < 8; ++k) want += static_cast<double>(A[row * lda + k]) * Bt[col * ldbt + k];
+          EXPECT_NEAR(w.c[lane][i], want, 1e-5 * (1 + std::abs(want)))
+              << (row_major ? "B row-major" : "B^T") << " lane " << lane << " c" << i;
+        }
+    }
+  }
+}
+
+// The TF32 kernels' hand-over: the C fragments of S = A1 B1 (16 x 8) are stored into
+// the warp's strip at their C positions (c_row, c_col; rows of 8 + 4) and read back as
+// the A fragment of P B2 (a_row, a_col). The result must be S B2.
+TEST(MmaFragmentsTf32, StripHandsTheAccumulatorToTheNextProduct) {
+  std::mt19937 rng(17);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int ld = 8 + 4;
+    const std::vector<float> A1 = random_values(rng, 16 * ld), B1t = random_values(rng, 8 * ld),
+                             B2t = random_values(rng, 8 * ld);
+    WarpRegistersTf32 w1;
+    load_a_tf32(w1, A1, ld);
+    load_b_tf32(w1, B1t, ld);
+    emulate_mma_tf32(w1);
+    std::vector<float> strip(16 * ld, std::numeric_limits<float>::quiet_NaN());  // every element written once
+    for (int lane = 0; lane < kLanes; ++lane)
+      for (int i = 0; i < mma::kCRegs; ++i) strip[mma::c_row(lane, i) * ld + mma::c_col(lane, i)] = w1.c[lane][i];
+    WarpRegistersTf32 w2;
+    load_a_tf32(w2, strip, ld);
+    load_b_tf32(w2, B2t, ld);
+    emulate_mma_tf32(w2);
+    for (int lane = 0; lane < kLanes; ++lane)
+      for (int i = 0; i < mma::kCRegs; ++i) {
+        const int row = mma::c_row(lane, i), col = mma::c_col(lane, i);
+        double want = 0;
+        for (int k = 0; k < 8; ++k) {
+          double sk = 0;
+          for (int x = 0; x < 8; ++x) sk += static_cast<double>(A1[row * ld + x]) * B1t[k * ld + x];
+          want += static_cast<double>(static_cast<float>(sk)) * B2t[col * ld + k];
+        }
+        EXPECT_NEAR(w2.c[lane][i], want, 1e-4 * (1 + std::abs(want))) << "lane " << lane << " c" << i;
       }
   }
 }

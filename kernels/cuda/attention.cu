@@ -89,9 +89,9 @@
 // or sums the blocks of one call into fp32 images of out, dq, dk, dv (O = float)
 // and rounds them once when the call ends, as the twin does, so blocks sharing
 // rows are not rounded once per block. With d = 64 or 128 (whatever train.tf32 says)
-// bf16 operands run on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation; the
-// section "BF16 tensor cores" below): the same decomposition and masks as the TF32
-// kernels, with P and dS rounded to bf16 as operands. Any other d runs the exact
+// bf16 operands run on bf16 tensor cores (mma.sync m16n8k16, fp32 accumulation): the
+// TF32 kernels' code, instantiated on the other kind of product (the section "tensor
+// cores" below), with P and dS rounded to bf16 as operands. Any other d runs the exact
 // kernels above: bf16 operands read exactly (widened to fp32 when staged into shared
 // memory), every product, the softmax statistics, lse, D and the accumulators fp32,
 // a bf16 result rounded once on store - the CPU twin's rule (kernels/cpu/bf16.cpp).
@@ -657,570 +657,35 @@ __global__ void attention_fill_lse_kernel(float* __restrict__ lse, long long T, 
     lse[(t / n) * T + begin + t % n] = -INFINITY;
 }
 
-// ---------------------------------------------------------------- TF32 tensor cores
+// ---------------------------------------------------------------- tensor cores
 
-// The fast path when TF32 is on (tf32()) and d is 64 or 128: the same tiles, masks and
-// online softmax as above, but the tile products run as mma.sync m16n8k8 TF32 on
-// the tensor cores. 128 threads = 4 warps; warp w owns the 16 rows [16w, 16w + 16) of
-// the CTA's 64-row tile (query rows in forward / dQ, key rows in dK/dV). Fragment
-// layouts (PTX ISA, mma.m16n8k8 .tf32), with g = lane / 4 and t = lane % 4:
-//   A 16x8 row-major:  a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]
-//   B  8x8 (k x n):    b0 = B[t][g], b1 = B[t+4][g]
-//   C 16x8:            c0 = C[g][2t], c1 = C[g][2t+1], c2 = C[g+8][2t], c3 = C[g+8][2t+1]
-// Tiles are staged in shared memory already rounded to TF32 (cvt.rna), rows padded to
-// D + 4 floats (conflict-free A and B^T fragment reads). A warp's P / dS goes from its
-// C fragments through a private shared strip (16 rows) back into A fragments, with
-// __syncwarp between writing and reading. Softmax statistics, lse, D and every
+// The fast path for d = 64 and 128: fp32 operands when TF32 is on (tf32()) run their
+// tile products as mma.sync m16n8k8 TF32, bf16 operands (whatever train.tf32 says) as
+// mma.sync m16n8k16 bf16 (twice TF32's rate), both with fp32 accumulation. The same
+// tiles, masks and on-line softmax as above; each direction is one kernel over the kind
+// of product, whose traits (Tf32Mma, Bf16Mma below) hold what differs. 128 threads =
+// 4 warps; warp w owns the 16 rows [16w, 16w + 16) of the CTA's 64-row tile (query rows
+// in forward / dQ, key rows in dK/dV). Fragment layouts of both in
+// kernels/cuda/mma_fragments.h, checked on the CPU by
+// tests/kernels_mma_fragments_test.cpp. Softmax statistics, lse, D and every
 // accumulator stay fp32. A warp whose rows see nothing of the current tile skips it
 // (exactly what the full computation would give: alpha = 1, P = 0).
-
-constexpr int kTcThreads = 128;  // 4 warps
-constexpr int kTcRows = 64;      // rows of the CTA's own tile (16 per warp)
-
-__device__ __forceinline__ float tf32_round(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return __uint_as_float(r);
-}
-
-// c += A B on the tensor cores (operands already TF32 bit patterns).
-__device__ __forceinline__ void mma_tf32(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-// A fragment of the 16 x 8 block at s (row-major, row stride ld).
-__device__ __forceinline__ void frag_a(uint32_t (&a)[4], const float* s, int ld, int g, int t) {
-  a[0] = __float_as_uint(s[g * ld + t]);
-  a[1] = __float_as_uint(s[(g + 8) * ld + t]);
-  a[2] = __float_as_uint(s[g * ld + t + 4]);
-  a[3] = __float_as_uint(s[(g + 8) * ld + t + 4]);
-}
-// B fragment (8 x 8, k x n) stored transposed at s: B[k][n] = s[n * ld + k].
-__device__ __forceinline__ void frag_b_nk(uint32_t (&b)[2], const float* s, int ld, int g, int t) {
-  b[0] = __float_as_uint(s[g * ld + t]);
-  b[1] = __float_as_uint(s[g * ld + t + 4]);
-}
-// B fragment (8 x 8, k x n) stored row-major at s: B[k][n] = s[k * ld + n].
-__device__ __forceinline__ void frag_b_kn(uint32_t (&b)[2], const float* s, int ld, int g, int t) {
-  b[0] = __float_as_uint(s[t * ld + g]);
-  b[1] = __float_as_uint(s[(t + 4) * ld + g]);
-}
-
-// dst[r][c] (row stride LDS) = tf32(base[(row0 + r) * ld + c]) for rows in [lo, hi],
-// zero elsewhere; c < D (= d on this path). 128 threads.
-template <int ROWS, int D, int LDS, class E>
-__device__ __forceinline__ void load_tile_tc(float* __restrict__ dst, const E* __restrict__ base, long long ld,
-                                             int row0, int lo, int hi) {
-  static_assert(D % 4 == 0 && LDS % 4 == 0, "float4 rows");
-  if constexpr (std::is_same_v<E, float>) {
-    if ((reinterpret_cast<uintptr_t>(base) & 15u) == 0 && (ld & 3) == 0) {
-      constexpr int C4 = D / 4;
-      for (int idx = threadIdx.x; idx < ROWS * C4; idx += kTcThreads) {
-        const int r = idx / C4, c = (idx % C4) * 4, i = row0 + r;
-        float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (i >= lo && i <= hi) x = *reinterpret_cast<const float4*>(base + static_cast<long long>(i) * ld + c);
-        x.x = tf32_round(x.x);
-        x.y = tf32_round(x.y);
-        x.z = tf32_round(x.z);
-        x.w = tf32_round(x.w);
-        *reinterpret_cast<float4*>(dst + r * LDS + c) = x;
-      }
-      return;
-    }
-  }
-  // fp32 rows not aligned for float4 (the TF32 kernels run for fp32 operands only:
-  // bf16 operands take the bf16 kernels).
-  for (int idx = threadIdx.x; idx < ROWS * D; idx += kTcThreads) {
-    const int r = idx / D, c = idx % D, i = row0 + r;
-    float x = 0.0f;
-    if (i >= lo && i <= hi) x = to_f32(base[static_cast<long long>(i) * ld + c]);
-    dst[r * LDS + c] = tf32_round(x);
-  }
-}
-
-// Union [wlo, whi] of the intervals of a warp's rows (empty: wlo > whi).
-__device__ __forceinline__ void warp_interval(const int (&lo)[2], const int (&hi)[2], int& wlo, int& whi) {
-  wlo = INT_MAX;
-  whi = INT_MIN;
-#pragma unroll
-  for (int e = 0; e < 2; ++e)
-    if (lo[e] <= hi[e]) {
-      wlo = min(wlo, lo[e]);
-      whi = max(whi, hi[e]);
-    }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) {
-    wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
-    whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
-  }
-}
-
-// Sum / max over the 4 lanes of a quad (those holding one row of a C fragment).
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-
-// One key tile of the forward's on-line softmax on a warp's C fragments (the m16n8
-// accumulator layout, shared by m16n8k8 TF32 and m16n8k16 bf16: this lane holds
-// columns 8 nb + c_col(lane, x) of its rows e = 0, 1): masks and scales S, takes the
-// new row max m', rescales l and the accumulators by alpha = exp(m - m'), adds the
-// row sums of P to l, and leaves P = exp(S - m') in s (fp32; 0 where masked). A row
-// whose max is still -inf keeps alpha = 1 and P = 0. row_done(e) runs when row e is
-// done (the TF32 kernel stores its P there, in the order it always had).
-template <int NS, int NO, class RowDone>
-__device__ __forceinline__ void online_softmax_tile(float (&s)[NS][4], float (&acc)[NO][4], float (&m)[2],
-                                                    float (&l)[2], const int (&lo)[2], const int (&hi)[2], int k0,
-                                                    int lane, float scale, RowDone row_done) {
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    float mx = -INFINITY;
-#pragma unroll
-    for (int nb = 0; nb < NS; ++nb)
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int j = k0 + 8 * nb + mma::c_col(lane, x);
-        const bool vis = j >= lo[e] && j <= hi[e];
-        float& sv = s[nb][2 * e + x];
-        sv = vis ? sv * scale : -INFINITY;
-        mx = fmaxf(mx, sv);
-      }
-    mx = quad_max(mx);
-    const float mnew = fmaxf(m[e], mx);
-    float alpha = 1.0f, sum = 0.0f;
-    if (mnew == -INFINITY) {
-#pragma unroll
-      for (int nb = 0; nb < NS; ++nb) s[nb][2 * e] = s[nb][2 * e + 1] = 0.0f;
-    } else {
-      alpha = expf(m[e] - mnew);
-#pragma unroll
-      for (int nb = 0; nb < NS; ++nb)
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          float& sv = s[nb][2 * e + x];
-          sv = expf(sv - mnew);  // masked: exp(-inf) = 0
-          sum += sv;
-        }
-    }
-    sum = quad_sum(sum);
-    l[e] = l[e] * alpha + sum;
-    m[e] = mnew;
-#pragma unroll
-    for (int nb = 0; nb < NO; ++nb) {
-      acc[nb][2 * e] *= alpha;
-      acc[nb][2 * e + 1] *= alpha;
-    }
-    row_done(e);
-  }
-}
-
-template <int D, int BK>
-constexpr size_t fwd_tc_smem_bytes() {
-  return sizeof(float) * (kTcRows * (D + 4) + BK * (D + 4) + BK * (D + 8) + kTcRows * (BK + 4)) +
-         sizeof(int) * (2 * kTcRows + 4);
-}
-template <int D, int BK>
-constexpr size_t dq_tc_smem_bytes() {
-  return sizeof(float) * (2 * kTcRows * (D + 4) + 2 * BK * (D + 4) + kTcRows * (BK + 4)) +
-         sizeof(int) * (2 * kTcRows + 4);
-}
-template <int D, int BQ>
-constexpr size_t dkdv_tc_smem_bytes() {
-  return sizeof(float) * (2 * kTcRows * (D + 4) + 2 * BQ * (D + 4) + kTcRows * (BQ + 4) + 2 * BQ) +
-         sizeof(int) * (2 * kTcRows + 4);
-}
-
-// Forward: one CTA per (64 query rows, query head); key tiles of BK rows.
-template <int D, int BK, class E, class O>
-__global__ void __launch_bounds__(kTcThreads)
-    attention_forward_tc_kernel(O* __restrict__ out, float* __restrict__ lse, const E* __restrict__ q,
-                                const E* __restrict__ k, const E* __restrict__ v, Geom g, int T, int Hq, int Hkv,
-                                int d, float scale, bool merge) {
-  constexpr int BQ = kTcRows, LQ = D + 4, LK = D + 4, LV = D + 8, LP = BK + 4, NS = BK / 8, NO = D / 8;
-  extern __shared__ float4 tc_smem[];
-  float* Qs = reinterpret_cast<float*>(tc_smem);
-  float* Ks = Qs + BQ * LQ;
-  float* Vs = Ks + BK * LK;
-  float* Ps = Vs + BK * LV;
-  int* rlo = reinterpret_cast<int*>(Ps + BQ * LP);
-  int* rhi = rlo + BQ;
-  int* range = rhi + BQ;
-
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3, r0 = warp * 16;
-  const int h = blockIdx.y, kvh = h / (Hq / Hkv);
-  const int i0 = g.q_begin + static_cast<int>(gridDim.x - 1 - blockIdx.x) * BQ;  // longest rows first
-  tile_intervals<BQ, false>(g, i0, rlo, rhi, range);
-  const int klo = range[0], khi = range[1], qfirst = range[2], qlast = range[3];
-  if (qfirst > qlast) return;  // uniform over the CTA
-
-  const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
-  load_tile_tc<BQ, D, LQ>(Qs, q + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
-
-  // This lane's rows: r0 + gq (e = 0) and r0 + gq + 8 (e = 1).
-  int lo[2], hi[2];
-  float m[2], l[2], acc[NO][4];
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const int r = r0 + gq + 8 * e, i = i0 + r;
-    lo[e] = rlo[r];
-    hi[e] = rhi[r];
-    m[e] = -INFINITY;
-    l[e] = 1.0f;
-    const bool live = lo[e] <= hi[e];
-    const O* orow = out + (static_cast<long long>(i) * Hq + h) * d;
-    if (merge && live) m[e] = lse[static_cast<long long>(h) * T + i];
-#pragma unroll
-    for (int nb = 0; nb < NO; ++nb) {
-      const int c = 8 * nb + 2 * tq;
-      acc[nb][2 * e] = (merge && live) ? to_f32(orow[c]) : 0.0f;
-      acc[nb][2 * e + 1] = (merge && live) ? to_f32(orow[c + 1]) : 0.0f;
-    }
-  }
-  int wlo, whi;
-  warp_interval(lo, hi, wlo, whi);
-  float* Pw = Ps + r0 * LP;
-
-  for (int k0 = klo; k0 <= khi; k0 += BK) {
-    __syncthreads();  // the previous tile's readers of Ks, Vs are done
-    load_tile_tc<BK, D, LK>(Ks, k + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
-    load_tile_tc<BK, D, LV>(Vs, v + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
-    __syncthreads();
-    if (k0 > whi || k0 + (BK - 1) < wlo) continue;  // warp-uniform: no row of this warp sees the tile
-
-    float s[NS][4];
-#pragma unroll
-    for (int nb = 0; nb < NS; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
-#pragma unroll 4
-    for (int kk = 0; kk < D / 8; ++kk) {
-      uint32_t a[4];
-      frag_a(a, Qs + r0 * LQ + 8 * kk, LQ, gq, tq);
-#pragma unroll
-      for (int nb = 0; nb < NS; ++nb) {
-        uint32_t b[2];
-        frag_b_nk(b, Ks + 8 * nb * LK + 8 * kk, LK, gq, tq);
-        mma_tf32(s[nb], a, b);
-      }
-    }
-
-    online_softmax_tile(s, acc, m, l, lo, hi, k0, lane, scale, [&](int e) {  // s becomes P (fp32)
-#pragma unroll
-      for (int nb = 0; nb < NS; ++nb) {
-        Pw[(gq + 8 * e) * LP + 8 * nb + 2 * tq] = tf32_round(s[nb][2 * e]);
-        Pw[(gq + 8 * e) * LP + 8 * nb + 2 * tq + 1] = tf32_round(s[nb][2 * e + 1]);
-      }
-    });
-    __syncwarp();
-
-#pragma unroll 2
-    for (int kk = 0; kk < BK / 8; ++kk) {
-      uint32_t a[4];
-      frag_a(a, Pw + 8 * kk, LP, gq, tq);
-#pragma unroll
-      for (int nb = 0; nb < NO; ++nb) {
-        uint32_t b[2];
-        frag_b_kn(b, Vs + 8 * kk * LV + 8 * nb, LV, gq, tq);
-        mma_tf32(acc[nb], a, b);
-      }
-    }
-    __syncwarp();  // Pw is rewritten by the next tile
-  }
-
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    if (lo[e] > hi[e]) continue;
-    const int i = i0 + r0 + gq + 8 * e;
-    const float inv = 1.0f / l[e];
-    O* orow = out + (static_cast<long long>(i) * Hq + h) * d;
-#pragma unroll
-    for (int nb = 0; nb < NO; ++nb) {
-      const int c = 8 * nb + 2 * tq;
-      orow[c] = from_f32<O>(acc[nb][2 * e] * inv);
-      orow[c + 1] = from_f32<O>(acc[nb][2 * e + 1] * inv);
-    }
-    if (tq == 0) lse[static_cast<long long>(h) * T + i] = m[e] + logf(l[e]);
-  }
-}
-
-// dQ: one CTA per (64 query rows, query head); key tiles of BK rows.
-template <int D, int BK, class E, class O>
-__global__ void __launch_bounds__(kTcThreads)
-    attention_backward_dq_tc_kernel(O* __restrict__ dq, const E* __restrict__ dout, const E* __restrict__ q,
-                                    const E* __restrict__ k, const E* __restrict__ v, const float* __restrict__ lse,
-                                    const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d,
-                                    float scale, bool accumulate) {
-  constexpr int BQ = kTcRows, L = D + 4, LP = BK + 4, NS = BK / 8, NO = D / 8;
-  extern __shared__ float4 tc_smem[];
-  float* Qs = reinterpret_cast<float*>(tc_smem);
-  float* Os = Qs + BQ * L;  // dO
-  float* Ks = Os + BQ * L;
-  float* Vs = Ks + BK * L;
-  float* Ss = Vs + BK * L;  // dS, a strip of 16 rows per warp
-  int* rlo = reinterpret_cast<int*>(Ss + BQ * LP);
-  int* rhi = rlo + BQ;
-  int* range = rhi + BQ;
-
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3, r0 = warp * 16;
-  const int h = blockIdx.y, kvh = h / (Hq / Hkv);
-  const int i0 = g.q_begin + static_cast<int>(gridDim.x - 1 - blockIdx.x) * BQ;  // longest rows first
-  tile_intervals<BQ, false>(g, i0, rlo, rhi, range);
-  const int klo = range[0], khi = range[1], qfirst = range[2], qlast = range[3];
-  if (qfirst > qlast) return;
-
-  const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
-  load_tile_tc<BQ, D, L>(Qs, q + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
-  load_tile_tc<BQ, D, L>(Os, dout + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
-
-  int lo[2], hi[2];
-  float lse_r[2], dv_r[2], acc[NO][4];
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const int r = r0 + gq + 8 * e, i = i0 + r;
-    lo[e] = rlo[r];
-    hi[e] = rhi[r];
-    const bool live = lo[e] <= hi[e];
-    lse_r[e] = live ? lse[static_cast<long long>(h) * T + i] : 0.0f;
-    dv_r[e] = live ? dvec[static_cast<long long>(h) * T + i] : 0.0f;
-  }
-#pragma unroll
-  for (int nb = 0; nb < NO; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
-  int wlo, whi;
-  warp_interval(lo, hi, wlo, whi);
-  float* Sw = Ss + r0 * LP;
-
-  for (int k0 = klo; k0 <= khi; k0 += BK) {
-    __syncthreads();
-    load_tile_tc<BK, D, L>(Ks, k + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
-    load_tile_tc<BK, D, L>(Vs, v + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
-    __syncthreads();
-    if (k0 > whi || k0 + (BK - 1) < wlo) continue;  // warp-uniform
-
-    float s[NS][4], dp[NS][4];
-#pragma unroll
-    for (int nb = 0; nb < NS; ++nb)
-#pragma unroll
-      for (int x = 0; x < 4; ++x) s[nb][x] = dp[nb][x] = 0.0f;
-#pragma unroll 2
-    for (int kk = 0; kk < D / 8; ++kk) {
-      uint32_t aq[4], ao[4];
-      frag_a(aq, Qs + r0 * L + 8 * kk, L, gq, tq);
-      frag_a(ao, Os + r0 * L + 8 * kk, L, gq, tq);
-#pragma unroll
-      for (int nb = 0; nb < NS; ++nb) {
-        uint32_t b[2];
-        frag_b_nk(b, Ks + 8 * nb * L + 8 * kk, L, gq, tq);
-        mma_tf32(s[nb], aq, b);
-        frag_b_nk(b, Vs + 8 * nb * L + 8 * kk, L, gq, tq);
-        mma_tf32(dp[nb], ao, b);
-      }
-    }
-#pragma unroll
-    for (int nb = 0; nb < NS; ++nb)
-#pragma unroll
-      for (int e = 0; e < 2; ++e)
-#pragma unroll
-        for (int x = 0; x < 2; ++x) {
-          const int col = 8 * nb + 2 * tq + x, j = k0 + col;
-          const bool vis = j >= lo[e] && j <= hi[e];
-          const float p = expf(s[nb][2 * e + x] * scale - lse_r[e]);
-          const float ds = vis ? p * (dp[nb][2 * e + x] - dv_r[e]) * scale : 0.0f;
-          Sw[(gq + 8 * e) * LP + col] = tf32_round(ds);
-        }
-    __syncwarp();
-
-#pragma unroll 2
-    for (int kk = 0; kk < BK / 8; ++kk) {
-      uint32_t a[4];
-      frag_a(a, Sw + 8 * kk, LP, gq, tq);
-#pragma unroll
-      for (int nb = 0; nb < NO; ++nb) {
-        uint32_t b[2];
-        frag_b_kn(b, Ks + 8 * kk * L + 8 * nb, L, gq, tq);
-        mma_tf32(acc[nb], a, b);
-      }
-    }
-    __syncwarp();  // Sw is rewritten by the next tile
-  }
-
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    if (lo[e] > hi[e]) continue;
-    const int i = i0 + r0 + gq + 8 * e;
-    O* row = dq + (static_cast<long long>(i) * Hq + h) * d;
-#pragma unroll
-    for (int nb = 0; nb < NO; ++nb) {
-      const int c = 8 * nb + 2 * tq;
-      row[c] = from_f32<O>(accumulate ? to_f32(row[c]) + acc[nb][2 * e] : acc[nb][2 * e]);
-      row[c + 1] = from_f32<O>(accumulate ? to_f32(row[c + 1]) + acc[nb][2 * e + 1] : acc[nb][2 * e + 1]);
-    }
-  }
-}
-
-// dK/dV: one CTA per (64 key rows, kv head), over the group's query heads and query
-// tiles of BQ rows.
-template <int D, int BQ, class E, class O>
-__global__ void __launch_bounds__(kTcThreads)
-    attention_backward_dkdv_tc_kernel(O* __restrict__ dk, O* __restrict__ dv, const E* __restrict__ dout,
-                                      const E* __restrict__ q, const E* __restrict__ k, const E* __restrict__ v,
-                                      const float* __restrict__ lse,
-                                      const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d,
-                                      float scale, bool accumulate) {
-  constexpr int BK = kTcRows, L = D + 4, LP = BQ + 4, NS = BQ / 8, NO = D / 8;
-  extern __shared__ float4 tc_smem[];
-  float* Ks = reinterpret_cast<float*>(tc_smem);
-  float* Vs = Ks + BK * L;
-  float* Qs = Vs + BK * L;
-  float* Os = Qs + BQ * L;  // dO
-  float* Ps = Os + BQ * L;  // P^T, then dS^T: a strip of 16 rows per warp
-  float* lse_s = Ps + BK * LP;
-  float* dv_s = lse_s + BQ;
-  int* klo_s = reinterpret_cast<int*>(dv_s + BQ);
-  int* khi_s = klo_s + BK;
-  int* range = khi_s + BK;
-
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3, r0 = warp * 16;
-  const int kvh = blockIdx.y, group = Hq / Hkv;
-  const int j0 = g.k_begin + static_cast<int>(blockIdx.x) * BK;
-  tile_intervals<BK, true>(g, j0, klo_s, khi_s, range);
-  const int qmin = range[0], qmax = range[1], kfirst = range[2], klast = range[3];
-  if (kfirst > klast) return;
-
-  const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
-  load_tile_tc<BK, D, L>(Ks, k + static_cast<long long>(kvh) * d, ldk, j0, kfirst, klast);
-  load_tile_tc<BK, D, L>(Vs, v + static_cast<long long>(kvh) * d, ldk, j0, kfirst, klast);
-
-  int lo[2], hi[2];
-  float dka[NO][4], dva[NO][4];
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    lo[e] = klo_s[r0 + gq + 8 * e];
-    hi[e] = khi_s[r0 + gq + 8 * e];
-  }
-#pragma unroll
-  for (int nb = 0; nb < NO; ++nb)
-#pragma unroll
-    for (int x = 0; x < 4; ++x) dka[nb][x] = dva[nb][x] = 0.0f;
-  int wlo, whi;
-  warp_interval(lo, hi, wlo, whi);
-  float* Pw = Ps + r0 * LP;
-
-  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-    for (int q0 = qmin; q0 <= qmax; q0 += BQ) {
-      __syncthreads();  // the previous tile's readers of Qs, Os, lse_s, dv_s are done
-      load_tile_tc<BQ, D, L>(Qs, q + static_cast<long long>(h) * d, ldq, q0, qmin, qmax);
-      load_tile_tc<BQ, D, L>(Os, dout + static_cast<long long>(h) * d, ldq, q0, qmin, qmax);
-      if (threadIdx.x < BQ) {
-        const int i = q0 + static_cast<int>(threadIdx.x);
-        const bool ok = i <= qmax;
-        lse_s[threadIdx.x] = ok ? lse[static_cast<long long>(h) * T + i] : 0.0f;
-        dv_s[threadIdx.x] = ok ? dvec[static_cast<long long>(h) * T + i] : 0.0f;
-      }
-      __syncthreads();
-      if (q0 > whi || q0 + (BQ - 1) < wlo) continue;  // warp-uniform
-
-      float st[NS][4], dpt[NS][4];
-#pragma unroll
-      for (int nb = 0; nb < NS; ++nb)
-#pragma unroll
-        for (int x = 0; x < 4; ++x) st[nb][x] = dpt[nb][x] = 0.0f;
-#pragma unroll 2
-      for (int kk = 0; kk < D / 8; ++kk) {
-        uint32_t ak[4], av[4];
-        frag_a(ak, Ks + r0 * L + 8 * kk, L, gq, tq);
-        frag_a(av, Vs + r0 * L + 8 * kk, L, gq, tq);
-#pragma unroll
-        for (int nb = 0; nb < NS; ++nb) {
-          uint32_t b[2];
-          frag_b_nk(b, Qs + 8 * nb * L + 8 * kk, L, gq, tq);
-          mma_tf32(st[nb], ak, b);
-          frag_b_nk(b, Os + 8 * nb * L + 8 * kk, L, gq, tq);
-          mma_tf32(dpt[nb], av, b);
-        }
-      }
-      // P^T to the strip; dS^T kept in dpt.
-#pragma unroll
-      for (int nb = 0; nb < NS; ++nb)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-#pragma unroll
-          for (int x = 0; x < 2; ++x) {
-            const int col = 8 * nb + 2 * tq + x, i = q0 + col;
-            const bool vis = i >= lo[e] && i <= hi[e];
-            const float p = expf(st[nb][2 * e + x] * scale - lse_s[col]);
-            Pw[(gq + 8 * e) * LP + col] = tf32_round(vis ? p : 0.0f);
-            dpt[nb][2 * e + x] = vis ? p * (dpt[nb][2 * e + x] - dv_s[col]) * scale : 0.0f;
-          }
-      __syncwarp();
-#pragma unroll 2
-      for (int kk = 0; kk < BQ / 8; ++kk) {
-        uint32_t a[4];
-        frag_a(a, Pw + 8 * kk, LP, gq, tq);
-#pragma unroll
-        for (int nb = 0; nb < NO; ++nb) {
-          uint32_t b[2];
-          frag_b_kn(b, Os + 8 * kk * L + 8 * nb, L, gq, tq);
-          mma_tf32(dva[nb], a, b);
-        }
-      }
-      __syncwarp();  // P^T read; the strip now takes dS^T
-#pragma unroll
-      for (int nb = 0; nb < NS; ++nb)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-#pragma unroll
-          for (int x = 0; x < 2; ++x) Pw[(gq + 8 * e) * LP + 8 * nb + 2 * tq + x] = tf32_round(dpt[nb][2 * e + x]);
-      __syncwarp();
-#pragma unroll 2
-      for (int kk = 0; kk < BQ / 8; ++kk) {
-        uint32_t a[4];
-        frag_a(a, Pw + 8 * kk, LP, gq, tq);
-#pragma unroll
-        for (int nb = 0; nb < NO; ++nb) {
-          uint32_t b[2];
-          frag_b_kn(b, Qs + 8 * kk * L + 8 * nb, L, gq, tq);
-          mma_tf32(dka[nb], a, b);
-        }
-      }
-      __syncwarp();  // the strip is rewritten by the next tile
-    }
-  }
-
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    if (lo[e] > hi[e]) continue;
-    const int j = j0 + r0 + gq + 8 * e;
-    const long long row = (static_cast<long long>(j) * Hkv + kvh) * d;
-#pragma unroll
-    for (int nb = 0; nb < NO; ++nb)
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int c = 8 * nb + 2 * tq + x;
-        dk[row + c] = from_f32<O>(accumulate ? to_f32(dk[row + c]) + dka[nb][2 * e + x] : dka[nb][2 * e + x]);
-        dv[row + c] = from_f32<O>(accumulate ? to_f32(dv[row + c]) + dva[nb][2 * e + x] : dva[nb][2 * e + x]);
-      }
-  }
-}
-
-// ---------------------------------------------------------------- BF16 tensor cores
-
-// bf16 operands with d = 64 or 128 (whatever train.tf32 says): the TF32 kernels' CTA
-// decomposition, masks, skipped tiles and fp32 softmax, with every tile product on
-// mma.sync m16n8k16 bf16 with fp32 accumulation (twice TF32's rate; fragment layouts
-// in kernels/cuda/mma_fragments.h, checked on the CPU by tests/kernels_mma_fragments_test.cpp).
-// Tiles are staged in shared memory as they are stored (bf16 bits, no rounding), rows
-// padded by 8 halves so a warp's 32-bit fragment loads hit 32 different banks. An
-// operand that is the B of a product whose k runs along its rows (V in P V, K in
-// dS K, dO in P^T dO, Q in dS^T Q) is staged transposed, so every fragment register
-// is one 32-bit load. P and dS never go through shared memory: the C fragments of
-// S (or S^T) are the A fragments of the next product (mma_fragments.h).
 //
-// Rounding points, FlashAttention-2's: P and dS are rounded to bf16 (to nearest
+// Shared memory holds the operands as the kind reads them:
+//   TF32: rounded with cvt.rna when staged, rows padded to D + 4 floats (conflict-free
+//     A and B^T fragment reads). A B operand whose k runs along its rows (V in P V, K in
+//     dS K, dO in P^T dO, Q in dS^T Q) is read in place; the forward's V, read only so,
+//     has rows of D + 8 floats (conflict-free for that read).
+//   bf16: as stored (bf16 bits, no rounding), rows padded by 8 halves so a warp's
+//     32-bit fragment loads hit 32 different banks. Such a B operand is also staged
+//     transposed, so every fragment register is one 32-bit load.
+// P and dS, the results that are the next products' A operands: TF32's A fragment is
+// not its C fragment, so a warp's P / dS goes through a private shared strip (16 rows),
+// rounded to TF32, with __syncwarp between writing and reading; bf16's A fragment is
+// two neighbouring C fragments, so P and dS stay in registers, rounded to bf16
+// (FlashAttention-2's register reuse: Dao, 2023).
+//
+// Rounding points of bf16, FlashAttention-2's: P and dS are rounded to bf16 (to nearest
 // even) exactly where they become A operands -
 //   forward:  P = exp(S - m') with m' the running row max (values in [0, 1]) before
 //             O += P V; the row sum l is taken from the fp32 P;
@@ -1231,41 +696,49 @@ __global__ void __launch_bounds__(kTcThreads)
 // CPU twin (fp32 throughout, one rounding on store) by more than the store's
 // rounding; the selftest's tolerance for these rows is derived in
 // tests/kernels_mma_fragments_test.cpp by emulating the same rounding on the CPU.
+//
+// The kernel bodies keep the forms the separate TF32 and bf16 kernels had (the index
+// arithmetic as written, which column pairs are a loop and which two statements, P
+// handed over row by row, TF32's two dK/dV sweeps), so nvcc compiles the GPU-verified
+// TF32 instances, and the bf16 ones but dQ's at d = 128 (whose column-pair epilogue is
+// now TF32's two statements: other branch layout and registers, the same arithmetic),
+// to the SASS their own kernels had (sm_80, sm_90).
 
-// c += A B on the tensor cores, bf16 operands (two per register, low half first).
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+constexpr int kTcThreads = 128;  // 4 warps
+constexpr int kTcRows = 64;      // rows of the CTA's own tile (16 per warp)
+
+__device__ __forceinline__ float tf32_round(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
+  return __uint_as_float(r);
 }
 
-// Two fp32 values rounded to bf16 (nearest even) in one register, lo in the low half.
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);  // .x = lo, stored first
-  return *reinterpret_cast<const uint32_t*>(&p);
-}
-
-// A fragment of the 16 x 16 block at s (row-major bf16, row stride ld halves).
-__device__ __forceinline__ void frag_a_bf16(uint32_t (&a)[4], const uint16_t* s, int ld, int lane) {
-#pragma unroll
-  for (int r = 0; r < mma::kARegs; ++r)
-    a[r] = *reinterpret_cast<const uint32_t*>(s + mma::a_row(lane, r) * ld + mma::a_col(lane, r, 0));
-}
-// B fragment (16 x 8, k x n) stored transposed at s: B[k][n] = s[n * ld + k].
-__device__ __forceinline__ void frag_b_bf16(uint32_t (&b)[2], const uint16_t* s, int ld, int lane) {
-#pragma unroll
-  for (int r = 0; r < mma::kBRegs; ++r)
-    b[r] = *reinterpret_cast<const uint32_t*>(s + mma::b_n(lane) * ld + mma::b_k(lane, r, 0));
-}
-// A fragment of columns [16j, 16j + 16) of a strip of C fragments c (n-blocks of 8
-// columns), rounded to bf16: the rounding point of P and dS.
-template <int N>
-__device__ __forceinline__ void frag_a_from_c(uint32_t (&a)[4], const float (&c)[N][4], int j) {
-#pragma unroll
-  for (int r = 0; r < mma::kARegs; ++r) {
-    const float* cb = c[2 * j + mma::c_block_of_a(r)];
-    a[r] = pack_bf16x2(cb[mma::c_value_of_a(r)], cb[mma::c_value_of_a(r) + 1]);
+// dst[r][c] (row stride LDS) = tf32(base[(row0 + r) * ld + c]) for rows in [lo, hi],
+// zero elsewhere; c < D (= d on this path). 128 threads.
+template <int ROWS, int D, int LDS>
+__device__ __forceinline__ void stage_tf32(float* __restrict__ dst, const float* __restrict__ base, long long ld,
+                                           int row0, int lo, int hi) {
+  static_assert(D % 4 == 0 && LDS % 4 == 0, "float4 rows");
+  if ((reinterpret_cast<uintptr_t>(base) & 15u) == 0 && (ld & 3) == 0) {
+    constexpr int C4 = D / 4;
+    for (int idx = threadIdx.x; idx < ROWS * C4; idx += kTcThreads) {
+      const int r = idx / C4, c = (idx % C4) * 4, i = row0 + r;
+      float4 x = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (i >= lo && i <= hi) x = *reinterpret_cast<const float4*>(base + static_cast<long long>(i) * ld + c);
+      x.x = tf32_round(x.x);
+      x.y = tf32_round(x.y);
+      x.z = tf32_round(x.z);
+      x.w = tf32_round(x.w);
+      *reinterpret_cast<float4*>(dst + r * LDS + c) = x;
+    }
+    return;
+  }
+  // Rows not aligned for float4.
+  for (int idx = threadIdx.x; idx < ROWS * D; idx += kTcThreads) {
+    const int r = idx / D, c = idx % D, i = row0 + r;
+    float x = 0.0f;
+    if (i >= lo && i <= hi) x = base[static_cast<long long>(i) * ld + c];
+    dst[r * LDS + c] = tf32_round(x);
   }
 }
 
@@ -1307,39 +780,295 @@ __device__ __forceinline__ void stage_bf16(uint16_t* __restrict__ dst, uint16_t*
   }
 }
 
-// Shared memory (bytes): bf16 tiles with rows of D + 8 halves (row-major) or of
-// tile + 8 halves (transposed), then the per-row intervals.
-template <int D, int BK>
-constexpr size_t fwd_bf16_smem_bytes() {
-  return sizeof(uint16_t) * (kTcRows * (D + 8) + BK * (D + 8) + D * (BK + 8)) + sizeof(int) * (2 * kTcRows + 4);
+// What differs between the two kinds of product, as traits the kernels are written
+// against:
+//   Operand, Smem         q, k, v, dO in global memory; a staged tile's element;
+//   kK, mma               the k of one product, and the product (c += A B);
+//   kPad, stage           a tile staged row-major, rows of D + kPad (A, and B stored as
+//                         B^T), read by frag_a and frag_b;
+//   kTransposed,          whether a B operand whose k runs along its rows (K in dS K,
+//   t_stride, t_elems     dO in P^T dO, Q in dS^T Q) is read from a transposed copy that
+//                         stage writes beside the tile (rows of t_stride), or in place;
+//   kn_stride, kn_elems,  the forward's V, read only as such an operand: its rows and
+//   stage_kn, frag_b_kn   size, its staging, and that B fragment (of either);
+//   kInRegisters,         where P and dS wait between the product that makes them and
+//   strip_stride,         the one that reads them: registers, or the warp's strip of 16
+//   hand_over(_sync),     rows of strip_stride elements (hand_over stores a value,
+//   frag_a_handed         hand_over_sync orders the strip, frag_a_handed reads the A
+//                         fragment, rounded to the operand type);
+//   kUnrollQK, kUnroll    unroll counts of the forward's S = Q K^T k loop and of the
+//                         others.
+
+// mma.sync m16n8k8 TF32, for fp32 operands (fragment layouts in mma_fragments.h,
+// mma::m16n8k8). Its C fragment is not its A fragment, so P and dS go through the
+// strip: stored at their C positions, rounded to TF32, and read back as A fragments
+// after a __syncwarp. The registers are loaded one statement each (a loop over them
+// compiles to other SASS).
+struct Tf32Mma {
+  using Operand = float;
+  using Smem = float;  // TF32 bit patterns
+  static constexpr int kK = mma::m16n8k8::kK, kPad = 4;
+  static constexpr bool kTransposed = false, kInRegisters = false;
+  static constexpr int kUnrollQK = 4, kUnroll = 2;  // as the kernels were tuned
+  // The forward's V with rows of D + 8 floats: conflict-free B reads along k.
+  static constexpr int kn_stride(int /*rows*/, int d) { return d + 8; }
+  static constexpr int kn_elems(int rows, int d) { return rows * (d + 8); }
+  static constexpr int t_stride(int /*rows*/) { return 0; }
+  static constexpr int t_elems(int /*rows*/, int /*d*/) { return 0; }
+  static constexpr int strip_stride(int cols) { return cols + 4; }
+
+  // Rows [lo, hi] of a tile into dst (row stride LDS), rounded to TF32.
+  template <int ROWS, int D, int LDS, int LDT>
+  static __device__ __forceinline__ void stage(float* dst, float* /*dst_t*/, const float* base, long long ld,
+                                               int row0, int lo, int hi) {
+    static_assert(LDT == 0, "TF32 reads B operands in place: no transposed copy");
+    stage_tf32<ROWS, D, LDS>(dst, base, ld, row0, lo, hi);
+  }
+  template <int ROWS, int D, int LD>
+  static __device__ __forceinline__ void stage_kn(float* dst, const float* base, long long ld, int row0, int lo,
+                                                  int hi) {
+    stage_tf32<ROWS, D, LD>(dst, base, ld, row0, lo, hi);
+  }
+
+  // c += A B (operands TF32 bit patterns).
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  // A fragment of the 16 x 8 block at s (row-major, row stride ld).
+  static __device__ __forceinline__ void frag_a(uint32_t (&a)[4], const float* s, int ld, int lane) {
+    a[0] = __float_as_uint(s[mma::a_row(lane, 0) * ld + mma::m16n8k8::a_col(lane, 0)]);
+    a[1] = __float_as_uint(s[mma::a_row(lane, 1) * ld + mma::m16n8k8::a_col(lane, 1)]);
+    a[2] = __float_as_uint(s[mma::a_row(lane, 2) * ld + mma::m16n8k8::a_col(lane, 2)]);
+    a[3] = __float_as_uint(s[mma::a_row(lane, 3) * ld + mma::m16n8k8::a_col(lane, 3)]);
+  }
+  // B fragment (8 x 8, k x n) stored transposed at s: B[k][n] = s[n * ld + k].
+  static __device__ __forceinline__ void frag_b(uint32_t (&b)[2], const float* s, int ld, int lane) {
+    b[0] = __float_as_uint(s[mma::b_n(lane) * ld + mma::m16n8k8::b_k(lane, 0)]);
+    b[1] = __float_as_uint(s[mma::b_n(lane) * ld + mma::m16n8k8::b_k(lane, 1)]);
+  }
+  // B fragment of k-block kk and n-block nb of the row-major x (row stride ld): B = x.
+  static __device__ __forceinline__ void frag_b_kn(uint32_t (&b)[2], const float* x, int ld, int kk, int nb,
+                                                   int lane) {
+    const float* s = x + 8 * kk * ld + 8 * nb;
+    b[0] = __float_as_uint(s[mma::m16n8k8::b_k(lane, 0) * ld + mma::b_n(lane)]);
+    b[1] = __float_as_uint(s[mma::m16n8k8::b_k(lane, 1) * ld + mma::b_n(lane)]);
+  }
+  // A value of P or dS, rounded to TF32, into the warp's strip at idx (its C position).
+  static __device__ __forceinline__ void hand_over(float* strip, int idx, float x) { strip[idx] = tf32_round(x); }
+  static __device__ __forceinline__ void hand_over_sync() { __syncwarp(); }
+  // A fragment of columns [8 kk, 8 kk + 8) of the strip (row stride ld).
+  template <int N>
+  static __device__ __forceinline__ void frag_a_handed(uint32_t (&a)[4], const float (&)[N][4], const float* strip,
+                                                       int ld, int kk, int lane) {
+    frag_a(a, strip + 8 * kk, ld, lane);
+  }
+};
+
+// mma.sync m16n8k16 bf16, for bf16 operands (fragment layouts in mma_fragments.h).
+// Tiles hold bf16 bits as stored; P and dS stay in registers: the A fragment of a
+// 16-column block is its two C fragments, rounded to bf16.
+struct Bf16Mma {
+  using Operand = __nv_bfloat16;
+  using Smem = uint16_t;  // bf16 bits
+  static constexpr int kK = mma::kK, kPad = 8;
+  static constexpr bool kTransposed = true, kInRegisters = true;
+  // Every k loop unrolled fully: a count no loop reaches compiles as #pragma unroll
+  // without one.
+  static constexpr int kUnrollQK = INT_MAX, kUnroll = INT_MAX;
+  static constexpr int kn_stride(int rows, int /*d*/) { return rows + 8; }
+  static constexpr int kn_elems(int rows, int d) { return d * (rows + 8); }
+  static constexpr int t_stride(int rows) { return rows + 8; }
+  static constexpr int t_elems(int rows, int d) { return d * (rows + 8); }
+  static constexpr int strip_stride(int /*cols*/) { return 0; }
+
+  // Rows [lo, hi] of a tile into dst (row stride LDS) and / or transposed into dst_t.
+  template <int ROWS, int D, int LDS, int LDT>
+  static __device__ __forceinline__ void stage(uint16_t* dst, uint16_t* dst_t, const __nv_bfloat16* base,
+                                               long long ld, int row0, int lo, int hi) {
+    stage_bf16<ROWS, D, LDS, LDT>(dst, dst_t, base, ld, row0, lo, hi);
+  }
+  template <int ROWS, int D, int LD>
+  static __device__ __forceinline__ void stage_kn(uint16_t* dst, const __nv_bfloat16* base, long long ld, int row0,
+                                                  int lo, int hi) {
+    stage_bf16<ROWS, D, 0, LD>(nullptr, dst, base, ld, row0, lo, hi);
+  }
+
+  // c += A B (two bf16 per operand register, low half first).
+  static __device__ __forceinline__ void mma(float (&c)[4], const uint32_t (&a)[4], const uint32_t (&b)[2]) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+  }
+  // A fragment of the 16 x 16 block at s (row-major, row stride ld halves).
+  static __device__ __forceinline__ void frag_a(uint32_t (&a)[4], const uint16_t* s, int ld, int lane) {
+#pragma unroll
+    for (int r = 0; r < mma::kARegs; ++r)
+      a[r] = *reinterpret_cast<const uint32_t*>(s + mma::a_row(lane, r) * ld + mma::a_col(lane, r, 0));
+  }
+  // B fragment (16 x 8, k x n) stored transposed at s: B[k][n] = s[n * ld + k].
+  static __device__ __forceinline__ void frag_b(uint32_t (&b)[2], const uint16_t* s, int ld, int lane) {
+#pragma unroll
+    for (int r = 0; r < mma::kBRegs; ++r)
+      b[r] = *reinterpret_cast<const uint32_t*>(s + mma::b_n(lane) * ld + mma::b_k(lane, r, 0));
+  }
+  // B fragment of k-block kk and n-block nb of x, given as its transposed copy xt
+  // (row stride ld).
+  static __device__ __forceinline__ void frag_b_kn(uint32_t (&b)[2], const uint16_t* xt, int ld, int kk, int nb,
+                                                   int lane) {
+    frag_b(b, xt + 8 * nb * ld + 16 * kk, ld, lane);
+  }
+  // P and dS stay in their C fragments; frag_a_handed rounds them.
+  static __device__ __forceinline__ void hand_over(uint16_t*, int, float) {}
+  static __device__ __forceinline__ void hand_over_sync() {}
+  // A fragment of columns [16 kk, 16 kk + 16) of a strip of C fragments c (n-blocks of
+  // 8 columns), rounded to bf16 (to nearest even): the rounding point of P and dS.
+  template <int N>
+  static __device__ __forceinline__ void frag_a_handed(uint32_t (&a)[4], const float (&c)[N][4], const uint16_t*,
+                                                       int, int kk, int) {
+#pragma unroll
+    for (int r = 0; r < mma::kARegs; ++r) {
+      const float* cb = c[2 * kk + mma::c_block_of_a(r)];
+      const __nv_bfloat162 p = __floats2bfloat162_rn(cb[mma::c_value_of_a(r)],
+                                                     cb[mma::c_value_of_a(r) + 1]);  // .x: low half
+      a[r] = *reinterpret_cast<const uint32_t*>(&p);
+    }
+  }
+};
+
+// Union [wlo, whi] of the intervals of a warp's rows (empty: wlo > whi).
+__device__ __forceinline__ void warp_interval(const int (&lo)[2], const int (&hi)[2], int& wlo, int& whi) {
+  wlo = INT_MAX;
+  whi = INT_MIN;
+#pragma unroll
+  for (int e = 0; e < 2; ++e)
+    if (lo[e] <= hi[e]) {
+      wlo = min(wlo, lo[e]);
+      whi = max(whi, hi[e]);
+    }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    wlo = min(wlo, __shfl_xor_sync(0xffffffffu, wlo, o));
+    whi = max(whi, __shfl_xor_sync(0xffffffffu, whi, o));
+  }
 }
-template <int D, int BK>
-constexpr size_t dq_bf16_smem_bytes() {
-  return sizeof(uint16_t) * (2 * kTcRows * (D + 8) + 2 * BK * (D + 8) + D * (BK + 8)) +
+
+// Sum / max over the 4 lanes of a quad (those holding one row of a C fragment).
+__device__ __forceinline__ float quad_sum(float x) {
+  x += __shfl_xor_sync(0xffffffffu, x, 1);
+  return x + __shfl_xor_sync(0xffffffffu, x, 2);
+}
+__device__ __forceinline__ float quad_max(float x) {
+  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+}
+
+// One key tile of the forward's on-line softmax on a warp's C fragments (the m16n8
+// accumulator layout of both kinds: this lane holds columns 8 nb + c_col(lane, x) of
+// its rows e = 0, 1): masks and scales S, takes the new row max m', rescales l and the
+// accumulators by alpha = exp(m - m'), adds the row sums of P to l, and leaves
+// P = exp(S - m') in s (fp32; 0 where masked). A row whose max is still -inf keeps
+// alpha = 1 and P = 0. Each row's P is handed over as soon as the row is done (TF32:
+// into the warp's strip Pw of row stride LP, in the order the GPU-verified TF32 kernel
+// always had; bf16: nothing to do).
+template <class Mma, int NS, int NO, int LP>
+__device__ __forceinline__ void online_softmax_tile(float (&s)[NS][4], float (&acc)[NO][4], float (&m)[2],
+                                                    float (&l)[2], const int (&lo)[2], const int (&hi)[2], int k0,
+                                                    int lane, float scale, typename Mma::Smem* Pw, int gq, int tq) {
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    float mx = -INFINITY;
+#pragma unroll
+    for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+      for (int x = 0; x < 2; ++x) {
+        const int j = k0 + 8 * nb + mma::c_col(lane, x);
+        const bool vis = j >= lo[e] && j <= hi[e];
+        float& sv = s[nb][2 * e + x];
+        sv = vis ? sv * scale : -INFINITY;
+        mx = fmaxf(mx, sv);
+      }
+    mx = quad_max(mx);
+    const float mnew = fmaxf(m[e], mx);
+    float alpha = 1.0f, sum = 0.0f;
+    if (mnew == -INFINITY) {
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb) s[nb][2 * e] = s[nb][2 * e + 1] = 0.0f;
+    } else {
+      alpha = expf(m[e] - mnew);
+#pragma unroll
+      for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+        for (int x = 0; x < 2; ++x) {
+          float& sv = s[nb][2 * e + x];
+          sv = expf(sv - mnew);  // masked: exp(-inf) = 0
+          sum += sv;
+        }
+    }
+    sum = quad_sum(sum);
+    l[e] = l[e] * alpha + sum;
+    m[e] = mnew;
+#pragma unroll
+    for (int nb = 0; nb < NO; ++nb) {
+      acc[nb][2 * e] *= alpha;
+      acc[nb][2 * e + 1] *= alpha;
+    }
+#pragma unroll
+    for (int nb = 0; nb < NS; ++nb) {
+      Mma::hand_over(Pw, (gq + 8 * e) * LP + 8 * nb + 2 * tq, s[nb][2 * e]);
+      Mma::hand_over(Pw, (gq + 8 * e) * LP + 8 * nb + 2 * tq + 1, s[nb][2 * e + 1]);
+    }
+  }
+}
+
+// Shared memory (bytes): the staged tiles (rows of D + kPad; the forward's V, the
+// transposed copies), the strips, then the per-row intervals.
+template <class Mma, int D, int BK>
+constexpr size_t fwd_tc_smem_bytes() {
+  constexpr int L = D + Mma::kPad;
+  return sizeof(typename Mma::Smem) *
+             (kTcRows * L + BK * L + Mma::kn_elems(BK, D) + kTcRows * Mma::strip_stride(BK)) +
          sizeof(int) * (2 * kTcRows + 4);
 }
-template <int D, int BQ>
-constexpr size_t dkdv_bf16_smem_bytes() {
-  return sizeof(uint16_t) * (2 * kTcRows * (D + 8) + 2 * BQ * (D + 8) + 2 * D * (BQ + 8)) + sizeof(float) * 2 * BQ +
+template <class Mma, int D, int BK>
+constexpr size_t dq_tc_smem_bytes() {
+  constexpr int L = D + Mma::kPad;
+  return sizeof(typename Mma::Smem) *
+             (2 * kTcRows * L + 2 * BK * L + Mma::t_elems(BK, D) + kTcRows * Mma::strip_stride(BK)) +
          sizeof(int) * (2 * kTcRows + 4);
+}
+template <class Mma, int D, int BQ>
+constexpr size_t dkdv_tc_smem_bytes() {
+  constexpr int L = D + Mma::kPad;
+  return sizeof(typename Mma::Smem) *
+             (2 * kTcRows * L + 2 * BQ * L + 2 * Mma::t_elems(BQ, D) + kTcRows * Mma::strip_stride(BQ)) +
+         sizeof(float) * 2 * BQ + sizeof(int) * (2 * kTcRows + 4);
 }
 
 // Forward: one CTA per (64 query rows, query head); key tiles of BK rows.
-template <int D, int BK, class O>
+template <class Mma, int D, int BK, class O>
 __global__ void __launch_bounds__(kTcThreads)
-    attention_forward_bf16_kernel(O* __restrict__ out, float* __restrict__ lse, const __nv_bfloat16* __restrict__ q,
-                                  const __nv_bfloat16* __restrict__ k, const __nv_bfloat16* __restrict__ v, Geom g,
-                                  int T, int Hq, int Hkv, int d, float scale, bool merge) {
-  constexpr int BQ = kTcRows, L = D + 8, LV = BK + 8, NS = BK / 8, NO = D / 8;
-  extern __shared__ uint4 bf16_smem[];
-  uint16_t* Qs = reinterpret_cast<uint16_t*>(bf16_smem);
-  uint16_t* Ks = Qs + BQ * L;
-  uint16_t* Vt = Ks + BK * L;  // V^T: Vt[c * LV + j]
-  int* rlo = reinterpret_cast<int*>(Vt + D * LV);
+    attention_forward_tc_kernel(O* __restrict__ out, float* __restrict__ lse,
+                                const typename Mma::Operand* __restrict__ q,
+                                const typename Mma::Operand* __restrict__ k,
+                                const typename Mma::Operand* __restrict__ v, Geom g, int T, int Hq, int Hkv, int d,
+                                float scale, bool merge) {
+  using S = typename Mma::Smem;
+  constexpr int BQ = kTcRows, L = D + Mma::kPad, LV = Mma::kn_stride(BK, D), LP = Mma::strip_stride(BK),
+                NS = BK / 8, NO = D / 8;
+  extern __shared__ uint4 tc_smem[];
+  S* Qs = reinterpret_cast<S*>(tc_smem);
+  S* Ks = Qs + BQ * L;
+  S* Vs = Ks + BK * L;                // V, read only as the B of P V
+  S* Ps = Vs + Mma::kn_elems(BK, D);  // P: a strip of 16 rows per warp (TF32; bf16: none)
+  int* rlo = reinterpret_cast<int*>(Ps + BQ * LP);
   int* rhi = rlo + BQ;
   int* range = rhi + BQ;
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = warp * 16;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3, r0 = warp * 16;
   const int h = blockIdx.y, kvh = h / (Hq / Hkv);
   const int i0 = g.q_begin + static_cast<int>(gridDim.x - 1 - blockIdx.x) * BQ;  // longest rows first
   tile_intervals<BQ, false>(g, i0, rlo, rhi, range);
@@ -1347,14 +1076,15 @@ __global__ void __launch_bounds__(kTcThreads)
   if (qfirst > qlast) return;  // uniform over the CTA
 
   const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
-  stage_bf16<BQ, D, L, 0>(Qs, nullptr, q + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
+  Mma::template stage<BQ, D, L, 0>(Qs, nullptr, q + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
 
-  // This lane's rows of every C fragment: r0 + c_row(lane, 2e) (e = 0, 1).
+  // This lane's rows of every C fragment: r0 + gq + 8e (e = 0, 1; c_row), its columns
+  // of n-block nb: 8 nb + 2 tq + x (x = 0, 1; c_col).
   int lo[2], hi[2];
   float m[2], l[2], acc[NO][4];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    const int r = r0 + mma::c_row(lane, 2 * e), i = i0 + r;
+    const int r = r0 + gq + 8 * e, i = i0 + r;
     lo[e] = rlo[r];
     hi[e] = rhi[r];
     m[e] = -INFINITY;
@@ -1365,82 +1095,92 @@ __global__ void __launch_bounds__(kTcThreads)
 #pragma unroll
     for (int nb = 0; nb < NO; ++nb)
 #pragma unroll
-      for (int x = 0; x < 2; ++x)
-        acc[nb][2 * e + x] = (merge && live) ? to_f32(orow[8 * nb + mma::c_col(lane, x)]) : 0.0f;
+      for (int x = 0; x < 2; ++x) acc[nb][2 * e + x] = (merge && live) ? to_f32(orow[8 * nb + 2 * tq + x]) : 0.0f;
   }
   int wlo, whi;
   warp_interval(lo, hi, wlo, whi);
+  S* Pw = Ps + r0 * LP;
 
   for (int k0 = klo; k0 <= khi; k0 += BK) {
-    __syncthreads();  // the previous tile's readers of Ks, Vt are done
-    stage_bf16<BK, D, L, 0>(Ks, nullptr, k + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
-    stage_bf16<BK, D, 0, LV>(nullptr, Vt, v + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
+    __syncthreads();  // the previous tile's readers of Ks, Vs are done
+    Mma::template stage<BK, D, L, 0>(Ks, nullptr, k + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
+    Mma::template stage_kn<BK, D, LV>(Vs, v + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
     __syncthreads();
     if (k0 > whi || k0 + (BK - 1) < wlo) continue;  // warp-uniform: no row of this warp sees the tile
 
     float s[NS][4];
 #pragma unroll
     for (int nb = 0; nb < NS; ++nb) s[nb][0] = s[nb][1] = s[nb][2] = s[nb][3] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll(Mma::kUnrollQK)
+    for (int kk = 0; kk < D / Mma::kK; ++kk) {
       uint32_t a[4];
-      frag_a_bf16(a, Qs + r0 * L + 16 * kk, L, lane);
+      Mma::frag_a(a, Qs + r0 * L + Mma::kK * kk, L, lane);
 #pragma unroll
       for (int nb = 0; nb < NS; ++nb) {
         uint32_t b[2];
-        frag_b_bf16(b, Ks + 8 * nb * L + 16 * kk, L, lane);
-        mma_bf16(s[nb], a, b);
+        Mma::frag_b(b, Ks + 8 * nb * L + Mma::kK * kk, L, lane);
+        Mma::mma(s[nb], a, b);
       }
     }
-    online_softmax_tile(s, acc, m, l, lo, hi, k0, lane, scale, [](int) {});  // s becomes P (fp32)
 
-#pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
+    online_softmax_tile<Mma, NS, NO, LP>(s, acc, m, l, lo, hi, k0, lane, scale, Pw, gq, tq);  // s becomes P (fp32)
+    Mma::hand_over_sync();
+
+#pragma unroll(Mma::kUnroll)
+    for (int kk = 0; kk < BK / Mma::kK; ++kk) {
       uint32_t a[4];
-      frag_a_from_c(a, s, kk);  // P rounded to bf16
+      Mma::frag_a_handed(a, s, Pw, LP, kk, lane);  // P, rounded to the operand type
 #pragma unroll
       for (int nb = 0; nb < NO; ++nb) {
         uint32_t b[2];
-        frag_b_bf16(b, Vt + 8 * nb * LV + 16 * kk, LV, lane);
-        mma_bf16(acc[nb], a, b);
+        Mma::frag_b_kn(b, Vs, LV, kk, nb, lane);
+        Mma::mma(acc[nb], a, b);
       }
     }
+    Mma::hand_over_sync();  // the strip is rewritten by the next tile
   }
 
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     if (lo[e] > hi[e]) continue;
-    const int i = i0 + r0 + mma::c_row(lane, 2 * e);
+    const int i = i0 + r0 + gq + 8 * e;
     const float inv = 1.0f / l[e];
     O* orow = out + (static_cast<long long>(i) * Hq + h) * d;
 #pragma unroll
     for (int nb = 0; nb < NO; ++nb)
 #pragma unroll
-      for (int x = 0; x < 2; ++x) orow[8 * nb + mma::c_col(lane, x)] = from_f32<O>(acc[nb][2 * e + x] * inv);
-    if (mma::thread_in_group(lane) == 0) lse[static_cast<long long>(h) * T + i] = m[e] + logf(l[e]);
+      for (int x = 0; x < 2; ++x) orow[8 * nb + 2 * tq + x] = from_f32<O>(acc[nb][2 * e + x] * inv);
+    if (tq == 0) lse[static_cast<long long>(h) * T + i] = m[e] + logf(l[e]);
   }
 }
 
 // dQ: one CTA per (64 query rows, query head); key tiles of BK rows.
-template <int D, int BK, class O>
+template <class Mma, int D, int BK, class O>
 __global__ void __launch_bounds__(kTcThreads)
-    attention_backward_dq_bf16_kernel(O* __restrict__ dq, const __nv_bfloat16* __restrict__ dout,
-                                      const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                                      const __nv_bfloat16* __restrict__ v, const float* __restrict__ lse,
-                                      const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d,
-                                      float scale, bool accumulate) {
-  constexpr int BQ = kTcRows, L = D + 8, LT = BK + 8, NS = BK / 8, NO = D / 8;
-  extern __shared__ uint4 bf16_smem[];
-  uint16_t* Qs = reinterpret_cast<uint16_t*>(bf16_smem);
-  uint16_t* Os = Qs + BQ * L;  // dO
-  uint16_t* Ks = Os + BQ * L;
-  uint16_t* Vs = Ks + BK * L;
-  uint16_t* Kt = Vs + BK * L;  // K^T: Kt[c * LT + j]
-  int* rlo = reinterpret_cast<int*>(Kt + D * LT);
+    attention_backward_dq_tc_kernel(O* __restrict__ dq, const typename Mma::Operand* __restrict__ dout,
+                                    const typename Mma::Operand* __restrict__ q,
+                                    const typename Mma::Operand* __restrict__ k,
+                                    const typename Mma::Operand* __restrict__ v, const float* __restrict__ lse,
+                                    const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d,
+                                    float scale, bool accumulate) {
+  using S = typename Mma::Smem;
+  constexpr int BQ = kTcRows, L = D + Mma::kPad, LT = Mma::t_stride(BK), LP = Mma::strip_stride(BK), NS = BK / 8,
+                NO = D / 8;
+  extern __shared__ uint4 tc_smem[];
+  S* Qs = reinterpret_cast<S*>(tc_smem);
+  S* Os = Qs + BQ * L;  // dO
+  S* Ks = Os + BQ * L;
+  S* Vs = Ks + BK * L;
+  S* Kt = Vs + BK * L;               // K^T: Kt[c * LT + j] (bf16; TF32: none)
+  S* Ss = Kt + Mma::t_elems(BK, D);  // dS: a strip of 16 rows per warp (TF32; bf16: none)
+  int* rlo = reinterpret_cast<int*>(Ss + BQ * LP);
   int* rhi = rlo + BQ;
   int* range = rhi + BQ;
+  // K as the B of dS K (k along its rows).
+  const S* Kn = Mma::kTransposed ? Kt : Ks;
+  constexpr int LN = Mma::kTransposed ? LT : L;
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = warp * 16;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = warp * 16, gq = lane >> 2, tq = lane & 3;
   const int h = blockIdx.y, kvh = h / (Hq / Hkv);
   const int i0 = g.q_begin + static_cast<int>(gridDim.x - 1 - blockIdx.x) * BQ;  // longest rows first
   tile_intervals<BQ, false>(g, i0, rlo, rhi, range);
@@ -1448,14 +1188,14 @@ __global__ void __launch_bounds__(kTcThreads)
   if (qfirst > qlast) return;
 
   const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
-  stage_bf16<BQ, D, L, 0>(Qs, nullptr, q + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
-  stage_bf16<BQ, D, L, 0>(Os, nullptr, dout + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
+  Mma::template stage<BQ, D, L, 0>(Qs, nullptr, q + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
+  Mma::template stage<BQ, D, L, 0>(Os, nullptr, dout + static_cast<long long>(h) * d, ldq, i0, qfirst, qlast);
 
   int lo[2], hi[2];
   float lse_r[2], dv_r[2], acc[NO][4];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    const int r = r0 + mma::c_row(lane, 2 * e), i = i0 + r;
+    const int r = r0 + gq + 8 * e, i = i0 + r;
     lo[e] = rlo[r];
     hi[e] = rhi[r];
     const bool live = lo[e] <= hi[e];
@@ -1466,11 +1206,12 @@ __global__ void __launch_bounds__(kTcThreads)
   for (int nb = 0; nb < NO; ++nb) acc[nb][0] = acc[nb][1] = acc[nb][2] = acc[nb][3] = 0.0f;
   int wlo, whi;
   warp_interval(lo, hi, wlo, whi);
+  S* Sw = Ss + r0 * LP;
 
   for (int k0 = klo; k0 <= khi; k0 += BK) {
     __syncthreads();
-    stage_bf16<BK, D, L, LT>(Ks, Kt, k + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
-    stage_bf16<BK, D, L, 0>(Vs, nullptr, v + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
+    Mma::template stage<BK, D, L, LT>(Ks, Kt, k + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
+    Mma::template stage<BK, D, L, 0>(Vs, nullptr, v + static_cast<long long>(kvh) * d, ldk, k0, klo, khi);
     __syncthreads();
     if (k0 > whi || k0 + (BK - 1) < wlo) continue;  // warp-uniform
 
@@ -1479,82 +1220,96 @@ __global__ void __launch_bounds__(kTcThreads)
     for (int nb = 0; nb < NS; ++nb)
 #pragma unroll
       for (int x = 0; x < 4; ++x) s[nb][x] = dp[nb][x] = 0.0f;
-#pragma unroll
-    for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll(Mma::kUnroll)
+    for (int kk = 0; kk < D / Mma::kK; ++kk) {
       uint32_t aq[4], ao[4];
-      frag_a_bf16(aq, Qs + r0 * L + 16 * kk, L, lane);
-      frag_a_bf16(ao, Os + r0 * L + 16 * kk, L, lane);
+      Mma::frag_a(aq, Qs + r0 * L + Mma::kK * kk, L, lane);
+      Mma::frag_a(ao, Os + r0 * L + Mma::kK * kk, L, lane);
 #pragma unroll
       for (int nb = 0; nb < NS; ++nb) {
         uint32_t b[2];
-        frag_b_bf16(b, Ks + 8 * nb * L + 16 * kk, L, lane);
-        mma_bf16(s[nb], aq, b);
-        frag_b_bf16(b, Vs + 8 * nb * L + 16 * kk, L, lane);
-        mma_bf16(dp[nb], ao, b);
+        Mma::frag_b(b, Ks + 8 * nb * L + Mma::kK * kk, L, lane);
+        Mma::mma(s[nb], aq, b);
+        Mma::frag_b(b, Vs + 8 * nb * L + Mma::kK * kk, L, lane);
+        Mma::mma(dp[nb], ao, b);
       }
     }
-    // dS (fp32) into s.
+    // dS (fp32) into s, handed over to dQ's product.
 #pragma unroll
     for (int nb = 0; nb < NS; ++nb)
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int e = i >> 1, j = k0 + 8 * nb + mma::c_col(lane, i);
-        const bool vis = j >= lo[e] && j <= hi[e];
-        const float p = expf(s[nb][i] * scale - lse_r[e]);
-        s[nb][i] = vis ? p * (dp[nb][i] - dv_r[e]) * scale : 0.0f;
-      }
+      for (int e = 0; e < 2; ++e)
 #pragma unroll
-    for (int kk = 0; kk < BK / 16; ++kk) {
+        for (int x = 0; x < 2; ++x) {
+          const int col = 8 * nb + 2 * tq + x, j = k0 + col;
+          const bool vis = j >= lo[e] && j <= hi[e];
+          const float p = expf(s[nb][2 * e + x] * scale - lse_r[e]);
+          s[nb][2 * e + x] = vis ? p * (dp[nb][2 * e + x] - dv_r[e]) * scale : 0.0f;
+          Mma::hand_over(Sw, (gq + 8 * e) * LP + col, s[nb][2 * e + x]);
+        }
+    Mma::hand_over_sync();
+
+#pragma unroll(Mma::kUnroll)
+    for (int kk = 0; kk < BK / Mma::kK; ++kk) {
       uint32_t a[4];
-      frag_a_from_c(a, s, kk);  // dS rounded to bf16
+      Mma::frag_a_handed(a, s, Sw, LP, kk, lane);  // dS, rounded to the operand type
 #pragma unroll
       for (int nb = 0; nb < NO; ++nb) {
         uint32_t b[2];
-        frag_b_bf16(b, Kt + 8 * nb * LT + 16 * kk, LT, lane);
-        mma_bf16(acc[nb], a, b);
+        Mma::frag_b_kn(b, Kn, LN, kk, nb, lane);
+        Mma::mma(acc[nb], a, b);
       }
     }
+    Mma::hand_over_sync();  // the strip is rewritten by the next tile
   }
 
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     if (lo[e] > hi[e]) continue;
-    const int i = i0 + r0 + mma::c_row(lane, 2 * e);
+    const int i = i0 + r0 + gq + 8 * e;
     O* row = dq + (static_cast<long long>(i) * Hq + h) * d;
 #pragma unroll
-    for (int nb = 0; nb < NO; ++nb)
-#pragma unroll
-      for (int x = 0; x < 2; ++x) {
-        const int c = 8 * nb + mma::c_col(lane, x);
-        row[c] = from_f32<O>(accumulate ? to_f32(row[c]) + acc[nb][2 * e + x] : acc[nb][2 * e + x]);
-      }
+    for (int nb = 0; nb < NO; ++nb) {
+      const int c = 8 * nb + 2 * tq;
+      row[c] = from_f32<O>(accumulate ? to_f32(row[c]) + acc[nb][2 * e] : acc[nb][2 * e]);
+      row[c + 1] = from_f32<O>(accumulate ? to_f32(row[c + 1]) + acc[nb][2 * e + 1] : acc[nb][2 * e + 1]);
+    }
   }
 }
 
 // dK/dV: one CTA per (64 key rows, kv head), over the group's query heads and query
 // tiles of BQ rows.
-template <int D, int BQ, class O>
+template <class Mma, int D, int BQ, class O>
 __global__ void __launch_bounds__(kTcThreads)
-    attention_backward_dkdv_bf16_kernel(O* __restrict__ dk, O* __restrict__ dv, const __nv_bfloat16* __restrict__ dout,
-                                        const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                                        const __nv_bfloat16* __restrict__ v, const float* __restrict__ lse,
-                                        const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d,
-                                        float scale, bool accumulate) {
-  constexpr int BK = kTcRows, L = D + 8, LT = BQ + 8, NS = BQ / 8, NO = D / 8;
-  extern __shared__ uint4 bf16_smem[];
-  uint16_t* Ks = reinterpret_cast<uint16_t*>(bf16_smem);
-  uint16_t* Vs = Ks + BK * L;
-  uint16_t* Qs = Vs + BK * L;
-  uint16_t* Os = Qs + BQ * L;   // dO
-  uint16_t* Qt = Os + BQ * L;   // Q^T: Qt[c * LT + i]
-  uint16_t* Ot = Qt + D * LT;   // dO^T
-  float* lse_s = reinterpret_cast<float*>(Ot + D * LT);
+    attention_backward_dkdv_tc_kernel(O* __restrict__ dk, O* __restrict__ dv,
+                                      const typename Mma::Operand* __restrict__ dout,
+                                      const typename Mma::Operand* __restrict__ q,
+                                      const typename Mma::Operand* __restrict__ k,
+                                      const typename Mma::Operand* __restrict__ v, const float* __restrict__ lse,
+                                      const float* __restrict__ dvec, Geom g, int T, int Hq, int Hkv, int d,
+                                      float scale, bool accumulate) {
+  using S = typename Mma::Smem;
+  constexpr int BK = kTcRows, L = D + Mma::kPad, LT = Mma::t_stride(BQ), LP = Mma::strip_stride(BQ), NS = BQ / 8,
+                NO = D / 8;
+  extern __shared__ uint4 tc_smem[];
+  S* Ks = reinterpret_cast<S*>(tc_smem);
+  S* Vs = Ks + BK * L;
+  S* Qs = Vs + BK * L;
+  S* Os = Qs + BQ * L;               // dO
+  S* Qt = Os + BQ * L;               // Q^T: Qt[c * LT + i] (bf16; TF32: none)
+  S* Ot = Qt + Mma::t_elems(BQ, D);  // dO^T
+  S* Ps = Ot + Mma::t_elems(BQ, D);  // P^T, then dS^T: a strip of 16 rows per warp (TF32)
+  float* lse_s = reinterpret_cast<float*>(Ps + BK * LP);
   float* dv_s = lse_s + BQ;
   int* klo_s = reinterpret_cast<int*>(dv_s + BQ);
   int* khi_s = klo_s + BK;
   int* range = khi_s + BK;
+  // Q and dO as the B of dS^T Q and P^T dO (k along their rows).
+  const S* Qn = Mma::kTransposed ? Qt : Qs;
+  const S* On = Mma::kTransposed ? Ot : Os;
+  constexpr int LN = Mma::kTransposed ? LT : L;
 
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = warp * 16;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, r0 = warp * 16, gq = lane >> 2, tq = lane & 3;
   const int kvh = blockIdx.y, group = Hq / Hkv;
   const int j0 = g.k_begin + static_cast<int>(blockIdx.x) * BK;
   tile_intervals<BK, true>(g, j0, klo_s, khi_s, range);
@@ -1562,15 +1317,15 @@ __global__ void __launch_bounds__(kTcThreads)
   if (kfirst > klast) return;
 
   const long long ldq = static_cast<long long>(Hq) * d, ldk = static_cast<long long>(Hkv) * d;
-  stage_bf16<BK, D, L, 0>(Ks, nullptr, k + static_cast<long long>(kvh) * d, ldk, j0, kfirst, klast);
-  stage_bf16<BK, D, L, 0>(Vs, nullptr, v + static_cast<long long>(kvh) * d, ldk, j0, kfirst, klast);
+  Mma::template stage<BK, D, L, 0>(Ks, nullptr, k + static_cast<long long>(kvh) * d, ldk, j0, kfirst, klast);
+  Mma::template stage<BK, D, L, 0>(Vs, nullptr, v + static_cast<long long>(kvh) * d, ldk, j0, kfirst, klast);
 
   int lo[2], hi[2];
   float dka[NO][4], dva[NO][4];
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
-    lo[e] = klo_s[r0 + mma::c_row(lane, 2 * e)];
-    hi[e] = khi_s[r0 + mma::c_row(lane, 2 * e)];
+    lo[e] = klo_s[r0 + gq + 8 * e];
+    hi[e] = khi_s[r0 + gq + 8 * e];
   }
 #pragma unroll
   for (int nb = 0; nb < NO; ++nb)
@@ -1578,12 +1333,13 @@ __global__ void __launch_bounds__(kTcThreads)
     for (int x = 0; x < 4; ++x) dka[nb][x] = dva[nb][x] = 0.0f;
   int wlo, whi;
   warp_interval(lo, hi, wlo, whi);
+  S* Pw = Ps + r0 * LP;
 
   for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
     for (int q0 = qmin; q0 <= qmax; q0 += BQ) {
       __syncthreads();  // the previous tile's readers of Qs, Os, Qt, Ot, lse_s, dv_s are done
-      stage_bf16<BQ, D, L, LT>(Qs, Qt, q + static_cast<long long>(h) * d, ldq, q0, qmin, qmax);
-      stage_bf16<BQ, D, L, LT>(Os, Ot, dout + static_cast<long long>(h) * d, ldq, q0, qmin, qmax);
+      Mma::template stage<BQ, D, L, LT>(Qs, Qt, q + static_cast<long long>(h) * d, ldq, q0, qmin, qmax);
+      Mma::template stage<BQ, D, L, LT>(Os, Ot, dout + static_cast<long long>(h) * d, ldq, q0, qmin, qmax);
       if (threadIdx.x < BQ) {
         const int i = q0 + static_cast<int>(threadIdx.x);
         const bool ok = i <= qmax;
@@ -1598,58 +1354,90 @@ __global__ void __launch_bounds__(kTcThreads)
       for (int nb = 0; nb < NS; ++nb)
 #pragma unroll
         for (int x = 0; x < 4; ++x) st[nb][x] = dpt[nb][x] = 0.0f;
-#pragma unroll
-      for (int kk = 0; kk < D / 16; ++kk) {
+#pragma unroll(Mma::kUnroll)
+      for (int kk = 0; kk < D / Mma::kK; ++kk) {
         uint32_t ak[4], av[4];
-        frag_a_bf16(ak, Ks + r0 * L + 16 * kk, L, lane);
-        frag_a_bf16(av, Vs + r0 * L + 16 * kk, L, lane);
+        Mma::frag_a(ak, Ks + r0 * L + Mma::kK * kk, L, lane);
+        Mma::frag_a(av, Vs + r0 * L + Mma::kK * kk, L, lane);
 #pragma unroll
         for (int nb = 0; nb < NS; ++nb) {
           uint32_t b[2];
-          frag_b_bf16(b, Qs + 8 * nb * L + 16 * kk, L, lane);
-          mma_bf16(st[nb], ak, b);
-          frag_b_bf16(b, Os + 8 * nb * L + 16 * kk, L, lane);
-          mma_bf16(dpt[nb], av, b);
+          Mma::frag_b(b, Qs + 8 * nb * L + Mma::kK * kk, L, lane);
+          Mma::mma(st[nb], ak, b);
+          Mma::frag_b(b, Os + 8 * nb * L + Mma::kK * kk, L, lane);
+          Mma::mma(dpt[nb], av, b);
         }
       }
-      // P^T into st, dS^T into dpt (fp32).
+      // P^T into st (handed over to dV's product), dS^T into dpt (fp32).
 #pragma unroll
       for (int nb = 0; nb < NS; ++nb)
 #pragma unroll
-        for (int x = 0; x < 4; ++x) {
-          const int e = x >> 1, col = 8 * nb + mma::c_col(lane, x), i = q0 + col;
-          const bool vis = i >= lo[e] && i <= hi[e];
-          const float p = expf(st[nb][x] * scale - lse_s[col]);
-          st[nb][x] = vis ? p : 0.0f;
-          dpt[nb][x] = vis ? p * (dpt[nb][x] - dv_s[col]) * scale : 0.0f;
-        }
+        for (int e = 0; e < 2; ++e)
 #pragma unroll
-      for (int kk = 0; kk < BQ / 16; ++kk) {
+          for (int x = 0; x < 2; ++x) {
+            const int col = 8 * nb + 2 * tq + x, i = q0 + col;
+            const bool vis = i >= lo[e] && i <= hi[e];
+            const float p = expf(st[nb][2 * e + x] * scale - lse_s[col]);
+            st[nb][2 * e + x] = vis ? p : 0.0f;
+            Mma::hand_over(Pw, (gq + 8 * e) * LP + col, st[nb][2 * e + x]);
+            dpt[nb][2 * e + x] = vis ? p * (dpt[nb][2 * e + x] - dv_s[col]) * scale : 0.0f;
+          }
+      // dV += P^T dO, and dK += dS^T Q in the same sweep where P^T and dS^T both stay in
+      // registers (bf16); TF32's strip holds one of them at a time, so dK's product
+      // follows in a second sweep.
+      Mma::hand_over_sync();
+#pragma unroll(Mma::kUnroll)
+      for (int kk = 0; kk < BQ / Mma::kK; ++kk) {
         uint32_t ap[4], as[4];
-        frag_a_from_c(ap, st, kk);   // P^T rounded to bf16
-        frag_a_from_c(as, dpt, kk);  // dS^T rounded to bf16
+        Mma::frag_a_handed(ap, st, Pw, LP, kk, lane);  // P^T, rounded to the operand type
+        if constexpr (Mma::kInRegisters) Mma::frag_a_handed(as, dpt, Pw, LP, kk, lane);  // dS^T, likewise
 #pragma unroll
         for (int nb = 0; nb < NO; ++nb) {
           uint32_t b[2];
-          frag_b_bf16(b, Ot + 8 * nb * LT + 16 * kk, LT, lane);
-          mma_bf16(dva[nb], ap, b);
-          frag_b_bf16(b, Qt + 8 * nb * LT + 16 * kk, LT, lane);
-          mma_bf16(dka[nb], as, b);
+          Mma::frag_b_kn(b, On, LN, kk, nb, lane);
+          Mma::mma(dva[nb], ap, b);
+          if constexpr (Mma::kInRegisters) {
+            Mma::frag_b_kn(b, Qn, LN, kk, nb, lane);
+            Mma::mma(dka[nb], as, b);
+          }
         }
       }
+      if constexpr (!Mma::kInRegisters) {
+        Mma::hand_over_sync();  // P^T read; the strip now takes dS^T
+#pragma unroll
+        for (int nb = 0; nb < NS; ++nb)
+#pragma unroll
+          for (int e = 0; e < 2; ++e)
+#pragma unroll
+            for (int x = 0; x < 2; ++x)
+              Mma::hand_over(Pw, (gq + 8 * e) * LP + 8 * nb + 2 * tq + x, dpt[nb][2 * e + x]);
+        Mma::hand_over_sync();
+#pragma unroll(Mma::kUnroll)
+        for (int kk = 0; kk < BQ / Mma::kK; ++kk) {
+          uint32_t a[4];
+          Mma::frag_a_handed(a, dpt, Pw, LP, kk, lane);  // dS^T, rounded to TF32
+#pragma unroll
+          for (int nb = 0; nb < NO; ++nb) {
+            uint32_t b[2];
+            Mma::frag_b_kn(b, Qn, LN, kk, nb, lane);
+            Mma::mma(dka[nb], a, b);
+          }
+        }
+      }
+      Mma::hand_over_sync();  // the strip is rewritten by the next tile
     }
   }
 
 #pragma unroll
   for (int e = 0; e < 2; ++e) {
     if (lo[e] > hi[e]) continue;
-    const int j = j0 + r0 + mma::c_row(lane, 2 * e);
+    const int j = j0 + r0 + gq + 8 * e;
     const long long row = (static_cast<long long>(j) * Hkv + kvh) * d;
 #pragma unroll
     for (int nb = 0; nb < NO; ++nb)
 #pragma unroll
       for (int x = 0; x < 2; ++x) {
-        const int c = 8 * nb + mma::c_col(lane, x);
+        const int c = 8 * nb + 2 * tq + x;
         dk[row + c] = from_f32<O>(accumulate ? to_f32(dk[row + c]) + dka[nb][2 * e + x] : dka[nb][2 * e + x]);
         dv[row + c] = from_f32<O>(accumulate ? to_f32(dv[row + c]) + dva[nb][2 * e + x] : dva[nb][2 * e + x]);
       }
@@ -1729,23 +1517,25 @@ void launch_backward(const char* op, O* dq, O* dk, O* dv, const E* dout, const E
   }
 }
 
-template <int D, int BK, class E, class O>
-void launch_forward_tc(const char* op, O* out, float* lse, const E* q, const E* k, const E* v, const Geom& g,
-                       const Shape& s, bool merge) {
-  constexpr size_t smem = fwd_tc_smem_bytes<D, BK>();
-  constexpr auto kernel = attention_forward_tc_kernel<D, BK, E, O>;
+template <class Mma, int D, int BK, class O>
+void launch_forward_tc(const char* op, O* out, float* lse, const typename Mma::Operand* q,
+                       const typename Mma::Operand* k, const typename Mma::Operand* v, const Geom& g, const Shape& s,
+                       bool merge) {
+  constexpr size_t smem = fwd_tc_smem_bytes<Mma, D, BK>();
+  constexpr auto kernel = attention_forward_tc_kernel<Mma, D, BK, O>;
   allow_smem<kernel>(smem);
   const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, kTcRows), static_cast<unsigned>(s.Hq));
   kernel<<<grid, kTcThreads, smem, compute_stream()>>>(out, lse, q, k, v, g, s.T, s.Hq, s.Hkv, s.d, s.scale, merge);
   HDP_CUDA_CHECK_LAUNCH(op);
 }
 
-template <int D, int BK, int BQ, class E, class O>
-void launch_backward_tc(const char* op, O* dq, O* dk, O* dv, const E* dout, const E* q, const E* k, const E* v,
+template <class Mma, int D, int BK, int BQ, class O>
+void launch_backward_tc(const char* op, O* dq, O* dk, O* dv, const typename Mma::Operand* dout,
+                        const typename Mma::Operand* q, const typename Mma::Operand* k, const typename Mma::Operand* v,
                         const float* lse, const float* dvec, const Geom& g, const Shape& s, bool accumulate) {
   {
-    constexpr size_t smem = dkdv_tc_smem_bytes<D, BQ>();
-    constexpr auto kernel = attention_backward_dkdv_tc_kernel<D, BQ, E, O>;
+    constexpr size_t smem = dkdv_tc_smem_bytes<Mma, D, BQ>();
+    constexpr auto kernel = attention_backward_dkdv_tc_kernel<Mma, D, BQ, O>;
     allow_smem<kernel>(smem);
     const dim3 grid(tiles(static_cast<long long>(g.k_end) - g.k_begin, kTcRows), static_cast<unsigned>(s.Hkv));
     kernel<<<grid, kTcThreads, smem, compute_stream()>>>(dk, dv, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
@@ -1753,43 +1543,8 @@ void launch_backward_tc(const char* op, O* dq, O* dk, O* dv, const E* dout, cons
     HDP_CUDA_CHECK_LAUNCH(op);
   }
   {
-    constexpr size_t smem = dq_tc_smem_bytes<D, BK>();
-    constexpr auto kernel = attention_backward_dq_tc_kernel<D, BK, E, O>;
-    allow_smem<kernel>(smem);
-    const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, kTcRows), static_cast<unsigned>(s.Hq));
-    kernel<<<grid, kTcThreads, smem, compute_stream()>>>(dq, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
-                                                         s.scale, accumulate);
-    HDP_CUDA_CHECK_LAUNCH(op);
-  }
-}
-
-template <int D, int BK, class O>
-void launch_forward_bf16(const char* op, O* out, float* lse, const __nv_bfloat16* q, const __nv_bfloat16* k,
-                         const __nv_bfloat16* v, const Geom& g, const Shape& s, bool merge) {
-  constexpr size_t smem = fwd_bf16_smem_bytes<D, BK>();
-  constexpr auto kernel = attention_forward_bf16_kernel<D, BK, O>;
-  allow_smem<kernel>(smem);
-  const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, kTcRows), static_cast<unsigned>(s.Hq));
-  kernel<<<grid, kTcThreads, smem, compute_stream()>>>(out, lse, q, k, v, g, s.T, s.Hq, s.Hkv, s.d, s.scale, merge);
-  HDP_CUDA_CHECK_LAUNCH(op);
-}
-
-template <int D, int BK, int BQ, class O>
-void launch_backward_bf16(const char* op, O* dq, O* dk, O* dv, const __nv_bfloat16* dout, const __nv_bfloat16* q,
-                          const __nv_bfloat16* k, const __nv_bfloat16* v, const float* lse, const float* dvec,
-                          const Geom& g, const Shape& s, bool accumulate) {
-  {
-    constexpr size_t smem = dkdv_bf16_smem_bytes<D, BQ>();
-    constexpr auto kernel = attention_backward_dkdv_bf16_kernel<D, BQ, O>;
-    allow_smem<kernel>(smem);
-    const dim3 grid(tiles(static_cast<long long>(g.k_end) - g.k_begin, kTcRows), static_cast<unsigned>(s.Hkv));
-    kernel<<<grid, kTcThreads, smem, compute_stream()>>>(dk, dv, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
-                                                         s.scale, accumulate);
-    HDP_CUDA_CHECK_LAUNCH(op);
-  }
-  {
-    constexpr size_t smem = dq_bf16_smem_bytes<D, BK>();
-    constexpr auto kernel = attention_backward_dq_bf16_kernel<D, BK, O>;
+    constexpr size_t smem = dq_tc_smem_bytes<Mma, D, BK>();
+    constexpr auto kernel = attention_backward_dq_tc_kernel<Mma, D, BK, O>;
     allow_smem<kernel>(smem);
     const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, kTcRows), static_cast<unsigned>(s.Hq));
     kernel<<<grid, kTcThreads, smem, compute_stream()>>>(dq, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
@@ -1809,16 +1564,16 @@ void forward(const char* op, O* out, float* lse, const E* q, const E* k, const E
   if constexpr (std::is_same_v<E, __nv_bfloat16>) {
     if (tensor_core_head_dim(s)) {
       if (s.d == 64)
-        launch_forward_bf16<64, 64>(op, out, lse, q, k, v, g, s, merge);
+        launch_forward_tc<Bf16Mma, 64, 64>(op, out, lse, q, k, v, g, s, merge);
       else
-        launch_forward_bf16<128, 64>(op, out, lse, q, k, v, g, s, merge);
+        launch_forward_tc<Bf16Mma, 128, 64>(op, out, lse, q, k, v, g, s, merge);
       return;
     }
   } else if (tf32() && tensor_core_head_dim(s)) {
     if (s.d == 64)
-      launch_forward_tc<64, 64>(op, out, lse, q, k, v, g, s, merge);
+      launch_forward_tc<Tf32Mma, 64, 64>(op, out, lse, q, k, v, g, s, merge);
     else
-      launch_forward_tc<128, 32>(op, out, lse, q, k, v, g, s, merge);
+      launch_forward_tc<Tf32Mma, 128, 32>(op, out, lse, q, k, v, g, s, merge);
     return;
   }
   switch (bucket(s.d, op)) {
@@ -1836,16 +1591,16 @@ void backward(const char* op, O* dq, O* dk, O* dv, const E* dout, const E* q, co
   if constexpr (std::is_same_v<E, __nv_bfloat16>) {
     if (tensor_core_head_dim(s)) {
       if (s.d == 64)
-        launch_backward_bf16<64, 64, 64>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate);
+        launch_backward_tc<Bf16Mma, 64, 64, 64>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate);
       else
-        launch_backward_bf16<128, 64, 32>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate);
+        launch_backward_tc<Bf16Mma, 128, 64, 32>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate);
       return;
     }
   } else if (tf32() && tensor_core_head_dim(s)) {
     if (s.d == 64)
-      launch_backward_tc<64, 64, 64>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate);
+      launch_backward_tc<Tf32Mma, 64, 64, 64>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate);
     else
-      launch_backward_tc<128, 32, 32>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate);
+      launch_backward_tc<Tf32Mma, 128, 32, 32>(op, dq, dk, dv, dout, q, k, v, lse, dvec, g, s, accumulate);
     return;
   }
   switch (bucket(s.d, op)) {

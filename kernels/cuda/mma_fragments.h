@@ -1,11 +1,13 @@
 #pragma once
 // Register layouts of the warp-wide tensor-core product
 //   mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32   D (16x8) = A (16x16) B (16x8) + C
-// (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"): which
-// element of A, B and C each lane's registers hold. Plain C++ with __host__
-// __device__ functions, so the attention kernels (kernels/cuda/attention.cu) load
-// their fragments through exactly these maps and a CPU test
-// (tests/kernels_mma_fragments_test.cpp) checks them by emulating a warp.
+// (PTX ISA, "Matrix Fragments for mma.m16n8k16 with floating point type"), and of
+//   mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32     D (16x8) = A (16x8) B (8x8) + C
+// ("Matrix Fragments for mma.m16n8k8", namespace m16n8k8 below): which element of A, B
+// and C each lane's registers hold. Plain C++ with __host__ __device__ functions, so
+// the attention kernels (kernels/cuda/attention.cu) load their fragments through
+// exactly these maps and a CPU test (tests/kernels_mma_fragments_test.cpp) checks them
+// by emulating a warp.
 //
 // With g = lane / 4 (the group) and t = lane % 4 (the thread in the group):
 //
@@ -59,5 +61,18 @@ HDP_HD constexpr int c_col(int lane, int i) { return 2 * thread_in_group(lane) +
 // the next one), low half first.
 HDP_HD constexpr int c_block_of_a(int r) { return r >> 1; }
 HDP_HD constexpr int c_value_of_a(int r) { return 2 * (r & 1); }
+
+// m16n8k8 with .tf32 operands: one element per register. A's rows (a_row), B's column
+// (b_n) and C are as above; k runs over 8:
+//   A 16x8 row-major:  a0 = A[g][t], a1 = A[g+8][t], a2 = A[g][t+4], a3 = A[g+8][t+4]
+//   B 8x8 (k x n):     b0 = B[t][g], b1 = B[t+4][g]
+// An A register holds column t or t + 4 where the lane's C values are columns 2t and
+// 2t + 1, so a product's result reaches the next product's A through shared memory
+// (stored at c_row, c_col; loaded at a_row, a_col).
+namespace m16n8k8 {
+constexpr int kK = 8;
+HDP_HD constexpr int a_col(int lane, int r) { return thread_in_group(lane) + 4 * (r >> 1); }
+HDP_HD constexpr int b_k(int lane, int r) { return thread_in_group(lane) + 4 * r; }
+}  // namespace m16n8k8
 
 }  // namespace hdp::mma
