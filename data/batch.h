@@ -3,6 +3,7 @@
 // causal unit whose positions start at 0) packed into micro-batches.
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "planning/ring_layout.h"
@@ -15,6 +16,17 @@ struct SequenceSpan {
   int64_t offset = 0;
   int64_t length = 0;
 };
+
+// How documents become sequences, for training (data/sampler.h), evaluation and
+// `trainer plan`'s length sources alike: a document is cut into consecutive
+// sequences of max_seq_len tokens, the last one shorter (2500 tokens at 1024 ->
+// 1024, 1024, 452). The length of the sequence that starts `offset` tokens into a
+// document of `document_length` tokens. Throws std::invalid_argument unless
+// 0 <= offset < document_length and max_seq_len >= 1.
+int64_t sequence_length_at(int64_t document_length, int64_t offset, int64_t max_seq_len);
+
+// The sequences' lengths, in order: what a step planner plans with.
+std::vector<int64_t> sequence_lengths(std::span<const SequenceSpan> sequences);
 
 // Where the sampler stands in the document stream; stored in checkpoints so a
 // resumed run continues with exactly the next batch.
@@ -43,12 +55,11 @@ struct PackedMicroBatch {
 };
 
 struct GlobalBatch {
-  std::vector<SequenceSpan> sequences;        // in sampling order
-  std::vector<PackedMicroBatch> micro_batches;
+  std::vector<SequenceSpan> sequences;              // in sampling order
+  std::vector<PackedMicroBatch> local_micro_batches;  // this hdp rank's share of the step's plan, with tokens
   int64_t tokens = 0;
-  int64_t predictions = 0;                    // sum over sequences of (length - 1)
-  SamplerState start;                         // sampler position before this batch
-  SamplerState next;                          // sampler position after this batch
+  SamplerState start;                               // sampler position before this batch
+  SamplerState next;                                // sampler position after this batch
   // The plan's prediction (cost model) of this rank's and the busiest rank's
   // forward+backward seconds, to compare with what the step measures.
   double planned_busy_s = 0;

@@ -385,11 +385,6 @@ int64_t TokenDataset::document_length(int64_t document) const {
   return static_cast<int64_t>(offsets_[document + 1] - offsets_[document]);
 }
 
-int64_t TokenDataset::document_start(int64_t document) const {
-  document_length(document);  // range check
-  return static_cast<int64_t>(offsets_[document]);
-}
-
 void TokenDataset::read(int64_t document, int64_t offset, int64_t length, int32_t* out) const {
   int64_t doc_len = document_length(document);
   if (offset < 0 || length < 0 || offset + length > doc_len)

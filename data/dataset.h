@@ -108,8 +108,6 @@ class TokenDataset {
   int64_t num_documents() const { return static_cast<int64_t>(offsets_.size()) - 1; }
   int64_t num_tokens() const { return static_cast<int64_t>(offsets_.back()); }
   int64_t document_length(int64_t document) const;
-  // Offset of the document's first token in `tokens`.
-  int64_t document_start(int64_t document) const;
   const std::vector<uint64_t>& doc_offsets() const { return offsets_; }
   uint64_t vocab_size() const { return vocab_size_; }
   uint32_t bos_id() const { return bos_id_; }

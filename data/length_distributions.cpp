@@ -181,16 +181,11 @@ std::vector<int64_t> dataset_global_batch(const std::string& path, int64_t conte
   SamplerOptions options;
   options.max_seq_len = context;
   options.global_batch_tokens = global_batch_tokens;
-  options.micro_batch_tokens = context;
   options.shuffle = true;
   options.seed = seed;
   validate_sampler_options(options);
   BatchSampler sampler(dataset, options);
-  const GlobalBatch batch = sampler.next_plan();
-  std::vector<int64_t> lengths;
-  lengths.reserve(batch.sequences.size());
-  for (const SequenceSpan& s : batch.sequences) lengths.push_back(s.length);
-  return lengths;
+  return sequence_lengths(sampler.next().sequences);
 }
 
 double token_share_above(std::span<const int64_t> lengths, int64_t threshold, bool inclusive) {

@@ -29,6 +29,7 @@
 
 #include "base/errors.h"
 #include "base/rng.h"
+#include "data/batch.h"
 
 namespace hdp {
 
@@ -80,8 +81,9 @@ double power_law_mean(double lo, double hi, double a);
 double power_law_exponent_for_mean(double lo, double hi, double mean);
 
 // Sequences of a global batch from documents in order: each document is cut
-// into pieces of at most `context` tokens (a 2,500-token document at context
-// 1,024: 1024, 1024, 452), and pieces are taken while the total stays within
+// into sequences as the trainer cuts them (sequence_length_at, data/batch.h:
+// pieces of at most `context` tokens; a 2,500-token document at context 1,024:
+// 1024, 1024, 452), and pieces are taken while the total stays within
 // global_batch_tokens; the first piece that would exceed it ends the batch (the
 // trainer's sampler rule, data/sampler.h). `next_document` returns the next
 // length, or 0 when there are no more documents. Documents of length 0 are
@@ -96,8 +98,8 @@ std::vector<int64_t> fill_global_batch(Next&& next_document, int64_t context, in
     int64_t doc = next_document();
     if (doc < 0) throw std::invalid_argument("fill_global_batch: a document of negative length");
     if (doc == 0) return sequences;
-    for (int64_t offset = 0; offset < doc; offset += context) {
-      const int64_t piece = std::min(context, doc - offset);
+    for (int64_t offset = 0, piece = 0; offset < doc; offset += piece) {
+      piece = sequence_length_at(doc, offset, context);
       if (total + piece > global_batch_tokens) return sequences;
       sequences.push_back(piece);
       total += piece;

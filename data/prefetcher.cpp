@@ -1,21 +1,8 @@
 #include "data/prefetcher.h"
 
-#include <memory>
 #include <stdexcept>
 
 namespace hdp {
-
-namespace {
-
-std::function<GlobalBatch()> sampler_producer(BatchSampler sampler) {
-  auto owned = std::make_shared<BatchSampler>(std::move(sampler));
-  return [owned] { return owned->next(); };
-}
-
-}  // namespace
-
-BatchPrefetcher::BatchPrefetcher(BatchSampler sampler, int depth)
-    : BatchPrefetcher(sampler_producer(std::move(sampler)), depth) {}
 
 BatchPrefetcher::BatchPrefetcher(std::function<GlobalBatch()> produce, int depth)
     : produce_(std::move(produce)), depth_(depth) {

@@ -14,16 +14,13 @@
 #include <thread>
 
 #include "data/batch.h"
-#include "data/sampler.h"
 
 namespace hdp {
 
 class BatchPrefetcher {
  public:
-  // Takes the sampler over (the dataset it reads must outlive the prefetcher).
-  explicit BatchPrefetcher(BatchSampler sampler, int depth = 2);
-  // Any producer of batches, e.g. a planner wrapping a sampler; called only on
-  // the background thread, in order.
+  // `produce` makes the batches (e.g. a planner wrapping a sampler); called only
+  // on the background thread, in order.
   explicit BatchPrefetcher(std::function<GlobalBatch()> produce, int depth = 2);
   BatchPrefetcher(const BatchPrefetcher&) = delete;
   BatchPrefetcher& operator=(const BatchPrefetcher&) = delete;

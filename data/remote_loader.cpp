@@ -11,7 +11,7 @@
 #include <unordered_map>
 
 #include "base/fault_injection.h"
-#include "data/sampler.h"
+#include "data/materialize.h"
 
 namespace hdp {
 namespace {
@@ -63,7 +63,6 @@ std::vector<int64_t> encode_work(const RankWork& work) {
   Writer w;
   w.put(work.step);
   w.put(work.batch.tokens);
-  w.put(work.batch.predictions);
   w.put(work.batch.start);
   w.put(work.batch.next);
   w.put(work.batch.planned_busy_s);
@@ -75,8 +74,8 @@ std::vector<int64_t> encode_work(const RankWork& work) {
     w.put(s.length);
   }
   w.put(static_cast<int64_t>(work.micro_batches.size()));
-  for (size_t m = 0; m < work.micro_batches.size(); ++m) {
-    const PlannedMicroBatch& mb = work.micro_batches[m];
+  for (const RankMicroBatch& m : work.micro_batches) {
+    const PlannedMicroBatch& mb = m.planned;
     w.put(static_cast<int64_t>(mb.ring));
     w.put(mb.offload_ratio);
     w.put(static_cast<int64_t>(mb.pieces.size()));
@@ -86,7 +85,7 @@ std::vector<int64_t> encode_work(const RankWork& work) {
       w.put(p.length);
       w.put(static_cast<int64_t>(p.ring));
     }
-    const RingLayout& ring = work.rings[m];
+    const RingLayout& ring = m.ring_layout;
     w.put(static_cast<int64_t>(ring.peers.size()));
     for (int peer : ring.peers) w.put(static_cast<int64_t>(peer));
     w.put(static_cast<int64_t>(ring.self));
@@ -107,7 +106,6 @@ RankWork decode_work(std::span<const int64_t> payload) {
   RankWork work;
   work.step = r.get();
   work.batch.tokens = r.get();
-  work.batch.predictions = r.get();
   work.batch.start = r.get_state();
   work.batch.next = r.get_state();
   work.batch.planned_busy_s = r.get_double();
@@ -120,7 +118,8 @@ RankWork decode_work(std::span<const int64_t> payload) {
   }
   const size_t micro_batches = r.count();
   for (size_t m = 0; m < micro_batches; ++m) {
-    PlannedMicroBatch mb;
+    RankMicroBatch& rank_mb = work.micro_batches.emplace_back();
+    PlannedMicroBatch& mb = rank_mb.planned;
     mb.ring = static_cast<int>(r.get());
     mb.offload_ratio = r.get_double();
     mb.pieces.resize(r.count());
@@ -133,7 +132,7 @@ RankWork decode_work(std::span<const int64_t> payload) {
         throw std::runtime_error("remote loader: a piece names an unknown sequence");
       }
     }
-    RingLayout ring;
+    RingLayout& ring = rank_mb.ring_layout;
     ring.peers.resize(r.count());
     for (int& peer : ring.peers) peer = static_cast<int>(r.get());
     ring.self = static_cast<int>(r.get());
@@ -146,8 +145,6 @@ RankWork decode_work(std::span<const int64_t> payload) {
         c.sequence = r.get();
       }
     }
-    work.micro_batches.push_back(std::move(mb));
-    work.rings.push_back(std::move(ring));
   }
   return work;
 }
@@ -240,8 +237,8 @@ GlobalBatch RemoteBatchClient::next() {
     size_t at = 0;  // where its tokens start in the server's reply
   };
   std::vector<std::vector<Fetch>> fetches(servers_);
-  for (const PlannedMicroBatch& mb : work.micro_batches) {
-    for (const PlannedPiece& p : mb.pieces) {
+  for (const RankMicroBatch& mb : work.micro_batches) {
+    for (const PlannedPiece& p : mb.planned.pieces) {
       const SequenceSpan& s = work.batch.sequences[p.sequence];
       const int64_t length = p.length + (p.offset + p.length < s.length ? 1 : 0);
       fetches[server_rank_of(s.document, first_server_, servers_) - first_server_].push_back(
@@ -292,11 +289,7 @@ GlobalBatch RemoteBatchClient::next() {
     throw std::runtime_error("remote loader: tokens of document " + std::to_string(document) + " were not fetched");
   };
   GlobalBatch batch = std::move(work.batch);
-  for (size_t m = 0; m < work.micro_batches.size(); ++m) {
-    PackedMicroBatch mb = materialize_planned(read, batch.sequences, work.micro_batches[m]);
-    mb.ring_layout = std::move(work.rings[m]);
-    batch.micro_batches.push_back(std::move(mb));
-  }
+  batch.local_micro_batches = materialize_rank_work(read, batch.sequences, work.micro_batches);
   return batch;
 }
 

@@ -18,10 +18,9 @@
 
 #include "data/batch.h"
 #include "data/dataset.h"
-#include "planning/cost_model.h"
 #include "parallel/message_channel.h"
+#include "planning/cost_model.h"
 #include "planning/plan.h"
-#include "planning/ring_layout.h"
 
 namespace hdp {
 
@@ -33,9 +32,8 @@ constexpr int kLoaderHelloTag = 304;    // training rank 0 -> scheduler: where t
 // One training rank's work for one step, as the scheduler sends it.
 struct RankWork {
   int64_t step = 0;
-  GlobalBatch batch;                             // sequences, totals and sampler states; no micro-batches
-  std::vector<PlannedMicroBatch> micro_batches;  // this rank's part of the plan
-  std::vector<RingLayout> rings;                 // per micro-batch: its ring from this rank's view, or empty
+  GlobalBatch batch;                          // sequences, totals and sampler states; no micro-batches
+  std::vector<RankMicroBatch> micro_batches;  // this rank's part of the plan (planning/plan.h: rank_work)
 };
 
 std::vector<int64_t> encode_work(const RankWork& work);
@@ -64,7 +62,8 @@ void serve_tokens(const TokenDataset& dataset, MessageChannel& channel, int firs
 class RemoteBatchClient {
  public:
   RemoteBatchClient(MessageChannel& channel, int scheduler_rank, int first_server, int servers, double timeout_s);
-  // The next step's batch with this rank's micro-batches (tokens fetched from the servers).
+  // The next step's batch with this rank's micro-batches (tokens fetched from the
+  // servers, data/materialize.h).
   GlobalBatch next();
   // Tells every server that this rank needs no more data.
   void stop_servers();

@@ -146,13 +146,6 @@ bool contains(const void* p) {
   return false;
 }
 
-size_t region_count() {
-  std::lock_guard<std::mutex> lock(g_mutex);
-  size_t n = 0;
-  for (const Region& r : g_regions) n += r.end.load() != 0;
-  return n;
-}
-
 Access::Access() {
   std::lock_guard<std::mutex> lock(g_mutex);
   if (g_open++ == 0) {

@@ -23,8 +23,6 @@ void set_name(void* region, const std::string& name);
 
 // Whether `p` lies inside a guarded region.
 bool contains(const void* p);
-// Regions currently registered.
-size_t region_count();
 
 // Scoped: guarded regions are open to the host while at least one Access lives in
 // any thread (a process-wide count: the copy engine's worker and the main thread

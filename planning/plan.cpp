@@ -63,6 +63,32 @@ std::vector<PlannedPiece> zigzag_ring_pieces(const Ring& ring, int ring_index, i
   return pieces;
 }
 
+std::vector<RankMicroBatch> rank_work(const StepPlan& plan, std::span<const int64_t> lengths, int hdp_rank) {
+  if (hdp_rank < 0 || hdp_rank >= static_cast<int>(plan.ranks.size())) {
+    throw std::invalid_argument("rank_work: hdp rank " + std::to_string(hdp_rank) + " outside a plan of " +
+                                std::to_string(plan.ranks.size()) + " ranks");
+  }
+  std::vector<RankMicroBatch> work;
+  work.reserve(plan.ranks[hdp_rank].size());
+  std::vector<int64_t> ring_lengths;
+  for (const PlannedMicroBatch& planned : plan.ranks[hdp_rank]) {
+    RankMicroBatch mb{planned, {}};
+    if (planned.ring >= 0) {
+      const Ring& ring = plan.rings.at(planned.ring);
+      const auto self = std::find(ring.ranks.begin(), ring.ranks.end(), hdp_rank);
+      if (self == ring.ranks.end()) {
+        throw std::invalid_argument("rank_work: hdp rank " + std::to_string(hdp_rank) + " has a micro-batch of ring " +
+                                    std::to_string(planned.ring) + ", which it is not a member of");
+      }
+      ring_lengths.clear();
+      for (int64_t s : ring.sequences) ring_lengths.push_back(lengths[s]);
+      mb.ring_layout = zigzag_ring_layout(ring.ranks, ring_lengths, static_cast<int>(self - ring.ranks.begin()));
+    }
+    work.push_back(std::move(mb));
+  }
+  return work;
+}
+
 int64_t max_micro_batch_tokens(int64_t capacity, int64_t layers, double offload_ratio) {
   if (capacity < 1 || layers < 1 || !(offload_ratio >= 0.0 && offload_ratio <= 1.0)) {
     throw std::invalid_argument("max_micro_batch_tokens: capacity " + std::to_string(capacity) + ", layers " +

@@ -50,6 +50,20 @@ struct StepPlan {
   std::vector<Ring> rings;
 };
 
+// One micro-batch of one hdp rank's share of a plan: the planned micro-batch and,
+// when it takes part in a ring, that ring's layout from this rank's view (the
+// members' zig-zag chunks, planning/ring_layout.h; no peers outside a ring).
+struct RankMicroBatch {
+  PlannedMicroBatch planned;
+  RingLayout ring_layout;
+};
+
+// The micro-batches of hdp rank `hdp_rank` of `plan`, in the plan's order; lengths
+// are the global batch's sequence lengths. What the rank trains on, without its
+// tokens (data/materialize.h reads them). Throws std::invalid_argument for a rank
+// outside the plan or a ring that does not count this rank among its members.
+std::vector<RankMicroBatch> rank_work(const StepPlan& plan, std::span<const int64_t> lengths, int hdp_rank);
+
 
 // The ring pieces of the member at `position` of `ring` (index ring_index in the
 // plan), in row order; lengths are the global batch's sequence lengths.

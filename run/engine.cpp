@@ -16,20 +16,10 @@
 #include "parallel/op_tracer.h"
 #include "parallel/progress.h"
 #include "planning/plan.h"
-#include "planning/stage_split.h"
 #include "model/optimizer.h"
+#include "run/pipeline_layers.h"
 
 namespace hdp {
-
-std::vector<int64_t> pipeline_layers(const Config& config) {
-  if (!config.parallel.pp_layers.empty()) return config.parallel.pp_layers;
-  return stage_layer_split(config.model.shape(), config.parallel.tp, config.parallel.pp, config.data.max_seq_len);
-}
-
-int64_t planner_layers(const Config& config) {
-  const std::vector<int64_t> layers = pipeline_layers(config);
-  return *std::min_element(layers.begin(), layers.end());
-}
 
 double slow_rank_factor(int rank) {
   const char* text = std::getenv("HDP_SLOW_RANK");

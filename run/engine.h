@@ -19,17 +19,12 @@
 
 namespace hdp {
 
-// Layers per pipeline stage: parallel.pp_layers when given, otherwise the split
-// that balances the stages' FLOPs at data.max_seq_len (planning/stage_split.h).
 // The test knob HDP_SLOW_RANK=RANK:FACTOR (FACTOR >= 1): world rank RANK's
 // forward and backward compute take FACTOR times as long (a sleep after each),
 // as on a slow GPU; 1 for every other rank and without the variable. Throws
 // InputError on a malformed value. For the straggler analysis's tests.
 double slow_rank_factor(int rank);
 
-std::vector<int64_t> pipeline_layers(const Config& config);
-// The layers per stage the planner budgets memory for: the smallest stage's.
-int64_t planner_layers(const Config& config);
 // Whether this config's plans may offload activations (long sequences, naive or
 // balance policy, offload enabled), and the most tokens one of their micro-batches
 // can hold (more than data.micro_batch_tokens when offload lets a rank hold more of

@@ -22,28 +22,16 @@ void schedule(const Config& config, const TokenDataset& dataset, MessageChannel&
   const LoaderHello hello = decode_hello(message.payload);
   const StepPlanner planner(config, hello.cost);
   BatchSampler sampler(dataset, sampler_options(config.data), hello.sampler);
-  std::vector<int64_t> lengths;
   for (int64_t step = hello.start_step + 1; step <= config.train.steps; ++step) {
     RankWork work;
     work.step = step;
-    work.batch = sampler.next_plan();
-    lengths.clear();
-    for (const SequenceSpan& s : work.batch.sequences) lengths.push_back(s.length);
+    work.batch = sampler.next();
+    const std::vector<int64_t> lengths = sequence_lengths(work.batch.sequences);
     const StepPlan plan = planner.plan(lengths);
     for (int rank = 0; rank < training_ranks; ++rank) {
       const int hdp_rank = config.parallel.coords(rank).hdp_rank;
       planner.predict(plan, lengths, hdp_rank, work.batch);
-      work.micro_batches = plan.ranks[hdp_rank];
-      work.rings.assign(work.micro_batches.size(), RingLayout{});
-      for (size_t m = 0; m < work.micro_batches.size(); ++m) {
-        const int ring = work.micro_batches[m].ring;
-        if (ring < 0) continue;
-        std::vector<int64_t> ring_lengths;
-        for (int64_t s : plan.rings[ring].sequences) ring_lengths.push_back(lengths[s]);
-        int self = 0;
-        while (plan.rings[ring].ranks[self] != hdp_rank) ++self;
-        work.rings[m] = zigzag_ring_layout(plan.rings[ring].ranks, ring_lengths, self);
-      }
+      work.micro_batches = rank_work(plan, lengths, hdp_rank);
       channel.send(rank, kLoaderWorkTag, encode_work(work));
     }
     channel.flush();

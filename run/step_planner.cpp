@@ -4,7 +4,8 @@
 #include <stdexcept>
 #include <vector>
 
-#include "run/engine.h"
+#include "data/materialize.h"
+#include "run/pipeline_layers.h"
 #include "run/planner_cost.h"
 
 namespace hdp {
@@ -50,28 +51,9 @@ SamplerOptions sampler_options(const DataConfig& data) {
   SamplerOptions o;
   o.max_seq_len = data.max_seq_len;
   o.global_batch_tokens = data.global_batch_tokens;
-  o.micro_batch_tokens = data.micro_batch_tokens;
   o.shuffle = data.shuffle;
   o.seed = data.seed;
   return o;
-}
-
-std::vector<PackedMicroBatch> local_micro_batches(const TokenDataset& dataset, std::span<const SequenceSpan> sequences,
-                                                  const StepPlan& plan, int hdp_rank) {
-  std::vector<PackedMicroBatch> out;
-  for (const PlannedMicroBatch& planned : plan.ranks[hdp_rank]) {
-    PackedMicroBatch mb = materialize_planned(dataset, sequences, planned);
-    if (planned.ring >= 0) {
-      const Ring& ring = plan.rings[planned.ring];
-      std::vector<int64_t> ring_lengths;
-      for (int64_t s : ring.sequences) ring_lengths.push_back(sequences[s].length);
-      int self = 0;
-      while (ring.ranks[self] != hdp_rank) ++self;
-      mb.ring_layout = zigzag_ring_layout(ring.ranks, ring_lengths, self);
-    }
-    out.push_back(std::move(mb));
-  }
-  return out;
 }
 
 void StepPlanner::predict(const StepPlan& plan, std::span<const int64_t> lengths, int hdp_rank,
@@ -82,12 +64,12 @@ void StepPlanner::predict(const StepPlan& plan, std::span<const int64_t> lengths
 }
 
 GlobalBatch StepPlanner::next_local_batch(BatchSampler& sampler, const TokenDataset& dataset, int hdp_rank) const {
-  GlobalBatch batch = sampler.next_plan();
-  std::vector<int64_t> lengths;
-  for (const SequenceSpan& s : batch.sequences) lengths.push_back(s.length);
+  GlobalBatch batch = sampler.next();
+  const std::vector<int64_t> lengths = sequence_lengths(batch.sequences);
   const StepPlan step = plan(lengths);
   predict(step, lengths, hdp_rank, batch);
-  batch.micro_batches = local_micro_batches(dataset, batch.sequences, step, hdp_rank);
+  batch.local_micro_batches =
+      materialize_rank_work(dataset_reader(dataset), batch.sequences, rank_work(step, lengths, hdp_rank));
   return batch;
 }
 

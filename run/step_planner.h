@@ -1,29 +1,29 @@
 #pragma once
-// How the training loop turns a global batch into this rank's work: the step's
-// plan from the configured policy (planning/hdp_planner.h), checked before it
-// runs, and this rank's micro-batches read from the dataset.
+// The run's batch source: what each step of a training run trains on. The
+// policy and its settings come from the config (scheduler.*, data.*, parallel.*,
+// offload.*) and the profiled costs (run/planner_cost.h); each step the sampler
+// (data/sampler.h) draws the global batch's sequences, the policy's planner
+// (planning/hdp_planner.h) places them on the hdp ranks, the plan is checked,
+// rank_work (planning/plan.h) gives this rank its micro-batches and their rings,
+// and data/materialize.h reads their tokens. The remote loader's scheduler plans
+// with the same class (run/loader_roles.h). It lives in run/ because it reads the
+// config and the profiled costs; the planning itself is planning/'s.
 
 #include <cstdint>
 #include <span>
-#include <vector>
 
+#include "config/config.h"
 #include "data/batch.h"
 #include "data/dataset.h"
 #include "data/sampler.h"
 #include "planning/cost_model.h"
 #include "planning/hdp_planner.h"
 #include "planning/plan.h"
-#include "config/config.h"
 
 namespace hdp {
 
 // The sampler options of the data config.
 SamplerOptions sampler_options(const DataConfig& data);
-
-// This rank's micro-batches of a plan, read from the dataset, each with the layout
-// of its ring when it takes part in one.
-std::vector<PackedMicroBatch> local_micro_batches(const TokenDataset& dataset, std::span<const SequenceSpan> sequences,
-                                                  const StepPlan& plan, int hdp_rank);
 
 class StepPlanner {
  public:

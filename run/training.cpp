@@ -379,7 +379,7 @@ class TrainingLoop {
     }
     // AdamW's bias correction counts the updates applied, not the steps: a skipped
     // step must not advance it.
-    measured.result = engine_.step(batch.micro_batches, measured.lr, step - progress_.skipped_steps, options);
+    measured.result = engine_.step(batch.local_micro_batches, measured.lr, step - progress_.skipped_steps, options);
     measured.step_ms = ms_since(t0);
     measured.offloaded_bytes = engine_.model().activation_usage().offloaded_bytes - offloaded_before;
 
@@ -563,8 +563,8 @@ class TrainingLoop {
     m.grad_norm = measured.result.grad_norm;
     m.tokens = measured.result.predictions;
     m.input_tokens = batch.tokens;
-    m.micro_batches = static_cast<int64_t>(batch.micro_batches.size());
-    for (const PackedMicroBatch& mb : batch.micro_batches) m.rank_tokens += mb.num_tokens();
+    m.micro_batches = static_cast<int64_t>(batch.local_micro_batches.size());
+    for (const PackedMicroBatch& mb : batch.local_micro_batches) m.rank_tokens += mb.num_tokens();
     m.step_ms = measured.step_ms;
     m.time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
     m.data_wait_ms = measured.data_wait_ms;

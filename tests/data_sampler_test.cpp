@@ -1,15 +1,18 @@
-// BatchSampler, best-fit packing, materialised micro-batches, resumption, prefetcher.
+// The sequence cut, BatchSampler, materialised micro-batches (whole sequences and
+// planned pieces), resumption, prefetcher.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
-#include "data/dataset.h"
-#include "data/prefetcher.h"
 #include "base/rng.h"
+#include "data/dataset.h"
+#include "data/materialize.h"
+#include "data/prefetcher.h"
 #include "data/sampler.h"
 #include "test_util.h"
 
@@ -46,7 +49,6 @@ SamplerOptions options(bool shuffle) {
   SamplerOptions o;
   o.max_seq_len = 1024;
   o.global_batch_tokens = 4096;
-  o.micro_batch_tokens = 2048;
   o.shuffle = shuffle;
   o.seed = 5;
   return o;
@@ -60,20 +62,13 @@ void expect_same_batch(const GlobalBatch& a, const GlobalBatch& b) {
     EXPECT_EQ(a.sequences[i].length, b.sequences[i].length);
   }
   EXPECT_EQ(a.tokens, b.tokens);
-  EXPECT_EQ(a.predictions, b.predictions);
   EXPECT_EQ(a.start, b.start);
   EXPECT_EQ(a.next, b.next);
-  ASSERT_EQ(a.micro_batches.size(), b.micro_batches.size());
-  for (size_t m = 0; m < a.micro_batches.size(); ++m) {
-    EXPECT_EQ(a.micro_batches[m].tokens, b.micro_batches[m].tokens);
-    EXPECT_EQ(a.micro_batches[m].targets, b.micro_batches[m].targets);
-    EXPECT_EQ(a.micro_batches[m].positions, b.micro_batches[m].positions);
-    EXPECT_EQ(a.micro_batches[m].cu_seqlens, b.micro_batches[m].cu_seqlens);
-  }
 }
 
-// Checks one batch's internal consistency and its micro-batches' contents.
-void check_batch(const GlobalBatch& batch, const SamplerOptions& o) {
+// Checks one batch's internal consistency, and the tokens of its sequences read
+// back to back as one micro-batch.
+void check_batch(const TokenDataset& dataset, const GlobalBatch& batch, const SamplerOptions& o) {
   int64_t tokens = 0, predictions = 0;
   for (const SequenceSpan& s : batch.sequences) {
     EXPECT_GE(s.length, 1);
@@ -82,38 +77,42 @@ void check_batch(const GlobalBatch& batch, const SamplerOptions& o) {
     predictions += s.length - 1;
   }
   EXPECT_EQ(batch.tokens, tokens);
-  EXPECT_EQ(batch.predictions, predictions);
   EXPECT_LE(batch.tokens, o.global_batch_tokens);
+  EXPECT_TRUE(batch.local_micro_batches.empty()) << "the sampler leaves placing sequences to a plan";
 
-  std::vector<std::tuple<int64_t, int64_t, int64_t>> in_batch, in_micro;
-  for (const SequenceSpan& s : batch.sequences) in_batch.emplace_back(s.document, s.offset, s.length);
-  int64_t micro_predictions = 0;
-  for (const PackedMicroBatch& mb : batch.micro_batches) {
-    EXPECT_LE(mb.num_tokens(), o.micro_batch_tokens);
-    ASSERT_EQ(mb.cu_seqlens.size(), mb.spans.size() + 1);
-    EXPECT_EQ(mb.cu_seqlens.front(), 0);
-    EXPECT_EQ(mb.cu_seqlens.back(), mb.num_tokens());
-    ASSERT_EQ(mb.targets.size(), mb.tokens.size());
-    ASSERT_EQ(mb.positions.size(), mb.tokens.size());
-    // Best-fit decreasing places spans longest first.
-    for (size_t i = 1; i < mb.spans.size(); ++i) EXPECT_GE(mb.spans[i - 1].length, mb.spans[i].length);
-    for (size_t i = 0; i < mb.spans.size(); ++i) {
-      const SequenceSpan& s = mb.spans[i];
-      in_micro.emplace_back(s.document, s.offset, s.length);
-      ASSERT_EQ(mb.cu_seqlens[i + 1] - mb.cu_seqlens[i], s.length);
-      for (int64_t p = 0; p < s.length; ++p) {
-        int64_t row = mb.cu_seqlens[i] + p;
-        ASSERT_EQ(mb.tokens[row], token_at(s.document, s.offset + p));
-        ASSERT_EQ(mb.positions[row], p);
-        ASSERT_EQ(mb.targets[row], p + 1 < s.length ? token_at(s.document, s.offset + p + 1) : -1);
-      }
+  const PackedMicroBatch mb = materialize_sequences(dataset_reader(dataset), batch.sequences);
+  EXPECT_EQ(mb.num_tokens(), tokens);
+  EXPECT_EQ(mb.num_predictions(), predictions);
+  ASSERT_EQ(mb.spans.size(), batch.sequences.size());
+  ASSERT_EQ(mb.cu_seqlens.size(), mb.spans.size() + 1);
+  EXPECT_EQ(mb.cu_seqlens.front(), 0);
+  ASSERT_EQ(mb.targets.size(), mb.tokens.size());
+  ASSERT_EQ(mb.positions.size(), mb.tokens.size());
+  for (size_t i = 0; i < mb.spans.size(); ++i) {
+    const SequenceSpan& s = mb.spans[i];
+    ASSERT_EQ(s.document, batch.sequences[i].document);
+    ASSERT_EQ(s.offset, batch.sequences[i].offset);
+    ASSERT_EQ(mb.cu_seqlens[i + 1] - mb.cu_seqlens[i], s.length);
+    for (int64_t p = 0; p < s.length; ++p) {
+      int64_t row = mb.cu_seqlens[i] + p;
+      ASSERT_EQ(mb.tokens[row], token_at(s.document, s.offset + p));
+      ASSERT_EQ(mb.positions[row], p);
+      ASSERT_EQ(mb.targets[row], p + 1 < s.length ? token_at(s.document, s.offset + p + 1) : -1);
     }
-    micro_predictions += mb.num_predictions();
   }
-  EXPECT_EQ(micro_predictions, batch.predictions);
-  std::sort(in_batch.begin(), in_batch.end());
-  std::sort(in_micro.begin(), in_micro.end());
-  EXPECT_EQ(in_batch, in_micro) << "micro-batches hold exactly the batch's sequences";
+}
+
+TEST(DataSequences, DocumentsAreCutAtMaxSeqLen) {
+  EXPECT_EQ(sequence_length_at(2500, 0, 1024), 1024);
+  EXPECT_EQ(sequence_length_at(2500, 1024, 1024), 1024);
+  EXPECT_EQ(sequence_length_at(2500, 2048, 1024), 452);
+  EXPECT_EQ(sequence_length_at(1025, 1024, 1024), 1);
+  EXPECT_EQ(sequence_length_at(7, 0, 1024), 7);
+  EXPECT_THROW(sequence_length_at(2500, 2500, 1024), std::invalid_argument);
+  EXPECT_THROW(sequence_length_at(2500, -1, 1024), std::invalid_argument);
+  EXPECT_THROW(sequence_length_at(2500, 0, 0), std::invalid_argument);
+  const std::vector<SequenceSpan> spans = {{3, 0, 1024}, {3, 1024, 452}, {9, 0, 7}};
+  EXPECT_EQ(sequence_lengths(spans), (std::vector<int64_t>{1024, 452, 7}));
 }
 
 TEST(DataSampler, OptionValidationNamesTheOption) {
@@ -130,16 +129,6 @@ TEST(DataSampler, OptionValidationNamesTheOption) {
   SamplerOptions o = options(false);
   o.global_batch_tokens = 512;
   EXPECT_NE(message(o).find("global_batch_tokens"), std::string::npos) << message(o);
-  o = options(false);
-  o.micro_batch_tokens = 1000;
-  // Sequences longer than a micro-batch can be sampled (a planner splits them), not packed.
-  EXPECT_EQ(message(o), "");
-  try {
-    BatchSampler(ds, o).next();
-    ADD_FAILURE() << "packed a sequence longer than a micro-batch";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("micro_batch_tokens"), std::string::npos) << e.what();
-  }
   o = options(false);
   o.max_seq_len = 0;
   EXPECT_NE(message(o).find("max_seq_len"), std::string::npos) << message(o);
@@ -161,41 +150,59 @@ TEST(DataSampler, DocumentOrderIsPortableAndSeeded) {
   EXPECT_EQ(document_order(8, true, 1234, 0), (std::vector<int64_t>{7, 5, 2, 1, 0, 3, 4, 6}));
 }
 
-TEST(DataSampler, BestFitDecreasingPlacement) {
-  std::vector<int64_t> lengths = {5, 3, 7, 2, 4, 1};
-  auto bins = best_fit_decreasing(lengths, 10);
-  ASSERT_EQ(bins.size(), 3u);
-  EXPECT_EQ(bins[0], (std::vector<size_t>{2, 1}));     // 7 + 3
-  EXPECT_EQ(bins[1], (std::vector<size_t>{0, 4, 5}));  // 5 + 4 + 1 (1 goes to the tightest fit)
-  EXPECT_EQ(bins[2], (std::vector<size_t>{3}));        // 2
-  // Ties in length keep input order.
-  std::vector<int64_t> ties = {4, 4, 4};
-  auto tb = best_fit_decreasing(ties, 8);
-  EXPECT_EQ(tb[0], (std::vector<size_t>{0, 1}));
-  EXPECT_EQ(tb[1], (std::vector<size_t>{2}));
-  std::vector<int64_t> too_long = {11};
-  EXPECT_THROW(best_fit_decreasing(too_long, 10), std::invalid_argument);
-
-  std::vector<SequenceSpan> spans = {{0, 0, 5}, {1, 0, 3}, {2, 0, 7}};
-  auto packed = pack_best_fit(spans, 10);
-  ASSERT_EQ(packed.size(), 2u);
-  EXPECT_EQ(packed[0].spans[0].document, 2);
-  EXPECT_EQ(packed[0].spans[1].document, 1);
-  EXPECT_EQ(packed[1].spans[0].document, 0);
-  EXPECT_TRUE(packed[0].tokens.empty());  // packing does not read
-}
-
 TEST(DataSampler, MaterializedMicroBatchFields) {
   std::string path = make_dataset("data_sampler_mat");
   TokenDataset ds(path);
   std::vector<SequenceSpan> spans = {{3, 1024, 3}, {5, 0, 1}, {3, 0, 2}};
-  PackedMicroBatch mb = materialize_micro_batch(ds, spans);
+  PackedMicroBatch mb = materialize_sequences(dataset_reader(ds), spans);
   auto t = [](int64_t d, int64_t p) { return token_at(d, p); };
   EXPECT_EQ(mb.tokens, (std::vector<int32_t>{t(3, 1024), t(3, 1025), t(3, 1026), t(5, 0), t(3, 0), t(3, 1)}));
   EXPECT_EQ(mb.targets, (std::vector<int32_t>{t(3, 1025), t(3, 1026), -1, -1, t(3, 1), -1}));
   EXPECT_EQ(mb.positions, (std::vector<int32_t>{0, 1, 2, 0, 0, 1}));
   EXPECT_EQ(mb.cu_seqlens, (std::vector<int32_t>{0, 3, 4, 6}));
   EXPECT_EQ(mb.num_predictions(), 3);
+}
+
+TEST(DataSampler, MaterializedRankWorkReadsOnlyItsPieces) {
+  std::string path = make_dataset("data_sampler_rank_work");
+  TokenDataset ds(path);
+  // Sequences 0 (document 3 from 1024, 10 tokens) and 1 (document 3 from 0, 4 tokens).
+  const std::vector<SequenceSpan> sequences = {{3, 1024, 10}, {3, 0, 4}};
+  RankMicroBatch local;
+  local.planned.pieces = {{1, 0, 4, -1}};
+  RankMicroBatch ring;
+  ring.planned.ring = 0;
+  ring.planned.offload_ratio = 0.5;
+  ring.planned.pieces = {{1, 0, 4, -1}, {0, 0, 2, 0}, {0, 7, 3, 0}};
+  ring.ring_layout = zigzag_ring_layout(std::vector<int>{0, 1}, std::vector<int64_t>{10}, 0);
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> reads;
+  auto read = [&](int64_t document, int64_t offset, int64_t length, int32_t* out) {
+    reads.emplace_back(document, offset, length);
+    for (int64_t i = 0; i < length; ++i) out[i] = token_at(document, offset + i);
+  };
+  const std::vector<RankMicroBatch> work = {local, ring};
+  const std::vector<PackedMicroBatch> mbs = materialize_rank_work(read, sequences, work);
+  ASSERT_EQ(mbs.size(), 2u);
+  EXPECT_EQ(mbs[0].ring, -1);
+  EXPECT_EQ(mbs[0].cu_seqlens, (std::vector<int32_t>{0, 4}));
+  const PackedMicroBatch& mb = mbs[1];
+  auto t = [](int64_t p) { return token_at(3, p); };
+  EXPECT_EQ(mb.tokens, (std::vector<int32_t>{t(0), t(1), t(2), t(3), t(1024), t(1025), t(1031), t(1032), t(1033)}));
+  // The ring chunk [0, 2) predicts token 2, which another member holds; the sequence's last token nothing.
+  EXPECT_EQ(mb.targets, (std::vector<int32_t>{t(1), t(2), t(3), -1, t(1025), t(1026), t(1032), t(1033), -1}));
+  EXPECT_EQ(mb.positions, (std::vector<int32_t>{0, 1, 2, 3, 0, 1, 7, 8, 9}));
+  EXPECT_EQ(mb.cu_seqlens, (std::vector<int32_t>{0, 4}));  // whole sequences only; ring rows follow
+  EXPECT_EQ(mb.ring, 0);
+  EXPECT_EQ(mb.offload_ratio, 0.5);
+  EXPECT_EQ(mb.ring_layout.peers, (std::vector<int>{0, 1}));
+  EXPECT_EQ(mb.ring_layout.rows(0), 5);
+  // Per piece its tokens, and the one token after a piece whose sequence goes on.
+  const std::vector<std::tuple<int64_t, int64_t, int64_t>> expected = {
+      {3, 0, 4}, {3, 0, 4}, {3, 1024, 2}, {3, 1026, 1}, {3, 1031, 3}};
+  EXPECT_EQ(reads, expected);
+  RankMicroBatch outside;
+  outside.planned.pieces = {{0, 8, 3, -1}};
+  EXPECT_THROW(materialize_rank_work(read, sequences, std::vector<RankMicroBatch>{outside}), std::invalid_argument);
 }
 
 // Draws batches (checking each) until `tokens` tokens were seen; returns their sequences in stream order.
@@ -207,7 +214,7 @@ std::vector<SequenceSpan> stream_prefix(BatchSampler& sampler, int64_t tokens, c
   bool have_prev = false;
   while (seen < tokens) {
     GlobalBatch b = sampler.next();
-    check_batch(b, o);
+    check_batch(sampler.dataset(), b, o);
     if (have_prev) {
       EXPECT_EQ(b.start, prev.next);
       // Batches are maximal: the first sequence of this batch did not fit into the previous one.
@@ -308,10 +315,9 @@ TEST(DataSampler, SmallBudgetsAndSingleTokenBatches) {
   SamplerOptions o;
   o.max_seq_len = 16;
   o.global_batch_tokens = 40;
-  o.micro_batch_tokens = 16;
   o.shuffle = true;
   BatchSampler sampler(ds, o);
-  for (int i = 0; i < 300; ++i) check_batch(sampler.next(), o);
+  for (int i = 0; i < 300; ++i) check_batch(ds, sampler.next(), o);
 }
 
 TEST(DataSampler, ResumeFromStateReproducesBatches) {
@@ -334,13 +340,10 @@ TEST(DataSampler, ResumeFromStateReproducesBatches) {
       expect_same_batch(again, run[k + 1]);
       if (k + 2 < run.size()) expect_same_batch(resumed.next(), run[k + 2]);
     }
-    // next_plan() + pack() == next().
-    BatchSampler planner(ds, o, run[3].start);
-    GlobalBatch plan = planner.next_plan();
-    EXPECT_TRUE(plan.micro_batches.empty());
-    planner.pack(plan);
-    expect_same_batch(plan, run[3]);
-    EXPECT_EQ(planner.state(), run[3].next);
+    // A sampler built from a batch's start state is at that batch.
+    BatchSampler at_start(ds, o, run[3].start);
+    expect_same_batch(at_start.next(), run[3]);
+    EXPECT_EQ(at_start.state(), run[3].next);
   }
 }
 
@@ -358,8 +361,8 @@ TEST(DataPrefetcher, SameBatchesAsSampler) {
   std::string path = make_dataset("data_prefetch_same");
   TokenDataset ds(path);
   SamplerOptions o = options(true);
-  BatchSampler direct(ds, o);
-  BatchPrefetcher prefetcher(BatchSampler(ds, o), 2);
+  BatchSampler direct(ds, o), produced(ds, o);
+  BatchPrefetcher prefetcher([&produced] { return produced.next(); }, 2);
   for (int i = 0; i < 40; ++i) expect_same_batch(prefetcher.next(), direct.next());
 }
 
@@ -389,7 +392,8 @@ TEST(DataPrefetcher, DestructorDoesNotHang) {
   std::string path = make_dataset("data_prefetch_stop");
   TokenDataset ds(path);
   for (int depth : {1, 2, 4}) {
-    BatchPrefetcher p(BatchSampler(ds, options(false)), depth);
+    BatchSampler sampler(ds, options(false));
+    BatchPrefetcher p([&sampler] { return sampler.next(); }, depth);
     if (depth == 2) p.next();
   }  // destroyed with a full queue / mid-production
   SUCCEED();

@@ -17,9 +17,10 @@
 #include "parallel/zero_optimizer.h"
 #include "config/config.h"
 #include "data/dataset.h"
+#include "data/materialize.h"
 #include "test_util.h"
 #include "run/engine.h"
-#include "run/step_planner.h"
+#include "planning/plan.h"
 
 namespace hdp {
 namespace {
@@ -288,8 +289,7 @@ RingData ring_data(const std::string& name, const std::vector<int64_t>& lengths)
 // The micro-batch of member j of `ring`: its local pieces, then its zig-zag chunks.
 PlannedMicroBatch ring_member(const std::vector<SequenceSpan>& sequences, const Ring& ring, int j,
                               std::vector<PlannedPiece> local = {}) {
-  std::vector<int64_t> lengths;
-  for (const SequenceSpan& s : sequences) lengths.push_back(s.length);
+  const std::vector<int64_t> lengths = sequence_lengths(sequences);
   PlannedMicroBatch mb;
   mb.ring = 0;
   mb.pieces = std::move(local);
@@ -300,13 +300,13 @@ PlannedMicroBatch ring_member(const std::vector<SequenceSpan>& sequences, const 
 // The summed gradient of this rank's slice after one step under a plan.
 std::vector<float> planned_gradient(TrainingEngine& engine, ProcessGroups& groups, const RingData& data,
                                     const StepPlan& plan) {
-  std::vector<int64_t> lengths;
-  for (const SequenceSpan& s : data.sequences) lengths.push_back(s.length);
+  const std::vector<int64_t> lengths = sequence_lengths(data.sequences);
   check_plan(plan, lengths, 4, groups.degrees().pp);
   const TokenDataset dataset(data.path);
   std::vector<PackedMicroBatch> batches;
   if (groups.coords().hdp_rank < static_cast<int>(plan.ranks.size())) {
-    batches = local_micro_batches(dataset, data.sequences, plan, groups.coords().hdp_rank);
+    batches = materialize_rank_work(dataset_reader(dataset), data.sequences,
+                                    rank_work(plan, lengths, groups.coords().hdp_rank));
   }
   engine.model().init_weights(5);
   engine.step(batches, 0.0, 1);

@@ -1,6 +1,7 @@
 // Step planners and the plan contract, without MPI: zig-zag chunks, token limits
-// under offload, the cost model, choose_ranks, check_plan's rejections, and
-// randomized invariants of plan_naive and plan_static on long-tailed lengths.
+// under offload, the cost model, choose_ranks, check_plan's rejections, a rank's
+// share of a plan (rank_work), best-fit packing, and randomized invariants of
+// plan_naive and plan_static on long-tailed lengths.
 
 #include <gtest/gtest.h>
 
@@ -14,6 +15,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "planning/cost_model.h"
@@ -399,6 +401,55 @@ std::vector<std::set<int>> ranks_per_sequence(const StepPlan& plan, size_t seque
   return out;
 }
 
+TEST(RankWork, EachRankGetsItsMicroBatchesAndItsViewOfTheirRings) {
+  StepPlan p = hand_plan();
+  PlannedMicroBatch local;
+  local.pieces = {{1, 0, 4, -1}};
+  p.ranks[1].push_back(local);  // a second micro-batch, outside the ring
+  for (int rank : {0, 1}) {
+    const std::vector<RankMicroBatch> work = rank_work(p, kHandLengths, rank);
+    ASSERT_EQ(work.size(), p.ranks[rank].size());
+    // The ring (sequence 0, 10 tokens, over ranks 0 and 1): chunks [0, 2) [2, 5) [5, 7) [7, 10);
+    // member 0 holds chunks 0 and 3, member 1 chunks 1 and 2.
+    const RingLayout& ring = work[0].ring_layout;
+    EXPECT_EQ(work[0].planned.pieces.size(), p.ranks[rank][0].pieces.size());
+    EXPECT_EQ(ring.peers, (std::vector<int>{0, 1}));
+    EXPECT_EQ(ring.self, rank);
+    ASSERT_EQ(ring.chunks.size(), 2u);
+    ASSERT_EQ(ring.chunks[0].size(), 2u);
+    EXPECT_EQ(ring.chunks[0][0].position, 0);
+    EXPECT_EQ(ring.chunks[0][0].rows, 2);
+    EXPECT_EQ(ring.chunks[0][1].position, 7);
+    EXPECT_EQ(ring.chunks[0][1].rows, 3);
+    ASSERT_EQ(ring.chunks[1].size(), 2u);
+    EXPECT_EQ(ring.chunks[1][0].position, 2);
+    EXPECT_EQ(ring.chunks[1][1].position, 5);
+    EXPECT_EQ(ring.rows(0) + ring.rows(1), 10);
+  }
+  const std::vector<RankMicroBatch> second = rank_work(p, kHandLengths, 1);
+  EXPECT_EQ(second[1].planned.ring, -1);
+  EXPECT_TRUE(second[1].ring_layout.peers.empty());
+  EXPECT_THROW(rank_work(p, kHandLengths, 2), std::invalid_argument);
+  p.rings[0].ranks = {0, 2};  // rank 1's micro-batch names a ring without it
+  EXPECT_THROW(rank_work(p, kHandLengths, 1), std::invalid_argument);
+}
+
+TEST(BestFitDecreasing, Placement) {
+  std::vector<int64_t> lengths = {5, 3, 7, 2, 4, 1};
+  auto bins = best_fit_decreasing(lengths, 10);
+  ASSERT_EQ(bins.size(), 3u);
+  EXPECT_EQ(bins[0], (std::vector<size_t>{2, 1}));     // 7 + 3
+  EXPECT_EQ(bins[1], (std::vector<size_t>{0, 4, 5}));  // 5 + 4 + 1 (1 goes to the tightest fit)
+  EXPECT_EQ(bins[2], (std::vector<size_t>{3}));        // 2
+  // Ties in length keep input order.
+  std::vector<int64_t> ties = {4, 4, 4};
+  auto tb = best_fit_decreasing(ties, 8);
+  EXPECT_EQ(tb[0], (std::vector<size_t>{0, 1}));
+  EXPECT_EQ(tb[1], (std::vector<size_t>{2}));
+  std::vector<int64_t> too_long = {11};
+  EXPECT_THROW(best_fit_decreasing(too_long, 10), std::invalid_argument);
+}
+
 TEST(PlanNaive, ShortSequencesStayWholeAndLongOnesGetRings) {
   PlannerSettings s = settings(4, 1000, 8);
   s.offload.enabled = false;
@@ -514,6 +565,31 @@ void expect_tokens_once_and_within_limits(const StepPlan& p, const std::vector<i
   EXPECT_EQ(seen, lengths);
 }
 
+// Every rank's ring layouts (rank_work) name, as its own chunks, exactly the ring
+// rows its micro-batches hold, in row order.
+void expect_ring_layouts_match_rows(const StepPlan& p, const std::vector<int64_t>& lengths) {
+  for (int rank = 0; rank < static_cast<int>(p.ranks.size()); ++rank) {
+    const std::vector<RankMicroBatch> work = rank_work(p, lengths, rank);
+    ASSERT_EQ(work.size(), p.ranks[rank].size());
+    for (const RankMicroBatch& mb : work) {
+      std::vector<std::tuple<int64_t, int64_t, int64_t>> rows, chunks;  // (sequence, position, length)
+      for (const PlannedPiece& piece : mb.planned.pieces)
+        if (piece.ring >= 0) rows.emplace_back(piece.sequence, piece.offset, piece.length);
+      if (mb.planned.ring < 0) {
+        EXPECT_TRUE(rows.empty());
+        EXPECT_TRUE(mb.ring_layout.peers.empty());
+        continue;
+      }
+      const RingLayout& ring = mb.ring_layout;
+      ASSERT_EQ(ring.peers, p.rings[mb.planned.ring].ranks);
+      EXPECT_EQ(ring.peers[ring.self], rank);
+      for (const RingChunk& c : ring.chunks[ring.self])
+        chunks.emplace_back(p.rings[mb.planned.ring].sequences[c.sequence], c.position, c.rows);
+      EXPECT_EQ(chunks, rows) << "rank " << rank;
+    }
+  }
+}
+
 TEST(Randomized, PlansKeepTheirInvariants) {
   std::mt19937_64 rng(20240611);
   const std::vector<int> hdps = {1, 2, 3, 4, 5, 8};
@@ -551,6 +627,7 @@ TEST(Randomized, PlansKeepTheirInvariants) {
     const StepPlan naive = plan_naive(lengths, s);
     ASSERT_NO_THROW(check_plan(naive, lengths, layers, stages));
     expect_tokens_once_and_within_limits(naive, lengths, layers);
+    expect_ring_layouts_match_rows(naive, lengths);
     const auto holders = ranks_per_sequence(naive, lengths.size());
     for (size_t q = 0; q < lengths.size(); ++q) {
       const int most = lengths[q] <= capacity ? 1 : choose_ranks(lengths[q], s).ranks;
@@ -565,6 +642,7 @@ TEST(Randomized, PlansKeepTheirInvariants) {
     const StepPlan fixed = plan_static(static_lengths, s, 0);
     ASSERT_NO_THROW(check_plan(fixed, static_lengths, layers, stages));
     expect_tokens_once_and_within_limits(fixed, static_lengths, layers);
+    expect_ring_layouts_match_rows(fixed, static_lengths);
 
     // Only short sequences: no attention traffic under HDP, rings under static cp > 1.
     std::vector<int64_t> short_lengths;

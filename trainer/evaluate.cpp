@@ -5,10 +5,11 @@
 #include <chrono>
 #include <cmath>
 
-#include "model/model.h"
-#include "parallel/runtime.h"
 #include "checkpoint/checkpoint.h"
 #include "config/config.h"
+#include "data/materialize.h"
+#include "model/model.h"
+#include "parallel/runtime.h"
 
 namespace hdp {
 
@@ -30,35 +31,29 @@ EvalResult evaluate_checkpoint(const std::string& checkpoint, const std::string&
   LlamaModel model(config.model, capacity);
   result.step = load_checkpoint(result.checkpoint, model, nullptr).step;
 
-  std::vector<int32_t> tokens, targets, positions, cu_seqlens{0};
+  // Sequences are cut as training cuts them and run in order, as many whole ones to
+  // a micro-batch as fit.
+  const TokenReader read = dataset_reader(dataset);
+  std::vector<SequenceSpan> micro_batch;
+  int64_t micro_batch_tokens = 0;
   double loss_sum = 0;
   auto flush = [&] {
-    if (tokens.empty()) return;
-    MicroBatchView view;
-    view.tokens = tokens;
-    view.targets = targets;
-    view.positions = positions;
-    view.cu_seqlens = cu_seqlens;
-    loss_sum += model.forward_loss(view);
-    tokens.clear(), targets.clear(), positions.clear(), cu_seqlens.assign(1, 0);
+    if (micro_batch.empty()) return;
+    const PackedMicroBatch mb = materialize_sequences(read, micro_batch);
+    loss_sum += model.forward_loss(MicroBatchView{mb.tokens, mb.targets, mb.positions, mb.cu_seqlens});
+    micro_batch.clear();
+    micro_batch_tokens = 0;
   };
   const int64_t documents = options.max_documents > 0 ? std::min(options.max_documents, dataset.num_documents())
                                                       : dataset.num_documents();
-  std::vector<int32_t> piece;
   for (int64_t d = 0; d < documents; ++d) {
     const int64_t length = dataset.document_length(d);
-    for (int64_t offset = 0; offset < length; offset += max_seq_len) {
-      const int64_t n = std::min(max_seq_len, length - offset);
+    for (int64_t offset = 0, n = 0; offset < length; offset += n) {
+      n = sequence_length_at(length, offset, max_seq_len);
       if (n < 2) continue;  // nothing to predict
-      piece.resize(static_cast<size_t>(n));
-      dataset.read(d, offset, n, piece.data());
-      if (static_cast<int64_t>(tokens.size()) + n > capacity) flush();
-      for (int64_t i = 0; i < n; ++i) {
-        tokens.push_back(piece[i]);
-        targets.push_back(i + 1 < n ? piece[i + 1] : -1);
-        positions.push_back(static_cast<int32_t>(i));
-      }
-      cu_seqlens.push_back(static_cast<int32_t>(tokens.size()));
+      if (micro_batch_tokens + n > capacity) flush();
+      micro_batch.push_back({d, offset, n});
+      micro_batch_tokens += n;
       result.sequences += 1;
       result.predicted_tokens += n - 1;
     }

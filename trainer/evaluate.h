@@ -2,8 +2,9 @@
 // `trainer eval CHECKPOINT --data DATA`: the loss and perplexity of a checkpoint
 // (written under any layout; its whole weights are loaded into one process) on
 // held-out data. Every document is cut into sequences of at most max_seq_len
-// tokens as the sampler cuts them, each token predicts the next one of its
-// sequence, and the loss is the mean cross-entropy over all predicted tokens.
+// tokens as training cuts them (sequence_length_at, data/batch.h), each token
+// predicts the next one of its sequence, and the loss is the mean cross-entropy
+// over all predicted tokens.
 
 #include <cstdint>
 #include <string>
