@@ -7,7 +7,9 @@
 
 #include "model/model.h"
 #include "parallel/runtime.h"
-#include "checkpoint/checkpoint.h"
+#include "checkpoint/directory.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/protocol.h"
 #include "config/config.h"
 
 namespace hdp {
