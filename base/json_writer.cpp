@@ -88,21 +88,18 @@ JsonWriter& JsonWriter::null() {
 }
 
 JsonWriter& JsonWriter::number(double value, int significant_digits) {
-  if (!std::isfinite(value)) return null();
-  before_value();
-  char buf[64];
-  const int n = std::snprintf(buf, sizeof buf, "%.*g", significant_digits, value);
-  out_.write(buf, n);
-  return *this;
+  return printed(value, "%.*g", significant_digits);
 }
 
-JsonWriter& JsonWriter::fixed(double value, int decimals) {
+JsonWriter& JsonWriter::fixed(double value, int decimals) { return printed(value, "%.*f", decimals); }
+
+JsonWriter& JsonWriter::printed(double value, const char* format, int precision) {
   if (!std::isfinite(value)) return null();
   before_value();
   // A double's %f can reach 309 digits before the point.
   char buf[400];
-  const int n = std::snprintf(buf, sizeof buf, "%.*f", decimals, value);
-  if (n < 0 || n >= static_cast<int>(sizeof buf)) throw std::invalid_argument("JsonWriter: too many decimals");
+  const int n = std::snprintf(buf, sizeof buf, format, precision, value);
+  if (n < 0 || n >= static_cast<int>(sizeof buf)) throw std::invalid_argument("JsonWriter: too many digits");
   out_.write(buf, n);
   return *this;
 }

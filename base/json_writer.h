@@ -11,7 +11,8 @@
 //
 // Strings are escaped as RFC 8259 (section 7) requires: '"', '\\' and the control
 // characters U+0000..U+001F, the latter as \b \f \n \r \t or \u00xx; they must be
-// UTF-8 (RFC 8259, section 8.1), anything else is refused. JSON has no NaN or
+// UTF-8 (RFC 8259, section 8.1): other bytes are refused (std::invalid_argument,
+// misuse such as a member without its key is a std::logic_error). JSON has no NaN or
 // infinity: a non-finite number is written as null.
 
 #include <cstdint>
@@ -53,6 +54,8 @@ class JsonWriter {
     bool empty = true;
   };
   void before_value();
+  // The value through snprintf's `format` ("%.*g" or "%.*f"); null when not finite.
+  JsonWriter& printed(double value, const char* format, int precision);
   void escaped(std::string_view text);
 
   std::ostream& out_;
