@@ -15,9 +15,12 @@
 #include "base/yaml_reader.h"
 #include "data/tokenizer.h"
 #include "kernels/ops.h"
-#include "model/model.h"
-#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_error.h"
+#include "checkpoint/directory.h"
+#include "checkpoint/export.h"
+#include "checkpoint/protocol.h"
 #include "config/config.h"
+#include "model/model.h"
 
 namespace hdp {
 namespace {
@@ -148,12 +151,6 @@ std::map<std::string, std::string> weight_files(const std::string& hf_dir) {
   SafetensorsReader reader(single);
   for (const SafetensorsTensor& t : reader.tensors()) files[t.name] = single;
   return files;
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 bool is_rotary_buffer(const std::string& name) {

@@ -9,8 +9,8 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "checkpoint/checkpoint_error.h"
 #include "kernels/dtype.h"
-#include "checkpoint/checkpoint.h"
 
 namespace hdp {
 
@@ -36,12 +36,6 @@ const std::set<std::string> kFormatDtypes = {"BOOL", "U8",  "I8",  "I16", "U16",
 }
 [[noreturn]] void fail_tensor(const std::string& path, const std::string& name, const std::string& message) {
   throw CheckpointError(path + ": tensor '" + name + "': " + message);
-}
-
-std::string shape_text(const std::vector<int64_t>& shape) {
-  std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
-  return s + "]";
 }
 
 // A JSON value that must be a non-negative integer (the format's offsets and dims).

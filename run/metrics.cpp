@@ -4,76 +4,71 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <stdexcept>
 
+#include "base/json_writer.h"
+
 namespace hdp {
-namespace {
 
-// JSON has no NaN or infinity; a diverged loss is written as null.
-std::string number(double x) {
-  if (!std::isfinite(x)) return "null";
-  char buf[64];
-  std::snprintf(buf, sizeof(buf), "%.9g", x);
-  return buf;
-}
-
-}  // namespace
-
-std::string numbers(const std::vector<double>& values) {
-  std::string s = "[";
-  for (size_t i = 0; i < values.size(); ++i) s += (i ? ", " : "") + number(values[i]);
-  return s + "]";
-}
-
+// metrics.jsonl's line: "key": value pairs separated by ", ", numbers to 9
+// significant digits (a float's precision), a diverged loss (NaN, infinity) as
+// null, which JSON has instead (base/json_writer.h).
 std::string to_json(const StepMetrics& m) {
-  std::string s = "{";
-  s += "\"step\": " + std::to_string(m.step);
-  s += ", \"loss\": " + number(m.loss);
-  s += ", \"lr\": " + number(m.lr);
-  s += ", \"grad_norm\": " + number(m.grad_norm);
-  s += ", \"tokens\": " + std::to_string(m.tokens);
-  s += ", \"input_tokens\": " + std::to_string(m.input_tokens);
-  s += ", \"rank_tokens\": " + std::to_string(m.rank_tokens);
-  s += ", \"micro_batches\": " + std::to_string(m.micro_batches);
-  s += ", \"tokens_per_s\": " + number(m.tokens_per_s);
-  s += ", \"step_ms\": " + number(m.step_ms);
-  char time[32];
-  std::snprintf(time, sizeof(time), "%.3f", m.time);  // milliseconds; %.9g would round to tens of seconds
-  s += ", \"time\": " + std::string(time);
-  s += ", \"data_wait_ms\": " + number(m.data_wait_ms);
-  s += ", \"mfu\": " + number(m.mfu);
-  s += ", \"peak_mem_bytes\": " + std::to_string(m.peak_mem_bytes);
-  s += ", \"tp_bytes\": " + std::to_string(m.tp_bytes);
-  s += ", \"pp_bytes\": " + std::to_string(m.pp_bytes);
-  s += ", \"hdp_bytes\": " + std::to_string(m.hdp_bytes);
-  s += ", \"ep_bytes\": " + std::to_string(m.ep_bytes);
-  s += ", \"attention_bytes\": " + std::to_string(m.attention_bytes);
-  s += ", \"busy_ms_min\": " + number(m.busy_ms_min);
-  s += ", \"busy_ms_max\": " + number(m.busy_ms_max);
-  s += ", \"idle_fraction\": " + number(m.idle_fraction);
-  s += ", \"planned_busy_ms_max\": " + number(m.planned_busy_ms_max);
-  s += ", \"cost_model_error\": " + number(m.cost_model_error);
-  s += ", \"busy_ms\": " + numbers(m.busy_ms);
-  s += ", \"planned_busy_ms\": " + numbers(m.planned_busy_ms);
-  s += ", \"activation_peak_bytes\": " + std::to_string(m.activation_peak_bytes);
-  s += ", \"host_pool_bytes\": " + std::to_string(m.host_pool_bytes);
-  s += ", \"offloaded_bytes\": " + std::to_string(m.offloaded_bytes);
-  s += ", \"skipped_steps\": " + std::to_string(m.skipped_steps);
+  constexpr int kDigits = 9;
+  std::ostringstream out;
+  JsonWriter json(out, JsonWriter::Spacing::Spaced);
+  auto numbers = [&](const char* key, const std::vector<double>& values) {
+    json.key(key).begin_array();
+    for (double v : values) json.number(v, kDigits);
+    json.end_array();
+  };
+  json.begin_object();
+  json.key("step").integer(m.step);
+  json.key("loss").number(m.loss, kDigits);
+  json.key("lr").number(m.lr, kDigits);
+  json.key("grad_norm").number(m.grad_norm, kDigits);
+  json.key("tokens").integer(m.tokens);
+  json.key("input_tokens").integer(m.input_tokens);
+  json.key("rank_tokens").integer(m.rank_tokens);
+  json.key("micro_batches").integer(m.micro_batches);
+  json.key("tokens_per_s").number(m.tokens_per_s, kDigits);
+  json.key("step_ms").number(m.step_ms, kDigits);
+  json.key("time").fixed(m.time, 3);  // milliseconds; 9 digits would round to tens of seconds
+  json.key("data_wait_ms").number(m.data_wait_ms, kDigits);
+  json.key("mfu").number(m.mfu, kDigits);
+  json.key("peak_mem_bytes").integer(m.peak_mem_bytes);
+  json.key("tp_bytes").integer(m.tp_bytes);
+  json.key("pp_bytes").integer(m.pp_bytes);
+  json.key("hdp_bytes").integer(m.hdp_bytes);
+  json.key("ep_bytes").integer(m.ep_bytes);
+  json.key("attention_bytes").integer(m.attention_bytes);
+  json.key("busy_ms_min").number(m.busy_ms_min, kDigits);
+  json.key("busy_ms_max").number(m.busy_ms_max, kDigits);
+  json.key("idle_fraction").number(m.idle_fraction, kDigits);
+  json.key("planned_busy_ms_max").number(m.planned_busy_ms_max, kDigits);
+  json.key("cost_model_error").number(m.cost_model_error, kDigits);
+  numbers("busy_ms", m.busy_ms);
+  numbers("planned_busy_ms", m.planned_busy_ms);
+  json.key("activation_peak_bytes").integer(m.activation_peak_bytes);
+  json.key("host_pool_bytes").integer(m.host_pool_bytes);
+  json.key("offloaded_bytes").integer(m.offloaded_bytes);
+  json.key("skipped_steps").integer(m.skipped_steps);
   if (m.moe) {
-    s += ", \"aux_loss\": " + number(m.aux_loss);
-    std::string counts;
-    for (size_t e = 0; e < m.expert_tokens.size(); ++e) counts += (e ? ", " : "") + std::to_string(m.expert_tokens[e]);
-    s += ", \"expert_tokens\": [" + counts + "]";
-    s += ", \"expert_load_max_over_mean\": " + number(m.expert_load_max_over_mean);
+    json.key("aux_loss").number(m.aux_loss, kDigits);
+    json.key("expert_tokens").begin_array();
+    for (int64_t count : m.expert_tokens) json.integer(count);
+    json.end_array();
+    json.key("expert_load_max_over_mean").number(m.expert_load_max_over_mean, kDigits);
   }
-  s += ", \"rollbacks\": " + std::to_string(m.rollbacks);
-  s += ", \"skipped_batches\": " + std::to_string(m.skipped_batches);
-  return s + "}";
+  json.key("rollbacks").integer(m.rollbacks);
+  json.key("skipped_batches").integer(m.skipped_batches);
+  json.end_object();
+  return out.str();
 }
 
 MetricsWriter::MetricsWriter(const std::string& run_dir, int64_t resumed_step) {

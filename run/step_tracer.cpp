@@ -60,7 +60,7 @@ void StepTracer::end() {
   const int64_t step = tracer_->step();
   for (const OpRecord& r : tracer_->take()) {
     write_trace_line(file_, step, r.microbatch, tracer_->pp_rank(), tracer_->dp_rank(), tracer_->tp_rank(), r.op,
-                     r.start_us, r.end_us, r.group, "\"rank\":" + std::to_string(rank_));
+                     r.start_us, r.end_us, r.group, rank_);
     file_ << '\n';
   }
   write_device_records();
@@ -77,7 +77,7 @@ bool StepTracer::write_device_records() {
   for (const DeviceTraceRecord& d : records) {
     const OpRecord& r = d.record;
     write_trace_line(file_, d.step, r.microbatch, tracer_->pp_rank(), tracer_->dp_rank(), tracer_->tp_rank(), r.op,
-                     r.start_us, r.end_us, r.group, "\"rank\":" + std::to_string(rank_));
+                     r.start_us, r.end_us, r.group, rank_);
     file_ << '\n';
   }
   return !records.empty();

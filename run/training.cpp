@@ -29,9 +29,10 @@
 #include "parallel/nccl_communicator.h"
 #include "parallel/process_groups.h"
 #include "parallel/progress.h"
-#include "checkpoint/checkpoint.h"
-#include "checkpoint/checkpoint_dir.h"
-#include "checkpoint/checkpoint_writer.h"
+#include "checkpoint/directory.h"
+#include "checkpoint/lock.h"
+#include "checkpoint/protocol.h"
+#include "checkpoint/writer.h"
 #include "run/planner_cost.h"
 #include "run/engine.h"
 #include "run/hang_watchdog.h"
@@ -701,7 +702,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
     }
   }
   check_output_directories(config, process.rank);
-  // One run per checkpoint directory (checkpoint/checkpoint_dir.h): a lock while this job
+  // One run per checkpoint directory (checkpoint/lock.h): a lock while this job
   // writes there, and no continuing another run's checkpoints unless asked.
   std::optional<CheckpointDirLock> checkpoint_lock;
   if (config.train.checkpoint_every > 0 && process.rank == 0) {

@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "test_util.h"
-#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_error.h"
 #include "checkpoint/safetensors.h"
 
 namespace hdp {

@@ -15,7 +15,10 @@
 #include "data/hdf5_lock.h"
 #include "parallel/local_communicator.h"
 #include "test_util.h"
-#include "checkpoint/checkpoint.h"
+#include "checkpoint/directory.h"
+#include "checkpoint/export.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/protocol.h"
 #include "model/model.h"
 #include "model/optimizer.h"
 

@@ -14,7 +14,7 @@
 #include "data/json.h"
 #include "data/length_distributions.h"
 #include "data/prepare.h"
-#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_error.h"
 #include "trainer/command_line.h"
 #include "run/metrics.h"
 #include "trainer/plan_command.h"

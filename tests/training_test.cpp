@@ -16,7 +16,8 @@
 #include "data/dataset.h"
 #include "test_util.h"
 #include "trainer_runs.h"
-#include "checkpoint/checkpoint.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/protocol.h"
 #include "config/config.h"
 #include "model/model.h"
 #include "parallel/local_communicator.h"
@@ -375,7 +376,7 @@ TEST(Training, ASkippedStepDoesNotAdvanceTheAdamWStepCounter) {
   expect_same_checkpoint(step_dir(x, 4), step_dir(y, 3), /*same_progress=*/false);
 }
 
-// Asynchronous checkpoints (checkpoint/checkpoint_writer.h), every step: they hold
+// Asynchronous checkpoints (checkpoint/writer.h), every step: they hold
 // exactly what synchronous ones hold (the snapshot is the state at the step
 // boundary, not a later one); a process killed while writing one
 // (HDP_FAULT_INJECT=0:3:ckpt exits once its part of step 3's checkpoint is
@@ -550,7 +551,7 @@ TEST(Training, AStepDirectoryWithoutAManifestIsWarnedAboutAndNeverOverwritten) {
   EXPECT_EQ(testing::file_text(step_dir(dir, 2) + ".incomplete/notes.txt"), "mine 2\n");
 }
 
-// A checkpoint directory is one job's while it runs (checkpoint/checkpoint_dir.h):
+// A checkpoint directory is one job's while it runs (checkpoint/lock.h):
 // a second job is refused with exit 2 naming the holder's host and pid; the lock
 // goes when the first job ends; a lock left by a dead process of this host is
 // taken over.

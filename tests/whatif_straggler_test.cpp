@@ -225,10 +225,15 @@ TEST(TraceReader, ErrorsNameFileAndLine) {
 
 TEST(TraceReader, WrittenLinesReadBack) {
   std::ostringstream out;
-  write_trace_line(out, 3, 1, 2, 5, 0, "forward-send", 10.5, 12.25, "s3/f/5/2/1", "\"rank\":9");
+  write_trace_line(out, 3, 1, 2, 5, 0, "forward-send", 10.5, 12.25, "s3/f/5/2/1", 9);
   out << "\n";
   write_trace_line(out, 3, -1, 2, 5, 1, "optimizer", 20, 21, "");
   out << "\n";
+  EXPECT_EQ(out.str(),
+            "{\"step\":3,\"microbatch\":1,\"pp_rank\":2,\"dp_rank\":5,\"tp_rank\":0,\"op\":\"forward-send\","
+            "\"start_us\":10.500,\"end_us\":12.250,\"group\":\"s3/f/5/2/1\",\"rank\":9}\n"
+            "{\"step\":3,\"microbatch\":-1,\"pp_rank\":2,\"dp_rank\":5,\"tp_rank\":1,\"op\":\"optimizer\","
+            "\"start_us\":20.000,\"end_us\":21.000,\"group\":null}\n");
   const std::string dir = testing::scratch_dir("straggler_roundtrip");
   const Trace t = read_traces({write_file(dir, "r.jsonl", out.str())});
   ASSERT_EQ(t.ops.size(), 2u);

@@ -9,7 +9,7 @@
 #include <stdexcept>
 
 #include "data/dataset.h"
-#include "checkpoint/checkpoint.h"
+#include "checkpoint/checkpoint_error.h"
 #include "run/metrics.h"
 
 namespace hdp {

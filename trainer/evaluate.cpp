@@ -5,7 +5,9 @@
 #include <chrono>
 #include <cmath>
 
-#include "checkpoint/checkpoint.h"
+#include "checkpoint/directory.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/protocol.h"
 #include "config/config.h"
 #include "data/materialize.h"
 #include "model/model.h"

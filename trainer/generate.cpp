@@ -10,7 +10,9 @@
 #include "model/cached_decoder.h"
 #include "model/model.h"
 #include "parallel/runtime.h"
-#include "checkpoint/checkpoint.h"
+#include "checkpoint/directory.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/protocol.h"
 #include "trainer/command_line.h"
 #include "config/config.h"
 

@@ -26,7 +26,7 @@
 #include <thread>
 
 #include "base/errors.h"
-#include "checkpoint/checkpoint.h"
+#include "checkpoint/directory.h"
 #include "trainer/ettr.h"
 
 namespace hdp {

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <ostream>
 #include <string>
 
@@ -251,91 +250,59 @@ Replay replay(const OpGraph& graph, std::span<const double> durations) {
   return r;
 }
 
-namespace {
-
-void json_string(std::ostream& out, const std::string& s) {
-  out << '"';
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out << '\\' << c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof buf, "\\u%04x", c);
-      out << buf;
-    } else {
-      out << c;
-    }
-  }
-  out << '"';
-}
-
-void json_number(std::ostream& out, double v) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.3f", v);
-  out << buf;
-}
-
-}  // namespace
-
-ChromeTraceWriter::ChromeTraceWriter(std::ostream& out) : out_(out) {
-  out_ << "{\"displayTimeUnit\":\"ms\",\"traceEvents\":[\n";
-}
-
-void ChromeTraceWriter::separator() {
-  if (!first_) out_ << ",\n";
-  first_ = false;
+ChromeTraceWriter::ChromeTraceWriter(std::ostream& out) : out_(out), json_(out) {
+  json_.begin_object();
+  json_.key("displayTimeUnit").string("ms");
+  json_.key("traceEvents").begin_array(JsonWriter::Lines::OnePerLine);
 }
 
 void ChromeTraceWriter::finish() {
   if (finished_) return;
   finished_ = true;
-  out_ << "\n]}\n";
+  json_.end_array().end_object();
+  out_ << '\n';
 }
 
 void ChromeTraceWriter::add(const OpGraph& graph, const Replay& replay, double offset,
                             const std::vector<std::string>& process_names) {
+  // A metadata event naming a process (tid 0) or a thread.
+  auto name_event = [&](const char* what, int pid, int tid, const std::string& name) {
+    json_.begin_object();
+    json_.key("name").string(what).key("ph").string("M").key("pid").integer(pid).key("tid").integer(tid);
+    json_.key("args").begin_object().key("name").string(name).end_object();
+    json_.end_object();
+  };
   for (const Stream& s : graph.streams()) {
     if (static_cast<size_t>(s.process) >= named_.size()) named_.resize(s.process + 1);
     std::vector<bool>& named = named_[s.process];
     if (named.size() < static_cast<size_t>(s.index) + 2) named.resize(s.index + 2, false);
     if (!named[0] && static_cast<size_t>(s.process) < process_names.size() && !process_names[s.process].empty()) {
       named[0] = true;
-      separator();
-      out_ << "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":" << s.process << ",\"tid\":0,\"args\":{\"name\":";
-      json_string(out_, process_names[s.process]);
-      out_ << "}}";
+      name_event("process_name", s.process, 0, process_names[s.process]);
     }
     if (named[s.index + 1]) continue;
     named[s.index + 1] = true;
-    separator();
-    out_ << "{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":" << s.process << ",\"tid\":" << s.index
-         << ",\"args\":{\"name\":";
-    json_string(out_, s.name);
-    out_ << "}}";
+    name_event("thread_name", s.process, s.index, s.name);
   }
+  // Times in microseconds to the nanosecond, transfer times in milliseconds.
   for (size_t i = 0; i < graph.size(); ++i) {
     const OpId op = static_cast<OpId>(i);
     const double extent = replay.end[i] - replay.start[i];
     if (extent <= 0 && graph.duration(op) <= 0) continue;
     const Stream& s = graph.streams()[graph.stream(op)];
-    separator();
-    out_ << "{\"name\":";
-    json_string(out_, graph.labels().empty() ? std::string("op") : graph.labels()[graph.op_label(op)]);
-    out_ << ",\"ph\":\"X\",\"pid\":" << s.process << ",\"tid\":" << s.index << ",\"ts\":";
-    json_number(out_, (offset + replay.start[i]) * 1e6);
-    out_ << ",\"dur\":";
-    json_number(out_, extent * 1e6);
-    out_ << ",\"args\":{";
-    bool any = false;
-    if (graph.tag(op) >= 0) {
-      out_ << "\"micro_batch\":" << graph.tag(op);
-      any = true;
-    }
+    json_.begin_object();
+    json_.key("name").string(graph.labels().empty() ? std::string_view("op") : graph.labels()[graph.op_label(op)]);
+    json_.key("ph").string("X").key("pid").integer(s.process).key("tid").integer(s.index);
+    json_.key("ts").fixed((offset + replay.start[i]) * 1e6, 3);
+    json_.key("dur").fixed(extent * 1e6, 3);
+    json_.key("args").begin_object();
+    if (graph.tag(op) >= 0) json_.key("micro_batch").integer(graph.tag(op));
     if (graph.group(op) >= 0) {
-      out_ << (any ? "," : "") << "\"group\":" << graph.group(op) << ",\"transfer_ms\":";
-      json_number(out_, graph.duration(op) * 1e3);
+      json_.key("group").integer(graph.group(op));
+      json_.key("transfer_ms").fixed(graph.duration(op) * 1e3, 3);
     }
-    out_ << "}}";
+    json_.end_object();
+    json_.end_object();
   }
 }
 

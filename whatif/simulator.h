@@ -32,6 +32,8 @@
 #include <utility>
 #include <vector>
 
+#include "base/json_writer.h"
+
 namespace hdp::sim {
 
 using OpId = uint32_t;
@@ -165,7 +167,7 @@ void write_chrome_trace(std::ostream& out, const OpGraph& graph, const Replay& r
 // The same events for several graphs in one trace (the straggler analysis writes
 // one ideal step after another): add() appends a graph's events shifted by
 // `offset` seconds, naming each process and stream once; the destructor (or
-// finish()) closes the JSON.
+// finish()) closes the JSON. Events stream out one per line (base/json_writer.h).
 class ChromeTraceWriter {
  public:
   explicit ChromeTraceWriter(std::ostream& out);
@@ -175,9 +177,9 @@ class ChromeTraceWriter {
   void finish();
 
  private:
-  void separator();
   std::ostream& out_;
-  bool first_ = true, finished_ = false;
+  JsonWriter json_;
+  bool finished_ = false;
   std::vector<std::vector<bool>> named_;  // [process][stream index]; stream -1 = the process
 };
 

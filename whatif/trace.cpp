@@ -4,11 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
-#include <ostream>
+
+#include "base/json_writer.h"
 
 namespace hdp {
 
@@ -125,19 +125,25 @@ Trace read_traces(const std::vector<std::string>& paths) {
 
 void write_trace_line(std::ostream& out, int64_t step, int microbatch, int pp_rank, int dp_rank, int tp_rank,
                       std::string_view op, double start_us, double end_us, std::string_view group,
-                      std::string_view extra) {
-  char times[96];
-  std::snprintf(times, sizeof times, "\"start_us\":%.3f,\"end_us\":%.3f", start_us, end_us);
-  out << "{\"step\":" << step << ",\"microbatch\":" << microbatch << ",\"pp_rank\":" << pp_rank
-      << ",\"dp_rank\":" << dp_rank << ",\"tp_rank\":" << tp_rank << ",\"op\":"
-      << nlohmann::json(std::string(op)).dump() << ',' << times << ",\"group\":";
+                      std::optional<int> rank) {
+  JsonWriter json(out);
+  json.begin_object();
+  json.key("step").integer(step);
+  json.key("microbatch").integer(microbatch);
+  json.key("pp_rank").integer(pp_rank);
+  json.key("dp_rank").integer(dp_rank);
+  json.key("tp_rank").integer(tp_rank);
+  json.key("op").string(op);
+  json.key("start_us").fixed(start_us, 3);
+  json.key("end_us").fixed(end_us, 3);
+  json.key("group");
   if (group.empty()) {
-    out << "null";
+    json.null();
   } else {
-    out << nlohmann::json(std::string(group)).dump();
+    json.string(group);
   }
-  if (!extra.empty()) out << ',' << extra;
-  out << '}';
+  if (rank) json.key("rank").integer(*rank);
+  json.end_object();
 }
 
 }  // namespace hdp

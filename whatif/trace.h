@@ -15,6 +15,7 @@
 
 #include <cstdint>
 #include <iosfwd>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <unordered_map>
@@ -102,11 +103,11 @@ void read_trace_file(const std::string& path, Trace& into);
 // .jsonl file.
 Trace read_traces(const std::vector<std::string>& paths);
 
-// One record as a JSONL line (no newline): the import format's fields, tp_rank,
-// and `extra` (a JSON object's members without braces, e.g. "\"rank\":3"), empty
-// for none. `group` empty writes null.
+// One record as a JSONL line (no newline, base/json_writer.h): the import
+// format's fields (times to the nanosecond), tp_rank, and the world rank that
+// recorded it when given (our own files). `group` empty writes null.
 void write_trace_line(std::ostream& out, int64_t step, int microbatch, int pp_rank, int dp_rank, int tp_rank,
                       std::string_view op, double start_us, double end_us, std::string_view group,
-                      std::string_view extra = {});
+                      std::optional<int> rank = std::nullopt);
 
 }  // namespace hdp

@@ -1,4 +1,4 @@
-#include "checkpoint/checkpoint_writer.h"
+#include "checkpoint/writer.h"
 
 #include <spdlog/spdlog.h>
 

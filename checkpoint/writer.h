@@ -5,7 +5,7 @@
 // memory at the step boundary (a snapshot: the parameters, this rank's moment
 // shards, the progress), and a background thread writes the part and commits the
 // checkpoint while training continues. The commit protocol is that of
-// save_checkpoint (checkpoint/checkpoint.h): parts into step-N.tmp/, rank 0 writes the
+// save_checkpoint (checkpoint/protocol.h): parts into step-N.tmp/, rank 0 writes the
 // manifest last and renames the directory, so a directory under its final name is
 // always complete. The ranks' writer threads agree over a communicator of their own
 // (a duplicate of the training world, used by no other thread), so their
@@ -23,8 +23,8 @@
 #include <string>
 #include <thread>
 
+#include "checkpoint/protocol.h"
 #include "parallel/mpi_communicator.h"
-#include "checkpoint/checkpoint.h"
 
 namespace hdp {
 

@@ -1,4 +1,4 @@
-#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/lock.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -15,7 +15,8 @@
 #include <sstream>
 #include <vector>
 
-#include "checkpoint/checkpoint.h"
+#include "checkpoint/directory.h"
+#include "checkpoint/manifest.h"
 
 namespace hdp {
 namespace {

@@ -1,12 +1,14 @@
 #pragma once
-// One run per checkpoint directory. Two jobs writing one directory overwrite each
-// other's checkpoints and a resume then continues whichever wrote last; a run
-// started in a directory of another run's checkpoints silently continues that
-// run under the new config. Both are refused at start-up (exit code 2) with a
-// message naming what is in the way.
+// One run per checkpoint directory: the lock a job holds while it writes there,
+// and the check that the checkpoints already there are this run's. Two jobs
+// writing one directory overwrite each other's checkpoints and a resume then
+// continues whichever wrote last; a run started in a directory of another run's
+// checkpoints silently continues that run under the new config. Both are refused
+// at start-up (exit code 2) with a message naming what is in the way.
 
 #include <string>
 
+#include "checkpoint/checkpoint_error.h"
 #include "config/config.h"
 
 namespace hdp {

@@ -1,0 +1,58 @@
+#pragma once
+// A checkpoint's manifest.yaml (docs/checkpoint-format.md, "manifest.yaml"): the
+// training's progress at the step, the layout that wrote the checkpoint, its parts
+// and the run's config. Rank 0 writes it last, so a step directory under its final
+// name that holds one is complete.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "checkpoint/checkpoint_error.h"
+#include "data/batch.h"
+#include "spec/parallel_degrees.h"
+
+namespace hdp {
+
+struct TrainingProgress {
+  int64_t step = 0;            // optimizer steps completed
+  SamplerState sampler;        // where the next batch starts
+  uint64_t train_seed = 0;
+  uint64_t data_seed = 0;
+  int64_t skipped_steps = 0;  // updates the numerical guard skipped so far (run/numerical_guard.h)
+  // Rollbacks so far (run/training.cpp), and where every global batch skipped by
+  // one starts (a resumed run skips them too).
+  int64_t rollbacks = 0;
+  std::vector<SamplerState> skipped_batches;
+  // The numerical guard's window of recent good losses, oldest first, so that a
+  // resumed run judges spikes like one that never stopped.
+  std::vector<double> loss_window;
+};
+
+// The version of the format this build writes and reads, in the manifest and in
+// every part.
+inline constexpr int64_t kCheckpointFormatVersion = 2;
+inline constexpr const char* kManifestFile = "manifest.yaml";
+
+struct Manifest {
+  int64_t format_version = 0;
+  TrainingProgress progress;
+  ParallelDegrees degrees;
+  std::vector<std::string> parts;  // file names in the checkpoint directory, world rank order
+  std::string config;              // the run's YAML config, verbatim
+};
+
+// CHECKPOINT/manifest.yaml. Throws CheckpointError naming the directory when it
+// or its manifest is missing, and "<file>:<line>: <key>: <problem>" for a bad key.
+Manifest read_manifest(const std::string& checkpoint);
+
+// Writes CHECKPOINT/manifest.yaml through manifest.yaml.tmp and a rename, so that
+// a checkpoint that had one keeps a whole one throughout. The config is a literal
+// block when that keeps it exactly, else a double-quoted string; CheckpointError
+// when neither does.
+void write_manifest(const std::string& checkpoint, const Manifest& manifest);
+
+// The config text stored in a checkpoint's manifest.
+std::string checkpoint_config(const std::string& checkpoint);
+
+}  // namespace hdp
