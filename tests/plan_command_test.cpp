@@ -353,7 +353,8 @@ TEST(PlanCommand, MixtralPlansWithExpertParallelism) {
   EXPECT_NE(fixed.output.find("expert all-to-all"), std::string::npos) << fixed.output;
   const auto bad = plan("mistral-8x7b.yaml", " --ep 3");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
-  EXPECT_NE(bad.output.find("num_experts 8 is not divisible by ep 3"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("parallel.ep: 3 does not divide parallel.hdp 8"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("choose a divisor of 8"), std::string::npos) << bad.output;
   const auto unfit = plan("mistral-8x22b.yaml", " --ep 1");
   EXPECT_EQ(unfit.exit_code, 2) << unfit.output;
   EXPECT_NE(unfit.output.find("does not fit"), std::string::npos) << unfit.output;
