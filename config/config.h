@@ -92,7 +92,9 @@ struct TrainConfig {
   DType precision = DType::F32;          // fp32 | bf16 (mixed precision: bf16 compute weights and activations,
                                          // fp32 master weights, gradients and moments; docs/configuration.md)
   double spike_factor = 0;               // skip a step whose loss exceeds this x the recent median; 0 = off
-  int64_t max_bad_steps = 3;             // this many skipped (NaN/Inf or spike) steps in a row stop the run
+  int64_t max_bad_steps = 3;             // this many bad (NaN/Inf or spike) steps in a row roll the run back to the
+                                         // newest checkpoint before them and skip their batches; with none to
+                                         // return to (or after 3 rollbacks there) the run stops
   double hang_timeout_s = 600;           // no progress (or a silent peer) this long is a hang: stacks, summary, exit 1; 0 = off
 };
 
