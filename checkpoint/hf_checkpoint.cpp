@@ -21,6 +21,7 @@
 #include "checkpoint/protocol.h"
 #include "config/config.h"
 #include "model/model.h"
+#include "spec/model_checks.h"
 
 namespace hdp {
 namespace {
@@ -113,6 +114,27 @@ class HfConfigReader {
   std::string path_;
   const Json& root_;
 };
+
+// config.json's names (LlamaConfig, MistralConfig) of the model keys the model's
+// rules (spec/model_checks.h) can name, for its messages.
+const KeyWording kHfKeyWording{
+    [](const std::string& key) -> std::string {
+      static const std::map<std::string, std::string> names = {
+          {"model.arch", "model_type"},
+          {"model.vocab_size", "vocab_size"},
+          {"model.hidden_size", "hidden_size"},
+          {"model.num_layers", "num_hidden_layers"},
+          {"model.num_heads", "num_attention_heads"},
+          {"model.num_kv_heads", "num_key_value_heads"},
+          {"model.ffn_hidden_size", "intermediate_size"},
+          {"model.rope_theta", "rope_theta"},
+          {"model.norm_eps", "rms_norm_eps"},
+          {"model.init_std", "initializer_range"},
+          {"model.sliding_window", "sliding_window"}};
+      const auto it = names.find(key);
+      return it == names.end() ? key : it->second;
+    },
+    {}};
 
 // The whole model as one rank holds it: a conversion tool's view of the weights.
 std::unique_ptr<LlamaModel> whole_model(const ModelConfig& config) {
@@ -243,16 +265,16 @@ HfModelConfig read_hf_config(const std::string& path) {
   m.num_heads = c.integer("num_attention_heads");
   m.num_kv_heads = c.integer("num_key_value_heads", m.num_heads);
   m.vocab_size = c.integer("vocab_size");
-  if (m.hidden_size % m.num_heads != 0)
-    c.fail("num_attention_heads", std::to_string(m.num_heads) + " does not divide hidden_size " +
-           std::to_string(m.hidden_size), "");
-  if (c.has("head_dim") && c.integer("head_dim") != m.head_dim())
-    c.fail("head_dim", std::to_string(c.integer("head_dim")) + " is not hidden_size / num_attention_heads = " +
-           std::to_string(m.head_dim()), "this build's attention has head_dim = hidden_size / num_attention_heads");
   m.rope_theta = c.number("rope_theta", 10000.0);
   m.norm_eps = c.number("rms_norm_eps", 1e-6);  // LlamaConfig's default
   m.tie_embeddings = c.boolean("tie_word_embeddings", false);
   m.init_std = c.number("initializer_range", m.init_std);
+  // The model's own rules, as the training config and `trainer plan` check them.
+  if (const std::optional<ModelIssue> issue = model_issue(m, kHfKeyWording))
+    c.fail(kHfKeyWording.name_of(issue->key), issue->problem, issue->valid);
+  if (c.has("head_dim") && c.integer("head_dim") != m.head_dim())
+    c.fail("head_dim", std::to_string(c.integer("head_dim")) + " is not hidden_size / num_attention_heads = " +
+           std::to_string(m.head_dim()), "this build's attention has head_dim = hidden_size / num_attention_heads");
   hf.max_position_embeddings = c.integer("max_position_embeddings", 2048, 2);
   hf.bos_token_id = c.token_id("bos_token_id");
   hf.eos_token_id = c.token_id("eos_token_id");

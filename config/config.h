@@ -1,8 +1,10 @@
 #pragma once
 // The training configuration: one YAML file, sections model / data / optim /
-// train / parallel, overridable with --set key.path=value. Parsing is strict:
-// unknown keys, wrong types and impossible values are ConfigErrors that name the
-// key, where it came from (file:line or --set) and what would be valid.
+// train / parallel / scheduler / offload / loader / trace, overridable with --set
+// key.path=value. Parsing is strict: unknown keys, wrong types and impossible
+// values are ConfigErrors that name the key, where it came from (file:line or
+// --set) and what would be valid. The keys, their docs and their own rules are the
+// schema's (config/schema.h); the rules between keys are config/checks.h's.
 
 #include <cstdint>
 #include <map>
@@ -90,7 +92,9 @@ struct TrainConfig {
   DType precision = DType::F32;          // fp32 | bf16 (mixed precision: bf16 compute weights and activations,
                                          // fp32 master weights, gradients and moments; docs/configuration.md)
   double spike_factor = 0;               // skip a step whose loss exceeds this x the recent median; 0 = off
-  int64_t max_bad_steps = 3;             // this many skipped (NaN/Inf or spike) steps in a row stop the run
+  int64_t max_bad_steps = 3;             // this many bad (NaN/Inf or spike) steps in a row roll the run back to the
+                                         // newest checkpoint before them and skip their batches; with none to
+                                         // return to (or after 3 rollbacks there) the run stops
   double hang_timeout_s = 600;           // no progress (or a silent peer) this long is a hang: stacks, summary, exit 1; 0 = off
 };
 
@@ -170,6 +174,20 @@ Config parse_config_text(const std::string& yaml_text, const std::string& source
 // The config as YAML with every key, in schema order (what Config::yaml holds).
 // parse_config_text(emit_config_yaml(c), ...) gives back the same values.
 std::string emit_config_yaml(const Config& config);
+
+// A model described in a file of its own (`trainer plan`'s configs/models/*.yaml):
+// the keys of the config's model section at the top level, read and checked as
+// that section is (the same names, defaults, rules and messages, which name
+// <file>:<line> and model.<key>), and `name`, a label for reports (default: the
+// file's stem). Such a file describes a model at scale, so its sizes (vocab_size,
+// hidden_size, num_layers, num_heads, num_kv_heads, ffn_hidden_size) are required
+// rather than left at the demo's defaults, and Mixtral's keys are refused on
+// another architecture, which would ignore them. Throws ConfigError.
+struct ModelFile {
+  std::string name;
+  ModelConfig model;
+};
+ModelFile read_model_file(const std::string& path);
 
 // data.format as the dataset reader's enum.
 inline DatasetFormat dataset_format(const DataConfig& data) {

@@ -63,7 +63,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   if (c.hidden_size % c.num_heads != 0 || c.num_heads % c.num_kv_heads != 0 || c.head_dim() % 2 != 0) {
     throw std::invalid_argument("model: heads must divide hidden size, kv heads must divide heads, head_dim even");
   }
-  if (c.num_kv_heads % tp_size != 0 || c.ffn_hidden_size % tp_size != 0 || c.vocab_size < tp_size) {
+  if (!tp_divides_kv_heads(c.num_kv_heads, tp_size) || c.ffn_hidden_size % tp_size != 0 || c.vocab_size < tp_size) {
     throw std::invalid_argument("model: tensor parallel degree " + std::to_string(tp_size) +
                                 " must divide num_kv_heads and ffn_hidden_size");
   }

@@ -7,7 +7,10 @@
 // its global loss or gradient norm is NaN or infinite, or, with a spike factor,
 // when its loss exceeds that factor times the median loss of the recent good
 // steps. Its optimizer update is skipped (the batch is dropped, the step counts);
-// max_bad_steps bad steps in a row stop the run.
+// max_bad_steps bad steps in a row make the training loop (run/training.cpp) roll
+// the run back to the newest checkpoint before them and skip their batches, or
+// stop it when there is no checkpoint to return to, the loader cannot replay
+// batches, or rolling back keeps ending in bad steps.
 //
 // The inputs are the step's global loss and gradient norm, which every rank holds;
 // the training loop still all-reduces the verdict so that all ranks skip together.
@@ -30,7 +33,7 @@ class NumericalGuard {
   // This rank's verdict on a step (does not record it).
   StepFault inspect(double loss, double grad_norm) const;
   // Records the verdict every rank agreed on. Returns true when it is the
-  // max_bad_steps-th bad step in a row: the run must stop.
+  // max_bad_steps-th bad step in a row: the run must roll back or stop.
   bool record(StepFault fault, double loss);
 
   int64_t bad_in_a_row() const { return bad_in_a_row_; }

@@ -1,6 +1,9 @@
 #include "spec/model_shape.h"
 
+#include <optional>
 #include <stdexcept>
+
+#include "spec/model_checks.h"
 
 namespace hdp {
 namespace {
@@ -34,28 +37,21 @@ void validate_model_shape(const ModelShape& m) {
   positive(m.experts, "num_experts");
   positive(m.experts_per_token, "experts_per_token");
   if (m.window < 0) throw std::invalid_argument("sliding_window must be positive (or 0 for none), got " + str(m.window));
-  // heads need not be a multiple of kv_heads here (LLaMA-30B is listed as 52 heads
-  // over 8 KV groups): only FLOPs and bytes are counted.
   if (m.experts_per_token > m.experts)
     throw std::invalid_argument("experts_per_token " + str(m.experts_per_token) + " exceeds num_experts " +
                                 str(m.experts));
 }
 
 void validate_split(const ModelShape& m, int tp, int pp) {
-  if (tp < 1 || pp < 1) throw std::invalid_argument("tp and pp must be at least 1");
-  if (m.heads % tp != 0) throw std::invalid_argument("num_heads " + str(m.heads) + " is not divisible by tp " + str(tp));
-  if (m.kv_heads % tp != 0 && tp % m.kv_heads != 0)
-    throw std::invalid_argument("num_kv_heads " + str(m.kv_heads) + " and tp " + str(tp) +
-                                " do not divide one another");
-  if (m.ffn % tp != 0) throw std::invalid_argument("ffn_hidden_size " + str(m.ffn) + " is not divisible by tp " + str(tp));
-  if (m.layers < pp) throw std::invalid_argument("num_layers " + str(m.layers) + " is below pp " + str(pp));
+  if (const std::optional<ModelIssue> issue = layout_issue(m, ParallelDegrees{tp, pp, 1, 1}))
+    throw std::invalid_argument(describe_issue(*issue));
 }
 
 LayerSlice layer_slice(const ModelShape& m, int tp) {
   LayerSlice s;
   s.heads = m.heads / tp;
   s.q_dim = s.heads * m.head_dim;
-  s.kv_dim = (m.kv_heads >= tp ? m.kv_heads / tp : 1) * m.head_dim;
+  s.kv_dim = m.kv_heads / tp * m.head_dim;
   s.ffn = m.ffn / tp;
   return s;
 }

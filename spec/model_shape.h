@@ -6,8 +6,8 @@
 // cost model and `trainer plan`'s simulator.
 //
 // Tensor parallelism as in Megatron-LM (Shoeybi et al., 2019): tp shards the
-// query heads, the KV heads (with fewer KV heads than ranks each rank keeps one
-// whole head, replicated), every expert's FFN and the LM head's vocabulary; the
+// query heads, the KV heads (tp divides them, spec/model_checks.h: no KV head is
+// replicated), every expert's FFN and the LM head's vocabulary; the
 // norms and the MoE router are replicated, and there is no sequence parallelism,
 // so tensors of size hidden per token are held whole on every rank.
 //
@@ -27,8 +27,14 @@
 
 namespace hdp {
 
-// MoE: every layer has `experts` FFNs of size ffn and each token runs
-// `experts_per_token` of them; dense models have 1 and 1.
+// The arithmetic view of a model, which ModelConfig::shape() (spec/model_config.h)
+// derives from a described model: the training config, a `trainer plan` model
+// file and an imported Hugging Face config are all read as a ModelConfig first. It
+// stays a struct of its own because the counts below need sizes only, with the
+// architecture resolved (a dense model has 1 expert whatever num_experts says, no
+// window is 0), and the cost model's tests and benchmarks state hypothetical
+// shapes directly. MoE: every layer has `experts` FFNs of size ffn and each token
+// runs `experts_per_token` of them; dense models have 1 and 1.
 struct ModelShape {
   std::string name;
   int64_t layers = 0, hidden = 0, heads = 0, kv_heads = 0, head_dim = 0, ffn = 0, vocab = 0;
@@ -41,14 +47,24 @@ struct ModelShape {
 // window (0: none): s (s + 1) / 2, or W (W + 1) / 2 + (s - W) W when s > W.
 double attention_pairs(int64_t seq_len, int64_t window);
 
-// Throws std::invalid_argument naming the first bad field.
+// Throws std::invalid_argument naming the first field the counts cannot take
+// (sizes below 1, more active experts than experts): what the arithmetic needs of
+// a shape stated directly. A described model is checked whole by model_issue
+// (spec/model_checks.h) before its shape is derived.
 void validate_model_shape(const ModelShape& model);
-// Throws std::invalid_argument unless the model splits over tp tensor-parallel
-// ranks and pp pipeline stages: tp and pp at least 1, tp dividing the heads and the
-// FFN, tp and the KV heads dividing one another, at least pp layers.
+// Throws std::invalid_argument (describe_issue of layout_issue, spec/model_checks.h)
+// unless the model splits over tp tensor-parallel ranks and pp pipeline stages.
 void validate_split(const ModelShape& model, int tp, int pp);
 
-// What one rank of a tensor-parallel group of tp holds of a layer.
+// The one rule for grouped-query attention under tensor parallelism: every rank
+// of a tp group holds num_kv_heads / tp whole KV heads (Megatron-LM's split), and
+// no rank holds a replica of another's, so tp must divide num_kv_heads; with
+// fewer KV heads than ranks the layout is refused (layout_issue,
+// spec/model_checks.h, for the config, the planner and the model alike).
+inline bool tp_divides_kv_heads(int64_t kv_heads, int64_t tp) { return tp >= 1 && kv_heads % tp == 0; }
+
+// What one rank of a tensor-parallel group of tp holds of a layer (a split
+// validate_split accepts).
 struct LayerSlice {
   int64_t heads = 0;   // query heads
   int64_t q_dim = 0;   // heads x head_dim

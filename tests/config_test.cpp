@@ -619,7 +619,8 @@ TEST(Config, Mixtral) {
                   "parallel.ep: 8 does not divide model.num_experts 4");
   EXPECT_CONTAINS(load_error(path, {"parallel.hdp=2", "parallel.ep=0"}), "parallel.ep: 0 is not positive");
   EXPECT_CONTAINS(load_error(s.config(kMinimalConfig), {"parallel.hdp=2", "parallel.ep=2"}),
-                  "parallel.ep: 2 with model.arch 'llama' (default); expert parallelism spreads a mixture of experts");
+                  "parallel.ep: 2 needs a mixture of experts, and the model is dense; expert parallelism spreads a mixture "
+                  "of experts; use model.arch: mixtral or parallel.ep: 1");
   // The routing counts are fp32 in every layout (they cross pipeline stages so).
   for (const char* pp : {"parallel.pp=1", "parallel.pp=2"}) {
     EXPECT_CONTAINS(load_error(path, {pp, "model.num_layers=2", "data.micro_batch_tokens=4194304"}),

@@ -241,6 +241,13 @@ TEST_F(HfImportRefuses, SettingsWeDoNotImplement) {
        "config.json: sliding_window: 0 is less than 1"},
       {"activation", [](Json& c) { c["hidden_act"] = "gelu"; }, "config.json: hidden_act: 'gelu' is not supported"},
       {"head-dim", [](Json& c) { c["head_dim"] = 32; }, "config.json: head_dim: 32 is not hidden_size / num_attention_heads = 16"},
+      // The model's own rules, as the training config checks them (spec/model_checks.h),
+      // in config.json's names.
+      {"heads", [](Json& c) { c["num_attention_heads"] = 5; },
+       "config.json: num_attention_heads: 5 does not divide hidden_size 64; choose a divisor of 64"},
+      {"kv-heads", [](Json& c) { c["num_key_value_heads"] = 3; },
+       "config.json: num_key_value_heads: 3 does not divide num_attention_heads 4; choose a divisor of 4"},
+      {"rope-theta", [](Json& c) { c["rope_theta"] = 0.0; }, "config.json: rope_theta: 0 is not positive"},
       {"missing-key", [](Json& c) { c.erase("hidden_size"); }, "config.json: hidden_size: required key is missing"},
       {"wrong-type", [](Json& c) { c["num_hidden_layers"] = "4"; }, "config.json: num_hidden_layers: expected an integer, got \"4\""},
   };

@@ -221,23 +221,50 @@ TEST(PlanFiles, ErrorsNameFileAndKey) {
   std::ofstream(dir + "/range.yaml") << range;
   expect_plan_error(dir + "/range.yaml", true, "achievable_fraction");
   expect_plan_error(dir + "/absent.yaml", true, "cannot open the cluster file (No such file or directory)");
-  std::ofstream(dir + "/model.yaml") << "num_layers: 32\nhidden_size: 4096\nnum_heads: 32\nnum_kv_heads: 8\n"
-                                        "ffn_hidden_size: 11008\nvocab_size: 32000\nexperts: 8\n";
-  expect_plan_error(dir + "/model.yaml", false, "model.yaml:7: experts: unknown key; valid keys: num_layers");
-  std::ofstream(dir + "/model2.yaml") << "num_layers: 32\nhidden_size: 4096\nnum_heads: 32\nnum_kv_heads: 8\n"
-                                         "ffn_hidden_size: 11008\nvocab_size: 32000\nnum_experts: 2\n"
+  // Model files are the training config's model section (read_model_file): its keys,
+  // rules and messages, at the file's lines.
+  const std::string sizes = "num_layers: 32\nhidden_size: 4096\nnum_heads: 32\nnum_kv_heads: 8\nvocab_size: 32000\n";
+  std::ofstream(dir + "/model.yaml") << sizes << "ffn_hidden_size: 11008\nexperts: 8\n";
+  expect_plan_error(dir + "/model.yaml", false,
+                    "model.yaml:7: model.experts: unknown key in section 'model'; valid keys in model: arch, "
+                    "vocab_size, hidden_size");
+  std::ofstream(dir + "/model2.yaml") << "arch: mixtral\n" << sizes << "ffn_hidden_size: 11008\nnum_experts: 2\n"
                                          "experts_per_token: 4\n";
-  expect_plan_error(dir + "/model2.yaml", false, "experts_per_token");
-  std::ofstream(dir + "/window.yaml") << "num_layers: 32\nhidden_size: 4096\nnum_heads: 32\nnum_kv_heads: 8\n"
-                                         "ffn_hidden_size: 14336\nvocab_size: 32000\nsliding_window: 0\n";
-  expect_plan_error(dir + "/window.yaml", false, "window.yaml:7: sliding_window: 0 is not positive");
+  expect_plan_error(dir + "/model2.yaml", false,
+                    "model2.yaml:9: model.experts_per_token: 4 is outside [1, model.num_experts = 2]");
+  std::ofstream(dir + "/dense.yaml") << sizes << "ffn_hidden_size: 11008\nnum_experts: 8\n";
+  expect_plan_error(dir + "/dense.yaml", false,
+                    "dense.yaml:7: model.num_experts: is for model.arch 'mixtral' only, and this model's is 'llama'");
+  std::ofstream(dir + "/window.yaml") << "arch: mistral\n" << sizes << "ffn_hidden_size: 14336\nsliding_window: 0\n";
+  expect_plan_error(dir + "/window.yaml", false, "window.yaml:8: model.sliding_window: 0 is not positive");
+  std::ofstream(dir + "/llama-window.yaml") << sizes << "ffn_hidden_size: 14336\nsliding_window: 4096\n";
+  expect_plan_error(dir + "/llama-window.yaml", false,
+                    "llama-window.yaml:7: model.sliding_window: a sliding window needs model.arch 'mistral' or "
+                    "'mixtral', not 'llama' (default)");
+  std::ofstream(dir + "/gqa.yaml") << "num_layers: 32\nhidden_size: 4096\nnum_heads: 32\nnum_kv_heads: 3\n"
+                                      "vocab_size: 32000\nffn_hidden_size: 11008\n";
+  expect_plan_error(dir + "/gqa.yaml", false,
+                    "gqa.yaml:4: model.num_kv_heads: 3 does not divide model.num_heads 32; choose a divisor of 32");
+  std::ofstream(dir + "/no-ffn.yaml") << sizes;
+  expect_plan_error(dir + "/no-ffn.yaml", false,
+                    "no-ffn.yaml: model.ffn_hidden_size: required key is missing; a model file gives its sizes: "
+                    "vocab_size, hidden_size, num_layers, num_heads, num_kv_heads, ffn_hidden_size");
 }
 
 TEST(PlanSetupTest, LayoutErrors) {
   const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
   const ModelShape m = load_model_file(config("models/llama-30b.yaml"));
   const int64_t context = 256 * 1024;
-  EXPECT_THROW(make_plan_setup(h, m, 1024, 8, 1, context), PlanInputError);  // 52 heads over tp 8
+  EXPECT_THROW(make_plan_setup(h, m, 1024, 8, 1, context), PlanInputError);  // 4 KV heads (and 52 heads) over tp 8
+  // Fewer KV heads than tp ranks: refused, as the trainer refuses it (no rank holds a
+  // replica of a KV head; spec/model_shape.h, tp_divides_kv_heads).
+  try {
+    make_plan_setup(h, load_model_file(config("models/llama-7b.yaml")), 1024, 16, 1, context);
+    ADD_FAILURE() << "tp 16 over 8 KV heads was accepted";
+  } catch (const PlanInputError& e) {
+    EXPECT_NE(std::string(e.what()).find("parallel.tp: 16 does not divide model.num_kv_heads 8"), std::string::npos)
+        << e.what();
+  }
   EXPECT_THROW(make_plan_setup(h, m, 1000, 4, 3, context), PlanInputError);  // 1000 not a multiple of 12
   const PlanSetup s = make_plan_setup(h, m, 1024, 4, 1, context);
   EXPECT_EQ(s.layout.hdp, 256);
@@ -353,7 +380,8 @@ TEST(PlanCommand, MixtralPlansWithExpertParallelism) {
   EXPECT_NE(fixed.output.find("expert all-to-all"), std::string::npos) << fixed.output;
   const auto bad = plan("mistral-8x7b.yaml", " --ep 3");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
-  EXPECT_NE(bad.output.find("num_experts 8 is not divisible by ep 3"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("parallel.ep: 3 does not divide parallel.hdp 8"), std::string::npos) << bad.output;
+  EXPECT_NE(bad.output.find("choose a divisor of 8"), std::string::npos) << bad.output;
   const auto unfit = plan("mistral-8x22b.yaml", " --ep 1");
   EXPECT_EQ(unfit.exit_code, 2) << unfit.output;
   EXPECT_NE(unfit.output.find("does not fit"), std::string::npos) << unfit.output;

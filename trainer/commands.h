@@ -18,6 +18,8 @@ int command_eval(const std::vector<std::string>& args);
 int command_generate(const std::vector<std::string>& args);
 int command_profile(const std::vector<std::string>& args);
 int command_selftest(const std::vector<std::string>& args);
+// trainer/config_command.cpp
+int command_config(const std::vector<std::string>& args);
 // trainer/plan_command.cpp
 int command_plan(const std::vector<std::string>& args);
 // trainer/analyze_command.cpp

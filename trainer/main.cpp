@@ -27,6 +27,7 @@ commands:
   export-hf CHECKPOINT --output HF_DIR           a checkpoint as a Hugging Face model directory
   eval CHECKPOINT --data DATA                    loss and perplexity on held-out data
   generate CHECKPOINT --prompt TEXT              continue a text (greedy or sampled)
+  config CONFIG.yaml | --keys-markdown           check a config and print it effective, or the key tables
   profile CONFIG.yaml [--output FILE.yaml]       measure the planner's cost model on this machine
   plan --cluster HW.yaml --model M.yaml ...      plan and simulate one step on a described cluster
   analyze TRACE... [--output R.json ...]         what-if straggler analysis of op traces
@@ -71,6 +72,7 @@ int main(int argc, char** argv) {
   if (command == "eval") return hdp::command_eval(args);
   if (command == "generate") return hdp::command_generate(args);
   if (command == "profile") return hdp::command_profile(args);
+  if (command == "config") return hdp::command_config(args);
   if (command == "plan") return hdp::command_plan(args);
   if (command == "analyze") return hdp::command_analyze(args);
   if (command == "trace") return hdp::command_trace(args);

@@ -23,7 +23,8 @@ namespace hdp {
 namespace {
 
 // ---------------------------------------------------------------------------
-// Cluster and model files: one flat map, every key known, every value typed.
+// Cluster files: one flat map, every key known, every value typed. (Model files
+// are the config's model section: read_model_file, config/config.h.)
 
 YamlMap read_flat_file(const std::string& path, const std::string& kind, const std::string& example,
                        const std::vector<std::string>& required, const std::vector<std::string>& optional) {
@@ -146,40 +147,10 @@ HardwareProfile load_cluster_file(const std::string& path) {
 }
 
 ModelShape load_model_file(const std::string& path) {
-  const YamlMap y = read_flat_file(
-      path, "model", "configs/models/llama-7b.yaml",
-      {"num_layers", "hidden_size", "num_heads", "num_kv_heads", "ffn_hidden_size", "vocab_size"},
-      {"name", "head_dim", "num_experts", "experts_per_token", "tie_embeddings", "sliding_window"});
-  ModelShape m;
-  m.name = y.get_or<std::string>("name", std::filesystem::path(path).stem().string());
-  m.layers = y.get<int64_t>("num_layers");
-  m.hidden = y.get<int64_t>("hidden_size");
-  m.heads = y.get<int64_t>("num_heads");
-  m.kv_heads = y.get<int64_t>("num_kv_heads");
-  m.ffn = y.get<int64_t>("ffn_hidden_size");
-  m.vocab = y.get<int64_t>("vocab_size");
-  if (m.heads < 1) y.fail("num_heads", std::to_string(m.heads) + " is not positive", "it must be at least 1");
-  if (!y.has("head_dim") && m.hidden % m.heads != 0)
-    y.fail("num_heads",
-           "hidden_size " + std::to_string(m.hidden) + " is not a multiple of num_heads " + std::to_string(m.heads),
-           "give head_dim");
-  m.head_dim = y.get_or<int64_t>("head_dim", m.hidden / m.heads);
-  m.experts = y.get_or<int64_t>("num_experts", m.experts);
-  m.experts_per_token = y.get_or<int64_t>("experts_per_token", m.experts_per_token);
-  m.tied_embeddings = y.get_or<bool>("tie_embeddings", m.tied_embeddings);
-  // Mistral's sliding window (absent: full attention), as in the Hugging Face config.
-  if (y.has("sliding_window")) {
-    m.window = y.get<int64_t>("sliding_window");
-    if (m.window < 1)
-      y.fail("sliding_window", std::to_string(m.window) + " is not positive",
-             "it must be at least 1; leave the key out for full attention");
-  }
-  try {
-    validate_model_shape(m);
-  } catch (const std::invalid_argument& e) {
-    refuse_file(path, e);
-  }
-  return m;
+  const ModelFile file = read_model_file(path);
+  ModelShape shape = file.model.shape();
+  shape.name = file.name;
+  return shape;
 }
 
 std::vector<int64_t> global_batch_lengths(const std::string& source, int64_t context, int64_t global_batch_tokens,

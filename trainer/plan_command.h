@@ -35,10 +35,9 @@ class PlanInputError : public InputError {
 // out of range.
 HardwareProfile load_cluster_file(const std::string& path);
 
-// configs/models/*.yaml: num_layers, hidden_size, num_heads, num_kv_heads,
-// ffn_hidden_size, vocab_size, and optionally name, head_dim (default
-// hidden / heads), num_experts and experts_per_token (default 1, 1),
-// tie_embeddings (default false).
+// configs/models/*.yaml, read as the training config's model section
+// (read_model_file, config/config.h: the same keys, rules and errors), as the
+// shape the planner counts with (ModelConfig::shape), named by the file's `name`.
 ModelShape load_model_file(const std::string& path);
 
 // The sequences of one global batch from `source`: a built-in distribution name

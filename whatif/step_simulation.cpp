@@ -8,6 +8,7 @@
 
 #include "planning/pipeline_schedule.h"
 #include "planning/ring_layout.h"
+#include "spec/model_checks.h"
 
 namespace hdp {
 
@@ -40,12 +41,8 @@ ModelCosts model_costs(const ModelShape& m, int tp, int pp) {
 }
 
 void validate_expert_parallel(const ModelShape& m, int hdp, int ep) {
-  if (ep < 1) throw std::invalid_argument("ep must be at least 1, got " + str(ep));
-  if (ep > 1 && m.experts == 1)
-    throw std::invalid_argument("ep " + str(ep) + " needs a mixture of experts; the model is dense (num_experts 1)");
-  if (m.experts % ep != 0)
-    throw std::invalid_argument("num_experts " + str(m.experts) + " is not divisible by ep " + str(ep));
-  if (hdp % ep != 0) throw std::invalid_argument("hdp " + str(hdp) + " is not divisible by ep " + str(ep));
+  if (const std::optional<ModelIssue> issue = layout_issue(m, ParallelDegrees{1, 1, hdp, ep}))
+    throw std::invalid_argument(describe_issue(*issue));
 }
 
 std::vector<int> expert_parallel_candidates(const ModelShape& m, int hdp) {

@@ -86,7 +86,8 @@ struct ModelCosts {
 ModelCosts model_costs(const ModelShape& model, int tp, int pp);
 
 // Throws std::invalid_argument unless ep is at least 1 and divides num_experts and
-// hdp; a dense model (num_experts 1) takes ep 1 only.
+// hdp; a dense model (num_experts 1) takes ep 1 only: the layout rules of
+// spec/model_checks.h (layout_issue) the trainer's config checks too.
 void validate_expert_parallel(const ModelShape& model, int hdp, int ep);
 // The degrees of expert parallelism a model may use over hdp ranks: the divisors of
 // hdp that divide num_experts, ascending ({1} for a dense model).
