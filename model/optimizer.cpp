@@ -1,33 +1,25 @@
 #include "model/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 
 
 namespace hdp {
 
-double learning_rate(const OptimConfig& optim, int64_t step, int64_t total_steps) {
-  if (optim.warmup_steps > 0 && step <= optim.warmup_steps) {
-    return optim.lr * static_cast<double>(step) / static_cast<double>(optim.warmup_steps);
+double learning_rate(const LearningRateSchedule& schedule, int64_t step, int64_t total_steps) {
+  if (schedule.warmup_steps > 0 && step <= schedule.warmup_steps) {
+    return schedule.lr * static_cast<double>(step) / static_cast<double>(schedule.warmup_steps);
   }
-  const int64_t decay_steps = total_steps - optim.warmup_steps;
-  if (decay_steps <= 0) return optim.lr;
+  const int64_t decay_steps = total_steps - schedule.warmup_steps;
+  if (decay_steps <= 0) return schedule.lr;
   const double progress =
-      std::min(1.0, static_cast<double>(step - optim.warmup_steps) / static_cast<double>(decay_steps));
-  return optim.min_lr + 0.5 * (optim.lr - optim.min_lr) * (1.0 + std::cos(M_PI * progress));
+      std::min(1.0, static_cast<double>(step - schedule.warmup_steps) / static_cast<double>(decay_steps));
+  return schedule.min_lr + 0.5 * (schedule.lr - schedule.min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
 float clip_factor(double grad_norm, double max_norm) {
   if (max_norm <= 0 || !(grad_norm > max_norm)) return 1.0f;
   return static_cast<float>(max_norm / (grad_norm + 1e-6));
-}
-
-AdamWSettings adamw_settings(const OptimConfig& optim) {
-  AdamWSettings s;
-  s.beta1 = static_cast<float>(optim.beta1);
-  s.beta2 = static_cast<float>(optim.beta2);
-  s.eps = static_cast<float>(optim.eps);
-  s.weight_decay = static_cast<float>(optim.weight_decay);
-  return s;
 }
 
 std::vector<FlatParameter> flat_parameters(const LlamaModel& model) {

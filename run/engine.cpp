@@ -190,7 +190,7 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
                                         long_sequences, device, config.train.precision, groups.ep());
   const int64_t bucket_floats = std::max<int64_t>(1, config.parallel.bucket_mb * (1 << 20) / 4);
   optimizer_ = std::make_unique<ZeroAdamW>(flat_parameters(*model_), model_->flat_parameters().numel(),
-                                           adamw_settings(config.optim), groups.hdp(), groups.world(), bucket_floats,
+                                           config.optim, groups.hdp(), groups.world(), bucket_floats,
                                            device, &groups.expert_dp());
   slow_factor_ = slow_rank_factor(groups.world().rank());
 }

@@ -72,7 +72,8 @@ std::vector<Rank> make_ranks(const ModelConfig& c, const ParallelDegrees& g, int
     k.world_comm = std::make_unique<LocalCommunicator>("world");
     k.model = std::make_unique<LlamaModel>(c, 8, k.partition, 1, nullptr);
     k.optimizer = std::make_unique<ZeroAdamW>(flat_parameters(*k.model), k.model->flat_parameters().numel(),
-                                              AdamWSettings{}, *k.hdp_comm, *k.world_comm, bucket_floats);
+                                              AdamWHyperparameters{.weight_decay = 0}, *k.hdp_comm,
+                                              *k.world_comm, bucket_floats);
   }
   return ranks;
 }
