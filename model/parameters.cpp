@@ -249,4 +249,22 @@ void ParameterTable::refresh_compute_weights() {
 
 void ParameterTable::zero_grad() { fill(grads_, 0.0f); }
 
+std::vector<FlatParameter> flat_parameters(const ParameterTable& table) {
+  std::vector<FlatParameter> out;
+  const ModelPartition& partition = table.partition();
+  const bool tp_primary = partition.tp_rank == 0;
+  for (const ParameterInfo& p : table.entries()) {
+    FlatParameter f;
+    f.offset = p.offset;
+    f.numel = p.numel;
+    f.weight_decay = p.weight_decay;
+    f.counts_in_norm = !p.tied_copy && (p.shard_dim >= 0 || tp_primary);
+    f.expert = p.expert && partition.ep_size > 1;  // otherwise their group is hdp, like the rest
+    f.synced_later = table.tie_embeddings() && p.name == "model.embed_tokens.weight" &&
+                     !(partition.has_embedding && partition.has_head);
+    out.push_back(f);
+  }
+  return out;
+}
+
 }  // namespace hdp

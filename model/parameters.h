@@ -15,6 +15,7 @@
 #include "kernels/tensor.h"
 #include "model/moe.h"
 #include "model/partition.h"
+#include "parallel/zero_optimizer.h"
 #include "spec/model_config.h"
 
 namespace hdp {
@@ -119,5 +120,10 @@ class ParameterTable {
   std::vector<LayerParameters> layers_;
   EndParameters ends_;
 };
+
+// The table as the optimizer sees it, in entries() order (ZeroAdamW::Segment::parameter
+// indexes both). Tensor-parallel replicas count in the gradient norm on tp rank 0
+// only, and a tied copy never.
+std::vector<FlatParameter> flat_parameters(const ParameterTable& table);
 
 }  // namespace hdp

@@ -3,7 +3,7 @@
 // gradient clipping. Plain data, like model_config.h. The one definition of each:
 // the config file's optim section fills them, ZeRO-1 (parallel/zero_optimizer.h)
 // takes the AdamW hyper-parameters and hands them to the AdamW kernel, the trainer
-// reads the schedule (model/optimizer.h) and the clipping threshold.
+// reads the schedule (model/lr_schedule.h) and the clipping threshold.
 
 #include <cstdint>
 
