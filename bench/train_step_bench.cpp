@@ -21,7 +21,7 @@
 #include "parallel/runtime.h"
 #include "config/config.h"
 #include "model/model.h"
-#include "model/optimizer.h"
+#include "model/lr_schedule.h"
 #include "kernels/peak_flops.h"
 
 namespace hdp {
@@ -76,7 +76,7 @@ struct BenchLlamaStep {
   Config config = bench_config();
   LlamaModel model{config.model, config.data.micro_batch_tokens};
   LocalCommunicator hdp{"hdp"}, world{"world"};
-  ZeroAdamW optimizer{flat_parameters(model), model.flat_parameters().numel(), adamw_settings(config.optim), hdp,
+  ZeroAdamW optimizer{flat_parameters(model.parameter_table()), model.flat_parameters().numel(), config.optim, hdp,
                       world, config.parallel.bucket_mb << 18};
   SyntheticBatch batch = documents(4, 1024, static_cast<int>(config.model.vocab_size));
   MicroBatchView view{batch.tokens, batch.targets, batch.positions, batch.cu_seqlens};

@@ -591,6 +591,9 @@ void check_adamw(Checker& c) {
              v = w.random({n}, 0, 1e-6f);
   AdamWStep s;
   s.lr = 3e-4f;
+  s.beta1 = 0.9f;
+  s.beta2 = 0.95f;
+  s.eps = 1e-8f;
   s.weight_decay = 0.1f;
   s.step = 7;
   s.grad_scale = 0.8f;

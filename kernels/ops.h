@@ -178,11 +178,14 @@ double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Ten
 double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT);
 
 // ---- AdamW (decoupled weight decay, bias correction) ----------------------------
+// The update's plain arguments, all the caller's: the trainer's come from its
+// AdamWHyperparameters (spec/optim_config.h) through adamw_step
+// (parallel/zero_optimizer.h).
 struct AdamWStep {
   float lr = 0;
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-8f;
+  float beta1 = 0;
+  float beta2 = 0;
+  float eps = 0;
   float weight_decay = 0;
   int64_t step = 1;         // 1-based, for bias correction
   float grad_scale = 1.0f;  // applied to grad first (gradient clipping)

@@ -14,6 +14,7 @@ namespace {
 
 // Host memory as a CPU tensor, for copies to and from the device.
 Tensor host(std::vector<float>& v, int64_t rows, int64_t cols) { return Tensor(v.data(), {rows, cols}); }
+Tensor host(std::vector<float>& v) { return Tensor(v.data(), {static_cast<int64_t>(v.size())}); }
 IndexTensor host(std::vector<int32_t>& v, int64_t n) { return IndexTensor(v.data(), {n}); }
 
 }  // namespace
@@ -356,5 +357,85 @@ void MoeBlock::backward(Tensor dx, const MoeTensors& grads, const Tensor& dout, 
   copy(ws_.dlogits.rows(0, T), host(dlogits_, T, E));
   linear_backward(dx, grads.gate, ws_.dlogits.rows(0, T), x, w.gate, true);
 }
+
+MoeLayers::MoeLayers(const MoeShape& shape, int64_t model_layers, int64_t stage_layers, int slots,
+                     int64_t max_tokens, Device device, DType dtype, double aux_loss_coef, bool has_head,
+                     Communicator* tp, Communicator* ep)
+    : experts_(shape.experts),
+      model_layers_(model_layers),
+      aux_loss_coef_(aux_loss_coef),
+      has_head_(has_head),
+      workspace_(shape, max_tokens, device, dtype, ep != nullptr && ep->size() > 1),
+      blocks_(slots),
+      slots_(slots) {
+  for (std::vector<MoeBlock>& blocks : blocks_)
+    for (int64_t l = 0; l < stage_layers; ++l) blocks.emplace_back(shape, max_tokens, workspace_, tp, ep);
+  for (SlotStatistics& s : slots_) {
+    s.routing_before.assign(2 * experts_, 0.0f);
+    s.routing_through.assign(2 * experts_, 0.0f);
+    s.routing_totals.assign(experts_ + 2, 0.0f);
+  }
+}
+
+size_t MoeLayers::bytes() const {
+  size_t bytes = workspace_.bytes();
+  for (const std::vector<MoeBlock>& blocks : blocks_)
+    for (const MoeBlock& block : blocks) bytes += block.bytes();
+  return bytes;
+}
+
+void MoeLayers::begin_micro_batch(int slot, std::span<const int32_t> targets) {
+  SlotStatistics& s = slots_.at(slot);
+  s.predictions = 0;
+  for (int32_t target : targets) s.predictions += target >= 0;
+  std::fill(s.routing_before.begin(), s.routing_before.end(), 0.0f);
+}
+
+double MoeLayers::pool_load_balancing(int slot, float loss_scale, int64_t tokens, RingAttention* ring_attention,
+                                      const RingLayout* ring) {
+  const int64_t E = experts_;
+  SlotStatistics& s = slots_.at(slot);
+  s.loss_scale = loss_scale;
+  s.routing_through = s.routing_before;
+  for (const MoeBlock& block : blocks_[slot]) {
+    for (int64_t e = 0; e < E; ++e) {
+      s.routing_through[e] += static_cast<float>(block.expert_tokens()[e]);
+      s.routing_through[E + e] += static_cast<float>(block.probability_sums()[e]);
+    }
+  }
+  if (!has_head_) return 0.0;
+  expert_tokens_.assign(E, 0);
+  for (int64_t e = 0; e < E; ++e) expert_tokens_[e] = static_cast<int64_t>(s.routing_through[e]);
+  // The forward's statistics: counts, probability sums, tokens and predictions.
+  forward_routing_.assign(s.routing_through.begin(), s.routing_through.end());
+  forward_routing_.push_back(static_cast<float>(tokens));
+  forward_routing_.push_back(static_cast<float>(s.predictions));
+  if (ring != nullptr) ring_attention->sum_over_members(forward_routing_, *ring);
+  const double N = static_cast<double>(model_layers_) * static_cast<double>(forward_routing_[2 * E]);
+  double aux = 0;
+  for (int64_t e = 0; e < E; ++e) {
+    s.routing_totals[e] = forward_routing_[e];
+    aux += (static_cast<double>(forward_routing_[e]) / N) * (static_cast<double>(forward_routing_[E + e]) / N);
+  }
+  s.routing_totals[E] = forward_routing_[2 * E];
+  s.routing_totals[E + 1] = forward_routing_[2 * E + 1];
+  aux_loss_ = N > 0 ? static_cast<double>(E) * aux : 0.0;
+  return aux_loss_coef_ * aux_loss_ * static_cast<double>(s.predictions);
+}
+
+std::span<const double> MoeLayers::load_balancing_gradient(int slot) {
+  const SlotStatistics& s = slots_.at(slot);
+  const int64_t E = experts_;
+  const double N = static_cast<double>(model_layers_) * static_cast<double>(s.routing_totals[E]);
+  const double c = aux_loss_coef_, P = static_cast<double>(s.routing_totals[E + 1]);
+  aux_grad_.assign(E, 0.0);
+  for (int64_t e = 0; e < E && N > 0; ++e)
+    aux_grad_[e] = c * P * s.loss_scale * static_cast<double>(E) * (static_cast<double>(s.routing_totals[e]) / N) / N;
+  return aux_grad_;
+}
+
+Tensor MoeLayers::routing_input(int slot) { return host(slots_.at(slot).routing_before); }
+Tensor MoeLayers::routing_output(int slot) { return host(slots_.at(slot).routing_through); }
+Tensor MoeLayers::routing_totals(int slot) { return host(slots_.at(slot).routing_totals); }
 
 }  // namespace hdp

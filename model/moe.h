@@ -52,6 +52,7 @@
 #include "kernels/allocator.h"
 #include "kernels/tensor.h"
 #include "parallel/communicator.h"
+#include "parallel/ring_attention.h"
 #include "parallel/tensor_parallel.h"
 
 namespace hdp {
@@ -201,6 +202,99 @@ class MoeBlock {
   int64_t rows_capacity_ = 0;
   Tensor xs_, gate_, up_;                  // [R, H], [R, F], [R, F]
   IndexTensor d_to_expert_, d_from_expert_;  // [R] (ep only)
+};
+
+// Mixtral in one pipeline stage of the model: a block per (slot, layer) (each keeps the
+// routing and saved rows of its slot's micro-batch) sharing one workspace, and the
+// load-balancing loss, which pools the routing of every layer of a micro-batch.
+//
+// The loss is Hugging Face's load_balancing_loss_func (Switch Transformer's: Fedus et
+// al. 2022) over all layers' routing of the micro-batch (its router logits
+// concatenated over the layers): N = layers x T, aux = E sum_e f_e P_e with f_e the
+// fraction of the N tokens' choices that went to expert e and P_e the mean router
+// probability of e over the N. One forward call is one micro-batch, and Hugging Face
+// computes the loss per forward call (data-parallel replicas and accumulation steps
+// each over their own batch), so the statistics pool over the micro-batch's layers
+// only, whichever stages hold them, never over data-parallel ranks; since every
+// planner packs the global batch into the same micro-batches for a given capacity
+// before assigning them to ranks, the loss is the same in every layout.
+// A ring micro-batch is one forward spread over the ring's members (each holds its
+// chunks of the ring's sequences, and its own whole sequences beside them), so its
+// statistics pool over the members too: one process that holds the members'
+// micro-batches as one computes the same loss.
+//
+// Under pipeline parallelism the statistics travel beside the activations (the
+// pipeline executor sends them in the same 1F1B order): routing_input / output: [2E]
+// floats, per expert the (token, choice) count and then the summed router probability
+// of the layers before this stage (received before forward; zero on the first stage)
+// and up to its end (sent after forward). routing_totals: [E + 2], the counts of all
+// layers, then the forward's tokens and predicted tokens (over the members of a ring
+// micro-batch, whose forward they share), which the last stage fills in forward and
+// the others receive before backward and pass on after it; backward's gradient of the
+// loss needs them. Counts travel as fp32, exact below 2^24 choices per forward.
+class MoeLayers {
+ public:
+  // model_layers: the layers of the whole model (N counts them all); stage_layers: this
+  // stage's; slots: its micro-batches in flight; has_head: the last stage, which
+  // completes the loss.
+  MoeLayers(const MoeShape& shape, int64_t model_layers, int64_t stage_layers, int slots, int64_t max_tokens,
+            Device device, DType dtype, double aux_loss_coef, bool has_head, Communicator* tp, Communicator* ep);
+  MoeLayers(const MoeLayers&) = delete;  // the blocks hold the workspace
+  MoeLayers& operator=(const MoeLayers&) = delete;
+
+  MoeBlock& block(int slot, int64_t layer) { return blocks_[slot][layer]; }
+  // Device memory of the blocks and their workspace.
+  size_t bytes() const;
+
+  // A new micro-batch in `slot`: counts its predicted tokens (targets >= 0) and clears
+  // the statistics it receives.
+  void begin_micro_batch(int slot, std::span<const int32_t> targets);
+  // After the stage's forward of `tokens` rows: adds its layers to the statistics it
+  // received (routing_input) and, on the last stage, where they cover every layer,
+  // returns coef aux P with P the micro-batch's predicted tokens (this member's, in a
+  // ring: the members' terms add up to the forward's), so that the caller's division by
+  // the step's predicted tokens (the token-level loss, loss_scale) weights each
+  // micro-batch by its share and one micro-batch adds exactly coef aux, as Hugging Face
+  // does. Other stages: 0. ring: the micro-batch's ring (nullptr: none), whose members
+  // sum their statistics through ring_attention.
+  double pool_load_balancing(int slot, float loss_scale, int64_t tokens, RingAttention* ring_attention,
+                             const RingLayout* ring);
+  // Before the stage's backward: the gradient of coef aux P loss_scale per router
+  // probability, the same for every token and layer of the forward: coef P loss_scale
+  // E f_e / N, from the counts of every layer, the forward's tokens and its predictions
+  // P (routing_totals: this stage's own on the last stage, received from the next stage
+  // on the others; over the members of a ring). Valid until the next call.
+  std::span<const double> load_balancing_gradient(int slot);
+
+  Tensor routing_input(int slot);
+  Tensor routing_output(int slot);
+  Tensor routing_totals(int slot);
+  // Of the last forward on the last stage: the load-balancing loss aux over all layers
+  // (its coef x aux x P is in pool_load_balancing's return value), and the (token,
+  // choice) pairs each expert received, summed over the layers. Other stages: 0 and empty.
+  double aux_loss() const { return aux_loss_; }
+  const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
+
+ private:
+  // What a micro-batch in flight carries: routing_input / output / totals (above), its
+  // predicted tokens and the loss scale of its forward.
+  struct SlotStatistics {
+    std::vector<float> routing_before, routing_through, routing_totals;
+    int64_t predictions = 0;
+    float loss_scale = 0;
+  };
+
+  int64_t experts_;
+  int64_t model_layers_;
+  double aux_loss_coef_;
+  bool has_head_;
+  MoeWorkspace workspace_;
+  std::vector<std::vector<MoeBlock>> blocks_;  // [slot][layer]
+  std::vector<SlotStatistics> slots_;
+  double aux_loss_ = 0;
+  std::vector<double> aux_grad_;
+  std::vector<float> forward_routing_;  // the last stage's statistics of a forward ([2E + 2])
+  std::vector<int64_t> expert_tokens_;
 };
 
 }  // namespace hdp

@@ -63,7 +63,7 @@ class RingAttention {
   // Sums `values` (host memory, the same length on every member) over the ring's
   // members: every member sends its values to every other and adds all of them in
   // ring order, so all end with the same bits. For the small statistics a forward
-  // pools over its tokens (Mixtral's routing counts, model/model.cpp).
+  // pools over its tokens (Mixtral's routing counts, model/moe.cpp).
   void sum_over_members(std::span<float> values, const RingLayout& ring);
 
   size_t buffer_bytes() const { return arena_.capacity(); }

@@ -35,11 +35,23 @@ std::vector<std::pair<int64_t, int64_t>> cut_buckets(std::vector<FlatParameter> 
 
 }  // namespace
 
-ZeroAdamW::ZeroAdamW(std::vector<FlatParameter> parameters, int64_t flat_numel, const AdamWSettings& settings,
+AdamWStep adamw_step(const AdamWHyperparameters& adamw, double lr, int64_t step, float grad_scale) {
+  AdamWStep s;
+  s.lr = static_cast<float>(lr);
+  s.beta1 = static_cast<float>(adamw.beta1);
+  s.beta2 = static_cast<float>(adamw.beta2);
+  s.eps = static_cast<float>(adamw.eps);
+  s.weight_decay = static_cast<float>(adamw.weight_decay);
+  s.step = step;
+  s.grad_scale = grad_scale;
+  return s;
+}
+
+ZeroAdamW::ZeroAdamW(std::vector<FlatParameter> parameters, int64_t flat_numel, const AdamWHyperparameters& adamw,
                      Communicator& hdp, Communicator& norm_group, int64_t bucket_floats, Device device,
                      Communicator* expert_dp)
     : parameters_(std::move(parameters)),
-      settings_(settings),
+      adamw_(adamw),
       norm_group_(norm_group),
       arena_(Arena::counting(device, "optimizer")) {
   if (bucket_floats <= 0) throw std::invalid_argument("ZeRO: bucket size must be positive");
@@ -131,16 +143,11 @@ double ZeroAdamW::finish_gradients() {
 }
 
 void ZeroAdamW::step(Tensor params, double lr, float grad_scale, int64_t step) {
-  AdamWStep s;
-  s.lr = static_cast<float>(lr);
-  s.beta1 = settings_.beta1;
-  s.beta2 = settings_.beta2;
-  s.eps = settings_.eps;
-  s.step = step;
-  s.grad_scale = grad_scale;
+  AdamWStep s = adamw_step(adamw_, lr, step, grad_scale);
+  const float weight_decay = s.weight_decay;
   std::optional<TraceSpan> update(std::in_place, trace_ops::kOptimizer.data());
   for (const Segment& seg : segments_) {
-    s.weight_decay = parameters_[seg.parameter].weight_decay ? settings_.weight_decay : 0.0f;
+    s.weight_decay = parameters_[seg.parameter].weight_decay ? weight_decay : 0.0f;
     const int64_t a = seg.state_offset, b = seg.state_offset + seg.length;
     adamw_update(Tensor(params.data + seg.flat_offset, {seg.length}, params.device), grad_shard_.rows(a, b),
                  m_.rows(a, b), v_.rows(a, b), s);

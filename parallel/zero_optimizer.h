@@ -29,6 +29,7 @@
 #include "kernels/allocator.h"
 #include "kernels/ops.h"
 #include "parallel/communicator.h"
+#include "spec/optim_config.h"
 
 namespace hdp {
 
@@ -41,18 +42,16 @@ struct FlatParameter {
   bool expert = false;          // sharded over the expert-data-parallel group, not hdp
 };
 
-struct AdamWSettings {
-  float beta1 = 0.9f;
-  float beta2 = 0.95f;
-  float eps = 1e-8f;
-  float weight_decay = 0.0f;
-};
+// The AdamW kernel's arguments for one update (decay as the hyper-parameters say; the
+// caller zeroes it for parameters that do not decay): the one place where the
+// hyper-parameters become them.
+AdamWStep adamw_step(const AdamWHyperparameters& adamw, double lr, int64_t step, float grad_scale);
 
 class ZeroAdamW {
  public:
   // norm_group: every rank whose shards make up the whole gradient (the world).
   // expert_dp: the group that shards the `expert` parameters (nullptr: hdp).
-  ZeroAdamW(std::vector<FlatParameter> parameters, int64_t flat_numel, const AdamWSettings& settings,
+  ZeroAdamW(std::vector<FlatParameter> parameters, int64_t flat_numel, const AdamWHyperparameters& adamw,
             Communicator& hdp, Communicator& norm_group, int64_t bucket_floats, Device device = Device::CPU,
             Communicator* expert_dp = nullptr);
 
@@ -95,7 +94,7 @@ class ZeroAdamW {
   void start(Bucket& bucket);
 
   std::vector<FlatParameter> parameters_;
-  AdamWSettings settings_;
+  AdamWHyperparameters adamw_;
   Communicator& norm_group_;
   bool sharded_ = true;             // some bucket's group has more than one rank
   std::vector<Bucket> buckets_;     // in flat order

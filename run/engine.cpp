@@ -16,7 +16,7 @@
 #include "parallel/op_tracer.h"
 #include "parallel/progress.h"
 #include "planning/plan.h"
-#include "model/optimizer.h"
+#include "model/lr_schedule.h"
 #include "run/pipeline_layers.h"
 
 namespace hdp {
@@ -179,9 +179,9 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
   model_ = std::make_unique<LlamaModel>(config.model, capacity, partition, pipeline_->slots(), &groups.tp(),
                                         long_sequences, device, config.train.precision, groups.ep());
   const int64_t bucket_floats = std::max<int64_t>(1, config.parallel.bucket_mb * (1 << 20) / 4);
-  optimizer_ = std::make_unique<ZeroAdamW>(flat_parameters(*model_), model_->flat_parameters().numel(),
-                                           adamw_settings(config.optim), groups.hdp(), groups.world(), bucket_floats,
-                                           device, &groups.expert_dp());
+  optimizer_ = std::make_unique<ZeroAdamW>(flat_parameters(model_->parameter_table()),
+                                           model_->flat_parameters().numel(), config.optim, groups.hdp(),
+                                           groups.world(), bucket_floats, device, &groups.expert_dp());
   slow_factor_ = slow_rank_factor(groups.world().rank());
 }
 

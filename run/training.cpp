@@ -40,7 +40,7 @@
 #include "run/metrics.h"
 #include "run/numerical_guard.h"
 #include "run/signals.h"
-#include "model/optimizer.h"
+#include "model/lr_schedule.h"
 #include "kernels/peak_flops.h"
 #include "run/step_planner.h"
 #include "run/step_tracer.h"

@@ -20,7 +20,6 @@
 #include "checkpoint/manifest.h"
 #include "checkpoint/protocol.h"
 #include "model/model.h"
-#include "model/optimizer.h"
 
 namespace hdp {
 namespace {
@@ -74,8 +73,10 @@ std::vector<Rank> make_ranks(const ModelConfig& c, const ParallelDegrees& g, int
     k.hdp_comm = std::make_unique<LocalCommunicator>("hdp", k.layout.coords.hdp_rank, g.hdp);
     k.world_comm = std::make_unique<LocalCommunicator>("world");
     k.model = std::make_unique<LlamaModel>(c, 8, k.partition, 1, nullptr);
-    k.optimizer = std::make_unique<ZeroAdamW>(flat_parameters(*k.model), k.model->flat_parameters().numel(),
-                                              AdamWSettings{}, *k.hdp_comm, *k.world_comm, bucket_floats);
+    k.optimizer = std::make_unique<ZeroAdamW>(flat_parameters(k.model->parameter_table()),
+                                              k.model->flat_parameters().numel(),
+                                              AdamWHyperparameters{.weight_decay = 0}, *k.hdp_comm, *k.world_comm,
+                                              bucket_floats);
   }
   return ranks;
 }

@@ -699,7 +699,7 @@ TEST(Config, CudaWithSeveralRanksIsAccepted) {
 
 TEST(Config, Bf16RunsEveryLayoutOnEveryDevice) {
   // Every op has a CUDA bf16 kernel, and rings and offload move bf16 activations
-  // (parallel/ring_attention.h, model/model.cpp): bf16 takes every layout fp32 takes,
+  // (parallel/ring_attention.h, model/activations.cpp): bf16 takes every layout fp32 takes,
   // on the CPU and on CUDA, sequences longer than a micro-batch and static
   // context-parallel rings included.
   Scratch s("bf16_layouts");

@@ -67,6 +67,9 @@ TEST(KernelsAdamw, LargeTensorMatchesSerialFloatSequence) {
   std::vector<float> p2 = p, m2 = m, v2 = v;
   hdp::AdamWStep s;
   s.lr = 3e-4f;
+  s.beta1 = 0.9f;
+  s.beta2 = 0.95f;
+  s.eps = 1e-8f;
   s.weight_decay = 0.1f;
   s.step = 7;
   s.grad_scale = 0.8f;

@@ -175,14 +175,13 @@ TEST(ZeroAdamW, ShardedStepEqualsUnshardedStep) {
   // Three parameters, one without weight decay, buckets small enough to cut through them.
   const std::vector<FlatParameter> params = {{0, 1000, true}, {1008, 37, false}, {1056, 500, true}};
   const int64_t flat = 1568;
-  AdamWSettings settings;
-  settings.weight_decay = 0.1f;
+  const AdamWHyperparameters adamw{.weight_decay = 0.1};
 
   std::vector<float> sharded_params(flat), plain_params(flat);
   for (int64_t i = 0; i < flat; ++i) sharded_params[i] = plain_params[i] = std::sin(0.01f * static_cast<float>(i));
   LocalCommunicator local("hdp"), local_world("world");
-  ZeroAdamW sharded(params, flat, settings, world, world, 300);
-  ZeroAdamW plain(params, flat, settings, local, local_world, 300);
+  ZeroAdamW sharded(params, flat, adamw, world, world, 300);
+  ZeroAdamW plain(params, flat, adamw, local, local_world, 300);
   // Buckets are cut at parameter boundaries: [0, 1056) and [1056, 1568); each is
   // split in four parts, so parts cut through parameters.
   EXPECT_EQ(sharded.num_buckets(), 2);

@@ -423,7 +423,7 @@ const std::string& exact_1024_corpus() {
 
 // Mixtral over rings: a sequence longer than a micro-batch is zig-zag split over the
 // ranks it needs, and its forward's load-balancing statistics pool over the ring's
-// members (model/model.cpp, pool_load_balancing). Every sequence holds exactly 1024
+// members (model/moe.cpp, MoeLayers::pool_load_balancing). Every sequence holds exactly 1024
 // tokens, so one process with 1024-token micro-batches runs each sequence as one
 // forward, as each ring does: the losses (with the aux loss), weights, aux loss and
 // per-expert counts equal one process's under rings of 2 (512 per member), of 2

@@ -21,7 +21,6 @@
 #include "config/config.h"
 #include "model/model.h"
 #include "parallel/local_communicator.h"
-#include "model/optimizer.h"
 
 namespace hdp {
 namespace {
@@ -73,8 +72,8 @@ void expect_same_checkpoint(const std::string& a_ckpt, const std::string& b_ckpt
   const Config config = parse_config_text(checkpoint_config(a_ckpt), "checkpoint", {}, false);
   LocalCommunicator hdp("hdp"), world("world");
   LlamaModel ma(config.model, 64), mb(config.model, 64);
-  ZeroAdamW oa(flat_parameters(ma), ma.flat_parameters().numel(), adamw_settings(config.optim), hdp, world, 1 << 20);
-  ZeroAdamW ob(flat_parameters(mb), mb.flat_parameters().numel(), adamw_settings(config.optim), hdp, world, 1 << 20);
+  ZeroAdamW oa(flat_parameters(ma.parameter_table()), ma.flat_parameters().numel(), config.optim, hdp, world, 1 << 20);
+  ZeroAdamW ob(flat_parameters(mb.parameter_table()), mb.flat_parameters().numel(), config.optim, hdp, world, 1 << 20);
   const TrainingProgress pa = load_checkpoint(a_ckpt, ma, &oa);
   const TrainingProgress pb = load_checkpoint(b_ckpt, mb, &ob);
   if (same_progress) {

@@ -22,6 +22,7 @@
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
 #include "model/model.h"
+#include "parallel/zero_optimizer.h"
 
 namespace hdp {
 namespace {
@@ -152,10 +153,8 @@ std::vector<OpCheck> check_model_training(Device device, uint64_t seed, DType pr
       out.push_back(compare_tensors("model step 1 gradients" + tag, shape, dev_model.flat_gradients(),
                                     cpu_model.flat_gradients(), tol.gradients));
     }
-    AdamWStep s;
-    s.lr = 1e-3f;
-    s.weight_decay = 0.1f;
-    s.step = step;
+    // AdamW with the trainer's default hyper-parameters.
+    const AdamWStep s = adamw_step(AdamWHyperparameters{}, 1e-3, step, 1.0f);
     adamw_update(cpu_model.flat_parameters(), cpu_model.flat_gradients(), Tensor(cpu_m.data(), {n}, Device::CPU),
                  Tensor(cpu_v.data(), {n}, Device::CPU), s);
     adamw_update(dev_model.flat_parameters(), dev_model.flat_gradients(), dev_m, dev_v, s);

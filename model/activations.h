@@ -1,0 +1,149 @@
+#pragma once
+// The activation memory of one rank's part of the model: per micro-batch in flight
+// (a slot: pipeline schedules keep several forwards ahead of their backwards) its
+// tokens and what every layer's forward saves for its backward, plus the scratch that
+// backward and the LM head reuse across layers and slots. One arena is laid out at
+// construction for the largest micro-batch, so a step allocates nothing; each
+// micro-batch then carves its layers' blocks from its slot's region.
+//
+// Selective offload (as ByteScale does it): a micro-batch may send part of the rows
+// its layers saved to a host pool during forward and bring them back during backward,
+// on a copy engine (kernels/copy_engine.h) whose copies overlap the compute.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "kernels/allocator.h"
+#include "kernels/copy_engine.h"
+#include "kernels/ops.h"
+#include "kernels/tensor.h"
+#include "model/partition.h"
+#include "planning/ring_layout.h"
+#include "spec/model_config.h"
+
+namespace hdp {
+
+// A micro-batch as the model sees it (host memory): whole sequences packed back to
+// back, then (when it takes part in a ring) this rank's zig-zag chunks of the
+// ring's sequences.
+struct MicroBatchView {
+  std::span<const int32_t> tokens;
+  std::span<const int32_t> targets;     // -1 where nothing is predicted
+  std::span<const int32_t> positions;   // true positions in their sequences (RoPE, causal masks)
+  std::span<const int32_t> cu_seqlens;  // boundaries of the whole sequences: first 0, last = ring_begin
+  const RingLayout* ring = nullptr;     // rows [cu_seqlens.back(), tokens.size()) are ring rows
+  double offload_ratio = 0;             // fraction of rows whose saved activations go to host memory
+};
+
+// Activation memory actually used, for reports and tests.
+struct ActivationUsage {
+  size_t device_peak_bytes = 0;     // the most of the device activation memory any micro-batch used
+  size_t host_pool_bytes = 0;       // reserved host memory for offloaded activations
+  size_t host_peak_bytes = 0;       // the most of it any micro-batch used
+  int64_t offloaded_bytes = 0;      // copied to host so far (cumulative)
+};
+
+// What one layer's forward saves for its backward. The "row" tensors ([T, width])
+// can be split by rows for offload; rstd1, rstd2 and lse are small and stay.
+struct LayerActivations {
+  Tensor x_in, rstd1, ln1, q, k, v, attn, lse, x_mid, rstd2, ln2, gate, up;
+};
+
+// One micro-batch in flight: its tokens on the device, how attention sees it, and
+// where each layer's saved activations are.
+struct MicroBatchSlot {
+  IndexTensor tokens, targets, positions, cu_seqlens;
+  int64_t tokens_used = 0;
+  int64_t num_sequences = 0;     // whole sequences (cu_seqlens)
+  int64_t ring_begin = 0;        // first ring row (tokens_used without a ring)
+  bool has_ring = false;
+  RingLayout ring;
+  std::vector<AttentionBlock> local_blocks;  // whole sequences as attention blocks (ring micro-batches)
+  Tensor region;                 // the slot's device activation memory
+  Tensor host;                   // its host pool for offloaded rows (empty without offload)
+  // Where each layer's activations are during its forward and backward. Without
+  // offload every layer has its own block; with offload layers alternate between
+  // two working blocks and wait in `kept` (device rows) and `parked` (host rows).
+  std::vector<LayerActivations> layers;
+  std::vector<LayerActivations> kept, parked;
+  std::vector<CopyEvent> offload_done, restore_done;
+  int64_t keep_rows = 0;         // rows that stay on the device for offloaded layers
+  bool offloaded = false;        // layers [0, num_layers - 2) go through host memory
+  Tensor x_out, rstd_final, ln_final;  // stage output; final norm on the last stage
+};
+
+// Reused across layers and slots: backward's gradients of the activations, the MLP's
+// activation, and the LM head's logits and cross-entropy statistics for one chunk of
+// head_chunk_tokens tokens.
+struct ActivationScratch {
+  Tensor residual_grad, norm_grad, dq, dk, dv, dattn, dgate, dup, ffn_act, dffn_act;
+  Tensor logits, ce_stats, ce_global;
+  int64_t head_chunk_tokens = 0;
+};
+
+// How much activation memory to lay out.
+struct ActivationCapacity {
+  int64_t capacity_tokens = 0;  // a micro-batch that every layer holds whole
+  int64_t max_tokens = 0;       // the largest micro-batch (offloaded or in a ring), >= capacity_tokens
+  int slots = 1;                // micro-batches in flight
+  bool offload = false;         // keep a host pool and a copy engine for offloaded micro-batches
+};
+
+class ModelActivations {
+ public:
+  ModelActivations(const ModelConfig& config, const ModelPartition& partition, const ModelSlice& slice,
+                   const ActivationCapacity& capacity, Device device, DType precision);
+  ~ModelActivations();
+  ModelActivations(const ModelActivations&) = delete;
+  ModelActivations& operator=(const ModelActivations&) = delete;
+
+  MicroBatchSlot& slot(int i) { return slots_.at(i); }
+  const MicroBatchSlot& slot(int i) const { return slots_.at(i); }
+  const ActivationScratch& scratch() const { return scratch_; }
+
+  // Takes a checked micro-batch into `slot`: its tokens to the device, and its layers'
+  // blocks (offloaded when batch.offload_ratio > 0). Throws std::invalid_argument when
+  // it does not fit the slot's memory, or asks for offload that was not laid out.
+  void load(int slot, const MicroBatchView& batch);
+
+  // Offload, in forward: layer `layer` writes its output into the working block that
+  // layer - 1 used, whose rows must have left for the host first. The copy to wait for
+  // (an empty event when there is none).
+  const CopyEvent& output_block_free(const MicroBatchSlot& s, int64_t layer) const;
+  // After layer's forward: keeps its first rows (and the small tensors) in a smaller
+  // device block and sends the other rows to the host.
+  void offload_after_forward(MicroBatchSlot& s, int64_t layer);
+  // Before layer's backward: issues the copy-in of the layer below, so that it overlaps
+  // this layer's backward, and waits for this layer's rows.
+  void restore_before_backward(MicroBatchSlot& s, int64_t layer);
+
+  size_t bytes() const { return arena_.capacity(); }
+  const ActivationUsage& usage() const { return usage_; }
+  // Floats one layer saves per token for backward (Act(s) = 4 x this x s bytes).
+  int64_t saved_floats_per_token() const { return row_width_ + small_width_; }
+
+ private:
+  void lay_out(Arena& arena);
+  size_t layer_block_bytes(int64_t rows, int64_t tokens) const;
+  LayerActivations carve_layer(char* base, int64_t rows, int64_t tokens) const;
+  void lay_out_micro_batch(MicroBatchSlot& s, double offload_ratio);
+  void park_layer(MicroBatchSlot& s, int64_t layer);
+  void restore_layer(MicroBatchSlot& s, int64_t layer);
+
+  int64_t hidden_, head_dim_, heads_, kv_heads_, ffn_, vocab_, layers_;
+  bool has_head_;
+  int64_t capacity_, max_tokens_;
+  int64_t row_width_ = 0, small_width_ = 0;  // floats per token of a layer's row / small tensors
+  Device device_;
+  DType precision_;  // of the activations
+  Arena arena_;
+  Arena host_arena_;
+  std::unique_ptr<CopyEngine> copy_engine_;
+  std::vector<MicroBatchSlot> slots_;
+  ActivationScratch scratch_;
+  ActivationUsage usage_;
+};
+
+}  // namespace hdp

@@ -1,0 +1,98 @@
+#pragma once
+// The math of one rank's part of the decoder, block by block, each block's forward
+// beside its backward (as llm.c keeps each layer's): the token embedding, the
+// attention block, the MLP block (or Mixtral's MoE block in its place), and the head
+// (final norm, LM head and cross-entropy). The blocks follow Hugging Face
+// LlamaForCausalLM: pre-norm residual blocks, RMSNorm, rotate-half RoPE,
+// grouped-query causal attention (with Mistral's sliding window when the config has
+// one), SwiGLU, no biases. They run on the kernels (kernels/ops.h), read the
+// parameters' views (model/parameters.h) and the slot's saved activations
+// (model/activations.h), and own nothing but the places of the tensor-parallel
+// collectives.
+//
+// Tensor parallelism is Megatron's (Shoeybi et al. 2019): q/k/v and gate/up are
+// column-parallel behind f, o and down row-parallel followed by g, the embedding
+// and LM head vocabulary-parallel (parallel/tensor_parallel.h).
+//
+// Backward runs on the scratch's residual_grad (d of the residual stream at the
+// block's output on entry, at its input on return) and norm_grad, and adds into
+// the gradients.
+
+#include <cstdint>
+#include <span>
+
+#include "kernels/copy_engine.h"
+#include "kernels/tensor.h"
+#include "model/activations.h"
+#include "model/moe.h"
+#include "model/parameters.h"
+#include "model/partition.h"
+#include "parallel/communicator.h"
+#include "parallel/ring_attention.h"
+#include "parallel/tensor_parallel.h"
+#include "spec/model_config.h"
+
+namespace hdp {
+
+class DecoderBlocks {
+ public:
+  // tp: the tensor-parallel group (nullptr without one); ring_attention: attention
+  // across the ranks of a ring, for micro-batches that take part in one (nullptr: none).
+  DecoderBlocks(const ModelConfig& config, const ModelSlice& slice, Communicator* tp, RingAttention* ring_attention,
+                const ActivationScratch& scratch);
+
+  // x [T, H] = the rows of embed for the slot's tokens (this rank's vocabulary range).
+  void token_embedding_forward(Tensor x, const MicroBatchSlot& s, const Tensor& embed);
+  void token_embedding_backward(Tensor d_embed, const MicroBatchSlot& s);
+
+  // a.x_mid = a.x_in + o(attention(rope(q), rope(k), v)), q, k, v of rmsnorm(a.x_in).
+  void attention_block_forward(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a);
+  void attention_block_backward(const MicroBatchSlot& s, const LayerTensors& w, const LayerTensors& dw,
+                                const LayerActivations& a);
+
+  // out = a.x_mid + down(swiglu(gate, up)), gate and up of rmsnorm(a.x_mid). out_free:
+  // the copy that must finish before out is written (offload).
+  void mlp_block_forward(Tensor out, const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a,
+                         const CopyEvent& out_free);
+  void mlp_block_backward(const MicroBatchSlot& s, const LayerTensors& w, const LayerTensors& dw,
+                          const LayerActivations& a);
+
+  // Mixtral: out = a.x_mid + moe(rmsnorm(a.x_mid)) (model/moe.h). aux_grad: the
+  // load-balancing loss's gradient per router probability (MoeLayers).
+  void moe_block_forward(Tensor out, MoeBlock& moe, const LayerTensors& w, const LayerActivations& a,
+                         const CopyEvent& out_free);
+  void moe_block_backward(const MicroBatchSlot& s, MoeBlock& moe, const LayerTensors& w, const LayerTensors& dw,
+                          const LayerActivations& a, std::span<const double> aux_grad);
+
+  // The final norm of the stage output, the LM head and the cross-entropy: returns the
+  // sum of the predicted tokens' cross-entropies. With backward, the LM head's gradient
+  // (of the loss times loss_scale) is computed at once, chunk by chunk, into d_head and
+  // norm_grad; head_backward then takes it through the final norm.
+  double head_forward(const MicroBatchSlot& s, const EndParameters& p, float loss_scale, bool with_backward);
+  void head_backward(const MicroBatchSlot& s, const EndParameters& p);
+
+ private:
+  // Where the stage's tensor-parallel collectives are (Megatron's f and g): one region
+  // per place, whose forward the forward pass runs and whose backward the backward
+  // pass runs.
+  struct TensorParallelRegions {
+    explicit TensorParallelRegions(Communicator* tp)
+        : embedding_output(tp), attention_input(tp), attention_output(tp), mlp_input(tp), mlp_output(tp),
+          head_input(tp) {}
+    ReduceFromTensorParallelRegion embedding_output;  // each rank looked up the tokens of its vocabulary slice
+    CopyToTensorParallelRegion attention_input;       // into the column-parallel q, k, v (heads split)
+    ReduceFromTensorParallelRegion attention_output;  // out of the row-parallel o: the heads' partial outputs
+    CopyToTensorParallelRegion mlp_input;             // into the column-parallel gate and up (FFN split)
+    ReduceFromTensorParallelRegion mlp_output;        // out of the row-parallel down
+    CopyToTensorParallelRegion head_input;            // into the vocabulary-parallel LM head
+  };
+
+  int64_t heads_, kv_heads_, head_dim_, window_, vocab_begin_;
+  float norm_eps_, rope_theta_;
+  Communicator* tp_;
+  TensorParallelRegions regions_;
+  RingAttention* ring_attention_;
+  const ActivationScratch& scratch_;
+};
+
+}  // namespace hdp

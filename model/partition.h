@@ -1,0 +1,49 @@
+#pragma once
+// Which part of the model a rank holds, and that part in numbers. One LlamaModel
+// is one rank's part of the network: a pipeline stage (a range of layers, plus the
+// embedding on the first stage and the final norm, LM head and loss on the last), a
+// tensor-parallel slice of it (Megatron style, Shoeybi et al. 2019: heads and FFN
+// columns split across ranks, the vocabulary split for the embedding and the LM
+// head) and, for Mixtral under expert parallelism, a share of every layer's experts.
+
+#include <cstdint>
+#include <vector>
+
+#include "spec/model_config.h"
+
+namespace hdp {
+
+// Which part of the model this rank holds.
+struct ModelPartition {
+  int tp_rank = 0;
+  int tp_size = 1;
+  int64_t first_layer = 0;
+  int64_t num_layers = -1;   // -1: every layer from first_layer on
+  bool has_embedding = true; // first pipeline stage
+  bool has_head = true;      // last pipeline stage: final norm, LM head, loss
+  // Mixtral under expert parallelism (model/moe.h): this rank holds experts
+  // [ep_rank E / ep_size, (ep_rank + 1) E / ep_size) of every MoE layer.
+  int ep_rank = 0;
+  int ep_size = 1;
+};
+
+// The sizes of this rank's part, which its parameters, activations and blocks all
+// take from here.
+struct ModelSlice {
+  // Throws std::invalid_argument when the partition does not split the config: heads
+  // that do not divide the hidden size, a tp degree that does not divide the KV heads
+  // and the FFN, an ep degree that does not divide the experts, layers outside the model.
+  ModelSlice(const ModelConfig& config, const ModelPartition& partition);
+
+  int64_t first_layer = 0;
+  int64_t num_layers = 0;   // of this stage
+  int64_t heads = 0;        // query heads of this tp rank
+  int64_t kv_heads = 0;     // its key/value heads
+  int64_t ffn = 0;          // its FFN columns (of every expert, for Mixtral)
+  int64_t vocab_begin = 0;  // its vocabulary range [vocab_begin, vocab_begin + vocab)
+  int64_t vocab = 0;
+  // Mixtral: the experts this rank holds (all, or its share under expert parallelism).
+  std::vector<int64_t> experts;
+};
+
+}  // namespace hdp

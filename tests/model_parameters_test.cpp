@@ -1,0 +1,121 @@
+// The parameter table as the ZeRO-1 optimizer sees it (flat_parameters): which
+// tensors decay, which count in the global gradient norm, which are reduced over the
+// expert-data-parallel group and which wait for the tied embeddings' sync; and the
+// partitions a ModelSlice refuses.
+
+#include <gtest/gtest.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "model/model.h"
+
+namespace hdp {
+namespace {
+
+ModelConfig tiny(bool tied) {
+  ModelConfig c;
+  c.vocab_size = 11;
+  c.hidden_size = 8;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  c.num_kv_heads = 2;
+  c.ffn_hidden_size = 12;
+  c.tie_embeddings = tied;
+  return c;
+}
+
+// The optimizer's entry of the parameter called `name`.
+FlatParameter entry(const LlamaModel& model, const std::string& name) {
+  const std::vector<FlatParameter> flat = flat_parameters(model.parameter_table());
+  const std::vector<ParameterInfo>& table = model.parameters();
+  EXPECT_EQ(flat.size(), table.size());
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (table[i].name != name) continue;
+    EXPECT_EQ(flat[i].offset, table[i].offset);
+    EXPECT_EQ(flat[i].numel, table[i].numel);
+    return flat[i];
+  }
+  ADD_FAILURE() << "no parameter " << name;
+  return {};
+}
+
+TEST(FlatParameters, MatricesDecayAndNormWeightsDoNot) {
+  const LlamaModel model(tiny(false), 4);
+  EXPECT_TRUE(entry(model, "model.embed_tokens.weight").weight_decay);
+  EXPECT_TRUE(entry(model, "model.layers.0.self_attn.q_proj.weight").weight_decay);
+  EXPECT_TRUE(entry(model, "lm_head.weight").weight_decay);
+  EXPECT_FALSE(entry(model, "model.layers.1.input_layernorm.weight").weight_decay);
+  EXPECT_FALSE(entry(model, "model.norm.weight").weight_decay);
+}
+
+// Replicated tensors (the norm weights) hold the same gradient on every tp rank, so
+// only tp rank 0 counts them; split tensors count on every rank.
+TEST(FlatParameters, TensorParallelReplicasCountInTheNormOnRankZeroOnly) {
+  for (int tp_rank : {0, 1}) {
+    SCOPED_TRACE("tp rank " + std::to_string(tp_rank));
+    // A tp slice without its communicator holds weights (it cannot run).
+    const LlamaModel model(tiny(false), 4, ModelPartition{.tp_rank = tp_rank, .tp_size = 2});
+    EXPECT_EQ(entry(model, "model.layers.0.post_attention_layernorm.weight").counts_in_norm, tp_rank == 0);
+    EXPECT_EQ(entry(model, "model.norm.weight").counts_in_norm, tp_rank == 0);
+    EXPECT_TRUE(entry(model, "model.layers.0.mlp.down_proj.weight").counts_in_norm);
+    EXPECT_TRUE(entry(model, "lm_head.weight").counts_in_norm);
+  }
+}
+
+// Tied embeddings over two pipeline stages: the last stage's copy never counts, and
+// both copies' gradients are completed by their sync before the optimizer reduces them.
+TEST(FlatParameters, TiedEmbeddingsAcrossStagesSyncFirstAndCountOnTheFirstStageOnly) {
+  const LlamaModel first(tiny(true), 4, ModelPartition{.num_layers = 1, .has_head = false});
+  const LlamaModel last(tiny(true), 4, ModelPartition{.first_layer = 1, .has_embedding = false});
+  const FlatParameter embedding = entry(first, "model.embed_tokens.weight");
+  const FlatParameter copy = entry(last, "model.embed_tokens.weight");
+  EXPECT_TRUE(embedding.counts_in_norm);
+  EXPECT_TRUE(embedding.synced_later);
+  EXPECT_FALSE(copy.counts_in_norm);
+  EXPECT_TRUE(copy.synced_later);
+  EXPECT_FALSE(entry(last, "model.norm.weight").synced_later);
+  // One stage holding both ends needs no sync.
+  EXPECT_FALSE(entry(LlamaModel(tiny(true), 4), "model.embed_tokens.weight").synced_later);
+}
+
+// Mixtral: experts are reduced over the expert-data-parallel group only when they
+// are shared out; the router never is.
+TEST(FlatParameters, ExpertsGoToTheExpertDataParallelGroupUnderExpertParallelismOnly) {
+  ModelConfig c = tiny(false);
+  c.arch = "mixtral";
+  c.num_experts = 4;
+  const LlamaModel whole(c, 4);
+  const LlamaModel shared(c, 4, ModelPartition{.ep_rank = 1, .ep_size = 2});
+  EXPECT_FALSE(entry(whole, "model.layers.0.block_sparse_moe.experts.0.w1.weight").expert);
+  EXPECT_TRUE(entry(shared, "model.layers.0.block_sparse_moe.experts.2.w2.weight").expert);
+  EXPECT_FALSE(entry(shared, "model.layers.0.block_sparse_moe.gate.weight").expert);
+  EXPECT_THROW(shared.parameter("model.layers.0.block_sparse_moe.experts.1.w1.weight"), std::out_of_range);
+}
+
+TEST(ModelSlice, RefusesPartitionsThatDoNotSplitTheConfig) {
+  const ModelConfig c = tiny(false);
+  auto message = [&](const ModelConfig& config, const ModelPartition& partition) -> std::string {
+    try {
+      ModelSlice slice(config, partition);
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "accepted";
+  };
+  EXPECT_EQ(message(c, {.tp_size = 4}),
+            "model: tensor parallel degree 4 must divide num_kv_heads and ffn_hidden_size");
+  EXPECT_EQ(message(c, {.ep_size = 2}), "model: expert parallelism of 2 needs a mixture of experts whose count it divides");
+  EXPECT_EQ(message(c, {.first_layer = 1, .num_layers = 2}), "model: layer range outside the model");
+  const ModelSlice slice(c, {.tp_rank = 1, .tp_size = 2, .first_layer = 1});
+  EXPECT_EQ(slice.num_layers, 1);
+  EXPECT_EQ(slice.heads, 1);
+  EXPECT_EQ(slice.kv_heads, 1);
+  EXPECT_EQ(slice.ffn, 6);
+  EXPECT_EQ(slice.vocab_begin, 5);  // 11 ids split 5 + 6
+  EXPECT_EQ(slice.vocab, 6);
+}
+
+}  // namespace
+}  // namespace hdp
