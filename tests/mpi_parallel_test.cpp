@@ -152,6 +152,36 @@ TEST(ProcessGroups, RankOrderIsTpFastestThenHdpThenPp) {
   }
 }
 
+// Every group is its axis of the grid: its members are ParallelDegrees::group's
+// ranks, ranked by their coordinate; expert parallelism's two groups included.
+TEST(ProcessGroups, EachGroupIsTheRanksThatDifferAlongItsAxis) {
+  const ParallelDegrees grids[] = {{2, 1, 2}, {1, 2, 2}, {2, 2, 1}, {1, 1, 4, 2}, {1, 1, 4, 4}};
+  for (const ParallelDegrees& degrees : grids) {
+    ProcessGroups groups(degrees, false);
+    const GridCoords c = groups.coords();
+    auto expect_axis = [&](Communicator& group, GridAxis axis) {
+      const std::vector<int> members = degrees.group(c, axis);
+      EXPECT_EQ(group.size(), static_cast<int>(members.size()));
+      EXPECT_EQ(group.rank(), degrees.coordinate(c, axis));
+      // Each member puts its world rank at its place: the gathered list is the group.
+      std::vector<int64_t> gathered(members.size(), 0);
+      gathered[static_cast<size_t>(group.rank())] = world_rank();
+      group.all_reduce(std::span<int64_t>(gathered), ReduceOp::Sum);
+      EXPECT_EQ(gathered, std::vector<int64_t>(members.begin(), members.end()));
+    };
+    expect_axis(groups.tp(), GridAxis::Tp);
+    expect_axis(groups.pp(), GridAxis::Pp);
+    expect_axis(groups.hdp(), GridAxis::Hdp);
+    if (degrees.ep > 1) {
+      ASSERT_NE(groups.ep(), nullptr);
+      expect_axis(*groups.ep(), GridAxis::Ep);
+      expect_axis(groups.expert_dp(), GridAxis::ExpertDp);
+    } else {
+      EXPECT_EQ(groups.ep(), nullptr);
+    }
+  }
+}
+
 TEST(ProcessGroups, WorldSizeMismatchIsAClearError) {
   try {
     ProcessGroups groups(ParallelDegrees{2, 2, 2}, false);
