@@ -260,12 +260,12 @@ PackedMicroBatch micro_batch(const std::vector<int>& lengths, uint64_t seed) {
   return testing::random_documents<PackedMicroBatch>(lengths, 50, seed);
 }
 
-// The summed (global) gradient of this rank's slice after one step under `plan`:
+// The summed (global) gradient of this rank's slice after one forward_backward under `plan`:
 // plan[h] lists the micro-batches of hdp rank h.
 std::vector<float> global_gradient(TrainingEngine& engine, ProcessGroups& groups,
                                    const std::vector<std::vector<PackedMicroBatch>>& plan) {
   engine.model().init_weights(3);
-  engine.step(plan[groups.coords().hdp_rank], 0.0, 1);
+  engine.forward_backward(plan[groups.coords().hdp_rank]);
   const Tensor g = engine.model().flat_gradients();
   std::vector<float> sum(g.data, g.data + g.numel());
   groups.hdp().all_reduce(Tensor(sum.data(), {g.numel()}), ReduceOp::Sum);
@@ -327,7 +327,7 @@ PlannedMicroBatch ring_member(const std::vector<SequenceSpan>& sequences, const 
   return mb;
 }
 
-// The summed gradient of this rank's slice after one step under a plan.
+// The summed gradient of this rank's slice after one forward_backward under a plan.
 std::vector<float> planned_gradient(TrainingEngine& engine, ProcessGroups& groups, const RingData& data,
                                     const StepPlan& plan) {
   const std::vector<int64_t> lengths = sequence_lengths(data.sequences);
@@ -339,7 +339,7 @@ std::vector<float> planned_gradient(TrainingEngine& engine, ProcessGroups& group
                                     rank_work(plan, lengths, groups.coords().hdp_rank));
   }
   engine.model().init_weights(5);
-  engine.step(batches, 0.0, 1);
+  engine.forward_backward(batches);
   const Tensor g = engine.model().flat_gradients();
   std::vector<float> sum(g.data, g.data + g.numel());
   groups.hdp().all_reduce(Tensor(sum.data(), {g.numel()}), ReduceOp::Sum);
