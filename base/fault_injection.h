@@ -1,7 +1,7 @@
 #pragma once
 // HDP_FAULT_INJECT=RANK:STEP[-LAST][:hang|:nan|:ckpt|:full-metrics|:full-checkpoint],
 // read by the training loop
-// (run/training.cpp: that rank exits abruptly, without MPI_Finalize, when the
+// (run/training_loop.cpp: that rank exits abruptly, without MPI_Finalize, when the
 // step begins; with `:hang` it stops itself with SIGSTOP instead, a frozen
 // process the hang watchdog must catch; with `:nan` the loss and gradients of
 // its first micro-batch of each step STEP..LAST become NaN, once per step number

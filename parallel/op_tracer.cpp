@@ -24,8 +24,8 @@ void OpTracer::record(const char* op, int microbatch, double start_us, double en
 std::vector<OpRecord> OpTracer::take() { return std::exchange(records_, {}); }
 
 std::string OpTracer::pipeline_group(bool forward, int sender, int mb) const {
-  return "s" + std::to_string(step_) + (forward ? "/fwd" : "/bwd") + "/t" + std::to_string(tp_) + "/d" +
-         std::to_string(dp_) + "/p" + std::to_string(sender) + "/m" + std::to_string(mb);
+  return "s" + std::to_string(step_) + (forward ? "/fwd" : "/bwd") + "/t" + std::to_string(tp_) + "/hdp" +
+         std::to_string(hdp_) + "/p" + std::to_string(sender) + "/m" + std::to_string(mb);
 }
 
 std::string OpTracer::stage_group(const char* name) const {

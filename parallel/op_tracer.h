@@ -32,7 +32,7 @@ struct OpRecord {
 class OpTracer {
  public:
   // This rank's coordinates, for group names.
-  OpTracer(int pp_rank, int dp_rank, int tp_rank) : pp_(pp_rank), dp_(dp_rank), tp_(tp_rank) {}
+  OpTracer(int pp_rank, int hdp_rank, int tp_rank) : pp_(pp_rank), hdp_(hdp_rank), tp_(tp_rank) {}
 
   // The tracer of the step now running on this process, or null.
   static OpTracer* active() { return active_; }
@@ -62,21 +62,21 @@ class OpTracer {
   const char* open_op() const { return open_op_; }
   int open_microbatch() const { return open_microbatch_; }
   int pp_rank() const { return pp_; }
-  int dp_rank() const { return dp_; }
+  int hdp_rank() const { return hdp_; }
   int tp_rank() const { return tp_; }
 
   // Group names: every member computes the same name for one communication.
   // A pipeline transfer from stage `sender` (forward: to sender + 1; backward:
   // to sender - 1) of micro-batch `mb` in this rank's pipeline and tp slice.
   std::string pipeline_group(bool forward, int sender, int mb) const;
-  // A collective over this stage's DP ranks (same tp rank): "grads", "params", ...
+  // A collective over this stage's hdp ranks (same tp rank): "grads", "params", ...
   std::string stage_group(const char* name) const;
   // A collective over every rank: "norm", "loss".
   std::string world_group(const char* name) const;
 
  private:
   static inline OpTracer* active_ = nullptr;
-  int pp_, dp_, tp_;
+  int pp_, hdp_, tp_;
   int64_t step_ = -1;
   double offset_us_ = 0;
   std::vector<OpRecord> records_;

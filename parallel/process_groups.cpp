@@ -75,22 +75,26 @@ ProcessGroups::ProcessGroups(const ParallelDegrees& degrees, bool tie_first_last
     if (nccl_world_) return split_nccl_communicator(*nccl_world_, color, key, name);
     return world->split(color, key, name);
   };
-  // color: the coordinates that the group members share; key: the varying one.
-  tp_ = split(c.hdp_rank + degrees.hdp * c.pp_rank, c.tp_rank, "tp");
-  hdp_ = split(c.tp_rank + degrees.tp * c.pp_rank, c.hdp_rank, "hdp");
-  pp_ = split(c.tp_rank + degrees.tp * c.hdp_rank, c.pp_rank, "pp");
+  // Each group is the ranks that differ from this one along one axis of the grid
+  // (ParallelDegrees::group), ranked by their coordinate on it; its first member's
+  // rank tells the groups of one split apart.
+  auto group = [&](GridAxis axis, const char* name) {
+    return split(degrees.group(c, axis).front(), degrees.coordinate(c, axis), name);
+  };
+  tp_ = group(GridAxis::Tp, "tp");
+  hdp_ = group(GridAxis::Hdp, "hdp");
+  pp_ = group(GridAxis::Pp, "pp");
   if (degrees.ep > 1) {
     if (degrees.hdp % degrees.ep != 0) {
       throw std::invalid_argument("ep = " + std::to_string(degrees.ep) + " does not divide hdp = " +
                                   std::to_string(degrees.hdp));
     }
-    const int ep_rank = degrees.ep_rank(c), expert_dp_rank = degrees.expert_dp_rank(c);
-    const int stage_slice = c.tp_rank + degrees.tp * c.pp_rank;  // what both groups' members share besides
-    ep_ = split(stage_slice + degrees.tp * degrees.pp * expert_dp_rank, ep_rank, "ep");
-    expert_dp_ = split(stage_slice + degrees.tp * degrees.pp * ep_rank, expert_dp_rank, "expert-dp");
+    ep_ = group(GridAxis::Ep, "ep");
+    expert_dp_ = group(GridAxis::ExpertDp, "expert-dp");
   }
+  // Tied embeddings: the pp group's first and last stage only.
   const bool on_tied = tie_first_last && degrees.pp > 1 && (c.pp_rank == 0 || c.pp_rank == degrees.pp - 1);
-  tied_ = split(on_tied ? c.tp_rank + degrees.tp * c.hdp_rank : -1, c.pp_rank, "tied-embeddings");
+  tied_ = split(on_tied ? degrees.group(c, GridAxis::Pp).front() : -1, c.pp_rank, "tied-embeddings");
   world_ = std::move(world);
 }
 

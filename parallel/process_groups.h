@@ -1,6 +1,7 @@
 #pragma once
 // The training ranks' communicators on the 3-D process grid of
-// spec/parallel_degrees.h (world = tp x pp x hdp): one group per axis, split
+// spec/parallel_degrees.h (world = tp x pp x hdp): one group per axis (the ranks
+// that differ from this one along that axis only, ParallelDegrees::group), split
 // once at start, over MPI or NCCL (parallel.comm).
 
 #include <memory>

@@ -6,7 +6,7 @@
 #include <stdexcept>
 
 #include "parallel/op_tracer.h"
-#include "parallel/progress.h"
+#include "parallel/phase.h"
 
 namespace hdp {
 namespace {
@@ -124,12 +124,11 @@ void ZeroAdamW::gradients_ready(int64_t offset) {
 }
 
 double ZeroAdamW::finish_gradients() {
-  progress::Context context("grads-sync");
   if (grads_.data == nullptr) throw std::logic_error("ZeRO: finish_gradients before begin_reduction");
   {
     // Traced as the exposed part: the buckets started during backward overlap it.
-    TraceSpan span(trace_ops::kGradsSync.data());
-    if (span.tracer()) span.set_group(span.tracer()->stage_group("grads"));
+    Phase phase(trace_ops::kGradsSync.data(), "grads-sync");
+    if (phase.tracer()) phase.set_group(phase.tracer()->stage_group("grads"));
     for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) start(*it);
     for (Bucket& b : buckets_) b.request.wait();
   }
@@ -137,8 +136,8 @@ double ZeroAdamW::finish_gradients() {
   for (const Segment& s : segments_) {
     if (parameters_[s.parameter].counts_in_norm) sum += sum_squares(grad_shard_.rows(s.state_offset, s.state_offset + s.length));
   }
-  TraceSpan span(trace_ops::kGradNorm.data());
-  if (span.tracer()) span.set_group(span.tracer()->world_group("norm"));
+  Phase phase(trace_ops::kGradNorm.data(), "gradient norm all-reduce");
+  if (phase.tracer()) phase.set_group(phase.tracer()->world_group("norm"));
   return std::sqrt(norm_group_.all_reduce_sum(sum));
 }
 
@@ -153,9 +152,8 @@ void ZeroAdamW::step(Tensor params, double lr, float grad_scale, int64_t step) {
                  m_.rows(a, b), v_.rows(a, b), s);
   }
   update.reset();
-  TraceSpan span(trace_ops::kParamsSync.data());
-  if (span.tracer()) span.set_group(span.tracer()->stage_group("params"));
-  progress::Context context("parameter all-gather");
+  Phase phase(trace_ops::kParamsSync.data(), "parameter all-gather");
+  if (phase.tracer()) phase.set_group(phase.tracer()->stage_group("params"));
   std::vector<CommRequest> gathers;
   gathers.reserve(buckets_.size());
   for (const Bucket& b : buckets_) {

@@ -140,7 +140,7 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
 // i-th micro-batch's time alone; ranks [g ep, (g + 1) ep) run their i-th micro-batches
 // together (every MoE layer's all-to-all waits for the group's slowest member, and a
 // member with fewer micro-batches runs empty ones that only join the exchanges,
-// TrainingEngine::step), so each member of group g is busy for
+// TrainingEngine::forward_backward), so each member of group g is busy for
 //   sum over i of max over members m of seconds[m][i]   (a missing one counts 0).
 // With ep = 1 this is each rank's own sum. Throws std::invalid_argument unless ep >= 1
 // divides the ranks.

@@ -14,6 +14,7 @@
 #include "base/errors.h"
 #include "kernels/ops.h"
 #include "parallel/op_tracer.h"
+#include "parallel/phase.h"
 #include "parallel/progress.h"
 #include "planning/plan.h"
 #include "model/lr_schedule.h"
@@ -52,7 +53,7 @@ int64_t largest_micro_batch(const Config& config) {
 
 namespace {
 
-// A micro-batch without tokens (expert parallelism's padding, TrainingEngine::step).
+// A micro-batch without tokens (expert parallelism's padding, TrainingEngine::forward_backward).
 PackedMicroBatch no_tokens() {
   PackedMicroBatch b;
   b.cu_seqlens = {0};
@@ -65,7 +66,7 @@ PackedMicroBatch no_tokens() {
 class TrainingEngine::Stage final : public PipelineStage {
  public:
   // count >= batches.size(): micro-batches past the pipeline's own are empty (expert
-  // parallelism's padding, TrainingEngine::step).
+  // parallelism's padding, TrainingEngine::forward_backward).
   Stage(LlamaModel& model, ZeroAdamW& optimizer, std::span<const PackedMicroBatch> batches, int count,
         float loss_scale, int poisoned, double slow_factor)
       : model_(model),
@@ -82,16 +83,21 @@ class TrainingEngine::Stage final : public PipelineStage {
     model_.set_batch(slot, MicroBatchView{b.tokens, b.targets, b.positions, b.cu_seqlens,
                                           b.ring >= 0 ? &b.ring_layout : nullptr, b.offload_ratio});
   }
+  // The stage's layers and, on the last stage, the loss together with its gradient
+  // through the LM head: a fused linear cross-entropy (as Liger Kernel's, Hsu et al.
+  // 2024), chunk by chunk over tokens, each chunk's logits turned into their gradient
+  // in place, so the [tokens, vocab] logits never exist. backward() then starts at the
+  // final norm.
   void forward(int i, int slot) override {
-    TraceSpan span(trace_ops::kForwardCompute.data(), i);
-    progress::Context context("forward");
+    Phase phase(trace_ops::kForwardCompute.data(), "forward", i);
     const auto t0 = Clock::now();
+    constexpr bool with_loss_gradient = true;
     if (i == poisoned_) {
       // A NaN loss scale seeds backward with NaN, as an overflow in the loss would.
       constexpr float nan = std::numeric_limits<float>::quiet_NaN();
-      loss_sum_ += model_.forward(slot, nan, true) * nan;
+      loss_sum_ += model_.forward(slot, nan, with_loss_gradient) * nan;
     } else {
-      loss_sum_ += model_.forward(slot, loss_scale_, true);
+      loss_sum_ += model_.forward(slot, loss_scale_, with_loss_gradient);
     }
     if (model_.config().moe() && model_.partition().has_head) {
       // The last stage's statistics cover every layer of the micro-batch.
@@ -106,8 +112,7 @@ class TrainingEngine::Stage final : public PipelineStage {
     busy_ += Clock::now() - t0;
   }
   void backward(int i, int slot) override {
-    TraceSpan span(trace_ops::kBackwardCompute.data(), i);
-    progress::Context context("backward");
+    Phase phase(trace_ops::kBackwardCompute.data(), "backward", i);
     const auto t0 = Clock::now();
     // Gradients become final during the last micro-batch's backward: reduce them
     // bucket by bucket while the rest of backward runs.
@@ -148,7 +153,7 @@ class TrainingEngine::Stage final : public PipelineStage {
   int count_;
   PackedMicroBatch empty_ = no_tokens();
   float loss_scale_;
-  int poisoned_;  // StepOptions::poisoned_micro_batch
+  int poisoned_;  // forward_backward's poisoned_micro_batch
   double slow_factor_;  // slow_rank_factor()
   double loss_sum_ = 0;
   double aux_sum_ = 0;                  // Mixtral: aux loss x predictions, summed over micro-batches
@@ -187,17 +192,15 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
 
 TrainingEngine::~TrainingEngine() = default;
 
-StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t update_number,
-                                const StepOptions& options) {
+StepResult TrainingEngine::forward_backward(std::span<const PackedMicroBatch> micro_batches, int poisoned_micro_batch) {
   StepResult result;
   int64_t local_predictions = 0;
   for (const PackedMicroBatch& mb : micro_batches) local_predictions += mb.num_predictions();
   // Token-level loss: every rank scales its gradients by the global count, so the
   // sum over ranks and micro-batches is the gradient of the global mean.
   {
-    TraceSpan span(trace_ops::kTokenCount.data());
-    if (span.tracer()) span.set_group(span.tracer()->stage_group("count"));
-    progress::Context context("token count all-reduce");
+    Phase phase(trace_ops::kTokenCount.data(), "token count all-reduce");
+    if (phase.tracer()) phase.set_group(phase.tracer()->stage_group("count"));
     result.predictions = groups_.hdp().all_reduce_sum(local_predictions);
   }
   const float loss_scale = result.predictions > 0 ? 1.0f / static_cast<float>(result.predictions) : 0.0f;
@@ -217,7 +220,7 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
     progress::Context context("micro-batch count all-reduce (expert parallelism)");
     ep->all_reduce(std::span<int64_t>(&count, 1), ReduceOp::Max);
   }
-  Stage stage(*model_, *optimizer_, micro_batches, static_cast<int>(count), loss_scale, options.poisoned_micro_batch,
+  Stage stage(*model_, *optimizer_, micro_batches, static_cast<int>(count), loss_scale, poisoned_micro_batch,
               slow_factor_);
   pipeline_->run(stage, static_cast<int>(count));
 
@@ -225,9 +228,8 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
   // are summed before the data-parallel reduction.
   if (Communicator* tied = groups_.tied()) {
     // The group of this pipeline's first and last stage: a name no pipeline transfer uses.
-    TraceSpan span(trace_ops::kTiedEmbedding.data());
-    if (span.tracer()) span.set_group(span.tracer()->pipeline_group(true, -1, -1));
-    progress::Context context("tied-embedding sync");
+    Phase phase(trace_ops::kTiedEmbedding.data(), "tied-embedding sync");
+    if (phase.tracer()) phase.set_group(phase.tracer()->pipeline_group(true, -1, -1));
     const ParameterInfo& p = model_->parameter("model.embed_tokens.weight");
     tied->all_reduce(model_->gradient_tensor(p), ReduceOp::Sum);
   }
@@ -237,9 +239,8 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
   const bool counts_loss = groups_.last_stage() && groups_.coords().tp_rank == 0;
   double loss_sum = 0;
   {
-    TraceSpan span(trace_ops::kLoss.data());
-    if (span.tracer()) span.set_group(span.tracer()->world_group("loss"));
-    progress::Context context("loss all-reduce");
+    Phase phase(trace_ops::kLoss.data(), "loss all-reduce");
+    if (phase.tracer()) phase.set_group(phase.tracer()->world_group("loss"));
     loss_sum = groups_.world().all_reduce_sum(counts_loss ? stage.loss_sum() : 0.0);
   }
   result.loss = result.predictions > 0 ? loss_sum / static_cast<double>(result.predictions) : 0.0;
@@ -264,11 +265,15 @@ StepResult TrainingEngine::step(std::span<const PackedMicroBatch> micro_batches,
     for (int64_t e = 0; e < E; ++e) result.expert_tokens[e] = static_cast<int64_t>(std::llround(sums[e + 1]));
   }
   result.busy_ms = stage.busy_ms();
-
-  result.updated = !options.apply_update || options.apply_update(result);
-  if (!result.updated) return result;  // the next step's zero_grad and begin_reduction start afresh
-  optimizer_->step(model_->flat_parameters(), lr, clip_factor(result.grad_norm, config_.optim.grad_clip), update_number);
+  pending_grad_norm_ = result.grad_norm;
   return result;
+}
+
+void TrainingEngine::apply_update(double lr, int64_t update_number) {
+  if (!pending_grad_norm_) throw std::logic_error("TrainingEngine: apply_update without a forward_backward before it");
+  const float clip = clip_factor(*pending_grad_norm_, config_.optim.grad_clip);
+  pending_grad_norm_.reset();
+  optimizer_->step(model_->flat_parameters(), lr, clip, update_number);
 }
 
 MemoryReport TrainingEngine::memory() const {

@@ -2,11 +2,11 @@
 // One rank's share of a training step under tensor, pipeline and hybrid data
 // parallelism: its model stage and slice, the 1F1B pipeline over its
 // pipeline's micro-batches, tied-embedding synchronisation, ZeRO-1 gradient
-// reduction and the sharded AdamW update.
+// reduction (forward_backward), then the sharded AdamW update (apply_update).
 
 #include <cstdint>
-#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -32,29 +32,17 @@ double slow_rank_factor(int rank);
 bool may_offload(const Config& config);
 int64_t largest_micro_batch(const Config& config);
 
+// What forward_backward() learned of the step, before any update.
 struct StepResult {
   double loss = 0;           // global token-level loss: sum of cross-entropies / predictions
   double grad_norm = 0;      // before clipping
   int64_t predictions = 0;   // predicted tokens in the global batch
   double busy_ms = 0;        // this rank's time in forward and backward (ring transfers included)
-  bool updated = true;       // false: StepOptions::apply_update skipped the optimizer update
   // Mixtral: the load-balancing loss of the step (each micro-batch's, weighted by its
   // share of the predictions; already in `loss` times model.router_aux_loss_coef), and
   // the (token, choice) pairs each expert received over all layers and micro-batches.
   double aux_loss = 0;
   std::vector<int64_t> expert_tokens;
-};
-
-// What a step may be told besides its micro-batches.
-struct StepOptions {
-  // Called on every rank with the step's global loss and gradient norm once they
-  // are known, before the optimizer update; the update is applied only when it
-  // returns true (run/numerical_guard.h). Empty: always applied.
-  std::function<bool(const StepResult&)> apply_update;
-  // Test knob (HDP_FAULT_INJECT=RANK:STEP:nan, base/fault_injection.h): on a rank
-  // of the last pipeline stage, the loss and the gradients of this rank's
-  // micro-batch with this index become NaN; -1: none.
-  int poisoned_micro_batch = -1;
 };
 
 struct MemoryReport {
@@ -68,12 +56,23 @@ class TrainingEngine {
   TrainingEngine(const Config& config, ProcessGroups& groups);
   ~TrainingEngine();
 
-  // One optimizer step over this pipeline's micro-batches (identical on every
-  // stage and tp rank of the pipeline; pipelines may have different counts).
-  // update_number: AdamW's bias-correction step, the updates applied so far + 1
-  // (skipped steps do not count).
-  StepResult step(std::span<const PackedMicroBatch> micro_batches, double lr, int64_t update_number,
-                  const StepOptions& options = {});
+  // A training step in two halves, with the caller deciding in between whether the
+  // update is applied (the loop's bad-step guard and stop flags, run/training_loop.h):
+  //
+  // forward_backward: the 1F1B pipeline over this pipeline's micro-batches (identical
+  // on every stage and tp rank of the pipeline; pipelines may have different counts),
+  // the global loss and the gradients reduced over hdp (ZeRO-1's reduce-scatter) with
+  // their global norm. Collective over the world. `poisoned_micro_batch` is a test
+  // knob (HDP_FAULT_INJECT=RANK:STEP:nan, base/fault_injection.h): on a rank of the
+  // last pipeline stage, the loss and the gradients of this rank's micro-batch with
+  // this index become NaN; -1: none.
+  StepResult forward_backward(std::span<const PackedMicroBatch> micro_batches, int poisoned_micro_batch = -1);
+  // apply_update: clips the gradients of the last forward_backward by their norm,
+  // runs AdamW on this rank's shard and all-gathers the parameters. update_number:
+  // AdamW's bias-correction step, the updates applied so far + 1 (skipped steps do
+  // not count). Not calling it skips the step's update: the next forward_backward
+  // starts from zeroed gradients.
+  void apply_update(double lr, int64_t update_number);
 
   LlamaModel& model() { return *model_; }
   ZeroAdamW& optimizer() { return *optimizer_; }
@@ -89,6 +88,8 @@ class TrainingEngine {
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<ZeroAdamW> optimizer_;
   double slow_factor_ = 1;  // slow_rank_factor
+  // The global norm of the gradients forward_backward reduced, until apply_update uses them.
+  std::optional<double> pending_grad_norm_;
 };
 
 }  // namespace hdp

@@ -61,7 +61,7 @@ struct StepMetrics {
   // included (run/numerical_guard.h); carried over a resume by the checkpoint.
   int64_t skipped_steps = 0;
   // Rollbacks to an earlier checkpoint so far, and the global batches they skip
-  // (run/training.cpp); both carried over a resume.
+  // (run/training_loop.cpp); both carried over a resume.
   int64_t rollbacks = 0;
   int64_t skipped_batches = 0;
 };

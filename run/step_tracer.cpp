@@ -59,7 +59,7 @@ void StepTracer::end() {
   tracer_->end();
   const int64_t step = tracer_->step();
   for (const OpRecord& r : tracer_->take()) {
-    write_trace_line(file_, step, r.microbatch, tracer_->pp_rank(), tracer_->dp_rank(), tracer_->tp_rank(), r.op,
+    write_trace_line(file_, step, r.microbatch, tracer_->pp_rank(), tracer_->hdp_rank(), tracer_->tp_rank(), r.op,
                      r.start_us, r.end_us, r.group, rank_);
     file_ << '\n';
   }
@@ -76,7 +76,7 @@ bool StepTracer::write_device_records() {
   const std::vector<DeviceTraceRecord> records = device_ops().take_trace_records();
   for (const DeviceTraceRecord& d : records) {
     const OpRecord& r = d.record;
-    write_trace_line(file_, d.step, r.microbatch, tracer_->pp_rank(), tracer_->dp_rank(), tracer_->tp_rank(), r.op,
+    write_trace_line(file_, d.step, r.microbatch, tracer_->pp_rank(), tracer_->hdp_rank(), tracer_->tp_rank(), r.op,
                      r.start_us, r.end_us, r.group, rank_);
     file_ << '\n';
   }

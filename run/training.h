@@ -1,5 +1,8 @@
 #pragma once
-// The training loop of `trainer train`: data in, steps, metrics and checkpoints out.
+// `trainer train` on one rank: a loader rank serves data (run/loader_roles.h); a
+// training rank sets up its job (run/job.h), its batch source (run/batch_source.h)
+// and runs the training loop (run/training_loop.h): data in, steps, metrics and
+// checkpoints out.
 
 #include "parallel/runtime.h"
 #include "config/config.h"

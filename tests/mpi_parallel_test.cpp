@@ -152,6 +152,36 @@ TEST(ProcessGroups, RankOrderIsTpFastestThenHdpThenPp) {
   }
 }
 
+// Every group is its axis of the grid: its members are ParallelDegrees::group's
+// ranks, ranked by their coordinate; expert parallelism's two groups included.
+TEST(ProcessGroups, EachGroupIsTheRanksThatDifferAlongItsAxis) {
+  const ParallelDegrees grids[] = {{2, 1, 2}, {1, 2, 2}, {2, 2, 1}, {1, 1, 4, 2}, {1, 1, 4, 4}};
+  for (const ParallelDegrees& degrees : grids) {
+    ProcessGroups groups(degrees, false);
+    const GridCoords c = groups.coords();
+    auto expect_axis = [&](Communicator& group, GridAxis axis) {
+      const std::vector<int> members = degrees.group(c, axis);
+      EXPECT_EQ(group.size(), static_cast<int>(members.size()));
+      EXPECT_EQ(group.rank(), degrees.coordinate(c, axis));
+      // Each member puts its world rank at its place: the gathered list is the group.
+      std::vector<int64_t> gathered(members.size(), 0);
+      gathered[static_cast<size_t>(group.rank())] = world_rank();
+      group.all_reduce(std::span<int64_t>(gathered), ReduceOp::Sum);
+      EXPECT_EQ(gathered, std::vector<int64_t>(members.begin(), members.end()));
+    };
+    expect_axis(groups.tp(), GridAxis::Tp);
+    expect_axis(groups.pp(), GridAxis::Pp);
+    expect_axis(groups.hdp(), GridAxis::Hdp);
+    if (degrees.ep > 1) {
+      ASSERT_NE(groups.ep(), nullptr);
+      expect_axis(*groups.ep(), GridAxis::Ep);
+      expect_axis(groups.expert_dp(), GridAxis::ExpertDp);
+    } else {
+      EXPECT_EQ(groups.ep(), nullptr);
+    }
+  }
+}
+
 TEST(ProcessGroups, WorldSizeMismatchIsAClearError) {
   try {
     ProcessGroups groups(ParallelDegrees{2, 2, 2}, false);
@@ -229,12 +259,12 @@ PackedMicroBatch micro_batch(const std::vector<int>& lengths, uint64_t seed) {
   return testing::random_documents<PackedMicroBatch>(lengths, 50, seed);
 }
 
-// The summed (global) gradient of this rank's slice after one step under `plan`:
+// The summed (global) gradient of this rank's slice after one forward_backward under `plan`:
 // plan[h] lists the micro-batches of hdp rank h.
 std::vector<float> global_gradient(TrainingEngine& engine, ProcessGroups& groups,
                                    const std::vector<std::vector<PackedMicroBatch>>& plan) {
   engine.model().init_weights(3);
-  engine.step(plan[groups.coords().hdp_rank], 0.0, 1);
+  engine.forward_backward(plan[groups.coords().hdp_rank]);
   const Tensor g = engine.model().flat_gradients();
   std::vector<float> sum(g.data, g.data + g.numel());
   groups.hdp().all_reduce(Tensor(sum.data(), {g.numel()}), ReduceOp::Sum);
@@ -296,7 +326,7 @@ PlannedMicroBatch ring_member(const std::vector<SequenceSpan>& sequences, const 
   return mb;
 }
 
-// The summed gradient of this rank's slice after one step under a plan.
+// The summed gradient of this rank's slice after one forward_backward under a plan.
 std::vector<float> planned_gradient(TrainingEngine& engine, ProcessGroups& groups, const RingData& data,
                                     const StepPlan& plan) {
   const std::vector<int64_t> lengths = sequence_lengths(data.sequences);
@@ -308,7 +338,7 @@ std::vector<float> planned_gradient(TrainingEngine& engine, ProcessGroups& group
                                     rank_work(plan, lengths, groups.coords().hdp_rank));
   }
   engine.model().init_weights(5);
-  engine.step(batches, 0.0, 1);
+  engine.forward_backward(batches);
   const Tensor g = engine.model().flat_gradients();
   std::vector<float> sum(g.data, g.data + g.numel());
   groups.hdp().all_reduce(Tensor(sum.data(), {g.numel()}), ReduceOp::Sum);

@@ -672,7 +672,7 @@ void stopped_rank_ends_the_job(int stopped) {
   EXPECT_NE(stacks.find("phase: step 3, token count all-reduce: hdp all-reduce"), std::string::npos) << stacks;
   EXPECT_NE(stacks.find("[main]"), std::string::npos) << stacks;
   // Symbolised: the training thread's frames name the trainer's functions.
-  EXPECT_NE(stacks.find("hdp::TrainingEngine::step"), std::string::npos) << stacks;
+  EXPECT_NE(stacks.find("hdp::TrainingEngine::forward_backward"), std::string::npos) << stacks;
   EXPECT_NE(testing::file_text(dir + "/hang/summary.txt").find("rank " + s + " sent no heartbeat"), std::string::npos);
 }
 

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "spec/parallel_degrees.h"
 #include "whatif/simulator.h"
 #include "whatif/straggler_analysis.h"
 #include "whatif/trace.h"
@@ -44,7 +45,7 @@ Exit code 2 on a trace that cannot be read (the message names file and line).
 const char* const kTraceHelp = R"(usage: trainer trace merge TRACE_DIR... --output TRACE.json
 
 Merges a run's per-rank trace files (the trace section writes RUN_DIR/trace/rank-*.jsonl)
-into one Chrome/Perfetto trace JSON: one process per rank (pp, dp, tp) and one
+into one Chrome/Perfetto trace JSON: one process per rank (pp, hdp, tp) and one
 track per stream (compute, dp, forward/backward send/recv, nested collectives).
 )";
 
@@ -137,33 +138,34 @@ int analyze(Arguments& args) {
   return kExitSuccess;
 }
 
-// One process per rank (pid = pp, dp, tp in the trainer's rank order), one track
-// per stream, through the one Chrome trace writer (whatif/simulator.h).
+// One process per rank (pid = the trainer's rank of pp, hdp (the format's dp_rank)
+// and tp, ParallelDegrees::rank), one track per stream, through the one Chrome trace
+// writer (whatif/simulator.h).
 int merge(Arguments& args) {
   const std::string output = args.required("--output");
   const std::vector<std::string> dirs = args.positional();
   args.expect_empty();
   if (dirs.empty()) throw UsageError("trace merge expects a trace directory or files");
   const Trace trace = read_traces(dirs);
-  int pp = 0, dp = 0, tp = 0;
+  ParallelDegrees grid{0, 0, 0};
   double origin = INFINITY;
   std::vector<char> grouped(trace.op_names.size(), 0);
   for (const TraceOp& op : trace.ops) {
-    pp = std::max(pp, op.pp_rank + 1);
-    dp = std::max(dp, op.dp_rank + 1);
-    tp = std::max(tp, op.tp_rank + 1);
+    grid.pp = std::max(grid.pp, op.pp_rank + 1);
+    grid.hdp = std::max(grid.hdp, op.dp_rank + 1);
+    grid.tp = std::max(grid.tp, op.tp_rank + 1);
     origin = std::min(origin, op.start_us);
     if (op.group >= 0) grouped[op.op] = 1;
   }
   sim::OpGraph graph;
   std::vector<uint32_t> labels;
   for (const std::string& name : trace.op_names) labels.push_back(graph.label(name));
-  std::vector<std::string> names(static_cast<size_t>(pp) * dp * tp);
+  std::vector<std::string> names(static_cast<size_t>(grid.world()));
   std::map<std::pair<int, std::string>, int> streams;
   sim::Replay replay;
   for (const TraceOp& op : trace.ops) {
-    const int rank = op.tp_rank + tp * (op.dp_rank + dp * op.pp_rank);
-    names[rank] = "rank " + std::to_string(rank) + " (pp " + std::to_string(op.pp_rank) + " dp " +
+    const int rank = grid.rank(GridCoords{op.tp_rank, op.pp_rank, op.dp_rank});
+    names[rank] = "rank " + std::to_string(rank) + " (pp " + std::to_string(op.pp_rank) + " hdp " +
                   std::to_string(op.dp_rank) + " tp " + std::to_string(op.tp_rank) + ")";
     const std::string stream = trace_stream_name(trace.op_names[op.op], grouped[op.op]);
     auto [it, added] = streams.try_emplace({rank, stream}, 0);
@@ -176,7 +178,7 @@ int merge(Arguments& args) {
   std::ofstream out(output);
   sim::write_chrome_trace(out, graph, replay, names);
   if (!out) throw InputError(output + ": cannot write the merged trace");
-  std::printf("trace merge: %zu operations of %d ranks -> %s\n", trace.ops.size(), pp * dp * tp, output.c_str());
+  std::printf("trace merge: %zu operations of %d ranks -> %s\n", trace.ops.size(), grid.world(), output.c_str());
   return kExitSuccess;
 }
 

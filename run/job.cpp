@@ -1,0 +1,215 @@
+#include "run/job.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "checkpoint/directory.h"
+#include "checkpoint/protocol.h"
+#include "kernels/cpu/gemm.h"
+#include "kernels/cuda/cuda_runtime.h"
+#include "kernels/peak_flops.h"
+#include "parallel/nccl_communicator.h"
+#include "run/signals.h"
+
+namespace hdp {
+namespace {
+
+double mib(size_t bytes) { return static_cast<double>(bytes) / 1048576.0; }
+
+void check_world_size(const ParallelDegrees& degrees, bool remote, int loader_ranks, const ProcessInfo& process) {
+  const int training_ranks = degrees.world();
+  if (training_ranks + loader_ranks != process.world_size) {
+    throw ConfigError("parallel.tp x parallel.pp x parallel.hdp = " + std::to_string(degrees.tp) + " x " +
+                      std::to_string(degrees.pp) + " x " + std::to_string(degrees.hdp) + " = " +
+                      std::to_string(training_ranks) + " ranks" +
+                      (remote ? " plus loader.servers = " + std::to_string(loader_ranks) : std::string()) +
+                      ", but the job has " + std::to_string(process.world_size) + "; launch with mpirun -np " +
+                      std::to_string(training_ranks + loader_ranks) + " or change the degrees");
+  }
+}
+
+// The GPU of the local rank modulo those visible (CUDA_VISIBLE_DEVICES): one per
+// rank when there are enough, else several ranks of a node share one.
+void bind_gpu(const TrainConfig& train, const ProcessInfo& process) {
+  std::string why;
+  if (!cuda::available(&why)) {
+    throw ConfigError("train.device: cuda asked for, but rank " + std::to_string(process.rank) + " on " +
+                      process.hostname + " has no usable CUDA device (" + why + ")");
+  }
+  const int visible = cuda::device_count();
+  const int gpu = process.local_rank % visible;
+  cuda::initialize(gpu);
+  cuda::set_tf32(train.tf32);
+  spdlog::info("rank {} (local rank {}): GPU {} of {} visible{}, {}{}", process.rank, process.local_rank, gpu,
+               visible, process.local_size > visible ? " (shared by the node's ranks)" : "",
+               cuda::device_description(), train.tf32 ? ", fp32 GEMMs on TF32 tensor cores" : "");
+  if (train.precision == DType::BF16 && process.rank == 0)
+    spdlog::warn("train.precision: bf16 on cuda runs the CUDA bf16 kernels, which are unverified until `trainer "
+                 "selftest` passes on this GPU (it compares every bf16 op and bf16 training steps with the CPU)");
+}
+
+// parallel.comm resolved on the training ranks (collective over `training_world`, or
+// over every rank when it is null, after bind_gpu). nccl: exit 2 when two ranks share a GPU, which NCCL refuses,
+// naming them and the GPU. auto: NCCL when the ranks train on GPUs of their own and
+// NCCL was built; ranks sharing a GPU (tests, small machines) go through MPI.
+CommBackend choose_comm_backend(const Config& config, const MpiCommunicator* training_world,
+                                const ProcessInfo& process) {
+  const CommMode mode = config.parallel.comm;
+  if (mode == CommMode::Mpi || config.train.device != Device::CUDA || !nccl_compiled()) return CommBackend::Mpi;
+  const std::string shared = gpus_shared_by_ranks(training_world, process.hostname);
+  if (shared.empty()) return CommBackend::Nccl;
+  if (mode == CommMode::Nccl) {
+    throw ConfigError("parallel.comm: nccl needs one GPU per rank, but " + shared +
+                      " (NCCL refuses two ranks of one communicator on one GPU); give each rank its own GPU "
+                      "(more GPUs, or fewer ranks per node), or set parallel.comm: mpi to stage through host memory");
+  }
+  if (process.rank == 0) spdlog::info("parallel.comm auto: MPI, because {}", shared);
+  return CommBackend::Mpi;
+}
+
+// Rank 0's summary of the job: where the data comes from, the grid, the BLAS kernels.
+void log_job(const Config& config, const std::optional<TokenDataset>& dataset, const ParallelDegrees& degrees,
+             int loader_ranks) {
+  const int training_ranks = degrees.world();
+  if (dataset) {
+    spdlog::info("dataset {}: {} documents, {} tokens", config.data.path, dataset->num_documents(),
+                 dataset->num_tokens());
+  } else {
+    spdlog::info("data from {} loader rank(s) (world ranks {}..{}), scheduler on world rank {}", loader_ranks,
+                 training_ranks, training_ranks + loader_ranks - 1, training_ranks);
+  }
+  spdlog::info("{}", describe_grid(degrees));
+  // Documented (a rank's capacity, not its share), but rarely meant: the activation
+  // memory is sized for micro_batch_tokens and a step never fills it.
+  if (config.data.global_batch_tokens < config.data.micro_batch_tokens) {
+    spdlog::warn("data.global_batch_tokens {} is below data.micro_batch_tokens {}: a step holds at most {} tokens, so "
+                 "every micro-batch is at most {:.0f}% full while activation memory is sized for {}; lower "
+                 "data.micro_batch_tokens to save memory, or raise data.global_batch_tokens",
+                 config.data.global_batch_tokens, config.data.micro_batch_tokens, config.data.global_batch_tokens,
+                 100.0 * config.data.global_batch_tokens / config.data.micro_batch_tokens,
+                 config.data.micro_batch_tokens);
+  }
+  spdlog::info("CPU GEMM: {}", cpu::gemm_library_description(cpu::kGemmLibrary));
+}
+
+// The stage's layers, parameters and memory, once per pipeline stage.
+void log_stage(TrainingEngine& engine, const MemoryReport& memory, const GridCoords& coords) {
+  if (coords.tp_rank != 0 || coords.hdp_rank != 0) return;
+  std::string layers;
+  for (int64_t n : engine.stage_layers()) layers += (layers.empty() ? "" : " + ") + std::to_string(n);
+  spdlog::info("stage {} (layers {}): {:.2f} M parameters on this rank; device memory {:.1f} MiB (parameters {:.1f}, "
+               "gradients {:.1f}, optimizer shard {:.1f}, activations {:.1f} in {}, pipeline buffers {:.1f}, ring buffers "
+               "{:.1f}); host pool for offloaded activations {:.1f} MiB",
+               coords.pp_rank, layers, engine.model().num_parameters() / 1e6, mib(memory.total()),
+               mib(memory.parameters), mib(memory.gradients), mib(memory.optimizer), mib(memory.activations),
+               dtype_name(engine.model().precision()),
+               mib(memory.pipeline), mib(memory.ring), mib(memory.host_pool));
+}
+
+// Where training starts: a checkpoint to resume (weights, moments, step, data
+// position), a checkpoint to take weights from, or fresh weights.
+TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, int rank) {
+  const TrainConfig& t = config.train;
+  if (rank == 0 && (t.resume == ResumeMode::Auto || t.checkpoint_every > 0)) {
+    for (const std::string& dir : manifestless_checkpoints(t.checkpoint_dir)) {
+      spdlog::warn("{} has no manifest.yaml, so it is not a complete checkpoint: not resumed from and not deleted; a "
+                   "checkpoint of its step moves it to {}.incomplete first. Look at it, then delete it or move it "
+                   "out of train.checkpoint_dir", dir, dir);
+    }
+  }
+  if (t.resume == ResumeMode::Auto) {
+    if (auto latest = latest_checkpoint(t.checkpoint_dir)) {
+      TrainingProgress progress = load_checkpoint(*latest, engine.model(), &engine.optimizer());
+      spdlog::info("resumed from {} at step {}", *latest, progress.step);
+      return progress;
+    }
+  }
+  TrainingProgress progress;
+  progress.train_seed = t.seed;
+  progress.data_seed = config.data.seed;
+  if (!t.init_from.empty()) {
+    load_checkpoint(t.init_from, engine.model(), nullptr);
+    spdlog::info("initial weights from {}", t.init_from);
+  } else {
+    engine.model().init_weights(t.seed);
+  }
+  return progress;
+}
+
+}  // namespace
+
+int set_up_process(const Config& config, const ProcessInfo& process) {
+  const bool remote = config.loader.mode == LoaderMode::Remote;
+  check_world_size(config.parallel, remote, remote ? static_cast<int>(config.loader.servers) : 0, process);
+  const int threads = configure_threads(config.train.threads, process);
+  if (config.train.device == Device::CUDA) {
+    bind_gpu(config.train, process);
+    if (config.model.moe() && process.rank == 0)
+      spdlog::warn("model.arch: mixtral on cuda runs the MoE block's row-movement kernels (gather_rows, "
+                   "combine_rows), which are unverified until `trainer selftest` passes on this GPU");
+  }
+  return threads;
+}
+
+TrainingJob::TrainingJob(const Config& config, const ProcessInfo& process,
+                         std::unique_ptr<MpiCommunicator> training_world, int threads) {
+  const ParallelDegrees& degrees = config.parallel;
+  const bool remote = config.loader.mode == LoaderMode::Remote;
+  const int loader_ranks = remote ? static_cast<int>(config.loader.servers) : 0;
+  check_output_directories(config, process.rank);
+  // One run per checkpoint directory (checkpoint/lock.h): a lock while this job
+  // writes there, and no continuing another run's checkpoints unless asked.
+  if (config.train.checkpoint_every > 0 && process.rank == 0) {
+    checkpoint_lock_.emplace(config.train.checkpoint_dir, process.hostname, 2 * config.train.hang_timeout_s);
+  }
+  if (config.train.checkpoint_every > 0 || config.train.resume == ResumeMode::Auto) check_checkpoint_dir_run(config);
+  // A signal stops a local-loader run at the next step boundary with a checkpoint.
+  // Remote loader ranks plan every step up to train.steps and cannot stop early
+  // yet, so there signals keep their default action (the job ends at once).
+  if (!remote) install_stop_handlers(process.rank == 0);
+  if (!remote) {
+    dataset_.emplace(TokenDataset::open(config.data.path, dataset_format(config.data)));
+    validate_dataset_vocab(config, dataset_->vocab_size(), dataset_->max_token_id());
+  }
+
+  const CommBackend backend = choose_comm_backend(config, training_world.get(), process);
+  groups_ = std::make_unique<ProcessGroups>(degrees, config.model.tie_embeddings, std::move(training_world), backend);
+  if (process.rank == 0) spdlog::info("tp, pp and hdp groups over {}", backend == CommBackend::Nccl ? "NCCL" : "MPI");
+  const GridCoords& coords = groups_->coords();
+  spdlog::info("rank {} on {}: tp {} pp {} hdp {}; {} threads", process.rank, process.hostname, coords.tp_rank,
+               coords.pp_rank, coords.hdp_rank, threads);
+  if (process.rank == 0) log_job(config, dataset_, degrees, loader_ranks);
+  engine_ = std::make_unique<TrainingEngine>(config, *groups_);
+  memory_ = engine_->memory();
+  log_stage(*engine_, memory_, coords);
+  start_ = restore_or_init(config, *engine_, process.rank);
+}
+
+double peak_flops_for_mfu(const TrainConfig& train, Device device, const ProcessInfo& process, Communicator& world,
+                          int training_ranks) {
+  const bool on_gpu = device == Device::CUDA;
+  double peak_flops = train.peak_flops;
+  if (peak_flops <= 0 && on_gpu) {
+    peak_flops = gpu_bf16_peak_flops(cuda::device_description());
+    if (process.rank == 0 && peak_flops > 0) {
+      spdlog::info("peak: {:.0f} TFLOP/s dense BF16 (datasheet) per GPU for MFU", peak_flops / 1e12);
+    }
+  }
+  if (peak_flops <= 0) {
+    peak_flops = measure_gemm_flops(device);
+    if (!on_gpu) peak_flops = world.all_reduce_sum(peak_flops) / training_ranks;
+    if (process.rank == 0 && on_gpu) {
+      spdlog::info("peak: {:.1f} TFLOP/s fp32 GEMM measured on this GPU (unknown model); set train.peak_flops to fix it",
+                   peak_flops / 1e12);
+    } else if (process.rank == 0) {
+      spdlog::info("peak: {:.1f} GFLOP/s fp32 GEMM per rank measured, best of (rank 0) {}; set train.peak_flops "
+                   "to fix it", peak_flops / 1e9, cpu_gemm_rates_summary());
+    }
+  }
+  return peak_flops;
+}
+
+}  // namespace hdp

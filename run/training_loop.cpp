@@ -1,0 +1,366 @@
+#include "run/training_loop.h"
+
+#include <spdlog/spdlog.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <numeric>
+#include <span>
+#include <stdexcept>
+#include <utility>
+
+#include "checkpoint/directory.h"
+#include "checkpoint/protocol.h"
+#include "model/lr_schedule.h"
+#include "parallel/phase.h"
+#include "parallel/progress.h"
+#include "run/signals.h"
+#include "spec/model_shape.h"
+
+namespace hdp {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// "documents 3, 17, 18 (3 sequences)": the documents of a global batch, for logs.
+std::string document_list(const GlobalBatch& batch) {
+  constexpr size_t kShown = 16;
+  std::vector<int64_t> ids;
+  for (const SequenceSpan& s : batch.sequences) {
+    if (std::find(ids.begin(), ids.end(), s.document) == ids.end()) ids.push_back(s.document);
+  }
+  std::string out = "documents ";
+  for (size_t i = 0; i < ids.size() && i < kShown; ++i) out += (i ? ", " : "") + std::to_string(ids[i]);
+  if (ids.size() > kShown) out += ", ... (" + std::to_string(ids.size()) + " documents)";
+  return out + " (" + std::to_string(batch.sequences.size()) + " sequences)";
+}
+
+// HDP_FAULT_INJECT=RANK:STEP:ckpt and RANK:STEP:full-checkpoint on this rank: the
+// checkpoint writer's hooks that exit between writing the part and the commit, or put
+// the part on /dev/full. Empty (no hooks) for every other rank and fault.
+std::function<CheckpointHooks(int64_t)> checkpoint_fault_hooks(const FaultInjection& fault, int rank) {
+  if (!(fault.checkpoint || fault.full_checkpoint) || fault.rank != rank) return {};
+  return [rank, fault](int64_t step) {
+    CheckpointHooks h;
+    if (step != fault.step) return h;
+    if (fault.checkpoint) {
+      h.after_part = [rank, step] {
+        spdlog::critical("fault injection: rank {} exits abruptly while writing the checkpoint of step {}", rank, step);
+        std::_Exit(3);
+      };
+    } else {
+      h.before_part = [rank, step](const std::string& file) {
+        spdlog::warn("fault injection: rank {} writes its part of the checkpoint of step {} to a full disk ({} "
+                     "-> /dev/full)", rank, step, file);
+        std::filesystem::create_symlink("/dev/full", file);
+      };
+    }
+    return h;
+  };
+}
+
+}  // namespace
+
+TrainingLoop::TrainingLoop(const Config& config, const ProcessInfo& process, ProcessGroups& groups,
+                           TrainingEngine& engine, BatchSource& batches, const TrainingProgress& progress,
+                           double peak_flops, size_t memory_bytes, const CheckpointDirLock* lock)
+    : config_(config),
+      lock_(lock),
+      process_(process),
+      groups_(groups),
+      engine_(engine),
+      batches_(batches),
+      progress_(progress),
+      peak_flops_(peak_flops),
+      memory_bytes_(memory_bytes),
+      layout_{config.parallel, groups.coords(), process.rank, &groups.world()},
+      guard_(config.train.spike_factor, config.train.max_bad_steps),
+      tracer_(config.trace, config.train.run_dir, groups.coords(), process.rank, groups.world()) {
+  if (process.rank == 0) metrics_.emplace(config.train.run_dir, progress.step);
+  fault_ = fault_injection_from_env();
+  guard_.restore_window(progress.loss_window);
+  if (config.train.checkpoint_every > 0) {
+    // Writes in the background need MPI from a second thread when there are several ranks.
+    const bool async = config.train.async_checkpoints && (process.thread_multiple || config.parallel.world() == 1);
+    writer_.emplace(config.train.checkpoint_dir, config.yaml, config.train.keep_checkpoints, layout_, async,
+                    process.rank == 0, checkpoint_fault_hooks(fault_, process.rank));
+  }
+}
+
+void TrainingLoop::run() {
+  // A rollback (below) moves next_step_ back.
+  for (next_step_ = progress_.step + 1; next_step_ <= config_.train.steps && stop_signal_ == 0;) run_step(next_step_++);
+  if (writer_) writer_->wait();  // the last checkpoint is complete before the run reports its end
+}
+
+void TrainingLoop::run_step(int64_t step) {
+  progress::set_step(step);
+  if (writer_) writer_->check();  // an earlier background write's error ends the run here
+  if (lock_) lock_->refresh();
+  const bool fault_now = fault_.rank == process_.rank && fault_.step == step && fault_.exits();
+  // Each poisoned step number once: a step rerun after a rollback is clean.
+  const bool poison = fault_.rank == process_.rank && fault_.nan && step >= fault_.step && step <= fault_.last_step &&
+                      step > last_poisoned_step_;
+  if (fault_now && fault_.hang) {
+    // A stopped process: no heartbeat, no answer, no exit (what a frozen node looks like).
+    spdlog::critical("fault injection: rank {} stops itself (SIGSTOP) at step {}", process_.rank, step);
+    spdlog::default_logger()->flush();
+    ::kill(::getpid(), SIGSTOP);
+  } else if (fault_now) {
+    spdlog::critical("fault injection: rank {} exits abruptly at step {}", process_.rank, step);
+    std::_Exit(3);
+  }
+  tracer_.begin(step);
+  progress::Context step_context("training step");
+  StepMeasurement measured;
+  measured.step = step;
+  const auto t0 = Clock::now();
+  const GlobalBatch batch = [&] {
+    Phase phase(trace_ops::kDataWait.data(), "data wait");
+    return batches_.next();
+  }();
+  measured.data_wait_ms = ms_since(t0);
+  measured.lr = learning_rate(config_.optim, step, config_.train.steps);
+  groups_.tp().reset_stats();
+  groups_.pp().reset_stats();
+  groups_.hdp().reset_stats();
+  if (Communicator* ep = groups_.ep()) {
+    ep->reset_stats();
+    groups_.expert_dp().reset_stats();
+  }
+  const int64_t offloaded_before = engine_.model().activation_usage().offloaded_bytes;
+  int poisoned_micro_batch = -1;
+  if (poison) {
+    spdlog::warn("fault injection: rank {} poisons the loss of its first micro-batch at step {}", process_.rank, step);
+    poisoned_micro_batch = 0;
+    last_poisoned_step_ = step;
+  }
+  measured.result = engine_.forward_backward(batch.local_micro_batches, poisoned_micro_batch);
+  // AdamW's bias correction counts the updates applied, not the steps: a skipped
+  // step must not advance it (agree_on_update counts it after this number is taken).
+  const int64_t update_number = step - progress_.skipped_steps;
+  measured.updated = agree_on_update(measured.result);
+  if (measured.updated) engine_.apply_update(measured.lr, update_number);
+  measured.step_ms = ms_since(t0);
+  measured.offloaded_bytes = engine_.model().activation_usage().offloaded_bytes - offloaded_before;
+
+  const StepMetrics m = step_metrics(measured, batch);
+  if (metrics_ && fault_.full_metrics && fault_.rank == process_.rank && fault_.step == step) {
+    spdlog::warn("fault injection: rank {} writes the metrics of step {} to a full disk ({} -> /dev/full)",
+                 process_.rank, step, metrics_->path());
+    metrics_->fail_writes_as_on_a_full_disk();
+  }
+  if (metrics_) metrics_->write(m);
+  last_step_ = step;
+  if (measured.updated) {
+    streak_.clear();
+  } else {
+    streak_.push_back({step, batch.start, document_list(batch)});
+    if (report_bad_step(step)) return;  // rolled back: the loop goes on after the checkpoint
+  }
+  if (process_.rank == 0 && (step % config_.train.log_every == 0 || step == 1 || step == config_.train.steps)) {
+    log_step(m);
+  }
+  if (checkpoint_due(step)) {
+    save_checkpoint_at(step, batch);
+  } else if (stop_signal_ != 0 && step < config_.train.steps) {
+    if (config_.train.checkpoint_every > 0) {
+      save_checkpoint_at(step, batch);
+    } else if (process_.rank == 0) {
+      spdlog::warn("stopping without a checkpoint: train.checkpoint_every is 0 (checkpoints are off)");
+    }
+  }
+  tracer_.end();
+}
+
+bool TrainingLoop::agree_on_update(const StepResult& result) {
+  const StepFault mine = guard_.inspect(result.loss, result.grad_norm);
+  std::array<int64_t, 3> flags = {mine == StepFault::NonFinite, mine == StepFault::Spike, stop_signal()};
+  {
+    Phase phase(trace_ops::kUpdateAgreement.data(), "bad-step and stop flags all-reduce");
+    if (phase.tracer()) phase.set_group(phase.tracer()->world_group("agree"));
+    groups_.world().all_reduce(std::span<int64_t>(flags), ReduceOp::Max);
+  }
+  stop_signal_ = static_cast<int>(flags[2]);
+  step_fault_ = flags[0] ? StepFault::NonFinite : flags[1] ? StepFault::Spike : StepFault::None;
+  fault_description_ = describe_fault(step_fault_, result.loss, result.grad_norm, config_.train.spike_factor, guard_.median());
+  too_many_bad_ = guard_.record(step_fault_, result.loss);
+  if (step_fault_ != StepFault::None) ++progress_.skipped_steps;
+  return step_fault_ == StepFault::None;
+}
+
+bool TrainingLoop::report_bad_step(int64_t step) {
+  if (process_.rank == 0) {
+    spdlog::warn("step {}: update skipped ({}); global batch of {}; {} bad step(s) in a row (at "
+                 "train.max_bad_steps = {} the run rolls back to the last checkpoint before them, or stops)",
+                 step, fault_description_, streak_.back().documents, guard_.bad_in_a_row(),
+                 config_.train.max_bad_steps);
+  }
+  if (!too_many_bad_) return false;
+  const std::string what = "step " + std::to_string(step) + ": " + std::to_string(guard_.bad_in_a_row()) +
+                           " bad step(s) in a row (train.max_bad_steps = " +
+                           std::to_string(config_.train.max_bad_steps) + "; the last: " + fault_description_ + ")";
+  std::string why_not;
+  if (const auto target = rollback_target(&why_not)) {
+    rollback(*target, what);
+    return true;
+  }
+  throw std::runtime_error(what + "; stopping: " + why_not +
+                           ". Lower optim.lr, check the data, or resume from the last checkpoint");
+}
+
+std::optional<std::string> TrainingLoop::rollback_target(std::string* why_not) {
+  const int64_t first_bad = streak_.front().step;
+  if (config_.train.checkpoint_every == 0) {
+    *why_not = "no checkpoint to roll back to (train.checkpoint_every is 0)";
+    return std::nullopt;
+  }
+  if (!batches_.restartable()) {
+    *why_not = "rollbacks need loader.mode local (the remote loader cannot replay batches)";
+    return std::nullopt;
+  }
+  writer_->wait();  // the newest checkpoint may still be in the making
+  auto target = latest_checkpoint_before(config_.train.checkpoint_dir, first_bad);
+  if (!target) {
+    *why_not = "no checkpoint before step " + std::to_string(first_bad) + " in " + config_.train.checkpoint_dir +
+               " to roll back to";
+  } else if (*target == last_rollback_target_ && rollbacks_to_target_ >= kMaxRollbacksToOneCheckpoint) {
+    *why_not = "rolled back to " + *target + " " + std::to_string(rollbacks_to_target_) +
+               " times and the bad steps persist (the model, not the data, looks broken)";
+    target.reset();
+  }
+  return target;
+}
+
+void TrainingLoop::rollback(const std::string& target, const std::string& what) {
+  std::vector<SamplerState> skipped = progress_.skipped_batches;
+  std::string steps, documents;
+  for (const BadStep& b : streak_) {
+    if (std::find(skipped.begin(), skipped.end(), b.start) == skipped.end()) skipped.push_back(b.start);
+    steps += (steps.empty() ? "" : ", ") + std::to_string(b.step);
+    documents += (documents.empty() ? "" : "; ") + ("step " + std::to_string(b.step) + ": " + b.documents);
+  }
+  rollbacks_to_target_ = target == last_rollback_target_ ? rollbacks_to_target_ + 1 : 1;
+  last_rollback_target_ = target;
+  TrainingProgress restored = load_checkpoint(target, engine_.model(), &engine_.optimizer());
+  restored.rollbacks = progress_.rollbacks + 1;
+  restored.skipped_batches = skipped;
+  if (process_.rank == 0) {
+    spdlog::warn("{}; rolling back to {} (step {}) and skipping the global batches of step(s) {} from now on "
+                 "(rollback {} of this run; {} skipped batch(es) in all): {}",
+                 what, target, restored.step, steps, restored.rollbacks, skipped.size(), documents);
+    delete_checkpoints_after(config_.train.checkpoint_dir, restored.step);
+    record_rollbacks(target, restored.rollbacks, skipped);
+  }
+  // No rank goes on (and may write a checkpoint) before rank 0 has cleaned up.
+  groups_.world().all_reduce_sum(int64_t{0});
+  progress_ = restored;
+  guard_.restore_window(restored.loss_window);
+  guard_.reset_streak();
+  streak_.clear();
+  batches_.restart(restored.sampler, skipped);
+  if (metrics_) metrics_.emplace(config_.train.run_dir, restored.step);
+  next_step_ = restored.step + 1;
+}
+
+StepMetrics TrainingLoop::step_metrics(const StepMeasurement& measured, const GlobalBatch& batch) {
+  progress::Context context("metrics all-reduce");
+  const int training_ranks = config_.parallel.world();
+  Communicator& world = groups_.world();
+  std::vector<int64_t> lengths;
+  for (const SequenceSpan& s : batch.sequences) lengths.push_back(s.length);
+  StepMetrics m;
+  m.step = measured.step;
+  m.loss = measured.result.loss;
+  if (config_.model.moe()) {
+    m.moe = true;
+    m.aux_loss = measured.result.aux_loss;
+    m.expert_tokens = measured.result.expert_tokens;
+    int64_t total = 0, most = 0;
+    for (int64_t n : m.expert_tokens) {
+      total += n;
+      most = std::max(most, n);
+    }
+    m.expert_load_max_over_mean =
+        total > 0 ? static_cast<double>(most) * static_cast<double>(m.expert_tokens.size()) / total : 0.0;
+  }
+  m.lr = measured.lr;
+  m.grad_norm = measured.result.grad_norm;
+  m.tokens = measured.result.predictions;
+  m.input_tokens = batch.tokens;
+  m.micro_batches = static_cast<int64_t>(batch.local_micro_batches.size());
+  for (const PackedMicroBatch& mb : batch.local_micro_batches) m.rank_tokens += mb.num_tokens();
+  m.step_ms = measured.step_ms;
+  m.time = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  m.data_wait_ms = measured.data_wait_ms;
+  m.tokens_per_s = batch.tokens / (measured.step_ms / 1e3);
+  m.mfu = training_flops(config_.model.shape(), lengths) / (measured.step_ms / 1e3) / (peak_flops_ * training_ranks);
+  m.peak_mem_bytes = static_cast<int64_t>(memory_bytes_);
+  auto sent = [](const Communicator& c) { return c.stats().p2p_bytes + c.stats().collective_bytes; };
+  m.tp_bytes = sent(groups_.tp());
+  m.pp_bytes = sent(groups_.pp());
+  // Expert parallelism: the experts' gradient reduction runs on their own
+  // expert-data-parallel group, part of the data-parallel traffic.
+  m.hdp_bytes = sent(groups_.hdp()) + (groups_.ep() ? sent(groups_.expert_dp()) : 0);
+  m.ep_bytes = groups_.ep() ? sent(*groups_.ep()) : 0;
+  std::vector<double> totals = {static_cast<double>(groups_.hdp().stats().p2p_bytes),
+                                static_cast<double>(measured.offloaded_bytes)};
+  world.all_reduce(std::span<double>(totals), ReduceOp::Sum);
+  m.busy_ms.assign(training_ranks, 0.0);
+  m.planned_busy_ms.assign(training_ranks, 0.0);
+  m.busy_ms[world.rank()] = measured.result.busy_ms;
+  m.planned_busy_ms[world.rank()] = batch.planned_busy_s * 1e3;
+  world.all_reduce(std::span<double>(m.busy_ms), ReduceOp::Sum);
+  world.all_reduce(std::span<double>(m.planned_busy_ms), ReduceOp::Sum);
+  m.attention_bytes = static_cast<int64_t>(totals[0]);
+  m.offloaded_bytes = static_cast<int64_t>(totals[1]);
+  m.busy_ms_max = *std::max_element(m.busy_ms.begin(), m.busy_ms.end());
+  m.busy_ms_min = *std::min_element(m.busy_ms.begin(), m.busy_ms.end());
+  const double busy_sum = std::accumulate(m.busy_ms.begin(), m.busy_ms.end(), 0.0);
+  m.idle_fraction = std::max(0.0, 1.0 - busy_sum / training_ranks / measured.step_ms);
+  m.planned_busy_ms_max = batch.planned_max_busy_s * 1e3;
+  m.cost_model_error = m.planned_busy_ms_max > 0 ? (m.busy_ms_max - m.planned_busy_ms_max) / m.planned_busy_ms_max : 0;
+  m.activation_peak_bytes = static_cast<int64_t>(engine_.model().activation_usage().device_peak_bytes);
+  m.host_pool_bytes = static_cast<int64_t>(engine_.model().activation_usage().host_pool_bytes);
+  m.skipped_steps = progress_.skipped_steps;
+  m.rollbacks = progress_.rollbacks;
+  m.skipped_batches = static_cast<int64_t>(progress_.skipped_batches.size());
+  return m;
+}
+
+void TrainingLoop::log_step(const StepMetrics& m) const {
+  spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.0f} ms | mfu {:.1f}% | "
+               "busy {:.0f}-{:.0f} ms (planned max {:.0f}, cost model {:+.0f}%) idle {:.0f}%",
+               m.step, config_.train.steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.step_ms, 100 * m.mfu,
+               m.busy_ms_min, m.busy_ms_max, m.planned_busy_ms_max, 100 * m.cost_model_error,
+               100 * m.idle_fraction);
+}
+
+bool TrainingLoop::checkpoint_due(int64_t step) const {
+  return config_.train.checkpoint_every > 0 &&
+         (step % config_.train.checkpoint_every == 0 || step == config_.train.steps);
+}
+
+void TrainingLoop::save_checkpoint_at(int64_t step, const GlobalBatch& batch) {
+  Phase phase(trace_ops::kCheckpoint.data(), "checkpoint save");
+  progress_.step = step;
+  progress_.sampler = batch.next;
+  progress_.loss_window = guard_.window();
+  writer_->save(engine_.model(), engine_.optimizer(), progress_);
+  if (process_.rank == 0) {
+    spdlog::info("checkpoint for step {}: training waited {:.0f} ms ({})", step, writer_->last_blocking_ms(),
+                 writer_->async() ? "state copied to host memory, writing in the background" : "written synchronously");
+  }
+}
+
+}  // namespace hdp

@@ -1,0 +1,139 @@
+#pragma once
+// A training rank's steps after the step it starts from up to train.steps: each
+// takes the next prefetched batch (run/batch_source.h), runs the engine's
+// forward_backward, lets every rank agree whether to apply the update (the
+// numerical guard's verdict and the stop signals, run/numerical_guard.h,
+// run/signals.h) and applies it or skips it, records its metrics (rank 0 writes
+// them) and, when due, writes a checkpoint. Bad steps in a row roll the run back.
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "base/fault_injection.h"
+#include "checkpoint/format.h"
+#include "checkpoint/lock.h"
+#include "checkpoint/manifest.h"
+#include "checkpoint/writer.h"
+#include "config/config.h"
+#include "data/batch.h"
+#include "parallel/process_groups.h"
+#include "parallel/runtime.h"
+#include "run/batch_source.h"
+#include "run/engine.h"
+#include "run/metrics.h"
+#include "run/numerical_guard.h"
+#include "run/step_tracer.h"
+
+namespace hdp {
+
+class TrainingLoop {
+ public:
+  TrainingLoop(const Config& config, const ProcessInfo& process, ProcessGroups& groups, TrainingEngine& engine,
+               BatchSource& batches, const TrainingProgress& progress, double peak_flops, size_t memory_bytes,
+               const CheckpointDirLock* lock);
+
+  // Runs the steps; stops early, after a checkpoint, when a rank received a stop
+  // signal (run/signals.h).
+  void run();
+
+  // The stop signal the ranks agreed on (0: none, the run went to train.steps), and the last step run.
+  int stopped_by() const { return stop_signal_; }
+  int64_t last_step() const { return last_step_; }
+
+  // Rank 0's metrics file.
+  const std::string& metrics_path() const { return metrics_->path(); }
+
+ private:
+  // What one step measured on this rank.
+  struct StepMeasurement {
+    int64_t step = 0;
+    double lr = 0;
+    StepResult result;
+    bool updated = false;  // the ranks agreed to apply the update (agree_on_update)
+    double step_ms = 0;
+    double data_wait_ms = 0;
+    int64_t offloaded_bytes = 0;  // activations this rank copied to host memory
+  };
+
+  void run_step(int64_t step);
+
+  // Between the engine's forward_backward and apply_update, on every rank, once the
+  // step's loss and gradient norm are known: one all-reduce (max) of this rank's
+  // verdict and of whether it received a stop signal, so that every rank skips the
+  // same updates and stops after the same step. Returns whether to apply the update.
+  bool agree_on_update(const StepResult& result);
+
+  // A step whose update was skipped: say why on rank 0, with the batch's
+  // documents. At train.max_bad_steps in a row, roll back (every rank alike) to
+  // the newest checkpoint before the streak and skip its global batches, or stop
+  // when there is none. Returns true when it rolled back.
+  bool report_bad_step(int64_t step);
+
+  // The checkpoint a rollback of the current streak returns to: the newest one
+  // before its first bad step (their updates were skipped, but the model may have
+  // been drifting before the guard saw it). None, with the reason, when
+  // checkpoints are off, the remote loader cannot replay batches, or rolling back
+  // keeps ending in the same streak.
+  std::optional<std::string> rollback_target(std::string* why_not);
+
+  // Loads `target` on every rank, records the streak's global batches as skipped
+  // (in the checkpoint's manifest too, so that a run resumed from it skips them as
+  // well) and goes on after it. Checkpoints newer than the target belong to the
+  // abandoned trajectory and are deleted; so are their metrics lines. The
+  // recovery recipe of PaLM (Chowdhery et al. 2022) and ByteRobust (ByteDance,
+  // 2025): restart before the spike and skip the batches around it.
+  void rollback(const std::string& target, const std::string& what);
+
+  // The step's metrics record. A collective over the world: the job-wide figures
+  // (ring traffic, offloaded bytes, every rank's measured and planned busy time)
+  // are sums over the training ranks.
+  StepMetrics step_metrics(const StepMeasurement& measured, const GlobalBatch& batch);
+
+  void log_step(const StepMetrics& m) const;
+
+  bool checkpoint_due(int64_t step) const;
+
+  // A collective over the world (checkpoint.h): the model, the optimizer, and the
+  // sampler position after `batch`, so that a resumed run goes on with the next one.
+  void save_checkpoint_at(int64_t step, const GlobalBatch& batch);
+
+  const Config& config_;
+  const CheckpointDirLock* lock_;  // rank 0 with checkpoints: refreshed every step
+  const ProcessInfo& process_;
+  ProcessGroups& groups_;
+  TrainingEngine& engine_;
+  BatchSource& batches_;
+  TrainingProgress progress_;
+  const double peak_flops_;
+  const size_t memory_bytes_;  // the engine's device memory, reported as peak_mem_bytes
+  const CheckpointLayout layout_;
+  std::optional<MetricsWriter> metrics_;  // rank 0
+  std::optional<CheckpointWriter> writer_;  // train.checkpoint_every > 0
+  FaultInjection fault_;
+  NumericalGuard guard_;
+  StepTracer tracer_;  // the trace section (docs/tracing.md)
+  // What the ranks agreed on for the current step (agree_on_update).
+  StepFault step_fault_ = StepFault::None;
+  std::string fault_description_;
+  bool too_many_bad_ = false;  // max_bad_steps bad steps in a row
+  int stop_signal_ = 0;        // a stop signal some rank received, agreed by all
+  int64_t last_step_ = 0;
+  int64_t next_step_ = 1;
+  int64_t last_poisoned_step_ = 0;  // HDP_FAULT_INJECT=R:S-L:nan: the last step poisoned
+  // The current streak of bad steps: each step, where its global batch starts and its documents.
+  struct BadStep {
+    int64_t step;
+    SamplerState start;
+    std::string documents;
+  };
+  std::vector<BadStep> streak_;
+  // Rollbacks in a row to the same checkpoint (a stop after kMaxRollbacksToOneCheckpoint).
+  static constexpr int kMaxRollbacksToOneCheckpoint = 3;
+  std::string last_rollback_target_;
+  int rollbacks_to_target_ = 0;
+};
+
+}  // namespace hdp
