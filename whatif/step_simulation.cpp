@@ -328,22 +328,13 @@ void StepGraphBuilder::measure_rings() {
     // receives from member p - t the key rows it reads (planning/ring_layout.h), none
     // under a window that does not reach. Members run in lock step: a step moves the
     // most any member receives, over the slowest of its links.
-    const RingLayout layout = zigzag_ring_layout(ring.ranks, ring_lengths, 0);
-    std::vector<int64_t> rows(n, 0);  // per step t: the most rows a member receives
-    double sent = 0;
+    const RingStepRows traffic = ring_step_rows(ring_lengths, n, k_.cost.window);
+    const std::vector<int64_t>& rows = traffic.most;  // per step t: the most rows a member receives
     int active = 1;  // steps that compute: step 0 (own rows) and every step with rows
-    std::vector<ChunkRows> read;
-    for (int t = 1; t < n; ++t) {
-      for (int p = 0; p < n; ++p) {
-        key_rows_needed(layout, (p - t + n) % n, p, k_.cost.window, read);
-        const int64_t r = total_rows(read);
-        rows[t] = std::max(rows[t], r);
-        sent += static_cast<double>(r);
-      }
+    for (int t = 1; t < n; ++t)
       if (rows[t] > 0) ++active;
-    }
     ring_step_[g] = n > 0 ? attention / (static_cast<double>(n) * active) : 0;
-    ring_sent_rows_[g] = n > 0 ? sent / n : 0;
+    ring_sent_rows_[g] = n > 0 ? static_cast<double>(traffic.total) / n : 0;
     for (int s = 0; s < pp; ++s) {
       std::vector<double>& xfer = ring_transfer_[ring_at(g, s)];
       xfer.assign(n + 1, 0.0);  // xfer[t]: step t's transfer; 0 at t = 0 and t = n
