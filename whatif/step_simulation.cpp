@@ -173,6 +173,29 @@ double all_to_all_seconds_per_token(const StepCosts& k) {
   return 4 * k.all_to_all_bytes_per_token * (k.ep - 1) / k.ep / k.all_to_all_bytes_per_s;
 }
 
+GradientSync gradient_sync(const StepCosts& k, int s) {
+  const HardwareProfile& hw = k.hardware;
+  const int hdp = k.hdp, tp = k.tp, ep = k.ep;
+  const ParallelDegrees grid{tp, k.pp(), hdp};
+  // The GPU of tp rank 0 of hdp rank r at stage s, in the trainer's rank order.
+  auto gpu = [&](int r) { return static_cast<long>(grid.rank({0, s, r})); };
+  GradientSync g;
+  const GroupLink all = group_link(hw, gpu(0), gpu(hdp - 1) + tp - 1);
+  g.reduce_scatter = sim::ring_reduce_scatter_seconds(k.gradient_bytes[s], hdp, all.bytes_per_s, all.latency_s);
+  g.all_gather = sim::ring_all_gather_seconds(k.parameter_bytes[s], hdp, all.bytes_per_s, all.latency_s);
+  g.optimizer = k.optimizer_seconds[s];
+  if (ep > 1) {
+    // Every ep-group position's ranks span the same GPUs (but for an offset of j x
+    // tp): position 0 stands for all.
+    const GroupLink link = group_link(hw, gpu(0), gpu(hdp - ep) + tp - 1);
+    g.expert_reduce_scatter =
+        sim::ring_reduce_scatter_seconds(k.expert_gradient_bytes[s], hdp / ep, link.bytes_per_s, link.latency_s);
+    g.expert_all_gather =
+        sim::ring_all_gather_seconds(k.expert_parameter_bytes[s], hdp / ep, link.bytes_per_s, link.latency_s);
+  }
+  return g;
+}
+
 namespace {
 
 constexpr int kCompute = 0, kFwdSend = 1, kFwdRecv = 2, kBwdSend = 3, kBwdRecv = 4, kDp = 5, kD2h = 6, kH2d = 7;
@@ -561,25 +584,18 @@ void StepGraphBuilder::add_pipeline_transfers(int r, int s) {
 }
 
 void StepGraphBuilder::add_gradient_sync(int s) {
-  const HardwareProfile& hw = k_.hardware;
   const int hdp = grid_.hdp, tp = grid_.tp, ep = k_.ep;
-  const GroupLink all = group_link(hw, gpu(0, s), gpu(hdp - 1, s) + tp - 1);
-  const double rs = sim::ring_reduce_scatter_seconds(k_.gradient_bytes[s], hdp, all.bytes_per_s, all.latency_s);
-  const double ag = sim::ring_all_gather_seconds(k_.parameter_bytes[s], hdp, all.bytes_per_s, all.latency_s);
+  const GradientSync sync = gradient_sync(k_, s);
+  const double rs = sync.reduce_scatter, ag = sync.all_gather;
+  const double ers = sync.expert_reduce_scatter, eag = sync.expert_all_gather;
   out_.gradient_bytes += (k_.gradient_bytes[s] + k_.parameter_bytes[s]) * tp * hdp;
   const int g_rs = graph_.new_group(), g_ag = graph_.new_group();
   // With ep > 1 the experts of ep-group position j live on ranks j, j + ep, ...: one
   // reduce-scatter and one all-gather per position.
   const bool experts = ep > 1;
-  const int holders = hdp / ep;
   std::vector<int> g_ers, g_eag;
-  double ers = 0, eag = 0;
   if (experts) {
     for (int j = 0; j < ep; ++j) g_ers.push_back(graph_.new_group()), g_eag.push_back(graph_.new_group());
-    // Every position's ranks span the same GPUs (but for an offset of j x tp): position 0 stands for all.
-    const GroupLink link = group_link(hw, gpu(0, s), gpu(hdp - ep, s) + tp - 1);
-    ers = sim::ring_reduce_scatter_seconds(k_.expert_gradient_bytes[s], holders, link.bytes_per_s, link.latency_s);
-    eag = sim::ring_all_gather_seconds(k_.expert_parameter_bytes[s], holders, link.bytes_per_s, link.latency_s);
     out_.gradient_bytes += (k_.expert_gradient_bytes[s] + k_.expert_parameter_bytes[s]) * tp * hdp;
   }
   for (int r = 0; r < hdp; ++r) {
@@ -591,7 +607,7 @@ void StepGraphBuilder::add_gradient_sync(int s) {
     reduce_scatter_ops_.push_back(a);
     std::vector<sim::OpId> reduced{a};
     if (experts) reduced.push_back(graph_.add_op(stream(r, s, kDp), ers, L_ers, deps, g_ers[r % ep]));
-    const sim::OpId o = graph_.add_op(stream(r, s, kCompute), k_.optimizer_seconds[s], L_opt, reduced);
+    const sim::OpId o = graph_.add_op(stream(r, s, kCompute), sync.optimizer, L_opt, reduced);
     graph_.add_op(stream(r, s, kDp), ag, L_ag, {o}, g_ag);
     if (experts) graph_.add_op(stream(r, s, kDp), eag, L_eag, {o}, g_eag[r % ep]);
   }
