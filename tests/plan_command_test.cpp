@@ -1,8 +1,9 @@
 // `trainer plan` and what it reads: the built-in length distributions reproduce
 // the published token-share statistics, global batches are cut at the context,
 // lengths files and their errors, the cluster and model files (and their
-// errors, naming file and key), and the command end to end (exit codes, the
-// table, the Chrome trace, Mixtral with its expert-parallel degree chosen).
+// errors, naming file and key), the step's lower bound against every policy's
+// simulated step, and the command end to end (exit codes, the table, the Chrome
+// trace, Mixtral with its expert-parallel degree chosen).
 
 #include <gtest/gtest.h>
 
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <fstream>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -298,6 +300,75 @@ TEST(PlanSetupTest, ExpertParallelSetup) {
                PlanInputError);
 }
 
+// No plan beats the step's lower bound: every policy's simulated step is at least
+// simulated_step_bound over random batches (two distributions, seeds, and uniform
+// lengths) on layouts with rings, pipelines, forced offload, a sliding window and
+// expert parallelism. (1e-12 relative: the bound and the simulation add the same
+// durations in different orders.)
+TEST(PlanBound, NoPolicyBeatsTheBound) {
+  const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
+  struct Layout {
+    const char* model;
+    int gpus, tp, pp, ep;
+    int64_t context;
+  };
+  const Layout layouts[] = {{"llama-7b", 64, 8, 1, 1, 256 * K},    {"llama-7b", 16, 1, 1, 1, 64 * K},
+                            {"llama-70b", 128, 8, 2, 1, 64 * K},   {"llama-70b", 256, 8, 4, 1, 256 * K},
+                            {"mistral-7b", 64, 8, 1, 1, 256 * K},  {"mistral-8x7b", 64, 8, 1, 2, 64 * K}};
+  std::mt19937_64 rng(5);
+  int simulated = 0, offloading = 0, pipelined = 0;
+  for (const Layout& l : layouts) {
+    const PlanSetup setup = make_plan_setup(h, load_model_file(config("models/" + std::string(l.model) + ".yaml")),
+                                            l.gpus, l.tp, l.pp, l.context, 0, l.ep);
+    for (int trial = 0; trial < 4; ++trial) {
+      std::vector<int64_t> lengths;
+      if (trial < 3) {
+        lengths = global_batch_lengths(trial == 1 ? "github" : "byted", l.context, 4 * M, 1 + trial);
+      } else {
+        std::uniform_int_distribution<int64_t> len(1, l.context);
+        for (int64_t total = 0; total < 2 * M;) total += lengths.emplace_back(len(rng));
+      }
+      const StepBound bound = simulated_step_bound(setup, lengths);
+      ASSERT_GT(bound.seconds(), 0);
+      for (const auto& [name, planner] : plan_policies()) {
+        StepPlan plan;
+        try {
+          plan = planner(lengths, setup);
+        } catch (const std::invalid_argument&) {
+          continue;  // the policy cannot place this batch
+        }
+        check_plan(plan, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages);
+        const StepSimulation sim = simulate_step(plan, lengths, setup.costs);
+        EXPECT_GE(sim.step_seconds, bound.seconds() * (1 - 1e-12))
+            << l.model << " on " << l.gpus << " GPUs, pp " << l.pp << ", trial " << trial << ", " << name
+            << ": work " << bound.work << ", longest " << bound.longest << ", offload " << bound.offload;
+        ++simulated;
+        offloading += bound.offload > 0;
+        pipelined += l.pp > 1;
+      }
+    }
+  }
+  EXPECT_GE(simulated, 60);
+  EXPECT_GT(offloading, 0);  // some batch had a sequence that must offload
+  EXPECT_GT(pipelined, 0);
+}
+
+// One rank, one sequence: nothing waits, and the simulated step is the bound. LLaMA-7B
+// at tp 8: 32 layers of T(4096) and the head, then the optimizer (hdp 1 needs no
+// collectives).
+TEST(PlanBound, OneRankOneSequenceReachesIt) {
+  const PlanSetup setup = make_plan_setup(load_cluster_file(config("cluster/h100.yaml")),
+                                          load_model_file(config("models/llama-7b.yaml")), 8, 8, 1, 4096);
+  const std::vector<int64_t> lengths = {4096};
+  const StepBound bound = simulated_step_bound(setup, lengths);
+  const StepCosts& k = setup.costs;
+  const double expected = 32 * k.cost.compute_seconds(4096) + 4096 * k.head_seconds_per_token + k.optimizer_seconds[0];
+  EXPECT_NEAR(bound.work, expected, expected * 1e-12);
+  EXPECT_DOUBLE_EQ(bound.longest, bound.work);  // the one sequence is all the work
+  const StepSimulation sim = simulate_step(plan_policy("naive")(lengths, setup), lengths, k);
+  EXPECT_NEAR(sim.step_seconds, bound.seconds(), expected * 1e-12);
+}
+
 // The command end to end on a small cluster: 64 GPUs, tp 8, 256K context.
 TEST(PlanCommand, RunsAndWritesTraces) {
   const std::string dir = scratch_dir("plan_command");
@@ -307,7 +378,8 @@ TEST(PlanCommand, RunsAndWritesTraces) {
                            "--policies static,naive --trace " + dir + "/step.json";
   const auto r = run_trainer(args);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* needle : {"hdp 8", "static", "naive", "tokens/s", "1.00x", "ranks per spread sequence", "timing"})
+  for (const char* needle : {"hdp 8", "static", "naive", "tokens/s", "of bound", "no plan beats it", "1.00x",
+                             "ranks per spread sequence", "timing"})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
   for (const char* policy : {"static", "naive"}) {
     std::ifstream in(dir + "/step-" + std::string(policy) + ".json");
