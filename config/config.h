@@ -103,7 +103,7 @@ struct TrainConfig {
 struct ParallelConfig : ParallelDegrees {
   std::vector<int64_t> pp_layers;        // layers per stage; empty = balanced by cost
   int64_t bucket_mb = 25;                // ZeRO-1 gradient bucket size
-  CommMode comm = CommMode::Auto;        // the groups' transport; resolve with comm_backend()
+  CommMode comm = CommMode::Auto;        // the groups' transport; resolved by choose_comm_backend (run/job.cpp)
 };
 
 // How a step's sequences are spread over the hybrid-data-parallel ranks.

@@ -598,7 +598,7 @@ TEST(Config, Mixtral) {
     SCOPED_TRACE(override_);
     EXPECT_CONTAINS(load_error(path, {override_}), "--set " + override_ + ": " + expected);
   }
-  // Every device and precision (the CUDA MoE path is compiled only: training.cpp warns).
+  // Every device and precision (the CUDA MoE path is compiled only: run/job.cpp warns).
   EXPECT_EQ(load_config(path, {"train.precision=bf16"}).train.precision, DType::BF16);
   EXPECT_EQ(load_config(path, {"train.device=guarded"}).train.device, Device::Guarded);
   // tp (sharded experts), pp, hdp and rings of sequences longer than a micro-batch run.
