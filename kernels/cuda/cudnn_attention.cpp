@@ -216,22 +216,50 @@ const CachedGraph& graph_for(const GraphKey& key) {
   return g_graphs.emplace(key, std::move(c)).first->second;
 }
 
-// Whether cuDNN refused the graph; then `why` says how.
-bool refused(const CachedGraph& c, std::string* why) {
-  if (c.refused.empty()) return false;
-  if (why) *why = c.refused;
-  return true;
-}
+// One op on cuDNN, holding g_mutex from its start to its end: the graph of its
+// shape (built on first use) and, when cuDNN took that graph, the call's ragged
+// tables and statistics buffer.
+class Call {
+ public:
+  Call(bool backward, const Tensor& q, const Tensor& k, const IndexTensor& cu_seqlens, int64_t window)
+      : tokens(q.dim(0)),
+        q_heads(q.dim(1)),
+        docs(cu_seqlens.numel() - 1),
+        key_(cudnn_plan::graph_key(backward, tokens, docs, q_heads, k.dim(1), q.dim(2), window,
+                                   cudnn_runtime().version)),
+        lock_(g_mutex),
+        graph_(graph_for(key_)) {
+    if (!graph_.refused.empty()) return;
+    tables_ = cudnn_ragged_tables(cu_seqlens.data, docs, key_.batch, q_heads, key_.kv_heads, key_.head_dim);
+    stats = cudnn_stats_buffer(tokens, q_heads);
+  }
 
-// Runs a built graph on the compute stream with the call's tensors and ragged tables.
-void execute(const GraphKey& key, const CachedGraph& c, std::unordered_map<int64_t, void*> pack,
-             const CudnnRaggedTables& t) {
-  pack.insert({{kLengthQ, t.length}, {kLengthKV, t.length}, {kQOffset, t.q_offset}, {kOOffset, t.q_offset},
-               {kKOffset, t.kv_offset}, {kVOffset, t.kv_offset}, {kStatsOffset, t.stats_offset}});
-  fe::error_t status = c.graph->execute(handle(), pack, cudnn_workspace(c.workspace));
-  if (!status.is_good())
-    throw std::runtime_error("cuDNN attention (" + cudnn_plan::describe(key) + "): " + status.get_message());
-}
+  // Whether cuDNN refused the graph; then `why` says how.
+  bool refused(std::string* why) const {
+    if (graph_.refused.empty()) return false;
+    if (why) *why = graph_.refused;
+    return true;
+  }
+
+  // Runs the graph on the compute stream with the op's tensors.
+  void execute(std::unordered_map<int64_t, void*> pack) const {
+    pack.insert({{kStats, stats}, {kLengthQ, tables_.length}, {kLengthKV, tables_.length},
+                 {kQOffset, tables_.q_offset}, {kOOffset, tables_.q_offset}, {kKOffset, tables_.kv_offset},
+                 {kVOffset, tables_.kv_offset}, {kStatsOffset, tables_.stats_offset}});
+    fe::error_t status = graph_.graph->execute(handle(), pack, cudnn_workspace(graph_.workspace));
+    if (!status.is_good())
+      throw std::runtime_error("cuDNN attention (" + cudnn_plan::describe(key_) + "): " + status.get_message());
+  }
+
+  const int64_t tokens, q_heads, docs;
+  float* stats = nullptr;  // cuDNN's statistics [T, Hq]
+
+ private:
+  const GraphKey key_;
+  const std::lock_guard<std::mutex> lock_;
+  const CachedGraph& graph_;
+  CudnnRaggedTables tables_{};
+};
 
 }  // namespace
 
@@ -242,35 +270,23 @@ const CudnnRuntime& cudnn_runtime() {
 
 bool cudnn_attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                              const IndexTensor& cu_seqlens, int64_t window, std::string* why) {
-  const int64_t T = q.dim(0), Hq = q.dim(1), Hkv = k.dim(1), d = q.dim(2), docs = cu_seqlens.numel() - 1;
-  if (docs < 1) return true;  // no document: nothing to compute, as our kernels
-  const GraphKey key = cudnn_plan::graph_key(false, T, docs, Hq, Hkv, d, window, cudnn_runtime().version);
-  const std::lock_guard<std::mutex> lock(g_mutex);
-  const CachedGraph& c = graph_for(key);
-  if (refused(c, why)) return false;
-  const CudnnRaggedTables tables = cudnn_ragged_tables(cu_seqlens.data, docs, key.batch, Hq, Hkv, d);
-  float* stats = cudnn_stats_buffer(T, Hq);
-  execute(key, c, {{kQ, q.raw()}, {kK, k.raw()}, {kV, v.raw()}, {kO, out.raw()}, {kStats, stats}}, tables);
-  cudnn_stats_to_lse(stats, lse.f32(), cu_seqlens.data, docs, T, Hq);
+  if (cu_seqlens.numel() < 2) return true;  // no document: nothing to compute, as our kernels
+  const Call call(false, q, k, cu_seqlens, window);
+  if (call.refused(why)) return false;
+  call.execute({{kQ, q.raw()}, {kK, k.raw()}, {kV, v.raw()}, {kO, out.raw()}});
+  cudnn_stats_to_lse(call.stats, lse.f32(), cu_seqlens.data, call.docs, call.tokens, call.q_heads);
   return true;
 }
 
 bool cudnn_attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,
                               const Tensor& v, const Tensor& out, const Tensor& lse, const IndexTensor& cu_seqlens,
                               int64_t window, std::string* why) {
-  const int64_t T = q.dim(0), Hq = q.dim(1), Hkv = k.dim(1), d = q.dim(2), docs = cu_seqlens.numel() - 1;
-  if (docs < 1) return true;
-  const GraphKey key = cudnn_plan::graph_key(true, T, docs, Hq, Hkv, d, window, cudnn_runtime().version);
-  const std::lock_guard<std::mutex> lock(g_mutex);
-  const CachedGraph& c = graph_for(key);
-  if (refused(c, why)) return false;
-  const CudnnRaggedTables tables = cudnn_ragged_tables(cu_seqlens.data, docs, key.batch, Hq, Hkv, d);
-  float* stats = cudnn_stats_buffer(T, Hq);
-  cudnn_lse_to_stats(lse.f32(), stats, T, Hq);
-  execute(key, c,
-          {{kQ, q.raw()}, {kK, k.raw()}, {kV, v.raw()}, {kO, out.raw()}, {kDO, dout.raw()}, {kStats, stats},
-           {kDQ, dq.raw()}, {kDK, dk.raw()}, {kDV, dv.raw()}},
-          tables);
+  if (cu_seqlens.numel() < 2) return true;
+  const Call call(true, q, k, cu_seqlens, window);
+  if (call.refused(why)) return false;
+  cudnn_lse_to_stats(lse.f32(), call.stats, call.tokens, call.q_heads);
+  call.execute({{kQ, q.raw()}, {kK, k.raw()}, {kV, v.raw()}, {kO, out.raw()}, {kDO, dout.raw()}, {kDQ, dq.raw()},
+                {kDK, dk.raw()}, {kDV, dv.raw()}});
   return true;
 }
 
