@@ -387,7 +387,9 @@ void check_window(const char* op, int64_t window) {
 #if HDP_HAVE_CUDA
 // On CUDA an attention call runs cuDNN's fused attention or our kernels, as the
 // process-wide choice says (kernels/attention_impl.h): whether cuDNN takes `call`;
-// under AttentionImpl::Cudnn a call it cannot take throws, saying why.
+// under AttentionImpl::Cudnn a call it cannot take throws, saying why. cuDNN's
+// calls are timed as "attention_forward (cudnn)" and "attention_backward (cudnn)"
+// (HDP_CUDA_OP_TIMES), so a step's report tells the two apart.
 bool cudnn_takes(const char* op, const CudnnAttentionCall& call) {
   const AttentionImpl impl = attention_impl();
   if (impl == AttentionImpl::Own) return false;
@@ -446,12 +448,13 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
 #if HDP_HAVE_CUDA
     case Device::CUDA: {
       cuda::require_device(op);
-      const cuda::OpTimer op_timer_(op);
       std::string why;
       if (cudnn_takes(op, attention_call(dtype_, false, {&q, &k, &v, &out}))) {
+        const cuda::OpTimer op_timer_("attention_forward (cudnn)");
         if (cuda::cudnn_attention_forward(out, lse, q, k, v, cu_seqlens, window, &why)) return;
         cudnn_refused_graph(op, why);
       }
+      const cuda::OpTimer op_timer_(op);
       return cuda::attention_forward(out, lse, q, k, v, cu_seqlens, window);
     }
 #endif
@@ -475,12 +478,13 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
 #if HDP_HAVE_CUDA
     case Device::CUDA: {
       cuda::require_device(op);
-      const cuda::OpTimer op_timer_(op);
       std::string why;
       if (cudnn_takes(op, attention_call(dtype_, false, {&q, &k, &v, &out, &dout, &dq, &dk, &dv}))) {
+        const cuda::OpTimer op_timer_("attention_backward (cudnn)");
         if (cuda::cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, window, &why)) return;
         cudnn_refused_graph(op, why);
       }
+      const cuda::OpTimer op_timer_(op);
       return cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, window);
     }
 #endif
