@@ -8,11 +8,12 @@
 //   own    our kernels for every call.
 //   cudnn  cuDNN for every call; a call it cannot take is an error that says why
 //          (CudnnAttentionRefused), so a measurement of cuDNN measures cuDNN.
-//   auto   cuDNN where cudnn_attention_supported() and cuDNN's graph for the
-//          shape accept the call, our kernels otherwise. Whether auto should
-//          prefer cuDNN at all is for measurement on the GPU to decide (our bf16
-//          tensor-core kernels against cuDNN's on the shapes training runs); until
-//          then it prefers cuDNN wherever it runs.
+//   auto   our kernels, for now. cuDNN has not run on a GPU yet, and its backward
+//          is not deterministic (below), while ours are and make resume
+//          bit-exact; a GPU session measures both on the shapes training runs
+//          (bench/gpu_session.sh: the selftest's [bf16, cudnn] rows and
+//          bench-llama-1b with train.attention own and cudnn), and auto is then
+//          set from that measurement.
 //
 // cuDNN's backward accumulates dQ with atomics, so unlike our kernels its
 // gradients are not bit-identical from run to run (a deterministic cuDNN backward
@@ -31,7 +32,7 @@ enum class AttentionImpl { Auto, Cudnn, Own };
 
 // The names a config writes (train.attention).
 inline constexpr EnumName<AttentionImpl> kAttentionImplNames[] = {
-    {AttentionImpl::Auto, "auto", "cuDNN where it can run the call, our kernels otherwise"},
+    {AttentionImpl::Auto, "auto", "our kernels until a GPU measurement chooses (kernels/attention_impl.h)"},
     {AttentionImpl::Cudnn, "cudnn", "cuDNN's fused attention, an error where it cannot run"},
     {AttentionImpl::Own, "own", "our FlashAttention-2 kernels"}};
 

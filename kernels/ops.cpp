@@ -392,15 +392,14 @@ void check_window(const char* op, int64_t window) {
 // (HDP_CUDA_OP_TIMES), so a step's report tells the two apart.
 bool cudnn_takes(const char* op, const CudnnAttentionCall& call) {
   const AttentionImpl impl = attention_impl();
-  if (impl == AttentionImpl::Own) return false;
+  if (impl != AttentionImpl::Cudnn) return false;  // auto runs our kernels until measured (attention_impl.h)
   std::string why;
   if (cudnn_attention_supported(cuda::cudnn_runtime(), call, &why)) return true;
-  if (impl == AttentionImpl::Cudnn) throw CudnnAttentionRefused(op, why);
-  return false;
+  throw CudnnAttentionRefused(op, why);
 }
 
 // After cuDNN refused the graph of a call it was to take: an error under
-// AttentionImpl::Cudnn, our kernels under auto.
+// AttentionImpl::Cudnn (the only choice that sends calls to cuDNN for now).
 void cudnn_refused_graph(const char* op, const std::string& why) {
   if (attention_impl() == AttentionImpl::Cudnn) throw CudnnAttentionRefused(op, why);
 }

@@ -756,6 +756,21 @@ TEST(Config, CommunicatorChoice) {
   EXPECT_EQ(parse_config_text(yaml, "stored", {}, false).parallel.comm, CommMode::Nccl);
 }
 
+TEST(Config, AttentionChoice) {
+  Scratch s("attention");
+  const std::string path = s.config(kMinimalConfig);
+  EXPECT_EQ(load_config(path).train.attention, AttentionImpl::Auto);
+  EXPECT_EQ(load_config(path, {"train.attention=own"}).train.attention, AttentionImpl::Own);
+  EXPECT_EQ(load_config(path, {"train.attention=cudnn", "train.device=cuda", "train.precision=bf16"}).train.attention,
+            AttentionImpl::Cudnn);
+  // cuDNN's fused attention runs bf16 on a GPU only: anything else is refused, naming the keys.
+  const std::string on_cpu = load_error(path, {"train.attention=cudnn"});
+  EXPECT_CONTAINS(on_cpu, "train.attention: 'cudnn' needs train.device: cuda and train.precision: bf16");
+  EXPECT_CONTAINS(on_cpu, "use train.attention: auto or own");
+  EXPECT_CONTAINS(load_error(path, {"train.attention=cudnn", "train.device=cuda"}), "train.precision");
+  EXPECT_CONTAINS(load_error(path, {"train.attention=flash"}), "train.attention: unknown implementation 'flash'");
+}
+
 TEST(ConfigErrors, MissingDataFile) {
   Scratch s("missing_data");
   const std::string missing = s.dir + "/nope/corpus.h5";
