@@ -120,7 +120,7 @@ HardwareProfile load_cluster_file(const std::string& path) {
       path, "cluster", "configs/cluster/h100.yaml",
       {"gpus_per_node", "peak_bf16_flops", "achievable_fraction", "hbm_bytes", "hbm_bytes_per_s", "reserved_bytes",
        "nvlink_bytes_per_s", "internode_bytes_per_s", "intranode_latency_s", "internode_latency_s", "pcie_bytes_per_s"},
-      {"name", "host_bytes_per_node"});
+      {"name", "host_bytes_per_node", "link_efficiency", "gemm_half_rows", "attention_half_rows"});
   HardwareProfile h;
   h.name = y.get_or<std::string>("name", std::filesystem::path(path).stem().string());
   const int64_t gpus_per_node = y.get<int64_t>("gpus_per_node");
@@ -138,6 +138,9 @@ HardwareProfile load_cluster_file(const std::string& path) {
   h.internode_latency_s = y.get<double>("internode_latency_s");
   h.pcie_bytes_per_s = y.get<double>("pcie_bytes_per_s");
   h.host_bytes_per_node = y.get_or<double>("host_bytes_per_node", h.host_bytes_per_node);
+  h.link_efficiency = y.get_or<double>("link_efficiency", h.link_efficiency);
+  h.gemm_half_rows = y.get_or<double>("gemm_half_rows", h.gemm_half_rows);
+  h.attention_half_rows = y.get_or<double>("attention_half_rows", h.attention_half_rows);
   try {
     validate_hardware(h);
   } catch (const std::invalid_argument& e) {

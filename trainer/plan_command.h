@@ -32,7 +32,8 @@ class PlanInputError : public InputError {
 // configs/cluster/*.yaml: gpus_per_node, peak_bf16_flops, achievable_fraction,
 // hbm_bytes, hbm_bytes_per_s, reserved_bytes, nvlink_bytes_per_s,
 // internode_bytes_per_s, intranode_latency_s, internode_latency_s,
-// pcie_bytes_per_s, and optionally name, host_bytes_per_node. Both loaders throw
+// pcie_bytes_per_s, and optionally name, host_bytes_per_node, link_efficiency,
+// gemm_half_rows, attention_half_rows (whatif/hardware.h). Both loaders throw
 // ConfigError naming file:line and the key that is missing, unknown, mistyped or
 // out of range.
 HardwareProfile load_cluster_file(const std::string& path);

@@ -78,8 +78,7 @@ struct GroupLink {
   double bytes_per_s = 0, latency_s = 0;
 };
 GroupLink group_link(const HardwareProfile& hw, long first, long last) {
-  if (hw.same_node(first, last)) return {hw.nvlink_bytes_per_s, hw.intranode_latency_s};
-  return {hw.internode_bytes_per_s, hw.internode_latency_s};
+  return {hw.link_bytes_per_s(first, last), hw.link_latency_s(first, last)};
 }
 
 }  // namespace
@@ -207,7 +206,7 @@ constexpr sim::OpId kNone = std::numeric_limits<sim::OpId>::max();
 // One micro-batch's work on one GPU per layer, split into forward and backward.
 struct LayerWork {
   double forward = 0, backward = 0;  // seconds, communication stalls of ring steps included
-  double pure = 0;                   // forward + backward compute alone
+  double pure = 0;                   // forward + backward compute alone, every kernel at the large-kernel rate (MFU)
   double attention_bytes = 0;        // ring traffic sent by this GPU
 };
 
@@ -309,6 +308,8 @@ class StepGraphBuilder {
   std::vector<std::vector<double>> ring_transfer_;
   std::vector<double> ring_fwd_, ring_bwd_;
   std::vector<double> ring_step_;       // per ring: one member's one computing ring step
+  // per ring: the same step at the rate of its attention blocks' size (HardwareProfile::attention_seconds)
+  std::vector<double> ring_step_busy_;
   std::vector<double> ring_sent_rows_;  // per ring: key rows a member sends per pass, on average
   StepSimulation out_;
   sim::OpGraph graph_;
@@ -337,14 +338,18 @@ void StepGraphBuilder::measure_rings() {
   const size_t R = plan_.rings.size();
   ring_transfer_.assign(R * pp, {});
   ring_step_.resize(R);
+  ring_step_busy_.resize(R);
   ring_sent_rows_.resize(R);
   for (size_t g = 0; g < R; ++g) {
     const Ring& ring = plan_.rings[g];
     const int n = static_cast<int>(ring.ranks.size());
-    double attention = 0;
+    double attention = 0, attention_busy = 0;
     std::vector<int64_t> ring_lengths;
     for (int64_t q : ring.sequences) {
-      attention += k_.cost.a1 * k_.cost.attention_term(lengths_[q]);
+      const double a = k_.cost.a1 * k_.cost.attention_term(lengths_[q]);
+      attention += a;
+      // A member's block holds its 1 / n of the sequence's rows.
+      attention_busy += hw.attention_seconds(a, static_cast<double>(lengths_[q]) / std::max(n, 1));
       ring_lengths.push_back(lengths_[q]);
     }
     // What the trainer's ring sends (parallel/ring_attention.h): at step t member p
@@ -357,6 +362,7 @@ void StepGraphBuilder::measure_rings() {
     for (int t = 1; t < n; ++t)
       if (rows[t] > 0) ++active;
     ring_step_[g] = n > 0 ? attention / (static_cast<double>(n) * active) : 0;
+    ring_step_busy_[g] = n > 0 ? attention_busy / (static_cast<double>(n) * active) : 0;
     ring_sent_rows_[g] = n > 0 ? static_cast<double>(traffic.total) / n : 0;
     for (int s = 0; s < pp; ++s) {
       std::vector<double>& xfer = ring_transfer_[ring_at(g, s)];
@@ -407,18 +413,25 @@ void StepGraphBuilder::add_streams() {
 }
 
 LayerWork StepGraphBuilder::layer_work(const PlannedMicroBatch& mb, int s) const {
+  const HardwareProfile& hw = k_.hardware;
   LayerWork w;
-  double linear = 0, ring_tokens = 0;
+  // linear: at the large-kernel rate; small: what small kernels add to it (the
+  // layer's GEMMs run over the micro-batch's tokens, a local sequence's attention
+  // over its own rows).
+  double linear = 0, small = 0, tokens = 0;
   for (const PlannedPiece& p : mb.pieces) {
+    tokens += static_cast<double>(p.length);
     if (p.ring < 0) {
       linear += k_.cost.compute_seconds(p.length);
+      const double attention = k_.cost.a1 * k_.cost.attention_term(p.length);
+      small += hw.attention_seconds(attention, static_cast<double>(p.length)) - attention;
     } else {
-      ring_tokens += static_cast<double>(p.length);
+      linear += k_.cost.b1 * static_cast<double>(p.length);
     }
   }
-  linear += k_.cost.b1 * ring_tokens;
-  w.forward = f_ * linear;
-  w.backward = (1 - f_) * linear;
+  small += hw.gemm_seconds(k_.cost.b1 * tokens, tokens) - k_.cost.b1 * tokens;
+  w.forward = f_ * (linear + small);
+  w.backward = (1 - f_) * (linear + small);
   w.pure = linear;
   if (mb.ring >= 0) add_ring_work(mb, s, w);
   return w;
@@ -432,7 +445,7 @@ LayerWork StepGraphBuilder::layer_work(const PlannedMicroBatch& mb, int s) const
 void StepGraphBuilder::add_ring_work(const PlannedMicroBatch& mb, int s, LayerWork& w) const {
   const size_t g = static_cast<size_t>(mb.ring);
   const int n = static_cast<int>(plan_.rings[g].ranks.size());
-  const double step = ring_step_[g];
+  const double step = ring_step_[g], busy = ring_step_busy_[g];
   const double sequences = static_cast<double>(plan_.rings[g].sequences.size());
   const std::vector<double>& x = ring_transfer_[ring_at(g, s)];
   w.forward += f_ * k_.cost.g * sequences;
@@ -441,8 +454,8 @@ void StepGraphBuilder::add_ring_work(const PlannedMicroBatch& mb, int s, LayerWo
   for (int t = 0; t < n; ++t) {
     if (t > 0 && x[t] == 0) continue;  // nothing to read at this step
     w.pure += step;
-    w.forward += std::max(f_ * step, x[t + 1]);
-    w.backward += std::max((1 - f_) * step + x[t], x[t + 1]);
+    w.forward += std::max(f_ * busy, x[t + 1]);
+    w.backward += std::max((1 - f_) * busy + x[t], x[t + 1]);
   }
   // Forward K/V, backward K/V and backward K/V gradients: the same rows three times.
   w.attention_bytes = 3 * k_.kv_bytes_per_token * ring_sent_rows_[g];
