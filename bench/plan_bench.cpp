@@ -1,12 +1,13 @@
 // Planning and simulating one global batch at cluster scale, as `trainer plan`
-// does: LLaMA-7B on the H100 cluster of configs/cluster/h100.yaml, tp 8, one
-// 32M-token batch (33,554,432 tokens) of the "byted" distribution at 256K and 2M
-// context, on 1,024 and 12,288 GPUs (hdp 128 and 1,536).
+// does: LLaMA-7B on the H100 cluster of configs/cluster/h100.yaml, one 32M-token
+// batch (33,554,432 tokens) of the "byted" distribution at 256K and 2M context, on
+// 1,024 and 12,288 GPUs, at tp 8 (hdp 128 and 1,536) and tp 1 (README's example:
+// hdp 1,024 and 12,288, rings of hundreds of ranks).
 //
 //   build/bench/plan_bench [--benchmark_filter=Plan]
 //
-// Arguments <policy>/<gpus>/<context>: policy 0 static, 1 naive, 2 balance;
-// context 262144 (256K) or 2097152 (2M).
+// Arguments <policy>/<gpus>/<context>/<tp>: policy 0 static, 1 naive, 2 balance;
+// context 262144 (256K) or 2097152 (2M); tp 8 or 1.
 // BM_Plan: the planner alone.
 // BM_CheckPlan: check_plan of that plan.
 // BM_Simulate: building and replaying the step's op graph.
@@ -36,6 +37,7 @@ constexpr int64_t kBatch = 32 * 1024 * 1024;
 const char* const kPolicies[] = {"static", "naive", "balance"};
 const std::vector<int64_t> kGpus = {1024, 12288};
 const std::vector<int64_t> kContexts = {256 * 1024, 2 * 1024 * 1024};
+const std::vector<int64_t> kTps = {8, 1};
 
 struct Case {
   PlanSetup setup;
@@ -57,26 +59,28 @@ const Case& get_case(int gpus, int64_t context, int tp = 8, int pp = 1, int64_t 
   return it->second;
 }
 
-const StepPlan& get_plan(int policy, int gpus, int64_t context) {
-  static std::map<std::tuple<int, int, int64_t>, StepPlan> plans;
-  auto key = std::make_tuple(policy, gpus, context);
+const StepPlan& get_plan(int policy, int gpus, int64_t context, int tp) {
+  static std::map<std::tuple<int, int, int64_t, int>, StepPlan> plans;
+  auto key = std::make_tuple(policy, gpus, context, tp);
   auto it = plans.find(key);
   if (it == plans.end()) {
-    const Case& c = get_case(gpus, context);
+    const Case& c = get_case(gpus, context, tp);
     it = plans.emplace(key, plan_policy(kPolicies[policy])(c.lengths, c.setup)).first;
   }
   return it->second;
 }
 
-// The policy, GPU count and context of a benchmark's arguments, with its label.
+// The policy, GPU count, context and tp of a benchmark's arguments, with its label.
 struct Args {
   int policy, gpus;
   int64_t context;
+  int tp;
 };
 Args args(benchmark::State& state) {
-  const Args a{static_cast<int>(state.range(0)), static_cast<int>(state.range(1)), state.range(2)};
+  const Args a{static_cast<int>(state.range(0)), static_cast<int>(state.range(1)), state.range(2),
+               static_cast<int>(state.range(3))};
   state.SetLabel(std::string(kPolicies[a.policy]) + " " + std::to_string(a.gpus) + " GPUs " +
-                 std::to_string(a.context / 1024) + "K");
+                 std::to_string(a.context / 1024) + "K tp " + std::to_string(a.tp));
   return a;
 }
 
@@ -90,33 +94,33 @@ BENCHMARK(BM_SampleBatch)->ArgsProduct({kContexts})->Unit(benchmark::kMillisecon
 
 void BM_Plan(benchmark::State& state) {
   const Args a = args(state);
-  const Case& c = get_case(a.gpus, a.context);
+  const Case& c = get_case(a.gpus, a.context, a.tp);
   for (auto _ : state) {
     StepPlan plan = plan_policy(kPolicies[a.policy])(c.lengths, c.setup);
     benchmark::DoNotOptimize(plan.ranks.data());
   }
 }
-BENCHMARK(BM_Plan)->ArgsProduct({{0, 1, 2}, kGpus, kContexts})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Plan)->ArgsProduct({{0, 1, 2}, kGpus, kContexts, kTps})->Unit(benchmark::kMillisecond);
 
 void BM_CheckPlan(benchmark::State& state) {
   const Args a = args(state);
-  const Case& c = get_case(a.gpus, a.context);
-  const StepPlan& plan = get_plan(a.policy, a.gpus, a.context);
+  const Case& c = get_case(a.gpus, a.context, a.tp);
+  const StepPlan& plan = get_plan(a.policy, a.gpus, a.context, a.tp);
   for (auto _ : state)
     check_plan(plan, c.lengths, c.setup.settings.layers_per_stage, c.setup.settings.pipeline_stages);
 }
-BENCHMARK(BM_CheckPlan)->ArgsProduct({{0, 1, 2}, kGpus, kContexts})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_CheckPlan)->ArgsProduct({{0, 1, 2}, kGpus, kContexts, kTps})->Unit(benchmark::kMillisecond);
 
 void BM_Simulate(benchmark::State& state) {
   const Args a = args(state);
-  const Case& c = get_case(a.gpus, a.context);
-  const StepPlan& plan = get_plan(a.policy, a.gpus, a.context);
+  const Case& c = get_case(a.gpus, a.context, a.tp);
+  const StepPlan& plan = get_plan(a.policy, a.gpus, a.context, a.tp);
   StepSimulation s;
   for (auto _ : state) s = simulate_step(plan, c.lengths, c.setup.costs);
   state.counters["ops"] = static_cast<double>(s.operations);
   state.counters["step_s"] = s.step_seconds;
 }
-BENCHMARK(BM_Simulate)->ArgsProduct({{0, 1, 2}, kGpus, kContexts})->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_Simulate)->ArgsProduct({{0, 1, 2}, kGpus, kContexts, kTps})->Unit(benchmark::kMillisecond);
 
 void BM_Bound(benchmark::State& state) {
   const int gpus = static_cast<int>(state.range(0));
