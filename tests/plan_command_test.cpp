@@ -368,6 +368,30 @@ TEST(PlanBound, NoPolicyBeatsTheBound) {
   }
 }
 
+// `trainer plan`'s balance compares its candidates by the simulated step, plan_naive's
+// plan among them under pipelines: never slower than naive, nor than plan_balance
+// deciding by its predicted busiest rank.
+TEST(PlanBalancePolicy, NeverSlowerThanNaiveOrThePredictedChoice) {
+  const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
+  int pipelined = 0;
+  for (const auto& [gpus, pp] : {std::pair{128, 2}, std::pair{256, 4}, std::pair{64, 1}}) {
+    const PlanSetup setup =
+        make_plan_setup(h, load_model_file(config("models/llama-70b.yaml")), gpus, 8, pp, 256 * K, 0, 1);
+    for (int seed = 1; seed <= 3; ++seed) {
+      const std::vector<int64_t> lengths = global_batch_lengths(seed == 2 ? "github" : "byted", 256 * K, 4 * M, seed);
+      auto step = [&](const StepPlan& plan) { return simulate_step(plan, lengths, setup.costs).step_seconds; };
+      const StepPlan balance = plan_policy("balance")(lengths, setup);
+      check_plan(balance, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages);
+      const double chosen = step(balance);
+      EXPECT_LE(chosen, step(plan_policy("naive")(lengths, setup)) * (1 + 1e-12)) << "pp " << pp << " seed " << seed;
+      EXPECT_LE(chosen, step(plan_balance(lengths, setup.settings, setup.balance)) * (1 + 1e-12))
+          << "pp " << pp << " seed " << seed;
+      pipelined += pp > 1 && !balance.rings.empty();
+    }
+  }
+  EXPECT_GT(pipelined, 0);  // some pipelined batch had rings
+}
+
 // One rank, one sequence: nothing waits, and the simulated step is the bound. LLaMA-7B
 // at tp 8: 32 layers of T(4096) and the head, then the optimizer (hdp 1 needs no
 // collectives).

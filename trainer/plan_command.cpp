@@ -233,8 +233,20 @@ const std::vector<std::pair<std::string, Planner>>& plan_policies() {
          st.offload.enabled = false;
          return plan_naive(l, st);
        }},
+      // The balance scheduler comparing its candidates by the simulated step.
       {policy_name(SchedulerPolicy::Balance),
-       [](std::span<const int64_t> l, const PlanSetup& s) { return plan_balance(l, s.settings, s.balance); }},
+       [](std::span<const int64_t> l, const PlanSetup& s) {
+         BalanceSettings balance = s.balance;
+         // A candidate layout whose rings deadlock never wins.
+         balance.step_seconds = [&](const StepPlan& plan) {
+           try {
+             return simulate_step(plan, l, s.costs).step_seconds;
+           } catch (const sim::SimulationError&) {
+             return std::numeric_limits<double>::infinity();
+           }
+         };
+         return plan_balance(l, s.settings, balance);
+       }},
   };
   return policies;
 }
