@@ -1041,6 +1041,16 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
       consider(lay_out(*candidate_items, copy, *assignment, lengths, st, rings_first));
     }
   consider(plan_naive(lengths, st));
+  // And without offload where it fits: wider rings that copy nothing can be faster.
+  if (st.offload.enabled && st.offload.forced_ratio < 0) {
+    PlannerSettings without = st;
+    without.offload.enabled = false;
+    try {
+      consider(plan_naive(lengths, without));
+    } catch (const std::invalid_argument&) {
+      // a sequence needs offload to fit
+    }
+  }
   return std::move(*chosen);
 }
 

@@ -145,7 +145,8 @@ struct BalanceSettings {
 // with its rings first (a rank's own micro-batches after its last ring, holes left
 // empty: long sequences first, as ByteScale's PP-Balance orders them); plan_naive's
 // plan itself is a candidate, so the result's step is never longer than
-// plan_naive's by that measure.
+// plan_naive's by that measure, and so is plan_naive's without offload (rings sized
+// by device memory alone) when offload is on, not forced, and it fits.
 StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& settings, const BalanceSettings& balance);
 
 // The busy seconds of ranks coupled by expert parallelism. seconds[r][i] is rank r's

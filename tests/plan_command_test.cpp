@@ -369,16 +369,23 @@ TEST(PlanBound, NoPolicyBeatsTheBound) {
 }
 
 // `trainer plan`'s balance compares its candidates by the simulated step, plan_naive's
-// plan among them under pipelines: never slower than naive, nor than plan_balance
-// deciding by its predicted busiest rank.
+// plans among them, with and without offload: never slower than either, nor than
+// plan_balance deciding by its predicted busiest rank.
 TEST(PlanBalancePolicy, NeverSlowerThanNaiveOrThePredictedChoice) {
   const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
-  int pipelined = 0;
-  for (const auto& [gpus, pp] : {std::pair{128, 2}, std::pair{256, 4}, std::pair{64, 1}}) {
+  int pipelined = 0, without_offload = 0;
+  struct Layout {
+    int gpus, pp;
+    int64_t context;
+  };
+  for (const Layout& l : {Layout{128, 2, 256 * K}, Layout{256, 4, 256 * K}, Layout{64, 1, 256 * K},
+                          Layout{256, 4, 64 * K}}) {
+    const int pp = l.pp;
     const PlanSetup setup =
-        make_plan_setup(h, load_model_file(config("models/llama-70b.yaml")), gpus, 8, pp, 256 * K, 0, 1);
+        make_plan_setup(h, load_model_file(config("models/llama-70b.yaml")), l.gpus, 8, pp, l.context, 0, 1);
     for (int seed = 1; seed <= 3; ++seed) {
-      const std::vector<int64_t> lengths = global_batch_lengths(seed == 2 ? "github" : "byted", 256 * K, 4 * M, seed);
+      const std::vector<int64_t> lengths =
+          global_batch_lengths(seed == 2 ? "github" : "byted", l.context, 4 * M, seed);
       auto step = [&](const StepPlan& plan) { return simulate_step(plan, lengths, setup.costs).step_seconds; };
       const StepPlan balance = plan_policy("balance")(lengths, setup);
       check_plan(balance, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages);
@@ -386,10 +393,18 @@ TEST(PlanBalancePolicy, NeverSlowerThanNaiveOrThePredictedChoice) {
       EXPECT_LE(chosen, step(plan_policy("naive")(lengths, setup)) * (1 + 1e-12)) << "pp " << pp << " seed " << seed;
       EXPECT_LE(chosen, step(plan_balance(lengths, setup.settings, setup.balance)) * (1 + 1e-12))
           << "pp " << pp << " seed " << seed;
+      try {
+        EXPECT_LE(chosen, step(plan_policy("naive-no-offload")(lengths, setup)) * (1 + 1e-12))
+            << "pp " << pp << " seed " << seed;
+        ++without_offload;
+      } catch (const std::invalid_argument&) {
+        // a sequence needs offload
+      }
       pipelined += pp > 1 && !balance.rings.empty();
     }
   }
   EXPECT_GT(pipelined, 0);  // some pipelined batch had rings
+  EXPECT_GT(without_offload, 0);
 }
 
 // One rank, one sequence: nothing waits, and the simulated step is the bound. LLaMA-7B
