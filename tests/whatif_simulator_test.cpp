@@ -257,6 +257,17 @@ StepPlan two_member_ring_plan(const std::vector<int64_t>& lengths) {
   return plan;
 }
 
+// The costs of the ring tests below: T(s) = a1 s^2 with a1 = 1, forward a quarter
+// of it, 1 byte of K/V per row, each GPU on its own node.
+StepCosts ring_costs() {
+  StepCosts k = hand_costs(2, 1, 0.25);
+  k.cost.a1 = 1;
+  k.cost.b1 = 0;
+  k.kv_bytes_per_token = 1;
+  k.hardware.gpus_per_node = 1;
+  return k;
+}
+
 // Two ranks share a ring over one 4-token sequence (zig-zag: member 0 holds
 // positions 0 and 3, member 1 positions 1 and 2). T(s) = a1 s^2 with a1 = 1: one
 // member's ring step is s^2 / k^2 = 4 s, forward a quarter of it. At step 1 member
@@ -265,11 +276,7 @@ StepPlan two_member_ring_plan(const std::vector<int64_t>& lengths) {
 // nodes) = 2 s. Forward max(1, 2) + 1 = 3; backward max(3, 2) + (3 + 2: the
 // gradients go back after the step's compute) = 8. Bytes: 3 rows, three times.
 TEST(StepSimulation, RingMicroBatch) {
-  StepCosts k = hand_costs(2, 1, 0.25);
-  k.cost.a1 = 1;
-  k.cost.b1 = 0;
-  k.kv_bytes_per_token = 1;
-  k.hardware.gpus_per_node = 1;
+  const StepCosts k = ring_costs();
   const std::vector<int64_t> lengths = {4};
   const StepPlan plan = two_member_ring_plan(lengths);
   const StepSimulation s = simulate_step(plan, lengths, k, true);
@@ -299,12 +306,8 @@ TEST(StepSimulation, RingMicroBatch) {
 // other (position 2 for 3, 0 for 1): 1 s. Forward max(0.625, 1) + 0.625 = 1.625;
 // backward max(1.875, 1) + (1.875 + 1) = 4.75. Bytes: 2 rows, three times.
 TEST(StepSimulation, RingMicroBatchUnderASlidingWindow) {
-  StepCosts k = hand_costs(2, 1, 0.25);
-  k.cost.a1 = 1;
-  k.cost.b1 = 0;
+  StepCosts k = ring_costs();
   k.cost.window = 2;
-  k.kv_bytes_per_token = 1;
-  k.hardware.gpus_per_node = 1;
   const std::vector<int64_t> lengths = {4};
   const StepPlan plan = two_member_ring_plan(lengths);
   const StepSimulation s = simulate_step(plan, lengths, k, true);
@@ -337,11 +340,7 @@ TEST(StepSimulation, SmallKernelsRunBelowTheLargeKernelRate) {
 // + 2 = 4; backward max(6, 2) + (6 + 2) = 14: 18. Links at half their peak instead:
 // the 2 rows take 4 s, forward max(1, 4) + 1 = 5, backward max(3, 4) + (3 + 4) = 11: 16.
 TEST(StepSimulation, RingBlocksAndLinkEfficiency) {
-  StepCosts k = hand_costs(2, 1, 0.25);
-  k.cost.a1 = 1;
-  k.cost.b1 = 0;
-  k.kv_bytes_per_token = 1;
-  k.hardware.gpus_per_node = 1;
+  StepCosts k = ring_costs();
   const std::vector<int64_t> lengths = {4};
   const StepPlan plan = two_member_ring_plan(lengths);
   k.hardware.attention_half_rows = 2;
