@@ -16,7 +16,7 @@
 #include "planning/stage_split.h"
 #include "trainer/command_line.h"
 #include "trainer/commands.h"
-#include "config/config.h"
+#include "config/model_file.h"
 
 namespace hdp {
 
@@ -24,7 +24,7 @@ namespace {
 
 // ---------------------------------------------------------------------------
 // Cluster files: one flat map, every key known, every value typed. (Model files
-// are the config's model section: read_model_file, config/config.h.)
+// are the config's model section: read_model_file, config/model_file.h.)
 
 YamlMap read_flat_file(const std::string& path, const std::string& kind, const std::string& example,
                        const std::vector<std::string>& required, const std::vector<std::string>& optional) {

@@ -39,7 +39,7 @@ class PlanInputError : public InputError {
 HardwareProfile load_cluster_file(const std::string& path);
 
 // configs/models/*.yaml, read as the training config's model section
-// (read_model_file, config/config.h: the same keys, rules and errors), as the
+// (read_model_file, config/model_file.h: the same keys, rules and errors), as the
 // shape the planner counts with (ModelConfig::shape), named by the file's `name`.
 ModelShape load_model_file(const std::string& path);
 
