@@ -84,23 +84,14 @@ constexpr TensorSet tensor_set(Members... members) {
 // The tensors of a layer whose rows can move to host memory, and the small ones.
 template <class A, class Fn>
 void for_each_row_tensor(A& a, A& b, Fn&& fn) {
-  fn(a.x_in, b.x_in);
-  fn(a.ln1, b.ln1);
-  fn(a.q, b.q);
-  fn(a.k, b.k);
-  fn(a.v, b.v);
-  fn(a.attn, b.attn);
-  fn(a.x_mid, b.x_mid);
-  fn(a.ln2, b.ln2);
-  fn(a.gate, b.gate);
-  fn(a.up, b.up);
+  for (const SavedTensor& t : kSavedTensors)
+    if (is_row(t.width)) fn(a.*t.member, b.*t.member);
 }
 
 template <class A, class Fn>
 void for_each_small_tensor(A& a, A& b, Fn&& fn) {
-  fn(a.rstd1, b.rstd1);
-  fn(a.rstd2, b.rstd2);
-  fn(a.lse, b.lse);
+  for (const SavedTensor& t : kSavedTensors)
+    if (!is_row(t.width)) fn(a.*t.member, b.*t.member);
 }
 
 }  // namespace
@@ -279,7 +270,10 @@ void ModelActivations::lay_out(Arena& arena) {
   s.ffn_act = arena.tensor({T, F}, precision_);
   s.dffn_act = arena.tensor({T, F}, precision_);
   // The recomputed layers' tensors that none of them keeps (a ring layer keeps more).
-  if (R > 0) s.recomputed = arena.tensor({static_cast<int64_t>(layer_block_bytes(T, T, kAllTensors & ~kept_tensors(false)) / sizeof(float))});
+  if (R > 0) {
+    const size_t shared = layer_block_bytes(T, T, kAllTensors & ~kept_tensors(false));
+    s.recomputed = arena.tensor({static_cast<int64_t>(shared / sizeof(float))});  // raw bytes, carved by carve_layer
+  }
   if (has_head_) {
     s.logits = arena.tensor({s.head_chunk_tokens, vocab_}, precision_);
     s.ce_stats = arena.tensor({3 * s.head_chunk_tokens});

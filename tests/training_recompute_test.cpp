@@ -19,6 +19,7 @@
 namespace hdp {
 namespace {
 
+using testing::long_corpus;
 using testing::metric_values;
 using testing::mpirun;
 using testing::run_command;
@@ -36,17 +37,6 @@ struct Layout {
   bool rings = false;     // long documents over rings, with offload (ring_settings)
 };
 void PrintTo(const Layout& l, std::ostream* os) { *os << l.name; }
-
-// A corpus with documents longer than a micro-batch, for rings.
-const std::string& long_corpus() {
-  static const std::string path = [] {
-    const std::string dir = scratch_dir("recompute-long-corpus-" + std::to_string(getpid()));
-    auto r = testing::run_trainer("make-corpus --output " + dir + "/long.h5 --documents 400 --max-length 6000 --seed 7");
-    if (r.exit_code != 0) throw std::runtime_error("make-corpus failed: " + r.output);
-    return dir + "/long.h5";
-  }();
-  return path;
-}
 
 // Rings of 2 over sequences up to 1024 tokens with 256 per rank and micro-batch,
 // which needs offload: each rank holds 512 tokens.
