@@ -15,6 +15,8 @@
 
 #include "kernels/ops.h"
 #include "model/model.h"
+#include "parallel/local_communicator.h"
+#include "planning/ring_layout.h"
 #include "test_util.h"
 
 namespace hdp {
@@ -218,6 +220,36 @@ TEST(RecomputeMemory, TheArenaHoldsTheFormulasBytesPerTokenAndLayer) {
   EXPECT_EQ(saved_bytes_per_token(c.shape(), 1, 4, RecomputeMode::Full), 4 * 32);
   // A ring layer under full keeps its attention output and log-sum-exp too.
   EXPECT_EQ(saved_bytes_per_token(c.shape(), 1, 4, RecomputeMode::Full, true), 4 * (32 + 32) + 4 * 4);
+}
+
+// A micro-batch in a ring (rank 0 of a ring of 2 over one 384-token sequence: 192
+// rows) under full recomputation: each layer's block holds the formula's ring bytes.
+// Only laid out, not run (a ring of one process cannot exchange).
+TEST(RecomputeMemory, ARingMicroBatchKeepsTheFormulasRingBytes) {
+  const ModelConfig c = small_config("llama");
+  LocalCommunicator ring_group("hdp", 0, 2);
+  LongSequenceOptions rings;
+  rings.hdp = &ring_group;
+  const std::vector<int> peers = {0, 1};
+  const std::vector<int64_t> lengths = {384};
+  const RingLayout ring = zigzag_ring_layout(peers, lengths, 0);
+  const int64_t T = ring.rows(0);
+  ASSERT_EQ(T, 192);
+  Batch b = random_documents<Batch>({static_cast<int>(T)}, 61, 4);
+  b.cu_seqlens = {0};  // every row is a ring row
+  b.targets.back() = 7;
+  MicroBatchView view = b.view();
+  view.ring = &ring;
+  for (const DType precision : {DType::F32, DType::BF16}) {
+    LlamaModel model(c, T, {}, 1, nullptr, rings, Device::CPU, precision, nullptr, {RecomputeMode::Full, std::nullopt});
+    model.set_batch(0, view);
+    const double measured =
+        static_cast<double>(model.activation_usage().device_peak_bytes) / static_cast<double>(T * c.num_layers);
+    const int bytes = static_cast<int>(dtype_size(precision));
+    EXPECT_EQ(measured, saved_bytes_per_token(c.shape(), 1, bytes, RecomputeMode::Full, true)) << dtype_name(precision);
+    EXPECT_GT(measured, saved_bytes_per_token(c.shape(), 1, bytes, RecomputeMode::Full));
+    EXPECT_EQ(model.saved_bytes_per_token(0), measured);
+  }
 }
 
 // recompute_layers above the stage's layers, or negative: refused.
