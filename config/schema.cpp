@@ -209,8 +209,8 @@ const std::vector<Section> kSchema = {
                  "activation recomputation: what a layer keeps for backward and reruns in it (Korthikanti et al. "
                  "2022; docs/performance.md)"),
       field("recompute_layers", &Config::train, &TrainConfig::recompute_layers,
-            "how many layers of each pipeline stage recompute, counted from the stage's first layer; null: all; "
-            "the others may offload",
+            "with `recompute` selective or full: how many layers of each pipeline stage recompute, counted from "
+            "the stage's first layer; null: all; the others may offload",
             stated("null, or 0 to the smallest stage's layers")),
       field("spike_factor", &Config::train, &TrainConfig::spike_factor,
             "a step whose loss exceeds this factor times the median of the recent good steps is bad; 0: off",
