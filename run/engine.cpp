@@ -182,7 +182,8 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
   pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), long_sequences.max_tokens, config.model.hidden_size,
                                                  device);
   model_ = std::make_unique<LlamaModel>(config.model, capacity, partition, pipeline_->slots(), &groups.tp(),
-                                        long_sequences, device, config.train.precision, groups.ep());
+                                        long_sequences, device, config.train.precision, groups.ep(),
+                                        RecomputeOptions{config.train.recompute, config.train.recompute_layers});
   const int64_t bucket_floats = std::max<int64_t>(1, config.parallel.bucket_mb * (1 << 20) / 4);
   optimizer_ = std::make_unique<ZeroAdamW>(flat_parameters(model_->parameter_table()),
                                            model_->flat_parameters().numel(), config.optim, groups.hdp(),
