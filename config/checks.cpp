@@ -9,9 +9,9 @@
 #include "base/yaml_reader.h"
 #include "config/checker.h"
 #include "config/model_file.h"
+#include "config/pipeline_layers.h"
 #include "config/schema.h"
 #include "parallel/nccl_communicator.h"
-#include "planning/stage_split.h"
 #include "spec/model_checks.h"
 
 namespace hdp {
@@ -95,11 +95,7 @@ void check_recompute_layers(const Checker& c) {
   if (!n) return;
   c.require(*n >= 0, "train.recompute_layers", c.shown("train.recompute_layers") + " is negative",
             "choose how many layers of each stage recompute, 0 or more, or null for all");
-  const ParallelConfig& p = c.config.parallel;
-  const std::vector<int64_t> stages =
-      p.pp_layers.empty() ? stage_layer_split(c.config.model.shape(), p.tp, p.pp, c.config.data.max_seq_len)
-                          : p.pp_layers;
-  const int64_t smallest = *std::min_element(stages.begin(), stages.end());
+  const int64_t smallest = smallest_stage_layers(c.config);
   c.require(*n <= smallest, "train.recompute_layers",
             c.shown("train.recompute_layers") + " is more than the " + std::to_string(smallest) +
                 " layers of the smallest pipeline stage",
