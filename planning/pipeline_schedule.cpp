@@ -18,9 +18,12 @@ std::vector<PipelineOp> one_f_one_b(int stage, int stages, int micro_batches) {
   return ops;
 }
 
-int pipeline_slots(int stage, int stages) { return stages - stage; }
-
 namespace {
+
+// Megatron-LM's warm-up: the last stage's first backward needs the first group's
+// forward through every chunk ((chunks - 1) p forwards before its last chunk), and
+// each earlier stage is two transfers further from it.
+int interleaved_warmup(int stage, int stages, int chunks) { return 2 * (stages - stage - 1) + (chunks - 1) * stages; }
 
 // The forwards (or backwards) of a stage in order: groups of `stages` micro-batches,
 // each through every chunk in turn, backwards in reverse chunk order.
@@ -34,6 +37,10 @@ std::vector<PipelineOp> chunk_order(int stages, int chunks, int micro_batches, b
 
 }  // namespace
 
+int pipeline_slots(int stage, int stages, int chunks) {
+  return chunks == 1 ? stages - stage : interleaved_warmup(stage, stages, chunks) + 1;
+}
+
 std::vector<PipelineOp> interleaved_one_f_one_b(int stage, int stages, int chunks, int micro_batches) {
   if (chunks < 1 || stages < 1 || (chunks > 1 && stages < 2))
     throw std::invalid_argument("interleaved 1F1B: " + std::to_string(chunks) + " model chunks per stage over " +
@@ -46,10 +53,7 @@ std::vector<PipelineOp> interleaved_one_f_one_b(int stage, int stages, int chunk
   const std::vector<PipelineOp> forwards = chunk_order(stages, chunks, padded, true);
   const std::vector<PipelineOp> backwards = chunk_order(stages, chunks, padded, false);
   const int total = chunks * padded;
-  // Megatron-LM's warm-up: the last stage's first backward needs the first group's
-  // forward through every chunk ((chunks - 1) p forwards before its last chunk), and
-  // each earlier stage is two transfers further from it.
-  const int warmup = std::min(2 * (stages - stage - 1) + (chunks - 1) * stages, total);
+  const int warmup = std::min(interleaved_warmup(stage, stages, chunks), total);
   std::vector<PipelineOp> ops(forwards.begin(), forwards.begin() + warmup);
   for (int k = 0; k < total - warmup; ++k) {
     ops.push_back(forwards[warmup + k]);

@@ -26,8 +26,10 @@ struct PipelineOp {
 // One forward-one backward: stage s of p runs min(p - s - 1, m) warm-up forwards,
 // then alternates forward and backward, then drains the remaining backwards.
 std::vector<PipelineOp> one_f_one_b(int stage, int stages, int micro_batches);
-// Micro-batches whose forward can be in flight before their backward on that stage.
-int pipeline_slots(int stage, int stages);
+// Micro-batches whose forward can be in flight before their backward on that stage
+// (stages - stage); with `chunks` > 1, the (micro-batch, chunk) pairs of the
+// interleaved order: its warm-up plus one.
+int pipeline_slots(int stage, int stages, int chunks = 1);
 
 // Interleaved 1F1B over `chunks` model chunks per stage, in Megatron-LM's order:
 // forwards go through the micro-batches in groups of `stages`, each group through

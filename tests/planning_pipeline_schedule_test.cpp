@@ -108,20 +108,26 @@ TEST(InterleavedOneFOneB, EveryOrderIsCompleteAndDeadlockFree) {
           ASSERT_EQ(ops.size(), static_cast<size_t>(2 * chunks * m)) << what;
           std::map<std::pair<int, int>, size_t> forward_at;
           std::map<std::pair<int, int>, int> seen;
+          int in_flight = 0, max_in_flight = 0;
           for (size_t k = 0; k < ops.size(); ++k) {
             const std::pair<int, int> key{ops[k].micro_batch, ops[k].chunk};
             ASSERT_TRUE(key.first >= 0 && key.first < m && key.second >= 0 && key.second < chunks) << what;
             if (ops[k].forward) {
               EXPECT_FALSE(forward_at.count(key)) << what << ": a forward twice";
               forward_at[key] = k;
+              max_in_flight = std::max(max_in_flight, ++in_flight);
             } else {
               EXPECT_TRUE(forward_at.count(key)) << what << ": backward of " << key.first << "." << key.second
                                                  << " before its forward on stage " << s;
+              --in_flight;
             }
             ++seen[key];
           }
           EXPECT_EQ(seen.size(), static_cast<size_t>(chunks * m)) << what;
           for (const auto& [key, n] : seen) EXPECT_EQ(n, 2) << what;
+          // The executor keeps a buffer per in-flight (micro-batch, chunk): never more than its slots.
+          EXPECT_LE(max_in_flight, pipeline_slots(s, stages, chunks)) << what;
+          if (m % stages == 0) EXPECT_EQ(max_in_flight, std::min(pipeline_slots(s, stages, chunks), chunks * m)) << what;
         }
         replay(stages, chunks, m, 1.0, 2.0, what);
       }
