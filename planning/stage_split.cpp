@@ -56,11 +56,7 @@ std::vector<int64_t> split_layers(int64_t num_layers, int stages, double layer_c
 
 std::vector<int64_t> stage_layer_split(const ModelShape& model, int tp, int pp, int64_t seq_len, int vpp) {
   validate_model_shape(model);
-  validate_split(model, tp, pp);
-  if (vpp < 1 || (vpp > 1 && pp < 2) || model.layers < static_cast<int64_t>(pp) * vpp)
-    throw std::invalid_argument("pipeline: " + std::to_string(vpp) + " model chunks per stage over " +
-                                std::to_string(pp) + " stages need pp > 1 and pp x vpp <= " +
-                                std::to_string(model.layers) + " layers");
+  validate_split(model, tp, pp, vpp);
   // A layer counts its attention at the longest sequence: attention grows with the
   // sequence and at long context outweighs the matmuls (LLaMA-7B at 256K tokens:
   // 6.4 GFLOP of attention per token and layer against 1.1 of matmuls), so a split

@@ -23,8 +23,8 @@ std::vector<int64_t> split_layers(int64_t num_layers, int stages, double layer_c
 // the stages' forward + backward work per token on one rank. With vpp > 1 model chunks
 // per stage (interleaved 1F1B, planning/pipeline_schedule.h) the split is over the
 // pp x vpp virtual stages, chunk c of stage s being virtual stage c x pp + s.
-// Throws std::invalid_argument when the shape does not split (validate_split), or
-// vpp > 1 with one stage or more virtual stages than layers.
+// Throws std::invalid_argument when the shape does not split (validate_split: also
+// vpp > 1 with one stage, or more virtual stages than layers).
 std::vector<int64_t> stage_layer_split(const ModelShape& model, int tp, int pp, int64_t seq_len, int vpp = 1);
 
 // The layers each of pp stages holds: the sum of its virtual stages' (v % pp == s).
