@@ -635,6 +635,7 @@ TEST(StepSimulation, PlannersOutputReplays) {
       // rings meeting on every virtual stage.
       ParallelDegrees chunked = layout;
       chunked.vpp = 2;
+      check_plan(naive, lengths, st.layers_per_stage, pp, 2);  // its rings meet in the interleaved order too
       const StepCosts ki = make_step_costs(m, hw, chunked, stage_layer_split(m, 8, pp, 200000, 2));
       const StepSimulation si = simulate_step(naive, lengths, ki);
       EXPECT_NEAR(si.compute_seconds, s.compute_seconds, 1e-9 * s.compute_seconds);

@@ -458,7 +458,8 @@ PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const Pl
   o.plan_seconds = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   try {
-    if (r.check) check_plan(plan, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages);
+    if (r.check)
+      check_plan(plan, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages, setup.layout.vpp);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error("the " + name + " planner produced an invalid plan: " + std::string(e.what()));
   }
