@@ -18,6 +18,7 @@
 #include "base/errors.h"
 #include "data/dataset.h"
 #include "data/length_distributions.h"
+#include "planning/pipeline_schedule.h"
 #include "test_util.h"
 #include "trainer/plan_command.h"
 
@@ -312,6 +313,43 @@ TEST(PlanSetupTest, ExpertParallelSetup) {
                PlanInputError);
 }
 
+// Interleaved 1F1B in `trainer plan` (--vpp): LLaMA-70B over pp 4 on 1,024 GPUs, 8
+// equal micro-batches of 8K tokens per rank. The virtual stages split the layers
+// alike, the same work runs, and the simulated idle time (the pipeline bubble plus
+// the gradient sync, the same at every vpp) shrinks as (p - 1) / (vpp m) does.
+TEST(PlanSetupTest, InterleavedPipelineShrinksTheBubble) {
+  const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
+  const ModelShape m = load_model_file(config("models/llama-70b.yaml"));
+  const std::vector<int64_t> lengths(256, 8 * K);
+  std::vector<double> step, compute;
+  for (int vpp : {1, 2, 4}) {
+    const PlanSetup s = make_plan_setup(h, m, 1024, 8, 4, 8 * K, 8 * K, 1, vpp);
+    EXPECT_EQ(s.layout.vpp, vpp);
+    EXPECT_EQ(s.stage_layers, (std::vector<int64_t>{20, 20, 20, 20}));
+    EXPECT_EQ(s.costs.chunk_layers, vpp == 1 ? std::vector<int64_t>{} : std::vector<int64_t>(4 * vpp, 20 / vpp));
+    const StepPlan plan = plan_policy("naive")(lengths, s);
+    ASSERT_EQ(plan.ranks[0].size(), 8u);
+    const StepSimulation sim = simulate_step(plan, lengths, s.costs);
+    step.push_back(sim.step_seconds);
+    compute.push_back(sim.max_busy_seconds);
+  }
+  const double sync = gradient_sync(make_plan_setup(h, m, 1024, 8, 4, 8 * K, 8 * K).costs, 0).seconds();
+  for (int i = 0; i < 3; ++i) {
+    const int vpp = 1 << i;
+    // The pipeline part of the step over the busiest stage's compute: 1 + the bubble,
+    // and up to 5% above it from the pipeline transfers (a micro-batch crosses
+    // 4 vpp - 1 stage boundaries each way: 1.0%, 1.5% and 4.1% at vpp 1, 2, 4).
+    const double ratio = (step[i] - sync) / compute[i];
+    EXPECT_GT(ratio, 1 + pipeline_bubble_fraction(4, vpp, 8)) << vpp;
+    EXPECT_LT(ratio, 1 + pipeline_bubble_fraction(4, vpp, 8) + 0.05) << vpp;
+  }
+  EXPECT_LT(step[1], step[0]);
+  EXPECT_LT(step[2], step[1]);
+  EXPECT_THROW(make_plan_setup(h, m, 1024, 8, 1, 8 * K, 0, 1, 2), PlanInputError);   // nothing to interleave
+  EXPECT_THROW(make_plan_setup(h, m, 1024, 8, 4, 8 * K, 0, 1, 21), PlanInputError);  // 84 virtual stages > 80 layers
+}
+
+
 // No plan beats the step's lower bound: every policy's simulated step is at least
 // simulated_step_bound over random batches (two distributions, seeds, and uniform
 // lengths) on layouts with rings, pipelines, forced offload, a sliding window and
@@ -537,6 +575,9 @@ TEST(PlanCommand, BadInputExitsWithTwo) {
   EXPECT_NE(r.output.find("unknown policy 'fast'"), std::string::npos) << r.output;
   r = run_trainer("plan --cluster " + config("cluster/h100.yaml") + base + " --lengths byted --tp 3");
   EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = run_trainer("plan --cluster " + config("cluster/h100.yaml") + base + " --lengths byted --vpp 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("vpp 2"), std::string::npos) << r.output;
   r = run_trainer("plan --help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.output.find("--global-batch-tokens"), std::string::npos);
