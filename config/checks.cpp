@@ -67,6 +67,16 @@ void check_layout(const Checker& c) {
   c.require(layout_issue(c.config.model.shape(), c.config.parallel, c.wording()));
 }
 
+// parallel.vpp: the trainer runs one chunk per stage. Interleaved 1F1B is in the
+// schedule and the simulator (planning/pipeline_schedule.h, `trainer plan --vpp`);
+// refused here until the pipeline executor and the model partition run it.
+void check_interleaving(const Checker& c) {
+  c.require(c.config.parallel.vpp == 1, "parallel.vpp",
+            c.shown("parallel.vpp") +
+                " asks for interleaved 1F1B, which `trainer plan --vpp` simulates but the trainer does not run yet",
+            "use parallel.vpp: 1 (one chunk of layers per pipeline stage, 1F1B)");
+}
+
 // parallel.pp_layers x parallel.pp x model.num_layers
 void check_pipeline_split(const Checker& c) {
   const ParallelConfig& p = c.config.parallel;
@@ -271,6 +281,7 @@ void check_config(const Config& config, bool check_files) {
   check_learning_rates(c);
   check_trace_window(c);
   check_layout(c);
+  check_interleaving(c);
   check_pipeline_split(c);
   check_recompute_layers(c);
   check_communicator(c, check_files);

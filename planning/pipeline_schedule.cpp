@@ -1,6 +1,8 @@
 #include "planning/pipeline_schedule.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 namespace hdp {
 
@@ -16,6 +18,59 @@ std::vector<PipelineOp> one_f_one_b(int stage, int stages, int micro_batches) {
   return ops;
 }
 
-int pipeline_slots(int stage, int stages) { return stages - stage; }
+namespace {
+
+// Megatron-LM's warm-up: the last stage's first backward needs the first group's
+// forward through every chunk ((chunks - 1) p forwards before its last chunk), and
+// each earlier stage is two transfers further from it.
+int interleaved_warmup(int stage, int stages, int chunks) { return 2 * (stages - stage - 1) + (chunks - 1) * stages; }
+
+// The forwards (or backwards) of a stage in order: groups of `stages` micro-batches,
+// each through every chunk in turn, backwards in reverse chunk order.
+std::vector<PipelineOp> chunk_order(int stages, int chunks, int micro_batches, bool forward) {
+  std::vector<PipelineOp> order;
+  for (int first = 0; first < micro_batches; first += stages)
+    for (int c = 0; c < chunks; ++c)
+      for (int i = first; i < first + stages; ++i) order.push_back({forward, i, forward ? c : chunks - 1 - c});
+  return order;
+}
+
+}  // namespace
+
+int pipeline_slots(int stage, int stages, int chunks) {
+  return chunks == 1 ? stages - stage : interleaved_warmup(stage, stages, chunks) + 1;
+}
+
+std::vector<PipelineOp> interleaved_one_f_one_b(int stage, int stages, int chunks, int micro_batches) {
+  if (chunks < 1 || stages < 1 || (chunks > 1 && stages < 2))
+    throw std::invalid_argument("interleaved 1F1B: " + std::to_string(chunks) + " model chunks per stage over " +
+                                std::to_string(stages) + " stages: needs a chunk, and two stages to interleave more");
+  // Megatron-LM runs whole groups of `stages` micro-batches only; a last, shorter group
+  // can deadlock (pp 4, vpp 3, m 5). The order here is that of the next multiple of
+  // `stages` with the missing micro-batches' operations left out: removing operations
+  // from a deadlock-free order keeps every wait it had, so it stays deadlock-free.
+  const int padded = (micro_batches + stages - 1) / stages * stages;
+  const std::vector<PipelineOp> forwards = chunk_order(stages, chunks, padded, true);
+  const std::vector<PipelineOp> backwards = chunk_order(stages, chunks, padded, false);
+  const int total = chunks * padded;
+  const int warmup = std::min(interleaved_warmup(stage, stages, chunks), total);
+  std::vector<PipelineOp> ops(forwards.begin(), forwards.begin() + warmup);
+  for (int k = 0; k < total - warmup; ++k) {
+    ops.push_back(forwards[warmup + k]);
+    ops.push_back(backwards[k]);
+  }
+  ops.insert(ops.end(), backwards.begin() + (total - warmup), backwards.end());
+  std::erase_if(ops, [&](const PipelineOp& op) { return op.micro_batch >= micro_batches; });
+  return ops;
+}
+
+std::vector<PipelineOp> pipeline_schedule(int stage, int stages, int chunks, int micro_batches) {
+  return chunks == 1 ? one_f_one_b(stage, stages, micro_batches)
+                     : interleaved_one_f_one_b(stage, stages, chunks, micro_batches);
+}
+
+double pipeline_bubble_fraction(int stages, int chunks, int micro_batches) {
+  return static_cast<double>(stages - 1) / (static_cast<double>(chunks) * micro_batches);
+}
 
 }  // namespace hdp

@@ -119,9 +119,9 @@ bool same_piece(const PlannedPiece& a, const PlannedPiece& b) {
 
 std::string str(int64_t v) { return std::to_string(v); }
 
-// One forward or backward of a micro-batch on one stage of one hdp rank.
+// One forward or backward of a micro-batch on one (virtual) stage of one hdp rank.
 struct ScheduledOp {
-  int rank = 0, stage = 0, micro_batch = 0;
+  int rank = 0, stage = 0, micro_batch = 0;  // stage: virtual stage chunk x stages + stage
   bool forward = true;
   int ring = -1;
 };
@@ -144,7 +144,7 @@ std::string op_string(const ScheduledOp& op, int stages) {
 // Two ranks that disagree close a cycle of deadlock_cycle's graph through their two
 // shared ring rendezvous, so a plan without a cycle passes; the check costs the
 // square of the ring sizes and runs only to name the two ranks of a cycle found.
-void check_ring_order(const StepPlan& plan, const std::vector<std::set<int>>& members, int stages) {
+void check_ring_order(const StepPlan& plan, const std::vector<std::set<int>>& members, int stages, int chunks) {
   const int hdp = static_cast<int>(plan.ranks.size());
   for (int s = 0; s < stages; ++s) {
     // Ring ops of every rank on stage s, in schedule order (one stage: forwards only,
@@ -152,10 +152,10 @@ void check_ring_order(const StepPlan& plan, const std::vector<std::set<int>>& me
     std::vector<std::vector<ScheduledOp>> ops(hdp);
     for (int r = 0; r < hdp; ++r) {
       const int m = static_cast<int>(plan.ranks[r].size());
-      for (const PipelineOp& op : one_f_one_b(s, stages, m)) {
+      for (const PipelineOp& op : pipeline_schedule(s, stages, chunks, m)) {
         const int ring = plan.ranks[r][op.micro_batch].ring;
         if (ring < 0 || (stages == 1 && !op.forward)) continue;
-        ops[r].push_back({r, s, op.micro_batch, op.forward, ring});
+        ops[r].push_back({r, op.chunk * stages + s, op.micro_batch, op.forward, ring});
       }
     }
     std::set<std::pair<int, int>> pairs;
@@ -178,10 +178,10 @@ void check_ring_order(const StepPlan& plan, const std::vector<std::set<int>>& me
                str(on_a[i]->micro_batch) + ") on rank " + str(a) + " but ring " + str(on_b[i]->ring) +
                " (micro-batch " + str(on_b[i]->micro_batch) + ") on rank " + str(b));
         }
-        fail("stage " + str(s) + ": ranks " + str(a) + " and " + str(b) +
-             " meet their shared rings in different 1F1B orders: shared ring op " + str(static_cast<int64_t>(i)) +
-             " is the " + op_string(*on_a[i], 1) + " on rank " + str(a) + " but the " + op_string(*on_b[i], 1) +
-             " on rank " + str(b));
+        fail("stage " + str(s) + ": ranks " + str(a) + " and " + str(b) + " meet their shared rings in different " +
+             (chunks > 1 ? "interleaved 1F1B" : "1F1B") + " orders: shared ring op " + str(static_cast<int64_t>(i)) +
+             " is the " + op_string(*on_a[i], chunks) + " on rank " + str(a) + " but the " +
+             op_string(*on_b[i], chunks) + " on rank " + str(b));
       }
     }
   }
@@ -193,8 +193,9 @@ void check_ring_order(const StepPlan& plan, const std::vector<std::set<int>>& me
 // stage's backward of the same micro-batch. The plan can run iff this graph is
 // acyclic: nothing when it is, else the ops of one cycle. O(ops log ops): edges
 // are the schedule order and one per ring member, never pairs of members.
-std::optional<std::string> deadlock_cycle(const StepPlan& plan, int stages) {
+std::optional<std::string> deadlock_cycle(const StepPlan& plan, int stages, int chunks) {
   const int hdp = static_cast<int>(plan.ranks.size());
+  const int virtual_stages = stages * chunks;
   std::vector<ScheduledOp> nodes;
   std::map<std::tuple<int, int, bool>, int> ring_node;  // (stage, ring, forward) -> node
   std::vector<std::vector<int>> preds;
@@ -207,20 +208,22 @@ std::optional<std::string> deadlock_cycle(const StepPlan& plan, int stages) {
     preds.emplace_back();
     return static_cast<int>(nodes.size()) - 1;
   };
-  // node_at[r][s][{micro_batch, forward}]
-  std::vector<std::vector<std::map<std::pair<int, bool>, int>>> node_at(hdp, std::vector<std::map<std::pair<int, bool>, int>>(stages));
+  // node_at[r][v][{micro_batch, forward}] on virtual stage v
+  std::vector<std::vector<std::map<std::pair<int, bool>, int>>> node_at(
+      hdp, std::vector<std::map<std::pair<int, bool>, int>>(virtual_stages));
   for (int r = 0; r < hdp; ++r) {
     const int m = static_cast<int>(plan.ranks[r].size());
     for (int s = 0; s < stages; ++s) {
       int previous = -1;
-      for (const PipelineOp& op : one_f_one_b(s, stages, m)) {
-        const int node = node_of({r, s, op.micro_batch, op.forward, plan.ranks[r][op.micro_batch].ring});
-        node_at[r][s][{op.micro_batch, op.forward}] = node;
+      for (const PipelineOp& op : pipeline_schedule(s, stages, chunks, m)) {
+        const int v = op.chunk * stages + s;
+        const int node = node_of({r, v, op.micro_batch, op.forward, plan.ranks[r][op.micro_batch].ring});
+        node_at[r][v][{op.micro_batch, op.forward}] = node;
         if (previous >= 0) preds[node].push_back(previous);
         previous = node;
       }
     }
-    for (int s = 0; s + 1 < stages; ++s) {
+    for (int s = 0; s + 1 < virtual_stages; ++s) {
       for (int mb = 0; mb < m; ++mb) {
         preds[node_at[r][s + 1][{mb, true}]].push_back(node_at[r][s][{mb, true}]);
         preds[node_at[r][s][{mb, false}]].push_back(node_at[r][s + 1][{mb, false}]);
@@ -265,8 +268,8 @@ std::optional<std::string> deadlock_cycle(const StepPlan& plan, int stages) {
   }
   std::string cycle;
   for (size_t i = walk.size(); i-- > seen[v];) {
-    cycle += op_string(nodes[walk[i]], stages);
-    cycle += i > seen[v] ? " -> " : " -> (again) " + op_string(nodes[walk.back()], stages);
+    cycle += op_string(nodes[walk[i]], virtual_stages);
+    cycle += i > seen[v] ? " -> " : " -> (again) " + op_string(nodes[walk.back()], virtual_stages);
   }
   return cycle;
 }
@@ -274,10 +277,12 @@ std::optional<std::string> deadlock_cycle(const StepPlan& plan, int stages) {
 }  // namespace
 
 void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t layers_per_stage,
-                int pipeline_stages) {
+                int pipeline_stages, int chunks) {
   if (plan.capacity < 1) fail("capacity is " + str(plan.capacity));
   if (layers_per_stage < 1) fail("layers per stage is " + str(layers_per_stage));
   if (pipeline_stages < 1) fail("pipeline stages is " + str(pipeline_stages));
+  if (chunks < 1 || (chunks > 1 && pipeline_stages < 2))
+    fail(str(chunks) + " model chunks per stage over " + str(pipeline_stages) + " stages");
   const int hdp = static_cast<int>(plan.ranks.size());
   const int num_rings = static_cast<int>(plan.rings.size());
   const int64_t num_sequences = static_cast<int64_t>(lengths.size());
@@ -399,8 +404,8 @@ void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t 
     if (next != lengths[q]) fail("sequence " + str(q) + " tokens from " + str(next) + " are missing");
   }
 
-  if (const std::optional<std::string> cycle = deadlock_cycle(plan, pipeline_stages)) {
-    check_ring_order(plan, members, pipeline_stages);
+  if (const std::optional<std::string> cycle = deadlock_cycle(plan, pipeline_stages, chunks)) {
+    check_ring_order(plan, members, pipeline_stages, chunks);
     fail("the step deadlocks, each of these ops must run before the next: " + *cycle);
   }
 }

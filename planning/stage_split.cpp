@@ -54,9 +54,9 @@ std::vector<int64_t> split_layers(int64_t num_layers, int stages, double layer_c
 }
 
 
-std::vector<int64_t> stage_layer_split(const ModelShape& model, int tp, int pp, int64_t seq_len) {
+std::vector<int64_t> stage_layer_split(const ModelShape& model, int tp, int pp, int64_t seq_len, int vpp) {
   validate_model_shape(model);
-  validate_split(model, tp, pp);
+  validate_split(model, tp, pp, vpp);
   // A layer counts its attention at the longest sequence: attention grows with the
   // sequence and at long context outweighs the matmuls (LLaMA-7B at 256K tokens:
   // 6.4 GFLOP of attention per token and layer against 1.1 of matmuls), so a split
@@ -67,8 +67,16 @@ std::vector<int64_t> stage_layer_split(const ModelShape& model, int tp, int pp, 
   // The embedding lookup copies one row of hidden values per token on every tp
   // rank (the vocabulary is sharded, the row is not); the layers and the LM head
   // shrink by tp.
-  return split_layers(model.layers, pp, layer_flops_per_token(model, tp, seq_len), static_cast<double>(model.hidden),
+  // Under interleaved 1F1B the pp x vpp virtual stages are balanced alike: each is
+  // one pass of a micro-batch through a stage (Narayanan et al. 2021, section 2.2.2).
+  return split_layers(model.layers, pp * vpp, layer_flops_per_token(model, tp, seq_len), static_cast<double>(model.hidden),
                       head_flops_per_token(model, tp));
+}
+
+std::vector<int64_t> layers_per_stage(std::span<const int64_t> virtual_stage_layers, int pp) {
+  std::vector<int64_t> layers(pp, 0);
+  for (size_t v = 0; v < virtual_stage_layers.size(); ++v) layers[v % pp] += virtual_stage_layers[v];
+  return layers;
 }
 
 }  // namespace hdp

@@ -4,6 +4,7 @@
 // simulator, so the simulator splits as the trainer would.
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "spec/model_shape.h"
@@ -19,7 +20,14 @@ std::vector<int64_t> split_layers(int64_t num_layers, int stages, double layer_c
 
 // Layers per stage of pp, each stage a group of tp tensor-parallel ranks, for
 // sequences of at most seq_len tokens: the contiguous split (split_layers) that balances
-// the stages' forward + backward work per token on one rank. Throws std::invalid_argument when the shape does not split (validate_split).
-std::vector<int64_t> stage_layer_split(const ModelShape& model, int tp, int pp, int64_t seq_len);
+// the stages' forward + backward work per token on one rank. With vpp > 1 model chunks
+// per stage (interleaved 1F1B, planning/pipeline_schedule.h) the split is over the
+// pp x vpp virtual stages, chunk c of stage s being virtual stage c x pp + s.
+// Throws std::invalid_argument when the shape does not split (validate_split: also
+// vpp > 1 with one stage, or more virtual stages than layers).
+std::vector<int64_t> stage_layer_split(const ModelShape& model, int tp, int pp, int64_t seq_len, int vpp = 1);
+
+// The layers each of pp stages holds: the sum of its virtual stages' (v % pp == s).
+std::vector<int64_t> layers_per_stage(std::span<const int64_t> virtual_stage_layers, int pp);
 
 }  // namespace hdp

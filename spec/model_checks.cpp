@@ -112,7 +112,8 @@ std::optional<ModelIssue> model_issue(const ModelConfig& m, const KeyWording& wo
 std::optional<ModelIssue> layout_issue(const ModelShape& m, const ParallelDegrees& p, const KeyWording& wording) {
   Rules r(wording);
   if (!r.positive(int64_t{p.tp}, "parallel.tp") || !r.positive(int64_t{p.pp}, "parallel.pp") ||
-      !r.positive(int64_t{p.hdp}, "parallel.hdp") || !r.positive(int64_t{p.ep}, "parallel.ep"))
+      !r.positive(int64_t{p.hdp}, "parallel.hdp") || !r.positive(int64_t{p.ep}, "parallel.ep") ||
+      !r.positive(int64_t{p.vpp}, "parallel.vpp"))
     return r.issue;
   r.require(tp_divides_kv_heads(m.kv_heads, p.tp), "parallel.tp",
             r.shown("parallel.tp", int64_t{p.tp}) + " does not divide " + r.named("model.num_kv_heads", m.kv_heads),
@@ -128,6 +129,13 @@ std::optional<ModelIssue> layout_issue(const ModelShape& m, const ParallelDegree
       r.require(m.layers >= p.pp, "parallel.pp",
                 r.shown("parallel.pp", int64_t{p.pp}) + " is more than " + r.named("model.num_layers", m.layers),
                 "every pipeline stage needs at least one layer; choose pp <= " + str(m.layers), {"model.num_layers"}) &&
+      // Interleaved 1F1B (planning/pipeline_schedule.h): pp x vpp virtual stages.
+      r.require(p.vpp == 1 || (p.pp > 1 && m.layers >= int64_t{p.pp} * p.vpp), "parallel.vpp",
+                r.shown("parallel.vpp", int64_t{p.vpp}) + " model chunks per stage need parallel.pp > 1 and pp x vpp <= " +
+                    r.named("model.num_layers", m.layers),
+                "interleaved 1F1B gives each of pp x vpp virtual stages at least one layer; choose vpp 1 or pp > 1 "
+                "with pp x vpp <= " + str(m.layers),
+                {"parallel.pp", "model.num_layers"}) &&
       // Expert parallelism subdivides hdp (spec/parallel_degrees.h) and shares out
       // whole experts.
       r.require(p.ep == 1 || m.experts > 1, "parallel.ep",

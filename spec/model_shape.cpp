@@ -42,8 +42,8 @@ void validate_model_shape(const ModelShape& m) {
                                 str(m.experts));
 }
 
-void validate_split(const ModelShape& m, int tp, int pp) {
-  if (const std::optional<ModelIssue> issue = layout_issue(m, ParallelDegrees{tp, pp, 1, 1}))
+void validate_split(const ModelShape& m, int tp, int pp, int vpp) {
+  if (const std::optional<ModelIssue> issue = layout_issue(m, ParallelDegrees{tp, pp, 1, 1, vpp}))
     throw std::invalid_argument(describe_issue(*issue));
 }
 

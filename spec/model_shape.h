@@ -55,8 +55,9 @@ double attention_pairs(int64_t seq_len, int64_t window);
 // (spec/model_checks.h) before its shape is derived.
 void validate_model_shape(const ModelShape& model);
 // Throws std::invalid_argument (describe_issue of layout_issue, spec/model_checks.h)
-// unless the model splits over tp tensor-parallel ranks and pp pipeline stages.
-void validate_split(const ModelShape& model, int tp, int pp);
+// unless the model splits over tp tensor-parallel ranks and pp pipeline stages (of
+// vpp model chunks each).
+void validate_split(const ModelShape& model, int tp, int pp, int vpp = 1);
 
 // The one rule for grouped-query attention under tensor parallelism: every rank
 // of a tp group holds num_kv_heads / tp whole KV heads (Megatron-LM's split), and

@@ -41,6 +41,9 @@ struct ParallelDegrees {
   int pp = 1;
   int hdp = 1;
   int ep = 1;  // expert-parallel degree inside hdp (1: every rank holds every expert)
+  // Model chunks per pipeline stage (interleaved 1F1B, planning/pipeline_schedule.h):
+  // no axis of the grid, each stage holds vpp of the pp x vpp virtual stages.
+  int vpp = 1;
 
   int world() const { return tp * pp * hdp; }
   int ep_rank(const GridCoords& c) const { return c.hdp_rank % ep; }

@@ -975,6 +975,16 @@ TEST(ConfigErrors, ParallelDegreesMustFitTheModel) {
                   "parallel.pp_layers");
   EXPECT_CONTAINS(load_error(path, {"parallel.tp=1", "parallel.pp_layers=[a]"}), "expected a list of integers");
   EXPECT_CONTAINS(load_error(min, {"parallel.hdp=0"}), "parallel.hdp: 0 is not positive");
+  // Interleaved 1F1B: pp x vpp virtual stages of at least one layer, and refused by
+  // the trainer (it runs in `trainer plan --vpp` only).
+  EXPECT_CONTAINS(load_error(min, {"parallel.vpp=0"}), "parallel.vpp: 0 is not positive");
+  EXPECT_CONTAINS(load_error(path, {"parallel.tp=1", "parallel.vpp=2"}),
+                  "parallel.vpp: 2 model chunks per stage need parallel.pp > 1 and pp x vpp <= model.num_layers 4");
+  EXPECT_CONTAINS(load_error(path, {"parallel.tp=1", "parallel.pp=2", "parallel.vpp=3"}),
+                  "pp x vpp <= model.num_layers 4");
+  EXPECT_CONTAINS(load_error(path, {"parallel.tp=1", "parallel.pp=2", "parallel.vpp=2"}),
+                  "parallel.vpp: 2 asks for interleaved 1F1B, which `trainer plan --vpp` simulates but the trainer "
+                  "does not run yet; use parallel.vpp: 1");
 }
 
 TEST(ConfigErrors, DuplicateKeysAndSyntaxErrors) {

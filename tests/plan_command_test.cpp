@@ -21,6 +21,7 @@
 #include "base/errors.h"
 #include "data/dataset.h"
 #include "data/length_distributions.h"
+#include "planning/pipeline_schedule.h"
 #include "test_util.h"
 #include "trainer/plan_command.h"
 
@@ -325,7 +326,7 @@ TEST(PlanSetupTest, RecomputeRaisesTheCapacity) {
   const ModelShape m = load_model_file(config("models/llama-70b.yaml"));
   int64_t previous = 0;
   for (RecomputeMode mode : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
-    const PlanSetup s = make_plan_setup(h, m, 128, 8, 2, 128 * K, 0, 1, mode);
+    const PlanSetup s = make_plan_setup(h, m, 128, 8, 2, 128 * K, 0, 1, 1, mode);
     EXPECT_EQ(s.recompute, mode);
     EXPECT_GT(s.settings.capacity, previous) << enum_name(kRecomputeModeNames, mode);
     // free bytes / (2 in flight x 40 layers x bytes per token and layer), stage 0.
@@ -334,10 +335,50 @@ TEST(PlanSetupTest, RecomputeRaisesTheCapacity) {
     EXPECT_EQ(s.settings.cost.rb > 0, mode == RecomputeMode::Full);
     previous = s.settings.capacity;
   }
-  EXPECT_DOUBLE_EQ(make_plan_setup(h, m, 128, 8, 2, 128 * K).settings.cost.a2, 84'520);
-  EXPECT_DOUBLE_EQ(make_plan_setup(h, m, 128, 8, 2, 128 * K, 0, 1, RecomputeMode::Selective).settings.cost.a2, 51'744);
-  EXPECT_DOUBLE_EQ(make_plan_setup(h, m, 128, 8, 2, 128 * K, 0, 1, RecomputeMode::Full).settings.cost.a2, 18'464);
+  const auto bytes = [&](RecomputeMode mode) {
+    return make_plan_setup(h, m, 128, 8, 2, 128 * K, 0, 1, 1, mode).settings.cost.a2;
+  };
+  EXPECT_DOUBLE_EQ(bytes(RecomputeMode::None), 84'520);
+  EXPECT_DOUBLE_EQ(bytes(RecomputeMode::Selective), 51'744);
+  EXPECT_DOUBLE_EQ(bytes(RecomputeMode::Full), 18'464);
 }
+
+// Interleaved 1F1B in `trainer plan` (--vpp): LLaMA-70B over pp 4 on 1,024 GPUs, 8
+// equal micro-batches of 8K tokens per rank. The virtual stages split the layers
+// alike, the same work runs, and the simulated idle time (the pipeline bubble plus
+// the gradient sync, the same at every vpp) shrinks as (p - 1) / (vpp m) does.
+TEST(PlanSetupTest, InterleavedPipelineShrinksTheBubble) {
+  const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
+  const ModelShape m = load_model_file(config("models/llama-70b.yaml"));
+  const std::vector<int64_t> lengths(256, 8 * K);
+  std::vector<double> step, compute;
+  for (int vpp : {1, 2, 4}) {
+    const PlanSetup s = make_plan_setup(h, m, 1024, 8, 4, 8 * K, 8 * K, 1, vpp);
+    EXPECT_EQ(s.layout.vpp, vpp);
+    EXPECT_EQ(s.stage_layers, (std::vector<int64_t>{20, 20, 20, 20}));
+    EXPECT_EQ(s.costs.chunk_layers, vpp == 1 ? std::vector<int64_t>{} : std::vector<int64_t>(4 * vpp, 20 / vpp));
+    const StepPlan plan = plan_policy("naive")(lengths, s);
+    ASSERT_EQ(plan.ranks[0].size(), 8u);
+    const StepSimulation sim = simulate_step(plan, lengths, s.costs);
+    step.push_back(sim.step_seconds);
+    compute.push_back(sim.max_busy_seconds);
+  }
+  const double sync = gradient_sync(make_plan_setup(h, m, 1024, 8, 4, 8 * K, 8 * K).costs, 0).seconds();
+  for (int i = 0; i < 3; ++i) {
+    const int vpp = 1 << i;
+    // The pipeline part of the step over the busiest stage's compute: 1 + the bubble,
+    // and up to 5% above it from the pipeline transfers (a micro-batch crosses
+    // 4 vpp - 1 stage boundaries each way: 1.0%, 1.5% and 4.1% at vpp 1, 2, 4).
+    const double ratio = (step[i] - sync) / compute[i];
+    EXPECT_GT(ratio, 1 + pipeline_bubble_fraction(4, vpp, 8)) << vpp;
+    EXPECT_LT(ratio, 1 + pipeline_bubble_fraction(4, vpp, 8) + 0.05) << vpp;
+  }
+  EXPECT_LT(step[1], step[0]);
+  EXPECT_LT(step[2], step[1]);
+  EXPECT_THROW(make_plan_setup(h, m, 1024, 8, 1, 8 * K, 0, 1, 2), PlanInputError);   // nothing to interleave
+  EXPECT_THROW(make_plan_setup(h, m, 1024, 8, 4, 8 * K, 0, 1, 21), PlanInputError);  // 84 virtual stages > 80 layers
+}
+
 
 // No plan beats the step's lower bound: every policy's simulated step is at least
 // simulated_step_bound over random batches (two distributions, seeds, and uniform
@@ -366,7 +407,7 @@ TEST(PlanBound, NoPolicyBeatsTheBound) {
     int simulated = 0, offloading = 0, pipelined = 0;
     for (const Layout& l : layouts) {
       const PlanSetup setup = make_plan_setup(h, load_model_file(config("models/" + std::string(l.model) + ".yaml")),
-                                              l.gpus, l.tp, l.pp, l.context, 0, l.ep, l.recompute);
+                                              l.gpus, l.tp, l.pp, l.context, 0, l.ep, 1, l.recompute);
       for (int trial = 0; trial < 4; ++trial) {
         std::vector<int64_t> lengths;
         if (trial < 3) {
@@ -619,6 +660,9 @@ TEST(PlanCommand, BadInputExitsWithTwo) {
   EXPECT_NE(r.output.find("unknown policy 'fast'"), std::string::npos) << r.output;
   r = run_trainer("plan --cluster " + config("cluster/h100.yaml") + base + " --lengths byted --tp 3");
   EXPECT_EQ(r.exit_code, 2) << r.output;
+  r = run_trainer("plan --cluster " + config("cluster/h100.yaml") + base + " --lengths byted --vpp 2");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("vpp 2"), std::string::npos) << r.output;
   r = run_trainer("plan --help");
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_NE(r.output.find("--global-batch-tokens"), std::string::npos);

@@ -17,6 +17,7 @@
 
 #include "planning/hdp_planner.h"
 #include "parallel/pipeline.h"
+#include "planning/pipeline_schedule.h"
 #include "planning/plan.h"
 #include "whatif/simulator.h"
 #include "planning/stage_split.h"
@@ -240,6 +241,51 @@ TEST(StepSimulation, OneFOneBWithCommunication) {
   k.boundary_bytes_per_token = 1;
   EXPECT_DOUBLE_EQ(simulate_step(plan, lengths, k).step_seconds, 10);
 }
+
+// Interleaved 1F1B (Narayanan et al. 2021, section 2.2.2): pp stages of two layers
+// each, equal micro-batches, F + B = 6 s per micro-batch and stage, free transfers.
+// 1F1B idles (p - 1)(F + B); two chunks of one layer per stage idle half of it: the
+// step is the ideal 6 m times 1 + (p - 1) / (vpp m).
+TEST(StepSimulation, InterleavingShrinksTheBubbleAsTheFormulaSays) {
+  for (int pp : {2, 4})
+    for (int m : {pp, 2 * pp, 4 * pp}) {
+      std::vector<int64_t> lengths;
+      const StepPlan plan = local_plan({m}, 1, lengths);
+      StepCosts k = hand_costs(1, pp, 1.0 / 3.0);
+      k.stage_layers.assign(pp, 2);
+      const double ideal = 6.0 * m;
+      const StepSimulation plain = simulate_step(plan, lengths, k);
+      EXPECT_NEAR(plain.step_seconds, ideal * (1 + pipeline_bubble_fraction(pp, 1, m)), 1e-9) << pp << " " << m;
+      k.chunk_layers.assign(2 * pp, 1);
+      const StepSimulation interleaved = simulate_step(plan, lengths, k);
+      EXPECT_NEAR(interleaved.step_seconds, ideal * (1 + pipeline_bubble_fraction(pp, 2, m)), 1e-9) << pp << " " << m;
+      EXPECT_NEAR(interleaved.compute_seconds, plain.compute_seconds, 1e-9);
+      // The bubble as the simulator measures it: idle / (idle + busy) on every stage.
+      const double bubble = pipeline_bubble_fraction(pp, 2, m);
+      EXPECT_NEAR(interleaved.idle_fraction, bubble / (1 + bubble), 1e-9);
+    }
+}
+
+// Transfers under interleaving: the last stage's chunk 0 sends on to the first
+// stage's chunk 1, so a micro-batch crosses 2 pp - 1 boundaries each way.
+TEST(StepSimulation, InterleavingSendsAroundThePipeline) {
+  StepCosts k = hand_costs(1, 2, 1.0 / 3.0);
+  k.stage_layers.assign(2, 2);
+  k.chunk_layers.assign(4, 1);
+  k.boundary_bytes_per_token = 1;
+  std::vector<int64_t> lengths;
+  const StepPlan plan = local_plan({4}, 10, lengths);
+  const StepSimulation s = simulate_step(plan, lengths, k);
+  EXPECT_DOUBLE_EQ(s.pipeline_bytes, 4 * 3 * 2 * 10.0);
+  // Chunks that do not sum to their stage's layers, or a single stage, are refused.
+  k.chunk_layers = {1, 1, 1, 2};
+  EXPECT_THROW(simulate_step(plan, lengths, k), std::invalid_argument);
+  StepCosts one = hand_costs(1, 1, 1.0 / 3.0);
+  one.stage_layers = {2};
+  one.chunk_layers = {1, 1};
+  EXPECT_THROW(simulate_step(plan, lengths, one), std::invalid_argument);
+}
+
 
 // One sequence of `lengths` over a ring of ranks 0 and 1 (zig-zag pieces), capacity 2, checked.
 StepPlan two_member_ring_plan(const std::vector<int64_t>& lengths) {
@@ -510,6 +556,14 @@ TEST(ModelCosts, MemoryBudgetFormula) {
   }
   EXPECT_EQ(b.capacity, static_cast<int64_t>(best));
   EXPECT_EQ(b.limiting_stage, 0);
+  // Two chunks of 8 layers per stage: stage s keeps its interleaved warm-up plus one
+  // (micro-batch, chunk) pairs in flight, 2 (2 - s - 1) + 2 + 1, each over 8 layers.
+  const ParallelDegrees interleaved{8, 2, 4, 1, 2};
+  const MemoryBudget bi = memory_budget(m, hw, interleaved, std::vector<int64_t>{8, 8, 8, 8});
+  EXPECT_EQ(bi.free_bytes, b.free_bytes);
+  EXPECT_EQ(bi.capacity, static_cast<int64_t>(std::min(b.free_bytes[0] / (5 * 8 * c.saved_bytes_per_token),
+                                                       b.free_bytes[1] / (3 * 8 * c.saved_bytes_per_token))));
+  EXPECT_THROW(memory_budget(m, hw, interleaved, split), std::invalid_argument);
   hw.hbm_bytes = 6e9;
   EXPECT_THROW(memory_budget(m, hw, layout, split), std::invalid_argument);
 }
@@ -531,6 +585,13 @@ TEST(StageSplit, CountsAttentionAtTheLongestSequence) {
   EXPECT_EQ(stage_layer_split(m, 2, 4, 128 * 1024), (std::vector<int64_t>{4, 4, 4, 4}));
   EXPECT_THROW(stage_layer_split(m, 1, 17, 1024), std::invalid_argument);
   EXPECT_THROW(stage_layer_split(m, 3, 4, 1024), std::invalid_argument);
+  // Two chunks per stage: eight virtual stages balanced alike, chunk c of stage s
+  // being virtual stage 4 c + s.
+  const std::vector<int64_t> chunks = stage_layer_split(m, 1, 4, 128 * 1024, 2);
+  EXPECT_EQ(chunks, (std::vector<int64_t>(8, 2)));
+  EXPECT_EQ(layers_per_stage(std::vector<int64_t>{1, 2, 3, 4, 5, 6}, 3), (std::vector<int64_t>{5, 7, 9}));
+  EXPECT_THROW(stage_layer_split(m, 1, 1, 1024, 2), std::invalid_argument);
+  EXPECT_THROW(stage_layer_split(m, 1, 4, 1024, 5), std::invalid_argument);
 }
 
 // A planned batch end to end: plan_naive's plan of a skewed batch on 8 ranks
@@ -570,6 +631,15 @@ TEST(StepSimulation, PlannersOutputReplays) {
     if (pp == 2) {
       EXPECT_FALSE(naive.rings.empty());
       EXPECT_GT(s.attention_bytes, 0);
+      // The same plan with two chunks per stage: the same work and ring traffic, its
+      // rings meeting on every virtual stage.
+      ParallelDegrees chunked = layout;
+      chunked.vpp = 2;
+      check_plan(naive, lengths, st.layers_per_stage, pp, 2);  // its rings meet in the interleaved order too
+      const StepCosts ki = make_step_costs(m, hw, chunked, stage_layer_split(m, 8, pp, 200000, 2));
+      const StepSimulation si = simulate_step(naive, lengths, ki);
+      EXPECT_NEAR(si.compute_seconds, s.compute_seconds, 1e-9 * s.compute_seconds);
+      EXPECT_NEAR(si.attention_bytes, s.attention_bytes, 1e-9 * s.attention_bytes);
     }
     if (pp == 1) {
       const StepPlan fixed = plan_static(lengths, st, 0);

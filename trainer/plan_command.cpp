@@ -13,6 +13,7 @@
 #include "base/yaml_reader.h"
 #include "data/length_distributions.h"
 #include "whatif/simulator.h"
+#include "planning/pipeline_schedule.h"
 #include "planning/stage_split.h"
 #include "trainer/command_line.h"
 #include "trainer/commands.h"
@@ -59,6 +60,8 @@ each long sequence spans.
                           lengths (one per line), or an HDF5 token dataset
   --seed S                sampling seed (default 1)
   --tp T --pp P           tensor and pipeline parallel degrees (default 1, 1)
+  --vpp V                 model chunks per pipeline stage: interleaved 1F1B over
+                          pp x V virtual stages (default 1: 1F1B; V > 1 needs pp > 1)
   --capacity C            tokens per rank and micro-batch (default: derived from memory)
   --cp N                  the static policy's context-parallel degree (default: the
                           smallest divisor of hdp that fits the longest sequence)
@@ -189,22 +192,24 @@ std::vector<int64_t> global_batch_lengths(const std::string& source, int64_t con
 }
 
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
-                          int64_t context, int64_t capacity, int ep, RecomputeMode recompute) {
-  if (tp < 1 || pp < 1 || gpus < 1) throw PlanInputError("gpus, tp and pp must be at least 1");
+                          int64_t context, int64_t capacity, int ep, int vpp, RecomputeMode recompute) {
+  if (tp < 1 || pp < 1 || gpus < 1 || vpp < 1) throw PlanInputError("gpus, tp, pp and vpp must be at least 1");
   if (gpus % (tp * pp) != 0)
     throw PlanInputError(std::to_string(gpus) + " GPUs are not a multiple of tp x pp = " + std::to_string(tp * pp));
   PlanSetup s;
   s.hardware = hardware;
   s.model = model;
-  s.layout = {tp, pp, gpus / (tp * pp)};
+  s.layout = {tp, pp, gpus / (tp * pp), 1, vpp};
   s.ep = ep;
   s.recompute = recompute;
   try {
-    s.stage_layers = stage_layer_split(model, tp, pp, context);
-    s.memory = memory_budget(model, hardware, s.layout, s.stage_layers, ep, recompute);
-    s.costs = make_step_costs(model, hardware, s.layout, s.stage_layers, ep, recompute);
+    const std::vector<int64_t> virtual_stage_layers = stage_layer_split(model, tp, pp, context, vpp);
+    s.stage_layers = layers_per_stage(virtual_stage_layers, pp);
+    s.memory = memory_budget(model, hardware, s.layout, virtual_stage_layers, ep, recompute);
+    s.costs = make_step_costs(model, hardware, s.layout, virtual_stage_layers, ep, recompute);
   } catch (const std::invalid_argument& e) {
     throw PlanInputError(model.name + " with tp " + std::to_string(tp) + ", pp " + std::to_string(pp) +
+                         (vpp > 1 ? ", vpp " + std::to_string(vpp) : std::string()) +
                          (ep > 1 ? ", ep " + std::to_string(ep) : std::string()) + " on " + hardware.name + ": " +
                          e.what());
   }
@@ -276,7 +281,7 @@ namespace {
 // What `trainer plan` is asked to do.
 struct PlanRequest {
   std::string cluster_path, model_path, lengths_source;
-  int64_t gpus = 0, context = 0, batch_tokens = 0, seed = 1, tp = 1, pp = 1, capacity = 0, cp = 0;
+  int64_t gpus = 0, context = 0, batch_tokens = 0, seed = 1, tp = 1, pp = 1, vpp = 1, capacity = 0, cp = 0;
   int64_t ep = 0;  // 0: every ep the model allows is tried (1 for a dense model)
   std::optional<RecomputeMode> recompute;  // none: auto, every mode tried per policy
   std::optional<std::string> trace;
@@ -308,6 +313,7 @@ PlanRequest read_plan_request(Arguments& args) {
   r.seed = args.integer("--seed", 1, 0);
   r.tp = args.integer("--tp", 1, 1);
   r.pp = args.integer("--pp", 1, 1);
+  r.vpp = args.integer("--vpp", 1, 1);
   r.capacity = args.integer("--capacity", 0, 0);
   r.cp = args.integer("--cp", 0, 0);
   r.ep = args.integer("--ep", 0, 1);
@@ -321,8 +327,8 @@ PlanRequest read_plan_request(Arguments& args) {
   r.check = !args.flag("--no-check");
   const std::string policies = args.option("--policies").value_or("static,naive,balance");
   args.expect_empty();
-  if (r.gpus > 1 << 24 || r.tp > 1 << 10 || r.pp > 1 << 10 || r.ep > 1 << 20)
-    throw UsageError("--gpus, --tp, --pp or --ep is implausibly large");
+  if (r.gpus > 1 << 24 || r.tp > 1 << 10 || r.pp > 1 << 10 || r.vpp > 1 << 10 || r.ep > 1 << 20)
+    throw UsageError("--gpus, --tp, --pp, --vpp or --ep is implausibly large");
   r.policies = policy_list(policies);
   return r;
 }
@@ -387,16 +393,31 @@ void print_model_and_cluster(const PlanRequest& r, const PlanSetup& setup) {
                  fixed(all_to_all_seconds_per_token(setup.costs) * 1e9, 1) + " ns per token and layer";
     experts += ")";
   }
-  std::printf("layout   tp %d x pp %d x hdp %d%s; layers per stage %s\n", setup.layout.tp, setup.layout.pp,
-              setup.layout.hdp, experts.c_str(), split.c_str());
+  std::string chunks;
+  if (setup.layout.vpp > 1) {
+    chunks = " (interleaved 1F1B, vpp " + std::to_string(setup.layout.vpp) + ": layers per virtual stage ";
+    for (size_t v = 0; v < setup.costs.chunk_layers.size(); ++v)
+      chunks += (v > 0 ? "/" : "") + std::to_string(setup.costs.chunk_layers[v]);
+    chunks += ")";
+  }
+  std::printf("layout   tp %d x pp %d x hdp %d%s; layers per stage %s%s\n", setup.layout.tp, setup.layout.pp,
+              setup.layout.hdp, experts.c_str(), split.c_str(), chunks.c_str());
   const int s0 = setup.memory.limiting_stage;
+  // What memory_budget counts in flight on that stage: (micro-batch, chunk) pairs over its largest chunk.
+  int64_t chunk_layers = setup.stage_layers[s0];
+  if (setup.layout.vpp > 1) {
+    chunk_layers = 0;
+    for (size_t v = s0; v < setup.costs.chunk_layers.size(); v += setup.layout.pp)
+      chunk_layers = std::max(chunk_layers, setup.costs.chunk_layers[v]);
+  }
   std::printf("capacity C = %s tokens per rank and micro-batch (%s stage %d: (%.1f GB HBM - %.1f reserved - "
               "%.1f weights, gradients, optimizer shard) / (%d in flight x %lld layers x %.1f KB per token and layer) "
               "= %s)\n",
               grouped(static_cast<double>(setup.settings.capacity)).c_str(),
               r.capacity > 0 ? "--capacity; derived from memory would be, at" : "derived from memory at",
               s0, hw.hbm_bytes / 1e9, hw.reserved_bytes / 1e9, setup.memory.static_bytes[s0] / 1e9,
-              setup.layout.pp - s0, static_cast<long long>(setup.stage_layers[s0]), mc.saved_bytes_per_token / 1e3,
+              pipeline_slots(s0, setup.layout.pp, setup.layout.vpp), static_cast<long long>(chunk_layers),
+              mc.saved_bytes_per_token / 1e3,
               grouped(static_cast<double>(setup.memory.capacity)).c_str());
 }
 
@@ -451,7 +472,8 @@ PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const Pl
   o.plan_seconds = seconds_since(t0);
   t0 = std::chrono::steady_clock::now();
   try {
-    if (r.check) check_plan(plan, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages);
+    if (r.check)
+      check_plan(plan, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages, setup.layout.vpp);
   } catch (const std::invalid_argument& e) {
     throw std::runtime_error("the " + name + " planner produced an invalid plan: " + std::string(e.what()));
   }
@@ -582,7 +604,7 @@ ExpertChoice choose_expert_parallel(const PlanRequest& r, const HardwareProfile&
     std::optional<PlanSetup> setup;
     try {
       setup = make_plan_setup(hardware, model, static_cast<int>(r.gpus), static_cast<int>(r.tp),
-                              static_cast<int>(r.pp), r.context, r.capacity, ep,
+                              static_cast<int>(r.pp), r.context, r.capacity, ep, static_cast<int>(r.vpp),
                               r.recompute.value_or(RecomputeMode::None));
     } catch (const PlanInputError& e) {
       choice.report += "ep       " + std::to_string(ep) + ": does not fit: " + e.what() + "\n";
@@ -620,7 +642,7 @@ std::vector<PlanSetup> recompute_setups(const PlanRequest& r, const HardwareProf
   for (RecomputeMode mode : modes) {
     try {
       setups.push_back(make_plan_setup(hardware, model, static_cast<int>(r.gpus), static_cast<int>(r.tp),
-                                       static_cast<int>(r.pp), r.context, r.capacity, ep, mode));
+                                       static_cast<int>(r.pp), r.context, r.capacity, ep, static_cast<int>(r.vpp), mode));
     } catch (const PlanInputError& e) {
       if (r.recompute) throw;
       failures += (failures.empty() ? "" : "; ") + std::string(enum_name(kRecomputeModeNames, mode)) + ": " + e.what();

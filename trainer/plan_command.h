@@ -68,14 +68,15 @@ struct PlanSetup {
   RecomputeMode recompute = RecomputeMode::None;
 };
 // context: the longest sequence (the stage split counts attention at it, as the
-// trainer does at data.max_seq_len). Throws PlanInputError if gpus is not a
+// trainer does at data.max_seq_len). vpp > 1: interleaved 1F1B with vpp model chunks per
+// stage (planning/pipeline_schedule.h); stage_layers are then each stage's chunks together. Throws PlanInputError if gpus is not a
 // multiple of tp x pp, or the model does not allow the layout or ep
 // (validate_expert_parallel) or does not fit the GPUs' memory. The planners' cost
 // model adds the layer's expert all-to-alls per token (all_to_all_seconds_per_token)
 // to the linear term: they block the layer as compute does; its ep couples the
 // predicted times of an ep group's ranks (PlannerSettings::ep).
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
-                          int64_t context, int64_t capacity = 0, int ep = 1,
+                          int64_t context, int64_t capacity = 0, int ep = 1, int vpp = 1,
                           RecomputeMode recompute = RecomputeMode::None);
 
 // The planners by name: the training policies (static, naive, balance; their

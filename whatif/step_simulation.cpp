@@ -8,6 +8,7 @@
 
 #include "planning/pipeline_schedule.h"
 #include "planning/ring_layout.h"
+#include "planning/stage_split.h"
 #include "spec/model_checks.h"
 
 namespace hdp {
@@ -81,15 +82,24 @@ GroupLink group_link(const HardwareProfile& hw, long first, long last) {
   return {hw.link_bytes_per_s(first, last), hw.link_latency_s(first, last)};
 }
 
+// The layers of each stage from those of each virtual stage (pp x vpp of them; pp with
+// one chunk per stage). Throws std::invalid_argument unless the count matches.
+std::vector<int64_t> checked_stage_layers(const char* what, const ParallelDegrees& d,
+                                          std::span<const int64_t> virtual_stage_layers) {
+  if (d.pp < 1 || d.vpp < 1 || (d.vpp > 1 && d.pp < 2) ||
+      static_cast<int64_t>(virtual_stage_layers.size()) != int64_t{d.pp} * d.vpp)
+    throw std::invalid_argument(std::string(what) + ": " + str(static_cast<int64_t>(virtual_stage_layers.size())) +
+                                " virtual stage layer counts for pp " + str(d.pp) + " x vpp " + str(d.vpp));
+  return layers_per_stage(virtual_stage_layers, d.pp);
+}
+
 }  // namespace
 
 MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, const ParallelDegrees& degrees,
-                           std::span<const int64_t> stage_layers, int ep, RecomputeMode recompute) {
+                           std::span<const int64_t> virtual_stage_layers, int ep, RecomputeMode recompute) {
   validate_hardware(hw);
   const int pp = degrees.pp;
-  if (static_cast<int>(stage_layers.size()) != pp)
-    throw std::invalid_argument("memory_budget: " + str(static_cast<int64_t>(stage_layers.size())) +
-                                " stage layer counts for pp " + str(pp));
+  const std::vector<int64_t> stage_layers = checked_stage_layers("memory_budget", degrees, virtual_stage_layers);
   if (degrees.hdp < 1) throw std::invalid_argument("hdp must be at least 1");
   validate_expert_parallel(model, degrees.hdp, ep);
   const ModelCosts c = model_costs(model, degrees.tp, pp, recompute);
@@ -105,8 +115,12 @@ MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, c
     b.parameters_per_gpu.push_back(p);
     b.static_bytes.push_back(fixed);
     b.free_bytes.push_back(free);
-    const double tokens =
-        free / (static_cast<double>(pp - s) * static_cast<double>(stage_layers[s]) * c.saved_bytes_per_token);
+    // In flight: pipeline_slots (micro-batch, chunk) pairs, each at most the stage's
+    // largest chunk (its whole range with one chunk).
+    int64_t chunk = 0;
+    for (int v = s; v < pp * degrees.vpp; v += pp) chunk = std::max(chunk, virtual_stage_layers[v]);
+    const double tokens = free / (static_cast<double>(pipeline_slots(s, pp, degrees.vpp)) *
+                                  static_cast<double>(chunk) * c.saved_bytes_per_token);
     if (!(tokens >= 1)) {
       throw std::invalid_argument(
           "the model does not fit: stage " + str(s) + "'s weights, gradients and optimizer shard take " +
@@ -123,12 +137,10 @@ MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, c
 }
 
 StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, const ParallelDegrees& degrees,
-                          std::span<const int64_t> stage_layers, int ep, RecomputeMode recompute) {
+                          std::span<const int64_t> virtual_stage_layers, int ep, RecomputeMode recompute) {
   validate_hardware(hw);
   const int pp = degrees.pp;
-  if (static_cast<int>(stage_layers.size()) != pp)
-    throw std::invalid_argument("make_step_costs: " + str(static_cast<int64_t>(stage_layers.size())) +
-                                " stage layer counts for pp " + str(pp));
+  const std::vector<int64_t> stage_layers = checked_stage_layers("make_step_costs", degrees, virtual_stage_layers);
   validate_expert_parallel(model, degrees.hdp, ep);
   const ModelCosts c = model_costs(model, degrees.tp, pp, recompute);
   const double rate = hw.flops_per_second();
@@ -136,7 +148,8 @@ StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, co
   k.cost = analytic_cost_model(model, degrees.tp, c.saved_bytes_per_token, rate, hw.pcie_bytes_per_s, recompute);
   k.embedding_seconds_per_token = 0;  // a table lookup and its scatter-add: negligible
   k.head_seconds_per_token = c.head_flops_per_token / rate;
-  k.stage_layers.assign(stage_layers.begin(), stage_layers.end());
+  k.stage_layers = stage_layers;
+  if (degrees.vpp > 1) k.chunk_layers.assign(virtual_stage_layers.begin(), virtual_stage_layers.end());
   k.tp = degrees.tp;
   k.hdp = degrees.hdp;
   k.hardware = hw;
@@ -214,6 +227,10 @@ struct LayerWork {
 void check_step_inputs(const StepPlan& plan, std::span<const int64_t> lengths, const StepCosts& k) {
   const int pp = k.pp();
   if (pp < 1) throw std::invalid_argument("simulate_step: no pipeline stages");
+  if (!k.chunk_layers.empty() &&
+      (pp < 2 || k.chunk_layers.size() % pp != 0 || layers_per_stage(k.chunk_layers, pp) != k.stage_layers))
+    throw std::invalid_argument("simulate_step: the chunks' layers must be vpp per stage, over at least two stages, "
+                                "and sum to each stage's layers");
   if (static_cast<int>(plan.ranks.size()) != k.hdp)
     throw std::invalid_argument("simulate_step: the plan has " + str(static_cast<int64_t>(plan.ranks.size())) +
                                 " ranks, the costs " + str(k.hdp));
@@ -245,9 +262,12 @@ void check_step_inputs(const StepPlan& plan, std::span<const int64_t> lengths, c
 class StepGraphBuilder {
  public:
   StepGraphBuilder(const StepPlan& plan, std::span<const int64_t> lengths, const StepCosts& costs)
-      : plan_(plan), lengths_(lengths), k_(costs), grid_{costs.tp, costs.pp(), costs.hdp}, f_(costs.forward_fraction) {
+      : plan_(plan), lengths_(lengths), k_(costs), grid_{costs.tp, costs.pp(), costs.hdp},
+        vpp_(costs.vpp()),
+        virtual_stages_(grid_.pp * vpp_),
+        f_(costs.forward_fraction) {
     for (int r = 0; r < grid_.hdp; ++r) first_.push_back(first_.back() + plan.ranks[r].size());
-    const size_t slots = first_.back() * grid_.pp;
+    const size_t slots = first_.back() * virtual_stages_;
     forward_ops_.assign(slots, kNone);
     backward_ops_.assign(slots, kNone);
     forward_end_ops_.assign(slots, kNone);
@@ -257,15 +277,19 @@ class StepGraphBuilder {
     const size_t processes = static_cast<size_t>(grid_.hdp) * grid_.pp;
     last_compute_.assign(processes, kNone);
     last_copy_.assign(processes, kNone);
-    ring_group_.assign(plan.rings.size() * grid_.pp * 2, -1);
+    ring_group_.assign(plan.rings.size() * virtual_stages_ * 2, -1);
     measure_rings();
     time_ring_groups();
     add_streams();
   }
 
-  // Compute operations of hdp rank r at stage s in 1F1B order, with offload copies beside them.
+  // Compute operations of hdp rank r at stage s in its pipeline order (1F1B, or
+  // interleaved over its chunks), with offload copies beside them.
   void add_compute(int r, int s);
-  // The activation sends and receives between stages s and s + 1, forward then backward.
+  // The activation sends of stage s to the next (forward, in s's order; under
+  // interleaving stage pp - 1 sends to stage 0) and the gradient sends back to s
+  // (backward, in the next stage's order): each stream's operations in the order
+  // its stage runs them.
   void add_pipeline_transfers(int r, int s);
   // Stage s's gradient reduce-scatter, optimizer and parameter all-gather (ZeRO-1 over
   // hdp; with ep > 1 the experts' over the hdp / ep ranks that hold them).
@@ -278,18 +302,24 @@ class StepGraphBuilder {
   int stream(int r, int s, int t) const {
     return streams_[(static_cast<size_t>(r) + static_cast<size_t>(grid_.hdp) * s) * kStreams + t];
   }
-  // Index of (hdp rank r, micro-batch i, stage s) in the per-operation tables.
-  size_t at(int r, int s, int i) const { return (first_[r] + static_cast<size_t>(i)) * grid_.pp + s; }
+  // Index of (hdp rank r, micro-batch i, virtual stage v) in the per-operation tables.
+  size_t at(int r, int v, int i) const { return (first_[r] + static_cast<size_t>(i)) * virtual_stages_ + v; }
+  // Per ring and stage (its members' GPUs), and per ring and virtual stage (its layers).
   size_t ring_at(size_t g, int s) const { return g * grid_.pp + s; }
+  size_t ring_chunk_at(size_t g, int v) const { return g * virtual_stages_ + v; }
+  int stage_of(int v) const { return v % grid_.pp; }
+  double layers_of(int v) const {
+    return static_cast<double>(k_.chunk_layers.empty() ? k_.stage_layers[v] : k_.chunk_layers[v]);
+  }
 
   void measure_rings();
   void time_ring_groups();
   void add_streams();
   LayerWork layer_work(const PlannedMicroBatch& mb, int s) const;
   void add_ring_work(const PlannedMicroBatch& mb, int s, LayerWork& w) const;
-  // Forward + backward seconds of the embedding (first stage) and the head (last).
-  double extra_seconds(const PlannedMicroBatch& mb, int s) const;
-  int ring_group_of(size_t g, int s, bool forward);
+  // Forward + backward seconds of the embedding (first virtual stage) and the head (last).
+  double extra_seconds(const PlannedMicroBatch& mb, int v) const;
+  int ring_group_of(size_t g, int v, bool forward);
   // The expert all-to-alls of micro-batch op after its compute on the dp stream
   // (two per layer forward, four backward); kNone for a dense model, ep 1 or no tokens.
   sim::OpId add_all_to_all(int r, int s, const PipelineOp& op, sim::OpId compute);
@@ -301,10 +331,11 @@ class StepGraphBuilder {
   std::span<const int64_t> lengths_;
   const StepCosts& k_;
   const ParallelDegrees grid_;
+  const int vpp_, virtual_stages_;  // model chunks per stage; pp x vpp
   const double f_;  // forward's share of compute
   std::vector<size_t> first_{0};  // micro-batch offsets: (rank r, micro-batch i) is first_[r] + i
-  // Per ring and stage (ring_at): each ring step's transfer time (measure_rings),
-  // and the ring's forward and backward time (its slowest member's).
+  // Per ring and stage (ring_at): each ring step's transfer time (measure_rings); per
+  // ring and virtual stage (ring_chunk_at): its forward and backward time (its slowest member's).
   std::vector<std::vector<double>> ring_transfer_;
   std::vector<double> ring_fwd_, ring_bwd_;
   std::vector<double> ring_step_;       // per ring: one member's one computing ring step
@@ -325,7 +356,7 @@ class StepGraphBuilder {
   const uint32_t L_ers = graph_.label("expert grad reduce-scatter"), L_eag = graph_.label("expert param all-gather");
   std::vector<int> streams_;
   std::vector<int> ring_group_;
-  std::vector<sim::OpId> forward_ops_, backward_ops_, d2h_ops_, h2d_ops_;  // at(r, s, i)
+  std::vector<sim::OpId> forward_ops_, backward_ops_, d2h_ops_, h2d_ops_;  // at(r, v, i)
   // The last operation of each forward and backward: its all-to-all, else its compute.
   std::vector<sim::OpId> forward_end_ops_, backward_end_ops_;
   std::vector<sim::OpId> last_compute_, last_copy_;                        // per process
@@ -383,16 +414,16 @@ void StepGraphBuilder::measure_rings() {
 
 // A ring's members run in lock step: each ring operation takes the slowest member's time.
 void StepGraphBuilder::time_ring_groups() {
-  ring_fwd_.assign(plan_.rings.size() * grid_.pp, 0.0);
-  ring_bwd_.assign(plan_.rings.size() * grid_.pp, 0.0);
-  for (int s = 0; s < grid_.pp; ++s) {
-    const double l = static_cast<double>(k_.stage_layers[s]);
+  ring_fwd_.assign(plan_.rings.size() * virtual_stages_, 0.0);
+  ring_bwd_.assign(plan_.rings.size() * virtual_stages_, 0.0);
+  for (int v = 0; v < virtual_stages_; ++v) {
+    const double l = layers_of(v);
     for (int r = 0; r < grid_.hdp; ++r)
       for (const PlannedMicroBatch& mb : plan_.ranks[r]) {
         if (mb.ring < 0) continue;
-        const LayerWork w = layer_work(mb, s);
-        const double e = extra_seconds(mb, s);
-        const size_t g = ring_at(static_cast<size_t>(mb.ring), s);
+        const LayerWork w = layer_work(mb, stage_of(v));
+        const double e = extra_seconds(mb, v);
+        const size_t g = ring_chunk_at(static_cast<size_t>(mb.ring), v);
         ring_fwd_[g] = std::max(ring_fwd_[g], l * w.forward + f_ * e);
         ring_bwd_[g] = std::max(ring_bwd_[g], l * w.backward + (1 - f_) * e);
       }
@@ -464,34 +495,35 @@ void StepGraphBuilder::add_ring_work(const PlannedMicroBatch& mb, int s, LayerWo
   w.attention_bytes = 3 * k_.kv_bytes_per_token * ring_sent_rows_[g];
 }
 
-double StepGraphBuilder::extra_seconds(const PlannedMicroBatch& mb, int s) const {
+double StepGraphBuilder::extra_seconds(const PlannedMicroBatch& mb, int v) const {
   double e = 0;
   const double tokens = static_cast<double>(mb.tokens());
-  if (s == 0) e += k_.embedding_seconds_per_token * tokens;
-  if (s == grid_.pp - 1) e += k_.head_seconds_per_token * tokens;
+  if (v == 0) e += k_.embedding_seconds_per_token * tokens;
+  if (v == virtual_stages_ - 1) e += k_.head_seconds_per_token * tokens;
   return e;
 }
 
-int StepGraphBuilder::ring_group_of(size_t g, int s, bool forward) {
-  int& id = ring_group_[ring_at(g, s) * 2 + (forward ? 0 : 1)];
+int StepGraphBuilder::ring_group_of(size_t g, int v, bool forward) {
+  int& id = ring_group_[ring_chunk_at(g, v) * 2 + (forward ? 0 : 1)];
   if (id < 0) id = graph_.new_group();
   return id;
 }
 
 void StepGraphBuilder::add_compute(int r, int s) {
-  const double l = static_cast<double>(k_.stage_layers[s]);
   const auto& mbs = plan_.ranks[r];
   sim::OpId prev = kNone, pending_copy = kNone;
-  for (const PipelineOp& op : one_f_one_b(s, grid_.pp, static_cast<int>(mbs.size()))) {
+  for (const PipelineOp& op : pipeline_schedule(s, grid_.pp, vpp_, static_cast<int>(mbs.size()))) {
+    const int v = op.chunk * grid_.pp + s;
+    const double l = layers_of(v);
     const PlannedMicroBatch& mb = mbs[op.micro_batch];
     const LayerWork w = layer_work(mb, s);
-    const double e = extra_seconds(mb, s);
+    const double e = extra_seconds(mb, v);
     double seconds;
     int group = -1;
     if (mb.ring >= 0) {
-      const size_t g = ring_at(static_cast<size_t>(mb.ring), s);
+      const size_t g = ring_chunk_at(static_cast<size_t>(mb.ring), v);
       seconds = op.forward ? ring_fwd_[g] : ring_bwd_[g];
-      group = ring_group_of(static_cast<size_t>(mb.ring), s, op.forward);
+      group = ring_group_of(static_cast<size_t>(mb.ring), v, op.forward);
     } else {
       seconds = op.forward ? l * w.forward + f_ * e : l * w.backward + (1 - f_) * e;
     }
@@ -507,8 +539,8 @@ void StepGraphBuilder::add_compute(int r, int s) {
     const sim::OpId id = graph_.add_op(stream(r, s, kCompute), seconds, label, deps, group, op.micro_batch);
     const sim::OpId a2a = add_all_to_all(r, s, op, id);
     const sim::OpId end = a2a != kNone ? a2a : id;
-    (op.forward ? forward_ops_ : backward_ops_)[at(r, s, op.micro_batch)] = id;
-    (op.forward ? forward_end_ops_ : backward_end_ops_)[at(r, s, op.micro_batch)] = end;
+    (op.forward ? forward_ops_ : backward_ops_)[at(r, v, op.micro_batch)] = id;
+    (op.forward ? forward_end_ops_ : backward_end_ops_)[at(r, v, op.micro_batch)] = end;
     pending_copy = add_offload_copy(r, s, op, prev);
     prev = end;
   }
@@ -520,7 +552,7 @@ sim::OpId StepGraphBuilder::add_all_to_all(int r, int s, const PipelineOp& op, s
   const int ep = k_.ep;
   const double tokens = static_cast<double>(plan_.ranks[r][op.micro_batch].tokens());
   if (ep <= 1 || !(k_.all_to_all_bytes_per_token > 0) || !(tokens > 0)) return kNone;
-  const double l = static_cast<double>(k_.stage_layers[s]);
+  const double l = layers_of(op.chunk * grid_.pp + s);
   // What model/moe.h runs per layer: forward the count exchange, then dispatch and
   // combine; backward the output gradients out and the input gradients back (the
   // forward's counts are reused). The count exchange is a few bytes: its time is
@@ -541,11 +573,13 @@ sim::OpId StepGraphBuilder::add_all_to_all(int r, int s, const PipelineOp& op, s
 // compute operation waits for the copy.
 sim::OpId StepGraphBuilder::add_offload_copy(int r, int s, const PipelineOp& op, sim::OpId previous_compute) {
   const PlannedMicroBatch& mb = plan_.ranks[r][op.micro_batch];
-  const int64_t layers = k_.stage_layers[s];
+  // Under interleaving each chunk keeps its last two layers.
+  const int v = op.chunk * grid_.pp + s;
+  const double layers = layers_of(v);
   const double ratio = mb.offload_ratio;
   if (!(ratio > 0 && layers > 2 && mb.tokens() > 0)) return kNone;
-  const size_t idx = at(r, s, op.micro_batch);
-  const double bytes = ratio * static_cast<double>(layers - 2) * k_.cost.activation_bytes(mb.tokens());
+  const size_t idx = at(r, v, op.micro_batch);
+  const double bytes = ratio * (layers - 2) * k_.cost.activation_bytes(mb.tokens());
   std::vector<sim::OpId> deps;
   if (previous_compute != kNone) deps.push_back(previous_compute);
   if (op.forward) {
@@ -563,36 +597,42 @@ sim::OpId StepGraphBuilder::add_offload_copy(int r, int s, const PipelineOp& op,
   return c;
 }
 
-// A pair per micro-batch and direction: the transfer starts when both the send
-// and the receive have started (a group).
+// A pair per micro-batch, virtual stage boundary and direction: the transfer starts
+// when both the send and the receive have started (a group).
 void StepGraphBuilder::add_pipeline_transfers(int r, int s) {
   const HardwareProfile& hw = k_.hardware;
-  const long a = gpu(r, s), b = gpu(r, s + 1);
+  const int next = (s + 1) % grid_.pp;
+  const long a = gpu(r, s), b = gpu(r, next);
   const double bw = hw.link_bytes_per_s(a, b), lat = hw.link_latency_s(a, b);
   const auto& mbs = plan_.ranks[r];
-  for (int i = 0; i < static_cast<int>(mbs.size()); ++i) {
+  const int m = static_cast<int>(mbs.size());
+  for (const PipelineOp& op : pipeline_schedule(s, grid_.pp, vpp_, m)) {
+    const int v = op.chunk * grid_.pp + s, i = op.micro_batch;
+    if (!op.forward || v + 1 == virtual_stages_) continue;
     const double bytes = k_.boundary_bytes_per_token * static_cast<double>(mbs[i].tokens());
     const double seconds = sim::p2p_seconds(bytes, bw, lat);
     out_.pipeline_bytes += 2 * bytes * grid_.tp;
-    const size_t lo = at(r, s, i), hi = at(r, s + 1, i);
-    // Forward: stage s sends its output, stage s + 1 receives it.
+    const size_t lo = at(r, v, i), hi = at(r, v + 1, i);
+    // Forward: virtual stage v sends its output, v + 1 (on the next stage) receives it.
     const int g = graph_.new_group();
     std::vector<sim::OpId> deps{forward_end_ops_[lo]};
     if (d2h_ops_[lo] != kNone) deps.push_back(d2h_ops_[lo]);
     graph_.add_op(stream(r, s, kFwdSend), seconds, L_send_act, deps, g, i);
-    const sim::OpId recv = graph_.add_op(stream(r, s + 1, kFwdRecv), seconds, L_recv_act, {}, g, i);
+    const sim::OpId recv = graph_.add_op(stream(r, next, kFwdRecv), seconds, L_recv_act, {}, g, i);
     graph_.add_dependency(forward_ops_[hi], recv);
     if (d2h_ops_[hi] != kNone) graph_.add_dependency(d2h_ops_[hi], recv);
   }
-  for (int i = 0; i < static_cast<int>(mbs.size()); ++i) {
+  for (const PipelineOp& op : pipeline_schedule(next, grid_.pp, vpp_, m)) {
+    const int v = op.chunk * grid_.pp + next, i = op.micro_batch;
+    if (op.forward || v == 0) continue;
     const double bytes = k_.boundary_bytes_per_token * static_cast<double>(mbs[i].tokens());
     const double seconds = sim::p2p_seconds(bytes, bw, lat);
-    const size_t lo = at(r, s, i), hi = at(r, s + 1, i);
-    // Backward: stage s + 1 sends the input gradient, stage s receives it.
+    const size_t lo = at(r, v - 1, i), hi = at(r, v, i);
+    // Backward: virtual stage v sends the input gradient, v - 1 (on stage s) receives it.
     const int g = graph_.new_group();
     std::vector<sim::OpId> deps{backward_end_ops_[hi]};
     if (h2d_ops_[hi] != kNone) deps.push_back(h2d_ops_[hi]);
-    graph_.add_op(stream(r, s + 1, kBwdSend), seconds, L_send_grad, deps, g, i);
+    graph_.add_op(stream(r, next, kBwdSend), seconds, L_send_grad, deps, g, i);
     const sim::OpId recv = graph_.add_op(stream(r, s, kBwdRecv), seconds, L_recv_grad, {}, g, i);
     graph_.add_dependency(backward_ops_[lo], recv);
     if (h2d_ops_[lo] != kNone) graph_.add_dependency(h2d_ops_[lo], recv);
@@ -666,7 +706,9 @@ StepSimulation simulate_step(const StepPlan& plan, std::span<const int64_t> leng
   const int hdp = k.hdp, pp = k.pp();
   for (int s = 0; s < pp; ++s)
     for (int r = 0; r < hdp; ++r) builder.add_compute(r, s);
-  for (int s = 0; s + 1 < pp; ++s)
+  // Under interleaving the last stage sends on to the first (its next chunk).
+  const int senders = k.vpp() > 1 ? pp : pp - 1;
+  for (int s = 0; s < senders; ++s)
     for (int r = 0; r < hdp; ++r) builder.add_pipeline_transfers(r, s);
   for (int s = 0; s < pp; ++s) builder.add_gradient_sync(s);
   return builder.replay(keep_graph);

@@ -14,9 +14,11 @@
 // (activation offload copies).
 //
 // Per pipeline stage and hdp rank, the rank's planned micro-batches run in the
-// 1F1B order of planning/pipeline_schedule.h. Forward of micro-batch i on stage s > 0
-// waits for the activation receive paired with stage s-1's send (a group: the
-// transfer starts when both have started); backward likewise from stage s+1.
+// 1F1B order of planning/pipeline_schedule.h, or with vpp model chunks per stage
+// (StepCosts::chunk_layers) in its interleaved order over the pp x vpp virtual
+// stages. Forward of micro-batch i on virtual stage v > 0 waits for the activation
+// receive paired with virtual stage v-1's send (a group: the transfer starts when
+// both have started); backward likewise from v+1.
 // A ring micro-batch's compute operations on all members form a group: the ring
 // starts when its last member arrives and runs in lock step for the slowest
 // member's time (ring attention: every ring step waits for the previous block).
@@ -105,15 +107,18 @@ struct MemoryBudget {
   std::vector<double> static_bytes;        // weights + gradients + optimizer shard, per GPU and stage
   std::vector<double> free_bytes;          // hbm - reserved - static, per stage
 };
+// virtual_stage_layers: the layers of each virtual stage c x pp + s, pp x degrees.vpp
+// of them (with vpp 1, each stage's; planning/stage_split.h).
 // Stage s keeps pp - s micro-batches in flight under 1F1B, each of at most C
-// tokens over its layers. With ep > 1 a GPU holds the weights and gradients of
+// tokens over its layers. Under interleaved 1F1B it keeps pipeline_slots (micro-batch, chunk)
+// pairs in flight (planning/pipeline_schedule.h), each over at most its largest chunk. With ep > 1 a GPU holds the weights and gradients of
 // 1 / ep of the experts; the optimizer state of an expert is sharded over the
 // hdp / ep ranks that hold it, so per GPU it is 12 / hdp of all parameters / tp
 // whatever ep. Throws std::invalid_argument if a stage has no room for a single
 // token or ep is not valid (validate_expert_parallel). recompute: every layer keeps
 // what that mode keeps (ModelCosts::saved_bytes_per_token).
 MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hardware, const ParallelDegrees& degrees,
-                           std::span<const int64_t> stage_layers, int ep = 1,
+                           std::span<const int64_t> virtual_stage_layers, int ep = 1,
                            RecomputeMode recompute = RecomputeMode::None);
 
 // Everything the step graph needs; make_step_costs derives it from the model and
@@ -127,6 +132,12 @@ struct StepCosts {
   double embedding_seconds_per_token = 0, head_seconds_per_token = 0;
   double forward_fraction = 1.0 / 3.0;  // forward's share of every compute time (backward: the rest)
   std::vector<int64_t> stage_layers;    // layers of each pipeline stage; size = pp
+  // Interleaved 1F1B (planning/pipeline_schedule.h): the layers of each virtual stage
+  // c x pp + s, pp x vpp of them; empty with one chunk per stage. The embedding is
+  // on virtual stage 0, the head on the last; each stage runs its chunks in the
+  // interleaved order and sends between virtual stages, the last stage's chunk c to
+  // the first stage's chunk c + 1.
+  std::vector<int64_t> chunk_layers;
   int tp = 1, hdp = 1;
   HardwareProfile hardware;             // links, latencies, gpus_per_node (placement)
   double kv_bytes_per_token = 0;        // ring attention forward traffic per token of the block, per layer
@@ -147,13 +158,14 @@ struct StepCosts {
   double all_to_all_count_bytes = 0;
   double all_to_all_bytes_per_s = 0, all_to_all_latency_s = 0;
   int pp() const { return static_cast<int>(stage_layers.size()); }
+  int vpp() const { return chunk_layers.empty() ? 1 : static_cast<int>(chunk_layers.size()) / pp(); }
 };
 // Compute rate: hardware.flops_per_second() per GPU. Copies at pcie_bytes_per_s.
 // Optimizer: 32 bytes of HBM traffic per parameter of the shard. recompute: every layer
 // keeps what that mode keeps and reruns its forward's part in backward
 // (CostModel::recompute_seconds), which simulate_step adds to every backward.
 StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hardware, const ParallelDegrees& degrees,
-                          std::span<const int64_t> stage_layers, int ep = 1,
+                          std::span<const int64_t> virtual_stage_layers, int ep = 1,
                           RecomputeMode recompute = RecomputeMode::None);
 
 // The all-to-all seconds of one layer's forward and backward per token (four row
