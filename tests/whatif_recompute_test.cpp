@@ -1,7 +1,8 @@
 // Activation recomputation in the planner's memory model and the step simulator
 // (whatif/step_simulation.h, planning/cost_model.h), worked by hand for a small
-// model: the capacity C each mode's saved bytes allow, and the step time its rerun
-// forward adds to backward, for a local micro-batch and for a ring.
+// model: the capacity C each mode's saved bytes allow, the step time its rerun
+// forward adds to backward, for a local micro-batch and for a ring, and what full
+// recomputation reruns (spec/model_shape.h recompute_flops).
 
 #include <gtest/gtest.h>
 
@@ -132,6 +133,29 @@ TEST(RecomputeStep, RingMicroBatchKeepsItsAttention) {
   }
   EXPECT_DOUBLE_EQ(step[1], step[0]);
   EXPECT_NEAR(step[2] - step[0], 4 * 57'344.0 * 1000 / 0.5e12, 1e-15);
+}
+
+// What full recomputation reruns per token and pair at tp 2 (q 32, kv 16, FFN 64 per
+// rank): q, k, v, o 2 x (64 x (32 + 32) + 32 x 64) = 12,288 FLOPs, gate and up
+// 2 x 2 x 64 x 64 = 16,384, attention 4 x 32 = 128 per pair; a ring layer no
+// attention; a mixture of experts (8 of size 128, top 2) keeps its experts' and
+// router's outputs, so only the projections; selective and none nothing.
+TEST(RecomputeFlopsTest, WhatEachModeReruns) {
+  ModelShape m = small_model();
+  const RecomputeFlops local = recompute_flops(m, 2, RecomputeMode::Full);
+  EXPECT_DOUBLE_EQ(local.per_token, 12'288 + 16'384);
+  EXPECT_DOUBLE_EQ(local.per_pair, 128);
+  const RecomputeFlops ring = recompute_flops(m, 2, RecomputeMode::Full, true);
+  EXPECT_DOUBLE_EQ(ring.per_token, 12'288 + 16'384);
+  EXPECT_DOUBLE_EQ(ring.per_pair, 0);
+  for (RecomputeMode mode : {RecomputeMode::None, RecomputeMode::Selective}) {
+    EXPECT_DOUBLE_EQ(recompute_flops(m, 2, mode).per_token, 0);
+    EXPECT_DOUBLE_EQ(recompute_flops(m, 2, mode).per_pair, 0);
+  }
+  m.experts = 8;
+  m.experts_per_token = 2;
+  EXPECT_DOUBLE_EQ(recompute_flops(m, 2, RecomputeMode::Full).per_token, 12'288);
+  EXPECT_DOUBLE_EQ(recompute_flops(m, 2, RecomputeMode::Full).per_pair, 128);
 }
 
 }  // namespace

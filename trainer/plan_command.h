@@ -1,7 +1,8 @@
 #pragma once
 // `trainer plan`: plans one global batch with several policies (static, naive,
 // balance; planning/hdp_planner.h) for a described cluster and model, simulates
-// the training step of each plan (whatif/step_simulation.h) and prints step
+// the training step of each plan (whatif/step_simulation.h; under --recompute
+// auto once per recompute mode, keeping the fastest) and prints the mode, step
 // time and its multiple of the lower bound no plan beats (planning/step_bound.h),
 // tokens/s, idle fraction, attention traffic, ring sizes and the speed-up over
 // static. docs/planning.md describes it.
