@@ -15,10 +15,15 @@ double CostModel::attention_term(int64_t s) const {
   return 2 * attention_pairs(s, window) - x;
 }
 
+double CostModel::recompute_seconds(int64_t s, bool ring) const {
+  const double x = static_cast<double>(s);
+  return ring ? rb_ring * x : ra * attention_term(s) + rb * x;
+}
+
 double CostModel::activation_bytes(int64_t s) const { return a2 * static_cast<double>(s) + b2; }
 
 CostModel analytic_cost_model(const ModelShape& model, int tp, double saved_bytes_per_token, double flops_per_second,
-                              double copy_bytes_per_second) {
+                              double copy_bytes_per_second, RecomputeMode recompute) {
   if (!(flops_per_second > 0)) {
     throw std::invalid_argument("analytic_cost_model: the FLOP rate must be positive, got " +
                                 std::to_string(flops_per_second));
@@ -35,6 +40,11 @@ CostModel analytic_cost_model(const ModelShape& model, int tp, double saved_byte
   m.g = 0;
   m.a2 = saved_bytes_per_token;
   m.b2 = 0;
+  const RecomputeFlops local = recompute_flops(model, tp, recompute, false);
+  const RecomputeFlops ring = recompute_flops(model, tp, recompute, true);
+  m.ra = local.per_pair / 2 / flops_per_second;
+  m.rb = (local.per_token + local.per_pair / 2) / flops_per_second;
+  m.rb_ring = ring.per_token / flops_per_second;
   m.window = model.window;
   m.d2h_bytes_per_s = copy_bytes_per_second;
   m.h2d_bytes_per_s = copy_bytes_per_second;

@@ -16,6 +16,11 @@ struct CostModel {
   // 2023) s^2 becomes attention_term(s), so T grows linearly past W.
   double a1 = 0, b1 = 0, g = 0;
   int64_t window = 0;  // the model's sliding window; 0: none
+  // Activation recomputation (spec/model_shape.h, recompute_flops): the forward a
+  // recomputed layer reruns at the start of its backward, R(s) = ra attention_term(s)
+  // + rb s seconds for a local sequence, rb_ring s for a ring member's s tokens (a
+  // ring layer keeps its attention output). All 0 without recomputation.
+  double ra = 0, rb = 0, rb_ring = 0;
   double a2 = 0, b2 = 0;         // Act(s) = a2 s + b2 bytes
   double d2h_bytes_per_s = 0, h2d_bytes_per_s = 0;
   // Forward and backward per token of the parts outside the layers: on the first
@@ -30,6 +35,8 @@ struct CostModel {
   // pairs, which is s^2 again for s <= W. So a1 (2 P(s) - s) + b1 s is exactly the
   // attention FLOPs per pair times P(s) plus the matmuls per token times s (below).
   double attention_term(int64_t s) const;
+  // R(s) above, what recomputation adds to compute_seconds (which leaves it out).
+  double recompute_seconds(int64_t s, bool ring) const;
   // One layer's saved activations for a sequence of s tokens.
   double activation_bytes(int64_t s) const;
 };
@@ -39,10 +46,12 @@ struct CostModel {
 // layer costs matmul s + attention P(s) FLOPs (matmul per token, attention per
 // (query, visible key) pair; P(s) = s (s + 1) / 2 without a window), so
 // a1 = attention / 2 / rate, b1 = (matmul + attention / 2) / rate, g = 0;
-// a2 = saved_bytes_per_token, b2 = 0; both copy directions at copy_bytes_per_second.
+// a2 = saved_bytes_per_token, b2 = 0; both copy directions at copy_bytes_per_second;
+// ra, rb and rb_ring likewise from recompute_flops(model, tp, recompute) (ring:
+// its per-token FLOPs only).
 // The embedding and the head are the caller's. The shape must split over tp
 // (validate_split). The window is the shape's.
 CostModel analytic_cost_model(const ModelShape& model, int tp, double saved_bytes_per_token, double flops_per_second,
-                              double copy_bytes_per_second);
+                              double copy_bytes_per_second, RecomputeMode recompute = RecomputeMode::None);
 
 }  // namespace hdp

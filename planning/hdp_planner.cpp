@@ -402,11 +402,13 @@ namespace {
 
 // Forward and backward seconds of a whole sequence of s tokens on one rank: the
 // stage's layers, plus the embedding and head per token when the rank holds the
-// whole model (one pipeline stage).
-double sequence_seconds(int64_t s, const PlannerSettings& st) {
+// whole model (one pipeline stage). ring: the sequence runs in a ring, whose
+// recomputed layers keep their attention output (CostModel::recompute_seconds).
+double sequence_seconds(int64_t s, const PlannerSettings& st, bool ring = false) {
   const double extra =
       st.pipeline_stages == 1 ? st.cost.embedding_seconds_per_token + st.cost.head_seconds_per_token : 0.0;
-  return static_cast<double>(st.layers_per_stage) * st.cost.compute_seconds(s) + extra * static_cast<double>(s);
+  return static_cast<double>(st.layers_per_stage) * (st.cost.compute_seconds(s) + st.cost.recompute_seconds(s, ring)) +
+         extra * static_cast<double>(s);
 }
 
 // The smallest offload ratio in [0, most] (only `most` if `fixed`) at which
@@ -891,7 +893,7 @@ std::vector<double> predicted_rank_seconds(const StepPlan& plan, std::span<const
                                       ", the plan has " + str(static_cast<int64_t>(plan.rings.size())) + " rings");
         const Ring& ring = plan.rings[mb.ring];
         const double k = static_cast<double>(std::max<size_t>(ring.ranks.size(), 1));
-        for (int64_t q : ring.sequences) total += sequence_seconds(length_of(q), st) / k;
+        for (int64_t q : ring.sequences) total += sequence_seconds(length_of(q), st, true) / k;
       }
       seconds[r].push_back(total);
     }
@@ -929,7 +931,7 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
     std::vector<WorkItem> items;
     for (size_t i = 0; i < chosen.size(); ++i) {
       const LongSequence& ls = chosen[i];
-      const double seconds = sequence_seconds(lengths[ls.sequence], st);
+      const double seconds = sequence_seconds(lengths[ls.sequence], st, ls.choice.ranks > 1);
       if (ls.choice.ranks == 1) {
         items.push_back({seconds, 1, -1, 0.0, i});
       } else {

@@ -161,9 +161,10 @@ std::vector<double> lock_step_seconds(const std::vector<std::vector<double>>& se
 
 // Predicted seconds of forward and backward each hdp rank spends on its
 // micro-batches, under the cost model, for one pipeline stage of layers_per_stage
-// layers (l): a local piece of t tokens costs l T(t); a ring of k ranks costs each
-// member l T(s) / k per sequence of s tokens it carries (the zig-zag split gives
-// every member equal attention work and, up to rounding, equal tokens). With one
+// layers (l): a local piece of t tokens costs l (T(t) + R(t)); a ring of k ranks costs
+// each member l (T(s) + R_ring(s)) / k per sequence of s tokens it carries (the
+// zig-zag split gives every member equal attention work and, up to rounding, equal
+// tokens; R: CostModel::recompute_seconds, 0 without recomputation). With one
 // pipeline stage the rank holds the whole model and every token also costs
 // embedding_seconds_per_token + head_seconds_per_token (a ring member: s / k tokens
 // of each sequence); with several stages this is one stage's layer time only (the

@@ -22,7 +22,8 @@ StepBound step_lower_bound(std::span<const int64_t> lengths, const PlannerSettin
   for (int64_t s : lengths) {
     if (s < 0) throw std::invalid_argument("step_lower_bound: a sequence of " + std::to_string(s) + " tokens");
     if (s == 0) continue;  // no piece, no work
-    layer_seconds += c.compute_seconds(s);
+    // Recomputation: at least a ring member's rerun (a local sequence reruns more).
+    layer_seconds += c.compute_seconds(s) + c.recompute_seconds(s, true);
     tokens += s;
     longest = std::max(longest, s);
   }
@@ -43,7 +44,8 @@ StepBound step_lower_bound(std::span<const int64_t> lengths, const PlannerSettin
   // member also pays g per ring sequence, at least once: g >= 0 in every cost model.)
   const int64_t t = (longest + settings.hdp - 1) / settings.hdp;
   b.member_tokens = t;
-  const double member = c.a1 * c.attention_term(longest) / H + c.b1 * static_cast<double>(t) + c.g;
+  const double member = c.a1 * c.attention_term(longest) / H + c.b1 * static_cast<double>(t) + c.g +
+                        c.recompute_seconds(t, true);
   double chain = 0;
   for (int s = 0; s < pp; ++s)
     chain += static_cast<double>(stage_layers[s]) * member + per_token(s) * static_cast<double>(t);

@@ -19,9 +19,11 @@
 namespace hdp {
 
 // With T(s) = a1 attention_term(s) + b1 s + g a layer's forward and backward over
-// s tokens, l_s the layers of stage s, e_s its seconds per token outside the layers
-// (the embedding on the first stage, the head on the last), N the batch's tokens, L
-// its longest sequence, H = hdp and tail_s what stage s runs after its last backward:
+// s tokens (plus R_ring(s) = rb_ring s when its layers recompute: the least any
+// placement reruns, CostModel::recompute_seconds), l_s the layers of stage s, e_s
+// its seconds per token outside the layers (the embedding on the first stage, the
+// head on the last), N the batch's tokens, L its longest sequence, H = hdp and
+// tail_s what stage s runs after its last backward:
 struct StepBound {
   // max over s of (l_s sum_i T(s_i) + e_s N) / H + tail_s. Each stage runs every
   // sequence's layers once over its H ranks (a ring member computes 1/k of the

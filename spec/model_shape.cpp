@@ -127,6 +127,16 @@ double saved_bytes_per_token(const ModelShape& m, int tp, int bytes_per_value, R
   return static_cast<double>(bytes_per_value) * static_cast<double>(w.row) + 4.0 * static_cast<double>(w.small);
 }
 
+RecomputeFlops recompute_flops(const ModelShape& m, int tp, RecomputeMode mode, bool ring) {
+  if (mode != RecomputeMode::Full) return {};
+  const LayerSlice s = layer_slice(m, tp);
+  const double H = static_cast<double>(m.hidden), q = static_cast<double>(s.q_dim);
+  const double kv = static_cast<double>(s.kv_dim), ffn = static_cast<double>(s.ffn);
+  const double projections = 2 * (H * (q + 2 * kv) + q * H);
+  const double gate_up = m.experts > 1 ? 0.0 : 2 * 2 * H * ffn;
+  return {projections + gate_up, ring ? 0.0 : 4 * q};
+}
+
 double kv_bytes_per_token(const ModelShape& m, int tp, int bytes_per_value) {
   return 2 * static_cast<double>(layer_slice(m, tp).kv_dim) * bytes_per_value;
 }

@@ -145,6 +145,20 @@ ActivationWidths activation_widths(const ModelShape& model, int tp, RecomputeMod
 // gradient) sent between pipeline stages.
 double saved_bytes_per_token(const ModelShape& model, int tp, int bytes_per_value,
                              RecomputeMode mode = RecomputeMode::None, bool ring = false);
+
+// Forward FLOPs a recomputed layer reruns at the start of its backward on one rank
+// of tp (what DecoderBlocks' *_recompute reruns, model/decoder_blocks.h): per token
+// (matmuls) and per (query, visible key) pair (attention), at 2 FLOPs per
+// multiply-add as the forward counts above. full: the q, k, v and o projections, a
+// dense layer's gate and up (backward never needs down's output), and attention
+// unless the layer's micro-batch is in a ring (it keeps the output and log-sum-exp);
+// a Mixtral layer's router and experts keep their outputs and are not rerun.
+// selective reruns the two RMSNorms, which these counts leave out as they leave out
+// every norm: 0, as none. SwiGLU's product is rerun in every mode and not counted.
+struct RecomputeFlops {
+  double per_token = 0, per_pair = 0;
+};
+RecomputeFlops recompute_flops(const ModelShape& model, int tp, RecomputeMode mode, bool ring = false);
 double kv_bytes_per_token(const ModelShape& model, int tp, int bytes_per_value);
 double boundary_bytes_per_token(const ModelShape& model, int bytes_per_value);
 

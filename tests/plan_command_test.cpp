@@ -3,15 +3,18 @@
 // lengths files and their errors, the cluster and model files (and their
 // errors, naming file and key), the step's lower bound against every policy's
 // simulated step, and the command end to end (exit codes, the table, the Chrome
-// trace, Mixtral with its expert-parallel degree chosen).
+// trace, Mixtral with its expert-parallel degree chosen, --recompute and its
+// capacities).
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <map>
 #include <numeric>
 #include <random>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -313,6 +316,33 @@ TEST(PlanSetupTest, ExpertParallelSetup) {
                PlanInputError);
 }
 
+// Recomputation frees activation memory: LLaMA-70B at tp 8, pp 2 saves 84,520 B per
+// token and layer without it, 51,744 B selective and 18,464 B under full (a ring
+// layer's, spec/model_shape.h), so C grows none < selective < full. Offload is on
+// with none only (the trainer never offloads a recomputed layer), and only full
+// reruns FLOPs that the cost model counts.
+TEST(PlanSetupTest, RecomputeRaisesTheCapacity) {
+  const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
+  const ModelShape m = load_model_file(config("models/llama-70b.yaml"));
+  int64_t previous = 0;
+  for (RecomputeMode mode : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
+    const PlanSetup s = make_plan_setup(h, m, 128, 8, 2, 128 * K, 0, 1, 1, mode);
+    EXPECT_EQ(s.recompute, mode);
+    EXPECT_GT(s.settings.capacity, previous) << enum_name(kRecomputeModeNames, mode);
+    // free bytes / (2 in flight x 40 layers x bytes per token and layer), stage 0.
+    EXPECT_EQ(s.settings.capacity, static_cast<int64_t>(s.memory.free_bytes[0] / (2 * 40 * s.settings.cost.a2)));
+    EXPECT_EQ(s.settings.offload.enabled, mode == RecomputeMode::None);
+    EXPECT_EQ(s.settings.cost.rb > 0, mode == RecomputeMode::Full);
+    previous = s.settings.capacity;
+  }
+  const auto bytes = [&](RecomputeMode mode) {
+    return make_plan_setup(h, m, 128, 8, 2, 128 * K, 0, 1, 1, mode).settings.cost.a2;
+  };
+  EXPECT_DOUBLE_EQ(bytes(RecomputeMode::None), 84'520);
+  EXPECT_DOUBLE_EQ(bytes(RecomputeMode::Selective), 51'744);
+  EXPECT_DOUBLE_EQ(bytes(RecomputeMode::Full), 18'464);
+}
+
 // Interleaved 1F1B in `trainer plan` (--vpp): LLaMA-70B over pp 4 on 1,024 GPUs, 8
 // equal micro-batches of 8K tokens per rank. The virtual stages split the layers
 // alike, the same work runs, and the simulated idle time (the pipeline bubble plus
@@ -353,9 +383,11 @@ TEST(PlanSetupTest, InterleavedPipelineShrinksTheBubble) {
 // No plan beats the step's lower bound: every policy's simulated step is at least
 // simulated_step_bound over random batches (two distributions, seeds, and uniform
 // lengths) on layouts with rings, pipelines, forced offload, a sliding window and
-// expert parallelism, on the cluster at its peaks and derated (slower links and
-// small kernels only lengthen the step). (1e-12 relative: the bound and the simulation add the same
-// durations in different orders.)
+// expert parallelism, and under recomputation (rings whose layers keep their
+// attention rerun less than local sequences: the bound counts their rerun), on the
+// cluster at its peaks and derated (slower links and small kernels only lengthen
+// the step). (1e-12 relative: the bound and the simulation add the same durations
+// in different orders.)
 TEST(PlanBound, NoPolicyBeatsTheBound) {
   for (const char* cluster : {"h100", "h100-derated"}) {
     const HardwareProfile h = load_cluster_file(config("cluster/" + std::string(cluster) + ".yaml"));
@@ -363,15 +395,19 @@ TEST(PlanBound, NoPolicyBeatsTheBound) {
       const char* model;
       int gpus, tp, pp, ep;
       int64_t context;
+      RecomputeMode recompute = RecomputeMode::None;
     };
     const Layout layouts[] = {{"llama-7b", 64, 8, 1, 1, 256 * K},    {"llama-7b", 16, 1, 1, 1, 64 * K},
                               {"llama-70b", 128, 8, 2, 1, 64 * K},   {"llama-70b", 256, 8, 4, 1, 256 * K},
-                              {"mistral-7b", 64, 8, 1, 1, 256 * K},  {"mistral-8x7b", 64, 8, 1, 2, 64 * K}};
+                              {"mistral-7b", 64, 8, 1, 1, 256 * K},  {"mistral-8x7b", 64, 8, 1, 2, 64 * K},
+                              {"llama-7b", 64, 8, 1, 1, 256 * K, RecomputeMode::Full},
+                              {"llama-70b", 128, 8, 2, 1, 64 * K, RecomputeMode::Selective},
+                              {"llama-70b", 128, 8, 2, 1, 64 * K, RecomputeMode::Full}};
     std::mt19937_64 rng(5);
     int simulated = 0, offloading = 0, pipelined = 0;
     for (const Layout& l : layouts) {
       const PlanSetup setup = make_plan_setup(h, load_model_file(config("models/" + std::string(l.model) + ".yaml")),
-                                              l.gpus, l.tp, l.pp, l.context, 0, l.ep);
+                                              l.gpus, l.tp, l.pp, l.context, 0, l.ep, 1, l.recompute);
       for (int trial = 0; trial < 4; ++trial) {
         std::vector<int64_t> lengths;
         if (trial < 3) {
@@ -549,6 +585,55 @@ TEST(PlanCommand, MixtralPlansWithExpertParallelism) {
   const auto unfit = plan("mistral-8x22b.yaml", " --ep 1");
   EXPECT_EQ(unfit.exit_code, 2) << unfit.output;
   EXPECT_NE(unfit.output.find("does not fit"), std::string::npos) << unfit.output;
+}
+
+// --recompute auto plans each policy under none, selective and full and keeps the
+// shortest simulated step, so it is never slower than any fixed mode, and the
+// table says which mode each policy used. LLaMA-70B on 128 GPUs at 128K: static
+// fits only under full (C 6,162 and 10,065 tokens hold no 128K sequence over 8
+// ranks), naive with offload is fastest without recomputation.
+TEST(PlanCommand, RecomputeAutoIsNeverSlowerThanAFixedMode) {
+  const std::string base = "plan --cluster " + config("cluster/h100.yaml") + " --model " +
+                           config("models/llama-70b.yaml") +
+                           " --gpus 128 --tp 8 --pp 2 --context 128K --global-batch-tokens 4M --lengths byted "
+                           "--seed 1 --policies static,naive,balance --recompute ";
+  // policy -> (mode column, step seconds as printed) of one run's table.
+  auto table = [&](const std::string& mode) {
+    const auto r = run_trainer(base + mode);
+    std::map<std::string, std::pair<std::string, double>> rows;
+    std::istringstream in(r.output);
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream words(line);
+      std::string policy, column, plan_seconds;
+      double step = 0;
+      if (!(words >> policy >> column >> plan_seconds >> step)) continue;
+      if (column == "none" || column == "selective" || column == "full") rows[policy] = {column, step};
+    }
+    // No policy places the batch: exit 2 (selective here: 10,065 tokens over 8 ranks).
+    EXPECT_EQ(r.exit_code, rows.empty() ? 2 : 0) << r.output;
+    return rows;
+  };
+  const auto chosen = table("auto");
+  ASSERT_EQ(chosen.size(), 3u);
+  EXPECT_EQ(chosen.at("static").first, "full");
+  EXPECT_EQ(chosen.at("naive").first, "none");
+  for (const char* mode : {"none", "selective", "full"}) {
+    const auto fixed = table(mode);
+    for (const auto& [policy, row] : fixed) {
+      EXPECT_EQ(row.first, mode);
+      EXPECT_LE(chosen.at(policy).second, row.second) << policy << " under " << mode;
+    }
+    if (std::string(mode) == "full") {
+      EXPECT_EQ(chosen.at("static").second, fixed.at("static").second);
+    }
+    if (std::string(mode) == "none") {
+      EXPECT_EQ(fixed.count("static"), 0u);  // does not fit
+      EXPECT_EQ(chosen.at("naive").second, fixed.at("naive").second);
+    }
+  }
+  const auto bad = run_trainer(base + "partial");
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("--recompute 'partial': choose auto, none"), std::string::npos) << bad.output;
 }
 
 TEST(PlanCommand, BadInputExitsWithTwo) {

@@ -68,6 +68,9 @@ each long sequence spans.
   --ep E                  expert parallelism of a mixture-of-experts model: E must
                           divide hdp and num_experts (default: each such E is
                           planned and simulated, the fastest step is kept)
+  --recompute MODE        activation recomputation of every layer: none, selective,
+                          full, or auto (default): per policy the mode whose
+                          simulated step is shortest (offload only with none)
   --policies LIST         comma-separated, from static, naive, naive-no-offload and
                           balance (default static,naive,balance)
   --no-check              skip check_plan on each plan (slow for very large rings;
@@ -189,7 +192,7 @@ std::vector<int64_t> global_batch_lengths(const std::string& source, int64_t con
 }
 
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
-                          int64_t context, int64_t capacity, int ep, int vpp) {
+                          int64_t context, int64_t capacity, int ep, int vpp, RecomputeMode recompute) {
   if (tp < 1 || pp < 1 || gpus < 1 || vpp < 1) throw PlanInputError("gpus, tp, pp and vpp must be at least 1");
   if (gpus % (tp * pp) != 0)
     throw PlanInputError(std::to_string(gpus) + " GPUs are not a multiple of tp x pp = " + std::to_string(tp * pp));
@@ -198,11 +201,12 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   s.model = model;
   s.layout = {tp, pp, gpus / (tp * pp), 1, vpp};
   s.ep = ep;
+  s.recompute = recompute;
   try {
     const std::vector<int64_t> virtual_stage_layers = stage_layer_split(model, tp, pp, context, vpp);
     s.stage_layers = layers_per_stage(virtual_stage_layers, pp);
-    s.memory = memory_budget(model, hardware, s.layout, virtual_stage_layers, ep);
-    s.costs = make_step_costs(model, hardware, s.layout, virtual_stage_layers, ep);
+    s.memory = memory_budget(model, hardware, s.layout, virtual_stage_layers, ep, recompute);
+    s.costs = make_step_costs(model, hardware, s.layout, virtual_stage_layers, ep, recompute);
   } catch (const std::invalid_argument& e) {
     throw PlanInputError(model.name + " with tp " + std::to_string(tp) + ", pp " + std::to_string(pp) +
                          (vpp > 1 ? ", vpp " + std::to_string(vpp) : std::string()) +
@@ -220,6 +224,7 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   s.settings.cost.head_seconds_per_token = s.costs.head_seconds_per_token;
   // Each GPU's share of its node's host memory bounds what it offloads.
   s.settings.offload.host_bytes_per_rank = hardware.host_bytes_per_node / hardware.gpus_per_node;
+  s.settings.offload.enabled = recompute == RecomputeMode::None;
   s.balance.mode = pp > 1 ? BalanceMode::Pipeline : BalanceMode::DataParallel;
   return s;
 }
@@ -278,6 +283,7 @@ struct PlanRequest {
   std::string cluster_path, model_path, lengths_source;
   int64_t gpus = 0, context = 0, batch_tokens = 0, seed = 1, tp = 1, pp = 1, vpp = 1, capacity = 0, cp = 0;
   int64_t ep = 0;  // 0: every ep the model allows is tried (1 for a dense model)
+  std::optional<RecomputeMode> recompute;  // none: auto, every mode tried per policy
   std::optional<std::string> trace;
   bool check = true;
   std::vector<std::string> policies;  // known, each once, in the order given
@@ -311,6 +317,12 @@ PlanRequest read_plan_request(Arguments& args) {
   r.capacity = args.integer("--capacity", 0, 0);
   r.cp = args.integer("--cp", 0, 0);
   r.ep = args.integer("--ep", 0, 1);
+  const std::string recompute = args.option("--recompute").value_or("auto");
+  if (recompute != "auto") {
+    r.recompute = enum_value(kRecomputeModeNames, recompute);
+    if (!r.recompute)
+      throw UsageError("--recompute '" + recompute + "': choose auto, " + enum_choices(kRecomputeModeNames));
+  }
   r.trace = args.option("--trace");
   r.check = !args.flag("--no-check");
   const std::string policies = args.option("--policies").value_or("static,naive,balance");
@@ -344,7 +356,7 @@ PlanBatch draw_batch(const PlanRequest& r) {
 void print_model_and_cluster(const PlanRequest& r, const PlanSetup& setup) {
   const ModelShape& model = setup.model;
   const HardwareProfile& hw = setup.hardware;
-  const ModelCosts mc = model_costs(model, setup.layout.tp, setup.layout.pp);
+  const ModelCosts mc = model_costs(model, setup.layout.tp, setup.layout.pp, setup.recompute);
   const double params = static_cast<double>(model.layers) * mc.layer_parameters + mc.embedding_parameters +
                         mc.head_parameters;
   // A token runs experts_per_token of the experts: the parameters behind its FLOPs.
@@ -423,6 +435,7 @@ void print_batch(const PlanRequest& r, const PlanBatch& b) {
 struct PolicyOutcome {
   std::string name;
   std::string failure;  // non-empty: the planner could not place the batch
+  RecomputeMode recompute = RecomputeMode::None;  // the setup's
   double plan_seconds = 0, check_seconds = 0, simulate_seconds = 0;
   StepSimulation sim;
   RingStats rings;
@@ -447,6 +460,7 @@ PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const Pl
                          std::span<const int64_t> lengths) {
   PolicyOutcome o;
   o.name = name;
+  o.recompute = setup.recompute;
   StepPlan plan;
   auto t0 = std::chrono::steady_clock::now();
   try {
@@ -488,10 +502,11 @@ void print_table(const std::vector<PolicyOutcome>& outcomes, int64_t tokens, con
   std::optional<double> static_step;
   for (const PolicyOutcome& o : outcomes)
     if (o.name == policy_name(SchedulerPolicy::Static) && o.failure.empty()) static_step = o.sim.step_seconds;
-  std::printf("%-16s %9s %10s %8s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "plan s", "step s", "of bound",
-              "tokens/s", "speedup", "idle", "MFU", "attention GB", "micro-b.", "spread", "ranks/spread");
-  std::printf("%-16s %9s %10s %8s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "", "vs static", "", "", "",
-              "per rank", "seqs", "mean / max");
+  std::printf("%-16s %-9s %9s %10s %8s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "recompute", "plan s",
+              "step s", "of bound", "tokens/s", "speedup", "idle", "MFU", "attention GB", "micro-b.", "spread",
+              "ranks/spread");
+  std::printf("%-16s %-9s %9s %10s %8s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "", "", "vs static",
+              "", "", "", "per rank", "seqs", "mean / max");
   for (const PolicyOutcome& o : outcomes) {
     if (!o.failure.empty()) {
       std::printf("%-16s does not fit: %s\n", o.name.c_str(), o.failure.c_str());
@@ -507,7 +522,8 @@ void print_table(const std::vector<PolicyOutcome>& outcomes, int64_t tokens, con
     const std::string ranks = o.rings.spread_sequences > 0
                                   ? fixed(o.rings.mean_ranks, 1) + " / " + std::to_string(o.rings.max_ranks)
                                   : "-";
-    std::printf("%-16s %9.3f %10.2f %8.2f %11s %8s %6.3f %6.3f %12.1f %9s %8lld %12s\n", o.name.c_str(),
+    std::printf("%-16s %-9s %9.3f %10.2f %8.2f %11s %8s %6.3f %6.3f %12.1f %9s %8lld %12s\n", o.name.c_str(),
+                enum_name(kRecomputeModeNames, o.recompute),
                 o.plan_seconds, s.step_seconds, s.step_seconds / bound.seconds(),
                 grouped(static_cast<double>(tokens) / s.step_seconds).c_str(), speedup.c_str(),
                 s.idle_fraction, mfu, s.attention_bytes / 1e9, mb.c_str(),
@@ -570,7 +586,9 @@ struct ExpertChoice {
 
 // --ep when given, 1 for a dense model, else the candidate
 // (expert_parallel_candidates) whose fastest policy simulates the shortest step
-// (ties: the smaller ep; a candidate that fits beats one that does not). The
+// (ties: the smaller ep; a candidate that fits beats one that does not), under
+// --recompute's mode (none under auto: the mode is then chosen per policy for the
+// chosen ep). The
 // candidates run without traces.
 ExpertChoice choose_expert_parallel(const PlanRequest& r, const HardwareProfile& hardware, const ModelShape& model,
                                     std::span<const int64_t> lengths) {
@@ -586,7 +604,8 @@ ExpertChoice choose_expert_parallel(const PlanRequest& r, const HardwareProfile&
     std::optional<PlanSetup> setup;
     try {
       setup = make_plan_setup(hardware, model, static_cast<int>(r.gpus), static_cast<int>(r.tp),
-                              static_cast<int>(r.pp), r.context, r.capacity, ep, static_cast<int>(r.vpp));
+                              static_cast<int>(r.pp), r.context, r.capacity, ep, static_cast<int>(r.vpp),
+                              r.recompute.value_or(RecomputeMode::None));
     } catch (const PlanInputError& e) {
       choice.report += "ep       " + std::to_string(ep) + ": does not fit: " + e.what() + "\n";
       failures += (failures.empty() ? "" : "; ") + std::string(e.what());
@@ -610,6 +629,74 @@ ExpertChoice choose_expert_parallel(const PlanRequest& r, const HardwareProfile&
   return choice;
 }
 
+// The setups a run compares: --recompute's mode alone, or under auto none,
+// selective and full in that order (ties then go to less recomputation), leaving
+// out a mode whose memory cannot hold the model.
+std::vector<PlanSetup> recompute_setups(const PlanRequest& r, const HardwareProfile& hardware, const ModelShape& model,
+                                        int ep) {
+  const std::vector<RecomputeMode> modes =
+      r.recompute ? std::vector<RecomputeMode>{*r.recompute}
+                  : std::vector<RecomputeMode>{RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full};
+  std::vector<PlanSetup> setups;
+  std::string failures;
+  for (RecomputeMode mode : modes) {
+    try {
+      setups.push_back(make_plan_setup(hardware, model, static_cast<int>(r.gpus), static_cast<int>(r.tp),
+                                       static_cast<int>(r.pp), r.context, r.capacity, ep, static_cast<int>(r.vpp), mode));
+    } catch (const PlanInputError& e) {
+      if (r.recompute) throw;
+      failures += (failures.empty() ? "" : "; ") + std::string(enum_name(kRecomputeModeNames, mode)) + ": " + e.what();
+      continue;
+    }
+    setups.back().static_cp = static_cast<int>(r.cp);
+  }
+  if (setups.empty()) throw PlanInputError("no recompute mode fits: " + failures);
+  return setups;
+}
+
+// One policy under each setup: the shortest simulated step wins (ties: the first);
+// when none places the batch, the last setup's failure (the most memory). Only the
+// winner is traced.
+PolicyOutcome fastest_recompute(const std::string& name, const PlanRequest& r, const std::vector<PlanSetup>& setups,
+                                std::span<const int64_t> lengths) {
+  if (setups.size() == 1) return run_policy(name, r, setups.front(), lengths);
+  PlanRequest quiet = r;
+  quiet.trace.reset();
+  std::optional<PolicyOutcome> best;
+  size_t chosen = 0;
+  for (size_t i = 0; i < setups.size(); ++i) {
+    PolicyOutcome o = run_policy(name, quiet, setups[i], lengths);
+    // A placed step replaces a failure or a slower step; a failure only a failure.
+    const bool keep = !best || !best->failure.empty() ||
+                      (o.failure.empty() && o.sim.step_seconds < best->sim.step_seconds);
+    if (keep) best = std::move(o), chosen = i;
+  }
+  if (r.trace && best->failure.empty()) return run_policy(name, r, setups[chosen], lengths);
+  return *best;
+}
+
+// Under auto: each mode's capacity, and the bound no plan under any of them beats.
+void print_recompute_modes(const std::vector<PlanSetup>& setups) {
+  if (setups.size() < 2) return;
+  std::string modes;
+  for (const PlanSetup& s : setups)
+    modes += std::string(modes.empty() ? "" : ", ") + enum_name(kRecomputeModeNames, s.recompute) + " " +
+             grouped(static_cast<double>(s.settings.capacity)) + " (" +
+             fixed(model_costs(s.model, s.layout.tp, s.layout.pp, s.recompute).saved_bytes_per_token / 1e3, 1) +
+             " KB per token and layer)";
+  std::printf("recompute auto, per policy the shortest simulated step of: C = %s tokens; offload with none only\n\n",
+              modes.c_str());
+}
+
+StepBound least_bound(const std::vector<PlanSetup>& setups, std::span<const int64_t> lengths) {
+  std::optional<StepBound> least;
+  for (const PlanSetup& s : setups) {
+    const StepBound b = simulated_step_bound(s, lengths);
+    if (!least || b.seconds() < least->seconds()) least = b;
+  }
+  return *least;
+}
+
 }  // namespace
 
 int command_plan(const std::vector<std::string>& raw) {
@@ -624,18 +711,17 @@ int command_plan(const std::vector<std::string>& raw) {
     const ModelShape model = load_model_file(request.model_path);
     const PlanBatch batch = draw_batch(request);
     const ExpertChoice experts = choose_expert_parallel(request, hardware, model, batch.lengths);
-    PlanSetup setup = make_plan_setup(hardware, model, static_cast<int>(request.gpus), static_cast<int>(request.tp),
-                                      static_cast<int>(request.pp), request.context, request.capacity, experts.ep,
-                                      static_cast<int>(request.vpp));
-    setup.static_cp = static_cast<int>(request.cp);
+    const std::vector<PlanSetup> setups = recompute_setups(request, hardware, model, experts.ep);
+    const PlanSetup& setup = setups.front();
     print_model_and_cluster(request, setup);
     print_batch(request, batch);
     std::fputs(experts.report.c_str(), stdout);
+    print_recompute_modes(setups);
     std::vector<PolicyOutcome> outcomes;
     for (const std::string& name : request.policies)
-      outcomes.push_back(run_policy(name, request, setup, batch.lengths));
+      outcomes.push_back(fastest_recompute(name, request, setups, batch.lengths));
     if (request.trace) std::printf("\n");
-    const StepBound bound = simulated_step_bound(setup, batch.lengths);
+    const StepBound bound = least_bound(setups, batch.lengths);
     print_bound(bound);
     print_table(outcomes, batch.tokens, setup.hardware, bound);
     print_details(outcomes);

@@ -1,7 +1,8 @@
 #pragma once
 // `trainer plan`: plans one global batch with several policies (static, naive,
 // balance; planning/hdp_planner.h) for a described cluster and model, simulates
-// the training step of each plan (whatif/step_simulation.h) and prints step
+// the training step of each plan (whatif/step_simulation.h; under --recompute
+// auto once per recompute mode, keeping the fastest) and prints the mode, step
 // time and its multiple of the lower bound no plan beats (planning/step_bound.h),
 // tokens/s, idle fraction, attention traffic, ring sizes and the speed-up over
 // static. docs/planning.md describes it.
@@ -63,6 +64,9 @@ struct PlanSetup {
   BalanceSettings balance;   // DataParallel with one stage, Pipeline with several
   int static_cp = 0;         // 0: the smallest that fits the longest sequence
   int ep = 1;                // expert parallelism (whatif/step_simulation.h); 1 for a dense model
+  // What every layer keeps and reruns (spec/model_shape.h); offload is off unless
+  // None, as the trainer never offloads a recomputed layer (model/activations.h).
+  RecomputeMode recompute = RecomputeMode::None;
 };
 // context: the longest sequence (the stage split counts attention at it, as the
 // trainer does at data.max_seq_len). vpp > 1: interleaved 1F1B with vpp model chunks per
@@ -73,7 +77,8 @@ struct PlanSetup {
 // to the linear term: they block the layer as compute does; its ep couples the
 // predicted times of an ep group's ranks (PlannerSettings::ep).
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
-                          int64_t context, int64_t capacity = 0, int ep = 1, int vpp = 1);
+                          int64_t context, int64_t capacity = 0, int ep = 1, int vpp = 1,
+                          RecomputeMode recompute = RecomputeMode::None);
 
 // The planners by name: the training policies (static, naive, balance; their
 // names as scheduler.policy spells them) and ablations; a new policy is one entry.

@@ -29,7 +29,7 @@ ModelCosts model_costs(const ModelShape& m, int tp, int pp, RecomputeMode recomp
   c.layer_matmul_flops_per_token = layer_matmul_flops_per_token(m, tp);
   c.attention_flops_per_token_pair = attention_flops_per_token_pair(m, tp);
   c.head_flops_per_token = head_flops_per_token(m, tp);
-  c.saved_bytes_per_token = saved_bytes_per_token(m, tp, kActivationBytes, recompute);
+  c.saved_bytes_per_token = saved_bytes_per_token(m, tp, kActivationBytes, recompute, true);
   c.kv_bytes_per_token = kv_bytes_per_token(m, tp, kActivationBytes);
   c.boundary_bytes_per_token = boundary_bytes_per_token(m, kActivationBytes);
   c.expert_parameters = expert_parameters(m);
@@ -96,13 +96,13 @@ std::vector<int64_t> checked_stage_layers(const char* what, const ParallelDegree
 }  // namespace
 
 MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, const ParallelDegrees& degrees,
-                           std::span<const int64_t> virtual_stage_layers, int ep) {
+                           std::span<const int64_t> virtual_stage_layers, int ep, RecomputeMode recompute) {
   validate_hardware(hw);
   const int pp = degrees.pp;
   const std::vector<int64_t> stage_layers = checked_stage_layers("memory_budget", degrees, virtual_stage_layers);
   if (degrees.hdp < 1) throw std::invalid_argument("hdp must be at least 1");
   validate_expert_parallel(model, degrees.hdp, ep);
-  const ModelCosts c = model_costs(model, degrees.tp, pp);
+  const ModelCosts c = model_costs(model, degrees.tp, pp, recompute);
   MemoryBudget b;
   double best = std::numeric_limits<double>::infinity();
   for (int s = 0; s < pp; ++s) {
@@ -137,15 +137,15 @@ MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, c
 }
 
 StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, const ParallelDegrees& degrees,
-                          std::span<const int64_t> virtual_stage_layers, int ep) {
+                          std::span<const int64_t> virtual_stage_layers, int ep, RecomputeMode recompute) {
   validate_hardware(hw);
   const int pp = degrees.pp;
   const std::vector<int64_t> stage_layers = checked_stage_layers("make_step_costs", degrees, virtual_stage_layers);
   validate_expert_parallel(model, degrees.hdp, ep);
-  const ModelCosts c = model_costs(model, degrees.tp, pp);
+  const ModelCosts c = model_costs(model, degrees.tp, pp, recompute);
   const double rate = hw.flops_per_second();
   StepCosts k;
-  k.cost = analytic_cost_model(model, degrees.tp, c.saved_bytes_per_token, rate, hw.pcie_bytes_per_s);
+  k.cost = analytic_cost_model(model, degrees.tp, c.saved_bytes_per_token, rate, hw.pcie_bytes_per_s, recompute);
   k.embedding_seconds_per_token = 0;  // a table lookup and its scatter-add: negligible
   k.head_seconds_per_token = c.head_flops_per_token / rate;
   k.stage_layers = stage_layers;
@@ -450,20 +450,23 @@ LayerWork StepGraphBuilder::layer_work(const PlannedMicroBatch& mb, int s) const
   // layer's GEMMs run over the micro-batch's tokens, a local sequence's attention
   // over its own rows).
   double linear = 0, small = 0, tokens = 0;
+  double rerun = 0;  // recomputation, in backward only
   for (const PlannedPiece& p : mb.pieces) {
     tokens += static_cast<double>(p.length);
     if (p.ring < 0) {
       linear += k_.cost.compute_seconds(p.length);
+      rerun += k_.cost.recompute_seconds(p.length, false);
       const double attention = k_.cost.a1 * k_.cost.attention_term(p.length);
       small += hw.attention_seconds(attention, static_cast<double>(p.length)) - attention;
     } else {
       linear += k_.cost.b1 * static_cast<double>(p.length);
+      rerun += k_.cost.recompute_seconds(p.length, true);
     }
   }
   small += hw.gemm_seconds(k_.cost.b1 * tokens, tokens) - k_.cost.b1 * tokens;
   w.forward = f_ * (linear + small);
-  w.backward = (1 - f_) * (linear + small);
-  w.pure = linear;
+  w.backward = (1 - f_) * (linear + small) + rerun;
+  w.pure = linear + rerun;
   if (mb.ring >= 0) add_ring_work(mb, s, w);
   return w;
 }

@@ -73,7 +73,10 @@ struct ModelCosts {
   double layer_matmul_flops_per_token = 0;  // forward + backward, per GPU: 6 x active matmul parameters / tp
   double attention_flops_per_token_pair = 0;  // forward + backward per (query, visible key) pair, per GPU: 12 qdim / tp
   double head_flops_per_token = 0;     // LM head forward + backward per GPU: 6 vocab hidden / tp
-  double saved_bytes_per_token = 0;    // one layer's values saved for backward, per GPU (spec/model_shape.h)
+  // One layer's values saved for backward, per GPU (spec/model_shape.h), under the
+  // recompute mode; under full a ring layer's, the larger: capacity must hold any
+  // micro-batch, and which of them join rings is the plan's choice.
+  double saved_bytes_per_token = 0;
   double kv_bytes_per_token = 0;       // K and V of one layer per GPU (ring attention block), bf16
   double boundary_bytes_per_token = 0;  // activation (or its gradient) sent between pipeline stages, per GPU
   double expert_parameters = 0;        // one layer's experts (all of them, whole model): what ep shards
@@ -85,7 +88,7 @@ struct ModelCosts {
   // count per expert, 4 x num_experts bytes (model/moe.h); 0 for a dense model.
   double all_to_all_count_bytes = 0;
 };
-// recompute: what each layer keeps for backward (saved_bytes_per_token's mode).
+// recompute: what every layer keeps for backward (saved_bytes_per_token's mode).
 ModelCosts model_costs(const ModelShape& model, int tp, int pp, RecomputeMode recompute = RecomputeMode::None);
 
 // Throws std::invalid_argument unless ep is at least 1 and divides num_experts and
@@ -112,9 +115,11 @@ struct MemoryBudget {
 // 1 / ep of the experts; the optimizer state of an expert is sharded over the
 // hdp / ep ranks that hold it, so per GPU it is 12 / hdp of all parameters / tp
 // whatever ep. Throws std::invalid_argument if a stage has no room for a single
-// token or ep is not valid (validate_expert_parallel).
+// token or ep is not valid (validate_expert_parallel). recompute: every layer keeps
+// what that mode keeps (ModelCosts::saved_bytes_per_token).
 MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hardware, const ParallelDegrees& degrees,
-                           std::span<const int64_t> virtual_stage_layers, int ep = 1);
+                           std::span<const int64_t> virtual_stage_layers, int ep = 1,
+                           RecomputeMode recompute = RecomputeMode::None);
 
 // Everything the step graph needs; make_step_costs derives it from the model and
 // cluster, tests set it by hand.
@@ -156,9 +161,12 @@ struct StepCosts {
   int vpp() const { return chunk_layers.empty() ? 1 : static_cast<int>(chunk_layers.size()) / pp(); }
 };
 // Compute rate: hardware.flops_per_second() per GPU. Copies at pcie_bytes_per_s.
-// Optimizer: 32 bytes of HBM traffic per parameter of the shard.
+// Optimizer: 32 bytes of HBM traffic per parameter of the shard. recompute: every layer
+// keeps what that mode keeps and reruns its forward's part in backward
+// (CostModel::recompute_seconds), which simulate_step adds to every backward.
 StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hardware, const ParallelDegrees& degrees,
-                          std::span<const int64_t> virtual_stage_layers, int ep = 1);
+                          std::span<const int64_t> virtual_stage_layers, int ep = 1,
+                          RecomputeMode recompute = RecomputeMode::None);
 
 // The all-to-all seconds of one layer's forward and backward per token (four row
 // all-to-alls, bandwidth terms only), which the planners add to the layer's linear
