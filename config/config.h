@@ -84,6 +84,7 @@ struct TrainConfig {
   bool async_checkpoints = true;          // write checkpoints in a background thread from a host snapshot
   bool reuse_checkpoint_dir = false;      // accept a checkpoint_dir holding another run's checkpoints
   ResumeMode resume = ResumeMode::Auto;
+  bool allow_schedule_change = false;    // resume although the learning rate would jump (run/job.cpp)
   std::string init_from;                 // checkpoint file whose weights start training
   double peak_flops = 0;                 // FLOP/s for MFU; 0 = measure with a GEMM probe
   int64_t threads = 0;                   // OpenMP/BLAS threads per rank; 0 = cores / ranks on the node

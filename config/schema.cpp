@@ -28,8 +28,9 @@ Field field(const char* key, S Config::*section, T M::*member, const char* doc, 
 }
 
 // An enum's names are its rule: a name the table lacks is refused while reading.
-template <class S, class E, size_t N>
-Field enum_field(const char* key, S Config::*section, E S::*member, const EnumName<E> (&names)[N],
+// member: of the section or of a struct it derives from (OptimConfig's schedule).
+template <class S, class M, class E, size_t N>
+Field enum_field(const char* key, S Config::*section, E M::*member, const EnumName<E> (&names)[N],
                  const char* noun, const char* doc) {
   return Field{key,
                [section, member, &names, noun](Config& c) -> FieldRef {
@@ -152,10 +153,20 @@ const std::vector<Section> kSchema = {
       field("seed", &Config::data, &DataConfig::seed, "seed of the shuffle")}},
     {"optim",
      {field("lr", &Config::optim, &OptimConfig::lr, "peak learning rate", positive()),
-      field("min_lr", &Config::optim, &OptimConfig::min_lr, "final learning rate of the cosine decay",
+      field("min_lr", &Config::optim, &OptimConfig::min_lr, "learning rate at the end of the decay",
             non_negative("choose 0 <= min_lr <= optim.lr")),
       field("warmup_steps", &Config::optim, &OptimConfig::warmup_steps, "steps of linear warmup from 0 to `lr`",
             non_negative()),
+      enum_field("schedule", &Config::optim, &OptimConfig::kind, kLrScheduleNames, "schedule",
+                 "the learning rate after the warmup (docs/configuration.md, \"Learning-rate schedules\")"),
+      field("decay_steps", &Config::optim, &OptimConfig::decay_steps,
+            "steps of the decay from `lr` to `min_lr`, whatever `train.steps` is; 0: `cosine` and `linear` decay "
+            "until `train.steps`, `wsd` over `decay_fraction` of it",
+            non_negative("it must be 0 (the default decay) or a number of steps")),
+      field("decay_fraction", &Config::optim, &OptimConfig::decay_fraction,
+            "`wsd` with `decay_steps` 0: the fraction of `train.steps` the decay takes, at the end of the run",
+            rule("in [0, 1]", [](double v) { return v >= 0 && v <= 1; }, "{value} is outside [0, 1]",
+                 "choose the fraction of train.steps the decay takes, e.g. 0.1 (MiniCPM) or 0.2")),
       field("weight_decay", &Config::optim, &OptimConfig::weight_decay, "decoupled weight decay", non_negative()),
       field("beta1", &Config::optim, &OptimConfig::beta1, "AdamW's decay of the first moment",
             below_one("choose 0 <= beta1 < 1, e.g. 0.9")),
@@ -187,6 +198,9 @@ const std::vector<Section> kSchema = {
             "accept a `checkpoint_dir` whose newest checkpoint another run wrote"),
       enum_field("resume", &Config::train, &TrainConfig::resume, kResumeModeNames, "mode",
                  "whether a run continues from a checkpoint"),
+      field("allow_schedule_change", &Config::train, &TrainConfig::allow_schedule_change,
+            "resume even when this config's learning rate for the next step differs from the one the "
+            "checkpoint's run would have used (a changed `train.steps` or `optim` schedule key)"),
       field("init_from", &Config::train, &TrainConfig::init_from,
             "a checkpoint directory whose weights start training, with fresh optimizer state; empty: random "
             "initialisation",

@@ -6,11 +6,13 @@
 #include <string>
 #include <utility>
 
+#include "base/yaml_reader.h"
 #include "checkpoint/directory.h"
 #include "checkpoint/protocol.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/peak_flops.h"
+#include "model/lr_schedule.h"
 #include "parallel/nccl_communicator.h"
 #include "run/signals.h"
 
@@ -109,6 +111,83 @@ void log_stage(TrainingEngine& engine, const MemoryReport& memory, const GridCoo
                mib(memory.pipeline), mib(memory.ring), mib(memory.host_pool));
 }
 
+// The schedule the run of `checkpoint` followed: recorded in its manifest, or in
+// checkpoints older than that record, its config's. None when neither can be read.
+std::optional<RunSchedule> checkpoint_schedule(const std::string& checkpoint, const Manifest& manifest) {
+  if (manifest.progress.lr_schedule) return manifest.progress.lr_schedule;
+  try {
+    const Config theirs = parse_config_text(manifest.config, checkpoint + "/manifest.yaml (config)", {}, false);
+    return RunSchedule{theirs.optim, theirs.train.steps};
+  } catch (const ConfigError& e) {
+    spdlog::warn("{}: cannot read the config it was written with ({}); not checking that the learning-rate schedule "
+                 "continues", checkpoint, e.what());
+    return std::nullopt;
+  }
+}
+
+// "train.steps 200 -> 400; optim.lr 0.002 -> 0.001": the schedule's keys that differ.
+std::string schedule_differences(const RunSchedule& before, const RunSchedule& now) {
+  std::string out;
+  auto differ = [&](const std::string& key, const std::string& a, const std::string& b) {
+    if (a != b) out += (out.empty() ? "" : "; ") + key + " " + a + " -> " + b;
+  };
+  const LearningRateSchedule &a = before.schedule, &b = now.schedule;
+  differ("optim.schedule", enum_name(kLrScheduleNames, a.kind), enum_name(kLrScheduleNames, b.kind));
+  differ("optim.lr", format_double(a.lr), format_double(b.lr));
+  differ("optim.min_lr", format_double(a.min_lr), format_double(b.min_lr));
+  differ("optim.warmup_steps", std::to_string(a.warmup_steps), std::to_string(b.warmup_steps));
+  differ("optim.decay_steps", std::to_string(a.decay_steps), std::to_string(b.decay_steps));
+  differ("optim.decay_fraction", format_double(a.decay_fraction), format_double(b.decay_fraction));
+  differ("train.steps", std::to_string(before.steps), std::to_string(now.steps));
+  return out;
+}
+
+// "cosine over steps 21-200"
+std::string describe_decay(const RunSchedule& run) {
+  const LrDecay d = lr_decay(run.schedule, run.steps);
+  const std::string kind = enum_name(kLrScheduleNames, run.schedule.kind);
+  if (d.length == 0) return kind + " without a decay";
+  return kind + " decay over steps " + std::to_string(d.start + 1) + "-" + std::to_string(d.start + d.length);
+}
+
+// A resume must not make the learning rate jump (a changed train.steps used to
+// restart the cosine decay silently): refused, naming the keys, unless
+// train.allow_schedule_change.
+void check_schedule_continues(const Config& config, const std::string& checkpoint, int rank) {
+  const Manifest manifest = read_manifest(checkpoint);
+  const std::optional<RunSchedule> before = checkpoint_schedule(checkpoint, manifest);
+  if (!before) return;
+  const RunSchedule now{config.optim, config.train.steps};
+  const std::string changed = schedule_differences(*before, now);
+  if (changed.empty()) return;
+  const int64_t step = manifest.progress.step;
+  const std::string next = std::to_string(step + 1);
+  if (schedule_continues(*before, now, step)) {
+    if (rank == 0)
+      spdlog::info("learning-rate schedule changed since {} ({}); it continues from step {}'s rate, {:.4g}",
+                   checkpoint, changed, next, learning_rate(now, step + 1));
+    return;
+  }
+  const std::string jump = "resuming " + checkpoint + " (step " + std::to_string(step) +
+                           ") changes the learning rate of step " + next + " from " +
+                           format_double(learning_rate(*before, step + 1)) + " to " +
+                           format_double(learning_rate(now, step + 1)) + ": " + changed + " (its run: " +
+                           describe_decay(*before) + "; this config: " + describe_decay(now) + ")";
+  if (config.train.allow_schedule_change) {
+    if (rank == 0) spdlog::warn("{}; resuming with the new schedule (train.allow_schedule_change: true)", jump);
+    return;
+  }
+  // The checkpoint's decay kept by giving its length explicitly, when that continues.
+  RunSchedule kept = now;
+  kept.schedule.decay_steps = lr_decay(before->schedule, before->steps).length;
+  const std::string keep_decay =
+      kept.schedule.decay_steps > 0 && schedule_continues(*before, kept, step)
+          ? ", set optim.decay_steps: " + std::to_string(kept.schedule.decay_steps) + " to keep its decay"
+          : "";
+  throw ConfigError(jump + "; keep those keys as the checkpoint's run had them" + keep_decay +
+                    ", or set train.allow_schedule_change: true to resume with the jump");
+}
+
 // Where training starts: a checkpoint to resume (weights, moments, step, data
 // position), a checkpoint to take weights from, or fresh weights.
 TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, int rank) {
@@ -122,6 +201,7 @@ TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, i
   }
   if (t.resume == ResumeMode::Auto) {
     if (auto latest = latest_checkpoint(t.checkpoint_dir)) {
+      check_schedule_continues(config, *latest, rank);
       TrainingProgress progress = load_checkpoint(*latest, engine.model(), &engine.optimizer());
       spdlog::info("resumed from {} at step {}", *latest, progress.step);
       return progress;

@@ -356,6 +356,7 @@ void TrainingLoop::save_checkpoint_at(int64_t step, const GlobalBatch& batch) {
   progress_.step = step;
   progress_.sampler = batch.next;
   progress_.loss_window = guard_.window();
+  progress_.lr_schedule = RunSchedule{config_.optim, config_.train.steps};
   writer_->save(engine_.model(), engine_.optimizer(), progress_);
   if (process_.rank == 0) {
     spdlog::info("checkpoint for step {}: training waited {:.0f} ms ({})", step, writer_->last_blocking_ms(),
