@@ -79,7 +79,7 @@ struct TrainConfig {
   int64_t log_every = 10;
   std::string run_dir = "runs/default";
   int64_t checkpoint_every = 0;          // 0 disables
-  std::string checkpoint_dir = "checkpoints/default";
+  std::string checkpoint_dir;            // empty: RUN_DIR/checkpoints (filled in when the config is read)
   int64_t keep_checkpoints = 3;          // newest K complete checkpoints are kept
   bool async_checkpoints = true;          // write checkpoints in a background thread from a host snapshot
   bool reuse_checkpoint_dir = false;      // accept a checkpoint_dir holding another run's checkpoints
@@ -102,6 +102,7 @@ struct TrainConfig {
 // tp, pp, hdp: the tensor-parallel degree, pipeline stages and hybrid-data-parallel
 // degree (spec/parallel_degrees.h; world = tp x pp x hdp).
 struct ParallelConfig : ParallelDegrees {
+  bool hdp_auto = false;                 // hdp: auto, not yet decided by the job's size (load_config)
   std::vector<int64_t> pp_layers;        // layers per stage; empty = balanced by cost
   int64_t bucket_mb = 25;                // ZeRO-1 gradient bucket size
   CommMode comm = CommMode::Auto;        // the groups' transport; resolve with comm_backend()
@@ -163,8 +164,12 @@ struct Config {
 // Throws ConfigError on any problem. Does not open the data file, only checks
 // that it exists (with check_files; see parse_config_text); its vocabulary is
 // checked by validate_dataset_vocab later. Relative paths in the config stay
-// relative to the working directory.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {}, bool check_files = true);
+// relative to the working directory. job_ranks: the ranks of the job the config
+// is read for, which decide parallel.hdp: auto (its training ranks, without
+// loader.servers, over tp x pp; a ConfigError when they do not divide); 0 (no
+// job): auto stays auto, checked as the least hdp its other keys allow.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {}, bool check_files = true,
+                   int job_ranks = 0);
 // Parses YAML text (used for the config stored inside checkpoints); `source_name`
 // stands in for the file name in error messages. With check_files = false the
 // existence of data.path and train.init_from is not checked (everything else is),

@@ -53,6 +53,7 @@ double number(const FieldRef& ref) {
   return std::visit(Overloaded{[](int* p) { return static_cast<double>(*p); },
                                [](int64_t* p) { return static_cast<double>(*p); },
                                [](uint64_t* p) { return static_cast<double>(*p); }, [](double* p) { return *p; },
+                               [](const AutoCountRef& r) { return static_cast<double>(*r.count); },
                                [](const auto&) -> double { throw std::logic_error("config schema: not a number"); }},
                     ref);
 }
@@ -182,13 +183,14 @@ const std::vector<Section> kSchema = {
       field("log_every", &Config::train, &TrainConfig::log_every, "log a metrics line every this many steps",
             positive_count()),
       field("run_dir", &Config::train, &TrainConfig::run_dir,
-            "where the log and `metrics.jsonl` go; created at start-up",
+            "the run's directory: `metrics.jsonl`, `train.log` (rank 0's log, appended), `config.yaml` (the "
+            "effective config) and, by default, `checkpoints/`; created at start-up",
             not_empty("not empty", "is empty", "name a directory, e.g. runs/my-run")),
       field("checkpoint_every", &Config::train, &TrainConfig::checkpoint_every,
             "save a checkpoint every this many steps; 0 disables checkpoints",
             non_negative("it must be 0 or more (0 disables checkpoints)")),
-      field("checkpoint_dir", &Config::train, &TrainConfig::checkpoint_dir, "where checkpoints go",
-            not_empty("not empty", "is empty", "name a directory, e.g. runs/my-run/checkpoints")),
+      field("checkpoint_dir", &Config::train, &TrainConfig::checkpoint_dir,
+            "where checkpoints go; empty: `run_dir`/checkpoints (what the effective config then shows)"),
       field("keep_checkpoints", &Config::train, &TrainConfig::keep_checkpoints,
             "the newest K complete checkpoints are kept",
             rule(">= 1", [](double v) { return v >= 1; }, "{value} is less than 1", "keep at least 1 checkpoint")),
@@ -238,8 +240,11 @@ const std::vector<Section> kSchema = {
             positive_count("divides `model.num_kv_heads` and `model.ffn_hidden_size`")),
       field("pp", &Config::parallel, &ParallelConfig::pp, "pipeline stages",
             positive_count("at most `model.num_layers`")),
-      field("hdp", &Config::parallel, &ParallelConfig::hdp,
-            "hybrid-data-parallel degree (data and context parallelism in one dimension)", positive_count()),
+      Field{"hdp",
+            [](Config& c) -> FieldRef { return AutoCountRef{&c.parallel.hdp, &c.parallel.hdp_auto}; },
+            "hybrid-data-parallel degree (data and context parallelism in one dimension); `auto`: the job's "
+            "training ranks / (`tp` x `pp`)",
+            positive_count()},
       field("ep", &Config::parallel, &ParallelConfig::ep,
             "expert-parallel degree inside hdp (`model.arch: mixtral` only)",
             positive_count("divides `hdp` and `model.num_experts`")),
@@ -356,6 +361,9 @@ void assign_name(const EnumRef& ref, const YAML::Node& node, const std::string& 
 
 std::string value_text(const FieldRef& ref) {
   return std::visit(Overloaded{[](const EnumRef& e) { return "'" + e.name() + "'"; },
+                               [](const AutoCountRef& r) {
+                                 return *r.automatic ? std::string("'auto'") : std::to_string(*r.count);
+                               },
                                [](auto* p) -> std::string {
                                  using T = std::remove_pointer_t<decltype(p)>;
                                  if constexpr (std::is_same_v<T, std::string>) return "'" + *p + "'";
@@ -371,6 +379,7 @@ std::string value_text(const FieldRef& ref) {
 
 std::string type_name(const FieldRef& ref) {
   return std::visit(Overloaded{[](const EnumRef&) -> std::string { return "name"; },
+                               [](const AutoCountRef&) -> std::string { return "integer or `auto`"; },
                                [](auto* p) -> std::string {
                                  using T = std::remove_pointer_t<decltype(p)>;
                                  if constexpr (std::is_same_v<T, std::string>) return "string";
@@ -386,6 +395,10 @@ std::string type_name(const FieldRef& ref) {
 
 void emit_value(YAML::Emitter& out, const FieldRef& ref) {
   std::visit(Overloaded{[&](const EnumRef& e) { out << YAML::DoubleQuoted << e.name(); },
+                        [&](const AutoCountRef& r) {
+                          if (*r.automatic) out << "auto";
+                          else out << *r.count;
+                        },
                         [&](auto* p) {
                           using T = std::remove_pointer_t<decltype(p)>;
                           if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
@@ -402,6 +415,15 @@ void emit_value(YAML::Emitter& out, const FieldRef& ref) {
 
 void assign(const FieldRef& ref, const YAML::Node& node, const std::string& where, const std::string& key) {
   std::visit(Overloaded{[&](const EnumRef& e) { assign_name(e, node, where, key); },
+                        [&](const AutoCountRef& r) {
+                          *r.automatic = node.IsScalar() && node.Scalar() == "auto";
+                          if (*r.automatic) return;
+                          try {
+                            read_yaml_value(node, where, key, *r.count);
+                          } catch (const ConfigError& e) {
+                            throw ConfigError(std::string(e.what()) + ", or auto");
+                          }
+                        },
                         [&](std::optional<int64_t>* p) {
                           if (node.IsNull()) {
                             p->reset();

@@ -1,8 +1,12 @@
 #include "run/job.h"
 
+#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <utility>
 
@@ -221,6 +225,28 @@ TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, i
 
 }  // namespace
 
+void keep_run_record(const Config& config, int rank) {
+  if (rank != 0) return;
+  namespace fs = std::filesystem;
+  const fs::path dir(config.train.run_dir);
+  const std::string config_file = (dir / "config.yaml").string();
+  if (!(std::ofstream(config_file, std::ios::trunc) << config.yaml)) {
+    throw ConfigError("train.run_dir: cannot write the effective config to " + config_file +
+                      "; point train.run_dir at a directory this user can write");
+  }
+  // One log file per process: a later job in the same process replaces the sink.
+  static std::shared_ptr<spdlog::sinks::basic_file_sink_mt> log_sink;
+  auto logger = spdlog::default_logger();
+  auto& sinks = logger->sinks();
+  if (log_sink) sinks.erase(std::remove(sinks.begin(), sinks.end(), log_sink), sinks.end());
+  log_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>((dir / "train.log").string(), /*truncate=*/false);
+  log_sink->set_pattern("[%Y-%m-%d %H:%M:%S.%e] %l %v");
+  sinks.push_back(log_sink);
+  logger->flush_on(spdlog::level::info);  // a killed job keeps its lines
+  spdlog::info("run directory {}: config.yaml (the effective config), train.log (this log), metrics.jsonl; "
+               "checkpoints in {}", config.train.run_dir, config.train.checkpoint_dir);
+}
+
 int set_up_process(const Config& config, const ProcessInfo& process) {
   const bool remote = config.loader.mode == LoaderMode::Remote;
   check_world_size(config.parallel, remote, remote ? static_cast<int>(config.loader.servers) : 0, process);
@@ -240,6 +266,7 @@ TrainingJob::TrainingJob(const Config& config, const ProcessInfo& process,
   const bool remote = config.loader.mode == LoaderMode::Remote;
   const int loader_ranks = remote ? static_cast<int>(config.loader.servers) : 0;
   check_output_directories(config, process.rank);
+  keep_run_record(config, process.rank);
   // One run per checkpoint directory (checkpoint/lock.h): a lock while this job
   // writes there, and no continuing another run's checkpoints unless asked.
   if (config.train.checkpoint_every > 0 && process.rank == 0) {

@@ -221,7 +221,7 @@ int command_train(int argc, char** argv, const std::vector<std::string>& raw) {
       overrides.push_back("train.resume=auto");
       if (process.rank == 0) spdlog::info("restart {} under trainer supervise: train.resume=auto", restart);
     }
-    const Config config = load_config(files[0], overrides);
+    const Config config = load_config(files[0], overrides, /*check_files=*/true, process.world_size);
     if (process.rank == 0) spdlog::info("config {} ({} ranks)", files[0], process.world_size);
     run_training(config, process);
     return kExitSuccess;
