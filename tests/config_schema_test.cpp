@@ -86,6 +86,23 @@ TEST(ConfigCommand, PrintsTheEffectiveConfigOrTheFirstProblem) {
   EXPECT_EQ(run_trainer("config --keys-markdown " + dir + "/run.yaml").exit_code, 2);
 }
 
+// --get: one key's value as a launch script reads it (the checkpoint directory
+// resolved under the run directory, names unquoted, numbers as written).
+TEST(ConfigCommand, GetPrintsOneKeysEffectiveValue) {
+  const std::string dir = scratch_dir("config_command_get");
+  std::ofstream(dir + "/data.h5") << "";
+  std::ofstream(dir + "/run.yaml") << "data:\n  path: " << dir << "/data.h5\ntrain:\n  run_dir: runs/x\n";
+  const auto get = [&](const std::string& args) { return run_trainer("config " + dir + "/run.yaml " + args); };
+  EXPECT_EQ(get("--get train.run_dir").output, "runs/x\n");
+  EXPECT_EQ(get("--get train.checkpoint_dir").output, "runs/x/checkpoints\n");
+  EXPECT_EQ(get("--set train.run_dir=/r --get train.checkpoint_dir").output, "/r/checkpoints\n");
+  EXPECT_EQ(get("--set optim.lr=0.0005 --get optim.lr").output, "0.0005\n");
+  EXPECT_EQ(get("--get optim.schedule").output, "cosine\n");
+  const auto bad = get("--get train.no_such_key");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("--get train.no_such_key: no such key"), std::string::npos) << bad.output;
+}
+
 TEST(ConfigCommand, KeysMarkdownHasEveryKeyOfTheSchema) {
   const auto r = run_trainer("config --keys-markdown");
   ASSERT_EQ(r.exit_code, 0) << r.output;
