@@ -7,7 +7,7 @@
 // its global loss or gradient norm is NaN or infinite, or, with a spike factor,
 // when its loss exceeds that factor times the median loss of the recent good
 // steps. Its optimizer update is skipped (the batch is dropped, the step counts);
-// max_bad_steps bad steps in a row make the training loop (run/training.cpp) roll
+// max_bad_steps bad steps in a row make the training loop (run/training_loop.cpp) roll
 // the run back to the newest checkpoint before them and skip their batches, or
 // stop it when there is no checkpoint to return to, the loader cannot replay
 // batches, or rolling back keeps ending in bad steps.
