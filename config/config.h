@@ -129,6 +129,11 @@ struct TraceConfig {
   std::string dir;
 };
 
+// Where the step metrics go besides RUN_DIR/metrics.jsonl.
+struct MetricsConfig {
+  bool tensorboard = false;  // TensorBoard event files in RUN_DIR/tensorboard (run/tensorboard.h)
+};
+
 // Where the training ranks' data comes from.
 struct LoaderConfig {
   LoaderMode mode = LoaderMode::Local;
@@ -153,6 +158,7 @@ struct Config {
   OffloadConfig offload;
   LoaderConfig loader;
   TraceConfig trace;
+  MetricsConfig metrics;
   std::string source;                    // file the config was read from
   std::string yaml;                      // the effective config as YAML (overrides applied)
   // Where each explicitly set key came from, by key path ("model.num_heads"):

@@ -297,6 +297,9 @@ const std::vector<Section> kSchema = {
       field("steps", &Config::trace, &TraceConfig::steps, "steps traced per window",
             stated("between 1 and `every`")),
       field("dir", &Config::trace, &TraceConfig::dir, "where `rank-NNNNN.jsonl` go; empty: `train.run_dir`/trace")}},
+    {"metrics",
+     {field("tensorboard", &Config::metrics, &MetricsConfig::tensorboard,
+            "also write the step metrics as TensorBoard event files into `train.run_dir`/tensorboard")}},
 };
 
 }  // namespace

@@ -310,6 +310,10 @@ double peak_flops_for_mfu(const TrainConfig& train, Device device, const Process
     }
   }
   if (peak_flops <= 0) {
+    // Said first: the probe takes 1-15 s, silent otherwise.
+    if (process.rank == 0) {
+      spdlog::info("peak: measuring the fp32 GEMM rate for MFU (a few seconds; train.peak_flops skips this)");
+    }
     peak_flops = measure_gemm_flops(device);
     if (!on_gpu) peak_flops = world.all_reduce_sum(peak_flops) / training_ranks;
     if (process.rank == 0 && on_gpu) {
