@@ -238,6 +238,40 @@ TEST(Training, AResumeWhoseLearningRateWouldJumpIsRefusedNamingTheKeys) {
   EXPECT_NEAR(testing::metric_values(dir, "lr").back(), 1e-4, 1e-12);
 }
 
+// The run directory by default holds the checkpoints (RUN_DIR/checkpoints), the
+// effective config (config.yaml), rank 0's log (train.log, appended by every start,
+// step lines with elapsed time and ETA) and, asked for, TensorBoard's event files.
+TEST(Training, TheRunDirectoryKeepsCheckpointsConfigLogAndTensorBoardFiles) {
+  const std::string dir = scratch_dir("training-run-dir");
+  auto run = [&](int steps) {
+    return run_trainer("train " + kTinyConfig + " --set data.path=" + corpus() + " --set train.run_dir=" + dir +
+                       " --set train.steps=" + std::to_string(steps) +
+                       " --set train.peak_flops=1e11 --set train.checkpoint_every=2 --set optim.schedule=constant"
+                       " --set optim.warmup_steps=0 --set data.global_batch_tokens=1024 --set metrics.tensorboard=true");
+  };
+  auto first = run(2);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/checkpoints/step-00000002/manifest.yaml"));
+  const std::string config = testing::file_text(dir + "/config.yaml");
+  EXPECT_NE(config.find("checkpoint_dir: \"" + dir + "/checkpoints\"\n"), std::string::npos) << config;
+  EXPECT_NE(config.find("tensorboard: true\n"), std::string::npos) << config;
+  auto second = run(3);  // resumes from step 2
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(testing::file_text(dir + "/config.yaml").find("steps: 3\n"), std::string::npos);
+  const std::string log = testing::file_text(dir + "/train.log");
+  const std::regex step_line("step +([0-9]+)/([0-9]+) \\| loss .* \\| [0-9]+ s elapsed, ETA [0-9]+ s");
+  std::vector<std::string> steps;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), step_line); it != std::sregex_iterator(); ++it) {
+    steps.push_back((*it)[1].str() + "/" + (*it)[2].str());
+  }
+  EXPECT_EQ(steps, (std::vector<std::string>{"1/2", "2/2", "3/3"})) << log;
+  int event_files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/tensorboard")) {
+    event_files += entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  }
+  EXPECT_EQ(event_files, 2);
+}
+
 // Preemption: SIGTERM mid-run finishes the step, writes a checkpoint of it, exits
 // 0; a resumed run then continues exactly like one that was never stopped.
 TEST(Training, SigtermStopsAtAStepBoundaryWithACheckpointAndResumesBitIdentically) {
