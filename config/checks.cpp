@@ -7,51 +7,14 @@
 #include <system_error>
 
 #include "base/yaml_reader.h"
+#include "config/checker.h"
+#include "config/model_file.h"
 #include "config/schema.h"
 #include "parallel/nccl_communicator.h"
 #include "spec/model_checks.h"
 
 namespace hdp {
 namespace {
-
-// Where and how a message about a key of `config` is worded.
-class Checker {
- public:
-  explicit Checker(const Config& config) : config(config) {}
-
-  // Where to point for `key`: where it was set, else where one of `related`
-  // was set, else its section header, else the top of the file.
-  std::string origin(const std::string& key, const std::vector<std::string>& related = {}) const {
-    if (auto it = config.origins.find(key); it != config.origins.end()) return it->second;
-    for (const std::string& r : related)
-      if (auto it = config.origins.find(r); it != config.origins.end()) return it->second;
-    const std::string section = key.substr(0, key.find('.'));
-    if (auto it = config.origins.find(section); it != config.origins.end()) return it->second;
-    return config.source + ":1";
-  }
-
-  // `value` of `key` for messages, marked "(default)" when the key was not set.
-  std::string marked(const std::string& key, const std::string& value) const {
-    return config.origins.count(key) ? value : value + " (default)";
-  }
-  std::string shown(const std::string& key) const {
-    return marked(key, value_text(schema_field(key).ref(const_cast<Config&>(config))));  // read only
-  }
-  // The model's rules (spec/model_checks.h) in this config's wording.
-  KeyWording wording() const {
-    return KeyWording{{}, [this](const std::string& key, const std::string& value) { return marked(key, value); }};
-  }
-
-  void require(bool ok, const std::string& key, const std::string& problem, const std::string& valid,
-               const std::vector<std::string>& related = {}) const {
-    if (!ok) throw_config_error(origin(key, related), key, problem, valid);
-  }
-  void require(const std::optional<ModelIssue>& issue) const {
-    if (issue) throw_config_error(origin(issue->key, issue->related), issue->key, issue->problem, issue->valid);
-  }
-
-  const Config& config;
-};
 
 // Each key's own rule (its schema entry), in schema order.
 void check_key_rules(const Checker& c) {
@@ -282,11 +245,6 @@ void check_named_files(const Checker& c) {
 }
 
 }  // namespace
-
-void check_model_section(const Config& config) {
-  const Checker c(config);
-  c.require(model_issue(config.model, c.wording()));
-}
 
 void check_config(const Config& config, bool check_files) {
   check_model_section(config);

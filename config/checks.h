@@ -16,8 +16,4 @@ namespace hdp {
 // default is marked "(default)".
 void check_config(const Config& config, bool check_files);
 
-// The model section alone (spec/model_checks.h), worded and located as
-// check_config words it: what a model file (read_model_file) is checked with.
-void check_model_section(const Config& config);
-
 }  // namespace hdp

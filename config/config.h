@@ -189,20 +189,6 @@ Config parse_config_text(const std::string& yaml_text, const std::string& source
 // parse_config_text(emit_config_yaml(c), ...) gives back the same values.
 std::string emit_config_yaml(const Config& config);
 
-// A model described in a file of its own (`trainer plan`'s configs/models/*.yaml):
-// the keys of the config's model section at the top level, read and checked as
-// that section is (the same names, defaults, rules and messages, which name
-// <file>:<line> and model.<key>), and `name`, a label for reports (default: the
-// file's stem). Such a file describes a model at scale, so its sizes (vocab_size,
-// hidden_size, num_layers, num_heads, num_kv_heads, ffn_hidden_size) are required
-// rather than left at the demo's defaults, and Mixtral's keys are refused on
-// another architecture, which would ignore them. Throws ConfigError.
-struct ModelFile {
-  std::string name;
-  ModelConfig model;
-};
-ModelFile read_model_file(const std::string& path);
-
 // data.format as the dataset reader's enum.
 inline DatasetFormat dataset_format(const DataConfig& data) {
   return data.format == "megatron" ? DatasetFormat::Megatron : DatasetFormat::Hdf5;

@@ -64,6 +64,7 @@ struct GlobalBatch {
   // forward+backward seconds, to compare with what the step measures.
   double planned_busy_s = 0;
   double planned_max_busy_s = 0;
+  double planned_bound_s = 0;  // the step no plan beats (planning/step_bound.h)
 };
 
 }  // namespace hdp

@@ -791,8 +791,10 @@ struct RingCell {
 // Holes left over stay as empty micro-batches with several pipeline stages (a ring
 // then sits at the same index on every member, so its members' 1F1B schedules
 // meet it together) and are dropped with one (rings keep their order).
+// rings_first: the holes stay empty and every own micro-batch follows the rank's
+// last ring.
 StepPlan lay_out(const std::vector<WorkItem>& items, std::vector<PlannedMicroBatch>& pool, Assignment& a,
-                 std::span<const int64_t> lengths, const PlannerSettings& st) {
+                 std::span<const int64_t> lengths, const PlannerSettings& st, bool rings_first = false) {
   const int hdp = static_cast<int>(a.seconds.size());
   StepPlan plan;
   plan.capacity = st.capacity;
@@ -826,7 +828,7 @@ StepPlan lay_out(const std::vector<WorkItem>& items, std::vector<PlannedMicroBat
         mb.ring = X;
         mb.offload_ratio = items[a.ring_item[X]].ratio;
         out.push_back(std::move(mb));
-      } else if (next_local < mine.size()) {
+      } else if (!rings_first && next_local < mine.size()) {
         out.push_back(std::move(pool[items[mine[next_local++]].micro_batch]));
       } else if (aligned) {
         out.emplace_back();
@@ -1016,7 +1018,40 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
     winner = &*rows;
     winner_items = &items;
   }
-  return lay_out(*winner_items, pool, *winner, lengths, st);
+  if (!balance.step_seconds) return lay_out(*winner_items, pool, *winner, lengths, st);
+
+  // Every candidate laid out (each from a copy of the pool), scored by the given step.
+  std::vector<std::pair<const std::vector<WorkItem>*, Assignment*>> candidates = {{&items, &best}};
+  if (wide) candidates.push_back({&wide_items, &*wide});
+  if (naive) candidates.push_back({&items, &*naive});
+  if (rows) candidates.push_back({&items, &*rows});
+  std::optional<StepPlan> chosen;
+  double chosen_seconds = 0;
+  auto consider = [&](StepPlan plan) {
+    const double seconds = balance.step_seconds(plan);
+    if (!chosen || seconds < chosen_seconds * (1 - 1e-9)) {
+      chosen = std::move(plan);
+      chosen_seconds = seconds;
+    }
+  };
+  for (const auto& [candidate_items, assignment] : candidates)
+    for (bool rings_first : {false, true}) {
+      if (rings_first && st.pipeline_stages == 1) continue;
+      std::vector<PlannedMicroBatch> copy = pool;
+      consider(lay_out(*candidate_items, copy, *assignment, lengths, st, rings_first));
+    }
+  consider(plan_naive(lengths, st));
+  // And without offload where it fits: wider rings that copy nothing can be faster.
+  if (st.offload.enabled && st.offload.forced_ratio < 0) {
+    PlannerSettings without = st;
+    without.offload.enabled = false;
+    try {
+      consider(plan_naive(lengths, without));
+    } catch (const std::invalid_argument&) {
+      // a sequence needs offload to fit
+    }
+  }
+  return std::move(*chosen);
 }
 
 }  // namespace hdp

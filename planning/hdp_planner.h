@@ -12,6 +12,7 @@
 // packed row split over the cp ranks of its group whatever its sequences' lengths.
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -99,6 +100,11 @@ struct BalanceSettings {
   // tokens (so that ring steps keep attention work to hide their transfers under).
   bool widen = true;
   double widen_min_fill = 0.25;
+  // When set, the candidates are compared by this instead: a plan's step seconds.
+  // `trainer plan` passes the step simulator's (whatif/step_simulation.h), which
+  // sees pipeline bubbles and ring waits that the predicted busiest rank does not;
+  // the trainer leaves it empty.
+  std::function<double(const StepPlan&)> step_seconds;
 };
 // Work items: short sequences packed best-fit decreasing into C tokens and long
 // ones with choose_ranks's ranks and offload ratio, exactly as plan_naive; an item
@@ -134,6 +140,13 @@ struct BalanceSettings {
 // holes stay as empty micro-batches, so a ring sits at one index on all its members
 // (their 1F1B schedules then meet it together; micro-batch counts may differ);
 // with one stage they are dropped. Passes check_plan.
+// With BalanceSettings::step_seconds every candidate is laid out and that decides
+// (ties: the first); with several pipeline stages each candidate is also laid out
+// with its rings first (a rank's own micro-batches after its last ring, holes left
+// empty: long sequences first, as ByteScale's PP-Balance orders them); plan_naive's
+// plan itself is a candidate, so the result's step is never longer than
+// plan_naive's by that measure, and so is plan_naive's without offload (rings sized
+// by device memory alone) when offload is on, not forced, and it fits.
 StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& settings, const BalanceSettings& balance);
 
 // The busy seconds of ranks coupled by expert parallelism. seconds[r][i] is rank r's

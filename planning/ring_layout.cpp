@@ -18,7 +18,11 @@ int64_t zigzag_chunk_begin(int64_t length, int chunk, int ring_size) {
                                 std::to_string(2 * static_cast<int64_t>(ring_size)) + " chunks of a sequence of " +
                                 std::to_string(length) + " tokens");
   }
-  return static_cast<int64_t>(static_cast<__int128>(length) * chunk / (2 * static_cast<int64_t>(ring_size)));
+  // chunk <= 2 ring_size < 2^32: below 2^31 tokens the product fits 64 bits, and the
+  // 128-bit division (a library call) is the planner's and check_plan's hot spot.
+  const int64_t chunks = 2 * static_cast<int64_t>(ring_size);
+  if (length < (int64_t{1} << 31)) return length * chunk / chunks;
+  return static_cast<int64_t>(static_cast<__int128>(length) * chunk / chunks);
 }
 
 RingLayout zigzag_ring_layout(std::span<const int> peers, std::span<const int64_t> sequence_lengths, int self) {
@@ -61,6 +65,81 @@ int64_t total_rows(std::span<const ChunkRows> runs) {
   int64_t n = 0;
   for (const ChunkRows& r : runs) n += r.rows();
   return n;
+}
+
+namespace {
+
+// One sequence's chunk boundaries in a ring of n members: chunk c is rows
+// [bounds[c], bounds[c + 1]); `holders` are the members with a non-empty chunk.
+struct SequenceChunks {
+  std::vector<int64_t> bounds;
+  std::vector<int> holders;
+};
+
+SequenceChunks sequence_chunks(int64_t length, int n) {
+  SequenceChunks s;
+  s.bounds.resize(2 * static_cast<size_t>(n) + 1);
+  for (int c = 0; c <= 2 * n; ++c) s.bounds[c] = zigzag_chunk_begin(length, c, n);
+  for (int m = 0; m < n; ++m)
+    if (s.bounds[m + 1] > s.bounds[m] || s.bounds[2 * n - m] > s.bounds[2 * n - 1 - m]) s.holders.push_back(m);
+  return s;
+}
+
+// key_rows_needed's count for one sequence: the rows of member q's chunks that
+// member p reads. A key chunk c is read from its first row (or, under a window,
+// from W - 1 rows before the start of p's nearest later chunk) to its end when p
+// holds a later non-empty chunk of the sequence; chunks never overlap, so earlier
+// query chunks see none of it and the nearest later one sees the most.
+int64_t rows_read(const SequenceChunks& s, int n, int64_t window, int q, int p) {
+  const int low = p, high = 2 * n - 1 - p;
+  auto held = [&](int c) { return s.bounds[c + 1] > s.bounds[c]; };
+  int64_t rows = 0;
+  for (int c : {q, 2 * n - 1 - q}) {
+    if (!held(c)) continue;
+    const int nearest = low > c && held(low) ? low : high > c && held(high) ? high : -1;
+    if (nearest < 0) continue;
+    const int64_t first = window > 0 ? std::max(s.bounds[c], s.bounds[nearest] - window + 1) : s.bounds[c];
+    rows += std::max<int64_t>(0, s.bounds[c + 1] - first);
+  }
+  return rows;
+}
+
+}  // namespace
+
+RingStepRows ring_step_rows(std::span<const int64_t> lengths, int n, int64_t window) {
+  if (n < 0) throw std::invalid_argument("ring_step_rows: a ring of " + std::to_string(n) + " members");
+  RingStepRows out;
+  out.most.assign(n, 0);
+  // A sequence of at least 2n rows that no window cuts gives every member both
+  // chunks and every chunk is read whole by everyone holding a later one: member p
+  // reads source q's first chunk always and its second when p < q. Their rows add
+  // up over such sequences per source; the others are counted one by one.
+  std::vector<int64_t> first_rows(n, 0), second_rows(n, 0);
+  std::vector<SequenceChunks> others;
+  for (int64_t length : lengths) {
+    if (length >= 2 * static_cast<int64_t>(n) && (window <= 0 || window >= length)) {
+      for (int q = 0; q < n; ++q) {
+        first_rows[q] += zigzag_chunk_begin(length, q + 1, n) - zigzag_chunk_begin(length, q, n);
+        second_rows[q] += zigzag_chunk_begin(length, 2 * n - q, n) - zigzag_chunk_begin(length, 2 * n - 1 - q, n);
+      }
+    } else {
+      others.push_back(sequence_chunks(length, n));
+    }
+  }
+  std::vector<int64_t> read(n);
+  for (int t = 1; t < n; ++t) {
+    for (int p = 0; p < n; ++p) {
+      const int q = p >= t ? p - t : p - t + n;  // q > p exactly when p < t
+      read[p] = first_rows[q] + (p < t ? second_rows[q] : 0);
+    }
+    for (const SequenceChunks& s : others)
+      for (int p : s.holders) read[p] += rows_read(s, n, window, p >= t ? p - t : p - t + n, p);
+    for (int p = 0; p < n; ++p) {
+      out.most[t] = std::max(out.most[t], read[p]);
+      out.total += read[p];
+    }
+  }
+  return out;
 }
 
 }  // namespace hdp

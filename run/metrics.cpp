@@ -52,6 +52,7 @@ std::string to_json(const StepMetrics& m) {
   json.key("idle_fraction").number(m.idle_fraction, kDigits);
   json.key("planned_busy_ms_max").number(m.planned_busy_ms_max, kDigits);
   json.key("cost_model_error").number(m.cost_model_error, kDigits);
+  json.key("planned_bound_ms").number(m.planned_bound_ms, kDigits);
   numbers("busy_ms", m.busy_ms);
   numbers("planned_busy_ms", m.planned_busy_ms);
   json.key("activation_peak_bytes").integer(m.activation_peak_bytes);

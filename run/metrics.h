@@ -42,6 +42,10 @@ struct StepMetrics {
   // relative error against the measured busy_ms_max.
   double planned_busy_ms_max = 0;
   double cost_model_error = 0;
+  // The step time no plan of this step's sequences beats under the same cost model
+  // (planning/step_bound.h), without the gradient synchronisation: step_ms over it
+  // says how far the run is from its best possible step.
+  double planned_bound_ms = 0;
   // Per training rank: measured and planned busy time.
   std::vector<double> busy_ms;
   std::vector<double> planned_busy_ms;

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "data/materialize.h"
+#include "planning/step_bound.h"
 #include "run/pipeline_layers.h"
 #include "run/planner_cost.h"
 
@@ -14,6 +15,7 @@ StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
     : policy_(config.scheduler.policy), cp_(static_cast<int>(config.scheduler.cp)) {
   settings_.hdp = config.parallel.hdp;
   settings_.capacity = config.data.micro_batch_tokens;
+  stage_layers_ = pipeline_layers(config);
   settings_.layers_per_stage = planner_layers(config);
   settings_.pipeline_stages = config.parallel.pp;
   // Under expert parallelism every MoE layer's all-to-alls block it as its compute
@@ -61,6 +63,7 @@ void StepPlanner::predict(const StepPlan& plan, std::span<const int64_t> lengths
   const std::vector<double> seconds = predicted_rank_seconds(plan, lengths, settings_);
   batch.planned_busy_s = seconds[hdp_rank];
   batch.planned_max_busy_s = *std::max_element(seconds.begin(), seconds.end());
+  batch.planned_bound_s = step_lower_bound(lengths, settings_, stage_layers_).seconds();
 }
 
 GlobalBatch StepPlanner::next_local_batch(BatchSampler& sampler, const TokenDataset& dataset, int hdp_rank) const {

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "config/config.h"
 #include "data/batch.h"
@@ -36,7 +37,9 @@ class StepPlanner {
   // The plan of a global batch with sequences of these lengths, checked.
   StepPlan plan(std::span<const int64_t> lengths) const;
   // Puts the plan's predicted busy seconds of hdp rank `hdp_rank` and of the busiest
-  // rank into the batch.
+  // rank into the batch, and the step time no plan of these sequences beats under the
+  // run's costs (planning/step_bound.h; the gradient synchronisation, which the costs
+  // do not price, left out).
   void predict(const StepPlan& plan, std::span<const int64_t> lengths, int hdp_rank, GlobalBatch& batch) const;
   // The next global batch with this rank's planned micro-batches read.
   GlobalBatch next_local_batch(BatchSampler& sampler, const TokenDataset& dataset, int hdp_rank) const;
@@ -47,6 +50,7 @@ class StepPlanner {
   SchedulerPolicy policy_;
   int cp_;
   PlannerSettings settings_;
+  std::vector<int64_t> stage_layers_;  // layers of each pipeline stage
   BalanceSettings balance_;
 };
 

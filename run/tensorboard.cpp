@@ -45,6 +45,7 @@ std::vector<tfevents::Scalar> tensorboard_scalars(const StepMetrics& m) {
   add("idle_fraction", m.idle_fraction);
   add("planned_busy_ms_max", m.planned_busy_ms_max);
   add("cost_model_error", m.cost_model_error);
+  add("planned_bound_ms", m.planned_bound_ms);
   per_rank("busy_ms", m.busy_ms);
   per_rank("planned_busy_ms", m.planned_busy_ms);
   add("activation_peak_bytes", m.activation_peak_bytes);

@@ -336,6 +336,7 @@ StepMetrics TrainingLoop::step_metrics(const StepMeasurement& measured, const Gl
   const double busy_sum = std::accumulate(m.busy_ms.begin(), m.busy_ms.end(), 0.0);
   m.idle_fraction = std::max(0.0, 1.0 - busy_sum / training_ranks / measured.step_ms);
   m.planned_busy_ms_max = batch.planned_max_busy_s * 1e3;
+  m.planned_bound_ms = batch.planned_bound_s * 1e3;
   m.cost_model_error = m.planned_busy_ms_max > 0 ? (m.busy_ms_max - m.planned_busy_ms_max) / m.planned_busy_ms_max : 0;
   m.activation_peak_bytes = static_cast<int64_t>(engine_.model().activation_usage().device_peak_bytes);
   m.host_pool_bytes = static_cast<int64_t>(engine_.model().activation_usage().host_pool_bytes);

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "config/config.h"
+#include "config/model_file.h"
 #include "config/schema.h"
 #include "test_util.h"
 

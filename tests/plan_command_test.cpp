@@ -1,8 +1,9 @@
 // `trainer plan` and what it reads: the built-in length distributions reproduce
 // the published token-share statistics, global batches are cut at the context,
 // lengths files and their errors, the cluster and model files (and their
-// errors, naming file and key), and the command end to end (exit codes, the
-// table, the Chrome trace, Mixtral with its expert-parallel degree chosen).
+// errors, naming file and key), the step's lower bound against every policy's
+// simulated step, and the command end to end (exit codes, the table, the Chrome
+// trace, Mixtral with its expert-parallel degree chosen).
 
 #include <gtest/gtest.h>
 
@@ -10,6 +11,7 @@
 #include <cmath>
 #include <fstream>
 #include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -150,6 +152,15 @@ TEST(PlanFiles, ClusterAndModelFilesLoad) {
   EXPECT_EQ(h.gpus_per_node, 8);
   EXPECT_DOUBLE_EQ(h.peak_flops, 989.4e12);
   EXPECT_DOUBLE_EQ(h.internode_bytes_per_s, 50e9);
+  EXPECT_DOUBLE_EQ(h.link_efficiency, 1);  // keys absent: peaks and the large-kernel rate
+  EXPECT_DOUBLE_EQ(h.gemm_half_rows, 0);
+  // The derated file: the same cluster with link and small-kernel efficiency.
+  const HardwareProfile d = load_cluster_file(config("cluster/h100-derated.yaml"));
+  EXPECT_DOUBLE_EQ(d.peak_flops, h.peak_flops);
+  EXPECT_DOUBLE_EQ(d.internode_bytes_per_s, h.internode_bytes_per_s);
+  EXPECT_DOUBLE_EQ(d.link_efficiency, 0.8);
+  EXPECT_DOUBLE_EQ(d.gemm_half_rows, 512);
+  EXPECT_DOUBLE_EQ(d.attention_half_rows, 1024);
   for (const char* name : {"llama-7b", "llama-13b", "llama-30b", "llama-70b", "mistral-7b", "mistral-8x7b", "mistral-8x22b"}) {
     const ModelShape m = load_model_file(config(std::string("models/") + name + ".yaml"));
     EXPECT_EQ(m.name, name);
@@ -220,6 +231,9 @@ TEST(PlanFiles, ErrorsNameFileAndKey) {
   range.replace(range.find("achievable_fraction: 0.5"), 24, "achievable_fraction: 1.5");
   std::ofstream(dir + "/range.yaml") << range;
   expect_plan_error(dir + "/range.yaml", true, "achievable_fraction");
+  const std::string links = text + "link_efficiency: 1.25\n";
+  std::ofstream(dir + "/links.yaml") << links;
+  expect_plan_error(dir + "/links.yaml", true, "link_efficiency must be in (0, 1]");
   expect_plan_error(dir + "/absent.yaml", true, "cannot open the cluster file (No such file or directory)");
   // Model files are the training config's model section (read_model_file): its keys,
   // rules and messages, at the file's lines.
@@ -298,6 +312,117 @@ TEST(PlanSetupTest, ExpertParallelSetup) {
                PlanInputError);
 }
 
+// No plan beats the step's lower bound: every policy's simulated step is at least
+// simulated_step_bound over random batches (two distributions, seeds, and uniform
+// lengths) on layouts with rings, pipelines, forced offload, a sliding window and
+// expert parallelism, on the cluster at its peaks and derated (slower links and
+// small kernels only lengthen the step). (1e-12 relative: the bound and the simulation add the same
+// durations in different orders.)
+TEST(PlanBound, NoPolicyBeatsTheBound) {
+  for (const char* cluster : {"h100", "h100-derated"}) {
+    const HardwareProfile h = load_cluster_file(config("cluster/" + std::string(cluster) + ".yaml"));
+    struct Layout {
+      const char* model;
+      int gpus, tp, pp, ep;
+      int64_t context;
+    };
+    const Layout layouts[] = {{"llama-7b", 64, 8, 1, 1, 256 * K},    {"llama-7b", 16, 1, 1, 1, 64 * K},
+                              {"llama-70b", 128, 8, 2, 1, 64 * K},   {"llama-70b", 256, 8, 4, 1, 256 * K},
+                              {"mistral-7b", 64, 8, 1, 1, 256 * K},  {"mistral-8x7b", 64, 8, 1, 2, 64 * K}};
+    std::mt19937_64 rng(5);
+    int simulated = 0, offloading = 0, pipelined = 0;
+    for (const Layout& l : layouts) {
+      const PlanSetup setup = make_plan_setup(h, load_model_file(config("models/" + std::string(l.model) + ".yaml")),
+                                              l.gpus, l.tp, l.pp, l.context, 0, l.ep);
+      for (int trial = 0; trial < 4; ++trial) {
+        std::vector<int64_t> lengths;
+        if (trial < 3) {
+          lengths = global_batch_lengths(trial == 1 ? "github" : "byted", l.context, 4 * M, 1 + trial);
+        } else {
+          std::uniform_int_distribution<int64_t> len(1, l.context);
+          for (int64_t total = 0; total < 2 * M;) total += lengths.emplace_back(len(rng));
+        }
+        const StepBound bound = simulated_step_bound(setup, lengths);
+        ASSERT_GT(bound.seconds(), 0);
+        for (const auto& [name, planner] : plan_policies()) {
+          StepPlan plan;
+          try {
+            plan = planner(lengths, setup);
+          } catch (const std::invalid_argument&) {
+            continue;  // the policy cannot place this batch
+          }
+          check_plan(plan, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages);
+          const StepSimulation sim = simulate_step(plan, lengths, setup.costs);
+          EXPECT_GE(sim.step_seconds, bound.seconds() * (1 - 1e-12))
+              << cluster << ": " << l.model << " on " << l.gpus << " GPUs, pp " << l.pp << ", trial " << trial
+              << ", " << name << ": work " << bound.work << ", longest " << bound.longest << ", offload " << bound.offload;
+          ++simulated;
+          offloading += bound.offload > 0;
+          pipelined += l.pp > 1;
+        }
+      }
+    }
+    EXPECT_GE(simulated, 60) << cluster;
+    EXPECT_GT(offloading, 0) << cluster;  // some batch had a sequence that must offload
+    EXPECT_GT(pipelined, 0) << cluster;
+  }
+}
+
+// `trainer plan`'s balance compares its candidates by the simulated step, plan_naive's
+// plans among them, with and without offload: never slower than either, nor than
+// plan_balance deciding by its predicted busiest rank.
+TEST(PlanBalancePolicy, NeverSlowerThanNaiveOrThePredictedChoice) {
+  const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
+  int pipelined = 0, without_offload = 0;
+  struct Layout {
+    int gpus, pp;
+    int64_t context;
+  };
+  for (const Layout& l : {Layout{128, 2, 256 * K}, Layout{256, 4, 256 * K}, Layout{64, 1, 256 * K},
+                          Layout{256, 4, 64 * K}}) {
+    const int pp = l.pp;
+    const PlanSetup setup =
+        make_plan_setup(h, load_model_file(config("models/llama-70b.yaml")), l.gpus, 8, pp, l.context, 0, 1);
+    for (int seed = 1; seed <= 3; ++seed) {
+      const std::vector<int64_t> lengths =
+          global_batch_lengths(seed == 2 ? "github" : "byted", l.context, 4 * M, seed);
+      auto step = [&](const StepPlan& plan) { return simulate_step(plan, lengths, setup.costs).step_seconds; };
+      const StepPlan balance = plan_policy("balance")(lengths, setup);
+      check_plan(balance, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages);
+      const double chosen = step(balance);
+      EXPECT_LE(chosen, step(plan_policy("naive")(lengths, setup)) * (1 + 1e-12)) << "pp " << pp << " seed " << seed;
+      EXPECT_LE(chosen, step(plan_balance(lengths, setup.settings, setup.balance)) * (1 + 1e-12))
+          << "pp " << pp << " seed " << seed;
+      try {
+        EXPECT_LE(chosen, step(plan_policy("naive-no-offload")(lengths, setup)) * (1 + 1e-12))
+            << "pp " << pp << " seed " << seed;
+        ++without_offload;
+      } catch (const std::invalid_argument&) {
+        // a sequence needs offload
+      }
+      pipelined += pp > 1 && !balance.rings.empty();
+    }
+  }
+  EXPECT_GT(pipelined, 0);  // some pipelined batch had rings
+  EXPECT_GT(without_offload, 0);
+}
+
+// One rank, one sequence: nothing waits, and the simulated step is the bound. LLaMA-7B
+// at tp 8: 32 layers of T(4096) and the head, then the optimizer (hdp 1 needs no
+// collectives).
+TEST(PlanBound, OneRankOneSequenceReachesIt) {
+  const PlanSetup setup = make_plan_setup(load_cluster_file(config("cluster/h100.yaml")),
+                                          load_model_file(config("models/llama-7b.yaml")), 8, 8, 1, 4096);
+  const std::vector<int64_t> lengths = {4096};
+  const StepBound bound = simulated_step_bound(setup, lengths);
+  const StepCosts& k = setup.costs;
+  const double expected = 32 * k.cost.compute_seconds(4096) + 4096 * k.head_seconds_per_token + k.optimizer_seconds[0];
+  EXPECT_NEAR(bound.work, expected, expected * 1e-12);
+  EXPECT_DOUBLE_EQ(bound.longest, bound.work);  // the one sequence is all the work
+  const StepSimulation sim = simulate_step(plan_policy("naive")(lengths, setup), lengths, k);
+  EXPECT_NEAR(sim.step_seconds, bound.seconds(), expected * 1e-12);
+}
+
 // The command end to end on a small cluster: 64 GPUs, tp 8, 256K context.
 TEST(PlanCommand, RunsAndWritesTraces) {
   const std::string dir = scratch_dir("plan_command");
@@ -307,7 +432,8 @@ TEST(PlanCommand, RunsAndWritesTraces) {
                            "--policies static,naive --trace " + dir + "/step.json";
   const auto r = run_trainer(args);
   ASSERT_EQ(r.exit_code, 0) << r.output;
-  for (const char* needle : {"hdp 8", "static", "naive", "tokens/s", "1.00x", "ranks per spread sequence", "timing"})
+  for (const char* needle : {"hdp 8", "static", "naive", "tokens/s", "of bound", "no plan beats it", "1.00x",
+                             "ranks per spread sequence", "timing"})
     EXPECT_NE(r.output.find(needle), std::string::npos) << needle << "\n" << r.output;
   for (const char* policy : {"static", "naive"}) {
     std::ifstream in(dir + "/step-" + std::string(policy) + ".json");

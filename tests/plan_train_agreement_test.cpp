@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "config/model_file.h"
 #include "trainer/plan_command.h"
 #include "whatif/step_simulation.h"
 

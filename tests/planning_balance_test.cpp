@@ -285,6 +285,60 @@ TEST(PlanBalance, PipelinesPutARingAtOneIndexOnEveryMember) {
   }
 }
 
+// BalanceSettings::step_seconds decides between the candidates, each laid out (with
+// pipelines also rings first), plan_naive's plan among them. The batch and layout of
+// PipelinesPutARingAtOneIndexOnEveryMember.
+TEST(PlanBalance, AGivenStepMeasureDecides) {
+  PlannerSettings s = settings(4, 100, 1, 0.0, 1.0);
+  s.offload.enabled = false;
+  s.pipeline_stages = 3;
+  const std::vector<int64_t> lengths = {400, 300, 250, 200, 150, 50};
+  const StepPlan naive = plan_naive(lengths, s);
+  auto same_lists = [&](const StepPlan& a, const StepPlan& b) {
+    for (int r = 0; r < 4; ++r)
+      if (sequences_of(a, r) != sequences_of(b, r)) return false;
+    return true;
+  };
+  ASSERT_FALSE(same_lists(plan_balance(lengths, s, {}), naive));  // else this test shows nothing
+  // A measure that prefers plan_naive's plan gets it.
+  BalanceSettings balance;
+  int calls = 0;
+  balance.step_seconds = [&](const StepPlan& p) {
+    ++calls;
+    return same_lists(p, naive) ? 1.0 : 2.0;
+  };
+  EXPECT_TRUE(same_lists(plan_balance(lengths, s, balance), naive));
+  EXPECT_GE(calls, 3);  // Algorithm 2's candidate laid out two ways, and plan_naive's
+  // A measure that prefers rings first: the later a rank's first micro-batch without a
+  // ring, the better. Every rank then lists all its rings (and empty holes) first.
+  balance.step_seconds = [&](const StepPlan& p) {
+    double score = 0;
+    for (const auto& list : p.ranks)
+      for (size_t m = 0; m < list.size(); ++m)
+        if (list[m].ring < 0 && list[m].tokens() > 0) {
+          score -= static_cast<double>(m);
+          break;
+        }
+    return score;
+  };
+  auto rings_after_locals = [](const StepPlan& p) {
+    int count = 0;
+    for (const auto& list : p.ranks) {
+      bool local_seen = false;
+      for (const PlannedMicroBatch& mb : list) {
+        if (mb.ring >= 0 && local_seen) ++count;
+        if (mb.ring < 0 && mb.tokens() > 0) local_seen = true;
+      }
+    }
+    return count;
+  };
+  ASSERT_GT(rings_after_locals(plan_balance(lengths, s, {})), 0);  // holes filled by default
+  const StepPlan first = plan_balance(lengths, s, balance);
+  ASSERT_NO_THROW(check_plan(first, lengths, 1, 3));
+  ASSERT_FALSE(first.rings.empty());
+  EXPECT_EQ(rings_after_locals(first), 0);
+}
+
 TEST(PlanBalance, EmptyBatchesAndBadSettings) {
   PlannerSettings s = settings(3, 100, 1, 1.0, 0.0);
   const StepPlan p = plan_balance(std::vector<int64_t>{}, s, {});

@@ -1,7 +1,7 @@
-// Step planners and the plan contract, without MPI: zig-zag chunks, token limits
-// under offload, the cost model, choose_ranks, check_plan's rejections, a rank's
-// share of a plan (rank_work), best-fit packing, and randomized invariants of
-// plan_naive and plan_static on long-tailed lengths.
+// Step planners and the plan contract, without MPI: zig-zag chunks and the key rows
+// a ring sends per step, token limits under offload, the cost model, choose_ranks,
+// check_plan's rejections, a rank's share of a plan (rank_work), best-fit packing,
+// and randomized invariants of plan_naive and plan_static on long-tailed lengths.
 
 #include <gtest/gtest.h>
 
@@ -81,6 +81,61 @@ TEST(Zigzag, ChunksTileTheSequence) {
       }
       EXPECT_EQ(total, len);
     }
+  }
+}
+
+TEST(RingStepRows, HandComputedRings) {
+  // 10 tokens over 2 members: chunks [0,2) [2,5) [5,7) [7,10); member 0 holds chunks 0
+  // and 3, member 1 chunks 1 and 2. Member 0 reads both of member 1's chunks (its
+  // chunk 3 comes after them): 3 + 2 rows; member 1 reads chunk 0 (2 rows), not 3.
+  RingStepRows r = ring_step_rows(std::vector<int64_t>{10}, 2, 0);
+  EXPECT_EQ(r.most, (std::vector<int64_t>{0, 5}));
+  EXPECT_EQ(r.total, 7);
+  // Window 2: a key row is read only by queries less than 2 rows after it. Member 0's
+  // queries start at 7: of chunk 1 none, of chunk 2 row 6. Member 1's chunk 1 starts
+  // at 2: of chunk 0 row 1.
+  r = ring_step_rows(std::vector<int64_t>{10}, 2, 2);
+  EXPECT_EQ(r.most, (std::vector<int64_t>{0, 1}));
+  EXPECT_EQ(r.total, 2);
+  // 3 tokens over 2 members: chunk 0 is empty, member 0 holds row 2 (chunk 3) and
+  // reads rows 0 and 1 of member 1; member 1 reads nothing. With the 10-token
+  // sequence beside it, member 0 reads 5 + 2.
+  r = ring_step_rows(std::vector<int64_t>{3}, 2, 0);
+  EXPECT_EQ(r.most, (std::vector<int64_t>{0, 2}));
+  EXPECT_EQ(r.total, 2);
+  r = ring_step_rows(std::vector<int64_t>{10, 3}, 2, 0);
+  EXPECT_EQ(r.most, (std::vector<int64_t>{0, 7}));
+  EXPECT_EQ(r.total, 9);
+  // A ring of one reads nothing.
+  r = ring_step_rows(std::vector<int64_t>{10}, 1, 0);
+  EXPECT_EQ(r.most, (std::vector<int64_t>{0}));
+  EXPECT_EQ(r.total, 0);
+}
+
+// ring_step_rows counts what key_rows_needed gives every member at every step, for
+// rings with short sequences (empty chunks), long ones and windows that cut or not.
+TEST(RingStepRows, EqualsKeyRowsNeededMemberByMember) {
+  std::mt19937_64 rng(7);
+  std::vector<ChunkRows> runs;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = std::uniform_int_distribution<int>(1, 9)(rng);
+    std::vector<int64_t> lengths(std::uniform_int_distribution<int>(1, 6)(rng));
+    for (int64_t& len : lengths) len = std::uniform_int_distribution<int64_t>(1, trial % 2 ? 60 : 3 * n)(rng);
+    const int64_t window = trial % 3 == 0 ? 0 : std::uniform_int_distribution<int64_t>(1, 30)(rng);
+    std::vector<int> peers(n);
+    std::iota(peers.begin(), peers.end(), 0);
+    const RingLayout layout = zigzag_ring_layout(peers, lengths, 0);
+    RingStepRows expected;
+    expected.most.assign(n, 0);
+    for (int t = 1; t < n; ++t)
+      for (int p = 0; p < n; ++p) {
+        key_rows_needed(layout, (p - t + n) % n, p, window, runs);
+        expected.most[t] = std::max(expected.most[t], total_rows(runs));
+        expected.total += total_rows(runs);
+      }
+    const RingStepRows got = ring_step_rows(lengths, n, window);
+    ASSERT_EQ(got.most, expected.most) << "trial " << trial << ", ring of " << n << ", window " << window;
+    ASSERT_EQ(got.total, expected.total) << "trial " << trial;
   }
 }
 

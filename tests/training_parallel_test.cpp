@@ -482,6 +482,16 @@ TEST(BalanceScheduler, EqualsOneProcessWithAndWithoutPipelines) {
     std::getline(in, line);
     EXPECT_NE(line.find("\"planned_busy_ms\": ["), std::string::npos) << line;
     EXPECT_NE(line.find("\"cost_model_error\""), std::string::npos) << line;
+    // and the step no plan of its sequences beats under the same costs.
+    const std::vector<double> bound = metric_values(dir, "planned_bound_ms");
+    const std::vector<double> planned_max = metric_values(dir, "planned_busy_ms_max");
+    ASSERT_EQ(bound.size(), planned_max.size()) << l.name;
+    ASSERT_FALSE(bound.empty()) << l.name;
+    for (size_t i = 0; i < bound.size(); ++i) {
+      EXPECT_GT(bound[i], 0) << l.name << " step " << i + 1;
+      // Without pipelines the busiest rank's planned busy time is a plan's step.
+      if (l.name == "balance_hdp4") EXPECT_LE(bound[i], planned_max[i] * (1 + 1e-8)) << l.name << " step " << i + 1;
+    }
   }
 }
 

@@ -257,6 +257,17 @@ StepPlan two_member_ring_plan(const std::vector<int64_t>& lengths) {
   return plan;
 }
 
+// The costs of the ring tests below: T(s) = a1 s^2 with a1 = 1, forward a quarter
+// of it, 1 byte of K/V per row, each GPU on its own node.
+StepCosts ring_costs() {
+  StepCosts k = hand_costs(2, 1, 0.25);
+  k.cost.a1 = 1;
+  k.cost.b1 = 0;
+  k.kv_bytes_per_token = 1;
+  k.hardware.gpus_per_node = 1;
+  return k;
+}
+
 // Two ranks share a ring over one 4-token sequence (zig-zag: member 0 holds
 // positions 0 and 3, member 1 positions 1 and 2). T(s) = a1 s^2 with a1 = 1: one
 // member's ring step is s^2 / k^2 = 4 s, forward a quarter of it. At step 1 member
@@ -265,11 +276,7 @@ StepPlan two_member_ring_plan(const std::vector<int64_t>& lengths) {
 // nodes) = 2 s. Forward max(1, 2) + 1 = 3; backward max(3, 2) + (3 + 2: the
 // gradients go back after the step's compute) = 8. Bytes: 3 rows, three times.
 TEST(StepSimulation, RingMicroBatch) {
-  StepCosts k = hand_costs(2, 1, 0.25);
-  k.cost.a1 = 1;
-  k.cost.b1 = 0;
-  k.kv_bytes_per_token = 1;
-  k.hardware.gpus_per_node = 1;
+  const StepCosts k = ring_costs();
   const std::vector<int64_t> lengths = {4};
   const StepPlan plan = two_member_ring_plan(lengths);
   const StepSimulation s = simulate_step(plan, lengths, k, true);
@@ -299,18 +306,78 @@ TEST(StepSimulation, RingMicroBatch) {
 // other (position 2 for 3, 0 for 1): 1 s. Forward max(0.625, 1) + 0.625 = 1.625;
 // backward max(1.875, 1) + (1.875 + 1) = 4.75. Bytes: 2 rows, three times.
 TEST(StepSimulation, RingMicroBatchUnderASlidingWindow) {
-  StepCosts k = hand_costs(2, 1, 0.25);
-  k.cost.a1 = 1;
-  k.cost.b1 = 0;
+  StepCosts k = ring_costs();
   k.cost.window = 2;
-  k.kv_bytes_per_token = 1;
-  k.hardware.gpus_per_node = 1;
   const std::vector<int64_t> lengths = {4};
   const StepPlan plan = two_member_ring_plan(lengths);
   const StepSimulation s = simulate_step(plan, lengths, k, true);
   EXPECT_DOUBLE_EQ(s.compute_seconds, 10);
   EXPECT_DOUBLE_EQ(s.step_seconds, 6.375);
   EXPECT_DOUBLE_EQ(s.attention_bytes, 3 * 2);
+}
+
+// Small kernels (Hockney's n_1/2): one 4-token sequence on one rank, T = a1 s^2 +
+// b1 s = 16 + 12. GEMM half rows 4: the 4-row GEMMs take 12 x (1 + 4 / 4) = 24;
+// attention half rows 2: 16 x (1 + 2 / 4) = 24; the step 48. MFU's compute stays
+// at the large-kernel rate.
+TEST(StepSimulation, SmallKernelsRunBelowTheLargeKernelRate) {
+  StepCosts k = hand_costs(1, 1, 0.25);
+  k.cost.a1 = 1;
+  std::vector<int64_t> lengths;
+  const StepPlan plan = local_plan({1}, 4, lengths);
+  EXPECT_DOUBLE_EQ(simulate_step(plan, lengths, k).step_seconds, 28);
+  k.hardware.gemm_half_rows = 4;
+  EXPECT_DOUBLE_EQ(simulate_step(plan, lengths, k).step_seconds, 40);
+  k.hardware.attention_half_rows = 2;
+  const StepSimulation s = simulate_step(plan, lengths, k);
+  EXPECT_DOUBLE_EQ(s.step_seconds, 48);
+  EXPECT_DOUBLE_EQ(s.compute_seconds, 28);
+  EXPECT_DOUBLE_EQ(s.idle_fraction, 0);
+}
+
+// RingMicroBatch's ring with attention half rows 2: a member's block holds 4 / 2 = 2
+// rows of the sequence, so its ring step takes 4 x (1 + 2 / 2) = 8. Forward max(2, 2)
+// + 2 = 4; backward max(6, 2) + (6 + 2) = 14: 18. Links at half their peak instead:
+// the 2 rows take 4 s, forward max(1, 4) + 1 = 5, backward max(3, 4) + (3 + 4) = 11: 16.
+TEST(StepSimulation, RingBlocksAndLinkEfficiency) {
+  StepCosts k = ring_costs();
+  const std::vector<int64_t> lengths = {4};
+  const StepPlan plan = two_member_ring_plan(lengths);
+  k.hardware.attention_half_rows = 2;
+  const StepSimulation blocks = simulate_step(plan, lengths, k);
+  EXPECT_DOUBLE_EQ(blocks.step_seconds, 18);
+  EXPECT_DOUBLE_EQ(blocks.compute_seconds, 16);
+  k.hardware.attention_half_rows = 0;
+  k.hardware.link_efficiency = 0.5;
+  const StepSimulation links = simulate_step(plan, lengths, k);
+  EXPECT_DOUBLE_EQ(links.step_seconds, 16);
+  EXPECT_DOUBLE_EQ(links.attention_bytes, 3 * 3);  // the same bytes, slower
+}
+
+// Link efficiency and half rows are checked with the other figures.
+TEST(Hardware, EfficienciesOutOfRangeAreRefused) {
+  HardwareProfile h;
+  h.peak_flops = h.achievable_fraction = h.hbm_bytes = h.hbm_bytes_per_s = 1;
+  h.nvlink_bytes_per_s = h.internode_bytes_per_s = h.pcie_bytes_per_s = 1;
+  EXPECT_NO_THROW(validate_hardware(h));
+  EXPECT_DOUBLE_EQ(h.link_bytes_per_s(0, 8), 1);
+  h.link_efficiency = 0.8;
+  EXPECT_DOUBLE_EQ(h.link_bytes_per_s(0, 8), 0.8);
+  for (double bad : {0.0, 1.5, -0.1}) {
+    h.link_efficiency = bad;
+    try {
+      validate_hardware(h);
+      ADD_FAILURE() << bad << " accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("link_efficiency must be in (0, 1]"), std::string::npos) << e.what();
+    }
+  }
+  h.link_efficiency = 1;
+  h.gemm_half_rows = -1;
+  EXPECT_THROW(validate_hardware(h), std::invalid_argument);
+  h.gemm_half_rows = 0;
+  h.attention_half_rows = -1;
+  EXPECT_THROW(validate_hardware(h), std::invalid_argument);
 }
 
 // Rank 0 computes 3 s, rank 1 1 s; the reduce-scatter starts when rank 0 arrives:

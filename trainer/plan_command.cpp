@@ -16,7 +16,7 @@
 #include "planning/stage_split.h"
 #include "trainer/command_line.h"
 #include "trainer/commands.h"
-#include "config/config.h"
+#include "config/model_file.h"
 
 namespace hdp {
 
@@ -24,7 +24,7 @@ namespace {
 
 // ---------------------------------------------------------------------------
 // Cluster files: one flat map, every key known, every value typed. (Model files
-// are the config's model section: read_model_file, config/config.h.)
+// are the config's model section: read_model_file, config/model_file.h.)
 
 YamlMap read_flat_file(const std::string& path, const std::string& kind, const std::string& example,
                        const std::vector<std::string>& required, const std::vector<std::string>& optional) {
@@ -120,7 +120,7 @@ HardwareProfile load_cluster_file(const std::string& path) {
       path, "cluster", "configs/cluster/h100.yaml",
       {"gpus_per_node", "peak_bf16_flops", "achievable_fraction", "hbm_bytes", "hbm_bytes_per_s", "reserved_bytes",
        "nvlink_bytes_per_s", "internode_bytes_per_s", "intranode_latency_s", "internode_latency_s", "pcie_bytes_per_s"},
-      {"name", "host_bytes_per_node"});
+      {"name", "host_bytes_per_node", "link_efficiency", "gemm_half_rows", "attention_half_rows"});
   HardwareProfile h;
   h.name = y.get_or<std::string>("name", std::filesystem::path(path).stem().string());
   const int64_t gpus_per_node = y.get<int64_t>("gpus_per_node");
@@ -138,6 +138,9 @@ HardwareProfile load_cluster_file(const std::string& path) {
   h.internode_latency_s = y.get<double>("internode_latency_s");
   h.pcie_bytes_per_s = y.get<double>("pcie_bytes_per_s");
   h.host_bytes_per_node = y.get_or<double>("host_bytes_per_node", h.host_bytes_per_node);
+  h.link_efficiency = y.get_or<double>("link_efficiency", h.link_efficiency);
+  h.gemm_half_rows = y.get_or<double>("gemm_half_rows", h.gemm_half_rows);
+  h.attention_half_rows = y.get_or<double>("attention_half_rows", h.attention_half_rows);
   try {
     validate_hardware(h);
   } catch (const std::invalid_argument& e) {
@@ -230,8 +233,20 @@ const std::vector<std::pair<std::string, Planner>>& plan_policies() {
          st.offload.enabled = false;
          return plan_naive(l, st);
        }},
+      // The balance scheduler comparing its candidates by the simulated step.
       {policy_name(SchedulerPolicy::Balance),
-       [](std::span<const int64_t> l, const PlanSetup& s) { return plan_balance(l, s.settings, s.balance); }},
+       [](std::span<const int64_t> l, const PlanSetup& s) {
+         BalanceSettings balance = s.balance;
+         // A candidate layout whose rings deadlock never wins.
+         balance.step_seconds = [&](const StepPlan& plan) {
+           try {
+             return simulate_step(plan, l, s.costs).step_seconds;
+           } catch (const sim::SimulationError&) {
+             return std::numeric_limits<double>::infinity();
+           }
+         };
+         return plan_balance(l, s.settings, balance);
+       }},
   };
   return policies;
 }
@@ -243,6 +258,12 @@ const Planner& plan_policy(const std::string& name) {
     names += (names.empty() ? "" : ", ") + n;
   }
   throw PlanInputError("unknown policy '" + name + "' (valid: " + names + ")");
+}
+
+StepBound simulated_step_bound(const PlanSetup& setup, std::span<const int64_t> lengths) {
+  std::vector<double> tails;
+  for (int s = 0; s < setup.layout.pp; ++s) tails.push_back(gradient_sync(setup.costs, s).seconds());
+  return step_lower_bound(lengths, setup.settings, setup.stage_layers, tails);
 }
 
 namespace {
@@ -429,14 +450,25 @@ PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const Pl
   return o;
 }
 
-// One row per policy: step time, throughput, speed-up over static, idle, MFU, traffic, spread.
-void print_table(const std::vector<PolicyOutcome>& outcomes, int64_t tokens, const HardwareProfile& hw) {
+// The bound every policy's step is measured against.
+void print_bound(const StepBound& b) {
+  std::printf("bound    %.2f s per step (no plan beats it): work %.2f s per rank on average; the longest "
+              "sequence through every stage on %d ranks (%s tokens each) %.2f s; its offload forced by memory %.2f s; "
+              "each with the gradient sync after it\n\n",
+              b.seconds(), b.work, b.ranks, grouped(static_cast<double>(b.member_tokens)).c_str(), b.longest,
+              b.offload);
+}
+
+// One row per policy: step time and its multiple of the bound, throughput, speed-up
+// over static, idle, MFU, traffic, spread.
+void print_table(const std::vector<PolicyOutcome>& outcomes, int64_t tokens, const HardwareProfile& hw,
+                 const StepBound& bound) {
   std::optional<double> static_step;
   for (const PolicyOutcome& o : outcomes)
     if (o.name == policy_name(SchedulerPolicy::Static) && o.failure.empty()) static_step = o.sim.step_seconds;
-  std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "plan s", "step s", "tokens/s",
-              "speedup", "idle", "MFU", "attention GB", "micro-b.", "spread", "ranks/spread");
-  std::printf("%-16s %9s %10s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "vs static", "", "", "",
+  std::printf("%-16s %9s %10s %8s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "plan s", "step s", "of bound",
+              "tokens/s", "speedup", "idle", "MFU", "attention GB", "micro-b.", "spread", "ranks/spread");
+  std::printf("%-16s %9s %10s %8s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "", "vs static", "", "", "",
               "per rank", "seqs", "mean / max");
   for (const PolicyOutcome& o : outcomes) {
     if (!o.failure.empty()) {
@@ -453,8 +485,9 @@ void print_table(const std::vector<PolicyOutcome>& outcomes, int64_t tokens, con
     const std::string ranks = o.rings.spread_sequences > 0
                                   ? fixed(o.rings.mean_ranks, 1) + " / " + std::to_string(o.rings.max_ranks)
                                   : "-";
-    std::printf("%-16s %9.3f %10.2f %11s %8s %6.3f %6.3f %12.1f %9s %8lld %12s\n", o.name.c_str(), o.plan_seconds,
-                s.step_seconds, grouped(static_cast<double>(tokens) / s.step_seconds).c_str(), speedup.c_str(),
+    std::printf("%-16s %9.3f %10.2f %8.2f %11s %8s %6.3f %6.3f %12.1f %9s %8lld %12s\n", o.name.c_str(),
+                o.plan_seconds, s.step_seconds, s.step_seconds / bound.seconds(),
+                grouped(static_cast<double>(tokens) / s.step_seconds).c_str(), speedup.c_str(),
                 s.idle_fraction, mfu, s.attention_bytes / 1e9, mb.c_str(),
                 static_cast<long long>(o.rings.spread_sequences), ranks.c_str());
   }
@@ -579,7 +612,9 @@ int command_plan(const std::vector<std::string>& raw) {
     for (const std::string& name : request.policies)
       outcomes.push_back(run_policy(name, request, setup, batch.lengths));
     if (request.trace) std::printf("\n");
-    print_table(outcomes, batch.tokens, setup.hardware);
+    const StepBound bound = simulated_step_bound(setup, batch.lengths);
+    print_bound(bound);
+    print_table(outcomes, batch.tokens, setup.hardware, bound);
     print_details(outcomes);
     warn_host_memory(outcomes, setup.hardware);
     const bool placed =

@@ -2,8 +2,9 @@
 // `trainer plan`: plans one global batch with several policies (static, naive,
 // balance; planning/hdp_planner.h) for a described cluster and model, simulates
 // the training step of each plan (whatif/step_simulation.h) and prints step
-// time, tokens/s, idle fraction, attention traffic, ring sizes and the speed-up
-// over static. docs/planning.md describes it.
+// time and its multiple of the lower bound no plan beats (planning/step_bound.h),
+// tokens/s, idle fraction, attention traffic, ring sizes and the speed-up over
+// static. docs/planning.md describes it.
 
 #include <cstdint>
 #include <functional>
@@ -16,6 +17,7 @@
 #include "whatif/hardware.h"
 #include "planning/hdp_planner.h"
 #include "planning/plan.h"
+#include "planning/step_bound.h"
 #include "whatif/step_simulation.h"
 
 namespace hdp {
@@ -30,13 +32,14 @@ class PlanInputError : public InputError {
 // configs/cluster/*.yaml: gpus_per_node, peak_bf16_flops, achievable_fraction,
 // hbm_bytes, hbm_bytes_per_s, reserved_bytes, nvlink_bytes_per_s,
 // internode_bytes_per_s, intranode_latency_s, internode_latency_s,
-// pcie_bytes_per_s, and optionally name, host_bytes_per_node. Both loaders throw
+// pcie_bytes_per_s, and optionally name, host_bytes_per_node, link_efficiency,
+// gemm_half_rows, attention_half_rows (whatif/hardware.h). Both loaders throw
 // ConfigError naming file:line and the key that is missing, unknown, mistyped or
 // out of range.
 HardwareProfile load_cluster_file(const std::string& path);
 
 // configs/models/*.yaml, read as the training config's model section
-// (read_model_file, config/config.h: the same keys, rules and errors), as the
+// (read_model_file, config/model_file.h: the same keys, rules and errors), as the
 // shape the planner counts with (ModelConfig::shape), named by the file's `name`.
 ModelShape load_model_file(const std::string& path);
 
@@ -77,5 +80,10 @@ using Planner = std::function<StepPlan(std::span<const int64_t> lengths, const P
 const std::vector<std::pair<std::string, Planner>>& plan_policies();
 // Throws PlanInputError for an unknown name.
 const Planner& plan_policy(const std::string& name);
+
+// The step time no plan of these sequences beats on the setup's cluster and layout
+// (planning/step_bound.h), each stage's gradient synchronisation (gradient_sync) as
+// its tail: every simulated step of a plan that passes check_plan is at least this.
+StepBound simulated_step_bound(const PlanSetup& setup, std::span<const int64_t> lengths);
 
 }  // namespace hdp

@@ -38,6 +38,10 @@ void validate_hardware(const HardwareProfile& h) {
   non_negative(h.internode_latency_s, "internode_latency_s");
   positive(h.pcie_bytes_per_s, "pcie_bytes_per_s");
   non_negative(h.host_bytes_per_node, "host_bytes_per_node");
+  if (!(h.link_efficiency > 0 && h.link_efficiency <= 1))
+    throw std::invalid_argument("link_efficiency must be in (0, 1], got " + std::to_string(h.link_efficiency));
+  non_negative(h.gemm_half_rows, "gemm_half_rows");
+  non_negative(h.attention_half_rows, "attention_half_rows");
 }
 
 }  // namespace hdp

@@ -78,8 +78,7 @@ struct GroupLink {
   double bytes_per_s = 0, latency_s = 0;
 };
 GroupLink group_link(const HardwareProfile& hw, long first, long last) {
-  if (hw.same_node(first, last)) return {hw.nvlink_bytes_per_s, hw.intranode_latency_s};
-  return {hw.internode_bytes_per_s, hw.internode_latency_s};
+  return {hw.link_bytes_per_s(first, last), hw.link_latency_s(first, last)};
 }
 
 }  // namespace
@@ -173,6 +172,29 @@ double all_to_all_seconds_per_token(const StepCosts& k) {
   return 4 * k.all_to_all_bytes_per_token * (k.ep - 1) / k.ep / k.all_to_all_bytes_per_s;
 }
 
+GradientSync gradient_sync(const StepCosts& k, int s) {
+  const HardwareProfile& hw = k.hardware;
+  const int hdp = k.hdp, tp = k.tp, ep = k.ep;
+  const ParallelDegrees grid{tp, k.pp(), hdp};
+  // The GPU of tp rank 0 of hdp rank r at stage s, in the trainer's rank order.
+  auto gpu = [&](int r) { return static_cast<long>(grid.rank({0, s, r})); };
+  GradientSync g;
+  const GroupLink all = group_link(hw, gpu(0), gpu(hdp - 1) + tp - 1);
+  g.reduce_scatter = sim::ring_reduce_scatter_seconds(k.gradient_bytes[s], hdp, all.bytes_per_s, all.latency_s);
+  g.all_gather = sim::ring_all_gather_seconds(k.parameter_bytes[s], hdp, all.bytes_per_s, all.latency_s);
+  g.optimizer = k.optimizer_seconds[s];
+  if (ep > 1) {
+    // Every ep-group position's ranks span the same GPUs (but for an offset of j x
+    // tp): position 0 stands for all.
+    const GroupLink link = group_link(hw, gpu(0), gpu(hdp - ep) + tp - 1);
+    g.expert_reduce_scatter =
+        sim::ring_reduce_scatter_seconds(k.expert_gradient_bytes[s], hdp / ep, link.bytes_per_s, link.latency_s);
+    g.expert_all_gather =
+        sim::ring_all_gather_seconds(k.expert_parameter_bytes[s], hdp / ep, link.bytes_per_s, link.latency_s);
+  }
+  return g;
+}
+
 namespace {
 
 constexpr int kCompute = 0, kFwdSend = 1, kFwdRecv = 2, kBwdSend = 3, kBwdRecv = 4, kDp = 5, kD2h = 6, kH2d = 7;
@@ -184,7 +206,7 @@ constexpr sim::OpId kNone = std::numeric_limits<sim::OpId>::max();
 // One micro-batch's work on one GPU per layer, split into forward and backward.
 struct LayerWork {
   double forward = 0, backward = 0;  // seconds, communication stalls of ring steps included
-  double pure = 0;                   // forward + backward compute alone
+  double pure = 0;                   // forward + backward compute alone, every kernel at the large-kernel rate (MFU)
   double attention_bytes = 0;        // ring traffic sent by this GPU
 };
 
@@ -286,6 +308,8 @@ class StepGraphBuilder {
   std::vector<std::vector<double>> ring_transfer_;
   std::vector<double> ring_fwd_, ring_bwd_;
   std::vector<double> ring_step_;       // per ring: one member's one computing ring step
+  // per ring: the same step at the rate of its attention blocks' size (HardwareProfile::attention_seconds)
+  std::vector<double> ring_step_busy_;
   std::vector<double> ring_sent_rows_;  // per ring: key rows a member sends per pass, on average
   StepSimulation out_;
   sim::OpGraph graph_;
@@ -314,36 +338,32 @@ void StepGraphBuilder::measure_rings() {
   const size_t R = plan_.rings.size();
   ring_transfer_.assign(R * pp, {});
   ring_step_.resize(R);
+  ring_step_busy_.resize(R);
   ring_sent_rows_.resize(R);
   for (size_t g = 0; g < R; ++g) {
     const Ring& ring = plan_.rings[g];
     const int n = static_cast<int>(ring.ranks.size());
-    double attention = 0;
+    double attention = 0, attention_busy = 0;
     std::vector<int64_t> ring_lengths;
     for (int64_t q : ring.sequences) {
-      attention += k_.cost.a1 * k_.cost.attention_term(lengths_[q]);
+      const double a = k_.cost.a1 * k_.cost.attention_term(lengths_[q]);
+      attention += a;
+      // A member's block holds its 1 / n of the sequence's rows.
+      attention_busy += hw.attention_seconds(a, static_cast<double>(lengths_[q]) / std::max(n, 1));
       ring_lengths.push_back(lengths_[q]);
     }
     // What the trainer's ring sends (parallel/ring_attention.h): at step t member p
     // receives from member p - t the key rows it reads (planning/ring_layout.h), none
     // under a window that does not reach. Members run in lock step: a step moves the
     // most any member receives, over the slowest of its links.
-    const RingLayout layout = zigzag_ring_layout(ring.ranks, ring_lengths, 0);
-    std::vector<int64_t> rows(n, 0);  // per step t: the most rows a member receives
-    double sent = 0;
+    const RingStepRows traffic = ring_step_rows(ring_lengths, n, k_.cost.window);
+    const std::vector<int64_t>& rows = traffic.most;  // per step t: the most rows a member receives
     int active = 1;  // steps that compute: step 0 (own rows) and every step with rows
-    std::vector<ChunkRows> read;
-    for (int t = 1; t < n; ++t) {
-      for (int p = 0; p < n; ++p) {
-        key_rows_needed(layout, (p - t + n) % n, p, k_.cost.window, read);
-        const int64_t r = total_rows(read);
-        rows[t] = std::max(rows[t], r);
-        sent += static_cast<double>(r);
-      }
+    for (int t = 1; t < n; ++t)
       if (rows[t] > 0) ++active;
-    }
     ring_step_[g] = n > 0 ? attention / (static_cast<double>(n) * active) : 0;
-    ring_sent_rows_[g] = n > 0 ? sent / n : 0;
+    ring_step_busy_[g] = n > 0 ? attention_busy / (static_cast<double>(n) * active) : 0;
+    ring_sent_rows_[g] = n > 0 ? static_cast<double>(traffic.total) / n : 0;
     for (int s = 0; s < pp; ++s) {
       std::vector<double>& xfer = ring_transfer_[ring_at(g, s)];
       xfer.assign(n + 1, 0.0);  // xfer[t]: step t's transfer; 0 at t = 0 and t = n
@@ -393,18 +413,25 @@ void StepGraphBuilder::add_streams() {
 }
 
 LayerWork StepGraphBuilder::layer_work(const PlannedMicroBatch& mb, int s) const {
+  const HardwareProfile& hw = k_.hardware;
   LayerWork w;
-  double linear = 0, ring_tokens = 0;
+  // linear: at the large-kernel rate; small: what small kernels add to it (the
+  // layer's GEMMs run over the micro-batch's tokens, a local sequence's attention
+  // over its own rows).
+  double linear = 0, small = 0, tokens = 0;
   for (const PlannedPiece& p : mb.pieces) {
+    tokens += static_cast<double>(p.length);
     if (p.ring < 0) {
       linear += k_.cost.compute_seconds(p.length);
+      const double attention = k_.cost.a1 * k_.cost.attention_term(p.length);
+      small += hw.attention_seconds(attention, static_cast<double>(p.length)) - attention;
     } else {
-      ring_tokens += static_cast<double>(p.length);
+      linear += k_.cost.b1 * static_cast<double>(p.length);
     }
   }
-  linear += k_.cost.b1 * ring_tokens;
-  w.forward = f_ * linear;
-  w.backward = (1 - f_) * linear;
+  small += hw.gemm_seconds(k_.cost.b1 * tokens, tokens) - k_.cost.b1 * tokens;
+  w.forward = f_ * (linear + small);
+  w.backward = (1 - f_) * (linear + small);
   w.pure = linear;
   if (mb.ring >= 0) add_ring_work(mb, s, w);
   return w;
@@ -418,7 +445,7 @@ LayerWork StepGraphBuilder::layer_work(const PlannedMicroBatch& mb, int s) const
 void StepGraphBuilder::add_ring_work(const PlannedMicroBatch& mb, int s, LayerWork& w) const {
   const size_t g = static_cast<size_t>(mb.ring);
   const int n = static_cast<int>(plan_.rings[g].ranks.size());
-  const double step = ring_step_[g];
+  const double step = ring_step_[g], busy = ring_step_busy_[g];
   const double sequences = static_cast<double>(plan_.rings[g].sequences.size());
   const std::vector<double>& x = ring_transfer_[ring_at(g, s)];
   w.forward += f_ * k_.cost.g * sequences;
@@ -427,8 +454,8 @@ void StepGraphBuilder::add_ring_work(const PlannedMicroBatch& mb, int s, LayerWo
   for (int t = 0; t < n; ++t) {
     if (t > 0 && x[t] == 0) continue;  // nothing to read at this step
     w.pure += step;
-    w.forward += std::max(f_ * step, x[t + 1]);
-    w.backward += std::max((1 - f_) * step + x[t], x[t + 1]);
+    w.forward += std::max(f_ * busy, x[t + 1]);
+    w.backward += std::max((1 - f_) * busy + x[t], x[t + 1]);
   }
   // Forward K/V, backward K/V and backward K/V gradients: the same rows three times.
   w.attention_bytes = 3 * k_.kv_bytes_per_token * ring_sent_rows_[g];
@@ -570,25 +597,18 @@ void StepGraphBuilder::add_pipeline_transfers(int r, int s) {
 }
 
 void StepGraphBuilder::add_gradient_sync(int s) {
-  const HardwareProfile& hw = k_.hardware;
   const int hdp = grid_.hdp, tp = grid_.tp, ep = k_.ep;
-  const GroupLink all = group_link(hw, gpu(0, s), gpu(hdp - 1, s) + tp - 1);
-  const double rs = sim::ring_reduce_scatter_seconds(k_.gradient_bytes[s], hdp, all.bytes_per_s, all.latency_s);
-  const double ag = sim::ring_all_gather_seconds(k_.parameter_bytes[s], hdp, all.bytes_per_s, all.latency_s);
+  const GradientSync sync = gradient_sync(k_, s);
+  const double rs = sync.reduce_scatter, ag = sync.all_gather;
+  const double ers = sync.expert_reduce_scatter, eag = sync.expert_all_gather;
   out_.gradient_bytes += (k_.gradient_bytes[s] + k_.parameter_bytes[s]) * tp * hdp;
   const int g_rs = graph_.new_group(), g_ag = graph_.new_group();
   // With ep > 1 the experts of ep-group position j live on ranks j, j + ep, ...: one
   // reduce-scatter and one all-gather per position.
   const bool experts = ep > 1;
-  const int holders = hdp / ep;
   std::vector<int> g_ers, g_eag;
-  double ers = 0, eag = 0;
   if (experts) {
     for (int j = 0; j < ep; ++j) g_ers.push_back(graph_.new_group()), g_eag.push_back(graph_.new_group());
-    // Every position's ranks span the same GPUs (but for an offset of j x tp): position 0 stands for all.
-    const GroupLink link = group_link(hw, gpu(0, s), gpu(hdp - ep, s) + tp - 1);
-    ers = sim::ring_reduce_scatter_seconds(k_.expert_gradient_bytes[s], holders, link.bytes_per_s, link.latency_s);
-    eag = sim::ring_all_gather_seconds(k_.expert_parameter_bytes[s], holders, link.bytes_per_s, link.latency_s);
     out_.gradient_bytes += (k_.expert_gradient_bytes[s] + k_.expert_parameter_bytes[s]) * tp * hdp;
   }
   for (int r = 0; r < hdp; ++r) {
@@ -600,7 +620,7 @@ void StepGraphBuilder::add_gradient_sync(int s) {
     reduce_scatter_ops_.push_back(a);
     std::vector<sim::OpId> reduced{a};
     if (experts) reduced.push_back(graph_.add_op(stream(r, s, kDp), ers, L_ers, deps, g_ers[r % ep]));
-    const sim::OpId o = graph_.add_op(stream(r, s, kCompute), k_.optimizer_seconds[s], L_opt, reduced);
+    const sim::OpId o = graph_.add_op(stream(r, s, kCompute), sync.optimizer, L_opt, reduced);
     graph_.add_op(stream(r, s, kDp), ag, L_ag, {o}, g_ag);
     if (experts) graph_.add_op(stream(r, s, kDp), eag, L_eag, {o}, g_eag[r % ep]);
   }

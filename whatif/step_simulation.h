@@ -153,6 +153,18 @@ StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hardwa
 // The latencies and the count exchange, constants per micro-batch, are not in it.
 double all_to_all_seconds_per_token(const StepCosts& costs);
 
+// What every rank of stage s runs after its last backward, each part after the one
+// before: the gradient reduce-scatter over the stage's hdp ranks (with ep > 1 then
+// the experts' over the hdp / ep ranks holding them), the optimizer on its ZeRO-1
+// shard, the parameter all-gather (and the experts'). A collective starts when its
+// last member does, so the step ends no earlier than the stage's slowest rank's last
+// backward plus seconds() (the tail of planning/step_bound.h).
+struct GradientSync {
+  double reduce_scatter = 0, expert_reduce_scatter = 0, optimizer = 0, all_gather = 0, expert_all_gather = 0;
+  double seconds() const { return reduce_scatter + expert_reduce_scatter + optimizer + all_gather + expert_all_gather; }
+};
+GradientSync gradient_sync(const StepCosts& costs, int stage);
+
 struct StepSimulation {
   double step_seconds = 0;          // makespan
   int processes = 0;                // hdp x pp
