@@ -9,6 +9,7 @@
 #include "base/yaml_reader.h"
 #include "config/checker.h"
 #include "config/model_file.h"
+#include "config/pipeline_layers.h"
 #include "config/schema.h"
 #include "parallel/nccl_communicator.h"
 #include "spec/model_checks.h"
@@ -84,6 +85,22 @@ void check_pipeline_split(const Checker& c) {
             "list pp layer counts of at least 1 that sum to model.num_layers, or leave it empty for a cost-balanced "
             "split",
             {"parallel.pp", "model.num_layers"});
+}
+
+// train.recompute_layers x the pipeline stages' layers (parallel.pp_layers, or the
+// cost-balanced split the engine builds when it is empty): every stage must have
+// that many layers to recompute.
+void check_recompute_layers(const Checker& c) {
+  const std::optional<int64_t>& n = c.config.train.recompute_layers;
+  if (!n) return;
+  c.require(*n >= 0, "train.recompute_layers", c.shown("train.recompute_layers") + " is negative",
+            "choose how many layers of each stage recompute, 0 or more, or null for all");
+  const int64_t smallest = smallest_stage_layers(c.config);
+  c.require(*n <= smallest, "train.recompute_layers",
+            c.shown("train.recompute_layers") + " is more than the " + std::to_string(smallest) +
+                " layers of the smallest pipeline stage",
+            "choose at most " + std::to_string(smallest) + ", or null for all of each stage's layers",
+            {"parallel.pp_layers", "parallel.pp", "model.num_layers"});
 }
 
 // parallel.comm x train.device (and, with check_files, this build)
@@ -255,6 +272,7 @@ void check_config(const Config& config, bool check_files) {
   check_trace_window(c);
   check_layout(c);
   check_pipeline_split(c);
+  check_recompute_layers(c);
   check_communicator(c, check_files);
   check_attention(c);
   check_static_grid(c);

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "kernels/device.h"
 #include "kernels/dtype.h"
 #include "spec/model_config.h"
+#include "spec/model_shape.h"
 #include "spec/optim_config.h"
 #include "spec/parallel_degrees.h"
 
@@ -92,6 +94,8 @@ struct TrainConfig {
   Device device = Device::CPU;           // cpu | cuda (the local rank's GPU); guarded: tests only
   bool tf32 = false;                     // cuda: fp32 GEMMs on TF32 tensor cores
   AttentionImpl attention = AttentionImpl::Auto;  // cuda: our attention kernels or cuDNN's (kernels/attention_impl.h)
+  RecomputeMode recompute = RecomputeMode::None;  // none | selective | full (spec/model_shape.h)
+  std::optional<int64_t> recompute_layers;  // layers of each stage that recompute, from its first; null: all
   DType precision = DType::F32;          // fp32 | bf16 (mixed precision: bf16 compute weights and activations,
                                          // fp32 master weights, gradients and moments; docs/configuration.md)
   double spike_factor = 0;               // skip a step whose loss exceeds this x the recent median; 0 = off

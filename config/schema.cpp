@@ -221,6 +221,13 @@ const std::vector<Section> kSchema = {
                  "measures it)"),
       enum_field("precision", &Config::train, &TrainConfig::precision, kPrecisionNames, "precision",
                  "the compute precision"),
+      enum_field("recompute", &Config::train, &TrainConfig::recompute, kRecomputeModeNames, "mode",
+                 "activation recomputation: what a layer keeps for backward and reruns in it (Korthikanti et al. "
+                 "2022; docs/performance.md)"),
+      field("recompute_layers", &Config::train, &TrainConfig::recompute_layers,
+            "with `recompute` selective or full: how many layers of each pipeline stage recompute, counted from "
+            "the stage's first layer; null: all; the others may offload",
+            stated("null, or 0 to the smallest stage's layers")),
       field("spike_factor", &Config::train, &TrainConfig::spike_factor,
             "a step whose loss exceeds this factor times the median of the recent good steps is bad; 0: off",
             rule("0 or > 1", [](double v) { return v == 0 || v > 1; }, "{value} is not 0 or above 1",

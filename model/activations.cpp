@@ -26,26 +26,72 @@ Tensor tensor_at(char* base, std::initializer_list<int64_t> dims, DType dtype, D
   return Tensor(reinterpret_cast<float*>(base), dims, device);
 }
 
+// A layer's saved tensors in the order they are carved from a block: the row
+// tensors [rows, width] of the activation dtype, then the small fp32 ones. Bit i of
+// a TensorSet stands for kSavedTensors[i].
+enum class Width { Hidden, Query, KeyValue, Ffn, One, Heads };
+struct SavedTensor {
+  Tensor LayerActivations::*member;
+  Width width;
+};
+constexpr SavedTensor kSavedTensors[] = {
+    {&LayerActivations::x_in, Width::Hidden},  {&LayerActivations::ln1, Width::Hidden},
+    {&LayerActivations::q, Width::Query},      {&LayerActivations::k, Width::KeyValue},
+    {&LayerActivations::v, Width::KeyValue},   {&LayerActivations::attn, Width::Query},
+    {&LayerActivations::x_mid, Width::Hidden}, {&LayerActivations::ln2, Width::Hidden},
+    {&LayerActivations::gate, Width::Ffn},     {&LayerActivations::up, Width::Ffn},
+    {&LayerActivations::rstd1, Width::One},    {&LayerActivations::rstd2, Width::One},
+    {&LayerActivations::lse, Width::Heads}};
+constexpr int kSavedTensorCount = static_cast<int>(std::size(kSavedTensors));
+using TensorSet = ModelActivations::TensorSet;
+constexpr TensorSet kAllTensors = (TensorSet{1} << kSavedTensorCount) - 1;
+
+constexpr bool is_row(Width w) { return w != Width::One && w != Width::Heads; }
+
+// Values per row (row tensors) or per token (small ones) of each Width on this rank.
+struct LayerWidths {
+  int64_t hidden, query, key_value, ffn, heads;
+  int64_t of(Width w) const {
+    switch (w) {
+      case Width::Hidden:
+        return hidden;
+      case Width::Query:
+        return query;
+      case Width::KeyValue:
+        return key_value;
+      case Width::Ffn:
+        return ffn;
+      case Width::One:
+        return 1;
+      case Width::Heads:
+        return heads;
+    }
+    return 0;
+  }
+};
+
+constexpr TensorSet tensor_bit(Tensor LayerActivations::*member) {
+  for (int i = 0; i < kSavedTensorCount; ++i)
+    if (kSavedTensors[i].member == member) return TensorSet{1} << i;
+  return 0;
+}
+
+template <class... Members>
+constexpr TensorSet tensor_set(Members... members) {
+  return (tensor_bit(members) | ...);
+}
+
 // The tensors of a layer whose rows can move to host memory, and the small ones.
 template <class A, class Fn>
 void for_each_row_tensor(A& a, A& b, Fn&& fn) {
-  fn(a.x_in, b.x_in);
-  fn(a.ln1, b.ln1);
-  fn(a.q, b.q);
-  fn(a.k, b.k);
-  fn(a.v, b.v);
-  fn(a.attn, b.attn);
-  fn(a.x_mid, b.x_mid);
-  fn(a.ln2, b.ln2);
-  fn(a.gate, b.gate);
-  fn(a.up, b.up);
+  for (const SavedTensor& t : kSavedTensors)
+    if (is_row(t.width)) fn(a.*t.member, b.*t.member);
 }
 
 template <class A, class Fn>
 void for_each_small_tensor(A& a, A& b, Fn&& fn) {
-  fn(a.rstd1, b.rstd1);
-  fn(a.rstd2, b.rstd2);
-  fn(a.lse, b.lse);
+  for (const SavedTensor& t : kSavedTensors)
+    if (!is_row(t.width)) fn(a.*t.member, b.*t.member);
 }
 
 }  // namespace
@@ -63,18 +109,32 @@ ModelActivations::ModelActivations(const ModelConfig& config, const ModelPartiti
       has_head_(partition.has_head),
       capacity_(capacity.capacity_tokens),
       max_tokens_(capacity.max_tokens),
+      recompute_(capacity.recompute),
+      recompute_layers_(capacity.recompute == RecomputeMode::None ? 0 : capacity.recompute_layers),
+      rings_(capacity.rings),
+      offload_(capacity.offload),
       device_(device),
       precision_(precision),
       arena_(Arena::counting(device, "activations")),
       host_arena_(Arena::counting(Device::CPU, "offloaded activations")),
       slots_(capacity.slots) {
+  if (recompute_layers_ < 0 || recompute_layers_ > layers_) {
+    throw std::invalid_argument("model: recompute_layers " + std::to_string(recompute_layers_) +
+                                " outside [0, " + std::to_string(layers_) + "], the stage's layers");
+  }
   const ActivationWidths widths = activation_widths(config.shape(), partition.tp_size);
   row_width_ = widths.row;
   small_width_ = widths.small;
+  const ActivationWidths kept = activation_widths(config.shape(), partition.tp_size, recompute_, rings_);
+  kept_row_width_ = kept.row;
+  kept_small_width_ = kept.small;
   scratch_.head_chunk_tokens = head_chunk_for(vocab_, max_tokens_);
-  if (capacity.offload && layers_ >= 3) {
+  // Layers [recompute_layers, layers - 2) may offload: the last two run their
+  // backward at once, recomputed layers keep little.
+  const int64_t offloadable = layers_ - 2 - recompute_layers_;
+  if (capacity.offload && offloadable > 0) {
     copy_engine_ = std::make_unique<CopyEngine>(device);
-    const size_t host_layer_bytes = static_cast<size_t>(layers_ - 2) * layer_block_bytes(max_tokens_, 0);
+    const size_t host_layer_bytes = static_cast<size_t>(offloadable) * layer_block_bytes(max_tokens_, 0, kAllTensors);
     // Pinned on CUDA, so the copy stream moves rows asynchronously at full bandwidth.
     const size_t host_bytes = host_layer_bytes * slots_.size();
     host_arena_ = device == Device::CUDA ? Arena::pinned_host(host_bytes, "offloaded activations")
@@ -97,58 +157,89 @@ ModelActivations::~ModelActivations() {
   if (copy_engine_) copy_engine_->synchronize();
 }
 
-// Bytes of one layer's saved tensors: row tensors (activation dtype) for `rows`
+// What a recomputed layer keeps in its own block (spec/model_shape.h, RecomputeMode);
+// ring: its micro-batch takes part in a ring.
+ModelActivations::TensorSet ModelActivations::kept_tensors(bool ring) const {
+  using A = LayerActivations;
+  switch (recompute_) {
+    case RecomputeMode::None:
+      break;
+    case RecomputeMode::Selective:
+      return kAllTensors & ~tensor_set(&A::ln1, &A::rstd1, &A::ln2, &A::rstd2);
+    case RecomputeMode::Full:
+      return ring ? tensor_set(&A::x_in, &A::attn, &A::lse) : tensor_set(&A::x_in);
+  }
+  return kAllTensors;
+}
+
+// Bytes of the saved tensors in `tensors`: row tensors (activation dtype) for `rows`
 // rows, the small fp32 ones (1/rms twice, log-sum-exp) for `tokens` tokens; every
 // tensor 64-byte aligned.
-size_t ModelActivations::layer_block_bytes(int64_t rows, int64_t tokens) const {
-  auto aligned = [](int64_t n) { return static_cast<size_t>(round_up(n, kActivationAlignBytes)); };
-  const int64_t H = hidden_, F = ffn_, qdim = heads_ * head_dim_, kv = kv_heads_ * head_dim_;
-  const int64_t row_bytes = static_cast<int64_t>(dtype_size(precision_)), small_bytes = sizeof(float);
+size_t ModelActivations::layer_block_bytes(int64_t rows, int64_t tokens, TensorSet tensors) const {
+  const LayerWidths widths{hidden_, heads_ * head_dim_, kv_heads_ * head_dim_, ffn_, heads_};
   size_t n = 0;
-  for (int64_t width : {H, H, qdim, kv, kv, qdim, H, H, F, F}) n += aligned(rows * width * row_bytes);
-  for (int64_t width : {int64_t{1}, int64_t{1}, heads_}) n += aligned(tokens * width * small_bytes);
+  for (int i = 0; i < kSavedTensorCount; ++i) {
+    if ((tensors >> i & 1) == 0) continue;
+    const Width w = kSavedTensors[i].width;
+    const int64_t values = (is_row(w) ? rows : tokens) * widths.of(w);
+    const int64_t bytes = values * static_cast<int64_t>(is_row(w) ? dtype_size(precision_) : sizeof(float));
+    n += static_cast<size_t>(round_up(bytes, kActivationAlignBytes));
+  }
   return n;
 }
 
-// One layer's saved tensors, carved from `base`: row tensors with `rows` rows, the
-// small ones for `tokens` tokens.
-LayerActivations ModelActivations::carve_layer(char* base, int64_t rows, int64_t tokens) const {
-  const int64_t H = hidden_, F = ffn_, qdim = heads_ * head_dim_, kv = kv_heads_ * head_dim_;
-  auto take = [&](int64_t n, int64_t width, DType dtype) {
-    Tensor t = tensor_at(base, {n, width}, dtype, device_);
-    base += round_up(static_cast<int64_t>(t.bytes()), kActivationAlignBytes);
-    return t;
-  };
+// The saved tensors in `tensors`, carved from `base`: row tensors with `rows` rows,
+// the small ones for `tokens` tokens; the others stay empty.
+LayerActivations ModelActivations::carve_layer(char* base, int64_t rows, int64_t tokens, TensorSet tensors) const {
+  const LayerWidths widths{hidden_, heads_ * head_dim_, kv_heads_ * head_dim_, ffn_, heads_};
   LayerActivations a;
-  a.x_in = take(rows, H, precision_);
-  a.ln1 = take(rows, H, precision_);
-  a.q = take(rows, qdim, precision_);
-  a.k = take(rows, kv, precision_);
-  a.v = take(rows, kv, precision_);
-  a.attn = take(rows, qdim, precision_);
-  a.x_mid = take(rows, H, precision_);
-  a.ln2 = take(rows, H, precision_);
-  a.gate = take(rows, F, precision_);
-  a.up = take(rows, F, precision_);
-  a.rstd1 = take(tokens, 1, DType::F32).view({tokens});
-  a.rstd2 = take(tokens, 1, DType::F32).view({tokens});
-  a.lse = take(tokens, heads_, DType::F32).view({heads_, tokens});
+  for (int i = 0; i < kSavedTensorCount; ++i) {
+    if ((tensors >> i & 1) == 0) continue;
+    const Width w = kSavedTensors[i].width;
+    Tensor t = is_row(w) ? tensor_at(base, {rows, widths.of(w)}, precision_, device_)
+                         : tensor_at(base, {tokens * widths.of(w)}, DType::F32, device_);
+    if (w == Width::Heads) t = t.view({heads_, tokens});  // log-sum-exp: [heads, T]
+    base += round_up(static_cast<int64_t>(t.bytes()), kActivationAlignBytes);
+    a.*kSavedTensors[i].member = t;
+  }
   return a;
 }
 
+double ModelActivations::saved_bytes_per_token(int64_t layer) const {
+  const bool r = recomputed(layer);
+  return static_cast<double>(dtype_size(precision_)) * static_cast<double>(r ? kept_row_width_ : row_width_) +
+         4.0 * static_cast<double>(r ? kept_small_width_ : small_width_);
+}
+
+int64_t ModelActivations::saved_floats_per_token() const {
+  if (layers_ == 0) return row_width_ + small_width_;
+  const int64_t R = recompute_layers_;
+  const int64_t total = R * (kept_row_width_ + kept_small_width_) + (layers_ - R) * (row_width_ + small_width_);
+  return (total + layers_ - 1) / layers_;
+}
+
 void ModelActivations::lay_out(Arena& arena) {
-  const int64_t T = max_tokens_, H = hidden_, F = ffn_, L = layers_;
+  const int64_t T = max_tokens_, H = hidden_, F = ffn_, L = layers_, R = recompute_layers_;
   const int64_t qdim = heads_ * head_dim_, kv = kv_heads_ * head_dim_;
-  // A slot holds every layer's block at the plain capacity; offloaded micro-batches
-  // of up to max_tokens use the same memory (two working blocks plus the rows kept
-  // on the device), which the planner's token limit guarantees fits, up to the
-  // small per-token tensors, which are never offloaded.
+  // A slot holds every layer's block at the plain capacity (a recomputed layer's
+  // smaller one); offloaded micro-batches of up to max_tokens use the same memory
+  // (two working blocks plus the rows kept on the device), which the planner's token
+  // limit guarantees fits, up to the small per-token tensors, which are never
+  // offloaded. The planner's limit counts every layer of the stage as offloaded
+  // (planning/plan.h, max_micro_batch_tokens), so the recomputed layers' blocks come
+  // on top of that budget.
   // In bytes (activations in the model's precision, the small tensors in fp32).
-  size_t region = static_cast<size_t>(L) * layer_block_bytes(capacity_, capacity_);
-  if (copy_engine_) {
-    // Slack: the kept rows of each layer are rounded to whole rows.
-    region = std::max(region, static_cast<size_t>(L) * (layer_block_bytes(capacity_, 0) + layer_block_bytes(0, T) +
-                                                        static_cast<size_t>(row_width_) * dtype_size(precision_)));
+  const TensorSet kept = kept_tensors(rings_);
+  size_t region = static_cast<size_t>(R) * layer_block_bytes(capacity_, capacity_, kept) +
+                  static_cast<size_t>(L - R) * layer_block_bytes(capacity_, capacity_, kAllTensors);
+  if (offload_ && L >= 3) {
+    // Slack: the kept rows of each layer are rounded to whole rows. A stage whose
+    // layers all recompute or run their backward at once holds such micro-batches
+    // whole in the same memory (the planner's limit is at most L / 2 capacities).
+    region = std::max(region, static_cast<size_t>(R) * layer_block_bytes(T, T, kept) +
+                                  static_cast<size_t>(L) * (layer_block_bytes(capacity_, 0, kAllTensors) +
+                                                            layer_block_bytes(0, T, kAllTensors) +
+                                                            static_cast<size_t>(row_width_) * dtype_size(precision_)));
   }
   for (MicroBatchSlot& s : slots_) {
     s.tokens = arena.index_tensor({T});
@@ -178,6 +269,11 @@ void ModelActivations::lay_out(Arena& arena) {
   s.dup = arena.tensor({T, F}, precision_);
   s.ffn_act = arena.tensor({T, F}, precision_);
   s.dffn_act = arena.tensor({T, F}, precision_);
+  // The recomputed layers' tensors that none of them keeps (a ring layer keeps more).
+  if (R > 0) {
+    const size_t shared = layer_block_bytes(T, T, kAllTensors & ~kept_tensors(false));
+    s.recomputed = arena.tensor({static_cast<int64_t>(shared / sizeof(float))});  // raw bytes, carved by carve_layer
+  }
   if (has_head_) {
     s.logits = arena.tensor({s.head_chunk_tokens, vocab_}, precision_);
     s.ce_stats = arena.tensor({3 * s.head_chunk_tokens});
@@ -211,63 +307,83 @@ void ModelActivations::load(int slot, const MicroBatchView& batch) {
   lay_out_micro_batch(s, batch.offload_ratio);
 }
 
-// Where this micro-batch's layer activations live. Without offload, layer i has its
-// own block. With offload, layer i runs in working block i % 2; after its forward,
-// layers below the last two keep their first keep_rows rows (and the small tensors)
-// in a smaller device block and send the other rows to the host pool, and come
-// back to their working block before their backward.
+// Where this micro-batch's layer activations live. A recomputed layer i < R has its
+// own block of the tensors it keeps, the others in the shared block. Without
+// offload, every other layer has its own block. With offload, layer i >= R runs in
+// working block (i - R) % 2; after its forward, layers below the last two keep their
+// first keep_rows rows (and the small tensors) in a smaller device block and send
+// the other rows to the host pool, and come back to their working block before
+// their backward.
 void ModelActivations::lay_out_micro_batch(MicroBatchSlot& s, double offload_ratio) {
-  const int64_t T = s.tokens_used, L = layers_;
+  const int64_t T = s.tokens_used, L = layers_, R = recompute_layers_;
   char* region = reinterpret_cast<char*>(s.region.raw());  // sizes below are in bytes
   const size_t capacity = s.region.bytes();
-  s.offloaded = offload_ratio > 0 && L >= 3;
-  if (offload_ratio > 0 && !copy_engine_ && L >= 3) {
+  const int64_t offloadable = L - 2 - R;
+  s.offloaded = offload_ratio > 0 && offloadable > 0;
+  if (s.offloaded && !copy_engine_) {
     throw std::invalid_argument("micro-batch with offload ratio " + std::to_string(offload_ratio) +
                                 " but offload is not enabled for this model");
   }
-  size_t used = 0;
+  const TensorSet kept = kept_tensors(s.has_ring);
+  const size_t recomputed_block = layer_block_bytes(T, T, kept);
+  if (R > 0) {
+    const LayerActivations shared =
+        carve_layer(reinterpret_cast<char*>(scratch_.recomputed.raw()), T, T, kAllTensors & ~kept_tensors(false));
+    for (int64_t i = 0; i < R; ++i) {
+      LayerActivations& a = s.layers[i];
+      a = carve_layer(region + i * recomputed_block, T, T, kept);
+      for (int t = 0; t < kSavedTensorCount; ++t)
+        if ((kept >> t & 1) == 0) a.*kSavedTensors[t].member = shared.*kSavedTensors[t].member;
+    }
+  }
+  char* const rest = region + R * recomputed_block;  // the other layers' memory
+  size_t used = static_cast<size_t>(R) * recomputed_block;
   if (!s.offloaded) {
-    const size_t block = layer_block_bytes(T, T);
-    used = static_cast<size_t>(L) * block;
+    const size_t block = layer_block_bytes(T, T, kAllTensors);
+    used += static_cast<size_t>(L - R) * block;
     if (used > capacity) {
       throw std::invalid_argument("micro-batch of " + std::to_string(T) + " tokens does not fit the activation memory "
                                   "of " + std::to_string(capacity_) + " tokens per layer without offload");
     }
-    for (int64_t i = 0; i < L; ++i) s.layers[i] = carve_layer(region + i * block, T, T);
+    for (int64_t i = R; i < L; ++i) s.layers[i] = carve_layer(rest + (i - R) * block, T, T, kAllTensors);
   } else {
     const int64_t off = std::clamp<int64_t>(std::llround(offload_ratio * static_cast<double>(T)), 0, T);
     s.keep_rows = T - off;
-    const size_t work = layer_block_bytes(T, T), keep = layer_block_bytes(s.keep_rows, T);
-    used = 2 * work + static_cast<size_t>(L - 2) * keep;
+    const size_t work = layer_block_bytes(T, T, kAllTensors), keep = layer_block_bytes(s.keep_rows, T, kAllTensors);
+    used += 2 * work + static_cast<size_t>(offloadable) * keep;
     if (used > capacity) {
       throw std::invalid_argument("micro-batch of " + std::to_string(T) + " tokens with offload ratio " +
                                   std::to_string(offload_ratio) + " does not fit the activation memory");
     }
-    const size_t parked = layer_block_bytes(off, 0);
-    for (int64_t i = 0; i < L; ++i) {
-      s.layers[i] = carve_layer(region + (i % 2) * work, T, T);
+    const size_t parked = layer_block_bytes(off, 0, kAllTensors);
+    for (int64_t i = R; i < L; ++i) {
+      s.layers[i] = carve_layer(rest + ((i - R) % 2) * work, T, T, kAllTensors);
       if (i < L - 2) {
-        s.kept[i] = carve_layer(region + 2 * work + i * keep, s.keep_rows, T);
-        s.parked[i] = carve_layer(reinterpret_cast<char*>(s.host.raw()) + i * parked, off, 0);
+        s.kept[i] = carve_layer(rest + 2 * work + (i - R) * keep, s.keep_rows, T, kAllTensors);
+        s.parked[i] = carve_layer(reinterpret_cast<char*>(s.host.raw()) + (i - R) * parked, off, 0, kAllTensors);
       }
     }
-    usage_.host_peak_bytes = std::max(usage_.host_peak_bytes, static_cast<size_t>(L - 2) * parked);
+    usage_.host_peak_bytes = std::max(usage_.host_peak_bytes, static_cast<size_t>(offloadable) * parked);
   }
   usage_.device_peak_bytes = std::max(usage_.device_peak_bytes, used);
 }
 
+bool ModelActivations::offloaded_layer(const MicroBatchSlot& s, int64_t layer) const {
+  return s.offloaded && layer >= recompute_layers_ && layer < layers_ - 2;
+}
+
 const CopyEvent& ModelActivations::output_block_free(const MicroBatchSlot& s, int64_t layer) const {
   static const CopyEvent kNone;
-  return s.offloaded && layer >= 1 && layer - 1 < layers_ - 2 ? s.offload_done[layer - 1] : kNone;
+  return offloaded_layer(s, layer - 1) ? s.offload_done[layer - 1] : kNone;
 }
 
 void ModelActivations::offload_after_forward(MicroBatchSlot& s, int64_t layer) {
-  if (s.offloaded && layer < layers_ - 2) park_layer(s, layer);
+  if (offloaded_layer(s, layer)) park_layer(s, layer);
 }
 
 void ModelActivations::restore_before_backward(MicroBatchSlot& s, int64_t layer) {
-  if (s.offloaded && layer >= 1 && layer - 1 < layers_ - 2) restore_layer(s, layer - 1);
-  if (s.offloaded && layer < layers_ - 2) s.restore_done[layer].wait();
+  if (offloaded_layer(s, layer - 1)) restore_layer(s, layer - 1);
+  if (offloaded_layer(s, layer)) s.restore_done[layer].wait();
 }
 
 void ModelActivations::park_layer(MicroBatchSlot& s, int64_t layer) {

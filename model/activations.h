@@ -9,6 +9,13 @@
 // Selective offload (as ByteScale does it): a micro-batch may send part of the rows
 // its layers saved to a host pool during forward and bring them back during backward,
 // on a copy engine (kernels/copy_engine.h) whose copies overlap the compute.
+//
+// Activation recomputation (spec/model_shape.h, RecomputeMode): the stage's first
+// recompute_layers layers keep only part of what they save in their own blocks; the
+// rest of their tensors live in one shared layer block, which each of them
+// overwrites in forward and which backward rebuilds for one layer at a time
+// (DecoderBlocks' *_recompute). Recomputed layers are never offloaded: offload and
+// recomputation are alternatives per layer.
 
 #include <cstdint>
 #include <memory>
@@ -22,6 +29,7 @@
 #include "model/partition.h"
 #include "planning/ring_layout.h"
 #include "spec/model_config.h"
+#include "spec/model_shape.h"
 
 namespace hdp {
 
@@ -64,21 +72,25 @@ struct MicroBatchSlot {
   Tensor region;                 // the slot's device activation memory
   Tensor host;                   // its host pool for offloaded rows (empty without offload)
   // Where each layer's activations are during its forward and backward. Without
-  // offload every layer has its own block; with offload layers alternate between
-  // two working blocks and wait in `kept` (device rows) and `parked` (host rows).
+  // offload every layer has its own block; with offload the layers that are not
+  // recomputed alternate between two working blocks and wait in `kept` (device
+  // rows) and `parked` (host rows). A recomputed layer's tensors that it does not
+  // keep are the shared block's.
   std::vector<LayerActivations> layers;
   std::vector<LayerActivations> kept, parked;
   std::vector<CopyEvent> offload_done, restore_done;
   int64_t keep_rows = 0;         // rows that stay on the device for offloaded layers
-  bool offloaded = false;        // layers [0, num_layers - 2) go through host memory
+  bool offloaded = false;        // layers [recompute_layers, num_layers - 2) go through host memory
   Tensor x_out, rstd_final, ln_final;  // stage output; final norm on the last stage
 };
 
 // Reused across layers and slots: backward's gradients of the activations, the MLP's
-// activation, and the LM head's logits and cross-entropy statistics for one chunk of
-// head_chunk_tokens tokens.
+// activation, the LM head's logits and cross-entropy statistics for one chunk of
+// head_chunk_tokens tokens, and the shared block of the recomputed layers (raw
+// bytes; empty without recomputation).
 struct ActivationScratch {
   Tensor residual_grad, norm_grad, dq, dk, dv, dattn, dgate, dup, ffn_act, dffn_act;
+  Tensor recomputed;
   Tensor logits, ce_stats, ce_global;
   int64_t head_chunk_tokens = 0;
 };
@@ -89,6 +101,9 @@ struct ActivationCapacity {
   int64_t max_tokens = 0;       // the largest micro-batch (offloaded or in a ring), >= capacity_tokens
   int slots = 1;                // micro-batches in flight
   bool offload = false;         // keep a host pool and a copy engine for offloaded micro-batches
+  bool rings = false;           // micro-batches may take part in ring attention
+  RecomputeMode recompute = RecomputeMode::None;
+  int64_t recompute_layers = 0; // the stage's first layers that recompute (0 .. its layers)
 };
 
 class ModelActivations {
@@ -121,13 +136,28 @@ class ModelActivations {
 
   size_t bytes() const { return arena_.capacity(); }
   const ActivationUsage& usage() const { return usage_; }
-  // Floats one layer saves per token for backward (Act(s) = 4 x this x s bytes).
-  int64_t saved_floats_per_token() const { return row_width_ + small_width_; }
+  // Floats one layer saves per token for backward (Act(s) = 4 x this x s bytes),
+  // averaged over the stage's layers, recomputed or not (rounded up).
+  int64_t saved_floats_per_token() const;
+  // Whether layer `layer` of the stage reruns part of its forward in backward, and how.
+  bool recomputed(int64_t layer) const { return layer < recompute_layers_; }
+  RecomputeMode recompute_mode() const { return recompute_; }
+  int64_t recompute_layers() const { return recompute_layers_; }
+  // Bytes per token that `layer` saves for backward: spec/model_shape.h's
+  // saved_bytes_per_token in this precision, for its mode (a ring micro-batch's,
+  // when the model has rings).
+  double saved_bytes_per_token(int64_t layer) const;
+
+  // Which of a layer's saved tensors a block holds: one bit per tensor, in the
+  // order of LayerActivations (kAllTensors: all of them).
+  using TensorSet = uint32_t;
 
  private:
   void lay_out(Arena& arena);
-  size_t layer_block_bytes(int64_t rows, int64_t tokens) const;
-  LayerActivations carve_layer(char* base, int64_t rows, int64_t tokens) const;
+  size_t layer_block_bytes(int64_t rows, int64_t tokens, TensorSet tensors) const;
+  LayerActivations carve_layer(char* base, int64_t rows, int64_t tokens, TensorSet tensors) const;
+  TensorSet kept_tensors(bool ring) const;
+  bool offloaded_layer(const MicroBatchSlot& s, int64_t layer) const;
   void lay_out_micro_batch(MicroBatchSlot& s, double offload_ratio);
   void park_layer(MicroBatchSlot& s, int64_t layer);
   void restore_layer(MicroBatchSlot& s, int64_t layer);
@@ -136,6 +166,11 @@ class ModelActivations {
   bool has_head_;
   int64_t capacity_, max_tokens_;
   int64_t row_width_ = 0, small_width_ = 0;  // floats per token of a layer's row / small tensors
+  int64_t kept_row_width_ = 0, kept_small_width_ = 0;  // of a recomputed layer's
+  RecomputeMode recompute_;
+  int64_t recompute_layers_;
+  bool rings_;
+  bool offload_;  // micro-batches beyond the capacity may offload (ActivationCapacity)
   Device device_;
   DType precision_;  // of the activations
   Arena arena_;

@@ -35,16 +35,20 @@ void DecoderBlocks::token_embedding_backward(Tensor d_embed, const MicroBatchSlo
 
 // ---- attention block ----
 
-void DecoderBlocks::attention_block_forward(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a) {
-  const int64_t T = s.tokens_used, Hq = heads_, Hkv = kv_heads_, d = head_dim_;
+void DecoderBlocks::attention_projections(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a) {
+  const int64_t T = s.tokens_used;
   const IndexTensor positions = s.positions.rows(0, T);
   rmsnorm_forward(a.ln1, a.rstd1, a.x_in, w.input_norm, norm_eps_);
   const Tensor attention_in = regions_.attention_input.forward(a.ln1);
   linear_forward(a.q, attention_in, w.q);
   linear_forward(a.k, attention_in, w.k);
   linear_forward(a.v, attention_in, w.v);
-  rope_forward(a.q.view({T, Hq, d}), positions, rope_theta_);
-  rope_forward(a.k.view({T, Hkv, d}), positions, rope_theta_);
+  rope_forward(a.q.view({T, heads_, head_dim_}), positions, rope_theta_);
+  rope_forward(a.k.view({T, kv_heads_, head_dim_}), positions, rope_theta_);
+}
+
+void DecoderBlocks::attention_core(const MicroBatchSlot& s, const LayerActivations& a) {
+  const int64_t T = s.tokens_used, Hq = heads_, Hkv = kv_heads_, d = head_dim_;
   const Tensor out = a.attn.view({T, Hq, d}), q = a.q.view({T, Hq, d}), k = a.k.view({T, Hkv, d}),
                v = a.v.view({T, Hkv, d});
   if (s.has_ring) {
@@ -52,9 +56,29 @@ void DecoderBlocks::attention_block_forward(const MicroBatchSlot& s, const Layer
   } else {
     attention_forward(out, a.lse, q, k, v, s.cu_seqlens.rows(0, s.num_sequences + 1), window_);
   }
+}
+
+void DecoderBlocks::attention_residual(const LayerTensors& w, const LayerActivations& a) {
   linear_forward(a.x_mid, a.attn, w.o);
   regions_.attention_output.forward(a.x_mid);
   add_inplace(a.x_mid, a.x_in);
+}
+
+void DecoderBlocks::attention_block_forward(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a) {
+  attention_projections(s, w, a);
+  attention_core(s, a);
+  attention_residual(w, a);
+}
+
+void DecoderBlocks::attention_block_recompute(const MicroBatchSlot& s, const LayerTensors& w,
+                                              const LayerActivations& a, RecomputeMode mode) {
+  if (mode == RecomputeMode::Selective) {
+    rmsnorm_forward(a.ln1, a.rstd1, a.x_in, w.input_norm, norm_eps_);
+    return;
+  }
+  attention_projections(s, w, a);
+  if (!s.has_ring) attention_core(s, a);
+  attention_residual(w, a);
 }
 
 void DecoderBlocks::attention_block_backward(const MicroBatchSlot& s, const LayerTensors& w, const LayerTensors& dw,
@@ -86,18 +110,34 @@ void DecoderBlocks::attention_block_backward(const MicroBatchSlot& s, const Laye
 
 // ---- MLP block (SwiGLU) ----
 
-void DecoderBlocks::mlp_block_forward(Tensor out, const MicroBatchSlot& s, const LayerTensors& w,
-                                      const LayerActivations& a, const CopyEvent& out_free) {
-  const Tensor act = scratch_.ffn_act.rows(0, s.tokens_used);
+void DecoderBlocks::post_attention_norm(const LayerTensors& w, const LayerActivations& a) {
   rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, w.post_norm, norm_eps_);
+}
+
+void DecoderBlocks::mlp_projections(const LayerTensors& w, const LayerActivations& a) {
+  post_attention_norm(w, a);
   const Tensor mlp_in = regions_.mlp_input.forward(a.ln2);
   linear_forward(a.gate, mlp_in, w.gate);
   linear_forward(a.up, mlp_in, w.up);
+}
+
+void DecoderBlocks::mlp_block_forward(Tensor out, const MicroBatchSlot& s, const LayerTensors& w,
+                                      const LayerActivations& a, const CopyEvent& out_free) {
+  const Tensor act = scratch_.ffn_act.rows(0, s.tokens_used);
+  mlp_projections(w, a);
   swiglu_forward(act, a.gate, a.up);
   out_free.wait();
   linear_forward(out, act, w.down);
   regions_.mlp_output.forward(out);
   add_inplace(out, a.x_mid);
+}
+
+void DecoderBlocks::mlp_block_recompute(const LayerTensors& w, const LayerActivations& a, RecomputeMode mode) {
+  if (mode == RecomputeMode::Selective) {
+    post_attention_norm(w, a);
+  } else {
+    mlp_projections(w, a);
+  }
 }
 
 void DecoderBlocks::mlp_block_backward(const MicroBatchSlot& s, const LayerTensors& w, const LayerTensors& dw,
@@ -121,11 +161,13 @@ void DecoderBlocks::mlp_block_backward(const MicroBatchSlot& s, const LayerTenso
 
 void DecoderBlocks::moe_block_forward(Tensor out, MoeBlock& moe, const LayerTensors& w, const LayerActivations& a,
                                       const CopyEvent& out_free) {
-  rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, w.post_norm, norm_eps_);
+  post_attention_norm(w, a);
   out_free.wait();
   moe.forward(out, a.ln2, w.moe);
   add_inplace(out, a.x_mid);
 }
+
+void DecoderBlocks::moe_block_recompute(const LayerTensors& w, const LayerActivations& a) { post_attention_norm(w, a); }
 
 void DecoderBlocks::moe_block_backward(const MicroBatchSlot& s, MoeBlock& moe, const LayerTensors& w,
                                        const LayerTensors& dw, const LayerActivations& a,

@@ -14,6 +14,11 @@
 // column-parallel behind f, o and down row-parallel followed by g, the embedding
 // and LM head vocabulary-parallel (parallel/tensor_parallel.h).
 //
+// Activation recomputation (spec/model_shape.h, RecomputeMode): a layer that kept
+// only part of its forward reruns the rest at the start of its backward with the
+// same kernels in the same order (each block's *_recompute, beside its forward), so
+// the rebuilt tensors are bit-identical to forward's and so are the gradients.
+//
 // Backward runs on the scratch's residual_grad (d of the residual stream at the
 // block's output on entry, at its input on return) and norm_grad, and adds into
 // the gradients.
@@ -31,6 +36,7 @@
 #include "parallel/ring_attention.h"
 #include "parallel/tensor_parallel.h"
 #include "spec/model_config.h"
+#include "spec/model_shape.h"
 
 namespace hdp {
 
@@ -47,6 +53,11 @@ class DecoderBlocks {
 
   // a.x_mid = a.x_in + o(attention(rope(q), rope(k), v)), q, k, v of rmsnorm(a.x_in).
   void attention_block_forward(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a);
+  // What backward needs of the attention block that `mode` did not keep: selective,
+  // ln1 and its 1/rms; full, the whole block but attention itself when the
+  // micro-batch takes part in a ring (its output and log-sum-exp were kept).
+  void attention_block_recompute(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a,
+                                 RecomputeMode mode);
   void attention_block_backward(const MicroBatchSlot& s, const LayerTensors& w, const LayerTensors& dw,
                                 const LayerActivations& a);
 
@@ -54,6 +65,9 @@ class DecoderBlocks {
   // the copy that must finish before out is written (offload).
   void mlp_block_forward(Tensor out, const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a,
                          const CopyEvent& out_free);
+  // What backward needs of the MLP block that `mode` did not keep: ln2 and its
+  // 1/rms; full, gate and up too.
+  void mlp_block_recompute(const LayerTensors& w, const LayerActivations& a, RecomputeMode mode);
   void mlp_block_backward(const MicroBatchSlot& s, const LayerTensors& w, const LayerTensors& dw,
                           const LayerActivations& a);
 
@@ -61,6 +75,8 @@ class DecoderBlocks {
   // load-balancing loss's gradient per router probability (MoeLayers).
   void moe_block_forward(Tensor out, MoeBlock& moe, const LayerTensors& w, const LayerActivations& a,
                          const CopyEvent& out_free);
+  // ln2 and its 1/rms: the experts keep their own routed rows (model/moe.h).
+  void moe_block_recompute(const LayerTensors& w, const LayerActivations& a);
   void moe_block_backward(const MicroBatchSlot& s, MoeBlock& moe, const LayerTensors& w, const LayerTensors& dw,
                           const LayerActivations& a, std::span<const double> aux_grad);
 
@@ -72,6 +88,15 @@ class DecoderBlocks {
   void head_backward(const MicroBatchSlot& s, const EndParameters& p);
 
  private:
+  // The pieces forward and recomputation share: the attention block's norm, q, k, v
+  // and RoPE; attention itself; o and the residual; the MLP's (or MoE's) norm; its
+  // gate and up.
+  void attention_projections(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a);
+  void attention_core(const MicroBatchSlot& s, const LayerActivations& a);
+  void attention_residual(const LayerTensors& w, const LayerActivations& a);
+  void post_attention_norm(const LayerTensors& w, const LayerActivations& a);
+  void mlp_projections(const LayerTensors& w, const LayerActivations& a);
+
   // Where the stage's tensor-parallel collectives are (Megatron's f and g): one region
   // per place, whose forward the forward pass runs and whose backward the backward
   // pass runs.

@@ -48,7 +48,7 @@ std::unique_ptr<RingAttention> ring_attention_for(const ModelConfig& c, const Mo
 
 LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const ModelPartition& partition,
                        int activation_slots, Communicator* tp, const LongSequenceOptions& long_sequences,
-                       Device device, DType precision, Communicator* ep)
+                       Device device, DType precision, Communicator* ep, const RecomputeOptions& recompute)
     : config_(config),
       partition_(partition),
       slice_(checked_slice(config, partition, capacity_tokens, activation_slots, precision, tp, ep)),
@@ -59,7 +59,9 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
       parameters_(config, partition, slice_, device, precision),
       moe_(moe_layers_for(config, partition, slice_, activation_slots, max_tokens_, device, precision, tp, ep)),
       ring_attention_(ring_attention_for(config, slice_, long_sequences.hdp, max_tokens_, device, precision)),
-      activations_(config, partition, slice_, {capacity_tokens, max_tokens_, activation_slots, long_sequences.offload},
+      activations_(config, partition, slice_,
+                   {capacity_tokens, max_tokens_, activation_slots, long_sequences.offload, ring_attention_ != nullptr,
+                    recompute.mode, recompute.layers.value_or(slice_.num_layers)},
                    device, precision),
       blocks_(config, slice_, tp, ring_attention_.get(), activations_.scratch()) {}
 
@@ -170,6 +172,15 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
     activations_.restore_before_backward(s, l);
     const LayerParameters& p = parameters_.layer(l);
     const LayerActivations& a = s.layers[l];
+    if (activations_.recomputed(l)) {
+      const RecomputeMode mode = activations_.recompute_mode();
+      blocks_.attention_block_recompute(s, p.weights, a, mode);
+      if (moe_) {
+        blocks_.moe_block_recompute(p.weights, a);
+      } else {
+        blocks_.mlp_block_recompute(p.weights, a, mode);
+      }
+    }
     if (moe_) {
       blocks_.moe_block_backward(s, moe_->block(slot, l), p.weights, p.gradients, a, aux_grad);
     } else {

@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,7 @@
 #include "parallel/communicator.h"
 #include "parallel/ring_attention.h"
 #include "spec/model_config.h"
+#include "spec/model_shape.h"
 
 namespace hdp {
 
@@ -38,6 +40,14 @@ struct LongSequenceOptions {
   int64_t max_tokens = 0;          // the largest micro-batch (0: the capacity)
   bool offload = false;            // keep a host pool and a copy engine for offloaded micro-batches
   Communicator* hdp = nullptr;     // the ring attention communicator; nullptr: no rings
+};
+
+// Activation recomputation (spec/model_shape.h, RecomputeMode): the mode, and how
+// many of the stage's layers recompute, counted from the stage's first layer
+// (nullopt: all of them).
+struct RecomputeOptions {
+  RecomputeMode mode = RecomputeMode::None;
+  std::optional<int64_t> layers;
 };
 
 // Called during backward: gradients at flat offsets >= `offset` are final for this pass.
@@ -55,10 +65,12 @@ class LlamaModel {
   // backward read a bf16 copy of the parameters (refresh_compute_weights) and
   // keep their activations in bf16; RMSNorm's 1/rms, attention's log-sum-exp and
   // the cross-entropy statistics and loss stay fp32.
+  // recompute: which layers rerun part of their forward in backward (throws
+  // std::invalid_argument for more layers than the stage has, or fewer than 0).
   LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const ModelPartition& partition = {},
              int activation_slots = 1, Communicator* tp = nullptr, const LongSequenceOptions& long_sequences = {},
              Device device = Device::CPU,
-             DType precision = DType::F32, Communicator* ep = nullptr);
+             DType precision = DType::F32, Communicator* ep = nullptr, const RecomputeOptions& recompute = {});
   // Its parts refer to each other (the blocks read the activations' scratch).
   LlamaModel(const LlamaModel&) = delete;
   LlamaModel& operator=(const LlamaModel&) = delete;
@@ -132,8 +144,14 @@ class LlamaModel {
   Tensor routing_input(int slot) { return moe_ ? moe_->routing_input(slot) : Tensor(); }
   Tensor routing_output(int slot) { return moe_ ? moe_->routing_output(slot) : Tensor(); }
   Tensor routing_totals(int slot) { return moe_ ? moe_->routing_totals(slot) : Tensor(); }
-  // Floats one layer saves per token for backward (Act(s) = 4 x this x s bytes).
+  // Floats one layer saves per token for backward (Act(s) = 4 x this x s bytes),
+  // averaged over the stage's layers when some recompute.
   int64_t saved_floats_per_token() const { return activations_.saved_floats_per_token(); }
+  RecomputeMode recompute_mode() const { return activations_.recompute_mode(); }
+  int64_t recompute_layers() const { return activations_.recompute_layers(); }
+  // Bytes per token that layer `layer` of the stage saves for backward (its mode's
+  // saved_bytes_per_token, spec/model_shape.h).
+  double saved_bytes_per_token(int64_t layer) const { return activations_.saved_bytes_per_token(layer); }
 
  private:
   ModelConfig config_;

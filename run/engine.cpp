@@ -18,7 +18,7 @@
 #include "parallel/progress.h"
 #include "planning/plan.h"
 #include "model/lr_schedule.h"
-#include "run/pipeline_layers.h"
+#include "config/pipeline_layers.h"
 
 namespace hdp {
 
@@ -47,7 +47,7 @@ int64_t largest_micro_batch(const Config& config) {
   // An offloaded micro-batch holds pieces of one long sequence (whole, or its ring
   // chunks): at most the longest sequence, and at most what the memory formula allows.
   const OffloadConfig& o = config.offload;
-  const int64_t memory_limit = max_micro_batch_tokens(capacity, planner_layers(config), o.ratio >= 0 ? o.ratio : 1.0);
+  const int64_t memory_limit = max_micro_batch_tokens(capacity, smallest_stage_layers(config), o.ratio >= 0 ? o.ratio : 1.0);
   return std::max(capacity, std::min(memory_limit, config.data.max_seq_len));
 }
 
@@ -182,7 +182,8 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
   pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), long_sequences.max_tokens, config.model.hidden_size,
                                                  device);
   model_ = std::make_unique<LlamaModel>(config.model, capacity, partition, pipeline_->slots(), &groups.tp(),
-                                        long_sequences, device, config.train.precision, groups.ep());
+                                        long_sequences, device, config.train.precision, groups.ep(),
+                                        RecomputeOptions{config.train.recompute, config.train.recompute_layers});
   const int64_t bucket_floats = std::max<int64_t>(1, config.parallel.bucket_mb * (1 << 20) / 4);
   optimizer_ = std::make_unique<ZeroAdamW>(flat_parameters(model_->parameter_table()),
                                            model_->flat_parameters().numel(), config.optim, groups.hdp(),

@@ -117,6 +117,13 @@ void log_stage(TrainingEngine& engine, const MemoryReport& memory, const GridCoo
                mib(memory.parameters), mib(memory.gradients), mib(memory.optimizer), mib(memory.activations),
                dtype_name(engine.model().precision()),
                mib(memory.pipeline), mib(memory.ring), mib(memory.host_pool));
+  const LlamaModel& model = engine.model();
+  const int64_t recomputed = model.recompute_layers(), stage_layers = model.num_layers();
+  spdlog::info("stage {}: activations saved per token and layer: {:.0f} bytes in the {} layers that recompute ({}), "
+               "{:.0f} bytes in the other {}",
+               coords.pp_rank, model.saved_bytes_per_token(0), recomputed,
+               enum_name(kRecomputeModeNames, model.recompute_mode()), model.saved_bytes_per_token(stage_layers - 1),
+               stage_layers - recomputed);
 }
 
 // The schedule the run of `checkpoint` followed: recorded in its manifest, or in

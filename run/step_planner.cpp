@@ -6,7 +6,7 @@
 
 #include "data/materialize.h"
 #include "planning/step_bound.h"
-#include "run/pipeline_layers.h"
+#include "config/pipeline_layers.h"
 #include "run/planner_cost.h"
 
 namespace hdp {
@@ -16,7 +16,7 @@ StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
   settings_.hdp = config.parallel.hdp;
   settings_.capacity = config.data.micro_batch_tokens;
   stage_layers_ = pipeline_layers(config);
-  settings_.layers_per_stage = planner_layers(config);
+  settings_.layers_per_stage = smallest_stage_layers(config);
   settings_.pipeline_stages = config.parallel.pp;
   // Under expert parallelism every MoE layer's all-to-alls block it as its compute
   // does (a per-token term of the layer), and the ranks of an ep group run their

@@ -107,16 +107,23 @@ double training_flops(const ModelShape& m, std::span<const int64_t> sequence_len
   return flops;
 }
 
-ActivationWidths activation_widths(const ModelShape& m, int tp) {
+ActivationWidths activation_widths(const ModelShape& m, int tp, RecomputeMode mode, bool ring) {
   const LayerSlice s = layer_slice(m, tp);
-  ActivationWidths w;
-  w.row = 4 * m.hidden + 2 * s.q_dim + 2 * s.kv_dim + 2 * s.ffn * m.experts_per_token;
-  w.small = 2 + s.heads + (m.experts > 1 ? m.experts : 0);
-  return w;
+  const int64_t experts = 2 * s.ffn * m.experts_per_token, router = m.experts > 1 ? m.experts : 0;
+  switch (mode) {
+    case RecomputeMode::None:
+      return {4 * m.hidden + 2 * s.q_dim + 2 * s.kv_dim + experts, 2 + s.heads + router};
+    case RecomputeMode::Selective:  // x_in, x_mid; q, attention output; k, v; gate, up | log-sum-exp
+      return {2 * m.hidden + 2 * s.q_dim + 2 * s.kv_dim + experts, s.heads + router};
+    case RecomputeMode::Full:  // x_in (a ring layer: and the attention output | its log-sum-exp)
+      break;
+  }
+  const int64_t moe_kept = m.experts > 1 ? experts : 0;
+  return {m.hidden + (ring ? s.q_dim : 0) + moe_kept, (ring ? s.heads : 0) + router};
 }
 
-double saved_bytes_per_token(const ModelShape& m, int tp, int bytes_per_value) {
-  const ActivationWidths w = activation_widths(m, tp);
+double saved_bytes_per_token(const ModelShape& m, int tp, int bytes_per_value, RecomputeMode mode, bool ring) {
+  const ActivationWidths w = activation_widths(m, tp, mode, ring);
   return static_cast<double>(bytes_per_value) * static_cast<double>(w.row) + 4.0 * static_cast<double>(w.small);
 }
 

@@ -25,6 +25,8 @@
 #include <span>
 #include <string>
 
+#include "base/enum_names.h"
+
 namespace hdp {
 
 // The arithmetic view of a model, which ModelConfig::shape() (spec/model_config.h)
@@ -97,22 +99,51 @@ double head_flops_per_token(const ModelShape& model, int tp);
 // The whole model (all stages and ranks) for causal sequences of these lengths.
 double training_flops(const ModelShape& model, std::span<const int64_t> sequence_lengths);
 
+// Activation recomputation (Korthikanti et al. 2022, "Reducing Activation
+// Recomputation in Large Transformer Models"): what a layer keeps of its forward
+// for backward; the rest is rerun at the start of its backward.
+//   none: everything activation_widths lists.
+//   selective: the GEMM outputs (q and k after RoPE, which is applied in place, so
+//     keeping them rotated costs nothing more; v; the attention output; the
+//     attention residual x_mid = x_in + o(...); gate and up) and attention's
+//     log-sum-exp; the two RMSNorms (outputs and 1/rms) are rerun. SwiGLU's
+//     product is rerun in backward in every mode.
+//   full: the layer input only. A layer whose micro-batch takes part in a ring
+//     also keeps its attention output and log-sum-exp (what ring attention's
+//     backward needs) instead of redoing the ring: redoing it costs the quadratic
+//     attention FLOPs and p - 1 K/V hops again, keeping it q_dim + heads values
+//     per token (1/8 of the input's for LLaMA-70B at tp 8), and the rest reruns
+//     from GEMMs that are linear in the tokens.
+// A Mixtral layer's experts keep their routed rows in every mode (model/moe.h: its
+// routing and all-to-alls belong to forward and are not rerun), so the active
+// experts' gate and up and the router logits stay in every mode.
+enum class RecomputeMode { None, Selective, Full };
+inline constexpr EnumName<RecomputeMode> kRecomputeModeNames[] = {
+    {RecomputeMode::None, "none", "every layer keeps all it saves for backward"},
+    {RecomputeMode::Selective, "selective", "keep the GEMM outputs and attention's log-sum-exp, rerun the norms"},
+    {RecomputeMode::Full, "full", "keep the layer input (and a ring layer's attention output), rerun the layer"}};
+
 // Values one layer of one rank of tp saves per token for backward: `row` values
-// of the activation type (layer input, both norm outputs, the attention residual,
-// q and the attention output, k and v after RoPE, gate and up of each active
-// expert), which offload can move to host memory, and `small` fp32 values (two
-// 1/rms, the heads' log-sum-exp, the router logits of an MoE layer).
+// of the activation type, which offload can move to host memory, and `small` fp32
+// values. Without recomputation: the layer input, both norm outputs, the attention
+// residual, q and the attention output, k and v after RoPE, gate and up of each
+// active expert (rows); two 1/rms, the heads' log-sum-exp, the router logits of an
+// MoE layer (small). With recomputation the part RecomputeMode keeps; ring: the
+// layer's micro-batch takes part in a ring (matters for full only).
 struct ActivationWidths {
   int64_t row = 0;
   int64_t small = 0;
 };
-ActivationWidths activation_widths(const ModelShape& model, int tp);
+ActivationWidths activation_widths(const ModelShape& model, int tp, RecomputeMode mode = RecomputeMode::None,
+                                   bool ring = false);
 
 // Bytes per token on one rank of tp with activations of bytes_per_value bytes
 // (4: fp32 as this trainer runs; 2: bf16 as the planning what-ifs assume): what
-// one layer saves for backward, the K and V one layer sends around a ring-attention
-// ring, and the activation (or its gradient) sent between pipeline stages.
-double saved_bytes_per_token(const ModelShape& model, int tp, int bytes_per_value);
+// one layer saves for backward (under `mode`, see activation_widths), the K and V
+// one layer sends around a ring-attention ring, and the activation (or its
+// gradient) sent between pipeline stages.
+double saved_bytes_per_token(const ModelShape& model, int tp, int bytes_per_value,
+                             RecomputeMode mode = RecomputeMode::None, bool ring = false);
 double kv_bytes_per_token(const ModelShape& model, int tp, int bytes_per_value);
 double boundary_bytes_per_token(const ModelShape& model, int bytes_per_value);
 

@@ -772,6 +772,37 @@ TEST(Config, AttentionChoice) {
   EXPECT_CONTAINS(load_error(path, {"train.attention=flash"}), "train.attention: unknown implementation 'flash'");
 }
 
+TEST(Config, RecomputeChoice) {
+  Scratch s("recompute");
+  const std::string path = s.config(
+      "model:\n"
+      "  num_layers: 6\n"
+      "data:\n"
+      "  path: DATA\n");
+  const Config plain = load_config(path);
+  EXPECT_EQ(plain.train.recompute, RecomputeMode::None);
+  EXPECT_FALSE(plain.train.recompute_layers.has_value());
+  const Config full = load_config(path, {"train.recompute=full", "train.recompute_layers=4"});
+  EXPECT_EQ(full.train.recompute, RecomputeMode::Full);
+  EXPECT_EQ(full.train.recompute_layers, 4);
+  EXPECT_EQ(load_config(path, {"train.recompute=selective"}).train.recompute, RecomputeMode::Selective);
+  EXPECT_EQ(load_config(path, {"parallel.pp=2", "parallel.pp_layers=[2, 4]", "train.recompute_layers=2"})
+                .train.recompute_layers,
+            2);
+  // Bad settings are refused naming the key: a negative count, more layers than the
+  // smallest stage holds (given by pp_layers, or by the balanced split), a mode
+  // that does not exist.
+  EXPECT_CONTAINS(load_error(path, {"train.recompute=full", "train.recompute_layers=-1"}),
+                  "train.recompute_layers: -1 is negative");
+  EXPECT_CONTAINS(load_error(path, {"train.recompute_layers=7"}),
+                  "train.recompute_layers: 7 is more than the 6 layers of the smallest pipeline stage");
+  EXPECT_CONTAINS(load_error(path, {"parallel.pp=2", "parallel.pp_layers=[2, 4]", "train.recompute_layers=3"}),
+                  "train.recompute_layers: 3 is more than the 2 layers of the smallest pipeline stage");
+  EXPECT_CONTAINS(load_error(path, {"parallel.pp=3", "train.recompute_layers=3"}),
+                  "train.recompute_layers: 3 is more than the 2 layers of the smallest pipeline stage");
+  EXPECT_CONTAINS(load_error(path, {"train.recompute=partial"}), "train.recompute: unknown mode 'partial'");
+}
+
 TEST(ConfigErrors, MissingDataFile) {
   Scratch s("missing_data");
   const std::string missing = s.dir + "/nope/corpus.h5";

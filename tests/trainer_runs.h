@@ -46,6 +46,18 @@ inline const std::string& small_corpus() {
   return path;
 }
 
+// A corpus with documents longer than a micro-batch (400 of up to 6000 bytes), for
+// rings of hybrid-data-parallel ranks; written once per test process.
+inline const std::string& long_corpus() {
+  static const std::string path = [] {
+    const std::string dir = scratch_dir("long-corpus-" + std::to_string(getpid()));
+    auto r = run_trainer("make-corpus --output " + dir + "/long.h5 --documents 400 --max-length 6000 --seed 7");
+    if (r.exit_code != 0) throw std::runtime_error("make-corpus failed: " + r.output);
+    return dir + "/long.h5";
+  }();
+  return path;
+}
+
 // The overrides that make configs/tiny-llama.yaml a model every layout can split
 // (4 layers, 4 heads over 2 KV heads, FFN 128) on short sequences, quickly.
 inline std::string small_model_overrides() {

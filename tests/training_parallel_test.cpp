@@ -26,6 +26,7 @@
 namespace hdp {
 namespace {
 
+using testing::long_corpus;
 using testing::metric_values;
 using testing::mpirun;
 using testing::read_weights;
@@ -185,17 +186,6 @@ TEST(ParallelResume, AcrossLayoutsContinuesLikeAnUninterruptedRun) {
   auto c = run_command(mpirun(8) + " " + train_args(dir, {"c", 2, 2, 2}, 5, common));
   ASSERT_EQ(c.exit_code, 0) << c.output;
   expect_same_run(result_of(dir), want, "resumed");
-}
-
-// A corpus with documents longer than a micro-batch, for hybrid data parallelism.
-const std::string& long_corpus() {
-  static const std::string path = [] {
-    const std::string dir = scratch_dir("parallel-long-corpus-" + std::to_string(getpid()));
-    auto r = run_trainer("make-corpus --output " + dir + "/long.h5 --documents 400 --max-length 6000 --seed 7");
-    if (r.exit_code != 0) throw std::runtime_error("make-corpus failed: " + r.output);
-    return dir + "/long.h5";
-  }();
-  return path;
 }
 
 TEST(HybridDataParallel, LongDocumentsOverRingsWithOffloadEqualOneProcess) {

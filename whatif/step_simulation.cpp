@@ -18,7 +18,7 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 }  // namespace
 
-ModelCosts model_costs(const ModelShape& m, int tp, int pp) {
+ModelCosts model_costs(const ModelShape& m, int tp, int pp, RecomputeMode recompute) {
   validate_model_shape(m);
   validate_split(m, tp, pp);
   ModelCosts c;
@@ -28,7 +28,7 @@ ModelCosts model_costs(const ModelShape& m, int tp, int pp) {
   c.layer_matmul_flops_per_token = layer_matmul_flops_per_token(m, tp);
   c.attention_flops_per_token_pair = attention_flops_per_token_pair(m, tp);
   c.head_flops_per_token = head_flops_per_token(m, tp);
-  c.saved_bytes_per_token = saved_bytes_per_token(m, tp, kActivationBytes);
+  c.saved_bytes_per_token = saved_bytes_per_token(m, tp, kActivationBytes, recompute);
   c.kv_bytes_per_token = kv_bytes_per_token(m, tp, kActivationBytes);
   c.boundary_bytes_per_token = boundary_bytes_per_token(m, kActivationBytes);
   c.expert_parameters = expert_parameters(m);

@@ -83,7 +83,8 @@ struct ModelCosts {
   // count per expert, 4 x num_experts bytes (model/moe.h); 0 for a dense model.
   double all_to_all_count_bytes = 0;
 };
-ModelCosts model_costs(const ModelShape& model, int tp, int pp);
+// recompute: what each layer keeps for backward (saved_bytes_per_token's mode).
+ModelCosts model_costs(const ModelShape& model, int tp, int pp, RecomputeMode recompute = RecomputeMode::None);
 
 // Throws std::invalid_argument unless ep is at least 1 and divides num_experts and
 // hdp; a dense model (num_experts 1) takes ep 1 only: the layout rules of

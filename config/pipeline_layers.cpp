@@ -1,4 +1,4 @@
-#include "run/pipeline_layers.h"
+#include "config/pipeline_layers.h"
 
 #include <algorithm>
 
@@ -11,7 +11,7 @@ std::vector<int64_t> pipeline_layers(const Config& config) {
   return stage_layer_split(config.model.shape(), config.parallel.tp, config.parallel.pp, config.data.max_seq_len);
 }
 
-int64_t planner_layers(const Config& config) {
+int64_t smallest_stage_layers(const Config& config) {
   const std::vector<int64_t> layers = pipeline_layers(config);
   return *std::min_element(layers.begin(), layers.end());
 }
