@@ -35,6 +35,18 @@ std::string emit_manifest(const Manifest& m, bool literal_config) {
   out << YAML::Key << "loss_window" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (double loss : m.progress.loss_window) out << loss;
   out << YAML::EndSeq;
+  if (const auto& run = m.progress.lr_schedule) {
+    const LearningRateSchedule& s = run->schedule;
+    out << YAML::Key << "lr_schedule" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "schedule" << YAML::Value << enum_name(kLrScheduleNames, s.kind);
+    out << YAML::Key << "lr" << YAML::Value << format_double(s.lr);
+    out << YAML::Key << "min_lr" << YAML::Value << format_double(s.min_lr);
+    out << YAML::Key << "warmup_steps" << YAML::Value << s.warmup_steps;
+    out << YAML::Key << "decay_steps" << YAML::Value << s.decay_steps;
+    out << YAML::Key << "decay_fraction" << YAML::Value << format_double(s.decay_fraction);
+    out << YAML::Key << "steps" << YAML::Value << run->steps;
+    out << YAML::EndMap;
+  }
   out << YAML::Key << "layout" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "tp" << YAML::Value << m.degrees.tp;
   out << YAML::Key << "pp" << YAML::Value << m.degrees.pp;
@@ -78,6 +90,20 @@ Manifest read_manifest_map(const YamlMap& root) {
     m.progress.skipped_batches.push_back({static_cast<uint64_t>(skipped[i]), skipped[i + 1], skipped[i + 2]});
   }
   m.progress.loss_window = root.get_or<std::vector<double>>("loss_window", {});
+  // Absent from manifests written before the schedule was recorded.
+  if (const std::optional<YamlMap> run = root.optional_map("lr_schedule")) {
+    RunSchedule& r = m.progress.lr_schedule.emplace();
+    const std::string kind = run->get<std::string>("schedule");
+    const std::optional<LrScheduleKind> parsed = enum_value(kLrScheduleNames, kind);
+    if (!parsed) run->fail("schedule", "unknown schedule '" + kind + "'", "choose " + enum_choices(kLrScheduleNames));
+    r.schedule.kind = *parsed;
+    r.schedule.lr = run->get<double>("lr");
+    r.schedule.min_lr = run->get<double>("min_lr");
+    r.schedule.warmup_steps = run->get<int64_t>("warmup_steps");
+    r.schedule.decay_steps = run->get<int64_t>("decay_steps");
+    r.schedule.decay_fraction = run->get<double>("decay_fraction");
+    r.steps = run->get<int64_t>("steps");
+  }
   const YamlMap layout = root.map("layout");
   m.degrees.tp = layout.get<int>("tp");
   m.degrees.pp = layout.get<int>("pp");

@@ -5,11 +5,13 @@
 // name that holds one is complete.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "checkpoint/checkpoint_error.h"
 #include "data/batch.h"
+#include "model/lr_schedule.h"
 #include "spec/parallel_degrees.h"
 
 namespace hdp {
@@ -27,6 +29,10 @@ struct TrainingProgress {
   // The numerical guard's window of recent good losses, oldest first, so that a
   // resumed run judges spikes like one that never stopped.
   std::vector<double> loss_window;
+  // The learning-rate schedule the run followed up to `step`, so that a resume can
+  // refuse one that would jump (run/job.cpp). Absent in checkpoints written before
+  // it was recorded, and in weights-only ones; the config in the manifest says it.
+  std::optional<RunSchedule> lr_schedule;
 };
 
 // The version of the format this build writes and reads, in the manifest and in

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <numeric>
 #include <system_error>
 
 #include "base/yaml_reader.h"
@@ -21,12 +22,45 @@
 namespace hdp {
 namespace {
 
-Config read_config(const YamlDocument& document, const std::vector<std::string>& overrides, bool check_files) {
+// parallel.hdp: auto, the data-parallel degree inferred from the job's size as
+// Megatron-LM and torchtitan infer theirs: the training ranks over tp x pp. Without
+// a job, the least degree the other keys allow (ep and scheduler.cp divide it).
+void decide_auto_hdp(Config& config, int job_ranks) {
+  ParallelConfig& p = config.parallel;
+  if (!p.hdp_auto) return;
+  if (job_ranks <= 0) {
+    p.hdp = static_cast<int>(std::lcm<int64_t>(std::max(p.ep, 1), std::max<int64_t>(config.scheduler.cp, 1)));
+    return;
+  }
+  const bool remote = config.loader.mode == LoaderMode::Remote;
+  const int64_t training = job_ranks - (remote ? config.loader.servers : 0);
+  const int64_t per_replica = static_cast<int64_t>(p.tp) * p.pp;
+  if (training < per_replica || training % per_replica != 0) {
+    const auto it = config.origins.find("parallel.hdp");
+    throw_config_error(it != config.origins.end() ? it->second : config.source, "parallel.hdp",
+                       "auto needs the job's " + std::to_string(training) + " training rank(s)" +
+                           (remote ? " (" + std::to_string(job_ranks) + " minus loader.servers " +
+                                         std::to_string(config.loader.servers) + ")"
+                                   : std::string()) +
+                           " to be a multiple of parallel.tp x parallel.pp = " + std::to_string(p.tp) + " x " +
+                           std::to_string(p.pp) + " = " + std::to_string(per_replica),
+                       "launch a multiple of " + std::to_string(per_replica) + " training ranks, or set parallel.hdp");
+  }
+  p.hdp = static_cast<int>(training / per_replica);
+  p.hdp_auto = false;
+}
+
+Config read_config(const YamlDocument& document, const std::vector<std::string>& overrides, bool check_files,
+                   int job_ranks) {
   ConfigParser parser;
   parser.source = document.source();
   parser.config.source = document.source();
   parser.read_document(document);
   for (const std::string& o : overrides) parser.apply_override(o);
+  // Checkpoints belong to the run: under its directory unless put elsewhere.
+  TrainConfig& train = parser.config.train;
+  if (train.checkpoint_dir.empty()) train.checkpoint_dir = (std::filesystem::path(train.run_dir) / "checkpoints").string();
+  decide_auto_hdp(parser.config, job_ranks);
   check_config(parser.config, check_files);
   parser.config.yaml = emit_config_yaml(parser.config);
   return parser.config;
@@ -52,13 +86,14 @@ std::string emit_config_yaml(const Config& config) {
 
 Config parse_config_text(const std::string& yaml_text, const std::string& source_name,
                          const std::vector<std::string>& overrides, bool check_files) {
-  return read_config(YamlDocument::parse(yaml_text, source_name), overrides, check_files);
+  return read_config(YamlDocument::parse(yaml_text, source_name), overrides, check_files, 0);
 }
 
-Config load_config(const std::string& path, const std::vector<std::string>& overrides, bool check_files) {
+Config load_config(const std::string& path, const std::vector<std::string>& overrides, bool check_files,
+                   int job_ranks) {
   return read_config(
       YamlDocument::read_file(path, "config", "pass an existing YAML file, e.g. configs/tiny-llama.yaml"), overrides,
-      check_files);
+      check_files, job_ranks);
 }
 
 void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size, uint32_t dataset_max_token_id) {

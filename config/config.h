@@ -82,11 +82,12 @@ struct TrainConfig {
   int64_t log_every = 10;
   std::string run_dir = "runs/default";
   int64_t checkpoint_every = 0;          // 0 disables
-  std::string checkpoint_dir = "checkpoints/default";
+  std::string checkpoint_dir;            // empty: RUN_DIR/checkpoints (filled in when the config is read)
   int64_t keep_checkpoints = 3;          // newest K complete checkpoints are kept
   bool async_checkpoints = true;          // write checkpoints in a background thread from a host snapshot
   bool reuse_checkpoint_dir = false;      // accept a checkpoint_dir holding another run's checkpoints
   ResumeMode resume = ResumeMode::Auto;
+  bool allow_schedule_change = false;    // resume although the learning rate would jump (run/job.cpp)
   std::string init_from;                 // checkpoint file whose weights start training
   double peak_flops = 0;                 // FLOP/s for MFU; 0 = measure with a GEMM probe
   int64_t threads = 0;                   // OpenMP/BLAS threads per rank; 0 = cores / ranks on the node
@@ -107,6 +108,7 @@ struct TrainConfig {
 // tp, pp, hdp: the tensor-parallel degree, pipeline stages and hybrid-data-parallel
 // degree (spec/parallel_degrees.h; world = tp x pp x hdp).
 struct ParallelConfig : ParallelDegrees {
+  bool hdp_auto = false;                 // hdp: auto, not yet decided by the job's size (load_config)
   std::vector<int64_t> pp_layers;        // layers per stage; empty = balanced by cost
   int64_t bucket_mb = 25;                // ZeRO-1 gradient bucket size
   CommMode comm = CommMode::Auto;        // the groups' transport; resolved by choose_comm_backend (run/job.cpp)
@@ -129,6 +131,11 @@ struct TraceConfig {
   int64_t every = 0;
   int64_t steps = 1;
   std::string dir;
+};
+
+// Where the step metrics go besides RUN_DIR/metrics.jsonl.
+struct MetricsConfig {
+  bool tensorboard = false;  // TensorBoard event files in RUN_DIR/tensorboard (run/tensorboard.h)
 };
 
 // Where the training ranks' data comes from.
@@ -155,6 +162,7 @@ struct Config {
   OffloadConfig offload;
   LoaderConfig loader;
   TraceConfig trace;
+  MetricsConfig metrics;
   std::string source;                    // file the config was read from
   std::string yaml;                      // the effective config as YAML (overrides applied)
   // Where each explicitly set key came from, by key path ("model.num_heads"):
@@ -168,8 +176,12 @@ struct Config {
 // Throws ConfigError on any problem. Does not open the data file, only checks
 // that it exists (with check_files; see parse_config_text); its vocabulary is
 // checked by validate_dataset_vocab later. Relative paths in the config stay
-// relative to the working directory.
-Config load_config(const std::string& path, const std::vector<std::string>& overrides = {}, bool check_files = true);
+// relative to the working directory. job_ranks: the ranks of the job the config
+// is read for, which decide parallel.hdp: auto (its training ranks, without
+// loader.servers, over tp x pp; a ConfigError when they do not divide); 0 (no
+// job): auto stays auto, checked as the least hdp its other keys allow.
+Config load_config(const std::string& path, const std::vector<std::string>& overrides = {}, bool check_files = true,
+                   int job_ranks = 0);
 // Parses YAML text (used for the config stored inside checkpoints); `source_name`
 // stands in for the file name in error messages. With check_files = false the
 // existence of data.path and train.init_from is not checked (everything else is),

@@ -28,8 +28,9 @@ Field field(const char* key, S Config::*section, T M::*member, const char* doc, 
 }
 
 // An enum's names are its rule: a name the table lacks is refused while reading.
-template <class S, class E, size_t N>
-Field enum_field(const char* key, S Config::*section, E S::*member, const EnumName<E> (&names)[N],
+// member: of the section or of a struct it derives from (OptimConfig's schedule).
+template <class S, class M, class E, size_t N>
+Field enum_field(const char* key, S Config::*section, E M::*member, const EnumName<E> (&names)[N],
                  const char* noun, const char* doc) {
   return Field{key,
                [section, member, &names, noun](Config& c) -> FieldRef {
@@ -52,6 +53,7 @@ double number(const FieldRef& ref) {
   return std::visit(Overloaded{[](int* p) { return static_cast<double>(*p); },
                                [](int64_t* p) { return static_cast<double>(*p); },
                                [](uint64_t* p) { return static_cast<double>(*p); }, [](double* p) { return *p; },
+                               [](const AutoCountRef& r) { return static_cast<double>(*r.count); },
                                [](const auto&) -> double { throw std::logic_error("config schema: not a number"); }},
                     ref);
 }
@@ -152,10 +154,20 @@ const std::vector<Section> kSchema = {
       field("seed", &Config::data, &DataConfig::seed, "seed of the shuffle")}},
     {"optim",
      {field("lr", &Config::optim, &OptimConfig::lr, "peak learning rate", positive()),
-      field("min_lr", &Config::optim, &OptimConfig::min_lr, "final learning rate of the cosine decay",
+      field("min_lr", &Config::optim, &OptimConfig::min_lr, "learning rate at the end of the decay",
             non_negative("choose 0 <= min_lr <= optim.lr")),
       field("warmup_steps", &Config::optim, &OptimConfig::warmup_steps, "steps of linear warmup from 0 to `lr`",
             non_negative()),
+      enum_field("schedule", &Config::optim, &OptimConfig::kind, kLrScheduleNames, "schedule",
+                 "the learning rate after the warmup (docs/configuration.md, \"Learning-rate schedules\")"),
+      field("decay_steps", &Config::optim, &OptimConfig::decay_steps,
+            "steps of the decay from `lr` to `min_lr`, whatever `train.steps` is; 0: `cosine` and `linear` decay "
+            "until `train.steps`, `wsd` over `decay_fraction` of it",
+            non_negative("it must be 0 (the default decay) or a number of steps")),
+      field("decay_fraction", &Config::optim, &OptimConfig::decay_fraction,
+            "`wsd` with `decay_steps` 0: the fraction of `train.steps` the decay takes, at the end of the run",
+            rule("in [0, 1]", [](double v) { return v >= 0 && v <= 1; }, "{value} is outside [0, 1]",
+                 "choose the fraction of train.steps the decay takes, e.g. 0.1 (MiniCPM) or 0.2")),
       field("weight_decay", &Config::optim, &OptimConfig::weight_decay, "decoupled weight decay", non_negative()),
       field("beta1", &Config::optim, &OptimConfig::beta1, "AdamW's decay of the first moment",
             below_one("choose 0 <= beta1 < 1, e.g. 0.9")),
@@ -171,13 +183,14 @@ const std::vector<Section> kSchema = {
       field("log_every", &Config::train, &TrainConfig::log_every, "log a metrics line every this many steps",
             positive_count()),
       field("run_dir", &Config::train, &TrainConfig::run_dir,
-            "where the log and `metrics.jsonl` go; created at start-up",
+            "the run's directory: `metrics.jsonl`, `train.log` (rank 0's log, appended), `config.yaml` (the "
+            "effective config) and, by default, `checkpoints/`; created at start-up",
             not_empty("not empty", "is empty", "name a directory, e.g. runs/my-run")),
       field("checkpoint_every", &Config::train, &TrainConfig::checkpoint_every,
             "save a checkpoint every this many steps; 0 disables checkpoints",
             non_negative("it must be 0 or more (0 disables checkpoints)")),
-      field("checkpoint_dir", &Config::train, &TrainConfig::checkpoint_dir, "where checkpoints go",
-            not_empty("not empty", "is empty", "name a directory, e.g. runs/my-run/checkpoints")),
+      field("checkpoint_dir", &Config::train, &TrainConfig::checkpoint_dir,
+            "where checkpoints go; empty: `run_dir`/checkpoints (what the effective config then shows)"),
       field("keep_checkpoints", &Config::train, &TrainConfig::keep_checkpoints,
             "the newest K complete checkpoints are kept",
             rule(">= 1", [](double v) { return v >= 1; }, "{value} is less than 1", "keep at least 1 checkpoint")),
@@ -187,6 +200,9 @@ const std::vector<Section> kSchema = {
             "accept a `checkpoint_dir` whose newest checkpoint another run wrote"),
       enum_field("resume", &Config::train, &TrainConfig::resume, kResumeModeNames, "mode",
                  "whether a run continues from a checkpoint"),
+      field("allow_schedule_change", &Config::train, &TrainConfig::allow_schedule_change,
+            "resume even when this config's learning rate for the next step differs from the one the "
+            "checkpoint's run would have used (a changed `train.steps` or `optim` schedule key)"),
       field("init_from", &Config::train, &TrainConfig::init_from,
             "a checkpoint directory whose weights start training, with fresh optimizer state; empty: random "
             "initialisation",
@@ -234,8 +250,11 @@ const std::vector<Section> kSchema = {
             positive_count("divides `model.num_kv_heads` and `model.ffn_hidden_size`")),
       field("pp", &Config::parallel, &ParallelConfig::pp, "pipeline stages",
             positive_count("at most `model.num_layers`")),
-      field("hdp", &Config::parallel, &ParallelConfig::hdp,
-            "hybrid-data-parallel degree (data and context parallelism in one dimension)", positive_count()),
+      Field{"hdp",
+            [](Config& c) -> FieldRef { return AutoCountRef{&c.parallel.hdp, &c.parallel.hdp_auto}; },
+            "hybrid-data-parallel degree (data and context parallelism in one dimension); `auto`: the job's "
+            "training ranks / (`tp` x `pp`)",
+            positive_count()},
       field("ep", &Config::parallel, &ParallelConfig::ep,
             "expert-parallel degree inside hdp (`model.arch: mixtral` only)",
             positive_count("divides `hdp` and `model.num_experts`")),
@@ -289,6 +308,9 @@ const std::vector<Section> kSchema = {
       field("steps", &Config::trace, &TraceConfig::steps, "steps traced per window",
             stated("between 1 and `every`")),
       field("dir", &Config::trace, &TraceConfig::dir, "where `rank-NNNNN.jsonl` go; empty: `train.run_dir`/trace")}},
+    {"metrics",
+     {field("tensorboard", &Config::metrics, &MetricsConfig::tensorboard,
+            "also write the step metrics as TensorBoard event files into `train.run_dir`/tensorboard")}},
 };
 
 }  // namespace
@@ -356,6 +378,9 @@ void assign_name(const EnumRef& ref, const YAML::Node& node, const std::string& 
 
 std::string value_text(const FieldRef& ref) {
   return std::visit(Overloaded{[](const EnumRef& e) { return "'" + e.name() + "'"; },
+                               [](const AutoCountRef& r) {
+                                 return *r.automatic ? std::string("'auto'") : std::to_string(*r.count);
+                               },
                                [](auto* p) -> std::string {
                                  using T = std::remove_pointer_t<decltype(p)>;
                                  if constexpr (std::is_same_v<T, std::string>) return "'" + *p + "'";
@@ -371,6 +396,7 @@ std::string value_text(const FieldRef& ref) {
 
 std::string type_name(const FieldRef& ref) {
   return std::visit(Overloaded{[](const EnumRef&) -> std::string { return "name"; },
+                               [](const AutoCountRef&) -> std::string { return "integer or `auto`"; },
                                [](auto* p) -> std::string {
                                  using T = std::remove_pointer_t<decltype(p)>;
                                  if constexpr (std::is_same_v<T, std::string>) return "string";
@@ -386,6 +412,10 @@ std::string type_name(const FieldRef& ref) {
 
 void emit_value(YAML::Emitter& out, const FieldRef& ref) {
   std::visit(Overloaded{[&](const EnumRef& e) { out << YAML::DoubleQuoted << e.name(); },
+                        [&](const AutoCountRef& r) {
+                          if (*r.automatic) out << "auto";
+                          else out << *r.count;
+                        },
                         [&](auto* p) {
                           using T = std::remove_pointer_t<decltype(p)>;
                           if constexpr (std::is_same_v<T, std::string>) out << YAML::DoubleQuoted << *p;
@@ -402,6 +432,15 @@ void emit_value(YAML::Emitter& out, const FieldRef& ref) {
 
 void assign(const FieldRef& ref, const YAML::Node& node, const std::string& where, const std::string& key) {
   std::visit(Overloaded{[&](const EnumRef& e) { assign_name(e, node, where, key); },
+                        [&](const AutoCountRef& r) {
+                          *r.automatic = node.IsScalar() && node.Scalar() == "auto";
+                          if (*r.automatic) return;
+                          try {
+                            read_yaml_value(node, where, key, *r.count);
+                          } catch (const ConfigError& e) {
+                            throw ConfigError(std::string(e.what()) + ", or auto");
+                          }
+                        },
                         [&](std::optional<int64_t>* p) {
                           if (node.IsNull()) {
                             p->reset();

@@ -30,9 +30,17 @@ struct EnumRef {
   std::string choices;  // the table's names and meanings, "a (...), b or c"
 };
 
+// A count that may be `auto` (parallel.hdp), which the job's size decides when the
+// config is read for a job (load_config's job_ranks); until then `count` holds a
+// stand-in for the checks and the effective config says auto.
+struct AutoCountRef {
+  int* count;
+  bool* automatic;
+};
+
 // std::optional<int64_t>: a whole number or null (model.sliding_window).
 using FieldRef = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<int64_t>*,
-                              std::optional<int64_t>*, EnumRef>;
+                              std::optional<int64_t>*, EnumRef, AutoCountRef>;
 
 // The rule a key's value alone must keep. `problem` and `valid` make the message
 // "<key>: <problem>; <valid>", where "{value}" in `problem` stands for the value as

@@ -4,7 +4,6 @@
 
 #include <atomic>
 #include <cerrno>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -12,6 +11,7 @@
 #include <thread>
 #include <utility>
 
+#include "base/progress_meter.h"
 #include "base/utf8.h"
 #include "data/json.h"
 #include "data/megatron.h"
@@ -31,34 +31,31 @@ bool is_blank(const std::string& line) {
   return true;
 }
 
-// Logs, every `every` bytes of input: MB read of the total, documents, tokens, MB/s and
-// the time left at that rate.
+// Logs after every `every` bytes of input and at least every 10 s: MB read of the
+// total, documents, tokens, MB/s, the time elapsed and the time left at that rate.
 class Progress {
  public:
   Progress(int64_t every, int64_t input_bytes)
       : every_(every > 0 ? every : INT64_MAX), next_(every_), input_bytes_(input_bytes) {}
   void add(int64_t bytes, const DatasetBuildStats& stats) {
     total_ += bytes;
-    if (total_ >= next_) {
-      const double secs = seconds();
-      const double rate = secs > 0 ? static_cast<double>(total_) / secs : 0;
-      const double left = rate > 0 ? static_cast<double>(std::max<int64_t>(input_bytes_ - total_, 0)) / rate : 0;
-      spdlog::info("prepare-data: {} of {} MB read, {} documents, {} tokens, {:.1f} MB/s, {:.0f} s elapsed, ETA {:.0f} s",
-                   total_ >> 20, input_bytes_ >> 20, stats.documents, stats.tokens, rate / 1e6, secs, left);
-      while (next_ <= total_) next_ += every_;
-    }
+    const bool by_bytes = total_ >= next_;
+    if (!meter_.due() && !by_bytes) return;
+    const double secs = seconds();
+    const double rate = secs > 0 ? static_cast<double>(total_) / secs : 0;
+    const double done = input_bytes_ > 0 ? static_cast<double>(total_) / static_cast<double>(input_bytes_) : 0;
+    spdlog::info("prepare-data: {} of {} MB read, {} documents, {} tokens, {:.1f} MB/s, {}", total_ >> 20,
+                 input_bytes_ >> 20, stats.documents, stats.tokens, rate / 1e6, meter_.elapsed_and_left(done));
+    while (next_ <= total_) next_ += every_;
   }
-  double seconds() const {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  }
+  double seconds() const { return meter_.elapsed_s(); }
 
  private:
   int64_t every_, next_;
   int64_t input_bytes_;
   int64_t total_ = 0;
-  std::chrono::steady_clock::time_point start_ = std::chrono::steady_clock::now();
+  ProgressMeter meter_;
 };
-
 
 // What prepare-data checks in every byte of an input, across the blocks or lines
 // it is read in: a NUL byte (binary data, never text) is refused naming the file,

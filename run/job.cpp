@@ -1,16 +1,22 @@
 #include "run/job.h"
 
+#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <memory>
 #include <string>
 #include <utility>
 
+#include "base/yaml_reader.h"
 #include "checkpoint/directory.h"
 #include "checkpoint/protocol.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/peak_flops.h"
+#include "model/lr_schedule.h"
 #include "parallel/nccl_communicator.h"
 #include "run/signals.h"
 
@@ -120,6 +126,83 @@ void log_stage(TrainingEngine& engine, const MemoryReport& memory, const GridCoo
                stage_layers - recomputed);
 }
 
+// The schedule the run of `checkpoint` followed: recorded in its manifest, or in
+// checkpoints older than that record, its config's. None when neither can be read.
+std::optional<RunSchedule> checkpoint_schedule(const std::string& checkpoint, const Manifest& manifest) {
+  if (manifest.progress.lr_schedule) return manifest.progress.lr_schedule;
+  try {
+    const Config theirs = parse_config_text(manifest.config, checkpoint + "/manifest.yaml (config)", {}, false);
+    return RunSchedule{theirs.optim, theirs.train.steps};
+  } catch (const ConfigError& e) {
+    spdlog::warn("{}: cannot read the config it was written with ({}); not checking that the learning-rate schedule "
+                 "continues", checkpoint, e.what());
+    return std::nullopt;
+  }
+}
+
+// "train.steps 200 -> 400; optim.lr 0.002 -> 0.001": the schedule's keys that differ.
+std::string schedule_differences(const RunSchedule& before, const RunSchedule& now) {
+  std::string out;
+  auto differ = [&](const std::string& key, const std::string& a, const std::string& b) {
+    if (a != b) out += (out.empty() ? "" : "; ") + key + " " + a + " -> " + b;
+  };
+  const LearningRateSchedule &a = before.schedule, &b = now.schedule;
+  differ("optim.schedule", enum_name(kLrScheduleNames, a.kind), enum_name(kLrScheduleNames, b.kind));
+  differ("optim.lr", format_double(a.lr), format_double(b.lr));
+  differ("optim.min_lr", format_double(a.min_lr), format_double(b.min_lr));
+  differ("optim.warmup_steps", std::to_string(a.warmup_steps), std::to_string(b.warmup_steps));
+  differ("optim.decay_steps", std::to_string(a.decay_steps), std::to_string(b.decay_steps));
+  differ("optim.decay_fraction", format_double(a.decay_fraction), format_double(b.decay_fraction));
+  differ("train.steps", std::to_string(before.steps), std::to_string(now.steps));
+  return out;
+}
+
+// "cosine over steps 21-200"
+std::string describe_decay(const RunSchedule& run) {
+  const LrDecay d = lr_decay(run.schedule, run.steps);
+  const std::string kind = enum_name(kLrScheduleNames, run.schedule.kind);
+  if (d.length == 0) return kind + " without a decay";
+  return kind + " decay over steps " + std::to_string(d.start + 1) + "-" + std::to_string(d.start + d.length);
+}
+
+// A resume must not make the learning rate jump (a changed train.steps used to
+// restart the cosine decay silently): refused, naming the keys, unless
+// train.allow_schedule_change.
+void check_schedule_continues(const Config& config, const std::string& checkpoint, int rank) {
+  const Manifest manifest = read_manifest(checkpoint);
+  const std::optional<RunSchedule> before = checkpoint_schedule(checkpoint, manifest);
+  if (!before) return;
+  const RunSchedule now{config.optim, config.train.steps};
+  const std::string changed = schedule_differences(*before, now);
+  if (changed.empty()) return;
+  const int64_t step = manifest.progress.step;
+  const std::string next = std::to_string(step + 1);
+  if (schedule_continues(*before, now, step)) {
+    if (rank == 0)
+      spdlog::info("learning-rate schedule changed since {} ({}); it continues from step {}'s rate, {:.4g}",
+                   checkpoint, changed, next, learning_rate(now, step + 1));
+    return;
+  }
+  const std::string jump = "resuming " + checkpoint + " (step " + std::to_string(step) +
+                           ") changes the learning rate of step " + next + " from " +
+                           format_double(learning_rate(*before, step + 1)) + " to " +
+                           format_double(learning_rate(now, step + 1)) + ": " + changed + " (its run: " +
+                           describe_decay(*before) + "; this config: " + describe_decay(now) + ")";
+  if (config.train.allow_schedule_change) {
+    if (rank == 0) spdlog::warn("{}; resuming with the new schedule (train.allow_schedule_change: true)", jump);
+    return;
+  }
+  // The checkpoint's decay kept by giving its length explicitly, when that continues.
+  RunSchedule kept = now;
+  kept.schedule.decay_steps = lr_decay(before->schedule, before->steps).length;
+  const std::string keep_decay =
+      kept.schedule.decay_steps > 0 && schedule_continues(*before, kept, step)
+          ? ", set optim.decay_steps: " + std::to_string(kept.schedule.decay_steps) + " to keep its decay"
+          : "";
+  throw ConfigError(jump + "; keep those keys as the checkpoint's run had them" + keep_decay +
+                    ", or set train.allow_schedule_change: true to resume with the jump");
+}
+
 // Where training starts: a checkpoint to resume (weights, moments, step, data
 // position), a checkpoint to take weights from, or fresh weights.
 TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, int rank) {
@@ -133,6 +216,7 @@ TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, i
   }
   if (t.resume == ResumeMode::Auto) {
     if (auto latest = latest_checkpoint(t.checkpoint_dir)) {
+      check_schedule_continues(config, *latest, rank);
       TrainingProgress progress = load_checkpoint(*latest, engine.model(), &engine.optimizer());
       spdlog::info("resumed from {} at step {}", *latest, progress.step);
       return progress;
@@ -151,6 +235,28 @@ TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, i
 }
 
 }  // namespace
+
+void keep_run_record(const Config& config, int rank) {
+  if (rank != 0) return;
+  namespace fs = std::filesystem;
+  const fs::path dir(config.train.run_dir);
+  const std::string config_file = (dir / "config.yaml").string();
+  if (!(std::ofstream(config_file, std::ios::trunc) << config.yaml)) {
+    throw ConfigError("train.run_dir: cannot write the effective config to " + config_file +
+                      "; point train.run_dir at a directory this user can write");
+  }
+  // One log file per process: a later job in the same process replaces the sink.
+  static std::shared_ptr<spdlog::sinks::basic_file_sink_mt> log_sink;
+  auto logger = spdlog::default_logger();
+  auto& sinks = logger->sinks();
+  if (log_sink) sinks.erase(std::remove(sinks.begin(), sinks.end(), log_sink), sinks.end());
+  log_sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>((dir / "train.log").string(), /*truncate=*/false);
+  log_sink->set_pattern("[%Y-%m-%d %H:%M:%S.%e] %l %v");
+  sinks.push_back(log_sink);
+  logger->flush_on(spdlog::level::info);  // a killed job keeps its lines
+  spdlog::info("run directory {}: config.yaml (the effective config), train.log (this log), metrics.jsonl; "
+               "checkpoints in {}", config.train.run_dir, config.train.checkpoint_dir);
+}
 
 int set_up_process(const Config& config, const ProcessInfo& process) {
   const bool remote = config.loader.mode == LoaderMode::Remote;
@@ -171,6 +277,7 @@ TrainingJob::TrainingJob(const Config& config, const ProcessInfo& process,
   const bool remote = config.loader.mode == LoaderMode::Remote;
   const int loader_ranks = remote ? static_cast<int>(config.loader.servers) : 0;
   check_output_directories(config, process.rank);
+  keep_run_record(config, process.rank);
   // One run per checkpoint directory (checkpoint/lock.h): a lock while this job
   // writes there, and no continuing another run's checkpoints unless asked.
   if (config.train.checkpoint_every > 0 && process.rank == 0) {
@@ -210,6 +317,10 @@ double peak_flops_for_mfu(const TrainConfig& train, Device device, const Process
     }
   }
   if (peak_flops <= 0) {
+    // Said first: the probe takes 1-15 s, silent otherwise.
+    if (process.rank == 0) {
+      spdlog::info("peak: measuring the fp32 GEMM rate for MFU (a few seconds; train.peak_flops skips this)");
+    }
     peak_flops = measure_gemm_flops(device);
     if (!on_gpu) peak_flops = world.all_reduce_sum(peak_flops) / training_ranks;
     if (process.rank == 0 && on_gpu) {

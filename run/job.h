@@ -19,6 +19,13 @@
 
 namespace hdp {
 
+// Rank 0's record of the run in train.run_dir (created): config.yaml, the effective
+// config this start read (rewritten at each start), and train.log, every line rank 0
+// logs from here until the process ends (its error too), appended across restarts
+// and resumes. Other ranks: nothing. Throws ConfigError naming train.run_dir when
+// config.yaml cannot be written.
+void keep_run_record(const Config& config, int rank);
+
 // Checks that the job's ranks are the grid's plus loader.servers with a remote
 // loader, sets the threads per rank and binds the GPU (train.device: cuda).
 // Returns the threads per rank.

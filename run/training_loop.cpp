@@ -87,6 +87,9 @@ TrainingLoop::TrainingLoop(const Config& config, const ProcessInfo& process, Pro
       guard_(config.train.spike_factor, config.train.max_bad_steps),
       tracer_(config.trace, config.train.run_dir, groups.coords(), process.rank, groups.world()) {
   if (process.rank == 0) metrics_.emplace(config.train.run_dir, progress.step);
+  if (process.rank == 0 && config.metrics.tensorboard) {
+    tensorboard_.emplace(config.train.run_dir, process.hostname, progress.step);
+  }
   fault_ = fault_injection_from_env();
   guard_.restore_window(progress.loss_window);
   if (config.train.checkpoint_every > 0) {
@@ -98,6 +101,8 @@ TrainingLoop::TrainingLoop(const Config& config, const ProcessInfo& process, Pro
 }
 
 void TrainingLoop::run() {
+  clock_ = ProgressMeter();
+  first_step_ = progress_.step;
   // A rollback (below) moves next_step_ back.
   for (next_step_ = progress_.step + 1; next_step_ <= config_.train.steps && stop_signal_ == 0;) run_step(next_step_++);
   if (writer_) writer_->wait();  // the last checkpoint is complete before the run reports its end
@@ -161,6 +166,7 @@ void TrainingLoop::run_step(int64_t step) {
     metrics_->fail_writes_as_on_a_full_disk();
   }
   if (metrics_) metrics_->write(m);
+  if (tensorboard_) tensorboard_->write(m);
   last_step_ = step;
   if (measured.updated) {
     streak_.clear();
@@ -270,6 +276,7 @@ void TrainingLoop::rollback(const std::string& target, const std::string& what) 
   streak_.clear();
   batches_.restart(restored.sampler, skipped);
   if (metrics_) metrics_.emplace(config_.train.run_dir, restored.step);
+  if (tensorboard_) tensorboard_->restart_after(restored.step);
   next_step_ = restored.step + 1;
 }
 
@@ -340,11 +347,13 @@ StepMetrics TrainingLoop::step_metrics(const StepMeasurement& measured, const Gl
 }
 
 void TrainingLoop::log_step(const StepMetrics& m) const {
+  // The time left at this run's pace so far (its steps, not the ones before a resume).
+  const double done = static_cast<double>(m.step - first_step_) / static_cast<double>(config_.train.steps - first_step_);
   spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.0f} ms | mfu {:.1f}% | "
-               "busy {:.0f}-{:.0f} ms (planned max {:.0f}, cost model {:+.0f}%) idle {:.0f}%",
+               "busy {:.0f}-{:.0f} ms (planned max {:.0f}, cost model {:+.0f}%) idle {:.0f}% | {}",
                m.step, config_.train.steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.step_ms, 100 * m.mfu,
                m.busy_ms_min, m.busy_ms_max, m.planned_busy_ms_max, 100 * m.cost_model_error,
-               100 * m.idle_fraction);
+               100 * m.idle_fraction, clock_.elapsed_and_left(done));
 }
 
 bool TrainingLoop::checkpoint_due(int64_t step) const {
@@ -357,6 +366,7 @@ void TrainingLoop::save_checkpoint_at(int64_t step, const GlobalBatch& batch) {
   progress_.step = step;
   progress_.sampler = batch.next;
   progress_.loss_window = guard_.window();
+  progress_.lr_schedule = RunSchedule{config_.optim, config_.train.steps};
   writer_->save(engine_.model(), engine_.optimizer(), progress_);
   if (process_.rank == 0) {
     spdlog::info("checkpoint for step {}: training waited {:.0f} ms ({})", step, writer_->last_blocking_ms(),

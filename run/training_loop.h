@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "base/fault_injection.h"
+#include "base/progress_meter.h"
 #include "checkpoint/format.h"
 #include "checkpoint/lock.h"
 #include "checkpoint/manifest.h"
@@ -26,6 +27,7 @@
 #include "run/metrics.h"
 #include "run/numerical_guard.h"
 #include "run/step_tracer.h"
+#include "run/tensorboard.h"
 
 namespace hdp {
 
@@ -111,6 +113,9 @@ class TrainingLoop {
   const size_t memory_bytes_;  // the engine's device memory, reported as peak_mem_bytes
   const CheckpointLayout layout_;
   std::optional<MetricsWriter> metrics_;  // rank 0
+  std::optional<TensorBoardWriter> tensorboard_;  // rank 0, with metrics.tensorboard
+  ProgressMeter clock_;      // since run() began: the step line's elapsed time and ETA
+  int64_t first_step_ = 0;   // the step run() started after
   std::optional<CheckpointWriter> writer_;  // train.checkpoint_every > 0
   FaultInjection fault_;
   NumericalGuard guard_;

@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # Builds the trainer, writes the demo corpus once, and trains configs/tiny-llama.yaml.
 # Extra arguments go to `trainer train`, e.g. scripts/demo.sh --set train.steps=50
+# It installs and builds only what it runs: the trainer binary, without the tests
+# and benchmarks (scripts/test.sh builds everything), and the CUDA backend only
+# where a GPU answers nvidia-smi or HDP_CUDA=ON asks for it (HDP_CUDA=OFF: never).
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 build_dir="${BUILD_DIR:-$root/build}"
 
-bash "$root/scripts/build.sh"
+if [ -z "${HDP_CUDA:-}" ]; then
+  HDP_CUDA=OFF
+  if command -v nvidia-smi > /dev/null 2>&1 && nvidia-smi -L > /dev/null 2>&1; then HDP_CUDA=ON; fi
+fi
+export HDP_CUDA
+HDP_DEPS=demo bash "$root/scripts/build.sh" -DHDP_CUDA="$HDP_CUDA" -DHDP_BUILD_TESTS=OFF -DHDP_BUILD_BENCH=OFF trainer
 cd "$root"
 trainer="$build_dir/trainer/trainer"
 corpus="data-cache/demo-corpus.h5"

@@ -1,7 +1,14 @@
 #!/usr/bin/env bash
 # Installs the Debian 12 packages hdp-trainer builds against, only those missing.
 # As root it runs apt-get; otherwise it prints the exact command to run.
+#
+#   scripts/install-deps.sh [all|demo]
+# all (the default, scripts/test.sh): everything the build, the test suite, the
+# benchmarks, the Slurm launch test and the GPU bundle use. demo (scripts/demo.sh):
+# only what building and running the trainer needs, plus cuDNN's fetch tools when
+# HDP_CUDA=ON (a CUDA build).
 set -euo pipefail
+profile="${1:-all}"
 
 packages=(
   build-essential cmake pkg-config
@@ -13,14 +20,23 @@ packages=(
   libdnnl-dev       # oneDNN: the CPU GEMM (kernels/cpu/gemm.h)
   nlohmann-json3-dev   # JSON: safetensors headers, config.json, tokenizer.json, op traces
   libsentencepiece-dev # SentencePiece tokenizer.model files (data/)
-  sentencepiece        # spm_train / spm_encode: the tokenizer tests compare against them
   libpcre2-dev         # the byte-level BPE pre-tokenizer regex (data/)
-  libgtest-dev
-  libbenchmark-dev
-  slurm-wlm munge   # launch tests (scripts/slurm/selftest.sh)
-  zstd              # the GPU bundle's archive (scripts/bundle.sh --archive)
-  curl unzip ca-certificates  # cuDNN's frontend headers at configure time (scripts/fetch-cudnn-frontend.sh)
 )
+cudnn_fetch=(curl unzip ca-certificates)  # cuDNN's frontend headers at configure time (scripts/fetch-cudnn-frontend.sh)
+case "$profile" in
+  all)
+    packages+=(
+      sentencepiece        # spm_train / spm_encode: the tokenizer tests compare against them
+      libgtest-dev
+      libbenchmark-dev
+      slurm-wlm munge   # launch tests (scripts/slurm/selftest.sh)
+      zstd              # the GPU bundle's archive (scripts/bundle.sh --archive)
+      "${cudnn_fetch[@]}"
+    ) ;;
+  demo)
+    if [ "${HDP_CUDA:-OFF}" = ON ]; then packages+=("${cudnn_fetch[@]}"); fi ;;
+  *) echo "install-deps: unknown profile '$profile' (all or demo)" >&2; exit 2 ;;
+esac
 
 missing=()
 for p in "${packages[@]}"; do

@@ -408,6 +408,47 @@ TEST(Checkpoint, ConfigTextSurvivesTheManifestExactly) {
   }
 }
 
+TEST(Checkpoint, ManifestRecordsTheScheduleAndOlderOnesLoadWithout) {
+  const std::string dir = testing::scratch_dir("ckpt_schedule");
+  Manifest m;
+  m.format_version = kCheckpointFormatVersion;
+  m.progress.step = 40;
+  m.parts = {"rank-00000.h5"};
+  m.config = "a: 1\n";
+  fs::create_directories(dir + "/with");
+  m.progress.lr_schedule = RunSchedule{{.kind = LrScheduleKind::Wsd, .lr = 3e-4, .min_lr = 1e-5, .warmup_steps = 7,
+                                        .decay_steps = 0, .decay_fraction = 0.25},
+                                       900};
+  write_manifest(dir + "/with", m);
+  const Manifest back = read_manifest(dir + "/with");
+  ASSERT_TRUE(back.progress.lr_schedule.has_value());
+  const RunSchedule& r = *back.progress.lr_schedule;
+  EXPECT_EQ(r.schedule.kind, LrScheduleKind::Wsd);
+  EXPECT_EQ(r.schedule.lr, 3e-4);
+  EXPECT_EQ(r.schedule.min_lr, 1e-5);
+  EXPECT_EQ(r.schedule.warmup_steps, 7);
+  EXPECT_EQ(r.schedule.decay_steps, 0);
+  EXPECT_EQ(r.schedule.decay_fraction, 0.25);
+  EXPECT_EQ(r.steps, 900);
+  // A manifest written before the record (no lr_schedule key) still reads.
+  fs::create_directories(dir + "/without");
+  m.progress.lr_schedule.reset();
+  write_manifest(dir + "/without", m);
+  std::ifstream in(dir + "/without/manifest.yaml");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.find("lr_schedule"), std::string::npos) << text;
+  const Manifest old = read_manifest(dir + "/without");
+  EXPECT_FALSE(old.progress.lr_schedule.has_value());
+  EXPECT_EQ(old.progress.step, 40);
+  // An unknown schedule name is refused, naming the file and the key.
+  std::string bad = text + "lr_schedule: {schedule: cosinus, lr: 1, min_lr: 0, warmup_steps: 0, decay_steps: 0, "
+                           "decay_fraction: 0, steps: 1}\n";
+  std::ofstream(dir + "/without/manifest.yaml") << bad;
+  const std::string msg = expect_checkpoint_error([&] { read_manifest(dir + "/without"); });
+  EXPECT_NE(msg.find("manifest.yaml:"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lr_schedule.schedule: unknown schedule 'cosinus'"), std::string::npos) << msg;
+}
+
 TEST(Checkpoint, CorruptedWeightFailsItsChecksum) {
   const std::string dir = testing::scratch_dir("ckpt_corrupt");
   const ModelConfig c = tiny_config(false);

@@ -42,7 +42,7 @@ TEST(ConfigSchema, EveryKeyIsDocumentedAndItsDefaultKeepsItsOwnRule) {
       EXPECT_EQ(f.rule.holds(f.ref(defaults)), key != "data.path") << key;
     }
   }
-  EXPECT_EQ(keys, 74);
+  EXPECT_EQ(keys, 79);
   EXPECT_GE(own_rules, 30);
   EXPECT_THROW(schema_field("model.hidden"), std::logic_error);
 }
@@ -85,6 +85,23 @@ TEST(ConfigCommand, PrintsTheEffectiveConfigOrTheFirstProblem) {
       << bad.output;
   EXPECT_EQ(run_trainer("config").exit_code, 2);
   EXPECT_EQ(run_trainer("config --keys-markdown " + dir + "/run.yaml").exit_code, 2);
+}
+
+// --get: one key's value as a launch script reads it (the checkpoint directory
+// resolved under the run directory, names unquoted, numbers as written).
+TEST(ConfigCommand, GetPrintsOneKeysEffectiveValue) {
+  const std::string dir = scratch_dir("config_command_get");
+  std::ofstream(dir + "/data.h5") << "";
+  std::ofstream(dir + "/run.yaml") << "data:\n  path: " << dir << "/data.h5\ntrain:\n  run_dir: runs/x\n";
+  const auto get = [&](const std::string& args) { return run_trainer("config " + dir + "/run.yaml " + args); };
+  EXPECT_EQ(get("--get train.run_dir").output, "runs/x\n");
+  EXPECT_EQ(get("--get train.checkpoint_dir").output, "runs/x/checkpoints\n");
+  EXPECT_EQ(get("--set train.run_dir=/r --get train.checkpoint_dir").output, "/r/checkpoints\n");
+  EXPECT_EQ(get("--set optim.lr=0.0005 --get optim.lr").output, "0.0005\n");
+  EXPECT_EQ(get("--get optim.schedule").output, "cosine\n");
+  const auto bad = get("--get train.no_such_key");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.output.find("--get train.no_such_key: no such key"), std::string::npos) << bad.output;
 }
 
 TEST(ConfigCommand, KeysMarkdownHasEveryKeyOfTheSchema) {

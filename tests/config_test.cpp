@@ -227,6 +227,7 @@ TEST(Config, DefaultsForEverythingButDataPath) {
   const Config c = load_config(s.config(kMinimalConfig));
   Config expected;
   expected.data.path = s.data;
+  expected.train.checkpoint_dir = "runs/default/checkpoints";  // under train.run_dir
   expect_same(c, expected);
   // The struct defaults, spelled out so that a changed default is noticed.
   EXPECT_EQ(c.model.vocab_size, 258);
@@ -941,6 +942,60 @@ TEST(Config, ParallelDegreesAndStageLayers) {
   EXPECT_EQ(again.parallel.pp_layers, c.parallel.pp_layers);
   EXPECT_EQ(load_config(path, {"parallel.pp_layers=[3, 3]"}).parallel.pp_layers, (std::vector<int64_t>{3, 3}));
   EXPECT_TRUE(load_config(path, {"parallel.pp_layers=[]"}).parallel.pp_layers.empty());
+}
+
+TEST(Config, HdpAutoTakesWhatTpAndPpLeaveOfTheJob) {
+  Scratch s("hdp-auto");
+  const std::string path = s.config(
+      "model:\n"
+      "  num_kv_heads: 2\n"
+      "data:\n"
+      "  path: DATA\n"
+      "parallel:\n"
+      "  tp: 2\n"
+      "  hdp: auto\n");  // line 7
+  // A job of 8 ranks: 8 / (tp 2 x pp 1).
+  const Config job = load_config(path, {}, true, 8);
+  EXPECT_EQ(job.parallel.hdp, 4);
+  EXPECT_FALSE(job.parallel.hdp_auto);
+  EXPECT_CONTAINS(job.yaml, "  hdp: 4\n");
+  EXPECT_EQ(load_config(path, {"parallel.pp=2", "model.num_layers=4"}, true, 8).parallel.hdp, 2);
+  // No job (trainer config): auto stays auto, checked as hdp 1.
+  const Config none = load_config(path);
+  EXPECT_TRUE(none.parallel.hdp_auto);
+  EXPECT_EQ(none.parallel.hdp, 1);
+  EXPECT_CONTAINS(none.yaml, "  hdp: auto\n");
+  EXPECT_TRUE(parse_config_text(none.yaml, "again", {}, false).parallel.hdp_auto);
+  // ...as the least hdp its ep allows, so that the ep rule holds.
+  EXPECT_EQ(load_config(path, {"model.arch=mixtral", "parallel.ep=2"}).parallel.hdp, 2);
+  // A number or --set parallel.hdp=auto; anything else is refused naming both.
+  EXPECT_EQ(load_config(path, {"parallel.hdp=3"}, true, 8).parallel.hdp, 3);
+  EXPECT_TRUE(load_config(s.config(kMinimalConfig, "minimal.yaml"), {"parallel.hdp=auto"}).parallel.hdp_auto);
+  EXPECT_CONTAINS(load_error(path, {"parallel.hdp=many"}),
+                  "--set parallel.hdp=many: parallel.hdp: expected an integer, got 'many'; write a whole number such "
+                  "as 1, or auto");
+  // A job that tp x pp does not divide.
+  EXPECT_CONTAINS(error_of([&] { load_config(path, {}, true, 7); }),
+                  path + ":7: parallel.hdp: auto needs the job's 7 training rank(s) to be a multiple of parallel.tp x "
+                         "parallel.pp = 2 x 1 = 2; launch a multiple of 2 training ranks, or set parallel.hdp");
+  // Loader ranks do not train.
+  const Config remote = load_config(path, {"loader.mode=remote", "loader.servers=2"}, true, 6);
+  EXPECT_EQ(remote.parallel.hdp, 2);
+  EXPECT_CONTAINS(error_of([&] { load_config(path, {"loader.mode=remote"}, true, 4); }),
+                  "auto needs the job's 3 training rank(s) (4 minus loader.servers 1) to be a multiple of");
+}
+
+TEST(Config, CheckpointsGoUnderTheRunDirectoryUnlessPutElsewhere) {
+  Scratch s("checkpoint-dir");
+  const std::string path = s.config(kMinimalConfig);
+  EXPECT_EQ(load_config(path).train.checkpoint_dir, "runs/default/checkpoints");
+  const Config run = load_config(path, {"train.run_dir=runs/a"});
+  EXPECT_EQ(run.train.checkpoint_dir, "runs/a/checkpoints");
+  EXPECT_CONTAINS(run.yaml, "  checkpoint_dir: \"runs/a/checkpoints\"\n");
+  EXPECT_EQ(load_config(path, {"train.run_dir=runs/a", "train.checkpoint_dir=/scratch/ckpt"}).train.checkpoint_dir,
+            "/scratch/ckpt");
+  EXPECT_EQ(load_config(path, {"train.run_dir=runs/a", "train.checkpoint_dir=''"}).train.checkpoint_dir,
+            "runs/a/checkpoints");
 }
 
 TEST(ConfigErrors, StaticGridMustHoldTheLongestSequence) {

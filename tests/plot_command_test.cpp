@@ -8,6 +8,7 @@
 #include <string>
 
 #include "test_util.h"
+#include "trainer/svg.h"
 
 namespace hdp {
 namespace {
@@ -56,6 +57,28 @@ TEST(PlotCommand, TwoRunsOnOneChart) {
   const std::string busy = slurp(dir + "/charts/busy.svg");
   EXPECT_EQ(count(busy, "<polyline"), 4u);  // 2 runs x 2 ranks
   EXPECT_NE(busy.find("balanced rank 1"), std::string::npos);
+}
+
+std::vector<std::string> labels(const AxisTicks& t) {
+  std::vector<std::string> out;
+  for (double v : t.values) out.push_back(tick_label(v, t.step));
+  return out;
+}
+
+// Ticks at 1-2-5 steps with the digits the step needs: no "7.627", "0.9915" or
+// "1.964e+04" on an axis.
+TEST(PlotTicks, RoundStepsAndShortLabels) {
+  using V = std::vector<std::string>;
+  const AxisTicks loss = nice_ticks(2.31, 7.627);
+  EXPECT_EQ(loss.step, 2);
+  EXPECT_EQ(loss.lo, 2);
+  EXPECT_EQ(loss.hi, 8);
+  EXPECT_EQ(labels(loss), (V{"2", "4", "6", "8"}));
+  EXPECT_EQ(labels(nice_ticks(12000, 19640)), (V{"12k", "14k", "16k", "18k", "20k"}));
+  EXPECT_EQ(labels(nice_ticks(0.9915, 0.999)), (V{"0.990", "0.992", "0.994", "0.996", "0.998", "1.000"}));
+  EXPECT_EQ(labels(nice_ticks(0, 2e-4)), (V{"0", "5e-05", "1.0e-04", "1.5e-04", "2.0e-04"}));
+  EXPECT_EQ(labels(nice_ticks(0, 2.5e6)), (V{"0", "0.5M", "1.0M", "1.5M", "2.0M", "2.5M"}));
+  EXPECT_EQ(labels(nice_ticks(-0.25, 0.25)), (V{"-0.3", "-0.2", "-0.1", "0", "0.1", "0.2", "0.3"}));
 }
 
 TEST(PlotCommand, BadRunsExitTwo) {

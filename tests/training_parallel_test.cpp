@@ -710,11 +710,28 @@ TEST(ParallelFailures, ARankSigstoppedFromOutsideEndsTheJobWithinTheHangTimeout)
   EXPECT_TRUE(std::regex_search(output, named)) << output;
 }
 
-TEST(ParallelFailures, WorldSizeMismatchEndsTheJobWithCode2) {
+size_t occurrences(const std::string& text, const std::string& part) {
+  size_t n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
+
+// An error every rank reads alike is said once for the job (rank 0), with no MPI
+// abort banner: the ranks agree that all of them failed and each ends by itself.
+TEST(ParallelFailures, WorldSizeMismatchEndsTheJobWithCode2SaidOnce) {
   const std::string dir = scratch_dir("parallel-mismatch");
   auto r = run_command(mpirun(3) + " " + train_args(dir, {"bad", 2, 1, 1}, 1));
   EXPECT_EQ(r.exit_code, 2) << r.output;
-  EXPECT_NE(r.output.find("= 2 ranks, but the job has 3"), std::string::npos) << r.output;
+  EXPECT_EQ(occurrences(r.output, "= 2 ranks, but the job has 3"), 1u) << r.output;
+  EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << r.output;
+}
+
+TEST(ParallelFailures, ABadConfigKeyIsSaidOnceForTheJob) {
+  const std::string dir = scratch_dir("parallel-bad-key");
+  auto r = run_command(mpirun(2) + " " + train_args(dir, {"hdp2", 1, 1, 2}, 1, "--set optim.lr=-1"));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_EQ(occurrences(r.output, "config error: --set optim.lr=-1: optim.lr: -1 is not positive"), 1u) << r.output;
+  EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << r.output;
 }
 
 // A full disk under one rank's checkpoint part (rank 1 of two, its part on

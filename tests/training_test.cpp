@@ -196,6 +196,82 @@ TEST(Training, ResumeIsBitIdentical) {
   expect_same_checkpoint(straight + "/ckpt/step-00000008", split + "/ckpt/step-00000008");
 }
 
+// Resuming with another train.steps used to restart the cosine decay silently: a
+// resume whose learning rate would jump is refused, naming the keys, unless the
+// decay is kept (optim.decay_steps) or the change is allowed.
+TEST(Training, AResumeWhoseLearningRateWouldJumpIsRefusedNamingTheKeys) {
+  const std::string dir = scratch_dir("training-schedule-jump");
+  // lr 2e-3 to min_lr 2e-4 (tiny-llama), warmup 2: a 6-step run decays over steps 3-6.
+  const std::string common = "--set data.global_batch_tokens=1024 --set optim.warmup_steps=2 "
+                             "--set train.checkpoint_every=3 ";
+  auto first = run_trainer(run_args(dir, 6, common));
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  const TrainingProgress recorded = read_manifest(step_dir(dir, 6)).progress;
+  ASSERT_TRUE(recorded.lr_schedule.has_value());
+  EXPECT_EQ(recorded.lr_schedule->steps, 6);
+  EXPECT_EQ(recorded.lr_schedule->schedule.kind, LrScheduleKind::Cosine);
+
+  auto longer = run_trainer(run_args(dir, 12, common));
+  EXPECT_EQ(longer.exit_code, 2) << longer.output;
+  // Step 7: min_lr after the 6-step decay, half way down a 10-step one.
+  for (const char* part : {"resuming ", "step-00000006 (step 6) changes the learning rate of step 7 from 0.0002 to 0.0011",
+                           "train.steps 6 -> 12", "cosine decay over steps 3-6; this config: cosine decay over steps 3-12",
+                           "set optim.decay_steps: 4 to keep its decay", "train.allow_schedule_change: true"}) {
+    EXPECT_NE(longer.output.find(part), std::string::npos) << part << "\n" << longer.output;
+  }
+  EXPECT_EQ(metric_lines(dir).size(), 6u);
+
+  auto kept = run_trainer(run_args(dir, 12, common + "--set optim.decay_steps=4"));
+  ASSERT_EQ(kept.exit_code, 0) << kept.output;
+  EXPECT_NE(kept.output.find("continues from step 7's rate"), std::string::npos) << kept.output;
+  const std::vector<double> lr = testing::metric_values(dir, "lr");
+  ASSERT_EQ(lr.size(), 12u);
+  for (size_t i = 5; i < 12; ++i) EXPECT_NEAR(lr[i], 2e-4, 1e-12) << "step " << i + 1;
+
+  auto allowed = run_trainer(run_args(dir, 15, common + "--set optim.decay_steps=4 --set optim.min_lr=1e-4 "
+                                                        "--set train.allow_schedule_change=true"));
+  ASSERT_EQ(allowed.exit_code, 0) << allowed.output;
+  EXPECT_NE(allowed.output.find("optim.min_lr 0.0002 -> 0.0001; train.steps 12 -> 15"), std::string::npos)
+      << allowed.output;
+  EXPECT_NE(allowed.output.find("resuming with the new schedule (train.allow_schedule_change: true)"),
+            std::string::npos) << allowed.output;
+  EXPECT_NEAR(testing::metric_values(dir, "lr").back(), 1e-4, 1e-12);
+}
+
+// The run directory by default holds the checkpoints (RUN_DIR/checkpoints), the
+// effective config (config.yaml), rank 0's log (train.log, appended by every start,
+// step lines with elapsed time and ETA) and, asked for, TensorBoard's event files.
+TEST(Training, TheRunDirectoryKeepsCheckpointsConfigLogAndTensorBoardFiles) {
+  const std::string dir = scratch_dir("training-run-dir");
+  auto run = [&](int steps) {
+    return run_trainer("train " + kTinyConfig + " --set data.path=" + corpus() + " --set train.run_dir=" + dir +
+                       " --set train.steps=" + std::to_string(steps) +
+                       " --set train.peak_flops=1e11 --set train.checkpoint_every=2 --set optim.schedule=constant"
+                       " --set optim.warmup_steps=0 --set data.global_batch_tokens=1024 --set metrics.tensorboard=true");
+  };
+  auto first = run(2);
+  ASSERT_EQ(first.exit_code, 0) << first.output;
+  EXPECT_TRUE(std::filesystem::exists(dir + "/checkpoints/step-00000002/manifest.yaml"));
+  const std::string config = testing::file_text(dir + "/config.yaml");
+  EXPECT_NE(config.find("checkpoint_dir: \"" + dir + "/checkpoints\"\n"), std::string::npos) << config;
+  EXPECT_NE(config.find("tensorboard: true\n"), std::string::npos) << config;
+  auto second = run(3);  // resumes from step 2
+  ASSERT_EQ(second.exit_code, 0) << second.output;
+  EXPECT_NE(testing::file_text(dir + "/config.yaml").find("steps: 3\n"), std::string::npos);
+  const std::string log = testing::file_text(dir + "/train.log");
+  const std::regex step_line("step +([0-9]+)/([0-9]+) \\| loss .* \\| [0-9]+ s elapsed, ETA [0-9]+ s");
+  std::vector<std::string> steps;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), step_line); it != std::sregex_iterator(); ++it) {
+    steps.push_back((*it)[1].str() + "/" + (*it)[2].str());
+  }
+  EXPECT_EQ(steps, (std::vector<std::string>{"1/2", "2/2", "3/3"})) << log;
+  int event_files = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/tensorboard")) {
+    event_files += entry.path().filename().string().rfind("events.out.tfevents.", 0) == 0;
+  }
+  EXPECT_EQ(event_files, 2);
+}
+
 // Preemption: SIGTERM mid-run finishes the step, writes a checkpoint of it, exits
 // 0; a resumed run then continues exactly like one that was never stopped.
 TEST(Training, SigtermStopsAtAStepBoundaryWithACheckpointAndResumesBitIdentically) {

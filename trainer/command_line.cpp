@@ -113,42 +113,50 @@ void setup_logging(int rank) {
 
 namespace {
 
-int bad_input(const char* kind, const std::exception& e) {
-  spdlog::error("{}: {}", kind, e.what());
-  return kExitBadInput;
-}
-
 // The table: bad input exits with 2, naming what kind of input; anything else with 1.
-int report(const std::string& command, const std::exception_ptr& error) {
+// The line is printed when `announce` (if given) says this process should.
+int report(const std::string& command, const std::exception_ptr& error,
+           const std::function<bool(const std::string&)>& announce) {
+  int code = kExitBadInput;
+  std::string kind;  // empty: a usage error, printed with the command's help hint
+  std::string message;
   try {
     std::rethrow_exception(error);
   } catch (const UsageError& e) {
-    std::fprintf(stderr, "trainer %s: %s (see trainer %s --help)\n", command.c_str(), e.what(), command.c_str());
-    return kExitBadInput;
+    message = e.what();
   } catch (const ConfigError& e) {
-    return bad_input("config error", e);
+    kind = "config error", message = e.what();
   } catch (const DatasetError& e) {
-    return bad_input("dataset error", e);
+    kind = "dataset error", message = e.what();
   } catch (const CheckpointError& e) {
-    return bad_input("checkpoint error", e);
+    kind = "checkpoint error", message = e.what();
   } catch (const MetricsError& e) {
-    return bad_input("metrics error", e);
+    kind = "metrics error", message = e.what();
   } catch (const InputError& e) {
-    return bad_input("input error", e);
+    kind = "input error", message = e.what();
   } catch (const std::exception& e) {
-    spdlog::error("{}", e.what());
-    return kExitFailure;
+    code = kExitFailure, message = e.what();
   }
+  const std::string line = code == kExitFailure ? message : kind.empty() ? "" : kind + ": " + message;
+  if (announce && !announce(line.empty() ? message : line)) return code;
+  if (code == kExitFailure || !kind.empty()) {
+    spdlog::error("{}", line);
+  } else {
+    std::fprintf(stderr, "trainer %s: %s (see trainer %s --help)\n", command.c_str(), message.c_str(),
+                 command.c_str());
+  }
+  return code;
 }
 
 }  // namespace
 
-int run_subcommand(const std::string& command, const std::function<int()>& body) {
+int run_subcommand(const std::string& command, const std::function<int()>& body,
+                   const std::function<bool(const std::string& message)>& announce) {
   if (!spdlog::get("trainer")) setup_logging(0);
   try {
     return body();
   } catch (...) {
-    return report(command, std::current_exception());
+    return report(command, std::current_exception(), announce);
   }
 }
 

@@ -57,7 +57,10 @@ void setup_logging(int rank);
 
 // Runs one command's body (after its arguments are known) and maps what it
 // throws to the exit code and message of the table above. Returns the body's
-// own exit code when it throws nothing.
-int run_subcommand(const std::string& command, const std::function<int()>& body);
+// own exit code when it throws nothing. announce: asked with the message whether
+// this process prints it (the ranks of a job agree who says an error they share,
+// parallel/runtime.h); absent: it prints.
+int run_subcommand(const std::string& command, const std::function<int()>& body,
+                   const std::function<bool(const std::string& message)>& announce = {});
 
 }  // namespace hdp

@@ -198,6 +198,11 @@ std::vector<int64_t> parse_lengths(const std::string& text) {
   return lengths;
 }
 
+// How long a failed rank waits for the others to fail too before it takes the
+// job down by itself (parallel/runtime.h, agree_on_failure): ranks reading the
+// same bad input fail within milliseconds of each other.
+constexpr double kFailureAgreementSeconds = 3;
+
 }  // namespace
 
 int command_train(int argc, char** argv, const std::vector<std::string>& raw) {
@@ -209,6 +214,7 @@ int command_train(int argc, char** argv, const std::vector<std::string>& raw) {
   MpiRuntime runtime(&argc, &argv);
   const ProcessInfo& process = runtime.info();
   setup_logging(process.rank);
+  FailureAgreement failure;
   const int code = run_subcommand("train", [&] {
     std::vector<std::string> overrides = args.repeated("--set");
     const std::vector<std::string> files = args.positional();
@@ -221,18 +227,20 @@ int command_train(int argc, char** argv, const std::vector<std::string>& raw) {
       overrides.push_back("train.resume=auto");
       if (process.rank == 0) spdlog::info("restart {} under trainer supervise: train.resume=auto", restart);
     }
-    const Config config = load_config(files[0], overrides);
+    const Config config = load_config(files[0], overrides, /*check_files=*/true, process.world_size);
     if (process.rank == 0) spdlog::info("config {} ({} ranks)", files[0], process.world_size);
     run_training(config, process);
     return kExitSuccess;
+  }, [&](const std::string& message) {
+    failure = runtime.agree_on_failure(message, kFailureAgreementSeconds);
+    return failure.print;
   });
-  // One rank failing takes the whole job down at once rather than leaving the
-  // others waiting in a collective.
-  if (code != kExitSuccess && process.world_size > 1) {
-    spdlog::error("rank {} on {} failed; aborting the job", process.rank, process.hostname);
-    runtime.abort(code);
-  }
-  return code;
+  if (code == kExitSuccess || process.world_size == 1) return code;
+  // Every rank failed (the same bad input): each ends by itself. Otherwise one
+  // rank failing takes the whole job down at once rather than leaving the others
+  // waiting in a collective.
+  if (failure.every_rank_failed) runtime.end_failed(code);
+  runtime.abort(code);
 }
 
 int command_prepare_data(const std::vector<std::string>& raw) {

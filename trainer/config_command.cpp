@@ -5,7 +5,9 @@
 // compares with the doc.
 
 #include <cstdio>
+#include <optional>
 #include <string>
+#include <variant>
 #include <vector>
 
 #include "config/config.h"
@@ -16,13 +18,15 @@
 namespace hdp {
 namespace {
 
-const char* const kConfigHelp = R"(usage: trainer config CONFIG.yaml [--set key.path=value ...]
+const char* const kConfigHelp = R"(usage: trainer config CONFIG.yaml [--set key.path=value ...] [--get key.path]
        trainer config --keys-markdown
 
 CONFIG.yaml: reads and checks the config as 'trainer train' does (exit 2 with the
 first problem, naming file:line and key) and prints the effective config: every
 key, overrides applied, defaults filled in (what checkpoints store).
   --set key.path=value   override one config key (repeatable, applied in order)
+  --get key.path         print only this key's value, unquoted (scripts: the run
+                         directory a launch script hands the supervisor)
 
 --keys-markdown: prints every section's key table (key, type, default, rule,
 meaning) from the config's schema, each between the marker comments that hold it
@@ -36,14 +40,18 @@ std::string cell(const std::string& text) {
   return out;
 }
 
-// The default as the effective config writes it, without the quotes of a name or
+// A value as the effective config writes it, without the quotes of a name or
 // string, and null spelled out.
+std::string unquoted(std::string text) {
+  if (text.size() >= 2 && text.front() == '"' && text.back() == '"') text = text.substr(1, text.size() - 2);
+  return text == "~" ? "null" : text;
+}
+
+// The default, in a Markdown table cell.
 std::string default_cell(const FieldRef& ref) {
   YAML::Emitter out;
   emit_value(out, ref);
-  std::string text = out.c_str();
-  if (text.size() >= 2 && text.front() == '"' && text.back() == '"') text = text.substr(1, text.size() - 2);
-  if (text == "~") text = "null";
+  const std::string text = unquoted(out.c_str());
   return text.empty() ? "empty" : "`" + text + "`";
 }
 
@@ -77,6 +85,7 @@ int command_config(const std::vector<std::string>& raw) {
   }
   return run_subcommand("config", [&] {
     const bool markdown = args.flag("--keys-markdown");
+    const std::optional<std::string> get = args.option("--get");
     const std::vector<std::string> overrides = args.repeated("--set");
     const std::vector<std::string> files = args.positional();
     args.expect_empty();
@@ -86,7 +95,23 @@ int command_config(const std::vector<std::string>& raw) {
       return kExitSuccess;
     }
     if (files.size() != 1) throw UsageError("expects exactly one CONFIG.yaml, or --keys-markdown");
-    std::fputs(load_config(files[0], overrides).yaml.c_str(), stdout);
+    Config config = load_config(files[0], overrides);
+    if (!get) {
+      std::fputs(config.yaml.c_str(), stdout);
+      return kExitSuccess;
+    }
+    const size_t dot = get->find('.');
+    const Section* section = find_section(get->substr(0, dot));
+    const Field* field = section && dot != std::string::npos ? find_field(*section, get->substr(dot + 1)) : nullptr;
+    if (!field) throw UsageError("--get " + *get + ": no such key; write section.key, e.g. --get train.run_dir");
+    const FieldRef ref = field->ref(config);
+    if (const auto* text = std::get_if<std::string*>(&ref)) {
+      std::printf("%s\n", (*text)->c_str());
+    } else {
+      YAML::Emitter out;
+      emit_value(out, ref);
+      std::printf("%s\n", unquoted(out.c_str()).c_str());
+    }
     return kExitSuccess;
   });
 }

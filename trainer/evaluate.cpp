@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 
+#include "base/progress_meter.h"
 #include "checkpoint/directory.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/protocol.h"
@@ -48,6 +49,7 @@ EvalResult evaluate_checkpoint(const std::string& checkpoint, const std::string&
   };
   const int64_t documents = options.max_documents > 0 ? std::min(options.max_documents, dataset.num_documents())
                                                       : dataset.num_documents();
+  ProgressMeter meter;  // a line at least every 10 s: a large dataset takes minutes
   for (int64_t d = 0; d < documents; ++d) {
     const int64_t length = dataset.document_length(d);
     for (int64_t offset = 0, n = 0; offset < length; offset += n) {
@@ -60,6 +62,11 @@ EvalResult evaluate_checkpoint(const std::string& checkpoint, const std::string&
       result.predicted_tokens += n - 1;
     }
     result.documents += 1;
+    if (meter.due()) {
+      spdlog::info("eval: {} of {} documents, {} tokens predicted, {}", result.documents, documents,
+                   result.predicted_tokens,
+                   meter.elapsed_and_left(static_cast<double>(result.documents) / static_cast<double>(documents)));
+    }
   }
   flush();
   if (result.predicted_tokens == 0) throw DatasetError("dataset '" + data + "': no sequence of 2 or more tokens to evaluate");

@@ -62,17 +62,6 @@ Run read_run(const std::string& dir) {
   return run;
 }
 
-std::string tick(double v) {
-  char buf[32];
-  const double a = std::abs(v);
-  if (a != 0 && (a >= 1e5 || a < 1e-2)) {
-    std::snprintf(buf, sizeof buf, "%.2g", v);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.4g", v);
-  }
-  return buf;
-}
-
 // One chart: x = step, y = the value; a legend names each series.
 void line_chart(const std::string& path, const std::string& title, const std::string& y_label,
                 const std::vector<Series>& series) {
@@ -101,16 +90,29 @@ void line_chart(const std::string& path, const std::string& title, const std::st
     y0 -= 0.5 * std::max(std::abs(y0), 1e-9);
     y1 += 0.5 * std::max(std::abs(y1), 1e-9);
   }
+  // y: the range widened to round ticks; x: the steps run, ticked at whole round steps inside them.
+  const AxisTicks y_ticks = nice_ticks(y0, y1);
+  y0 = y_ticks.lo;
+  y1 = y_ticks.hi;
+  AxisTicks x_ticks = nice_ticks(x0, x1, 8);
+  if (x_ticks.step < 1) x_ticks = nice_ticks(std::floor(x0), std::floor(x0) + 5);
   auto px = [&](double x) { return left + (x - x0) / (x1 - x0) * pw; };
   auto py = [&](double y) { return top + ph - (y - y0) / (y1 - y0) * ph; };
-  for (int k = 0; k <= 5; ++k) {
-    const double y = y0 + (y1 - y0) * k / 5.0, x = x0 + (x1 - x0) * k / 5.0;
+  size_t widest = 0;  // characters of the longest y tick label
+  for (double y : y_ticks.values) {
+    const std::string label = tick_label(y, y_ticks.step);
+    widest = std::max(widest, label.size());
     svg.line(left, py(y), left + pw, py(y), "#eeeeee");
-    svg.text(left - 6, py(y) + 4, tick(y), 11, "end");
-    svg.text(px(x), top + ph + 16, tick(std::round(x)), 11, "middle");
+    svg.text(left - 6, py(y) + 4, label, 11, "end");
+  }
+  for (double x : x_ticks.values) {
+    if (x < x0 - 1e-9 || x > x1 + 1e-9) continue;
+    svg.text(px(x), top + ph + 16, tick_label(x, x_ticks.step), 11, "middle");
   }
   svg.text(left + pw / 2, top + ph + 36, "step", 12, "middle");
-  svg.text(18, top + ph / 2, y_label, 12, "middle", -90);
+  // The y label left of the widest tick label (about 0.6 em a character at 11 px), not over it.
+  const double label_x = std::max(12.0, left - 6 - 6.6 * static_cast<double>(widest) - 10);
+  svg.text(label_x, top + ph / 2, y_label, 12, "middle", -90);
   for (size_t i = 0; i < series.size(); ++i) {
     std::vector<std::pair<double, double>> points;
     for (const auto& [x, y] : series[i].points)

@@ -76,6 +76,46 @@ void Svg::save(const std::string& path) const {
   if (!out) throw std::runtime_error(path + ": cannot write the SVG file");
 }
 
+AxisTicks nice_ticks(double lo, double hi, int at_most) {
+  if (!(hi > lo)) hi = lo + 1;
+  const double raw = (hi - lo) / std::max(1, at_most - 1);
+  const double power = std::pow(10.0, std::floor(std::log10(raw)));
+  AxisTicks t;
+  t.step = 10 * power;
+  for (double m : {1.0, 2.0, 5.0}) {
+    if (m * power * (at_most - 1) >= (hi - lo) * (1 - 1e-9)) {
+      t.step = m * power;
+      break;
+    }
+  }
+  // The widened ends, and ticks counted from them (no drift from adding the step).
+  const int64_t first = static_cast<int64_t>(std::floor(lo / t.step + 1e-9));
+  const int64_t last = static_cast<int64_t>(std::ceil(hi / t.step - 1e-9));
+  t.lo = static_cast<double>(first) * t.step;
+  t.hi = static_cast<double>(last) * t.step;
+  for (int64_t k = first; k <= last; ++k) t.values.push_back(static_cast<double>(k) * t.step);
+  return t;
+}
+
+std::string tick_label(double value, double step) {
+  char buf[32];
+  if (std::abs(value) < step * 1e-6) return "0";  // -0 and rounding noise too
+  const int step_exponent = static_cast<int>(std::floor(std::log10(step) + 1e-9));
+  const double magnitude = std::abs(value);
+  if (step >= 1e3) {  // the step, not the value, picks the suffix: one per axis
+    static const char* const kSuffixes[] = {"k", "M", "G", "T", "P"};
+    const int n = std::min(5, (step_exponent + 1) / 3);
+    const int decimals = std::max(0, 3 * n - step_exponent);
+    std::snprintf(buf, sizeof buf, "%.*f%s", decimals, value / std::pow(1000.0, n), kSuffixes[n - 1]);
+  } else if (step < 1e-3) {
+    const int digits = std::max(0, static_cast<int>(std::floor(std::log10(magnitude) + 1e-9)) - step_exponent);
+    std::snprintf(buf, sizeof buf, "%.*e", digits, value);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.*f", std::max(0, -step_exponent), value);
+  }
+  return buf;
+}
+
 std::string heat_colour(double t) {
   t = std::clamp(std::isfinite(t) ? t : 0.0, 0.0, 1.0);
   // White (255,255,255) -> yellow (255,210,0) at 0.5 -> red (200,0,0) at 1.

@@ -28,6 +28,18 @@ class Svg {
   std::string body_;
 };
 
+// An axis's ticks at a round step, 1, 2 or 5 times a power of ten, at most
+// `at_most` of them over [lo, hi]; `lo` and `hi` are the range widened to the
+// ticks around it (a chart's y range; an x range of steps keeps its ends).
+struct AxisTicks {
+  double lo = 0, hi = 1, step = 1;
+  std::vector<double> values;  // lo, lo + step, ..., hi
+};
+AxisTicks nice_ticks(double lo, double hi, int at_most = 6);
+// A tick's label, with the digits the step needs and no more: "0.25"; "1.5e-04"
+// for a step below 0.001; "20k", "1.5M" for a step of 1,000 or more; zero is "0".
+std::string tick_label(double value, double step);
+
 // "#rrggbb" for t in [0, 1] on a white -> yellow -> red scale (0 = white).
 std::string heat_colour(double t);
 // One of eight distinct line colours.

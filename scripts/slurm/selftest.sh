@@ -11,8 +11,9 @@
 #    Slurm 22.05 both use the system PMIx 4.2). --mpi=pmi2 does NOT work with Debian's
 #    packages: their OpenMPI is built without --with-pmi (no s1/s2 components, only
 #    PMIx), so MPI_Init fails; plain srun (MpiDefault=none) fails the same way.
+# 3. srun -n2 --mpi=none trainer train ...: the trainer says, once, to pass --mpi=pmix.
 #
-# Each run trains tiny-llama for 3 steps on a small corpus; the test checks the exit
+# Runs 1 and 2 train tiny-llama for 3 steps on a small corpus; the test checks the exit
 # status, 3 lines in metrics.jsonl and "config ... (2 ranks)" in the job's log.
 # Exits 0 on success, 77 (ctest: skipped) when Slurm or munge is not installed or,
 # not being root, there is no running test cluster to use; anything else is a failure.
@@ -122,5 +123,19 @@ launcher=$!
 wait "$launcher" || status=$?
 launcher=""
 check_run "srun -n2 --mpi=pmix (direct)" "$status" "$work/run-srun" "$work/srun.out"
+
+# 3. plain srun (no PMI): one line saying what to pass, exit status 2, no MPI_Init.
+train_args "$work/run-plain"
+t0=$SECONDS
+status=0
+srun -N1 -n2 --mpi=none --time=3 "$trainer" train "$root/configs/tiny-llama.yaml" \
+  "${args[@]}" > "$work/plain.out" 2>&1 &
+launcher=$!
+wait "$launcher" || status=$?
+launcher=""
+[ "$status" -ne 0 ] || fail "plain srun: exit status 0, want a refusal (log: $work/plain.out)"
+[ "$(grep -c -- 'pass one: srun --mpi=pmix' "$work/plain.out")" -eq 1 ] ||
+  { cat "$work/plain.out" >&2; fail "plain srun: want one line naming --mpi=pmix (log: $work/plain.out)"; }
+echo "slurm selftest: srun -n2 without PMI: refused once, naming --mpi=pmix ($((SECONDS - t0)) s)"
 
 ok=1
