@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "base/yaml_reader.h"
+#include "spec/model_checks.h"
 
 namespace hdp {
 namespace {
@@ -100,7 +101,8 @@ const std::vector<Section> kSchema = {
             "rows of the embedding table (258: the byte-level tokenizer's 256 bytes, BOS and EOS)",
             stated("> 0; at least the dataset's vocabulary")),
       field("hidden_size", &Config::model, &ModelConfig::hidden_size, "model width", stated("> 0")),
-      field("num_layers", &Config::model, &ModelConfig::num_layers, "transformer blocks", stated("> 0")),
+      field("num_layers", &Config::model, &ModelConfig::num_layers, "transformer blocks",
+            stated("1 to " + std::to_string(kMaxLayers))),
       field("num_heads", &Config::model, &ModelConfig::num_heads, "query heads",
             stated("> 0; divides `hidden_size` into an even head dimension")),
       field("num_kv_heads", &Config::model, &ModelConfig::num_kv_heads,
@@ -120,7 +122,8 @@ const std::vector<Section> kSchema = {
             "null: full causal attention",
             stated("null, or 1 to 2^31 - 1 with `arch` `mistral` or `mixtral`")),
       field("num_experts", &Config::model, &ModelConfig::num_experts,
-            "`mixtral` only: experts per layer (Hugging Face `num_local_experts`)", stated("> 0")),
+            "`mixtral` only: experts per layer (Hugging Face `num_local_experts`)",
+            stated("1 to " + std::to_string(kMaxExperts))),
       field("experts_per_token", &Config::model, &ModelConfig::experts_per_token,
             "`mixtral` only: the experts each token runs, k (`num_experts_per_tok`)",
             stated("in [1, `num_experts`]")),
