@@ -35,6 +35,9 @@ std::string emit_manifest(const Manifest& m, bool literal_config) {
   out << YAML::Key << "loss_window" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (double loss : m.progress.loss_window) out << loss;
   out << YAML::EndSeq;
+  out << YAML::Key << "grad_norm_window" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (double norm : m.progress.grad_norm_window) out << norm;
+  out << YAML::EndSeq;
   out << YAML::Key << "layout" << YAML::Value << YAML::BeginMap;
   out << YAML::Key << "tp" << YAML::Value << m.degrees.tp;
   out << YAML::Key << "pp" << YAML::Value << m.degrees.pp;
@@ -78,6 +81,7 @@ Manifest read_manifest_map(const YamlMap& root) {
     m.progress.skipped_batches.push_back({static_cast<uint64_t>(skipped[i]), skipped[i + 1], skipped[i + 2]});
   }
   m.progress.loss_window = root.get_or<std::vector<double>>("loss_window", {});
+  m.progress.grad_norm_window = root.get_or<std::vector<double>>("grad_norm_window", {});
   const YamlMap layout = root.map("layout");
   m.degrees.tp = layout.get<int>("tp");
   m.degrees.pp = layout.get<int>("pp");

@@ -73,6 +73,13 @@ struct DataConfig {
   uint64_t seed = 1234;
 };
 
+// train.threads: OpenMP threads per rank. Above a few per core they only contend (and
+// libgomp fails outright at tens of thousands), so a rank takes at most
+// kThreadsPerCore per core it may run on (run/job.cpp) and never more than
+// kMaxThreadsPerRank.
+inline constexpr int64_t kMaxThreadsPerRank = 1024;
+inline constexpr int64_t kThreadsPerCore = 4;
+
 struct TrainConfig {
   int64_t steps = 100;
   uint64_t seed = 42;
@@ -91,7 +98,8 @@ struct TrainConfig {
   bool tf32 = false;                     // cuda: fp32 GEMMs on TF32 tensor cores
   DType precision = DType::F32;          // fp32 | bf16 (mixed precision: bf16 compute weights and activations,
                                          // fp32 master weights, gradients and moments; docs/configuration.md)
-  double spike_factor = 0;               // skip a step whose loss exceeds this x the recent median; 0 = off
+  double spike_factor = 3;               // skip a step whose loss exceeds this x the recent median; 0 = off
+  double grad_norm_spike_factor = 100;   // skip a step whose gradient norm exceeds this x the recent median; 0 = off
   int64_t max_bad_steps = 3;             // this many bad (NaN/Inf or spike) steps in a row roll the run back to the
                                          // newest checkpoint before them and skip their batches; with none to
                                          // return to (or after 3 rollbacks there) the run stops

@@ -97,20 +97,20 @@ std::string supervise_args(const std::string& dir, int max_restarts) {
 
 TEST(Supervise, RestartsAFailingCommandAtMostMaxRestartsTimes) {
   const std::string dir = scratch_dir("supervise_limit");
-  const auto r = run_trainer(supervise_args(dir, 2) + "sh -c 'echo $HDP_SUPERVISE_RESTART >> " + dir + "/runs; exit 3'");
-  EXPECT_EQ(r.exit_code, 3) << r.output;
+  const auto r = run_trainer(supervise_args(dir, 2) + "sh -c 'echo $HDP_SUPERVISE_RESTART >> " + dir + "/runs; exit 1'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_EQ(read_words(dir + "/runs"), (std::vector<std::string>{"0", "1", "2"})) << r.output;
   const std::vector<nlohmann::json> lines = read_lines(dir + "/ettr.jsonl");
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0]["event"], "restart");
   EXPECT_EQ(lines[0]["restarts"], 1);
-  EXPECT_EQ(lines[0]["cause"], "exit code 3");
+  EXPECT_EQ(lines[0]["cause"], "exit code 1");
   EXPECT_EQ(lines[1]["restarts"], 2);
   EXPECT_EQ(lines[2]["event"], "end");
   EXPECT_EQ(lines[2]["outcome"], "restarts exhausted");
   EXPECT_EQ(lines[2]["restarts"], 2);
   EXPECT_EQ(lines[2]["causes"].size(), 3u);
-  EXPECT_EQ(lines[2]["exit_code"], 3);
+  EXPECT_EQ(lines[2]["exit_code"], 1);
 }
 
 TEST(Supervise, NeverRestartsBadInput) {
@@ -122,6 +122,21 @@ TEST(Supervise, NeverRestartsBadInput) {
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0]["outcome"], "bad input");
   EXPECT_EQ(lines[0]["restarts"], 0);
+}
+
+// Exit code 3: the run diverges (trainer/command_line.h). The same command would
+// diverge again, so it is not restarted.
+TEST(Supervise, NeverRestartsADivergingRun) {
+  const std::string dir = scratch_dir("supervise_diverged");
+  const auto r = run_trainer(supervise_args(dir, 5) + "sh -c 'echo run >> " + dir + "/runs; exit 3'");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("supervise: the command ended with exit code 3 (diverged); not restarting"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(read_words(dir + "/runs").size(), 1u);
+  const std::vector<nlohmann::json> lines = read_lines(dir + "/ettr.jsonl");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["outcome"], "diverged");
+  EXPECT_EQ(lines[0]["exit_code"], 3);
 }
 
 TEST(Supervise, RestartsACommandKilledByASignalUntilItSucceeds) {
@@ -159,8 +174,8 @@ TEST(Supervise, ForwardsSigtermAndDoesNotRestart) {
 // against the restart) is ended before the supervisor goes on.
 TEST(Supervise, EndsWhatTheCommandLeftRunning) {
   const std::string dir = scratch_dir("supervise_leftovers");
-  const auto r = run_trainer(supervise_args(dir, 0) + "sh -c 'sleep 30 & echo $! > " + dir + "/sleeper; exit 3'");
-  EXPECT_EQ(r.exit_code, 3) << r.output;
+  const auto r = run_trainer(supervise_args(dir, 0) + "sh -c 'sleep 30 & echo $! > " + dir + "/sleeper; exit 1'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
   const std::vector<std::string> pid = read_words(dir + "/sleeper");
   ASSERT_EQ(pid.size(), 1u);
   EXPECT_NE(run_command("kill -0 " + pid[0] + " 2>/dev/null").exit_code, 0) << "process " << pid[0] << " still runs";

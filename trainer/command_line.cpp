@@ -11,6 +11,7 @@
 #include "data/dataset.h"
 #include "checkpoint/checkpoint_error.h"
 #include "run/metrics.h"
+#include "run/numerical_guard.h"
 
 namespace hdp {
 
@@ -118,7 +119,8 @@ int bad_input(const char* kind, const std::exception& e) {
   return kExitBadInput;
 }
 
-// The table: bad input exits with 2, naming what kind of input; anything else with 1.
+// The table: bad input exits with 2, naming what kind of input; a diverging run with 3;
+// anything else with 1.
 int report(const std::string& command, const std::exception_ptr& error) {
   try {
     std::rethrow_exception(error);
@@ -135,6 +137,9 @@ int report(const std::string& command, const std::exception_ptr& error) {
     return bad_input("metrics error", e);
   } catch (const InputError& e) {
     return bad_input("input error", e);
+  } catch (const DivergenceError& e) {
+    spdlog::error("{}", e.what());
+    return kExitDiverged;
   } catch (const std::exception& e) {
     spdlog::error("{}", e.what());
     return kExitFailure;

@@ -27,6 +27,7 @@
 
 #include "base/errors.h"
 #include "checkpoint/directory.h"
+#include "trainer/command_line.h"
 #include "trainer/ettr.h"
 
 namespace hdp {
@@ -322,10 +323,12 @@ int supervise(const SupervisorOptions& options) {
       log.write("end", restart, kept, causes, {{"outcome", "stopped"}, {"cause", outcome.text()}, {"exit_code", outcome.status()}});
       return outcome.status();
     }
-    if (outcome.signal == 0 && outcome.exit_code == 2) {
-      spdlog::error("supervise: the command ended with exit code 2 (bad input); not restarting");
-      log.write("end", restart, kept, causes, {{"outcome", "bad input"}, {"cause", outcome.text()}, {"exit_code", 2}});
-      return 2;
+    // Bad input and a diverging run end the same way however often they run.
+    if (outcome.signal == 0 && (outcome.exit_code == kExitBadInput || outcome.exit_code == kExitDiverged)) {
+      const char* what = outcome.exit_code == kExitBadInput ? "bad input" : "diverged";
+      spdlog::error("supervise: the command ended with exit code {} ({}); not restarting", outcome.exit_code, what);
+      log.write("end", restart, kept, causes, {{"outcome", what}, {"cause", outcome.text()}, {"exit_code", outcome.exit_code}});
+      return outcome.exit_code;
     }
     causes.push_back(outcome.text());
     if (restart >= options.max_restarts) {

@@ -5,8 +5,9 @@
 // a failure, with the effective training time ratio as the measure of how much
 // of the wall time trained).
 //
-// What is a failure: the command ends with an exit code other than 0 (success)
-// and 2 (bad input: the same command would fail the same way), or is killed by a
+// What is a failure: the command ends with an exit code other than 0 (success), 2
+// (bad input) and 3 (the run diverges), which the same command would meet again
+// (trainer/command_line.h), or is killed by a
 // signal (a rank killed outright, the out-of-memory killer, the hang watchdog's
 // abort). SIGTERM and SIGINT sent to the supervisor are forwarded to the
 // command's process group, as they are or as SupervisorOptions::stop_signal (a
@@ -45,7 +46,7 @@ inline constexpr const char* kSuperviseRestartVariable = "HDP_SUPERVISE_RESTART"
 // Seconds to wait before restart `restart` (1 for the first).
 double backoff_before(const SupervisorOptions& options, int restart);
 
-// Runs the command until it succeeds, fails with bad input, is stopped by a
+// Runs the command until it succeeds, fails with bad input or diverges, is stopped by a
 // forwarded signal or has failed max_restarts + 1 times. Returns the last run's
 // exit code, or 128 + the signal that killed it.
 int supervise(const SupervisorOptions& options);
