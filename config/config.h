@@ -91,6 +91,7 @@ struct TrainConfig {
   bool async_checkpoints = true;          // write checkpoints in a background thread from a host snapshot
   bool reuse_checkpoint_dir = false;      // accept a checkpoint_dir holding another run's checkpoints
   ResumeMode resume = ResumeMode::Auto;
+  bool start_over = false;               // with resume: never, discard a previous run's checkpoints and metrics
   std::string init_from;                 // checkpoint file whose weights start training
   double peak_flops = 0;                 // FLOP/s for MFU; 0 = measure with a GEMM probe
   int64_t threads = 0;                   // OpenMP/BLAS threads per rank; 0 = cores / ranks on the node
@@ -182,6 +183,17 @@ Config parse_config_text(const std::string& yaml_text, const std::string& source
 // The config as YAML with every key, in schema order (what Config::yaml holds).
 // parse_config_text(emit_config_yaml(c), ...) gives back the same values.
 std::string emit_config_yaml(const Config& config);
+
+// One key whose value differs between two effective configs (Config::yaml): its
+// "section.key" and the two values as written ("(absent)" where one lacks the key).
+struct ConfigDifference {
+  std::string key;
+  std::string value, other_value;
+};
+// The keys whose lines differ between two effective configs, in the order of
+// `yaml` (then keys only `other_yaml` has). Config::yaml holds one "key: value"
+// line per key under its section's header, so comparing line by line is exact.
+std::vector<ConfigDifference> config_differences(const std::string& yaml, const std::string& other_yaml);
 
 // A model described in a file of its own (`trainer plan`'s configs/models/*.yaml):
 // the keys of the config's model section at the top level, read and checked as

@@ -196,6 +196,9 @@ const std::vector<Section> kSchema = {
             "accept a `checkpoint_dir` whose newest checkpoint another run wrote"),
       enum_field("resume", &Config::train, &TrainConfig::resume, kResumeModeNames, "mode",
                  "whether a run continues from a checkpoint"),
+      field("start_over", &Config::train, &TrainConfig::start_over,
+            "with `resume: never`: delete the complete checkpoints in `checkpoint_dir` and the metrics in "
+            "`run_dir` that a previous run left, and start from step 0 (without it such a run is refused)"),
       field("init_from", &Config::train, &TrainConfig::init_from,
             "a checkpoint directory whose weights start training, with fresh optimizer state; empty: random "
             "initialisation",

@@ -211,6 +211,46 @@ TEST(MetricsWriter, ALineThatDoesNotFitIsUndoneAndNamed) {
                              "the file size limit) and resume from the last checkpoint");
 }
 
+// A resume cuts metrics.jsonl back to the steps it keeps in place and appends to
+// it; the file is never replaced. A writer that still has it open (a job another
+// one resumed under) keeps writing into the file everyone reads, not into an
+// unlinked one.
+TEST(MetricsWriter, AResumeCutsTheFileBackInPlaceAndNeverReplacesIt) {
+  const std::string dir = testing::scratch_dir("metrics-in-place");
+  const std::string path = dir + "/metrics.jsonl";
+  auto read_text = [](const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  auto line_of = [](int64_t step) {
+    StepMetrics m;
+    m.step = step;
+    return to_json(m) + "\n";
+  };
+  MetricsWriter first(dir, 0);
+  for (int64_t step = 1; step <= 4; ++step) {
+    StepMetrics m;
+    m.step = step;
+    first.write(m);
+  }
+  std::ofstream(path, std::ios::app) << "{\"step\": 5, \"loss\": 4.1";  // cut short by a crash
+  struct stat before {};
+  ASSERT_EQ(stat(path.c_str(), &before), 0);
+  MetricsWriter resumed(dir, 2);
+  struct stat after {};
+  ASSERT_EQ(stat(path.c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino) << "the same file, cut back in place";
+  EXPECT_EQ(read_text(path), line_of(1) + line_of(2));
+  StepMetrics m;
+  m.step = 3;
+  resumed.write(m);
+  m.step = 9;
+  first.write(m);
+  EXPECT_EQ(read_text(path), line_of(1) + line_of(2) + line_of(3) + line_of(9));
+}
+
 // Death tests run the body in a child process, so the handlers and the signals
 // stay out of the test runner. The calling thread blocks the stop signals (the
 // computing threads never take them, run/signals.cpp), so the bodies signal the
