@@ -11,7 +11,8 @@
 #             bf16 (1e-3); 200 steps on the GPU in bf16 against fp32 (the mean loss
 #             of the last 10 steps within 2%, as tests/training_bf16_test.cpp asks
 #             of the CPU)
-#   bench     bench-llama-1b (4 x 4096-token sequences a step), TF32 and bf16: medians
+#   bench     bench-llama-1b (4 x 4096-token sequences a step), TF32, bf16 with our
+#             attention and bf16 with cuDNN's (train.attention own / cudnn): medians
 #             of steps 3..10 of tokens/s, MFU (model FLOPs / 989 TFLOP/s, the H100's
 #             dense BF16 peak; target 50% in bf16) and peak memory
 #   optimes   bench-llama-1b in bf16, device time per op (HDP_CUDA_OP_TIMES=1)
@@ -83,28 +84,31 @@ if has_step selftest; then
     "$([ $rc -eq 0 ] && echo yes || echo NO)"
 fi
 
-# first5 NAME PRECISION LIMIT: the first 5 losses of tiny-llama on the CPU and the GPU.
+# first5 NAME PRECISION LIMIT TAG [GPU SETTINGS...]: the first 5 losses of tiny-llama
+# on the CPU and on the GPU (with the settings; TAG names the GPU run's files).
 first5() {
-  local name="$1" precision="$2" limit="$3"
-  echo "== tiny-llama, first 5 losses, CPU vs GPU ($precision)"
-  run_logged 90 "$out/t5-cpu-$precision.log" "$run_trainer" train configs/tiny-llama.yaml "${common[@]}" \
-    --set train.steps=5 --set train.precision="$precision" --set train.run_dir=runs/t5-cpu-$precision
-  run_logged 90 "$out/t5-gpu-$precision.log" "$run_trainer" train configs/tiny-llama.yaml "${common[@]}" \
-    --set train.steps=5 --set train.precision="$precision" --set train.run_dir=runs/t5-gpu-$precision \
-    --set train.device=cuda
-  paste <(losses runs/t5-cpu-$precision/metrics.jsonl) <(losses runs/t5-gpu-$precision/metrics.jsonl) \
-    > "$out/t5-$precision-compare.txt"
-  cat "$out/t5-$precision-compare.txt"
+  local name="$1" precision="$2" limit="$3" tag="$4"
+  shift 4
+  echo "== tiny-llama, first 5 losses, CPU vs GPU ($tag)"
+  local cpu=runs/t5-cpu-$precision gpu=runs/t5-gpu-$tag
+  [ -f $cpu/metrics.jsonl ] ||
+    run_logged 90 "$out/t5-cpu-$precision.log" "$run_trainer" train configs/tiny-llama.yaml "${common[@]}" \
+      --set train.steps=5 --set train.precision="$precision" --set train.run_dir=$cpu
+  run_logged 90 "$out/t5-gpu-$tag.log" "$run_trainer" train configs/tiny-llama.yaml "${common[@]}" \
+    --set train.steps=5 --set train.precision="$precision" --set train.run_dir=$gpu --set train.device=cuda "$@"
+  paste <(losses $cpu/metrics.jsonl) <(losses $gpu/metrics.jsonl) | tee "$out/t5-$tag-compare.txt"
   local m
-  m="$(max_rel runs/t5-cpu-$precision/metrics.jsonl runs/t5-gpu-$precision/metrics.jsonl)"
+  m="$(max_rel $cpu/metrics.jsonl $gpu/metrics.jsonl)"
   record "$name" "max relative difference $m" "<= $limit" "$(verdict "$m" "$limit")"
 }
-has_step losses && first5 "tiny-llama 5 losses, GPU fp32 vs CPU fp32" fp32 1e-4
+has_step losses && first5 "tiny-llama 5 losses, GPU fp32 vs CPU fp32" fp32 1e-4 fp32
 
 if has_step bf16; then
   # Both round the same fp32 values to bf16; summation order can move a value across a
   # rounding boundary (a bf16 step, 2^-8), which later steps carry: 1e-3, not fp32's 1e-4.
-  first5 "tiny-llama 5 losses, GPU bf16 vs CPU bf16" bf16 1e-3
+  first5 "tiny-llama 5 losses, GPU bf16 vs CPU bf16" bf16 1e-3 bf16 --set train.attention=own
+  first5 "tiny-llama 5 losses, GPU bf16 (cuDNN attention) vs CPU bf16" bf16 1e-3 bf16-cudnn \
+    --set train.attention=cudnn
   echo "== tiny-llama, 200 steps on the GPU, bf16 vs fp32"
   for precision in fp32 bf16; do
     run_logged 120 "$out/t200-gpu-$precision.log" "$run_trainer" train configs/tiny-llama.yaml "${common[@]}" \
@@ -149,7 +153,7 @@ if has_step bench; then
     local tps mfu step_ms mem
     read -r tps mfu step_ms mem < "$out/bench-1b-$name.median"
     echo "$name: ${tps:-?} tokens/s, MFU ${mfu:-?}, step ${step_ms:-?} ms, peak ${mem:-?} GB"
-    if [ "$name" = bf16 ]; then
+    if [[ "$name" == bf16* ]]; then
       record "bench-llama-1b $name: MFU (median of steps 3-10)" \
         "${mfu:-missing} (${tps:-?} tokens/s, ${step_ms:-?} ms, ${mem:-?} GB)" ">= 0.50" \
         "$([ "${tps:-missing}" != missing ] && awk -v m="${mfu:-0}" 'BEGIN {print (m >= 0.5) ? "yes" : "NO"}' || echo NO)"
@@ -162,7 +166,8 @@ if has_step bench; then
   bench_run tf32 --set train.tf32=true
   # bf16 attention (d = 128) runs on the bf16 tensor-core kernels (mma m16n8k16)
   # whatever train.tf32 says; the flag only moves fp32 products to TF32.
-  bench_run bf16 --set train.precision=bf16 --set train.tf32=true
+  bench_run bf16 --set train.precision=bf16 --set train.tf32=true --set train.attention=own
+  bench_run bf16-cudnn --set train.precision=bf16 --set train.tf32=true --set train.attention=cudnn
 fi
 if has_step optimes; then
   echo "== bench-llama-1b, bf16, device time per op (HDP_CUDA_OP_TIMES=1, 4 steps)"

@@ -20,7 +20,7 @@ struct TrainingProgress {
   uint64_t train_seed = 0;
   uint64_t data_seed = 0;
   int64_t skipped_steps = 0;  // updates the numerical guard skipped so far (run/numerical_guard.h)
-  // Rollbacks so far (run/training.cpp), and where every global batch skipped by
+  // Rollbacks so far (run/training_loop.cpp), and where every global batch skipped by
   // one starts (a resumed run skips them too).
   int64_t rollbacks = 0;
   std::vector<SamplerState> skipped_batches;

@@ -136,6 +136,16 @@ void check_communicator(const Checker& c, bool check_files) {
             "use parallel.comm: mpi or auto, or rebuild with CUDA and NCCL");
 }
 
+// train.attention cudnn x train.device x train.precision: cuDNN's fused attention
+// runs bf16 on a GPU; anything else would fail at the first attention call.
+void check_attention(const Checker& c) {
+  if (c.config.train.attention != AttentionImpl::Cudnn) return;
+  c.require(c.config.train.device == Device::CUDA && c.config.train.precision == DType::BF16, "train.attention",
+            c.shown("train.attention") + " needs train.device: cuda and train.precision: bf16, not " +
+                c.shown("train.device") + " and " + c.shown("train.precision"),
+            "use train.attention: auto or own, or run bf16 on a GPU", {"train.device", "train.precision"});
+}
+
 // scheduler.cp x parallel.hdp; scheduler.policy static x data.max_seq_len x
 // parallel.hdp x data.micro_batch_tokens
 void check_static_grid(const Checker& c) {
@@ -288,6 +298,7 @@ void check_config(const Config& config, bool check_files) {
   check_layout(c);
   check_pipeline_split(c);
   check_communicator(c, check_files);
+  check_attention(c);
   check_static_grid(c);
   check_routing_counts(c);
   check_sizes(c);

@@ -15,6 +15,7 @@
 #include "base/enum_names.h"
 #include "base/errors.h"
 #include "data/dataset.h"
+#include "kernels/attention_impl.h"
 #include "kernels/device.h"
 #include "kernels/dtype.h"
 #include "spec/model_config.h"
@@ -97,6 +98,7 @@ struct TrainConfig {
   int64_t threads = 0;                   // OpenMP/BLAS threads per rank; 0 = cores / ranks on the node
   Device device = Device::CPU;           // cpu | cuda (the local rank's GPU); guarded: tests only
   bool tf32 = false;                     // cuda: fp32 GEMMs on TF32 tensor cores
+  AttentionImpl attention = AttentionImpl::Auto;  // cuda: our attention kernels or cuDNN's (kernels/attention_impl.h)
   DType precision = DType::F32;          // fp32 | bf16 (mixed precision: bf16 compute weights and activations,
                                          // fp32 master weights, gradients and moments; docs/configuration.md)
   double spike_factor = 3;               // skip a step whose loss exceeds this x the recent median; 0 = off
@@ -112,7 +114,7 @@ struct TrainConfig {
 struct ParallelConfig : ParallelDegrees {
   std::vector<int64_t> pp_layers;        // layers per stage; empty = balanced by cost
   int64_t bucket_mb = 25;                // ZeRO-1 gradient bucket size
-  CommMode comm = CommMode::Auto;        // the groups' transport; resolve with comm_backend()
+  CommMode comm = CommMode::Auto;        // the groups' transport; resolved by choose_comm_backend (run/job.cpp)
 };
 
 // How a step's sequences are spread over the hybrid-data-parallel ranks.

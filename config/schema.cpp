@@ -217,6 +217,9 @@ const std::vector<Section> kSchema = {
       enum_field("device", &Config::train, &TrainConfig::device, kDeviceNames, "device",
                  "where a rank computes (`cuda`: the GPU of its local rank modulo the GPUs visible)"),
       field("tf32", &Config::train, &TrainConfig::tf32, "`cuda` only: fp32 GEMMs on TF32 tensor cores"),
+      enum_field("attention", &Config::train, &TrainConfig::attention, kAttentionImplNames, "implementation",
+                 "`cuda` only: which kernels run attention (`cudnn`: bf16, compiled only until a GPU session "
+                 "measures it)"),
       enum_field("precision", &Config::train, &TrainConfig::precision, kPrecisionNames, "precision",
                  "the compute precision"),
       field("spike_factor", &Config::train, &TrainConfig::spike_factor,

@@ -3,7 +3,7 @@
 // validates one JSON text and extracts a top-level string member, with full
 // string unescaping (\n, \", \uXXXX, surrogate pairs -> UTF-8). It builds no
 // tree, which makes it several times faster per corpus line than nlohmann-json
-// (the product's reader for whole JSON documents; docs/architecture.md, data/).
+// (the product's reader for whole JSON documents; docs/internals.md, data/).
 
 #include <cstddef>
 #include <stdexcept>

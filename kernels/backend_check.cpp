@@ -10,7 +10,9 @@
 #include <span>
 
 #include "kernels/allocator.h"
+#include "kernels/attention_impl.h"
 #include "kernels/cuda/cuda_runtime.h"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/ops.h"
 
 namespace hdp {
@@ -35,8 +37,26 @@ constexpr double kTolBf16 = 1e-2;
 // to at least one bf16 step when it is stored in bf16.
 double stored_tolerance(DType dtype, double tol) { return dtype == DType::BF16 ? std::max(tol, kTolBf16) : tol; }
 
-// The op's name with the precision it ran in.
-std::string named(const char* op, DType dtype) { return dtype == DType::BF16 ? std::string(op) + " [bf16]" : op; }
+// The op's name with the precision it ran in, and for attention through cuDNN the
+// implementation ("attention_forward out [bf16, cudnn]").
+std::string named(const char* op, DType dtype, AttentionImpl impl = AttentionImpl::Own) {
+  std::string marks = dtype == DType::BF16 ? "bf16" : "";
+  if (impl != AttentionImpl::Own)
+    marks += std::string(marks.empty() ? "" : ", ") + enum_name(kAttentionImplNames, impl);
+  return marks.empty() ? op : std::string(op) + " [" + marks + "]";
+}
+
+// The attention implementation of a scope's checks; the previous one is restored after.
+class AttentionImplScope {
+ public:
+  explicit AttentionImplScope(AttentionImpl impl) : previous_(attention_impl()) { set_attention_impl(impl); }
+  ~AttentionImplScope() { set_attention_impl(previous_); }
+  AttentionImplScope(const AttentionImplScope&) = delete;
+  AttentionImplScope& operator=(const AttentionImplScope&) = delete;
+
+ private:
+  AttentionImpl previous_;
+};
 
 // The same tensor on the CPU and on the device under test.
 struct Twin {
@@ -164,6 +184,15 @@ class Checker {
   }
   void compare_scalar(const std::string& op, const std::string& shape, double got, double ref, double tolerance) {
     add(op, shape, std::abs(got - ref), std::abs(ref), tolerance, std::isfinite(got));
+  }
+  // A check that could not run, and why (it passes: a fallback, not a wrong result).
+  void skip(const std::string& op, const std::string& shape, const std::string& why) {
+    OpCheck c;
+    c.op = op + label_;
+    c.shape = shape;
+    c.pass = true;
+    c.skipped = why;
+    results.push_back(c);
   }
 
   // In bf16, before a compared result feeds the next op: the device takes the CPU's
@@ -405,10 +434,10 @@ void check_moe_rows(Checker& c, DType dt) {
 // The tolerance of attention's bf16-stored results (out, dq, dk, dv) with head dim
 // d: on CUDA with d = 64 or 128 the bf16 tensor-core kernels round P and dS to bf16
 // as mma operands, beyond the store's one rounding
-// (kBf16TensorCoreAttentionTolerance, derived in tests/kernels_mma_fragments_test.cpp);
-// otherwise the stored tolerance.
-double attention_tolerance(const Checker& c, DType dt, int64_t d) {
-  if (dt == DType::BF16 && c.device() == Device::CUDA && (d == 64 || d == 128))
+// (kBf16TensorCoreAttentionTolerance, derived in tests/kernels_mma_fragments_test.cpp),
+// and so does cuDNN at every d; otherwise the stored tolerance.
+double attention_tolerance(const Checker& c, DType dt, int64_t d, AttentionImpl impl) {
+  if (dt == DType::BF16 && c.device() == Device::CUDA && (d == 64 || d == 128 || impl == AttentionImpl::Cudnn))
     return kBf16TensorCoreAttentionTolerance;
   return stored_tolerance(dt, kTolReduction);
 }
@@ -418,7 +447,10 @@ std::string with_window(std::string shape, int64_t window) {
   return window == kNoWindow ? shape : shape + " W=" + std::to_string(window);
 }
 
-void check_attention(Checker& c, DType dt) {
+// Attention over packed documents with our kernels (AttentionImpl::Own) or through
+// cuDNN (AttentionImpl::Cudnn, bf16 on CUDA): a case cuDNN refuses is a skipped row.
+void check_attention(Checker& c, DType dt, AttentionImpl impl) {
+  const AttentionImplScope scope(impl);
   struct Case {
     std::vector<int32_t> doc_lengths;
     int64_t Hq, Hkv, d;
@@ -436,6 +468,8 @@ void check_attention(Checker& c, DType dt) {
       {{300, 45}, 2, 2, 64, 64},
       {{5, 250, 1, 96}, 8, 2, 128, 33},
       {{1000}, 4, 1, 128, 256},
+      // Empty documents (a data loader's zero-length ones) at both ends and between.
+      {{0, 40, 0, 200, 77, 0}, 8, 2, 128},
   };
   for (const Case& k : cases) {
     std::vector<int32_t> cu{0};
@@ -445,25 +479,45 @@ void check_attention(Checker& c, DType dt) {
     const std::string shape =
         with_window(dims({{"T", T}, {"docs", docs}, {"Hq", k.Hq}, {"Hkv", k.Hkv}, {"d", k.d}}), k.window);
     Workspace w = c.workspace();
-    const double tol = attention_tolerance(c, dt, k.d);  // out, dq, dk, dv; lse is fp32 in either precision
+    const double tol = attention_tolerance(c, dt, k.d, impl);  // out, dq, dk, dv; lse is fp32 in either precision
     const IndexTwin cs = w.indices(cu);
     const Twin q = w.random_as(dt, {T, k.Hq, k.d}, -2, 2), kk = w.random_as(dt, {T, k.Hkv, k.d}, -2, 2),
                v = w.random_as(dt, {T, k.Hkv, k.d}), out = w.random_as(dt, {T, k.Hq, k.d}), lse = w.random({k.Hq, T});
     attention_forward(out.host, lse.host, q.host, kk.host, v.host, cs.host, k.window);
-    attention_forward(out.dev, lse.dev, q.dev, kk.dev, v.dev, cs.dev, k.window);
-    c.compare(named("attention_forward out", dt), shape, out, tol);
-    c.compare(named("attention_forward lse", dt), shape, lse, kTolReduction);
+    try {
+      attention_forward(out.dev, lse.dev, q.dev, kk.dev, v.dev, cs.dev, k.window);
+    } catch (const CudnnAttentionRefused& refused) {
+      c.skip(named("attention_forward", dt, impl), shape, refused.what());
+      continue;
+    }
+    c.compare(named("attention_forward out", dt, impl), shape, out, tol);
+    c.compare(named("attention_forward lse", dt, impl), shape, lse, kTolReduction);
     c.share_reference(dt, out);
     c.share_reference(dt, lse);
     const Twin dout = w.random_as(dt, {T, k.Hq, k.d}), dq = w.random_as(dt, {T, k.Hq, k.d}),
                dk = w.random_as(dt, {T, k.Hkv, k.d}), dv = w.random_as(dt, {T, k.Hkv, k.d});
     attention_backward(dq.host, dk.host, dv.host, dout.host, q.host, kk.host, v.host, out.host, lse.host, cs.host,
                        k.window);
-    attention_backward(dq.dev, dk.dev, dv.dev, dout.dev, q.dev, kk.dev, v.dev, out.dev, lse.dev, cs.dev, k.window);
-    c.compare(named("attention_backward dq", dt), shape, dq, tol);
-    c.compare(named("attention_backward dk", dt), shape, dk, tol);
-    c.compare(named("attention_backward dv", dt), shape, dv, tol);
+    try {
+      attention_backward(dq.dev, dk.dev, dv.dev, dout.dev, q.dev, kk.dev, v.dev, out.dev, lse.dev, cs.dev, k.window);
+    } catch (const CudnnAttentionRefused& refused) {
+      c.skip(named("attention_backward", dt, impl), shape, refused.what());
+      continue;
+    }
+    c.compare(named("attention_backward dq", dt, impl), shape, dq, tol);
+    c.compare(named("attention_backward dk", dt, impl), shape, dk, tol);
+    c.compare(named("attention_backward dv", dt, impl), shape, dv, tol);
   }
+}
+
+// The documents' attention through cuDNN's fused attention, in bf16 (the one
+// precision it is used in), against the CPU's bf16 twin; without a usable cuDNN,
+// one skipped row that says why.
+void check_cudnn_attention(Checker& c) {
+  const CudnnRuntime& runtime = cuda::cudnn_runtime();
+  if (!runtime.unavailable.empty()) return c.skip(named("attention", DType::BF16, AttentionImpl::Cudnn), "",
+                                                  runtime.unavailable);
+  check_attention(c, DType::BF16, AttentionImpl::Cudnn);
 }
 
 // Ring attention's use: query rows merged over two calls (an own step and a
@@ -473,9 +527,10 @@ void check_attention(Checker& c, DType dt) {
 // diagonal blocks become bands, and rows 140..149 see no key. In bf16 each call
 // rounds out (and dq, dk, dv) once, after merging (summing) all its blocks in fp32.
 void check_attention_blocks(Checker& c, int64_t window, DType dt) {
+  const AttentionImplScope scope(AttentionImpl::Own);
   const int64_t Tq = 150, Tk = 140, Hq = 4, Hkv = 2, d = 64;
   const std::string shape = with_window(dims({{"Tq", Tq}, {"Tk", Tk}, {"Hq", Hq}, {"Hkv", Hkv}, {"d", d}}), window);
-  const double tol = attention_tolerance(c, dt, d);  // out, dq, dk, dv
+  const double tol = attention_tolerance(c, dt, d, AttentionImpl::Own);  // out, dq, dk, dv
   Workspace w = c.workspace();
   const Twin q = w.random_as(dt, {Tq, Hq, d}, -2, 2), k = w.random_as(dt, {Tk, Hkv, d}, -2, 2),
              v = w.random_as(dt, {Tk, Hkv, d}), out = w.random_as(dt, {Tq, Hq, d}), lse = w.random({Hq, Tq});
@@ -679,7 +734,7 @@ std::vector<OpCheck> check_backend(Device device, uint64_t seed) {
     check_moe_rows(c, dt);
     check_cross_entropy(c, dt);
     if (dt == DType::F32) check_adamw(c);  // the optimizer state is fp32 in either precision
-    check_attention(c, dt);
+    check_attention(c, dt, AttentionImpl::Own);
     check_attention_blocks(c, kNoWindow, dt);
     check_attention_blocks(c, 40, dt);
   }
@@ -691,11 +746,12 @@ std::vector<OpCheck> check_backend(Device device, uint64_t seed) {
     cuda::set_tf32(true);
     c.relax(kTolTf32, " [tf32]");
     check_dense(c);
-    check_attention(c, DType::F32);
+    check_attention(c, DType::F32, AttentionImpl::Own);
     check_attention_blocks(c, kNoWindow, DType::F32);
     check_attention_blocks(c, 40, DType::F32);
     c.relax(0, "");
     cuda::set_tf32(was);
+    check_cudnn_attention(c);
   }
   return c.results;
 }
@@ -707,9 +763,13 @@ std::string format_checks(const std::vector<OpCheck>& checks) {
                 "result");
   out += line;
   for (const OpCheck& c : checks) {
-    std::snprintf(line, sizeof line, "%-42s %-46s %11.3e %11.3e %9.1e  %s\n", c.op.c_str(), c.shape.c_str(), c.max_abs,
-                  c.max_rel, c.tolerance, c.pass ? "pass" : "FAIL");
+    if (c.skipped.empty())
+      std::snprintf(line, sizeof line, "%-42s %-46s %11.3e %11.3e %9.1e  %s\n", c.op.c_str(), c.shape.c_str(),
+                    c.max_abs, c.max_rel, c.tolerance, c.pass ? "pass" : "FAIL");
+    else
+      std::snprintf(line, sizeof line, "%-42s %-46s %33s  skipped: ", c.op.c_str(), c.shape.c_str(), "");
     out += line;
+    if (!c.skipped.empty()) out += c.skipped + "\n";
   }
   return out;
 }

@@ -13,7 +13,11 @@
 // tensor's scale where a result is stored in bf16 (fp32 results keep the fp32
 // tolerances; on CUDA, bf16 attention with d = 64 or 128 runs on bf16 tensor cores,
 // which round P and dS as operands: kBf16TensorCoreAttentionTolerance); on CUDA
-// fp32 attention runs again with TF32 on.
+// fp32 attention runs again with TF32 on. These attention rows run our kernels
+// (AttentionImpl::Own, kernels/attention_impl.h); on CUDA the documents' attention
+// runs again in bf16 through cuDNN's fused attention (rows marked "cudnn", held to
+// the tolerances of our bf16 tensor-core rows), and a case cuDNN cannot run (every
+// case, in a build without cuDNN) is one row skipped with the reason.
 //
 // Error measure per output: max |device - cpu| / max |cpu| (relative to the
 // tensor's scale, so near-zero elements do not dominate); NaN or Inf fails.
@@ -33,6 +37,7 @@ struct OpCheck {
   double max_rel = 0;    // max_abs / max |cpu|
   double tolerance = 0;  // on max_rel
   bool pass = false;
+  std::string skipped;   // why the check did not run (it then passes); empty when it ran
 };
 
 // The tolerance of the bf16 attention rows (out, dq, dk, dv) that run on the CUDA
@@ -47,7 +52,8 @@ inline constexpr double kBf16TensorCoreAttentionTolerance = 2e-2;
 // Throws (std::runtime_error) when the device cannot be used at all.
 std::vector<OpCheck> check_backend(Device device, uint64_t seed);
 
-// The checks as a table: op, shape, max abs, max rel, tolerance, pass/FAIL.
+// The checks as a table: op, shape, max abs, max rel, tolerance, pass/FAIL (or
+// "skipped: " and why).
 std::string format_checks(const std::vector<OpCheck>& checks);
 
 }  // namespace hdp

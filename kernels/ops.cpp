@@ -4,13 +4,16 @@
 #include "kernels/ops.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
 
+#include "kernels/attention_impl.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cuda/cuda_ops.h"
 #include "kernels/cuda/cuda_runtime.h"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/guarded_memory.h"
 
 // A backend's case in a dispatch switch, present only when it is compiled in.
@@ -381,6 +384,36 @@ void check_window(const char* op, int64_t window) {
   require(window >= 0, op, "window=" + std::to_string(window) + " must be >= 0 (kNoWindow = 0: full causal attention)");
 }
 
+#if HDP_HAVE_CUDA
+// On CUDA an attention call runs cuDNN's fused attention or our kernels, as the
+// process-wide choice says (kernels/attention_impl.h): whether cuDNN takes `call`;
+// under AttentionImpl::Cudnn a call it cannot take throws, saying why. cuDNN's
+// calls are timed as "attention_forward (cudnn)" and "attention_backward (cudnn)"
+// (HDP_CUDA_OP_TIMES), so a step's report tells the two apart.
+bool cudnn_takes(const char* op, const CudnnAttentionCall& call) {
+  const AttentionImpl impl = attention_impl();
+  if (impl != AttentionImpl::Cudnn) return false;  // auto runs our kernels until measured (attention_impl.h)
+  std::string why;
+  if (cudnn_attention_supported(cuda::cudnn_runtime(), call, &why)) return true;
+  throw CudnnAttentionRefused(op, why);
+}
+
+// After cuDNN refused the graph of a call it was to take: an error under
+// AttentionImpl::Cudnn (the only choice that sends calls to cuDNN for now).
+void cudnn_refused_graph(const char* op, const std::string& why) {
+  if (attention_impl() == AttentionImpl::Cudnn) throw CudnnAttentionRefused(op, why);
+}
+
+// The call of an op whose operands are `tensors` (q first, then k: the shapes).
+CudnnAttentionCall attention_call(DType dtype, bool blocks, std::initializer_list<const Tensor*> tensors) {
+  const Tensor& q = **tensors.begin();
+  const Tensor& k = **(tensors.begin() + 1);
+  CudnnAttentionCall call{dtype, q.dim(0), q.dim(1), k.dim(1), q.dim(2), blocks, true};
+  for (const Tensor* t : tensors) call.aligned = call.aligned && reinterpret_cast<uintptr_t>(t->raw()) % 16 == 0;
+  return call;
+}
+#endif
+
 void check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                      const Tensor& lse, const IndexTensor& cu_seqlens) {
   require_dims(op, "q", q, {-1, -1, -1});
@@ -411,7 +444,19 @@ void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k,
   check_attention(op, q, k, v, out, lse, cu_seqlens);
   check_window(op, window);
   switch (common_device(op, out, lse, q, k, v, cu_seqlens)) {
-    HDP_CUDA_CASE(attention_forward(out, lse, q, k, v, cu_seqlens, window))
+#if HDP_HAVE_CUDA
+    case Device::CUDA: {
+      cuda::require_device(op);
+      std::string why;
+      if (cudnn_takes(op, attention_call(dtype_, false, {&q, &k, &v, &out}))) {
+        const cuda::OpTimer op_timer_("attention_forward (cudnn)");
+        if (cuda::cudnn_attention_forward(out, lse, q, k, v, cu_seqlens, window, &why)) return;
+        cudnn_refused_graph(op, why);
+      }
+      const cuda::OpTimer op_timer_(op);
+      return cuda::attention_forward(out, lse, q, k, v, cu_seqlens, window);
+    }
+#endif
     HDP_CPU_CASES(attention_forward(out, lse, q, k, v, cu_seqlens, window))
     default: throw UnsupportedDevice(op, out.device);
   }
@@ -429,7 +474,19 @@ void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, con
   require_same_shape(op, "dv", dv, "v", v);
   require_same_shape(op, "dout", dout, "out", out);
   switch (common_device(op, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens)) {
-    HDP_CUDA_CASE(attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, window))
+#if HDP_HAVE_CUDA
+    case Device::CUDA: {
+      cuda::require_device(op);
+      std::string why;
+      if (cudnn_takes(op, attention_call(dtype_, false, {&q, &k, &v, &out, &dout, &dq, &dk, &dv}))) {
+        const cuda::OpTimer op_timer_("attention_backward (cudnn)");
+        if (cuda::cudnn_attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, window, &why)) return;
+        cudnn_refused_graph(op, why);
+      }
+      const cuda::OpTimer op_timer_(op);
+      return cuda::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, window);
+    }
+#endif
     HDP_CPU_CASES(attention_backward(dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, window))
     default: throw UnsupportedDevice(op, dq.device);
   }
@@ -469,7 +526,15 @@ void attention_forward_blocks(Tensor out, Tensor lse, const Tensor& q, const Ten
   check_attention_blocks(op, q, k, v, out, lse, blocks);
   check_window(op, window);
   switch (common_device(op, out, lse, q, k, v)) {
-    HDP_CUDA_CASE(attention_forward_blocks(out, lse, q, k, v, blocks, window))
+#if HDP_HAVE_CUDA
+    case Device::CUDA: {
+      cuda::require_device(op);
+      const cuda::OpTimer op_timer_(op);
+      // No cuDNN counterpart: cudnn_takes never takes a blocks call, and throws under cudnn.
+      (void)cudnn_takes(op, attention_call(dtype_, true, {&q, &k}));
+      return cuda::attention_forward_blocks(out, lse, q, k, v, blocks, window);
+    }
+#endif
     HDP_CPU_CASES(attention_forward_blocks(out, lse, q, k, v, blocks, window))
     default: throw UnsupportedDevice(op, out.device);
   }
@@ -503,7 +568,15 @@ void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& do
   require_same_shape(op, "dv", dv, "v", v);
   require_same_shape(op, "dout", dout, "out", out);
   switch (common_device(op, dq, dk, dv, dout, q, k, v, out, lse)) {
-    HDP_CUDA_CASE(attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks, window))
+#if HDP_HAVE_CUDA
+    case Device::CUDA: {
+      cuda::require_device(op);
+      const cuda::OpTimer op_timer_(op);
+      // No cuDNN counterpart: cudnn_takes never takes a blocks call, and throws under cudnn.
+      (void)cudnn_takes(op, attention_call(dtype_, true, {&q, &k}));
+      return cuda::attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks, window);
+    }
+#endif
     HDP_CPU_CASES(attention_backward_blocks(dq, dk, dv, dout, q, k, v, out, lse, blocks, window))
     default: throw UnsupportedDevice(op, dq.device);
   }

@@ -67,6 +67,8 @@ void rope_forward(Tensor x, const IndexTensor& positions, float theta);
 void rope_backward(Tensor dx, const IndexTensor& positions, float theta);
 
 // ---- causal attention over packed documents ------------------------------------
+// On CUDA these two may run cuDNN's fused attention instead of our kernels, as the
+// process-wide choice of kernels/attention_impl.h says (same semantics).
 // q [T, Hq, d], k and v [T, Hkv, d]; query head h reads key/value head h / (Hq / Hkv).
 // cu_seqlens [docs + 1]: document i holds rows [cu_seqlens[i], cu_seqlens[i+1]); attention
 // never crosses a document and is causal inside it; scale d^-0.5.

@@ -1,7 +1,8 @@
 #pragma once
-// Pipeline parallelism: how layers are split into stages, the 1F1B schedule,
-// and the executor that runs a stage's schedule with non-blocking sends and
-// receives of activations (forward) and their gradients (backward).
+// Pipeline parallelism: the executor that runs a stage's 1F1B schedule
+// (planning/pipeline_schedule.h; the split of the layers into stages is
+// planning/stage_split.h's) with non-blocking sends and receives of activations
+// (forward) and their gradients (backward).
 //
 // A pipeline runs the micro-batches of its own plan; pipelines of one step may
 // run different numbers of micro-batches. With one stage the executor is the

@@ -91,7 +91,7 @@ std::vector<std::vector<size_t>> best_fit_decreasing(std::span<const int64_t> le
 //   sequences, in the row order above, in exactly one micro-batch;
 // - ranks that share rings reaching them in different orders. With pipeline
 //   stages > 1 the order is that of the 1F1B schedule of each rank's micro-batch
-//   count (parallel/pipeline.h), so ring micro-batches must meet in every stage.
+//   count (planning/pipeline_schedule.h), so ring micro-batches must meet in every stage.
 void check_plan(const StepPlan& plan, std::span<const int64_t> sequence_lengths, int64_t layers_per_stage,
                 int pipeline_stages);
 

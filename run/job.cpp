@@ -134,9 +134,13 @@ void bind_gpu(const TrainConfig& train, const ProcessInfo& process) {
   const int gpu = process.local_rank % visible;
   cuda::initialize(gpu);
   cuda::set_tf32(train.tf32);
+  set_attention_impl(train.attention);
   spdlog::info("rank {} (local rank {}): GPU {} of {} visible{}, {}{}", process.rank, process.local_rank, gpu,
                visible, process.local_size > visible ? " (shared by the node's ranks)" : "",
                cuda::device_description(), train.tf32 ? ", fp32 GEMMs on TF32 tensor cores" : "");
+  if (train.attention == AttentionImpl::Cudnn && process.rank == 0)
+    spdlog::warn("train.attention: cudnn runs cuDNN's fused attention, compiled only until a GPU session measures it "
+                 "(`trainer selftest` compares it with the CPU); its backward is not bit-reproducible");
   if (train.precision == DType::BF16 && process.rank == 0)
     spdlog::warn("train.precision: bf16 on cuda runs the CUDA bf16 kernels, which are unverified until `trainer "
                  "selftest` passes on this GPU (it compares every bf16 op and bf16 training steps with the CPU)");

@@ -142,7 +142,7 @@ double median(std::vector<double> v) {
 
 // Median seconds of one call of fn: one untimed calibration run plus `warmups`
 // more, then `repeats` samples, each looping fn enough times to last at least
-// min_sample seconds.
+// min_sample_seconds.
 template <class Fn>
 double time_median(Fn&& fn, const ProfileOptions& o) {
   auto t0 = std::chrono::steady_clock::now();

@@ -96,7 +96,7 @@ class TrainingLoop {
 
   bool checkpoint_due(int64_t step) const;
 
-  // A collective over the world (checkpoint.h): the model, the optimizer, and the
+  // A collective over the world (checkpoint/protocol.h): the model, the optimizer, and the
   // sampler position after `batch`, so that a resumed run goes on with the next one.
   void save_checkpoint_at(int64_t step, const GlobalBatch& batch);
 

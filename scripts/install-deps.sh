@@ -19,6 +19,7 @@ packages=(
   libbenchmark-dev
   slurm-wlm munge   # launch tests (scripts/slurm/selftest.sh)
   zstd              # the GPU bundle's archive (scripts/bundle.sh --archive)
+  curl unzip ca-certificates  # cuDNN's frontend headers at configure time (scripts/fetch-cudnn-frontend.sh)
 )
 
 missing=()

@@ -2,9 +2,9 @@
 // The rules a model keeps, alone and split over a parallel layout, defined once:
 // the training config's model and parallel sections (config/), `trainer plan`'s
 // model files (read as that model section) and layouts, Hugging Face import
-// (config.json mapped onto a ModelConfig) and the model itself (model/model.cpp)
-// all check through these functions, so a layout the planner accepts is one the
-// trainer accepts.
+// (config.json mapped onto a ModelConfig) and the model itself (model/partition.cpp,
+// through tp_divides_kv_heads) all check through these functions, so a layout the
+// planner accepts is one the trainer accepts.
 
 #include <cstdint>
 #include <functional>

@@ -628,7 +628,7 @@ TEST(Config, Mixtral) {
     SCOPED_TRACE(override_);
     EXPECT_CONTAINS(load_error(path, {override_}), "--set " + override_ + ": " + expected);
   }
-  // Every device and precision (the CUDA MoE path is compiled only: training.cpp warns).
+  // Every device and precision (the CUDA MoE path is compiled only: run/job.cpp warns).
   EXPECT_EQ(load_config(path, {"train.precision=bf16"}).train.precision, DType::BF16);
   EXPECT_EQ(load_config(path, {"train.device=guarded"}).train.device, Device::Guarded);
   // tp (sharded experts), pp, hdp and rings of sequences longer than a micro-batch run.
@@ -784,6 +784,21 @@ TEST(Config, CommunicatorChoice) {
   ASSERT_NE(at, std::string::npos) << yaml;
   yaml.replace(at, std::string("comm: \"auto\"").size(), "comm: \"nccl\"");
   EXPECT_EQ(parse_config_text(yaml, "stored", {}, false).parallel.comm, CommMode::Nccl);
+}
+
+TEST(Config, AttentionChoice) {
+  Scratch s("attention");
+  const std::string path = s.config(kMinimalConfig);
+  EXPECT_EQ(load_config(path).train.attention, AttentionImpl::Auto);
+  EXPECT_EQ(load_config(path, {"train.attention=own"}).train.attention, AttentionImpl::Own);
+  EXPECT_EQ(load_config(path, {"train.attention=cudnn", "train.device=cuda", "train.precision=bf16"}).train.attention,
+            AttentionImpl::Cudnn);
+  // cuDNN's fused attention runs bf16 on a GPU only: anything else is refused, naming the keys.
+  const std::string on_cpu = load_error(path, {"train.attention=cudnn"});
+  EXPECT_CONTAINS(on_cpu, "train.attention: 'cudnn' needs train.device: cuda and train.precision: bf16");
+  EXPECT_CONTAINS(on_cpu, "use train.attention: auto or own");
+  EXPECT_CONTAINS(load_error(path, {"train.attention=cudnn", "train.device=cuda"}), "train.precision");
+  EXPECT_CONTAINS(load_error(path, {"train.attention=flash"}), "train.attention: unknown implementation 'flash'");
 }
 
 TEST(ConfigErrors, MissingDataFile) {

@@ -758,7 +758,7 @@ TEST(ParallelFailures, AFullDiskUnderOneRanksCheckpointPartEndsTheJobWithCode2) 
 TEST(ParallelFailures, ARankThatDiesEndsTheJobPromptly) {
   const std::string dir = scratch_dir("parallel-crash");
   const auto t0 = std::chrono::steady_clock::now();
-  // Rank 3 exits abruptly in step 2 (fault injection, docs/architecture.md).
+  // Rank 3 exits abruptly in step 2 (fault injection, docs/internals.md, "Failures").
   auto r = run_command("HDP_FAULT_INJECT=3:2 " + mpirun(4) + " " + train_args(dir, {"crash", 1, 2, 2}, 5));
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   EXPECT_NE(r.exit_code, 0) << r.output;

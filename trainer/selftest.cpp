@@ -37,7 +37,7 @@ OpCheck compare_tensors(const std::string& what, const std::string& shape, const
                         double tolerance, Measure measure = Measure::Elementwise) {
   std::vector<float> got(static_cast<size_t>(dev.numel()));
   copy(Tensor(got.data(), {dev.numel()}, Device::CPU), dev.view({dev.numel()}));
-  OpCheck c{what, shape, 0, 0, tolerance, true};
+  OpCheck c{what, shape, 0, 0, tolerance, true, {}};
   double scale = 0, diff_sq = 0, ref_sq = 0;
   for (int64_t i = 0; i < cpu.numel(); ++i) {
     const double x = got[static_cast<size_t>(i)], ref = cpu.data[i];
@@ -148,7 +148,7 @@ std::vector<OpCheck> check_model_training(Device device, uint64_t seed, DType pr
     const double dev_loss = dev_model.forward_backward(batch.view(), scale);
     out.push_back({"model step " + std::to_string(step) + " loss" + tag, shape, std::abs(dev_loss - cpu_loss),
                    std::abs(dev_loss - cpu_loss) / std::abs(cpu_loss), tol.loss,
-                   std::abs(dev_loss - cpu_loss) <= tol.loss * std::abs(cpu_loss)});
+                   std::abs(dev_loss - cpu_loss) <= tol.loss * std::abs(cpu_loss), {}});
     if (step == 1) {
       out.push_back(compare_tensors("model step 1 gradients" + tag, shape, dev_model.flat_gradients(),
                                     cpu_model.flat_gradients(), tol.gradients));
@@ -168,7 +168,7 @@ std::vector<OpCheck> check_offload(Device device, uint64_t seed) {
   std::vector<OpCheck> out;
   auto exact = [](const std::string& what, const std::string& shape, double got, double want) {
     const double diff = std::abs(got - want);
-    return OpCheck{what, shape, diff, want != 0 ? diff / std::abs(want) : diff, 0, diff == 0};
+    return OpCheck{what, shape, diff, want != 0 ? diff / std::abs(want) : diff, 0, diff == 0, {}};
   };
 
   // The copy engine alone, in a pattern that fails when an ordering is missing:
@@ -245,10 +245,11 @@ std::vector<OpCheck> check_offload(Device device, uint64_t seed) {
     dev_offload.backward(0);
     const std::string mb = "offload mb " + std::to_string(i + 1);
     const double diff = std::abs(loss - cpu_loss);
-    out.push_back({mb + " loss", shape, diff, diff / std::abs(cpu_loss), 1e-5, diff <= 1e-5 * std::abs(cpu_loss)});
+    out.push_back(
+        {mb + " loss", shape, diff, diff / std::abs(cpu_loss), 1e-5, diff <= 1e-5 * std::abs(cpu_loss), {}});
     const double plain_diff = std::abs(loss - plain_loss);
     out.push_back({mb + " loss vs device w/o offload", shape, plain_diff, plain_diff / std::abs(plain_loss), 1e-6,
-                   plain_diff <= 1e-6 * std::abs(plain_loss)});
+                   plain_diff <= 1e-6 * std::abs(plain_loss), {}});
   }
   out.push_back(compare_tensors("offload gradients (2 mbs)", shape, dev_offload.flat_gradients(),
                                 cpu_model.flat_gradients(), 1e-4));

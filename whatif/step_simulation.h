@@ -14,7 +14,7 @@
 // (activation offload copies).
 //
 // Per pipeline stage and hdp rank, the rank's planned micro-batches run in the
-// 1F1B order of parallel/pipeline.h. Forward of micro-batch i on stage s > 0
+// 1F1B order of planning/pipeline_schedule.h. Forward of micro-batch i on stage s > 0
 // waits for the activation receive paired with stage s-1's send (a group: the
 // transfer starts when both have started); backward likewise from stage s+1.
 // A ring micro-batch's compute operations on all members form a group: the ring

@@ -1,7 +1,7 @@
 #pragma once
 // Synthetic op traces with a known answer, for the straggler analysis's tests and
 // benchmark: a job of pp stages x dp pipelines running 1F1B
-// (parallel/pipeline.h) is built as an op graph (whatif/simulator.h) with
+// (planning/pipeline_schedule.h) is built as an op graph (whatif/simulator.h) with
 // chosen durations, replayed, and every op recorded with its replayed start and
 // end, as the trainer's tracer would record it (whatif/trace.h). Per step and
 // worker: forward and backward compute per micro-batch, pipeline sends and

@@ -4,7 +4,7 @@
 //    "start_us": number, "end_us": number, "group": string or null}
 // plus an optional "tp_rank" (int, default 0); every other field is ignored, so
 // traces from other trainers can be analysed and our own files (the trainer's
-// tracer, trainer/tracer.h) carry more. It is the record of the what-if method of
+// tracer, run/step_tracer.h) carry more. It is the record of the what-if method of
 // Lin et al., "Understanding Stragglers in Large Model Training Using What-if
 // Analysis" (OSDI 2025): op type, step, micro-batch, PP rank, DP rank, start, end,
 // and the peers of each communication (ops sharing a non-null group, within one

@@ -30,11 +30,7 @@
 //   (P = softmax(S), dS) becomes the next product's A operand in registers, without
 //   shared memory (FlashAttention-2's register reuse: Dao, 2023).
 
-#if defined(__CUDACC__)
-#define HDP_HD __host__ __device__
-#else
-#define HDP_HD
-#endif
+#include "kernels/cuda/host_device.h"
 
 namespace hdp::mma {
 

@@ -1,0 +1,76 @@
+#pragma once
+// Which implementation runs attention on a CUDA device: our FlashAttention-2
+// kernels (kernels/cuda/attention.cu), which are the reference and the fallback, or
+// cuDNN's fused scaled-dot-product attention (kernels/cuda/cudnn_attention.cpp).
+// One process-wide choice, read by the attention ops' dispatch (kernels/ops.cpp);
+// the CPU backend and the guarded device always run their own kernels.
+//
+//   own    our kernels for every call.
+//   cudnn  cuDNN for every call; a call it cannot take is an error that says why
+//          (CudnnAttentionRefused), so a measurement of cuDNN measures cuDNN.
+//   auto   our kernels, for now. cuDNN has not run on a GPU yet, and its backward
+//          is not deterministic (below), while ours are and make resume
+//          bit-exact; a GPU session measures both on the shapes training runs
+//          (bench/gpu_session.sh: the selftest's [bf16, cudnn] rows and
+//          bench-llama-1b with train.attention own and cudnn), and auto is then
+//          set from that measurement.
+//
+// cuDNN's backward accumulates dQ with atomics, so unlike our kernels its
+// gradients are not bit-identical from run to run (a deterministic cuDNN backward
+// on packed documents needs a workspace quadratic in T).
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "base/enum_names.h"
+#include "kernels/dtype.h"
+
+namespace hdp {
+
+enum class AttentionImpl { Auto, Cudnn, Own };
+
+// The names a config writes (train.attention).
+inline constexpr EnumName<AttentionImpl> kAttentionImplNames[] = {
+    {AttentionImpl::Auto, "auto", "our kernels until a GPU measurement chooses (kernels/attention_impl.h)"},
+    {AttentionImpl::Cudnn, "cudnn", "cuDNN's fused attention, an error where it cannot run"},
+    {AttentionImpl::Own, "own", "our FlashAttention-2 kernels"}};
+
+// The process-wide choice (default auto); takes effect from the next attention call.
+void set_attention_impl(AttentionImpl impl);
+AttentionImpl attention_impl();
+
+// What cuDNN the process can use (kernels/cuda/cudnn_attention.h probes it once).
+struct CudnnRuntime {
+  std::string unavailable;  // why cuDNN cannot be used at all; empty when it can
+  int sm_version = 0;       // the device's compute capability, 90 for sm_90
+  int64_t version = 0;      // cudnnGetVersion(): 91900 for 9.19.0
+};
+
+// One attention call as the choice sees it.
+struct CudnnAttentionCall {
+  DType dtype = DType::F32;  // of q, k, v, out (and the gradients)
+  int64_t tokens = 0;        // T
+  int64_t q_heads = 0, kv_heads = 0, head_dim = 0;
+  bool blocks = false;       // ring attention's blocks interface (kernels/ops.h)
+  bool aligned = true;       // every operand's address a multiple of 16 bytes
+};
+
+// The oldest cuDNN taken: packed documents with grouped-query heads need 9.6, and
+// 9.10.0 and 9.10.1 have known faults in their SDPA (cuDNN's frontend refuses them).
+inline constexpr int64_t kCudnnAttentionMinVersion = 91002;
+
+// Whether cuDNN's fused attention can run `call` on `runtime`; when not, `why` (if
+// given) says why. The rules are what is known before building a graph; cuDNN may
+// still refuse the graph of a shape when it is built (kernels/cuda/cudnn_attention.h
+// reports that as a refusal too).
+bool cudnn_attention_supported(const CudnnRuntime& runtime, const CudnnAttentionCall& call, std::string* why);
+
+// Raised by the attention ops under AttentionImpl::Cudnn for a call cuDNN cannot run.
+class CudnnAttentionRefused : public std::invalid_argument {
+ public:
+  CudnnAttentionRefused(const char* op, const std::string& why)
+      : std::invalid_argument(std::string(op) + ": attention implementation cudnn cannot run this call: " + why) {}
+};
+
+}  // namespace hdp
