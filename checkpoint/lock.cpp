@@ -62,7 +62,7 @@ LockedDirectoryText text_of(LockedDirectory what) {
       return {"trainer.lock", "train.checkpoint_dir", "checkpoint directory",
               "Two jobs writing one checkpoint directory overwrite each other's checkpoints"};
     case LockedDirectory::Run:
-      return {"run.lock", "train.run_dir", "run directory",
+      return {kRunDirLockFile, "train.run_dir", "run directory",
               "Two jobs in one run directory lose each other's metrics (metrics.jsonl)"};
   }
   return {"", "", "", ""};

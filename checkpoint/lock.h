@@ -24,6 +24,8 @@ namespace hdp {
 //   Checkpoints  CHECKPOINT_DIR/trainer.lock, while a job reads or writes its checkpoints
 //   Run          RUN_DIR/run.lock, while a job appends to RUN_DIR/metrics.jsonl
 enum class LockedDirectory { Checkpoints, Run };
+// The run directory's lock file, also the job's heartbeat for `trainer supervise`.
+inline constexpr const char* kRunDirLockFile = "run.lock";
 
 class DirectoryLock {
  public:

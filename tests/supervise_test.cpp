@@ -169,6 +169,52 @@ TEST(Supervise, ForwardsSigtermAndDoesNotRestart) {
   EXPECT_EQ(lines[0]["outcome"], "stopped");
 }
 
+// A command frozen whole (here a shell that stops itself after touching the
+// heartbeat, as a SIGSTOPped single-process job whose watchdog is frozen with it)
+// is killed once RUN_DIR/run.lock is older than --stall-timeout-s, and restarted.
+TEST(Supervise, KillsAndRestartsACommandWhoseHeartbeatStops) {
+  const std::string dir = scratch_dir("supervise_frozen");
+  const auto r = run_trainer("supervise --max-restarts 2 --backoff-s 0 --stall-timeout-s 1 --run-dir " + dir +
+                             " -- sh -c 'echo $HDP_SUPERVISE_RESTART >> " + dir +
+                             "/runs; [ $HDP_SUPERVISE_RESTART -ge 1 ] || { touch " + dir + "/run.lock; kill -STOP $$; }'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(dir + "/run.lock was last refreshed "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(--stall-timeout-s 1): the command is frozen; killing its process group"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(read_words(dir + "/runs"), (std::vector<std::string>{"0", "1"})) << r.output;
+  const std::vector<nlohmann::json> lines = read_lines(dir + "/ettr.jsonl");
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["event"], "restart");
+  EXPECT_EQ(lines[0]["cause"].get<std::string>().rfind("frozen: no heartbeat for ", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[1]["outcome"], "success");
+}
+
+// A heartbeat the running command has not touched (a previous run's, an hour old)
+// says nothing about it: the command is left to finish.
+TEST(Supervise, APreviousRunsHeartbeatIsNotTheCommands) {
+  const std::string dir = scratch_dir("supervise_old_heartbeat");
+  ASSERT_EQ(run_command("touch -d '1 hour ago' " + dir + "/run.lock").exit_code, 0);
+  const auto r = run_trainer("supervise --max-restarts 2 --backoff-s 0 --stall-timeout-s 1 --run-dir " + dir +
+                             " -- sh -c 'echo run >> " + dir + "/runs; sleep 2.5'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_words(dir + "/runs").size(), 1u) << r.output;
+}
+
+// A supervisor killed outright cannot forward a stop: the command gets the stop
+// signal when it dies (PR_SET_PDEATHSIG), so it ends and frees its locks.
+TEST(Supervise, TheCommandEndsWithAKilledSupervisor) {
+  const std::string dir = scratch_dir("supervise_killed_supervisor");
+  const std::string command =
+      std::string(HDP_TRAINER_BINARY) + " " + supervise_args(dir, 5) + "sh -c 'trap \"echo term >> " + dir +
+      "/runs; exit 0\" TERM; echo $$ > " + dir + "/pid; while :; do sleep 0.05; done' & pid=$!; while [ ! -s " + dir +
+      "/pid ]; do sleep 0.05; done; kill -KILL $pid; wait $pid; job=$(cat " + dir +
+      "/pid); for i in $(seq 100); do kill -0 $job 2>/dev/null || break; sleep 0.05; done; kill -0 $job 2>/dev/null "
+      "&& echo job alive || echo job gone";
+  const auto r = run_command(command);
+  EXPECT_NE(r.output.find("job gone"), std::string::npos) << r.output;
+  EXPECT_EQ(read_words(dir + "/runs"), (std::vector<std::string>{"term"})) << r.output;
+}
+
 // A process the command leaves behind (here a background sleep; in a real job, a rank
 // mpirun signalled but that has not died yet, which would hold the checkpoint lock
 // against the restart) is ended before the supervisor goes on.
