@@ -6,14 +6,15 @@
 // process the hang watchdog must catch; with `:nan` the loss and gradients of
 // its first micro-batch of each step STEP..LAST become NaN, once per step number
 // (a step rerun after a rollback is not poisoned again), which the numerical
-// guard must catch; with `:ckpt` it exits (_Exit, code 3) once its part of the
+// guard must catch; with `:ckpt` it exits (_Exit) once its part of the
 // checkpoint of step STEP is written and before the checkpoint is committed; with
 // `:full-metrics` its metrics line of step STEP, with `:full-checkpoint` its
 // checkpoint part of step STEP, goes to /dev/full, whose writes fail with ENOSPC
 // as on a full disk) and by the remote loader's servers (data/remote_loader.cpp:
 // that rank exits abruptly, or with `:hang` stops answering, when asked for the
 // tokens of step STEP). Tests use it to check that a job goes down promptly with
-// a message, or survives bad steps.
+// a message, or survives bad steps. An injected exit has exit code
+// kInjectedExitCode.
 
 #include <cstdint>
 #include <cstdio>
@@ -22,6 +23,11 @@
 #include <string>
 
 namespace hdp {
+
+// The exit code of an injected abrupt exit: 75 (EX_TEMPFAIL, "try again later"), outside
+// the trainer's exit codes (trainer/command_line.h), so that a test tells it from every
+// real outcome and `trainer supervise` restarts it as it restarts a crash.
+inline constexpr int kInjectedExitCode = 75;
 
 struct FaultInjection {
   int rank = -1;      // -1: no fault injected

@@ -3,6 +3,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -293,13 +295,36 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_d
   const Config config = imported_config(hf, config_json, overrides);
   const std::map<std::string, std::string> files = weight_files(hf_dir);
 
-  std::unique_ptr<LlamaModel> model = whole_model(config.model);
   std::map<std::string, std::unique_ptr<SafetensorsReader>> readers;
   auto reader_of = [&](const std::string& file) -> SafetensorsReader& {
     auto& r = readers[file];
     if (!r) r = std::make_unique<SafetensorsReader>(file);
     return *r;
   };
+  // config.json alone sizes the model's tables and weights, and each tensor is
+  // compared with the model's only once the model is built. So config.json is
+  // first checked against what the weight files hold (their headers are checked
+  // against their sizes): a model of more than twice as many parameters as the
+  // files have values is refused before it is built, which bounds what a small
+  // directory can make this allocate.
+  uint64_t values_held = 0;
+  for (const auto& [name, file] : files)
+    if (const SafetensorsTensor* t = reader_of(file).find(name)) values_held += static_cast<uint64_t>(t->numel());
+  const ModelShape shape = config.model.shape();
+  const double parameters = static_cast<double>(shape.layers) * layer_parameters(shape) +
+                            embedding_parameters(shape) + head_parameters(shape, 1);
+  if (parameters > 2 * static_cast<double>(values_held)) {
+    char counts[200];
+    std::snprintf(counts, sizeof(counts),
+                  "describes a model of %.4g parameters, more than twice the %.4g values the weights in %s hold",
+                  parameters, static_cast<double>(values_held), hf_dir.c_str());
+    throw CheckpointError(config_json + ": num_hidden_layers " + std::to_string(shape.layers) + ", hidden_size " +
+                          std::to_string(shape.hidden) + ", intermediate_size " + std::to_string(shape.ffn) +
+                          ", vocab_size " + std::to_string(shape.vocab) + " " + counts +
+                          ": config.json does not describe these weights");
+  }
+
+  std::unique_ptr<LlamaModel> model = whole_model(config.model);
   auto tensor_in = [&](const std::string& name) -> std::pair<SafetensorsReader*, const SafetensorsTensor*> {
     auto it = files.find(name);
     if (it == files.end()) return {nullptr, nullptr};
@@ -320,6 +345,14 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_d
       throw CheckpointError(reader->path() + ": tensor '" + p.name + "' has shape " + shape_text(t->shape) +
                             ", config.json's model needs " + shape_text(p.global_shape));
     const std::vector<float> values = reader->read_floats(*t);
+    // A NaN or infinity would train into NaN losses from the first step on.
+    for (size_t i = 0; i < values.size(); ++i) {
+      if (!std::isfinite(values[i])) {
+        throw CheckpointError(reader->path() + ": tensor '" + p.name + "' holds a non-finite value (" +
+                              std::to_string(values[i]) + " at element " + std::to_string(i) + " of " +
+                              std::to_string(values.size()) + "): the weights are corrupt");
+      }
+    }
     copy(model->parameter_tensor(p), Tensor(const_cast<float*>(values.data()), {p.numel}, Device::CPU));
     used.insert(p.name);
   }

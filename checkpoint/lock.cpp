@@ -48,25 +48,45 @@ double age_seconds(const std::string& path) {
   return std::chrono::duration<double>(fs::file_time_type::clock::now() - written).count();
 }
 
+// What each locked directory is called and what two jobs in it would do, for messages.
+struct LockedDirectoryText {
+  const char* file_name;
+  const char* key;
+  const char* what;
+  const char* harm;
+};
+
+LockedDirectoryText text_of(LockedDirectory what) {
+  switch (what) {
+    case LockedDirectory::Checkpoints:
+      return {"trainer.lock", "train.checkpoint_dir", "checkpoint directory",
+              "Two jobs writing one checkpoint directory overwrite each other's checkpoints"};
+    case LockedDirectory::Run:
+      return {kRunDirLockFile, "train.run_dir", "run directory",
+              "Two jobs in one run directory lose each other's metrics (metrics.jsonl)"};
+  }
+  return {"", "", "", ""};
+}
+
 }  // namespace
 
-CheckpointDirLock::CheckpointDirLock(const std::string& checkpoint_dir, const std::string& hostname,
-                                     double stale_after_s)
-    : path_((fs::path(checkpoint_dir) / "trainer.lock").string()),
-      content_("host " + hostname + "\npid " + std::to_string(::getpid()) + "\n") {
+DirectoryLock::DirectoryLock(LockedDirectory what, const std::string& directory, const std::string& hostname,
+                             double stale_after_s)
+    : content_("host " + hostname + "\npid " + std::to_string(::getpid()) + "\n") {
+  const LockedDirectoryText t = text_of(what);
+  path_ = (fs::path(directory) / t.file_name).string();
   std::error_code ec;
-  fs::create_directories(checkpoint_dir, ec);
+  fs::create_directories(directory, ec);
   for (int attempt = 0; attempt < 3; ++attempt) {
-    const int fd = ::open(path_.c_str(), O_CREAT | O_EXCL | O_WRONLY, 0644);
+    const int fd = ::open(path_.c_str(), O_CREAT | O_EXCL | O_WRONLY | O_CLOEXEC, 0644);
     if (fd >= 0) {
       const bool written = ::write(fd, content_.data(), content_.size()) == static_cast<ssize_t>(content_.size());
       ::close(fd);
-      if (!written) throw CheckpointError(path_ + ": cannot write the checkpoint directory's lock file");
+      if (!written) throw CheckpointError(path_ + ": cannot write the " + t.what + "'s lock file");
       return;
     }
     if (errno != EEXIST) {
-      throw CheckpointError(path_ + ": cannot create the checkpoint directory's lock file (" +
-                            std::strerror(errno) + ")");
+      throw CheckpointError(path_ + ": cannot create the " + t.what + "'s lock file (" + std::strerror(errno) + ")");
     }
     std::string host;
     long pid = -1;
@@ -75,28 +95,28 @@ CheckpointDirLock::CheckpointDirLock(const std::string& checkpoint_dir, const st
     const bool dead_here = host == hostname && pid > 0 && (pid == ::getpid() || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH));
     const bool silent = stale_after_s > 0 && age > stale_after_s;
     if (!dead_here && !silent) {
-      throw CheckpointError(
-          "train.checkpoint_dir '" + checkpoint_dir + "' is in use by another job: host " +
-          (host.empty() ? "?" : host) + ", pid " + (pid > 0 ? std::to_string(pid) : "?") + " (lock file " + path_ +
-          ", refreshed " + std::to_string(static_cast<long>(age)) +
-          " s ago). Two jobs writing one checkpoint directory overwrite each other's checkpoints: stop that job "
-          "or give this one another train.checkpoint_dir (delete the lock file only if that job is gone)");
+      throw CheckpointError(std::string(t.key) + " '" + directory + "' is in use by another job: host " +
+                            (host.empty() ? "?" : host) + ", pid " + (pid > 0 ? std::to_string(pid) : "?") +
+                            " (lock file " + path_ + ", refreshed " + std::to_string(static_cast<long>(age)) +
+                            " s ago). " + t.harm + ": stop that job or give this one another " + t.key +
+                            " (delete the lock file only if that job is gone)");
     }
     spdlog::warn("{}: taking over the lock of host {} pid {} ({})", path_, host, pid,
                  dead_here ? "that process is gone" : "not refreshed for " + std::to_string(static_cast<long>(age)) + " s");
     fs::remove(path_, ec);
   }
-  throw CheckpointError(path_ + ": could not take the checkpoint directory's lock file (another job keeps taking it)");
+  throw CheckpointError(path_ + ": could not take the " + std::string(t.what) +
+                        "'s lock file (another job keeps taking it)");
 }
 
-CheckpointDirLock::~CheckpointDirLock() {
+DirectoryLock::~DirectoryLock() {
   if (read_all(path_) == content_) {
     std::error_code ec;
     fs::remove(path_, ec);
   }
 }
 
-void CheckpointDirLock::refresh() const { ::utimensat(AT_FDCWD, path_.c_str(), nullptr, 0); }
+void DirectoryLock::refresh() const { ::utimensat(AT_FDCWD, path_.c_str(), nullptr, 0); }
 
 void check_checkpoint_dir_run(const Config& config) {
   if (config.train.reuse_checkpoint_dir) return;

@@ -35,6 +35,9 @@ std::string emit_manifest(const Manifest& m, bool literal_config) {
   out << YAML::Key << "loss_window" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (double loss : m.progress.loss_window) out << loss;
   out << YAML::EndSeq;
+  out << YAML::Key << "grad_norm_window" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+  for (double norm : m.progress.grad_norm_window) out << norm;
+  out << YAML::EndSeq;
   if (const auto& run = m.progress.lr_schedule) {
     const LearningRateSchedule& s = run->schedule;
     out << YAML::Key << "lr_schedule" << YAML::Value << YAML::BeginMap;
@@ -90,6 +93,7 @@ Manifest read_manifest_map(const YamlMap& root) {
     m.progress.skipped_batches.push_back({static_cast<uint64_t>(skipped[i]), skipped[i + 1], skipped[i + 2]});
   }
   m.progress.loss_window = root.get_or<std::vector<double>>("loss_window", {});
+  m.progress.grad_norm_window = root.get_or<std::vector<double>>("grad_norm_window", {});
   // Absent from manifests written before the schedule was recorded.
   if (const std::optional<YamlMap> run = root.optional_map("lr_schedule")) {
     RunSchedule& r = m.progress.lr_schedule.emplace();

@@ -26,9 +26,10 @@ struct TrainingProgress {
   // one starts (a resumed run skips them too).
   int64_t rollbacks = 0;
   std::vector<SamplerState> skipped_batches;
-  // The numerical guard's window of recent good losses, oldest first, so that a
-  // resumed run judges spikes like one that never stopped.
+  // The numerical guard's windows of recent good losses and gradient norms, oldest
+  // first, so that a resumed run judges spikes like one that never stopped.
   std::vector<double> loss_window;
+  std::vector<double> grad_norm_window;
   // The learning-rate schedule the run followed up to `step`, so that a resume can
   // refuse one that would jump (run/job.cpp). Absent in checkpoints written before
   // it was recorded, and in weights-only ones; the config in the manifest says it.

@@ -1,6 +1,9 @@
 #include "checkpoint/writer.h"
 
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <stdexcept>
@@ -15,6 +18,15 @@ using Clock = std::chrono::steady_clock;
 
 double ms_since(Clock::time_point t0) {
   return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+// The background write (HDF5, the checksums) runs on the cores that train. At the
+// lowest priority (nice 19; Linux keeps a nice value per thread, and threads this
+// one starts inherit it) it takes what the training threads leave idle instead of
+// a fair share of their time; a step waits for it only when the next checkpoint
+// is due before it is done.
+void yield_the_cores_to_training() {
+  ::setpriority(PRIO_PROCESS, static_cast<id_t>(::syscall(SYS_gettid)), 19);
 }
 
 }  // namespace
@@ -67,7 +79,10 @@ void CheckpointWriter::save(const LlamaModel& model, const ZeroAdamW& optimizer,
   const int64_t step = progress.step;
   if (async_) {
     done_.store(false, std::memory_order_release);
-    thread_ = std::thread([this, step] { write(step); });
+    thread_ = std::thread([this, step] {
+      yield_the_cores_to_training();
+      write(step);
+    });
   } else {
     write(step);
     join_and_rethrow();

@@ -4,12 +4,13 @@
 // time; Gemini's and CheckFreq's designs are alike): the state is copied to host
 // memory at the step boundary (a snapshot: the parameters, this rank's moment
 // shards, the progress), and a background thread writes the part and commits the
-// checkpoint while training continues. The commit protocol is that of
-// save_checkpoint (checkpoint/protocol.h): parts into step-N.tmp/, rank 0 writes the
-// manifest last and renames the directory, so a directory under its final name is
-// always complete. The ranks' writer threads agree over a communicator of their own
-// (a duplicate of the training world, used by no other thread), so their
-// collectives never mix with training's.
+// checkpoint while training continues, at the lowest CPU priority (nice 19), so
+// that it competes as little as it can with the training threads for the cores.
+// The commit protocol is that of save_checkpoint (checkpoint/protocol.h): parts
+// into step-N.tmp/, rank 0 writes the manifest last and renames the directory, so
+// a directory under its final name is always complete. The ranks' writer threads
+// agree over a communicator of their own (a duplicate of the training world, used
+// by no other thread), so their collectives never mix with training's.
 //
 // A new snapshot waits only if the previous write still runs (one snapshot buffer,
 // reused). An error of a background write is rethrown by the next check(), save()

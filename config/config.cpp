@@ -12,7 +12,9 @@
 #include <filesystem>
 #include <fstream>
 #include <numeric>
+#include <sstream>
 #include <system_error>
+#include <utility>
 
 #include "base/yaml_reader.h"
 #include "config/checks.h"
@@ -139,6 +141,48 @@ void check_output_directories(const Config& config, int rank) {
   };
   if (rank == 0) check("train.run_dir", config.train.run_dir);
   if (config.train.checkpoint_every > 0) check("train.checkpoint_dir", config.train.checkpoint_dir);
+}
+
+namespace {
+
+// "section.key" -> value of each line of an effective config, in order.
+std::vector<std::pair<std::string, std::string>> config_lines(const std::string& yaml) {
+  std::vector<std::pair<std::string, std::string>> lines;
+  std::istringstream in(yaml);
+  std::string section;
+  for (std::string line; std::getline(in, line);) {
+    const size_t colon = line.find(':');
+    if (colon == std::string::npos) continue;
+    const size_t indent = line.find_first_not_of(' ');
+    const size_t start = line.find_first_not_of(' ', colon + 1);
+    const std::string value = start == std::string::npos ? "" : line.substr(start);
+    if (indent == 0) {
+      section = line.substr(0, colon);
+      if (!value.empty()) lines.emplace_back(section, value);
+    } else {
+      lines.emplace_back(section + "." + line.substr(indent, colon - indent), value);
+    }
+  }
+  return lines;
+}
+
+}  // namespace
+
+std::vector<ConfigDifference> config_differences(const std::string& yaml, const std::string& other_yaml) {
+  const auto ours = config_lines(yaml), theirs = config_lines(other_yaml);
+  auto value_in = [](const std::vector<std::pair<std::string, std::string>>& lines, const std::string& key) {
+    for (const auto& [k, v] : lines)
+      if (k == key) return v;
+    return std::string("(absent)");
+  };
+  std::vector<ConfigDifference> differences;
+  for (const auto& [key, value] : ours) {
+    const std::string other = value_in(theirs, key);
+    if (other != value) differences.push_back({key, value, other});
+  }
+  for (const auto& [key, value] : theirs)
+    if (value_in(ours, key) == "(absent)") differences.push_back({key, "(absent)", value});
+  return differences;
 }
 
 }  // namespace hdp

@@ -76,6 +76,13 @@ struct DataConfig {
   uint64_t seed = 1234;
 };
 
+// train.threads: OpenMP threads per rank. Above a few per core they only contend (and
+// libgomp fails outright at tens of thousands), so a rank takes at most
+// kThreadsPerCore per core it may run on (run/job.cpp) and never more than
+// kMaxThreadsPerRank.
+inline constexpr int64_t kMaxThreadsPerRank = 1024;
+inline constexpr int64_t kThreadsPerCore = 4;
+
 struct TrainConfig {
   int64_t steps = 100;
   uint64_t seed = 42;
@@ -88,6 +95,7 @@ struct TrainConfig {
   bool reuse_checkpoint_dir = false;      // accept a checkpoint_dir holding another run's checkpoints
   ResumeMode resume = ResumeMode::Auto;
   bool allow_schedule_change = false;    // resume although the learning rate would jump (run/job.cpp)
+  bool start_over = false;               // with resume: never, discard a previous run's checkpoints and metrics
   std::string init_from;                 // checkpoint file whose weights start training
   double peak_flops = 0;                 // FLOP/s for MFU; 0 = measure with a GEMM probe
   int64_t threads = 0;                   // OpenMP/BLAS threads per rank; 0 = cores / ranks on the node
@@ -98,7 +106,8 @@ struct TrainConfig {
   std::optional<int64_t> recompute_layers;  // layers of each stage that recompute, from its first; null: all
   DType precision = DType::F32;          // fp32 | bf16 (mixed precision: bf16 compute weights and activations,
                                          // fp32 master weights, gradients and moments; docs/configuration.md)
-  double spike_factor = 0;               // skip a step whose loss exceeds this x the recent median; 0 = off
+  double spike_factor = 3;               // skip a step whose loss exceeds this x the recent median; 0 = off
+  double grad_norm_spike_factor = 100;   // skip a step whose gradient norm exceeds this x the recent median; 0 = off
   int64_t max_bad_steps = 3;             // this many bad (NaN/Inf or spike) steps in a row roll the run back to the
                                          // newest checkpoint before them and skip their batches; with none to
                                          // return to (or after 3 rollbacks there) the run stops
@@ -192,6 +201,17 @@ Config parse_config_text(const std::string& yaml_text, const std::string& source
 // The config as YAML with every key, in schema order (what Config::yaml holds).
 // parse_config_text(emit_config_yaml(c), ...) gives back the same values.
 std::string emit_config_yaml(const Config& config);
+
+// One key whose value differs between two effective configs (Config::yaml): its
+// "section.key" and the two values as written ("(absent)" where one lacks the key).
+struct ConfigDifference {
+  std::string key;
+  std::string value, other_value;
+};
+// The keys whose lines differ between two effective configs, in the order of
+// `yaml` (then keys only `other_yaml` has). Config::yaml holds one "key: value"
+// line per key under its section's header, so comparing line by line is exact.
+std::vector<ConfigDifference> config_differences(const std::string& yaml, const std::string& other_yaml);
 
 // data.format as the dataset reader's enum.
 inline DatasetFormat dataset_format(const DataConfig& data) {

@@ -5,6 +5,7 @@
 #include <type_traits>
 
 #include "base/yaml_reader.h"
+#include "spec/model_checks.h"
 
 namespace hdp {
 namespace {
@@ -64,7 +65,7 @@ const std::string& text(const FieldRef& ref) {
   return **p;
 }
 
-KeyRule rule(std::string doc_text, std::function<bool(double)> holds, const char* problem, std::string valid) {
+KeyRule rule(std::string doc_text, std::function<bool(double)> holds, std::string problem, std::string valid) {
   return KeyRule{doc_text, [holds](const FieldRef& r) { return holds(number(r)); }, problem, std::move(valid)};
 }
 // `also`: more of the rule, checked with the rules between keys, for the docs.
@@ -89,7 +90,13 @@ KeyRule not_empty(const char* doc_text, const char* problem, std::string valid) 
 // spec/model_checks.h (model_issue: the one check of a model, for the config,
 // `trainer plan`'s model files and Hugging Face import alike), a rule between keys
 // or about a file by checks.cpp.
-KeyRule stated(const char* doc_text) { return KeyRule{doc_text, {}, "", ""}; }
+KeyRule stated(std::string doc_text) { return KeyRule{std::move(doc_text), {}, "", ""}; }
+// train.spike_factor and train.grad_norm_spike_factor (run/numerical_guard.h).
+KeyRule spike_factor_rule(const std::string& what) {
+  return rule("0 or > 1", [](double v) { return v == 0 || v > 1; }, "{value} is not 0 or above 1",
+              "choose 0 (no spike detection) or a factor above 1: a step whose " + what +
+                  " exceeds it times the median of the recent good steps is skipped");
+}
 
 const std::vector<Section> kSchema = {
     {"model",
@@ -102,7 +109,8 @@ const std::vector<Section> kSchema = {
             "rows of the embedding table (258: the byte-level tokenizer's 256 bytes, BOS and EOS)",
             stated("> 0; at least the dataset's vocabulary")),
       field("hidden_size", &Config::model, &ModelConfig::hidden_size, "model width", stated("> 0")),
-      field("num_layers", &Config::model, &ModelConfig::num_layers, "transformer blocks", stated("> 0")),
+      field("num_layers", &Config::model, &ModelConfig::num_layers, "transformer blocks",
+            stated("1 to " + std::to_string(kMaxLayers))),
       field("num_heads", &Config::model, &ModelConfig::num_heads, "query heads",
             stated("> 0; divides `hidden_size` into an even head dimension")),
       field("num_kv_heads", &Config::model, &ModelConfig::num_kv_heads,
@@ -122,7 +130,8 @@ const std::vector<Section> kSchema = {
             "null: full causal attention",
             stated("null, or 1 to 2^31 - 1 with `arch` `mistral` or `mixtral`")),
       field("num_experts", &Config::model, &ModelConfig::num_experts,
-            "`mixtral` only: experts per layer (Hugging Face `num_local_experts`)", stated("> 0")),
+            "`mixtral` only: experts per layer (Hugging Face `num_local_experts`)",
+            stated("1 to " + std::to_string(kMaxExperts))),
       field("experts_per_token", &Config::model, &ModelConfig::experts_per_token,
             "`mixtral` only: the experts each token runs, k (`num_experts_per_tok`)",
             stated("in [1, `num_experts`]")),
@@ -203,6 +212,9 @@ const std::vector<Section> kSchema = {
       field("allow_schedule_change", &Config::train, &TrainConfig::allow_schedule_change,
             "resume even when this config's learning rate for the next step differs from the one the "
             "checkpoint's run would have used (a changed `train.steps` or `optim` schedule key)"),
+      field("start_over", &Config::train, &TrainConfig::start_over,
+            "with `resume: never`: delete the complete checkpoints in `checkpoint_dir` and the metrics in "
+            "`run_dir` that a previous run left, and start from step 0 (without it such a run is refused)"),
       field("init_from", &Config::train, &TrainConfig::init_from,
             "a checkpoint directory whose weights start training, with fresh optimizer state; empty: random "
             "initialisation",
@@ -212,7 +224,12 @@ const std::vector<Section> kSchema = {
             non_negative("it must be 0 or more (0 = measure with a GEMM probe)")),
       field("threads", &Config::train, &TrainConfig::threads,
             "OpenMP threads per rank; 0: the node's cores / its ranks",
-            non_negative("it must be 0 or more (0 = cores / ranks on the node)")),
+            rule("0 to " + std::to_string(kMaxThreadsPerRank) + "; at most " + std::to_string(kThreadsPerCore) +
+                     " x the cores the rank may run on",
+                 [](double v) { return v >= 0 && v <= kMaxThreadsPerRank; },
+                 "{value} is not between 0 and " + std::to_string(kMaxThreadsPerRank),
+                 "choose 0 (the node's cores / its ranks) or a thread count up to " +
+                     std::to_string(kMaxThreadsPerRank))),
       enum_field("device", &Config::train, &TrainConfig::device, kDeviceNames, "device",
                  "where a rank computes (`cuda`: the GPU of its local rank modulo the GPUs visible)"),
       field("tf32", &Config::train, &TrainConfig::tf32, "`cuda` only: fp32 GEMMs on TF32 tensor cores"),
@@ -229,10 +246,13 @@ const std::vector<Section> kSchema = {
             "the stage's first layer; null: all; the others may offload",
             stated("null, or 0 to the smallest stage's layers")),
       field("spike_factor", &Config::train, &TrainConfig::spike_factor,
-            "a step whose loss exceeds this factor times the median of the recent good steps is bad; 0: off",
-            rule("0 or > 1", [](double v) { return v == 0 || v > 1; }, "{value} is not 0 or above 1",
-                 "choose 0 (no spike detection) or a factor above 1, e.g. 3: a step whose loss exceeds it times the "
-                 "median of the recent good steps is skipped")),
+            "a step whose loss exceeds this factor times the median of the recent good steps (from the second "
+            "step on) is bad; 0: off",
+            spike_factor_rule("loss")),
+      field("grad_norm_spike_factor", &Config::train, &TrainConfig::grad_norm_spike_factor,
+            "a step whose gradient norm exceeds this factor times the median of the recent good steps (from the "
+            "second step on) is bad; 0: off",
+            spike_factor_rule("gradient norm")),
       field("max_bad_steps", &Config::train, &TrainConfig::max_bad_steps,
             "this many bad steps in a row roll the run back to the newest checkpoint before them, or stop it "
             "when there is none",

@@ -19,6 +19,7 @@
 #include <shared_mutex>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
+#include <utility>
 
 #include "data/tokenizer.h"
 
@@ -141,6 +142,25 @@ class BpeTokenizer : public Tokenizer {
     throw TokenizerError(path_ + ": " + (key.empty() ? "" : key + ": ") + problem);
   }
 
+  // One token and its id, at `key` for messages. Ids become dataset token ids
+  // (uint32 below vocab_size <= 2^31 - 1, data/dataset.h), so a larger one is
+  // refused rather than cut to 32 bits; one id for two tokens (or one token with
+  // two ids) would decode or encode one of them as the other.
+  void add_token(const std::string& key, const std::string& token, uint64_t id) {
+    constexpr uint64_t kMaxId = static_cast<uint64_t>(INT32_MAX) - 1;
+    if (id > kMaxId)
+      fail(key, "token id " + std::to_string(id) + " is above " + std::to_string(kMaxId) +
+                    " (datasets hold ids below a vocabulary of at most 2^31 - 1)");
+    const uint32_t v = static_cast<uint32_t>(id);
+    if (const auto other = id_to_token_.find(v); other != id_to_token_.end() && other->second != token)
+      fail(key, "token id " + std::to_string(v) + " is also the id of '" + other->second + "'");
+    if (const auto other = vocab_.find(token); other != vocab_.end() && other->second != v)
+      fail(key, "'" + token + "' has id " + std::to_string(v) + " here and " + std::to_string(other->second) +
+                    " elsewhere in the file");
+    vocab_[token] = v;
+    id_to_token_[v] = token;
+  }
+
   void read_model(const Json& root) {
     if (!root.contains("model") || !root["model"].is_object()) fail("model", "missing or not an object");
     const Json& m = root["model"];
@@ -149,9 +169,7 @@ class BpeTokenizer : public Tokenizer {
     if (!m.contains("vocab") || !m["vocab"].is_object()) fail("model.vocab", "missing or not an object");
     for (const auto& [token, id] : m["vocab"].items()) {
       if (!id.is_number_unsigned()) fail("model.vocab." + token, "expected a token id, got " + id.dump());
-      const uint32_t v = id.get<uint32_t>();
-      vocab_[token] = v;
-      id_to_token_[v] = token;
+      add_token("model.vocab." + token, token, id.get<uint64_t>());
     }
     if (!m.contains("merges") || !m["merges"].is_array()) fail("model.merges", "missing or not a list");
     int rank = 0;
@@ -237,11 +255,14 @@ class BpeTokenizer : public Tokenizer {
       if (!t.is_object() || !t.contains("id") || !t.contains("content") || !t["id"].is_number_unsigned() ||
           !t["content"].is_string() || t["content"].get<std::string>().empty())
         fail("added_tokens", "expected {\"id\": N, \"content\": \"...\"}, got " + t.dump());
-      const AddedToken a{t["content"].get<std::string>(), t["id"].get<uint32_t>()};
+      const std::string content = t["content"].get<std::string>();
+      // An added token usually repeats its model.vocab entry (same text, same id).
+      const auto known = vocab_.find(content);
+      if (known == vocab_.end() || known->second != t["id"].get<uint64_t>())
+        add_token("added_tokens[" + std::to_string(added_.size()) + "]", content, t["id"].get<uint64_t>());
+      const AddedToken a{content, vocab_.at(content)};
       added_.push_back(a);
       added_ids_.insert({a.id, true});
-      id_to_token_[a.id] = a.content;
-      vocab_[a.content] = a.id;
       if (t.value("special", false)) special_.insert({a.id, true});
     }
   }
@@ -273,6 +294,18 @@ class BpeTokenizer : public Tokenizer {
     const auto eos = token_id("eos_token");
     if (!eos) throw TokenizerError(config + ": eos_token is missing; datasets end every document with EOS");
     const auto bos = token_id("bos_token");
+    // A byte's token is what text encodes that byte to: as EOS (or BOS) it would
+    // mark document boundaries inside documents.
+    for (const auto& [key, id] : {std::pair{"eos_token", eos}, std::pair{"bos_token", bos}}) {
+      if (!id) continue;
+      const std::string& token = id_to_token_.at(*id);
+      unsigned byte = 0;
+      const bool byte_token = byte_map().to_byte.count(token) ||
+                              (token.size() == 6 && std::sscanf(token.c_str(), "<0x%2X>", &byte) == 1);
+      if (byte_token)
+        throw TokenizerError(config + ": " + key + ": '" + token + "' (id " + std::to_string(*id) + " of " + path_ +
+                             ") is the token of a single byte, which text encodes to; name a special token");
+    }
     eos_id_ = *eos;
     // GPT-2 names one token for both and adds none at the start; LLaMA-3 has its own BOS.
     adds_bos_ = bos && *bos != *eos;

@@ -18,6 +18,11 @@ constexpr size_t kWriterFlushElements = 16 * kTokenChunkElements;
 // Raw-data chunk cache per open dataset file: the demo corpora fit entirely.
 constexpr size_t kReaderChunkCacheBytes = 64u << 20;
 constexpr size_t kReaderChunkCacheSlots = 2053;  // prime, > 8x the chunks that fit
+// The most a dataset's stored bytes may expand to when read: deflate's largest
+// ratio (a 258-byte match in as little as 2 bits, about 1032:1; shuffle moves
+// bytes without adding any). A dataset whose declared size exceeds it holds less
+// than it claims.
+constexpr double kMaxCompressionRatio = 1032;
 
 std::string type_description(hid_t type) {
   H5T_class_t cls = H5Tget_class(type);
@@ -244,6 +249,15 @@ TokenDataset::TokenDataset(const std::string& path, DatasetFormat format) : path
         fail(std::string("dataset '") + name + "' has rank " + std::to_string(rank) + ", expected 1");
       hsize_t n = 0;
       H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+      // The extent is a number in the file's metadata: what the file holds bounds it
+      // before anything is sized by it (doc_offsets is read whole).
+      const double declared = static_cast<double>(n) * static_cast<double>(elem_size);
+      const double stored = static_cast<double>(H5Dget_storage_size(obj.get()));
+      if (declared > kMaxCompressionRatio * stored)
+        fail(std::string("dataset '") + name + "' declares " + std::to_string(n) + " entries (" +
+             std::to_string(static_cast<uint64_t>(declared)) + " bytes) but stores " +
+             std::to_string(static_cast<uint64_t>(stored)) + " bytes, more than deflate's largest ratio of " +
+             std::to_string(static_cast<int>(kMaxCompressionRatio)) + ":1 can expand: truncated or corrupt");
       return std::make_pair(std::move(obj), static_cast<uint64_t>(n));
     };
 

@@ -287,6 +287,41 @@ void read_plain(const std::string& path, const Tokenizer& tokenizer, Writer& wri
   stats.max_document_tokens = std::max(stats.max_document_tokens, doc_tokens + 1);
 }
 
+// The files the dataset's writer creates for `output`, the finished ones first:
+// TokenDatasetWriter writes OUTPUT through OUTPUT.tmp; MegatronWriter writes
+// OUTPUT.bin and OUTPUT.idx through OUTPUT.bin.tmp and OUTPUT.idx.tmp.
+std::vector<std::string> written_files(const std::string& output, DatasetFormat format) {
+  if (format == DatasetFormat::Megatron) return {output + ".bin", output + ".idx", output + ".bin.tmp", output + ".idx.tmp"};
+  return {output, output + ".tmp"};
+}
+
+// Writing the dataset must destroy neither an input nor, unless asked, a dataset
+// already there. An input is compared with every file the writer creates, by
+// path and by the file it is (a hard or symbolic link is the same file).
+void check_outputs(const std::vector<std::string>& inputs, const std::string& output, const PrepareOptions& options) {
+  namespace fs = std::filesystem;
+  const std::vector<std::string> files = written_files(output, options.format);
+  for (const std::string& input : inputs) {
+    std::error_code ec;
+    const fs::path input_path = fs::weakly_canonical(input, ec);
+    for (const std::string& file : files) {
+      std::error_code same_ec, path_ec;
+      const bool same = fs::equivalent(input, file, same_ec) || fs::weakly_canonical(file, path_ec) == input_path;
+      if (!same) continue;
+      throw UsageError("--output '" + output + "' " + (file == output ? "" : "writes '" + file + "', which ") +
+                       "is the input '" + input + "'; writing the dataset would replace it, so choose another "
+                       "output path");
+    }
+  }
+  if (options.overwrite) return;
+  for (size_t i = 0; i < (options.format == DatasetFormat::Megatron ? 2u : 1u); ++i) {
+    std::error_code ec;
+    if (fs::exists(files[i], ec))
+      throw UsageError("--output '" + output + "': '" + files[i] + "' exists; pass --overwrite to replace the "
+                       "dataset there, or choose another output path");
+  }
+}
+
 }  // namespace
 
 DatasetBuildStats prepare_dataset(const std::vector<std::string>& inputs, const std::string& output,
@@ -302,6 +337,7 @@ DatasetBuildStats prepare_dataset(const std::vector<std::string>& inputs, const 
     if (!probe) throw DataInputError(path + ": cannot open: " + std::strerror(errno));
     refuse_compressed(path);
   }
+  check_outputs(inputs, output, options);
 
   DatasetBuildStats stats;
   int64_t input_bytes = 0;

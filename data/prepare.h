@@ -37,9 +37,13 @@ struct PrepareOptions {
   DatasetFormat format = DatasetFormat::Hdf5;
   // Workers that parse and tokenize JSON Lines documents; 0: every core.
   int threads = 0;
+  // Replace a dataset already at `output` (else refused).
+  bool overwrite = false;
 };
 
-// Writes `output` (via output + ".tmp", see TokenDatasetWriter). Throws
+// Writes `output` (via output + ".tmp", see TokenDatasetWriter). Throws a
+// UsageError when a file the writer creates is one of the inputs (by path or as a
+// link to it), or when a dataset is already there and options.overwrite is not set;
 // DataInputError for input problems (missing/unreadable file, compressed file,
 // NUL byte at file:line, invalid JSON at
 // file:line, missing or non-string "text" at file:line, no documents at all)

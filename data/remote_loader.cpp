@@ -198,7 +198,7 @@ void serve_tokens(const TokenDataset& dataset, MessageChannel& channel, int firs
     if (fault.rank == channel.rank() && fault.step == step && fault.exits()) {
       spdlog::critical("fault injection: loader rank {} {} at step {}", channel.rank(),
                        fault.hang ? "stops answering" : "exits abruptly", step);
-      if (!fault.hang) std::_Exit(3);
+      if (!fault.hang) std::_Exit(kInjectedExitCode);
       for (;;) std::this_thread::sleep_for(std::chrono::seconds(60));
     }
     Writer reply;

@@ -1,14 +1,18 @@
 #include "run/job.h"
 
+#include <mpi.h>
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "base/yaml_reader.h"
 #include "checkpoint/directory.h"
@@ -35,6 +39,91 @@ void check_world_size(const ParallelDegrees& degrees, bool remote, int loader_ra
                       ", but the job has " + std::to_string(process.world_size) + "; launch with mpirun -np " +
                       std::to_string(training_ranks + loader_ranks) + " or change the degrees");
   }
+}
+
+// FNV-1a, 64 bits (Fowler, Noll and Vo): the same text hashes alike on every rank,
+// whatever the C++ library.
+uint64_t fnv1a64(const std::string& text) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (unsigned char c : text) hash = (hash ^ c) * 0x100000001b3ull;
+  return hash;
+}
+
+// Every rank of the job (loader ranks too) must run the config rank 0 runs: a rank
+// started with another learning rate or data seed would train silently on its
+// own, and another model size would fail inside a collective naming nothing. One
+// all-gather of the hashes of the effective configs; only when they differ, rank
+// 0's config travels to every rank, each names the keys where its own differs,
+// and every rank throws the same message with all of them (ConfigError, exit 2).
+void check_ranks_agree_on_config(const Config& config, const ProcessInfo& process) {
+  if (process.world_size == 1) return;
+  const uint64_t mine = fnv1a64(config.yaml);
+  std::vector<uint64_t> hashes(static_cast<size_t>(process.world_size));
+  MPI_Allgather(&mine, 1, MPI_UINT64_T, hashes.data(), 1, MPI_UINT64_T, MPI_COMM_WORLD);
+  if (std::all_of(hashes.begin(), hashes.end(), [&](uint64_t h) { return h == hashes[0]; })) return;
+  uint64_t size = config.yaml.size();
+  MPI_Bcast(&size, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+  std::string rank0_yaml(size, '\0');
+  if (process.rank == 0) rank0_yaml = config.yaml;
+  MPI_Bcast(rank0_yaml.data(), static_cast<int>(size), MPI_CHAR, 0, MPI_COMM_WORLD);
+  std::string differences;
+  if (hashes[static_cast<size_t>(process.rank)] != hashes[0]) {
+    for (const ConfigDifference& d : config_differences(config.yaml, rank0_yaml))
+      differences += (differences.empty() ? "rank " + std::to_string(process.rank) + ": " : ", ") + d.key + " " +
+                     d.value + " (rank 0: " + d.other_value + ")";
+  }
+  // Every rank's list, to every rank.
+  const int length = static_cast<int>(differences.size());
+  std::vector<int> lengths(static_cast<size_t>(process.world_size)), offsets(lengths.size() + 1, 0);
+  MPI_Allgather(&length, 1, MPI_INT, lengths.data(), 1, MPI_INT, MPI_COMM_WORLD);
+  for (size_t r = 0; r < lengths.size(); ++r) offsets[r + 1] = offsets[r] + lengths[r];
+  std::string all(static_cast<size_t>(offsets.back()), '\0');
+  MPI_Allgatherv(differences.data(), length, MPI_CHAR, all.data(), lengths.data(), offsets.data(), MPI_CHAR,
+                 MPI_COMM_WORLD);
+  std::string message;
+  for (size_t r = 0; r < lengths.size(); ++r)
+    if (lengths[r] > 0) message += (message.empty() ? "" : "; ") + all.substr(offsets[r], lengths[r]);
+  if (message.empty()) return;  // the same text after all
+  throw ConfigError("the ranks of this job were started with different configs: " + message +
+                    ". Start every rank with the same config file and --set overrides");
+}
+
+// train.threads against the cores this rank may run on (config/config.h).
+void check_threads(const Config& config, const ProcessInfo& process) {
+  const int64_t cores = available_cores();
+  if (config.train.threads <= kThreadsPerCore * cores) return;
+  const auto it = config.origins.find("train.threads");
+  throw_config_error(it != config.origins.end() ? it->second : config.source + ":1", "train.threads",
+                     std::to_string(config.train.threads) + " threads on rank " + std::to_string(process.rank) +
+                         ", which may run on " + std::to_string(cores) + " core(s): more than " +
+                         std::to_string(kThreadsPerCore) + " per core only contend",
+                     "choose at most " + std::to_string(kThreadsPerCore * cores) +
+                         ", or 0 for the node's cores divided among its ranks");
+}
+
+// train.resume: never starts at step 0. A run that writes checkpoints would then
+// replace those of a previous run of this config in train.checkpoint_dir (another
+// run's are refused by check_checkpoint_dir_run) and its metrics: refused, naming
+// the directories, unless train.start_over, which deletes those checkpoints first
+// (rank 0, holding both directories' locks; metrics.jsonl starts afresh anyway).
+void start_afresh(const Config& config) {
+  const TrainConfig& t = config.train;
+  if (t.checkpoint_every == 0 && !t.start_over) return;  // nothing of a previous run is replaced
+  const std::optional<std::string> latest = latest_checkpoint(t.checkpoint_dir);
+  if (!latest) return;
+  if (!t.start_over) {
+    const auto it = config.origins.find("train.resume");
+    throw_config_error(it != config.origins.end() ? it->second : config.source + ":1", "train.resume",
+                       "'never' starts at step 0, but train.checkpoint_dir '" + t.checkpoint_dir +
+                           "' holds the checkpoints of a previous run of this config (the newest " + *latest +
+                           "), which this run's checkpoints and its metrics in train.run_dir '" + t.run_dir +
+                           "' would replace",
+                       "set train.start_over: true to delete them and start over, or train.resume: auto to continue "
+                       "that run");
+  }
+  const int deleted = delete_checkpoints_after(t.checkpoint_dir, 0);
+  spdlog::warn("train.start_over: deleted {} checkpoint(s) of a previous run in {} (the newest {}); metrics.jsonl in "
+               "{} starts afresh", deleted, t.checkpoint_dir, *latest, t.run_dir);
 }
 
 // The GPU of the local rank modulo those visible (CUDA_VISIBLE_DEVICES): one per
@@ -260,7 +349,9 @@ void keep_run_record(const Config& config, int rank) {
 
 int set_up_process(const Config& config, const ProcessInfo& process) {
   const bool remote = config.loader.mode == LoaderMode::Remote;
+  check_ranks_agree_on_config(config, process);
   check_world_size(config.parallel, remote, remote ? static_cast<int>(config.loader.servers) : 0, process);
+  check_threads(config, process);
   const int threads = configure_threads(config.train.threads, process);
   if (config.train.device == Device::CUDA) {
     bind_gpu(config.train, process);
@@ -277,13 +368,24 @@ TrainingJob::TrainingJob(const Config& config, const ProcessInfo& process,
   const bool remote = config.loader.mode == LoaderMode::Remote;
   const int loader_ranks = remote ? static_cast<int>(config.loader.servers) : 0;
   check_output_directories(config, process.rank);
-  keep_run_record(config, process.rank);
-  // One run per checkpoint directory (checkpoint/lock.h): a lock while this job
-  // writes there, and no continuing another run's checkpoints unless asked.
-  if (config.train.checkpoint_every > 0 && process.rank == 0) {
-    checkpoint_lock_.emplace(config.train.checkpoint_dir, process.hostname, 2 * config.train.hang_timeout_s);
+  // One job per run directory and per checkpoint directory (checkpoint/lock.h):
+  // locks while this job appends metrics there and reads or writes checkpoints
+  // there (a resume reads an existing directory), and no continuing another run's
+  // checkpoints unless asked, nor starting a new run over this one's unless told.
+  const TrainConfig& t = config.train;
+  if (process.rank == 0) {
+    const double stale_after_s = 2 * t.hang_timeout_s;
+    run_dir_lock_.emplace(LockedDirectory::Run, t.run_dir, process.hostname, stale_after_s);
+    std::error_code ec;
+    if (t.checkpoint_every > 0 || t.start_over ||
+        (t.resume == ResumeMode::Auto && std::filesystem::is_directory(t.checkpoint_dir, ec)))
+      checkpoint_lock_.emplace(LockedDirectory::Checkpoints, t.checkpoint_dir, process.hostname, stale_after_s);
   }
-  if (config.train.checkpoint_every > 0 || config.train.resume == ResumeMode::Auto) check_checkpoint_dir_run(config);
+  if (t.checkpoint_every > 0 || t.resume == ResumeMode::Auto) check_checkpoint_dir_run(config);
+  if (t.resume == ResumeMode::Never && process.rank == 0) start_afresh(config);
+  // After the locks and the checks that refuse to replace a run: a job refused
+  // here must not rewrite the record of the run it was kept out of.
+  keep_run_record(config, process.rank);
   // A signal stops a local-loader run at the next step boundary with a checkpoint.
   // Remote loader ranks plan every step up to train.steps and cannot stop early
   // yet, so there signals keep their default action (the job ends at once).
@@ -304,6 +406,13 @@ TrainingJob::TrainingJob(const Config& config, const ProcessInfo& process,
   memory_ = engine_->memory();
   log_stage(*engine_, memory_, coords);
   start_ = restore_or_init(config, *engine_, process.rank);
+}
+
+std::vector<const DirectoryLock*> TrainingJob::locks() const {
+  std::vector<const DirectoryLock*> held;
+  for (const auto* lock : {&run_dir_lock_, &checkpoint_lock_})
+    if (*lock) held.push_back(&**lock);
+  return held;
 }
 
 double peak_flops_for_mfu(const TrainConfig& train, Device device, const ProcessInfo& process, Communicator& world,

@@ -7,6 +7,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "checkpoint/lock.h"
 #include "checkpoint/manifest.h"
@@ -26,9 +27,12 @@ namespace hdp {
 // config.yaml cannot be written.
 void keep_run_record(const Config& config, int rank);
 
-// Checks that the job's ranks are the grid's plus loader.servers with a remote
-// loader, sets the threads per rank and binds the GPU (train.device: cuda).
-// Returns the threads per rank.
+// Checks that every rank of the job runs the same config (a collective over
+// MPI_COMM_WORLD: the hashes of the effective configs; ConfigError naming the
+// keys and ranks that differ), that the job's ranks are the grid's plus
+// loader.servers with a remote loader and that train.threads fits the cores this
+// rank may run on; sets the threads per rank and binds the GPU (train.device:
+// cuda). Returns the threads per rank.
 int set_up_process(const Config& config, const ProcessInfo& process);
 
 class TrainingJob {
@@ -49,11 +53,14 @@ class TrainingJob {
   size_t memory_bytes() const { return memory_.total(); }
   // The local loader's dataset; null with loader.mode: remote.
   const TokenDataset* dataset() const { return dataset_ ? &*dataset_ : nullptr; }
-  // Held by rank 0 while the job writes checkpoints; null otherwise.
-  const CheckpointDirLock* checkpoint_lock() const { return checkpoint_lock_ ? &*checkpoint_lock_ : nullptr; }
+  // The directory locks rank 0 holds (checkpoint/lock.h), refreshed every step:
+  // the run directory's, and the checkpoint directory's while the job reads or
+  // writes checkpoints there. Empty on other ranks.
+  std::vector<const DirectoryLock*> locks() const;
 
  private:
-  std::optional<CheckpointDirLock> checkpoint_lock_;
+  std::optional<DirectoryLock> run_dir_lock_;
+  std::optional<DirectoryLock> checkpoint_lock_;
   std::optional<TokenDataset> dataset_;
   std::unique_ptr<ProcessGroups> groups_;
   std::unique_ptr<TrainingEngine> engine_;

@@ -1,6 +1,7 @@
 #include "run/metrics.h"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -75,38 +76,31 @@ std::string to_json(const StepMetrics& m) {
 MetricsWriter::MetricsWriter(const std::string& run_dir, int64_t resumed_step) {
   std::filesystem::create_directories(run_dir);
   path_ = (std::filesystem::path(run_dir) / "metrics.jsonl").string();
-  // The lines to keep: steps up to the checkpoint resumed from. Lines of later
-  // steps (run before a crash or a stop, now rerun) and a line cut short by a
-  // crash are dropped.
-  std::string kept;
-  if (resumed_step > 0) {
-    std::ifstream in(path_);
-    for (std::string line; std::getline(in, line);) {
-      long long step = 0;
-      if (std::sscanf(line.c_str(), "{\"step\": %lld", &step) == 1 && step <= resumed_step && line.back() == '}') {
-        kept += line + '\n';
-      }
-    }
-  }
-  // Rewritten through a rename, so a crash now leaves the old file or the new one.
-  const std::string tmp = path_ + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << kept;
-    if (!out.flush()) {
-      const std::string reason = std::strerror(errno);
-      out.close();
-      std::error_code ec;
-      std::filesystem::remove(tmp, ec);
-      throw MetricsError(tmp + ": cannot write the metrics file (" + reason + ")");
-    }
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path_, ec);
-  if (ec) throw MetricsError(path_ + ": renaming " + tmp + " failed: " + ec.message());
-  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC);
+  // Opened for appending and never replaced: a file renamed over it would leave a
+  // writer that still has the old one open appending to a file no one sees.
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0644);
   if (fd_ < 0) throw MetricsError(path_ + ": cannot open the metrics file for writing (" + std::strerror(errno) + ")");
-  size_ = static_cast<int64_t>(kept.size());
+  // The lines to keep: the whole lines of steps up to the checkpoint resumed from,
+  // from the top. The file is in step order (every run cuts it back to the step it
+  // starts from before it appends), so what follows them are lines of steps after
+  // it (run before a crash or a stop, now rerun) and a line cut short by a crash:
+  // cut off in place, which a reader sees as the file ending earlier. The run
+  // directory's lock (checkpoint/lock.h) keeps any other job from appending meanwhile.
+  std::ifstream in(path_, std::ios::binary);
+  int64_t kept = 0;
+  for (std::string line; resumed_step > 0 && std::getline(in, line) && !in.eof();) {
+    long long step = 0;
+    if (std::sscanf(line.c_str(), "{\"step\": %lld", &step) != 1 || step > resumed_step || line.back() != '}') break;
+    kept += static_cast<int64_t>(line.size()) + 1;
+  }
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0 || (st.st_size > kept && ::ftruncate(fd_, kept) != 0)) {
+    const std::string reason = std::strerror(errno);
+    ::close(fd_);
+    throw MetricsError(path_ + ": cannot cut the metrics file back to step " + std::to_string(resumed_step) + " (" +
+                       reason + ")");
+  }
+  size_ = kept;
 }
 
 MetricsWriter::~MetricsWriter() {

@@ -84,7 +84,9 @@ class MetricsWriter {
   // Appends to run_dir/metrics.jsonl (creating run_dir) after the lines of steps
   // 1..resumed_step, dropping any later ones: a run resumed from the checkpoint of
   // step N reruns the steps after N, and each step should appear once. 0 starts the
-  // file afresh. A line cut short (a crash mid-write) is dropped too.
+  // file afresh. A line cut short (a crash mid-write) is dropped too. The file is
+  // cut back in place and appended to, never replaced; the caller holds the run
+  // directory's lock (checkpoint/lock.h), so no other job writes it meanwhile.
   MetricsWriter(const std::string& run_dir, int64_t resumed_step);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;

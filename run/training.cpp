@@ -84,7 +84,7 @@ void run_training(const Config& config, const ProcessInfo& process) {
                      process.thread_multiple ? world : nullptr);
   }
   TrainingLoop loop(config, process, job.groups(), job.engine(), *batches, progress, peak_flops, job.memory_bytes(),
-                    job.checkpoint_lock());
+                    job.locks());
   loop.run();
   watchdog.reset();
   if (loader) loader->stop_servers();

@@ -56,7 +56,7 @@ std::function<CheckpointHooks(int64_t)> checkpoint_fault_hooks(const FaultInject
     if (fault.checkpoint) {
       h.after_part = [rank, step] {
         spdlog::critical("fault injection: rank {} exits abruptly while writing the checkpoint of step {}", rank, step);
-        std::_Exit(3);
+        std::_Exit(kInjectedExitCode);
       };
     } else {
       h.before_part = [rank, step](const std::string& file) {
@@ -73,9 +73,9 @@ std::function<CheckpointHooks(int64_t)> checkpoint_fault_hooks(const FaultInject
 
 TrainingLoop::TrainingLoop(const Config& config, const ProcessInfo& process, ProcessGroups& groups,
                            TrainingEngine& engine, BatchSource& batches, const TrainingProgress& progress,
-                           double peak_flops, size_t memory_bytes, const CheckpointDirLock* lock)
+                           double peak_flops, size_t memory_bytes, std::vector<const DirectoryLock*> locks)
     : config_(config),
-      lock_(lock),
+      locks_(std::move(locks)),
       process_(process),
       groups_(groups),
       engine_(engine),
@@ -84,14 +84,14 @@ TrainingLoop::TrainingLoop(const Config& config, const ProcessInfo& process, Pro
       peak_flops_(peak_flops),
       memory_bytes_(memory_bytes),
       layout_{config.parallel, groups.coords(), process.rank, &groups.world()},
-      guard_(config.train.spike_factor, config.train.max_bad_steps),
+      guard_(SpikeFactors{config.train.spike_factor, config.train.grad_norm_spike_factor}, config.train.max_bad_steps),
       tracer_(config.trace, config.train.run_dir, groups.coords(), process.rank, groups.world()) {
   if (process.rank == 0) metrics_.emplace(config.train.run_dir, progress.step);
   if (process.rank == 0 && config.metrics.tensorboard) {
     tensorboard_.emplace(config.train.run_dir, process.hostname, progress.step);
   }
   fault_ = fault_injection_from_env();
-  guard_.restore_window(progress.loss_window);
+  guard_.restore_windows(progress.loss_window, progress.grad_norm_window);
   if (config.train.checkpoint_every > 0) {
     // Writes in the background need MPI from a second thread when there are several ranks.
     const bool async = config.train.async_checkpoints && (process.thread_multiple || config.parallel.world() == 1);
@@ -111,7 +111,7 @@ void TrainingLoop::run() {
 void TrainingLoop::run_step(int64_t step) {
   progress::set_step(step);
   if (writer_) writer_->check();  // an earlier background write's error ends the run here
-  if (lock_) lock_->refresh();
+  for (const DirectoryLock* lock : locks_) lock->refresh();
   const bool fault_now = fault_.rank == process_.rank && fault_.step == step && fault_.exits();
   // Each poisoned step number once: a step rerun after a rollback is clean.
   const bool poison = fault_.rank == process_.rank && fault_.nan && step >= fault_.step && step <= fault_.last_step &&
@@ -123,7 +123,7 @@ void TrainingLoop::run_step(int64_t step) {
     ::kill(::getpid(), SIGSTOP);
   } else if (fault_now) {
     spdlog::critical("fault injection: rank {} exits abruptly at step {}", process_.rank, step);
-    std::_Exit(3);
+    std::_Exit(kInjectedExitCode);
   }
   tracer_.begin(step);
   progress::Context step_context("training step");
@@ -177,7 +177,12 @@ void TrainingLoop::run_step(int64_t step) {
   if (process_.rank == 0 && (step % config_.train.log_every == 0 || step == 1 || step == config_.train.steps)) {
     log_step(m);
   }
-  if (checkpoint_due(step)) {
+  const bool wants_checkpoint = checkpoint_due(step) || (stop_signal_ != 0 && config_.train.checkpoint_every > 0);
+  if (wants_checkpoint && !measured.updated) {
+    // Its weights are the ones that produced the bad step: a checkpoint of them
+    // would be the first place a rollback or a restart returns to.
+    if (process_.rank == 0) spdlog::warn("step {}: no checkpoint of a step the numerical guard flagged", step);
+  } else if (checkpoint_due(step)) {
     save_checkpoint_at(step, batch);
   } else if (stop_signal_ != 0 && step < config_.train.steps) {
     if (config_.train.checkpoint_every > 0) {
@@ -190,17 +195,17 @@ void TrainingLoop::run_step(int64_t step) {
 }
 
 bool TrainingLoop::agree_on_update(const StepResult& result) {
-  const StepFault mine = guard_.inspect(result.loss, result.grad_norm);
-  std::array<int64_t, 3> flags = {mine == StepFault::NonFinite, mine == StepFault::Spike, stop_signal()};
+  // The most severe verdict of any rank (StepFault is ordered by severity).
+  std::array<int64_t, 2> flags = {static_cast<int64_t>(guard_.inspect(result.loss, result.grad_norm)), stop_signal()};
   {
     Phase phase(trace_ops::kUpdateAgreement.data(), "bad-step and stop flags all-reduce");
     if (phase.tracer()) phase.set_group(phase.tracer()->world_group("agree"));
     groups_.world().all_reduce(std::span<int64_t>(flags), ReduceOp::Max);
   }
-  stop_signal_ = static_cast<int>(flags[2]);
-  step_fault_ = flags[0] ? StepFault::NonFinite : flags[1] ? StepFault::Spike : StepFault::None;
-  fault_description_ = describe_fault(step_fault_, result.loss, result.grad_norm, config_.train.spike_factor, guard_.median());
-  too_many_bad_ = guard_.record(step_fault_, result.loss);
+  stop_signal_ = static_cast<int>(flags[1]);
+  step_fault_ = static_cast<StepFault>(flags[0]);
+  fault_description_ = guard_.describe(step_fault_, result.loss, result.grad_norm);
+  too_many_bad_ = guard_.record(step_fault_, result.loss, result.grad_norm);
   if (step_fault_ != StepFault::None) ++progress_.skipped_steps;
   return step_fault_ == StepFault::None;
 }
@@ -221,8 +226,8 @@ bool TrainingLoop::report_bad_step(int64_t step) {
     rollback(*target, what);
     return true;
   }
-  throw std::runtime_error(what + "; stopping: " + why_not +
-                           ". Lower optim.lr, check the data, or resume from the last checkpoint");
+  throw DivergenceError("the run diverges: " + what + "; stopping: " + why_not +
+                        ". Lower optim.lr, check the data, or resume from an earlier checkpoint");
 }
 
 std::optional<std::string> TrainingLoop::rollback_target(std::string* why_not) {
@@ -271,7 +276,7 @@ void TrainingLoop::rollback(const std::string& target, const std::string& what) 
   // No rank goes on (and may write a checkpoint) before rank 0 has cleaned up.
   groups_.world().all_reduce_sum(int64_t{0});
   progress_ = restored;
-  guard_.restore_window(restored.loss_window);
+  guard_.restore_windows(restored.loss_window, restored.grad_norm_window);
   guard_.reset_streak();
   streak_.clear();
   batches_.restart(restored.sampler, skipped);
@@ -365,7 +370,8 @@ void TrainingLoop::save_checkpoint_at(int64_t step, const GlobalBatch& batch) {
   Phase phase(trace_ops::kCheckpoint.data(), "checkpoint save");
   progress_.step = step;
   progress_.sampler = batch.next;
-  progress_.loss_window = guard_.window();
+  progress_.loss_window = guard_.loss_window();
+  progress_.grad_norm_window = guard_.grad_norm_window();
   progress_.lr_schedule = RunSchedule{config_.optim, config_.train.steps};
   writer_->save(engine_.model(), engine_.optimizer(), progress_);
   if (process_.rank == 0) {

@@ -35,7 +35,7 @@ class TrainingLoop {
  public:
   TrainingLoop(const Config& config, const ProcessInfo& process, ProcessGroups& groups, TrainingEngine& engine,
                BatchSource& batches, const TrainingProgress& progress, double peak_flops, size_t memory_bytes,
-               const CheckpointDirLock* lock);
+               std::vector<const DirectoryLock*> locks);
 
   // Runs the steps; stops early, after a checkpoint, when a rank received a stop
   // signal (run/signals.h).
@@ -103,7 +103,7 @@ class TrainingLoop {
   void save_checkpoint_at(int64_t step, const GlobalBatch& batch);
 
   const Config& config_;
-  const CheckpointDirLock* lock_;  // rank 0 with checkpoints: refreshed every step
+  std::vector<const DirectoryLock*> locks_;  // rank 0: refreshed every step
   const ProcessInfo& process_;
   ProcessGroups& groups_;
   TrainingEngine& engine_;

@@ -35,6 +35,10 @@ class Rules {
   bool positive(double v, const std::string& key) {
     return require(v > 0, key, shown(key, v) + " is not positive", "it must be greater than 0");
   }
+  bool at_most(int64_t v, int64_t limit, const std::string& key) {
+    return require(v <= limit, key, shown(key, v) + " is above " + str(limit),
+                   "this build supports at most " + str(limit) + "; check the value for a typo");
+  }
   // "<divisor> does not divide <name> <value>", at the divisor's key.
   bool divides(int64_t divisor, const std::string& divisor_key, int64_t value, const std::string& value_key,
                const std::string& valid) {
@@ -78,7 +82,8 @@ std::optional<ModelIssue> model_issue(const ModelConfig& m, const KeyWording& wo
       return r.issue;
   }
   if (!r.positive(m.vocab_size, "model.vocab_size") || !r.positive(m.hidden_size, "model.hidden_size") ||
-      !r.positive(m.num_layers, "model.num_layers") || !r.positive(m.num_heads, "model.num_heads") ||
+      !r.positive(m.num_layers, "model.num_layers") || !r.at_most(m.num_layers, kMaxLayers, "model.num_layers") ||
+      !r.positive(m.num_heads, "model.num_heads") ||
       !r.divides(m.num_heads, "model.num_heads", m.hidden_size, "model.hidden_size",
                  "choose a divisor of " + str(m.hidden_size)) ||
       !r.positive(m.num_kv_heads, "model.num_kv_heads") ||
@@ -97,7 +102,7 @@ std::optional<ModelIssue> model_issue(const ModelConfig& m, const KeyWording& wo
   // architectures (the effective config writes every key, so they cannot be
   // refused there).
   if (m.moe()) {
-    r.positive(m.num_experts, "model.num_experts") &&
+    r.positive(m.num_experts, "model.num_experts") && r.at_most(m.num_experts, kMaxExperts, "model.num_experts") &&
         r.require(m.experts_per_token >= 1 && m.experts_per_token <= m.num_experts, "model.experts_per_token",
                   r.shown("model.experts_per_token", m.experts_per_token) + " is outside [1, " +
                       r.name("model.num_experts") + " = " + str(m.num_experts) + "]",

@@ -44,6 +44,13 @@ struct KeyWording {
   }
 };
 
+// The most layers and experts a model may have: host-side tables are sized per
+// layer and per expert (the stage split's costs, the parameter table) before any
+// weight is allocated, so an absurd count must be refused, not tried. The largest
+// models today have a few hundred layers and a few hundred experts.
+inline constexpr int64_t kMaxLayers = 65536;
+inline constexpr int64_t kMaxExperts = 65536;
+
 // "<key>: <problem>; <valid>", with the wording's name of the key.
 std::string describe_issue(const ModelIssue& issue, const KeyWording& wording = {});
 

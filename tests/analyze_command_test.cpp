@@ -123,6 +123,36 @@ TEST(AnalyzeCommand, MalformedTraceExitsTwoNamingFileAndLine) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
 }
 
+// One line with a rank far beyond the trace's others (dp_rank 100000000) would
+// size the analysis's per-worker tables by it, and a rank beyond 32 bits would be
+// cut to another rank: both are refused with exit code 2 naming file, line and
+// field, by `analyze` and `trace merge` alike.
+TEST(AnalyzeCommand, RanksBeyondWhatTheTraceHoldsExitTwoNamingTheField) {
+  const std::string dir = scratch_dir("analyze_ranks");
+  const std::string far = write_file(
+      dir, "far.jsonl",
+      std::string(kImported) +
+          R"({"step":0,"microbatch":0,"pp_rank":0,"dp_rank":100000000,"op":"optimizer","start_us":130,"end_us":131,"group":null})"
+          "\n");
+  auto r = run_trainer("analyze " + far);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(far + ":13: \"dp_rank\" is 100000000: the ranks of the trace (largest pp_rank 1, dp_rank "
+                                "100000000, tp_rank 0) span 2e+08 workers, more than the 13 operations it holds"),
+            std::string::npos) << r.output;
+  r = run_trainer("trace merge " + far + " --output " + dir + "/merged.json");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(far + ":13: \"dp_rank\" is 100000000"), std::string::npos) << r.output;
+  const std::string wide = write_file(
+      dir, "wide.jsonl",
+      std::string(kImported) +
+          R"({"step":0,"microbatch":0,"pp_rank":0,"dp_rank":4294967297,"op":"optimizer","start_us":130,"end_us":131,"group":null})"
+          "\n");
+  r = run_trainer("analyze " + wide);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find(wide + ":13: \"dp_rank\" is 4294967297; it must be at most 2147483647"), std::string::npos)
+      << r.output;
+}
+
 TEST(AnalyzeCommand, TraceMergeWritesOneTrackPerRankAndStream) {
   const std::string dir = scratch_dir("trace_merge");
   std::filesystem::create_directories(dir + "/trace");

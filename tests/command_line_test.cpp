@@ -17,6 +17,7 @@
 #include "checkpoint/checkpoint_error.h"
 #include "trainer/command_line.h"
 #include "run/metrics.h"
+#include "run/numerical_guard.h"
 #include "trainer/plan_command.h"
 
 namespace hdp {
@@ -79,7 +80,7 @@ int exit_code_of(const std::function<void()>& fail) {
   });
 }
 
-TEST(ExitCodes, EveryInputErrorIsTwoAnythingElseOne) {
+TEST(ExitCodes, EveryInputErrorIsTwoADivergingRunThreeAnythingElseOne) {
   EXPECT_EQ(run_subcommand("test", [] { return kExitSuccess; }), 0);
   EXPECT_EQ(run_subcommand("test", [] { return 7; }), 7);  // the body's own code
   EXPECT_EQ(exit_code_of([] { throw UsageError("--x is required"); }), 2);
@@ -91,6 +92,7 @@ TEST(ExitCodes, EveryInputErrorIsTwoAnythingElseOne) {
   EXPECT_EQ(exit_code_of([] { throw PlanInputError("52 heads over tp 8"); }), 2);
   EXPECT_EQ(exit_code_of([] { throw LengthsInputError("unknown length distribution 'pile'"); }), 2);
   EXPECT_EQ(exit_code_of([] { throw JsonError("expected a value", 3); }), 2);
+  EXPECT_EQ(exit_code_of([] { throw DivergenceError("the run diverges: step 4: 3 bad step(s) in a row"); }), 3);
   EXPECT_EQ(exit_code_of([] { throw std::invalid_argument("an internal check"); }), 1);
   EXPECT_EQ(exit_code_of([] { throw std::runtime_error("disk full"); }), 1);
 }

@@ -236,7 +236,33 @@ TEST(Config, DefaultsForEverythingButDataPath) {
   EXPECT_EQ(c.optim.lr, 3e-4);
   EXPECT_EQ(c.train.resume, ResumeMode::Auto);
   EXPECT_EQ(c.train.init_from, "");
+  EXPECT_EQ(c.train.spike_factor, 3.0);
+  EXPECT_EQ(c.train.grad_norm_spike_factor, 100.0);
+  EXPECT_FALSE(c.train.start_over);
   EXPECT_EQ(c.origins.size(), 2u);  // data and data.path
+}
+
+// What the ranks compare at start-up (run/job.cpp): the keys whose lines differ
+// between two effective configs, with both values.
+TEST(Config, DifferencesNameEveryKeyWhoseValueDiffers) {
+  Scratch s("differences");
+  const Config a = load_config(s.config(kMinimalConfig));
+  const Config b = load_config(s.config(kMinimalConfig), {"optim.lr=0.003", "model.hidden_size=256"});
+  const std::vector<ConfigDifference> d = config_differences(b.yaml, a.yaml);
+  ASSERT_EQ(d.size(), 2u) << b.yaml;
+  EXPECT_EQ(d[0].key, "model.hidden_size");
+  EXPECT_EQ(d[0].value, "256");
+  EXPECT_EQ(d[0].other_value, "128");
+  EXPECT_EQ(d[1].key, "optim.lr");
+  EXPECT_EQ(d[1].value, "0.003");
+  EXPECT_EQ(d[1].other_value, "0.0003");
+  EXPECT_TRUE(config_differences(a.yaml, a.yaml).empty());
+  const std::vector<ConfigDifference> missing = config_differences("model:\n  arch: \"llama\"\n", "model:\n  arch: "
+                                                                   "\"llama\"\ntrain:\n  steps: 3\n");
+  ASSERT_EQ(missing.size(), 1u);
+  EXPECT_EQ(missing[0].key, "train.steps");
+  EXPECT_EQ(missing[0].value, "(absent)");
+  EXPECT_EQ(missing[0].other_value, "3");
 }
 
 TEST(Config, EmptySectionsAndBooleanSpellings) {
@@ -488,7 +514,11 @@ TEST(ConfigErrors, OtherConstraints) {
       {"train.device=tpu", "train.device: unknown device 'tpu'; choose cpu, cuda or guarded (test-only)"},
       {"scheduler.balance=tp", "scheduler.balance: unknown balance mode 'tp'; choose dp"},
       {"loader.mode=far", "loader.mode: unknown mode 'far'; choose local"},
-      {"train.threads=-1", "train.threads: -1 is negative"},
+      {"train.threads=-1", "train.threads: -1 is not between 0 and 1024"},
+      {"train.threads=100000", "train.threads: 100000 is not between 0 and 1024; choose 0 (the node's cores / its "
+                               "ranks) or a thread count up to 1024"},
+      {"train.grad_norm_spike_factor=1", "train.grad_norm_spike_factor: 1 is not 0 or above 1"},
+      {"model.num_layers=1000000000", "model.num_layers: 1000000000 is above 65536; this build supports at most 65536"},
       {"train.peak_flops=-1", "train.peak_flops: -1 is negative"},
       {"train.spike_factor=0.5", "train.spike_factor: 0.5 is not 0 or above 1"},
       {"train.max_bad_steps=0", "train.max_bad_steps: 0 is less than 1"},

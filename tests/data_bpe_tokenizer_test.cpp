@@ -9,6 +9,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -199,6 +200,47 @@ TEST(BpeFiles, UnsupportedShapesAreNamed) {
                               "pre_tokenizer": {"type": "Whitespace"}})"),
                   path + ": pre_tokenizer: {\"type\":\"Whitespace\"} is not supported");
   EXPECT_CONTAINS(error_of("{not json"), path + ": not valid JSON");
+}
+
+// Token ids become dataset ids (uint32 below a vocabulary of at most 2^31 - 1): an
+// id of 2^33 is refused, not cut to 32 bits (an EOS of 2^33 became id 0); so are
+// one id for two tokens and an EOS that is a byte's token, which text encodes to.
+// Each message names the file and the field.
+TEST(BpeFiles, IdsBeyond31BitsDuplicateIdsAndAByteEosAreRefused) {
+  const std::string dir = testing::scratch_dir("bpe-ids");
+  const std::string path = fixture(dir), config = dir + "/tokenizer_config.json";
+  std::string json;
+  {
+    std::ifstream in(path);
+    json.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  const std::string good_config = R"({"bos_token": "<|begin|>", "eos_token": "<|endoftext|>"})";
+  auto error_with = [&](const std::string& from, const std::string& to, const std::string& config_text) {
+    std::string text = json;
+    if (!from.empty()) {
+      const size_t at = text.find(from);
+      if (at == std::string::npos) return "fixture lacks " + from;
+      text.replace(at, from.size(), to);
+    }
+    std::ofstream(path) << text;
+    std::ofstream(config) << config_text;
+    try {
+      load_tokenizer(path);
+    } catch (const TokenizerError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_CONTAINS(error_with(R"({"id": 270, "content": "<|endoftext|>")", R"({"id": 8589934592, "content": "<|endoftext|>")",
+                             good_config),
+                  path + ": added_tokens[0]: token id 8589934592 is above 2147483646");
+  EXPECT_CONTAINS(error_with("\"ca\": 267", "\"ca\": 266", good_config),
+                  path + ": model.vocab.ca: token id 266 is also the id of '!!'");
+  EXPECT_CONTAINS(error_with(R"({"id": 271, "content": "<|begin|>")", R"({"id": 100, "content": "<|begin|>")", good_config),
+                  path + ": added_tokens[1]: token id 100 is also the id of 'd'");
+  EXPECT_CONTAINS(error_with("", "", R"({"bos_token": "<|begin|>", "eos_token": "a"})"),
+                  config + ": eos_token: 'a' (id 97 of " + path + ") is the token of a single byte");
+  EXPECT_EQ(error_with("", "", good_config), "no error");
 }
 
 TEST(BpeFiles, ByteFallbackAndUnknownSymbols) {

@@ -1,6 +1,7 @@
 // TokenDatasetWriter / TokenDataset: round trip, validation errors, id checks.
 #include <gtest/gtest.h>
 #include <hdf5.h>
+#include <sys/resource.h>
 
 #include <filesystem>
 #include <fstream>
@@ -285,6 +286,44 @@ TEST(DataDataset, StructuralErrorsNameFileAndProblem) {
     H5Fclose(f);
   }
   expect_open_error(dir + "/rank2.h5", "has rank 2, expected 1");
+}
+
+// A small file whose doc_offsets declares 2^28 entries (2 GiB) but stores one
+// chunk: refused from the sizes in its metadata, before anything is sized by the
+// declared count (the reader once allocated 2.2 GB before rejecting such a file).
+TEST(DataDataset, ADeclaredSizeBeyondWhatTheFileStoresIsRefusedBeforeAllocating) {
+  const std::string dir = testing::scratch_dir("data_dataset_declared");
+  const std::string path = write_sample(dir, sample_documents());
+  {
+    Hdf5Lock lock;
+    hid_t f = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+    ASSERT_GE(f, 0);
+    H5Ldelete(f, "doc_offsets", H5P_DEFAULT);
+    hsize_t n = hsize_t{1} << 28, chunk = 65536;
+    hid_t space = H5Screate_simple(1, &n, nullptr);
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_chunk(dcpl, 1, &chunk);
+    H5Pset_deflate(dcpl, 4);
+    hid_t d = H5Dcreate2(f, "doc_offsets", H5T_STD_U64LE, space, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    ASSERT_GE(d, 0);
+    const uint64_t first[2] = {0, 4};
+    hsize_t start = 0, count = 2;
+    hid_t file_space = H5Dget_space(d);
+    H5Sselect_hyperslab(file_space, H5S_SELECT_SET, &start, nullptr, &count, nullptr);
+    hid_t memory_space = H5Screate_simple(1, &count, nullptr);
+    H5Dwrite(d, H5T_NATIVE_UINT64, memory_space, file_space, H5P_DEFAULT, first);
+    for (hid_t h : {memory_space, file_space, space}) H5Sclose(h);
+    H5Pclose(dcpl);
+    H5Dclose(d);
+    H5Fclose(f);
+  }
+  EXPECT_LT(fs::file_size(path), 1u << 20);
+  rusage before{};
+  getrusage(RUSAGE_SELF, &before);
+  expect_open_error(path, "dataset 'doc_offsets' declares 268435456 entries (2147483648 bytes) but stores ");
+  rusage after{};
+  getrusage(RUSAGE_SELF, &after);
+  EXPECT_LT(after.ru_maxrss - before.ru_maxrss, 256 * 1024) << "kB of peak memory grown while opening";
 }
 
 TEST(DataDataset, ReadDetectsTokenIdOutsideVocabulary) {

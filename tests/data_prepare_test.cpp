@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -170,6 +171,45 @@ TEST(DataPrepare, ErrorsNameFileAndLine) {
 // the file (and the line and byte offset of the NUL), before any output exists;
 // bytes that are not UTF-8 are kept (the tokenizer sees them unchanged) with one
 // warning per file counting them and naming the first's line and offset.
+// Every file the writer creates is compared with every input: the Megatron writer
+// makes OUTPUT.bin and OUTPUT.idx, so `--input in.bin --output in` is refused and
+// in.bin stays as it was (it was once overwritten, exit 0). A dataset already at
+// the output is replaced only with options.overwrite (--overwrite).
+TEST(DataPrepare, NeverWritesOverAnInputAndOverADatasetOnlyWhenAsked) {
+  const std::string dir = testing::scratch_dir("data_prepare_outputs");
+  const std::string text = "a document named like a Megatron dataset\n";
+  write_file(dir + "/in.bin", text);
+  PrepareOptions megatron;
+  megatron.format = DatasetFormat::Megatron;
+  try {
+    prepare_dataset({dir + "/in.bin"}, dir + "/in", megatron);
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()), "--output '" + dir + "/in' writes '" + dir + "/in.bin', which is the input '" +
+                                         dir + "/in.bin'; writing the dataset would replace it, so choose another "
+                                         "output path");
+  }
+  std::ifstream in(dir + "/in.bin");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()), text);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/in.idx"));
+
+  prepare_dataset({dir + "/in.bin"}, dir + "/out", megatron);
+  try {
+    prepare_dataset({dir + "/in.bin"}, dir + "/out", megatron);
+    FAIL() << "no error";
+  } catch (const UsageError& e) {
+    EXPECT_EQ(std::string(e.what()), "--output '" + dir + "/out': '" + dir + "/out.bin' exists; pass --overwrite to "
+                                         "replace the dataset there, or choose another output path");
+  }
+  megatron.overwrite = true;
+  EXPECT_EQ(prepare_dataset({dir + "/in.bin", dir + "/in.bin"}, dir + "/out", megatron).documents, 2);
+  PrepareOptions hdf5;
+  prepare_dataset({dir + "/in.bin"}, dir + "/out.h5", hdf5);
+  EXPECT_THROW(prepare_dataset({dir + "/in.bin"}, dir + "/out.h5", hdf5), UsageError);
+  hdf5.overwrite = true;
+  EXPECT_EQ(prepare_dataset({dir + "/in.bin"}, dir + "/out.h5", hdf5).documents, 1);
+}
+
 TEST(DataPrepare, CompressedAndBinaryInputsAreRefusedAndInvalidUtf8IsCounted) {
   std::string dir = testing::scratch_dir("data_prepare_not_text");
   std::string out = dir + "/out.h5";

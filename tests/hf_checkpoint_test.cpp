@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <optional>
 #include <regex>
@@ -287,6 +288,45 @@ TEST_F(HfImportRefuses, WeightsThatDoNotFitTheConfig) {
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_CONTAINS(r.output, "tensor 'model.layers.3.");
   EXPECT_CONTAINS(r.output, "is not a parameter of the LLaMA model config.json describes");
+}
+
+// Sizes in config.json are checked before the model they describe is built: a
+// layer count above the model's limit (1e9 once took import-hf to 22.7 GB and the
+// out-of-memory killer), and a model far larger than the weights the directory
+// holds. Both exit 2 naming the file and the key.
+TEST_F(HfImportRefuses, SizesBeyondWhatTheFilesHold) {
+  auto r = import(variant("billion-layers", [](Json& c) { c["num_hidden_layers"] = 1000000000; }));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, dir_ + "/billion-layers/config.json: num_hidden_layers: 1000000000 is above 65536");
+  r = import(variant("many-layers", [](Json& c) { c["num_hidden_layers"] = 60000; }));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, dir_ + "/many-layers/config.json: num_hidden_layers 60000, hidden_size 64, "
+                                   "intermediate_size 128, vocab_size 258 describes a model of 2.22e+09 parameters, "
+                                   "more than twice the ");
+  EXPECT_FALSE(fs::exists(dir_ + "/many-layers-ckpt/step-00000000"));
+}
+
+// A NaN or infinity in the weights would train into NaN losses from the first step:
+// refused, naming the file, the tensor and the element.
+TEST_F(HfImportRefuses, NonFiniteWeights) {
+  const std::string hf = variant("nan", [](Json&) {});
+  const std::string file = hf + "/model.safetensors";
+  uint64_t header = 0;
+  {
+    std::ifstream in(file, std::ios::binary);
+    in.read(reinterpret_cast<char*>(&header), 8);
+  }
+  // lm_head.weight comes first in the data (tensors in name order); its element 5.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(static_cast<std::streamoff>(8 + header + 5 * sizeof(float)));
+    f.write(reinterpret_cast<const char*>(&nan), sizeof(nan));
+  }
+  const auto r = import(hf);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, file + ": tensor 'lm_head.weight' holds a non-finite value (nan at element 5 of 16512)");
+  EXPECT_FALSE(fs::exists(hf + "-ckpt/step-00000000"));
 }
 
 TEST_F(HfImportRefuses, BrokenSafetensorsFiles) {

@@ -10,6 +10,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/fault_injection.h"
@@ -41,7 +43,7 @@ constexpr double kNan = std::numeric_limits<double>::quiet_NaN();
 constexpr double kInf = std::numeric_limits<double>::infinity();
 
 TEST(NumericalGuard, NanOrInfiniteLossOrGradientNormIsBad) {
-  const NumericalGuard guard(0, 3);
+  const NumericalGuard guard({0, 0}, 3);
   EXPECT_EQ(guard.inspect(2.5, 1.0), StepFault::None);
   EXPECT_EQ(guard.inspect(kNan, 1.0), StepFault::NonFinite);
   EXPECT_EQ(guard.inspect(2.5, kNan), StepFault::NonFinite);
@@ -49,66 +51,87 @@ TEST(NumericalGuard, NanOrInfiniteLossOrGradientNormIsBad) {
   EXPECT_EQ(guard.inspect(2.5, -kInf), StepFault::NonFinite);
 }
 
-TEST(NumericalGuard, SpikesCountOnlyWithAFactorAndEnoughHistory) {
-  NumericalGuard off(0, 3), on(3, 3);
-  for (size_t i = 0; i + 1 < NumericalGuard::kMinHistory; ++i) {
-    on.record(StepFault::None, 2.0);
-    off.record(StepFault::None, 2.0);
-  }
-  EXPECT_EQ(on.inspect(100, 1), StepFault::None) << "too little history to judge";
-  on.record(StepFault::None, 4.0);
-  off.record(StepFault::None, 4.0);
-  EXPECT_EQ(on.median(), 2.0);
-  EXPECT_EQ(on.inspect(6.0, 1), StepFault::None) << "exactly 3 x the median is not above it";
-  EXPECT_EQ(on.inspect(6.01, 1), StepFault::Spike);
-  EXPECT_EQ(off.inspect(100, 1), StepFault::None) << "spike_factor 0 turns spike detection off";
+// The default guard judges from the second step on, against the good steps so
+// far: a blow-up of the first updates (learning rate 30 on tiny-llama: loss 5.55,
+// then 44) is caught at once, not taken as history.
+TEST(NumericalGuard, SpikesCountFromTheSecondStepAgainstTheGoodStepsSoFar) {
+  NumericalGuard guard({3, 100}, 3), off({0, 0}, 3);
+  EXPECT_EQ(guard.inspect(1e6, 1e9), StepFault::None) << "the first step has nothing to be compared with";
+  guard.record(StepFault::None, 5.55, 5.75);
+  off.record(StepFault::None, 5.55, 5.75);
+  EXPECT_EQ(guard.loss_median(), 5.55);
+  EXPECT_EQ(guard.inspect(44.29, 27.5), StepFault::LossSpike);
+  EXPECT_EQ(guard.inspect(3 * 5.55, 27.5), StepFault::None) << "exactly 3 x the median is not above it";
+  EXPECT_EQ(guard.inspect(5.0, 575.1), StepFault::GradNormSpike);
+  EXPECT_EQ(guard.inspect(5.0, 575.0), StepFault::None) << "exactly 100 x the median is not above it";
+  EXPECT_EQ(guard.inspect(44.29, 1e9), StepFault::LossSpike) << "a loss spike is the more severe verdict";
+  EXPECT_EQ(off.inspect(1e6, 1e9), StepFault::None) << "factors 0 turn spike detection off";
+  EXPECT_EQ(guard.describe(StepFault::LossSpike, 44.29, 27.5),
+            "loss 44.29 is above train.spike_factor 3 x the median 5.55 of the recent good steps");
+  EXPECT_EQ(guard.describe(StepFault::GradNormSpike, 5, 600),
+            "gradient norm 600 is above train.grad_norm_spike_factor 100 x the median 5.75 of the recent good steps");
 }
 
-TEST(NumericalGuard, MedianFollowsTheRecentGoodStepsOnly) {
-  NumericalGuard guard(2, 5);
-  for (size_t i = 0; i < NumericalGuard::kWindow; ++i) guard.record(StepFault::None, 10.0);
-  for (size_t i = 0; i < NumericalGuard::kWindow / 2 + 1; ++i) guard.record(StepFault::None, 1.0);
-  EXPECT_EQ(guard.median(), 1.0) << "the newer half of the window decides";
-  guard.record(StepFault::Spike, 50.0);  // bad steps do not enter the window
-  EXPECT_EQ(guard.median(), 1.0);
-  EXPECT_EQ(guard.inspect(2.5, 1), StepFault::Spike);
+// The verdicts are all-reduced with max: a more severe fault has a larger value.
+TEST(NumericalGuard, FaultsAreOrderedBySeverity) {
+  EXPECT_LT(StepFault::None, StepFault::GradNormSpike);
+  EXPECT_LT(StepFault::GradNormSpike, StepFault::LossSpike);
+  EXPECT_LT(StepFault::LossSpike, StepFault::NonFinite);
+}
+
+TEST(NumericalGuard, MediansFollowTheRecentGoodStepsOnly) {
+  NumericalGuard guard({2, 10}, 5);
+  for (size_t i = 0; i < NumericalGuard::kWindow; ++i) guard.record(StepFault::None, 10.0, 8.0);
+  for (size_t i = 0; i < NumericalGuard::kWindow / 2 + 1; ++i) guard.record(StepFault::None, 1.0, 0.5);
+  EXPECT_EQ(guard.loss_median(), 1.0) << "the newer half of the window decides";
+  EXPECT_EQ(guard.grad_norm_median(), 0.5);
+  guard.record(StepFault::LossSpike, 50.0, 90.0);  // bad steps do not enter the windows
+  EXPECT_EQ(guard.loss_median(), 1.0);
+  EXPECT_EQ(guard.grad_norm_median(), 0.5);
+  EXPECT_EQ(guard.inspect(2.5, 1), StepFault::LossSpike);
+  EXPECT_EQ(guard.inspect(1.5, 5.5), StepFault::GradNormSpike);
 }
 
 TEST(NumericalGuard, MaxBadStepsInARowStopAndAGoodStepResetsTheStreak) {
-  NumericalGuard guard(0, 3);
-  EXPECT_FALSE(guard.record(StepFault::NonFinite, kNan));
-  EXPECT_FALSE(guard.record(StepFault::NonFinite, kNan));
-  EXPECT_FALSE(guard.record(StepFault::None, 2.0));
+  NumericalGuard guard({0, 0}, 3);
+  EXPECT_FALSE(guard.record(StepFault::NonFinite, kNan, 1));
+  EXPECT_FALSE(guard.record(StepFault::NonFinite, kNan, 1));
+  EXPECT_FALSE(guard.record(StepFault::None, 2.0, 1));
   EXPECT_EQ(guard.bad_in_a_row(), 0);
-  EXPECT_FALSE(guard.record(StepFault::NonFinite, kNan));
-  EXPECT_FALSE(guard.record(StepFault::Spike, 9.0));
-  EXPECT_TRUE(guard.record(StepFault::NonFinite, kNan));
+  EXPECT_FALSE(guard.record(StepFault::NonFinite, kNan, 1));
+  EXPECT_FALSE(guard.record(StepFault::LossSpike, 9.0, 1));
+  EXPECT_TRUE(guard.record(StepFault::GradNormSpike, 2.0, 900));
   EXPECT_EQ(guard.bad_in_a_row(), 3);
-  NumericalGuard strict(0, 1);
-  EXPECT_TRUE(strict.record(StepFault::NonFinite, kNan)) << "max_bad_steps 1 stops at the first bad step";
+  NumericalGuard strict({0, 0}, 1);
+  EXPECT_TRUE(strict.record(StepFault::NonFinite, kNan, 1)) << "max_bad_steps 1 stops at the first bad step";
 }
 
-// The window a checkpoint carries: oldest first, at most kWindow, and a guard
-// restored from it judges spikes exactly like the one it came from.
-TEST(NumericalGuard, TheWindowRoundTripsThroughRestore) {
-  NumericalGuard a(3, 3);
-  for (size_t i = 0; i < NumericalGuard::kWindow + 7; ++i) a.record(StepFault::None, 1.0 + static_cast<double>(i % 13));
-  const std::vector<double> w = a.window();
-  ASSERT_EQ(w.size(), NumericalGuard::kWindow);
-  EXPECT_EQ(w.back(), 1.0 + static_cast<double>((NumericalGuard::kWindow + 6) % 13)) << "newest last";
-  NumericalGuard b(3, 3);
-  b.restore_window(w);
-  EXPECT_EQ(b.window(), w);
-  EXPECT_EQ(b.median(), a.median());
-  for (double loss : {2.0, 30.0, 5.5}) {
-    EXPECT_EQ(b.inspect(loss, 1), a.inspect(loss, 1)) << loss;
-    a.record(StepFault::None, loss);
-    b.record(StepFault::None, loss);
-    EXPECT_EQ(b.window(), a.window());
+// The windows a checkpoint carries: oldest first, at most kWindow each, and a
+// guard restored from them judges spikes exactly like the one they came from.
+TEST(NumericalGuard, TheWindowsRoundTripThroughRestore) {
+  NumericalGuard a({3, 4}, 3);
+  for (size_t i = 0; i < NumericalGuard::kWindow + 7; ++i)
+    a.record(StepFault::None, 1.0 + static_cast<double>(i % 13), 0.5 + static_cast<double>(i % 7));
+  const std::vector<double> losses = a.loss_window(), norms = a.grad_norm_window();
+  ASSERT_EQ(losses.size(), NumericalGuard::kWindow);
+  ASSERT_EQ(norms.size(), NumericalGuard::kWindow);
+  EXPECT_EQ(losses.back(), 1.0 + static_cast<double>((NumericalGuard::kWindow + 6) % 13)) << "newest last";
+  EXPECT_EQ(norms.back(), 0.5 + static_cast<double>((NumericalGuard::kWindow + 6) % 7)) << "newest last";
+  NumericalGuard b({3, 4}, 3);
+  b.restore_windows(losses, norms);
+  EXPECT_EQ(b.loss_window(), losses);
+  EXPECT_EQ(b.grad_norm_window(), norms);
+  for (auto [loss, norm] : {std::pair{2.0, 1.0}, std::pair{30.0, 1.0}, std::pair{5.5, 20.0}}) {
+    EXPECT_EQ(b.inspect(loss, norm), a.inspect(loss, norm)) << loss << " " << norm;
+    a.record(StepFault::None, loss, norm);
+    b.record(StepFault::None, loss, norm);
+    EXPECT_EQ(b.loss_window(), a.loss_window());
+    EXPECT_EQ(b.grad_norm_window(), a.grad_norm_window());
   }
-  NumericalGuard short_history(3, 3);
-  short_history.restore_window({2.0, 2.0});
-  EXPECT_EQ(short_history.inspect(100, 1), StepFault::None) << "2 losses are too little history, restored or not";
+  NumericalGuard older({3, 4}, 3);
+  older.restore_windows({2.0, 2.0}, {});
+  EXPECT_EQ(older.inspect(7.0, 1e6), StepFault::LossSpike) << "a manifest without gradient norms: losses still judged";
+  EXPECT_EQ(older.inspect(5.0, 1e6), StepFault::None) << "and gradient norms from the next good step on";
 }
 
 // HDP_FAULT_INJECT=RANK:STEP[-LAST][:MODE]; anything else is refused.
@@ -186,6 +209,46 @@ TEST(MetricsWriter, ALineThatDoesNotFitIsUndoneAndNamed) {
   EXPECT_EQ(error.str(), dir + "/metrics.jsonl: cannot write the metrics of step 3 (only " + std::to_string(line / 2) +
                              " of " + std::to_string(line) + " bytes written); free space on its file system (or raise "
                              "the file size limit) and resume from the last checkpoint");
+}
+
+// A resume cuts metrics.jsonl back to the steps it keeps in place and appends to
+// it; the file is never replaced. A writer that still has it open (a job another
+// one resumed under) keeps writing into the file everyone reads, not into an
+// unlinked one.
+TEST(MetricsWriter, AResumeCutsTheFileBackInPlaceAndNeverReplacesIt) {
+  const std::string dir = testing::scratch_dir("metrics-in-place");
+  const std::string path = dir + "/metrics.jsonl";
+  auto read_text = [](const std::string& file) {
+    std::ifstream in(file, std::ios::binary);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  auto line_of = [](int64_t step) {
+    StepMetrics m;
+    m.step = step;
+    return to_json(m) + "\n";
+  };
+  MetricsWriter first(dir, 0);
+  for (int64_t step = 1; step <= 4; ++step) {
+    StepMetrics m;
+    m.step = step;
+    first.write(m);
+  }
+  std::ofstream(path, std::ios::app) << "{\"step\": 5, \"loss\": 4.1";  // cut short by a crash
+  struct stat before {};
+  ASSERT_EQ(stat(path.c_str(), &before), 0);
+  MetricsWriter resumed(dir, 2);
+  struct stat after {};
+  ASSERT_EQ(stat(path.c_str(), &after), 0);
+  EXPECT_EQ(after.st_ino, before.st_ino) << "the same file, cut back in place";
+  EXPECT_EQ(read_text(path), line_of(1) + line_of(2));
+  StepMetrics m;
+  m.step = 3;
+  resumed.write(m);
+  m.step = 9;
+  first.write(m);
+  EXPECT_EQ(read_text(path), line_of(1) + line_of(2) + line_of(3) + line_of(9));
 }
 
 // Death tests run the body in a child process, so the handlers and the signals

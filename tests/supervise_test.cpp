@@ -97,20 +97,20 @@ std::string supervise_args(const std::string& dir, int max_restarts) {
 
 TEST(Supervise, RestartsAFailingCommandAtMostMaxRestartsTimes) {
   const std::string dir = scratch_dir("supervise_limit");
-  const auto r = run_trainer(supervise_args(dir, 2) + "sh -c 'echo $HDP_SUPERVISE_RESTART >> " + dir + "/runs; exit 3'");
-  EXPECT_EQ(r.exit_code, 3) << r.output;
+  const auto r = run_trainer(supervise_args(dir, 2) + "sh -c 'echo $HDP_SUPERVISE_RESTART >> " + dir + "/runs; exit 1'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
   EXPECT_EQ(read_words(dir + "/runs"), (std::vector<std::string>{"0", "1", "2"})) << r.output;
   const std::vector<nlohmann::json> lines = read_lines(dir + "/ettr.jsonl");
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[0]["event"], "restart");
   EXPECT_EQ(lines[0]["restarts"], 1);
-  EXPECT_EQ(lines[0]["cause"], "exit code 3");
+  EXPECT_EQ(lines[0]["cause"], "exit code 1");
   EXPECT_EQ(lines[1]["restarts"], 2);
   EXPECT_EQ(lines[2]["event"], "end");
   EXPECT_EQ(lines[2]["outcome"], "restarts exhausted");
   EXPECT_EQ(lines[2]["restarts"], 2);
   EXPECT_EQ(lines[2]["causes"].size(), 3u);
-  EXPECT_EQ(lines[2]["exit_code"], 3);
+  EXPECT_EQ(lines[2]["exit_code"], 1);
 }
 
 TEST(Supervise, NeverRestartsBadInput) {
@@ -122,6 +122,21 @@ TEST(Supervise, NeverRestartsBadInput) {
   ASSERT_EQ(lines.size(), 1u);
   EXPECT_EQ(lines[0]["outcome"], "bad input");
   EXPECT_EQ(lines[0]["restarts"], 0);
+}
+
+// Exit code 3: the run diverges (trainer/command_line.h). The same command would
+// diverge again, so it is not restarted.
+TEST(Supervise, NeverRestartsADivergingRun) {
+  const std::string dir = scratch_dir("supervise_diverged");
+  const auto r = run_trainer(supervise_args(dir, 5) + "sh -c 'echo run >> " + dir + "/runs; exit 3'");
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("supervise: the command ended with exit code 3 (diverged); not restarting"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(read_words(dir + "/runs").size(), 1u);
+  const std::vector<nlohmann::json> lines = read_lines(dir + "/ettr.jsonl");
+  ASSERT_EQ(lines.size(), 1u);
+  EXPECT_EQ(lines[0]["outcome"], "diverged");
+  EXPECT_EQ(lines[0]["exit_code"], 3);
 }
 
 TEST(Supervise, RestartsACommandKilledByASignalUntilItSucceeds) {
@@ -154,13 +169,59 @@ TEST(Supervise, ForwardsSigtermAndDoesNotRestart) {
   EXPECT_EQ(lines[0]["outcome"], "stopped");
 }
 
+// A command frozen whole (here a shell that stops itself after touching the
+// heartbeat, as a SIGSTOPped single-process job whose watchdog is frozen with it)
+// is killed once RUN_DIR/run.lock is older than --stall-timeout-s, and restarted.
+TEST(Supervise, KillsAndRestartsACommandWhoseHeartbeatStops) {
+  const std::string dir = scratch_dir("supervise_frozen");
+  const auto r = run_trainer("supervise --max-restarts 2 --backoff-s 0 --stall-timeout-s 1 --run-dir " + dir +
+                             " -- sh -c 'echo $HDP_SUPERVISE_RESTART >> " + dir +
+                             "/runs; [ $HDP_SUPERVISE_RESTART -ge 1 ] || { touch " + dir + "/run.lock; kill -STOP $$; }'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find(dir + "/run.lock was last refreshed "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("(--stall-timeout-s 1): the command is frozen; killing its process group"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(read_words(dir + "/runs"), (std::vector<std::string>{"0", "1"})) << r.output;
+  const std::vector<nlohmann::json> lines = read_lines(dir + "/ettr.jsonl");
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["event"], "restart");
+  EXPECT_EQ(lines[0]["cause"].get<std::string>().rfind("frozen: no heartbeat for ", 0), 0u) << lines[0];
+  EXPECT_EQ(lines[1]["outcome"], "success");
+}
+
+// A heartbeat the running command has not touched (a previous run's, an hour old)
+// says nothing about it: the command is left to finish.
+TEST(Supervise, APreviousRunsHeartbeatIsNotTheCommands) {
+  const std::string dir = scratch_dir("supervise_old_heartbeat");
+  ASSERT_EQ(run_command("touch -d '1 hour ago' " + dir + "/run.lock").exit_code, 0);
+  const auto r = run_trainer("supervise --max-restarts 2 --backoff-s 0 --stall-timeout-s 1 --run-dir " + dir +
+                             " -- sh -c 'echo run >> " + dir + "/runs; sleep 2.5'");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(read_words(dir + "/runs").size(), 1u) << r.output;
+}
+
+// A supervisor killed outright cannot forward a stop: the command gets the stop
+// signal when it dies (PR_SET_PDEATHSIG), so it ends and frees its locks.
+TEST(Supervise, TheCommandEndsWithAKilledSupervisor) {
+  const std::string dir = scratch_dir("supervise_killed_supervisor");
+  const std::string command =
+      std::string(HDP_TRAINER_BINARY) + " " + supervise_args(dir, 5) + "sh -c 'trap \"echo term >> " + dir +
+      "/runs; exit 0\" TERM; echo $$ > " + dir + "/pid; while :; do sleep 0.05; done' & pid=$!; while [ ! -s " + dir +
+      "/pid ]; do sleep 0.05; done; kill -KILL $pid; wait $pid; job=$(cat " + dir +
+      "/pid); for i in $(seq 100); do kill -0 $job 2>/dev/null || break; sleep 0.05; done; kill -0 $job 2>/dev/null "
+      "&& echo job alive || echo job gone";
+  const auto r = run_command(command);
+  EXPECT_NE(r.output.find("job gone"), std::string::npos) << r.output;
+  EXPECT_EQ(read_words(dir + "/runs"), (std::vector<std::string>{"term"})) << r.output;
+}
+
 // A process the command leaves behind (here a background sleep; in a real job, a rank
 // mpirun signalled but that has not died yet, which would hold the checkpoint lock
 // against the restart) is ended before the supervisor goes on.
 TEST(Supervise, EndsWhatTheCommandLeftRunning) {
   const std::string dir = scratch_dir("supervise_leftovers");
-  const auto r = run_trainer(supervise_args(dir, 0) + "sh -c 'sleep 30 & echo $! > " + dir + "/sleeper; exit 3'");
-  EXPECT_EQ(r.exit_code, 3) << r.output;
+  const auto r = run_trainer(supervise_args(dir, 0) + "sh -c 'sleep 30 & echo $! > " + dir + "/sleeper; exit 1'");
+  EXPECT_EQ(r.exit_code, 1) << r.output;
   const std::vector<std::string> pid = read_words(dir + "/sleeper");
   ASSERT_EQ(pid.size(), 1u);
   EXPECT_NE(run_command("kill -0 " + pid[0] + " 2>/dev/null").exit_code, 0) << "process " << pid[0] << " still runs";

@@ -734,6 +734,26 @@ TEST(ParallelFailures, ABadConfigKeyIsSaidOnceForTheJob) {
   EXPECT_EQ(r.output.find("MPI_ABORT"), std::string::npos) << r.output;
 }
 
+// Ranks started with different configs (mpirun's "-np 1 A : -np 1 B") are refused
+// at start-up with exit code 2, naming each key that differs and the rank: another
+// learning rate would train silently, another model size would fail inside a
+// collective naming nothing.
+TEST(ParallelFailures, RanksStartedWithDifferentConfigsEndTheJobWithCode2NamingKeysAndRanks) {
+  const std::string dir = scratch_dir("parallel-configs-differ");
+  const std::string rank0 = train_args(dir, {"differ", 1, 1, 2}, 2);
+  const std::string other = std::string(" : -np 1 ") + HDP_TRAINER_BINARY + " " + rank0;
+  auto lr = run_command(mpirun(1) + " " + rank0 + other + " --set optim.lr=3e-3 --set data.seed=7");
+  EXPECT_EQ(lr.exit_code, 2) << lr.output;
+  EXPECT_NE(lr.output.find("the ranks of this job were started with different configs: rank 1: data.seed 7 (rank 0: "
+                           "1234), optim.lr 0.003 (rank 0: 0.002). Start every rank with the same config file and "
+                           "--set overrides"),
+            std::string::npos) << lr.output;
+  auto hidden = run_command(mpirun(1) + " " + rank0 + other + " --set model.hidden_size=128");
+  EXPECT_EQ(hidden.exit_code, 2) << hidden.output;
+  EXPECT_NE(hidden.output.find("different configs: rank 1: model.hidden_size 128 (rank 0: 64)"), std::string::npos)
+      << hidden.output;
+}
+
 // A full disk under one rank's checkpoint part (rank 1 of two, its part on
 // /dev/full: ENOSPC) fails the whole checkpoint: every rank exits with code 2, rank
 // 1 naming its part and rank 0 that another rank failed; the checkpoint before it

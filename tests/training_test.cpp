@@ -10,9 +10,11 @@
 #include <regex>
 #include <sstream>
 
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include "base/fault_injection.h"
 #include "data/dataset.h"
 #include "test_util.h"
 #include "trainer_runs.h"
@@ -317,7 +319,7 @@ TEST(Training, MetricsAfterACrashAndResumeHoldEachStepOnce) {
   const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=3 ";
   // Steps 1-4 run, the checkpoint is of step 3, the process dies as step 5 begins.
   auto crashed = testing::run_command("HDP_FAULT_INJECT=0:5 " + std::string(HDP_TRAINER_BINARY) + " " + run_args(dir, 6, common));
-  ASSERT_EQ(crashed.exit_code, 3) << crashed.output;
+  ASSERT_EQ(crashed.exit_code, kInjectedExitCode) << crashed.output;
   ASSERT_EQ(metric_lines(dir).size(), 4u);
   // A line cut short, as a process killed in the middle of a write leaves it.
   std::ofstream(dir + "/metrics.jsonl", std::ios::app) << "{\"step\": 5, \"loss\": 4.1";
@@ -342,8 +344,11 @@ TEST(Training, ANanLossSkipsTheStepsUpdateAndTrainingContinues) {
   EXPECT_EQ(field(lines[1], "skipped_steps"), 0);
   for (size_t i = 2; i < 6; ++i) EXPECT_EQ(field(lines[i], "skipped_steps"), 1) << "step " << i + 1;
   for (size_t i = 3; i < 6; ++i) EXPECT_TRUE(std::isfinite(field(lines[i], "loss"))) << "step " << i + 1;
-  // Step 3 left weights and moments as step 2 had them; step 4 changed them again.
-  expect_same_checkpoint(step_dir(dir, 2), step_dir(dir, 3), /*same_progress=*/false);
+  // Its weights are step 2's, which produced the bad step: never checkpointed as step 3.
+  EXPECT_NE(r.output.find("step 3: no checkpoint of a step the numerical guard flagged"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(step_dir(dir, 2) + "/manifest.yaml"));
+  EXPECT_FALSE(fs::exists(step_dir(dir, 3)));
+  EXPECT_TRUE(fs::exists(step_dir(dir, 4) + "/manifest.yaml"));
   auto exported = run_trainer("export " + step_dir(dir, 6) + " --output " + dir + "/export.h5");
   ASSERT_EQ(exported.exit_code, 0) << exported.output;
   const auto weights = testing::read_weights(dir + "/export.h5");
@@ -357,8 +362,9 @@ TEST(Training, TooManyBadStepsInARowStopTheRunNamingTheStep) {
   const std::string dir = scratch_dir("training-nan-stop");
   auto r = testing::run_command("HDP_FAULT_INJECT=0:3:nan " + std::string(HDP_TRAINER_BINARY) + " " +
                                 run_args(dir, 6, "--set data.global_batch_tokens=1024 --set train.max_bad_steps=1"));
-  EXPECT_EQ(r.exit_code, 1) << r.output;
-  EXPECT_NE(r.output.find("step 3: 1 bad step(s) in a row (train.max_bad_steps = 1"), std::string::npos) << r.output;
+  EXPECT_EQ(r.exit_code, 3) << "the run diverges: " << r.output;
+  EXPECT_NE(r.output.find("the run diverges: step 3: 1 bad step(s) in a row (train.max_bad_steps = 1"),
+            std::string::npos) << r.output;
   EXPECT_EQ(metric_lines(dir).size(), 3u);
 }
 
@@ -473,7 +479,7 @@ TEST(Training, AsyncCheckpointsEqualSyncOnesAndAKillDuringAWriteLeavesNoHalfChec
 
   auto k = testing::run_command("HDP_FAULT_INJECT=0:3:ckpt " + std::string(HDP_TRAINER_BINARY) + " " +
                                 run_args(killed, 6, common));
-  ASSERT_EQ(k.exit_code, 3) << k.output;
+  ASSERT_EQ(k.exit_code, kInjectedExitCode) << k.output;
   EXPECT_NE(k.output.find("exits abruptly while writing the checkpoint of step 3"), std::string::npos) << k.output;
   EXPECT_FALSE(fs::exists(step_dir(killed, 3))) << "a half-written checkpoint under its final name";
   EXPECT_TRUE(fs::exists(step_dir(killed, 3) + ".tmp/rank-00000.h5"));
@@ -736,6 +742,140 @@ TEST(Training, InitFromTakesWeightsButNotProgress) {
   EXPECT_LT(field(lines.front(), "loss"), std::log(258.0) - 0.2);
 }
 
+// A learning rate that blows the run up (30 on tiny-llama: the loss goes from 5.55
+// at step 1 to about 40 at step 2) is caught by the default guard from the second
+// step on, against the first: the updates of steps 2-4 are skipped and, with no
+// checkpoint before them, the run stops with exit code 3, the run diverges.
+TEST(Training, ADivergingRunIsCaughtByDefaultAndEndsWithExitCode3) {
+  const std::string dir = scratch_dir("training-diverges");
+  auto r = run_trainer(run_args(dir, 10, "--set data.global_batch_tokens=1024 --set optim.lr=30 "
+                                         "--set train.checkpoint_every=0"));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("step 2: update skipped (loss "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" is above train.spike_factor 3 x the median "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("the run diverges: step 4: 3 bad step(s) in a row (train.max_bad_steps = 3"),
+            std::string::npos) << r.output;
+  const auto lines = metric_lines(dir);
+  ASSERT_EQ(lines.size(), 4u);
+  EXPECT_GT(field(lines[1], "loss"), 3 * field(lines[0], "loss"));
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(field(lines[i], "skipped_steps"), static_cast<double>(i)) << lines[i];
+}
+
+// With a checkpoint every step the diverging run checkpoints step 1, whose update
+// already blew the weights up (no guard can tell before step 2 shows it), but none
+// of the steps it flags. Rolling back to step 1 keeps ending in bad steps, so
+// after 3 rollbacks the run stops with exit code 3, which `trainer supervise` does
+// not retry: the same run would diverge the same way.
+TEST(Training, ADivergingRunCheckpointsNoFlaggedStepAndSuperviseDoesNotRestartIt) {
+  const std::string dir = scratch_dir("training-diverges-supervised");
+  auto r = run_trainer("supervise --max-restarts 3 --backoff-s 0 --run-dir " + dir + " -- " + HDP_TRAINER_BINARY +
+                       " " + run_args(dir, 30, "--set data.global_batch_tokens=1024 --set optim.lr=30 "
+                                               "--set train.checkpoint_every=1 --set train.keep_checkpoints=30"));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  EXPECT_NE(r.output.find("rolled back to " + step_dir(dir, 1) + " 3 times and the bad steps persist"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("supervise: the command ended with exit code 3 (diverged); not restarting"),
+            std::string::npos) << r.output;
+  EXPECT_EQ(testing::run_command("grep -c '\"event\"' " + dir + "/ettr.jsonl").output, "1\n");
+  EXPECT_NE(testing::file_text(dir + "/ettr.jsonl").find("\"outcome\":\"diverged\""), std::string::npos);
+  EXPECT_TRUE(fs::exists(step_dir(dir, 1) + "/manifest.yaml"));
+  for (int step = 2; step <= 30; ++step) EXPECT_FALSE(fs::exists(step_dir(dir, step))) << "step " << step;
+}
+
+// A run directory is one job's while it runs (checkpoint/lock.h, RUN_DIR/run.lock):
+// a second job there, even with a checkpoint directory of its own, is refused with
+// exit 2 naming the holder; the first job's metrics go on whole.
+TEST(Training, ASecondJobIsKeptOutOfARunDirectoryInUse) {
+  const std::string dir = scratch_dir("training-run-lock"), other = scratch_dir("training-run-lock-other");
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=0 ";
+  const std::string log = other + "/log.txt";
+  testing::BackgroundRun first(std::string(HDP_TRAINER_BINARY) + " " + run_args(dir, 100000, common), log);
+  ASSERT_TRUE(testing::wait_for_steps(first, dir, 1, 300)) << testing::file_text(log);
+  char host[256] = "";
+  gethostname(host, sizeof(host));
+  auto second = run_trainer(run_args(dir, 3, common + "--set train.checkpoint_dir=" + other + "/ckpt"));
+  EXPECT_EQ(second.exit_code, 2) << second.output;
+  EXPECT_NE(second.output.find("train.run_dir '" + dir + "' is in use by another job: host " + std::string(host) +
+                               ", pid " + std::to_string(first.pid()) + " (lock file " + dir + "/run.lock"),
+            std::string::npos) << second.output;
+  const size_t before = metric_lines(dir).size();
+  ASSERT_TRUE(testing::wait_for_steps(first, dir, before + 1, 300)) << testing::file_text(log);
+  kill(first.pid(), SIGTERM);
+  ASSERT_EQ(first.wait(300), 0) << testing::file_text(log);
+  const auto lines = metric_lines(dir);
+  for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(field(lines[i], "step"), static_cast<double>(i + 1));
+  EXPECT_FALSE(fs::exists(dir + "/run.lock")) << "the lock goes with the job";
+}
+
+// A job that resumes from a checkpoint directory holds its lock while it runs,
+// checkpoints off or not: a job that would write there meanwhile is refused.
+TEST(Training, AJobResumingFromACheckpointDirectoryHoldsItsLock) {
+  const std::string dir = scratch_dir("training-resume-lock"), other = scratch_dir("training-resume-lock-other");
+  const std::string common = "--set data.global_batch_tokens=1024 ";
+  auto finished = run_trainer(run_args(dir, 2, common + "--set train.checkpoint_every=2"));
+  ASSERT_EQ(finished.exit_code, 0) << finished.output;
+  const std::string log = other + "/log.txt";
+  testing::BackgroundRun reader(std::string(HDP_TRAINER_BINARY) + " " +
+                                    run_args(dir, 100000, common + "--set train.checkpoint_every=0"),
+                                log);
+  ASSERT_TRUE(testing::wait_for_steps(reader, dir, 3, 300)) << testing::file_text(log);
+  EXPECT_NE(testing::file_text(log).find("resumed from " + step_dir(dir, 2)), std::string::npos);
+  auto writer = run_trainer(run_args(other, 4, common + "--set train.checkpoint_every=1 --set train.checkpoint_dir=" +
+                                                   dir + "/ckpt"));
+  EXPECT_EQ(writer.exit_code, 2) << writer.output;
+  EXPECT_NE(writer.output.find("train.checkpoint_dir '" + dir + "/ckpt' is in use by another job"), std::string::npos)
+      << writer.output;
+  kill(reader.pid(), SIGTERM);
+  EXPECT_EQ(reader.wait(300), 0) << testing::file_text(log);
+  EXPECT_FALSE(fs::exists(step_dir(dir, 3))) << "nothing was written there";
+}
+
+// train.resume: never over a finished run of the same config would replace its
+// checkpoints and metrics: refused with exit 2 naming the directories, both left
+// as they were, unless train.start_over says to delete them and start from step 0.
+TEST(Training, ResumeNeverOverAFinishedRunIsRefusedUnlessToldToStartOver) {
+  const std::string dir = scratch_dir("training-start-over");
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=2 ";
+  auto finished = run_trainer(run_args(dir, 2, common));
+  ASSERT_EQ(finished.exit_code, 0) << finished.output;
+  const std::string metrics = testing::file_text(dir + "/metrics.jsonl");
+  const std::string manifest = manifest_of(step_dir(dir, 2));
+  auto never = run_trainer(run_args(dir, 3, common + "--set train.resume=never"));
+  EXPECT_EQ(never.exit_code, 2) << never.output;
+  EXPECT_NE(never.output.find("train.resume: 'never' starts at step 0, but train.checkpoint_dir '" + dir +
+                              "/ckpt' holds the checkpoints of a previous run of this config (the newest " +
+                              step_dir(dir, 2) + "), which this run's checkpoints and its metrics in train.run_dir '" +
+                              dir + "' would replace; set train.start_over: true"),
+            std::string::npos) << never.output;
+  EXPECT_EQ(testing::file_text(dir + "/metrics.jsonl"), metrics);
+  EXPECT_EQ(manifest_of(step_dir(dir, 2)), manifest);
+  auto over = run_trainer(run_args(dir, 3, common + "--set train.resume=never --set train.start_over=true"));
+  ASSERT_EQ(over.exit_code, 0) << over.output;
+  EXPECT_NE(over.output.find("train.start_over: deleted 1 checkpoint(s) of a previous run in " + dir + "/ckpt"),
+            std::string::npos) << over.output;
+  const auto lines = metric_lines(dir);
+  ASSERT_EQ(lines.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(field(lines[i], "step"), static_cast<double>(i + 1));
+  EXPECT_TRUE(fs::exists(step_dir(dir, 3) + "/manifest.yaml"));
+}
+
+// train.threads above 4 per core this rank may run on only contend (and tens of
+// thousands crash libgomp): refused with exit 2 naming the key and the cores.
+TEST(Training, MoreThreadsThanFourPerCoreAreRefused) {
+  const std::string dir = scratch_dir("training-threads");
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  ASSERT_EQ(sched_getaffinity(0, sizeof(set), &set), 0);
+  const int cores = CPU_COUNT(&set);
+  if (4 * cores + 1 > 1024) GTEST_SKIP() << cores << " cores: the 1024 limit comes first";
+  auto r = run_trainer(run_args(dir, 1, "--set train.threads=" + std::to_string(4 * cores + 1)));
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("train.threads: " + std::to_string(4 * cores + 1) + " threads on rank 0, which may run on " +
+                          std::to_string(cores) + " core(s): more than 4 per core only contend; choose at most " +
+                          std::to_string(4 * cores)),
+            std::string::npos) << r.output;
+}
+
 struct BadInvocation {
   std::string name, args, expect;
 };
@@ -755,6 +895,7 @@ TEST_P(CommandLine, BadInputExitsWithCode2AndNamesTheProblem) {
     std::ofstream(dir + "/notes.jsonl") << "{\"text\": \"fine\"}\n{\"text\": broken}\n";
     std::ofstream(dir + "/notes.txt") << "a document\n";
     std::ofstream(dir + "/a-file") << "not a directory\n";
+    std::ofstream(dir + "/in.bin") << "a document whose name a Megatron dataset would take\n";
     // The same file under other names: a hard link and a symbolic link.
     fs::create_hard_link(dir + "/notes.txt", dir + "/notes-hard.txt");
     fs::create_symlink("notes.txt", dir + "/notes-sym.txt");
@@ -803,6 +944,21 @@ INSTANTIATE_TEST_SUITE_P(
                       "--output 'DIR/notes-hard.txt' is the input 'DIR/notes.txt'"},
         BadInvocation{"PrepareOutputIsAnInputsSymlink", "prepare-data --input DIR/notes-sym.txt --output DIR/notes.txt",
                       "--output 'DIR/notes.txt' is the input 'DIR/notes-sym.txt'"},
+        // The Megatron writer creates OUTPUT.bin and OUTPUT.idx: neither may be an input.
+        BadInvocation{"PrepareMegatronOutputIsAnInput",
+                      "prepare-data --output-format megatron --input DIR/in.bin --output DIR/in",
+                      "--output 'DIR/in' writes 'DIR/in.bin', which is the input 'DIR/in.bin'"},
+        BadInvocation{"PrepareOutputExists", "prepare-data --input DIR/notes.txt --output DIR/empty.h5",
+                      "--output 'DIR/empty.h5': 'DIR/empty.h5' exists; pass --overwrite"},
+        // Sizes no machine holds, refused before anything is sized by them.
+        BadInvocation{"ModelLayersBeyondTheLimit",
+                      "train " + kTinyConfig + " --set data.path=CORPUS --set model.num_layers=1000000000",
+                      "model.num_layers: 1000000000 is above 65536"},
+        BadInvocation{"ThreadsBeyondTheLimit", "train " + kTinyConfig + " --set data.path=CORPUS --set train.threads=100000",
+                      "train.threads: 100000 is not between 0 and 1024"},
+        BadInvocation{"ThreadsFarAboveTheCores",
+                      "train " + kTinyConfig + " --set data.path=CORPUS --set train.threads=20000",
+                      "train.threads: 20000 is not between 0 and 1024"},
         // About 320,000 GiB of parameters: more than any address space, so the arena
         // cannot be had even where the kernel overcommits memory.
         BadInvocation{"ModelLargerThanMemory",

@@ -11,6 +11,7 @@
 #include "data/dataset.h"
 #include "checkpoint/checkpoint_error.h"
 #include "run/metrics.h"
+#include "run/numerical_guard.h"
 
 namespace hdp {
 
@@ -113,7 +114,8 @@ void setup_logging(int rank) {
 
 namespace {
 
-// The table: bad input exits with 2, naming what kind of input; anything else with 1.
+// The table: bad input exits with 2, naming what kind of input; a diverging run with 3;
+// anything else with 1.
 // The line is printed when `announce` (if given) says this process should.
 int report(const std::string& command, const std::exception_ptr& error,
            const std::function<bool(const std::string&)>& announce) {
@@ -134,12 +136,14 @@ int report(const std::string& command, const std::exception_ptr& error,
     kind = "metrics error", message = e.what();
   } catch (const InputError& e) {
     kind = "input error", message = e.what();
+  } catch (const DivergenceError& e) {
+    code = kExitDiverged, message = e.what();
   } catch (const std::exception& e) {
     code = kExitFailure, message = e.what();
   }
-  const std::string line = code == kExitFailure ? message : kind.empty() ? "" : kind + ": " + message;
+  const std::string line = code != kExitBadInput ? message : kind.empty() ? "" : kind + ": " + message;
   if (announce && !announce(line.empty() ? message : line)) return code;
-  if (code == kExitFailure || !kind.empty()) {
+  if (code != kExitBadInput || !kind.empty()) {
     spdlog::error("{}", line);
   } else {
     std::fprintf(stderr, "trainer %s: %s (see trainer %s --help)\n", command.c_str(), message.c_str(),

@@ -2,10 +2,14 @@
 // The trainer's command-line contract, shared by every subcommand: the arguments
 // of one command, consumed option by option, and the one table from what a
 // command throws to its exit code and message:
-//   nothing            0
+//   nothing            0  done
+//   any other error    1  its message: a failure a restart may fix
 //   UsageError         2  "trainer CMD: <message> (see trainer CMD --help)"
-//   any InputError     2  its message, which names the file, line, key or argument
-//   any other error    1  its message
+//   any InputError     2  its message, which names the file, line, key or argument:
+//                         bad input, which a restart would meet again
+//   DivergenceError    3  its message: the run diverges (run/numerical_guard.h), which
+//                         a restart would replay
+// `trainer supervise` restarts 1 and other failures (a signal), never 0, 2 or 3.
 
 #include <cstdint>
 #include <functional>
@@ -21,6 +25,7 @@ namespace hdp {
 constexpr int kExitSuccess = 0;
 constexpr int kExitFailure = 1;
 constexpr int kExitBadInput = 2;
+constexpr int kExitDiverged = 3;
 
 // The arguments after the command name. Each accessor removes what it reads;
 // expect_empty() refuses whatever is left.

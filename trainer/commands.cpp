@@ -59,7 +59,9 @@ EOS ends every document; the dataset records the tokenizer and its vocabulary.
                     train them with data.format: megatron, data.path: OUTPUT)
   --input FILE...   .jsonl files give one document per line from {"text": ...};
                     any other file is one document
-  --output PATH     the dataset to write
+  --output PATH     the dataset to write; never one of the inputs (nor, with megatron,
+                    OUTPUT.bin or OUTPUT.idx)
+  --overwrite       replace a dataset already at --output (refused without it)
 )";
 
 const char* const kCorpusHelp = R"(usage: trainer make-corpus --output DATA.h5 [options]
@@ -255,17 +257,10 @@ int command_prepare_data(const std::vector<std::string>& raw) {
     const std::string tokenizer_path = args.option("--tokenizer").value_or("");
     const std::string output_format = args.option("--output-format").value_or("hdf5");
     const int64_t threads = args.integer("--threads", 0, 0);
+    const bool overwrite = args.flag("--overwrite");
     args.expect_empty();
     if (inputs.empty()) throw UsageError("--input needs at least one file");
     if (!output) throw UsageError("--output is required");
-    for (const std::string& input : inputs) {
-      // The dataset replaces --output when it is complete: that would destroy this input.
-      std::error_code ec;
-      if (std::filesystem::equivalent(input, *output, ec)) {
-        throw UsageError("--output '" + *output + "' is the input '" + input +
-                         "'; writing the dataset would replace it, so choose another output path");
-      }
-    }
     const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(tokenizer_path);
     spdlog::info("prepare-data: tokenizer {} (vocabulary {}, BOS {}, EOS {})", tokenizer->name(),
                  tokenizer->vocab_size(), tokenizer->adds_bos() ? std::to_string(tokenizer->bos_id()) : "not added",
@@ -274,6 +269,7 @@ int command_prepare_data(const std::vector<std::string>& raw) {
     PrepareOptions options;
     options.tokenizer = tokenizer.get();
     options.threads = static_cast<int>(threads);
+    options.overwrite = overwrite;
     if (output_format == "megatron") options.format = DatasetFormat::Megatron;
     else if (output_format != "hdf5") throw UsageError("--output-format '" + output_format + "' is not one of hdf5, megatron");
     prepare_dataset(inputs, *output, options);

@@ -25,13 +25,16 @@ namespace {
 const char* const kSuperviseHelp = R"(usage: trainer supervise [options] -- COMMAND...
 
 Runs COMMAND (e.g. mpirun -np 2 trainer train CONFIG.yaml) and runs it again
-when it fails: an exit code other than 0 and 2, or killed by a signal (a rank
-killed, out of memory, the hang watchdog's abort). Exit code 2 (bad input) and
-success end supervision. Restart k waits BACKOFF * 2^(k-1) seconds (at most
+when it fails: an exit code other than 0, 2 and 3, killed by a signal (a rank
+killed, out of memory, the hang watchdog's abort), or frozen (RUN_DIR/run.lock,
+which the job refreshes every step, older than --stall-timeout-s: its process
+group is killed). Success, exit code 2 (bad input) and 3 (the run diverges) end
+supervision. Restart k waits BACKOFF * 2^(k-1) seconds (at most
 --max-backoff-s) and runs COMMAND with HDP_SUPERVISE_RESTART=k in its
 environment, which makes `trainer train` resume (train.resume=auto) from the
 newest complete checkpoint. SIGTERM and SIGINT are forwarded to COMMAND's
-process group and end supervision without a restart.
+process group and end supervision without a restart. Killed outright, the
+supervisor takes COMMAND down with it (COMMAND gets the stop signal).
 
 Writes RUN_DIR/ettr.jsonl, one line per restart and one at the end: the effective
 training time ratio (time of steps whose progress survives / wall time since
@@ -42,6 +45,8 @@ of each failure.
   --max-backoff-s S     longest wait (default 600)
   --run-dir DIR         the run's train.run_dir, where metrics.jsonl is (required)
   --checkpoint-dir DIR  the run's train.checkpoint_dir (default RUN_DIR/checkpoints)
+  --stall-timeout-s S   a heartbeat older than this is a frozen job (default 1800;
+                        0: not watched); longer than a step with its checkpoint
   --stop-signal SIG     what COMMAND's group gets for SIGTERM/SIGINT: TERM, INT or USR1
                         (default: the signal received; USR1 for mpirun, which forwards
                         it to every rank but kills them a second after a TERM)
@@ -89,6 +94,7 @@ int command_supervise(const std::vector<std::string>& raw) {
     options.max_restarts = static_cast<int>(max_restarts);
     options.backoff_s = seconds_option(args, "--backoff-s", options.backoff_s);
     options.max_backoff_s = seconds_option(args, "--max-backoff-s", options.max_backoff_s);
+    options.stall_timeout_s = seconds_option(args, "--stall-timeout-s", options.stall_timeout_s);
     const std::optional<std::string> run_dir = args.option("--run-dir");
     const std::optional<std::string> checkpoint_dir = args.option("--checkpoint-dir");
     const std::optional<std::string> stop_signal = args.option("--stop-signal");

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,11 +23,14 @@
 #include <fstream>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
 #include "base/errors.h"
 #include "checkpoint/directory.h"
+#include "checkpoint/lock.h"
+#include "trainer/command_line.h"
 #include "trainer/ettr.h"
 
 namespace hdp {
@@ -98,9 +102,26 @@ std::string signal_text(int signal) {
 struct Outcome {
   int exit_code = 0;  // when it exited
   int signal = 0;     // when a signal killed it
+  double frozen_s = 0;  // > 0: the supervisor killed it, its heartbeat this old
   int status() const { return signal ? 128 + signal : exit_code; }
-  std::string text() const { return signal ? "killed by " + signal_text(signal) : "exit code " + std::to_string(exit_code); }
+  std::string text() const {
+    if (frozen_s > 0) return "frozen: no heartbeat for " + std::to_string(static_cast<long>(frozen_s)) + " s, killed";
+    return signal ? "killed by " + signal_text(signal) : "exit code " + std::to_string(exit_code);
+  }
 };
+
+// Seconds since the job's heartbeat file was last touched, once this run has
+// touched it (its modification time at or after `since`, the run's start);
+// nullopt before that, as when the file is missing or a previous run's.
+std::optional<double> heartbeat_age(const std::string& path, const timespec& since) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  const auto seconds = [](const timespec& t) { return static_cast<double>(t.tv_sec) + 1e-9 * static_cast<double>(t.tv_nsec); };
+  if (seconds(st.st_mtim) < seconds(since)) return std::nullopt;
+  timespec now {};
+  ::clock_gettime(CLOCK_REALTIME, &now);
+  return seconds(now) - seconds(st.st_mtim);
+}
 
 // This process's children (by /proc/PID/stat's parent field).
 std::vector<pid_t> children() {
@@ -143,9 +164,11 @@ void end_leftovers() {
 }
 
 // Starts the command in a process group of its own (so that a signal reaches
-// mpirun and everything it started here) and waits for it. A command that cannot
-// be started at all is bad input.
-Outcome run_once(const std::vector<std::string>& command, int restart) {
+// mpirun and everything it started here) and waits for it, killing it when its
+// heartbeat stops (SupervisorOptions::stall_timeout_s). A command that cannot be
+// started at all is bad input.
+Outcome run_once(const SupervisorOptions& options, int restart) {
+  const std::vector<std::string>& command = options.command;
   std::vector<char*> argv;
   for (const std::string& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
@@ -161,6 +184,11 @@ Outcome run_once(const std::vector<std::string>& command, int restart) {
   sigaddset(&stops, SIGTERM);
   sigaddset(&stops, SIGINT);
   sigprocmask(SIG_BLOCK, &stops, &previous);
+  const pid_t supervisor = ::getpid();
+  const int death_signal = options.stop_signal ? options.stop_signal : SIGTERM;
+  timespec started {};
+  ::clock_gettime(CLOCK_REALTIME, &started);
+  started.tv_nsec = 0;  // file times may be kept in whole seconds
   const pid_t pid = ::fork();
   if (pid < 0) {
     sigprocmask(SIG_SETMASK, &previous, nullptr);
@@ -169,6 +197,12 @@ Outcome run_once(const std::vector<std::string>& command, int restart) {
   if (pid == 0) {
     ::close(exec_pipe[0]);
     ::setpgid(0, 0);
+    // A supervisor killed outright (kill -9, the out-of-memory killer) cannot forward
+    // a stop: the command gets the stop signal as if it had, so that it ends and
+    // frees its directories' locks for the next supervisor. Checked after setting
+    // in case the supervisor died first.
+    ::prctl(PR_SET_PDEATHSIG, death_signal);
+    if (::getppid() != supervisor) ::_exit(128 + death_signal);
     ::signal(SIGTERM, SIG_DFL);
     ::signal(SIGINT, SIG_DFL);
     sigprocmask(SIG_SETMASK, &previous, nullptr);
@@ -202,8 +236,26 @@ Outcome run_once(const std::vector<std::string>& command, int restart) {
   ::close(exec_pipe[0]);
 
   int status = 0;
-  while (::waitpid(pid, &status, 0) < 0) {
-    if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
+  const std::string heartbeat = (std::filesystem::path(options.run_dir) / kRunDirLockFile).string();
+  double frozen_s = 0;
+  for (;;) {
+    const pid_t done = ::waitpid(pid, &status, options.stall_timeout_s > 0 && frozen_s == 0 ? WNOHANG : 0);
+    if (done == pid) break;
+    if (done < 0) {
+      if (errno != EINTR) throw std::runtime_error(std::string("waitpid: ") + std::strerror(errno));
+      continue;
+    }
+    // A job frozen whole (a single process stopped or wedged) has no watchdog left
+    // to end it: its heartbeat, refreshed by rank 0 every step, tells.
+    const std::optional<double> age = heartbeat_age(heartbeat, started);
+    if (age && *age > options.stall_timeout_s) {
+      frozen_s = *age;
+      spdlog::error("supervise: {} was last refreshed {:.0f} s ago (--stall-timeout-s {:g}): the command is frozen; "
+                    "killing its process group", heartbeat, *age, options.stall_timeout_s);
+      ::kill(-pid, SIGKILL);
+      continue;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   g_child_group.store(0);
   end_leftovers();
@@ -211,6 +263,7 @@ Outcome run_once(const std::vector<std::string>& command, int restart) {
     throw InputError("trainer supervise: cannot run '" + command[0] + "': " + std::strerror(exec_error));
   }
   Outcome outcome;
+  outcome.frozen_s = frozen_s;
   if (WIFSIGNALED(status)) outcome.signal = WTERMSIG(status);
   else outcome.exit_code = WEXITSTATUS(status);
   return outcome;
@@ -310,7 +363,7 @@ int supervise(const SupervisorOptions& options) {
     }
     spdlog::info("supervise: run {} (restart {} of at most {}): {}", restart + 1, restart, options.max_restarts,
                  options.command[0]);
-    const Outcome outcome = run_once(options.command, restart);
+    const Outcome outcome = run_once(options, restart);
     const int stopped_by = g_stop_signal.load();
     if (outcome.signal == 0 && outcome.exit_code == 0) {
       log.write("end", restart, kAll, causes, {{"outcome", stopped_by ? "stopped" : "success"}, {"exit_code", 0}});
@@ -322,10 +375,12 @@ int supervise(const SupervisorOptions& options) {
       log.write("end", restart, kept, causes, {{"outcome", "stopped"}, {"cause", outcome.text()}, {"exit_code", outcome.status()}});
       return outcome.status();
     }
-    if (outcome.signal == 0 && outcome.exit_code == 2) {
-      spdlog::error("supervise: the command ended with exit code 2 (bad input); not restarting");
-      log.write("end", restart, kept, causes, {{"outcome", "bad input"}, {"cause", outcome.text()}, {"exit_code", 2}});
-      return 2;
+    // Bad input and a diverging run end the same way however often they run.
+    if (outcome.signal == 0 && (outcome.exit_code == kExitBadInput || outcome.exit_code == kExitDiverged)) {
+      const char* what = outcome.exit_code == kExitBadInput ? "bad input" : "diverged";
+      spdlog::error("supervise: the command ended with exit code {} ({}); not restarting", outcome.exit_code, what);
+      log.write("end", restart, kept, causes, {{"outcome", what}, {"cause", outcome.text()}, {"exit_code", outcome.exit_code}});
+      return outcome.exit_code;
     }
     causes.push_back(outcome.text());
     if (restart >= options.max_restarts) {

@@ -4,9 +4,13 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <limits>
 #include <optional>
+#include <utility>
 
 #include "base/json_writer.h"
 
@@ -30,8 +34,10 @@ namespace {
   throw TraceError(path + ":" + std::to_string(line) + ": " + problem);
 }
 
-int64_t integer_field(const nlohmann::json& j, const char* key, int64_t minimum, const std::string& path,
-                      size_t line, std::optional<int64_t> fallback = std::nullopt) {
+// An integer field of at least `minimum` and at most `maximum` (ranks and
+// micro-batches are 32-bit in the analysis: a larger value is refused, not cut).
+int64_t integer_field(const nlohmann::json& j, const char* key, int64_t minimum, int64_t maximum,
+                      const std::string& path, size_t line, std::optional<int64_t> fallback = std::nullopt) {
   const auto it = j.find(key);
   if (it == j.end()) {
     if (fallback) return *fallback;
@@ -42,6 +48,10 @@ int64_t integer_field(const nlohmann::json& j, const char* key, int64_t minimum,
   if (v < minimum) {
     fail(path, line, std::string("\"") + key + "\" is " + std::to_string(v) + "; it must be at least " +
                          std::to_string(minimum));
+  }
+  if (v > maximum) {
+    fail(path, line, std::string("\"") + key + "\" is " + std::to_string(v) + "; it must be at most " +
+                         std::to_string(maximum));
   }
   return v;
 }
@@ -55,9 +65,31 @@ double time_field(const nlohmann::json& j, const char* key, const std::string& p
   return v;
 }
 
-}  // namespace
+constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
+constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 
-void read_trace_file(const std::string& path, Trace& into) {
+// The largest rank of one field read so far, and the line that has it.
+struct LargestRank {
+  int64_t value = -1;
+  std::string where;
+  void see(int64_t v, const std::string& path, size_t line) {
+    if (v <= value) return;
+    value = v;
+    where = path + ":" + std::to_string(line);
+  }
+};
+// The grid the ranks span: the analysis and the merge size tables by it (one
+// entry per pp x dp x tp worker), so it is checked against the operations the
+// trace holds before anything is sized by it (read_traces).
+struct RankExtent {
+  LargestRank pp, dp, tp;
+};
+
+// Appends every operation of one JSONL file. Blank lines are skipped. Throws
+// TraceError "<file>:<line>: <problem>" on a line that is not a JSON object, a
+// missing or mistyped field, a negative rank or step, a rank or micro-batch above
+// 2^31 - 1, or end_us < start_us.
+void read_trace_file(const std::string& path, Trace& into, RankExtent& extent) {
   std::ifstream in(path);
   if (!in) throw TraceError(path + ": cannot open the trace file");
   std::string text;
@@ -73,11 +105,14 @@ void read_trace_file(const std::string& path, Trace& into) {
     }
     if (!j.is_object()) fail(path, line, "expected one JSON object per line");
     TraceOp op;
-    op.step = integer_field(j, "step", 0, path, line);
-    op.microbatch = static_cast<int32_t>(integer_field(j, "microbatch", -1, path, line));
-    op.pp_rank = static_cast<int32_t>(integer_field(j, "pp_rank", 0, path, line));
-    op.dp_rank = static_cast<int32_t>(integer_field(j, "dp_rank", 0, path, line));
-    op.tp_rank = static_cast<int32_t>(integer_field(j, "tp_rank", 0, path, line, 0));
+    op.step = integer_field(j, "step", 0, kInt64Max, path, line);
+    op.microbatch = static_cast<int32_t>(integer_field(j, "microbatch", -1, kInt32Max, path, line));
+    op.pp_rank = static_cast<int32_t>(integer_field(j, "pp_rank", 0, kInt32Max, path, line));
+    op.dp_rank = static_cast<int32_t>(integer_field(j, "dp_rank", 0, kInt32Max, path, line));
+    op.tp_rank = static_cast<int32_t>(integer_field(j, "tp_rank", 0, kInt32Max, path, line, 0));
+    extent.pp.see(op.pp_rank, path, line);
+    extent.dp.see(op.dp_rank, path, line);
+    extent.tp.see(op.tp_rank, path, line);
     const auto name = j.find("op");
     if (name == j.end()) fail(path, line, "missing field \"op\"");
     if (!name->is_string() || name->get_ref<const std::string&>().empty())
@@ -101,10 +136,34 @@ void read_trace_file(const std::string& path, Trace& into) {
   if (in.bad()) throw TraceError(path + ": read error after line " + std::to_string(line));
 }
 
+// Every worker of a trace's grid records operations, so the grid has at most as
+// many workers as the trace has operations; more means a rank far beyond the
+// others (a corrupt or foreign line), which would size the tables by it.
+void check_rank_extent(const Trace& trace, const RankExtent& extent) {
+  const double workers = static_cast<double>(extent.pp.value + 1) * static_cast<double>(extent.dp.value + 1) *
+                         static_cast<double>(extent.tp.value + 1);
+  if (workers <= static_cast<double>(trace.ops.size())) return;
+  const std::pair<const char*, const LargestRank*> fields[] = {
+      {"pp_rank", &extent.pp}, {"dp_rank", &extent.dp}, {"tp_rank", &extent.tp}};
+  const auto& [name, largest] = *std::max_element(std::begin(fields), std::end(fields), [](const auto& a, const auto& b) {
+    return a.second->value < b.second->value;
+  });
+  char grid[64];
+  std::snprintf(grid, sizeof(grid), "%.4g", workers);
+  throw TraceError(largest->where + ": \"" + name + "\" is " + std::to_string(largest->value) +
+                   ": the ranks of the trace (largest pp_rank " + std::to_string(extent.pp.value) + ", dp_rank " +
+                   std::to_string(extent.dp.value) + ", tp_rank " + std::to_string(extent.tp.value) + ") span " + grid +
+                   " workers, more than the " + std::to_string(trace.ops.size()) +
+                   " operations it holds (every worker records some)");
+}
+
+}  // namespace
+
 Trace read_traces(const std::vector<std::string>& paths) {
   namespace fs = std::filesystem;
   if (paths.empty()) throw TraceError("no trace given");
   Trace trace;
+  RankExtent extent;
   for (const std::string& p : paths) {
     std::error_code ec;
     if (fs::is_directory(p, ec)) {
@@ -113,13 +172,14 @@ Trace read_traces(const std::vector<std::string>& paths) {
         if (entry.is_regular_file() && entry.path().extension() == ".jsonl") files.push_back(entry.path().string());
       if (files.empty()) throw TraceError(p + ": a directory without .jsonl trace files");
       std::sort(files.begin(), files.end());
-      for (const std::string& f : files) read_trace_file(f, trace);
+      for (const std::string& f : files) read_trace_file(f, trace, extent);
     } else if (fs::exists(p, ec)) {
-      read_trace_file(p, trace);
+      read_trace_file(p, trace, extent);
     } else {
       throw TraceError(p + ": no such trace file or directory");
     }
   }
+  check_rank_extent(trace, extent);
   return trace;
 }
 

@@ -94,13 +94,13 @@ struct Trace {
   int64_t next_group_ = 0;
 };
 
-// Appends every operation of one JSONL file. Blank lines are skipped. Throws
-// TraceError "<file>:<line>: <problem>" on a line that is not a JSON object, a
-// missing or mistyped field, a negative rank or step, or end_us < start_us.
-void read_trace_file(const std::string& path, Trace& into);
 // Every path is a trace file or a directory whose *.jsonl files (in name order)
-// are read. Throws TraceError when a path does not exist or a directory holds no
-// .jsonl file.
+// are read, blank lines skipped. Throws TraceError "<file>:<line>: <problem>" on a
+// line that is not a JSON object, a missing or mistyped field, a negative rank or
+// step, a rank or micro-batch above 2^31 - 1, or end_us < start_us; when the
+// largest ranks span a grid (pp x dp x tp workers) of more workers than the trace
+// has operations, naming the line of the largest; and when a path does not exist
+// or a directory holds no .jsonl file.
 Trace read_traces(const std::vector<std::string>& paths);
 
 // One record as a JSONL line (no newline, base/json_writer.h): the import
