@@ -47,6 +47,25 @@ if [ "${#commands[@]}" -eq 0 ]; then
   exit 1
 fi
 
+# The command without its trailing comment: from the first `#` that follows a blank
+# outside quotes, as bash reads a comment.
+strip_comment() {
+  local text="$1" out="" quote="" ch prev=" " i
+  for (( i = 0; i < ${#text}; i++ )); do
+    ch="${text:i:1}"
+    if [ -n "$quote" ]; then
+      [ "$ch" = "$quote" ] && quote=""
+    elif [ "$ch" = "'" ] || [ "$ch" = '"' ]; then
+      quote="$ch"
+    elif [ "$ch" = "#" ] && [[ "$prev" =~ [[:space:]] ]]; then
+      break
+    fi
+    out+="$ch"
+    prev="$ch"
+  done
+  sed -E 's/[[:space:]]+$//' <<< "$out"
+}
+
 cd "$scratch"
 ran=0 skipped=0 bad=0
 start_all=$(date +%s)
@@ -61,9 +80,7 @@ for command in "${commands[@]}"; do
     skipped=$((skipped + 1))
     continue
   fi
-  # The command without its trailing comment (a `#` outside quotes; README's
-  # commands keep `#` out of their quoted words).
-  run="$(sed -E 's/[[:space:]]+#[^"'\'']*$//' <<< "$command")"
+  run="$(strip_comment "$command")"
   if [[ "$run" =~ (^|[[:space:]/])trainer[[:space:]]+train[[:space:]] || "$run" =~ (^|[[:space:]/])scripts/demo\.sh ]]; then
     run="$run $train_args"
   fi
