@@ -260,13 +260,18 @@ std::string train_args(const std::string& dir, const std::string& device, int st
          " --set train.checkpoint_every=" + std::to_string(every) + " " + extra;
 }
 
+// Resuming a 2-step run's checkpoint with train.steps 3 changes step 3's learning
+// rate from the 2-step run's to the 3-step run's, which the CPU run followed: the
+// resumes below allow it on purpose.
+const std::string kLongerRun = "--set train.allow_schedule_change=true";
+
 TEST(GuardedTrainer, ThreeStepsWithACheckpointAndResumeEqualTheCpuRun) {
   const std::string cpu = scratch_dir("guarded-train-cpu"), dev = scratch_dir("guarded-train-dev");
   auto a = run_trainer(train_args(cpu, "cpu", 3, 3));
   ASSERT_EQ(a.exit_code, 0) << a.output;
   auto b1 = run_trainer(train_args(dev, "guarded", 2, 2));
   ASSERT_EQ(b1.exit_code, 0) << b1.output;
-  auto b2 = run_trainer(train_args(dev, "guarded", 3, 3));
+  auto b2 = run_trainer(train_args(dev, "guarded", 3, 3, kLongerRun));
   ASSERT_EQ(b2.exit_code, 0) << b2.output;
   EXPECT_NE(b2.output.find("resumed from"), std::string::npos) << b2.output;
   for (const char* key : {"loss", "grad_norm"}) {
@@ -320,7 +325,7 @@ TEST_P(GuardedParallel, WithACheckpointAndResumeEqualsTheCpuSingleProcessRun) {
   const std::string launch = mpirun(l.tp * l.pp * l.hdp) + " ";
   auto r1 = run_command(launch + train_args(dir, "guarded", 2, 2, layout));
   ASSERT_EQ(r1.exit_code, 0) << r1.output;
-  auto r2 = run_command(launch + train_args(dir, "guarded", 3, 3, layout));
+  auto r2 = run_command(launch + train_args(dir, "guarded", 3, 3, layout + " " + kLongerRun));
   ASSERT_EQ(r2.exit_code, 0) << r2.output;
   EXPECT_NE(r2.output.find("resumed from"), std::string::npos) << r2.output;
   const std::vector<double>& want = cpu_single_losses();

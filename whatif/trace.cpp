@@ -138,11 +138,14 @@ void read_trace_file(const std::string& path, Trace& into, RankExtent& extent) {
 
 // Every worker of a trace's grid records operations, so the grid has at most as
 // many workers as the trace has operations; more means a rank far beyond the
-// others (a corrupt or foreign line), which would size the tables by it.
+// others (a corrupt or foreign line), which would size the tables by it. A grid of
+// up to kWorkersAlwaysRead workers costs nothing to size and is read whatever the
+// trace holds (a short or partial trace of a large job).
+constexpr double kWorkersAlwaysRead = 65536;
 void check_rank_extent(const Trace& trace, const RankExtent& extent) {
   const double workers = static_cast<double>(extent.pp.value + 1) * static_cast<double>(extent.dp.value + 1) *
                          static_cast<double>(extent.tp.value + 1);
-  if (workers <= static_cast<double>(trace.ops.size())) return;
+  if (workers <= std::max(static_cast<double>(trace.ops.size()), kWorkersAlwaysRead)) return;
   const std::pair<const char*, const LargestRank*> fields[] = {
       {"pp_rank", &extent.pp}, {"dp_rank", &extent.dp}, {"tp_rank", &extent.tp}};
   const auto& [name, largest] = *std::max_element(std::begin(fields), std::end(fields), [](const auto& a, const auto& b) {
@@ -154,7 +157,8 @@ void check_rank_extent(const Trace& trace, const RankExtent& extent) {
                    ": the ranks of the trace (largest pp_rank " + std::to_string(extent.pp.value) + ", dp_rank " +
                    std::to_string(extent.dp.value) + ", tp_rank " + std::to_string(extent.tp.value) + ") span " + grid +
                    " workers, more than the " + std::to_string(trace.ops.size()) +
-                   " operations it holds (every worker records some)");
+                   " operations it holds (every worker records some) and more than " +
+                   std::to_string(static_cast<int64_t>(kWorkersAlwaysRead)) + ", which are read regardless");
 }
 
 }  // namespace
