@@ -23,52 +23,26 @@ std::string to_json(const StepMetrics& m) {
   constexpr int kDigits = 9;
   std::ostringstream out;
   JsonWriter json(out, JsonWriter::Spacing::Spaced);
-  auto numbers = [&](const char* key, const std::vector<double>& values) {
-    json.key(key).begin_array();
-    for (double v : values) json.number(v, kDigits);
-    json.end_array();
-  };
+  struct Line {
+    JsonWriter& json;
+    void step(const char* key, int64_t v) { json.key(key).integer(v); }
+    // To the millisecond: 9 significant digits would round Unix seconds to tens of seconds.
+    void time(const char* key, double seconds) { json.key(key).fixed(seconds, 3); }
+    void number(const char* key, double v) { json.key(key).number(v, kDigits); }
+    void count(const char* key, int64_t v) { json.key(key).integer(v); }
+    void per_rank(const char* key, const std::vector<double>& values) {
+      json.key(key).begin_array();
+      for (double v : values) json.number(v, kDigits);
+      json.end_array();
+    }
+    void per_expert(const char* key, const std::vector<int64_t>& values) {
+      json.key(key).begin_array();
+      for (int64_t v : values) json.integer(v);
+      json.end_array();
+    }
+  } line{json};
   json.begin_object();
-  json.key("step").integer(m.step);
-  json.key("loss").number(m.loss, kDigits);
-  json.key("lr").number(m.lr, kDigits);
-  json.key("grad_norm").number(m.grad_norm, kDigits);
-  json.key("tokens").integer(m.tokens);
-  json.key("input_tokens").integer(m.input_tokens);
-  json.key("rank_tokens").integer(m.rank_tokens);
-  json.key("micro_batches").integer(m.micro_batches);
-  json.key("tokens_per_s").number(m.tokens_per_s, kDigits);
-  json.key("step_ms").number(m.step_ms, kDigits);
-  json.key("time").fixed(m.time, 3);  // milliseconds; 9 digits would round to tens of seconds
-  json.key("data_wait_ms").number(m.data_wait_ms, kDigits);
-  json.key("mfu").number(m.mfu, kDigits);
-  json.key("peak_mem_bytes").integer(m.peak_mem_bytes);
-  json.key("tp_bytes").integer(m.tp_bytes);
-  json.key("pp_bytes").integer(m.pp_bytes);
-  json.key("hdp_bytes").integer(m.hdp_bytes);
-  json.key("ep_bytes").integer(m.ep_bytes);
-  json.key("attention_bytes").integer(m.attention_bytes);
-  json.key("busy_ms_min").number(m.busy_ms_min, kDigits);
-  json.key("busy_ms_max").number(m.busy_ms_max, kDigits);
-  json.key("idle_fraction").number(m.idle_fraction, kDigits);
-  json.key("planned_busy_ms_max").number(m.planned_busy_ms_max, kDigits);
-  json.key("cost_model_error").number(m.cost_model_error, kDigits);
-  json.key("planned_bound_ms").number(m.planned_bound_ms, kDigits);
-  numbers("busy_ms", m.busy_ms);
-  numbers("planned_busy_ms", m.planned_busy_ms);
-  json.key("activation_peak_bytes").integer(m.activation_peak_bytes);
-  json.key("host_pool_bytes").integer(m.host_pool_bytes);
-  json.key("offloaded_bytes").integer(m.offloaded_bytes);
-  json.key("skipped_steps").integer(m.skipped_steps);
-  if (m.moe) {
-    json.key("aux_loss").number(m.aux_loss, kDigits);
-    json.key("expert_tokens").begin_array();
-    for (int64_t count : m.expert_tokens) json.integer(count);
-    json.end_array();
-    json.key("expert_load_max_over_mean").number(m.expert_load_max_over_mean, kDigits);
-  }
-  json.key("rollbacks").integer(m.rollbacks);
-  json.key("skipped_batches").integer(m.skipped_batches);
+  for_each_metric(m, line);
   json.end_object();
   return out.str();
 }

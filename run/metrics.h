@@ -70,6 +70,53 @@ struct StepMetrics {
   int64_t skipped_batches = 0;
 };
 
+// Every field of `m` in metrics.jsonl's order, the one list that the JSON line and
+// the TensorBoard scalars (run/tensorboard.h) are both written from. `v` has:
+//   step(key, int64_t), time(key, double Unix seconds): the record's own fields;
+//   number(key, double), count(key, int64_t): one value;
+//   per_rank(key, const std::vector<double>&), per_expert(key, const std::vector<int64_t>&).
+template <class Visitor>
+void for_each_metric(const StepMetrics& m, Visitor& v) {
+  v.step("step", m.step);
+  v.number("loss", m.loss);
+  v.number("lr", m.lr);
+  v.number("grad_norm", m.grad_norm);
+  v.count("tokens", m.tokens);
+  v.count("input_tokens", m.input_tokens);
+  v.count("rank_tokens", m.rank_tokens);
+  v.count("micro_batches", m.micro_batches);
+  v.number("tokens_per_s", m.tokens_per_s);
+  v.number("step_ms", m.step_ms);
+  v.time("time", m.time);
+  v.number("data_wait_ms", m.data_wait_ms);
+  v.number("mfu", m.mfu);
+  v.count("peak_mem_bytes", m.peak_mem_bytes);
+  v.count("tp_bytes", m.tp_bytes);
+  v.count("pp_bytes", m.pp_bytes);
+  v.count("hdp_bytes", m.hdp_bytes);
+  v.count("ep_bytes", m.ep_bytes);
+  v.count("attention_bytes", m.attention_bytes);
+  v.number("busy_ms_min", m.busy_ms_min);
+  v.number("busy_ms_max", m.busy_ms_max);
+  v.number("idle_fraction", m.idle_fraction);
+  v.number("planned_busy_ms_max", m.planned_busy_ms_max);
+  v.number("cost_model_error", m.cost_model_error);
+  v.number("planned_bound_ms", m.planned_bound_ms);
+  v.per_rank("busy_ms", m.busy_ms);
+  v.per_rank("planned_busy_ms", m.planned_busy_ms);
+  v.count("activation_peak_bytes", m.activation_peak_bytes);
+  v.count("host_pool_bytes", m.host_pool_bytes);
+  v.count("offloaded_bytes", m.offloaded_bytes);
+  v.count("skipped_steps", m.skipped_steps);
+  if (m.moe) {
+    v.number("aux_loss", m.aux_loss);
+    v.per_expert("expert_tokens", m.expert_tokens);
+    v.number("expert_load_max_over_mean", m.expert_load_max_over_mean);
+  }
+  v.count("rollbacks", m.rollbacks);
+  v.count("skipped_batches", m.skipped_batches);
+}
+
 std::string to_json(const StepMetrics& m);
 
 // metrics.jsonl could not be written (a full disk, a file size limit): the run

@@ -18,50 +18,25 @@ double now_s() {
 }  // namespace
 
 std::vector<tfevents::Scalar> tensorboard_scalars(const StepMetrics& m) {
-  std::vector<tfevents::Scalar> out;
-  auto add = [&](const std::string& tag, double value) { out.push_back({tag, static_cast<float>(value)}); };
-  auto per_rank = [&](const std::string& key, const std::vector<double>& values) {
-    for (size_t r = 0; r < values.size(); ++r) add(key + "/rank_" + std::to_string(r), values[r]);
-  };
-  add("loss", m.loss);
-  add("lr", m.lr);
-  add("grad_norm", m.grad_norm);
-  add("tokens", m.tokens);
-  add("input_tokens", m.input_tokens);
-  add("rank_tokens", m.rank_tokens);
-  add("micro_batches", m.micro_batches);
-  add("tokens_per_s", m.tokens_per_s);
-  add("step_ms", m.step_ms);
-  add("data_wait_ms", m.data_wait_ms);
-  add("mfu", m.mfu);
-  add("peak_mem_bytes", m.peak_mem_bytes);
-  add("tp_bytes", m.tp_bytes);
-  add("pp_bytes", m.pp_bytes);
-  add("hdp_bytes", m.hdp_bytes);
-  add("ep_bytes", m.ep_bytes);
-  add("attention_bytes", m.attention_bytes);
-  add("busy_ms_min", m.busy_ms_min);
-  add("busy_ms_max", m.busy_ms_max);
-  add("idle_fraction", m.idle_fraction);
-  add("planned_busy_ms_max", m.planned_busy_ms_max);
-  add("cost_model_error", m.cost_model_error);
-  add("planned_bound_ms", m.planned_bound_ms);
-  per_rank("busy_ms", m.busy_ms);
-  per_rank("planned_busy_ms", m.planned_busy_ms);
-  add("activation_peak_bytes", m.activation_peak_bytes);
-  add("host_pool_bytes", m.host_pool_bytes);
-  add("offloaded_bytes", m.offloaded_bytes);
-  add("skipped_steps", m.skipped_steps);
-  if (m.moe) {
-    add("aux_loss", m.aux_loss);
-    for (size_t e = 0; e < m.expert_tokens.size(); ++e) {
-      add("expert_tokens/expert_" + std::to_string(e), static_cast<double>(m.expert_tokens[e]));
+  // Every field of metrics.jsonl but the event's own (step, wall time); lists one
+  // tag per rank or expert.
+  struct Scalars {
+    std::vector<tfevents::Scalar> out;
+    void add(const std::string& tag, double value) { out.push_back({tag, static_cast<float>(value)}); }
+    void step(const char*, int64_t) {}
+    void time(const char*, double) {}
+    void number(const char* key, double v) { add(key, v); }
+    void count(const char* key, int64_t v) { add(key, static_cast<double>(v)); }
+    void per_rank(const char* key, const std::vector<double>& values) {
+      for (size_t r = 0; r < values.size(); ++r) add(std::string(key) + "/rank_" + std::to_string(r), values[r]);
     }
-    add("expert_load_max_over_mean", m.expert_load_max_over_mean);
-  }
-  add("rollbacks", m.rollbacks);
-  add("skipped_batches", m.skipped_batches);
-  return out;
+    void per_expert(const char* key, const std::vector<int64_t>& values) {
+      for (size_t e = 0; e < values.size(); ++e)
+        add(std::string(key) + "/expert_" + std::to_string(e), static_cast<double>(values[e]));
+    }
+  } scalars;
+  for_each_metric(m, scalars);
+  return std::move(scalars.out);
 }
 
 TensorBoardWriter::TensorBoardWriter(const std::string& run_dir, const std::string& hostname,
