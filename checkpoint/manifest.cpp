@@ -58,6 +58,7 @@ std::string emit_manifest(const Manifest& m, bool literal_config) {
   out << YAML::Key << "parts" << YAML::Value << YAML::BeginSeq;
   for (const std::string& p : m.parts) out << p;
   out << YAML::EndSeq;
+  if (!m.tokenizer.empty()) out << YAML::Key << "tokenizer" << YAML::Value << m.tokenizer;
   out << YAML::Key << "config" << YAML::Value;
   if (literal_config) out << YAML::Literal;
   else out << YAML::DoubleQuoted;
@@ -117,6 +118,8 @@ Manifest read_manifest_map(const YamlMap& root) {
   for (const std::string& p : m.parts)
     if (p.empty() || p.find('/') != std::string::npos || p == "." || p == "..")
       root.fail("parts", "the manifest lists a bad part name '" + p + "'");
+  // Absent from manifests written before the tokenizer travelled with checkpoints.
+  m.tokenizer = root.get_or<std::string>("tokenizer", "");
   m.config = root.get<std::string>("config");
   return m;
 }

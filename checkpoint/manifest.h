@@ -46,6 +46,10 @@ struct Manifest {
   TrainingProgress progress;
   ParallelDegrees degrees;
   std::vector<std::string> parts;  // file names in the checkpoint directory, world rank order
+  // The identity of the tokenizer of the data it was trained on (data/tokenizer_files.h),
+  // whose copy is CHECKPOINT/tokenizer/ (checkpoint/tokenizer_copy.h); "" when none is
+  // recorded (checkpoints written before, or data that keeps no copy).
+  std::string tokenizer;
   std::string config;              // the run's YAML config, verbatim
 };
 

@@ -9,6 +9,7 @@
 #include <stdexcept>
 
 #include "checkpoint/directory.h"
+#include "checkpoint/tokenizer_copy.h"
 #include "data/hdf5_lock.h"
 #include "kernels/ops.h"
 
@@ -54,7 +55,7 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const LlamaModel&
 
 std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointSnapshot& snapshot,
                             const std::string& config_yaml, int64_t keep, const CheckpointLayout& layout,
-                            const CheckpointHooks& hooks) {
+                            const CheckpointHooks& hooks, const TokenizerFiles* tokenizer) {
   const TrainingProgress& progress = snapshot.progress;
   const ParallelDegrees& d = layout.degrees;
   const GridCoords& c = layout.coords;
@@ -111,6 +112,10 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointS
         const std::string name = entry.path().filename().string();
         if (std::find(m.parts.begin(), m.parts.end(), name) == m.parts.end()) fs::remove_all(entry.path());
       }
+      if (tokenizer) {
+        write_checkpoint_tokenizer(tmp_dir, *tokenizer);
+        m.tokenizer = tokenizer->identity;
+      }
       write_manifest(tmp_dir, m);
       rename_into_place(tmp_dir, final_path, progress.step);
       prune_checkpoints(checkpoint_dir, keep, progress.step);
@@ -129,7 +134,8 @@ std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointS
 }
 
 std::string save_weights_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model,
-                                    const TrainingProgress& progress, const std::string& config_yaml) {
+                                    const TrainingProgress& progress, const std::string& config_yaml,
+                                    const TokenizerFiles* tokenizer) {
   const ModelPartition& part = model.partition();
   if (part.tp_size != 1 || part.first_layer != 0 || model.num_layers() != model.config().num_layers ||
       !part.has_embedding || !part.has_head)
@@ -141,7 +147,8 @@ std::string save_weights_checkpoint(const std::string& checkpoint_dir, const Lla
   to_host(model.flat_parameters(), snapshot.flat_parameters);
   CheckpointLayout layout;  // one rank, offline: it writes the only part and commits
   // Nothing is pruned: the directory may hold checkpoints that are not ours to delete.
-  return save_checkpoint(checkpoint_dir, snapshot, config_yaml, std::numeric_limits<int64_t>::max(), layout);
+  return save_checkpoint(checkpoint_dir, snapshot, config_yaml, std::numeric_limits<int64_t>::max(), layout, {},
+                         tokenizer);
 }
 
 TrainingProgress load_checkpoint(const std::string& path, LlamaModel& model, ZeroAdamW* optimizer) {

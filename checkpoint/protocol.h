@@ -21,6 +21,7 @@
 
 #include "checkpoint/format.h"
 #include "checkpoint/manifest.h"
+#include "data/tokenizer_files.h"
 #include "model/model.h"
 #include "parallel/zero_optimizer.h"
 
@@ -54,17 +55,19 @@ struct CheckpointHooks {
   std::function<void()> after_part;
 };
 
-// The same from a snapshot.
+// The same from a snapshot. `tokenizer` (may be null): the copy of the data's
+// tokenizer that rank 0 puts in the checkpoint (checkpoint/tokenizer_copy.h).
 std::string save_checkpoint(const std::string& checkpoint_dir, const CheckpointSnapshot& snapshot,
                             const std::string& config_yaml, int64_t keep, const CheckpointLayout& layout,
-                            const CheckpointHooks& hooks = {});
+                            const CheckpointHooks& hooks = {}, const TokenizerFiles* tokenizer = nullptr);
 
 // A checkpoint of a whole model's weights only (one part, no optimizer state),
 // committed like any other: what `train.init_from` takes (import-hf writes its
 // step 0 this way). Deletes no other checkpoint of the directory. Resuming from
 // it is refused (no moments); start from it with train.init_from.
 std::string save_weights_checkpoint(const std::string& checkpoint_dir, const LlamaModel& model,
-                                    const TrainingProgress& progress, const std::string& config_yaml);
+                                    const TrainingProgress& progress, const std::string& config_yaml,
+                                    const TokenizerFiles* tokenizer = nullptr);
 
 // Loads this rank's slice of the weights (and, when optimizer is given, its shard of
 // the moments) into a model whose global shapes must match, from a checkpoint

@@ -33,14 +33,16 @@ void yield_the_cores_to_training() {
 
 CheckpointWriter::CheckpointWriter(std::string checkpoint_dir, std::string config_yaml, int64_t keep,
                                    const CheckpointLayout& layout, bool async, bool announce,
-                                   std::function<CheckpointHooks(int64_t)> hooks)
+                                   std::function<CheckpointHooks(int64_t)> hooks,
+                                   std::optional<TokenizerFiles> tokenizer)
     : checkpoint_dir_(std::move(checkpoint_dir)),
       config_yaml_(std::move(config_yaml)),
       keep_(keep),
       layout_(layout),
       async_(async),
       announce_(announce),
-      hooks_(std::move(hooks)) {
+      hooks_(std::move(hooks)),
+      tokenizer_(std::move(tokenizer)) {
   if (async_ && layout.world != nullptr && layout.world->size() > 1) {
     const auto* world = dynamic_cast<const MpiCommunicator*>(layout.world);
     if (world == nullptr) throw std::logic_error("CheckpointWriter: asynchronous writes need an MPI world");
@@ -103,7 +105,8 @@ void CheckpointWriter::write(int64_t step) {
   try {
     const auto t0 = Clock::now();
     const CheckpointHooks hooks = hooks_ ? hooks_(step) : CheckpointHooks{};
-    const std::string path = save_checkpoint(checkpoint_dir_, snapshot_, config_yaml_, keep_, layout_, hooks);
+    const std::string path = save_checkpoint(checkpoint_dir_, snapshot_, config_yaml_, keep_, layout_, hooks,
+                                               tokenizer_ ? &*tokenizer_ : nullptr);
     if (announce_) {
       spdlog::info("checkpoint {} written in {:.0f} ms{}", path, ms_since(t0), async_ ? " (in the background)" : "");
     }

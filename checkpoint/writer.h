@@ -21,6 +21,7 @@
 #include <exception>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -35,9 +36,11 @@ class CheckpointWriter {
   // committing over a duplicate of the world (collective over it: every training
   // rank constructs its writer at the same point); needs MPI_THREAD_MULTIPLE when
   // the world has several ranks. Otherwise save() writes before it returns.
-  // hooks: save_checkpoint's test knobs for the checkpoint of a step.
+  // hooks: save_checkpoint's test knobs for the checkpoint of a step. tokenizer: the
+  // data's tokenizer copy, put in every checkpoint (needed on rank 0 only).
   CheckpointWriter(std::string checkpoint_dir, std::string config_yaml, int64_t keep, const CheckpointLayout& layout,
-                   bool async, bool announce, std::function<CheckpointHooks(int64_t step)> hooks = {});
+                   bool async, bool announce, std::function<CheckpointHooks(int64_t step)> hooks = {},
+                   std::optional<TokenizerFiles> tokenizer = std::nullopt);
   // Waits for the write in flight (its error, if any, is logged, not thrown).
   // Unwinding from an error of a job of several ranks it does not wait: the write
   // may wait for a peer's commit collective, and the job is aborted next.
@@ -69,6 +72,7 @@ class CheckpointWriter {
   bool async_;
   bool announce_;
   std::function<CheckpointHooks(int64_t)> hooks_;
+  std::optional<TokenizerFiles> tokenizer_;
   std::unique_ptr<MpiCommunicator> commit_world_;
   CheckpointSnapshot snapshot_;
   std::thread thread_;

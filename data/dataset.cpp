@@ -38,6 +38,51 @@ std::string type_description(hid_t type) {
   }
 }
 
+constexpr const char* kTokenizerFilesGroup = "tokenizer_files";
+
+// The tokenizer's copy: one uint8 dataset per file in the group, named by the file.
+void write_tokenizer_copy(hid_t file, const TokenizerFiles& copy) {
+  H5Handle group(h5check(H5Gcreate2(file, kTokenizerFilesGroup, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT),
+                         std::string("creating group '") + kTokenizerFilesGroup + "'"),
+                 H5Gclose);
+  for (const TokenizerFile& f : copy.files) {
+    const std::string what = std::string("'") + kTokenizerFilesGroup + "/" + f.name + "'";
+    hsize_t dims[1] = {f.bytes.size()};
+    H5Handle space = h5_space(H5Screate_simple(1, dims, nullptr), "dataspace of " + what);
+    H5Handle dcpl = h5_plist(H5Pcreate(H5P_DATASET_CREATE), "properties of " + what);
+    h5check_status(H5Pset_obj_track_times(dcpl.get(), false), "disabling timestamps");
+    H5Handle data = h5_dataset(
+        H5Dcreate2(group.get(), f.name.c_str(), H5T_STD_U8LE, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+        "creating " + what);
+    if (!f.bytes.empty())
+      h5check_status(H5Dwrite(data.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, f.bytes.data()),
+                     "writing " + what);
+  }
+}
+
+// The bytes of one file of the copy, its size checked before it is allocated.
+std::string read_tokenizer_file(hid_t group, const std::string& name) {
+  const std::string what = std::string("'") + kTokenizerFilesGroup + "/" + name + "'";
+  if (!h5check_tri(H5Lexists(group, name.c_str(), H5P_DEFAULT), "looking up " + what))
+    throw Hdf5Error("the tokenizer's copy lacks " + what);
+  H5Handle data = h5_dataset(H5Dopen2(group, name.c_str(), H5P_DEFAULT), "opening " + what);
+  H5Handle type = h5_type(H5Dget_type(data.get()), "type of " + what);
+  H5Handle space = h5_space(H5Dget_space(data.get()), "dataspace of " + what);
+  if (H5Tget_class(type.get()) != H5T_INTEGER || H5Tget_size(type.get()) != 1 ||
+      H5Sget_simple_extent_ndims(space.get()) != 1)
+    throw Hdf5Error(what + " is not a one-dimensional array of bytes");
+  hsize_t n = 0;
+  H5Sget_simple_extent_dims(space.get(), &n, nullptr);
+  if (n > kMaxTokenizerFileBytes)
+    throw Hdf5Error(what + " declares " + std::to_string(n) + " bytes, more than a tokenizer file may hold (" +
+                    std::to_string(kMaxTokenizerFileBytes) + ")");
+  std::string bytes(static_cast<size_t>(n), '\0');
+  if (n > 0)
+    h5check_status(H5Dread(data.get(), H5T_NATIVE_UINT8, H5S_ALL, H5S_ALL, H5P_DEFAULT, bytes.data()),
+                   "reading " + what);
+  return bytes;
+}
+
 }  // namespace
 
 // ---------------------------------------------------------------- writer
@@ -83,7 +128,7 @@ TokenDatasetWriter::TokenDatasetWriter(const std::string& path, uint64_t vocab_s
 
 TokenDatasetWriter::TokenDatasetWriter(TokenDatasetWriter&& o) noexcept
     : path_(std::move(o.path_)), tmp_path_(std::move(o.tmp_path_)), vocab_size_(o.vocab_size_),
-      tokenizer_(std::move(o.tokenizer_)), bos_id_(o.bos_id_), eos_id_(o.eos_id_), file_(std::move(o.file_)),
+      tokenizer_(std::move(o.tokenizer_)), tokenizer_copy_(std::move(o.tokenizer_copy_)), bos_id_(o.bos_id_), eos_id_(o.eos_id_), file_(std::move(o.file_)),
       tokens_(std::move(o.tokens_)), pending_(std::move(o.pending_)), offsets_(std::move(o.offsets_)),
       total_(o.total_), written_(o.written_), max_token_id_(o.max_token_id_), open_document_(o.open_document_),
       finished_(o.finished_) {
@@ -127,6 +172,13 @@ void TokenDatasetWriter::append_partial(std::span<const uint32_t> tokens) {
       flush_pending();
     }
   }
+}
+
+void TokenDatasetWriter::store_tokenizer_copy(TokenizerFiles files) {
+  if (files.identity != tokenizer_)
+    throw DatasetError("writing dataset '" + path_ + "': the tokenizer's copy is of '" + files.identity +
+                       "', the dataset's tokenizer is '" + tokenizer_ + "'");
+  tokenizer_copy_ = std::move(files);
 }
 
 int64_t TokenDatasetWriter::end_document() {
@@ -190,6 +242,7 @@ void TokenDatasetWriter::finish() {
       h5_write_attr_u32(f, "bos_id", bos_id_);
       h5_write_attr_u32(f, "eos_id", eos_id_);
       h5_write_attr_u32(f, "max_token_id", max_token_id_);
+      if (!tokenizer_copy_.files.empty()) write_tokenizer_copy(f, tokenizer_copy_);
       tokens_.close("closing tokens");
       file_.close("closing '" + tmp_path_ + "'");
     } catch (const Hdf5Error& e) {
@@ -346,7 +399,17 @@ void TokenDataset::open_megatron() {
   vocab_size_ = static_cast<uint64_t>(max_id) + 1;
   bos_id_ = eos_id_ = 0;  // not recorded by the format
   format_version_ = 1;  // MMIDIDX version 1
-  tokenizer_ = "megatron (the index records no tokenizer)";
+  // The tokenizer's identity from the copy prepare-data keeps beside the files.
+  const std::string copy = megatron_tokenizer_directory(path_);
+  std::error_code ec;
+  tokenizer_ = kMegatronUnknownTokenizer;
+  if (fs::is_directory(copy, ec)) {
+    try {
+      tokenizer_ = read_tokenizer_identity(copy);
+    } catch (const TokenizerError& e) {
+      throw DatasetError("dataset '" + path_ + "': " + e.what());
+    }
+  }
   megatron_ = std::move(source);
 }
 
@@ -446,6 +509,36 @@ std::vector<int32_t> TokenDataset::read(const SequenceSpan& span) const {
 
 std::vector<int32_t> TokenDataset::read_document(int64_t document) const {
   return read(SequenceSpan{document, 0, document_length(document)});
+}
+
+std::string megatron_tokenizer_directory(const std::string& prefix) { return prefix + ".tokenizer"; }
+
+std::optional<TokenizerFiles> dataset_tokenizer_copy(const std::string& path, DatasetFormat format) {
+  try {
+    if (format == DatasetFormat::Megatron) {
+      const std::string dir = megatron_tokenizer_directory(path);
+      std::error_code ec;
+      if (!fs::is_directory(dir, ec)) return std::nullopt;
+      return read_tokenizer_directory(dir);
+    }
+    Hdf5Lock lock;
+    try {
+      H5Handle file = h5_file(H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT), "opening file");
+      const std::string identity = h5_read_attr_string(file.get(), "tokenizer");
+      if (identity == kByteTokenizerName) return TokenizerFiles{identity, {}};
+      if (!h5check_tri(H5Lexists(file.get(), kTokenizerFilesGroup, H5P_DEFAULT), "looking up the tokenizer's copy"))
+        return std::nullopt;
+      H5Handle group(h5check(H5Gopen2(file.get(), kTokenizerFilesGroup, H5P_DEFAULT), "opening the tokenizer's copy"),
+                     H5Gclose);
+      return read_tokenizer_copy(
+          identity, [&](const std::string& name) { return read_tokenizer_file(group.get(), name); },
+          path + " (group '" + kTokenizerFilesGroup + "')");
+    } catch (const Hdf5Error& e) {
+      throw DatasetError("dataset '" + path + "': " + e.what());
+    }
+  } catch (const TokenizerError& e) {
+    throw DatasetError(std::string("dataset '") + path + "': " + e.what());
+  }
 }
 
 }  // namespace hdp

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -17,6 +18,7 @@
 #include "base/errors.h"
 #include "data/batch.h"
 #include "data/hdf5_util.h"
+#include "data/tokenizer_files.h"
 
 namespace hdp {
 
@@ -58,6 +60,11 @@ class TokenDatasetWriter {
   void append_partial(std::span<const uint32_t> tokens);
   int64_t end_document();
 
+  // A copy of the tokenizer's files, written by finish() into the group
+  // `tokenizer_files` (docs/dataset-format.md); its identity must be the writer's
+  // `tokenizer` (DatasetError otherwise). Byte-level: nothing to store.
+  void store_tokenizer_copy(TokenizerFiles files);
+
   // Flushes tokens, writes doc_offsets and the attributes, closes, renames.
   // A document begun with append_partial and not ended is ended first.
   void finish();
@@ -74,6 +81,7 @@ class TokenDatasetWriter {
   std::string path_, tmp_path_;
   uint64_t vocab_size_;
   std::string tokenizer_;
+  TokenizerFiles tokenizer_copy_;
   uint32_t bos_id_, eos_id_;
   H5Handle file_, tokens_;
   std::vector<uint32_t> pending_;
@@ -136,6 +144,19 @@ class TokenDataset {
   std::string tokenizer_;
   std::shared_ptr<const MegatronSource> megatron_;  // set for data.format megatron
 };
+
+// The copy of its tokenizer that a dataset holds, read and checked (its model
+// file's hash against the identity in the `tokenizer` attribute; sizes bounded by
+// kMaxTokenizerFileBytes before anything is allocated): for HDF5 the group
+// `tokenizer_files`, for Megatron the directory PREFIX.tokenizer beside PREFIX.bin.
+// A byte-level dataset needs no files; nullopt when the dataset holds no copy
+// (written before copies were kept, or by another tool). DatasetError naming the
+// file when the copy is damaged.
+std::optional<TokenizerFiles> dataset_tokenizer_copy(const std::string& path, DatasetFormat format);
+// The `tokenizer` of a Megatron dataset without that copy.
+inline constexpr const char* kMegatronUnknownTokenizer = "megatron (the index records no tokenizer)";
+// PREFIX.tokenizer: where a Megatron dataset's tokenizer copy lives.
+std::string megatron_tokenizer_directory(const std::string& prefix);
 
 }  // namespace hdp
 

@@ -361,11 +361,19 @@ DatasetBuildStats prepare_dataset(const std::vector<std::string>& inputs, const 
       throw DataInputError("prepare-data: the inputs hold no non-empty documents; nothing written to " + output);
     writer.finish();
   };
+  std::optional<TokenizerFiles> copy = options.tokenizer_copy;
+  if (!copy && tokenizer->name() == kByteTokenizerName) copy = TokenizerFiles{kByteTokenizerName, {}};
+  if (copy && copy->identity != tokenizer->name())
+    throw std::invalid_argument("prepare_dataset: the tokenizer's copy is of '" + copy->identity + "', not of '" +
+                                tokenizer->name() + "'");
   if (options.format == DatasetFormat::Megatron) {
     MegatronWriter writer(output, tokenizer->vocab_size());
     write_all(writer);
+    // The .idx has no room for it: the copy goes beside the files.
+    if (copy) write_tokenizer_directory(megatron_tokenizer_directory(output), *copy);
   } else {
     TokenDatasetWriter writer(output, tokenizer->vocab_size(), tokenizer->name(), tokenizer->bos_id(), tokenizer->eos_id());
+    if (copy) writer.store_tokenizer_copy(*copy);
     write_all(writer);
   }
   stats.seconds = progress.seconds();

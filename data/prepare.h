@@ -12,12 +12,14 @@
 //   skipped (counted in stats.skipped), so no document is just an EOS.
 
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "data/dataset.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_files.h"
 
 namespace hdp {
 
@@ -33,6 +35,11 @@ struct PrepareOptions {
   // nullptr: the byte-level tokenizer. Documents get the tokenizer's BOS first
   // when it adds one (data/tokenizer.h) and its EOS last.
   const Tokenizer* tokenizer = nullptr;
+  // The tokenizer's files (tokenizer_files(path, *tokenizer), data/tokenizer_files.h),
+  // kept in the dataset so that checkpoints, generate and eval use the same
+  // tokenizer: HDF5 in the group `tokenizer_files`, Megatron in PREFIX.tokenizer/.
+  // nullopt: no copy is kept (the byte-level tokenizer needs none).
+  std::optional<TokenizerFiles> tokenizer_copy;
   // Megatron: `output` is the PREFIX of PREFIX.bin and PREFIX.idx (data/megatron.h).
   DatasetFormat format = DatasetFormat::Hdf5;
   // Workers that parse and tokenize JSON Lines documents; 0: every core.

@@ -3,11 +3,7 @@
 
 #include <sentencepiece_processor.h>
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
 
 #include "data/tokenizer.h"
 
@@ -66,20 +62,6 @@ class SentencePieceTokenizer : public Tokenizer {
 };
 
 }  // namespace
-
-std::string file_fingerprint(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw TokenizerError(path + ": cannot open: " + std::strerror(errno));
-  uint64_t h = 0xcbf29ce484222325ull;
-  char block[1 << 16];
-  while (in.read(block, sizeof(block)) || in.gcount() > 0) {
-    for (std::streamsize i = 0; i < in.gcount(); ++i) h = (h ^ static_cast<unsigned char>(block[i])) * 0x100000001b3ull;
-    if (!in) break;
-  }
-  char hex[17];
-  std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(h));
-  return hex;
-}
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
   if (path.empty() || path == kByteTokenizerName) return std::make_unique<ByteTokenizer>();

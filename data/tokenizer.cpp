@@ -1,5 +1,9 @@
 #include "data/tokenizer.h"
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <stdexcept>
 
 namespace hdp {
@@ -44,6 +48,44 @@ std::string decode_bytes(std::span<const uint32_t> ids, bool keep_special) {
 
 std::string decode_bytes(std::span<const int32_t> ids, bool keep_special) {
   return decode_impl(ids, keep_special);
+}
+
+namespace {
+
+// FNV-1a 64 (Fowler, Noll, Vo), fed in pieces.
+class Fnv1a64 {
+ public:
+  void add(std::string_view bytes) {
+    for (const char c : bytes) hash_ = (hash_ ^ static_cast<unsigned char>(c)) * 0x100000001b3ull;
+  }
+  std::string hex() const {
+    char out[17];
+    std::snprintf(out, sizeof(out), "%016llx", static_cast<unsigned long long>(hash_));
+    return out;
+  }
+
+ private:
+  uint64_t hash_ = 0xcbf29ce484222325ull;
+};
+
+}  // namespace
+
+std::string file_fingerprint(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw TokenizerError(path + ": cannot open: " + std::strerror(errno));
+  Fnv1a64 hash;
+  char block[1 << 16];
+  while (in.read(block, sizeof(block)) || in.gcount() > 0) {
+    hash.add(std::string_view(block, static_cast<size_t>(in.gcount())));
+    if (!in) break;
+  }
+  return hash.hex();
+}
+
+std::string bytes_fingerprint(std::string_view bytes) {
+  Fnv1a64 hash;
+  hash.add(bytes);
+  return hash.hex();
 }
 
 }  // namespace hdp

@@ -85,5 +85,7 @@ std::unique_ptr<Tokenizer> load_bpe_tokenizer(const std::string& path);
 // FNV-1a 64 of a file's bytes as 16 hex digits: how a dataset names the exact
 // tokenizer file that made it.
 std::string file_fingerprint(const std::string& path);
+// The same hash of bytes in memory (a copy of a tokenizer file, data/tokenizer_files.h).
+std::string bytes_fingerprint(std::string_view bytes);
 
 }  // namespace hdp

@@ -17,6 +17,7 @@
 #include "base/yaml_reader.h"
 #include "checkpoint/directory.h"
 #include "checkpoint/protocol.h"
+#include "checkpoint/tokenizer_copy.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/peak_flops.h"
@@ -294,7 +295,10 @@ void check_schedule_continues(const Config& config, const std::string& checkpoin
 
 // Where training starts: a checkpoint to resume (weights, moments, step, data
 // position), a checkpoint to take weights from, or fresh weights.
-TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, int rank) {
+// `data_tokenizer`: the identity of data.path's tokenizer ("" when this rank does not
+// read the data); a checkpoint trained with another one is refused.
+TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, int rank,
+                                 const std::string& data_tokenizer) {
   const TrainConfig& t = config.train;
   if (rank == 0 && (t.resume == ResumeMode::Auto || t.checkpoint_every > 0)) {
     for (const std::string& dir : manifestless_checkpoints(t.checkpoint_dir)) {
@@ -306,6 +310,7 @@ TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, i
   if (t.resume == ResumeMode::Auto) {
     if (auto latest = latest_checkpoint(t.checkpoint_dir)) {
       check_schedule_continues(config, *latest, rank);
+      check_data_tokenizer(*latest, read_manifest(*latest), config.data.path, data_tokenizer, "resuming");
       TrainingProgress progress = load_checkpoint(*latest, engine.model(), &engine.optimizer());
       spdlog::info("resumed from {} at step {}", *latest, progress.step);
       return progress;
@@ -315,6 +320,7 @@ TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, i
   progress.train_seed = t.seed;
   progress.data_seed = config.data.seed;
   if (!t.init_from.empty()) {
+    check_data_tokenizer(t.init_from, read_manifest(t.init_from), config.data.path, data_tokenizer, "train.init_from");
     load_checkpoint(t.init_from, engine.model(), nullptr);
     spdlog::info("initial weights from {}", t.init_from);
   } else {
@@ -405,7 +411,7 @@ TrainingJob::TrainingJob(const Config& config, const ProcessInfo& process,
   engine_ = std::make_unique<TrainingEngine>(config, *groups_);
   memory_ = engine_->memory();
   log_stage(*engine_, memory_, coords);
-  start_ = restore_or_init(config, *engine_, process.rank);
+  start_ = restore_or_init(config, *engine_, process.rank, dataset_ ? dataset_->tokenizer() : std::string());
 }
 
 std::vector<const DirectoryLock*> TrainingJob::locks() const {

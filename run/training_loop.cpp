@@ -17,6 +17,7 @@
 
 #include "checkpoint/directory.h"
 #include "checkpoint/protocol.h"
+#include "data/dataset.h"
 #include "model/lr_schedule.h"
 #include "parallel/phase.h"
 #include "parallel/progress.h"
@@ -95,8 +96,11 @@ TrainingLoop::TrainingLoop(const Config& config, const ProcessInfo& process, Pro
   if (config.train.checkpoint_every > 0) {
     // Writes in the background need MPI from a second thread when there are several ranks.
     const bool async = config.train.async_checkpoints && (process.thread_multiple || config.parallel.world() == 1);
+    // Rank 0 commits every checkpoint with a copy of the data's tokenizer (checkpoint/tokenizer_copy.h).
+    std::optional<TokenizerFiles> tokenizer;
+    if (process.rank == 0) tokenizer = dataset_tokenizer_copy(config.data.path, dataset_format(config.data));
     writer_.emplace(config.train.checkpoint_dir, config.yaml, config.train.keep_checkpoints, layout_, async,
-                    process.rank == 0, checkpoint_fault_hooks(fault_, process.rank));
+                    process.rank == 0, checkpoint_fault_hooks(fault_, process.rank), std::move(tokenizer));
   }
 }
 

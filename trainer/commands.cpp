@@ -48,7 +48,8 @@ it takes train.resume=auto and continues from the newest complete checkpoint.
 const char* const kPrepareHelp = R"(usage: trainer prepare-data --input FILE... --output DATA.h5 [--tokenizer PATH]
 
 Tokenizes text into the project's HDF5 token dataset (docs/dataset-format.md).
-EOS ends every document; the dataset records the tokenizer and its vocabulary.
+EOS ends every document; the dataset records the tokenizer, its vocabulary and a copy of
+its files, which training copies into every checkpoint (docs/dataset-format.md).
   --tokenizer PATH  a SentencePiece model (tokenizer.model) or a Hugging Face byte-level
                     BPE tokenizer.json (BOS/EOS from tokenizer_config.json beside it);
                     its ids, BOS first;
@@ -56,7 +57,8 @@ EOS ends every document; the dataset records the tokenizer and its vocabulary.
   --threads N       workers tokenizing .jsonl documents (default: every core)
   --output-format hdf5|megatron
                     megatron writes Megatron-LM's OUTPUT.bin and OUTPUT.idx (MMIDIDX v1;
-                    train them with data.format: megatron, data.path: OUTPUT)
+                    train them with data.format: megatron, data.path: OUTPUT) and the
+                    tokenizer's copy in OUTPUT.tokenizer/
   --input FILE...   .jsonl files give one document per line from {"text": ...};
                     any other file is one document
   --output PATH     the dataset to write; never one of the inputs (nor, with megatron,
@@ -135,7 +137,9 @@ checkpoint directory, whose newest complete checkpoint is taken) and prints the
 prompt and its continuation. Stops after --max-new-tokens or at the tokenizer's
 EOS. The prompt runs once into a key/value cache; each new token then costs one
 position. Past data.max_seq_len the cache restarts from the last half context.
-  --tokenizer PATH       tokenizer.model or tokenizer.json (default byte-level)
+  --tokenizer PATH       tokenizer.model or tokenizer.json (default: the checkpoint's own,
+                         the copy of its data's tokenizer; a checkpoint that records one
+                         takes only that same tokenizer here)
   --max-new-tokens N     default 128
   --temperature T        0 (default): greedy; otherwise sample softmax(logits / T)
   --top-p P              sample only from the most likely tokens holding P of the mass (default 1)
@@ -268,6 +272,7 @@ int command_prepare_data(const std::vector<std::string>& raw) {
     create_parent_directory(*output);
     PrepareOptions options;
     options.tokenizer = tokenizer.get();
+    options.tokenizer_copy = tokenizer_files(tokenizer_path, *tokenizer);
     options.threads = static_cast<int>(threads);
     options.overwrite = overwrite;
     if (output_format == "megatron") options.format = DatasetFormat::Megatron;
@@ -432,8 +437,8 @@ int command_generate(const std::vector<std::string>& raw) {
     if (checkpoints.size() != 1) throw UsageError("expects exactly one CHECKPOINT directory");
     if (!prompt) throw UsageError("--prompt is required");
     const GenerateResult r = generate_text(checkpoint_or_latest(checkpoints[0]), *prompt, options);
-    spdlog::info("generate: {} (prompt {} tokens, {} new{}, {:.2f} s)", r.checkpoint, r.prompt_ids.size(),
-                 r.new_ids.size(), r.stopped_at_eos ? ", stopped at EOS" : "", r.seconds);
+    spdlog::info("generate: {} (tokenizer {}, prompt {} tokens, {} new{}, {:.2f} s)", r.checkpoint, r.tokenizer,
+                 r.prompt_ids.size(), r.new_ids.size(), r.stopped_at_eos ? ", stopped at EOS" : "", r.seconds);
     std::printf("%s%s\n", prompt->c_str(), r.text.c_str());
     return kExitSuccess;
   });

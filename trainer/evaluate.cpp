@@ -9,6 +9,7 @@
 #include "checkpoint/directory.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/protocol.h"
+#include "checkpoint/tokenizer_copy.h"
 #include "config/config.h"
 #include "data/materialize.h"
 #include "model/model.h"
@@ -20,12 +21,14 @@ EvalResult evaluate_checkpoint(const std::string& checkpoint, const std::string&
   const auto start = std::chrono::steady_clock::now();
   EvalResult result;
   result.checkpoint = checkpoint_or_latest(checkpoint);
-  Config config = parse_config_text(checkpoint_config(result.checkpoint), result.checkpoint + "/manifest.yaml (config)",
-                                    {}, /*check_files=*/false);
+  const Manifest manifest = read_manifest(result.checkpoint);
+  Config config = parse_config_text(manifest.config, result.checkpoint + "/manifest.yaml (config)", {},
+                                    /*check_files=*/false);
   const int64_t max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : config.data.max_seq_len;
   configure_threads(options.threads, ProcessInfo{});
 
   const TokenDataset dataset = TokenDataset::open(data, options.format);
+  check_data_tokenizer(result.checkpoint, manifest, data, dataset.tokenizer(), "eval --data");
   config.data.path = data;
   validate_dataset_vocab(config, static_cast<int64_t>(dataset.vocab_size()), dataset.max_token_id());
 

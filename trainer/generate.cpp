@@ -13,6 +13,7 @@
 #include "checkpoint/directory.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/protocol.h"
+#include "checkpoint/tokenizer_copy.h"
 #include "trainer/command_line.h"
 #include "config/config.h"
 
@@ -24,11 +25,14 @@ GenerateResult generate_text(const std::string& checkpoint, const std::string& p
   const auto start = std::chrono::steady_clock::now();
   GenerateResult result;
   result.checkpoint = checkpoint_or_latest(checkpoint);
-  const Config config = parse_config_text(checkpoint_config(result.checkpoint),
-                                          result.checkpoint + "/manifest.yaml (config)", {}, /*check_files=*/false);
+  const Manifest manifest = read_manifest(result.checkpoint);
+  const Config config = parse_config_text(manifest.config, result.checkpoint + "/manifest.yaml (config)", {},
+                                          /*check_files=*/false);
   const ModelConfig& m = config.model;
   configure_threads(options.threads, ProcessInfo{});
-  const std::unique_ptr<Tokenizer> tokenizer = load_tokenizer(options.tokenizer);
+  const std::unique_ptr<Tokenizer> tokenizer =
+      checkpoint_tokenizer(result.checkpoint, manifest, options.tokenizer, m.vocab_size);
+  result.tokenizer = tokenizer->name();
   if (tokenizer->vocab_size() > static_cast<uint64_t>(m.vocab_size))
     throw UsageError("the tokenizer's vocabulary (" + std::to_string(tokenizer->vocab_size()) +
                      ") is larger than the model's model.vocab_size " + std::to_string(m.vocab_size));

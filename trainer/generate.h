@@ -17,7 +17,9 @@
 namespace hdp {
 
 struct GenerateOptions {
-  std::string tokenizer;        // "" = byte-level; a tokenizer.model or tokenizer.json
+  // "": the checkpoint's own tokenizer (checkpoint/tokenizer_copy.h); a tokenizer.model or
+  // tokenizer.json: that one, which must be the checkpoint's when it records one.
+  std::string tokenizer;
   int64_t max_new_tokens = 128;
   double temperature = 0;       // 0: greedy
   double top_p = 1.0;
@@ -27,6 +29,7 @@ struct GenerateOptions {
 
 struct GenerateResult {
   std::string checkpoint;       // the step directory used
+  std::string tokenizer;        // the identity of the tokenizer used
   std::vector<uint32_t> prompt_ids, new_ids;
   std::string text;             // the new tokens decoded
   bool stopped_at_eos = false;
