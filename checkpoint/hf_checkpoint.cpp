@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "base/yaml_reader.h"
+#include "checkpoint/hf_tokenizer.h"
 #include "data/tokenizer.h"
 #include "kernels/ops.h"
 #include "checkpoint/checkpoint_error.h"
@@ -375,7 +376,9 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_d
   progress.step = 0;
   progress.train_seed = config.train.seed;
   progress.data_seed = config.data.seed;
-  const std::string path = save_weights_checkpoint(checkpoint_dir, *model, progress, config.yaml);
+  const std::optional<TokenizerFiles> tokenizer = read_hf_tokenizer(hf_dir, config.model.vocab_size);
+  const std::string path =
+      save_weights_checkpoint(checkpoint_dir, *model, progress, config.yaml, tokenizer ? &*tokenizer : nullptr);
   // A training config for the imported model, beside its checkpoint: every key, the
   // model's from config.json; data.path (a stand-in) and train.init_from are the user's to set.
   write_text((fs::path(checkpoint_dir) / "train-config.yaml").string(),
@@ -385,10 +388,6 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_d
   spdlog::info("import-hf: {} ({} layers, hidden {}, vocabulary {}, {:.1f} M parameters) -> {}", hf_dir,
                config.model.num_layers, config.model.hidden_size, config.model.vocab_size,
                model->num_parameters() / 1e6, path);
-  if (hf.bos_token_id || hf.eos_token_id)
-    spdlog::info("import-hf: config.json's bos_token_id {}, eos_token_id {} (give them to export-hf as --bos-id, --eos-id)",
-                 hf.bos_token_id ? std::to_string(*hf.bos_token_id) : "none",
-                 hf.eos_token_id ? std::to_string(*hf.eos_token_id) : "none");
   return path;
 }
 
@@ -401,18 +400,6 @@ std::string export_hf(const std::string& checkpoint, const std::string& output_d
   if (m.moe())
     throw UsageError(path + ": export-hf writes LLaMA and Mistral models; Mixtral's expert tensors are not mapped yet");
 
-  std::optional<int64_t> bos = options.bos_token_id, eos = options.eos_token_id;
-  if (m.vocab_size == static_cast<int64_t>(kByteVocabSize)) {
-    if (!bos) bos = kByteBos;
-    if (!eos) eos = kByteEos;
-  }
-  if (!bos || !eos)
-    throw UsageError("--bos-id and --eos-id are needed for a vocabulary of " + std::to_string(m.vocab_size) +
-                     " (only the byte-level vocabulary of 258 has known ids); give the tokenizer's ids");
-  for (int64_t id : {*bos, *eos})
-    if (id < 0 || id >= m.vocab_size)
-      throw UsageError("token id " + std::to_string(id) + " is outside the vocabulary of " + std::to_string(m.vocab_size));
-
   std::error_code ec;
   fs::create_directories(output_dir, ec);
   if (!fs::is_directory(output_dir, ec)) throw CheckpointError(output_dir + ": cannot create the directory");
@@ -421,6 +408,9 @@ std::string export_hf(const std::string& checkpoint, const std::string& output_d
     if (name == "config.json" || name == kIndexFile || entry.path().extension() == ".safetensors")
       throw UsageError("--output '" + output_dir + "' already holds a model (" + name + "); choose an empty directory");
   }
+  // The tokenizer's files and its special ids (checkpoint/hf_tokenizer.h).
+  const HfSpecialIds special = export_hf_tokenizer(path, read_manifest(path), m.vocab_size, options.bos_token_id,
+                                                   options.eos_token_id, output_dir);
 
   // Shards: consecutive tensors while they fit in max_shard_bytes (a tensor larger
   // than the limit gets a shard of its own), as transformers' save_pretrained does.
@@ -501,12 +491,12 @@ std::string export_hf(const std::string& checkpoint, const std::string& output_d
       {"tie_word_embeddings", m.tie_embeddings},
       {"initializer_range", m.init_std},
       {"use_cache", true},
-      {"bos_token_id", *bos},
-      {"eos_token_id", *eos},
+      {"bos_token_id", special.bos},
+      {"eos_token_id", special.eos},
   };
   if (m.arch == "mistral") cfg["sliding_window"] = m.sliding_window ? OrderedJson(*m.sliding_window) : OrderedJson(nullptr);
   write_text((fs::path(output_dir) / "config.json").string(), cfg.dump(2) + "\n");
-  OrderedJson gen = {{"_from_model_config", true}, {"bos_token_id", *bos}, {"eos_token_id", *eos}};
+  OrderedJson gen = {{"_from_model_config", true}, {"bos_token_id", special.bos}, {"eos_token_id", special.eos}};
   write_text((fs::path(output_dir) / "generation_config.json").string(), gen.dump(2) + "\n");
   spdlog::info("export-hf: {} (step {}) -> {}: {} tensors, {} in {} file{}, {:.1f} MB", path,
                contents.progress.step, output_dir, contents.tensors.size(), torch_dtype, shards, shards == 1 ? "" : "s",

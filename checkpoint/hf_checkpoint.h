@@ -45,12 +45,13 @@ std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_d
 struct HfExportOptions {
   SafetensorsDtype dtype = SafetensorsDtype::BF16;  // F32 or BF16
   uint64_t max_shard_bytes = 5'000'000'000;         // larger models are sharded, with the index
-  // Written to config.json and generation_config.json. Default: the byte-level
-  // tokenizer's 256 and 257 for a 258-entry vocabulary; other vocabularies need them given.
+  // Written to config.json and generation_config.json: the checkpoint's tokenizer's
+  // (checkpoint/hf_tokenizer.h), which given ones must equal; for a checkpoint that
+  // records no tokenizer, these, or 256 and 257 for a 258-entry vocabulary.
   std::optional<int64_t> bos_token_id, eos_token_id;
 };
 
-// Writes config.json, generation_config.json and the safetensors weights of a
+// Writes config.json, generation_config.json, the tokenizer's files and the safetensors weights of a
 // checkpoint (a step directory, or a checkpoint directory whose newest complete
 // checkpoint is taken) into output_dir, which must not hold a model already.
 // Returns the checkpoint path used.

@@ -109,6 +109,10 @@ class BpeTokenizer : public Tokenizer {
     encode_plain(text.substr(start), out);
   }
 
+  std::string piece(uint32_t id) const override {
+    const auto it = id_to_token_.find(id);
+    return it == id_to_token_.end() ? std::string() : it->second;
+  }
   std::string decode(std::span<const uint32_t> ids) const override {
     std::string out;
     for (uint32_t id : ids) {

@@ -22,6 +22,7 @@ class ByteTokenizer : public Tokenizer {
     encode_bytes_append(text, out);
   }
   std::string decode(std::span<const uint32_t> ids) const override { return decode_bytes(ids); }
+  std::string piece(uint32_t) const override { return ""; }
   bool splits_anywhere() const override { return true; }
 };
 
@@ -55,6 +56,9 @@ class SentencePieceTokenizer : public Tokenizer {
     const auto status = processor_.Decode(v, &text);
     if (!status.ok()) throw TokenizerError("SentencePiece decode failed: " + status.ToString());
     return text;
+  }
+  std::string piece(uint32_t id) const override {
+    return id < vocab_size_ ? processor_.IdToPiece(static_cast<int>(id)) : std::string();
   }
 
  private:

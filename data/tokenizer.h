@@ -53,6 +53,10 @@ class Tokenizer {
   virtual void encode_append(std::string_view text, std::vector<uint32_t>& out) const = 0;
   // Ids back to text; BOS, EOS and other control tokens are dropped.
   virtual std::string decode(std::span<const uint32_t> ids) const = 0;
+  // The vocabulary's text of one id (a SentencePiece piece, a tokenizer.json token),
+  // e.g. "</s>" for EOS: what Hugging Face's tokenizer_config.json names special
+  // tokens by. "" for an id outside the vocabulary and for byte-level ids.
+  virtual std::string piece(uint32_t id) const = 0;
   // Whether encoding may split text anywhere (bytes) or only between lines
   // without changing the result (subword models see whole words).
   virtual bool splits_anywhere() const { return false; }

@@ -115,7 +115,11 @@ void write_tokenizer_directory(const std::string& dir, const TokenizerFiles& fil
   fs::create_directories(dir, ec);
   if (!fs::is_directory(dir)) throw TokenizerError(dir + ": cannot create: " + ec.message());
   write_file((fs::path(dir) / kTokenizerIdentityFile).string(), files.identity + "\n");
-  for (const TokenizerFile& f : files.files) write_file((fs::path(dir) / f.name).string(), f.bytes);
+  write_tokenizer_files(dir, files.files);
+}
+
+void write_tokenizer_files(const std::string& dir, const std::vector<TokenizerFile>& files) {
+  for (const TokenizerFile& f : files) write_file((fs::path(dir) / f.name).string(), f.bytes);
 }
 
 TokenizerFiles read_tokenizer_copy(const std::string& identity,

@@ -73,6 +73,8 @@ TokenizerFiles read_tokenizer_copy(const std::string& identity,
 // names; DIR is created (an existing one is replaced).
 inline constexpr const char* kTokenizerIdentityFile = "identity";
 void write_tokenizer_directory(const std::string& dir, const TokenizerFiles& files);
+// Writes files into DIR (which exists) under their names.
+void write_tokenizer_files(const std::string& dir, const std::vector<TokenizerFile>& files);
 // The identity DIR/identity records (TokenizerError when it is missing).
 std::string read_tokenizer_identity(const std::string& dir);
 // Reads and checks the copy in DIR (check_tokenizer_files).

@@ -92,7 +92,8 @@ const char* const kImportHfHelp = R"(usage: trainer import-hf HF_DIR --output CH
 Converts a Hugging Face LLaMA model directory (config.json and model.safetensors,
 or shards listed in model.safetensors.index.json; F32, F16 or BF16 tensors) into
 a step-0 checkpoint of this trainer, CHECKPOINT_DIR/step-00000000, holding the
-weights in float32. Train from it under any layout with
+weights in float32 and the directory's tokenizer (tokenizer.model, else
+tokenizer.json with tokenizer_config.json), which generate and eval then use. Train from it under any layout with
   --set train.init_from=CHECKPOINT_DIR/step-00000000
 config.json settings this build does not implement (rope_scaling, attention or
 MLP biases, another activation or architecture, a sliding window) are refused.
@@ -104,14 +105,18 @@ const char* const kExportHfHelp = R"(usage: trainer export-hf CHECKPOINT --outpu
 
 Writes a checkpoint (a step-NNNNNNNN directory saved under any layout, or a
 checkpoint directory, whose newest complete checkpoint is taken) as a Hugging
-Face LLaMA model directory: config.json, generation_config.json and
+Face LLaMA model directory: config.json, generation_config.json,
 model.safetensors (sharded, with model.safetensors.index.json, above the
-shard size), which transformers' from_pretrained loads as LlamaForCausalLM.
+shard size) and the checkpoint's tokenizer (tokenizer.model or tokenizer.json,
+with tokenizer_config.json; the byte-level tokenizer has no such file), which
+transformers' from_pretrained loads as LlamaForCausalLM.
   --output DIR            the directory to write (must not hold a model)
   --dtype bf16|fp32       the weights' type (default bf16)
   --max-shard-size BYTES  largest shard (default 5000000000; K and M suffixes)
-  --bos-id N --eos-id N   the tokenizer's BOS and EOS ids (default 256 and 257 for
-                          the byte-level vocabulary of 258; needed for any other)
+  --bos-id N --eos-id N   the BOS and EOS ids, only for a checkpoint that records no
+                          tokenizer (written before checkpoints kept one; default 256
+                          and 257 for the byte-level vocabulary of 258); otherwise
+                          they come from its tokenizer and given ones must agree
 )";
 
 
