@@ -8,12 +8,17 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <fstream>
+#include <optional>
 #include <iterator>
 #include <string>
 #include <vector>
 
+#include "data/dataset.h"
+#include "data/prepare.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_files.h"
 #include "test_util.h"
 
 namespace hdp {
@@ -173,6 +178,40 @@ TEST_F(BpeFixture, SpecialTokens) {
   EXPECT_EQ(tokenizer_->decode(Ids{271, 259, 262, 108, 100, 270}), "hello world");
   const std::string text = "hello world, café!! 12345 a  b ü\x01";
   EXPECT_EQ(tokenizer_->decode(encode(*tokenizer_, text)), text);
+}
+
+// A tokenizer.json travels with its tokenizer_config.json (which names BOS and EOS):
+// both are in the dataset's copy, and the copy written to a directory loads as the
+// same tokenizer giving the same ids.
+TEST_F(BpeFixture, TheDatasetsCopyHoldsTheConfigAndLoadsAsTheSameTokenizer) {
+  const TokenizerFiles files = tokenizer_files(dir_ + "/tokenizer.json", *tokenizer_);
+  ASSERT_EQ(files.files.size(), 2u);
+  EXPECT_EQ(files.files[0].name, "tokenizer.json");
+  EXPECT_EQ(files.files[1].name, "tokenizer_config.json");
+  EXPECT_EQ(files.files[1].bytes, R"({"bos_token": "<|begin|>", "eos_token": "<|endoftext|>"})");
+  std::ofstream(dir_ + "/doc.txt") << "hello world café 123!!";
+  PrepareOptions options;
+  options.tokenizer = tokenizer_.get();
+  options.tokenizer_copy = files;
+  prepare_dataset({dir_ + "/doc.txt"}, dir_ + "/doc.h5", options);
+  const std::optional<TokenizerFiles> copy = dataset_tokenizer_copy(dir_ + "/doc.h5", DatasetFormat::Hdf5);
+  ASSERT_TRUE(copy.has_value());
+  ASSERT_EQ(copy->files.size(), 2u);
+  EXPECT_EQ(copy->files[0].bytes, files.files[0].bytes);
+  EXPECT_EQ(copy->files[1].bytes, files.files[1].bytes);
+  write_tokenizer_directory(dir_ + "/copy", *copy);
+  const std::unique_ptr<Tokenizer> again = load_tokenizer_directory(dir_ + "/copy");
+  EXPECT_EQ(again->name(), tokenizer_->name());
+  EXPECT_EQ(again->eos_id(), 270u);
+  EXPECT_EQ(encode(*again, "hello world café 123!!"), encode(*tokenizer_, "hello world café 123!!"));
+  // Without its tokenizer_config.json the copy is refused.
+  std::filesystem::remove(dir_ + "/copy/tokenizer_config.json");
+  try {
+    load_tokenizer_directory(dir_ + "/copy");
+    FAIL() << "a copy without tokenizer_config.json loaded";
+  } catch (const TokenizerError& e) {
+    EXPECT_CONTAINS(e.what(), dir_ + "/copy/tokenizer_config.json");
+  }
 }
 
 TEST(BpeFiles, UnsupportedShapesAreNamed) {

@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -15,6 +17,7 @@
 #include "data/dataset.h"
 #include "data/prepare.h"
 #include "data/tokenizer.h"
+#include "data/tokenizer_files.h"
 #include "test_util.h"
 
 namespace hdp {
@@ -174,6 +177,74 @@ TEST(SentencePieceFiles, PlainTextIsEncodedBetweenLines) {
   EXPECT_TRUE(diff.first == got.end()) << "first difference at byte " << (diff.first - got.begin()) << ": '"
                                        << got.substr(diff.first - got.begin(), 40) << "' vs '"
                                        << want.substr(diff.first - got.begin(), 40) << "'";
+}
+
+// The copy of the tokenizer a dataset keeps (data/tokenizer_files.h): the model
+// file's bytes in the HDF5 group tokenizer_files and in Megatron's PREFIX.tokenizer/,
+// read back equal; a copy whose bytes no longer hash to the recorded identity is
+// refused naming both hashes; a directory copy loads as the same tokenizer.
+TEST(SentencePieceFiles, DatasetsKeepACheckedCopyOfTheModel) {
+  const std::string dir = testing::scratch_dir("sentencepiece-copy");
+  {
+    std::ofstream text(dir + "/t.txt");
+    for (const std::string& line : corpus_lines(50'000)) text << line << "\n";
+  }
+  auto r = run_command("spm_train --input=" + dir + "/t.txt --model_prefix=" + dir + "/sp --vocab_size=300 --minloglevel=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::unique_ptr<Tokenizer> sp = load_tokenizer(dir + "/sp.model");
+  const TokenizerFiles files = tokenizer_files(dir + "/sp.model", *sp);
+  ASSERT_EQ(files.files.size(), 1u);
+  EXPECT_EQ(files.identity, sp->name());
+  EXPECT_EQ(files.files[0].name, "sp.model");
+  std::ifstream model(dir + "/sp.model", std::ios::binary);
+  EXPECT_EQ(files.files[0].bytes, std::string(std::istreambuf_iterator<char>(model), {}));
+
+  PrepareOptions options;
+  options.tokenizer = sp.get();
+  options.tokenizer_copy = files;
+  prepare_dataset({dir + "/t.txt"}, dir + "/t.h5", options);
+  std::optional<TokenizerFiles> copy = dataset_tokenizer_copy(dir + "/t.h5", DatasetFormat::Hdf5);
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->identity, files.identity);
+  ASSERT_EQ(copy->files.size(), 1u);
+  EXPECT_EQ(copy->files[0].bytes, files.files[0].bytes);
+
+  options.format = DatasetFormat::Megatron;
+  prepare_dataset({dir + "/t.txt"}, dir + "/mega", options);
+  EXPECT_EQ(TokenDataset(dir + "/mega", DatasetFormat::Megatron).tokenizer(), sp->name());
+  copy = dataset_tokenizer_copy(dir + "/mega", DatasetFormat::Megatron);
+  ASSERT_TRUE(copy.has_value());
+  EXPECT_EQ(copy->files[0].bytes, files.files[0].bytes);
+  EXPECT_EQ(load_tokenizer_directory(dir + "/mega.tokenizer")->name(), sp->name());
+
+  // Byte-level datasets need no files; a dataset written without a copy has none.
+  options.format = DatasetFormat::Hdf5;
+  options.tokenizer_copy.reset();
+  prepare_dataset({dir + "/t.txt"}, dir + "/nocopy.h5", options);
+  EXPECT_FALSE(dataset_tokenizer_copy(dir + "/nocopy.h5", DatasetFormat::Hdf5).has_value());
+  prepare_dataset({dir + "/t.txt"}, dir + "/bytes.h5", PrepareOptions{});
+  EXPECT_EQ(dataset_tokenizer_copy(dir + "/bytes.h5", DatasetFormat::Hdf5)->identity, "byte-level");
+
+  // Changed bytes: refused in the HDF5 group and in the Megatron directory.
+  TokenizerFiles changed = files;
+  changed.files[0].bytes[100] ^= 1;
+  options.tokenizer_copy = changed;
+  prepare_dataset({dir + "/t.txt"}, dir + "/changed.h5", options);
+  const std::string want = "the copy of sp.model hashes to fnv1a64:" + bytes_fingerprint(changed.files[0].bytes) +
+                           ", not the fnv1a64:" + file_fingerprint(dir + "/sp.model");
+  try {
+    dataset_tokenizer_copy(dir + "/changed.h5", DatasetFormat::Hdf5);
+    FAIL() << "a changed copy was read";
+  } catch (const DatasetError& e) {
+    EXPECT_CONTAINS(e.what(), "dataset '" + dir + "/changed.h5': " + dir + "/changed.h5 (group 'tokenizer_files'): " + want);
+  }
+  std::ofstream(dir + "/mega.tokenizer/sp.model", std::ios::binary | std::ios::trunc) << changed.files[0].bytes;
+  try {
+    dataset_tokenizer_copy(dir + "/mega", DatasetFormat::Megatron);
+    FAIL() << "a changed copy was read";
+  } catch (const DatasetError& e) {
+    EXPECT_CONTAINS(e.what(), want);
+  }
 }
 
 TEST(SentencePieceFiles, BadModelFilesAreNamed) {

@@ -15,6 +15,7 @@
 #include <map>
 #include <optional>
 #include <regex>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -545,6 +546,122 @@ TEST(Generate, GreedyTokensAreTheReferenceModelsArgmax) {
   auto bad = run_trainer("generate " + ckpt + " --prompt x --top-p 0");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_CONTAINS(bad.output, "--top-p must be in (0, 1]");
+}
+
+}  // namespace
+}  // namespace hdp
+
+namespace hdp {
+namespace {
+
+// The tokenizer travels (data/tokenizer_files.h, checkpoint/tokenizer_copy.h): a
+// SentencePiece model of 600 pieces (spm_train on demo text) makes the data;
+// training copies it into the checkpoint; generate uses it without --tokenizer;
+// eval and init_from refuse byte-level data naming both tokenizers; export-hf
+// writes tokenizer.model and its ids, import-hf reads them back; a changed copy
+// and a checkpoint that records none are refused with what to do.
+TEST(TokenizerTravels, FromDataToCheckpointToHuggingFaceAndBack) {
+  const std::string dir = scratch_dir("hf-tokenizer-travels");
+  {
+    std::ofstream text(dir + "/text.txt"), jsonl(dir + "/docs.jsonl");
+    CorpusOptions options;
+    for (int64_t doc = 0; doc < 300; ++doc) {
+      text << generate_demo_document(options, doc) << "\n";
+      if (doc < 40) jsonl << jsonl_record(generate_demo_document(options, doc));
+    }
+  }
+  auto r = testing::run_command("spm_train --input=" + dir + "/text.txt --model_prefix=" + dir +
+                                "/sp --vocab_size=600 --minloglevel=2");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = testing::run_command("echo -n 'the model' | spm_encode --model=" + dir + "/sp.model --output_format=id");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::istringstream prompt_ids(r.output);
+  size_t prompt_tokens = 1;  // BOS
+  for (std::string id; prompt_ids >> id;) ++prompt_tokens;
+  r = run_trainer("prepare-data --input " + dir + "/docs.jsonl --output " + dir + "/sp.h5 --tokenizer " + dir + "/sp.model");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  r = run_trainer("prepare-data --input " + dir + "/docs.jsonl --output " + dir + "/bytes.h5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string train = "train " + kConfig + " --set model.vocab_size=600 --set train.run_dir=" + dir +
+                            "/run --set train.steps=2 --set train.checkpoint_every=2" + small_model_overrides();
+  r = run_trainer(train + " --set data.path=" + dir + "/sp.h5");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string ckpt = dir + "/run/checkpoints/step-00000002";
+  const std::string identity = file_text(ckpt + "/tokenizer/identity");
+  ASSERT_EQ(identity.rfind("sentencepiece sp.model fnv1a64:", 0), 0u) << identity;
+  EXPECT_CONTAINS(file_text(ckpt + "/manifest.yaml"), "tokenizer: " + identity.substr(0, identity.size() - 1) + "\n");
+  EXPECT_EQ(file_text(ckpt + "/tokenizer/sp.model"), file_text(dir + "/sp.model"));
+
+  // generate: the checkpoint's SentencePiece model, not bytes.
+  r = run_trainer("generate " + dir + "/run/checkpoints --prompt 'the model' --max-new-tokens 4");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "tokenizer sentencepiece sp.model fnv1a64:");
+  EXPECT_CONTAINS(r.output, "prompt " + std::to_string(prompt_tokens) + " tokens");
+  r = run_trainer("generate " + ckpt + " --prompt 'the model' --max-new-tokens 4 --tokenizer byte-level");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "--tokenizer byte-level is tokenizer 'byte-level', but " + ckpt +
+                                " was trained with tokenizer 'sentencepiece sp.model fnv1a64:");
+
+  // eval and init_from: byte-level data is refused, naming both tokenizers.
+  r = run_trainer("eval " + ckpt + " --data " + dir + "/bytes.h5");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "the data '" + dir + "/bytes.h5' was made with tokenizer 'byte-level', but " + ckpt +
+                                " was trained with tokenizer 'sentencepiece sp.model fnv1a64:");
+  EXPECT_CONTAINS(r.output, "trainer prepare-data --tokenizer " + ckpt + "/tokenizer/sp.model");
+  r = run_trainer("eval " + ckpt + " --data " + dir + "/sp.h5 --max-documents 2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  r = run_trainer(train + " --set data.path=" + dir + "/bytes.h5 --set train.run_dir=" + dir +
+                  "/run2 --set train.init_from=" + ckpt);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "train.init_from: the data '" + dir + "/bytes.h5' was made with tokenizer 'byte-level'");
+
+  // export-hf: tokenizer.model, its special pieces and ids; a contradicting id is refused.
+  r = run_trainer("export-hf " + ckpt + " --output " + dir + "/hf");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(file_text(dir + "/hf/tokenizer.model"), file_text(dir + "/sp.model"));
+  const Json tokenizer_config = read_json(dir + "/hf/tokenizer_config.json");
+  EXPECT_EQ(tokenizer_config["bos_token"], "<s>");
+  EXPECT_EQ(tokenizer_config["eos_token"], "</s>");
+  EXPECT_EQ(read_json(dir + "/hf/config.json")["bos_token_id"], 1);  // spm_train's defaults
+  EXPECT_EQ(read_json(dir + "/hf/config.json")["eos_token_id"], 2);
+  EXPECT_EQ(read_json(dir + "/hf/generation_config.json")["eos_token_id"], 2);
+  r = run_trainer("export-hf " + ckpt + " --output " + dir + "/hf-bad --eos-id 257");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "--eos-id 257 contradicts the checkpoint's tokenizer 'sentencepiece sp.model");
+
+  // import-hf: the directory's tokenizer.model becomes the checkpoint's; the same
+  // tokenizer under another file name is accepted by eval.
+  r = run_trainer("import-hf " + dir + "/hf --output " + dir + "/imported");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string imported = dir + "/imported/step-00000000";
+  EXPECT_EQ(file_text(imported + "/tokenizer/identity"),
+            "sentencepiece tokenizer.model " + identity.substr(identity.find("fnv1a64:")));
+  EXPECT_EQ(file_text(imported + "/tokenizer/tokenizer.model"), file_text(dir + "/sp.model"));
+  r = run_trainer("eval " + imported + " --data " + dir + "/sp.h5 --max-documents 2");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+
+  // A changed copy is refused naming both hashes.
+  {
+    std::ofstream(imported + "/tokenizer/tokenizer.model", std::ios::app) << "x";
+  }
+  r = run_trainer("generate " + imported + " --prompt 'the model' --max-new-tokens 1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "the copy was changed");
+
+  // A checkpoint that records no tokenizer (as written before) and is not byte-level.
+  const std::string manifest = file_text(ckpt + "/manifest.yaml");
+  {
+    std::ofstream out(ckpt + "/manifest.yaml");
+    out << std::regex_replace(manifest, std::regex("tokenizer: [^\n]*\n"), "");
+  }
+  fs::remove_all(ckpt + "/tokenizer");
+  r = run_trainer("generate " + ckpt + " --prompt 'the model' --max-new-tokens 1");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, ckpt + " records no tokenizer (it was written before checkpoints kept one) and its "
+                                   "model.vocab_size is 600, not the byte-level 258: pass the tokenizer");
+  r = run_trainer("generate " + ckpt + " --prompt 'the model' --max-new-tokens 1 --tokenizer " + dir + "/sp.model");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "prompt " + std::to_string(prompt_tokens) + " tokens");
 }
 
 }  // namespace
