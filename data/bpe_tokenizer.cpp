@@ -9,6 +9,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <algorithm>
 #include <climits>
 #include <cstdio>
 #include <filesystem>
@@ -330,9 +331,24 @@ class BpeTokenizer : public Tokenizer {
       return;
     }
     pcre2_match_data* match = pcre2_match_data_create_from_pattern(regex_, nullptr);
-    size_t at = 0;
+    // pcre2_match checks the UTF-8 of the whole subject after the start offset at
+    // every call, so matching word after word in a long document is quadratic. Each
+    // call sees a window of whole characters instead; a match that reached the
+    // window's end (PCRE2_PARTIAL_HARD reports it: it might continue, or a lookahead
+    // might see another character) or none at all is tried again with twice the
+    // window, so every match is the one the whole text gives.
+    size_t at = 0, window = kFirstWindowBytes;
     while (at < text.size()) {
-      const int rc = pcre2_match(regex_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at, 0, match, nullptr);
+      size_t end = std::min(text.size(), at + window);
+      while (end < text.size() && end > at + 1 && (static_cast<unsigned char>(text[end]) & 0xc0) == 0x80) --end;
+      const bool whole = end == text.size();
+      const int rc = pcre2_match(regex_, reinterpret_cast<PCRE2_SPTR>(text.data()), end, at,
+                                 whole ? 0 : PCRE2_PARTIAL_HARD, match, nullptr);
+      if (!whole && (rc == PCRE2_ERROR_PARTIAL || rc == PCRE2_ERROR_NOMATCH)) {
+        window *= 2;
+        continue;
+      }
+      window = kFirstWindowBytes;
       if (rc < 0) break;
       const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match);
       if (ov[0] > at) encode_word(text.substr(at, ov[0] - at), out);  // unmatched bytes are a word
@@ -416,6 +432,7 @@ class BpeTokenizer : public Tokenizer {
   std::optional<uint32_t> unk_;
   bool byte_fallback_ = false;
   bool ignore_merges_ = false;
+  static constexpr size_t kFirstWindowBytes = 256;  // longer than most words: one call each
   static constexpr size_t kCacheWords = 1 << 20;  // a bound on its memory; later words are not cached
   mutable std::shared_mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<uint32_t>> cache_;

@@ -239,9 +239,11 @@ void read_plain(const std::string& path, const Tokenizer& tokenizer, Writer& wri
   std::string block(kBlock, '\0');
   std::vector<uint32_t> ids;
   int64_t doc_tokens = 0;
-  // A subword tokenizer must not see a word cut in two: it encodes up to the last
-  // newline of what was read and carries the rest into the next block.
-  std::string carry;
+  // A subword tokenizer sees the whole document at once, as its library encodes it:
+  // any cut (even between lines) can change the ids (SentencePiece starts every
+  // piece with a word boundary; a regex lookahead sees the end of a piece). So the
+  // file is held in memory whole, then encoded (in time linear in its length).
+  std::string whole;
   TextCheck check(path);
   auto encode = [&](std::string_view text) {
     ids.clear();
@@ -261,17 +263,12 @@ void read_plain(const std::string& path, const Tokenizer& tokenizer, Writer& wri
       if (tokenizer.splits_anywhere()) {
         encode(text);
       } else {
-        carry.append(text);
-        const size_t cut = carry.rfind('\n');
-        if (cut != std::string::npos) {
-          encode(std::string_view(carry).substr(0, cut + 1));
-          carry.erase(0, cut + 1);
-        }
+        whole.append(text);
       }
     }
     if (!in) break;
   }
-  if (!carry.empty()) encode(carry);
+  if (!whole.empty()) encode(whole);
   if (in.bad()) throw DataInputError(path + ": read error");
   check.finish();
   if (doc_tokens == 0) {

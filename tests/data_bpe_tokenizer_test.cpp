@@ -214,6 +214,25 @@ TEST_F(BpeFixture, TheDatasetsCopyHoldsTheConfigAndLoadsAsTheSameTokenizer) {
   }
 }
 
+// A long document is matched by the regex in windows (data/bpe_tokenizer.cpp); the
+// words, and so the ids, are the whole text's: pieces that the regex splits between
+// anyway encode to the same ids alone, whether a window ends inside a word, inside a
+// two-byte character, or inside runs of spaces and letters longer than a window.
+TEST_F(BpeFixture, ALongDocumentEncodesAsItsPieces) {
+  const std::string words = " hello wor 123 café!!";
+  const std::string runs = std::string(700, ' ') + std::string(600, 'l') + "é";
+  std::string text;
+  Ids want;
+  for (int i = 0; i < 400; ++i) {
+    const std::string& piece = i % 50 == 49 ? runs : words;
+    text += piece;
+    const Ids ids = encode(*tokenizer_, piece);
+    want.insert(want.end(), ids.begin(), ids.end());
+  }
+  EXPECT_EQ(encode(*tokenizer_, words), (Ids{32, 259, 262, 32, 264, 32, 269, 266}));
+  EXPECT_EQ(encode(*tokenizer_, text), want);
+}
+
 TEST(BpeFiles, UnsupportedShapesAreNamed) {
   const std::string dir = testing::scratch_dir("bpe-bad");
   auto error_of = [&](const std::string& json) {
