@@ -41,16 +41,18 @@ for model in tiny-llama tiny-mistral tiny-mixtral tiny-llama-rope-llama3; do
   fi
   "$trainer" train "$config" ${settings[@]+"${settings[@]}"} --set train.steps=60 --set train.run_dir="$run" \
     --set train.checkpoint_dir="$run/checkpoints" --set train.checkpoint_every=60 >"$run.train.log" 2>&1
-  "$trainer" export-hf "$run/checkpoints" --output "$run/hf" --dtype fp32 >/dev/null
+  # The converters' log lines go to the run's log (set -e stops at a failure; the log says why).
+  "$trainer" export-hf "$run/checkpoints" --output "$run/hf" --dtype fp32 >/dev/null 2>>"$run.train.log"
   ours=$("$trainer" generate "$run/checkpoints" --prompt "$prompt" --max-new-tokens $new_tokens --threads 1 2>/dev/null)
   ours="${ours#"$prompt"}"  # generate prints the prompt, then its continuation
   # Both losses over prompt + our continuation + EOS, one document (byte-level: no BOS).
   printf '%s' "$prompt$ours" >"$run/scored.txt"
-  "$trainer" prepare-data --input "$run/scored.txt" --output "$run/scored.h5" >/dev/null 2>&1
+  "$trainer" prepare-data --input "$run/scored.txt" --output "$run/scored.h5" >/dev/null 2>>"$run.train.log"
   our_loss=$("$trainer" eval "$run/checkpoints" --data "$run/scored.h5" --threads 1 2>/dev/null |
              sed -n 's/.*: loss \([0-9.]*\).*/\1/p')
   eval_ids="$(printf '%s' "$prompt$ours" | od -An -tu1 -v | tr -s ' \n' ',' | sed 's/^,//; s/,$//'),257"
-  theirs=$("$python" bench/hf_interop_check.py "$run/hf" "$run/hf-resaved" "$prompt_ids" $new_tokens "$eval_ids")
+  theirs=$("$python" bench/hf_interop_check.py "$run/hf" "$run/hf-resaved" "$prompt_ids" $new_tokens "$eval_ids" \
+           2>>"$run.train.log")
   # Their new ids as text (bytes; ids >= 256 are BOS/EOS and end the text as ours does).
   # LC_ALL=C: under a UTF-8 locale gawk's %c prints 128..255 as two bytes.
   their_text=$(sed -n 's/^new //p' <<<"$theirs" | tr ',' '\n' | LC_ALL=C awk '$1 < 256 { printf "%c", $1 } $1 >= 256 { exit }')
@@ -61,8 +63,8 @@ for model in tiny-llama tiny-mistral tiny-mixtral tiny-llama-rope-llama3; do
   echo "  ours:         $(printf '%q' "$ours")"
   echo "  transformers: $(printf '%q' "$their_text")"
   if [[ "$ours" == "$their_text" ]]; then echo "  greedy continuations: identical"; else echo "  greedy continuations: DIFFER"; status=1; fi
-  "$trainer" import-hf "$run/hf-resaved" --output "$run/reimported" >/dev/null
-  "$trainer" export-hf "$run/reimported" --output "$run/hf-again" --dtype fp32 >/dev/null
+  "$trainer" import-hf "$run/hf-resaved" --output "$run/reimported" >/dev/null 2>>"$run.train.log"
+  "$trainer" export-hf "$run/reimported" --output "$run/hf-again" --dtype fp32 >/dev/null 2>>"$run.train.log"
   if cmp -s "$run/hf/model.safetensors" "$run/hf-again/model.safetensors"; then
     echo "  export -> transformers save_pretrained -> import-hf -> export: model.safetensors byte-identical"
   else

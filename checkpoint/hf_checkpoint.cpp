@@ -133,11 +133,15 @@ class HfConfigReader {
 // ones); its rope_theta, else the top-level `rope_theta`, else 10000. Types this
 // build does not implement are refused, naming the key and the value.
 void read_rope(const HfConfigReader& c, RopeSettings& rope) {
+  // transformers reads it beside the dict or inside it.
+  auto whole_head = [](const HfConfigReader& r) {
+    if (r.number("partial_rotary_factor", 1.0) != 1.0)
+      r.fail("partial_rotary_factor", r.at("partial_rotary_factor").dump() + " is not supported",
+             "this build rotates the whole head (1.0)");
+  };
+  whole_head(c);
   rope.rope_theta = c.number("rope_theta", 10000.0);
   const char* dict_key = c.has("rope_scaling") ? "rope_scaling" : c.has("rope_parameters") ? "rope_parameters" : nullptr;
-  if (c.number("partial_rotary_factor", 1.0) != 1.0)
-    c.fail("partial_rotary_factor", c.at("partial_rotary_factor").dump() + " is not supported",
-           "this build rotates the whole head (1.0)");
   if (dict_key == nullptr) return;
   const HfConfigReader d(c.path(), c.at(dict_key), std::string(dict_key) + ".");
   const char* type_key = d.has("rope_type") ? "rope_type" : "type";  // "type": transformers before 4.45
@@ -148,24 +152,23 @@ void read_rope(const HfConfigReader& c, RopeSettings& rope) {
   if (type == "llama3")
     known.insert({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
   d.only(known, implemented + " and no other key of it");
+  whole_head(d);
   rope.rope_theta = d.number("rope_theta", rope.rope_theta);
-  if (d.number("partial_rotary_factor", 1.0) != 1.0)
-    d.fail("partial_rotary_factor", d.at("partial_rotary_factor").dump() + " is not supported",
-           "this build rotates the whole head (1.0)");
   if (type == "default") return;
-  rope.rope_scaling = RopeScaling::Llama3;
-  rope.rope_scaling_factor = d.number("factor", std::nan(""));
-  rope.rope_low_freq_factor = d.number("low_freq_factor", std::nan(""));
-  rope.rope_high_freq_factor = d.number("high_freq_factor", std::nan(""));
   for (const char* key : {"factor", "low_freq_factor", "high_freq_factor"})
     if (!d.has(key)) d.fail(key, "required key is missing", "rope_type 'llama3' needs it");
+  rope.rope_scaling = RopeScaling::Llama3;
+  rope.rope_scaling_factor = d.number("factor", 0);
+  rope.rope_low_freq_factor = d.number("low_freq_factor", 0);
+  rope.rope_high_freq_factor = d.number("high_freq_factor", 0);
   // transformers takes max_position_embeddings when the dict lacks it.
   rope.rope_original_max_positions =
       d.has("original_max_position_embeddings") ? d.integer("original_max_position_embeddings")
                                                 : c.integer("max_position_embeddings", 2048, 2);
 }
 
-// config.json's names (LlamaConfig, MistralConfig) of the model keys the model's
+// config.json's names (LlamaConfig, MistralConfig, MixtralConfig; RoPE's factors as
+// transformers 5 writes them) of the model keys the model's
 // rules (spec/model_checks.h) can name, for its messages.
 const KeyWording kHfKeyWording{
     [](const std::string& key) -> std::string {

@@ -40,7 +40,8 @@ HfModelConfig read_hf_config(const std::string& config_json);
 // checkpoint_dir/step-00000000 (which train.init_from takes under any layout)
 // and returns its path. The stored config holds the model keys from config.json,
 // data.max_seq_len = max_position_embeddings and `overrides` ("key=value", as
-// train's --set; model keys other than init_std cannot be overridden). Refuses a
+// train's --set; of the model keys only init_std and router_aux_loss_coef,
+// which steer training only, may be overridden: config/model_agreement.h). Refuses a
 // checkpoint_dir that is not empty.
 std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_dir,
                       const std::vector<std::string>& overrides);

@@ -215,6 +215,14 @@ TEST(HfCheckpoint, MixtralExportThenImportIsBitIdenticalWithTheSameLoss) {
     ASSERT_TRUE(back.count(name)) << name;
     EXPECT_TRUE(bit_equal(back.at(name), w)) << name;
   }
+  // --set may change how the model trains, not what it is.
+  r = run_trainer("import-hf " + dir + "/hf --output " + dir + "/more-experts --set model.num_experts=8");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "--set model.num_experts changes the model that " + dir + "/hf/config.json describes "
+                            "(model.num_experts 4 (config.json) vs 8 (--set))");
+  r = run_trainer("import-hf " + dir + "/hf --output " + dir + "/other-coef --set model.router_aux_loss_coef=0.05");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(file_text(dir + "/other-coef/train-config.yaml"), "router_aux_loss_coef: 0.05");
   // The same model: the same loss (with its load-balancing term) to the printed digit.
   const std::string loss = eval_loss(ckpt, small_corpus());
   EXPECT_EQ(eval_loss(imported, small_corpus()), loss);
