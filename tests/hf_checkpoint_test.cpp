@@ -1,9 +1,10 @@
 // trainer import-hf and export-hf (checkpoint/hf_checkpoint.h), through the binary:
-// export then import gives bit-identical weights (fp32, one file and shards),
-// bf16 and f16 files import as their exact float32 values, the written
-// config.json carries what transformers' LlamaConfig needs, and config.json
-// settings we do not implement or broken safetensors files end with exit code 2
-// and a message naming the file and the key or tensor.
+// export then import gives bit-identical weights (fp32, one file and shards; Mixtral
+// to the same eval loss), bf16 and f16 files import as their exact float32 values,
+// the written config.json carries what transformers' LlamaConfig and MixtralConfig
+// need (LLaMA 3's RoPE scaling both ways), and config.json settings we do not
+// implement or broken safetensors files end with exit code 2 and a message naming
+// the file and the key or tensor. Also train.init_from's refusal of another model.
 
 #include <gtest/gtest.h>
 
