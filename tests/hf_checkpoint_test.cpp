@@ -89,6 +89,9 @@ TEST(HfCheckpoint, ExportThenImportIsBitIdenticalInFp32) {
   // Small shards: the 0.3 M-parameter model in several files with the index.
   auto r = run_trainer("export-hf " + ckpt + " --output " + dir + "/hf --dtype fp32 --max-shard-size 256K");
   ASSERT_EQ(r.exit_code, 0) << r.output;
+  // The demo corpus is byte-level: no Hugging Face tokenizer file exists for it, and export-hf says so.
+  EXPECT_CONTAINS(r.output, "the byte-level tokenizer has no Hugging Face tokenizer file (ids 0-255 are the UTF-8 bytes");
+  EXPECT_FALSE(fs::exists(dir + "/hf/tokenizer.json") || fs::exists(dir + "/hf/tokenizer.model"));
   const Json index = read_json(dir + "/hf/model.safetensors.index.json");
   std::set<std::string> shard_files;
   for (const auto& [name, file] : index["weight_map"].items()) shard_files.insert(file.get<std::string>());
