@@ -77,7 +77,7 @@ class TrainingEngine::Stage final : public PipelineStage {
         poisoned_(poisoned),
         slow_factor_(slow_factor) {}
 
-  int64_t rows(int i) const override { return batch(i).num_tokens(); }
+  int64_t rows(int i) const override { return model_.residual_rows(batch(i).num_tokens()); }
   void prepare(int i, int slot) override {
     const PackedMicroBatch& b = batch(i);
     model_.set_batch(slot, MicroBatchView{b.tokens, b.targets, b.positions, b.cu_seqlens,
