@@ -121,6 +121,7 @@ struct ParallelConfig : ParallelDegrees {
   std::vector<int64_t> pp_layers;        // layers per stage; empty = balanced by cost
   int64_t bucket_mb = 25;                // ZeRO-1 gradient bucket size
   CommMode comm = CommMode::Auto;        // the groups' transport; resolved by choose_comm_backend (run/job.cpp)
+  bool sequence_parallel = false;        // norms and residual adds on 1/tp of the sequence (model/decoder_blocks.h)
 };
 
 // How a step's sequences are spread over the hybrid-data-parallel ranks.
@@ -212,6 +213,14 @@ struct ConfigDifference {
 // `yaml` (then keys only `other_yaml` has). Config::yaml holds one "key: value"
 // line per key under its section's header, so comparing line by line is exact.
 std::vector<ConfigDifference> config_differences(const std::string& yaml, const std::string& other_yaml);
+
+// Whether this config's plans may offload activations: offload enabled, sequences
+// longer than a micro-batch (only those are offloaded) and the naive or balance
+// policy (the static grid never offloads).
+inline bool may_offload(const Config& config) {
+  return config.offload.enabled && config.scheduler.policy != SchedulerPolicy::Static &&
+         config.data.max_seq_len > config.data.micro_batch_tokens;
+}
 
 // data.format as the dataset reader's enum.
 inline DatasetFormat dataset_format(const DataConfig& data) {

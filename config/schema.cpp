@@ -288,7 +288,11 @@ const std::vector<Section> kSchema = {
       field("bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb, "ZeRO-1 gradient bucket size in MiB",
             positive_count()),
       enum_field("comm", &Config::parallel, &ParallelConfig::comm, kCommModeNames, "communicator",
-                 "what the tp, pp and hdp groups move tensors with")}},
+                 "what the tp, pp and hdp groups move tensors with"),
+      field("sequence_parallel", &Config::parallel, &ParallelConfig::sequence_parallel,
+            "with `tp` > 1: the norms and residual adds hold 1/tp of the sequence, and tensor parallelism's "
+            "all-reduces become all-gathers and reduce-scatters (Megatron's sequence parallelism); dense models, "
+            "without offload")}},
     {"scheduler",
      {enum_field("policy", &Config::scheduler, &SchedulerConfig::policy, kSchedulerPolicyNames, "policy",
                  "how a step's sequences are spread over the hdp ranks"),

@@ -833,6 +833,31 @@ TEST(Config, RecomputeChoice) {
   EXPECT_CONTAINS(load_error(path, {"train.recompute=partial"}), "train.recompute: unknown mode 'partial'");
 }
 
+TEST(Config, SequenceParallelChoice) {
+  Scratch s("sequence_parallel");
+  const std::string path = s.config(
+      "model:\n"
+      "  num_kv_heads: 2\n"
+      "data:\n"
+      "  path: DATA\n");
+  EXPECT_FALSE(load_config(path).parallel.sequence_parallel);
+  EXPECT_TRUE(load_config(path, {"parallel.tp=2", "parallel.sequence_parallel=true"}).parallel.sequence_parallel);
+  // Bad settings are refused naming the key: no tp group, Mixtral, offload of
+  // sequences longer than a micro-batch (without offload they are fine: rings).
+  const std::string alone = load_error(path, {"parallel.sequence_parallel=true"});
+  EXPECT_CONTAINS(alone, "parallel.sequence_parallel: true with parallel.tp 1");
+  EXPECT_CONTAINS(alone, "raise parallel.tp above 1");
+  EXPECT_CONTAINS(load_error(path, {"parallel.tp=2", "parallel.sequence_parallel=true", "model.arch=mixtral",
+                                    "model.num_experts=4", "model.experts_per_token=2"}),
+                  "parallel.sequence_parallel: true with model.arch 'mixtral'");
+  const std::vector<std::string> long_sequences = {"parallel.tp=2", "parallel.hdp=2", "parallel.sequence_parallel=true",
+                                                   "data.max_seq_len=8192", "data.global_batch_tokens=8192"};
+  EXPECT_CONTAINS(load_error(path, long_sequences), "parallel.sequence_parallel: true with offload.enabled true");
+  std::vector<std::string> without_offload = long_sequences;
+  without_offload.push_back("offload.enabled=false");
+  EXPECT_TRUE(load_config(path, without_offload).parallel.sequence_parallel);
+}
+
 TEST(ConfigErrors, MissingDataFile) {
   Scratch s("missing_data");
   const std::string missing = s.dir + "/nope/corpus.h5";
