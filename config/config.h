@@ -90,7 +90,7 @@ struct TrainConfig {
   std::string run_dir = "runs/default";
   int64_t checkpoint_every = 0;          // 0 disables
   std::string checkpoint_dir;            // empty: RUN_DIR/checkpoints (filled in when the config is read)
-  int64_t keep_checkpoints = 3;          // newest K complete checkpoints are kept
+  int64_t keep_checkpoints = 3;          // newest K complete checkpoints are kept (and the newest confirmed one)
   bool async_checkpoints = true;          // write checkpoints in a background thread from a host snapshot
   bool reuse_checkpoint_dir = false;      // accept a checkpoint_dir holding another run's checkpoints
   ResumeMode resume = ResumeMode::Auto;
@@ -109,8 +109,8 @@ struct TrainConfig {
   double spike_factor = 3;               // skip a step whose loss exceeds this x the recent median; 0 = off
   double grad_norm_spike_factor = 100;   // skip a step whose gradient norm exceeds this x the recent median; 0 = off
   int64_t max_bad_steps = 3;             // this many bad (NaN/Inf or spike) steps in a row roll the run back to the
-                                         // newest checkpoint before them and skip their batches; with none to
-                                         // return to (or after 3 rollbacks there) the run stops
+                                         // newest confirmed checkpoint before them and skip their batches;
+                                         // with none to return to the run stops
   double hang_timeout_s = 600;           // no progress (or a silent peer) this long is a hang: stacks, summary, exit 1; 0 = off
 };
 

@@ -304,7 +304,14 @@ TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, i
     }
   }
   if (t.resume == ResumeMode::Auto) {
-    if (auto latest = latest_checkpoint(t.checkpoint_dir)) {
+    std::vector<std::string> suspect;
+    const std::optional<std::string> latest = latest_resumable_checkpoint(t.checkpoint_dir, &suspect);
+    if (rank == 0 && !suspect.empty()) {
+      std::string list;
+      for (const std::string& s : suspect) list += (list.empty() ? "" : "; ") + s;
+      spdlog::warn("resume: auto passes by {} suspect checkpoint(s): {}", suspect.size(), list);
+    }
+    if (latest) {
       check_schedule_continues(config, *latest, rank);
       TrainingProgress progress = load_checkpoint(*latest, engine.model(), &engine.optimizer());
       spdlog::info("resumed from {} at step {}", *latest, progress.step);
