@@ -199,7 +199,8 @@ const std::vector<Section> kSchema = {
             "save a checkpoint every this many steps; 0 disables checkpoints",
             non_negative("it must be 0 or more (0 disables checkpoints)")),
       field("checkpoint_dir", &Config::train, &TrainConfig::checkpoint_dir,
-            "where checkpoints go; empty: `run_dir`/checkpoints (what the effective config then shows)"),
+            "where checkpoints go; empty: `run_dir`/checkpoints (the effective config keeps it empty, so a config "
+            "used for another run follows its `run_dir`)"),
       field("keep_checkpoints", &Config::train, &TrainConfig::keep_checkpoints,
             "the newest K complete checkpoints are kept, and the newest confirmed one when none of them is "
             "(`max_bad_steps`)",

@@ -84,6 +84,7 @@ TrainingLoop::TrainingLoop(const Config& config, const ProcessInfo& process, Pro
       peak_flops_(peak_flops),
       memory_bytes_(memory_bytes),
       layout_{config.parallel, groups.coords(), process.rank, &groups.world()},
+      checkpoint_dir_(resolved_checkpoint_dir(config.train)),
       guard_(SpikeFactors{config.train.spike_factor, config.train.grad_norm_spike_factor}, config.train.max_bad_steps),
       tracer_(config.trace, config.train.run_dir, groups.coords(), process.rank, groups.world()) {
   if (process.rank == 0) metrics_.emplace(config.train.run_dir, progress.step);
@@ -97,7 +98,7 @@ TrainingLoop::TrainingLoop(const Config& config, const ProcessInfo& process, Pro
   if (config.train.checkpoint_every > 0) {
     // Writes in the background need MPI from a second thread when there are several ranks.
     const bool async = config.train.async_checkpoints && (process.thread_multiple || config.parallel.world() == 1);
-    writer_.emplace(config.train.checkpoint_dir, config.yaml, config.train.keep_checkpoints, layout_, async,
+    writer_.emplace(checkpoint_dir_, config.yaml, config.train.keep_checkpoints, layout_, async,
                     process.rank == 0, checkpoint_fault_hooks(fault_, process.rank));
   }
 }
@@ -246,7 +247,7 @@ std::optional<std::string> TrainingLoop::rollback_target(std::string* why_not) {
     return std::nullopt;
   }
   writer_->wait();  // the newest checkpoint may still be in the making
-  const std::string& dir = config_.train.checkpoint_dir;
+  const std::string& dir = checkpoint_dir_;
   int64_t before = first_bad;
   if (last_rollback_ && newest_confirmed_step_ < last_rollback_->first_bad_step) {
     // Bad steps again before the run got past the streak that sent it back: the
@@ -293,7 +294,7 @@ void TrainingLoop::rollback(const std::string& target, const std::string& what) 
     spdlog::warn("{}; rolling back to {} (step {}) and skipping the global batches of step(s) {} from now on "
                  "(rollback {} of this run; {} skipped batch(es) in all): {}",
                  what, target, restored.step, steps, restored.rollbacks, skipped.size(), documents);
-    delete_checkpoints_after(config_.train.checkpoint_dir, restored.step);
+    delete_checkpoints_after(checkpoint_dir_, restored.step);
     record_rollbacks(target, restored.rollbacks, skipped);
   }
   // No rank goes on (and may write a checkpoint) before rank 0 has cleaned up.
@@ -398,7 +399,7 @@ void TrainingLoop::confirm_checkpoints_once_warm() {
   newest_confirmed_step_ = newest_saved_step_;
   if (process_.rank != 0 || !writer_) return;
   writer_->wait();  // once in a run: the write in flight may be one to confirm
-  for (const std::string& path : confirm_checkpoints(config_.train.checkpoint_dir)) {
+  for (const std::string& path : confirm_checkpoints(checkpoint_dir_)) {
     spdlog::info("{} confirmed: the numerical guard passed a step after it", path);
   }
 }

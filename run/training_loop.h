@@ -120,6 +120,7 @@ class TrainingLoop {
   const double peak_flops_;
   const size_t memory_bytes_;  // the engine's device memory, reported as peak_mem_bytes
   const CheckpointLayout layout_;
+  const std::string checkpoint_dir_;  // resolved_checkpoint_dir
   std::optional<MetricsWriter> metrics_;  // rank 0
   std::optional<TensorBoardWriter> tensorboard_;  // rank 0, with metrics.tensorboard
   ProgressMeter clock_;      // since run() began: the step line's elapsed time and ETA
