@@ -159,6 +159,7 @@ void TrainingLoop::run_step(int64_t step) {
   const int64_t update_number = step - progress_.skipped_steps;
   measured.updated = agree_on_update(measured.result);
   if (measured.updated) {
+    newest_good_step_ = step;
     confirm_checkpoints_once_warm();
     engine_.apply_update(measured.lr, update_number);
   }
@@ -249,14 +250,13 @@ std::optional<std::string> TrainingLoop::rollback_target(std::string* why_not) {
   writer_->wait();  // the newest checkpoint may still be in the making
   const std::string& dir = checkpoint_dir_;
   int64_t before = first_bad;
-  if (last_rollback_ && newest_confirmed_step_ < last_rollback_->first_bad_step) {
+  if (last_rollback_ && newest_good_step_ <= last_rollback_->last_bad_step) {
     // Bad steps again before the run got past the streak that sent it back: the
     // weights it returned to, not the skipped batches, look bad.
     const Rollback& last = *last_rollback_;
-    const std::string why = "a rollback to it (bad steps from step " + std::to_string(last.first_bad_step) +
-                            ") ran into bad steps again from step " + std::to_string(first_bad) +
-                            ", before a checkpoint after step " + std::to_string(last.first_bad_step - 1) +
-                            " was confirmed";
+    const std::string why = "a rollback to it (bad steps " + std::to_string(last.first_bad_step) + "-" +
+                            std::to_string(last.last_bad_step) + ") ran into bad steps again from step " +
+                            std::to_string(first_bad) + ", before passing step " + std::to_string(last.last_bad_step);
     suspect_steps_.push_back(last.target_step);
     if (process_.rank == 0) {
       const int newer = mark_suspect_from(dir, last.target_step, why);
@@ -287,7 +287,7 @@ void TrainingLoop::rollback(const std::string& target, const std::string& what) 
     documents += (documents.empty() ? "" : "; ") + ("step " + std::to_string(b.step) + ": " + b.documents);
   }
   TrainingProgress restored = load_checkpoint(target, engine_.model(), &engine_.optimizer());
-  last_rollback_ = Rollback{target, restored.step, streak_.front().step};
+  last_rollback_ = Rollback{target, restored.step, streak_.front().step, streak_.back().step};
   restored.rollbacks = progress_.rollbacks + 1;
   restored.skipped_batches = skipped;
   if (process_.rank == 0) {
@@ -302,8 +302,7 @@ void TrainingLoop::rollback(const std::string& target, const std::string& what) 
   progress_ = restored;
   guard_.restore_windows(restored.loss_window, restored.grad_norm_window);
   guard_.reset_streak();
-  // The checkpoints after the target are gone; the target itself was confirmed.
-  newest_confirmed_step_ = newest_saved_step_ = restored.step;
+  newest_good_step_ = restored.step;
   awaiting_confirmation_ = !guard_.warm();
   streak_.clear();
   batches_.restart(restored.sampler, skipped);
@@ -396,9 +395,8 @@ bool TrainingLoop::checkpoint_due(int64_t step) const {
 void TrainingLoop::confirm_checkpoints_once_warm() {
   if (!awaiting_confirmation_ || !guard_.warm()) return;
   awaiting_confirmation_ = false;
-  newest_confirmed_step_ = newest_saved_step_;
   if (process_.rank != 0 || !writer_) return;
-  writer_->wait();  // once in a run: the write in flight may be one to confirm
+  writer_->wait();  // rare (the step the guard turns warm): the write in flight may be one to confirm
   for (const std::string& path : confirm_checkpoints(checkpoint_dir_)) {
     spdlog::info("{} confirmed: the numerical guard passed a step after it", path);
   }
@@ -411,8 +409,6 @@ void TrainingLoop::save_checkpoint_at(int64_t step, const GlobalBatch& batch) {
   progress_.loss_window = guard_.loss_window();
   progress_.grad_norm_window = guard_.grad_norm_window();
   progress_.guard_confirmed = guard_.warm();
-  newest_saved_step_ = step;
-  if (progress_.guard_confirmed) newest_confirmed_step_ = step;
   awaiting_confirmation_ = awaiting_confirmation_ || !progress_.guard_confirmed;
   progress_.lr_schedule = RunSchedule{config_.optim, config_.train.steps};
   writer_->save(engine_.model(), engine_.optimizer(), progress_);

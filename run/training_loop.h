@@ -79,7 +79,7 @@ class TrainingLoop {
   // been drifting before the guard saw it) that the guard confirmed (manifest.h:
   // saved once the guard was warm, or followed by a step it passed since) and that
   // is not suspect. When this run rolled back before and ran into bad steps again
-  // before a checkpoint past the earlier streak was confirmed, the checkpoint it
+  // before passing the last step of the earlier streak, the checkpoint it
   // returned to is marked suspect (in its manifest: `resume: auto` passes it by
   // too) and the rollback goes past it. None, with the reason, when checkpoints are
   // off, the remote loader cannot replay batches, or no such checkpoint is left.
@@ -144,20 +144,20 @@ class TrainingLoop {
     std::string documents;
   };
   std::vector<BadStep> streak_;
-  // The last rollback of this run: the checkpoint it returned to and the first bad
-  // step of the streak that made it.
+  // The last rollback of this run: the checkpoint it returned to and the streak of
+  // bad steps that made it.
   struct Rollback {
     std::string target;
     int64_t target_step;
     int64_t first_bad_step;
+    int64_t last_bad_step;
   };
   std::optional<Rollback> last_rollback_;
   std::vector<int64_t> suspect_steps_;  // never returned to again by this run
-  // The newest checkpoint of the current trajectory the guard confirmed, and the
-  // newest saved; whether checkpoints saved before the guard was warm may await
-  // confirmation. Alike on every rank: the guard's verdicts are agreed.
-  int64_t newest_confirmed_step_ = 0;
-  int64_t newest_saved_step_ = 0;
+  // The newest step the guard passed since the start or the last rollback, and
+  // whether checkpoints saved before the guard was warm may await confirmation.
+  // Alike on every rank: the guard's verdicts are agreed.
+  int64_t newest_good_step_ = 0;
   bool awaiting_confirmation_ = false;
 };
 

@@ -805,8 +805,8 @@ TEST(Training, ACheckpointFoundBadLaterIsMarkedSuspectAndTheRollbackGoesPastIt) 
     return r.output.find("rolling back to " + step_dir(dir, step) + " (step " + std::to_string(step) + ")");
   };
   const auto suspect = [&](int step) {
-    return r.output.find(step_dir(dir, step) + " is suspect: a rollback to it (bad steps from step 4) ran into bad "
-                         "steps again from step 4, before a checkpoint after step 3 was confirmed");
+    return r.output.find(step_dir(dir, step) + " is suspect: a rollback to it (bad steps 4-5) ran into bad steps again "
+                         "from step 4, before passing step 5");
   };
   ASSERT_NE(rolled_back_to(3), std::string::npos) << r.output;
   ASSERT_NE(suspect(3), std::string::npos) << r.output;
@@ -822,8 +822,7 @@ TEST(Training, ACheckpointFoundBadLaterIsMarkedSuspectAndTheRollbackGoesPastIt) 
   EXPECT_NE(r.output.find("stopping: no confirmed checkpoint before step 1 in " + dir + "/ckpt to roll back to. "),
             std::string::npos) << r.output;
   EXPECT_EQ(manifest_field(manifest_of(step_dir(dir, 1)), "suspect"),
-            "a rollback to it (bad steps from step 4) ran into bad steps again from step 4, before a checkpoint "
-            "after step 3 was confirmed");
+            "a rollback to it (bad steps 4-5) ran into bad steps again from step 4, before passing step 5");
   for (int step : {2, 3}) {
     EXPECT_EQ(manifest_field(manifest_of(step_dir(dir, step)), "suspect"),
               "trained from the checkpoint of step 1, which is suspect") << step;
