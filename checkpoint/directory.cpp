@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
-#include <limits>
 #include <regex>
 
 namespace hdp {
@@ -66,10 +65,34 @@ bool delete_listed(const Listed& l) {
   return !ec;
 }
 
-std::optional<Listed> newest_complete_before(const std::string& checkpoint_dir, int64_t step) {
+// The manifest of a listed complete checkpoint, or the reason it cannot be read
+// (a damaged checkpoint: loading it would fail as well).
+std::optional<Manifest> manifest_of(const Listed& l, std::string* error) {
+  try {
+    return read_manifest(l.path.string());
+  } catch (const std::exception& e) {
+    *error = e.what();
+    return std::nullopt;
+  }
+}
+
+// Nothing when a rollback may return to the checkpoint: the numerical guard
+// confirmed it and no rollback to it ran into bad steps again. Else why not.
+std::optional<std::string> why_no_rollback_target(const Listed& l) {
+  std::string error;
+  const std::optional<Manifest> m = manifest_of(l, &error);
+  if (!m) return "its manifest cannot be read: " + error;
+  if (!m->suspect.empty()) return "suspect: " + m->suspect;
+  if (!m->progress.guard_confirmed) {
+    return "unconfirmed: the numerical guard had passed no step after the run's first when it was saved, nor since";
+  }
+  return std::nullopt;
+}
+
+std::optional<Listed> newest_complete(const std::string& checkpoint_dir) {
   auto all = list_checkpoints(checkpoint_dir);
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (it->complete && it->step < step) return std::move(*it);
+    if (it->complete) return std::move(*it);
   }
   return std::nullopt;
 }
@@ -102,23 +125,79 @@ void rename_into_place(const std::string& tmp_dir, const std::string& final_path
 void prune_checkpoints(const std::string& dir, int64_t keep, int64_t current_step) {
   auto all = list_checkpoints(dir);
   int64_t kept = 0;
+  bool rollback_target_kept = false;
   for (auto it = all.rbegin(); it != all.rend(); ++it) {
-    if (it->complete) {
-      if (it->step == current_step || kept < std::max<int64_t>(keep, 1)) {
-        ++kept;
-        continue;
-      }
-      delete_listed(*it);
-    } else if (it->tmp && it->step < current_step) {
-      delete_listed(*it);
+    if (!it->complete) {
+      if (it->tmp && it->step < current_step) delete_listed(*it);
+      continue;
     }
+    const bool newest = it->step == current_step || kept < std::max<int64_t>(keep, 1);
+    if (newest) ++kept;
+    if (!rollback_target_kept && !why_no_rollback_target(*it)) {
+      rollback_target_kept = true;
+      continue;
+    }
+    if (!newest) delete_listed(*it);
   }
 }
 
-std::optional<std::string> latest_checkpoint_before(const std::string& checkpoint_dir, int64_t step) {
-  const std::optional<Listed> found = newest_complete_before(checkpoint_dir, step);
-  if (!found) return std::nullopt;
-  return found->path.string();
+std::optional<std::string> latest_resumable_checkpoint(const std::string& checkpoint_dir,
+                                                       std::vector<std::string>* passed_by) {
+  auto all = list_checkpoints(checkpoint_dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (!it->complete) continue;
+    std::string error;
+    const std::optional<Manifest> m = manifest_of(*it, &error);
+    // One that cannot be read is resumed from all the same: loading it says what is wrong.
+    if (!m || m->suspect.empty()) return it->path.string();
+    passed_by->push_back(it->path.string() + " (suspect: " + m->suspect + ")");
+  }
+  return std::nullopt;
+}
+
+std::optional<std::string> rollback_checkpoint_before(const std::string& checkpoint_dir, int64_t step,
+                                                      const std::vector<int64_t>& excluded,
+                                                      std::vector<std::string>* passed_by) {
+  auto all = list_checkpoints(checkpoint_dir);
+  for (auto it = all.rbegin(); it != all.rend(); ++it) {
+    if (!it->complete || it->step >= step) continue;
+    const std::string path = it->path.string();
+    if (std::find(excluded.begin(), excluded.end(), it->step) != excluded.end()) {
+      passed_by->push_back(path + " (suspect: this run ran into bad steps again after rolling back to its step)");
+    } else if (const std::optional<std::string> why_not = why_no_rollback_target(*it)) {
+      passed_by->push_back(path + " (" + *why_not + ")");
+    } else {
+      return path;
+    }
+  }
+  return std::nullopt;
+}
+
+int mark_suspect_from(const std::string& checkpoint_dir, int64_t step, const std::string& why) {
+  int newer = 0;
+  for (const Listed& l : list_checkpoints(checkpoint_dir)) {
+    if (!l.complete || l.step < step) continue;
+    Manifest m = read_manifest(l.path.string());
+    m.suspect = l.step == step ? why
+                               : "trained from the checkpoint of step " + std::to_string(step) + ", which is suspect";
+    write_manifest(l.path.string(), m);
+    if (l.step > step) ++newer;
+  }
+  return newer;
+}
+
+std::vector<std::string> confirm_checkpoints(const std::string& checkpoint_dir) {
+  std::vector<std::string> confirmed;
+  for (const Listed& l : list_checkpoints(checkpoint_dir)) {
+    if (!l.complete) continue;
+    std::string error;
+    std::optional<Manifest> m = manifest_of(l, &error);
+    if (!m || m->progress.guard_confirmed) continue;
+    m->progress.guard_confirmed = true;
+    write_manifest(l.path.string(), *m);
+    confirmed.push_back(l.path.string());
+  }
+  return confirmed;
 }
 
 std::vector<std::string> manifestless_checkpoints(const std::string& checkpoint_dir) {
@@ -130,11 +209,13 @@ std::vector<std::string> manifestless_checkpoints(const std::string& checkpoint_
 }
 
 std::optional<std::string> latest_checkpoint(const std::string& checkpoint_dir) {
-  return latest_checkpoint_before(checkpoint_dir, std::numeric_limits<int64_t>::max());
+  const std::optional<Listed> found = newest_complete(checkpoint_dir);
+  if (!found) return std::nullopt;
+  return found->path.string();
 }
 
 std::optional<int64_t> latest_checkpoint_step(const std::string& checkpoint_dir) {
-  const std::optional<Listed> found = newest_complete_before(checkpoint_dir, std::numeric_limits<int64_t>::max());
+  const std::optional<Listed> found = newest_complete(checkpoint_dir);
   if (!found) return std::nullopt;
   return found->step;
 }

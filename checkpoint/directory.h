@@ -25,8 +25,10 @@ std::string checkpoint_path(const std::string& checkpoint_dir, int64_t step);
 void rename_into_place(const std::string& tmp_dir, const std::string& final_path, int64_t step);
 
 // Keeps the newest `keep` complete checkpoints (and that of `current_step`, just
-// written); deletes older complete ones and step-N.tmp directories of earlier
-// steps. Failures to delete are not errors: the next save tries again.
+// written), and the newest one the numerical guard confirmed when none of those is
+// (a rollback returns only to a confirmed checkpoint, manifest.h); deletes older
+// complete ones and step-N.tmp directories of earlier steps. Failures to delete
+// are not errors: the next save tries again.
 void prune_checkpoints(const std::string& checkpoint_dir, int64_t keep, int64_t current_step);
 
 // The newest complete checkpoint in the directory, if any (directories without a
@@ -40,8 +42,25 @@ std::optional<int64_t> latest_checkpoint_step(const std::string& checkpoint_dir)
 // never deleted; rename_into_place moves one in the way of its step to
 // step-N.incomplete (step-N.incomplete-2, ...) with a warning.
 std::vector<std::string> manifestless_checkpoints(const std::string& checkpoint_dir);
-// The newest complete checkpoint of a step before `step`, if any.
-std::optional<std::string> latest_checkpoint_before(const std::string& checkpoint_dir, int64_t step);
+// Where `resume: auto` resumes: the newest complete checkpoint not marked suspect
+// (manifest.h). The suspect ones newer than it are added to `passed_by`, each as
+// "PATH (suspect: WHY)", for the log.
+std::optional<std::string> latest_resumable_checkpoint(const std::string& checkpoint_dir,
+                                                       std::vector<std::string>* passed_by);
+// Where a rollback returns: the newest complete checkpoint of a step before `step`
+// that the numerical guard confirmed, is not marked suspect and whose step is not
+// in `excluded`. The newer ones it passes by are added to `passed_by` with the
+// reason, for the log.
+std::optional<std::string> rollback_checkpoint_before(const std::string& checkpoint_dir, int64_t step,
+                                                      const std::vector<int64_t>& excluded,
+                                                      std::vector<std::string>* passed_by);
+// Marks the complete checkpoint of `step` suspect, saying why, and every newer one,
+// which was trained from it (their manifests rewritten atomically). Returns how
+// many newer ones it marked.
+int mark_suspect_from(const std::string& checkpoint_dir, int64_t step, const std::string& why);
+// Marks every complete checkpoint the guard had not confirmed as confirmed; returns
+// their paths.
+std::vector<std::string> confirm_checkpoints(const std::string& checkpoint_dir);
 // Deletes the checkpoints (complete or not) of steps after `step`: after a
 // rollback they belong to an abandoned trajectory. Returns how many it deleted.
 int delete_checkpoints_after(const std::string& checkpoint_dir, int64_t step);

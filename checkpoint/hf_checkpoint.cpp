@@ -254,9 +254,6 @@ Config imported_config(const HfModelConfig& hf, const std::string& source, const
       "  global_batch_tokens: " + std::to_string(std::max<int64_t>(4096, hf.max_position_embeddings)) + "\n";
   Config described = parse_config_text(data, source, {}, /*check_files=*/false);
   described.model = hf.model;
-  // Left empty, so that it follows the overrides' train.run_dir (RUN_DIR/checkpoints)
-  // rather than the default run directory's.
-  described.train.checkpoint_dir.clear();
   Config config = parse_config_text(emit_config_yaml(described), source, overrides, /*check_files=*/false);
   const std::vector<ModelKeyDifference> changed = model_differences(described, config);
   if (!changed.empty())

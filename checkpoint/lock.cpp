@@ -120,7 +120,8 @@ void DirectoryLock::refresh() const { ::utimensat(AT_FDCWD, path_.c_str(), nullp
 
 void check_checkpoint_dir_run(const Config& config) {
   if (config.train.reuse_checkpoint_dir) return;
-  const auto latest = latest_checkpoint(config.train.checkpoint_dir);
+  const std::string checkpoint_dir = resolved_checkpoint_dir(config.train);
+  const auto latest = latest_checkpoint(checkpoint_dir);
   if (!latest) return;
   YAML::Node theirs, ours;
   try {
@@ -157,7 +158,7 @@ void check_checkpoint_dir_run(const Config& config) {
   if (differences.empty()) return;
   std::string list;
   for (const std::string& d : differences) list += (list.empty() ? "" : "; ") + d;
-  throw CheckpointError("train.checkpoint_dir '" + config.train.checkpoint_dir +
+  throw CheckpointError("train.checkpoint_dir '" + checkpoint_dir +
                         "' holds the checkpoints of another run: the newest, " + *latest +
                         ", was written with another config (" + list +
                         "). Give this run its own train.checkpoint_dir, or set train.reuse_checkpoint_dir: true to "

@@ -38,6 +38,8 @@ std::string emit_manifest(const Manifest& m, bool literal_config) {
   out << YAML::Key << "grad_norm_window" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (double norm : m.progress.grad_norm_window) out << norm;
   out << YAML::EndSeq;
+  out << YAML::Key << "guard_confirmed" << YAML::Value << m.progress.guard_confirmed;
+  if (!m.suspect.empty()) out << YAML::Key << "suspect" << YAML::Value << m.suspect;
   if (const auto& run = m.progress.lr_schedule) {
     const LearningRateSchedule& s = run->schedule;
     out << YAML::Key << "lr_schedule" << YAML::Value << YAML::BeginMap;
@@ -95,6 +97,9 @@ Manifest read_manifest_map(const YamlMap& root) {
   }
   m.progress.loss_window = root.get_or<std::vector<double>>("loss_window", {});
   m.progress.grad_norm_window = root.get_or<std::vector<double>>("grad_norm_window", {});
+  // Absent from manifests written before checkpoints were confirmed: trusted as before.
+  m.progress.guard_confirmed = root.get_or<bool>("guard_confirmed", true);
+  m.suspect = root.get_or<std::string>("suspect", "");
   // Absent from manifests written before the schedule was recorded.
   if (const std::optional<YamlMap> run = root.optional_map("lr_schedule")) {
     RunSchedule& r = m.progress.lr_schedule.emplace();

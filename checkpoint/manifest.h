@@ -30,6 +30,12 @@ struct TrainingProgress {
   // first, so that a resumed run judges spikes like one that never stopped.
   std::vector<double> loss_window;
   std::vector<double> grad_norm_window;
+  // Whether the numerical guard vouched for the weights when they were saved: it
+  // had passed a step after the run's first (which it cannot judge), so a blow-up
+  // before the save would have been flagged. A checkpoint saved earlier is confirmed
+  // once such a step passes (its manifest is rewritten then); rollbacks return only
+  // to confirmed checkpoints (run/training_loop.h). Absent in older manifests: true.
+  bool guard_confirmed = true;
   // The learning-rate schedule the run followed up to `step`, so that a resume can
   // refuse one that would jump (run/job.cpp). Absent in checkpoints written before
   // it was recorded, and in weights-only ones; the config in the manifest says it.
@@ -51,6 +57,10 @@ struct Manifest {
   // recorded (checkpoints written before, or data that keeps no copy).
   std::string tokenizer;
   std::string config;              // the run's YAML config, verbatim
+  // Why a rollback to this checkpoint ran into bad steps again before getting past
+  // them (run/training_loop.h): rollbacks and `resume: auto` pass it by. Empty: not
+  // suspect. Set only by rewriting a committed manifest (mark_suspect).
+  std::string suspect;
 };
 
 // CHECKPOINT/manifest.yaml. Throws CheckpointError naming the directory when it

@@ -113,6 +113,31 @@ void check_recompute_layers(const Checker& c) {
             {"parallel.pp_layers", "parallel.pp", "model.num_layers"});
 }
 
+// parallel.sequence_parallel x parallel.tp, model.arch and offload (which moves the
+// same rows of every saved tensor, whereas sequence parallelism holds the norms' and
+// the residual stream's for a shard of the rows).
+void check_sequence_parallel(const Checker& c) {
+  const Config& config = c.config;
+  if (!config.parallel.sequence_parallel) return;
+  c.require(config.parallel.tp > 1, "parallel.sequence_parallel",
+            c.shown("parallel.sequence_parallel") + " with parallel.tp " + c.shown("parallel.tp") +
+                ": there is no tensor-parallel group to split the sequence over",
+            "raise parallel.tp above 1, or set parallel.sequence_parallel: false", {"parallel.tp"});
+  c.require(!config.model.moe(), "parallel.sequence_parallel",
+            c.shown("parallel.sequence_parallel") + " with model.arch " + c.shown("model.arch") +
+                ": the trainer runs sequence parallelism for dense models only (Mixtral's experts make their own "
+                "tensor-parallel collectives)",
+            "set parallel.sequence_parallel: false", {"model.arch"});
+  c.require(!may_offload(config), "parallel.sequence_parallel",
+            c.shown("parallel.sequence_parallel") + " with offload.enabled " + c.shown("offload.enabled") +
+                " and sequences longer than a micro-batch (data.max_seq_len " + c.shown("data.max_seq_len") +
+                " > data.micro_batch_tokens " + c.shown("data.micro_batch_tokens") +
+                "): offload moves the same rows of every saved tensor, which sequence parallelism shards",
+            "set offload.enabled: false (long sequences then span hdp ranks in rings), or "
+            "parallel.sequence_parallel: false",
+            {"offload.enabled", "data.max_seq_len", "data.micro_batch_tokens"});
+}
+
 // parallel.comm x train.device (and, with check_files, this build)
 void check_communicator(const Checker& c, bool check_files) {
   if (c.config.parallel.comm != CommMode::Nccl) return;
@@ -284,6 +309,7 @@ void check_config(const Config& config, bool check_files) {
   check_interleaving(c);
   check_pipeline_split(c);
   check_recompute_layers(c);
+  check_sequence_parallel(c);
   check_communicator(c, check_files);
   check_attention(c);
   check_static_grid(c);

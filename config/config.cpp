@@ -59,9 +59,6 @@ Config read_config(const YamlDocument& document, const std::vector<std::string>&
   parser.config.source = document.source();
   parser.read_document(document);
   for (const std::string& o : overrides) parser.apply_override(o);
-  // Checkpoints belong to the run: under its directory unless put elsewhere.
-  TrainConfig& train = parser.config.train;
-  if (train.checkpoint_dir.empty()) train.checkpoint_dir = (std::filesystem::path(train.run_dir) / "checkpoints").string();
   decide_auto_hdp(parser.config, job_ranks);
   check_config(parser.config, check_files);
   parser.config.yaml = emit_config_yaml(parser.config);
@@ -140,7 +137,13 @@ void check_output_directories(const Config& config, int rank) {
                        "point it at a directory this user can create and write, or fix its permissions");
   };
   if (rank == 0) check("train.run_dir", config.train.run_dir);
-  if (config.train.checkpoint_every > 0) check("train.checkpoint_dir", config.train.checkpoint_dir);
+  if (config.train.checkpoint_every > 0) check("train.checkpoint_dir", resolved_checkpoint_dir(config.train));
+}
+
+// Checkpoints belong to the run: under its directory unless put elsewhere.
+std::string resolved_checkpoint_dir(const TrainConfig& train) {
+  if (!train.checkpoint_dir.empty()) return train.checkpoint_dir;
+  return (std::filesystem::path(train.run_dir) / "checkpoints").string();
 }
 
 namespace {

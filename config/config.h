@@ -89,8 +89,8 @@ struct TrainConfig {
   int64_t log_every = 10;
   std::string run_dir = "runs/default";
   int64_t checkpoint_every = 0;          // 0 disables
-  std::string checkpoint_dir;            // empty: RUN_DIR/checkpoints (filled in when the config is read)
-  int64_t keep_checkpoints = 3;          // newest K complete checkpoints are kept
+  std::string checkpoint_dir;            // empty: RUN_DIR/checkpoints (resolved_checkpoint_dir)
+  int64_t keep_checkpoints = 3;          // newest K complete checkpoints are kept (and the newest confirmed one)
   bool async_checkpoints = true;          // write checkpoints in a background thread from a host snapshot
   bool reuse_checkpoint_dir = false;      // accept a checkpoint_dir holding another run's checkpoints
   ResumeMode resume = ResumeMode::Auto;
@@ -110,8 +110,8 @@ struct TrainConfig {
   double spike_factor = 3;               // skip a step whose loss exceeds this x the recent median; 0 = off
   double grad_norm_spike_factor = 100;   // skip a step whose gradient norm exceeds this x the recent median; 0 = off
   int64_t max_bad_steps = 3;             // this many bad (NaN/Inf or spike) steps in a row roll the run back to the
-                                         // newest checkpoint before them and skip their batches; with none to
-                                         // return to (or after 3 rollbacks there) the run stops
+                                         // newest confirmed checkpoint before them and skip their batches;
+                                         // with none to return to the run stops
   double hang_timeout_s = 600;           // no progress (or a silent peer) this long is a hang: stacks, summary, exit 1; 0 = off
 };
 
@@ -122,6 +122,7 @@ struct ParallelConfig : ParallelDegrees {
   std::vector<int64_t> pp_layers;        // layers per stage; empty = balanced by cost
   int64_t bucket_mb = 25;                // ZeRO-1 gradient bucket size
   CommMode comm = CommMode::Auto;        // the groups' transport; resolved by choose_comm_backend (run/job.cpp)
+  bool sequence_parallel = false;        // norms and residual adds on 1/tp of the sequence (model/decoder_blocks.h)
 };
 
 // How a step's sequences are spread over the hybrid-data-parallel ranks.
@@ -214,6 +215,14 @@ struct ConfigDifference {
 // line per key under its section's header, so comparing line by line is exact.
 std::vector<ConfigDifference> config_differences(const std::string& yaml, const std::string& other_yaml);
 
+// Whether this config's plans may offload activations: offload enabled, sequences
+// longer than a micro-batch (only those are offloaded) and the naive or balance
+// policy (the static grid never offloads).
+inline bool may_offload(const Config& config) {
+  return config.offload.enabled && config.scheduler.policy != SchedulerPolicy::Static &&
+         config.data.max_seq_len > config.data.micro_batch_tokens;
+}
+
 // data.format as the dataset reader's enum.
 inline DatasetFormat dataset_format(const DataConfig& data) {
   return data.format == "megatron" ? DatasetFormat::Megatron : DatasetFormat::Hdf5;
@@ -230,5 +239,11 @@ void validate_dataset_vocab(const Config& config, int64_t dataset_vocab_size,
 // with checkpoints on, train.checkpoint_dir (every rank writes a part) cannot be
 // created or written, instead of failing at the first metrics line or checkpoint.
 void check_output_directories(const Config& config, int rank);
+
+// Where checkpoints go: train.checkpoint_dir, or RUN_DIR/checkpoints when it is
+// empty. The effective config keeps it empty unless set, so that a config carried
+// to another run (import-hf's train-config.yaml, a checkpoint's config) puts
+// checkpoints under that run's train.run_dir.
+std::string resolved_checkpoint_dir(const TrainConfig& train);
 
 }  // namespace hdp

@@ -214,9 +214,11 @@ const std::vector<Section> kSchema = {
             "save a checkpoint every this many steps; 0 disables checkpoints",
             non_negative("it must be 0 or more (0 disables checkpoints)")),
       field("checkpoint_dir", &Config::train, &TrainConfig::checkpoint_dir,
-            "where checkpoints go; empty: `run_dir`/checkpoints (what the effective config then shows)"),
+            "where checkpoints go; empty: `run_dir`/checkpoints (the effective config keeps it empty, so a config "
+            "used for another run follows its `run_dir`)"),
       field("keep_checkpoints", &Config::train, &TrainConfig::keep_checkpoints,
-            "the newest K complete checkpoints are kept",
+            "the newest K complete checkpoints are kept, and the newest confirmed one when none of them is "
+            "(`max_bad_steps`)",
             rule(">= 1", [](double v) { return v >= 1; }, "{value} is less than 1", "keep at least 1 checkpoint")),
       field("async_checkpoints", &Config::train, &TrainConfig::async_checkpoints,
             "write a checkpoint in a background thread from a host snapshot while training goes on"),
@@ -273,8 +275,8 @@ const std::vector<Section> kSchema = {
             "second step on) is bad; 0: off",
             spike_factor_rule("gradient norm")),
       field("max_bad_steps", &Config::train, &TrainConfig::max_bad_steps,
-            "this many bad steps in a row roll the run back to the newest checkpoint before them, or stop it "
-            "when there is none",
+            "this many bad steps in a row roll the run back to the newest confirmed checkpoint before them, "
+            "or stop it when there is none",
             rule(">= 1", [](double v) { return v >= 1; }, "{value} is less than 1",
                  "choose how many bad steps in a row make the run roll back (or stop, without a checkpoint to "
                  "return to), at least 1 (1 = act at the first bad step)")),
@@ -307,7 +309,11 @@ const std::vector<Section> kSchema = {
       field("bucket_mb", &Config::parallel, &ParallelConfig::bucket_mb, "ZeRO-1 gradient bucket size in MiB",
             positive_count()),
       enum_field("comm", &Config::parallel, &ParallelConfig::comm, kCommModeNames, "communicator",
-                 "what the tp, pp and hdp groups move tensors with")}},
+                 "what the tp, pp and hdp groups move tensors with"),
+      field("sequence_parallel", &Config::parallel, &ParallelConfig::sequence_parallel,
+            "with `tp` > 1: the norms and residual adds hold 1/tp of the sequence, and tensor parallelism's "
+            "all-reduces become all-gathers and reduce-scatters (Megatron's sequence parallelism); dense models, "
+            "without offload")}},
     {"scheduler",
      {enum_field("policy", &Config::scheduler, &SchedulerConfig::policy, kSchedulerPolicyNames, "policy",
                  "how a step's sequences are spread over the hdp ranks"),

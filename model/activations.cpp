@@ -48,6 +48,13 @@ constexpr TensorSet kAllTensors = (TensorSet{1} << kSavedTensorCount) - 1;
 
 constexpr bool is_row(Width w) { return w != Width::One && w != Width::Heads; }
 
+// The norms' and the residual stream's tensors, which sequence parallelism shards.
+constexpr bool is_sequence_part(Width w) { return w == Width::Hidden || w == Width::One; }
+
+// Rows (row tensors) or tokens (small ones) of n that a tensor of width w holds: a
+// shard's under sequence parallelism over `shards` ranks.
+int64_t tensor_rows(Width w, int64_t n, int shards) { return is_sequence_part(w) ? sequence_shard_rows(n, shards) : n; }
+
 // Values per row (row tensors) or per token (small ones) of each Width on this rank.
 struct LayerWidths {
   int64_t hidden, query, key_value, ffn, heads;
@@ -113,6 +120,7 @@ ModelActivations::ModelActivations(const ModelConfig& config, const ModelPartiti
       recompute_layers_(capacity.recompute == RecomputeMode::None ? 0 : capacity.recompute_layers),
       rings_(capacity.rings),
       offload_(capacity.offload),
+      sequence_shards_(slice.sequence_shards),
       device_(device),
       precision_(precision),
       arena_(Arena::counting(device, "activations")),
@@ -122,12 +130,12 @@ ModelActivations::ModelActivations(const ModelConfig& config, const ModelPartiti
     throw std::invalid_argument("model: recompute_layers " + std::to_string(recompute_layers_) +
                                 " outside [0, " + std::to_string(layers_) + "], the stage's layers");
   }
-  const ActivationWidths widths = activation_widths(config.shape(), partition.tp_size);
-  row_width_ = widths.row;
-  small_width_ = widths.small;
-  const ActivationWidths kept = activation_widths(config.shape(), partition.tp_size, recompute_, rings_);
-  kept_row_width_ = kept.row;
-  kept_small_width_ = kept.small;
+  if (offload_ && sequence_shards_ > 1) {
+    throw std::invalid_argument(
+        "model: offload moves the same rows of every saved tensor, which sequence parallelism shards unevenly");
+  }
+  widths_ = activation_widths(config.shape(), partition.tp_size);
+  kept_widths_ = activation_widths(config.shape(), partition.tp_size, recompute_, rings_);
   scratch_.head_chunk_tokens = head_chunk_for(vocab_, max_tokens_);
   // Layers [recompute_layers, layers - 2) may offload: the last two run their
   // backward at once, recomputed layers keep little.
@@ -173,15 +181,16 @@ ModelActivations::TensorSet ModelActivations::kept_tensors(bool ring) const {
 }
 
 // Bytes of the saved tensors in `tensors`: row tensors (activation dtype) for `rows`
-// rows, the small fp32 ones (1/rms twice, log-sum-exp) for `tokens` tokens; every
-// tensor 64-byte aligned.
+// rows, the small fp32 ones (1/rms twice, log-sum-exp) for `tokens` tokens, the
+// norms' and the residual stream's for a shard of them under sequence parallelism;
+// every tensor 64-byte aligned.
 size_t ModelActivations::layer_block_bytes(int64_t rows, int64_t tokens, TensorSet tensors) const {
   const LayerWidths widths{hidden_, heads_ * head_dim_, kv_heads_ * head_dim_, ffn_, heads_};
   size_t n = 0;
   for (int i = 0; i < kSavedTensorCount; ++i) {
     if ((tensors >> i & 1) == 0) continue;
     const Width w = kSavedTensors[i].width;
-    const int64_t values = (is_row(w) ? rows : tokens) * widths.of(w);
+    const int64_t values = tensor_rows(w, is_row(w) ? rows : tokens, sequence_shards_) * widths.of(w);
     const int64_t bytes = values * static_cast<int64_t>(is_row(w) ? dtype_size(precision_) : sizeof(float));
     n += static_cast<size_t>(round_up(bytes, kActivationAlignBytes));
   }
@@ -196,8 +205,8 @@ LayerActivations ModelActivations::carve_layer(char* base, int64_t rows, int64_t
   for (int i = 0; i < kSavedTensorCount; ++i) {
     if ((tensors >> i & 1) == 0) continue;
     const Width w = kSavedTensors[i].width;
-    Tensor t = is_row(w) ? tensor_at(base, {rows, widths.of(w)}, precision_, device_)
-                         : tensor_at(base, {tokens * widths.of(w)}, DType::F32, device_);
+    Tensor t = is_row(w) ? tensor_at(base, {tensor_rows(w, rows, sequence_shards_), widths.of(w)}, precision_, device_)
+                         : tensor_at(base, {tensor_rows(w, tokens, sequence_shards_) * widths.of(w)}, DType::F32, device_);
     if (w == Width::Heads) t = t.view({heads_, tokens});  // log-sum-exp: [heads, T]
     base += round_up(static_cast<int64_t>(t.bytes()), kActivationAlignBytes);
     a.*kSavedTensors[i].member = t;
@@ -206,20 +215,22 @@ LayerActivations ModelActivations::carve_layer(char* base, int64_t rows, int64_t
 }
 
 double ModelActivations::saved_bytes_per_token(int64_t layer) const {
-  const bool r = recomputed(layer);
-  return static_cast<double>(dtype_size(precision_)) * static_cast<double>(r ? kept_row_width_ : row_width_) +
-         4.0 * static_cast<double>(r ? kept_small_width_ : small_width_);
+  return (recomputed(layer) ? kept_widths_ : widths_)
+      .bytes_per_token(static_cast<int>(dtype_size(precision_)), sequence_shards_);
 }
 
 int64_t ModelActivations::saved_floats_per_token() const {
-  if (layers_ == 0) return row_width_ + small_width_;
+  auto floats = [&](const ActivationWidths& w) { return w.bytes_per_token(4, sequence_shards_) / 4; };
+  if (layers_ == 0) return static_cast<int64_t>(std::ceil(floats(widths_)));
   const int64_t R = recompute_layers_;
-  const int64_t total = R * (kept_row_width_ + kept_small_width_) + (layers_ - R) * (row_width_ + small_width_);
-  return (total + layers_ - 1) / layers_;
+  const double total = static_cast<double>(R) * floats(kept_widths_) + static_cast<double>(layers_ - R) * floats(widths_);
+  return static_cast<int64_t>(std::ceil(total / static_cast<double>(layers_)));
 }
 
 void ModelActivations::lay_out(Arena& arena) {
   const int64_t T = max_tokens_, H = hidden_, F = ffn_, L = layers_, R = recompute_layers_;
+  // Under sequence parallelism: a shard's rows, and the whole padded sequence's.
+  const int64_t shard = sequence_shard_rows(T, sequence_shards_), whole = sequence_shards_ * shard;
   const int64_t qdim = heads_ * head_dim_, kv = kv_heads_ * head_dim_;
   // A slot holds every layer's block at the plain capacity (a recomputed layer's
   // smaller one); offloaded micro-batches of up to max_tokens use the same memory
@@ -239,7 +250,7 @@ void ModelActivations::lay_out(Arena& arena) {
     region = std::max(region, static_cast<size_t>(R) * layer_block_bytes(T, T, kept) +
                                   static_cast<size_t>(L) * (layer_block_bytes(capacity_, 0, kAllTensors) +
                                                             layer_block_bytes(0, T, kAllTensors) +
-                                                            static_cast<size_t>(row_width_) * dtype_size(precision_)));
+                                                            static_cast<size_t>(widths_.row) * dtype_size(precision_)));
   }
   for (MicroBatchSlot& s : slots_) {
     s.tokens = arena.index_tensor({T});
@@ -252,15 +263,20 @@ void ModelActivations::lay_out(Arena& arena) {
     s.parked.assign(L, {});
     s.offload_done.assign(L, {});
     s.restore_done.assign(L, {});
-    s.x_out = arena.tensor({T, H}, precision_);
+    s.x_out = arena.tensor({shard, H}, precision_);
     if (has_head_) {
-      s.rstd_final = arena.tensor({T});
-      s.ln_final = arena.tensor({T, H}, precision_);
+      s.rstd_final = arena.tensor({shard});
+      s.ln_final = arena.tensor({shard, H}, precision_);
     }
   }
   ActivationScratch& s = scratch_;
-  s.residual_grad = arena.tensor({T, H}, precision_);
-  s.norm_grad = arena.tensor({T, H}, precision_);
+  s.residual_grad = arena.tensor({shard, H}, precision_);
+  s.norm_grad = arena.tensor({whole, H}, precision_);
+  if (sequence_shards_ > 1) {
+    s.sequence_whole = arena.tensor({whole, H}, precision_);
+    s.norm_grad_shard = arena.tensor({shard, H}, precision_);
+    s.norm_weight_grad = arena.tensor({H});  // fp32, as the gradients
+  }
   s.dq = arena.tensor({T, qdim}, precision_);
   s.dk = arena.tensor({T, kv}, precision_);
   s.dv = arena.tensor({T, kv}, precision_);
@@ -284,6 +300,7 @@ void ModelActivations::lay_out(Arena& arena) {
 void ModelActivations::load(int slot, const MicroBatchView& batch) {
   MicroBatchSlot& s = slots_.at(slot);
   s.tokens_used = static_cast<int64_t>(batch.tokens.size());
+  s.shard_rows = sequence_shard_rows(s.tokens_used, sequence_shards_);
   s.num_sequences = static_cast<int64_t>(batch.cu_seqlens.size()) - 1;
   s.ring_begin = batch.cu_seqlens.back();
   s.has_ring = batch.ring != nullptr;

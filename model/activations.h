@@ -16,6 +16,11 @@
 // overwrites in forward and which backward rebuilds for one layer at a time
 // (DecoderBlocks' *_recompute). Recomputed layers are never offloaded: offload and
 // recomputation are alternatives per layer.
+//
+// Sequence parallelism (ModelSlice::shard_rows): the norms' and the residual
+// stream's tensors (x_in, ln1, x_mid, ln2 and the two 1/rms; the stage output and
+// the final norm) hold this rank's shard of the sequence, the others all its rows.
+// Offload, which moves the same rows of every tensor, is refused with it.
 
 #include <cstdint>
 #include <memory>
@@ -64,6 +69,7 @@ struct LayerActivations {
 struct MicroBatchSlot {
   IndexTensor tokens, targets, positions, cu_seqlens;
   int64_t tokens_used = 0;
+  int64_t shard_rows = 0;        // rows of the norms' and residual stream's tensors (ModelSlice::shard_rows)
   int64_t num_sequences = 0;     // whole sequences (cu_seqlens)
   int64_t ring_begin = 0;        // first ring row (tokens_used without a ring)
   bool has_ring = false;
@@ -81,15 +87,21 @@ struct MicroBatchSlot {
   std::vector<CopyEvent> offload_done, restore_done;
   int64_t keep_rows = 0;         // rows that stay on the device for offloaded layers
   bool offloaded = false;        // layers [recompute_layers, num_layers - 2) go through host memory
-  Tensor x_out, rstd_final, ln_final;  // stage output; final norm on the last stage
+  Tensor x_out, rstd_final, ln_final;  // stage output; final norm on the last stage (shard_rows rows)
 };
 
 // Reused across layers and slots: backward's gradients of the activations, the MLP's
 // activation, the LM head's logits and cross-entropy statistics for one chunk of
 // head_chunk_tokens tokens, and the shared block of the recomputed layers (raw
-// bytes; empty without recomputation).
+// bytes; empty without recomputation). Under sequence parallelism residual_grad
+// holds a shard's rows and norm_grad the whole padded sequence's; the whole
+// sequence of the norm outputs (gathered for the column-parallel layers) or of the
+// row-parallel layers' partial outputs (before their reduce-scatter), the norm
+// gradient's shard and a norm weight's gradient from this micro-batch (summed over
+// tp before it is added) have their own (empty without).
 struct ActivationScratch {
   Tensor residual_grad, norm_grad, dq, dk, dv, dattn, dgate, dup, ffn_act, dffn_act;
+  Tensor sequence_whole, norm_grad_shard, norm_weight_grad;
   Tensor recomputed;
   Tensor logits, ce_stats, ce_global;
   int64_t head_chunk_tokens = 0;
@@ -165,12 +177,12 @@ class ModelActivations {
   int64_t hidden_, head_dim_, heads_, kv_heads_, ffn_, vocab_, layers_;
   bool has_head_;
   int64_t capacity_, max_tokens_;
-  int64_t row_width_ = 0, small_width_ = 0;  // floats per token of a layer's row / small tensors
-  int64_t kept_row_width_ = 0, kept_small_width_ = 0;  // of a recomputed layer's
+  ActivationWidths widths_, kept_widths_;  // values per token of a layer's / a recomputed layer's tensors
   RecomputeMode recompute_;
   int64_t recompute_layers_;
   bool rings_;
   bool offload_;  // micro-batches beyond the capacity may offload (ActivationCapacity)
+  int sequence_shards_;  // ModelSlice::sequence_shards
   Device device_;
   DType precision_;  // of the activations
   Arena arena_;

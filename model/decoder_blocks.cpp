@@ -13,6 +13,7 @@ DecoderBlocks::DecoderBlocks(const ModelConfig& config, const ModelSlice& slice,
       head_dim_(config.head_dim()),
       window_(config.attention_window()),
       vocab_begin_(slice.vocab_begin),
+      sequence_shards_(slice.sequence_shards),
       norm_eps_(static_cast<float>(config.norm_eps)),
       rope_(config),
       tp_(tp),
@@ -20,17 +21,74 @@ DecoderBlocks::DecoderBlocks(const ModelConfig& config, const ModelSlice& slice,
       ring_attention_(ring_attention),
       scratch_(scratch) {}
 
+// ---- the tensor-parallel entries and exits (f and g, or sequence parallelism's pairs) ----
+
+Tensor DecoderBlocks::whole_rows(const Tensor& scratch, const MicroBatchSlot& s) const {
+  return scratch.rows(0, sequence_shards_ * s.shard_rows);
+}
+
+Tensor DecoderBlocks::enter(const TensorParallelEntry& e, const MicroBatchSlot& s, const Tensor& normed) const {
+  if (sequence_shards_ == 1) return e.copy.forward(normed);
+  return e.gather.forward(normed, whole_rows(scratch_.sequence_whole, s)).rows(0, s.tokens_used);
+}
+
+Tensor DecoderBlocks::enter_backward(const TensorParallelEntry& e, const MicroBatchSlot& s) const {
+  const int64_t T = s.tokens_used;
+  if (sequence_shards_ == 1) {
+    e.copy.backward(scratch_.norm_grad.rows(0, T));
+  } else {
+    const Tensor whole = whole_rows(scratch_.norm_grad, s);
+    fill(whole.rows(T, whole.dim(0)), 0.0f);  // the padding rows: nothing flows back from them
+    e.gather.backward(whole, norm_grad(s));
+  }
+  return norm_grad(s);
+}
+
+Tensor DecoderBlocks::norm_grad(const MicroBatchSlot& s) const {
+  return sequence_shards_ == 1 ? scratch_.norm_grad.rows(0, s.tokens_used)
+                               : scratch_.norm_grad_shard.rows(0, s.shard_rows);
+}
+
+Tensor DecoderBlocks::leave_output(const MicroBatchSlot& s, const Tensor& out) const {
+  return sequence_shards_ == 1 ? out : scratch_.sequence_whole.rows(0, s.tokens_used);
+}
+
+void DecoderBlocks::leave(const TensorParallelExit& x, const MicroBatchSlot& s, Tensor out) const {
+  if (sequence_shards_ == 1) return x.reduce.forward(out);
+  const Tensor whole = whole_rows(scratch_.sequence_whole, s);
+  fill(whole.rows(s.tokens_used, whole.dim(0)), 0.0f);  // the padding rows stay zero through every layer
+  x.scatter.forward(whole, out);
+}
+
+Tensor DecoderBlocks::leave_backward(const TensorParallelExit& x, const MicroBatchSlot& s,
+                                     const Tensor& out_grad) const {
+  if (sequence_shards_ == 1) return x.reduce.backward(out_grad);
+  return x.scatter.backward(out_grad, whole_rows(scratch_.sequence_whole, s)).rows(0, s.tokens_used);
+}
+
+void DecoderBlocks::norm_backward(Tensor dres, Tensor dw, const Tensor& dnorm, const Tensor& x, const Tensor& w,
+                                  const Tensor& rstd) const {
+  if (sequence_shards_ == 1) return rmsnorm_backward(dres, dw, dnorm, x, w, rstd);
+  // This micro-batch's partial gradient, summed over tp before it is added: every
+  // rank then holds the whole gradient of the replicated weight, as without sequence
+  // parallelism, which ZeRO's reduction and the gradient norm assume.
+  const Tensor partial = scratch_.norm_weight_grad;
+  fill(partial, 0.0f);
+  rmsnorm_backward(dres, partial, dnorm, x, w, rstd);
+  regions_.norm_weights.backward(partial);
+  add_inplace(dw, partial);
+}
+
 // ---- token embedding (vocabulary-parallel: each rank looks up the tokens of its range) ----
 
 void DecoderBlocks::token_embedding_forward(Tensor x, const MicroBatchSlot& s, const Tensor& embed) {
-  embedding_forward(x, s.tokens.rows(0, s.tokens_used), embed, vocab_begin_);
-  regions_.embedding_output.forward(x);
+  embedding_forward(leave_output(s, x), s.tokens.rows(0, s.tokens_used), embed, vocab_begin_);
+  leave(regions_.embedding_output, s, x);
 }
 
 void DecoderBlocks::token_embedding_backward(Tensor d_embed, const MicroBatchSlot& s) {
-  const int64_t T = s.tokens_used;
-  const Tensor dx = regions_.embedding_output.backward(scratch_.residual_grad.rows(0, T));
-  embedding_backward(d_embed, s.tokens.rows(0, T), dx, vocab_begin_);
+  const Tensor dx = leave_backward(regions_.embedding_output, s, scratch_.residual_grad.rows(0, s.shard_rows));
+  embedding_backward(d_embed, s.tokens.rows(0, s.tokens_used), dx, vocab_begin_);
 }
 
 // ---- attention block ----
@@ -39,7 +97,7 @@ void DecoderBlocks::attention_projections(const MicroBatchSlot& s, const LayerTe
   const int64_t T = s.tokens_used;
   const IndexTensor positions = s.positions.rows(0, T);
   rmsnorm_forward(a.ln1, a.rstd1, a.x_in, w.input_norm, norm_eps_);
-  const Tensor attention_in = regions_.attention_input.forward(a.ln1);
+  const Tensor attention_in = enter(regions_.attention_input, s, a.ln1);
   linear_forward(a.q, attention_in, w.q);
   linear_forward(a.k, attention_in, w.k);
   linear_forward(a.v, attention_in, w.v);
@@ -58,16 +116,16 @@ void DecoderBlocks::attention_core(const MicroBatchSlot& s, const LayerActivatio
   }
 }
 
-void DecoderBlocks::attention_residual(const LayerTensors& w, const LayerActivations& a) {
-  linear_forward(a.x_mid, a.attn, w.o);
-  regions_.attention_output.forward(a.x_mid);
+void DecoderBlocks::attention_residual(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a) {
+  linear_forward(leave_output(s, a.x_mid), a.attn, w.o);
+  leave(regions_.attention_output, s, a.x_mid);
   add_inplace(a.x_mid, a.x_in);
 }
 
 void DecoderBlocks::attention_block_forward(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a) {
   attention_projections(s, w, a);
   attention_core(s, a);
-  attention_residual(w, a);
+  attention_residual(s, w, a);
 }
 
 void DecoderBlocks::attention_block_recompute(const MicroBatchSlot& s, const LayerTensors& w,
@@ -78,7 +136,7 @@ void DecoderBlocks::attention_block_recompute(const MicroBatchSlot& s, const Lay
   }
   attention_projections(s, w, a);
   if (!s.has_ring) attention_core(s, a);
-  attention_residual(w, a);
+  attention_residual(s, w, a);
 }
 
 void DecoderBlocks::attention_block_backward(const MicroBatchSlot& s, const LayerTensors& w, const LayerTensors& dw,
@@ -86,10 +144,10 @@ void DecoderBlocks::attention_block_backward(const MicroBatchSlot& s, const Laye
   const int64_t T = s.tokens_used, Hq = heads_, Hkv = kv_heads_, d = head_dim_;
   const IndexTensor positions = s.positions.rows(0, T);
   const ActivationScratch& sc = scratch_;
-  const Tensor dres = sc.residual_grad.rows(0, T), dnorm = sc.norm_grad.rows(0, T);
+  const Tensor dres = sc.residual_grad.rows(0, s.shard_rows), dnorm = sc.norm_grad.rows(0, T);
   const Tensor dattn = sc.dattn.rows(0, T), dq = sc.dq.rows(0, T), dk = sc.dk.rows(0, T), dv = sc.dv.rows(0, T);
   // dres is the gradient of x_mid.
-  linear_backward(dattn, dw.o, regions_.attention_output.backward(dres), a.attn, w.o, false);
+  linear_backward(dattn, dw.o, leave_backward(regions_.attention_output, s, dres), a.attn, w.o, false);
   const Tensor dq3 = dq.view({T, Hq, d}), dk3 = dk.view({T, Hkv, d}), dv3 = dv.view({T, Hkv, d}),
                dout = dattn.view({T, Hq, d});
   const Tensor out = a.attn.view({T, Hq, d}), q = a.q.view({T, Hq, d}), k = a.k.view({T, Hkv, d}),
@@ -101,11 +159,11 @@ void DecoderBlocks::attention_block_backward(const MicroBatchSlot& s, const Laye
   }
   rope_backward(dq3, positions, rope_);
   rope_backward(dk3, positions, rope_);
-  linear_backward(dnorm, dw.q, dq, a.ln1, w.q, false);
-  linear_backward(dnorm, dw.k, dk, a.ln1, w.k, true);
-  linear_backward(dnorm, dw.v, dv, a.ln1, w.v, true);
-  regions_.attention_input.backward(dnorm);
-  rmsnorm_backward(dres, dw.input_norm, dnorm, a.x_in, w.input_norm, a.rstd1);
+  const Tensor attention_in = enter(regions_.attention_input, s, a.ln1);
+  linear_backward(dnorm, dw.q, dq, attention_in, w.q, false);
+  linear_backward(dnorm, dw.k, dk, attention_in, w.k, true);
+  linear_backward(dnorm, dw.v, dv, attention_in, w.v, true);
+  norm_backward(dres, dw.input_norm, enter_backward(regions_.attention_input, s), a.x_in, w.input_norm, a.rstd1);
 }
 
 // ---- MLP block (SwiGLU) ----
@@ -114,9 +172,9 @@ void DecoderBlocks::post_attention_norm(const LayerTensors& w, const LayerActiva
   rmsnorm_forward(a.ln2, a.rstd2, a.x_mid, w.post_norm, norm_eps_);
 }
 
-void DecoderBlocks::mlp_projections(const LayerTensors& w, const LayerActivations& a) {
+void DecoderBlocks::mlp_projections(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a) {
   post_attention_norm(w, a);
-  const Tensor mlp_in = regions_.mlp_input.forward(a.ln2);
+  const Tensor mlp_in = enter(regions_.mlp_input, s, a.ln2);
   linear_forward(a.gate, mlp_in, w.gate);
   linear_forward(a.up, mlp_in, w.up);
 }
@@ -124,19 +182,20 @@ void DecoderBlocks::mlp_projections(const LayerTensors& w, const LayerActivation
 void DecoderBlocks::mlp_block_forward(Tensor out, const MicroBatchSlot& s, const LayerTensors& w,
                                       const LayerActivations& a, const CopyEvent& out_free) {
   const Tensor act = scratch_.ffn_act.rows(0, s.tokens_used);
-  mlp_projections(w, a);
+  mlp_projections(s, w, a);
   swiglu_forward(act, a.gate, a.up);
   out_free.wait();
-  linear_forward(out, act, w.down);
-  regions_.mlp_output.forward(out);
+  linear_forward(leave_output(s, out), act, w.down);
+  leave(regions_.mlp_output, s, out);
   add_inplace(out, a.x_mid);
 }
 
-void DecoderBlocks::mlp_block_recompute(const LayerTensors& w, const LayerActivations& a, RecomputeMode mode) {
+void DecoderBlocks::mlp_block_recompute(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a,
+                                        RecomputeMode mode) {
   if (mode == RecomputeMode::Selective) {
     post_attention_norm(w, a);
   } else {
-    mlp_projections(w, a);
+    mlp_projections(s, w, a);
   }
 }
 
@@ -144,20 +203,20 @@ void DecoderBlocks::mlp_block_backward(const MicroBatchSlot& s, const LayerTenso
                                        const LayerActivations& a) {
   const int64_t T = s.tokens_used;
   const ActivationScratch& sc = scratch_;
-  const Tensor dres = sc.residual_grad.rows(0, T), dnorm = sc.norm_grad.rows(0, T);
+  const Tensor dres = sc.residual_grad.rows(0, s.shard_rows), dnorm = sc.norm_grad.rows(0, T);
   const Tensor act = sc.ffn_act.rows(0, T), dact = sc.dffn_act.rows(0, T), dgate = sc.dgate.rows(0, T),
                dup = sc.dup.rows(0, T);
   // dres is the gradient of the layer output.
   swiglu_forward(act, a.gate, a.up);  // recomputed rather than stored
-  linear_backward(dact, dw.down, regions_.mlp_output.backward(dres), act, w.down, false);
+  linear_backward(dact, dw.down, leave_backward(regions_.mlp_output, s, dres), act, w.down, false);
   swiglu_backward(dgate, dup, dact, a.gate, a.up);
-  linear_backward(dnorm, dw.gate, dgate, a.ln2, w.gate, false);
-  linear_backward(dnorm, dw.up, dup, a.ln2, w.up, true);
-  regions_.mlp_input.backward(dnorm);
-  rmsnorm_backward(dres, dw.post_norm, dnorm, a.x_mid, w.post_norm, a.rstd2);
+  const Tensor mlp_in = enter(regions_.mlp_input, s, a.ln2);
+  linear_backward(dnorm, dw.gate, dgate, mlp_in, w.gate, false);
+  linear_backward(dnorm, dw.up, dup, mlp_in, w.up, true);
+  norm_backward(dres, dw.post_norm, enter_backward(regions_.mlp_input, s), a.x_mid, w.post_norm, a.rstd2);
 }
 
-// ---- MoE block (Mixtral; its tp all-reduces are its own) ----
+// ---- MoE block (Mixtral; its tp all-reduces are its own, and it runs without sequence parallelism) ----
 
 void DecoderBlocks::moe_block_forward(Tensor out, MoeBlock& moe, const LayerTensors& w, const LayerActivations& a,
                                       const CopyEvent& out_free) {
@@ -187,28 +246,28 @@ void DecoderBlocks::moe_block_backward(const MicroBatchSlot& s, MoeBlock& moe, c
 // once, so only one [chunk, vocab] buffer ever exists.
 double DecoderBlocks::head_forward(const MicroBatchSlot& s, const EndParameters& p, float loss_scale,
                                    bool with_backward) {
-  const int64_t T = s.tokens_used, chunk = scratch_.head_chunk_tokens;
+  const int64_t T = s.tokens_used, n = s.shard_rows, chunk = scratch_.head_chunk_tokens;
   const ActivationScratch& sc = scratch_;
-  rmsnorm_forward(s.ln_final.rows(0, T), s.rstd_final.rows(0, T), s.x_out.rows(0, T), p.final_norm, norm_eps_);
+  rmsnorm_forward(s.ln_final.rows(0, n), s.rstd_final.rows(0, n), s.x_out.rows(0, n), p.final_norm, norm_eps_);
+  const Tensor head_in = enter(regions_.head_input, s, s.ln_final.rows(0, n));
   double loss_sum = 0;
   for (int64_t c0 = 0; c0 < T; c0 += chunk) {
     const int64_t c1 = std::min(T, c0 + chunk);
-    const Tensor ln = s.ln_final.rows(c0, c1), logits = sc.logits.rows(0, c1 - c0);
-    linear_forward(logits, regions_.head_input.forward(ln), p.head);
+    const Tensor ln = head_in.rows(c0, c1), logits = sc.logits.rows(0, c1 - c0);
+    linear_forward(logits, ln, p.head);
     loss_sum += vocab_parallel_cross_entropy(tp_, logits, s.targets.rows(c0, c1), vocab_begin_, loss_scale,
                                              sc.ce_stats, sc.ce_global);
     if (with_backward) linear_backward(sc.norm_grad.rows(c0, c1), p.d_head, logits, ln, p.head, false);
   }
-  if (with_backward) regions_.head_input.backward(sc.norm_grad.rows(0, T));
+  if (with_backward) enter_backward(regions_.head_input, s);
   return loss_sum;
 }
 
 void DecoderBlocks::head_backward(const MicroBatchSlot& s, const EndParameters& p) {
-  const int64_t T = s.tokens_used;
-  const Tensor dres = scratch_.residual_grad.rows(0, T);
+  const int64_t n = s.shard_rows;
+  const Tensor dres = scratch_.residual_grad.rows(0, n);
   fill(dres, 0.0f);
-  rmsnorm_backward(dres, p.d_final_norm, scratch_.norm_grad.rows(0, T), s.x_out.rows(0, T), p.final_norm,
-                   s.rstd_final.rows(0, T));
+  norm_backward(dres, p.d_final_norm, norm_grad(s), s.x_out.rows(0, n), p.final_norm, s.rstd_final.rows(0, n));
 }
 
 }  // namespace hdp

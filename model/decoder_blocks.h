@@ -12,7 +12,11 @@
 //
 // Tensor parallelism is Megatron's (Shoeybi et al. 2019): q/k/v and gate/up are
 // column-parallel behind f, o and down row-parallel followed by g, the embedding
-// and LM head vocabulary-parallel (parallel/tensor_parallel.h).
+// and LM head vocabulary-parallel (parallel/tensor_parallel.h). With sequence
+// parallelism (Korthikanti et al. 2022) the norms and the residual adds run on this
+// rank's shard of the sequence (ModelSlice::shard_rows), f becomes an all-gather
+// and g a reduce-scatter; the norm outputs are kept as shards and gathered again in
+// backward, as Megatron does.
 //
 // Activation recomputation (spec/model_shape.h, RecomputeMode): a layer that kept
 // only part of its forward reruns the rest at the start of its backward with the
@@ -20,8 +24,8 @@
 // the rebuilt tensors are bit-identical to forward's and so are the gradients.
 //
 // Backward runs on the scratch's residual_grad (d of the residual stream at the
-// block's output on entry, at its input on return) and norm_grad, and adds into
-// the gradients.
+// block's output on entry, at its input on return; a shard's rows under sequence
+// parallelism) and norm_grad, and adds into the gradients.
 
 #include <cstdint>
 #include <span>
@@ -67,7 +71,8 @@ class DecoderBlocks {
                          const CopyEvent& out_free);
   // What backward needs of the MLP block that `mode` did not keep: ln2 and its
   // 1/rms; full, gate and up too.
-  void mlp_block_recompute(const LayerTensors& w, const LayerActivations& a, RecomputeMode mode);
+  void mlp_block_recompute(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a,
+                           RecomputeMode mode);
   void mlp_block_backward(const MicroBatchSlot& s, const LayerTensors& w, const LayerTensors& dw,
                           const LayerActivations& a);
 
@@ -93,26 +98,69 @@ class DecoderBlocks {
   // gate and up.
   void attention_projections(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a);
   void attention_core(const MicroBatchSlot& s, const LayerActivations& a);
-  void attention_residual(const LayerTensors& w, const LayerActivations& a);
+  void attention_residual(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a);
   void post_attention_norm(const LayerTensors& w, const LayerActivations& a);
-  void mlp_projections(const LayerTensors& w, const LayerActivations& a);
+  void mlp_projections(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a);
 
-  // Where the stage's tensor-parallel collectives are (Megatron's f and g): one region
-  // per place, whose forward the forward pass runs and whose backward the backward
-  // pass runs.
+  // Where the stage's tensor-parallel collectives are: one region per place, whose
+  // forward the forward pass runs and whose backward the backward pass runs. An
+  // entry into column-parallel layers is Megatron's f, or under sequence parallelism
+  // the all-gather of the shards; an exit from row-parallel layers is g, or the
+  // reduce-scatter onto the shards.
+  struct TensorParallelEntry {
+    explicit TensorParallelEntry(Communicator* tp) : copy(tp), gather(tp) {}
+    CopyToTensorParallelRegion copy;
+    GatherFromSequenceParallelRegion gather;
+  };
+  struct TensorParallelExit {
+    explicit TensorParallelExit(Communicator* tp) : reduce(tp), scatter(tp) {}
+    ReduceFromTensorParallelRegion reduce;
+    ReduceScatterToSequenceParallelRegion scatter;
+  };
   struct TensorParallelRegions {
     explicit TensorParallelRegions(Communicator* tp)
         : embedding_output(tp), attention_input(tp), attention_output(tp), mlp_input(tp), mlp_output(tp),
-          head_input(tp) {}
-    ReduceFromTensorParallelRegion embedding_output;  // each rank looked up the tokens of its vocabulary slice
-    CopyToTensorParallelRegion attention_input;       // into the column-parallel q, k, v (heads split)
-    ReduceFromTensorParallelRegion attention_output;  // out of the row-parallel o: the heads' partial outputs
-    CopyToTensorParallelRegion mlp_input;             // into the column-parallel gate and up (FFN split)
-    ReduceFromTensorParallelRegion mlp_output;        // out of the row-parallel down
-    CopyToTensorParallelRegion head_input;            // into the vocabulary-parallel LM head
+          head_input(tp), norm_weights(tp) {}
+    TensorParallelExit embedding_output;   // each rank looked up the tokens of its vocabulary slice
+    TensorParallelEntry attention_input;   // into the column-parallel q, k, v (heads split)
+    TensorParallelExit attention_output;   // out of the row-parallel o: the heads' partial outputs
+    TensorParallelEntry mlp_input;         // into the column-parallel gate and up (FFN split)
+    TensorParallelExit mlp_output;         // out of the row-parallel down
+    TensorParallelEntry head_input;        // into the vocabulary-parallel LM head
+    // Sequence parallelism: every rank's norms see only its shard's rows, so a norm
+    // weight (replicated) gets a partial gradient from each, summed as f sums an
+    // input's (Megatron's "sequence_parallel" parameters).
+    CopyToTensorParallelRegion norm_weights;
   };
 
+  // The column-parallel layers' input from a norm output: the norm output itself
+  // (f), or under sequence parallelism the shards all-gathered into the whole
+  // sequence's scratch; its first T rows. Run again in backward: the weight
+  // gradients need the input, which sequence parallelism keeps only as the shard.
+  Tensor enter(const TensorParallelEntry& e, const MicroBatchSlot& s, const Tensor& normed) const;
+  // Backward of enter, once the column-parallel layers wrote the gradient of its
+  // output into norm_grad's first T rows: the gradient of the norm output, summed over
+  // the ranks (all-reduced in place, or reduce-scattered onto norm_grad_shard).
+  Tensor enter_backward(const TensorParallelEntry& e, const MicroBatchSlot& s) const;
+  // The norm output's gradient that enter_backward left (what the norm's backward reads).
+  Tensor norm_grad(const MicroBatchSlot& s) const;
+  // Where the row-parallel layer ahead of an exit (leave) writes its partial output: `out`, or
+  // under sequence parallelism the first T rows of the whole sequence's scratch.
+  Tensor leave_output(const MicroBatchSlot& s, const Tensor& out) const;
+  // Sums the ranks' partial outputs into out (g's all-reduce in place, or the
+  // reduce-scatter of the whole sequence, its padding rows zeroed, onto out's shard).
+  void leave(const TensorParallelExit& x, const MicroBatchSlot& s, Tensor out) const;
+  // Backward of leave: the gradient of the partial output, whole (the residual
+  // gradient itself, or its shards all-gathered); its first T rows.
+  Tensor leave_backward(const TensorParallelExit& x, const MicroBatchSlot& s, const Tensor& out_grad) const;
+  // RMSNorm's backward, its weight gradient summed over tp under sequence parallelism.
+  void norm_backward(Tensor dres, Tensor dw, const Tensor& dnorm, const Tensor& x, const Tensor& w,
+                     const Tensor& rstd) const;
+  // The whole padded sequence's rows of a scratch under sequence parallelism.
+  Tensor whole_rows(const Tensor& scratch, const MicroBatchSlot& s) const;
+
   int64_t heads_, kv_heads_, head_dim_, window_, vocab_begin_;
+  int sequence_shards_;  // ModelSlice::sequence_shards
   float norm_eps_;
   RopeSettings rope_;
   Communicator* tp_;

@@ -102,20 +102,20 @@ void LlamaModel::set_batch(int slot, const MicroBatchView& batch) {
 
 Tensor LlamaModel::input_activation(int slot) const {
   const MicroBatchSlot& s = activations_.slot(slot);
-  return slice_.num_layers > 0 ? s.layers[0].x_in : s.x_out.rows(0, s.tokens_used);
+  return slice_.num_layers > 0 ? s.layers[0].x_in : s.x_out.rows(0, s.shard_rows);
 }
 
 Tensor LlamaModel::output_activation(int slot) const {
   const MicroBatchSlot& s = activations_.slot(slot);
-  return s.x_out.rows(0, s.tokens_used);
+  return s.x_out.rows(0, s.shard_rows);
 }
 
 Tensor LlamaModel::output_gradient(int slot) const {
-  return activations_.scratch().residual_grad.rows(0, activations_.slot(slot).tokens_used);
+  return activations_.scratch().residual_grad.rows(0, activations_.slot(slot).shard_rows);
 }
 
 Tensor LlamaModel::input_gradient(int slot) const {
-  return activations_.scratch().residual_grad.rows(0, activations_.slot(slot).tokens_used);
+  return activations_.scratch().residual_grad.rows(0, activations_.slot(slot).shard_rows);
 }
 
 double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
@@ -134,7 +134,7 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
     blocks_.attention_block_forward(s, w, a);
     // The output becomes the next layer's input, in the working block that layer
     // l - 1 used: its rows must have left for the host first.
-    const Tensor out = l + 1 < L ? s.layers[l + 1].x_in : s.x_out.rows(0, T);
+    const Tensor out = l + 1 < L ? s.layers[l + 1].x_in : s.x_out.rows(0, s.shard_rows);
     const CopyEvent& out_free = activations_.output_block_free(s, l);
     if (moe_) {
       blocks_.moe_block_forward(out, moe_->block(slot, l), w, a, out_free);
@@ -178,7 +178,7 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
       if (moe_) {
         blocks_.moe_block_recompute(p.weights, a);
       } else {
-        blocks_.mlp_block_recompute(p.weights, a, mode);
+        blocks_.mlp_block_recompute(s, p.weights, a, mode);
       }
     }
     if (moe_) {

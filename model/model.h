@@ -104,13 +104,18 @@ class LlamaModel {
   // ---- pipeline-stage interface (slot = which in-flight micro-batch) ----
   void set_batch(int slot, const MicroBatchView& batch);
   int64_t batch_tokens(int slot) const { return activations_.slot(slot).tokens_used; }
-  // [T, H]: where a stage that is not first receives its input before forward(slot).
+  // Rows of the activations and gradients that travel between stages for a
+  // micro-batch of `tokens` tokens: the tokens, or under sequence parallelism this
+  // rank's shard of them (ModelSlice::shard_rows).
+  int64_t residual_rows(int64_t tokens) const { return slice_.shard_rows(tokens); }
+  bool sequence_parallel() const { return slice_.sequence_shards > 1; }
+  // [residual rows, H]: where a stage that is not first receives its input before forward(slot).
   Tensor input_activation(int slot) const;
-  // [T, H]: the stage output after forward(slot) (stages that are not last).
+  // [residual rows, H]: the stage output after forward(slot) (stages that are not last).
   Tensor output_activation(int slot) const;
-  // [T, H]: where a stage that is not last receives d(output) before backward(slot).
+  // [residual rows, H]: where a stage that is not last receives d(output) before backward(slot).
   Tensor output_gradient(int slot) const;
-  // [T, H]: d(input) after backward(slot) (stages that are not first); valid until the next backward.
+  // [residual rows, H]: d(input) after backward(slot) (stages that are not first); valid until the next backward.
   Tensor input_gradient(int slot) const;
   // Runs the stage's layers. On the last stage also the final norm, LM head and loss,
   // whose gradient (scaled by loss_scale) is computed right away when with_backward;

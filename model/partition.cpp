@@ -35,6 +35,12 @@ ModelSlice::ModelSlice(const ModelConfig& c, const ModelPartition& partition) {
   ffn = c.ffn_hidden_size / tp_size;
   vocab_begin = split_point(c.vocab_size, partition.tp_rank, tp_size);
   vocab = split_point(c.vocab_size, partition.tp_rank + 1, tp_size) - vocab_begin;
+  if (partition.sequence_parallel && (tp_size < 2 || c.moe())) {
+    throw std::invalid_argument(
+        "model: sequence parallelism needs tensor parallelism (tp > 1) and a dense model (Mixtral's experts make "
+        "their own tp collectives)");
+  }
+  sequence_shards = partition.sequence_parallel ? tp_size : 1;
   if (c.moe()) {
     const int64_t per_rank = c.num_experts / partition.ep_size;
     for (int64_t j = 0; j < per_rank; ++j) experts.push_back(partition.ep_rank * per_rank + j);

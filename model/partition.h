@@ -25,7 +25,14 @@ struct ModelPartition {
   // [ep_rank E / ep_size, (ep_rank + 1) E / ep_size) of every MoE layer.
   int ep_rank = 0;
   int ep_size = 1;
+  // Sequence parallelism (Korthikanti et al. 2022) over the tp ranks: the norms and
+  // the residual stream hold this rank's shard of the sequence (ModelSlice::shard_rows).
+  bool sequence_parallel = false;
 };
+
+// Rows of one of `shards` equal shards of a sequence of `tokens` tokens padded to a
+// multiple of the shards.
+inline int64_t sequence_shard_rows(int64_t tokens, int shards) { return (tokens + shards - 1) / shards; }
 
 // The sizes of this rank's part, which its parameters, activations and blocks all
 // take from here.
@@ -44,6 +51,13 @@ struct ModelSlice {
   int64_t vocab = 0;
   // Mixtral: the experts this rank holds (all, or its share under expert parallelism).
   std::vector<int64_t> experts;
+  // Ranks the sequence of the norms and the residual stream is split over: tp under
+  // sequence parallelism, else 1. Rank r holds rows [r n, (r + 1) n) of a micro-batch
+  // of T tokens, n = shard_rows(T): T padded with zero rows to a multiple of the
+  // shards, so that every rank's part of the even all-gather and reduce-scatter
+  // (parallel/communicator.h) is whole rows.
+  int sequence_shards = 1;
+  int64_t shard_rows(int64_t tokens) const { return sequence_shard_rows(tokens, sequence_shards); }
 };
 
 }  // namespace hdp

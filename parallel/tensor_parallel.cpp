@@ -1,5 +1,8 @@
 #include "parallel/tensor_parallel.h"
 
+#include <stdexcept>
+#include <string>
+
 #include "kernels/ops.h"
 #include "parallel/op_tracer.h"
 
@@ -8,7 +11,50 @@ namespace {
 
 bool splits(const Communicator* tp) { return tp != nullptr && tp->size() > 1; }
 
+// The rows of every rank's shard, in rank order, into gathered (parallel/tensor_parallel.h,
+// sequence parallelism); one rank: a copy.
+Tensor gather_shards(Communicator* tp, const Tensor& shard, Tensor gathered) {
+  const int ranks = splits(tp) ? tp->size() : 1, rank = splits(tp) ? tp->rank() : 0;
+  const int64_t n = shard.dim(0);
+  if (gathered.dim(0) != ranks * n || gathered.numel() != ranks * shard.numel())
+    throw std::invalid_argument("sequence parallelism: a shard of " + std::to_string(n) + " rows gathers into " +
+                                std::to_string(ranks * n) + " rows, not " + std::to_string(gathered.dim(0)));
+  const Tensor own = gathered.rows(rank * n, (rank + 1) * n);
+  if (own.raw() != shard.raw()) copy(own, shard);
+  if (ranks > 1) {
+    TraceSpan span(trace_ops::kSequenceParallelAllGather.data());  // nested in forward- or backward-compute
+    tp->all_gather(gathered);
+  }
+  return gathered;
+}
+
+// The sum over ranks of their whole's rows of this rank's shard; one rank: a copy.
+void reduce_scatter_shards(Communicator* tp, const Tensor& whole, Tensor shard) {
+  if (!splits(tp)) {
+    if (whole.raw() != shard.raw()) copy(shard, whole);
+    return;
+  }
+  TraceSpan span(trace_ops::kSequenceParallelReduceScatter.data());  // nested in forward- or backward-compute
+  tp->reduce_scatter(whole, shard);
+}
+
 }  // namespace
+
+Tensor GatherFromSequenceParallelRegion::forward(const Tensor& shard, Tensor gathered) const {
+  return gather_shards(tp_, shard, gathered);
+}
+
+void GatherFromSequenceParallelRegion::backward(const Tensor& gathered_grad, Tensor shard_grad) const {
+  reduce_scatter_shards(tp_, gathered_grad, shard_grad);
+}
+
+void ReduceScatterToSequenceParallelRegion::forward(const Tensor& partial_output, Tensor shard) const {
+  reduce_scatter_shards(tp_, partial_output, shard);
+}
+
+Tensor ReduceScatterToSequenceParallelRegion::backward(const Tensor& shard_grad, Tensor gathered_grad) const {
+  return gather_shards(tp_, shard_grad, gathered_grad);
+}
 
 void CopyToTensorParallelRegion::backward(Tensor input_grad) const {
   if (!splits(tp_)) return;

@@ -52,6 +52,44 @@ class ReduceFromTensorParallelRegion {
   Communicator* tp_;
 };
 
+// Sequence parallelism (Korthikanti et al. 2022, "Reducing Activation Recomputation
+// in Large Transformer Models", section 4.2.2): outside attention and the MLP (the
+// norms and the residual adds) rank r of tp holds only rows [r n, (r + 1) n) of the
+// sequence, n = rows / tp, so the all-reduce of g becomes a reduce-scatter onto those
+// rows and the identity of f an all-gather of them; each is the other's backward.
+// A shard is [n, width], the whole sequence [tp n, width] (callers pad the rows to a
+// multiple of tp: the collectives split buffers evenly). Without a communicator, or
+// with a group of one rank, the shard is the whole sequence and every side a copy.
+
+// In front of the column-parallel layers: forward all-gathers the ranks' shards into
+// the whole sequence, backward reduce-scatters the layers' partial gradients of it.
+class GatherFromSequenceParallelRegion {
+ public:
+  explicit GatherFromSequenceParallelRegion(Communicator* tp = nullptr) : tp_(tp) {}
+  // gathered = the shards of every rank in rank order; returns gathered.
+  Tensor forward(const Tensor& shard, Tensor gathered) const;
+  // shard_grad = the sum over ranks of their gathered_grad's rows of this rank's shard.
+  void backward(const Tensor& gathered_grad, Tensor shard_grad) const;
+
+ private:
+  Communicator* tp_;
+};
+
+// Behind the row-parallel layers (and the vocabulary-parallel embedding): forward
+// reduce-scatters the ranks' partial outputs onto the shards, backward all-gathers
+// the shards' gradients, which every rank's slice of the layers needs whole.
+class ReduceScatterToSequenceParallelRegion {
+ public:
+  explicit ReduceScatterToSequenceParallelRegion(Communicator* tp = nullptr) : tp_(tp) {}
+  // shard = the sum over ranks of their partial_output's rows of this rank's shard.
+  void forward(const Tensor& partial_output, Tensor shard) const;
+  // gathered_grad = the shards' gradients of every rank in rank order; returns gathered_grad.
+  Tensor backward(const Tensor& shard_grad, Tensor gathered_grad) const;
+
+ private:
+  Communicator* tp_;
+};
+
 // Megatron's vocabulary-parallel cross-entropy: logits [n, V_local] hold this
 // rank's vocabulary ids [vocab_begin, vocab_begin + V_local), targets [n] are global
 // ids (-1: nothing predicted). The per-row max logit, sum of exponentials and

@@ -35,12 +35,6 @@ double slow_rank_factor(int rank) {
   return rank == slow_rank ? factor : 1.0;
 }
 
-bool may_offload(const Config& config) {
-  // Only sequences longer than a micro-batch are offloaded, and the static grid never does.
-  return config.offload.enabled && config.scheduler.policy != SchedulerPolicy::Static &&
-         config.data.max_seq_len > config.data.micro_batch_tokens;
-}
-
 int64_t largest_micro_batch(const Config& config) {
   const int64_t capacity = config.data.micro_batch_tokens;
   if (!may_offload(config)) return capacity;
@@ -77,7 +71,7 @@ class TrainingEngine::Stage final : public PipelineStage {
         poisoned_(poisoned),
         slow_factor_(slow_factor) {}
 
-  int64_t rows(int i) const override { return batch(i).num_tokens(); }
+  int64_t rows(int i) const override { return model_.residual_rows(batch(i).num_tokens()); }
   void prepare(int i, int slot) override {
     const PackedMicroBatch& b = batch(i);
     model_.set_batch(slot, MicroBatchView{b.tokens, b.targets, b.positions, b.cu_seqlens,
@@ -172,6 +166,7 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
   partition.has_head = groups.last_stage();
   partition.ep_rank = config.parallel.ep_rank(c);
   partition.ep_size = config.parallel.ep;
+  partition.sequence_parallel = config.parallel.sequence_parallel;
 
   const int64_t capacity = config.data.micro_batch_tokens;
   LongSequenceOptions long_sequences;

@@ -25,11 +25,9 @@ namespace hdp {
 // InputError on a malformed value. For the straggler analysis's tests.
 double slow_rank_factor(int rank);
 
-// Whether this config's plans may offload activations (long sequences, naive or
-// balance policy, offload enabled), and the most tokens one of their micro-batches
-// can hold (more than data.micro_batch_tokens when offload lets a rank hold more of
-// a long sequence).
-bool may_offload(const Config& config);
+// The most tokens one of this config's micro-batches can hold (more than
+// data.micro_batch_tokens when offload lets a rank hold more of a long sequence,
+// may_offload, config/config.h).
 int64_t largest_micro_batch(const Config& config);
 
 // What forward_backward() learned of the step, before any update.

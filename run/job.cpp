@@ -110,22 +110,23 @@ void check_threads(const Config& config, const ProcessInfo& process) {
 // (rank 0, holding both directories' locks; metrics.jsonl starts afresh anyway).
 void start_afresh(const Config& config) {
   const TrainConfig& t = config.train;
+  const std::string checkpoint_dir = resolved_checkpoint_dir(t);
   if (t.checkpoint_every == 0 && !t.start_over) return;  // nothing of a previous run is replaced
-  const std::optional<std::string> latest = latest_checkpoint(t.checkpoint_dir);
+  const std::optional<std::string> latest = latest_checkpoint(checkpoint_dir);
   if (!latest) return;
   if (!t.start_over) {
     const auto it = config.origins.find("train.resume");
     throw_config_error(it != config.origins.end() ? it->second : config.source + ":1", "train.resume",
-                       "'never' starts at step 0, but train.checkpoint_dir '" + t.checkpoint_dir +
+                       "'never' starts at step 0, but train.checkpoint_dir '" + checkpoint_dir +
                            "' holds the checkpoints of a previous run of this config (the newest " + *latest +
                            "), which this run's checkpoints and its metrics in train.run_dir '" + t.run_dir +
                            "' would replace",
                        "set train.start_over: true to delete them and start over, or train.resume: auto to continue "
                        "that run");
   }
-  const int deleted = delete_checkpoints_after(t.checkpoint_dir, 0);
+  const int deleted = delete_checkpoints_after(checkpoint_dir, 0);
   spdlog::warn("train.start_over: deleted {} checkpoint(s) of a previous run in {} (the newest {}); metrics.jsonl in "
-               "{} starts afresh", deleted, t.checkpoint_dir, *latest, t.run_dir);
+               "{} starts afresh", deleted, checkpoint_dir, *latest, t.run_dir);
 }
 
 // The GPU of the local rank modulo those visible (CUDA_VISIBLE_DEVICES): one per
@@ -211,10 +212,12 @@ void log_stage(TrainingEngine& engine, const MemoryReport& memory, const GridCoo
   const LlamaModel& model = engine.model();
   const int64_t recomputed = model.recompute_layers(), stage_layers = model.num_layers();
   spdlog::info("stage {}: activations saved per token and layer: {:.0f} bytes in the {} layers that recompute ({}), "
-               "{:.0f} bytes in the other {}",
+               "{:.0f} bytes in the other {}{}",
                coords.pp_rank, model.saved_bytes_per_token(0), recomputed,
                enum_name(kRecomputeModeNames, model.recompute_mode()), model.saved_bytes_per_token(stage_layers - 1),
-               stage_layers - recomputed);
+               stage_layers - recomputed,
+               model.sequence_parallel() ? "; sequence parallel: the norms' and residual stream's for 1/tp of the tokens"
+                                         : "");
 }
 
 // The schedule the run of `checkpoint` followed: recorded in its manifest, or in
@@ -328,15 +331,23 @@ void check_init_from_model(const Config& config, int rank) {
 TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, int rank,
                                  const std::string& data_tokenizer) {
   const TrainConfig& t = config.train;
+  const std::string checkpoint_dir = resolved_checkpoint_dir(t);
   if (rank == 0 && (t.resume == ResumeMode::Auto || t.checkpoint_every > 0)) {
-    for (const std::string& dir : manifestless_checkpoints(t.checkpoint_dir)) {
+    for (const std::string& dir : manifestless_checkpoints(checkpoint_dir)) {
       spdlog::warn("{} has no manifest.yaml, so it is not a complete checkpoint: not resumed from and not deleted; a "
                    "checkpoint of its step moves it to {}.incomplete first. Look at it, then delete it or move it "
                    "out of train.checkpoint_dir", dir, dir);
     }
   }
   if (t.resume == ResumeMode::Auto) {
-    if (auto latest = latest_checkpoint(t.checkpoint_dir)) {
+    std::vector<std::string> suspect;
+    const std::optional<std::string> latest = latest_resumable_checkpoint(checkpoint_dir, &suspect);
+    if (rank == 0 && !suspect.empty()) {
+      std::string list;
+      for (const std::string& s : suspect) list += (list.empty() ? "" : "; ") + s;
+      spdlog::warn("resume: auto passes by {} suspect checkpoint(s): {}", suspect.size(), list);
+    }
+    if (latest) {
       check_schedule_continues(config, *latest, rank);
       check_data_tokenizer(*latest, read_manifest(*latest), config.data.path, data_tokenizer, "resuming");
       TrainingProgress progress = load_checkpoint(*latest, engine.model(), &engine.optimizer());
@@ -379,7 +390,7 @@ void keep_run_record(const Config& config, int rank) {
   sinks.push_back(log_sink);
   logger->flush_on(spdlog::level::info);  // a killed job keeps its lines
   spdlog::info("run directory {}: config.yaml (the effective config), train.log (this log), metrics.jsonl; "
-               "checkpoints in {}", config.train.run_dir, config.train.checkpoint_dir);
+               "checkpoints in {}", config.train.run_dir, resolved_checkpoint_dir(config.train));
 }
 
 int set_up_process(const Config& config, const ProcessInfo& process) {
@@ -408,13 +419,14 @@ TrainingJob::TrainingJob(const Config& config, const ProcessInfo& process,
   // there (a resume reads an existing directory), and no continuing another run's
   // checkpoints unless asked, nor starting a new run over this one's unless told.
   const TrainConfig& t = config.train;
+  const std::string checkpoint_dir = resolved_checkpoint_dir(t);
   if (process.rank == 0) {
     const double stale_after_s = 2 * t.hang_timeout_s;
     run_dir_lock_.emplace(LockedDirectory::Run, t.run_dir, process.hostname, stale_after_s);
     std::error_code ec;
     if (t.checkpoint_every > 0 || t.start_over ||
-        (t.resume == ResumeMode::Auto && std::filesystem::is_directory(t.checkpoint_dir, ec)))
-      checkpoint_lock_.emplace(LockedDirectory::Checkpoints, t.checkpoint_dir, process.hostname, stale_after_s);
+        (t.resume == ResumeMode::Auto && std::filesystem::is_directory(checkpoint_dir, ec)))
+      checkpoint_lock_.emplace(LockedDirectory::Checkpoints, checkpoint_dir, process.hostname, stale_after_s);
   }
   if (t.checkpoint_every > 0 || t.resume == ResumeMode::Auto) check_checkpoint_dir_run(config);
   if (t.resume == ResumeMode::Never && process.rank == 0) start_afresh(config);

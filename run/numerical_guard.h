@@ -9,9 +9,10 @@
 // gradient norm train.grad_norm_spike_factor times their median gradient norm.
 // Its optimizer update is skipped (the batch is dropped, the step counts);
 // max_bad_steps bad steps in a row make the training loop (run/training_loop.cpp)
-// roll the run back to the newest checkpoint before them and skip their batches,
-// or stop it (DivergenceError) when there is no checkpoint to return to, the
-// loader cannot replay batches, or rolling back keeps ending in bad steps.
+// roll the run back to the newest checkpoint before them that the guard confirmed
+// (warm(), below) and skip their batches, or stop it (DivergenceError) when there
+// is no such checkpoint to return to (rollbacks that keep ending in bad steps mark
+// theirs suspect) or the loader cannot replay batches.
 //
 // Warm-up: spikes count from the second step on, against the good steps so far.
 // The first step's loss and gradient norm are the only ones no update has touched
@@ -71,6 +72,11 @@ class NumericalGuard {
   std::vector<double> loss_window() const { return losses_.values(); }
   std::vector<double> grad_norm_window() const { return grad_norms_.values(); }
   void restore_windows(const std::vector<double>& losses, const std::vector<double>& grad_norms);
+  // Whether the guard has passed a step it judged: every good step but the first
+  // (of the run, or after a checkpoint without a window), which has no history to
+  // be judged against. From then on a blow-up is flagged, so the weights saved are
+  // trusted as a rollback target (run/training_loop.h).
+  bool warm() const { return losses_.size() >= 2; }
   // Forgets the current streak of bad steps (after a rollback).
   void reset_streak() { bad_in_a_row_ = 0; }
 

@@ -85,6 +85,7 @@ TrainingLoop::TrainingLoop(const Config& config, const ProcessInfo& process, Pro
       peak_flops_(peak_flops),
       memory_bytes_(memory_bytes),
       layout_{config.parallel, groups.coords(), process.rank, &groups.world()},
+      checkpoint_dir_(resolved_checkpoint_dir(config.train)),
       guard_(SpikeFactors{config.train.spike_factor, config.train.grad_norm_spike_factor}, config.train.max_bad_steps),
       tracer_(config.trace, config.train.run_dir, groups.coords(), process.rank, groups.world()) {
   if (process.rank == 0) metrics_.emplace(config.train.run_dir, progress.step);
@@ -93,13 +94,15 @@ TrainingLoop::TrainingLoop(const Config& config, const ProcessInfo& process, Pro
   }
   fault_ = fault_injection_from_env();
   guard_.restore_windows(progress.loss_window, progress.grad_norm_window);
+  // A checkpoint resumed from before the guard was warm awaits confirmation.
+  awaiting_confirmation_ = !guard_.warm();
   if (config.train.checkpoint_every > 0) {
     // Writes in the background need MPI from a second thread when there are several ranks.
     const bool async = config.train.async_checkpoints && (process.thread_multiple || config.parallel.world() == 1);
     // Rank 0 commits every checkpoint with a copy of the data's tokenizer (checkpoint/tokenizer_copy.h).
     std::optional<TokenizerFiles> tokenizer;
     if (process.rank == 0) tokenizer = dataset_tokenizer_copy(config.data.path, dataset_format(config.data));
-    writer_.emplace(config.train.checkpoint_dir, config.yaml, config.train.keep_checkpoints, layout_, async,
+    writer_.emplace(checkpoint_dir_, config.yaml, config.train.keep_checkpoints, layout_, async,
                     process.rank == 0, checkpoint_fault_hooks(fault_, process.rank), std::move(tokenizer));
   }
 }
@@ -159,7 +162,11 @@ void TrainingLoop::run_step(int64_t step) {
   // step must not advance it (agree_on_update counts it after this number is taken).
   const int64_t update_number = step - progress_.skipped_steps;
   measured.updated = agree_on_update(measured.result);
-  if (measured.updated) engine_.apply_update(measured.lr, update_number);
+  if (measured.updated) {
+    newest_good_step_ = step;
+    confirm_checkpoints_once_warm();
+    engine_.apply_update(measured.lr, update_number);
+  }
   measured.step_ms = ms_since(t0);
   measured.offloaded_bytes = engine_.model().activation_usage().offloaded_bytes - offloaded_before;
 
@@ -245,14 +252,32 @@ std::optional<std::string> TrainingLoop::rollback_target(std::string* why_not) {
     return std::nullopt;
   }
   writer_->wait();  // the newest checkpoint may still be in the making
-  auto target = latest_checkpoint_before(config_.train.checkpoint_dir, first_bad);
+  const std::string& dir = checkpoint_dir_;
+  int64_t before = first_bad;
+  if (last_rollback_ && newest_good_step_ <= last_rollback_->last_bad_step) {
+    // Bad steps again before the run got past the streak that sent it back: the
+    // weights it returned to, not the skipped batches, look bad.
+    const Rollback& last = *last_rollback_;
+    const std::string why = "a rollback to it (bad steps " + std::to_string(last.first_bad_step) + "-" +
+                            std::to_string(last.last_bad_step) + ") ran into bad steps again from step " +
+                            std::to_string(first_bad) + ", before passing step " + std::to_string(last.last_bad_step);
+    suspect_steps_.push_back(last.target_step);
+    if (process_.rank == 0) {
+      const int newer = mark_suspect_from(dir, last.target_step, why);
+      spdlog::warn("{} is suspect: {}; so are the {} checkpoint(s) trained from it; rolling back past them",
+                   last.target, why, newer);
+    }
+    before = last.target_step;
+  }
+  std::vector<std::string> passed_by;
+  auto target = rollback_checkpoint_before(dir, before, suspect_steps_, &passed_by);
+  std::string passed;
+  for (const std::string& p : passed_by) passed += (passed.empty() ? "" : "; ") + p;
   if (!target) {
-    *why_not = "no checkpoint before step " + std::to_string(first_bad) + " in " + config_.train.checkpoint_dir +
-               " to roll back to";
-  } else if (*target == last_rollback_target_ && rollbacks_to_target_ >= kMaxRollbacksToOneCheckpoint) {
-    *why_not = "rolled back to " + *target + " " + std::to_string(rollbacks_to_target_) +
-               " times and the bad steps persist (the model, not the data, looks broken)";
-    target.reset();
+    *why_not = "no confirmed checkpoint before step " + std::to_string(before) + " in " + dir + " to roll back to" +
+               (passed.empty() ? "" : " (passed by: " + passed + ")");
+  } else if (process_.rank == 0 && !passed.empty()) {
+    spdlog::warn("rolling back past {}", passed);
   }
   return target;
 }
@@ -265,16 +290,15 @@ void TrainingLoop::rollback(const std::string& target, const std::string& what) 
     steps += (steps.empty() ? "" : ", ") + std::to_string(b.step);
     documents += (documents.empty() ? "" : "; ") + ("step " + std::to_string(b.step) + ": " + b.documents);
   }
-  rollbacks_to_target_ = target == last_rollback_target_ ? rollbacks_to_target_ + 1 : 1;
-  last_rollback_target_ = target;
   TrainingProgress restored = load_checkpoint(target, engine_.model(), &engine_.optimizer());
+  last_rollback_ = Rollback{target, restored.step, streak_.front().step, streak_.back().step};
   restored.rollbacks = progress_.rollbacks + 1;
   restored.skipped_batches = skipped;
   if (process_.rank == 0) {
     spdlog::warn("{}; rolling back to {} (step {}) and skipping the global batches of step(s) {} from now on "
                  "(rollback {} of this run; {} skipped batch(es) in all): {}",
                  what, target, restored.step, steps, restored.rollbacks, skipped.size(), documents);
-    delete_checkpoints_after(config_.train.checkpoint_dir, restored.step);
+    delete_checkpoints_after(checkpoint_dir_, restored.step);
     record_rollbacks(target, restored.rollbacks, skipped);
   }
   // No rank goes on (and may write a checkpoint) before rank 0 has cleaned up.
@@ -282,6 +306,8 @@ void TrainingLoop::rollback(const std::string& target, const std::string& what) 
   progress_ = restored;
   guard_.restore_windows(restored.loss_window, restored.grad_norm_window);
   guard_.reset_streak();
+  newest_good_step_ = restored.step;
+  awaiting_confirmation_ = !guard_.warm();
   streak_.clear();
   batches_.restart(restored.sampler, skipped);
   if (metrics_) metrics_.emplace(config_.train.run_dir, restored.step);
@@ -370,12 +396,24 @@ bool TrainingLoop::checkpoint_due(int64_t step) const {
          (step % config_.train.checkpoint_every == 0 || step == config_.train.steps);
 }
 
+void TrainingLoop::confirm_checkpoints_once_warm() {
+  if (!awaiting_confirmation_ || !guard_.warm()) return;
+  awaiting_confirmation_ = false;
+  if (process_.rank != 0 || !writer_) return;
+  writer_->wait();  // rare (the step the guard turns warm): the write in flight may be one to confirm
+  for (const std::string& path : confirm_checkpoints(checkpoint_dir_)) {
+    spdlog::info("{} confirmed: the numerical guard passed a step after it", path);
+  }
+}
+
 void TrainingLoop::save_checkpoint_at(int64_t step, const GlobalBatch& batch) {
   Phase phase(trace_ops::kCheckpoint.data(), "checkpoint save");
   progress_.step = step;
   progress_.sampler = batch.next;
   progress_.loss_window = guard_.loss_window();
   progress_.grad_norm_window = guard_.grad_norm_window();
+  progress_.guard_confirmed = guard_.warm();
+  awaiting_confirmation_ = awaiting_confirmation_ || !progress_.guard_confirmed;
   progress_.lr_schedule = RunSchedule{config_.optim, config_.train.steps};
   writer_->save(engine_.model(), engine_.optimizer(), progress_);
   if (process_.rank == 0) {

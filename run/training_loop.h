@@ -76,9 +76,13 @@ class TrainingLoop {
 
   // The checkpoint a rollback of the current streak returns to: the newest one
   // before its first bad step (their updates were skipped, but the model may have
-  // been drifting before the guard saw it). None, with the reason, when
-  // checkpoints are off, the remote loader cannot replay batches, or rolling back
-  // keeps ending in the same streak.
+  // been drifting before the guard saw it) that the guard confirmed (manifest.h:
+  // saved once the guard was warm, or followed by a step it passed since) and that
+  // is not suspect. When this run rolled back before and ran into bad steps again
+  // before passing the last step of the earlier streak, the checkpoint it
+  // returned to is marked suspect (in its manifest: `resume: auto` passes it by
+  // too) and the rollback goes past it. None, with the reason, when checkpoints are
+  // off, the remote loader cannot replay batches, or no such checkpoint is left.
   std::optional<std::string> rollback_target(std::string* why_not);
 
   // Loads `target` on every rank, records the streak's global batches as skipped
@@ -98,6 +102,10 @@ class TrainingLoop {
 
   bool checkpoint_due(int64_t step) const;
 
+  // Once the guard is warm, rank 0 marks the checkpoints saved before as confirmed
+  // (after the write in flight, which may be one of them).
+  void confirm_checkpoints_once_warm();
+
   // A collective over the world (checkpoint/protocol.h): the model, the optimizer, and the
   // sampler position after `batch`, so that a resumed run goes on with the next one.
   void save_checkpoint_at(int64_t step, const GlobalBatch& batch);
@@ -112,6 +120,7 @@ class TrainingLoop {
   const double peak_flops_;
   const size_t memory_bytes_;  // the engine's device memory, reported as peak_mem_bytes
   const CheckpointLayout layout_;
+  const std::string checkpoint_dir_;  // resolved_checkpoint_dir
   std::optional<MetricsWriter> metrics_;  // rank 0
   std::optional<TensorBoardWriter> tensorboard_;  // rank 0, with metrics.tensorboard
   ProgressMeter clock_;      // since run() began: the step line's elapsed time and ETA
@@ -135,10 +144,21 @@ class TrainingLoop {
     std::string documents;
   };
   std::vector<BadStep> streak_;
-  // Rollbacks in a row to the same checkpoint (a stop after kMaxRollbacksToOneCheckpoint).
-  static constexpr int kMaxRollbacksToOneCheckpoint = 3;
-  std::string last_rollback_target_;
-  int rollbacks_to_target_ = 0;
+  // The last rollback of this run: the checkpoint it returned to and the streak of
+  // bad steps that made it.
+  struct Rollback {
+    std::string target;
+    int64_t target_step;
+    int64_t first_bad_step;
+    int64_t last_bad_step;
+  };
+  std::optional<Rollback> last_rollback_;
+  std::vector<int64_t> suspect_steps_;  // never returned to again by this run
+  // The newest step the guard passed since the start or the last rollback, and
+  // whether checkpoints saved before the guard was warm may await confirmation.
+  // Alike on every rank: the guard's verdicts are agreed.
+  int64_t newest_good_step_ = 0;
+  bool awaiting_confirmation_ = false;
 };
 
 }  // namespace hdp

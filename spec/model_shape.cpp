@@ -111,20 +111,27 @@ ActivationWidths activation_widths(const ModelShape& m, int tp, RecomputeMode mo
   const LayerSlice s = layer_slice(m, tp);
   const int64_t experts = 2 * s.ffn * m.experts_per_token, router = m.experts > 1 ? m.experts : 0;
   switch (mode) {
-    case RecomputeMode::None:
-      return {4 * m.hidden + 2 * s.q_dim + 2 * s.kv_dim + experts, 2 + s.heads + router};
+    case RecomputeMode::None:  // x_in, ln1, x_mid, ln2 | rstd1, rstd2 are the sequence part
+      return {4 * m.hidden + 2 * s.q_dim + 2 * s.kv_dim + experts, 2 + s.heads + router, 4 * m.hidden, 2};
     case RecomputeMode::Selective:  // x_in, x_mid; q, attention output; k, v; gate, up | log-sum-exp
-      return {2 * m.hidden + 2 * s.q_dim + 2 * s.kv_dim + experts, s.heads + router};
+      return {2 * m.hidden + 2 * s.q_dim + 2 * s.kv_dim + experts, s.heads + router, 2 * m.hidden, 0};
     case RecomputeMode::Full:  // x_in (a ring layer: and the attention output | its log-sum-exp)
       break;
   }
   const int64_t moe_kept = m.experts > 1 ? experts : 0;
-  return {m.hidden + (ring ? s.q_dim : 0) + moe_kept, (ring ? s.heads : 0) + router};
+  return {m.hidden + (ring ? s.q_dim : 0) + moe_kept, (ring ? s.heads : 0) + router, m.hidden, 0};
 }
 
-double saved_bytes_per_token(const ModelShape& m, int tp, int bytes_per_value, RecomputeMode mode, bool ring) {
-  const ActivationWidths w = activation_widths(m, tp, mode, ring);
-  return static_cast<double>(bytes_per_value) * static_cast<double>(w.row) + 4.0 * static_cast<double>(w.small);
+double ActivationWidths::bytes_per_token(int bytes_per_value, int sequence_shards) const {
+  const double shards = static_cast<double>(sequence_shards);
+  const double rows = static_cast<double>(row - sequence_row) + static_cast<double>(sequence_row) / shards;
+  const double smalls = static_cast<double>(small - sequence_small) + static_cast<double>(sequence_small) / shards;
+  return static_cast<double>(bytes_per_value) * rows + 4.0 * smalls;
+}
+
+double saved_bytes_per_token(const ModelShape& m, int tp, int bytes_per_value, RecomputeMode mode, bool ring,
+                             bool sequence_parallel) {
+  return activation_widths(m, tp, mode, ring).bytes_per_token(bytes_per_value, sequence_parallel ? tp : 1);
 }
 
 RecomputeFlops recompute_flops(const ModelShape& m, int tp, RecomputeMode mode, bool ring) {

@@ -8,8 +8,9 @@
 // Tensor parallelism as in Megatron-LM (Shoeybi et al., 2019): tp shards the
 // query heads, the KV heads (tp divides them, spec/model_checks.h: no KV head is
 // replicated), every expert's FFN and the LM head's vocabulary; the
-// norms and the MoE router are replicated, and there is no sequence parallelism,
-// so tensors of size hidden per token are held whole on every rank.
+// norms and the MoE router are replicated. Tensors of size hidden per token (the
+// residual stream and the norms) are held whole on every rank, or, under sequence
+// parallelism (Korthikanti et al. 2022), for 1/tp of the tokens (activation_widths).
 //
 // FLOPs: a matmul of an [s, k] by a [k, n] matrix costs 2 s k n forward and twice
 // that backward (the gradients of both operands), so every matmul parameter costs
@@ -131,20 +132,33 @@ inline constexpr EnumName<RecomputeMode> kRecomputeModeNames[] = {
 // active expert (rows); two 1/rms, the heads' log-sum-exp, the router logits of an
 // MoE layer (small). With recomputation the part RecomputeMode keeps; ring: the
 // layer's micro-batch takes part in a ring (matters for full only).
+// Of those, sequence_row and sequence_small are the norms' and the residual
+// stream's: the layer input, the two norm outputs and the attention residual x_mid
+// (rows), the two 1/rms (small), as far as the mode keeps them. Sequence
+// parallelism (Korthikanti et al. 2022, section 4.2.2) holds these for 1/tp of the
+// tokens: a rank keeps its shard of the sequence and all-gathers the norm outputs
+// again in backward, as Megatron does; everything else is whole.
 struct ActivationWidths {
   int64_t row = 0;
   int64_t small = 0;
+  int64_t sequence_row = 0, sequence_small = 0;
+  // Bytes per token: row values of bytes_per_value bytes, small ones of 4, the
+  // sequence part divided over sequence_shards ranks (tp under sequence
+  // parallelism, else 1).
+  double bytes_per_token(int bytes_per_value, int sequence_shards = 1) const;
 };
 ActivationWidths activation_widths(const ModelShape& model, int tp, RecomputeMode mode = RecomputeMode::None,
                                    bool ring = false);
 
 // Bytes per token on one rank of tp with activations of bytes_per_value bytes
 // (4: fp32 as this trainer runs; 2: bf16 as the planning what-ifs assume): what
-// one layer saves for backward (under `mode`, see activation_widths), the K and V
+// one layer saves for backward (under `mode`, and with sequence parallelism over
+// the tp ranks, see activation_widths), the K and V
 // one layer sends around a ring-attention ring, and the activation (or its
 // gradient) sent between pipeline stages.
 double saved_bytes_per_token(const ModelShape& model, int tp, int bytes_per_value,
-                             RecomputeMode mode = RecomputeMode::None, bool ring = false);
+                             RecomputeMode mode = RecomputeMode::None, bool ring = false,
+                             bool sequence_parallel = false);
 
 // Forward FLOPs a recomputed layer reruns at the start of its backward on one rank
 // of tp (what DecoderBlocks' *_recompute reruns, model/decoder_blocks.h): per token

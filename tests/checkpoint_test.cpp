@@ -359,6 +359,69 @@ TEST(Checkpoint, PruningKeepsNewestAndLatestIgnoresIncomplete) {
   EXPECT_EQ(latest_checkpoint_step(dir), std::optional<int64_t>(6));  // not 80 (no manifest) nor 90 (.tmp)
 }
 
+// A committed checkpoint of `step` as far as the directory's bookkeeping sees it:
+// its manifest (no parts behind it).
+void write_bare_checkpoint(const std::string& dir, int64_t step, bool guard_confirmed) {
+  Manifest m;
+  m.format_version = kCheckpointFormatVersion;
+  m.progress.step = step;
+  m.progress.guard_confirmed = guard_confirmed;
+  m.parts = {"rank-00000.h5"};
+  m.config = "a: 1\n";
+  fs::create_directories(checkpoint_path(dir, step));
+  write_manifest(checkpoint_path(dir, step), m);
+}
+
+// Checkpoints 4-6 saved before the numerical guard was warm, 1-3 after: pruning to
+// the newest 2 keeps 5 and 6 and also 3, the newest a rollback may return to.
+TEST(Checkpoint, PruningKeepsTheNewestConfirmedCheckpointBehindUnconfirmedOnes) {
+  const std::string dir = testing::scratch_dir("ckpt_prune_confirmed");
+  for (int64_t step = 1; step <= 6; ++step) write_bare_checkpoint(dir, step, step <= 3);
+  prune_checkpoints(dir, 2, 6);
+  for (int64_t step : {1, 2, 4}) EXPECT_FALSE(fs::exists(checkpoint_path(dir, step))) << step;
+  for (int64_t step : {3, 5, 6}) EXPECT_TRUE(fs::exists(checkpoint_path(dir, step) + "/manifest.yaml")) << step;
+  // Once 6 is confirmed, 3 is no longer needed.
+  EXPECT_EQ(confirm_checkpoints(dir), (std::vector<std::string>{checkpoint_path(dir, 5), checkpoint_path(dir, 6)}));
+  EXPECT_TRUE(read_manifest(checkpoint_path(dir, 6)).progress.guard_confirmed);
+  prune_checkpoints(dir, 2, 6);
+  EXPECT_FALSE(fs::exists(checkpoint_path(dir, 3)));
+  EXPECT_TRUE(fs::exists(checkpoint_path(dir, 5)));
+}
+
+// A rollback returns to the newest confirmed checkpoint before the step that is not
+// suspect; marking one suspect marks those trained from it too, and `resume: auto`
+// passes them by as well, saying which.
+TEST(Checkpoint, RollbacksAndResumesPassSuspectAndUnconfirmedCheckpointsBy) {
+  const std::string dir = testing::scratch_dir("ckpt_suspect");
+  for (int64_t step = 1; step <= 4; ++step) write_bare_checkpoint(dir, step, step != 3);
+  std::vector<std::string> passed;
+  EXPECT_EQ(rollback_checkpoint_before(dir, 4, {}, &passed), checkpoint_path(dir, 2));
+  ASSERT_EQ(passed.size(), 1u);
+  EXPECT_EQ(passed[0], checkpoint_path(dir, 3) + " (unconfirmed: the numerical guard had passed no step after the "
+                                                 "run's first when it was saved, nor since)");
+  passed.clear();
+  EXPECT_EQ(rollback_checkpoint_before(dir, 4, {2}, &passed), checkpoint_path(dir, 1));
+  EXPECT_EQ(passed.size(), 2u);
+
+  EXPECT_EQ(mark_suspect_from(dir, 2, "bad steps again"), 2);
+  EXPECT_EQ(read_manifest(checkpoint_path(dir, 2)).suspect, "bad steps again");
+  EXPECT_EQ(read_manifest(checkpoint_path(dir, 4)).suspect, "trained from the checkpoint of step 2, which is suspect");
+  EXPECT_EQ(read_manifest(checkpoint_path(dir, 1)).suspect, "");
+  passed.clear();
+  EXPECT_EQ(rollback_checkpoint_before(dir, 5, {}, &passed), checkpoint_path(dir, 1));
+  EXPECT_EQ(passed.size(), 3u);
+  passed.clear();
+  EXPECT_EQ(latest_resumable_checkpoint(dir, &passed), checkpoint_path(dir, 1));
+  EXPECT_EQ(passed, (std::vector<std::string>{
+                        checkpoint_path(dir, 4) + " (suspect: trained from the checkpoint of step 2, which is suspect)",
+                        checkpoint_path(dir, 3) + " (suspect: trained from the checkpoint of step 2, which is suspect)",
+                        checkpoint_path(dir, 2) + " (suspect: bad steps again)"}));
+  // Tools that read a checkpoint (eval, export) still see the newest one.
+  EXPECT_EQ(latest_checkpoint(dir), checkpoint_path(dir, 4));
+  passed.clear();
+  EXPECT_EQ(rollback_checkpoint_before(dir, 5, {1}, &passed), std::nullopt);
+}
+
 TEST(Checkpoint, OfflinePartsCommitOnlyWithRankZero) {
   const std::string dir = testing::scratch_dir("ckpt_offline");
   const ModelConfig c = tiny_config(false);

@@ -227,7 +227,6 @@ TEST(Config, DefaultsForEverythingButDataPath) {
   const Config c = load_config(s.config(kMinimalConfig));
   Config expected;
   expected.data.path = s.data;
-  expected.train.checkpoint_dir = "runs/default/checkpoints";  // under train.run_dir
   expect_same(c, expected);
   // The struct defaults, spelled out so that a changed default is noticed.
   EXPECT_EQ(c.model.vocab_size, 258);
@@ -835,6 +834,31 @@ TEST(Config, RecomputeChoice) {
   EXPECT_CONTAINS(load_error(path, {"train.recompute=partial"}), "train.recompute: unknown mode 'partial'");
 }
 
+TEST(Config, SequenceParallelChoice) {
+  Scratch s("sequence_parallel");
+  const std::string path = s.config(
+      "model:\n"
+      "  num_kv_heads: 2\n"
+      "data:\n"
+      "  path: DATA\n");
+  EXPECT_FALSE(load_config(path).parallel.sequence_parallel);
+  EXPECT_TRUE(load_config(path, {"parallel.tp=2", "parallel.sequence_parallel=true"}).parallel.sequence_parallel);
+  // Bad settings are refused naming the key: no tp group, Mixtral, offload of
+  // sequences longer than a micro-batch (without offload they are fine: rings).
+  const std::string alone = load_error(path, {"parallel.sequence_parallel=true"});
+  EXPECT_CONTAINS(alone, "parallel.sequence_parallel: true with parallel.tp 1");
+  EXPECT_CONTAINS(alone, "raise parallel.tp above 1");
+  EXPECT_CONTAINS(load_error(path, {"parallel.tp=2", "parallel.sequence_parallel=true", "model.arch=mixtral",
+                                    "model.num_experts=4", "model.experts_per_token=2"}),
+                  "parallel.sequence_parallel: true with model.arch 'mixtral'");
+  const std::vector<std::string> long_sequences = {"parallel.tp=2", "parallel.hdp=2", "parallel.sequence_parallel=true",
+                                                   "data.max_seq_len=8192", "data.global_batch_tokens=8192"};
+  EXPECT_CONTAINS(load_error(path, long_sequences), "parallel.sequence_parallel: true with offload.enabled true");
+  std::vector<std::string> without_offload = long_sequences;
+  without_offload.push_back("offload.enabled=false");
+  EXPECT_TRUE(load_config(path, without_offload).parallel.sequence_parallel);
+}
+
 TEST(ConfigErrors, MissingDataFile) {
   Scratch s("missing_data");
   const std::string missing = s.dir + "/nope/corpus.h5";
@@ -1020,13 +1044,21 @@ TEST(Config, HdpAutoTakesWhatTpAndPpLeaveOfTheJob) {
 TEST(Config, CheckpointsGoUnderTheRunDirectoryUnlessPutElsewhere) {
   Scratch s("checkpoint-dir");
   const std::string path = s.config(kMinimalConfig);
-  EXPECT_EQ(load_config(path).train.checkpoint_dir, "runs/default/checkpoints");
+  const Config defaults = load_config(path);
+  EXPECT_EQ(defaults.train.checkpoint_dir, "");
+  EXPECT_EQ(resolved_checkpoint_dir(defaults.train), "runs/default/checkpoints");
   const Config run = load_config(path, {"train.run_dir=runs/a"});
-  EXPECT_EQ(run.train.checkpoint_dir, "runs/a/checkpoints");
-  EXPECT_CONTAINS(run.yaml, "  checkpoint_dir: \"runs/a/checkpoints\"\n");
-  EXPECT_EQ(load_config(path, {"train.run_dir=runs/a", "train.checkpoint_dir=/scratch/ckpt"}).train.checkpoint_dir,
-            "/scratch/ckpt");
-  EXPECT_EQ(load_config(path, {"train.run_dir=runs/a", "train.checkpoint_dir=''"}).train.checkpoint_dir,
+  EXPECT_EQ(resolved_checkpoint_dir(run.train), "runs/a/checkpoints");
+  // The effective config keeps the key empty, so that the same config used for
+  // another run directory (import-hf's train-config.yaml, a checkpoint's config)
+  // puts the checkpoints under that one, not under runs/a.
+  EXPECT_CONTAINS(run.yaml, "  checkpoint_dir: \"\"\n");
+  const Config carried = parse_config_text(run.yaml, "carried.yaml", {"train.run_dir=runs/b"}, false);
+  EXPECT_EQ(resolved_checkpoint_dir(carried.train), "runs/b/checkpoints");
+  const Config elsewhere = load_config(path, {"train.run_dir=runs/a", "train.checkpoint_dir=/scratch/ckpt"});
+  EXPECT_EQ(resolved_checkpoint_dir(elsewhere.train), "/scratch/ckpt");
+  EXPECT_CONTAINS(elsewhere.yaml, "  checkpoint_dir: \"/scratch/ckpt\"\n");
+  EXPECT_EQ(resolved_checkpoint_dir(load_config(path, {"train.run_dir=runs/a", "train.checkpoint_dir=''"}).train),
             "runs/a/checkpoints");
 }
 
@@ -1141,7 +1173,7 @@ TEST(Config, ShippedConfigs) {
   EXPECT_EQ(tiny.data.global_batch_tokens, 4096);
   EXPECT_EQ(tiny.data.path, "data-cache/demo-corpus.h5");
   EXPECT_EQ(tiny.train.run_dir, "runs/tiny-llama");
-  EXPECT_EQ(tiny.train.checkpoint_dir, "runs/tiny-llama/checkpoints");
+  EXPECT_EQ(resolved_checkpoint_dir(tiny.train), "runs/tiny-llama/checkpoints");
   EXPECT_EQ(tiny.train.checkpoint_every, 100);
   EXPECT_EQ(tiny.train.log_every, 10);
   EXPECT_EQ(tiny.optim.warmup_steps, 20);

@@ -142,10 +142,14 @@ TEST(HfCheckpoint, ExportThenImportIsBitIdenticalInFp32) {
   EXPECT_CONTAINS(train_config, "num_kv_heads: 2");
   EXPECT_CONTAINS(train_config, "ffn_hidden_size: 128");
   EXPECT_CONTAINS(train_config, "max_seq_len: 128");
+  // Its checkpoint directory is left empty, so that it follows the run directory
+  // training is given (not the one import-hf had).
+  EXPECT_CONTAINS(train_config, "  checkpoint_dir: \"\"\n");
   r = run_trainer("train " + dir + "/imported/train-config.yaml --set data.path=" + small_corpus() +
                   " --set train.init_from=" + dir + "/imported/step-00000000 --set train.steps=1 --set train.run_dir=" +
-                  dir + "/trained --set train.checkpoint_dir=" + dir + "/trained/ckpt --set train.threads=1");
+                  dir + "/trained --set train.checkpoint_every=1 --set train.threads=1");
   EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/trained/checkpoints/step-00000001/manifest.yaml")) << r.output;
   EXPECT_CONTAINS(r.output, "initial weights from " + dir + "/imported/step-00000000");
   const auto imported = weights_of(dir + "/imported/step-00000000", dir + "/imported.h5");
   ASSERT_EQ(imported.size(), original.size());

@@ -1,7 +1,8 @@
 // Tensor parallelism's regions and vocabulary-parallel cross-entropy
 // (parallel/tensor_parallel.h) over an in-process group of threads: each region's
 // forward and backward on hand-checked values, the f/g pair around a LLaMA MLP
-// split over ranks against the unsplit MLP, and the split cross-entropy against
+// split over ranks against the unsplit MLP, sequence parallelism's all-gather and
+// reduce-scatter regions on hand-checked values, and the split cross-entropy against
 // the single-shard one.
 
 #include <gtest/gtest.h>
@@ -118,6 +119,76 @@ TEST(TensorParallelRegions, WithOneRankOrNoCommunicatorEverySideIsTheIdentity) {
       EXPECT_EQ(v, (std::vector<float>{3.0f, -1.0f}));
     }
     EXPECT_EQ(tp.stats().collectives, 0);
+  });
+}
+
+// ---- sequence parallelism's regions ---------------------------------------------------
+
+TEST(GatherFromSequenceParallelRegion, ForwardGathersTheShardsAndBackwardReduceScattersTheGradients) {
+  run_ranks(3, [](ThreadCommunicator& tp) {
+    const GatherFromSequenceParallelRegion gather(&tp);
+    const float r = static_cast<float>(tp.rank());
+    // Rank r's shard [2, 2]: [[r, 10 r], [r + 1, -r]].
+    std::vector<float> shard = {r, 10 * r, r + 1, -r}, whole(12, -7.0f);
+    const Tensor gathered = gather.forward(host(shard, {2, 2}), host(whole, {6, 2}));
+    EXPECT_EQ(gathered.data, whole.data());
+    EXPECT_EQ(whole, (std::vector<float>{0, 0, 1, 0, 1, 10, 2, -1, 2, 20, 3, -2}));
+    EXPECT_EQ(tp.stats().collectives, 1);
+
+    // Rank r's partial gradient of the whole sequence: row i holds (i + r, i r). Rank q
+    // receives the sum over r = 0, 1, 2 of rows 2q and 2q + 1: (3 i + 3, 3 i).
+    std::vector<float> grad;
+    for (int i = 0; i < 6; ++i) grad.insert(grad.end(), {i + r, i * r});
+    std::vector<float> shard_grad(4, -7.0f);
+    gather.backward(host(grad, {6, 2}), host(shard_grad, {2, 2}));
+    const float i0 = static_cast<float>(2 * tp.rank());
+    EXPECT_EQ(shard_grad, (std::vector<float>{3 * i0 + 3, 3 * i0, 3 * i0 + 6, 3 * i0 + 3}));
+    EXPECT_EQ(tp.stats().collectives, 2);
+  });
+}
+
+TEST(ReduceScatterToSequenceParallelRegion, ForwardReduceScattersTheOutputsAndBackwardGathersTheGradients) {
+  run_ranks(2, [](ThreadCommunicator& tp) {
+    const ReduceScatterToSequenceParallelRegion scatter(&tp);
+    const float r = static_cast<float>(tp.rank());
+    // Rank r's partial output [4, 1]: (r, 2 r, 3 + r, -r); the sum over ranks 0, 1 is
+    // (1, 2, 7, -1): rank 0 keeps rows 0 and 1, rank 1 rows 2 and 3.
+    std::vector<float> partial = {r, 2 * r, 3 + r, -r}, shard(2, -7.0f);
+    scatter.forward(host(partial, {4, 1}), host(shard, {2, 1}));
+    EXPECT_EQ(shard, tp.rank() == 0 ? (std::vector<float>{1, 2}) : (std::vector<float>{7, -1}));
+    EXPECT_EQ(tp.stats().collectives, 1);
+
+    std::vector<float> shard_grad = {r + 0.5f, -r}, whole(4, -7.0f);
+    const Tensor gathered = scatter.backward(host(shard_grad, {2, 1}), host(whole, {4, 1}));
+    EXPECT_EQ(gathered.data, whole.data());
+    EXPECT_EQ(whole, (std::vector<float>{0.5f, 0, 1.5f, -1}));
+    EXPECT_EQ(tp.stats().collectives, 2);
+  });
+}
+
+// One rank, or no communicator: the shard is the whole sequence, and each side copies.
+TEST(SequenceParallelRegions, WithOneRankOrNoCommunicatorEverySideCopies) {
+  run_ranks(1, [](ThreadCommunicator& tp) {
+    for (Communicator* comm : {static_cast<Communicator*>(&tp), static_cast<Communicator*>(nullptr)}) {
+      const GatherFromSequenceParallelRegion gather(comm);
+      const ReduceScatterToSequenceParallelRegion scatter(comm);
+      std::vector<float> a = {3.0f, -1.0f}, b(2, 0.0f), c(2, 0.0f), d(2, 0.0f), e(2, 0.0f);
+      gather.forward(host(a, {2, 1}), host(b, {2, 1}));
+      gather.backward(host(b, {2, 1}), host(c, {2, 1}));
+      scatter.forward(host(c, {2, 1}), host(d, {2, 1}));
+      scatter.backward(host(d, {2, 1}), host(e, {2, 1}));
+      EXPECT_EQ(e, a);
+    }
+    EXPECT_EQ(tp.stats().collectives, 0);
+  });
+}
+
+// A whole sequence of the wrong number of rows for the shards is refused.
+TEST(GatherFromSequenceParallelRegion, RefusesAWholeOfAnotherSizeThanTheShards) {
+  run_ranks(2, [](ThreadCommunicator& tp) {
+    std::vector<float> shard(4), whole(6);
+    EXPECT_THROW(GatherFromSequenceParallelRegion(&tp).forward(host(shard, {2, 2}), host(whole, {3, 2})),
+                 std::invalid_argument);
   });
 }
 

@@ -343,6 +343,29 @@ TEST(PlanSetupTest, RecomputeRaisesTheCapacity) {
   EXPECT_DOUBLE_EQ(bytes(RecomputeMode::Full), 18'464);
 }
 
+// Sequence parallelism holds the norms' and the residual stream's saved tensors for
+// 1/tp of the tokens: LLaMA-70B at tp 8, pp 2 saves 27,169 B per token and layer
+// without recomputation (84,520 less 7/8 of four hidden-wide bf16 rows of 8,192 and of
+// two fp32 1/rms), 23,072 B selective (two rows) and 4,128 B full (a ring layer's:
+// the input row), so C grows by as much; offload is off with it (the trainer refuses
+// offload under it), and without tp it is refused.
+TEST(PlanSetupTest, SequenceParallelismRaisesTheCapacity) {
+  const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
+  const ModelShape m = load_model_file(config("models/llama-70b.yaml"));
+  const double want[] = {27'169, 23'072, 4'128};
+  int i = 0;
+  for (RecomputeMode mode : {RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full}) {
+    const PlanSetup plain = make_plan_setup(h, m, 128, 8, 2, 128 * K, 0, 1, 1, mode);
+    const PlanSetup s = make_plan_setup(h, m, 128, 8, 2, 128 * K, 0, 1, 1, mode, true);
+    EXPECT_TRUE(s.sequence_parallel);
+    EXPECT_DOUBLE_EQ(s.settings.cost.a2, want[i++]) << enum_name(kRecomputeModeNames, mode);
+    EXPECT_EQ(s.settings.capacity, static_cast<int64_t>(s.memory.free_bytes[0] / (2 * 40 * s.settings.cost.a2)));
+    EXPECT_GT(s.settings.capacity, plain.settings.capacity);
+    EXPECT_FALSE(s.settings.offload.enabled);
+  }
+  EXPECT_THROW(make_plan_setup(h, m, 128, 1, 2, 128 * K, 0, 1, 1, RecomputeMode::None, true), PlanInputError);
+}
+
 // Interleaved 1F1B in `trainer plan` (--vpp): LLaMA-70B over pp 4 on 1,024 GPUs, 8
 // equal micro-batches of 8K tokens per rank. The virtual stages split the layers
 // alike, the same work runs, and the simulated idle time (the pipeline bubble plus

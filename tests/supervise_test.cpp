@@ -171,16 +171,32 @@ TEST(Supervise, ForwardsSigtermAndDoesNotRestart) {
 
 // A command frozen whole (here a shell that stops itself after touching the
 // heartbeat, as a SIGSTOPped single-process job whose watchdog is frozen with it)
-// is killed once RUN_DIR/run.lock is older than --stall-timeout-s, and restarted.
-TEST(Supervise, KillsAndRestartsACommandWhoseHeartbeatStops) {
+// is killed once RUN_DIR/run.lock is older than --stall-timeout-s, and restarted;
+// its stacks are taken first, from outside (it runs no signal handler):
+// RUN_DIR/hang/frozen-run-0.txt names its thread and its state, stopped, and, where
+// gdb is installed, holds its backtrace.
+TEST(Supervise, KillsAndRestartsACommandWhoseHeartbeatStopsTakingItsStacksFirst) {
   const std::string dir = scratch_dir("supervise_frozen");
   const auto r = run_trainer("supervise --max-restarts 2 --backoff-s 0 --stall-timeout-s 1 --run-dir " + dir +
                              " -- sh -c 'echo $HDP_SUPERVISE_RESTART >> " + dir +
-                             "/runs; [ $HDP_SUPERVISE_RESTART -ge 1 ] || { touch " + dir + "/run.lock; kill -STOP $$; }'");
+                             "/runs; [ $HDP_SUPERVISE_RESTART -ge 1 ] || { echo $$ > " + dir + "/pid; touch " + dir +
+                             "/run.lock; kill -STOP $$; }'");
   EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find(dir + "/run.lock was last refreshed "), std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("(--stall-timeout-s 1): the command is frozen; killing its process group"),
+  EXPECT_NE(r.output.find("supervise: job frozen for "), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find(" (" + dir + "/run.lock older than --stall-timeout-s 1); taking its stacks"),
             std::string::npos) << r.output;
+  const std::string stacks = dir + "/hang/frozen-run-0.txt";
+  EXPECT_NE(r.output.find("; stacks in " + stacks + " ("), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("); killing its process group"), std::string::npos) << r.output;
+  const std::string pid = read_words(dir + "/pid").at(0);
+  std::ifstream in(stacks);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text.rfind("process " + pid + " (sh): sh -c ", 0), 0u) << text;
+  EXPECT_NE(text.find("thread " + pid + " (sh): state T (stopped), wait channel "), std::string::npos) << text;
+  if (run_command("command -v gdb").exit_code == 0) {
+    EXPECT_NE(text.find("gdb backtraces:\n"), std::string::npos) << text;
+    EXPECT_NE(text.find("#0 "), std::string::npos) << text;
+  }
   EXPECT_EQ(read_words(dir + "/runs"), (std::vector<std::string>{"0", "1"})) << r.output;
   const std::vector<nlohmann::json> lines = read_lines(dir + "/ettr.jsonl");
   ASSERT_EQ(lines.size(), 2u);

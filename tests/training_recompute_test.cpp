@@ -21,13 +21,8 @@ namespace {
 
 using testing::long_corpus;
 using testing::metric_values;
-using testing::mpirun;
-using testing::run_command;
 using testing::scratch_dir;
-using testing::small_corpus;
-using testing::small_model_overrides;
-
-const std::string kConfig = std::string(HDP_SOURCE_DIR) + "/configs/tiny-llama.yaml";
+using testing::train_five_steps;
 
 struct Layout {
   std::string name;
@@ -47,14 +42,7 @@ std::string ring_settings() {
 
 // A 5-step run of `l` with `settings` in `dir`; its output.
 std::string train(const std::string& dir, const Layout& l, const std::string& settings) {
-  const std::string args = "train " + kConfig + " --set data.path=" + small_corpus() + " --set train.run_dir=" + dir +
-                           " --set train.checkpoint_dir=" + dir + "/ckpt --set train.steps=5" +
-                           small_model_overrides() + " --set parallel.tp=" + std::to_string(l.tp) +
-                           " --set parallel.pp=" + std::to_string(l.pp) + " --set parallel.hdp=" +
-                           std::to_string(l.hdp) + " " + l.extra + (l.rings ? ring_settings() : "") + " " + settings;
-  auto r = run_command(mpirun(l.tp * l.pp * l.hdp) + " " + args);
-  if (r.exit_code != 0) throw std::runtime_error(l.name + " run failed: " + r.output);
-  return r.output;
+  return train_five_steps(dir, l.tp, l.pp, l.hdp, l.extra + (l.rings ? ring_settings() : "") + " " + settings, l.name);
 }
 
 class RecomputeLayouts : public ::testing::TestWithParam<Layout> {};

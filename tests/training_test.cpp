@@ -255,7 +255,7 @@ TEST(Training, TheRunDirectoryKeepsCheckpointsConfigLogAndTensorBoardFiles) {
   ASSERT_EQ(first.exit_code, 0) << first.output;
   EXPECT_TRUE(std::filesystem::exists(dir + "/checkpoints/step-00000002/manifest.yaml"));
   const std::string config = testing::file_text(dir + "/config.yaml");
-  EXPECT_NE(config.find("checkpoint_dir: \"" + dir + "/checkpoints\"\n"), std::string::npos) << config;
+  EXPECT_NE(config.find("checkpoint_dir: \"\"\n"), std::string::npos) << config;  // RUN_DIR/checkpoints
   EXPECT_NE(config.find("tensorboard: true\n"), std::string::npos) << config;
   auto second = run(3);  // resumes from step 2
   ASSERT_EQ(second.exit_code, 0) << second.output;
@@ -763,23 +763,76 @@ TEST(Training, ADivergingRunIsCaughtByDefaultAndEndsWithExitCode3) {
 
 // With a checkpoint every step the diverging run checkpoints step 1, whose update
 // already blew the weights up (no guard can tell before step 2 shows it), but none
-// of the steps it flags. Rolling back to step 1 keeps ending in bad steps, so
-// after 3 rollbacks the run stops with exit code 3, which `trainer supervise` does
-// not retry: the same run would diverge the same way.
+// of the steps it flags. Step 1's checkpoint is unconfirmed (the guard had judged
+// no step when it was saved, and passes none after it), so there is nothing to roll
+// back to: the run stops at once with exit code 3, which `trainer supervise` does
+// not retry (the same run would diverge the same way).
 TEST(Training, ADivergingRunCheckpointsNoFlaggedStepAndSuperviseDoesNotRestartIt) {
   const std::string dir = scratch_dir("training-diverges-supervised");
   auto r = run_trainer("supervise --max-restarts 3 --backoff-s 0 --run-dir " + dir + " -- " + HDP_TRAINER_BINARY +
                        " " + run_args(dir, 30, "--set data.global_batch_tokens=1024 --set optim.lr=30 "
                                                "--set train.checkpoint_every=1 --set train.keep_checkpoints=30"));
   EXPECT_EQ(r.exit_code, 3) << r.output;
-  EXPECT_NE(r.output.find("rolled back to " + step_dir(dir, 1) + " 3 times and the bad steps persist"),
+  EXPECT_NE(r.output.find("the run diverges: step 4: 3 bad step(s) in a row"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("stopping: no confirmed checkpoint before step 2 in " + dir + "/ckpt to roll back to "
+                          "(passed by: " + step_dir(dir, 1) + " (unconfirmed: the numerical guard had passed no step "
+                          "after the run's first when it was saved, nor since))"),
             std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("rolling back to"), std::string::npos) << r.output;
+  EXPECT_EQ(metric_lines(dir).size(), 4u);
   EXPECT_NE(r.output.find("supervise: the command ended with exit code 3 (diverged); not restarting"),
             std::string::npos) << r.output;
   EXPECT_EQ(testing::run_command("grep -c '\"event\"' " + dir + "/ettr.jsonl").output, "1\n");
   EXPECT_NE(testing::file_text(dir + "/ettr.jsonl").find("\"outcome\":\"diverged\""), std::string::npos);
-  EXPECT_TRUE(fs::exists(step_dir(dir, 1) + "/manifest.yaml"));
+  EXPECT_EQ(manifest_field(manifest_of(step_dir(dir, 1)), "guard_confirmed"), "false");
   for (int step = 2; step <= 30; ++step) EXPECT_FALSE(fs::exists(step_dir(dir, step))) << "step " << step;
+}
+
+// Learning rate 3 on tiny-llama: steps 1-3 pass the guard (losses 5.56, 5.04,
+// 10.9), but the update of step 3 blew the weights up (step 4: about 54). The
+// checkpoint of step 3 was saved once the guard was warm, so the first rollback
+// returns to it; the bad steps come back at once, so it is marked suspect and the
+// next rollback goes past it to step 2, then (the replayed update of step 3 blows
+// up alike) to step 1. With no checkpoint left the run stops with exit code 3,
+// every checkpoint marked suspect, and `resume: auto` passes them by.
+TEST(Training, ACheckpointFoundBadLaterIsMarkedSuspectAndTheRollbackGoesPastIt) {
+  const std::string dir = scratch_dir("training-suspect");
+  const std::string common = "--set data.global_batch_tokens=1024 --set optim.lr=3 --set train.checkpoint_every=1 "
+                             "--set train.max_bad_steps=2 ";
+  auto r = run_trainer(run_args(dir, 30, common));
+  EXPECT_EQ(r.exit_code, 3) << r.output;
+  const auto rolled_back_to = [&](int step) {
+    return r.output.find("rolling back to " + step_dir(dir, step) + " (step " + std::to_string(step) + ")");
+  };
+  const auto suspect = [&](int step) {
+    return r.output.find(step_dir(dir, step) + " is suspect: a rollback to it (bad steps 4-5) ran into bad steps again "
+                         "from step 4, before passing step 5");
+  };
+  ASSERT_NE(rolled_back_to(3), std::string::npos) << r.output;
+  ASSERT_NE(suspect(3), std::string::npos) << r.output;
+  ASSERT_NE(rolled_back_to(2), std::string::npos) << r.output;
+  ASSERT_NE(suspect(2), std::string::npos) << r.output;
+  ASSERT_NE(rolled_back_to(1), std::string::npos) << r.output;
+  ASSERT_NE(suspect(1), std::string::npos) << r.output;
+  EXPECT_LT(rolled_back_to(3), suspect(3));
+  EXPECT_LT(suspect(3), rolled_back_to(2));
+  EXPECT_LT(rolled_back_to(2), suspect(2));
+  EXPECT_LT(suspect(2), rolled_back_to(1));
+  EXPECT_LT(rolled_back_to(1), suspect(1));
+  EXPECT_NE(r.output.find("stopping: no confirmed checkpoint before step 1 in " + dir + "/ckpt to roll back to. "),
+            std::string::npos) << r.output;
+  EXPECT_EQ(manifest_field(manifest_of(step_dir(dir, 1)), "suspect"),
+            "a rollback to it (bad steps 4-5) ran into bad steps again from step 4, before passing step 5");
+  for (int step : {2, 3}) {
+    EXPECT_EQ(manifest_field(manifest_of(step_dir(dir, step)), "suspect"),
+              "trained from the checkpoint of step 1, which is suspect") << step;
+  }
+
+  auto again = run_trainer(run_args(dir, 1, common));
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("resume: auto passes by 3 suspect checkpoint(s): " + step_dir(dir, 3) + " (suspect: "),
+            std::string::npos) << again.output;
+  EXPECT_EQ(again.output.find("resumed from"), std::string::npos) << again.output;
 }
 
 // A run directory is one job's while it runs (checkpoint/lock.h, RUN_DIR/run.lock):

@@ -26,7 +26,9 @@ first problem, naming file:line and key) and prints the effective config: every
 key, overrides applied, defaults filled in (what checkpoints store).
   --set key.path=value   override one config key (repeatable, applied in order)
   --get key.path         print only this key's value, unquoted (scripts: the run
-                         directory a launch script hands the supervisor)
+                         directory a launch script hands the supervisor;
+                         train.checkpoint_dir: where checkpoints go, RUN_DIR/checkpoints
+                         when the key is empty)
 
 --keys-markdown: prints every section's key table (key, type, default, rule,
 meaning) from the config's schema, each between the marker comments that hold it
@@ -100,6 +102,8 @@ int command_config(const std::vector<std::string>& raw) {
       std::fputs(config.yaml.c_str(), stdout);
       return kExitSuccess;
     }
+    // A launch script asks where the checkpoints go: empty means under the run directory.
+    config.train.checkpoint_dir = resolved_checkpoint_dir(config.train);
     const size_t dot = get->find('.');
     const Section* section = find_section(get->substr(0, dot));
     const Field* field = section && dot != std::string::npos ? find_field(*section, get->substr(dot + 1)) : nullptr;

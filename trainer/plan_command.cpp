@@ -71,6 +71,10 @@ each long sequence spans.
   --recompute MODE        activation recomputation of every layer: none, selective,
                           full, or auto (default): per policy the mode whose
                           simulated step is shortest (offload only with none)
+  --sequence-parallel     with --tp above 1: the norms and residual adds hold 1/tp of
+                          the sequence (parallel.sequence_parallel), which divides
+                          their saved activations by tp; no offload with it. Off by
+                          default, as in the trainer's config
   --policies LIST         comma-separated, from static, naive, naive-no-offload and
                           balance (default static,naive,balance)
   --no-check              skip check_plan on each plan (slow for very large rings;
@@ -192,8 +196,10 @@ std::vector<int64_t> global_batch_lengths(const std::string& source, int64_t con
 }
 
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
-                          int64_t context, int64_t capacity, int ep, int vpp, RecomputeMode recompute) {
+                          int64_t context, int64_t capacity, int ep, int vpp, RecomputeMode recompute,
+                          bool sequence_parallel) {
   if (tp < 1 || pp < 1 || gpus < 1 || vpp < 1) throw PlanInputError("gpus, tp, pp and vpp must be at least 1");
+  if (sequence_parallel && tp < 2) throw PlanInputError("sequence parallelism needs tp > 1");
   if (gpus % (tp * pp) != 0)
     throw PlanInputError(std::to_string(gpus) + " GPUs are not a multiple of tp x pp = " + std::to_string(tp * pp));
   PlanSetup s;
@@ -202,11 +208,12 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   s.layout = {tp, pp, gpus / (tp * pp), 1, vpp};
   s.ep = ep;
   s.recompute = recompute;
+  s.sequence_parallel = sequence_parallel;
   try {
     const std::vector<int64_t> virtual_stage_layers = stage_layer_split(model, tp, pp, context, vpp);
     s.stage_layers = layers_per_stage(virtual_stage_layers, pp);
-    s.memory = memory_budget(model, hardware, s.layout, virtual_stage_layers, ep, recompute);
-    s.costs = make_step_costs(model, hardware, s.layout, virtual_stage_layers, ep, recompute);
+    s.memory = memory_budget(model, hardware, s.layout, virtual_stage_layers, ep, recompute, sequence_parallel);
+    s.costs = make_step_costs(model, hardware, s.layout, virtual_stage_layers, ep, recompute, sequence_parallel);
   } catch (const std::invalid_argument& e) {
     throw PlanInputError(model.name + " with tp " + std::to_string(tp) + ", pp " + std::to_string(pp) +
                          (vpp > 1 ? ", vpp " + std::to_string(vpp) : std::string()) +
@@ -224,7 +231,7 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   s.settings.cost.head_seconds_per_token = s.costs.head_seconds_per_token;
   // Each GPU's share of its node's host memory bounds what it offloads.
   s.settings.offload.host_bytes_per_rank = hardware.host_bytes_per_node / hardware.gpus_per_node;
-  s.settings.offload.enabled = recompute == RecomputeMode::None;
+  s.settings.offload.enabled = recompute == RecomputeMode::None && !sequence_parallel;
   s.balance.mode = pp > 1 ? BalanceMode::Pipeline : BalanceMode::DataParallel;
   return s;
 }
@@ -284,6 +291,7 @@ struct PlanRequest {
   int64_t gpus = 0, context = 0, batch_tokens = 0, seed = 1, tp = 1, pp = 1, vpp = 1, capacity = 0, cp = 0;
   int64_t ep = 0;  // 0: every ep the model allows is tried (1 for a dense model)
   std::optional<RecomputeMode> recompute;  // none: auto, every mode tried per policy
+  bool sequence_parallel = false;          // --sequence-parallel
   std::optional<std::string> trace;
   bool check = true;
   std::vector<std::string> policies;  // known, each once, in the order given
@@ -323,12 +331,14 @@ PlanRequest read_plan_request(Arguments& args) {
     if (!r.recompute)
       throw UsageError("--recompute '" + recompute + "': choose auto, " + enum_choices(kRecomputeModeNames));
   }
+  r.sequence_parallel = args.flag("--sequence-parallel");
   r.trace = args.option("--trace");
   r.check = !args.flag("--no-check");
   const std::string policies = args.option("--policies").value_or("static,naive,balance");
   args.expect_empty();
   if (r.gpus > 1 << 24 || r.tp > 1 << 10 || r.pp > 1 << 10 || r.vpp > 1 << 10 || r.ep > 1 << 20)
     throw UsageError("--gpus, --tp, --pp, --vpp or --ep is implausibly large");
+  if (r.sequence_parallel && r.tp < 2) throw UsageError("--sequence-parallel needs --tp above 1");
   r.policies = policy_list(policies);
   return r;
 }
@@ -356,7 +366,7 @@ PlanBatch draw_batch(const PlanRequest& r) {
 void print_model_and_cluster(const PlanRequest& r, const PlanSetup& setup) {
   const ModelShape& model = setup.model;
   const HardwareProfile& hw = setup.hardware;
-  const ModelCosts mc = model_costs(model, setup.layout.tp, setup.layout.pp, setup.recompute);
+  const ModelCosts mc = model_costs(model, setup.layout.tp, setup.layout.pp, setup.recompute, setup.sequence_parallel);
   const double params = static_cast<double>(model.layers) * mc.layer_parameters + mc.embedding_parameters +
                         mc.head_parameters;
   // A token runs experts_per_token of the experts: the parameters behind its FLOPs.
@@ -400,8 +410,9 @@ void print_model_and_cluster(const PlanRequest& r, const PlanSetup& setup) {
       chunks += (v > 0 ? "/" : "") + std::to_string(setup.costs.chunk_layers[v]);
     chunks += ")";
   }
-  std::printf("layout   tp %d x pp %d x hdp %d%s; layers per stage %s%s\n", setup.layout.tp, setup.layout.pp,
-              setup.layout.hdp, experts.c_str(), split.c_str(), chunks.c_str());
+  std::printf("layout   tp %d%s x pp %d x hdp %d%s; layers per stage %s%s\n", setup.layout.tp,
+              setup.sequence_parallel ? " (sequence parallel)" : "", setup.layout.pp, setup.layout.hdp, experts.c_str(),
+              split.c_str(), chunks.c_str());
   const int s0 = setup.memory.limiting_stage;
   // What memory_budget counts in flight on that stage: (micro-batch, chunk) pairs over its largest chunk.
   int64_t chunk_layers = setup.stage_layers[s0];
@@ -605,7 +616,7 @@ ExpertChoice choose_expert_parallel(const PlanRequest& r, const HardwareProfile&
     try {
       setup = make_plan_setup(hardware, model, static_cast<int>(r.gpus), static_cast<int>(r.tp),
                               static_cast<int>(r.pp), r.context, r.capacity, ep, static_cast<int>(r.vpp),
-                              r.recompute.value_or(RecomputeMode::None));
+                              r.recompute.value_or(RecomputeMode::None), r.sequence_parallel);
     } catch (const PlanInputError& e) {
       choice.report += "ep       " + std::to_string(ep) + ": does not fit: " + e.what() + "\n";
       failures += (failures.empty() ? "" : "; ") + std::string(e.what());
@@ -642,7 +653,8 @@ std::vector<PlanSetup> recompute_setups(const PlanRequest& r, const HardwareProf
   for (RecomputeMode mode : modes) {
     try {
       setups.push_back(make_plan_setup(hardware, model, static_cast<int>(r.gpus), static_cast<int>(r.tp),
-                                       static_cast<int>(r.pp), r.context, r.capacity, ep, static_cast<int>(r.vpp), mode));
+                                       static_cast<int>(r.pp), r.context, r.capacity, ep, static_cast<int>(r.vpp), mode,
+                                       r.sequence_parallel));
     } catch (const PlanInputError& e) {
       if (r.recompute) throw;
       failures += (failures.empty() ? "" : "; ") + std::string(enum_name(kRecomputeModeNames, mode)) + ": " + e.what();
@@ -679,11 +691,12 @@ PolicyOutcome fastest_recompute(const std::string& name, const PlanRequest& r, c
 void print_recompute_modes(const std::vector<PlanSetup>& setups) {
   if (setups.size() < 2) return;
   std::string modes;
-  for (const PlanSetup& s : setups)
+  for (const PlanSetup& s : setups) {
+    const ModelCosts costs = model_costs(s.model, s.layout.tp, s.layout.pp, s.recompute, s.sequence_parallel);
     modes += std::string(modes.empty() ? "" : ", ") + enum_name(kRecomputeModeNames, s.recompute) + " " +
-             grouped(static_cast<double>(s.settings.capacity)) + " (" +
-             fixed(model_costs(s.model, s.layout.tp, s.layout.pp, s.recompute).saved_bytes_per_token / 1e3, 1) +
+             grouped(static_cast<double>(s.settings.capacity)) + " (" + fixed(costs.saved_bytes_per_token / 1e3, 1) +
              " KB per token and layer)";
+  }
   std::printf("recompute auto, per policy the shortest simulated step of: C = %s tokens; offload with none only\n\n",
               modes.c_str());
 }

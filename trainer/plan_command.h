@@ -67,6 +67,10 @@ struct PlanSetup {
   // What every layer keeps and reruns (spec/model_shape.h); offload is off unless
   // None, as the trainer never offloads a recomputed layer (model/activations.h).
   RecomputeMode recompute = RecomputeMode::None;
+  // Sequence parallelism over tp (parallel.sequence_parallel): the norms' and
+  // residual stream's saved tensors for 1/tp of the tokens; no offload with it, as
+  // the trainer refuses offload under it.
+  bool sequence_parallel = false;
 };
 // context: the longest sequence (the stage split counts attention at it, as the
 // trainer does at data.max_seq_len). vpp > 1: interleaved 1F1B with vpp model chunks per
@@ -78,7 +82,7 @@ struct PlanSetup {
 // predicted times of an ep group's ranks (PlannerSettings::ep).
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
                           int64_t context, int64_t capacity = 0, int ep = 1, int vpp = 1,
-                          RecomputeMode recompute = RecomputeMode::None);
+                          RecomputeMode recompute = RecomputeMode::None, bool sequence_parallel = false);
 
 // The planners by name: the training policies (static, naive, balance; their
 // names as scheduler.policy spells them) and ablations; a new policy is one entry.

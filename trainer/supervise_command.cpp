@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
 #include "trainer/command_line.h"
 #include "trainer/commands.h"
 #include "trainer/supervisor.h"
@@ -103,7 +104,10 @@ int command_supervise(const std::vector<std::string>& raw) {
     if (dash == raw.end() || dash + 1 == raw.end()) throw UsageError("expects the command to run after '--'");
     options.command.assign(dash + 1, raw.end());
     options.run_dir = *run_dir;
-    options.checkpoint_dir = checkpoint_dir.value_or(*run_dir + "/checkpoints");
+    TrainConfig train;  // an empty train.checkpoint_dir: the run directory's default
+    train.run_dir = *run_dir;
+    train.checkpoint_dir = checkpoint_dir.value_or("");
+    options.checkpoint_dir = resolved_checkpoint_dir(train);
     if (stop_signal) options.stop_signal = parse_stop_signal(*stop_signal);
     return supervise(options);
   });

@@ -1,6 +1,5 @@
 #include "trainer/supervisor.h"
 
-#include <dirent.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -20,8 +19,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <iterator>
 #include <limits>
 #include <optional>
 #include <stdexcept>
@@ -32,6 +29,7 @@
 #include "checkpoint/lock.h"
 #include "trainer/command_line.h"
 #include "trainer/ettr.h"
+#include "trainer/process_stacks.h"
 
 namespace hdp {
 namespace {
@@ -41,6 +39,8 @@ namespace {
 std::atomic<pid_t> g_child_group{0};
 std::atomic<int> g_stop_signal{0};
 std::atomic<int> g_forward_as{0};  // 0: the signal received
+// How long gdb may take over a frozen job's backtraces (trainer/process_stacks.h).
+constexpr int kGdbTimeoutS = 60;
 static_assert(std::atomic<pid_t>::is_always_lock_free);
 
 // Forwards every SIGTERM/SIGINT (or SupervisorOptions::stop_signal in its place) to
@@ -123,30 +123,6 @@ std::optional<double> heartbeat_age(const std::string& path, const timespec& sin
   return seconds(now) - seconds(st.st_mtim);
 }
 
-// This process's children (by /proc/PID/stat's parent field).
-std::vector<pid_t> children() {
-  std::vector<pid_t> found;
-  const pid_t self = ::getpid();
-  DIR* proc = ::opendir("/proc");
-  if (proc == nullptr) return found;
-  while (const dirent* entry = ::readdir(proc)) {
-    char* end = nullptr;
-    const long pid = std::strtol(entry->d_name, &end, 10);
-    if (*end != '\0' || pid <= 0) continue;
-    std::ifstream stat(std::string("/proc/") + entry->d_name + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-    const size_t paren = text.rfind(')');  // the command name may hold spaces and parentheses
-    if (paren == std::string::npos) continue;
-    char state = 0;
-    long parent = 0;
-    if (std::sscanf(text.c_str() + paren + 1, " %c %ld", &state, &parent) == 2 && parent == self) {
-      found.push_back(static_cast<pid_t>(pid));
-    }
-  }
-  ::closedir(proc);
-  return found;
-}
-
 // Ends what a finished command left running. The supervisor is a child subreaper
 // (prctl), so the command's orphaned descendants become its children: mpirun
 // exits as soon as a rank fails, while the ranks it signalled may live on for a
@@ -154,7 +130,7 @@ std::vector<pid_t> children() {
 // restart (OpenMPI 4.1 puts each rank in a process group of its own, so killing
 // mpirun's group does not reach them). Each is killed and reaped until none is left.
 void end_leftovers() {
-  for (std::vector<pid_t> left = children(); !left.empty(); left = children()) {
+  for (std::vector<pid_t> left = child_processes(::getpid()); !left.empty(); left = child_processes(::getpid())) {
     for (pid_t pid : left) ::kill(pid, SIGKILL);
     for (pid_t pid : left) {
       while (::waitpid(pid, nullptr, 0) < 0 && errno == EINTR) {
@@ -250,8 +226,14 @@ Outcome run_once(const SupervisorOptions& options, int restart) {
     const std::optional<double> age = heartbeat_age(heartbeat, started);
     if (age && *age > options.stall_timeout_s) {
       frozen_s = *age;
-      spdlog::error("supervise: {} was last refreshed {:.0f} s ago (--stall-timeout-s {:g}): the command is frozen; "
-                    "killing its process group", heartbeat, *age, options.stall_timeout_s);
+      // Its stacks first: what it is stuck in is the diagnosis (trainer/process_stacks.h).
+      const std::string stacks = (std::filesystem::path(options.run_dir) / "hang" /
+                                  ("frozen-run-" + std::to_string(restart) + ".txt")).string();
+      spdlog::error("supervise: job frozen for {:.0f} s ({} older than --stall-timeout-s {:g}); taking its stacks",
+                    *age, heartbeat, options.stall_timeout_s);
+      const std::string taken = write_process_stacks(pid, stacks, kGdbTimeoutS);
+      spdlog::error("supervise: job frozen for {:.0f} s; stacks in {} ({}); killing its process group", *age, stacks,
+                    taken);
       ::kill(-pid, SIGKILL);
       continue;
     }

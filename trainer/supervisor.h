@@ -23,7 +23,9 @@
 // frozen with it) is seen by its heartbeat: RUN_DIR/run.lock, which rank 0 of a
 // training job refreshes every step (checkpoint/lock.h). Once the running command
 // has touched it, a heartbeat older than SupervisorOptions::stall_timeout_s makes
-// the supervisor kill the command's process group, a failure like any other. The
+// the supervisor take the stacks of the command and its descendants from outside
+// (RUN_DIR/hang/frozen-run-N.txt, trainer/process_stacks.h) and kill the
+// command's process group, a failure like any other. The
 // command dies with the supervisor: killed outright, the supervisor cannot forward
 // a stop, so the command is given the stop signal then (PR_SET_PDEATHSIG; it
 // reaches the command's own process, mpirun or the trainer), and its directories'

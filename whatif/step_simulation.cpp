@@ -19,7 +19,7 @@ std::string str(int64_t v) { return std::to_string(v); }
 
 }  // namespace
 
-ModelCosts model_costs(const ModelShape& m, int tp, int pp, RecomputeMode recompute) {
+ModelCosts model_costs(const ModelShape& m, int tp, int pp, RecomputeMode recompute, bool sequence_parallel) {
   validate_model_shape(m);
   validate_split(m, tp, pp);
   ModelCosts c;
@@ -29,7 +29,7 @@ ModelCosts model_costs(const ModelShape& m, int tp, int pp, RecomputeMode recomp
   c.layer_matmul_flops_per_token = layer_matmul_flops_per_token(m, tp);
   c.attention_flops_per_token_pair = attention_flops_per_token_pair(m, tp);
   c.head_flops_per_token = head_flops_per_token(m, tp);
-  c.saved_bytes_per_token = saved_bytes_per_token(m, tp, kActivationBytes, recompute, true);
+  c.saved_bytes_per_token = saved_bytes_per_token(m, tp, kActivationBytes, recompute, true, sequence_parallel);
   c.kv_bytes_per_token = kv_bytes_per_token(m, tp, kActivationBytes);
   c.boundary_bytes_per_token = boundary_bytes_per_token(m, kActivationBytes);
   c.expert_parameters = expert_parameters(m);
@@ -96,13 +96,14 @@ std::vector<int64_t> checked_stage_layers(const char* what, const ParallelDegree
 }  // namespace
 
 MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, const ParallelDegrees& degrees,
-                           std::span<const int64_t> virtual_stage_layers, int ep, RecomputeMode recompute) {
+                           std::span<const int64_t> virtual_stage_layers, int ep, RecomputeMode recompute,
+                           bool sequence_parallel) {
   validate_hardware(hw);
   const int pp = degrees.pp;
   const std::vector<int64_t> stage_layers = checked_stage_layers("memory_budget", degrees, virtual_stage_layers);
   if (degrees.hdp < 1) throw std::invalid_argument("hdp must be at least 1");
   validate_expert_parallel(model, degrees.hdp, ep);
-  const ModelCosts c = model_costs(model, degrees.tp, pp, recompute);
+  const ModelCosts c = model_costs(model, degrees.tp, pp, recompute, sequence_parallel);
   MemoryBudget b;
   double best = std::numeric_limits<double>::infinity();
   for (int s = 0; s < pp; ++s) {
@@ -137,12 +138,13 @@ MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hw, c
 }
 
 StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hw, const ParallelDegrees& degrees,
-                          std::span<const int64_t> virtual_stage_layers, int ep, RecomputeMode recompute) {
+                          std::span<const int64_t> virtual_stage_layers, int ep, RecomputeMode recompute,
+                          bool sequence_parallel) {
   validate_hardware(hw);
   const int pp = degrees.pp;
   const std::vector<int64_t> stage_layers = checked_stage_layers("make_step_costs", degrees, virtual_stage_layers);
   validate_expert_parallel(model, degrees.hdp, ep);
-  const ModelCosts c = model_costs(model, degrees.tp, pp, recompute);
+  const ModelCosts c = model_costs(model, degrees.tp, pp, recompute, sequence_parallel);
   const double rate = hw.flops_per_second();
   StepCosts k;
   k.cost = analytic_cost_model(model, degrees.tp, c.saved_bytes_per_token, rate, hw.pcie_bytes_per_s, recompute);

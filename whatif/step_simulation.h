@@ -88,8 +88,13 @@ struct ModelCosts {
   // count per expert, 4 x num_experts bytes (model/moe.h); 0 for a dense model.
   double all_to_all_count_bytes = 0;
 };
-// recompute: what every layer keeps for backward (saved_bytes_per_token's mode).
-ModelCosts model_costs(const ModelShape& model, int tp, int pp, RecomputeMode recompute = RecomputeMode::None);
+// recompute: what every layer keeps for backward (saved_bytes_per_token's mode);
+// sequence_parallel: the norms' and residual stream's part of it for 1/tp of the
+// tokens. Sequence parallelism changes no other cost here: the simulator does not
+// model tp's collectives, and its all-gather and reduce-scatter move the bytes of
+// the all-reduce they replace (Korthikanti et al. 2022, section 4.2.2).
+ModelCosts model_costs(const ModelShape& model, int tp, int pp, RecomputeMode recompute = RecomputeMode::None,
+                       bool sequence_parallel = false);
 
 // Throws std::invalid_argument unless ep is at least 1 and divides num_experts and
 // hdp; a dense model (num_experts 1) takes ep 1 only: the layout rules of
@@ -116,10 +121,11 @@ struct MemoryBudget {
 // hdp / ep ranks that hold it, so per GPU it is 12 / hdp of all parameters / tp
 // whatever ep. Throws std::invalid_argument if a stage has no room for a single
 // token or ep is not valid (validate_expert_parallel). recompute: every layer keeps
-// what that mode keeps (ModelCosts::saved_bytes_per_token).
+// what that mode keeps (ModelCosts::saved_bytes_per_token). sequence_parallel: as
+// model_costs.
 MemoryBudget memory_budget(const ModelShape& model, const HardwareProfile& hardware, const ParallelDegrees& degrees,
                            std::span<const int64_t> virtual_stage_layers, int ep = 1,
-                           RecomputeMode recompute = RecomputeMode::None);
+                           RecomputeMode recompute = RecomputeMode::None, bool sequence_parallel = false);
 
 // Everything the step graph needs; make_step_costs derives it from the model and
 // cluster, tests set it by hand.
@@ -166,7 +172,7 @@ struct StepCosts {
 // (CostModel::recompute_seconds), which simulate_step adds to every backward.
 StepCosts make_step_costs(const ModelShape& model, const HardwareProfile& hardware, const ParallelDegrees& degrees,
                           std::span<const int64_t> virtual_stage_layers, int ep = 1,
-                          RecomputeMode recompute = RecomputeMode::None);
+                          RecomputeMode recompute = RecomputeMode::None, bool sequence_parallel = false);
 
 // The all-to-all seconds of one layer's forward and backward per token (four row
 // all-to-alls, bandwidth terms only), which the planners add to the layer's linear

@@ -60,6 +60,8 @@ inline constexpr std::string_view kTensorParallelPrefix = "tp-";
 inline constexpr std::string_view kRingPrefix = "ring-";
 inline constexpr std::string_view kExpertParallelPrefix = "ep-";
 inline constexpr std::string_view kTensorParallelAllReduce = "tp-allreduce";
+inline constexpr std::string_view kSequenceParallelAllGather = "tp-allgather";
+inline constexpr std::string_view kSequenceParallelReduceScatter = "tp-reducescatter";
 inline constexpr std::string_view kExpertAllToAll = "ep-alltoall";
 inline constexpr std::string_view kRingExchange = "ring-exchange";
 // The device time of a collective enqueued on a device stream (NCCL), measured by
