@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -85,11 +86,15 @@ class ByteReader {
 };
 
 // Runs `parse`, letting the documented bad-input error through as an accepted outcome.
+// With HDP_FUZZ_SHOW_REFUSALS set, prints what each refused input was told (to see
+// how far a seed or a reproducer gets).
 template <class Parse>
 int accept_or_refuse(Parse&& parse) {
   try {
     parse();
-  } catch (const InputError&) {
+    if (std::getenv("HDP_FUZZ_SHOW_REFUSALS")) std::fprintf(stderr, "accepted\n");
+  } catch (const InputError& e) {
+    if (std::getenv("HDP_FUZZ_SHOW_REFUSALS")) std::fprintf(stderr, "refused: %s\n", e.what());
   }
   return 0;
 }
