@@ -66,6 +66,12 @@ const ByteMap& byte_map() {
   return map;
 }
 
+// Frees what PCRE2 allocated, for std::unique_ptr.
+struct Pcre2Free {
+  void operator()(pcre2_code* code) const { pcre2_code_free(code); }
+  void operator()(pcre2_match_data* match) const { pcre2_match_data_free(match); }
+};
+
 class BpeTokenizer : public Tokenizer {
  public:
   explicit BpeTokenizer(const std::string& path) : path_(path) {
@@ -85,10 +91,6 @@ class BpeTokenizer : public Tokenizer {
     read_special_ids();
     name_ = "bpe " + std::filesystem::path(path).filename().string() + " fnv1a64:" + file_fingerprint(path);
   }
-  ~BpeTokenizer() override {
-    if (regex_) pcre2_code_free(regex_);
-  }
-
   void encode_append(std::string_view text, std::vector<uint32_t>& out) const override {
     // Added tokens first: the longest one starting at each position wins.
     size_t start = 0, i = 0;
@@ -238,8 +240,8 @@ class BpeTokenizer : public Tokenizer {
     PCRE2_SIZE offset = 0;
     // UTF and Unicode properties as the Rust regex the file was written for;
     // invalid UTF-8 in the input does not match and becomes words of its own.
-    regex_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
-                           PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset, nullptr);
+    regex_.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
+                               PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset, nullptr));
     if (!regex_) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(error, message, sizeof(message));
@@ -325,12 +327,13 @@ class BpeTokenizer : public Tokenizer {
       encode_word(text, out);
       return;
     }
-    pcre2_match_data* match = pcre2_match_data_create_from_pattern(regex_, nullptr);
+    // Owned, so a word the vocabulary cannot encode (a TokenizerError) does not leak it.
+    const std::unique_ptr<pcre2_match_data, Pcre2Free> match(pcre2_match_data_create_from_pattern(regex_.get(), nullptr));
     size_t at = 0;
     while (at < text.size()) {
-      const int rc = pcre2_match(regex_, reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at, 0, match, nullptr);
+      const int rc = pcre2_match(regex_.get(), reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at, 0, match.get(), nullptr);
       if (rc < 0) break;
-      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match);
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match.get());
       if (ov[0] > at) encode_word(text.substr(at, ov[0] - at), out);  // unmatched bytes are a word
       if (ov[1] == ov[0]) {  // an empty match: step one byte so the loop ends
         at = ov[0];
@@ -341,7 +344,6 @@ class BpeTokenizer : public Tokenizer {
       encode_word(text.substr(ov[0], ov[1] - ov[0]), out);
       at = ov[1];
     }
-    pcre2_match_data_free(match);
     if (at < text.size()) encode_word(text.substr(at), out);
   }
 
@@ -416,7 +418,7 @@ class BpeTokenizer : public Tokenizer {
   mutable std::shared_mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<uint32_t>> cache_;
   bool add_prefix_space_ = false;
-  pcre2_code* regex_ = nullptr;
+  std::unique_ptr<pcre2_code, Pcre2Free> regex_;
 };
 
 }  // namespace
