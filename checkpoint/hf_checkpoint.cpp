@@ -22,6 +22,7 @@
 #include "checkpoint/export.h"
 #include "checkpoint/protocol.h"
 #include "config/config.h"
+#include "config/model_agreement.h"
 #include "model/model.h"
 #include "spec/model_checks.h"
 
@@ -60,12 +61,16 @@ void write_text(const std::string& path, const std::string& text) {
 // Typed access to config.json's keys; every error names the file and the key.
 class HfConfigReader {
  public:
-  HfConfigReader(const std::string& path, const Json& root) : path_(path), root_(root) {
-    if (!root_.is_object()) fail("(top level)", "expected a JSON object, got " + std::string(root_.type_name()), "");
+  // prefix: where `root` is in the file ("rope_parameters."), for the messages.
+  HfConfigReader(const std::string& path, const Json& root, std::string prefix = "")
+      : path_(path), root_(root), prefix_(std::move(prefix)) {
+    if (!root_.is_object())
+      fail(prefix_.empty() ? "(top level)" : "", "expected a JSON object, got " + root_.dump(), "");
   }
   // Present and not null.
   bool has(const char* key) const { return root_.contains(key) && !root_[key].is_null(); }
   const Json& at(const char* key) const { return root_[key]; }
+  const std::string& path() const { return path_; }
 
   int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt, int64_t minimum = 1) const {
     if (!has(key)) {
@@ -109,15 +114,61 @@ class HfConfigReader {
     return first.get<int64_t>();
   }
   [[noreturn]] void fail(const std::string& key, const std::string& problem, const std::string& valid) const {
-    throw_config_error(path_, key, problem, valid);
+    throw_config_error(path_, key.empty() ? prefix_.substr(0, prefix_.size() - 1) : prefix_ + key, problem, valid);
+  }
+  // Refuses a key outside `known`, naming it: a setting this build would otherwise ignore.
+  void only(const std::set<std::string>& known, const std::string& valid) const {
+    for (const auto& [key, value] : root_.items())
+      if (!known.count(key)) fail(key, value.dump() + " is not supported", valid);
   }
 
  private:
   std::string path_;
   const Json& root_;
+  std::string prefix_;
 };
 
-// config.json's names (LlamaConfig, MistralConfig) of the model keys the model's
+// RoPE as config.json gives it, read as transformers 5 reads it: the dict of
+// `rope_scaling` (older files) when not null, else of `rope_parameters` (newer
+// ones); its rope_theta, else the top-level `rope_theta`, else 10000. Types this
+// build does not implement are refused, naming the key and the value.
+void read_rope(const HfConfigReader& c, RopeSettings& rope) {
+  // transformers reads it beside the dict or inside it.
+  auto whole_head = [](const HfConfigReader& r) {
+    if (r.number("partial_rotary_factor", 1.0) != 1.0)
+      r.fail("partial_rotary_factor", r.at("partial_rotary_factor").dump() + " is not supported",
+             "this build rotates the whole head (1.0)");
+  };
+  whole_head(c);
+  rope.rope_theta = c.number("rope_theta", 10000.0);
+  const char* dict_key = c.has("rope_scaling") ? "rope_scaling" : c.has("rope_parameters") ? "rope_parameters" : nullptr;
+  if (dict_key == nullptr) return;
+  const HfConfigReader d(c.path(), c.at(dict_key), std::string(dict_key) + ".");
+  const char* type_key = d.has("rope_type") ? "rope_type" : "type";  // "type": transformers before 4.45
+  const std::string type = d.string(type_key, "default");
+  const std::string implemented = "this build implements rope_type 'default' and 'llama3'";
+  if (type != "default" && type != "llama3") d.fail(type_key, "'" + type + "' is not supported", implemented);
+  std::set<std::string> known = {"rope_type", "type", "rope_theta", "partial_rotary_factor"};
+  if (type == "llama3")
+    known.insert({"factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"});
+  d.only(known, implemented + " and no other key of it");
+  whole_head(d);
+  rope.rope_theta = d.number("rope_theta", rope.rope_theta);
+  if (type == "default") return;
+  for (const char* key : {"factor", "low_freq_factor", "high_freq_factor"})
+    if (!d.has(key)) d.fail(key, "required key is missing", "rope_type 'llama3' needs it");
+  rope.rope_scaling = RopeScaling::Llama3;
+  rope.rope_scaling_factor = d.number("factor", 0);
+  rope.rope_low_freq_factor = d.number("low_freq_factor", 0);
+  rope.rope_high_freq_factor = d.number("high_freq_factor", 0);
+  // transformers takes max_position_embeddings when the dict lacks it.
+  rope.rope_original_max_positions =
+      d.has("original_max_position_embeddings") ? d.integer("original_max_position_embeddings")
+                                                : c.integer("max_position_embeddings", 2048, 2);
+}
+
+// config.json's names (LlamaConfig, MistralConfig, MixtralConfig; RoPE's factors as
+// transformers 5 writes them) of the model keys the model's
 // rules (spec/model_checks.h) can name, for its messages.
 const KeyWording kHfKeyWording{
     [](const std::string& key) -> std::string {
@@ -132,7 +183,14 @@ const KeyWording kHfKeyWording{
           {"model.rope_theta", "rope_theta"},
           {"model.norm_eps", "rms_norm_eps"},
           {"model.init_std", "initializer_range"},
-          {"model.sliding_window", "sliding_window"}};
+          {"model.sliding_window", "sliding_window"},
+          {"model.rope_scaling_factor", "rope_parameters.factor"},
+          {"model.rope_low_freq_factor", "rope_parameters.low_freq_factor"},
+          {"model.rope_high_freq_factor", "rope_parameters.high_freq_factor"},
+          {"model.rope_original_max_positions", "rope_parameters.original_max_position_embeddings"},
+          {"model.num_experts", "num_local_experts"},
+          {"model.experts_per_token", "num_experts_per_tok"},
+          {"model.router_aux_loss_coef", "router_aux_loss_coef"}};
       const auto it = names.find(key);
       return it == names.end() ? key : it->second;
     },
@@ -182,48 +240,80 @@ bool is_rotary_buffer(const std::string& name) {
   return name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
-// The config stored in the imported checkpoint: the model keys config.json gives
-// and the overrides; data.max_seq_len is the context the model was trained for.
+// The config stored in the imported checkpoint: the model config.json describes,
+// the data section's stand-ins and the overrides; data.max_seq_len is the context
+// the model was trained for. An override may change training's settings, never the
+// model the weights are (config/model_agreement.h).
 Config imported_config(const HfModelConfig& hf, const std::string& source, const std::vector<std::string>& overrides) {
-  const ModelConfig& m = hf.model;
-  std::ostringstream y;
-  y << "model:\n"
-    << "  arch: " << m.arch << "\n"
-    << "  sliding_window: " << (m.sliding_window ? std::to_string(*m.sliding_window) : std::string("null")) << "\n"
-    << "  vocab_size: " << m.vocab_size << "\n"
-    << "  hidden_size: " << m.hidden_size << "\n"
-    << "  num_layers: " << m.num_layers << "\n"
-    << "  num_heads: " << m.num_heads << "\n"
-    << "  num_kv_heads: " << m.num_kv_heads << "\n"
-    << "  ffn_hidden_size: " << m.ffn_hidden_size << "\n"
-    << "  rope_theta: " << format_double(m.rope_theta) << "\n"
-    << "  norm_eps: " << format_double(m.norm_eps) << "\n"
-    << "  tie_embeddings: " << (m.tie_embeddings ? "true" : "false") << "\n"
-    << "  init_std: " << format_double(m.init_std) << "\n"
-    << "data:\n"
-    // A stand-in that training configs replace: the import has no dataset.
-    << "  path: data-cache/dataset.h5\n"
-    << "  max_seq_len: " << hf.max_position_embeddings << "\n"
-    << "  global_batch_tokens: " << std::max<int64_t>(4096, hf.max_position_embeddings) << "\n";
-  Config config = parse_config_text(y.str(), source, overrides, /*check_files=*/false);
-  const ModelConfig& got = config.model;
-  auto same = [&](const char* key, bool equal) {
-    if (!equal)
-      throw UsageError("--set model." + std::string(key) + " changes the model that " + source +
-                       " describes; the weights fix the model's shape and numerics");
-  };
-  same("vocab_size", got.vocab_size == m.vocab_size);
-  same("hidden_size", got.hidden_size == m.hidden_size);
-  same("num_layers", got.num_layers == m.num_layers);
-  same("num_heads", got.num_heads == m.num_heads);
-  same("num_kv_heads", got.num_kv_heads == m.num_kv_heads);
-  same("ffn_hidden_size", got.ffn_hidden_size == m.ffn_hidden_size);
-  same("rope_theta", got.rope_theta == m.rope_theta);
-  same("norm_eps", got.norm_eps == m.norm_eps);
-  same("tie_embeddings", got.tie_embeddings == m.tie_embeddings);
-  same("arch", got.arch == m.arch);
-  same("sliding_window", got.sliding_window == m.sliding_window);
+  const std::string data =
+      "data:\n"
+      // A stand-in that training configs replace: the import has no dataset.
+      "  path: data-cache/dataset.h5\n"
+      "  max_seq_len: " + std::to_string(hf.max_position_embeddings) + "\n"
+      "  global_batch_tokens: " + std::to_string(std::max<int64_t>(4096, hf.max_position_embeddings)) + "\n";
+  Config described = parse_config_text(data, source, {}, /*check_files=*/false);
+  described.model = hf.model;
+  Config config = parse_config_text(emit_config_yaml(described), source, overrides, /*check_files=*/false);
+  const std::vector<ModelKeyDifference> changed = model_differences(described, config);
+  if (!changed.empty())
+    throw UsageError("--set " + changed.front().key + " changes the model that " + source + " describes (" +
+                     describe_model_differences(changed, "config.json", "--set") +
+                     "); the weights fix the model's shape and numerics");
   return config;
+}
+
+// config.json of a model: what transformers' LlamaConfig, MistralConfig and
+// MixtralConfig read, every key that changes the numerics explicit. RoPE is written
+// both as transformers 5 writes it (rope_parameters) and as earlier versions read it
+// (rope_theta, rope_scaling); transformers 5 reads either.
+OrderedJson hf_config_json(const ModelConfig& m, int64_t max_positions, const char* torch_dtype) {
+  const char* architecture = m.moe() ? "MixtralForCausalLM" : m.arch == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM";
+  OrderedJson rope = {{"rope_theta", m.rope_theta}, {"rope_type", "default"}};
+  OrderedJson scaling = nullptr;
+  if (m.rope_scaling == RopeScaling::Llama3) {
+    scaling = {{"rope_type", "llama3"},
+               {"factor", m.rope_scaling_factor},
+               {"low_freq_factor", m.rope_low_freq_factor},
+               {"high_freq_factor", m.rope_high_freq_factor},
+               {"original_max_position_embeddings", m.rope_original_max_positions}};
+    rope = scaling;
+    rope["rope_theta"] = m.rope_theta;
+  }
+  OrderedJson cfg = {
+      {"architectures", {architecture}},
+      {"model_type", m.arch},
+      {"torch_dtype", torch_dtype},
+      {"vocab_size", m.vocab_size},
+      {"hidden_size", m.hidden_size},
+      {"intermediate_size", m.ffn_hidden_size},
+      {"num_hidden_layers", m.num_layers},
+      {"num_attention_heads", m.num_heads},
+      {"num_key_value_heads", m.num_kv_heads},
+      {"head_dim", m.head_dim()},
+      {"hidden_act", "silu"},
+      {"max_position_embeddings", max_positions},
+      {"rms_norm_eps", m.norm_eps},
+      {"rope_theta", m.rope_theta},
+      {"rope_scaling", scaling},
+      {"rope_parameters", rope},
+      {"attention_bias", false},
+      {"attention_dropout", 0.0},
+      {"mlp_bias", false},
+      {"pretraining_tp", 1},
+      {"tie_word_embeddings", m.tie_embeddings},
+      {"initializer_range", m.init_std},
+      {"use_cache", true},
+  };
+  if (m.arch != "llama") cfg["sliding_window"] = m.sliding_window ? OrderedJson(*m.sliding_window) : OrderedJson(nullptr);
+  if (m.moe()) {
+    cfg["num_local_experts"] = m.num_experts;
+    cfg["num_experts_per_tok"] = m.experts_per_token;
+    cfg["router_aux_loss_coef"] = m.router_aux_loss_coef;
+    cfg["router_jitter_noise"] = 0.0;
+    // Inference's loss without the load-balancing term, as Mixtral's own config.json.
+    cfg["output_router_logits"] = false;
+  }
+  return cfg;
 }
 
 }  // namespace
@@ -235,20 +325,18 @@ HfModelConfig read_hf_config(const std::string& path) {
   ModelConfig& m = hf.model;
 
   const std::string model_type = c.string("model_type");
-  // Mistral is LLaMA plus an optional sliding window (Jiang et al. 2023); Mixtral's
-  // expert tensors are not mapped yet.
-  if (model_type != "llama" && model_type != "mistral")
-    c.fail("model_type", "'" + model_type + "' is not supported", "this build imports 'llama' and 'mistral'");
+  // Mistral is LLaMA plus an optional sliding window (Jiang et al. 2023); Mixtral is
+  // Mistral with a sparse mixture of experts in place of each MLP (Jiang et al. 2024).
+  if (model_type != "llama" && model_type != "mistral" && model_type != "mixtral")
+    c.fail("model_type", "'" + model_type + "' is not supported", "this build imports 'llama', 'mistral' and 'mixtral'");
   if (c.has("architectures")) {
     const Json& a = c.at("architectures");
-    const std::set<std::string> known = {"LlamaForCausalLM", "MistralForCausalLM"};
+    const std::set<std::string> known = {"LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM"};
     if (!a.is_array() || a.size() != 1 || !a[0].is_string() || !known.count(a[0].get<std::string>()))
-      c.fail("architectures", a.dump() + " is not supported", "this build imports [\"LlamaForCausalLM\"] and "
-             "[\"MistralForCausalLM\"]");
+      c.fail("architectures", a.dump() + " is not supported", "this build imports [\"LlamaForCausalLM\"], "
+             "[\"MistralForCausalLM\"] and [\"MixtralForCausalLM\"]");
   }
-  if (c.has("rope_scaling"))
-    c.fail("rope_scaling", c.at("rope_scaling").dump() + " is not supported",
-           "this build implements plain RoPE only (rope_scaling: null)");
+  read_rope(c, m);
   if (c.boolean("attention_bias", false))
     c.fail("attention_bias", "true is not supported", "the model has no biases (attention_bias: false)");
   if (c.boolean("mlp_bias", false))
@@ -260,14 +348,23 @@ HfModelConfig read_hf_config(const std::string& path) {
 
   m.arch = model_type;
   // Hugging Face writes null (or leaves the key out) for full attention.
-  if (model_type == "mistral" && c.has("sliding_window")) m.sliding_window = c.integer("sliding_window", std::nullopt, 1);
+  if (model_type != "llama" && c.has("sliding_window")) m.sliding_window = c.integer("sliding_window", std::nullopt, 1);
+  if (m.moe()) {
+    // MixtralConfig's defaults. Its router (MixtralTopKRouter: softmax over every
+    // expert in fp32, the top k, renormalised over the k) is model/moe.h's.
+    m.num_experts = c.integer("num_local_experts", 8);
+    m.experts_per_token = c.integer("num_experts_per_tok", 2);
+    m.router_aux_loss_coef = c.number("router_aux_loss_coef", 0.001);
+    if (c.number("router_jitter_noise", 0.0) != 0.0)
+      c.fail("router_jitter_noise", c.at("router_jitter_noise").dump() + " is not supported",
+             "training multiplies no noise into the router's input (0.0)");
+  }
   m.hidden_size = c.integer("hidden_size");
   m.ffn_hidden_size = c.integer("intermediate_size");
   m.num_layers = c.integer("num_hidden_layers");
   m.num_heads = c.integer("num_attention_heads");
   m.num_kv_heads = c.integer("num_key_value_heads", m.num_heads);
   m.vocab_size = c.integer("vocab_size");
-  m.rope_theta = c.number("rope_theta", 10000.0);
   m.norm_eps = c.number("rms_norm_eps", 1e-6);  // LlamaConfig's default
   m.tie_embeddings = c.boolean("tie_word_embeddings", false);
   m.init_std = c.number("initializer_range", m.init_std);
@@ -398,8 +495,6 @@ std::string export_hf(const std::string& checkpoint, const std::string& output_d
   const CheckpointContents contents = checkpoint_contents(path);
   const Config config = parse_config_text(contents.config, path + "/manifest.yaml (config)", {}, false);
   const ModelConfig& m = config.model;
-  if (m.moe())
-    throw UsageError(path + ": export-hf writes LLaMA and Mistral models; Mixtral's expert tensors are not mapped yet");
 
   std::optional<int64_t> bos = options.bos_token_id, eos = options.eos_token_id;
   if (m.vocab_size == static_cast<int64_t>(kByteVocabSize)) {
@@ -475,36 +570,10 @@ std::string export_hf(const std::string& checkpoint, const std::string& output_d
     write_text((fs::path(output_dir) / kIndexFile).string(), idx.dump(2) + "\n");
   }
 
-  // What transformers' LlamaConfig (MistralConfig) reads; every key that changes the
-  // numerics is explicit.
   const char* torch_dtype = options.dtype == SafetensorsDtype::BF16 ? "bfloat16" : "float32";
-  OrderedJson cfg = {
-      {"architectures", {m.arch == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM"}},
-      {"model_type", m.arch},
-      {"torch_dtype", torch_dtype},
-      {"vocab_size", m.vocab_size},
-      {"hidden_size", m.hidden_size},
-      {"intermediate_size", m.ffn_hidden_size},
-      {"num_hidden_layers", m.num_layers},
-      {"num_attention_heads", m.num_heads},
-      {"num_key_value_heads", m.num_kv_heads},
-      {"head_dim", m.head_dim()},
-      {"hidden_act", "silu"},
-      {"max_position_embeddings", config.data.max_seq_len},
-      {"rms_norm_eps", m.norm_eps},
-      {"rope_theta", m.rope_theta},
-      {"rope_scaling", nullptr},
-      {"attention_bias", false},
-      {"attention_dropout", 0.0},
-      {"mlp_bias", false},
-      {"pretraining_tp", 1},
-      {"tie_word_embeddings", m.tie_embeddings},
-      {"initializer_range", m.init_std},
-      {"use_cache", true},
-      {"bos_token_id", *bos},
-      {"eos_token_id", *eos},
-  };
-  if (m.arch == "mistral") cfg["sliding_window"] = m.sliding_window ? OrderedJson(*m.sliding_window) : OrderedJson(nullptr);
+  OrderedJson cfg = hf_config_json(m, config.data.max_seq_len, torch_dtype);
+  cfg["bos_token_id"] = *bos;
+  cfg["eos_token_id"] = *eos;
   write_text((fs::path(output_dir) / "config.json").string(), cfg.dump(2) + "\n");
   OrderedJson gen = {{"_from_model_config", true}, {"bos_token_id", *bos}, {"eos_token_id", *eos}};
   write_text((fs::path(output_dir) / "generation_config.json").string(), gen.dump(2) + "\n");

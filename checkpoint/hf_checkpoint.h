@@ -2,16 +2,19 @@
 // Hugging Face model directories in and out (docs/checkpoint-format.md,
 // "Hugging Face interchange"): `trainer import-hf` and `trainer export-hf`.
 //
-// A Hugging Face LLaMA directory is config.json (LlamaConfig), optionally
-// generation_config.json, and the weights as model.safetensors or as shards
-// model-0000i-of-0000n.safetensors listed in model.safetensors.index.json. Our
-// parameters already carry the Hugging Face names and [out, in] shapes
-// (model/model.h), so the weights map one to one; only the config is translated.
+// A Hugging Face LLaMA, Mistral or Mixtral directory is config.json (LlamaConfig,
+// MistralConfig, MixtralConfig), optionally generation_config.json, and the weights
+// as model.safetensors or as shards model-0000i-of-0000n.safetensors listed in
+// model.safetensors.index.json. Our parameters already carry the Hugging Face names
+// and [out, in] shapes (model/model.h; Mixtral's experts as
+// model.layers.N.block_sparse_moe.experts.E.w1/w2/w3.weight and its router as
+// .block_sparse_moe.gate.weight, the names transformers 5 saves too), so the weights
+// map one to one; only the config is translated.
 //
 // Anything in config.json that would change the numerics and that we do not
-// implement (rope_scaling, attention or MLP biases, another activation, another
-// architecture, a Mistral sliding window) is refused with a ConfigError naming
-// the file and the key, never ignored.
+// implement (a RoPE type other than default and llama3, a partial rotary factor,
+// attention or MLP biases, another activation, another architecture, router
+// jitter) is refused with a ConfigError naming the file and the key, never ignored.
 
 #include <cstdint>
 #include <optional>
@@ -37,7 +40,8 @@ HfModelConfig read_hf_config(const std::string& config_json);
 // checkpoint_dir/step-00000000 (which train.init_from takes under any layout)
 // and returns its path. The stored config holds the model keys from config.json,
 // data.max_seq_len = max_position_embeddings and `overrides` ("key=value", as
-// train's --set; model keys other than init_std cannot be overridden). Refuses a
+// train's --set; of the model keys only init_std and router_aux_loss_coef,
+// which steer training only, may be overridden: config/model_agreement.h). Refuses a
 // checkpoint_dir that is not empty.
 std::string import_hf(const std::string& hf_dir, const std::string& checkpoint_dir,
                       const std::vector<std::string>& overrides);

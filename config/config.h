@@ -97,6 +97,7 @@ struct TrainConfig {
   bool allow_schedule_change = false;    // resume although the learning rate would jump (run/job.cpp)
   bool start_over = false;               // with resume: never, discard a previous run's checkpoints and metrics
   std::string init_from;                 // checkpoint file whose weights start training
+  bool allow_model_change = false;       // init_from although its model's numerics keys differ (run/job.cpp)
   double peak_flops = 0;                 // FLOP/s for MFU; 0 = measure with a GEMM probe
   int64_t threads = 0;                   // OpenMP/BLAS threads per rank; 0 = cores / ranks on the node
   Device device = Device::CPU;           // cpu | cuda (the local rank's GPU); guarded: tests only

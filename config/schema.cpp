@@ -120,6 +120,21 @@ const std::vector<Section> kSchema = {
             "SwiGLU inner width, of each expert with `mixtral` (LLaMA: about 8/3 x `hidden_size`)",
             stated("> 0")),
       field("rope_theta", &Config::model, &ModelConfig::rope_theta, "RoPE base", stated("> 0")),
+      enum_field("rope_scaling", &Config::model, &ModelConfig::rope_scaling, kRopeScalingNames, "RoPE scaling",
+                 "how RoPE's frequencies are stretched for long contexts (Hugging Face `rope_scaling`'s "
+                 "`rope_type`)"),
+      field("rope_scaling_factor", &Config::model, &ModelConfig::rope_scaling_factor,
+            "`llama3` only: what the long wavelengths' frequencies are divided by (`factor`)", stated(">= 1")),
+      field("rope_low_freq_factor", &Config::model, &ModelConfig::rope_low_freq_factor,
+            "`llama3` only: wavelengths above `rope_original_max_positions` / this are scaled (`low_freq_factor`)",
+            stated("> 0")),
+      field("rope_high_freq_factor", &Config::model, &ModelConfig::rope_high_freq_factor,
+            "`llama3` only: wavelengths below `rope_original_max_positions` / this are kept; between the two "
+            "the frequency is blended (`high_freq_factor`)",
+            stated("> `rope_low_freq_factor`")),
+      field("rope_original_max_positions", &Config::model, &ModelConfig::rope_original_max_positions,
+            "`llama3` only: the context the model was first trained at (`original_max_position_embeddings`)",
+            stated("> 0")),
       field("norm_eps", &Config::model, &ModelConfig::norm_eps, "RMSNorm epsilon", stated("> 0")),
       field("tie_embeddings", &Config::model, &ModelConfig::tie_embeddings,
             "share the input embedding with the output projection"),
@@ -219,6 +234,10 @@ const std::vector<Section> kSchema = {
             "a checkpoint directory whose weights start training, with fresh optimizer state; empty: random "
             "initialisation",
             stated("empty, or an existing directory")),
+      field("allow_model_change", &Config::train, &TrainConfig::allow_model_change,
+            "start from `init_from` although its model's numerics keys (`rope_theta`, the RoPE scaling keys, "
+            "`norm_eps`, `sliding_window`, `experts_per_token`, `arch` between `llama` and `mistral`) differ from "
+            "this config's, logging each; its shape keys must always match"),
       field("peak_flops", &Config::train, &TrainConfig::peak_flops,
             "the machine's peak FLOP/s, for the MFU figure; 0: measured, or a known GPU's datasheet figure",
             non_negative("it must be 0 or more (0 = measure with a GEMM probe)")),

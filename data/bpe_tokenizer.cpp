@@ -9,13 +9,17 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <array>
 #include <climits>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
+#include <memory>
 #include <optional>
 #include <mutex>
+#include <queue>
 #include <shared_mutex>
 #include <nlohmann/json.hpp>
 #include <unordered_map>
@@ -45,6 +49,26 @@ void append_utf8(std::string& out, uint32_t cp) {
   }
 }
 
+// The length of the valid UTF-8 character `text` starts with (RFC 3629: no
+// overlong forms, surrogates or code points above U+10FFFF, as PCRE2 checks), or 0.
+size_t utf8_char_length(std::string_view text) {
+  auto byte = [&](size_t k) { return k < text.size() ? static_cast<unsigned char>(text[k]) : 0u; };
+  auto continuation = [&](size_t k) { return (byte(k) & 0xc0) == 0x80; };
+  const unsigned b = byte(0);
+  if (text.empty()) return 0;
+  if (b < 0x80) return 1;
+  if (b >= 0xc2 && b <= 0xdf) return continuation(1) ? 2 : 0;
+  if (b >= 0xe0 && b <= 0xef) {
+    const unsigned lo = b == 0xe0 ? 0xa0 : 0x80, hi = b == 0xed ? 0x9f : 0xbf;
+    return byte(1) >= lo && byte(1) <= hi && continuation(2) ? 3 : 0;
+  }
+  if (b >= 0xf0 && b <= 0xf4) {
+    const unsigned lo = b == 0xf0 ? 0x90 : 0x80, hi = b == 0xf4 ? 0x8f : 0xbf;
+    return byte(1) >= lo && byte(1) <= hi && continuation(2) && continuation(3) ? 4 : 0;
+  }
+  return 0;
+}
+
 // GPT-2's bytes_to_unicode: printable bytes stand for themselves, the other 68
 // take the code points from 256 on, in byte order. Every byte is one character,
 // so a byte-level vocabulary covers any input.
@@ -65,12 +89,6 @@ const ByteMap& byte_map() {
   static const ByteMap map;
   return map;
 }
-
-// Frees what PCRE2 allocated, for std::unique_ptr.
-struct Pcre2Free {
-  void operator()(pcre2_code* code) const { pcre2_code_free(code); }
-  void operator()(pcre2_match_data* match) const { pcre2_match_data_free(match); }
-};
 
 class BpeTokenizer : public Tokenizer {
  public:
@@ -96,9 +114,11 @@ class BpeTokenizer : public Tokenizer {
     size_t start = 0, i = 0;
     while (i < text.size()) {
       const AddedToken* hit = nullptr;
-      for (const AddedToken& t : added_)
+      for (const size_t k : added_by_first_byte_[static_cast<unsigned char>(text[i])]) {
+        const AddedToken& t = added_[k];
         if (text.compare(i, t.content.size(), t.content) == 0 && (!hit || t.content.size() > hit->content.size()))
           hit = &t;
+      }
       if (!hit) {
         ++i;
         continue;
@@ -174,6 +194,7 @@ class BpeTokenizer : public Tokenizer {
       add_token("model.vocab." + token, token, id.get<uint64_t>());
     }
     if (!m.contains("merges") || !m["merges"].is_array()) fail("model.merges", "missing or not a list");
+    for (int b = 0; b < 256; ++b) byte_symbol_[b] = *symbol_id(byte_map().to_char[b]);
     int rank = 0;
     for (const Json& merge : m["merges"]) {
       std::string a, b;
@@ -193,7 +214,10 @@ class BpeTokenizer : public Tokenizer {
       if (!vocab_.count(a + b))
         fail("model.merges[" + std::to_string(rank) + "]", "merges '" + a + "' and '" + b + "' into '" + a + b +
                                                                 "', which is not in model.vocab");
-      merges_.emplace(a + '\x01' + b, rank++);  // \x01 never occurs in a byte-level token
+      const std::optional<uint32_t> left = symbol_id(a), right = symbol_id(b);
+      // A part that is neither a token nor a byte's character never occurs in a word.
+      if (left && right) merges_.emplace(pair_key(*left, *right), Merge{rank, vocab_.at(a + b)});
+      ++rank;
     }
     byte_fallback_ = m.value("byte_fallback", false);
     // LLaMA-3 sets it: a word that is a token as a whole is that token, whatever the merges would make.
@@ -238,16 +262,18 @@ class BpeTokenizer : public Tokenizer {
     if (pattern.empty()) return;
     int error = 0;
     PCRE2_SIZE offset = 0;
-    // UTF and Unicode properties as the Rust regex the file was written for;
-    // invalid UTF-8 in the input does not match and becomes words of its own.
-    regex_.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(),
-                               PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset, nullptr));
+    // UTF and Unicode properties as the Rust regex the file was written for
+    // (encode_plain gives it valid UTF-8 only).
+    regex_.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                               &error, &offset, nullptr));
     if (!regex_) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(error, message, sizeof(message));
       fail("pre_tokenizer", "the regex does not compile at offset " + std::to_string(offset) + ": " +
                                 reinterpret_cast<const char*>(message));
     }
+    // Compiled to machine code where PCRE2 can (several times faster); else interpreted.
+    pcre2_jit_compile(regex_.get(), PCRE2_JIT_COMPLETE);
   }
 
   void read_added_tokens(const Json& root) {
@@ -263,6 +289,7 @@ class BpeTokenizer : public Tokenizer {
       if (known == vocab_.end() || known->second != t["id"].get<uint64_t>())
         add_token("added_tokens[" + std::to_string(added_.size()) + "]", content, t["id"].get<uint64_t>());
       const AddedToken a{content, vocab_.at(content)};
+      added_by_first_byte_[static_cast<unsigned char>(content[0])].push_back(added_.size());
       added_.push_back(a);
       added_ids_.insert({a.id, true});
       if (t.value("special", false)) special_.insert({a.id, true});
@@ -315,7 +342,11 @@ class BpeTokenizer : public Tokenizer {
   }
 
   // Text without added tokens: words by the regex (and the gaps between its
-  // matches), then BPE on each.
+  // matches), then BPE on each. The regex runs over each run of valid UTF-8 on
+  // its own, with PCRE2's UTF check off: a check on every call would scan the rest
+  // of the text each time (quadratic in a document's length). Bytes that are not
+  // valid UTF-8 match nothing and become words of their own, as a regex compiled
+  // with PCRE2_MATCH_INVALID_UTF treats them.
   void encode_plain(std::string_view text, std::vector<uint32_t>& out) const {
     if (text.empty()) return;
     std::string prefixed;
@@ -327,18 +358,51 @@ class BpeTokenizer : public Tokenizer {
       encode_word(text, out);
       return;
     }
-    // Owned, so a word the vocabulary cannot encode (a TokenizerError) does not leak it.
-    const std::unique_ptr<pcre2_match_data, Pcre2Free> match(pcre2_match_data_create_from_pattern(regex_.get(), nullptr));
+    std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match(
+        pcre2_match_data_create_from_pattern(regex_.get(), nullptr), &pcre2_match_data_free);
     size_t at = 0;
     while (at < text.size()) {
-      const int rc = pcre2_match(regex_.get(), reinterpret_cast<PCRE2_SPTR>(text.data()), text.size(), at, 0, match.get(), nullptr);
-      if (rc < 0) break;
-      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match.get());
-      if (ov[0] > at) encode_word(text.substr(at, ov[0] - at), out);  // unmatched bytes are a word
-      if (ov[1] == ov[0]) {  // an empty match: step one byte so the loop ends
+      size_t end = at;
+      while (end < text.size()) {
+        const size_t length = utf8_char_length(text.substr(end));
+        if (length == 0) break;
+        end += length;
+      }
+      if (end == at) {  // invalid bytes, up to the next valid character
+        while (end < text.size() && utf8_char_length(text.substr(end)) == 0) ++end;
+        encode_word(text.substr(at, end - at), out);
+      } else {
+        encode_valid(text.substr(at, end - at), match.get(), out);
+      }
+      at = end;
+    }
+  }
+
+  // The regex's words of valid UTF-8 text, and the text between them (none for the
+  // patterns accepted here, which match any character; kept a word if one did not).
+  void encode_valid(std::string_view text, pcre2_match_data* match, std::vector<uint32_t>& out) const {
+    const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
+    size_t at = 0;
+    while (at < text.size()) {
+      int rc = pcre2_match(regex_.get(), subject, text.size(), at, PCRE2_NO_UTF_CHECK, match, nullptr);
+      if (rc == PCRE2_ERROR_JIT_STACKLIMIT)  // a long run for the JIT's stack: the interpreter has the heap
+        rc = pcre2_match(regex_.get(), subject, text.size(), at, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, match, nullptr);
+      if (rc == PCRE2_ERROR_NOMATCH) break;
+      if (rc < 0) {
+        PCRE2_UCHAR message[256];
+        pcre2_get_error_message(rc, message, sizeof(message));
+        throw TokenizerError(path_ + ": the pre-tokenizer's regex failed on the text: " +
+                             reinterpret_cast<const char*>(message));
+      }
+      const PCRE2_SIZE* ov = pcre2_get_ovector_pointer(match);
+      if (ov[0] > at) encode_word(text.substr(at, ov[0] - at), out);
+      if (ov[1] == ov[0]) {  // an empty match: step one character so the loop ends
         at = ov[0];
-        if (at < text.size()) encode_word(text.substr(at, 1), out);
-        at += 1;
+        if (at < text.size()) {
+          const size_t length = utf8_char_length(text.substr(at));
+          encode_word(text.substr(at, length), out);
+          at += length;
+        }
         continue;
       }
       encode_word(text.substr(ov[0], ov[1] - ov[0]), out);
@@ -362,45 +426,81 @@ class BpeTokenizer : public Tokenizer {
     if (cache_.size() < kCacheWords) cache_.emplace(std::string(word), std::vector<uint32_t>(out.begin() + static_cast<long>(before), out.end()));
   }
 
+  // A symbol of a word as a number: its token id, or for a byte's character the
+  // vocabulary lacks, kByteSymbol + the byte. Anything else never occurs in a word.
+  static constexpr uint32_t kByteSymbol = 0x80000000u;  // above every token id (add_token)
+  std::optional<uint32_t> symbol_id(const std::string& symbol) const {
+    if (auto it = vocab_.find(symbol); it != vocab_.end()) return it->second;
+    if (auto b = byte_map().to_byte.find(symbol); b != byte_map().to_byte.end()) return kByteSymbol + b->second;
+    return std::nullopt;
+  }
+  static uint64_t pair_key(uint32_t left, uint32_t right) { return (static_cast<uint64_t>(left) << 32) | right; }
+
+  // BPE on one word: merge the lowest-ranked adjacent pair (the leftmost of equal
+  // ranks) until none is a merge. The symbols form a linked list and the candidate
+  // pairs a min-heap of (rank, left position), so a word of n bytes takes
+  // O(n log n), not a rescan per merge; an entry whose pair has changed since it
+  // was pushed no longer has its rank and is skipped.
   void encode_word_uncached(std::string_view word, std::vector<uint32_t>& out) const {
-    std::vector<std::string> symbols;
-    for (unsigned char b : word) symbols.push_back(byte_map().to_char[b]);
     if (ignore_merges_) {
       std::string whole;
-      for (const std::string& s : symbols) whole += s;
+      for (unsigned char b : word) whole += byte_map().to_char[b];
       if (auto it = vocab_.find(whole); it != vocab_.end()) {
         out.push_back(it->second);
         return;
       }
     }
-    // Merge the lowest-ranked adjacent pair (the leftmost of equal ranks) until none is a merge.
-    while (symbols.size() > 1) {
-      int best = INT_MAX;
-      size_t where = 0;
-      for (size_t k = 0; k + 1 < symbols.size(); ++k) {
-        auto it = merges_.find(symbols[k] + '\x01' + symbols[k + 1]);
-        if (it != merges_.end() && it->second < best) best = it->second, where = k;
-      }
-      if (best == INT_MAX) break;
-      symbols[where] += symbols[where + 1];
-      symbols.erase(symbols.begin() + static_cast<long>(where) + 1);
+    const int n = static_cast<int>(word.size());
+    std::vector<uint32_t> symbol(static_cast<size_t>(n));
+    std::vector<int> next(static_cast<size_t>(n)), prev(static_cast<size_t>(n));
+    for (int k = 0; k < n; ++k) {
+      symbol[k] = byte_symbol_[static_cast<unsigned char>(word[k])];
+      next[k] = k + 1;  // n: none
+      prev[k] = k - 1;  // -1: none
     }
-    for (const std::string& s : symbols) {
-      auto it = vocab_.find(s);
-      if (it != vocab_.end()) {
+    using Candidate = std::pair<int, int>;  // (rank, left position)
+    std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> heap;
+    auto rank_at = [&](int k) {  // the merge rank of the pair starting at k, or -1
+      if (next[k] >= n) return -1;
+      auto it = merges_.find(pair_key(symbol[k], symbol[next[k]]));
+      return it == merges_.end() ? -1 : it->second.rank;
+    };
+    auto push = [&](int k) {
+      if (const int r = rank_at(k); r >= 0) heap.push({r, k});
+    };
+    for (int k = 0; k + 1 < n; ++k) push(k);
+    while (!heap.empty()) {
+      const auto [r, k] = heap.top();
+      heap.pop();
+      if (symbol[k] == UINT32_MAX || rank_at(k) != r) continue;  // merged away, or another pair now
+      const int right = next[k];
+      symbol[k] = merges_.at(pair_key(symbol[k], symbol[right])).merged;
+      symbol[right] = UINT32_MAX;
+      next[k] = next[right];
+      if (next[k] < n) prev[next[k]] = k;
+      if (prev[k] >= 0) push(prev[k]);
+      push(k);
+    }
+    for (int k = 0; k < n; k = next[k]) {
+      if (symbol[k] < kByteSymbol) {
+        out.push_back(symbol[k]);
+        continue;
+      }
+      // A byte whose character model.vocab lacks (an added token may still be it).
+      const auto byte = static_cast<unsigned char>(symbol[k] - kByteSymbol);
+      if (auto it = vocab_.find(byte_map().to_char[byte]); it != vocab_.end()) {
         out.push_back(it->second);
         continue;
       }
-      // A symbol the vocabulary lacks (only a single byte's character can be one).
-      const auto b = byte_map().to_byte.find(s);
       char piece[8];
-      if (byte_fallback_ && b != byte_map().to_byte.end() &&
-          (std::snprintf(piece, sizeof(piece), "<0x%02X>", b->second), vocab_.count(piece))) {
+      std::snprintf(piece, sizeof(piece), "<0x%02X>", byte);
+      if (byte_fallback_ && vocab_.count(piece)) {
         out.push_back(vocab_.at(piece));
       } else if (unk_) {
         out.push_back(*unk_);
       } else {
-        throw TokenizerError(path_ + ": '" + s + "' is not in the vocabulary and the model has no unk_token");
+        throw TokenizerError(path_ + ": '" + byte_map().to_char[byte] +
+                             "' is not in the vocabulary and the model has no unk_token");
       }
     }
   }
@@ -408,8 +508,14 @@ class BpeTokenizer : public Tokenizer {
   std::string path_;
   std::unordered_map<std::string, uint32_t> vocab_;
   std::map<uint32_t, std::string> id_to_token_;
-  std::unordered_map<std::string, int> merges_;  // "a\x01b" -> rank
+  struct Merge {
+    int rank;
+    uint32_t merged;  // the token of the pair joined
+  };
+  std::unordered_map<uint64_t, Merge> merges_;  // pair_key(left, right) of symbol ids
+  std::array<uint32_t, 256> byte_symbol_{};     // each byte's symbol id
   std::vector<AddedToken> added_;
+  std::array<std::vector<size_t>, 256> added_by_first_byte_;  // indexes into added_
   std::unordered_map<uint32_t, bool> added_ids_, special_;
   std::optional<uint32_t> unk_;
   bool byte_fallback_ = false;
@@ -418,7 +524,8 @@ class BpeTokenizer : public Tokenizer {
   mutable std::shared_mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<uint32_t>> cache_;
   bool add_prefix_space_ = false;
-  std::unique_ptr<pcre2_code, Pcre2Free> regex_;
+  // Owned, so a constructor that fails after compiling it (a bad added token) does not leak it.
+  std::unique_ptr<pcre2_code, decltype(&pcre2_code_free)> regex_{nullptr, &pcre2_code_free};
 };
 
 }  // namespace

@@ -346,33 +346,33 @@ void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, c
 // ---- RoPE ------------------------------------------------------------------------
 
 namespace {
-void check_rope(const char* op, const Tensor& x, const IndexTensor& positions, float theta) {
+void check_rope(const char* op, const Tensor& x, const IndexTensor& positions, const RopeSettings& rope) {
   require_dims(op, "x", x, {-1, -1, -1});
   require_dims(op, "positions", positions, {x.dim(0)});
   require(x.dim(2) % 2 == 0, op, "head dim of x=" + x.shape_string() + " must be even");
-  require(theta > 0, op, "theta must be > 0");
+  require(rope.rope_theta > 0, op, "theta must be > 0");
   common_device(op, x, positions);
 }
 }  // namespace
 
-void rope_forward(Tensor x, const IndexTensor& positions, float theta) {
+void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope) {
   const char* op = "rope_forward";
   [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"x", x}});
-  check_rope(op, x, positions, theta);
+  check_rope(op, x, positions, rope);
   switch (x.device) {
-    HDP_CUDA_CASE(rope_forward(x, positions, theta))
-    HDP_CPU_CASES(rope_forward(x, positions, theta))
+    HDP_CUDA_CASE(rope_forward(x, positions, rope))
+    HDP_CPU_CASES(rope_forward(x, positions, rope))
     default: throw UnsupportedDevice(op, x.device);
   }
 }
 
-void rope_backward(Tensor dx, const IndexTensor& positions, float theta) {
+void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope) {
   const char* op = "rope_backward";
   [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"dx", dx}});
-  check_rope(op, dx, positions, theta);
+  check_rope(op, dx, positions, rope);
   switch (dx.device) {
-    HDP_CUDA_CASE(rope_backward(dx, positions, theta))
-    HDP_CPU_CASES(rope_backward(dx, positions, theta))
+    HDP_CUDA_CASE(rope_backward(dx, positions, rope))
+    HDP_CPU_CASES(rope_backward(dx, positions, rope))
     default: throw UnsupportedDevice(op, dx.device);
   }
 }

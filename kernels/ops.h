@@ -19,6 +19,7 @@
 #include <span>
 
 #include "kernels/tensor.h"
+#include "spec/rope.h"
 
 namespace hdp {
 
@@ -61,10 +62,10 @@ void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, fl
 void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd);
 
 // ---- rotary position embedding (rotate-half pairing: element i with i + d/2) ----
-// x [T, heads, d] rotated in place by angle positions[t] * theta^(-2j/d).
-void rope_forward(Tensor x, const IndexTensor& positions, float theta);
+// x [T, heads, d] rotated in place by angle positions[t] * f_j, f = rope.inverse_frequencies(d).
+void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope);
 // The inverse rotation applied in place to a gradient.
-void rope_backward(Tensor dx, const IndexTensor& positions, float theta);
+void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope);
 
 // ---- causal attention over packed documents ------------------------------------
 // On CUDA these two may run cuDNN's fused attention instead of our kernels, as the

@@ -87,7 +87,7 @@ std::span<const float> CachedDecoder::append(std::span<const int32_t> tokens) {
     throw std::length_error("cached decoder: " + std::to_string(end) + " positions exceed the cache of " +
                             std::to_string(max_positions_));
   const int64_t H = c.hidden_size, Hq = c.num_heads, Hkv = c.num_kv_heads, d = c.head_dim(), F = c.ffn_hidden_size;
-  const float eps = static_cast<float>(c.norm_eps), theta = static_cast<float>(c.rope_theta);
+  const float eps = static_cast<float>(c.norm_eps);
   tokens_.assign(tokens.begin(), tokens.end());
   positions_.resize(static_cast<size_t>(T));
   for (int64_t t = 0; t < T; ++t) positions_[t] = static_cast<int32_t>(begin + t);
@@ -107,8 +107,8 @@ std::span<const float> CachedDecoder::append(std::span<const int32_t> tokens) {
     linear_forward(q, normed, w.q);
     linear_forward(new_keys, normed, w.k);
     linear_forward(new_values, normed, w.v);
-    rope_forward(q.view({T, Hq, d}), positions, theta);
-    rope_forward(new_keys.view({T, Hkv, d}), positions, theta);
+    rope_forward(q.view({T, Hq, d}), positions, c);
+    rope_forward(new_keys.view({T, Hkv, d}), positions, c);
     attention_reset_rows(attn.view({T, Hq, d}), lse, 0, T);
     attention_forward_blocks(attn.view({T, Hq, d}), lse, q.view({T, Hq, d}), keys.rows(0, end).view({end, Hkv, d}),
                              values.rows(0, end).view({end, Hkv, d}), std::span(&block, 1), c.attention_window());

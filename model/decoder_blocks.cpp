@@ -14,7 +14,7 @@ DecoderBlocks::DecoderBlocks(const ModelConfig& config, const ModelSlice& slice,
       window_(config.attention_window()),
       vocab_begin_(slice.vocab_begin),
       norm_eps_(static_cast<float>(config.norm_eps)),
-      rope_theta_(static_cast<float>(config.rope_theta)),
+      rope_(config),
       tp_(tp),
       regions_(tp),
       ring_attention_(ring_attention),
@@ -43,8 +43,8 @@ void DecoderBlocks::attention_projections(const MicroBatchSlot& s, const LayerTe
   linear_forward(a.q, attention_in, w.q);
   linear_forward(a.k, attention_in, w.k);
   linear_forward(a.v, attention_in, w.v);
-  rope_forward(a.q.view({T, heads_, head_dim_}), positions, rope_theta_);
-  rope_forward(a.k.view({T, kv_heads_, head_dim_}), positions, rope_theta_);
+  rope_forward(a.q.view({T, heads_, head_dim_}), positions, rope_);
+  rope_forward(a.k.view({T, kv_heads_, head_dim_}), positions, rope_);
 }
 
 void DecoderBlocks::attention_core(const MicroBatchSlot& s, const LayerActivations& a) {
@@ -99,8 +99,8 @@ void DecoderBlocks::attention_block_backward(const MicroBatchSlot& s, const Laye
   } else {
     attention_backward(dq3, dk3, dv3, dout, q, k, v, out, a.lse, s.cu_seqlens.rows(0, s.num_sequences + 1), window_);
   }
-  rope_backward(dq3, positions, rope_theta_);
-  rope_backward(dk3, positions, rope_theta_);
+  rope_backward(dq3, positions, rope_);
+  rope_backward(dk3, positions, rope_);
   linear_backward(dnorm, dw.q, dq, a.ln1, w.q, false);
   linear_backward(dnorm, dw.k, dk, a.ln1, w.k, true);
   linear_backward(dnorm, dw.v, dv, a.ln1, w.v, true);

@@ -113,7 +113,8 @@ class DecoderBlocks {
   };
 
   int64_t heads_, kv_heads_, head_dim_, window_, vocab_begin_;
-  float norm_eps_, rope_theta_;
+  float norm_eps_;
+  RopeSettings rope_;
   Communicator* tp_;
   TensorParallelRegions regions_;
   RingAttention* ring_attention_;

@@ -17,6 +17,7 @@
 #include "base/yaml_reader.h"
 #include "checkpoint/directory.h"
 #include "checkpoint/protocol.h"
+#include "config/model_agreement.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/peak_flops.h"
@@ -292,6 +293,33 @@ void check_schedule_continues(const Config& config, const std::string& checkpoin
                     ", or set train.allow_schedule_change: true to resume with the jump");
 }
 
+// train.init_from's weights must be of this config's model (config/model_agreement.h):
+// its shape keys always, its numerics keys unless train.allow_model_change, which
+// logs each difference. The weights' shapes alone would let a model trained with
+// another rope_theta, norm_eps or window train silently under this config's.
+void check_init_from_model(const Config& config, int rank) {
+  const std::string& checkpoint = config.train.init_from;
+  const Config theirs = parse_config_text(read_manifest(checkpoint).config, checkpoint + "/manifest.yaml (config)", {},
+                                          /*check_files=*/false);
+  std::vector<ModelKeyDifference> shape, numerics;
+  for (const ModelKeyDifference& d : model_differences(theirs, config))
+    (d.kind == ModelKeyKind::Shape ? shape : numerics).push_back(d);
+  if (!shape.empty())
+    throw ConfigError("train.init_from: " + checkpoint + " holds the weights of another model: " +
+                      describe_model_differences(shape, "checkpoint", "config") +
+                      "; set these keys as the checkpoint's model has them");
+  if (numerics.empty()) return;
+  const std::string differ = describe_model_differences(numerics, "checkpoint", "config");
+  if (!config.train.allow_model_change)
+    throw ConfigError("train.init_from: " + checkpoint + "'s model computes differently from this config's: " +
+                      differ + "; set these keys as the checkpoint's model has them, or set "
+                      "train.allow_model_change: true to train its weights under this config's values");
+  if (rank == 0)
+    for (const ModelKeyDifference& d : numerics)
+      spdlog::warn("train.init_from: {} {} in {}, {} here (train.allow_model_change: true)", d.key, d.value,
+                   checkpoint, d.other_value);
+}
+
 // Where training starts: a checkpoint to resume (weights, moments, step, data
 // position), a checkpoint to take weights from, or fresh weights.
 TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, int rank) {
@@ -315,6 +343,7 @@ TrainingProgress restore_or_init(const Config& config, TrainingEngine& engine, i
   progress.train_seed = t.seed;
   progress.data_seed = config.data.seed;
   if (!t.init_from.empty()) {
+    check_init_from_model(config, rank);
     load_checkpoint(t.init_from, engine.model(), nullptr);
     spdlog::info("initial weights from {}", t.init_from);
   } else {

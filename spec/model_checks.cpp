@@ -98,6 +98,19 @@ std::optional<ModelIssue> model_issue(const ModelConfig& m, const KeyWording& wo
       !r.positive(m.ffn_hidden_size, "model.ffn_hidden_size") || !r.positive(m.rope_theta, "model.rope_theta") ||
       !r.positive(m.norm_eps, "model.norm_eps") || !r.positive(m.init_std, "model.init_std"))
     return r.issue;
+  // LLaMA 3's RoPE scaling; its keys are unused without it, like Mixtral's below.
+  if (m.rope_scaling == RopeScaling::Llama3 &&
+      !(r.require(m.rope_scaling_factor >= 1, "model.rope_scaling_factor",
+                  r.shown("model.rope_scaling_factor", m.rope_scaling_factor) + " is less than 1",
+                  "the long wavelengths are divided by it; LLaMA 3.1 uses 8, LLaMA 3.2 32") &&
+        r.positive(m.rope_low_freq_factor, "model.rope_low_freq_factor") &&
+        r.require(m.rope_high_freq_factor > m.rope_low_freq_factor, "model.rope_high_freq_factor",
+                  r.shown("model.rope_high_freq_factor", m.rope_high_freq_factor) + " is not above " +
+                      r.name("model.rope_low_freq_factor") + " " +
+                      r.shown("model.rope_low_freq_factor", m.rope_low_freq_factor),
+                  "the blended band lies between the two (LLaMA 3.1: 1 and 4)", {"model.rope_low_freq_factor"}) &&
+        r.positive(m.rope_original_max_positions, "model.rope_original_max_positions")))
+    return r.issue;
   // Mixtral (Jiang et al. 2024). Its keys are read but unused for other
   // architectures (the effective config writes every key, so they cannot be
   // refused there).

@@ -7,10 +7,12 @@
 #include <string>
 
 #include "spec/model_shape.h"
+#include "spec/rope.h"
 
 namespace hdp {
 
-struct ModelConfig {
+// RopeSettings: model.rope_theta and the RoPE scaling keys (spec/rope.h).
+struct ModelConfig : RopeSettings {
   std::string arch = "llama";
   int64_t vocab_size = 258;
   int64_t hidden_size = 128;
@@ -18,7 +20,6 @@ struct ModelConfig {
   int64_t num_heads = 4;
   int64_t num_kv_heads = 4;
   int64_t ffn_hidden_size = 352;
-  double rope_theta = 10000.0;
   double norm_eps = 1e-5;
   bool tie_embeddings = false;
   double init_std = 0.02;

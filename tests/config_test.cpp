@@ -341,8 +341,10 @@ TEST(ConfigErrors, UnknownKeySuggestsTheClosest) {
   EXPECT_CONTAINS(msg, path + ":3: model.hiden_size: unknown key in section 'model'");
   EXPECT_CONTAINS(msg, "did you mean 'hidden_size'?");
   EXPECT_CONTAINS(msg, "valid keys in model: arch, vocab_size, hidden_size, num_layers, num_heads, "
-                             "num_kv_heads, ffn_hidden_size, rope_theta, norm_eps, tie_embeddings, init_std, sliding_window, "
-                             "num_experts, experts_per_token, router_aux_loss_coef");
+                             "num_kv_heads, ffn_hidden_size, rope_theta, rope_scaling, rope_scaling_factor, "
+                             "rope_low_freq_factor, rope_high_freq_factor, rope_original_max_positions, norm_eps, "
+                             "tie_embeddings, init_std, sliding_window, num_experts, experts_per_token, "
+                             "router_aux_loss_coef");
 }
 
 TEST(ConfigErrors, UnknownKeyFarFromAnyHasNoSuggestion) {

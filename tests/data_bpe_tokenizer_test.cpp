@@ -4,12 +4,14 @@
 // regex. Every expected id below was worked out by hand from those merges (the
 // comments show how), covering merges by rank, the regex's splits on digits,
 // spaces, punctuation and non-ASCII letters, bytes no merge covers (invalid
-// UTF-8 included) and special tokens.
+// UTF-8 included) and special tokens; and long random words against BPE's
+// definition written out in the test.
 
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <iterator>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -163,6 +165,54 @@ TEST_F(BpeFixture, BytesNoMergeCovers) {
   EXPECT_EQ(encode(*tokenizer_, "ü\x01"), (Ids{195, 188, 1}));
   // A byte that is not UTF-8 at all (0xFF) matches no regex branch and is a word of its own.
   EXPECT_EQ(encode(*tokenizer_, "a\xff" "b"), (Ids{97, 255, 98}));
+  // A truncated "€" (E2 82) is one word of two bytes; the whole "€" after it is valid
+  // UTF-8 (a word of punctuation, no merges), and " b" a word of its own.
+  EXPECT_EQ(encode(*tokenizer_, "a\xe2\x82\xe2\x82\xac b"), (Ids{97, 226, 130, 226, 130, 172, 32, 98}));
+}
+
+// BPE by its definition, written again here: merge the lowest-ranked adjacent pair,
+// the leftmost of equal ranks, until no pair is a merge; ids of the fixture's vocabulary.
+Ids reference_bpe(const std::string& word) {
+  std::vector<std::string> symbols;
+  for (unsigned char c : word) symbols.push_back(byte_char(c));
+  for (;;) {
+    size_t best_rank = std::size(kMerges), where = 0;
+    for (size_t k = 0; k + 1 < symbols.size(); ++k)
+      for (size_t r = 0; r < best_rank; ++r)
+        if (symbols[k] == kMerges[r][0] && symbols[k + 1] == kMerges[r][1]) best_rank = r, where = k;
+    if (best_rank == std::size(kMerges)) break;
+    symbols[where] += symbols[where + 1];
+    symbols.erase(symbols.begin() + static_cast<long>(where) + 1);
+  }
+  Ids ids;
+  for (const std::string& s : symbols) {
+    uint32_t id = UINT32_MAX;
+    for (int b = 0; b < 256; ++b)
+      if (byte_char(b) == s) id = static_cast<uint32_t>(b);
+    for (size_t r = 0; r < std::size(kMerges); ++r)
+      if (std::string(kMerges[r][0]) + kMerges[r][1] == s) id = static_cast<uint32_t>(256 + r);
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+TEST_F(BpeFixture, LongWordsMergeAsTheDefinitionSays) {
+  // Equal ranks go leftmost first: 2001 l's are 1000 "ll" and one "l".
+  Ids ls(1000, 257);
+  ls.push_back(108);
+  EXPECT_EQ(encode(*tokenizer_, std::string(2001, 'l')), ls);
+  EXPECT_EQ(encode(*tokenizer_, [] { std::string s; for (int i = 0; i < 3000; ++i) s += "hello"; return s; }()),
+            Ids(3000, 259));
+  // Random words over the merges' letters (one word each: letters only), against the definition.
+  std::mt19937 rng(5);
+  const std::string letters = "helowrcaf";
+  for (int n : {1, 2, 3, 5, 8, 13, 40, 200, 1000}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::string word;
+      for (int i = 0; i < n; ++i) word += letters[rng() % letters.size()];
+      ASSERT_EQ(encode(*tokenizer_, word), reference_bpe(word)) << word;
+    }
+  }
 }
 
 TEST_F(BpeFixture, SpecialTokens) {

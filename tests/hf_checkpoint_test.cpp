@@ -1,9 +1,10 @@
 // trainer import-hf and export-hf (checkpoint/hf_checkpoint.h), through the binary:
-// export then import gives bit-identical weights (fp32, one file and shards),
-// bf16 and f16 files import as their exact float32 values, the written
-// config.json carries what transformers' LlamaConfig needs, and config.json
-// settings we do not implement or broken safetensors files end with exit code 2
-// and a message naming the file and the key or tensor.
+// export then import gives bit-identical weights (fp32, one file and shards; Mixtral
+// to the same eval loss), bf16 and f16 files import as their exact float32 values,
+// the written config.json carries what transformers' LlamaConfig and MixtralConfig
+// need (LLaMA 3's RoPE scaling both ways), and config.json settings we do not
+// implement or broken safetensors files end with exit code 2 and a message naming
+// the file and the key or tensor. Also train.init_from's refusal of another model.
 
 #include <gtest/gtest.h>
 
@@ -157,6 +158,78 @@ TEST(HfCheckpoint, ExportThenImportIsBitIdenticalInFp32) {
   for (const auto& [name, w] : original) EXPECT_TRUE(bit_equal(single.read_floats(*single.find(name)), w)) << name;
 }
 
+// The small model as Mixtral: 4 experts, each token to 2 (tests' --set of tiny-llama).
+const std::string kMixtral = " --set model.arch=mixtral --set model.num_experts=4 --set model.experts_per_token=2"
+                             " --set model.router_aux_loss_coef=0.02";
+
+// The loss `trainer eval` prints for a checkpoint on a dataset ("loss 5.123456").
+std::string eval_loss(const std::string& checkpoint, const std::string& data) {
+  auto r = run_trainer("eval " + checkpoint + " --data " + data + " --max-seq-len 64 --max-documents 8 --threads 1");
+  if (r.exit_code != 0) throw std::runtime_error("eval failed: " + r.output);
+  std::smatch m;
+  if (!std::regex_search(r.output, m, std::regex(R"(predicted tokens: loss ([0-9.]+))")))
+    throw std::runtime_error("no loss in: " + r.output);
+  return m[1];
+}
+
+// Mixtral: its router and every expert's w1, w2 and w3 under Hugging Face's names,
+// config.json with MixtralConfig's keys, and back bit for bit to the same loss.
+TEST(HfCheckpoint, MixtralExportThenImportIsBitIdenticalWithTheSameLoss) {
+  const std::string dir = scratch_dir("hf-mixtral");
+  const std::string ckpt = trained_checkpoint(dir + "/run", kMixtral);
+  const auto original = weights_of(ckpt, dir + "/original.h5");
+  // 4 layers x (4 attention + 2 norms + router + 4 experts x 3) + embedding, final norm, head.
+  EXPECT_EQ(original.size(), 4u * 19 + 3);
+
+  auto r = run_trainer("export-hf " + ckpt + " --output " + dir + "/hf --dtype fp32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Json config = read_json(dir + "/hf/config.json");
+  EXPECT_EQ(config["architectures"], Json::array({"MixtralForCausalLM"}));
+  EXPECT_EQ(config["model_type"], "mixtral");
+  EXPECT_EQ(config["num_local_experts"], 4);
+  EXPECT_EQ(config["num_experts_per_tok"], 2);
+  EXPECT_EQ(config["router_aux_loss_coef"], 0.02);
+  EXPECT_EQ(config["router_jitter_noise"], 0.0);
+  EXPECT_EQ(config["output_router_logits"], false);
+  EXPECT_EQ(config["intermediate_size"], 128);  // each expert's
+  EXPECT_TRUE(config["sliding_window"].is_null());
+  EXPECT_TRUE(config["rope_scaling"].is_null());
+  EXPECT_EQ(config["rope_parameters"], Json({{"rope_theta", 10000.0}, {"rope_type", "default"}}));
+  SafetensorsReader weights(dir + "/hf/model.safetensors");
+  EXPECT_EQ(weights.tensors().size(), original.size());
+  EXPECT_EQ(weights.find("model.layers.3.block_sparse_moe.gate.weight")->shape, (std::vector<int64_t>{4, 64}));
+  EXPECT_EQ(weights.find("model.layers.3.block_sparse_moe.experts.3.w1.weight")->shape, (std::vector<int64_t>{128, 64}));
+  EXPECT_EQ(weights.find("model.layers.3.block_sparse_moe.experts.3.w2.weight")->shape, (std::vector<int64_t>{64, 128}));
+  EXPECT_EQ(weights.find("model.layers.3.block_sparse_moe.experts.3.w3.weight")->shape, (std::vector<int64_t>{128, 64}));
+
+  r = run_trainer("import-hf " + dir + "/hf --output " + dir + "/imported");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const std::string train_config = file_text(dir + "/imported/train-config.yaml");
+  EXPECT_CONTAINS(train_config, "arch: \"mixtral\"");
+  EXPECT_CONTAINS(train_config, "num_experts: 4");
+  EXPECT_CONTAINS(train_config, "experts_per_token: 2");
+  EXPECT_CONTAINS(train_config, "router_aux_loss_coef: 0.02");
+  const std::string imported = dir + "/imported/step-00000000";
+  const auto back = weights_of(imported, dir + "/imported.h5");
+  ASSERT_EQ(back.size(), original.size());
+  for (const auto& [name, w] : original) {
+    ASSERT_TRUE(back.count(name)) << name;
+    EXPECT_TRUE(bit_equal(back.at(name), w)) << name;
+  }
+  // --set may change how the model trains, not what it is.
+  r = run_trainer("import-hf " + dir + "/hf --output " + dir + "/more-experts --set model.num_experts=8");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "--set model.num_experts changes the model that " + dir + "/hf/config.json describes "
+                            "(model.num_experts 4 (config.json) vs 8 (--set))");
+  r = run_trainer("import-hf " + dir + "/hf --output " + dir + "/other-coef --set model.router_aux_loss_coef=0.05");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(file_text(dir + "/other-coef/train-config.yaml"), "router_aux_loss_coef: 0.05");
+  // The same model: the same loss (with its load-balancing term) to the printed digit.
+  const std::string loss = eval_loss(ckpt, small_corpus());
+  EXPECT_EQ(eval_loss(imported, small_corpus()), loss);
+  EXPECT_GT(std::stod(loss), 1.0);
+}
+
 TEST(HfCheckpoint, Bf16AndF16FilesImportAsTheirExactValues) {
   const std::string dir = scratch_dir("hf-dtypes");
   const std::string ckpt = trained_checkpoint(dir + "/run", "--set model.tie_embeddings=true");
@@ -231,8 +304,35 @@ TEST_F(HfImportRefuses, SettingsWeDoNotImplement) {
     const char* message;
   };
   const std::vector<Case> cases = {
-      {"rope-scaling", [](Json& c) { c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; },
-       "config.json: rope_scaling: {\"factor\":2.0,\"rope_type\":\"linear\"} is not supported"},
+      // RoPE types other than default and llama3, in either dict, named with the value.
+      {"rope-linear", [](Json& c) { c["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2.0}}; },
+       "config.json: rope_scaling.rope_type: 'linear' is not supported; this build implements rope_type 'default' "
+       "and 'llama3'"},
+      {"rope-dynamic", [](Json& c) { c["rope_scaling"] = {{"type", "dynamic"}, {"factor", 2.0}}; },
+       "config.json: rope_scaling.type: 'dynamic' is not supported"},
+      {"rope-yarn", [](Json& c) { c["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"rope_theta", 1e4}}; },
+       "config.json: rope_parameters.rope_type: 'yarn' is not supported"},
+      {"rope-longrope", [](Json& c) { c["rope_parameters"] = {{"rope_type", "longrope"}}; },
+       "config.json: rope_parameters.rope_type: 'longrope' is not supported"},
+      {"rope-extra-key", [](Json& c) {
+         c["rope_parameters"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0},
+                                 {"high_freq_factor", 4.0}, {"attention_factor", 0.5}};
+       },
+       "config.json: rope_parameters.attention_factor: 0.5 is not supported"},
+      {"rope-llama3-no-factor", [](Json& c) {
+         c["rope_parameters"] = {{"rope_type", "llama3"}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}};
+       },
+       "config.json: rope_parameters.factor: required key is missing"},
+      {"rope-llama3-band", [](Json& c) {
+         c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 4.0}, {"high_freq_factor", 1.0}};
+       },
+       "config.json: rope_parameters.high_freq_factor: 1 is not above rope_parameters.low_freq_factor 4"},
+      {"partial-rotary", [](Json& c) { c["partial_rotary_factor"] = 0.5; },
+       "config.json: partial_rotary_factor: 0.5 is not supported"},
+      {"router-jitter", [](Json& c) {
+         c["model_type"] = "mixtral"; c["architectures"] = {"MixtralForCausalLM"}; c["router_jitter_noise"] = 0.1;
+       },
+       "config.json: router_jitter_noise: 0.1 is not supported"},
       {"attention-bias", [](Json& c) { c["attention_bias"] = true; }, "config.json: attention_bias: true is not supported"},
       {"mlp-bias", [](Json& c) { c["mlp_bias"] = true; }, "config.json: mlp_bias: true is not supported"},
       {"model-type", [](Json& c) { c["model_type"] = "gpt2"; }, "config.json: model_type: 'gpt2' is not supported"},
@@ -248,7 +348,9 @@ TEST_F(HfImportRefuses, SettingsWeDoNotImplement) {
        "config.json: num_attention_heads: 5 does not divide hidden_size 64; choose a divisor of 64"},
       {"kv-heads", [](Json& c) { c["num_key_value_heads"] = 3; },
        "config.json: num_key_value_heads: 3 does not divide num_attention_heads 4; choose a divisor of 4"},
-      {"rope-theta", [](Json& c) { c["rope_theta"] = 0.0; }, "config.json: rope_theta: 0 is not positive"},
+      // (rope_parameters' theta would take precedence, as in transformers.)
+      {"rope-theta", [](Json& c) { c["rope_theta"] = 0.0; c.erase("rope_parameters"); },
+       "config.json: rope_theta: 0 is not positive"},
       {"missing-key", [](Json& c) { c.erase("hidden_size"); }, "config.json: hidden_size: required key is missing"},
       {"wrong-type", [](Json& c) { c["num_hidden_layers"] = "4"; }, "config.json: num_hidden_layers: expected an integer, got \"4\""},
   };
@@ -275,6 +377,60 @@ TEST_F(HfImportRefuses, SettingsWeDoNotImplement) {
     EXPECT_EQ(config["architectures"][0], "MistralForCausalLM") << name;
     EXPECT_EQ(config["sliding_window"], window ? Json(*window) : Json(nullptr)) << name;
   }
+}
+
+// LLaMA 3.x's RoPE scaling: read from transformers 5's rope_parameters (theta inside
+// it) and from earlier versions' rope_theta + rope_scaling (original context falling
+// back to max_position_embeddings, as transformers does), and written back both ways.
+TEST_F(HfImportRefuses, RopeScalingLlama3BothWays) {
+  const std::string v5 = variant("llama3-v5", [](Json& c) {
+    c.erase("rope_theta");
+    c.erase("rope_scaling");
+    c["rope_parameters"] = {{"rope_type", "llama3"}, {"rope_theta", 500000.0}, {"factor", 32.0},
+                            {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0},
+                            {"original_max_position_embeddings", 64}};
+  });
+  auto r = import(v5);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  std::string yaml = file_text(v5 + "-ckpt/train-config.yaml");
+  EXPECT_CONTAINS(yaml, "rope_theta: 500000");
+  EXPECT_CONTAINS(yaml, "rope_scaling: \"llama3\"");
+  EXPECT_CONTAINS(yaml, "rope_scaling_factor: 32");
+  EXPECT_CONTAINS(yaml, "rope_high_freq_factor: 4");
+  EXPECT_CONTAINS(yaml, "rope_original_max_positions: 64");
+  r = run_trainer("export-hf " + v5 + "-ckpt --output " + v5 + "-back --dtype fp32");
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  const Json back = read_json(v5 + "-back/config.json");
+  const Json scaling = {{"rope_type", "llama3"}, {"factor", 32.0}, {"low_freq_factor", 1.0},
+                        {"high_freq_factor", 4.0}, {"original_max_position_embeddings", 64}};
+  EXPECT_EQ(back["rope_scaling"], scaling);
+  Json parameters = scaling;
+  parameters["rope_theta"] = 500000.0;
+  EXPECT_EQ(back["rope_parameters"], parameters);
+  EXPECT_EQ(back["rope_theta"], 500000.0);
+
+  const std::string legacy = variant("llama3-legacy", [](Json& c) {
+    c["rope_theta"] = 500000.0;
+    c["rope_scaling"] = {{"rope_type", "llama3"}, {"factor", 8.0}, {"low_freq_factor", 1.0}, {"high_freq_factor", 4.0}};
+  });
+  r = import(legacy);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  yaml = file_text(legacy + "-ckpt/train-config.yaml");
+  EXPECT_CONTAINS(yaml, "rope_theta: 500000");
+  EXPECT_CONTAINS(yaml, "rope_scaling_factor: 8");
+  EXPECT_CONTAINS(yaml, "rope_original_max_positions: 128");  // max_position_embeddings
+
+  // transformers 5's plain RoPE: the theta in rope_parameters, none beside it (the
+  // import once took 10000 here).
+  const std::string plain = variant("rope-parameters-theta", [](Json& c) {
+    c.erase("rope_theta");
+    c["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1000000.0}};
+  });
+  r = import(plain);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  yaml = file_text(plain + "-ckpt/train-config.yaml");
+  EXPECT_CONTAINS(yaml, "rope_theta: 1.0e+06");
+  EXPECT_CONTAINS(yaml, "rope_scaling: \"none\"");
 }
 
 TEST_F(HfImportRefuses, WeightsThatDoNotFitTheConfig) {
@@ -386,6 +542,52 @@ TEST(HfCheckpoint, CommandLineMistakes) {
 
 namespace hdp {
 namespace {
+
+// train.init_from takes the weights of the config's model only: every differing
+// shape key is refused with both values; numerics keys (here rope_theta, norm_eps,
+// the architecture and the window) too, unless train.allow_model_change, which logs
+// each. Once a checkpoint made with another window trained silently under the config's.
+TEST(InitFrom, RefusesAnotherModelNamingEachKey) {
+  const std::string dir = scratch_dir("init-from");
+  const std::string ckpt = trained_checkpoint(dir + "/run");
+  int runs = 0;
+  auto train = [&](const std::string& settings) {
+    const std::string run = dir + "/from-" + std::to_string(runs++);
+    return run_trainer("train " + kConfig + " --set data.path=" + small_corpus() + small_model_overrides() +
+                       " --set train.steps=1 --set train.init_from=" + ckpt + " --set train.run_dir=" + run +
+                       " --set train.checkpoint_dir=" + run + "/ckpt " + settings);
+  };
+  auto r = train("");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "initial weights from " + ckpt);
+
+  const std::string numerics = "--set model.rope_theta=500000 --set model.norm_eps=1e-6 --set model.arch=mistral "
+                               "--set model.sliding_window=96";
+  r = train(numerics);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "train.init_from: " + ckpt + "'s model computes differently from this config's: "
+                            "model.arch 'llama' (checkpoint) vs 'mistral' (config); model.rope_theta 10000 "
+                            "(checkpoint) vs 500000 (config); model.norm_eps 1e-05 (checkpoint) vs 1e-06 (config); "
+                            "model.sliding_window null (checkpoint) vs 96 (config); set these keys as the "
+                            "checkpoint's model has them, or set train.allow_model_change: true");
+  EXPECT_EQ(r.output.find("initial weights from"), std::string::npos) << r.output;
+
+  r = train(numerics + " --set train.allow_model_change=true");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "train.init_from: model.rope_theta 10000 in " + ckpt + ", 500000 here");
+  EXPECT_CONTAINS(r.output, "train.init_from: model.sliding_window null in " + ckpt + ", 96 here");
+  EXPECT_CONTAINS(r.output, "initial weights from " + ckpt);
+
+  // Shapes: never, whatever allow_model_change says.
+  r = train("--set model.ffn_hidden_size=96 --set model.tie_embeddings=true --set train.allow_model_change=true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "train.init_from: " + ckpt + " holds the weights of another model: "
+                            "model.ffn_hidden_size 128 (checkpoint) vs 96 (config); model.tie_embeddings false "
+                            "(checkpoint) vs true (config); set these keys as the checkpoint's model has them");
+  r = train(kMixtral);
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "model.arch 'llama' (checkpoint) vs 'mixtral' (config); model.num_experts");
+}
 
 TEST(TokenizedData, TrainingRefusesAVocabularyLargerThanTheModel) {
   // A SentencePiece model of 600 pieces (spm_train on demo text), prepare-data

@@ -1,4 +1,4 @@
-// RoPE (rotate-half) against hand-computed values, a double reference with the
+// RoPE (rotate-half) against hand-computed values (LLaMA 3 scaled frequencies too), a double reference with the
 // Hugging Face float32 frequencies, forward-then-backward identity, and the
 // backward as the exact transpose: rope_backward(G) equals the finite-difference
 // gradient of L = sum(rope(x) * G) of the reference.
@@ -177,5 +177,43 @@ TEST(KernelsRope, RejectsNegativePosition) {
     FAIL() << "no error";
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("position -3 of row 3"), std::string::npos) << e.what();
+  }
+}
+
+// The inverse frequencies of a small head, d = 8 and theta = 1e4: plain RoPE's
+// 1e4^(-2j/8) = 1, 0.1, 0.01, 0.001, and LLaMA 3's scaling of them with factor 8,
+// low_freq_factor 1, high_freq_factor 4 and an original context of 64 positions.
+// The wavelengths 2 pi / f are 6.28, 62.8, 628 and 6283; those below 64 / 4 = 16
+// keep f (j = 0), those above 64 / 1 = 64 get f / 8 (j = 2, 3), and 62.8 lies in
+// between: s = (64 / 62.83 - 1) / (4 - 1) = 0.0061972, f = (1 - s) 0.1 / 8 + s 0.1
+// = 0.013042256.
+TEST(KernelsRope, InverseFrequenciesByHand) {
+  hdp::RopeSettings rope(1e4);
+  const std::vector<float> plain = rope.inverse_frequencies(8);
+  const std::vector<double> plain_want = {1.0, 0.1, 0.01, 0.001};
+  ASSERT_EQ(plain.size(), plain_want.size());
+  for (size_t j = 0; j < plain.size(); ++j) EXPECT_NEAR(plain[j], plain_want[j], 1e-7 * plain_want[j]) << j;
+
+  rope.rope_scaling = hdp::RopeScaling::Llama3;
+  rope.rope_scaling_factor = 8;
+  rope.rope_low_freq_factor = 1;
+  rope.rope_high_freq_factor = 4;
+  rope.rope_original_max_positions = 64;
+  const std::vector<float> scaled = rope.inverse_frequencies(8);
+  const std::vector<double> scaled_want = {1.0, 0.013042256, 0.00125, 0.000125};
+  ASSERT_EQ(scaled.size(), scaled_want.size());
+  for (size_t j = 0; j < scaled.size(); ++j) EXPECT_NEAR(scaled[j], scaled_want[j], 1e-6 * scaled_want[j]) << j;
+  // Kept and divided frequencies are exactly the plain ones (divided by 8, a power of 2).
+  EXPECT_EQ(scaled[0], plain[0]);
+  EXPECT_EQ(scaled[2], plain[2] / 8);
+  EXPECT_EQ(scaled[3], plain[3] / 8);
+
+  // The op rotates by them: (1, 0) pairs at position 1 become (cos f_j, sin f_j).
+  std::vector<float> x = {1, 1, 1, 1, 0, 0, 0, 0};
+  std::vector<int32_t> pos = {1};
+  hdp::rope_forward(Tensor(x.data(), {1, 1, 8}), IndexTensor(pos.data(), {1}), rope);
+  for (size_t j = 0; j < 4; ++j) {
+    EXPECT_NEAR(x[j], std::cos(scaled_want[j]), 1e-6) << j;
+    EXPECT_NEAR(x[j + 4], std::sin(scaled_want[j]), 1e-6) << j;
   }
 }

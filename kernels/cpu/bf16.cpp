@@ -181,15 +181,15 @@ void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, c
 
 // ---- RoPE ---------------------------------------------------------------------------
 
-void rope_forward(Tensor x, const IndexTensor& positions, float theta) {
+void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope) {
   const Tensor X = widen(x, 0);
-  cpu::rope_forward(X, positions, theta);
+  cpu::rope_forward(X, positions, rope);
   store(x, X);
 }
 
-void rope_backward(Tensor dx, const IndexTensor& positions, float theta) {
+void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope) {
   const Tensor DX = widen(dx, 0);
-  cpu::rope_backward(DX, positions, theta);
+  cpu::rope_backward(DX, positions, rope);
   store(dx, DX);
 }
 

@@ -1,7 +1,6 @@
 // Rotary position embedding, rotate-half pairing as in Hugging Face LLaMA:
-// element j pairs with j + d/2, angle = float(pos) * inv_freq_j with
-// inv_freq_j = 1 / theta^(float(2j) / d) computed in float32 like
-// `1.0 / (theta ** (arange(0, d, 2).float() / d))`. cos and sin of the float angle
+// element j pairs with j + d/2, angle = float(pos) * inv_freq_j with inv_freq from
+// RopeSettings::inverse_frequencies (spec/rope.h). cos and sin of the float angle
 // come from glibc's sincosf (float32 like HF's emb.cos()/emb.sin(); glibc's are
 // within an ulp, and 2.5x cheaper than double sin + cos here).
 //
@@ -30,20 +29,18 @@ namespace {
 
 // cos and sin of angle(pos, j) for pos in [0, rows), j in [0, half), row-major.
 struct RopeTable {
-  float theta = 0;
+  RopeSettings rope{0.0};
   int64_t d = 0, rows = 0;
   std::vector<float> cos, sin;
 
-  // Makes the table cover positions [0, max_position] for (theta, d).
-  void cover(float theta_, int64_t d_, int64_t max_position) {
-    if (theta_ == theta && d_ == d && max_position < rows) return;
-    if (theta_ != theta || d_ != d) rows = 0;
-    theta = theta_;
+  // Makes the table cover positions [0, max_position] for (rope, d).
+  void cover(const RopeSettings& rope_, int64_t d_, int64_t max_position) {
+    if (rope_ == rope && d_ == d && max_position < rows) return;
+    if (!(rope_ == rope) || d_ != d) rows = 0;
+    rope = rope_;
     d = d_;
     const int64_t half = d / 2;
-    std::vector<float> inv_freq(half);
-    for (int64_t j = 0; j < half; ++j)
-      inv_freq[j] = 1.0f / std::pow(theta, static_cast<float>(2 * j) / static_cast<float>(d));
+    const std::vector<float> inv_freq = rope.inverse_frequencies(d);
     // Whole powers of two, so a run whose documents grow rebuilds the table a few times only.
     const int64_t new_rows = std::max<int64_t>(int64_t{1} << 10, std::bit_ceil(static_cast<uint64_t>(max_position) + 1));
     cos.resize(new_rows * half);
@@ -57,7 +54,7 @@ struct RopeTable {
   }
 };
 
-void rope_rotate(Tensor x, const IndexTensor& positions, float theta, bool inverse) {
+void rope_rotate(Tensor x, const IndexTensor& positions, const RopeSettings& rope, bool inverse) {
   const int64_t T = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
   int64_t max_position = 0;
   for (int64_t t = 0; t < T; ++t) {
@@ -68,7 +65,7 @@ void rope_rotate(Tensor x, const IndexTensor& positions, float theta, bool inver
     max_position = std::max<int64_t>(max_position, positions.data[t]);
   }
   thread_local RopeTable table;  // the caller's; the OpenMP threads below read it through `cos_table`, `sin_table`
-  table.cover(theta, d, max_position);
+  table.cover(rope, d, max_position);
   const float* cos_table = table.cos.data();
   const float* sin_table = table.sin.data();
   const float sign = inverse ? -1.0f : 1.0f;  // backward rotates by -angle
@@ -95,8 +92,8 @@ void rope_rotate(Tensor x, const IndexTensor& positions, float theta, bool inver
 
 }  // namespace
 
-void rope_forward(Tensor x, const IndexTensor& positions, float theta) { rope_rotate(x, positions, theta, false); }
+void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope) { rope_rotate(x, positions, rope, false); }
 
-void rope_backward(Tensor dx, const IndexTensor& positions, float theta) { rope_rotate(dx, positions, theta, true); }
+void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope) { rope_rotate(dx, positions, rope, true); }
 
 }  // namespace hdp::cpu

@@ -1,8 +1,8 @@
 // Rotary position embedding on the GPU, rotate-half pairing as in Hugging Face
 // LLaMA: element j pairs with j + d/2, angle = float(pos) * inv_freq_j.
 //
-// inv_freq_j = 1.0f / powf(theta, float(2j) / float(d)) is computed on the host
-// with the same std::pow as the CPU backend, so it is bit-identical to the CPU's:
+// inv_freq is computed on the host by RopeSettings::inverse_frequencies (spec/rope.h),
+// as the CPU backend computes it, so it is bit-identical to the CPU's:
 // this matters, because at positions ~1e5 one ulp of inv_freq (device powf may
 // differ by one) moves the angle by ~1e-2 rad. The table travels in the kernel's
 // parameters (d/2 <= kMaxHalf, every real head size); larger ones go through a
@@ -67,21 +67,16 @@ __global__ void rope_kernel(E* __restrict__ x, const int32_t* __restrict__ posit
   }
 }
 
-void rope_rotate(Tensor x, const IndexTensor& positions, float theta, bool inverse, const char* op) {
+void rope_rotate(Tensor x, const IndexTensor& positions, const RopeSettings& rope, bool inverse, const char* op) {
   const int64_t T = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
   if (T == 0 || heads == 0 || half == 0) return;
   cudaStream_t stream = compute_stream();
-  const auto inv_freq_j = [&](int64_t j) {
-    return 1.0f / std::pow(theta, static_cast<float>(2 * j) / static_cast<float>(d));
-  };
+  const std::vector<float> table = rope.inverse_frequencies(d);
   InvFreq inv_freq{};
   const float* buffer = nullptr;
   if (half <= kMaxHalf) {
-    for (int64_t j = 0; j < half; ++j) inv_freq.v[j] = inv_freq_j(j);
+    for (int64_t j = 0; j < half; ++j) inv_freq.v[j] = table[j];
   } else {
-    static std::vector<float> table;  // host staging, reused
-    table.resize(static_cast<size_t>(half));
-    for (int64_t j = 0; j < half; ++j) table[j] = inv_freq_j(j);
     if (half > g_inv_freq_count) {
       if (g_inv_freq) {
         HDP_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -110,12 +105,12 @@ void rope_rotate(Tensor x, const IndexTensor& positions, float theta, bool inver
 
 }  // namespace
 
-void rope_forward(Tensor x, const IndexTensor& positions, float theta) {
-  rope_rotate(x, positions, theta, false, "rope_forward");
+void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope) {
+  rope_rotate(x, positions, rope, false, "rope_forward");
 }
 
-void rope_backward(Tensor dx, const IndexTensor& positions, float theta) {
-  rope_rotate(dx, positions, theta, true, "rope_backward");
+void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope) {
+  rope_rotate(dx, positions, rope, true, "rope_backward");
 }
 
 }  // namespace hdp::cuda
