@@ -109,10 +109,6 @@ class BpeTokenizer : public Tokenizer {
     read_special_ids();
     name_ = "bpe " + std::filesystem::path(path).filename().string() + " fnv1a64:" + file_fingerprint(path);
   }
-  ~BpeTokenizer() override {
-    if (regex_) pcre2_code_free(regex_);
-  }
-
   void encode_append(std::string_view text, std::vector<uint32_t>& out) const override {
     // Added tokens first: the longest one starting at each position wins.
     size_t start = 0, i = 0;
@@ -272,8 +268,8 @@ class BpeTokenizer : public Tokenizer {
     PCRE2_SIZE offset = 0;
     // UTF and Unicode properties as the Rust regex the file was written for
     // (encode_plain gives it valid UTF-8 only).
-    regex_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
-                           &error, &offset, nullptr);
+    regex_.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.c_str()), pattern.size(), PCRE2_UTF | PCRE2_UCP,
+                               &error, &offset, nullptr));
     if (!regex_) {
       PCRE2_UCHAR message[256];
       pcre2_get_error_message(error, message, sizeof(message));
@@ -281,7 +277,7 @@ class BpeTokenizer : public Tokenizer {
                                 reinterpret_cast<const char*>(message));
     }
     // Compiled to machine code where PCRE2 can (several times faster); else interpreted.
-    pcre2_jit_compile(regex_, PCRE2_JIT_COMPLETE);
+    pcre2_jit_compile(regex_.get(), PCRE2_JIT_COMPLETE);
   }
 
   void read_added_tokens(const Json& root) {
@@ -367,7 +363,7 @@ class BpeTokenizer : public Tokenizer {
       return;
     }
     std::unique_ptr<pcre2_match_data, decltype(&pcre2_match_data_free)> match(
-        pcre2_match_data_create_from_pattern(regex_, nullptr), &pcre2_match_data_free);
+        pcre2_match_data_create_from_pattern(regex_.get(), nullptr), &pcre2_match_data_free);
     size_t at = 0;
     while (at < text.size()) {
       size_t end = at;
@@ -392,9 +388,9 @@ class BpeTokenizer : public Tokenizer {
     const auto subject = reinterpret_cast<PCRE2_SPTR>(text.data());
     size_t at = 0;
     while (at < text.size()) {
-      int rc = pcre2_match(regex_, subject, text.size(), at, PCRE2_NO_UTF_CHECK, match, nullptr);
+      int rc = pcre2_match(regex_.get(), subject, text.size(), at, PCRE2_NO_UTF_CHECK, match, nullptr);
       if (rc == PCRE2_ERROR_JIT_STACKLIMIT)  // a long run for the JIT's stack: the interpreter has the heap
-        rc = pcre2_match(regex_, subject, text.size(), at, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, match, nullptr);
+        rc = pcre2_match(regex_.get(), subject, text.size(), at, PCRE2_NO_UTF_CHECK | PCRE2_NO_JIT, match, nullptr);
       if (rc == PCRE2_ERROR_NOMATCH) break;
       if (rc < 0) {
         PCRE2_UCHAR message[256];
@@ -532,7 +528,8 @@ class BpeTokenizer : public Tokenizer {
   mutable std::shared_mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<uint32_t>> cache_;
   bool add_prefix_space_ = false;
-  pcre2_code* regex_ = nullptr;
+  // Owned, so a constructor that fails after compiling it (a bad added token) does not leak it.
+  std::unique_ptr<pcre2_code, decltype(&pcre2_code_free)> regex_{nullptr, &pcre2_code_free};
 };
 
 }  // namespace

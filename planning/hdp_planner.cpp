@@ -621,7 +621,10 @@ void refine(const std::vector<WorkItem>& items, Assignment& a) {
     by_load.insert({v, r});
   };
   while (budget-- > 0) {
-    const auto [top, R] = *by_load.rbegin();
+    // Named apart, not a structured binding: the lambda below captures `top`, which
+    // C++20 allows but Clang 14 (the fuzzing build, docs/fuzzing.md) does not.
+    const double top = by_load.rbegin()->first;
+    const int R = by_load.rbegin()->second;
     double best = top * (1 - 1e-12);
     int best_q = -1, best_ring = -1;
     size_t give = SIZE_MAX, take = SIZE_MAX;

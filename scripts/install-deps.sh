@@ -3,8 +3,8 @@
 # As root it runs apt-get; otherwise it prints the exact command to run.
 #
 #   scripts/install-deps.sh [all|demo]
-# all (the default, scripts/test.sh): everything the build, the test suite, the
-# benchmarks, the Slurm launch test and the GPU bundle use. demo (scripts/demo.sh):
+# all (the default, scripts/test.sh): everything the build, the test suite, the fuzzing,
+# the benchmarks, the Slurm launch test and the GPU bundle use. demo (scripts/demo.sh):
 # only what building and running the trainer needs, plus cuDNN's fetch tools when
 # HDP_CUDA=ON (a CUDA build).
 set -euo pipefail
@@ -31,6 +31,9 @@ case "$profile" in
       libbenchmark-dev
       slurm-wlm munge   # launch tests (scripts/slurm/selftest.sh)
       zstd              # the GPU bundle's archive (scripts/bundle.sh --archive)
+      # scripts/fuzz.sh: Clang (14 on Debian 12) with libFuzzer and the sanitizer
+      # runtimes, Clang's OpenMP, and llvm-symbolizer for readable reports
+      clang libclang-rt-dev libomp-dev llvm
       "${cudnn_fetch[@]}"
     ) ;;
   demo)

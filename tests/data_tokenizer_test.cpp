@@ -278,5 +278,26 @@ TEST(SentencePieceFiles, BadModelFilesAreNamed) {
   }
 }
 
+// A piece holding a NUL byte aborted the process inside libsentencepiece (its trie
+// builder throws where the exception cannot pass; found by fuzz/sentencepiece_fuzz.cpp):
+// it is refused first, naming the piece.
+TEST(SentencePieceFiles, PieceWithNulIsRefused) {
+  // ModelProto in the protobuf wire format: field 1, a SentencePiece {1: piece, 2: score, 3: type}.
+  auto piece = [](const std::string& text, char type) {
+    const std::string message = std::string("\x0a") + static_cast<char>(text.size()) + text +
+                                std::string("\x15\0\0\0\0\x18", 6) + type;
+    return std::string("\x0a") + static_cast<char>(message.size()) + message;
+  };
+  const std::string dir = testing::scratch_dir("sentencepiece-nul");
+  std::ofstream(dir + "/nul.model", std::ios::binary) << piece("<unk>", 2) + piece("<s>", 3) + piece("</s>", 3) +
+                                                            piece("a", 1) + piece(std::string("\0b", 2), 1);
+  try {
+    load_tokenizer(dir + "/nul.model");
+    FAIL() << "a model with a NUL in a piece loaded";
+  } catch (const TokenizerError& e) {
+    EXPECT_CONTAINS(e.what(), dir + "/nul.model: piece 4 of the SentencePiece model holds a NUL byte");
+  }
+}
+
 }  // namespace
 }  // namespace hdp

@@ -10,7 +10,7 @@
 set -euo pipefail
 root="${1:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 cd "$root"
-folders='base|spec|planning|whatif|kernels|parallel|model|data|config|checkpoint|run|trainer|tests|bench|scripts|configs|docs'
+folders='base|spec|planning|whatif|kernels|parallel|model|data|config|checkpoint|run|trainer|fuzz|tests|bench|scripts|configs|docs'
 bad=0
 checked=0
 while IFS=: read -r file line path; do

@@ -49,10 +49,11 @@ report "a CPU kernel includes the CUDA backend" < <(cd "$root" &&
   grep -rnE '#include "kernels/cuda/' kernels/cpu "${sources[@]}" || true)
 report "a CUDA kernel includes the CPU backend" < <(cd "$root" &&
   grep -rnE '#include "kernels/cpu/' kernels/cuda "${sources[@]}" || true)
-# Every source folder at the top is a layer (a new one must be placed in the order).
+# Every source folder at the top is a layer (a new one must be placed in the order),
+# but for the programs over all of them: tests/, bench/ and the fuzz targets (fuzz/).
 for dir in "$root"/*/; do
   name="$(basename "$dir")"
-  case " ${layers[*]} tests bench scripts docs configs build " in *" $name "*) continue ;; esac
+  case " ${layers[*]} tests bench fuzz scripts docs configs build " in *" $name "*) continue ;; esac
   if compgen -G "$dir*.cpp" >/dev/null || compgen -G "$dir*.h" >/dev/null; then
     echo "layering: $name/ holds sources but is not in the layer order of tests/layering_test.sh"
     bad=1

@@ -91,6 +91,11 @@ TEST(PlotCommand, BadRunsExitTwo) {
   r = run_trainer("plot " + dir + "/broken");
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find("broken/metrics.jsonl:2: not JSON"), std::string::npos) << r.output;
+  // A number no double holds is the JSON library's out_of_range, not a parse error.
+  std::ofstream(dir + "/broken/metrics.jsonl") << "{\"step\": 1, \"loss\": 1e400}\n";
+  r = run_trainer("plot " + dir + "/broken");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("broken/metrics.jsonl:1: not JSON"), std::string::npos) << r.output;
 }
 
 }  // namespace

@@ -207,6 +207,9 @@ TEST(TraceReader, ErrorsNameFileAndLine) {
       R"({"step":0,"microbatch":0,"pp_rank":0,"dp_rank":0,"op":"forward-compute","start_us":0,"end_us":1,"group":null})"
       "\n";
   expect_trace_error(ok + "{\"step\":0\n", "2: not JSON");
+  // A number beyond a double is nlohmann-json's out_of_range, not a parse_error (found by fuzz/trace_fuzz.cpp).
+  expect_trace_error(ok + R"({"step":0,"microbatch":0,"pp_rank":0,"dp_rank":0,"op":"x","start_us":1e400,"end_us":1,"group":null})" "\n",
+                     "2: not JSON");
   expect_trace_error(ok + ok + "[1,2]\n", "3: expected one JSON object");
   expect_trace_error(
       ok + R"({"step":0,"microbatch":0,"pp_rank":0,"dp_rank":0,"op":"x","start_us":0,"group":null})" "\n",

@@ -52,7 +52,7 @@ Run read_run(const std::string& dir) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     try {
       run.steps.push_back(nlohmann::json::parse(line));
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
       throw InputError(path + ":" + std::to_string(n) + ": not JSON (" + e.what() + ")");
     }
     if (!run.steps.back().is_object() || !run.steps.back().contains("step"))

@@ -212,7 +212,11 @@ StepGraph build_step_graph(const Context& c, std::vector<uint32_t> ops) {
     const auto it = by_microbatch.find(key(worker, slot, mb));
     return it == by_microbatch.end() ? -1 : static_cast<int64_t>(it->second);
   };
-  for (const auto& [k, id] : by_microbatch) {
+  for (const auto& entry : by_microbatch) {
+    // Named apart, not a structured binding: the lambda below captures `id`, which
+    // C++20 allows but Clang 14 (the fuzzing build, docs/fuzzing.md) does not.
+    const auto k = entry.first;
+    const auto id = entry.second;
     const int slot = static_cast<int>((k >> 32) & 0xf);
     const int worker = static_cast<int>(k >> 36);
     const int mb = static_cast<int>(static_cast<uint32_t>(k)) - 1;

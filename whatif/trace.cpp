@@ -100,7 +100,7 @@ void read_trace_file(const std::string& path, Trace& into, RankExtent& extent) {
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {  // also out_of_range: a number beyond a double (1e400)
       fail(path, line, std::string("not JSON (") + e.what() + ")");
     }
     if (!j.is_object()) fail(path, line, "expected one JSON object per line");
