@@ -766,7 +766,7 @@ namespace {
 // The tokenizer travels (data/tokenizer_files.h, checkpoint/tokenizer_copy.h): a
 // SentencePiece model of 600 pieces (spm_train on demo text) makes the data;
 // training copies it into the checkpoint; generate uses it without --tokenizer;
-// eval and init_from refuse byte-level data naming both tokenizers; export-hf
+// eval, init_from and resuming refuse byte-level data naming both tokenizers; export-hf
 // writes tokenizer.model and its ids, import-hf reads them back; a changed copy
 // and a checkpoint that records none are refused with what to do.
 TEST(TokenizerTravels, FromDataToCheckpointToHuggingFaceAndBack) {
@@ -823,6 +823,12 @@ TEST(TokenizerTravels, FromDataToCheckpointToHuggingFaceAndBack) {
                   "/run2 --set train.init_from=" + ckpt);
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_CONTAINS(r.output, "train.init_from: the data '" + dir + "/bytes.h5' was made with tokenizer 'byte-level'");
+  // Resuming the run on another tokenizer's data (told to continue it under another
+  // data.path): the same refusal.
+  r = run_trainer(train + " --set data.path=" + dir + "/bytes.h5 --set train.resume=auto --set train.reuse_checkpoint_dir=true");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_CONTAINS(r.output, "resuming: the data '" + dir + "/bytes.h5' was made with tokenizer 'byte-level', but " +
+                                ckpt + " was trained with tokenizer 'sentencepiece sp.model fnv1a64:");
 
   // export-hf: tokenizer.model, its special pieces and ids; a contradicting id is refused.
   r = run_trainer("export-hf " + ckpt + " --output " + dir + "/hf");
