@@ -27,6 +27,7 @@
 #include "test_util.h"
 #include "trainer_runs.h"
 #include "model/model.h"
+#include "small_model.h"
 #include "trainer/selftest.h"
 
 namespace hdp {
@@ -142,17 +143,6 @@ TEST(GuardedMemoryDeathTest, OtherFaultsStillCrashAsBefore) {
 
 // ---- the model: packed documents, offload ---------------------------------------------
 
-ModelConfig small_config() {
-  ModelConfig c;
-  c.vocab_size = 61;
-  c.hidden_size = 32;
-  c.num_layers = 4;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.ffn_hidden_size = 48;
-  c.init_std = 0.1;
-  return c;
-}
 
 struct Batch {
   std::vector<int32_t> tokens, targets, positions, cu_seqlens;
@@ -160,7 +150,7 @@ struct Batch {
 };
 
 TEST(GuardedModel, PackedUnevenDocumentsGiveTheCpuLossAndGradientsBitForBit) {
-  const ModelConfig c = small_config();
+  const ModelConfig c = testing::small_model_config();
   LlamaModel cpu(c, 256), dev(c, 256, {}, 1, nullptr, {}, Device::Guarded);
   cpu.init_weights(5);
   dev.init_weights(5);
@@ -177,7 +167,7 @@ TEST(GuardedModel, PackedUnevenDocumentsGiveTheCpuLossAndGradientsBitForBit) {
 }
 
 TEST(GuardedModel, AnOffloadedMicroBatchGivesTheCpuLossAndGradientsBitForBit) {
-  const ModelConfig c = small_config();
+  const ModelConfig c = testing::small_model_config();
   LongSequenceOptions offload;
   offload.max_tokens = 512;
   offload.offload = true;

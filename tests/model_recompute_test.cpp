@@ -17,6 +17,7 @@
 #include "model/model.h"
 #include "parallel/local_communicator.h"
 #include "planning/ring_layout.h"
+#include "small_model.h"
 #include "test_util.h"
 
 namespace hdp {
@@ -41,14 +42,7 @@ std::vector<float> to_host(const Tensor& t) {
 
 // 4 layers (so that layers 1 and 2 can offload beside a recomputed layer 0), GQA.
 ModelConfig small_config(const std::string& arch) {
-  ModelConfig c;
-  c.vocab_size = 61;
-  c.hidden_size = 32;
-  c.num_layers = 4;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.ffn_hidden_size = 48;
-  c.init_std = 0.1;
+  ModelConfig c = testing::small_model_config();
   c.arch = arch;
   if (arch == "mistral") c.sliding_window = 16;
   if (arch == "mixtral") {

@@ -16,6 +16,7 @@
 
 #include "kernels/ops.h"
 #include "model/model.h"
+#include "small_model.h"
 #include "test_util.h"
 #include "thread_communicator.h"
 
@@ -37,18 +38,6 @@ std::vector<float> to_host(const Tensor& t) {
   return out;
 }
 
-// 4 layers, 4 query and 2 KV heads: tp 2 splits every layer.
-ModelConfig small_config() {
-  ModelConfig c;
-  c.vocab_size = 61;
-  c.hidden_size = 32;
-  c.num_layers = 4;
-  c.num_heads = 4;
-  c.num_kv_heads = 2;
-  c.ffn_hidden_size = 48;
-  c.init_std = 0.1;
-  return c;
-}
 
 // Two micro-batches' losses and this rank's gradients (forward_backward twice,
 // adding into the gradients), for `lengths` documents per micro-batch.
@@ -64,7 +53,7 @@ TrainingResult run_one_stage(ThreadCommunicator& tp, bool sequence_parallel, con
   part.tp_rank = tp.rank();
   part.tp_size = tp.size();
   part.sequence_parallel = sequence_parallel;
-  LlamaModel model(small_config(), 256, part, 1, &tp, {}, Device::CPU, DType::F32, nullptr, recompute);
+  LlamaModel model(testing::small_model_config(), 256, part, 1, &tp, {}, Device::CPU, DType::F32, nullptr, recompute);
   model.init_weights(11);
   model.zero_grad();
   tp.reset_stats();
@@ -92,7 +81,7 @@ TrainingResult run_two_stages(ThreadCommunicator& tp, bool sequence_parallel, co
     part.num_layers = 2;
     part.has_embedding = stage == 0;
     part.has_head = stage == 1;
-    stages.push_back(std::make_unique<LlamaModel>(small_config(), 256, part, 1, &tp));
+    stages.push_back(std::make_unique<LlamaModel>(testing::small_model_config(), 256, part, 1, &tp));
     stages.back()->init_weights(11);
     stages.back()->zero_grad();
   }
@@ -177,7 +166,7 @@ TEST(SequenceParallel, WithRecomputationGivesTheSameGradientsBitForBit) {
 // with sequence parallelism: the norms' and the residual stream's tensors for half
 // of the 192 tokens, in each mode and precision; less than without it.
 TEST(SequenceParallelMemory, TheArenaHoldsTheFormulasBytesPerTokenAndLayer) {
-  const ModelConfig c = small_config();
+  const ModelConfig c = testing::small_model_config();
   const int64_t T = 192;  // 96 rows a shard: every tensor fills whole 64-byte lines
   const Batch b = random_documents<Batch>({120, 50, 22}, 61, 4);
   run_ranks(2, [&](ThreadCommunicator& tp) {
@@ -213,12 +202,12 @@ TEST(SequenceParallelMemory, TheArenaHoldsTheFormulasBytesPerTokenAndLayer) {
 // Sequence parallelism needs a tp group to shard over and a dense model; offload,
 // which moves the same rows of every saved tensor, is refused with it.
 TEST(SequenceParallel, BadPartitionsAreRefused) {
-  ModelConfig mixtral = small_config();
+  ModelConfig mixtral = testing::small_model_config();
   mixtral.arch = "mixtral";
   mixtral.num_experts = 4;
   mixtral.experts_per_token = 2;
   const ModelPartition alone{.sequence_parallel = true};
-  EXPECT_NE(testing::thrown_message([&] { LlamaModel(small_config(), 64, alone); }).find("sequence parallelism"),
+  EXPECT_NE(testing::thrown_message([&] { LlamaModel(testing::small_model_config(), 64, alone); }).find("sequence parallelism"),
             std::string::npos);
   const ModelPartition split{.tp_size = 2, .sequence_parallel = true};
   EXPECT_NE(testing::thrown_message([&] { LlamaModel(mixtral, 64, split); }).find("sequence parallelism"),
@@ -226,7 +215,7 @@ TEST(SequenceParallel, BadPartitionsAreRefused) {
   LongSequenceOptions offload;
   offload.offload = true;
   offload.max_tokens = 128;
-  EXPECT_NE(testing::thrown_message([&] { LlamaModel(small_config(), 64, split, 1, nullptr, offload); })
+  EXPECT_NE(testing::thrown_message([&] { LlamaModel(testing::small_model_config(), 64, split, 1, nullptr, offload); })
                 .find("sequence parallelism"),
             std::string::npos);
 }
