@@ -54,13 +54,25 @@ if [ ${#missing[@]} -eq 0 ]; then
 fi
 
 echo "install-deps: missing: ${missing[*]}"
+# apt-get and dpkg print a few lines per package (hundreds with dependencies): they go
+# to a log, shown only when the install fails.
+install_missing() {  # [sudo]
+  local started=$SECONDS apt_log
+  apt_log="$(mktemp -t hdp-install-deps.XXXXXX.log)"
+  echo "install-deps: apt-get install (log: $apt_log) ..."
+  if ! { "$@" env DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+         "$@" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"; } >"$apt_log" 2>&1; then
+    cat "$apt_log" >&2
+    echo "install-deps: apt-get failed (above; log: $apt_log)" >&2
+    exit 1
+  fi
+  echo "install-deps: installed ${#missing[@]} packages ($(grep -c "^Setting up" "$apt_log") with their dependencies) in $((SECONDS - started)) s"
+  rm -f "$apt_log"
+}
 if [ "$(id -u)" -eq 0 ]; then
-  export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  install_missing
 elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
-  sudo DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+  install_missing sudo
 else
   echo "install-deps: not root; run:"
   echo "  sudo apt-get install -y ${missing[*]}"
