@@ -560,10 +560,10 @@ void print_table(const std::vector<PolicyOutcome>& outcomes, int64_t tokens, con
   std::optional<double> static_step;
   for (const PolicyOutcome& o : outcomes)
     if (o.name == policy_name(SchedulerPolicy::Static) && o.failure.empty()) static_step = o.sim.step_seconds;
-  std::printf("%-16s %-9s %9s %10s %8s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "recompute", "plan s",
+  std::printf("%-16s %-14s %9s %10s %8s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "recompute", "plan s",
               "step s", "of bound", "tokens/s", "speedup", "idle", "MFU", "attention GB", "micro-b.", "spread",
               "ranks/spread");
-  std::printf("%-16s %-9s %9s %10s %8s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "", "", "vs static",
+  std::printf("%-16s %-14s %9s %10s %8s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "", "", "vs static",
               "", "", "", "per rank", "seqs", "mean / max");
   for (const PolicyOutcome& o : outcomes) {
     if (!o.failure.empty()) {
@@ -580,7 +580,7 @@ void print_table(const std::vector<PolicyOutcome>& outcomes, int64_t tokens, con
     const std::string ranks = o.rings.spread_sequences > 0
                                   ? fixed(o.rings.mean_ranks, 1) + " / " + std::to_string(o.rings.max_ranks)
                                   : "-";
-    std::printf("%-16s %-9s %9.3f %10.2f %8.2f %11s %8s %6.3f %6.3f %12.1f %9s %8lld %12s\n", o.name.c_str(),
+    std::printf("%-16s %-14s %9.3f %10.2f %8.2f %11s %8s %6.3f %6.3f %12.1f %9s %8lld %12s\n", o.name.c_str(),
                 o.recompute.c_str(), o.plan_seconds, s.step_seconds, s.step_seconds / bound.seconds(),
                 grouped(static_cast<double>(tokens) / s.step_seconds).c_str(), speedup.c_str(),
                 s.idle_fraction, mfu, s.attention_bytes / 1e9, mb.c_str(),
