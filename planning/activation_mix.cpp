@@ -32,7 +32,7 @@ double smallest_ratio(int64_t tokens, int64_t k, double share, const ActivationM
   const double l = static_cast<double>(s.layers), md = static_cast<double>(m);
   const double held = static_cast<double>(k) * share + static_cast<double>(std::min<int64_t>(2, s.layers - k));
   double r = std::clamp(1.0 - (l * static_cast<double>(s.capacity) / static_cast<double>(tokens) - held) / md, 0.0, 1.0);
-  while (r < 1.0 && !fits(r)) r = std::min(1.0, r + std::max(1e-12, r * 1e-12));
+  for (double step = 1e-12; r < 1.0 && !fits(r); step *= 2) r = std::min(1.0, r + step);
   return r;
 }
 

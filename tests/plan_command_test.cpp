@@ -355,7 +355,7 @@ TEST(PlanSetupTest, RecomputeRaisesTheCapacity) {
 // 128K sequence on 8 ranks (16K tokens each); with full layers mixed in, its members
 // recompute some of their 40 layers, which keep 18,464 of 84,520 B per token. Micro-
 // batches within C recompute nothing, the rerun lengthens the simulated step, and
-// mixing needs recompute none for every layer.
+// mixing needs recompute none for every layer and one model chunk per stage.
 TEST(PlanSetupTest, RecomputationMixedIntoOffloadPlacesWhatMemoryAloneCannot) {
   const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
   const ModelShape m = load_model_file(config("models/llama-70b.yaml"));
@@ -382,6 +382,10 @@ TEST(PlanSetupTest, RecomputationMixedIntoOffloadPlacesWhatMemoryAloneCannot) {
     for (PlannedMicroBatch& mb : rank) mb.recompute_layers = 0;
   EXPECT_GT(step, simulate_step(plan, lengths, mixed.costs).step_seconds);
   EXPECT_THROW(make_plan_setup(h, m, 128, 8, 2, 128 * K, 0, 1, 1, RecomputeMode::Selective, false, RecomputeMode::Full),
+               PlanInputError);
+  // A stage's first layers recompute: one model chunk per stage.
+  EXPECT_NO_THROW(make_plan_setup(h, m, 1024, 8, 4, 8 * K, 8 * K, 1, 2));
+  EXPECT_THROW(make_plan_setup(h, m, 1024, 8, 4, 8 * K, 8 * K, 1, 2, RecomputeMode::None, false, RecomputeMode::Full),
                PlanInputError);
 }
 

@@ -205,6 +205,9 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   if (tp < 1 || pp < 1 || gpus < 1 || vpp < 1) throw PlanInputError("gpus, tp, pp and vpp must be at least 1");
   if (mixed != RecomputeMode::None && recompute != RecomputeMode::None)
     throw PlanInputError("recomputation mixed with offload needs recompute none for every layer");
+  // A micro-batch's recomputed layers are the first of its stage: one chunk per stage.
+  if (mixed != RecomputeMode::None && vpp > 1)
+    throw PlanInputError("recomputation mixed with offload is planned with one model chunk per stage (vpp 1)");
   if (sequence_parallel && tp < 2) throw PlanInputError("sequence parallelism needs tp > 1");
   if (gpus % (tp * pp) != 0)
     throw PlanInputError(std::to_string(gpus) + " GPUs are not a multiple of tp x pp = " + std::to_string(tp * pp));

@@ -85,8 +85,8 @@ struct PlanSetup {
 // model adds the layer's expert all-to-alls per token (all_to_all_seconds_per_token)
 // to the linear term: they block the layer as compute does; its ep couples the
 // predicted times of an ep group's ranks (PlannerSettings::ep). mixed (with
-// recompute None only, else a PlanInputError): PlanSetup::mixed, any of the stage's
-// layers.
+// recompute None and vpp 1 only, else a PlanInputError): PlanSetup::mixed, any of
+// the stage's layers.
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
                           int64_t context, int64_t capacity = 0, int ep = 1, int vpp = 1,
                           RecomputeMode recompute = RecomputeMode::None, bool sequence_parallel = false,
