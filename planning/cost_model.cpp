@@ -22,6 +22,24 @@ double CostModel::recompute_seconds(int64_t s, bool ring) const {
 
 double CostModel::activation_bytes(int64_t s) const { return a2 * static_cast<double>(s) + b2; }
 
+void price_recomputation(CostModel& cost, const ModelShape& model, int tp, RecomputeMode mode,
+                         double flops_per_second, double share) {
+  if (!(flops_per_second > 0) || !(share >= 0 && share <= 1)) {
+    throw std::invalid_argument("price_recomputation: FLOP rate " + std::to_string(flops_per_second) + ", share " +
+                                std::to_string(share));
+  }
+  const RecomputeFlops local = recompute_flops(model, tp, mode, false);
+  const RecomputeFlops ring = recompute_flops(model, tp, mode, true);
+  cost.ra = share * (local.per_pair / 2 / flops_per_second);
+  cost.rb = share * ((local.per_token + local.per_pair / 2) / flops_per_second);
+  cost.rb_ring = share * (ring.per_token / flops_per_second);
+}
+
+double implied_flops_per_second(const CostModel& cost, const ModelShape& model, int tp) {
+  if (!(cost.b1 > 0)) return 0;
+  return (layer_matmul_flops_per_token(model, tp) + attention_flops_per_token_pair(model, tp) / 2) / cost.b1;
+}
+
 CostModel analytic_cost_model(const ModelShape& model, int tp, double saved_bytes_per_token, double flops_per_second,
                               double copy_bytes_per_second, RecomputeMode recompute) {
   if (!(flops_per_second > 0)) {
@@ -40,11 +58,7 @@ CostModel analytic_cost_model(const ModelShape& model, int tp, double saved_byte
   m.g = 0;
   m.a2 = saved_bytes_per_token;
   m.b2 = 0;
-  const RecomputeFlops local = recompute_flops(model, tp, recompute, false);
-  const RecomputeFlops ring = recompute_flops(model, tp, recompute, true);
-  m.ra = local.per_pair / 2 / flops_per_second;
-  m.rb = (local.per_token + local.per_pair / 2) / flops_per_second;
-  m.rb_ring = ring.per_token / flops_per_second;
+  price_recomputation(m, model, tp, recompute, flops_per_second);
   m.window = model.window;
   m.d2h_bytes_per_s = copy_bytes_per_second;
   m.h2d_bytes_per_s = copy_bytes_per_second;

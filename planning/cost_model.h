@@ -41,14 +41,26 @@ struct CostModel {
   double activation_bytes(int64_t s) const;
 };
 
+// Prices recomputation: ra, rb and rb_ring become `share` times what one layer
+// reruns under `mode` on one rank of tp (recompute_flops: R(s) = per-pair FLOPs
+// attention_term(s) / 2 + (per-token + per-pair / 2) s locally, per-token s in a ring)
+// at flops_per_second. share: the fraction of a stage's layers that recompute, so
+// that the planners' l R(s) per stage charges the k = share l of them that do.
+void price_recomputation(CostModel& cost, const ModelShape& model, int tp, RecomputeMode mode,
+                         double flops_per_second, double share = 1);
+
+// The FLOP rate a model's linear term implies for one layer on one rank of tp: its
+// FLOPs per token, matmuls and half a pair's attention, over b1 (analytic_cost_model's
+// rate; a profiled model's measured one). 0 when b1 is not positive.
+double implied_flops_per_second(const CostModel& cost, const ModelShape& model, int tp);
+
 // The FLOP counts of one layer on one rank of a tensor-parallel group of tp
 // (spec/model_shape.h) at a fixed rate. Over a causal sequence of s tokens the
 // layer costs matmul s + attention P(s) FLOPs (matmul per token, attention per
 // (query, visible key) pair; P(s) = s (s + 1) / 2 without a window), so
 // a1 = attention / 2 / rate, b1 = (matmul + attention / 2) / rate, g = 0;
 // a2 = saved_bytes_per_token, b2 = 0; both copy directions at copy_bytes_per_second;
-// ra, rb and rb_ring likewise from recompute_flops(model, tp, recompute) (ring:
-// its per-token FLOPs only).
+// ra, rb and rb_ring by price_recomputation at that rate.
 // The embedding and the head are the caller's. The shape must split over tp
 // (validate_split). The window is the shape's.
 CostModel analytic_cost_model(const ModelShape& model, int tp, double saved_bytes_per_token, double flops_per_second,

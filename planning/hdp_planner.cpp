@@ -72,9 +72,58 @@ int64_t zigzag_max_member_tokens(int64_t length, int ring_size) {
   return most;
 }
 
+ActivationMixSettings activation_mix_settings(const PlannerSettings& st) {
+  ActivationMixSettings m;
+  m.capacity = st.capacity;
+  m.layers = st.layers_per_stage;
+  m.cost = st.cost;
+  m.recompute = st.recompute;
+  m.offload = st.offload.enabled && st.offload.forced_ratio < 0;
+  m.host_bytes = st.offload.host_bytes_per_rank / static_cast<double>(st.pipeline_stages);
+  return m;
+}
+
+namespace {
+
+bool mixes_recomputation(const PlannerSettings& st) {
+  return st.recompute.max_layers > 0 && !(st.offload.enabled && st.offload.forced_ratio >= 0);
+}
+
+// The cheapest mix of the members of a ring of d ranks over a sequence of `length`
+// tokens (d = 1: the sequence alone on one rank), each member's layer computing T(s) / d.
+std::optional<ActivationMix> ring_mix(int64_t length, int d, const PlannerSettings& st, const ActivationMixSettings& ms) {
+  const int64_t member = d == 1 ? length : zigzag_max_member_tokens(length, d);
+  return choose_activation_mix(member, d > 1, st.cost.compute_seconds(length) / d, ms);
+}
+
+// choose_ranks with recomputation as offload's alternative.
+LongSequenceChoice choose_mixed_ranks(int64_t length, const PlannerSettings& st) {
+  const ActivationMixSettings ms = activation_mix_settings(st);
+  const double share = recomputed_layer_share(ms);
+  // No mix holds more than `most` tokens, so fewer ranks than length / most cannot.
+  int64_t most = st.capacity;
+  for (int64_t k = 0; k <= std::min(st.recompute.max_layers, st.layers_per_stage); ++k)
+    most = std::max(most, max_micro_batch_tokens(st.capacity, st.layers_per_stage, ms.offload ? 1.0 : 0.0, k, share));
+  for (int64_t d = std::max<int64_t>(1, ceil_div(length, most)); d <= st.hdp; ++d) {
+    const std::optional<ActivationMix> mix = ring_mix(length, static_cast<int>(d), st, ms);
+    if (mix && mix->seconds <= 0) return {mix->offload_ratio, static_cast<int>(d), mix->recompute_layers};
+  }
+  const std::optional<ActivationMix> mix = ring_mix(length, st.hdp, st, ms);
+  if (!mix) {
+    throw std::invalid_argument("a sequence of " + str(length) + " tokens does not fit " + str(st.hdp) +
+                                " ranks (capacity " + str(st.capacity) + " tokens, " + str(st.layers_per_stage) +
+                                " layers per stage, with offload " + (ms.offload ? "on" : "off") + " and up to " +
+                                str(st.recompute.max_layers) + " layers recomputing)");
+  }
+  return {mix->offload_ratio, st.hdp, mix->recompute_layers};
+}
+
+}  // namespace
+
 LongSequenceChoice choose_ranks(int64_t length, const PlannerSettings& st) {
   validate(st, "choose_ranks");
   if (length < 1) throw std::invalid_argument("choose_ranks: a sequence of " + str(length) + " tokens");
+  if (mixes_recomputation(st)) return choose_mixed_ranks(length, st);
   double r = 0;
   if (st.offload.enabled && st.layers_per_stage > 2) {
     if (st.offload.forced_ratio >= 0) {
@@ -136,7 +185,7 @@ LongSequenceChoice choose_ranks(int64_t length, const PlannerSettings& st) {
                                 str(st.capacity) + " tokens, " + str(st.layers_per_stage) +
                                 " layers per stage, offload ratio " + std::to_string(r) + ") but hdp is " + str(st.hdp));
   }
-  return {r, static_cast<int>(d)};
+  return {r, static_cast<int>(d), 0};
 }
 
 namespace {
@@ -182,7 +231,16 @@ PlannedMicroBatch one_rank_micro_batch(const LongSequence& ls, std::span<const i
   PlannedMicroBatch mb;
   mb.pieces.push_back({ls.sequence, 0, lengths[ls.sequence], -1});
   mb.offload_ratio = ls.choice.ratio;
+  mb.recompute_layers = ls.choice.recompute_layers;
   return mb;
+}
+
+// What a micro-batch's recomputed layers rerun (predicted_rank_seconds).
+double rerun_seconds(const PlannedMicroBatch& mb, const PlannerSettings& st) {
+  if (mb.recompute_layers <= 0) return 0;
+  double per_layer = 0;
+  for (const PlannedPiece& p : mb.pieces) per_layer += st.recompute.recomputed.recompute_seconds(p.length, p.ring >= 0);
+  return static_cast<double>(std::min(mb.recompute_layers, st.layers_per_stage)) * per_layer;
 }
 
 }  // namespace
@@ -193,6 +251,7 @@ StepPlan plan_naive(std::span<const int64_t> lengths, const PlannerSettings& st)
   const int hdp = st.hdp;
   StepPlan plan;
   plan.capacity = st.capacity;
+  plan.recomputed_layer_share = recomputed_layer_share(activation_mix_settings(st));
   plan.ranks.resize(hdp);
 
   // Long sequences that need one rank join the packed micro-batches; the others are sharded.
@@ -233,6 +292,7 @@ StepPlan plan_naive(std::span<const int64_t> lengths, const PlannerSettings& st)
       mb.pieces = zigzag_ring_pieces(ring, ring_index, j, lengths);
       mb.ring = ring_index;
       mb.offload_ratio = ls.choice.ratio;
+      mb.recompute_layers = ls.choice.recompute_layers;
       load[ring.ranks[j]] += mb.tokens();
       grid[t][ring.ranks[j]] = std::move(mb);
     }
@@ -439,6 +499,7 @@ struct WorkItem {
   int64_t sequence = -1;           // ring items: the long sequence
   double ratio = 0;                // ring items: its offload ratio
   size_t micro_batch = SIZE_MAX;   // one-rank items: index into the pool of micro-batches
+  int64_t recompute_layers = 0;    // ring items: its recomputed layers
 };
 
 // Most expensive first; ties: wider rings first, then the given order.
@@ -803,6 +864,7 @@ StepPlan lay_out(const std::vector<WorkItem>& items, std::vector<PlannedMicroBat
   const int hdp = static_cast<int>(a.seconds.size());
   StepPlan plan;
   plan.capacity = st.capacity;
+  plan.recomputed_layer_share = recomputed_layer_share(activation_mix_settings(st));
   plan.ranks.resize(hdp);
   std::vector<size_t> slots(hdp, 0);
   std::vector<std::vector<RingCell>> cells(hdp);  // per rank: its rings, slots increasing
@@ -832,6 +894,7 @@ StepPlan lay_out(const std::vector<WorkItem>& items, std::vector<PlannedMicroBat
         mb.pieces = zigzag_ring_pieces(ring, X, position, lengths);
         mb.ring = X;
         mb.offload_ratio = items[a.ring_item[X]].ratio;
+        mb.recompute_layers = items[a.ring_item[X]].recompute_layers;
         out.push_back(std::move(mb));
       } else if (!rings_first && next_local < mine.size()) {
         out.push_back(std::move(pool[items[mine[next_local++]].micro_batch]));
@@ -898,7 +961,7 @@ std::vector<double> predicted_rank_seconds(const StepPlan& plan, std::span<const
         const double k = static_cast<double>(std::max<size_t>(ring.ranks.size(), 1));
         for (int64_t q : ring.sequences) total += sequence_seconds(length_of(q), st, true) / k;
       }
-      seconds[r].push_back(total);
+      seconds[r].push_back(total + rerun_seconds(mb, st));
     }
   }
   return lock_step_seconds(seconds, st.ep);
@@ -923,7 +986,7 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   for (const LongSequence& ls : split.longs) pool.push_back(one_rank_micro_batch(ls, lengths));
   std::vector<WorkItem> packed;
   for (PlannedMicroBatch& mb : split.packed) {
-    double seconds = 0;
+    double seconds = rerun_seconds(mb, st);
     for (const PlannedPiece& p : mb.pieces) seconds += sequence_seconds(p.length, st);
     packed.push_back({seconds, 1, -1, 0.0, pool.size()});
     pool.push_back(std::move(mb));
@@ -936,9 +999,14 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
       const LongSequence& ls = chosen[i];
       const double seconds = sequence_seconds(lengths[ls.sequence], st, ls.choice.ranks > 1);
       if (ls.choice.ranks == 1) {
-        items.push_back({seconds, 1, -1, 0.0, i});
+        items.push_back({seconds + rerun_seconds(pool[i], st), 1, -1, 0.0, i});
       } else {
-        items.push_back({seconds / ls.choice.ranks, ls.choice.ranks, ls.sequence, ls.choice.ratio, SIZE_MAX});
+        // The busiest member's rerun (the ring runs in lock step).
+        PlannedMicroBatch member;
+        member.pieces.push_back({ls.sequence, 0, zigzag_max_member_tokens(lengths[ls.sequence], ls.choice.ranks), 0});
+        member.recompute_layers = ls.choice.recompute_layers;
+        items.push_back({seconds / ls.choice.ranks + rerun_seconds(member, st), ls.choice.ranks, ls.sequence,
+                         ls.choice.ratio, SIZE_MAX, ls.choice.recompute_layers});
       }
     }
     items.insert(items.end(), packed.begin(), packed.end());
@@ -982,9 +1050,16 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
       const double fill = std::max(1.0, balance.widen_min_fill * static_cast<double>(C));
       const double most = std::min(static_cast<double>(hdp), std::floor(static_cast<double>(lengths[ls.sequence]) / fill));
       const int d = std::max(ls.choice.ranks, static_cast<int>(std::min(most, std::ceil(seconds / mean_load))));
-      const double r = ratio_for_ranks(lengths[ls.sequence], d, ls.choice.ratio, forced, st);
-      if (r < 0 || d == ls.choice.ranks) continue;
-      ls.choice = {r, d};
+      if (d == ls.choice.ranks) continue;
+      if (mixes_recomputation(st)) {
+        const std::optional<ActivationMix> mix = ring_mix(lengths[ls.sequence], d, st, activation_mix_settings(st));
+        if (!mix) continue;
+        ls.choice = {mix->offload_ratio, d, mix->recompute_layers};
+      } else {
+        const double r = ratio_for_ranks(lengths[ls.sequence], d, ls.choice.ratio, forced, st);
+        if (r < 0) continue;
+        ls.choice = {r, d, 0};
+      }
       changed = true;
     }
     if (changed) {

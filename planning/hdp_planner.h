@@ -16,6 +16,7 @@
 #include <span>
 #include <vector>
 
+#include "planning/activation_mix.h"
 #include "planning/cost_model.h"
 #include "planning/plan.h"
 
@@ -37,6 +38,10 @@ struct PlannerSettings {
   int pipeline_stages = 1;
   CostModel cost;
   OffloadSettings offload;
+  // Recomputation as offload's alternative (planning/activation_mix.h): with
+  // recompute.max_layers > 0 a long sequence's micro-batches may recompute their
+  // stage's first layers (choose_ranks). 0: offload alone, as ByteScale plans.
+  RecomputeOption recompute;
   // Expert parallelism (model/moe.h): hdp ranks [g ep, (g + 1) ep) form group g, whose
   // MoE layers exchange tokens by all-to-all in every micro-batch, so its members run
   // their i-th micro-batches in lock step (lock_step_seconds). 1: no coupling. Must
@@ -47,7 +52,14 @@ struct PlannerSettings {
 struct LongSequenceChoice {
   double ratio = 0;  // offload ratio of the sequence's micro-batches
   int ranks = 1;     // ring size D
+  int64_t recompute_layers = 0;  // of the stage's layers, in its micro-batches
 };
+
+// The activation-mix settings (planning/activation_mix.h) of a micro-batch under
+// these settings: capacity, layers per stage, cost, recompute option, offload on
+// unless disabled or forced, host memory per micro-batch the rank's budget over the
+// pipeline stages in flight.
+ActivationMixSettings activation_mix_settings(const PlannerSettings& settings);
 
 // The most tokens any member of a ring of `ring_size` ranks holds of a sequence of
 // `length` tokens (its two zig-zag chunks).
@@ -62,6 +74,12 @@ int64_t zigzag_max_member_tokens(int64_t length, int ring_size);
 // else forced_ratio if that is >= 0; else the largest r whose copies hide under
 // compute, T(s) >= Act(s) r / min(B_d2h, B_h2d), lowered to the smallest r that
 // needs no more ranks. Throws std::invalid_argument if D > hdp.
+// With recompute.max_layers > 0 (and no forced ratio) instead: D is the fewest ranks
+// whose members' micro-batches (zigzag_max_member_tokens) have an activation mix
+// that adds no time (choose_activation_mix: hidden copies, free reruns), or else hdp
+// when a costly one fits there, and the ratio and recomputed layers are that mix's
+// (each member's layer compute T(s) / D hides its copies). Throws when none fits on
+// hdp ranks.
 LongSequenceChoice choose_ranks(int64_t length, const PlannerSettings& settings);
 
 // Algorithm 1. Sequences of at most C tokens are packed best-fit decreasing into
@@ -169,7 +187,9 @@ std::vector<double> lock_step_seconds(const std::vector<std::vector<double>>& se
 // embedding_seconds_per_token + head_seconds_per_token (a ring member: s / k tokens
 // of each sequence); with several stages this is one stage's layer time only (the
 // embedding and head add to the first and last stage). Empty micro-batches cost
-// nothing, and offload adds nothing (its copies must hide under compute). With
+// nothing, and offload adds nothing (its copies must hide under compute); a
+// micro-batch's recomputed layers (PlannedMicroBatch::recompute_layers) add their
+// rerun, settings.recompute.recomputed's recompute_seconds of each piece. With
 // settings.ep > 1 the micro-batches' times are coupled by lock_step_seconds, in
 // the order the plan lists them.
 std::vector<double> predicted_rank_seconds(const StepPlan& plan, std::span<const int64_t> lengths,

@@ -90,15 +90,21 @@ std::vector<RankMicroBatch> rank_work(const StepPlan& plan, std::span<const int6
   return work;
 }
 
-int64_t max_micro_batch_tokens(int64_t capacity, int64_t layers, double offload_ratio) {
-  if (capacity < 1 || layers < 1 || !(offload_ratio >= 0.0 && offload_ratio <= 1.0)) {
+int64_t max_micro_batch_tokens(int64_t capacity, int64_t layers, double offload_ratio, int64_t recompute_layers,
+                               double recomputed_share) {
+  if (capacity < 1 || layers < 1 || !(offload_ratio >= 0.0 && offload_ratio <= 1.0) || recompute_layers < 0 ||
+      recompute_layers > layers || !(recomputed_share > 0.0 && recomputed_share <= 1.0)) {
     throw std::invalid_argument("max_micro_batch_tokens: capacity " + std::to_string(capacity) + ", layers " +
-                                std::to_string(layers) + ", offload ratio " + std::to_string(offload_ratio));
+                                std::to_string(layers) + ", offload ratio " + std::to_string(offload_ratio) +
+                                ", recompute layers " + std::to_string(recompute_layers) + ", recomputed share " +
+                                std::to_string(recomputed_share));
   }
-  // With at most two layers per stage every layer is held in full: offload frees nothing.
-  if (layers <= 2 || offload_ratio == 0.0) return capacity;
-  const double l = static_cast<double>(layers);
-  const double limit = l * static_cast<double>(capacity) / (2.0 + (1.0 - offload_ratio) * (l - 2.0));
+  const int64_t k = recompute_layers;
+  const int64_t whole = std::min<int64_t>(2, layers - k), offloaded = std::max<int64_t>(0, layers - k - 2);
+  const double held = static_cast<double>(k) * recomputed_share + static_cast<double>(whole) +
+                      static_cast<double>(offloaded) * (1.0 - offload_ratio);
+  if (held >= static_cast<double>(layers)) return capacity;  // nothing freed
+  const double limit = static_cast<double>(layers) * static_cast<double>(capacity) / held;
   // The relative nudge keeps an exact integer quotient from flooring one below after rounding.
   return std::max(capacity, static_cast<int64_t>(std::floor(limit * (1.0 + 1e-12))));
 }
@@ -321,11 +327,16 @@ void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t 
       const std::string where = "rank " + str(r) + " micro-batch " + str(static_cast<int64_t>(m));
       if (!(mb.offload_ratio >= 0.0 && mb.offload_ratio <= 1.0))
         fail(where + " has offload ratio " + std::to_string(mb.offload_ratio) + ", outside [0, 1]");
-      const int64_t limit = max_micro_batch_tokens(plan.capacity, layers_per_stage, mb.offload_ratio);
+      if (mb.recompute_layers < 0 || mb.recompute_layers > layers_per_stage)
+        fail(where + " recomputes " + str(mb.recompute_layers) + " layers, outside [0, " + str(layers_per_stage) + "]");
+      if (!(plan.recomputed_layer_share > 0.0 && plan.recomputed_layer_share <= 1.0))
+        fail("the recomputed layer share " + std::to_string(plan.recomputed_layer_share) + " is outside (0, 1]");
+      const int64_t limit = max_micro_batch_tokens(plan.capacity, layers_per_stage, mb.offload_ratio,
+                                                   mb.recompute_layers, plan.recomputed_layer_share);
       if (mb.tokens() > limit) {
         fail(where + " holds " + str(mb.tokens()) + " tokens, its limit is " + str(limit) + " (capacity " +
              str(plan.capacity) + ", " + str(layers_per_stage) + " layers per stage, offload ratio " +
-             std::to_string(mb.offload_ratio) + ")");
+             std::to_string(mb.offload_ratio) + ", " + str(mb.recompute_layers) + " layers recompute)");
       }
       int ring_position = -1;
       if (mb.ring != -1) {

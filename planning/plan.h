@@ -34,6 +34,10 @@ struct PlannedMicroBatch {
   std::vector<PlannedPiece> pieces;
   int ring = -1;              // the ring this micro-batch takes part in, if any
   double offload_ratio = 0;   // fraction of its tokens whose saved activations go to host memory
+  // Layers of its stage, the first ones, that recompute in backward what they do not
+  // keep (planning/activation_mix.h): offload's alternative for a micro-batch above
+  // the capacity. They are never offloaded; offload_ratio applies to the others.
+  int64_t recompute_layers = 0;
   int64_t tokens() const;
 };
 
@@ -46,6 +50,9 @@ struct Ring {
 
 struct StepPlan {
   int64_t capacity = 0;                                // tokens per micro-batch without offload
+  // What a micro-batch's recomputed layer keeps per token, as a share of a whole
+  // layer's saved bytes (1: recomputation frees nothing, or none is planned).
+  double recomputed_layer_share = 1;
   std::vector<std::vector<PlannedMicroBatch>> ranks;   // [hdp rank][micro-batch]
   std::vector<Ring> rings;
 };
@@ -70,11 +77,17 @@ std::vector<RankMicroBatch> rank_work(const StepPlan& plan, std::span<const int6
 std::vector<PlannedPiece> zigzag_ring_pieces(const Ring& ring, int ring_index, int position,
                                              std::span<const int64_t> lengths);
 
-// The most tokens a micro-batch may hold when a fraction r of its saved
-// activations is offloaded and a pipeline stage has `layers` layers: device memory
-// holds two layers in full and the other l - 2 at (1 - r), within the budget of l
-// layers at `capacity` tokens: floor(l C / (2 + (1 - r)(l - 2))). capacity at r = 0.
-int64_t max_micro_batch_tokens(int64_t capacity, int64_t layers, double offload_ratio);
+// The most tokens a micro-batch may hold when a pipeline stage has `layers` layers
+// (l), its first k = recompute_layers of them recompute and keep a share rho =
+// recomputed_share of a whole layer's bytes, and a fraction r of the saved rows of the
+// others but the last two is offloaded: device memory holds k rho + h + m (1 - r)
+// whole layers per token (h = min(2, l - k) held in full, m = max(0, l - k - 2)
+// offloaded), within the budget of l layers at `capacity` tokens:
+// floor(l C / (k rho + h + m (1 - r))). Without recomputation that is
+// floor(l C / (2 + (1 - r)(l - 2))) (ByteScale's offload), capacity at r = 0.
+// Throws std::invalid_argument for k outside [0, l] or rho outside (0, 1].
+int64_t max_micro_batch_tokens(int64_t capacity, int64_t layers, double offload_ratio, int64_t recompute_layers = 0,
+                               double recomputed_share = 1);
 
 // Best-fit decreasing over lengths: items sorted by length descending (stable
 // in input order); each goes into the open bin with the least remaining room
@@ -85,8 +98,9 @@ std::vector<std::vector<size_t>> best_fit_decreasing(std::span<const int64_t> le
 
 // Throws std::invalid_argument naming the first problem:
 // - a token of a sequence missing or assigned twice, a piece outside its sequence;
-// - a micro-batch above max_micro_batch_tokens(capacity, layers, its ratio), or a
-//   ratio outside [0, 1];
+// - a micro-batch above max_micro_batch_tokens(capacity, layers, its ratio, its
+//   recompute layers, the plan's recomputed_layer_share), a ratio outside [0, 1], or
+//   recompute layers outside [0, layers];
 // - a ring whose members do not each hold exactly their zig-zag chunks of its
 //   sequences, in the row order above, in exactly one micro-batch;
 // - ranks that share rings reaching them in different orders. With pipeline

@@ -52,7 +52,8 @@ StepBound step_lower_bound(std::span<const int64_t> lengths, const PlannerSettin
   b.longest = chain + tail(0);
 
   const int64_t l = settings.layers_per_stage, C = settings.capacity;
-  if (!settings.offload.enabled || l <= 2 || t <= C) return b;
+  // Recomputation may replace the copies (planning/activation_mix.h): no offload term then.
+  if (!settings.offload.enabled || l <= 2 || t <= C || settings.recompute.max_layers > 0) return b;
   // The smallest ratio at which max_micro_batch_tokens admits t tokens, l C (1 + 1e-12)
   // / (2 + (1 - r)(l - 2)) >= t, less 1e-9 for the rounding of either computation.
   const double ld = static_cast<double>(l);

@@ -30,7 +30,10 @@ class StepPlanner {
  public:
   // cost: the planner's cost model (planning/cost_file.h); under parallel.ep > 1 the
   // planner adds expert_all_to_all_seconds_per_token to its b1 and couples each ep
-  // group's predicted times (PlannerSettings::ep). Throws ConfigError when
+  // group's predicted times (PlannerSettings::ep). With train.recompute it prices the
+  // rerun of the recomputed layers (price_recomputation at the FLOP rate the cost's
+  // linear term implies, as the share train.recompute_layers is of the smallest
+  // stage's layers), which the cost files and the derived model leave out. Throws ConfigError when
   // the longest sequence (data.max_seq_len) cannot be placed on parallel.hdp ranks.
   StepPlanner(const Config& config, const CostModel& cost);
 

@@ -349,6 +349,46 @@ TEST(PlanSetupTest, RecomputeRaisesTheCapacity) {
 // two fp32 1/rms), 23,072 B selective (two rows) and 4,128 B full (a ring layer's:
 // the input row), so C grows by as much; offload is off with it (the trainer refuses
 // offload under it), and without tp it is refused.
+// Recomputation mixed into offload (PlanSetup::mixed, planning/activation_mix.h):
+// LLaMA-70B on 128 GPUs (tp 8, pp 2, hdp 8) at 128K, C = 6,162 tokens without
+// recomputation. Rings sized by device memory alone (naive-no-offload) cannot hold a
+// 128K sequence on 8 ranks (16K tokens each); with full layers mixed in, its members
+// recompute some of their 40 layers, which keep 18,464 of 84,520 B per token. Micro-
+// batches within C recompute nothing, the rerun lengthens the simulated step, and
+// mixing needs recompute none for every layer and one model chunk per stage.
+TEST(PlanSetupTest, RecomputationMixedIntoOffloadPlacesWhatMemoryAloneCannot) {
+  const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
+  const ModelShape m = load_model_file(config("models/llama-70b.yaml"));
+  const std::vector<int64_t> lengths = global_batch_lengths("byted", 128 * K, 4 * M, 1);
+  const PlanSetup none = make_plan_setup(h, m, 128, 8, 2, 128 * K);
+  const PlanSetup mixed = make_plan_setup(h, m, 128, 8, 2, 128 * K, 0, 1, 1, RecomputeMode::None, false,
+                                          RecomputeMode::Full);
+  ASSERT_EQ(mixed.settings.capacity, 6162);
+  EXPECT_THROW(plan_policy("naive-no-offload")(lengths, none), std::invalid_argument);
+  StepPlan plan = plan_policy("naive-no-offload")(lengths, mixed);
+  check_plan(plan, lengths, mixed.settings.layers_per_stage, mixed.settings.pipeline_stages);
+  EXPECT_NEAR(plan.recomputed_layer_share, 18464.0 / 84520.0, 1e-12);
+  int recomputing = 0;
+  for (const auto& rank : plan.ranks)
+    for (const PlannedMicroBatch& mb : rank) {
+      EXPECT_EQ(mb.offload_ratio, 0);
+      EXPECT_LE(mb.recompute_layers, 40);
+      if (mb.tokens() <= 6162) EXPECT_EQ(mb.recompute_layers, 0);
+      recomputing += mb.recompute_layers > 0;
+    }
+  EXPECT_GT(recomputing, 0);
+  const double step = simulate_step(plan, lengths, mixed.costs).step_seconds;
+  for (auto& rank : plan.ranks)
+    for (PlannedMicroBatch& mb : rank) mb.recompute_layers = 0;
+  EXPECT_GT(step, simulate_step(plan, lengths, mixed.costs).step_seconds);
+  EXPECT_THROW(make_plan_setup(h, m, 128, 8, 2, 128 * K, 0, 1, 1, RecomputeMode::Selective, false, RecomputeMode::Full),
+               PlanInputError);
+  // A stage's first layers recompute: one model chunk per stage.
+  EXPECT_NO_THROW(make_plan_setup(h, m, 1024, 8, 4, 8 * K, 8 * K, 1, 2));
+  EXPECT_THROW(make_plan_setup(h, m, 1024, 8, 4, 8 * K, 8 * K, 1, 2, RecomputeMode::None, false, RecomputeMode::Full),
+               PlanInputError);
+}
+
 TEST(PlanSetupTest, SequenceParallelismRaisesTheCapacity) {
   const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
   const ModelShape m = load_model_file(config("models/llama-70b.yaml"));
@@ -419,18 +459,21 @@ TEST(PlanBound, NoPolicyBeatsTheBound) {
       int gpus, tp, pp, ep;
       int64_t context;
       RecomputeMode recompute = RecomputeMode::None;
+      RecomputeMode mixed = RecomputeMode::None;
     };
     const Layout layouts[] = {{"llama-7b", 64, 8, 1, 1, 256 * K},    {"llama-7b", 16, 1, 1, 1, 64 * K},
                               {"llama-70b", 128, 8, 2, 1, 64 * K},   {"llama-70b", 256, 8, 4, 1, 256 * K},
                               {"mistral-7b", 64, 8, 1, 1, 256 * K},  {"mistral-8x7b", 64, 8, 1, 2, 64 * K},
                               {"llama-7b", 64, 8, 1, 1, 256 * K, RecomputeMode::Full},
                               {"llama-70b", 128, 8, 2, 1, 64 * K, RecomputeMode::Selective},
-                              {"llama-70b", 128, 8, 2, 1, 64 * K, RecomputeMode::Full}};
+                              {"llama-70b", 128, 8, 2, 1, 64 * K, RecomputeMode::Full},
+                              {"llama-70b", 128, 8, 2, 1, 64 * K, RecomputeMode::None, RecomputeMode::Full},
+                              {"llama-7b", 64, 8, 1, 1, 256 * K, RecomputeMode::None, RecomputeMode::Selective}};
     std::mt19937_64 rng(5);
     int simulated = 0, offloading = 0, pipelined = 0;
     for (const Layout& l : layouts) {
       const PlanSetup setup = make_plan_setup(h, load_model_file(config("models/" + std::string(l.model) + ".yaml")),
-                                              l.gpus, l.tp, l.pp, l.context, 0, l.ep, 1, l.recompute);
+                                              l.gpus, l.tp, l.pp, l.context, 0, l.ep, 1, l.recompute, false, l.mixed);
       for (int trial = 0; trial < 4; ++trial) {
         std::vector<int64_t> lengths;
         if (trial < 3) {
@@ -630,7 +673,8 @@ TEST(PlanCommand, RecomputeAutoIsNeverSlowerThanAFixedMode) {
       std::string policy, column, plan_seconds;
       double step = 0;
       if (!(words >> policy >> column >> plan_seconds >> step)) continue;
-      if (column == "none" || column == "selective" || column == "full") rows[policy] = {column, step};
+      for (const char* mode : {"none", "selective", "full", "none+selective", "none+full"})
+        if (column == mode) rows[policy] = {column, step};
     }
     // No policy places the batch: exit 2 (selective here: 10,065 tokens over 8 ranks).
     EXPECT_EQ(r.exit_code, rows.empty() ? 2 : 0) << r.output;

@@ -296,6 +296,74 @@ TEST(ChooseRanks, TwoLayersCannotOffloadAndTooLongThrows) {
   EXPECT_EQ(choose_ranks(1000, b).ranks, 1);
 }
 
+// Recomputation as offload's alternative (PlannerSettings::recompute): 10 layers of
+// 1,000 tokens, a recomputed layer keeping a quarter of a layer's bytes.
+PlannerSettings mixing(int hdp, double rerun_per_token) {
+  PlannerSettings s = settings(hdp, 1000, 10);
+  s.cost.b1 = 1e-3;
+  s.recompute.max_layers = 10;
+  s.recompute.recomputed.a2 = 0.25;
+  s.recompute.recomputed.rb = s.recompute.recomputed.rb_ring = rerun_per_token;
+  return s;
+}
+
+TEST(ChooseRanks, RecomputationJoinsOffloadWhereHostMemoryBinds) {
+  // 16,000 tokens on 4 ranks: 4,000 each, 10,000 / 4,000 = 2.5 whole layers. Offload
+  // alone parks 8 x 0.9375 x 4,000 = 30,000 bytes; with 28,000 per rank it does not
+  // fit (3 ranks hold at most 5,000 tokens each: fewer cannot).
+  PlannerSettings s = mixing(4, 1e-4);
+  s.offload.host_bytes_per_rank = 28000;
+  PlannerSettings alone = s;
+  alone.recompute.max_layers = 0;
+  EXPECT_THROW(choose_ranks(16000, alone), std::invalid_argument);
+  // One recomputed layer: 0.25 + 2 + 7 (1 - r) <= 2.5, r = 1 - 0.25 / 7, 27,000 bytes,
+  // at R = 1e-4 x 4,000 = 0.4 s; ten (2.5 layers, no offload) would cost 4 s.
+  const LongSequenceChoice c = choose_ranks(16000, s);
+  EXPECT_EQ(c.ranks, 4);
+  EXPECT_EQ(c.recompute_layers, 1);
+  EXPECT_NEAR(c.ratio, 1 - 0.25 / 7, 1e-9);
+  // Unbounded host memory: offload alone, r = 1 - 0.5 / 8.
+  s.offload.host_bytes_per_rank = 0;
+  const LongSequenceChoice free = choose_ranks(16000, s);
+  EXPECT_EQ(free.recompute_layers, 0);
+  EXPECT_NEAR(free.ratio, 0.9375, 1e-9);
+  // The plans carry it, pass check_plan, and the predicted time counts the rerun:
+  // 10 layers x 1e-3 x 16,000 / 4 + 0.4 s on every member.
+  s.offload.host_bytes_per_rank = 28000;
+  const std::vector<int64_t> lengths = {16000};
+  for (const StepPlan& plan : {plan_naive(lengths, s), plan_balance(lengths, s, BalanceSettings{})}) {
+    EXPECT_DOUBLE_EQ(plan.recomputed_layer_share, 0.25);
+    check_plan(plan, lengths, 10, 1);
+    for (const auto& rank : plan.ranks) {
+      ASSERT_EQ(rank.size(), 1u);
+      EXPECT_EQ(rank[0].recompute_layers, 1);
+    }
+    for (double seconds : predicted_rank_seconds(plan, lengths, s)) EXPECT_NEAR(seconds, 40.4, 1e-9);
+    // Were its recomputed layer to keep all it saves, a member would hold more than
+    // its limit: 10,000 / (1 + 2 + 7 x 0.25 / 7) = 3,076 tokens.
+    StepPlan whole = plan;
+    whole.recomputed_layer_share = 1;
+    expect_rejected(whole, lengths, "its limit is 3076", 10);
+  }
+}
+
+TEST(ChooseRanks, FreeRecomputationNeedsFewerRanksThanExposedCopies) {
+  // Copies at 1 byte/s hide under nothing, so offload alone keeps 8 ranks for 8,000
+  // tokens. A rerun that costs nothing (selective's, as the FLOP counts see it) at
+  // 0.6 of a layer: 5 ranks of 1,600 tokens hold 10 x 0.6 = 6 <= 6.25 whole layers
+  // with every layer recomputed; 4 ranks of 2,000 would need offload (5 < 6).
+  PlannerSettings s = mixing(16, 0);
+  s.recompute.recomputed.a2 = 0.6;
+  s.cost.d2h_bytes_per_s = s.cost.h2d_bytes_per_s = 1;
+  PlannerSettings alone = s;
+  alone.recompute.max_layers = 0;
+  EXPECT_EQ(choose_ranks(8000, alone).ranks, 8);
+  const LongSequenceChoice c = choose_ranks(8000, s);
+  EXPECT_EQ(c.ranks, 5);
+  EXPECT_EQ(c.recompute_layers, 10);
+  EXPECT_EQ(c.ratio, 0);
+}
+
 using testing::hand_plan;
 using testing::kHandLengths;
 

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <optional>
 #include <vector>
 
 #include "config/config.h"
@@ -49,6 +50,35 @@ TEST(StepPlanner, PredictionCarriesTheStepsLowerBound) {
   StepPlanner two(two_ranks(2), costs());
   two.predict(two.plan(lengths), lengths, 1, batch);
   EXPECT_NEAR(batch.planned_bound_s, 5.0, 1e-12);
+}
+
+// The rerun of recomputed layers is in the prediction. The default model (hidden 128,
+// 4 heads and 4 KV heads of 32, FFN 352) runs 6 x (128 x 384 + 128 x 128 + 3 x 128 x
+// 352) = 1,204,224 matmul FLOPs per token and 12 x 128 = 1,536 per pair, so b1 = 1e-3 s
+// implies (1,204,224 + 768) / 1e-3 = 1.204992e9 FLOP/s. Full recomputation reruns q, k,
+// v, o (2 x (128 x 384 + 128 x 128) = 131,072 per token), gate and up (4 x 128 x 352 =
+// 180,224) and attention (4 x 128 = 512 per pair): R(200) = (256 x 200^2 + (311,296 +
+// 256) x 200) / 1.204992e9 = 72,550,400 / 1.204992e9 s. Both sequences fit one
+// 512-token micro-batch of the busiest rank: 2 x (4 T(200) + 200 x 2e-3 s of head) =
+// 2.72 s, plus 2 R(200) per recomputed layer.
+TEST(StepPlanner, PredictionCountsTheRerunOfRecomputedLayers) {
+  const std::vector<int64_t> lengths = {200, 200};
+  const double rerun = 72'550'400.0 / 1.204992e9;
+  auto busiest = [&](RecomputeMode mode, std::optional<int64_t> layers) {
+    Config c = two_ranks(1);
+    c.train.recompute = mode;
+    c.train.recompute_layers = layers;
+    StepPlanner planner(c, costs());
+    GlobalBatch batch;
+    planner.predict(planner.plan(lengths), lengths, 0, batch);
+    EXPECT_NEAR(batch.planned_busy_s, batch.planned_max_busy_s, 1e-12);
+    return batch.planned_max_busy_s;
+  };
+  EXPECT_NEAR(busiest(RecomputeMode::None, std::nullopt), 2.72, 1e-12);
+  EXPECT_NEAR(busiest(RecomputeMode::Full, 1), 2.72 + 2 * rerun, 1e-12);
+  EXPECT_NEAR(busiest(RecomputeMode::Full, std::nullopt), 2.72 + 8 * rerun, 1e-12);
+  // Selective reruns the norms, which the counts leave out.
+  EXPECT_NEAR(busiest(RecomputeMode::Selective, std::nullopt), 2.72, 1e-12);
 }
 
 }  // namespace

@@ -135,6 +135,36 @@ TEST(RecomputeStep, RingMicroBatchKeepsItsAttention) {
   EXPECT_NEAR(step[2] - step[0], 4 * 57'344.0 * 1000 / 0.5e12, 1e-15);
 }
 
+// A micro-batch that recomputes some layers of a stage that does not
+// (PlannedMicroBatch::recompute_layers, priced by StepCosts::recomputed): the
+// 1,000-token micro-batch above with 2 of its 4 layers under full adds half of full's
+// 741,888,000 FLOPs to backward, with all 4 exactly full's step. Its recomputed layers
+// offload nothing: at ratio 0.5 with 1 of 4 layers recomputed only layer 1 (of the
+// first l - 2) copies, 0.5 x 1,432 B x 1,000 tokens.
+TEST(RecomputeStep, MicroBatchRecomputingSomeLayers) {
+  const ModelShape m = small_model();
+  const HardwareProfile hw = small_gpu();
+  const std::vector<int64_t> split = {4}, lengths = {1000};
+  StepCosts k = make_step_costs(m, hw, {1, 1, 1}, split, 1, RecomputeMode::None);
+  k.recomputed = make_step_costs(m, hw, {1, 1, 1}, split, 1, RecomputeMode::Full).cost;
+  const double rate = 0.5e12, optimizer = 32 * kParameters / 1e12;
+  StepPlan plan;
+  plan.capacity = 1000;
+  plan.ranks = {{PlannedMicroBatch{{{0, 0, 1000, -1}}, -1, 0}}};
+  for (int64_t layers : {0, 2, 4}) {
+    plan.ranks[0][0].recompute_layers = layers;
+    const double flops = 2'520'576'000.0 + 741'888'000.0 * static_cast<double>(layers) / 4;
+    const StepSimulation s = simulate_step(plan, lengths, k);
+    EXPECT_NEAR(s.step_seconds, flops / rate + optimizer, 1e-15) << layers;
+    EXPECT_NEAR(s.compute_seconds, flops / rate, 1e-15) << layers;
+  }
+  plan.ranks[0][0].recompute_layers = 1;
+  plan.ranks[0][0].offload_ratio = 0.5;
+  EXPECT_DOUBLE_EQ(simulate_step(plan, lengths, k).offloaded_bytes, 0.5 * 1432 * 1000);
+  plan.ranks[0][0].recompute_layers = 0;
+  EXPECT_DOUBLE_EQ(simulate_step(plan, lengths, k).offloaded_bytes, 0.5 * 2 * 1432 * 1000);
+}
+
 // What full recomputation reruns per token and pair at tp 2 (q 32, kv 16, FFN 64 per
 // rank): q, k, v, o 2 x (64 x (32 + 32) + 32 x 64) = 12,288 FLOPs, gate and up
 // 2 x 2 x 64 x 64 = 16,384, attention 4 x 32 = 128 per pair; a ring layer no

@@ -70,7 +70,11 @@ each long sequence spans.
                           planned and simulated, the fastest step is kept)
   --recompute MODE        activation recomputation of every layer: none, selective,
                           full, or auto (default): per policy the mode whose
-                          simulated step is shortest (offload only with none)
+                          simulated step is shortest (offload only with none),
+                          auto also trying none+selective and none+full: a
+                          micro-batch above C recomputes some layers in that mode
+                          and offloads others, whichever mix the cost model
+                          predicts cheapest
   --sequence-parallel     with --tp above 1: the norms and residual adds hold 1/tp of
                           the sequence (parallel.sequence_parallel), which divides
                           their saved activations by tp; no offload with it. Off by
@@ -197,8 +201,13 @@ std::vector<int64_t> global_batch_lengths(const std::string& source, int64_t con
 
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
                           int64_t context, int64_t capacity, int ep, int vpp, RecomputeMode recompute,
-                          bool sequence_parallel) {
+                          bool sequence_parallel, RecomputeMode mixed) {
   if (tp < 1 || pp < 1 || gpus < 1 || vpp < 1) throw PlanInputError("gpus, tp, pp and vpp must be at least 1");
+  if (mixed != RecomputeMode::None && recompute != RecomputeMode::None)
+    throw PlanInputError("recomputation mixed with offload needs recompute none for every layer");
+  // A micro-batch's recomputed layers are the first of its stage: one chunk per stage.
+  if (mixed != RecomputeMode::None && vpp > 1)
+    throw PlanInputError("recomputation mixed with offload is planned with one model chunk per stage (vpp 1)");
   if (sequence_parallel && tp < 2) throw PlanInputError("sequence parallelism needs tp > 1");
   if (gpus % (tp * pp) != 0)
     throw PlanInputError(std::to_string(gpus) + " GPUs are not a multiple of tp x pp = " + std::to_string(tp * pp));
@@ -208,12 +217,17 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   s.layout = {tp, pp, gpus / (tp * pp), 1, vpp};
   s.ep = ep;
   s.recompute = recompute;
+  s.mixed = mixed;
   s.sequence_parallel = sequence_parallel;
   try {
     const std::vector<int64_t> virtual_stage_layers = stage_layer_split(model, tp, pp, context, vpp);
     s.stage_layers = layers_per_stage(virtual_stage_layers, pp);
     s.memory = memory_budget(model, hardware, s.layout, virtual_stage_layers, ep, recompute, sequence_parallel);
     s.costs = make_step_costs(model, hardware, s.layout, virtual_stage_layers, ep, recompute, sequence_parallel);
+    if (mixed != RecomputeMode::None) {
+      s.costs.recomputed =
+          make_step_costs(model, hardware, s.layout, virtual_stage_layers, ep, mixed, sequence_parallel).cost;
+    }
   } catch (const std::invalid_argument& e) {
     throw PlanInputError(model.name + " with tp " + std::to_string(tp) + ", pp " + std::to_string(pp) +
                          (vpp > 1 ? ", vpp " + std::to_string(vpp) : std::string()) +
@@ -232,6 +246,10 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   // Each GPU's share of its node's host memory bounds what it offloads.
   s.settings.offload.host_bytes_per_rank = hardware.host_bytes_per_node / hardware.gpus_per_node;
   s.settings.offload.enabled = recompute == RecomputeMode::None && !sequence_parallel;
+  if (mixed != RecomputeMode::None) {
+    s.settings.recompute.max_layers = s.settings.layers_per_stage;
+    s.settings.recompute.recomputed = s.costs.recomputed;
+  }
   s.balance.mode = pp > 1 ? BalanceMode::Pipeline : BalanceMode::DataParallel;
   return s;
 }
@@ -442,11 +460,42 @@ void print_batch(const PlanRequest& r, const PlanBatch& b) {
   std::printf("         (batch drawn in %.3f s)\n\n", b.sample_seconds);
 }
 
+// "none", "selective", "full", or with recomputation mixed into offload (PlanSetup::mixed)
+// "none+selective", "none+full".
+std::string recompute_label(const PlanSetup& s) {
+  std::string label = enum_name(kRecomputeModeNames, s.recompute);
+  if (s.mixed != RecomputeMode::None) label += std::string("+") + enum_name(kRecomputeModeNames, s.mixed);
+  return label;
+}
+
+// The micro-batches of a plan above its capacity and the activation mixes they got
+// (planning/activation_mix.h).
+struct ActivationMixStats {
+  int64_t over = 0, recomputing = 0, offloading = 0;
+  int64_t most_layers = 0;
+  double most_ratio = 0;
+};
+
+ActivationMixStats activation_mix_stats(const StepPlan& plan) {
+  ActivationMixStats m;
+  for (const auto& rank : plan.ranks)
+    for (const PlannedMicroBatch& mb : rank) {
+      if (mb.tokens() <= plan.capacity) continue;
+      ++m.over;
+      m.recomputing += mb.recompute_layers > 0;
+      m.offloading += mb.offload_ratio > 0;
+      m.most_layers = std::max(m.most_layers, mb.recompute_layers);
+      m.most_ratio = std::max(m.most_ratio, mb.offload_ratio);
+    }
+  return m;
+}
+
 // One policy's plan of the batch and its simulated step.
 struct PolicyOutcome {
   std::string name;
   std::string failure;  // non-empty: the planner could not place the batch
-  RecomputeMode recompute = RecomputeMode::None;  // the setup's
+  std::string recompute;  // the setup's (recompute_label)
+  ActivationMixStats mixes;
   double plan_seconds = 0, check_seconds = 0, simulate_seconds = 0;
   StepSimulation sim;
   RingStats rings;
@@ -471,7 +520,7 @@ PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const Pl
                          std::span<const int64_t> lengths) {
   PolicyOutcome o;
   o.name = name;
-  o.recompute = setup.recompute;
+  o.recompute = recompute_label(setup);
   StepPlan plan;
   auto t0 = std::chrono::steady_clock::now();
   try {
@@ -493,6 +542,7 @@ PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const Pl
   o.sim = simulate_step(plan, lengths, setup.costs, r.trace.has_value());
   o.simulate_seconds = seconds_since(t0);
   o.rings = ring_stats(plan, lengths);
+  o.mixes = activation_mix_stats(plan);
   if (r.trace) write_trace(trace_path(*r.trace, name, r.policies.size() > 1), o);
   return o;
 }
@@ -513,10 +563,10 @@ void print_table(const std::vector<PolicyOutcome>& outcomes, int64_t tokens, con
   std::optional<double> static_step;
   for (const PolicyOutcome& o : outcomes)
     if (o.name == policy_name(SchedulerPolicy::Static) && o.failure.empty()) static_step = o.sim.step_seconds;
-  std::printf("%-16s %-9s %9s %10s %8s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "recompute", "plan s",
+  std::printf("%-16s %-14s %9s %10s %8s %11s %8s %6s %6s %12s %9s %8s %12s\n", "policy", "recompute", "plan s",
               "step s", "of bound", "tokens/s", "speedup", "idle", "MFU", "attention GB", "micro-b.", "spread",
               "ranks/spread");
-  std::printf("%-16s %-9s %9s %10s %8s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "", "", "vs static",
+  std::printf("%-16s %-14s %9s %10s %8s %11s %8s %6s %6s %12s %9s %8s %12s\n", "", "", "", "", "", "", "vs static",
               "", "", "", "per rank", "seqs", "mean / max");
   for (const PolicyOutcome& o : outcomes) {
     if (!o.failure.empty()) {
@@ -533,9 +583,8 @@ void print_table(const std::vector<PolicyOutcome>& outcomes, int64_t tokens, con
     const std::string ranks = o.rings.spread_sequences > 0
                                   ? fixed(o.rings.mean_ranks, 1) + " / " + std::to_string(o.rings.max_ranks)
                                   : "-";
-    std::printf("%-16s %-9s %9.3f %10.2f %8.2f %11s %8s %6.3f %6.3f %12.1f %9s %8lld %12s\n", o.name.c_str(),
-                enum_name(kRecomputeModeNames, o.recompute),
-                o.plan_seconds, s.step_seconds, s.step_seconds / bound.seconds(),
+    std::printf("%-16s %-14s %9.3f %10.2f %8.2f %11s %8s %6.3f %6.3f %12.1f %9s %8lld %12s\n", o.name.c_str(),
+                o.recompute.c_str(), o.plan_seconds, s.step_seconds, s.step_seconds / bound.seconds(),
                 grouped(static_cast<double>(tokens) / s.step_seconds).c_str(), speedup.c_str(),
                 s.idle_fraction, mfu, s.attention_bytes / 1e9, mb.c_str(),
                 static_cast<long long>(o.rings.spread_sequences), ranks.c_str());
@@ -566,6 +615,12 @@ void print_details(const std::vector<PolicyOutcome>& outcomes) {
                 o.sim.min_busy_seconds, o.sim.max_busy_seconds, o.sim.ring_wait_seconds / o.sim.processes,
                 o.sim.gradient_sync_seconds,
                 o.sim.offloaded_bytes / 1e9, o.sim.max_offloaded_bytes_per_gpu / 1e9, o.sim.pipeline_bytes / 1e9);
+    if (o.mixes.over > 0)
+      std::printf("%-16s micro-batches above C: %lld, of which %lld recompute (at most %lld of a stage's layers) and "
+                  "%lld offload (ratio at most %.3f)\n",
+                  "", static_cast<long long>(o.mixes.over), static_cast<long long>(o.mixes.recomputing),
+                  static_cast<long long>(o.mixes.most_layers), static_cast<long long>(o.mixes.offloading),
+                  o.mixes.most_ratio);
     if (o.sim.all_to_all_bytes > 0)
       std::printf("%-16s expert all-to-all %.1f GB, %.3f s per rank\n", "", o.sim.all_to_all_bytes / 1e9,
                   o.sim.all_to_all_seconds / o.sim.processes);
@@ -640,21 +695,24 @@ ExpertChoice choose_expert_parallel(const PlanRequest& r, const HardwareProfile&
   return choice;
 }
 
-// The setups a run compares: --recompute's mode alone, or under auto none,
-// selective and full in that order (ties then go to less recomputation), leaving
-// out a mode whose memory cannot hold the model.
+// The setups a run compares: --recompute's mode alone, or under auto none, none
+// with selective and with full layers mixed into offload above the capacity
+// (PlanSetup::mixed), selective and full, in that order (ties then go to less
+// recomputation), leaving out a mode whose memory cannot hold the model.
 std::vector<PlanSetup> recompute_setups(const PlanRequest& r, const HardwareProfile& hardware, const ModelShape& model,
                                         int ep) {
-  const std::vector<RecomputeMode> modes =
-      r.recompute ? std::vector<RecomputeMode>{*r.recompute}
-                  : std::vector<RecomputeMode>{RecomputeMode::None, RecomputeMode::Selective, RecomputeMode::Full};
+  using Modes = std::pair<RecomputeMode, RecomputeMode>;  // every layer's, mixed
+  constexpr RecomputeMode none = RecomputeMode::None, selective = RecomputeMode::Selective, full = RecomputeMode::Full;
+  const std::vector<Modes> modes =
+      r.recompute ? std::vector<Modes>{{*r.recompute, none}}
+                  : std::vector<Modes>{{none, none}, {none, selective}, {none, full}, {selective, none}, {full, none}};
   std::vector<PlanSetup> setups;
   std::string failures;
-  for (RecomputeMode mode : modes) {
+  for (const auto& [mode, mixed] : modes) {
     try {
       setups.push_back(make_plan_setup(hardware, model, static_cast<int>(r.gpus), static_cast<int>(r.tp),
                                        static_cast<int>(r.pp), r.context, r.capacity, ep, static_cast<int>(r.vpp), mode,
-                                       r.sequence_parallel));
+                                       r.sequence_parallel, mixed));
     } catch (const PlanInputError& e) {
       if (r.recompute) throw;
       failures += (failures.empty() ? "" : "; ") + std::string(enum_name(kRecomputeModeNames, mode)) + ": " + e.what();
@@ -692,12 +750,14 @@ void print_recompute_modes(const std::vector<PlanSetup>& setups) {
   if (setups.size() < 2) return;
   std::string modes;
   for (const PlanSetup& s : setups) {
+    if (s.mixed != RecomputeMode::None) continue;  // its capacity is none's
     const ModelCosts costs = model_costs(s.model, s.layout.tp, s.layout.pp, s.recompute, s.sequence_parallel);
     modes += std::string(modes.empty() ? "" : ", ") + enum_name(kRecomputeModeNames, s.recompute) + " " +
              grouped(static_cast<double>(s.settings.capacity)) + " (" + fixed(costs.saved_bytes_per_token / 1e3, 1) +
              " KB per token and layer)";
   }
-  std::printf("recompute auto, per policy the shortest simulated step of: C = %s tokens; offload with none only\n\n",
+  std::printf("recompute auto, per policy the shortest simulated step of: C = %s tokens; offload with none only, "
+              "which may also recompute (none+selective, none+full) some layers of a micro-batch above C\n\n",
               modes.c_str());
 }
 

@@ -67,6 +67,11 @@ struct PlanSetup {
   // What every layer keeps and reruns (spec/model_shape.h); offload is off unless
   // None, as the trainer never offloads a recomputed layer (model/activations.h).
   RecomputeMode recompute = RecomputeMode::None;
+  // With recompute None: the mode in which a micro-batch above the capacity may
+  // recompute some of its stage's layers instead of offloading them
+  // (planning/activation_mix.h; PlannerSettings::recompute, StepCosts::recomputed).
+  // None: offload alone.
+  RecomputeMode mixed = RecomputeMode::None;
   // Sequence parallelism over tp (parallel.sequence_parallel): the norms' and
   // residual stream's saved tensors for 1/tp of the tokens; no offload with it, as
   // the trainer refuses offload under it.
@@ -79,10 +84,13 @@ struct PlanSetup {
 // (validate_expert_parallel) or does not fit the GPUs' memory. The planners' cost
 // model adds the layer's expert all-to-alls per token (all_to_all_seconds_per_token)
 // to the linear term: they block the layer as compute does; its ep couples the
-// predicted times of an ep group's ranks (PlannerSettings::ep).
+// predicted times of an ep group's ranks (PlannerSettings::ep). mixed (with
+// recompute None and vpp 1 only, else a PlanInputError): PlanSetup::mixed, any of
+// the stage's layers.
 PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& model, int gpus, int tp, int pp,
                           int64_t context, int64_t capacity = 0, int ep = 1, int vpp = 1,
-                          RecomputeMode recompute = RecomputeMode::None, bool sequence_parallel = false);
+                          RecomputeMode recompute = RecomputeMode::None, bool sequence_parallel = false,
+                          RecomputeMode mixed = RecomputeMode::None);
 
 // The planners by name: the training policies (static, naive, balance; their
 // names as scheduler.policy spells them) and ablations; a new policy is one entry.

@@ -318,6 +318,8 @@ class StepGraphBuilder {
   void time_ring_groups();
   void add_streams();
   LayerWork layer_work(const PlannedMicroBatch& mb, int s) const;
+  // The rerun of mb's recomputed layers among `layers` (StepCosts::recomputed), in backward.
+  double mix_rerun(const PlannedMicroBatch& mb, double layers) const;
   void add_ring_work(const PlannedMicroBatch& mb, int s, LayerWork& w) const;
   // Forward + backward seconds of the embedding (first virtual stage) and the head (last).
   double extra_seconds(const PlannedMicroBatch& mb, int v) const;
@@ -427,7 +429,7 @@ void StepGraphBuilder::time_ring_groups() {
         const double e = extra_seconds(mb, v);
         const size_t g = ring_chunk_at(static_cast<size_t>(mb.ring), v);
         ring_fwd_[g] = std::max(ring_fwd_[g], l * w.forward + f_ * e);
-        ring_bwd_[g] = std::max(ring_bwd_[g], l * w.backward + (1 - f_) * e);
+        ring_bwd_[g] = std::max(ring_bwd_[g], l * w.backward + (1 - f_) * e + mix_rerun(mb, l));
       }
   }
 }
@@ -497,6 +499,13 @@ void StepGraphBuilder::add_ring_work(const PlannedMicroBatch& mb, int s, LayerWo
   w.attention_bytes = 3 * k_.kv_bytes_per_token * ring_sent_rows_[g];
 }
 
+double StepGraphBuilder::mix_rerun(const PlannedMicroBatch& mb, double layers) const {
+  if (mb.recompute_layers <= 0) return 0;
+  double per_layer = 0;
+  for (const PlannedPiece& p : mb.pieces) per_layer += k_.recomputed.recompute_seconds(p.length, p.ring >= 0);
+  return std::min(layers, static_cast<double>(mb.recompute_layers)) * per_layer;
+}
+
 double StepGraphBuilder::extra_seconds(const PlannedMicroBatch& mb, int v) const {
   double e = 0;
   const double tokens = static_cast<double>(mb.tokens());
@@ -527,10 +536,10 @@ void StepGraphBuilder::add_compute(int r, int s) {
       seconds = op.forward ? ring_fwd_[g] : ring_bwd_[g];
       group = ring_group_of(static_cast<size_t>(mb.ring), v, op.forward);
     } else {
-      seconds = op.forward ? l * w.forward + f_ * e : l * w.backward + (1 - f_) * e;
+      seconds = op.forward ? l * w.forward + f_ * e : l * w.backward + (1 - f_) * e + mix_rerun(mb, l);
     }
     if (op.forward) {
-      out_.compute_seconds += l * w.pure + e;
+      out_.compute_seconds += l * w.pure + e + mix_rerun(mb, l);
       out_.attention_bytes += l * w.attention_bytes * grid_.tp;
     }
     const uint32_t label = mb.ring >= 0 ? (op.forward ? L_ring_fwd : L_ring_bwd) : (op.forward ? L_fwd : L_bwd);
@@ -579,9 +588,11 @@ sim::OpId StepGraphBuilder::add_offload_copy(int r, int s, const PipelineOp& op,
   const int v = op.chunk * grid_.pp + s;
   const double layers = layers_of(v);
   const double ratio = mb.offload_ratio;
-  if (!(ratio > 0 && layers > 2 && mb.tokens() > 0)) return kNone;
+  // Its recomputed layers offload nothing.
+  const double offloaded = layers - 2 - std::min(layers, static_cast<double>(mb.recompute_layers));
+  if (!(ratio > 0 && offloaded > 0 && mb.tokens() > 0)) return kNone;
   const size_t idx = at(r, v, op.micro_batch);
-  const double bytes = ratio * (layers - 2) * k_.cost.activation_bytes(mb.tokens());
+  const double bytes = ratio * offloaded * k_.cost.activation_bytes(mb.tokens());
   std::vector<sim::OpId> deps;
   if (previous_compute != kNone) deps.push_back(previous_compute);
   if (op.forward) {

@@ -133,6 +133,10 @@ struct StepCosts {
   // Per layer of one GPU: T(s) forward + backward seconds, Act(s) saved bytes,
   // copy rates.
   CostModel cost;
+  // A micro-batch's recomputed layers (PlannedMicroBatch::recompute_layers, the
+  // planners' activation mixes): their rerun, this model's recompute_seconds, adds to
+  // the backward of each; they offload nothing.
+  CostModel recomputed;
   // Forward + backward per token outside the layers: the embedding on the first
   // stage, the final norm, LM head and loss on the last.
   double embedding_seconds_per_token = 0, head_seconds_per_token = 0;
