@@ -50,11 +50,11 @@ struct Ring {
 
 struct StepPlan {
   int64_t capacity = 0;                                // tokens per micro-batch without offload
+  std::vector<std::vector<PlannedMicroBatch>> ranks;   // [hdp rank][micro-batch]
+  std::vector<Ring> rings;
   // What a micro-batch's recomputed layer keeps per token, as a share of a whole
   // layer's saved bytes (1: recomputation frees nothing, or none is planned).
   double recomputed_layer_share = 1;
-  std::vector<std::vector<PlannedMicroBatch>> ranks;   // [hdp rank][micro-batch]
-  std::vector<Ring> rings;
 };
 
 // One micro-batch of one hdp rank's share of a plan: the planned micro-batch and,
