@@ -72,7 +72,7 @@ class TrainingEngine::Stage final : public PipelineStage {
         slow_factor_(slow_factor) {}
 
   int64_t rows(int i) const override { return model_.residual_rows(batch(i).num_tokens()); }
-  void prepare(int i, int slot) override {
+  void prepare(int i, int /*chunk*/, int slot) override {
     const PackedMicroBatch& b = batch(i);
     model_.set_batch(slot, MicroBatchView{b.tokens, b.targets, b.positions, b.cu_seqlens,
                                           b.ring >= 0 ? &b.ring_layout : nullptr, b.offload_ratio});
