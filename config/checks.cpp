@@ -67,14 +67,30 @@ void check_layout(const Checker& c) {
   c.require(layout_issue(c.config.model.shape(), c.config.parallel, c.wording()));
 }
 
-// parallel.vpp: the trainer runs one chunk per stage. Interleaved 1F1B is in the
-// schedule and the simulator (planning/pipeline_schedule.h, `trainer plan --vpp`);
-// refused here until the pipeline executor and the model partition run it.
+// parallel.vpp x model.arch, offload and parallel.pp_layers: interleaved 1F1B
+// (model chunks per stage) runs dense models without offload (a chunk's backward is
+// not the one pass from the stage's last layer down that offload restores in, and
+// Mixtral's routing statistics pool in the last stage's one pass), over the
+// cost-balanced split of the pp x vpp virtual stages (pp_layers counts stages).
 void check_interleaving(const Checker& c) {
-  c.require(c.config.parallel.vpp == 1, "parallel.vpp",
-            c.shown("parallel.vpp") +
-                " asks for interleaved 1F1B, which `trainer plan --vpp` simulates but the trainer does not run yet",
-            "use parallel.vpp: 1 (one chunk of layers per pipeline stage, 1F1B)");
+  const Config& config = c.config;
+  if (config.parallel.vpp == 1) return;
+  c.require(!config.model.moe(), "parallel.vpp",
+            c.shown("parallel.vpp") + " with model.arch " + c.shown("model.arch") +
+                ": the trainer interleaves dense models only",
+            "set parallel.vpp: 1", {"model.arch"});
+  c.require(!may_offload(config), "parallel.vpp",
+            c.shown("parallel.vpp") + " with offload.enabled " + c.shown("offload.enabled") +
+                " and sequences longer than a micro-batch (data.max_seq_len " + c.shown("data.max_seq_len") +
+                " > data.micro_batch_tokens " + c.shown("data.micro_batch_tokens") +
+                "): the trainer does not offload the activations of model chunks",
+            "set offload.enabled: false (long sequences then span hdp ranks in rings), or parallel.vpp: 1",
+            {"offload.enabled", "data.max_seq_len", "data.micro_batch_tokens"});
+  c.require(config.parallel.pp_layers.empty(), "parallel.vpp",
+            c.shown("parallel.vpp") + " with parallel.pp_layers " + c.shown("parallel.pp_layers") +
+                ": pp_layers gives one count per stage, not per model chunk",
+            "leave parallel.pp_layers empty (the virtual stages are then cost-balanced), or set parallel.vpp: 1",
+            {"parallel.pp_layers"});
 }
 
 // parallel.pp_layers x parallel.pp x model.num_layers

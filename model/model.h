@@ -102,7 +102,12 @@ class LlamaModel {
   void zero_grad() { parameters_.zero_grad(); }
 
   // ---- pipeline-stage interface (slot = which in-flight micro-batch) ----
-  void set_batch(int slot, const MicroBatchView& batch);
+  // Loads `batch` into `slot` for model chunk `chunk` (ModelSlice::chunks; 0 without
+  // interleaving): the slot's forward and backward then run that chunk's layers, the
+  // embedding when it is chunk 0 of the first stage and the head when it is the last
+  // chunk of the last stage, and its activation tensors below are the chunk's.
+  void set_batch(int slot, const MicroBatchView& batch, int chunk = 0);
+  int num_chunks() const { return static_cast<int>(slice_.chunks.size()); }
   int64_t batch_tokens(int slot) const { return activations_.slot(slot).tokens_used; }
   // Rows of the activations and gradients that travel between stages for a
   // micro-batch of `tokens` tokens: the tokens, or under sequence parallelism this
@@ -172,6 +177,14 @@ class LlamaModel {
   ModelActivations activations_;
   DecoderBlocks blocks_;
   int head_gradient_pending_ = -1;  // slot whose head gradient awaits backward
+  std::vector<int> slot_chunks_;    // the model chunk each slot was loaded for (set_batch)
+  // The slot's chunk's layers [begin, end) in the rank's numbering, and whether it
+  // runs the embedding and the head.
+  struct ChunkRun {
+    int64_t begin, end;
+    bool embedding, head;
+  };
+  ChunkRun chunk_run(int slot) const;
 };
 
 }  // namespace hdp
