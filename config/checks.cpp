@@ -67,6 +67,14 @@ void check_layout(const Checker& c) {
   c.require(layout_issue(c.config.model.shape(), c.config.parallel, c.wording()));
 }
 
+// What may_offload says, in the keys' words: " with offload.enabled true and
+// sequences longer than a micro-batch (...)".
+std::string offloaded_long_sequences(const Checker& c) {
+  return " with offload.enabled " + c.shown("offload.enabled") +
+         " and sequences longer than a micro-batch (data.max_seq_len " + c.shown("data.max_seq_len") +
+         " > data.micro_batch_tokens " + c.shown("data.micro_batch_tokens") + ")";
+}
+
 // parallel.vpp x model.arch, offload and parallel.pp_layers: interleaved 1F1B
 // (model chunks per stage) runs dense models without offload (a chunk's backward is
 // not the one pass from the stage's last layer down that offload restores in, and
@@ -80,10 +88,8 @@ void check_interleaving(const Checker& c) {
                 ": the trainer interleaves dense models only",
             "set parallel.vpp: 1", {"model.arch"});
   c.require(!may_offload(config), "parallel.vpp",
-            c.shown("parallel.vpp") + " with offload.enabled " + c.shown("offload.enabled") +
-                " and sequences longer than a micro-batch (data.max_seq_len " + c.shown("data.max_seq_len") +
-                " > data.micro_batch_tokens " + c.shown("data.micro_batch_tokens") +
-                "): the trainer does not offload the activations of model chunks",
+            c.shown("parallel.vpp") + offloaded_long_sequences(c) +
+                ": the trainer does not offload the activations of model chunks",
             "set offload.enabled: false (long sequences then span hdp ranks in rings), or parallel.vpp: 1",
             {"offload.enabled", "data.max_seq_len", "data.micro_batch_tokens"});
   c.require(config.parallel.pp_layers.empty(), "parallel.vpp",
@@ -145,10 +151,8 @@ void check_sequence_parallel(const Checker& c) {
                 "tensor-parallel collectives)",
             "set parallel.sequence_parallel: false", {"model.arch"});
   c.require(!may_offload(config), "parallel.sequence_parallel",
-            c.shown("parallel.sequence_parallel") + " with offload.enabled " + c.shown("offload.enabled") +
-                " and sequences longer than a micro-batch (data.max_seq_len " + c.shown("data.max_seq_len") +
-                " > data.micro_batch_tokens " + c.shown("data.micro_batch_tokens") +
-                "): offload moves the same rows of every saved tensor, which sequence parallelism shards",
+            c.shown("parallel.sequence_parallel") + offloaded_long_sequences(c) +
+                ": offload moves the same rows of every saved tensor, which sequence parallelism shards",
             "set offload.enabled: false (long sequences then span hdp ranks in rings), or "
             "parallel.sequence_parallel: false",
             {"offload.enabled", "data.max_seq_len", "data.micro_batch_tokens"});

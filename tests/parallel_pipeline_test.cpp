@@ -347,10 +347,7 @@ class ChunkedStage final : public PipelineStage {
     if (virtual_stage(chunk) == 0) fill(tensor(kInput, slot), static_cast<float>(i + 1));
   }
   void forward(int i, int slot) override {
-    const auto [mb, chunk] = pairs_[slot];
-    EXPECT_EQ(mb, i);
-    const int v = virtual_stage(chunk);
-    calls += "F" + std::to_string(i) + "." + std::to_string(chunk) + " ";
+    const int v = record('F', i, slot);
     const Tensor x = tensor(kInput, slot), y = tensor(kOutput, slot);
     for (int64_t e = 0; e < x.numel(); ++e) {
       EXPECT_EQ(x.f32()[e], static_cast<float>(input_value(v, i))) << "virtual stage " << v << " micro-batch " << i;
@@ -359,10 +356,7 @@ class ChunkedStage final : public PipelineStage {
     if (v == stages_ * chunks_ - 1) outputs[i] = y.f32()[0];
   }
   void backward(int i, int slot) override {
-    const auto [mb, chunk] = pairs_[slot];
-    EXPECT_EQ(mb, i);
-    const int v = virtual_stage(chunk);
-    calls += "B" + std::to_string(i) + "." + std::to_string(chunk) + " ";
+    const int v = record('B', i, slot);
     const Tensor g_out = tensor(kOutputGradient, slot), g_in = tensor(kInputGradient, slot);
     for (int64_t e = 0; e < g_in.numel(); ++e) {
       const float g = v == stages_ * chunks_ - 1 ? 1.0f : g_out.f32()[e];
@@ -382,6 +376,13 @@ class ChunkedStage final : public PipelineStage {
  private:
   enum Buffer { kInput, kOutput, kOutputGradient, kInputGradient };
   int virtual_stage(int chunk) const { return chunk * stages_ + stage_; }
+  // Appends "F0.1 " (what, micro-batch, the slot's chunk) to calls; the slot's virtual stage.
+  int record(char what, int i, int slot) {
+    const auto [mb, chunk] = pairs_[slot];
+    EXPECT_EQ(mb, i);
+    calls += what + std::to_string(i) + "." + std::to_string(chunk) + " ";
+    return virtual_stage(chunk);
+  }
   Tensor tensor(Buffer b, int slot) {
     const size_t slots = pairs_.size();
     return Tensor(buffers_.data() + (b * slots + static_cast<size_t>(slot)) * kRows * kHidden, {kRows, kHidden});
