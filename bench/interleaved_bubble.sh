@@ -4,10 +4,13 @@
 # virtual stage) under pp 2 (2 ranks, one thread each) with one model chunk per stage
 # (1F1B) against 2 (interleaved 1F1B, parallel.vpp: 2), for m = 2 and 4 micro-batches
 # of 512 tokens per step (documents of at least 600 bytes cut at data.max_seq_len 512,
-# so every micro-batch is full). Per run: the median step time (step_ms) and idle
-# fraction (1 - mean busy / step) of its steps after the first two, of the steps
-# that ran m micro-batches (each run's median step_ms is printed as it ends, the
-# table pools all runs' steps). The runs alternate (vpp 1, vpp 2, vpp 1, ...) so
+# so no micro-batch is nearly empty). Per run: the median step time (step_ms), idle
+# fraction (1 - mean busy / step) and step over the ranks' mean busy time
+# (1 / (1 - idle): the step over the ideal one, in which every stage computes all
+# the time) of its steps after the first two, of the steps that ran m micro-batches
+# (each run's median step_ms is printed as it ends, the table pools all runs'
+# steps). Both settings read the same batches in the same order (one seed), so
+# their steps pair up. The runs alternate (vpp 1, vpp 2, vpp 1, ...) so
 # that load from other processes falls on both alike. The simulator's step over the
 # ideal (every stage busy, free transfers) is 1 + (pp - 1) / (vpp m): 1.5 and 1.25 at
 # m = 2, 1.25 and 1.125 at m = 4; its idle fraction (pp - 1) / (vpp m + pp - 1).
@@ -40,7 +43,7 @@ run() {  # m vpp pair -> "step_ms idle" per kept step in $work/M-VPP-PAIR.txt
 }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
-printf '%-3s %-4s %-10s %-8s %-6s %-8s %s\n' m vpp step_ms idle steps 'formula: step/ideal' idle
+printf '%-3s %-4s %-10s %-8s %-10s %-6s | %s\n' m vpp step_ms idle step/busy steps 'formula: step/ideal, idle'
 for m in 2 4; do
   for pair in $(seq "$pairs"); do
     for vpp in 1 2; do
@@ -50,8 +53,9 @@ for m in 2 4; do
   done
   for vpp in 1 2; do
     cat "$work/$m-$vpp-"*.txt >"$work/$m-$vpp.all"
-    printf '%-3s %-4s %-10s %-8s %-6s %-8s %s\n' "$m" "$vpp" "$(awk '{print $1}' "$work/$m-$vpp.all" | median)" \
-      "$(awk '{print $2}' "$work/$m-$vpp.all" | median)" "$(wc -l <"$work/$m-$vpp.all")" \
+    printf '%-3s %-4s %-10s %-8s %-10s %-6s | %s %s\n' "$m" "$vpp" "$(awk '{print $1}' "$work/$m-$vpp.all" | median)" \
+      "$(awk '{print $2}' "$work/$m-$vpp.all" | median)" \
+      "$(awk '{printf "%.3f\n", 1 / (1 - $2)}' "$work/$m-$vpp.all" | median)" "$(wc -l <"$work/$m-$vpp.all")" \
       "$(awk -v m="$m" -v v="$vpp" 'BEGIN {printf "%.3f", 1 + 1 / (v * m)}')" \
       "$(awk -v m="$m" -v v="$vpp" 'BEGIN {printf "%.3f", 1 / (v * m + 1)}')"
   done
