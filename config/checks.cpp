@@ -121,18 +121,22 @@ void check_pipeline_split(const Checker& c) {
 
 // train.recompute_layers x the pipeline stages' layers (parallel.pp_layers, or the
 // cost-balanced split the engine builds when it is empty): every stage must have
-// that many layers to recompute.
+// that many layers to recompute; under parallel.vpp every model chunk, which counts
+// its own from its first layer.
 void check_recompute_layers(const Checker& c) {
   const std::optional<int64_t>& n = c.config.train.recompute_layers;
   if (!n) return;
   c.require(*n >= 0, "train.recompute_layers", c.shown("train.recompute_layers") + " is negative",
             "choose how many layers of each stage recompute, 0 or more, or null for all");
-  const int64_t smallest = smallest_stage_layers(c.config);
+  const bool chunks = c.config.parallel.vpp > 1;
+  const std::vector<int64_t> layers = chunks ? virtual_stage_layers(c.config) : pipeline_layers(c.config);
+  const int64_t smallest = *std::min_element(layers.begin(), layers.end());
   c.require(*n <= smallest, "train.recompute_layers",
             c.shown("train.recompute_layers") + " is more than the " + std::to_string(smallest) +
-                " layers of the smallest pipeline stage",
+                (chunks ? " layers of the smallest model chunk (parallel.vpp " + c.shown("parallel.vpp") + ")"
+                        : " layers of the smallest pipeline stage"),
             "choose at most " + std::to_string(smallest) + ", or null for all of each stage's layers",
-            {"parallel.pp_layers", "parallel.pp", "model.num_layers"});
+            {"parallel.pp_layers", "parallel.pp", "parallel.vpp", "model.num_layers"});
 }
 
 // parallel.sequence_parallel x parallel.tp, model.arch and offload (which moves the

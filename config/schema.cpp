@@ -264,8 +264,9 @@ const std::vector<Section> kSchema = {
                  "2022; docs/performance.md)"),
       field("recompute_layers", &Config::train, &TrainConfig::recompute_layers,
             "with `recompute` selective or full: how many layers of each pipeline stage recompute, counted from "
-            "the stage's first layer; null: all; the others may offload",
-            stated("null, or 0 to the smallest stage's layers")),
+            "the stage's first layer (under `parallel.vpp` > 1, of each model chunk from its first); null: all; "
+            "the others may offload",
+            stated("null, or 0 to the smallest stage's (model chunk's) layers")),
       field("spike_factor", &Config::train, &TrainConfig::spike_factor,
             "a step whose loss exceeds this factor times the median of the recent good steps (from the second "
             "step on) is bad; 0: off",

@@ -27,6 +27,25 @@ ModelSlice checked_slice(const ModelConfig& config, const ModelPartition& partit
   return ModelSlice(config, partition);
 }
 
+// The layers one activation slot holds: a slot carries one (micro-batch, chunk) pair,
+// so those of the largest chunk (with one chunk, the stage's), numbered from 0.
+ModelSlice slot_slice(ModelSlice slice) {
+  slice.num_layers = 0;
+  for (const LayerRange& r : slice.chunks) slice.num_layers = std::max(slice.num_layers, r.count);
+  return slice;
+}
+
+// Recomputed layers counted from each chunk's first: at most the smallest chunk's.
+int64_t checked_recompute_layers(const ModelSlice& slice, const RecomputeOptions& recompute) {
+  int64_t smallest = slice.chunks.front().count;
+  for (const LayerRange& r : slice.chunks) smallest = std::min(smallest, r.count);
+  if (!recompute.layers) return smallest;
+  if (slice.chunks.size() > 1 && *recompute.layers > smallest)
+    throw std::invalid_argument("model: recompute_layers " + std::to_string(*recompute.layers) +
+                                " is more than the smallest model chunk's " + std::to_string(smallest) + " layers");
+  return *recompute.layers;
+}
+
 std::unique_ptr<MoeLayers> moe_layers_for(const ModelConfig& c, const ModelPartition& partition,
                                           const ModelSlice& slice, int slots, int64_t max_tokens, Device device,
                                           DType precision, Communicator* tp, Communicator* ep) {
@@ -59,9 +78,9 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
       parameters_(config, partition, slice_, device, precision),
       moe_(moe_layers_for(config, partition, slice_, activation_slots, max_tokens_, device, precision, tp, ep)),
       ring_attention_(ring_attention_for(config, slice_, long_sequences.hdp, max_tokens_, device, precision)),
-      activations_(config, partition, slice_,
+      activations_(config, partition, slot_slice(slice_),
                    {capacity_tokens, max_tokens_, activation_slots, long_sequences.offload, ring_attention_ != nullptr,
-                    recompute.mode, recompute.layers.value_or(slice_.num_layers)},
+                    recompute.mode, checked_recompute_layers(slice_, recompute)},
                    device, precision),
       blocks_(config, slice_, tp, ring_attention_.get(), activations_.scratch()),
       slot_chunks_(static_cast<size_t>(activation_slots), 0) {
@@ -71,6 +90,12 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   if (slice_.chunks.size() > 1 && (long_sequences.offload || config.moe()))
     throw std::invalid_argument("model: " + std::to_string(slice_.chunks.size()) +
                                 " model chunks per stage run neither offload nor a mixture of experts");
+}
+
+double LlamaModel::saved_bytes_per_token(int64_t layer) const {
+  size_t c = 0;
+  while (c + 1 < slice_.chunks.size() && slice_.chunk_begin(c + 1) <= layer) ++c;
+  return activations_.saved_bytes_per_token(layer - slice_.chunk_begin(c));
 }
 
 LlamaModel::ChunkRun LlamaModel::chunk_run(int slot) const {
@@ -120,7 +145,7 @@ void LlamaModel::set_batch(int slot, const MicroBatchView& batch, int chunk) {
 Tensor LlamaModel::input_activation(int slot) const {
   const MicroBatchSlot& s = activations_.slot(slot);
   const ChunkRun run = chunk_run(slot);
-  return run.begin < run.end ? s.layers[static_cast<size_t>(run.begin)].x_in : s.x_out.rows(0, s.shard_rows);
+  return run.begin < run.end ? s.layers[0].x_in : s.x_out.rows(0, s.shard_rows);
 }
 
 Tensor LlamaModel::output_activation(int slot) const {
@@ -147,19 +172,20 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
   const EndParameters& ends = parameters_.ends();
   if (run.embedding) blocks_.token_embedding_forward(input_activation(slot), s, ends.embed);
   for (int64_t l = run.begin; l < run.end; ++l) {
+    const int64_t k = l - run.begin;  // the layer's place in the slot
     const LayerTensors& w = parameters_.layer(l).weights;
-    const LayerActivations& a = s.layers[l];
+    const LayerActivations& a = s.layers[k];
     blocks_.attention_block_forward(s, w, a);
     // The output becomes the next layer's input, in the working block that layer
     // l - 1 used: its rows must have left for the host first.
-    const Tensor out = l + 1 < run.end ? s.layers[l + 1].x_in : s.x_out.rows(0, s.shard_rows);
-    const CopyEvent& out_free = activations_.output_block_free(s, l);
+    const Tensor out = l + 1 < run.end ? s.layers[k + 1].x_in : s.x_out.rows(0, s.shard_rows);
+    const CopyEvent& out_free = activations_.output_block_free(s, k);
     if (moe_) {
       blocks_.moe_block_forward(out, moe_->block(slot, l), w, a, out_free);
     } else {
       blocks_.mlp_block_forward(out, s, w, a, out_free);
     }
-    activations_.offload_after_forward(s, l);
+    activations_.offload_after_forward(s, k);
   }
   const double aux_term =
       moe_ ? moe_->pool_load_balancing(slot, loss_scale, T, ring_attention_.get(), s.has_ring ? &s.ring : nullptr)
@@ -188,10 +214,11 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
     report(ends.head_gradients_begin);
   }
   for (int64_t l = run.end - 1; l >= run.begin; --l) {
-    activations_.restore_before_backward(s, l);
+    const int64_t k = l - run.begin;  // the layer's place in the slot
+    activations_.restore_before_backward(s, k);
     const LayerParameters& p = parameters_.layer(l);
-    const LayerActivations& a = s.layers[l];
-    if (activations_.recomputed(l)) {
+    const LayerActivations& a = s.layers[k];
+    if (activations_.recomputed(k)) {
       const RecomputeMode mode = activations_.recompute_mode();
       blocks_.attention_block_recompute(s, p.weights, a, mode);
       if (moe_) {

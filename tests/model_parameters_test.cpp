@@ -142,4 +142,24 @@ TEST(ModelSlice, ChunksHoldTheirLayersUnderTheirGlobalNames) {
   EXPECT_THROW(LlamaModel(c, 4, partition, 1, nullptr, {.max_tokens = 8, .offload = true}), std::invalid_argument);
 }
 
+// A slot carries one (micro-batch, chunk) pair, so it holds room for one chunk's
+// layers: 4 slots of chunks of 1 layer take what 4 slots of a 1-layer stage take.
+// Recomputation counts each chunk's layers from its first, so at most the smallest
+// chunk's.
+TEST(ModelSlice, ASlotHoldsOneChunksLayers) {
+  ModelConfig c = tiny(false);
+  c.num_layers = 4;
+  const LlamaModel chunked(c, 4, ModelPartition{.chunks = {{0, 1}, {2, 1}}, .has_head = false}, 4);
+  const LlamaModel one_layer(c, 4, ModelPartition{.num_layers = 1, .has_head = false}, 4);
+  const LlamaModel two_layers(c, 4, ModelPartition{.num_layers = 2, .has_head = false}, 4);
+  EXPECT_EQ(chunked.activation_bytes(), one_layer.activation_bytes());
+  EXPECT_LT(chunked.activation_bytes(), two_layers.activation_bytes());
+  const ModelPartition uneven{.chunks = {{0, 1}, {1, 2}}, .has_head = false};
+  const LlamaModel recomputing(c, 4, uneven, 1, nullptr, {}, Device::CPU, DType::F32, nullptr,
+                               {RecomputeMode::Full, 1});
+  EXPECT_EQ(recomputing.recompute_layers(), 2);  // layer 0 of each chunk
+  EXPECT_THROW(LlamaModel(c, 4, uneven, 1, nullptr, {}, Device::CPU, DType::F32, nullptr, {RecomputeMode::Full, 2}),
+               std::invalid_argument);
+}
+
 }  // namespace hdp
