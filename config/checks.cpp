@@ -76,10 +76,10 @@ std::string offloaded_long_sequences(const Checker& c) {
 }
 
 // parallel.vpp x model.arch, offload and parallel.pp_layers: interleaved 1F1B
-// (model chunks per stage) runs dense models without offload (a chunk's backward is
-// not the one pass from the stage's last layer down that offload restores in, and
-// Mixtral's routing statistics pool in the last stage's one pass), over the
-// cost-balanced split of the pp x vpp virtual stages (pp_layers counts stages).
+// (model chunks per stage) runs dense models without offload (the planners budget
+// offload for a stage's layers as one range, and Mixtral's routing statistics pool
+// in the last stage's one pass; LlamaModel), over the cost-balanced split of the
+// pp x vpp virtual stages (pp_layers counts stages).
 void check_interleaving(const Checker& c) {
   const Config& config = c.config;
   if (config.parallel.vpp == 1) return;

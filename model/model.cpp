@@ -35,11 +35,12 @@ ModelSlice slot_slice(ModelSlice slice) {
   return slice;
 }
 
-// Recomputed layers counted from each chunk's first: at most the smallest chunk's.
+// Recomputed layers counted from each chunk's first: at most the smallest chunk's;
+// all of them: the largest chunk's (a slot's layers).
 int64_t checked_recompute_layers(const ModelSlice& slice, const RecomputeOptions& recompute) {
+  if (!recompute.layers) return slot_slice(slice).num_layers;
   int64_t smallest = slice.chunks.front().count;
   for (const LayerRange& r : slice.chunks) smallest = std::min(smallest, r.count);
-  if (!recompute.layers) return smallest;
   if (slice.chunks.size() > 1 && *recompute.layers > smallest)
     throw std::invalid_argument("model: recompute_layers " + std::to_string(*recompute.layers) +
                                 " is more than the smallest model chunk's " + std::to_string(smallest) + " layers");
@@ -84,12 +85,19 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
                    device, precision),
       blocks_(config, slice_, tp, ring_attention_.get(), activations_.scratch()),
       slot_chunks_(static_cast<size_t>(activation_slots), 0) {
-  // Offload moves a stage's layers through host memory in one pass from its last
-  // layer down (ModelActivations), which a chunk's backward does not make; Mixtral's
-  // routing statistics pool on the last stage's one pass (MoeLayers).
+  // Not built: offload of model chunks (a slot offloads its layers below the slot's
+  // last two, which for a chunk smaller than the slot are not the chunk's last two,
+  // and the planners budget offload for a stage's layers as one range), and
+  // Mixtral's routing statistics, which pool on the last stage's one pass (MoeLayers).
   if (slice_.chunks.size() > 1 && (long_sequences.offload || config.moe()))
     throw std::invalid_argument("model: " + std::to_string(slice_.chunks.size()) +
                                 " model chunks per stage run neither offload nor a mixture of experts");
+}
+
+int64_t LlamaModel::recompute_layers() const {
+  int64_t layers = 0;
+  for (const LayerRange& r : slice_.chunks) layers += std::min(activations_.recompute_layers(), r.count);
+  return layers;
 }
 
 double LlamaModel::saved_bytes_per_token(int64_t layer) const {

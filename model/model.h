@@ -160,7 +160,7 @@ class LlamaModel {
   int64_t saved_floats_per_token() const { return activations_.saved_floats_per_token(); }
   RecomputeMode recompute_mode() const { return activations_.recompute_mode(); }
   // The stage's layers that recompute (each chunk's first recompute.layers).
-  int64_t recompute_layers() const { return activations_.recompute_layers() * num_chunks(); }
+  int64_t recompute_layers() const;
   // Bytes per token that layer `layer` of the stage saves for backward (its mode's
   // saved_bytes_per_token, spec/model_shape.h).
   double saved_bytes_per_token(int64_t layer) const;

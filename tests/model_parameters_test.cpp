@@ -145,7 +145,7 @@ TEST(ModelSlice, ChunksHoldTheirLayersUnderTheirGlobalNames) {
 // A slot carries one (micro-batch, chunk) pair, so it holds room for one chunk's
 // layers: 4 slots of chunks of 1 layer take what 4 slots of a 1-layer stage take.
 // Recomputation counts each chunk's layers from its first, so at most the smallest
-// chunk's.
+// chunk's (all of them: every chunk's).
 TEST(ModelSlice, ASlotHoldsOneChunksLayers) {
   ModelConfig c = tiny(false);
   c.num_layers = 4;
@@ -158,6 +158,8 @@ TEST(ModelSlice, ASlotHoldsOneChunksLayers) {
   const LlamaModel recomputing(c, 4, uneven, 1, nullptr, {}, Device::CPU, DType::F32, nullptr,
                                {RecomputeMode::Full, 1});
   EXPECT_EQ(recomputing.recompute_layers(), 2);  // layer 0 of each chunk
+  const LlamaModel all(c, 4, uneven, 1, nullptr, {}, Device::CPU, DType::F32, nullptr, {RecomputeMode::Full});
+  EXPECT_EQ(all.recompute_layers(), 3);  // every layer of both chunks
   EXPECT_THROW(LlamaModel(c, 4, uneven, 1, nullptr, {}, Device::CPU, DType::F32, nullptr, {RecomputeMode::Full, 2}),
                std::invalid_argument);
 }
