@@ -67,14 +67,36 @@ void check_layout(const Checker& c) {
   c.require(layout_issue(c.config.model.shape(), c.config.parallel, c.wording()));
 }
 
-// parallel.vpp: the trainer runs one chunk per stage. Interleaved 1F1B is in the
-// schedule and the simulator (planning/pipeline_schedule.h, `trainer plan --vpp`);
-// refused here until the pipeline executor and the model partition run it.
+// What may_offload says, in the keys' words: " with offload.enabled true and
+// sequences longer than a micro-batch (...)".
+std::string offloaded_long_sequences(const Checker& c) {
+  return " with offload.enabled " + c.shown("offload.enabled") +
+         " and sequences longer than a micro-batch (data.max_seq_len " + c.shown("data.max_seq_len") +
+         " > data.micro_batch_tokens " + c.shown("data.micro_batch_tokens") + ")";
+}
+
+// parallel.vpp x model.arch, offload and parallel.pp_layers: interleaved 1F1B
+// (model chunks per stage) runs dense models without offload (the planners budget
+// offload for a stage's layers as one range, and Mixtral's routing statistics pool
+// in the last stage's one pass; LlamaModel), over the cost-balanced split of the
+// pp x vpp virtual stages (pp_layers counts stages).
 void check_interleaving(const Checker& c) {
-  c.require(c.config.parallel.vpp == 1, "parallel.vpp",
-            c.shown("parallel.vpp") +
-                " asks for interleaved 1F1B, which `trainer plan --vpp` simulates but the trainer does not run yet",
-            "use parallel.vpp: 1 (one chunk of layers per pipeline stage, 1F1B)");
+  const Config& config = c.config;
+  if (config.parallel.vpp == 1) return;
+  c.require(!config.model.moe(), "parallel.vpp",
+            c.shown("parallel.vpp") + " with model.arch " + c.shown("model.arch") +
+                ": the trainer interleaves dense models only",
+            "set parallel.vpp: 1", {"model.arch"});
+  c.require(!may_offload(config), "parallel.vpp",
+            c.shown("parallel.vpp") + offloaded_long_sequences(c) +
+                ": the trainer does not offload the activations of model chunks",
+            "set offload.enabled: false (long sequences then span hdp ranks in rings), or parallel.vpp: 1",
+            {"offload.enabled", "data.max_seq_len", "data.micro_batch_tokens"});
+  c.require(config.parallel.pp_layers.empty(), "parallel.vpp",
+            c.shown("parallel.vpp") + " with parallel.pp_layers " + c.shown("parallel.pp_layers") +
+                ": pp_layers gives one count per stage, not per model chunk",
+            "leave parallel.pp_layers empty (the virtual stages are then cost-balanced), or set parallel.vpp: 1",
+            {"parallel.pp_layers"});
 }
 
 // parallel.pp_layers x parallel.pp x model.num_layers
@@ -99,18 +121,22 @@ void check_pipeline_split(const Checker& c) {
 
 // train.recompute_layers x the pipeline stages' layers (parallel.pp_layers, or the
 // cost-balanced split the engine builds when it is empty): every stage must have
-// that many layers to recompute.
+// that many layers to recompute; under parallel.vpp every model chunk, which counts
+// its own from its first layer.
 void check_recompute_layers(const Checker& c) {
   const std::optional<int64_t>& n = c.config.train.recompute_layers;
   if (!n) return;
   c.require(*n >= 0, "train.recompute_layers", c.shown("train.recompute_layers") + " is negative",
             "choose how many layers of each stage recompute, 0 or more, or null for all");
-  const int64_t smallest = smallest_stage_layers(c.config);
+  const bool chunks = c.config.parallel.vpp > 1;
+  const std::vector<int64_t> layers = chunks ? virtual_stage_layers(c.config) : pipeline_layers(c.config);
+  const int64_t smallest = *std::min_element(layers.begin(), layers.end());
   c.require(*n <= smallest, "train.recompute_layers",
             c.shown("train.recompute_layers") + " is more than the " + std::to_string(smallest) +
-                " layers of the smallest pipeline stage",
+                (chunks ? " layers of the smallest model chunk (parallel.vpp " + c.shown("parallel.vpp") + ")"
+                        : " layers of the smallest pipeline stage"),
             "choose at most " + std::to_string(smallest) + ", or null for all of each stage's layers",
-            {"parallel.pp_layers", "parallel.pp", "model.num_layers"});
+            {"parallel.pp_layers", "parallel.pp", "parallel.vpp", "model.num_layers"});
 }
 
 // parallel.sequence_parallel x parallel.tp, model.arch and offload (which moves the
@@ -129,10 +155,8 @@ void check_sequence_parallel(const Checker& c) {
                 "tensor-parallel collectives)",
             "set parallel.sequence_parallel: false", {"model.arch"});
   c.require(!may_offload(config), "parallel.sequence_parallel",
-            c.shown("parallel.sequence_parallel") + " with offload.enabled " + c.shown("offload.enabled") +
-                " and sequences longer than a micro-batch (data.max_seq_len " + c.shown("data.max_seq_len") +
-                " > data.micro_batch_tokens " + c.shown("data.micro_batch_tokens") +
-                "): offload moves the same rows of every saved tensor, which sequence parallelism shards",
+            c.shown("parallel.sequence_parallel") + offloaded_long_sequences(c) +
+                ": offload moves the same rows of every saved tensor, which sequence parallelism shards",
             "set offload.enabled: false (long sequences then span hdp ranks in rings), or "
             "parallel.sequence_parallel: false",
             {"offload.enabled", "data.max_seq_len", "data.micro_batch_tokens"});

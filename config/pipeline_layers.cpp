@@ -6,9 +6,14 @@
 
 namespace hdp {
 
+std::vector<int64_t> virtual_stage_layers(const Config& config) {
+  const ParallelConfig& p = config.parallel;
+  if (!p.pp_layers.empty()) return p.pp_layers;
+  return stage_layer_split(config.model.shape(), p.tp, p.pp, config.data.max_seq_len, p.vpp);
+}
+
 std::vector<int64_t> pipeline_layers(const Config& config) {
-  if (!config.parallel.pp_layers.empty()) return config.parallel.pp_layers;
-  return stage_layer_split(config.model.shape(), config.parallel.tp, config.parallel.pp, config.data.max_seq_len);
+  return layers_per_stage(virtual_stage_layers(config), config.parallel.pp);
 }
 
 int64_t smallest_stage_layers(const Config& config) {

@@ -10,8 +10,12 @@
 
 namespace hdp {
 
-// Layers per pipeline stage: parallel.pp_layers when given, otherwise the split
-// that balances the stages' FLOPs at data.max_seq_len (planning/stage_split.h).
+// Layers per virtual stage (interleaved 1F1B, parallel.vpp; pp x vpp entries,
+// chunk c of stage s being virtual stage c x pp + s): parallel.pp_layers when given
+// (vpp 1), otherwise the split that balances the virtual stages' FLOPs at
+// data.max_seq_len (planning/stage_split.h).
+std::vector<int64_t> virtual_stage_layers(const Config& config);
+// Layers per pipeline stage: the sum of its virtual stages' (with vpp 1, the same).
 std::vector<int64_t> pipeline_layers(const Config& config);
 // The smallest stage's layers: what the planner budgets memory for per stage, and
 // the most train.recompute_layers may ask of every stage.

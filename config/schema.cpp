@@ -264,8 +264,9 @@ const std::vector<Section> kSchema = {
                  "2022; docs/performance.md)"),
       field("recompute_layers", &Config::train, &TrainConfig::recompute_layers,
             "with `recompute` selective or full: how many layers of each pipeline stage recompute, counted from "
-            "the stage's first layer; null: all; the others may offload",
-            stated("null, or 0 to the smallest stage's layers")),
+            "the stage's first layer (under `parallel.vpp` > 1, of each model chunk from its first); null: all; "
+            "the others may offload",
+            stated("null, or 0 to the smallest stage's (model chunk's) layers")),
       field("spike_factor", &Config::train, &TrainConfig::spike_factor,
             "a step whose loss exceeds this factor times the median of the recent good steps (from the second "
             "step on) is bad; 0: off",
@@ -300,9 +301,9 @@ const std::vector<Section> kSchema = {
             "expert-parallel degree inside hdp (`model.arch: mixtral` only)",
             positive_count("divides `hdp` and `model.num_experts`")),
       field("vpp", &Config::parallel, &ParallelConfig::vpp,
-            "model chunks per pipeline stage (interleaved 1F1B); the trainer runs 1, `trainer plan --vpp` "
-            "simulates more",
-            positive_count("1 until the trainer runs interleaved 1F1B")),
+            "model chunks per pipeline stage (interleaved 1F1B; `trainer plan --vpp` simulates it); above 1: dense "
+            "models without offload, `pp_layers` empty",
+            positive_count("1, or above 1 with `pp` > 1 and `pp` x `vpp` <= `model.num_layers`")),
       field("pp_layers", &Config::parallel, &ParallelConfig::pp_layers,
             "layers per pipeline stage; empty: the split that balances the stages' work",
             stated("empty, or `pp` counts of at least 1 summing to `model.num_layers`")),

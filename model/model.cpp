@@ -27,6 +27,26 @@ ModelSlice checked_slice(const ModelConfig& config, const ModelPartition& partit
   return ModelSlice(config, partition);
 }
 
+// The layers one activation slot holds: a slot carries one (micro-batch, chunk) pair,
+// so those of the largest chunk (with one chunk, the stage's), numbered from 0.
+ModelSlice slot_slice(ModelSlice slice) {
+  slice.num_layers = 0;
+  for (const LayerRange& r : slice.chunks) slice.num_layers = std::max(slice.num_layers, r.count);
+  return slice;
+}
+
+// Recomputed layers counted from each chunk's first: at most the smallest chunk's;
+// all of them: the largest chunk's (a slot's layers).
+int64_t checked_recompute_layers(const ModelSlice& slice, const RecomputeOptions& recompute) {
+  if (!recompute.layers) return slot_slice(slice).num_layers;
+  int64_t smallest = slice.chunks.front().count;
+  for (const LayerRange& r : slice.chunks) smallest = std::min(smallest, r.count);
+  if (slice.chunks.size() > 1 && *recompute.layers > smallest)
+    throw std::invalid_argument("model: recompute_layers " + std::to_string(*recompute.layers) +
+                                " is more than the smallest model chunk's " + std::to_string(smallest) + " layers");
+  return *recompute.layers;
+}
+
 std::unique_ptr<MoeLayers> moe_layers_for(const ModelConfig& c, const ModelPartition& partition,
                                           const ModelSlice& slice, int slots, int64_t max_tokens, Device device,
                                           DType precision, Communicator* tp, Communicator* ep) {
@@ -59,18 +79,47 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
       parameters_(config, partition, slice_, device, precision),
       moe_(moe_layers_for(config, partition, slice_, activation_slots, max_tokens_, device, precision, tp, ep)),
       ring_attention_(ring_attention_for(config, slice_, long_sequences.hdp, max_tokens_, device, precision)),
-      activations_(config, partition, slice_,
+      activations_(config, partition, slot_slice(slice_),
                    {capacity_tokens, max_tokens_, activation_slots, long_sequences.offload, ring_attention_ != nullptr,
-                    recompute.mode, recompute.layers.value_or(slice_.num_layers)},
+                    recompute.mode, checked_recompute_layers(slice_, recompute)},
                    device, precision),
-      blocks_(config, slice_, tp, ring_attention_.get(), activations_.scratch()) {}
+      blocks_(config, slice_, tp, ring_attention_.get(), activations_.scratch()),
+      slot_chunks_(static_cast<size_t>(activation_slots), 0) {
+  // Not built: offload of model chunks (a slot offloads its layers below the slot's
+  // last two, which for a chunk smaller than the slot are not the chunk's last two,
+  // and the planners budget offload for a stage's layers as one range), and
+  // Mixtral's routing statistics, which pool on the last stage's one pass (MoeLayers).
+  if (slice_.chunks.size() > 1 && (long_sequences.offload || config.moe()))
+    throw std::invalid_argument("model: " + std::to_string(slice_.chunks.size()) +
+                                " model chunks per stage run neither offload nor a mixture of experts");
+}
+
+int64_t LlamaModel::recompute_layers() const {
+  int64_t layers = 0;
+  for (const LayerRange& r : slice_.chunks) layers += std::min(activations_.recompute_layers(), r.count);
+  return layers;
+}
+
+double LlamaModel::saved_bytes_per_token(int64_t layer) const {
+  size_t c = 0;
+  while (c + 1 < slice_.chunks.size() && slice_.chunk_begin(c + 1) <= layer) ++c;
+  return activations_.saved_bytes_per_token(layer - slice_.chunk_begin(c));
+}
+
+LlamaModel::ChunkRun LlamaModel::chunk_run(int slot) const {
+  const size_t c = static_cast<size_t>(slot_chunks_.at(static_cast<size_t>(slot)));
+  return {slice_.chunk_begin(c), slice_.chunk_begin(c + 1), partition_.has_embedding && c == 0,
+          partition_.has_head && c + 1 == slice_.chunks.size()};
+}
 
 const std::vector<int64_t>& LlamaModel::expert_tokens() const {
   static const std::vector<int64_t> kNone;
   return moe_ ? moe_->expert_tokens() : kNone;
 }
 
-void LlamaModel::set_batch(int slot, const MicroBatchView& batch) {
+void LlamaModel::set_batch(int slot, const MicroBatchView& batch, int chunk) {
+  if (chunk < 0 || chunk >= num_chunks())
+    throw std::invalid_argument("model: chunk " + std::to_string(chunk) + " of " + std::to_string(num_chunks()));
   const int64_t T = static_cast<int64_t>(batch.tokens.size());
   if (T > max_tokens_) {
     throw std::invalid_argument("micro-batch of " + std::to_string(T) + " tokens; the model holds at most " +
@@ -98,11 +147,13 @@ void LlamaModel::set_batch(int slot, const MicroBatchView& batch) {
   }
   if (moe_) moe_->begin_micro_batch(slot, batch.targets);
   activations_.load(slot, batch);
+  slot_chunks_.at(static_cast<size_t>(slot)) = chunk;
 }
 
 Tensor LlamaModel::input_activation(int slot) const {
   const MicroBatchSlot& s = activations_.slot(slot);
-  return slice_.num_layers > 0 ? s.layers[0].x_in : s.x_out.rows(0, s.shard_rows);
+  const ChunkRun run = chunk_run(slot);
+  return run.begin < run.end ? s.layers[0].x_in : s.x_out.rows(0, s.shard_rows);
 }
 
 Tensor LlamaModel::output_activation(int slot) const {
@@ -119,7 +170,7 @@ Tensor LlamaModel::input_gradient(int slot) const {
 }
 
 double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
-  const int64_t L = slice_.num_layers;
+  const ChunkRun run = chunk_run(slot);
   MicroBatchSlot& s = activations_.slot(slot);
   const int64_t T = s.tokens_used;
   if (partition_.tp_size > 1 && tp_ == nullptr) {
@@ -127,26 +178,27 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
   }
 
   const EndParameters& ends = parameters_.ends();
-  if (partition_.has_embedding) blocks_.token_embedding_forward(input_activation(slot), s, ends.embed);
-  for (int64_t l = 0; l < L; ++l) {
+  if (run.embedding) blocks_.token_embedding_forward(input_activation(slot), s, ends.embed);
+  for (int64_t l = run.begin; l < run.end; ++l) {
+    const int64_t k = l - run.begin;  // the layer's place in the slot
     const LayerTensors& w = parameters_.layer(l).weights;
-    const LayerActivations& a = s.layers[l];
+    const LayerActivations& a = s.layers[k];
     blocks_.attention_block_forward(s, w, a);
     // The output becomes the next layer's input, in the working block that layer
     // l - 1 used: its rows must have left for the host first.
-    const Tensor out = l + 1 < L ? s.layers[l + 1].x_in : s.x_out.rows(0, s.shard_rows);
-    const CopyEvent& out_free = activations_.output_block_free(s, l);
+    const Tensor out = l + 1 < run.end ? s.layers[k + 1].x_in : s.x_out.rows(0, s.shard_rows);
+    const CopyEvent& out_free = activations_.output_block_free(s, k);
     if (moe_) {
       blocks_.moe_block_forward(out, moe_->block(slot, l), w, a, out_free);
     } else {
       blocks_.mlp_block_forward(out, s, w, a, out_free);
     }
-    activations_.offload_after_forward(s, l);
+    activations_.offload_after_forward(s, k);
   }
   const double aux_term =
       moe_ ? moe_->pool_load_balancing(slot, loss_scale, T, ring_attention_.get(), s.has_ring ? &s.ring : nullptr)
            : 0.0;
-  if (!partition_.has_head) return 0.0;
+  if (!run.head) return 0.0;
   const double loss = blocks_.head_forward(s, ends, loss_scale, with_backward);
   head_gradient_pending_ = with_backward ? slot : -1;
   return loss + aux_term;
@@ -154,13 +206,14 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
 
 void LlamaModel::backward(int slot, const GradientsReady& ready) {
   MicroBatchSlot& s = activations_.slot(slot);
+  const ChunkRun run = chunk_run(slot);
   auto report = [&](int64_t gradients_begin) {
     if (ready) ready(gradients_begin);
   };
 
   const std::span<const double> aux_grad = moe_ ? moe_->load_balancing_gradient(slot) : std::span<const double>();
   const EndParameters& ends = parameters_.ends();
-  if (partition_.has_head) {
+  if (run.head) {
     if (head_gradient_pending_ != slot) {
       throw std::logic_error("model: backward of the last stage must follow forward(slot, scale, true)");
     }
@@ -168,11 +221,12 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
     blocks_.head_backward(s, ends);
     report(ends.head_gradients_begin);
   }
-  for (int64_t l = slice_.num_layers - 1; l >= 0; --l) {
-    activations_.restore_before_backward(s, l);
+  for (int64_t l = run.end - 1; l >= run.begin; --l) {
+    const int64_t k = l - run.begin;  // the layer's place in the slot
+    activations_.restore_before_backward(s, k);
     const LayerParameters& p = parameters_.layer(l);
-    const LayerActivations& a = s.layers[l];
-    if (activations_.recomputed(l)) {
+    const LayerActivations& a = s.layers[k];
+    if (activations_.recomputed(k)) {
       const RecomputeMode mode = activations_.recompute_mode();
       blocks_.attention_block_recompute(s, p.weights, a, mode);
       if (moe_) {
@@ -189,7 +243,7 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
     blocks_.attention_block_backward(s, p.weights, p.gradients, a);
     report(p.gradients_begin);
   }
-  if (partition_.has_embedding) {
+  if (run.embedding) {
     blocks_.token_embedding_backward(ends.d_embed, s);
     report(ends.embedding_gradients_begin);
   }

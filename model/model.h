@@ -43,8 +43,8 @@ struct LongSequenceOptions {
 };
 
 // Activation recomputation (spec/model_shape.h, RecomputeMode): the mode, and how
-// many of the stage's layers recompute, counted from the stage's first layer
-// (nullopt: all of them).
+// many of the stage's layers recompute, counted from the stage's first layer; with
+// several model chunks, from each chunk's first layer (nullopt: all of them).
 struct RecomputeOptions {
   RecomputeMode mode = RecomputeMode::None;
   std::optional<int64_t> layers;
@@ -66,7 +66,8 @@ class LlamaModel {
   // keep their activations in bf16; RMSNorm's 1/rms, attention's log-sum-exp and
   // the cross-entropy statistics and loss stay fp32.
   // recompute: which layers rerun part of their forward in backward (throws
-  // std::invalid_argument for more layers than the stage has, or fewer than 0).
+  // std::invalid_argument for more layers than the stage, or a chunk, has, or fewer
+  // than 0).
   LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const ModelPartition& partition = {},
              int activation_slots = 1, Communicator* tp = nullptr, const LongSequenceOptions& long_sequences = {},
              Device device = Device::CPU,
@@ -102,7 +103,12 @@ class LlamaModel {
   void zero_grad() { parameters_.zero_grad(); }
 
   // ---- pipeline-stage interface (slot = which in-flight micro-batch) ----
-  void set_batch(int slot, const MicroBatchView& batch);
+  // Loads `batch` into `slot` for model chunk `chunk` (ModelSlice::chunks; 0 without
+  // interleaving): the slot's forward and backward then run that chunk's layers, the
+  // embedding when it is chunk 0 of the first stage and the head when it is the last
+  // chunk of the last stage, and its activation tensors below are the chunk's.
+  void set_batch(int slot, const MicroBatchView& batch, int chunk = 0);
+  int num_chunks() const { return static_cast<int>(slice_.chunks.size()); }
   int64_t batch_tokens(int slot) const { return activations_.slot(slot).tokens_used; }
   // Rows of the activations and gradients that travel between stages for a
   // micro-batch of `tokens` tokens: the tokens, or under sequence parallelism this
@@ -153,10 +159,11 @@ class LlamaModel {
   // averaged over the stage's layers when some recompute.
   int64_t saved_floats_per_token() const { return activations_.saved_floats_per_token(); }
   RecomputeMode recompute_mode() const { return activations_.recompute_mode(); }
-  int64_t recompute_layers() const { return activations_.recompute_layers(); }
+  // The stage's layers that recompute (each chunk's first recompute.layers).
+  int64_t recompute_layers() const;
   // Bytes per token that layer `layer` of the stage saves for backward (its mode's
   // saved_bytes_per_token, spec/model_shape.h).
-  double saved_bytes_per_token(int64_t layer) const { return activations_.saved_bytes_per_token(layer); }
+  double saved_bytes_per_token(int64_t layer) const;
 
  private:
   ModelConfig config_;
@@ -172,6 +179,15 @@ class LlamaModel {
   ModelActivations activations_;
   DecoderBlocks blocks_;
   int head_gradient_pending_ = -1;  // slot whose head gradient awaits backward
+  std::vector<int> slot_chunks_;    // the model chunk each slot was loaded for (set_batch)
+  // The slot's chunk's layers [begin, end) in the rank's numbering (its activations
+  // are the slot's layers 0 .. end - begin - 1), and whether it runs the embedding
+  // and the head.
+  struct ChunkRun {
+    int64_t begin, end;
+    bool embedding, head;
+  };
+  ChunkRun chunk_run(int slot) const;
 };
 
 }  // namespace hdp

@@ -86,8 +86,8 @@ void ParameterTable::build() {
   const Spec replicated{};
 
   if (partition_.has_embedding) add("model.embed_tokens.weight", {c.vocab_size, H}, vocab, true, false, false);
-  for (int64_t l = slice_.first_layer; l < slice_.first_layer + slice_.num_layers; ++l) {
-    const std::string pre = layer_prefix(l);
+  for (int64_t l = 0; l < slice_.num_layers; ++l) {
+    const std::string pre = layer_prefix(slice_.global_layer(l));
     add(pre + "input_layernorm.weight", {H}, replicated, false, false, true);
     add(pre + "self_attn.q_proj.weight", {c.num_heads * d, H}, q_shard, true, false, false);
     add(pre + "self_attn.k_proj.weight", {c.num_kv_heads * d, H}, kv_shard, true, false, false);
@@ -133,7 +133,7 @@ void ParameterTable::bind() {
   };
   layers_.resize(slice_.num_layers);
   for (int64_t l = 0; l < slice_.num_layers; ++l) {
-    const std::string pre = layer_prefix(slice_.first_layer + l);
+    const std::string pre = layer_prefix(slice_.global_layer(l));
     LayerParameters& layer = layers_[l];
     layer.gradients_begin = flat_numel_;
     auto bind_one = [&](const std::string& name, Tensor& weight, Tensor& gradient) {

@@ -25,10 +25,17 @@ ModelSlice::ModelSlice(const ModelConfig& c, const ModelPartition& partition) {
     throw std::invalid_argument("model: expert parallelism of " + std::to_string(partition.ep_size) +
                                 " needs a mixture of experts whose count it divides");
   }
-  first_layer = partition.first_layer;
-  num_layers = partition.num_layers < 0 ? c.num_layers - partition.first_layer : partition.num_layers;
-  if (partition.first_layer < 0 || num_layers < 0 || partition.first_layer + num_layers > c.num_layers) {
-    throw std::invalid_argument("model: layer range outside the model");
+  chunks = partition.chunks;
+  if (chunks.empty()) {
+    chunks.push_back({partition.first_layer,
+                      partition.num_layers < 0 ? c.num_layers - partition.first_layer : partition.num_layers});
+  }
+  num_layers = 0;
+  for (const LayerRange& r : chunks) {
+    if (r.first < 0 || r.count < 0 || r.first + r.count > c.num_layers) {
+      throw std::invalid_argument("model: layer range outside the model");
+    }
+    num_layers += r.count;
   }
   heads = c.num_heads / tp_size;
   kv_heads = c.num_kv_heads / tp_size;
@@ -45,6 +52,20 @@ ModelSlice::ModelSlice(const ModelConfig& c, const ModelPartition& partition) {
     const int64_t per_rank = c.num_experts / partition.ep_size;
     for (int64_t j = 0; j < per_rank; ++j) experts.push_back(partition.ep_rank * per_rank + j);
   }
+}
+
+int64_t ModelSlice::global_layer(int64_t local) const {
+  for (const LayerRange& r : chunks) {
+    if (local < r.count) return r.first + local;
+    local -= r.count;
+  }
+  throw std::out_of_range("model: layer " + std::to_string(local) + " past the rank's chunks");
+}
+
+int64_t ModelSlice::chunk_begin(size_t chunk) const {
+  int64_t begin = 0;
+  for (size_t c = 0; c < chunk; ++c) begin += chunks.at(c).count;
+  return begin;
 }
 
 }  // namespace hdp

@@ -13,12 +13,24 @@
 
 namespace hdp {
 
+// A contiguous range of the model's layers.
+struct LayerRange {
+  int64_t first = 0;
+  int64_t count = 0;
+};
+
 // Which part of the model this rank holds.
 struct ModelPartition {
   int tp_rank = 0;
   int tp_size = 1;
   int64_t first_layer = 0;
   int64_t num_layers = -1;   // -1: every layer from first_layer on
+  // Interleaved 1F1B (parallel.vpp > 1, planning/pipeline_schedule.h): the stage's
+  // model chunks in order, each a range of layers (chunk c of stage s is virtual
+  // stage c x pp + s), in place of first_layer and num_layers. Empty: one chunk.
+  // The embedding is chunk 0's (on the first stage), the head the last chunk's (on
+  // the last stage).
+  std::vector<LayerRange> chunks;
   bool has_embedding = true; // first pipeline stage
   bool has_head = true;      // last pipeline stage: final norm, LM head, loss
   // Mixtral under expert parallelism (model/moe.h): this rank holds experts
@@ -42,8 +54,14 @@ struct ModelSlice {
   // and the FFN, an ep degree that does not divide the experts, layers outside the model.
   ModelSlice(const ModelConfig& config, const ModelPartition& partition);
 
-  int64_t first_layer = 0;
-  int64_t num_layers = 0;   // of this stage
+  // The stage's model chunks (ModelPartition::chunks; one without interleaving). The
+  // rank numbers its layers 0 .. num_layers - 1 through the chunks in order.
+  std::vector<LayerRange> chunks;
+  int64_t num_layers = 0;   // of this stage, all chunks
+  // The model's layer that the rank's layer `local` is.
+  int64_t global_layer(int64_t local) const;
+  // The rank's number of chunk c's first layer; chunk_begin(chunks.size()) = num_layers.
+  int64_t chunk_begin(size_t chunk) const;
   int64_t heads = 0;        // query heads of this tp rank
   int64_t kv_heads = 0;     // its key/value heads
   int64_t ffn = 0;          // its FFN columns (of every expert, for Mixtral)

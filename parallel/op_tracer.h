@@ -67,7 +67,8 @@ class OpTracer {
 
   // Group names: every member computes the same name for one communication.
   // A pipeline transfer from stage `sender` (forward: to sender + 1; backward:
-  // to sender - 1) of micro-batch `mb` in this rank's pipeline and tp slice.
+  // to sender - 1; under interleaved 1F1B, virtual stages) of micro-batch `mb` in
+  // this rank's pipeline and tp slice.
   std::string pipeline_group(bool forward, int sender, int mb) const;
   // A collective over this stage's hdp ranks (same tp rank): "grads", "params", ...
   std::string stage_group(const char* name) const;

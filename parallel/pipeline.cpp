@@ -11,16 +11,20 @@
 
 namespace hdp {
 
-PipelineExecutor::PipelineExecutor(Communicator& pp, int64_t capacity_rows, int64_t hidden, Device device)
+PipelineExecutor::PipelineExecutor(Communicator& pp, int64_t capacity_rows, int64_t hidden, Device device,
+                                   int chunks)
     : pp_(pp),
       stage_(pp.rank()),
       stages_(pp.size()),
-      slots_(pipeline_slots(pp.rank(), pp.size())),
+      chunks_(chunks),
+      slots_(pipeline_slots(pp.rank(), pp.size(), chunks)),
       capacity_(capacity_rows),
       hidden_(hidden),
       arena_(Arena::counting(device, "pipeline")) {
-  // Gradient buffers are needed only between stages.
-  const bool needs_in = stage_ < stages_ - 1, needs_out = stage_ > 0;
+  // Throws for chunks the schedule cannot interleave (one stage, no chunk).
+  pipeline_schedule(stage_, stages_, chunks_, 0);
+  // Gradient buffers are needed only between (virtual) stages.
+  const bool needs_in = stage_ < stages_ - 1 || chunks_ > 1, needs_out = stage_ > 0 || chunks_ > 1;
   const size_t per_slot = static_cast<size_t>(capacity_ * hidden_) * sizeof(float) + Arena::kAlignment;
   arena_ = Arena(device, per_slot * slots_ * (needs_in + needs_out) + Arena::kAlignment, "pipeline");
   for (int s = 0; s < slots_; ++s) {
@@ -31,98 +35,134 @@ PipelineExecutor::PipelineExecutor(Communicator& pp, int64_t capacity_rows, int6
 
 void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
   progress::Context context("pipeline");
-  const bool first = stage_ == 0, last = stage_ == stages_ - 1;
-  const std::vector<PipelineOp> ops = one_f_one_b(stage_, stages_, micro_batches);
-  auto slot_of = [&](int i) { return i % slots_; };
-  auto activation_tag = [](int i) { return 2 * i; };
-  auto gradient_tag = [](int i) { return 2 * i + 1; };
-  // The side values' tags follow all micro-batches' activation and gradient tags.
-  auto side_tag = [&](int tag) { return 2 * micro_batches + tag; };
+  const int m = micro_batches, virtual_stages = stages_ * chunks_;
+  const std::vector<PipelineOp> ops = pipeline_schedule(stage_, stages_, chunks_, m);
+  // The ranks of the previous and next virtual stage (around the ring of stages).
+  const int previous_rank = (stage_ + stages_ - 1) % stages_, next_rank = (stage_ + 1) % stages_;
+  auto virtual_stage = [&](int chunk) { return chunk * stages_ + stage_; };
+  // One index per (micro-batch, chunk) pair, and per transfer: the edge from virtual
+  // stage v to v + 1 of micro-batch i carries its activation forward and its gradient
+  // back; the side values' tags follow all of them.
+  auto pair = [&](int i, int chunk) { return chunk * m + i; };
+  auto activation_tag = [&](int v, int i) { return 2 * (v * m + i); };
+  auto gradient_tag = [&](int v, int i) { return 2 * (v * m + i) + 1; };
+  auto side_tag = [&](int tag) { return 2 * virtual_stages * m + tag; };
   auto has = [](const Tensor& t) { return t.data != nullptr; };
 
-  std::vector<CommRequest> activation_in(micro_batches), gradient_in(micro_batches);
+  // Slots: a forward takes the lowest free slot, its backward frees it. needed[k]:
+  // the backwards done before the k-th forward's slot is free (its previous holder's
+  // backward). With one chunk this is slot i % slots, needed i - slots + 1.
+  std::vector<PipelineOp> forwards;
+  std::vector<int> slot_of(static_cast<size_t>(chunks_ * m), -1), needed;
+  {
+    std::vector<int> freed_after(static_cast<size_t>(slots_), 0);  // backwards done when the slot became free
+    std::vector<bool> busy(static_cast<size_t>(slots_), false);
+    int backwards = 0;
+    for (const PipelineOp& op : ops) {
+      int& slot = slot_of[static_cast<size_t>(pair(op.micro_batch, op.chunk))];
+      if (op.forward) {
+        slot = static_cast<int>(std::find(busy.begin(), busy.end(), false) - busy.begin());
+        if (slot == slots_) throw std::logic_error("pipeline: more pairs in flight than pipeline_slots");
+        busy[static_cast<size_t>(slot)] = true;
+        forwards.push_back(op);
+        needed.push_back(freed_after[static_cast<size_t>(slot)]);
+      } else {
+        busy[static_cast<size_t>(slot)] = false;
+        freed_after[static_cast<size_t>(slot)] = ++backwards;
+      }
+    }
+  }
+  const int total_forwards = static_cast<int>(forwards.size());
+
+  std::vector<CommRequest> activation_in(slot_of.size()), gradient_in(slot_of.size());
   std::vector<CommRequest> activation_out(slots_), gradient_out(slots_);
-  std::vector<CommRequest> side_in(micro_batches), side_back_in(micro_batches);
+  std::vector<CommRequest> side_in(slot_of.size()), side_back_in(slot_of.size());
   std::vector<CommRequest> side_out(slots_), side_back_out(slots_);
-  int prepared = 0;       // micro-batches [0, prepared) have their inputs loaded / receives posted
+  int prepared = 0;       // forwards [0, prepared) have their inputs loaded / receives posted
   int backwards_done = 0;
 
-  // Loads the next micro-batches as far as their slots are free (the slot's previous
-  // micro-batch finished backward) and posts the receives of their activations, so
-  // transfers run while this stage computes.
+  // Loads the next forwards' pairs as far as their slots are free (the slot's previous
+  // pair finished backward) and posts the receives of their activations, so transfers
+  // run while this stage computes.
   auto prepare_ahead = [&](int limit) {
-    while (prepared < std::min(limit, micro_batches) && prepared - slots_ < backwards_done) {
-      const int i = prepared++, slot = slot_of(i);
+    while (prepared < std::min(limit, total_forwards) && needed[static_cast<size_t>(prepared)] <= backwards_done) {
+      const PipelineOp& op = forwards[static_cast<size_t>(prepared++)];
+      const int i = op.micro_batch, v = virtual_stage(op.chunk), p = pair(i, op.chunk);
+      const int slot = slot_of[static_cast<size_t>(p)];
       activation_out[slot].wait();
       side_out[slot].wait();
       // The slot's side values going back (sent after its last backward) may be
       // rewritten by the next forward in the slot (the last stage's routing totals).
       side_back_out[slot].wait();
-      stage.prepare(i, slot);
-      if (!first) activation_in[i] = pp_.recv_async(stage.input_activation(slot), stage_ - 1, activation_tag(i));
-      if (!first && has(stage.side_input(slot)))
-        side_in[i] = pp_.recv_async(stage.side_input(slot), stage_ - 1, side_tag(activation_tag(i)));
+      stage.prepare(i, op.chunk, slot);
+      if (v == 0) continue;
+      activation_in[p] = pp_.recv_async(stage.input_activation(slot), previous_rank, activation_tag(v - 1, i));
+      if (has(stage.side_input(slot)))
+        side_in[p] = pp_.recv_async(stage.side_input(slot), previous_rank, side_tag(activation_tag(v - 1, i)));
     }
   };
 
   // Tracing (parallel/op_tracer.h): a receive is recorded as the wait for it (the
   // transfer the stage sees), a send as its non-blocking post (sends never wait);
-  // the analysis pairs them by group name.
+  // the analysis pairs them by group name, which names the sending virtual stage.
   OpTracer* const tracer = OpTracer::active();
-  auto wait_recv = [&](CommRequest& request, bool forward, int i) {
+  auto wait_recv = [&](CommRequest& request, bool forward, int sender, int i) {
     if (!tracer) return request.wait();
     const double t0 = tracer->now_us();
     request.wait();
     tracer->record((forward ? trace_ops::kForwardRecv : trace_ops::kBackwardRecv).data(), i, t0, tracer->now_us(),
-                   tracer->pipeline_group(forward, forward ? stage_ - 1 : stage_ + 1, i));
+                   tracer->pipeline_group(forward, sender, i));
   };
-  auto traced_send = [&](bool forward, int i) {
+  auto traced_send = [&](bool forward, int sender, int i) {
     if (!tracer) return;
     const double t = tracer->now_us();
     tracer->record((forward ? trace_ops::kForwardSend : trace_ops::kBackwardSend).data(), i, t, t,
-                   tracer->pipeline_group(forward, stage_, i));
+                   tracer->pipeline_group(forward, sender, i));
   };
 
+  int forwards_done = 0;
   for (const PipelineOp& op : ops) {
-    const int i = op.micro_batch, slot = slot_of(i);
+    const int i = op.micro_batch, v = virtual_stage(op.chunk), p = pair(i, op.chunk);
+    const int slot = slot_of[static_cast<size_t>(p)];
+    const bool first = v == 0, last = v == virtual_stages - 1;
     const int64_t rows = stage.rows(i);
     if (op.forward) {
-      prepare_ahead(i + 1);
-      if (first) {
-        activation_in[i].wait();
-      } else {
-        wait_recv(activation_in[i], true, i);
-        side_in[i].wait();
+      prepare_ahead(forwards_done + 1);
+      if (!first) {
+        wait_recv(activation_in[p], true, v - 1, i);
+        side_in[p].wait();
       }
       stage.forward(i, slot);
+      ++forwards_done;
       if (!last) {
-        activation_out[slot] = pp_.send_async(stage.output_activation(slot), stage_ + 1, activation_tag(i));
+        activation_out[slot] = pp_.send_async(stage.output_activation(slot), next_rank, activation_tag(v, i));
         if (has(stage.side_output(slot)))
-          side_out[slot] = pp_.send_async(stage.side_output(slot), stage_ + 1, side_tag(activation_tag(i)));
+          side_out[slot] = pp_.send_async(stage.side_output(slot), next_rank, side_tag(activation_tag(v, i)));
         side_back_out[slot].wait();
         if (has(stage.side_backward(slot)))
-          side_back_in[i] = pp_.recv_async(stage.side_backward(slot), stage_ + 1, side_tag(gradient_tag(i)));
-        traced_send(true, i);
-        gradient_in[i] = pp_.recv_async(grad_in_[slot].rows(0, rows), stage_ + 1, gradient_tag(i));
+          side_back_in[p] = pp_.recv_async(stage.side_backward(slot), next_rank, side_tag(gradient_tag(v, i)));
+        traced_send(true, v, i);
+        gradient_in[p] = pp_.recv_async(grad_in_[slot].rows(0, rows), next_rank, gradient_tag(v, i));
       }
-      prepare_ahead(i + 2);
+      prepare_ahead(forwards_done + 1);
     } else {
       if (!last) {
-        wait_recv(gradient_in[i], false, i);
-        side_back_in[i].wait();
+        wait_recv(gradient_in[p], false, v + 1, i);
+        side_back_in[p].wait();
         copy(stage.output_gradient(slot), grad_in_[slot].rows(0, rows));
       }
       stage.backward(i, slot);
       if (!first) {
         if (has(stage.side_backward(slot)))
-          side_back_out[slot] = pp_.send_async(stage.side_backward(slot), stage_ - 1, side_tag(gradient_tag(i)));
+          side_back_out[slot] =
+              pp_.send_async(stage.side_backward(slot), previous_rank, side_tag(gradient_tag(v - 1, i)));
         gradient_out[slot].wait();
         copy(grad_out_[slot].rows(0, rows), stage.input_gradient(slot));
-        gradient_out[slot] = pp_.send_async(grad_out_[slot].rows(0, rows), stage_ - 1, gradient_tag(i));
-        traced_send(false, i);
+        gradient_out[slot] = pp_.send_async(grad_out_[slot].rows(0, rows), previous_rank, gradient_tag(v - 1, i));
+        traced_send(false, v, i);
       }
       ++backwards_done;
-      prepare_ahead(i + slots_ + 1);
+      prepare_ahead(total_forwards);
     }
   }
   for (CommRequest& r : activation_out) r.wait();

@@ -19,6 +19,7 @@
 #include "planning/plan.h"
 #include "model/lr_schedule.h"
 #include "config/pipeline_layers.h"
+#include "planning/stage_split.h"
 
 namespace hdp {
 
@@ -72,10 +73,12 @@ class TrainingEngine::Stage final : public PipelineStage {
         slow_factor_(slow_factor) {}
 
   int64_t rows(int i) const override { return model_.residual_rows(batch(i).num_tokens()); }
-  void prepare(int i, int slot) override {
+  void prepare(int i, int chunk, int slot) override {
     const PackedMicroBatch& b = batch(i);
-    model_.set_batch(slot, MicroBatchView{b.tokens, b.targets, b.positions, b.cu_seqlens,
-                                          b.ring >= 0 ? &b.ring_layout : nullptr, b.offload_ratio});
+    model_.set_batch(slot,
+                     MicroBatchView{b.tokens, b.targets, b.positions, b.cu_seqlens,
+                                    b.ring >= 0 ? &b.ring_layout : nullptr, b.offload_ratio},
+                     chunk);
   }
   // The stage's layers and, on the last stage, the loss together with its gradient
   // through the LM head: a fused linear cross-entropy (as Liger Kernel's, Hsu et al.
@@ -109,7 +112,10 @@ class TrainingEngine::Stage final : public PipelineStage {
     Phase phase(trace_ops::kBackwardCompute.data(), "backward", i);
     const auto t0 = Clock::now();
     // Gradients become final during the last micro-batch's backward: reduce them
-    // bucket by bucket while the rest of backward runs.
+    // bucket by bucket while the rest of backward runs. With model chunks, each
+    // chunk's: the last micro-batches' backwards run the chunks from the last down
+    // (planning/pipeline_schedule.h), and the chunks' layers lie in the flat buffer
+    // in chunk order, so the offsets reported only fall.
     if (i + 1 == count_) {
       model_.backward(slot, [this](int64_t offset) { optimizer_.gradients_ready(offset); });
     } else {
@@ -156,12 +162,17 @@ class TrainingEngine::Stage final : public PipelineStage {
 
 TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : config_(config), groups_(groups) {
   const GridCoords& c = groups.coords();
-  stage_layers_ = pipeline_layers(config);
+  const int pp = config.parallel.pp, chunks = config.parallel.vpp;
+  const std::vector<int64_t> virtual_layers = virtual_stage_layers(config);
+  stage_layers_ = layers_per_stage(virtual_layers, pp);
   ModelPartition partition;
   partition.tp_rank = c.tp_rank;
   partition.tp_size = config.parallel.tp;
-  partition.first_layer = std::accumulate(stage_layers_.begin(), stage_layers_.begin() + c.pp_rank, int64_t{0});
-  partition.num_layers = stage_layers_[c.pp_rank];
+  // Chunk k of this stage is virtual stage k x pp + its stage (interleaved 1F1B).
+  for (int k = 0; k < chunks; ++k) {
+    const auto v = virtual_layers.begin() + k * pp + c.pp_rank;
+    partition.chunks.push_back({std::accumulate(virtual_layers.begin(), v, int64_t{0}), *v});
+  }
   partition.has_embedding = groups.first_stage();
   partition.has_head = groups.last_stage();
   partition.ep_rank = config.parallel.ep_rank(c);
@@ -175,7 +186,7 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : co
   long_sequences.hdp = &groups.hdp();
   const Device device = config.train.device;
   pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), long_sequences.max_tokens, config.model.hidden_size,
-                                                 device);
+                                                 device, chunks);
   model_ = std::make_unique<LlamaModel>(config.model, capacity, partition, pipeline_->slots(), &groups.tp(),
                                         long_sequences, device, config.train.precision, groups.ep(),
                                         RecomputeOptions{config.train.recompute, config.train.recompute_layers});

@@ -12,7 +12,7 @@
 namespace hdp {
 
 StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
-    : policy_(config.scheduler.policy), cp_(static_cast<int>(config.scheduler.cp)) {
+    : policy_(config.scheduler.policy), cp_(static_cast<int>(config.scheduler.cp)), chunks_(config.parallel.vpp) {
   settings_.hdp = config.parallel.hdp;
   settings_.capacity = config.data.micro_batch_tokens;
   stage_layers_ = pipeline_layers(config);
@@ -57,7 +57,7 @@ StepPlan StepPlanner::plan(std::span<const int64_t> lengths) const {
   StepPlan plan = policy_ == SchedulerPolicy::Static    ? plan_static(lengths, settings_, cp_)
                   : policy_ == SchedulerPolicy::Balance ? plan_balance(lengths, settings_, balance_)
                                                         : plan_naive(lengths, settings_);
-  check_plan(plan, lengths, settings_.layers_per_stage, settings_.pipeline_stages);
+  check_plan(plan, lengths, settings_.layers_per_stage, settings_.pipeline_stages, chunks_);
   return plan;
 }
 

@@ -52,6 +52,7 @@ class StepPlanner {
  private:
   SchedulerPolicy policy_;
   int cp_;
+  int chunks_;  // parallel.vpp: the ring order is checked in the interleaved 1F1B order
   PlannerSettings settings_;
   std::vector<int64_t> stage_layers_;  // layers of each pipeline stage
   BalanceSettings balance_;

@@ -1094,16 +1094,29 @@ TEST(ConfigErrors, ParallelDegreesMustFitTheModel) {
                   "parallel.pp_layers");
   EXPECT_CONTAINS(load_error(path, {"parallel.tp=1", "parallel.pp_layers=[a]"}), "expected a list of integers");
   EXPECT_CONTAINS(load_error(min, {"parallel.hdp=0"}), "parallel.hdp: 0 is not positive");
-  // Interleaved 1F1B: pp x vpp virtual stages of at least one layer, and refused by
-  // the trainer (it runs in `trainer plan --vpp` only).
+  // Interleaved 1F1B: pp x vpp virtual stages of at least one layer, for dense
+  // models without offload and without pp_layers (one count per stage).
   EXPECT_CONTAINS(load_error(min, {"parallel.vpp=0"}), "parallel.vpp: 0 is not positive");
   EXPECT_CONTAINS(load_error(path, {"parallel.tp=1", "parallel.vpp=2"}),
                   "parallel.vpp: 2 model chunks per stage need parallel.pp > 1 and pp x vpp <= model.num_layers 4");
   EXPECT_CONTAINS(load_error(path, {"parallel.tp=1", "parallel.pp=2", "parallel.vpp=3"}),
                   "pp x vpp <= model.num_layers 4");
-  EXPECT_CONTAINS(load_error(path, {"parallel.tp=1", "parallel.pp=2", "parallel.vpp=2"}),
-                  "parallel.vpp: 2 asks for interleaved 1F1B, which `trainer plan --vpp` simulates but the trainer "
-                  "does not run yet; use parallel.vpp: 1");
+  const std::vector<std::string> interleaved = {"parallel.tp=1", "parallel.pp=2", "parallel.vpp=2"};
+  EXPECT_EQ(load_config(path, interleaved).parallel.vpp, 2);
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.begin(), interleaved.begin(), interleaved.end());
+    return load_error(path, more);
+  };
+  EXPECT_CONTAINS(with({"model.arch=mixtral", "model.num_experts=4", "model.experts_per_token=2"}),
+                  "parallel.vpp: 2 with model.arch 'mixtral': the trainer interleaves dense models only");
+  EXPECT_CONTAINS(with({"data.max_seq_len=8192", "data.global_batch_tokens=8192"}),
+                  "parallel.vpp: 2 with offload.enabled true (default) and sequences longer than a micro-batch");
+  EXPECT_EQ(load_config(path, {"parallel.tp=1", "parallel.pp=2", "parallel.vpp=2", "data.max_seq_len=8192",
+                               "data.global_batch_tokens=8192", "offload.enabled=false"})
+                .parallel.vpp,
+            2);
+  EXPECT_CONTAINS(with({"parallel.pp_layers=[1, 3]"}),
+                  "parallel.vpp: 2 with parallel.pp_layers [1, 3]: pp_layers gives one count per stage");
 }
 
 TEST(ConfigErrors, DuplicateKeysAndSyntaxErrors) {

@@ -118,4 +118,50 @@ TEST(ModelSlice, RefusesPartitionsThatDoNotSplitTheConfig) {
 }
 
 }  // namespace
+// Interleaved 1F1B: stage 0 of pp 2 x vpp 2 over 4 layers holds chunks of layers 0
+// and 2 (virtual stages 0 and 2), numbered 0 and 1 on the rank, under their global
+// names; the chunks' ranges are checked like one range.
+TEST(ModelSlice, ChunksHoldTheirLayersUnderTheirGlobalNames) {
+  ModelConfig c = tiny(false);
+  c.num_layers = 4;
+  const ModelPartition partition{.chunks = {{0, 1}, {2, 1}}, .has_head = false};
+  const LlamaModel model(c, 4, partition);
+  EXPECT_EQ(model.num_chunks(), 2);
+  EXPECT_EQ(model.num_layers(), 2);
+  EXPECT_NO_THROW(model.parameter("model.layers.0.self_attn.q_proj.weight"));
+  EXPECT_NO_THROW(model.parameter("model.layers.2.mlp.down_proj.weight"));
+  EXPECT_THROW(model.parameter("model.layers.1.self_attn.q_proj.weight"), std::out_of_range);
+  EXPECT_THROW(model.parameter("model.layers.3.self_attn.q_proj.weight"), std::out_of_range);
+  const ModelSlice slice(c, partition);
+  EXPECT_EQ(slice.global_layer(0), 0);
+  EXPECT_EQ(slice.global_layer(1), 2);
+  EXPECT_EQ(slice.chunk_begin(1), 1);
+  EXPECT_EQ(slice.chunk_begin(2), 2);
+  EXPECT_THROW(ModelSlice(c, {.chunks = {{0, 1}, {3, 2}}}), std::invalid_argument);
+  // Offload and Mixtral's experts run one chunk per stage.
+  EXPECT_THROW(LlamaModel(c, 4, partition, 1, nullptr, {.max_tokens = 8, .offload = true}), std::invalid_argument);
+}
+
+// A slot carries one (micro-batch, chunk) pair, so it holds room for one chunk's
+// layers: 4 slots of chunks of 1 layer take what 4 slots of a 1-layer stage take.
+// Recomputation counts each chunk's layers from its first, so at most the smallest
+// chunk's (all of them: every chunk's).
+TEST(ModelSlice, ASlotHoldsOneChunksLayers) {
+  ModelConfig c = tiny(false);
+  c.num_layers = 4;
+  const LlamaModel chunked(c, 4, ModelPartition{.chunks = {{0, 1}, {2, 1}}, .has_head = false}, 4);
+  const LlamaModel one_layer(c, 4, ModelPartition{.num_layers = 1, .has_head = false}, 4);
+  const LlamaModel two_layers(c, 4, ModelPartition{.num_layers = 2, .has_head = false}, 4);
+  EXPECT_EQ(chunked.activation_bytes(), one_layer.activation_bytes());
+  EXPECT_LT(chunked.activation_bytes(), two_layers.activation_bytes());
+  const ModelPartition uneven{.chunks = {{0, 1}, {1, 2}}, .has_head = false};
+  const LlamaModel recomputing(c, 4, uneven, 1, nullptr, {}, Device::CPU, DType::F32, nullptr,
+                               {RecomputeMode::Full, 1});
+  EXPECT_EQ(recomputing.recompute_layers(), 2);  // layer 0 of each chunk
+  const LlamaModel all(c, 4, uneven, 1, nullptr, {}, Device::CPU, DType::F32, nullptr, {RecomputeMode::Full});
+  EXPECT_EQ(all.recompute_layers(), 3);  // every layer of both chunks
+  EXPECT_THROW(LlamaModel(c, 4, uneven, 1, nullptr, {}, Device::CPU, DType::F32, nullptr, {RecomputeMode::Full, 2}),
+               std::invalid_argument);
+}
+
 }  // namespace hdp

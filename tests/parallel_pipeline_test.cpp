@@ -1,10 +1,13 @@
 // The pipeline schedule (split_layers, one_f_one_b, pipeline_slots) against
 // hand-worked cases and invariants, and PipelineExecutor driving a fake stage
-// over a LocalCommunicator (no MPI): the calls it makes, in order.
+// over a LocalCommunicator (no MPI): the calls it makes, in order; and over
+// threads (tests/thread_communicator.h) the interleaved 1F1B of model chunks, each
+// virtual stage a known function, against the composition of them all.
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <map>
 #include <numeric>
 #include <sstream>
 #include <stdexcept>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "parallel/local_communicator.h"
+#include "thread_communicator.h"
 #include "parallel/pipeline.h"
 #include "planning/stage_split.h"
 
@@ -231,7 +235,7 @@ TEST(PipelineSlots, EarlierStagesHoldMoreMicroBatches) {
 class RecordingStage final : public PipelineStage {
  public:
   int64_t rows(int) const override { return 4; }
-  void prepare(int i, int slot) override { record('P', i, slot); }
+  void prepare(int i, int, int slot) override { record('P', i, slot); }
   void forward(int i, int slot) override { record('F', i, slot); }
   void backward(int i, int slot) override { record('B', i, slot); }
   Tensor input_activation(int) override { return unexpected("input_activation"); }
@@ -291,7 +295,7 @@ class SendingStage final : public PipelineStage {
  public:
   SendingStage() : buffer_(2 * 4 * 8, 0.0f) {}
   int64_t rows(int) const override { return 4; }
-  void prepare(int i, int) override { calls += "P" + std::to_string(i) + " "; }
+  void prepare(int i, int, int) override { calls += "P" + std::to_string(i) + " "; }
   void forward(int i, int) override { calls += "F" + std::to_string(i) + " "; }
   void backward(int i, int) override { calls += "B" + std::to_string(i) + " "; }
   Tensor input_activation(int slot) override { return tensor(slot); }
@@ -312,6 +316,131 @@ TEST(PipelineExecutor, FirstOfTwoStagesSendsAfterItsFirstForward) {
   SendingStage stage;
   EXPECT_THROW(executor.run(stage, 2), std::logic_error);
   EXPECT_EQ(stage.calls, "P0 F0 ");
+}
+
+// ---- PipelineExecutor with model chunks (interleaved 1F1B) over threads ------
+
+// Virtual stage v maps its input x to x (v + 2) + 1, element by element; its
+// backward multiplies the gradient by v + 2. Virtual stage 0's input is i + 1 for
+// micro-batch i, and the last one's output gradient is 1: after every virtual
+// stage the value is a known composition, and the gradient reaching virtual stage 0
+// is the product of all the factors. Each pair's slot must be free when prepared.
+class ChunkedStage final : public PipelineStage {
+ public:
+  static constexpr int64_t kRows = 2, kHidden = 3;
+  ChunkedStage(int stage, int stages, int chunks, int slots)
+      : stage_(stage), stages_(stages), chunks_(chunks), buffers_(4 * slots * kRows * kHidden, 0.0f),
+        pairs_(static_cast<size_t>(slots), {-1, -1}) {}
+
+  // The value every element holds on entering virtual stage v with micro-batch i.
+  static double input_value(int v, int i) {
+    double x = i + 1;
+    for (int u = 0; u < v; ++u) x = x * (u + 2) + 1;
+    return x;
+  }
+
+  int64_t rows(int) const override { return kRows; }
+  void prepare(int i, int chunk, int slot) override {
+    EXPECT_EQ(pairs_[slot].first, -1) << "slot " << slot << " prepared for micro-batch " << i << " chunk " << chunk
+                                      << " while in use";
+    pairs_[slot] = {i, chunk};
+    if (virtual_stage(chunk) == 0) fill(tensor(kInput, slot), static_cast<float>(i + 1));
+  }
+  void forward(int i, int slot) override {
+    const int v = record('F', i, slot);
+    const Tensor x = tensor(kInput, slot), y = tensor(kOutput, slot);
+    for (int64_t e = 0; e < x.numel(); ++e) {
+      EXPECT_EQ(x.f32()[e], static_cast<float>(input_value(v, i))) << "virtual stage " << v << " micro-batch " << i;
+      y.f32()[e] = x.f32()[e] * static_cast<float>(v + 2) + 1;
+    }
+    if (v == stages_ * chunks_ - 1) outputs[i] = y.f32()[0];
+  }
+  void backward(int i, int slot) override {
+    const int v = record('B', i, slot);
+    const Tensor g_out = tensor(kOutputGradient, slot), g_in = tensor(kInputGradient, slot);
+    for (int64_t e = 0; e < g_in.numel(); ++e) {
+      const float g = v == stages_ * chunks_ - 1 ? 1.0f : g_out.f32()[e];
+      g_in.f32()[e] = g * static_cast<float>(v + 2);
+    }
+    if (v == 0) gradients[i] = g_in.f32()[0];
+    pairs_[slot] = {-1, -1};
+  }
+  Tensor input_activation(int slot) override { return tensor(kInput, slot); }
+  Tensor output_activation(int slot) override { return tensor(kOutput, slot); }
+  Tensor output_gradient(int slot) override { return tensor(kOutputGradient, slot); }
+  Tensor input_gradient(int slot) override { return tensor(kInputGradient, slot); }
+
+  std::string calls;
+  std::map<int, float> outputs, gradients;  // of the last virtual stage / virtual stage 0, per micro-batch
+
+ private:
+  enum Buffer { kInput, kOutput, kOutputGradient, kInputGradient };
+  int virtual_stage(int chunk) const { return chunk * stages_ + stage_; }
+  // Appends "F0.1 " (what, micro-batch, the slot's chunk) to calls; the slot's virtual stage.
+  int record(char what, int i, int slot) {
+    const auto [mb, chunk] = pairs_[slot];
+    EXPECT_EQ(mb, i);
+    calls += what + std::to_string(i) + "." + std::to_string(chunk) + " ";
+    return virtual_stage(chunk);
+  }
+  Tensor tensor(Buffer b, int slot) {
+    const size_t slots = pairs_.size();
+    return Tensor(buffers_.data() + (b * slots + static_cast<size_t>(slot)) * kRows * kHidden, {kRows, kHidden});
+  }
+  static void fill(Tensor t, float value) { std::fill(t.f32(), t.f32() + t.numel(), value); }
+  int stage_, stages_, chunks_;
+  std::vector<float> buffers_;
+  std::vector<std::pair<int, int>> pairs_;  // (micro-batch, chunk) per slot; -1: free
+};
+
+// "F0.0 F1.0 B0.1 ..." (micro-batch.chunk) for a schedule.
+std::string chunk_ops_string(const std::vector<PipelineOp>& ops) {
+  std::string s;
+  for (const PipelineOp& op : ops)
+    s += (op.forward ? "F" : "B") + std::to_string(op.micro_batch) + "." + std::to_string(op.chunk) + " ";
+  return s;
+}
+
+// Every micro-batch passes all stages x chunks virtual stages in order forward and
+// back, each stage runs pipeline_schedule's order, within pipeline_slots slots;
+// micro-batch counts that are not a multiple of the stages included.
+TEST(PipelineExecutor, InterleavedChunksPassEveryVirtualStageInOrder) {
+  for (int stages : {2, 3}) {
+    for (int chunks : {2, 3}) {
+      for (int m : {1, 2, 3, 4, 5, 7}) {
+        std::vector<std::string> calls(static_cast<size_t>(stages));
+        std::map<int, float> outputs, gradients;
+        testing::run_ranks(stages, [&](testing::ThreadCommunicator& pp) {
+          PipelineExecutor executor(pp, ChunkedStage::kRows, ChunkedStage::kHidden, Device::CPU, chunks);
+          EXPECT_EQ(executor.slots(), pipeline_slots(pp.rank(), stages, chunks));
+          ChunkedStage stage(pp.rank(), stages, chunks, executor.slots());
+          executor.run(stage, m);
+          calls[static_cast<size_t>(pp.rank())] = stage.calls;
+          if (pp.rank() == stages - 1) outputs = stage.outputs;
+          if (pp.rank() == 0) gradients = stage.gradients;
+        });
+        const std::string what = std::to_string(stages) + " stages x " + std::to_string(chunks) + " chunks, " +
+                                 std::to_string(m) + " micro-batches";
+        for (int s = 0; s < stages; ++s)
+          EXPECT_EQ(calls[static_cast<size_t>(s)], chunk_ops_string(pipeline_schedule(s, stages, chunks, m)))
+              << what << ", stage " << s;
+        double product = 1;
+        for (int v = 0; v < stages * chunks; ++v) product *= v + 2;
+        ASSERT_EQ(outputs.size(), static_cast<size_t>(m)) << what;
+        ASSERT_EQ(gradients.size(), static_cast<size_t>(m)) << what;
+        for (int i = 0; i < m; ++i) {
+          EXPECT_EQ(outputs[i], static_cast<float>(ChunkedStage::input_value(stages * chunks, i))) << what;
+          EXPECT_EQ(gradients[i], static_cast<float>(product)) << what;
+        }
+      }
+    }
+  }
+}
+
+// One stage has nothing to interleave: the executor refuses chunks there.
+TEST(PipelineExecutor, ChunksOnOneStageThrow) {
+  LocalCommunicator pp("pp");
+  EXPECT_THROW(PipelineExecutor(pp, 4, 8, Device::CPU, 2), std::invalid_argument);
 }
 
 }  // namespace
