@@ -4,6 +4,7 @@
 #include "kernels/ops.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
@@ -131,6 +132,14 @@ void require(bool cond, const char* op, const std::string& msg) {
   if (!cond) fail(op, msg);
 }
 
+// Host reads per device (kernels/ops.h), this thread's.
+thread_local std::array<int64_t, 3> t_host_reads{}, t_staged_host_reads{};
+thread_local int t_staging = 0;  // StagedCopies alive in this thread
+
+void count_host_read(Device device) {
+  ++(t_staging > 0 ? t_staged_host_reads : t_host_reads)[static_cast<size_t>(device)];
+}
+
 }  // namespace
 
 // ---- dense algebra ---------------------------------------------------------------
@@ -225,6 +234,7 @@ Device copy_backend(const char* op, const TensorOf<T>& dst, const TensorOf<T>& s
   if (dst.device != Device::CPU && src.device != Device::CPU && dst.device != src.device)
     fail(op, std::string("no copy between ") + device_name(src.device) + " and " + device_name(dst.device) +
                  " memory");
+  if (dst.device == Device::CPU && src.device != Device::CPU) count_host_read(src.device);
   return dst.device != Device::CPU ? dst.device : src.device;
 }
 
@@ -261,6 +271,7 @@ double sum_squares(const Tensor& x) {
   const char* op = "sum_squares";
   [[maybe_unused]] const DType dtype_ = check_dtypes(op, {}, {{"x", x}});
   require(x.numel() == 0 || x.data, op, "tensor without data");
+  count_host_read(x.device);
   switch (x.device) {
     case Device::CPU: return cpu::sum_squares(x);
     HDP_CUDA_CASE(sum_squares(x))
@@ -279,6 +290,11 @@ void synchronize(Device device) {
     default: throw UnsupportedDevice(op, device);
   }
 }
+
+int64_t host_reads(Device device) { return t_host_reads[static_cast<size_t>(device)]; }
+int64_t staged_host_reads(Device device) { return t_staged_host_reads[static_cast<size_t>(device)]; }
+StagedCopies::StagedCopies() { ++t_staging; }
+StagedCopies::~StagedCopies() { --t_staging; }
 
 // ---- embedding -------------------------------------------------------------------
 
@@ -776,6 +792,7 @@ double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Ten
   require_dims(op, "target_logit", target_logit, {T});
   require_dims(op, "targets", targets, {T});
   const Device dev = common_device(op, lse, global_max, row_sumexp, target_logit, targets);
+  count_host_read(dev);
   switch (dev) {
     case Device::CPU: return cpu::cross_entropy_global_loss(lse, global_max, row_sumexp, target_logit, targets);
     HDP_CUDA_CASE(cross_entropy_global_loss(lse, global_max, row_sumexp, target_logit, targets))
@@ -793,6 +810,7 @@ double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets,
   require(scratch_3xT.numel() >= 3 * T && (T == 0 || scratch_3xT.data), op,
           arg("scratch_3xT", scratch_3xT) + " must hold at least 3*T = " + std::to_string(3 * T) + " floats");
   const Device dev = common_device(op, logits, targets, scratch_3xT);
+  count_host_read(dev);
   check_targets(op, targets, logits.dim(1));
   switch (dev) {
     HDP_CUDA_CASE(cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT))

@@ -48,6 +48,33 @@ double sum_squares(const Tensor& x);
 // reading the clock.
 void synchronize(Device device);
 
+// ---- host reads ------------------------------------------------------------------
+// A host read is an op that brings a value computed on `device` back to the host: a
+// copy from device memory into host memory, or an op that returns a device value
+// (sum_squares and the cross-entropy losses returning double). On a GPU each one
+// waits for the compute stream to drain (cudaStreamSynchronize), which stalls the
+// host's kernel launches and leaves the GPU idle until the next launch arrives, so
+// a training step keeps them to one at its end (docs/internals.md, "Host reads").
+// Every backend counts the same logical reads (a copy from CPU memory to CPU memory
+// is none; an op returning a CPU value is one), so the CPU and the guarded device
+// show in tests what a GPU would pay. The count is the calling thread's: a rank's,
+// also where ranks run as threads of one process.
+int64_t host_reads(Device device);
+// A communicator that stages device memory through the host (MPI without NCCL:
+// parallel/mpi_communicator.cpp) copies each collective's input out of the device:
+// host reads too, but the communicator's, which a GPU run on NCCL (the default on
+// cuda) does not make. Copies made while a StagedCopies lives in this thread count
+// in staged_host_reads instead of host_reads, so that the guarded device, whose
+// collectives always go through MPI, shows the count the GPU's computation pays.
+class StagedCopies {
+ public:
+  StagedCopies();
+  ~StagedCopies();
+  StagedCopies(const StagedCopies&) = delete;
+  StagedCopies& operator=(const StagedCopies&) = delete;
+};
+int64_t staged_host_reads(Device device);
+
 // ---- embedding ---------------------------------------------------------------
 // out[T, H] = table[token - vocab_begin] for tokens in [vocab_begin, vocab_begin + V_local), zero otherwise
 // (vocab_begin lets a tensor-parallel rank hold a slice of the vocabulary).

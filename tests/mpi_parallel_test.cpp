@@ -6,9 +6,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <numeric>
 
 #include "mpi_environment.h"
+#include "kernels/ops.h"
 #include "parallel/local_communicator.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_groups.h"
@@ -291,6 +293,46 @@ TEST(TrainingEngine, UnevenMicroBatchCountsGiveTheSameGradients) {
     for (float x : a) max_abs = std::max(max_abs, static_cast<double>(std::abs(x)));
     ASSERT_GT(max_abs, 0.0);
     for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5 * max_abs) << parallel << " element " << i;
+  }
+}
+
+// The host reads (kernels/ops.h) of one training step: forward_backward over three
+// micro-batches and the update, counted on this rank for the second step (the
+// first may size buffers). The CPU counts the logical reads a GPU would pay, and the
+// guarded device (device memory closed to the host) must count the same; the copies
+// MPI stages collectives through count apart (staged).
+struct StepReads {
+  int64_t reads = 0, staged = 0;
+};
+StepReads host_reads_of_a_step(const char* parallel, Device device) {
+  const Config config = engine_config(parallel, "{path: unused.h5, max_seq_len: 64, micro_batch_tokens: 96, "
+                                                "global_batch_tokens: 1024}",
+                                      "", std::string("{device: ") + device_name(device) + "}");
+  ProcessGroups groups(config.parallel, false);
+  TrainingEngine engine(config, groups);
+  engine.model().init_weights(3);
+  const uint64_t seed = 10 * static_cast<uint64_t>(groups.coords().hdp_rank);
+  const std::vector<PackedMicroBatch> batches = {micro_batch({64, 20, 12}, seed + 1), micro_batch({50, 40}, seed + 2),
+                                                 micro_batch({30, 30, 30}, seed + 3)};
+  StepReads before;
+  for (int64_t step = 1; step <= 2; ++step) {
+    before = {host_reads(device), staged_host_reads(device)};
+    const StepResult result = engine.forward_backward(batches);
+    EXPECT_TRUE(std::isfinite(result.loss) && result.loss > 0) << parallel;
+    engine.apply_update(1e-3, step);
+  }
+  return {host_reads(device) - before.reads, staged_host_reads(device) - before.staged};
+}
+
+TEST(TrainingEngine, AStepReadsTheDeviceBackOnce) {
+  for (const char* parallel : {"{hdp: 4}", "{tp: 2, hdp: 2}", "{pp: 2, hdp: 2}"}) {
+    const StepReads cpu = host_reads_of_a_step(parallel, Device::CPU);
+    const StepReads guarded = host_reads_of_a_step(parallel, Device::Guarded);
+    std::printf("rank %d %s: %lld host reads (cpu), %lld (guarded) + %lld staged by MPI\n", world_rank(), parallel,
+                static_cast<long long>(cpu.reads), static_cast<long long>(guarded.reads),
+                static_cast<long long>(guarded.staged));
+    EXPECT_EQ(guarded.reads, cpu.reads) << parallel;
+    EXPECT_EQ(cpu.staged, 0) << parallel << ": MPI stages nothing of host memory";
   }
 }
 
