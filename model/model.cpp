@@ -63,7 +63,9 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
                    {capacity_tokens, max_tokens_, activation_slots, long_sequences.offload, ring_attention_ != nullptr,
                     recompute.mode, recompute.layers.value_or(slice_.num_layers)},
                    device, precision),
-      blocks_(config, slice_, tp, ring_attention_.get(), activations_.scratch()) {}
+      blocks_(config, slice_, tp, ring_attention_.get(), activations_.scratch()),
+      loss_arena_(device, Arena::kAlignment, "loss sum"),
+      loss_sum_(loss_arena_.double_tensor({1})) {}
 
 const std::vector<int64_t>& LlamaModel::expert_tokens() const {
   static const std::vector<int64_t> kNone;
@@ -118,7 +120,7 @@ Tensor LlamaModel::input_gradient(int slot) const {
   return activations_.scratch().residual_grad.rows(0, activations_.slot(slot).shard_rows);
 }
 
-double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
+DoubleTensor LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
   const int64_t L = slice_.num_layers;
   MicroBatchSlot& s = activations_.slot(slot);
   const int64_t T = s.tokens_used;
@@ -146,10 +148,12 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
   const double aux_term =
       moe_ ? moe_->pool_load_balancing(slot, loss_scale, T, ring_attention_.get(), s.has_ring ? &s.ring : nullptr)
            : 0.0;
-  if (!partition_.has_head) return 0.0;
-  const double loss = blocks_.head_forward(s, ends, loss_scale, with_backward);
+  fill(loss_sum_, 0.0);
+  if (!partition_.has_head) return loss_sum_;
+  blocks_.head_forward(s, ends, loss_scale, with_backward, loss_sum_);
+  if (moe_) add_scalar(loss_sum_, aux_term);
   head_gradient_pending_ = with_backward ? slot : -1;
-  return loss + aux_term;
+  return loss_sum_;
 }
 
 void LlamaModel::backward(int slot, const GradientsReady& ready) {
@@ -197,14 +201,14 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
 
 double LlamaModel::forward_backward(const MicroBatchView& batch, float loss_scale, const GradientsReady& ready) {
   set_batch(0, batch);
-  const double loss = forward(0, loss_scale, true);
+  const DoubleTensor loss = forward(0, loss_scale, true);
   backward(0, ready);
-  return loss;
+  return read_back(loss)[0];
 }
 
 double LlamaModel::forward_loss(const MicroBatchView& batch) {
   set_batch(0, batch);
-  return forward(0, 1.0f, false);
+  return read_back(forward(0, 1.0f, false))[0];
 }
 
 }  // namespace hdp
