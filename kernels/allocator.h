@@ -98,6 +98,7 @@ class Arena {
     return t;
   }
   IndexTensor index_tensor(std::initializer_list<int64_t> dims) { return make<int32_t>(dims); }
+  DoubleTensor double_tensor(std::initializer_list<int64_t> dims) { return make<double>(dims); }
 
   Device device() const { return device_; }
   size_t used() const { return used_; }

@@ -717,12 +717,51 @@ void check_bf16_dense_and_elementwise(Checker& c) {
   }
 }
 
+// The sums a training step keeps on the device (kernels/ops.h): filled, added into by
+// sum_squares, the cross-entropy losses, add_scalar and add_inplace, and read back once,
+// against the same ops on host doubles.
+void check_device_sums(Checker& c) {
+  const int64_t n = 1000, T = 130, V = 97;
+  const std::string shape = dims({{"n", n}, {"T", T}, {"V", V}});
+  Workspace w = c.workspace();
+  std::vector<double> host_sums(3);
+  const DoubleTensor ref(host_sums.data(), {3}, Device::CPU);
+  Arena arena(c.device(), Arena::kAlignment, "check sums");
+  const DoubleTensor got = arena.double_tensor({3});
+  std::vector<int32_t> targets(T);
+  std::uniform_int_distribution<int32_t> target(-1, static_cast<int32_t>(V - 1));
+  for (int32_t& t : targets) t = target(c.rng());
+  const IndexTwin tg = w.indices(targets);
+  const Twin x = w.random({n}), y = w.random({n + 7}), logits = w.random({T, V}, -8, 8), scratch = w.random({3 * T}),
+             global_max = w.random({T}, 4, 8), sumexp = w.random({T}, 1, 3000), target_logit = w.random({T}, -8, 8),
+             lse = w.random({T});
+  fill(ref, 0.25);
+  fill(got, 0.25);
+  sum_squares(x.host, ref.rows(0, 1));
+  sum_squares(y.host, ref.rows(0, 1));
+  sum_squares(x.dev, got.rows(0, 1));
+  sum_squares(y.dev, got.rows(0, 1));
+  cross_entropy_forward_backward(logits.host, tg.host, 0.5f, scratch.host, ref.rows(1, 2));
+  cross_entropy_forward_backward(logits.dev, tg.dev, 0.5f, scratch.dev, got.rows(1, 2));
+  cross_entropy_global_loss(lse.host, global_max.host, sumexp.host, target_logit.host, tg.host, ref.rows(1, 2));
+  cross_entropy_global_loss(lse.dev, global_max.dev, sumexp.dev, target_logit.dev, tg.dev, got.rows(1, 2));
+  add_scalar(ref.rows(2, 3), -1.5);
+  add_scalar(got.rows(2, 3), -1.5);
+  add_inplace(ref.rows(0, 2), ref.rows(1, 3));
+  add_inplace(got.rows(0, 2), got.rows(1, 3));
+  const std::vector<double> r = read_back(ref), g = read_back(got);
+  c.compare_scalar("device sums: sum_squares + cross-entropy", shape, g[0], r[0], 1e-6);
+  c.compare_scalar("device sums: cross-entropy losses + add_scalar", shape, g[1], r[1], 1e-6);
+  c.compare_scalar("device sums: fill + add_scalar", shape, g[2], r[2], 0);
+}
+
 }  // namespace
 
 std::vector<OpCheck> check_backend(Device device, uint64_t seed) {
   Checker c(device, seed);
   // Cheap and fundamental first: a broken copy or GEMM explains the rest.
   check_elementwise(c);
+  check_device_sums(c);
   check_dense(c);
   // Every op in fp32, then in bf16 against the CPU's bf16 twins.
   for (DType dt : {DType::F32, DType::BF16}) {

@@ -20,12 +20,14 @@
 
 namespace hdp {
 
-// I32 is the dtype of index tensors (tokens, positions, cu_seqlens).
-enum class DType { F32, BF16, I32 };
+// I32 is the dtype of index tensors (tokens, positions, cu_seqlens); F64 that of the
+// few sums a training step keeps on the device in double (its loss and its gradient's
+// sum of squares, kernels/ops.h) until it reads them back once.
+enum class DType { F32, BF16, I32, F64 };
 
 // The names a config writes (train.precision names F32 and BF16).
 inline constexpr EnumName<DType> kDTypeNames[] = {
-    {DType::F32, "fp32"}, {DType::BF16, "bf16"}, {DType::I32, "int32"}};
+    {DType::F32, "fp32"}, {DType::BF16, "bf16"}, {DType::I32, "int32"}, {DType::F64, "fp64"}};
 // The two precisions training can run in (train.precision).
 inline constexpr EnumName<DType> kPrecisionNames[] = {
     {DType::F32, "fp32", "fp32 everywhere"},
@@ -33,7 +35,7 @@ inline constexpr EnumName<DType> kPrecisionNames[] = {
 
 inline const char* dtype_name(DType t) { return enum_name(kDTypeNames, t); }
 
-constexpr size_t dtype_size(DType t) { return t == DType::BF16 ? 2 : 4; }
+constexpr size_t dtype_size(DType t) { return t == DType::BF16 ? 2 : t == DType::F64 ? 8 : 4; }
 
 // A bfloat16 value as stored: the 16 high bits of the fp32 with the same sign and
 // exponent. Trivially copyable, 2 bytes, no implicit conversions (a conversion is

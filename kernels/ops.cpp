@@ -4,6 +4,7 @@
 #include "kernels/ops.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <initializer_list>
 #include <stdexcept>
@@ -131,6 +132,14 @@ void require(bool cond, const char* op, const std::string& msg) {
   if (!cond) fail(op, msg);
 }
 
+// Host reads per device (kernels/ops.h), this thread's.
+thread_local std::array<int64_t, 3> t_host_reads{}, t_staged_host_reads{};
+thread_local int t_staging = 0;  // StagedCopies alive in this thread
+
+void count_host_read(Device device) {
+  ++(t_staging > 0 ? t_staged_host_reads : t_host_reads)[static_cast<size_t>(device)];
+}
+
 }  // namespace
 
 // ---- dense algebra ---------------------------------------------------------------
@@ -225,6 +234,7 @@ Device copy_backend(const char* op, const TensorOf<T>& dst, const TensorOf<T>& s
   if (dst.device != Device::CPU && src.device != Device::CPU && dst.device != src.device)
     fail(op, std::string("no copy between ") + device_name(src.device) + " and " + device_name(dst.device) +
                  " memory");
+  if (dst.device == Device::CPU && src.device != Device::CPU) count_host_read(src.device);
   return dst.device != Device::CPU ? dst.device : src.device;
 }
 
@@ -261,6 +271,7 @@ double sum_squares(const Tensor& x) {
   const char* op = "sum_squares";
   [[maybe_unused]] const DType dtype_ = check_dtypes(op, {}, {{"x", x}});
   require(x.numel() == 0 || x.data, op, "tensor without data");
+  count_host_read(x.device);
   switch (x.device) {
     case Device::CPU: return cpu::sum_squares(x);
     HDP_CUDA_CASE(sum_squares(x))
@@ -277,6 +288,100 @@ void synchronize(Device device) {
     case Device::Guarded: return;  // the CPU kernels finish before they return
     HDP_CUDA_CASE(synchronize())
     default: throw UnsupportedDevice(op, device);
+  }
+}
+
+int64_t host_reads(Device device) { return t_host_reads[static_cast<size_t>(device)]; }
+int64_t staged_host_reads(Device device) { return t_staged_host_reads[static_cast<size_t>(device)]; }
+StagedCopies::StagedCopies() { ++t_staging; }
+StagedCopies::~StagedCopies() { --t_staging; }
+
+// ---- sums on the device ------------------------------------------------------------
+
+namespace {
+// Sums are fp64 vectors (one element per sum).
+void require_sums(const char* op, const char* name, const DoubleTensor& t) {
+  require(t.dtype == DType::F64 && t.ndim == 1 && (t.numel() == 0 || t.data), op,
+          std::string(name) + "=" + t.shape_string() + " must be a vector of fp64 sums");
+}
+
+// The CPU's and the guarded device's sums are plain doubles on the host side, the
+// guarded device's open to it only inside an Access (as while its kernels run).
+template <class F>
+void host_side(Device device, F&& f) {
+  if (device == Device::Guarded) {
+    const guarded::Access guarded_access_;
+    return f();
+  }
+  f();
+}
+}  // namespace
+
+void fill(DoubleTensor y, double value) {
+  const char* op = "fill";
+  require_sums(op, "y", y);
+  switch (y.device) {
+    HDP_CUDA_CASE(fill(y, value))
+    case Device::CPU:
+    case Device::Guarded: return host_side(y.device, [&] { std::fill_n(y.data, y.numel(), value); });
+    default: throw UnsupportedDevice(op, y.device);
+  }
+}
+
+void add_inplace(DoubleTensor y, const DoubleTensor& x) {
+  const char* op = "add_inplace";
+  require_sums(op, "y", y);
+  require_sums(op, "x", x);
+  require_same_shape(op, "y", y, "x", x);
+  switch (common_device(op, y, x)) {
+    HDP_CUDA_CASE(add_inplace(y, x))
+    case Device::CPU:
+    case Device::Guarded:
+      return host_side(y.device, [&] {
+        for (int64_t i = 0; i < y.numel(); ++i) y.data[i] += x.data[i];
+      });
+    default: throw UnsupportedDevice(op, y.device);
+  }
+}
+
+void add_scalar(DoubleTensor y, double value) {
+  const char* op = "add_scalar";
+  require_sums(op, "y", y);
+  require(y.numel() >= 1, op, "y is empty");
+  switch (y.device) {
+    HDP_CUDA_CASE(add_scalar(y, value))
+    case Device::CPU:
+    case Device::Guarded: return host_side(y.device, [&] { y.data[0] += value; });
+    default: throw UnsupportedDevice(op, y.device);
+  }
+}
+
+void sum_squares(const Tensor& x, DoubleTensor sum) {
+  const char* op = "sum_squares";
+  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {}, {{"x", x}});
+  require(x.numel() == 0 || x.data, op, "tensor without data");
+  require_sums(op, "sum", sum);
+  require(sum.numel() >= 1, op, "sum is empty");
+  switch (common_device(op, x, sum)) {
+    HDP_CUDA_CASE(sum_squares(x, sum))
+    case Device::CPU:
+    case Device::Guarded: return host_side(x.device, [&] { sum.data[0] += cpu::sum_squares(x); });
+    default: throw UnsupportedDevice(op, x.device);
+  }
+}
+
+std::vector<double> read_back(const DoubleTensor& x) {
+  const char* op = "read_back";
+  require_sums(op, "x", x);
+  std::vector<double> values(static_cast<size_t>(x.numel()));
+  count_host_read(x.device);
+  switch (x.device) {
+    HDP_CUDA_CASE(read_back(x))
+    case Device::CPU:
+    case Device::Guarded:
+      host_side(x.device, [&] { std::copy_n(x.data, x.numel(), values.data()); });
+      return values;
+    default: throw UnsupportedDevice(op, x.device);
   }
 }
 
@@ -765,17 +870,41 @@ void cross_entropy_rescale_sumexp(Tensor row_sumexp, const Tensor& row_max, cons
   }
 }
 
-double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
-                                 const Tensor& target_logit, const IndexTensor& targets) {
-  const char* op = "cross_entropy_global_loss";
-  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {}, {{"lse", lse}, {"global_max", global_max}, {"row_sumexp", row_sumexp}, {"target_logit", target_logit}});
+namespace {
+// The checks of cross_entropy_global_loss; returns the device.
+Device check_global_loss(const char* op, const Tensor& lse, const Tensor& global_max, const Tensor& row_sumexp,
+                         const Tensor& target_logit, const IndexTensor& targets) {
+  check_dtypes(op, {}, {{"lse", lse}, {"global_max", global_max}, {"row_sumexp", row_sumexp}, {"target_logit", target_logit}});
   require_dims(op, "lse", lse, {-1});
   const int64_t T = lse.dim(0);
   require_dims(op, "global_max", global_max, {T});
   require_dims(op, "row_sumexp", row_sumexp, {T});
   require_dims(op, "target_logit", target_logit, {T});
   require_dims(op, "targets", targets, {T});
-  const Device dev = common_device(op, lse, global_max, row_sumexp, target_logit, targets);
+  return common_device(op, lse, global_max, row_sumexp, target_logit, targets);
+}
+
+// The checks of cross_entropy_forward_backward; returns the compute dtype (the device is logits').
+DType check_forward_backward(const char* op, const Tensor& logits, const IndexTensor& targets,
+                             const Tensor& scratch_3xT) {
+  const DType dtype = check_dtypes(op, {{"logits", logits}}, {{"scratch_3xT", scratch_3xT}});
+  require_dims(op, "logits", logits, {-1, -1});
+  const int64_t T = logits.dim(0);
+  require_dims(op, "targets", targets, {T});
+  require(scratch_3xT.numel() >= 3 * T && (T == 0 || scratch_3xT.data), op,
+          arg("scratch_3xT", scratch_3xT) + " must hold at least 3*T = " + std::to_string(3 * T) + " floats");
+  common_device(op, logits, targets, scratch_3xT);
+  check_targets(op, targets, logits.dim(1));
+  return dtype;
+}
+}  // namespace
+
+double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
+                                 const Tensor& target_logit, const IndexTensor& targets) {
+  const char* op = "cross_entropy_global_loss";
+  [[maybe_unused]] const DType dtype_ = DType::F32;
+  const Device dev = check_global_loss(op, lse, global_max, row_sumexp, target_logit, targets);
+  count_host_read(dev);
   switch (dev) {
     case Device::CPU: return cpu::cross_entropy_global_loss(lse, global_max, row_sumexp, target_logit, targets);
     HDP_CUDA_CASE(cross_entropy_global_loss(lse, global_max, row_sumexp, target_logit, targets))
@@ -784,19 +913,51 @@ double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Ten
   }
 }
 
+void cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
+                               const Tensor& target_logit, const IndexTensor& targets, DoubleTensor loss_sum) {
+  const char* op = "cross_entropy_global_loss";
+  [[maybe_unused]] const DType dtype_ = DType::F32;
+  const Device dev = check_global_loss(op, lse, global_max, row_sumexp, target_logit, targets);
+  require_sums(op, "loss_sum", loss_sum);
+  require(loss_sum.numel() >= 1 && loss_sum.device == dev, op, "loss_sum must hold a sum on the tensors' device");
+  switch (dev) {
+    HDP_CUDA_CASE(cross_entropy_global_loss(lse, global_max, row_sumexp, target_logit, targets, loss_sum))
+    case Device::CPU:
+    case Device::Guarded:
+      return host_side(dev, [&] {
+        loss_sum.data[0] += cpu::cross_entropy_global_loss(lse, global_max, row_sumexp, target_logit, targets);
+      });
+    default: throw UnsupportedDevice(op, dev);
+  }
+}
+
 double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT) {
   const char* op = "cross_entropy_forward_backward";
-  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"logits", logits}}, {{"scratch_3xT", scratch_3xT}});
-  require_dims(op, "logits", logits, {-1, -1});
-  const int64_t T = logits.dim(0);
-  require_dims(op, "targets", targets, {T});
-  require(scratch_3xT.numel() >= 3 * T && (T == 0 || scratch_3xT.data), op,
-          arg("scratch_3xT", scratch_3xT) + " must hold at least 3*T = " + std::to_string(3 * T) + " floats");
-  const Device dev = common_device(op, logits, targets, scratch_3xT);
-  check_targets(op, targets, logits.dim(1));
-  switch (dev) {
+  [[maybe_unused]] const DType dtype_ = check_forward_backward(op, logits, targets, scratch_3xT);
+  count_host_read(logits.device);
+  switch (logits.device) {
     HDP_CUDA_CASE(cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT))
     HDP_CPU_CASES(cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT))
+    default: throw UnsupportedDevice(op, logits.device);
+  }
+}
+
+void cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT,
+                                    DoubleTensor loss_sum) {
+  const char* op = "cross_entropy_forward_backward";
+  [[maybe_unused]] const DType dtype_ = check_forward_backward(op, logits, targets, scratch_3xT);
+  const Device dev = logits.device;
+  require_sums(op, "loss_sum", loss_sum);
+  require(loss_sum.numel() >= 1 && loss_sum.device == dev, op, "loss_sum must hold a sum on the tensors' device");
+  switch (dev) {
+    HDP_CUDA_CASE(cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT, loss_sum))
+    case Device::CPU:
+    case Device::Guarded:
+      return host_side(dev, [&] {
+        loss_sum.data[0] += dtype_ == DType::BF16
+                                ? cpu::bf16_ops::cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT)
+                                : cpu::cross_entropy_forward_backward(logits, targets, grad_scale, scratch_3xT);
+      });
     default: throw UnsupportedDevice(op, dev);
   }
 }

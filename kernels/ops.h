@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kernels/tensor.h"
 #include "spec/rope.h"
@@ -47,6 +48,50 @@ double sum_squares(const Tensor& x);
 // asynchronously; a no-op on the CPU). Timers of device work call it before
 // reading the clock.
 void synchronize(Device device);
+
+// ---- host reads ------------------------------------------------------------------
+// A host read is an op that brings a value computed on `device` back to the host: a
+// copy from device memory into host memory, or an op that returns a device value
+// (sum_squares and the cross-entropy losses returning double). On a GPU each one
+// waits for the compute stream to drain (cudaStreamSynchronize), which stalls the
+// host's kernel launches and leaves the GPU idle until the next launch arrives, so
+// a training step keeps them to one at its end (docs/internals.md, "Host reads").
+// Every backend counts the same logical reads (a copy from CPU memory to CPU memory
+// is none; an op returning a CPU value is one), so the CPU and the guarded device
+// show in tests what a GPU would pay. The count is the calling thread's: a rank's,
+// also where ranks run as threads of one process.
+int64_t host_reads(Device device);
+// A communicator that stages device memory through the host (MPI without NCCL:
+// parallel/mpi_communicator.cpp) copies each collective's input out of the device:
+// host reads too, but the communicator's, which a GPU run on NCCL (the default on
+// cuda) does not make. Copies made while a StagedCopies lives in this thread count
+// in staged_host_reads instead of host_reads, so that the guarded device, whose
+// collectives always go through MPI, shows the count the GPU's computation pays.
+class StagedCopies {
+ public:
+  StagedCopies();
+  ~StagedCopies();
+  StagedCopies(const StagedCopies&) = delete;
+  StagedCopies& operator=(const StagedCopies&) = delete;
+};
+int64_t staged_host_reads(Device device);
+
+// ---- sums on the device ------------------------------------------------------------
+// A training step adds up its loss and its gradient's sum of squares on the device, in
+// double (fp64 DoubleTensors, one element per sum), and reads them back together once
+// at its end. Each op below forms its own sum from zero and then adds it into the
+// element, so a sequence of calls adds in the order, and with the roundings, of the
+// host loop `total += op()` it replaces: the results are bit-identical to it.
+// y = value everywhere.
+void fill(DoubleTensor y, double value);
+// y += x (same shape).
+void add_inplace(DoubleTensor y, const DoubleTensor& x);
+// y[0] += value, a host value (enqueued with the op: no read).
+void add_scalar(DoubleTensor y, double value);
+// sum[0] += the sum of x^2 accumulated in double (as sum_squares(x) returns it).
+void sum_squares(const Tensor& x, DoubleTensor sum);
+// The values of x on the host: one host read, the step's one.
+std::vector<double> read_back(const DoubleTensor& x);
 
 // ---- embedding ---------------------------------------------------------------
 // out[T, H] = table[token - vocab_begin] for tokens in [vocab_begin, vocab_begin + V_local), zero otherwise
@@ -176,9 +221,15 @@ void cross_entropy_rescale_sumexp(Tensor row_sumexp, const Tensor& row_max, cons
 // row order in double (brought back to the host).
 double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
                                  const Tensor& target_logit, const IndexTensor& targets);
+// The same, adding the sum into loss_sum[0] on the device instead of returning it (no read).
+void cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
+                               const Tensor& target_logit, const IndexTensor& targets, DoubleTensor loss_sum);
 // Single-shard convenience: both passes; returns the sum over predicted rows of
 // -log softmax(target) (in double) and leaves the scaled gradient in logits.
 double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT);
+// The same, adding the loss into loss_sum[0] on the device instead of returning it (no read).
+void cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT,
+                                    DoubleTensor loss_sum);
 
 // ---- AdamW (decoupled weight decay, bias correction) ----------------------------
 // The update's plain arguments, all the caller's: the trainer's come from its

@@ -28,7 +28,8 @@ constexpr int kMaxDims = 4;
 template <class T>
 struct TensorOf {
   // The dtype a pointer of type T means when none is given.
-  static constexpr DType kNativeDType = std::is_same_v<T, int32_t> ? DType::I32 : DType::F32;
+  static constexpr DType kNativeDType =
+      std::is_same_v<T, int32_t> ? DType::I32 : std::is_same_v<T, double> ? DType::F64 : DType::F32;
 
   T* data = nullptr;
   std::array<int64_t, kMaxDims> shape{};
@@ -107,5 +108,7 @@ struct TensorOf {
 
 using Tensor = TensorOf<float>;
 using IndexTensor = TensorOf<int32_t>;
+// Sums in double kept on the device (kernels/ops.h, "sums on the device").
+using DoubleTensor = TensorOf<double>;
 
 }  // namespace hdp

@@ -244,23 +244,21 @@ void DecoderBlocks::moe_block_backward(const MicroBatchSlot& s, MoeBlock& moe, c
 // The LM head and loss run chunk by chunk over tokens; with backward, each chunk's
 // logits are turned into their gradient in place and pushed through the head at
 // once, so only one [chunk, vocab] buffer ever exists.
-double DecoderBlocks::head_forward(const MicroBatchSlot& s, const EndParameters& p, float loss_scale,
-                                   bool with_backward) {
+void DecoderBlocks::head_forward(const MicroBatchSlot& s, const EndParameters& p, float loss_scale,
+                                 bool with_backward, DoubleTensor loss_sum) {
   const int64_t T = s.tokens_used, n = s.shard_rows, chunk = scratch_.head_chunk_tokens;
   const ActivationScratch& sc = scratch_;
   rmsnorm_forward(s.ln_final.rows(0, n), s.rstd_final.rows(0, n), s.x_out.rows(0, n), p.final_norm, norm_eps_);
   const Tensor head_in = enter(regions_.head_input, s, s.ln_final.rows(0, n));
-  double loss_sum = 0;
   for (int64_t c0 = 0; c0 < T; c0 += chunk) {
     const int64_t c1 = std::min(T, c0 + chunk);
     const Tensor ln = head_in.rows(c0, c1), logits = sc.logits.rows(0, c1 - c0);
     linear_forward(logits, ln, p.head);
-    loss_sum += vocab_parallel_cross_entropy(tp_, logits, s.targets.rows(c0, c1), vocab_begin_, loss_scale,
-                                             sc.ce_stats, sc.ce_global);
+    vocab_parallel_cross_entropy(tp_, logits, s.targets.rows(c0, c1), vocab_begin_, loss_scale, sc.ce_stats,
+                                 sc.ce_global, loss_sum);
     if (with_backward) linear_backward(sc.norm_grad.rows(c0, c1), p.d_head, logits, ln, p.head, false);
   }
   if (with_backward) enter_backward(regions_.head_input, s);
-  return loss_sum;
 }
 
 void DecoderBlocks::head_backward(const MicroBatchSlot& s, const EndParameters& p) {

@@ -85,11 +85,13 @@ class DecoderBlocks {
   void moe_block_backward(const MicroBatchSlot& s, MoeBlock& moe, const LayerTensors& w, const LayerTensors& dw,
                           const LayerActivations& a, std::span<const double> aux_grad);
 
-  // The final norm of the stage output, the LM head and the cross-entropy: returns the
-  // sum of the predicted tokens' cross-entropies. With backward, the LM head's gradient
+  // The final norm of the stage output, the LM head and the cross-entropy: adds the sum
+  // of the predicted tokens' cross-entropies, chunk by chunk, into loss_sum[0] on the
+  // device (kernels/ops.h; nothing is read back). With backward, the LM head's gradient
   // (of the loss times loss_scale) is computed at once, chunk by chunk, into d_head and
   // norm_grad; head_backward then takes it through the final norm.
-  double head_forward(const MicroBatchSlot& s, const EndParameters& p, float loss_scale, bool with_backward);
+  void head_forward(const MicroBatchSlot& s, const EndParameters& p, float loss_scale, bool with_backward,
+                    DoubleTensor loss_sum);
   void head_backward(const MicroBatchSlot& s, const EndParameters& p);
 
  private:

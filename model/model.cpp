@@ -84,7 +84,9 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
                     recompute.mode, checked_recompute_layers(slice_, recompute)},
                    device, precision),
       blocks_(config, slice_, tp, ring_attention_.get(), activations_.scratch()),
-      slot_chunks_(static_cast<size_t>(activation_slots), 0) {
+      slot_chunks_(static_cast<size_t>(activation_slots), 0),
+      loss_arena_(device, Arena::kAlignment, "loss sum"),
+      loss_sum_(loss_arena_.double_tensor({1})) {
   // Not built: offload of model chunks (a slot offloads its layers below the slot's
   // last two, which for a chunk smaller than the slot are not the chunk's last two,
   // and the planners budget offload for a stage's layers as one range), and
@@ -169,7 +171,7 @@ Tensor LlamaModel::input_gradient(int slot) const {
   return activations_.scratch().residual_grad.rows(0, activations_.slot(slot).shard_rows);
 }
 
-double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
+DoubleTensor LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
   const ChunkRun run = chunk_run(slot);
   MicroBatchSlot& s = activations_.slot(slot);
   const int64_t T = s.tokens_used;
@@ -198,10 +200,12 @@ double LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
   const double aux_term =
       moe_ ? moe_->pool_load_balancing(slot, loss_scale, T, ring_attention_.get(), s.has_ring ? &s.ring : nullptr)
            : 0.0;
-  if (!run.head) return 0.0;
-  const double loss = blocks_.head_forward(s, ends, loss_scale, with_backward);
+  fill(loss_sum_, 0.0);
+  if (!run.head) return loss_sum_;
+  blocks_.head_forward(s, ends, loss_scale, with_backward, loss_sum_);
+  if (moe_) add_scalar(loss_sum_, aux_term);
   head_gradient_pending_ = with_backward ? slot : -1;
-  return loss + aux_term;
+  return loss_sum_;
 }
 
 void LlamaModel::backward(int slot, const GradientsReady& ready) {
@@ -251,14 +255,14 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
 
 double LlamaModel::forward_backward(const MicroBatchView& batch, float loss_scale, const GradientsReady& ready) {
   set_batch(0, batch);
-  const double loss = forward(0, loss_scale, true);
+  const DoubleTensor loss = forward(0, loss_scale, true);
   backward(0, ready);
-  return loss;
+  return read_back(loss)[0];
 }
 
 double LlamaModel::forward_loss(const MicroBatchView& batch) {
   set_batch(0, batch);
-  return forward(0, 1.0f, false);
+  return read_back(forward(0, 1.0f, false))[0];
 }
 
 }  // namespace hdp

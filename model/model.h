@@ -126,12 +126,15 @@ class LlamaModel {
   // Runs the stage's layers. On the last stage also the final norm, LM head and loss,
   // whose gradient (scaled by loss_scale) is computed right away when with_backward;
   // then backward(slot) must follow before the next forward. Returns the sum of the
-  // cross-entropies of the predicted tokens (0 on other stages).
-  double forward(int slot, float loss_scale, bool with_backward = true);
+  // cross-entropies of the predicted tokens (0 on other stages) where it was added up:
+  // on the device, [1] fp64 (kernels/ops.h, "sums on the device"), valid until the
+  // next forward; nothing is read back to the host.
+  DoubleTensor forward(int slot, float loss_scale, bool with_backward = true);
   // Backward of the stage, adding into the gradients.
   void backward(int slot, const GradientsReady& ready = {});
 
   // ---- whole-model conveniences (single stage, slot 0) ----
+  // They return the loss sum on the host (one host read each).
   double forward_backward(const MicroBatchView& batch, float loss_scale, const GradientsReady& ready = {});
   double forward_loss(const MicroBatchView& batch);
 
@@ -188,6 +191,8 @@ class LlamaModel {
     bool embedding, head;
   };
   ChunkRun chunk_run(int slot) const;
+  Arena loss_arena_;
+  DoubleTensor loss_sum_;  // forward's result
 };
 
 }  // namespace hdp

@@ -173,7 +173,10 @@ class MpiPending final : public CommRequest::Pending {
     blocks.push_back(b);
     Tensor block(b.data, {t.numel()}, Device::CPU);
     block.dtype = wire;
-    if (in_end > in_begin) copy(block.rows(in_begin, in_end), flat(t, in_begin, in_end));
+    if (in_end > in_begin) {
+      const StagedCopies staged_copy;  // the communicator's read, not the computation's (kernels/ops.h)
+      copy(block.rows(in_begin, in_end), flat(t, in_begin, in_end));
+    }
     if (output) copy_back.push_back({flat(t), block});
     return b.data;
   }

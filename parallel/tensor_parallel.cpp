@@ -68,9 +68,9 @@ void ReduceFromTensorParallelRegion::forward(Tensor partial_output) const {
   tp_->all_reduce(partial_output, ReduceOp::Sum);
 }
 
-double vocab_parallel_cross_entropy(Communicator* tp, Tensor logits, const IndexTensor& targets, int64_t vocab_begin,
-                                    float loss_scale, Tensor stats, Tensor global_max) {
-  if (!splits(tp)) return cross_entropy_forward_backward(logits, targets, loss_scale, stats);
+void vocab_parallel_cross_entropy(Communicator* tp, Tensor logits, const IndexTensor& targets, int64_t vocab_begin,
+                                  float loss_scale, Tensor stats, Tensor global_max, DoubleTensor loss_sum) {
+  if (!splits(tp)) return cross_entropy_forward_backward(logits, targets, loss_scale, stats, loss_sum);
   const int64_t n = logits.dim(0);
   const Tensor row_max = stats.rows(0, n), sumexp = stats.rows(n, 2 * n), target_logit = stats.rows(2 * n, 3 * n);
   cross_entropy_stats(row_max, sumexp, target_logit, logits, targets, vocab_begin);
@@ -80,9 +80,8 @@ double vocab_parallel_cross_entropy(Communicator* tp, Tensor logits, const Index
   cross_entropy_rescale_sumexp(sumexp, row_max, row_global_max);
   tp->all_reduce(stats.rows(n, 3 * n), ReduceOp::Sum);  // sums of exponentials and target logits, in one call
   const Tensor lse = row_max;  // reused: the global log-sum-exp per row
-  const double loss = cross_entropy_global_loss(lse, row_global_max, sumexp, target_logit, targets);
+  cross_entropy_global_loss(lse, row_global_max, sumexp, target_logit, targets, loss_sum);
   cross_entropy_backward_inplace(logits, lse, targets, vocab_begin, loss_scale);
-  return loss;
 }
 
 }  // namespace hdp

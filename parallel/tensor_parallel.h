@@ -94,12 +94,13 @@ class ReduceScatterToSequenceParallelRegion {
 // rank's vocabulary ids [vocab_begin, vocab_begin + V_local), targets [n] are global
 // ids (-1: nothing predicted). The per-row max logit, sum of exponentials and
 // target logit are all-reduced over the ranks, so the whole logits are never
-// gathered. Returns the sum over predicted rows of lse - target logit (the same on
-// every rank) and leaves loss_scale * dloss/dlogits of this slice in logits. The
-// backward needs no collective: a slice's softmax - onehot needs only the row's
-// global lse, which the forward reduced. Scratch: stats of at least 3n floats and
+// gathered. Adds into loss_sum[0] (a sum on the device, kernels/ops.h) the sum over
+// predicted rows of lse - target logit (the same on every rank) and leaves
+// loss_scale * dloss/dlogits of this slice in logits. The backward needs no
+// collective: a slice's softmax - onehot needs only the row's global lse, which the
+// forward reduced. Scratch: stats of at least 3n floats and
 // global_max of at least n (stats alone with a single rank).
-double vocab_parallel_cross_entropy(Communicator* tp, Tensor logits, const IndexTensor& targets, int64_t vocab_begin,
-                                    float loss_scale, Tensor stats, Tensor global_max);
+void vocab_parallel_cross_entropy(Communicator* tp, Tensor logits, const IndexTensor& targets, int64_t vocab_begin,
+                                  float loss_scale, Tensor stats, Tensor global_max, DoubleTensor loss_sum);
 
 }  // namespace hdp

@@ -123,7 +123,7 @@ void ZeroAdamW::gradients_ready(int64_t offset) {
   }
 }
 
-double ZeroAdamW::finish_gradients() {
+void ZeroAdamW::finish_gradients(DoubleTensor squared_norm) {
   if (grads_.data == nullptr) throw std::logic_error("ZeRO: finish_gradients before begin_reduction");
   {
     // Traced as the exposed part: the buckets started during backward overlap it.
@@ -132,13 +132,16 @@ double ZeroAdamW::finish_gradients() {
     for (auto it = buckets_.rbegin(); it != buckets_.rend(); ++it) start(*it);
     for (Bucket& b : buckets_) b.request.wait();
   }
-  double sum = 0;
   for (const Segment& s : segments_) {
-    if (parameters_[s.parameter].counts_in_norm) sum += sum_squares(grad_shard_.rows(s.state_offset, s.state_offset + s.length));
+    if (parameters_[s.parameter].counts_in_norm)
+      sum_squares(grad_shard_.rows(s.state_offset, s.state_offset + s.length), squared_norm);
   }
+}
+
+double ZeroAdamW::gradient_norm(double local_sum_squares) {
   Phase phase(trace_ops::kGradNorm.data(), "gradient norm all-reduce");
   if (phase.tracer()) phase.set_group(phase.tracer()->world_group("norm"));
-  return std::sqrt(norm_group_.all_reduce_sum(sum));
+  return std::sqrt(norm_group_.all_reduce_sum(local_sum_squares));
 }
 
 void ZeroAdamW::step(Tensor params, double lr, float grad_scale, int64_t step) {

@@ -10,8 +10,10 @@
 //   1. during the last micro-batch's backward, each bucket's gradients are
 //      reduce-scattered as soon as they are final (gradients_ready), overlapping
 //      the rest of backward;
-//   2. finish_gradients() starts what is left, waits, and returns the global
-//      gradient norm (shards of all hdp ranks and all tp/pp ranks);
+//   2. finish_gradients() starts what is left, waits, and adds the shard's sum of
+//      squares into a sum on the device, which the caller reads back with the step's
+//      other sums (one host read) and turns into the global gradient norm with
+//      gradient_norm() (shards of all hdp ranks and all tp/pp ranks);
 //   3. step() updates the shard (fp32: the shard of the parameter buffer is the
 //      master copy) and all-gathers the updated parameters bucket by bucket.
 // With hdp = 1 the same path runs without sharding.
@@ -75,8 +77,12 @@ class ZeroAdamW {
   // starts the reduce-scatter of every bucket whose gradients are all final.
   void begin_reduction(const Tensor& grads);
   void gradients_ready(int64_t offset);
-  // Starts the buckets not started yet, waits for all; returns the global L2 norm.
-  double finish_gradients();
+  // Starts the buckets not started yet, waits for all, and adds this rank's part of
+  // the squared L2 norm (its shard, the parameters that count in the norm, in shard
+  // order) into squared_norm[0] on the device.
+  void finish_gradients(DoubleTensor squared_norm);
+  // The global L2 norm from this rank's part, read back: the sum over the norm group.
+  double gradient_norm(double local_sum_squares);
   // AdamW on this rank's shard with the reduced gradients, then all-gather.
   void step(Tensor params, double lr, float grad_scale, int64_t step);
 

@@ -61,16 +61,18 @@ PackedMicroBatch no_tokens() {
 class TrainingEngine::Stage final : public PipelineStage {
  public:
   // count >= batches.size(): micro-batches past the pipeline's own are empty (expert
-  // parallelism's padding, TrainingEngine::forward_backward).
+  // parallelism's padding, TrainingEngine::forward_backward). The micro-batches' losses
+  // are added into loss_sum[0] on the device, in micro-batch order.
   Stage(LlamaModel& model, ZeroAdamW& optimizer, std::span<const PackedMicroBatch> batches, int count,
-        float loss_scale, int poisoned, double slow_factor)
+        float loss_scale, int poisoned, double slow_factor, DoubleTensor loss_sum)
       : model_(model),
         optimizer_(optimizer),
         batches_(batches),
         count_(count),
         loss_scale_(loss_scale),
         poisoned_(poisoned),
-        slow_factor_(slow_factor) {}
+        slow_factor_(slow_factor),
+        loss_sum_(loss_sum) {}
 
   int64_t rows(int i) const override { return model_.residual_rows(batch(i).num_tokens()); }
   void prepare(int i, int chunk, int slot) override {
@@ -90,11 +92,13 @@ class TrainingEngine::Stage final : public PipelineStage {
     const auto t0 = Clock::now();
     constexpr bool with_loss_gradient = true;
     if (i == poisoned_) {
-      // A NaN loss scale seeds backward with NaN, as an overflow in the loss would.
+      // A NaN loss scale seeds backward with NaN, as an overflow in the loss would, and
+      // the loss is NaN too.
       constexpr float nan = std::numeric_limits<float>::quiet_NaN();
-      loss_sum_ += model_.forward(slot, nan, with_loss_gradient) * nan;
+      add_inplace(loss_sum_, model_.forward(slot, nan, with_loss_gradient));
+      add_scalar(loss_sum_, nan);
     } else {
-      loss_sum_ += model_.forward(slot, loss_scale_, with_loss_gradient);
+      add_inplace(loss_sum_, model_.forward(slot, loss_scale_, with_loss_gradient));
     }
     if (model_.config().moe() && model_.partition().has_head) {
       // The last stage's statistics cover every layer of the micro-batch.
@@ -132,7 +136,6 @@ class TrainingEngine::Stage final : public PipelineStage {
   Tensor side_input(int slot) override { return model_.routing_input(slot); }
   Tensor side_output(int slot) override { return model_.routing_output(slot); }
   Tensor side_backward(int slot) override { return model_.routing_totals(slot); }
-  double loss_sum() const { return loss_sum_; }
   double aux_sum() const { return aux_sum_; }
   const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
   double busy_ms() const { return std::chrono::duration<double, std::milli>(busy_).count(); }
@@ -155,12 +158,16 @@ class TrainingEngine::Stage final : public PipelineStage {
   float loss_scale_;
   int poisoned_;  // forward_backward's poisoned_micro_batch
   double slow_factor_;  // slow_rank_factor()
-  double loss_sum_ = 0;
+  DoubleTensor loss_sum_;  // on the device: the step's sums (TrainingEngine::step_sums_)
   double aux_sum_ = 0;                  // Mixtral: aux loss x predictions, summed over micro-batches
   std::vector<int64_t> expert_tokens_;  // Mixtral: per expert, over layers and micro-batches
 };
 
-TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups) : config_(config), groups_(groups) {
+TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups)
+    : config_(config),
+      groups_(groups),
+      sums_arena_(config.train.device, Arena::kAlignment, "step sums"),
+      step_sums_(sums_arena_.double_tensor({2})) {
   const GridCoords& c = groups.coords();
   const int pp = config.parallel.pp, chunks = config.parallel.vpp;
   const std::vector<int64_t> virtual_layers = virtual_stage_layers(config);
@@ -227,8 +234,9 @@ StepResult TrainingEngine::forward_backward(std::span<const PackedMicroBatch> mi
     progress::Context context("micro-batch count all-reduce (expert parallelism)");
     ep->all_reduce(std::span<int64_t>(&count, 1), ReduceOp::Max);
   }
+  fill(step_sums_, 0.0);
   Stage stage(*model_, *optimizer_, micro_batches, static_cast<int>(count), loss_scale, poisoned_micro_batch,
-              slow_factor_);
+              slow_factor_, step_sums_.rows(0, 1));
   pipeline_->run(stage, static_cast<int>(count));
 
   // Tied embeddings split over the first and last stage: their two gradient parts
@@ -240,7 +248,12 @@ StepResult TrainingEngine::forward_backward(std::span<const PackedMicroBatch> mi
     const ParameterInfo& p = model_->parameter("model.embed_tokens.weight");
     tied->all_reduce(model_->gradient_tensor(p), ReduceOp::Sum);
   }
-  result.grad_norm = optimizer_->finish_gradients();
+  optimizer_->finish_gradients(step_sums_.rows(1, 2));
+  // The step's one host read (kernels/ops.h): its loss and its gradient's squared norm
+  // together, which the finite check (run/numerical_guard.h) then reads on the host.
+  // Their all-reduces follow on the host as before, in the same order.
+  const std::vector<double> sums = read_back(step_sums_);
+  result.grad_norm = optimizer_->gradient_norm(sums[1]);
 
   // The loss is known on the last stage; tp ranks hold identical copies.
   const bool counts_loss = groups_.last_stage() && groups_.coords().tp_rank == 0;
@@ -248,7 +261,7 @@ StepResult TrainingEngine::forward_backward(std::span<const PackedMicroBatch> mi
   {
     Phase phase(trace_ops::kLoss.data(), "loss all-reduce");
     if (phase.tracer()) phase.set_group(phase.tracer()->world_group("loss"));
-    loss_sum = groups_.world().all_reduce_sum(counts_loss ? stage.loss_sum() : 0.0);
+    loss_sum = groups_.world().all_reduce_sum(counts_loss ? sums[0] : 0.0);
   }
   result.loss = result.predictions > 0 ? loss_sum / static_cast<double>(result.predictions) : 0.0;
   if (config_.model.moe()) {

@@ -86,6 +86,10 @@ class TrainingEngine {
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<ZeroAdamW> optimizer_;
   double slow_factor_ = 1;  // slow_rank_factor
+  // The step's sums on the device (kernels/ops.h): [0] its loss, [1] its gradient's
+  // squared norm (this rank's part), read back together once at the step's end.
+  Arena sums_arena_;
+  DoubleTensor step_sums_;
   // The global norm of the gradients forward_backward reduced, until apply_update uses them.
   std::optional<double> pending_grad_norm_;
 };

@@ -1,11 +1,15 @@
 // The dispatcher: every op sends CUDA tensors to UnsupportedDevice (this build has
-// no CUDA backend), rejects tensors on mixed devices, and names itself in errors.
+// no CUDA backend), rejects tensors on mixed devices, and names itself in errors; the
+// host reads it counts, and the sums it keeps on the device.
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 #include <vector>
 
+#include "kernels/allocator.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
 #include "test_util.h"
@@ -55,6 +59,15 @@ TEST(KernelsOps, EveryOpRejectsCudaTensors) {
   EXPECT_THROW(hdp::cross_entropy_rescale_sumexp(t({4}), t({4}), t({4})), U);
   EXPECT_THROW(hdp::cross_entropy_global_loss(t({4}), t({4}), t({4}), t({4}), tok), U);
   EXPECT_THROW(hdp::adamw_update(t({4}), t({4}), t({4}), t({4}), s), U);
+  std::vector<double> dbuf(4);
+  const hdp::DoubleTensor sums(dbuf.data(), {4}, C);
+  EXPECT_THROW(hdp::fill(sums, 0.0), U);
+  EXPECT_THROW(hdp::add_inplace(sums, sums), U);
+  EXPECT_THROW(hdp::add_scalar(sums, 1.0), U);
+  EXPECT_THROW(hdp::sum_squares(t({4}), sums), U);
+  EXPECT_THROW(hdp::read_back(sums), U);
+  EXPECT_THROW(hdp::cross_entropy_forward_backward(t({4, 10}), tok, 1.0f, t({12}), sums), U);
+  EXPECT_THROW(hdp::cross_entropy_global_loss(t({4}), t({4}), t({4}), t({4}), tok, sums), U);
   const std::string msg = thrown_message([&] { hdp::swiglu_forward(t({4, 8}), t({4, 8}), t({4, 8})); });
   EXPECT_NE(msg.find("swiglu_forward"), std::string::npos) << msg;
   EXPECT_NE(msg.find("cuda"), std::string::npos) << msg;
@@ -72,4 +85,69 @@ TEST(KernelsOps, MixedDevicesAndBadShapesAreInvalidArguments) {
   EXPECT_NE(shape.find("swiglu_forward"), std::string::npos) << shape;
   EXPECT_NE(shape.find("[4, 9]"), std::string::npos) << shape;
   EXPECT_THROW(hdp::swiglu_forward(Tensor(b, {4, 8}), Tensor(b, {4, 8}), Tensor(b, {4, 9})), std::invalid_argument);
+}
+
+// kernels/ops.h's host reads: the ops that bring a device value to the host count one,
+// on the device the value came from; ops that leave it there count none. The guarded
+// device stands for a GPU; the CPU counts the same logical reads.
+TEST(HostReads, CountTheOpsThatBringADeviceValueBack) {
+  for (Device device : {Device::Guarded, Device::CPU}) {
+    SCOPED_TRACE(hdp::device_name(device));
+    hdp::Arena arena(device, 1 << 16, "host reads");
+    const Tensor x = arena.tensor({100});
+    const hdp::DoubleTensor sums = arena.double_tensor({2});
+    std::vector<float> host(100, 0.5f);
+    const Tensor h(host.data(), {100}, Device::CPU);
+    const int64_t start = hdp::host_reads(device);
+    hdp::copy(x, h);
+    hdp::fill(sums, 0.0);
+    hdp::sum_squares(x, sums.rows(0, 1));
+    hdp::add_scalar(sums.rows(1, 2), 2.0);
+    hdp::add_inplace(sums.rows(1, 2), sums.rows(0, 1));
+    EXPECT_EQ(hdp::host_reads(device), start) << "nothing came back yet";
+    EXPECT_EQ(hdp::read_back(sums), (std::vector<double>{25.0, 27.0}));
+    EXPECT_EQ(hdp::host_reads(device), start + 1);
+    EXPECT_EQ(hdp::sum_squares(x), 25.0);
+    EXPECT_EQ(hdp::host_reads(device), start + 2);
+    hdp::copy(h, x);  // device to host: a read, except from CPU memory to CPU memory
+    EXPECT_EQ(hdp::host_reads(device), start + (device == Device::CPU ? 2 : 3));
+    EXPECT_EQ(hdp::staged_host_reads(device), 0);
+    {
+      const hdp::StagedCopies staged;  // a communicator's staging copy counts apart
+      hdp::copy(h, x);
+    }
+    EXPECT_EQ(hdp::host_reads(device), start + (device == Device::CPU ? 2 : 3));
+    EXPECT_EQ(hdp::staged_host_reads(device), device == Device::CPU ? 0 : 1);
+  }
+}
+
+// Sums on the device add as the host loop `total += op()` does: a sum of squares and
+// cross-entropy losses added into one equal that loop bit for bit.
+TEST(HostReads, SumsOnTheDeviceAddAsTheHostLoopBitForBit) {
+  hdp::Arena arena(Device::Guarded, 1 << 20, "sums");
+  std::vector<float> values(3000), logits(8 * 50);
+  uint64_t seed = 7;
+  auto next = [&] { return static_cast<float>(((seed = seed * 6364136223846793005ull + 1) >> 40) % 2000) / 997.0f - 1.0f; };
+  for (float& v : values) v = next();
+  for (float& v : logits) v = 4.0f * next();
+  std::vector<int32_t> targets = {3, -1, 49, 0, 17, 17, -1, 8};
+  const Tensor x = arena.tensor({3000}), l = arena.tensor({8, 50}), scratch = arena.tensor({24});
+  const IndexTensor tg = arena.index_tensor({8});
+  hdp::copy(x, Tensor(values.data(), {3000}, Device::CPU));
+  hdp::copy(tg, IndexTensor(targets.data(), {8}, Device::CPU));
+  double host_total = 0.125;
+  const hdp::DoubleTensor sum = arena.double_tensor({1});
+  hdp::fill(sum, 0.125);
+  for (int64_t b = 0; b < 3000; b += 700) {
+    const Tensor part = x.rows(b, std::min<int64_t>(3000, b + 700));
+    host_total += hdp::sum_squares(part);
+    hdp::sum_squares(part, sum);
+  }
+  for (int chunk = 0; chunk < 2; ++chunk) {
+    hdp::copy(l, Tensor(logits.data(), {8, 50}, Device::CPU));
+    host_total += hdp::cross_entropy_forward_backward(l, tg, 0.5f, scratch);
+    hdp::copy(l, Tensor(logits.data(), {8, 50}, Device::CPU));
+    hdp::cross_entropy_forward_backward(l, tg, 0.5f, scratch, sum);
+  }
+  EXPECT_EQ(hdp::read_back(sum)[0], host_total);
 }

@@ -9,6 +9,7 @@
 #include <numeric>
 
 #include "mpi_environment.h"
+#include "kernels/ops.h"
 #include "parallel/local_communicator.h"
 #include "parallel/mpi_communicator.h"
 #include "parallel/process_groups.h"
@@ -231,9 +232,12 @@ TEST(ZeroAdamW, ShardedStepEqualsUnshardedStep) {
     }
     sharded.begin_reduction(Tensor(mine.data(), {flat}));
     sharded.gradients_ready(1056);  // the last parameter is final first, as in backward
-    const double norm = sharded.finish_gradients();
+    double squares = 0, plain_squares = 0;  // sums on the host (kernels/ops.h)
+    sharded.finish_gradients(DoubleTensor(&squares, {1}));
+    const double norm = sharded.gradient_norm(squares);
     plain.begin_reduction(Tensor(total.data(), {flat}));
-    const double plain_norm = plain.finish_gradients();
+    plain.finish_gradients(DoubleTensor(&plain_squares, {1}));
+    const double plain_norm = plain.gradient_norm(plain_squares);
     EXPECT_NEAR(norm, plain_norm, 1e-9 * plain_norm);
     sharded.step(Tensor(sharded_params.data(), {flat}), 1e-2, 0.5f, step);
     plain.step(Tensor(plain_params.data(), {flat}), 1e-2, 0.5f, step);
@@ -291,6 +295,48 @@ TEST(TrainingEngine, UnevenMicroBatchCountsGiveTheSameGradients) {
     for (float x : a) max_abs = std::max(max_abs, static_cast<double>(std::abs(x)));
     ASSERT_GT(max_abs, 0.0);
     for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], b[i], 1e-5 * max_abs) << parallel << " element " << i;
+  }
+}
+
+// The host reads (kernels/ops.h) of one training step: forward_backward over three
+// micro-batches and the update, counted on this rank for the second step (the
+// first may size buffers). The CPU counts the logical reads a GPU would pay, and the
+// guarded device (device memory closed to the host) must count the same; the copies
+// MPI stages collectives through count apart (staged).
+struct StepReads {
+  int64_t reads = 0, staged = 0;
+};
+StepReads host_reads_of_a_step(const char* parallel, Device device) {
+  const Config config = engine_config(parallel, "{path: unused.h5, max_seq_len: 64, micro_batch_tokens: 96, "
+                                                "global_batch_tokens: 1024}",
+                                      "", std::string("{device: ") + device_name(device) + "}");
+  ProcessGroups groups(config.parallel, false);
+  TrainingEngine engine(config, groups);
+  engine.model().init_weights(3);
+  const uint64_t seed = 10 * static_cast<uint64_t>(groups.coords().hdp_rank);
+  const std::vector<PackedMicroBatch> batches = {micro_batch({64, 20, 12}, seed + 1), micro_batch({50, 40}, seed + 2),
+                                                 micro_batch({30, 30, 30}, seed + 3)};
+  StepReads before;
+  for (int64_t step = 1; step <= 2; ++step) {
+    before = {host_reads(device), staged_host_reads(device)};
+    const StepResult result = engine.forward_backward(batches);
+    EXPECT_TRUE(std::isfinite(result.loss) && result.loss > 0) << parallel;
+    engine.apply_update(1e-3, step);
+  }
+  return {host_reads(device) - before.reads, staged_host_reads(device) - before.staged};
+}
+
+TEST(TrainingEngine, AStepReadsTheDeviceBackOnce) {
+  for (const char* parallel : {"{hdp: 4}", "{tp: 2, hdp: 2}", "{pp: 2, hdp: 2}"}) {
+    const StepReads cpu = host_reads_of_a_step(parallel, Device::CPU);
+    const StepReads guarded = host_reads_of_a_step(parallel, Device::Guarded);
+    // The loss and the gradient's squared norm, read together at the step's end. Before
+    // they were summed on the device this was 10-23 per rank and step: one read per
+    // micro-batch's loss (per head chunk) and one per ZeRO segment's sum of squares.
+    EXPECT_EQ(cpu.reads, 1) << parallel << " rank " << world_rank();
+    EXPECT_EQ(guarded.reads, 1) << parallel << " rank " << world_rank();
+    EXPECT_EQ(cpu.staged, 0) << parallel << ": MPI stages nothing of host memory";
+    EXPECT_GT(guarded.staged, 0) << parallel << ": MPI stages the collectives of device memory, counted apart";
   }
 }
 

@@ -241,7 +241,7 @@ std::vector<OpCheck> check_offload(Device device, uint64_t seed) {
     const double cpu_loss = cpu_model.forward_backward(batch.view(), scale);
     const double plain_loss = dev_plain.forward_backward(batch.view(), scale);
     dev_offload.set_batch(0, with);
-    const double loss = dev_offload.forward(0, scale, true);
+    const double loss = read_back(dev_offload.forward(0, scale, true))[0];
     dev_offload.backward(0);
     const std::string mb = "offload mb " + std::to_string(i + 1);
     const double diff = std::abs(loss - cpu_loss);

@@ -14,6 +14,9 @@
 // forward_backward fuses both per row (the row is still in L2 for the second pass),
 // then one block sums the loss over rows in double in a fixed order (deterministic)
 // and leaves [lse | row_sumexp | target_logit] in the scratch as the CPU does.
+// That block writes the loss where the caller wants it: g_loss, read back by the
+// variants returning double, or added into a sum on the device (kernels/ops.h), read
+// back with the step's other sums at its end.
 // exp/log are CUDA's expf/logf (the CPU uses its fast_expf, ~1.4 ulp), so the last
 // bits may differ.
 //
@@ -200,9 +203,11 @@ __global__ void forward_backward_kernel(E* __restrict__ logits, const int32_t* _
 }
 
 // One block: loss = sum over rows with a target of lse - target_logit (lse in double),
-// and row_max[t] becomes that row's lse (left 0 for rows without a target).
+// and row_max[t] becomes that row's lse (left 0 for rows without a target). The loss
+// overwrites *out, or is added into it when `accumulate` (a sum on the device).
 __global__ void loss_kernel(float* __restrict__ row_max, const float* __restrict__ row_sumexp,
-                            const float* __restrict__ target_logit, const int32_t* __restrict__ targets, int64_t T) {
+                            const float* __restrict__ target_logit, const int32_t* __restrict__ targets, int64_t T,
+                            double* out, bool accumulate) {
   __shared__ double shared[32];
   double acc = 0.0;
   for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
@@ -212,7 +217,7 @@ __global__ void loss_kernel(float* __restrict__ row_max, const float* __restrict
     row_max[t] = static_cast<float>(lse);
   }
   acc = block_sum(acc, shared);
-  if (threadIdx.x == 0) g_loss = acc;
+  if (threadIdx.x == 0) *out = accumulate ? __dadd_rn(*out, acc) : acc;
 }
 
 // row_sumexp *= exp(row_max - global_max), per row.
@@ -228,7 +233,7 @@ __global__ void rescale_kernel(float* __restrict__ row_sumexp, const float* __re
 // with a target of double(lse) - double(target_logit) in a fixed order (deterministic).
 __global__ void global_loss_kernel(float* __restrict__ lse, const float* __restrict__ global_max,
                                    const float* __restrict__ row_sumexp, const float* __restrict__ target_logit,
-                                   const int32_t* __restrict__ targets, int64_t T) {
+                                   const int32_t* __restrict__ targets, int64_t T, double* out, bool accumulate) {
   __shared__ double shared[32];
   double acc = 0.0;
   for (int64_t t = threadIdx.x; t < T; t += blockDim.x) {
@@ -237,7 +242,7 @@ __global__ void global_loss_kernel(float* __restrict__ lse, const float* __restr
     if (targets[t] >= 0) acc += static_cast<double>(l) - static_cast<double>(target_logit[t]);
   }
   acc = block_sum(acc, shared);
-  if (threadIdx.x == 0) g_loss = acc;
+  if (threadIdx.x == 0) *out = accumulate ? __dadd_rn(*out, acc) : acc;
 }
 
 }  // namespace
@@ -252,18 +257,41 @@ void cross_entropy_rescale_sumexp(Tensor row_sumexp, const Tensor& row_max, cons
   HDP_CUDA_CHECK_LAUNCH("cross_entropy_rescale_sumexp");
 }
 
-double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
-                                 const Tensor& target_logit, const IndexTensor& targets) {
-  const int64_t T = lse.dim(0);
-  if (T == 0) return 0.0;
-  cudaStream_t stream = compute_stream();
-  global_loss_kernel<<<1, kLossThreads, 0, stream>>>(lse.data, global_max.data, row_sumexp.data, target_logit.data,
-                                                      targets.data, T);
-  HDP_CUDA_CHECK_LAUNCH("cross_entropy_global_loss");
+namespace {
+// The loss kernels' destination when the loss is returned: g_loss.
+double* loss_symbol() {
+  void* address = nullptr;
+  HDP_CUDA_CHECK(cudaGetSymbolAddress(&address, g_loss));
+  return static_cast<double*>(address);
+}
+
+// g_loss on the host, once the stream has computed it.
+double read_loss(cudaStream_t stream) {
   double loss = 0.0;
   HDP_CUDA_CHECK(cudaMemcpyFromSymbolAsync(&loss, g_loss, sizeof(double), 0, cudaMemcpyDeviceToHost, stream));
   HDP_CUDA_CHECK(cudaStreamSynchronize(stream));
   return loss;
+}
+
+void enqueue_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp, const Tensor& target_logit,
+                         const IndexTensor& targets, double* out, bool accumulate) {
+  global_loss_kernel<<<1, kLossThreads, 0, compute_stream()>>>(lse.data, global_max.data, row_sumexp.data,
+                                                                target_logit.data, targets.data, lse.dim(0), out,
+                                                                accumulate);
+  HDP_CUDA_CHECK_LAUNCH("cross_entropy_global_loss");
+}
+}  // namespace
+
+double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
+                                 const Tensor& target_logit, const IndexTensor& targets) {
+  if (lse.dim(0) == 0) return 0.0;
+  enqueue_global_loss(lse, global_max, row_sumexp, target_logit, targets, loss_symbol(), false);
+  return read_loss(compute_stream());
+}
+
+void cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
+                               const Tensor& target_logit, const IndexTensor& targets, DoubleTensor loss_sum) {
+  if (lse.dim(0) > 0) enqueue_global_loss(lse, global_max, row_sumexp, target_logit, targets, loss_sum.data, true);
 }
 
 void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit, const Tensor& logits,
@@ -294,9 +322,10 @@ void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const Inde
   HDP_CUDA_CHECK_LAUNCH("cross_entropy_backward_inplace");
 }
 
-double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT) {
+namespace {
+void enqueue_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT,
+                              double* out, bool accumulate) {
   const int64_t T = logits.dim(0), V = logits.dim(1);
-  if (T == 0) return 0.0;
   cudaStream_t stream = compute_stream();
   float* row_max = scratch_3xT.data;
   float* row_sumexp = row_max + T;
@@ -307,12 +336,20 @@ double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets,
                                                                        row_sumexp, target_logit, T, V, grad_scale);
   });
   HDP_CUDA_CHECK_LAUNCH("cross_entropy_forward_backward (rows)");
-  loss_kernel<<<1, kLossThreads, 0, stream>>>(row_max, row_sumexp, target_logit, targets.data, T);
+  loss_kernel<<<1, kLossThreads, 0, stream>>>(row_max, row_sumexp, target_logit, targets.data, T, out, accumulate);
   HDP_CUDA_CHECK_LAUNCH("cross_entropy_forward_backward (loss)");
-  double loss = 0.0;
-  HDP_CUDA_CHECK(cudaMemcpyFromSymbolAsync(&loss, g_loss, sizeof(double), 0, cudaMemcpyDeviceToHost, stream));
-  HDP_CUDA_CHECK(cudaStreamSynchronize(stream));
-  return loss;
+}
+}  // namespace
+
+double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT) {
+  if (logits.dim(0) == 0) return 0.0;
+  enqueue_forward_backward(logits, targets, grad_scale, scratch_3xT, loss_symbol(), false);
+  return read_loss(compute_stream());
+}
+
+void cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT,
+                                    DoubleTensor loss_sum) {
+  if (logits.dim(0) > 0) enqueue_forward_backward(logits, targets, grad_scale, scratch_3xT, loss_sum.data, true);
 }
 
 }  // namespace hdp::cuda

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <span>
+#include <vector>
 
 #include "kernels/ops.h"
 
@@ -33,6 +34,13 @@ void fill(Tensor y, float value);
 void copy(Tensor dst, const Tensor& src);
 void copy_index(IndexTensor dst, const IndexTensor& src);
 double sum_squares(const Tensor& x);
+// Sums on the device (kernels/ops.h): fp64 elements, added into by single-thread or
+// single-block kernels in a fixed order.
+void fill(DoubleTensor y, double value);
+void add_inplace(DoubleTensor y, const DoubleTensor& x);
+void add_scalar(DoubleTensor y, double value);
+void sum_squares(const Tensor& x, DoubleTensor sum);
+std::vector<double> read_back(const DoubleTensor& x);
 
 void embedding_forward(Tensor out, const IndexTensor& tokens, const Tensor& table, int64_t vocab_begin);
 void embedding_backward(Tensor dtable, const IndexTensor& tokens, const Tensor& dout, int64_t vocab_begin);
@@ -67,9 +75,13 @@ void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit,
 void cross_entropy_backward_inplace(Tensor logits, const Tensor& lse, const IndexTensor& targets, int64_t vocab_begin,
                                     float grad_scale);
 double cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT);
+void cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, float grad_scale, Tensor scratch_3xT,
+                                    DoubleTensor loss_sum);
 void cross_entropy_rescale_sumexp(Tensor row_sumexp, const Tensor& row_max, const Tensor& global_max);
 double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
                                  const Tensor& target_logit, const IndexTensor& targets);
+void cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
+                               const Tensor& target_logit, const IndexTensor& targets, DoubleTensor loss_sum);
 
 void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s);
 

@@ -7,6 +7,8 @@
 // sum_squares accumulates in double and reduces in two fixed stages (per-block
 // partials into a static device array, then one block), so for a given n the
 // summation order, and hence the result, is the same on every run.
+// The sums on the device (fp64, kernels/ops.h) are added into by one block: a
+// sum_squares into one adds its stage-2 result, and read_back is the one copy out.
 //
 // add, scale, fill and copy also take bf16 tensors (fp32 arithmetic, one rounding
 // on store, as the CPU twins in kernels/cpu/bf16.cpp); a copy between fp32 and bf16
@@ -95,14 +97,26 @@ __global__ void sum_squares_partial_kernel(const float* __restrict__ x, int64_t 
   if (threadIdx.x == 0) g_sum_partials[blockIdx.x] = acc;
 }
 
-// Stage 2: one block sums the `parts` partials.
-__global__ void sum_squares_final_kernel(int parts) {
+// Stage 2: one block sums the `parts` partials into *out (overwritten), or adds that
+// sum into it when `accumulate` (a sum on the device, kernels/ops.h).
+__global__ void sum_squares_final_kernel(int parts, double* out, bool accumulate) {
   __shared__ double shared[32];
   double v = 0.0;
   for (int i = threadIdx.x; i < parts; i += blockDim.x) v += g_sum_partials[i];
   v = block_sum(v, shared);
-  if (threadIdx.x == 0) g_sum_result = v;
+  if (threadIdx.x == 0) *out = accumulate ? __dadd_rn(*out, v) : v;
 }
+
+// Sums on the device: a handful of elements, so one block of one warp.
+__global__ void fill_double_kernel(double* __restrict__ y, double value, int64_t n) {
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = value;
+}
+
+__global__ void add_double_kernel(double* __restrict__ y, const double* __restrict__ x, int64_t n) {
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) y[i] = __dadd_rn(y[i], x[i]);
+}
+
+__global__ void add_scalar_double_kernel(double* __restrict__ y, double value) { y[0] = __dadd_rn(y[0], value); }
 
 void copy_bytes(void* dst, const void* src, size_t bytes, bool host_side) {
   cudaStream_t stream = compute_stream();
@@ -190,19 +204,56 @@ void copy_index(IndexTensor dst, const IndexTensor& src) {
   copy_bytes(dst.data, src.data, dst.bytes(), dst.device == Device::CPU || src.device == Device::CPU);
 }
 
-double sum_squares(const Tensor& x) {
+namespace {
+// Enqueues the sum of squares of x (not empty) into *out, overwriting it or adding into it.
+void enqueue_sum_squares(const Tensor& x, double* out, bool accumulate) {
   const int64_t n = x.numel();
-  if (n == 0) return 0.0;
   cudaStream_t stream = compute_stream();
   const unsigned blocks = blocks_for(n, kThreads) < kSumBlocks ? blocks_for(n, kThreads) : kSumBlocks;
   sum_squares_partial_kernel<<<blocks, kThreads, 0, stream>>>(x.data, n);
   HDP_CUDA_CHECK_LAUNCH("sum_squares (partials)");
-  sum_squares_final_kernel<<<1, kSumBlocks, 0, stream>>>(static_cast<int>(blocks));
+  sum_squares_final_kernel<<<1, kSumBlocks, 0, stream>>>(static_cast<int>(blocks), out, accumulate);
   HDP_CUDA_CHECK_LAUNCH("sum_squares (final)");
+}
+}  // namespace
+
+double sum_squares(const Tensor& x) {
+  if (x.numel() == 0) return 0.0;
+  void* result_address = nullptr;
+  HDP_CUDA_CHECK(cudaGetSymbolAddress(&result_address, g_sum_result));
+  enqueue_sum_squares(x, static_cast<double*>(result_address), false);
   double result = 0.0;
+  cudaStream_t stream = compute_stream();
   HDP_CUDA_CHECK(cudaMemcpyFromSymbolAsync(&result, g_sum_result, sizeof(double), 0, cudaMemcpyDeviceToHost, stream));
   HDP_CUDA_CHECK(cudaStreamSynchronize(stream));
   return result;
+}
+
+void sum_squares(const Tensor& x, DoubleTensor sum) {
+  if (x.numel() > 0) enqueue_sum_squares(x, sum.data, true);
+}
+
+void fill(DoubleTensor y, double value) {
+  if (y.numel() == 0) return;
+  fill_double_kernel<<<1, 32, 0, compute_stream()>>>(y.data, value, y.numel());
+  HDP_CUDA_CHECK_LAUNCH("fill (fp64)");
+}
+
+void add_inplace(DoubleTensor y, const DoubleTensor& x) {
+  if (y.numel() == 0) return;
+  add_double_kernel<<<1, 32, 0, compute_stream()>>>(y.data, x.data, y.numel());
+  HDP_CUDA_CHECK_LAUNCH("add_inplace (fp64)");
+}
+
+void add_scalar(DoubleTensor y, double value) {
+  add_scalar_double_kernel<<<1, 1, 0, compute_stream()>>>(y.data, value);
+  HDP_CUDA_CHECK_LAUNCH("add_scalar (fp64)");
+}
+
+std::vector<double> read_back(const DoubleTensor& x) {
+  std::vector<double> values(static_cast<size_t>(x.numel()));
+  if (!values.empty()) copy_bytes(values.data(), x.data, x.bytes(), true);
+  return values;
 }
 
 }  // namespace hdp::cuda
