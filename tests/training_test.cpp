@@ -555,6 +555,25 @@ TEST(Training, AFullDiskDuringACheckpointEndsTheRunWithCode2AndLosesNothing) {
   }
 }
 
+// train.checkpoint_when_busy: wait keeps the exact interval: with step 2's write
+// made slow (HDP_FAULT_INJECT=0:2:slow-checkpoint), step 3's checkpoint waits for it
+// (the wall time after step 3 holds the wait) instead of being deferred, and every
+// step is saved. ParallelCheckpoints (training_parallel_test.cpp) tests `defer`.
+TEST(Training, CheckpointWhenBusyWaitSavesEveryDueStepWaitingForTheWriteInFlight) {
+  const std::string dir = scratch_dir("training-checkpoint-when-busy-wait");
+  const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=1 "
+                             "--set train.keep_checkpoints=10 --set train.checkpoint_when_busy=wait";
+  auto r = testing::run_command("HDP_FAULT_INJECT=0:2:slow-checkpoint " + std::string(HDP_TRAINER_BINARY) + " " +
+                                run_args(dir, 4, common));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("checkpoint deferred"), std::string::npos) << r.output;
+  for (int step = 1; step <= 4; ++step) EXPECT_TRUE(fs::exists(step_dir(dir, step) + "/manifest.yaml")) << step;
+  EXPECT_EQ(testing::metric_values(dir, "checkpoints_deferred"), (std::vector<double>{0, 0, 0, 0}));
+  const std::vector<double> time = testing::metric_values(dir, "time"), step_ms = testing::metric_values(dir, "step_ms");
+  ASSERT_EQ(time.size(), 4u);
+  EXPECT_GE((time[3] - time[2]) * 1e3 - step_ms[3], kSlowCheckpointMs / 2) << r.output;
+}
+
 // A full disk under run_dir (HDP_FAULT_INJECT RANK:STEP:full-metrics) is an error,
 // never a run that reports success with its record cut: exit code 2 naming
 // metrics.jsonl and the step, every line in the file whole, and a resume continues it.
