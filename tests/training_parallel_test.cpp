@@ -762,7 +762,8 @@ TEST(ParallelFailures, RanksStartedWithDifferentConfigsEndTheJobWithCode2NamingK
 TEST(ParallelFailures, AFullDiskUnderOneRanksCheckpointPartEndsTheJobWithCode2) {
   const std::string dir = scratch_dir("parallel-full-disk");
   auto r = run_command("HDP_FAULT_INJECT=1:2:full-checkpoint " + mpirun(2) + " " +
-                       train_args(dir, {"hdp2", 1, 1, 2}, 4, "--set train.checkpoint_every=1"));
+                       train_args(dir, {"hdp2", 1, 1, 2}, 4,
+                                  "--set train.checkpoint_every=1 --set train.checkpoint_when_busy=wait"));
   EXPECT_EQ(r.exit_code, 2) << r.output;
   EXPECT_NE(r.output.find(dir + "/ckpt/step-00000002.tmp/rank-00001.h5: writing the checkpoint part failed"),
             std::string::npos) << r.output;
