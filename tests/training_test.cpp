@@ -563,8 +563,7 @@ TEST(Training, AFullDiskDuringACheckpointEndsTheRunWithCode2AndLosesNothing) {
 
 // train.checkpoint_when_busy: wait keeps the exact interval: with step 2's write
 // made slow (HDP_FAULT_INJECT=0:2:slow-checkpoint), step 3's checkpoint waits for it
-// (the wall time after step 3 holds the wait) instead of being deferred, and every
-// step is saved. ParallelCheckpoints (training_parallel_test.cpp) tests `defer`.
+// instead of being deferred, and every step is saved. ParallelCheckpoints (training_parallel_test.cpp) tests `defer`.
 TEST(Training, CheckpointWhenBusyWaitSavesEveryDueStepWaitingForTheWriteInFlight) {
   const std::string dir = scratch_dir("training-checkpoint-when-busy-wait");
   const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=1 "
@@ -575,9 +574,11 @@ TEST(Training, CheckpointWhenBusyWaitSavesEveryDueStepWaitingForTheWriteInFlight
   EXPECT_EQ(r.output.find("checkpoint deferred"), std::string::npos) << r.output;
   for (int step = 1; step <= 4; ++step) EXPECT_TRUE(fs::exists(step_dir(dir, step) + "/manifest.yaml")) << step;
   EXPECT_EQ(testing::metric_values(dir, "checkpoints_deferred"), (std::vector<double>{0, 0, 0, 0}));
-  const std::vector<double> time = testing::metric_values(dir, "time"), step_ms = testing::metric_values(dir, "step_ms");
+  const std::vector<double> time = testing::metric_values(dir, "time");
   ASSERT_EQ(time.size(), 4u);
-  EXPECT_GE((time[3] - time[2]) * 1e3 - step_ms[3], kSlowCheckpointMs / 2) << r.output;
+  // Step 2's write starts after step 2's metrics and takes kSlowCheckpointMs; step 3's
+  // checkpoint, before step 4's metrics, waited for it.
+  EXPECT_GE((time[3] - time[1]) * 1e3, kSlowCheckpointMs) << r.output;
 }
 
 // A full disk under run_dir (HDP_FAULT_INJECT RANK:STEP:full-metrics) is an error,
