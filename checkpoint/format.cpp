@@ -21,10 +21,9 @@ uint64_t mix(uint64_t h, uint64_t w) {
 
 // The checksum of a dataset as format_version `version` defines it
 // (docs/checkpoint-format.md, "Checksum"). Version 2 is one chain of
-// multiplications over the 8-byte words: about 1.6 GB/s, the largest part of a
-// background write's CPU time (0.4 s of a core for configs/bench-llama.yaml's 641
-// MB). Version 3 runs four chains over interleaved words, which the core overlaps:
-// about 4x as fast.
+// multiplications over the 8-byte words, about 1.6 GB/s (0.4 s of a core for
+// configs/bench-llama.yaml's 641 MB, every background write). Version 3 runs four
+// chains over interleaved words, which the core overlaps: about 4x as fast.
 uint64_t checksum(const float* data, size_t count, int64_t version) {
   const auto* bytes = reinterpret_cast<const unsigned char*>(data);
   const size_t n = count * sizeof(float);
