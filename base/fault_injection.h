@@ -1,5 +1,5 @@
 #pragma once
-// HDP_FAULT_INJECT=RANK:STEP[-LAST][:hang|:nan|:ckpt|:full-metrics|:full-checkpoint],
+// HDP_FAULT_INJECT=RANK:STEP[-LAST][:hang|:nan|:ckpt|:full-metrics|:full-checkpoint|:slow-checkpoint],
 // read by the training loop
 // (run/training_loop.cpp: that rank exits abruptly, without MPI_Finalize, when the
 // step begins; with `:hang` it stops itself with SIGSTOP instead, a frozen
@@ -10,7 +10,9 @@
 // checkpoint of step STEP is written and before the checkpoint is committed; with
 // `:full-metrics` its metrics line of step STEP, with `:full-checkpoint` its
 // checkpoint part of step STEP, goes to /dev/full, whose writes fail with ENOSPC
-// as on a full disk) and by the remote loader's servers (data/remote_loader.cpp:
+// as on a full disk; with `:slow-checkpoint` its checkpoint writer sleeps
+// kSlowCheckpointMs before writing its part of the checkpoints of steps
+// STEP..LAST, a slow disk) and by the remote loader's servers (data/remote_loader.cpp:
 // that rank exits abruptly, or with `:hang` stops answering, when asked for the
 // tokens of step STEP). Tests use it to check that a job goes down promptly with
 // a message, or survives bad steps. An injected exit has exit code
@@ -29,6 +31,9 @@ namespace hdp {
 // real outcome and `trainer supervise` restarts it as it restarts a crash.
 inline constexpr int kInjectedExitCode = 75;
 
+// `:slow-checkpoint`: how long the writer sleeps before writing a part.
+inline constexpr int kSlowCheckpointMs = 1000;
+
 struct FaultInjection {
   int rank = -1;      // -1: no fault injected
   int64_t step = -1;
@@ -38,8 +43,9 @@ struct FaultInjection {
   bool checkpoint = false;  // `:ckpt`: a training rank exits while writing the checkpoint of that step
   bool full_metrics = false;     // `:full-metrics`: its metrics line of that step meets a full disk
   bool full_checkpoint = false;  // `:full-checkpoint`: its checkpoint part of that step meets a full disk
+  bool slow_checkpoint = false;  // `:slow-checkpoint`: its checkpoint parts of steps STEP..LAST are slow to write
   // The fault is an abrupt exit at STEP (a stop with `hang`), no other mode.
-  bool exits() const { return !nan && !checkpoint && !full_metrics && !full_checkpoint; }
+  bool exits() const { return !nan && !checkpoint && !full_metrics && !full_checkpoint && !slow_checkpoint; }
 };
 
 // The fault HDP_FAULT_INJECT asks for; none when it is unset. Throws
@@ -49,7 +55,9 @@ inline FaultInjection fault_injection_from_env() {
   const char* spec = std::getenv("HDP_FAULT_INJECT");
   if (spec == nullptr) return f;
   auto bad = [spec] {
-    throw std::invalid_argument(std::string("HDP_FAULT_INJECT='") + spec + "': expected RANK:STEP[-LAST][:hang|:nan|:ckpt|:full-metrics|:full-checkpoint]");
+    throw std::invalid_argument(std::string("HDP_FAULT_INJECT='") + spec +
+                                "': expected RANK:STEP[-LAST][:hang|:nan|:ckpt|:full-metrics|:full-checkpoint|"
+                                ":slow-checkpoint]");
   };
   char* end = nullptr;
   const char* p = spec;
@@ -73,7 +81,7 @@ inline FaultInjection fault_injection_from_env() {
     bad();
   }
   if (!(mode.empty() || mode == "hang" || mode == "nan" || mode == "ckpt" || mode == "full-metrics" ||
-        mode == "full-checkpoint"))
+        mode == "full-checkpoint" || mode == "slow-checkpoint"))
     bad();
   f.rank = static_cast<int>(rank);
   f.step = step;
@@ -83,6 +91,7 @@ inline FaultInjection fault_injection_from_env() {
   f.checkpoint = mode == "ckpt";
   f.full_metrics = mode == "full-metrics";
   f.full_checkpoint = mode == "full-checkpoint";
+  f.slow_checkpoint = mode == "slow-checkpoint";
   return f;
 }
 

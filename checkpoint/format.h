@@ -121,6 +121,7 @@ class CheckpointReader {
   Manifest manifest_;
   std::vector<std::string> files_;
   std::vector<H5Handle> handles_;
+  std::vector<int64_t> versions_;  // each part's format_version (which checksum it holds)
   std::map<std::string, TensorPieces> index_;
   std::vector<std::string> order_;  // first seen, parts in rank order
 };

@@ -73,9 +73,10 @@ std::string emit_manifest(const Manifest& m, bool literal_config) {
 Manifest read_manifest_map(const YamlMap& root) {
   Manifest m;
   m.format_version = root.get<int64_t>("format_version");
-  if (m.format_version != kCheckpointFormatVersion)
+  if (m.format_version < kOldestReadableCheckpointFormat || m.format_version > kCheckpointFormatVersion)
     root.fail("format_version", std::to_string(m.format_version) + " is not readable",
-              "this build reads format_version " + std::to_string(kCheckpointFormatVersion));
+              "this build reads format_version " + std::to_string(kOldestReadableCheckpointFormat) + " to " +
+                  std::to_string(kCheckpointFormatVersion));
   m.progress.step = root.get<int64_t>("step");
   const YamlMap sampler = root.map("sampler");
   m.progress.sampler.epoch = sampler.get<uint64_t>("epoch");

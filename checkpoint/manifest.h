@@ -42,9 +42,11 @@ struct TrainingProgress {
   std::optional<RunSchedule> lr_schedule;
 };
 
-// The version of the format this build writes and reads, in the manifest and in
-// every part.
-inline constexpr int64_t kCheckpointFormatVersion = 2;
+// The version of the format this build writes, in the manifest and in every part,
+// and the oldest it reads. 3: the checksum of four interleaved chains (2: one chain;
+// docs/checkpoint-format.md, "Checksum"); nothing else differs.
+inline constexpr int64_t kCheckpointFormatVersion = 3;
+inline constexpr int64_t kOldestReadableCheckpointFormat = 2;
 inline constexpr const char* kManifestFile = "manifest.yaml";
 
 struct Manifest {

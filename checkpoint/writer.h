@@ -13,8 +13,9 @@
 // by no other thread), so their collectives never mix with training's.
 //
 // A new snapshot waits only if the previous write still runs (one snapshot buffer,
-// reused). An error of a background write is rethrown by the next check(), save()
-// or wait() (a CheckpointError naming the path: exit code 2), never lost. Stops
+// reused); busy() tells the caller beforehand, so that it can put the checkpoint
+// off instead (run/training_loop.h, train.checkpoint_when_busy). An error of a
+// background write is rethrown by the next check(), save() or wait() (a CheckpointError naming the path: exit code 2), never lost. Stops
 // and the end of training wait for the write in flight.
 
 #include <atomic>
@@ -57,6 +58,8 @@ class CheckpointWriter {
   void check();
 
   bool async() const { return async_; }
+  // A background write is still running: a save() now would wait for it.
+  bool busy() const { return async_ && !done_.load(std::memory_order_acquire); }
   // Milliseconds the last save() blocked the training thread (waiting for the previous
   // write, then the snapshot; the whole write when synchronous).
   double last_blocking_ms() const { return last_blocking_ms_; }

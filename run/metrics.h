@@ -68,6 +68,9 @@ struct StepMetrics {
   // (run/training_loop.cpp); both carried over a resume.
   int64_t rollbacks = 0;
   int64_t skipped_batches = 0;
+  // Steps of this run (since its start or resume) whose due checkpoint was deferred
+  // because a background write was still running (train.checkpoint_when_busy).
+  int64_t checkpoints_deferred = 0;
 };
 
 // Every field of `m` in metrics.jsonl's order, the one list that the JSON line and
@@ -115,6 +118,7 @@ void for_each_metric(const StepMetrics& m, Visitor& v) {
   }
   v.count("rollbacks", m.rollbacks);
   v.count("skipped_batches", m.skipped_batches);
+  v.count("checkpoints_deferred", m.checkpoints_deferred);
 }
 
 std::string to_json(const StepMetrics& m);

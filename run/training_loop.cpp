@@ -13,6 +13,7 @@
 #include <numeric>
 #include <span>
 #include <stdexcept>
+#include <thread>
 #include <utility>
 
 #include "checkpoint/directory.h"
@@ -46,13 +47,23 @@ std::string document_list(const GlobalBatch& batch) {
   return out + " (" + std::to_string(batch.sequences.size()) + " sequences)";
 }
 
-// HDP_FAULT_INJECT=RANK:STEP:ckpt and RANK:STEP:full-checkpoint on this rank: the
-// checkpoint writer's hooks that exit between writing the part and the commit, or put
-// the part on /dev/full. Empty (no hooks) for every other rank and fault.
+// HDP_FAULT_INJECT=RANK:STEP:ckpt, RANK:STEP:full-checkpoint and
+// RANK:STEP[-LAST]:slow-checkpoint on this rank: the checkpoint writer's hooks that
+// exit between writing the part and the commit, put the part on /dev/full, or sleep
+// before writing it. Empty (no hooks) for every other rank and fault.
 std::function<CheckpointHooks(int64_t)> checkpoint_fault_hooks(const FaultInjection& fault, int rank) {
-  if (!(fault.checkpoint || fault.full_checkpoint) || fault.rank != rank) return {};
+  if (!(fault.checkpoint || fault.full_checkpoint || fault.slow_checkpoint) || fault.rank != rank) return {};
   return [rank, fault](int64_t step) {
     CheckpointHooks h;
+    if (fault.slow_checkpoint) {
+      if (step < fault.step || step > fault.last_step) return h;
+      h.before_part = [rank, step](const std::string&) {
+        spdlog::warn("fault injection: rank {} sleeps {} ms before writing its part of the checkpoint of step {}",
+                     rank, kSlowCheckpointMs, step);
+        std::this_thread::sleep_for(std::chrono::milliseconds(kSlowCheckpointMs));
+      };
+      return h;
+    }
     if (step != fault.step) return h;
     if (fault.checkpoint) {
       h.after_part = [rank, step] {
@@ -168,6 +179,7 @@ void TrainingLoop::run_step(int64_t step) {
     engine_.apply_update(measured.lr, update_number);
   }
   measured.step_ms = ms_since(t0);
+  const bool save = measured.updated && checkpoint_now(step);
   measured.offloaded_bytes = engine_.model().activation_usage().offloaded_bytes - offloaded_before;
 
   const StepMetrics m = step_metrics(measured, batch);
@@ -189,31 +201,30 @@ void TrainingLoop::run_step(int64_t step) {
     log_step(m);
   }
   const bool wants_checkpoint = checkpoint_due(step) || (stop_signal_ != 0 && config_.train.checkpoint_every > 0);
-  if (wants_checkpoint && !measured.updated) {
+  if (save) {
+    save_checkpoint_at(step, batch);
+  } else if (wants_checkpoint && !measured.updated) {
     // Its weights are the ones that produced the bad step: a checkpoint of them
     // would be the first place a rollback or a restart returns to.
     if (process_.rank == 0) spdlog::warn("step {}: no checkpoint of a step the numerical guard flagged", step);
-  } else if (checkpoint_due(step)) {
-    save_checkpoint_at(step, batch);
-  } else if (stop_signal_ != 0 && step < config_.train.steps) {
-    if (config_.train.checkpoint_every > 0) {
-      save_checkpoint_at(step, batch);
-    } else if (process_.rank == 0) {
-      spdlog::warn("stopping without a checkpoint: train.checkpoint_every is 0 (checkpoints are off)");
-    }
+  } else if (stop_signal_ != 0 && step < config_.train.steps && config_.train.checkpoint_every == 0 &&
+             process_.rank == 0) {
+    spdlog::warn("stopping without a checkpoint: train.checkpoint_every is 0 (checkpoints are off)");
   }
   tracer_.end();
 }
 
 bool TrainingLoop::agree_on_update(const StepResult& result) {
   // The most severe verdict of any rank (StepFault is ordered by severity).
-  std::array<int64_t, 2> flags = {static_cast<int64_t>(guard_.inspect(result.loss, result.grad_norm)), stop_signal()};
+  std::array<int64_t, 3> flags = {static_cast<int64_t>(guard_.inspect(result.loss, result.grad_norm)), stop_signal(),
+                                  writer_ && writer_->busy() ? 1 : 0};
   {
-    Phase phase(trace_ops::kUpdateAgreement.data(), "bad-step and stop flags all-reduce");
+    Phase phase(trace_ops::kUpdateAgreement.data(), "bad-step, stop and writer-busy flags all-reduce");
     if (phase.tracer()) phase.set_group(phase.tracer()->world_group("agree"));
     groups_.world().all_reduce(std::span<int64_t>(flags), ReduceOp::Max);
   }
   stop_signal_ = static_cast<int>(flags[1]);
+  writer_busy_ = flags[2] != 0;
   step_fault_ = static_cast<StepFault>(flags[0]);
   fault_description_ = guard_.describe(step_fault_, result.loss, result.grad_norm);
   too_many_bad_ = guard_.record(step_fault_, result.loss, result.grad_norm);
@@ -309,6 +320,7 @@ void TrainingLoop::rollback(const std::string& target, const std::string& what) 
   newest_good_step_ = restored.step;
   awaiting_confirmation_ = !guard_.warm();
   streak_.clear();
+  checkpoint_deferred_ = false;  // it belonged to the abandoned trajectory
   batches_.restart(restored.sampler, skipped);
   if (metrics_) metrics_.emplace(config_.train.run_dir, restored.step);
   if (tensorboard_) tensorboard_->restart_after(restored.step);
@@ -377,6 +389,7 @@ StepMetrics TrainingLoop::step_metrics(const StepMeasurement& measured, const Gl
   m.host_pool_bytes = static_cast<int64_t>(engine_.model().activation_usage().host_pool_bytes);
   m.skipped_steps = progress_.skipped_steps;
   m.rollbacks = progress_.rollbacks;
+  m.checkpoints_deferred = checkpoints_deferred_;
   m.skipped_batches = static_cast<int64_t>(progress_.skipped_batches.size());
   return m;
 }
@@ -394,6 +407,21 @@ void TrainingLoop::log_step(const StepMetrics& m) const {
 bool TrainingLoop::checkpoint_due(int64_t step) const {
   return config_.train.checkpoint_every > 0 &&
          (step % config_.train.checkpoint_every == 0 || step == config_.train.steps);
+}
+
+bool TrainingLoop::checkpoint_now(int64_t step) {
+  if (config_.train.checkpoint_every == 0) return false;
+  if (!checkpoint_due(step) && !checkpoint_deferred_ && stop_signal_ == 0) return false;
+  const bool must = step == config_.train.steps || stop_signal_ != 0 ||
+                    config_.train.checkpoint_when_busy == CheckpointWhenBusy::Wait;
+  checkpoint_deferred_ = writer_busy_ && !must;
+  if (!checkpoint_deferred_) return true;
+  ++checkpoints_deferred_;
+  if (process_.rank == 0) {
+    spdlog::info("step {}: checkpoint deferred: the previous one is still being written (train.checkpoint_when_busy: "
+                 "defer)", step);
+  }
+  return false;
 }
 
 void TrainingLoop::confirm_checkpoints_once_warm() {

@@ -64,8 +64,10 @@ class TrainingLoop {
 
   // Between the engine's forward_backward and apply_update, on every rank, once the
   // step's loss and gradient norm are known: one all-reduce (max) of this rank's
-  // verdict and of whether it received a stop signal, so that every rank skips the
-  // same updates and stops after the same step. Returns whether to apply the update.
+  // verdict, of whether it received a stop signal and of whether its checkpoint
+  // writer is still busy, so that every rank skips the same updates, stops after
+  // the same step and puts off the same checkpoints. Returns whether to apply the
+  // update.
   bool agree_on_update(const StepResult& result);
 
   // A step whose update was skipped: say why on rank 0, with the batch's
@@ -102,6 +104,16 @@ class TrainingLoop {
 
   bool checkpoint_due(int64_t step) const;
 
+  // Whether a step the guard passed saves a checkpoint: one due now, one deferred
+  // before, or a stop signal's. With train.checkpoint_when_busy: defer (the
+  // default), a checkpoint that falls due while some rank's previous write still
+  // runs (as agree_on_update found) is deferred to the first step at which no
+  // rank's writer is busy, so that training never waits for a write: the interval
+  // between checkpoints becomes at least the write's duration. Every rank decides
+  // alike from agreed flags, so all save the same steps. The last step and a stop
+  // signal's step are always saved, waiting for the write in flight.
+  bool checkpoint_now(int64_t step);
+
   // Once the guard is warm, rank 0 marks the checkpoints saved before as confirmed
   // (after the write in flight, which may be one of them).
   void confirm_checkpoints_once_warm();
@@ -134,6 +146,9 @@ class TrainingLoop {
   std::string fault_description_;
   bool too_many_bad_ = false;  // max_bad_steps bad steps in a row
   int stop_signal_ = 0;        // a stop signal some rank received, agreed by all
+  bool writer_busy_ = false;   // some rank's checkpoint writer was busy in this step, agreed by all
+  bool checkpoint_deferred_ = false;    // a due checkpoint waits for the writers (checkpoint_now)
+  int64_t checkpoints_deferred_ = 0;    // steps of this run whose checkpoint was deferred
   int64_t last_step_ = 0;
   int64_t next_step_ = 1;
   int64_t last_poisoned_step_ = 0;  // HDP_FAULT_INJECT=R:S-L:nan: the last step poisoned

@@ -550,6 +550,100 @@ TEST(Checkpoint, CorruptedMomentFailsItsChecksum) {
   EXPECT_NE(msg.find("checksum"), std::string::npos) << msg;
 }
 
+// The checksum of format_version 2 (docs/checkpoint-format.md, "Checksum"): one
+// chain over the 8-byte words, then the tail bytes.
+uint64_t format2_checksum(const std::vector<float>& data) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(data.data());
+  const size_t n = data.size() * sizeof(float);
+  uint64_t h = 0xcbf29ce484222325ull ^ n;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, bytes + i, 8);
+    h = (h ^ w) * 0x100000001b3ull;
+    h ^= h >> 29;
+  }
+  for (; i < n; ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+  return h;
+}
+
+std::vector<std::string> link_names_of(hid_t group) {
+  std::vector<std::string> names;
+  H5Literate(group, H5_INDEX_NAME, H5_ITER_NATIVE, nullptr,
+             [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+               static_cast<std::vector<std::string>*>(out)->push_back(name);
+               return 0;
+             },
+             &names);
+  return names;
+}
+
+// Rewrites a part as format_version 2 wrote it: that version in the root
+// attribute (`version`) and every dataset's checksum by format2_checksum.
+void rewrite_as_format2(const std::string& part, int64_t version) {
+  Hdf5Lock lock;
+  hid_t f = H5Fopen(part.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  ASSERT_GE(f, 0) << part;
+  std::vector<std::string> datasets;
+  for (const std::string& name : link_names_of(f)) {
+    if (name != "optimizer") {
+      datasets.push_back(name);
+      continue;
+    }
+    hid_t opt = H5Gopen2(f, "optimizer", H5P_DEFAULT);
+    for (const std::string& tensor : link_names_of(opt)) {
+      hid_t g = H5Gopen2(opt, tensor.c_str(), H5P_DEFAULT);
+      for (const std::string& moment : link_names_of(g)) datasets.push_back("optimizer/" + tensor + "/" + moment);
+      H5Gclose(g);
+    }
+    H5Gclose(opt);
+  }
+  for (const std::string& name : datasets) {
+    hid_t d = H5Dopen2(f, name.c_str(), H5P_DEFAULT);
+    hid_t space = H5Dget_space(d);
+    std::vector<float> data(static_cast<size_t>(H5Sget_simple_extent_npoints(space)));
+    H5Sclose(space);
+    EXPECT_GE(H5Dread(d, H5T_NATIVE_FLOAT, H5S_ALL, H5S_ALL, H5P_DEFAULT, data.data()), 0) << name;
+    const uint64_t sum = format2_checksum(data);
+    hid_t a = H5Aopen(d, "checksum", H5P_DEFAULT);
+    EXPECT_GE(H5Awrite(a, H5T_NATIVE_UINT64, &sum), 0) << name;
+    H5Aclose(a);
+    H5Dclose(d);
+  }
+  hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
+  EXPECT_GE(H5Awrite(a, H5T_NATIVE_INT64, &version), 0);
+  H5Aclose(a);
+  H5Fclose(f);
+}
+
+// A checkpoint written by a build of format_version 2 (its checksums one chain of
+// words; version 3's are four interleaved chains, for speed) still loads, weights
+// and moments alike; its parts' checksums are checked as version 2 defines them,
+// so the same part claiming version 3 fails its checksum.
+TEST(Checkpoint, AFormatVersion2CheckpointStillLoadsAndIsCheckedByItsOwnChecksum) {
+  const std::string dir = testing::scratch_dir("ckpt_format2");
+  const ModelConfig c = tiny_config(false);
+  auto ranks = make_ranks(c, {1, 1, 2}, 1000);
+  fill_state(ranks);
+  const std::string path = save_all(dir, ranks, 4);
+  for (const char* part : {"/rank-00000.h5", "/rank-00001.h5"}) rewrite_as_format2(path + part, 2);
+  std::ifstream in(path + "/manifest.yaml");
+  const std::string manifest((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string current = "format_version: " + std::to_string(kCheckpointFormatVersion);
+  ASSERT_EQ(manifest.rfind(current, 0), 0u) << manifest;
+  std::ofstream(path + "/manifest.yaml") << "format_version: 2" + manifest.substr(current.size());
+  auto dst = make_ranks(c, {1, 1, 1}, 1000);
+  scramble(dst);
+  load_all(path, dst, 4);
+  expect_state(c, dst);
+
+  rewrite_as_format2(path + "/rank-00001.h5", kCheckpointFormatVersion);
+  const std::string msg =
+      expect_checkpoint_error([&] { load_checkpoint(path, *dst[0].model, dst[0].optimizer.get()); });
+  EXPECT_NE(msg.find(path + "/rank-00001.h5"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("fails its checksum"), std::string::npos) << msg;
+}
+
 TEST(Checkpoint, TruncatedPartIsRefused) {
   const std::string dir = testing::scratch_dir("ckpt_truncated");
   const ModelConfig c = tiny_config(false);

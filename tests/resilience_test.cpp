@@ -159,6 +159,11 @@ TEST(FaultInjection, ParsesStepRangesAndModesAndRefusesTheRest) {
   f = fault_injection_from_env();
   EXPECT_TRUE(f.full_checkpoint);
   EXPECT_FALSE(f.full_metrics || f.exits());
+  setenv("HDP_FAULT_INJECT", "1:2-4:slow-checkpoint", 1);
+  f = fault_injection_from_env();
+  EXPECT_TRUE(f.slow_checkpoint);
+  EXPECT_EQ(f.last_step, 4);
+  EXPECT_FALSE(f.full_checkpoint || f.exits());
   for (const char* bad : {"2", "2:x", "2:5-3", "2:3:explode", "2:3-", "a:3", "0:2:full"}) {
     setenv("HDP_FAULT_INJECT", bad, 1);
     EXPECT_THROW(fault_injection_from_env(), std::invalid_argument) << bad;

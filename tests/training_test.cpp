@@ -334,7 +334,8 @@ TEST(Training, MetricsAfterACrashAndResumeHoldEachStepOnce) {
 // the step's update is skipped, training goes on, the metrics count it.
 TEST(Training, ANanLossSkipsTheStepsUpdateAndTrainingContinues) {
   const std::string dir = scratch_dir("training-nan");
-  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 --set train.keep_checkpoints=10 ";
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
+                             "--set train.checkpoint_when_busy=wait --set train.keep_checkpoints=10 ";
   auto r = testing::run_command("HDP_FAULT_INJECT=0:3:nan " + std::string(HDP_TRAINER_BINARY) + " " + run_args(dir, 6, common));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step 3: update skipped (loss nan"), std::string::npos) << r.output;
@@ -385,6 +386,7 @@ std::string manifest_field(const std::string& manifest, const std::string& key) 
 TEST(Training, MaxBadStepsInARowRollBackToTheLastGoodCheckpointAndSkipTheirBatches) {
   const std::string dir = scratch_dir("training-rollback"), resumed = scratch_dir("training-rollback-resumed");
   const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
+                             "--set train.checkpoint_when_busy=wait "
                              "--set train.keep_checkpoints=10 --set train.max_bad_steps=2 ";
   auto r = testing::run_command("HDP_FAULT_INJECT=0:3-4:nan " + std::string(HDP_TRAINER_BINARY) + " " +
                                 run_args(dir, 6, common));
@@ -437,6 +439,7 @@ TEST(Training, MaxBadStepsInARowRollBackToTheLastGoodCheckpointAndSkipTheirBatch
 TEST(Training, ASkippedStepDoesNotAdvanceTheAdamWStepCounter) {
   const std::string x = scratch_dir("training-adam-skip"), y = scratch_dir("training-adam-skipped-batch");
   const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
+                             "--set train.checkpoint_when_busy=wait "
                              "--set train.keep_checkpoints=10 --set optim.warmup_steps=1 --set optim.lr=2e-3 "
                              "--set optim.min_lr=2e-3 ";
   auto rx = testing::run_command("HDP_FAULT_INJECT=0:3:nan " + std::string(HDP_TRAINER_BINARY) + " " + run_args(x, 4, common));
@@ -468,6 +471,7 @@ TEST(Training, AsyncCheckpointsEqualSyncOnesAndAKillDuringAWriteLeavesNoHalfChec
   const std::string straight = scratch_dir("training-async-straight"), sync = scratch_dir("training-async-sync"),
                     killed = scratch_dir("training-async-killed");
   const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
+                             "--set train.checkpoint_when_busy=wait "
                              "--set train.keep_checkpoints=10 ";
   auto a = run_trainer(run_args(straight, 6, common));
   ASSERT_EQ(a.exit_code, 0) << a.output;
@@ -503,7 +507,8 @@ TEST(Training, AFailedBackgroundCheckpointWriteEndsTheRunWithCode2NamingThePath)
   const std::string dir = scratch_dir("training-async-fails");
   const std::string log = dir + "/log.txt";
   testing::BackgroundRun run(std::string(HDP_TRAINER_BINARY) + " " +
-                                 run_args(dir, 100000, "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1"),
+                                 run_args(dir, 100000, "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
+                                                       "--set train.checkpoint_when_busy=wait"),
                              log);
   ASSERT_TRUE(testing::wait_for_steps(run, dir, 1, 300)) << testing::file_text(log);
   for (int step = 1; step <= 400; ++step) std::ofstream(step_dir(dir, step) + ".tmp") << "in the way\n";
@@ -533,6 +538,7 @@ TEST(Training, AFullDiskDuringACheckpointEndsTheRunWithCode2AndLosesNothing) {
     SCOPED_TRACE(async ? "async" : "sync");
     const std::string dir = scratch_dir(std::string("training-full-disk-checkpoint-") + (async ? "async" : "sync"));
     const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=1 "
+                                                                  "--set train.checkpoint_when_busy=wait "
                                "--set train.keep_checkpoints=10 --set train.async_checkpoints=" +
                                (async ? "true" : "false");
     auto full = testing::run_command("HDP_FAULT_INJECT=0:2:full-checkpoint " + std::string(HDP_TRAINER_BINARY) + " " +
@@ -553,6 +559,26 @@ TEST(Training, AFullDiskDuringACheckpointEndsTheRunWithCode2AndLosesNothing) {
     ASSERT_EQ(lines.size(), 4u);
     for (size_t i = 0; i < lines.size(); ++i) EXPECT_EQ(field(lines[i], "step"), static_cast<double>(i + 1));
   }
+}
+
+// train.checkpoint_when_busy: wait keeps the exact interval: with step 2's write
+// made slow (HDP_FAULT_INJECT=0:2:slow-checkpoint), step 3's checkpoint waits for it
+// instead of being deferred, and every step is saved. ParallelCheckpoints (training_parallel_test.cpp) tests `defer`.
+TEST(Training, CheckpointWhenBusyWaitSavesEveryDueStepWaitingForTheWriteInFlight) {
+  const std::string dir = scratch_dir("training-checkpoint-when-busy-wait");
+  const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=1 "
+                             "--set train.keep_checkpoints=10 --set train.checkpoint_when_busy=wait";
+  auto r = testing::run_command("HDP_FAULT_INJECT=0:2:slow-checkpoint " + std::string(HDP_TRAINER_BINARY) + " " +
+                                run_args(dir, 4, common));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_EQ(r.output.find("checkpoint deferred"), std::string::npos) << r.output;
+  for (int step = 1; step <= 4; ++step) EXPECT_TRUE(fs::exists(step_dir(dir, step) + "/manifest.yaml")) << step;
+  EXPECT_EQ(testing::metric_values(dir, "checkpoints_deferred"), (std::vector<double>{0, 0, 0, 0}));
+  const std::vector<double> time = testing::metric_values(dir, "time");
+  ASSERT_EQ(time.size(), 4u);
+  // Step 2's write starts after step 2's metrics and takes kSlowCheckpointMs; step 3's
+  // checkpoint, before step 4's metrics, waited for it.
+  EXPECT_GE((time[3] - time[1]) * 1e3, kSlowCheckpointMs) << r.output;
 }
 
 // A full disk under run_dir (HDP_FAULT_INJECT RANK:STEP:full-metrics) is an error,
@@ -586,7 +612,8 @@ TEST(Training, AFileSizeLimitHalfWayThroughACheckpointPartIsReportedLikeAFullDis
     const std::string dir = scratch_dir(std::string("training-file-size-limit-") + (async ? "async" : "sync"));
     auto r = testing::run_command("bash -c 'ulimit -f 8192 && exec " + std::string(HDP_TRAINER_BINARY) + " " +
                                   run_args(dir, 3, std::string("--set data.global_batch_tokens=1024 --set "
-                                                               "train.checkpoint_every=1 --set train.async_checkpoints=") +
+                                                               "train.checkpoint_every=1 "
+                                                               "--set train.checkpoint_when_busy=wait --set train.async_checkpoints=") +
                                                        (async ? "true" : "false")) +
                                   "'");
     ASSERT_EQ(r.exit_code, 2) << r.output;
@@ -606,6 +633,7 @@ TEST(Training, AFileSizeLimitHalfWayThroughACheckpointPartIsReportedLikeAFullDis
 TEST(Training, AStepDirectoryWithoutAManifestIsWarnedAboutAndNeverOverwritten) {
   const std::string dir = scratch_dir("training-manifestless");
   const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=1 "
+                                                                "--set train.checkpoint_when_busy=wait "
                              "--set train.keep_checkpoints=1";
   for (int step : {2, 9}) {
     fs::create_directories(step_dir(dir, step));
@@ -638,7 +666,8 @@ TEST(Training, AStepDirectoryWithoutAManifestIsWarnedAboutAndNeverOverwritten) {
 // taken over.
 TEST(Training, ASecondJobIsKeptOutOfACheckpointDirectoryInUse) {
   const std::string dir = scratch_dir("training-lock"), other = scratch_dir("training-lock-other");
-  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 ";
+  const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
+                             "--set train.checkpoint_when_busy=wait ";
   const std::string log = dir + "/log.txt";
   testing::BackgroundRun first(std::string(HDP_TRAINER_BINARY) + " " + run_args(dir, 100000, common), log);
   ASSERT_TRUE(testing::wait_for_steps(first, dir, 1, 300)) << testing::file_text(log);
@@ -771,7 +800,8 @@ TEST(Training, ADivergingRunCheckpointsNoFlaggedStepAndSuperviseDoesNotRestartIt
   const std::string dir = scratch_dir("training-diverges-supervised");
   auto r = run_trainer("supervise --max-restarts 3 --backoff-s 0 --run-dir " + dir + " -- " + HDP_TRAINER_BINARY +
                        " " + run_args(dir, 30, "--set data.global_batch_tokens=1024 --set optim.lr=30 "
-                                               "--set train.checkpoint_every=1 --set train.keep_checkpoints=30"));
+                                               "--set train.checkpoint_every=1 "
+                                               "--set train.checkpoint_when_busy=wait --set train.keep_checkpoints=30"));
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("the run diverges: step 4: 3 bad step(s) in a row"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("stopping: no confirmed checkpoint before step 2 in " + dir + "/ckpt to roll back to "
@@ -798,6 +828,7 @@ TEST(Training, ADivergingRunCheckpointsNoFlaggedStepAndSuperviseDoesNotRestartIt
 TEST(Training, ACheckpointFoundBadLaterIsMarkedSuspectAndTheRollbackGoesPastIt) {
   const std::string dir = scratch_dir("training-suspect");
   const std::string common = "--set data.global_batch_tokens=1024 --set optim.lr=3 --set train.checkpoint_every=1 "
+                             "--set train.checkpoint_when_busy=wait "
                              "--set train.max_bad_steps=2 ";
   auto r = run_trainer(run_args(dir, 30, common));
   EXPECT_EQ(r.exit_code, 3) << r.output;
@@ -873,7 +904,8 @@ TEST(Training, AJobResumingFromACheckpointDirectoryHoldsItsLock) {
                                 log);
   ASSERT_TRUE(testing::wait_for_steps(reader, dir, 3, 300)) << testing::file_text(log);
   EXPECT_NE(testing::file_text(log).find("resumed from " + step_dir(dir, 2)), std::string::npos);
-  auto writer = run_trainer(run_args(other, 4, common + "--set train.checkpoint_every=1 --set train.checkpoint_dir=" +
+  auto writer = run_trainer(run_args(other, 4, common + "--set train.checkpoint_every=1 "
+                                                        "--set train.checkpoint_when_busy=wait --set train.checkpoint_dir=" +
                                                    dir + "/ckpt"));
   EXPECT_EQ(writer.exit_code, 2) << writer.output;
   EXPECT_NE(writer.output.find("train.checkpoint_dir '" + dir + "/ckpt' is in use by another job"), std::string::npos)
