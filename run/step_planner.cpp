@@ -23,15 +23,16 @@ StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
   // micro-batches in lock step.
   settings_.cost = cost;
   settings_.cost.b1 += expert_all_to_all_seconds_per_token(config, cost);
-  // The rerun of the stage's recomputed layers (train.recompute on its first
-  // train.recompute_layers, all by default), at the rate the layer's cost implies and
-  // as a share of the smallest stage's layers, which the planners multiply by them:
-  // a micro-batch is predicted to take l T(s) + k R(s) per stage.
+  // The rerun of the stage's recomputed layers (train.recompute on the first
+  // train.recompute_layers of each of its model chunks, all by default), at the rate
+  // the layer's cost implies and as a share of the smallest stage's layers, which the
+  // planners multiply by them: a micro-batch is predicted to take l T(s) + k R(s) per
+  // stage.
   const ModelShape shape = config.model.shape();
   const double rate = implied_flops_per_second(cost, shape, config.parallel.tp);
   if (config.train.recompute != RecomputeMode::None && rate > 0) {
     const int64_t stage = settings_.layers_per_stage;
-    const int64_t recomputed = std::min(config.train.recompute_layers.value_or(stage), stage);
+    const int64_t recomputed = smallest_stage_recomputed_layers(config);
     price_recomputation(settings_.cost, shape, config.parallel.tp, config.train.recompute, rate,
                         static_cast<double>(recomputed) / static_cast<double>(stage));
   }

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "config/config.h"
+#include "config/pipeline_layers.h"
 #include "data/batch.h"
 #include "run/step_planner.h"
 
@@ -79,6 +80,25 @@ TEST(StepPlanner, PredictionCountsTheRerunOfRecomputedLayers) {
   EXPECT_NEAR(busiest(RecomputeMode::Full, std::nullopt), 2.72 + 8 * rerun, 1e-12);
   // Selective reruns the norms, which the counts leave out.
   EXPECT_NEAR(busiest(RecomputeMode::Selective, std::nullopt), 2.72, 1e-12);
+}
+
+// train.recompute_layers counts from each model chunk's first layer, so under interleaved
+// 1F1B a stage recomputes it once per chunk (the default model's 4 layers: pp 2 x vpp 2
+// gives every stage two chunks of 1 layer).
+TEST(StepPlanner, RecomputedLayersCountPerModelChunk) {
+  Config c = two_ranks(1);
+  c.parallel.pp = 2;
+  c.train.recompute = RecomputeMode::Full;
+  c.train.recompute_layers = 1;
+  EXPECT_EQ(smallest_stage_layers(c), 2);
+  EXPECT_EQ(smallest_stage_recomputed_layers(c), 1);
+  c.parallel.vpp = 2;
+  EXPECT_EQ(smallest_stage_layers(c), 2);
+  EXPECT_EQ(smallest_stage_recomputed_layers(c), 2);
+  c.train.recompute_layers.reset();
+  EXPECT_EQ(smallest_stage_recomputed_layers(c), 2);
+  c.train.recompute = RecomputeMode::None;
+  EXPECT_EQ(smallest_stage_recomputed_layers(c), 0);
 }
 
 }  // namespace
