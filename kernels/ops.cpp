@@ -370,17 +370,16 @@ void sum_squares(const Tensor& x, DoubleTensor sum) {
   }
 }
 
-std::vector<double> read_back(const DoubleTensor& x) {
+void read_back(const DoubleTensor& x, std::span<double> out) {
   const char* op = "read_back";
   require_sums(op, "x", x);
-  std::vector<double> values(static_cast<size_t>(x.numel()));
+  require(static_cast<int64_t>(out.size()) == x.numel(), op,
+          std::to_string(out.size()) + " host values for x=" + x.shape_string());
   count_host_read(x.device);
   switch (x.device) {
-    HDP_CUDA_CASE(read_back(x))
+    HDP_CUDA_CASE(read_back(x, out))
     case Device::CPU:
-    case Device::Guarded:
-      host_side(x.device, [&] { std::copy_n(x.data, x.numel(), values.data()); });
-      return values;
+    case Device::Guarded: return host_side(x.device, [&] { std::copy_n(x.data, x.numel(), out.data()); });
     default: throw UnsupportedDevice(op, x.device);
   }
 }

@@ -90,8 +90,15 @@ void add_inplace(DoubleTensor y, const DoubleTensor& x);
 void add_scalar(DoubleTensor y, double value);
 // sum[0] += the sum of x^2 accumulated in double (as sum_squares(x) returns it).
 void sum_squares(const Tensor& x, DoubleTensor sum);
-// The values of x on the host: one host read, the step's one.
-std::vector<double> read_back(const DoubleTensor& x);
+// The values of x on the host, into out (x.numel() values): one host read, the step's
+// one; nothing allocated.
+void read_back(const DoubleTensor& x, std::span<double> out);
+// The same into a new vector (tests, eval: not for the step).
+inline std::vector<double> read_back(const DoubleTensor& x) {
+  std::vector<double> values(static_cast<size_t>(x.numel()));
+  read_back(x, values);
+  return values;
+}
 
 // ---- embedding ---------------------------------------------------------------
 // out[T, H] = table[token - vocab_begin] for tokens in [vocab_begin, vocab_begin + V_local), zero otherwise

@@ -1,6 +1,7 @@
 #include "run/engine.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -252,8 +253,9 @@ StepResult TrainingEngine::forward_backward(std::span<const PackedMicroBatch> mi
   // The step's one host read (kernels/ops.h): its loss and its gradient's squared norm
   // together, which the finite check (run/numerical_guard.h) then reads on the host.
   // Their all-reduces follow on the host as before, in the same order.
-  const std::vector<double> sums = read_back(step_sums_);
-  result.grad_norm = optimizer_->gradient_norm(sums[1]);
+  std::array<double, 2> host_sums{};  // loss, squared gradient norm
+  read_back(step_sums_, host_sums);
+  result.grad_norm = optimizer_->gradient_norm(host_sums[1]);
 
   // The loss is known on the last stage; tp ranks hold identical copies.
   const bool counts_loss = groups_.last_stage() && groups_.coords().tp_rank == 0;
@@ -261,7 +263,7 @@ StepResult TrainingEngine::forward_backward(std::span<const PackedMicroBatch> mi
   {
     Phase phase(trace_ops::kLoss.data(), "loss all-reduce");
     if (phase.tracer()) phase.set_group(phase.tracer()->world_group("loss"));
-    loss_sum = groups_.world().all_reduce_sum(counts_loss ? sums[0] : 0.0);
+    loss_sum = groups_.world().all_reduce_sum(counts_loss ? host_sums[0] : 0.0);
   }
   result.loss = result.predictions > 0 ? loss_sum / static_cast<double>(result.predictions) : 0.0;
   if (config_.model.moe()) {

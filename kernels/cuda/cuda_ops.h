@@ -40,7 +40,7 @@ void fill(DoubleTensor y, double value);
 void add_inplace(DoubleTensor y, const DoubleTensor& x);
 void add_scalar(DoubleTensor y, double value);
 void sum_squares(const Tensor& x, DoubleTensor sum);
-std::vector<double> read_back(const DoubleTensor& x);
+void read_back(const DoubleTensor& x, std::span<double> out);
 
 void embedding_forward(Tensor out, const IndexTensor& tokens, const Tensor& table, int64_t vocab_begin);
 void embedding_backward(Tensor dtable, const IndexTensor& tokens, const Tensor& dout, int64_t vocab_begin);

@@ -250,10 +250,8 @@ void add_scalar(DoubleTensor y, double value) {
   HDP_CUDA_CHECK_LAUNCH("add_scalar (fp64)");
 }
 
-std::vector<double> read_back(const DoubleTensor& x) {
-  std::vector<double> values(static_cast<size_t>(x.numel()));
-  if (!values.empty()) copy_bytes(values.data(), x.data, x.bytes(), true);
-  return values;
+void read_back(const DoubleTensor& x, std::span<double> out) {
+  if (!out.empty()) copy_bytes(out.data(), x.data, x.bytes(), true);
 }
 
 }  // namespace hdp::cuda
