@@ -21,15 +21,13 @@ int64_t smallest_stage_layers(const Config& config) {
   return *std::min_element(layers.begin(), layers.end());
 }
 
-int64_t smallest_stage_recomputed_layers(const Config& config) {
-  if (config.train.recompute == RecomputeMode::None) return 0;
+std::vector<int64_t> recomputed_layers_per_stage(const Config& config) {
   const int pp = config.parallel.pp;
   const std::vector<int64_t> chunks = virtual_stage_layers(config);  // chunk c of stage s: c x pp + s
-  const std::vector<int64_t> stages = layers_per_stage(chunks, pp);
-  const size_t smallest = static_cast<size_t>(std::min_element(stages.begin(), stages.end()) - stages.begin());
-  int64_t recomputed = 0;
-  for (size_t v = smallest; v < chunks.size(); v += static_cast<size_t>(pp))
-    recomputed += std::min(config.train.recompute_layers.value_or(chunks[v]), chunks[v]);
+  std::vector<int64_t> recomputed(static_cast<size_t>(pp), 0);
+  if (config.train.recompute == RecomputeMode::None) return recomputed;
+  for (size_t v = 0; v < chunks.size(); ++v)
+    recomputed[v % static_cast<size_t>(pp)] += std::min(config.train.recompute_layers.value_or(chunks[v]), chunks[v]);
   return recomputed;
 }
 

@@ -20,8 +20,9 @@ std::vector<int64_t> pipeline_layers(const Config& config);
 // The smallest stage's layers: what the planner budgets memory for per stage, and
 // the most train.recompute_layers may ask of every stage.
 int64_t smallest_stage_layers(const Config& config);
-// The layers of that stage that recompute: train.recompute_layers counts from each of
-// its model chunks' first layer (all of them when unset); 0 under train.recompute none.
-int64_t smallest_stage_recomputed_layers(const Config& config);
+// Per pipeline stage, the layers that recompute: train.recompute_layers counts from
+// each of its model chunks' first layer (all of them when unset); 0 under
+// train.recompute none.
+std::vector<int64_t> recomputed_layers_per_stage(const Config& config);
 
 }  // namespace hdp

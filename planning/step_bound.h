@@ -20,7 +20,9 @@ namespace hdp {
 
 // With T(s) = a1 attention_term(s) + b1 s + g a layer's forward and backward over
 // s tokens (plus R_ring(s) = rb_ring s when its layers recompute: the least any
-// placement reruns, CostModel::recompute_seconds), l_s the layers of stage s, e_s
+// placement reruns, CostModel::recompute_seconds; the caller prices it at the least
+// share of its layers any stage recomputes, so l_s R_ring never exceeds stage s's
+// rerun), l_s the layers of stage s, e_s
 // its seconds per token outside the layers (the embedding on the first stage, the
 // head on the last), N the batch's tokens, L its longest sequence, H = hdp and
 // tail_s what stage s runs after its last backward:
@@ -39,7 +41,8 @@ struct StepBound {
   // check_plan only with an offload ratio r at which max_micro_batch_tokens(C,
   // layers_per_stage, r) >= t, and copies r (l_s - 2) Act(t) bytes to the host and
   // later back, the second after the first: max over s of both copies' seconds plus
-  // tail_s. 0 when offload is off or t <= C.
+  // tail_s. 0 when offload is off, t <= C, or recomputation may replace the copies
+  // (settings.recompute.max_layers > 0, planning/activation_mix.h).
   double offload = 0;
   int ranks = 0;              // H
   int64_t member_tokens = 0;  // t
@@ -49,7 +52,7 @@ struct StepBound {
 // lengths: the global batch's sequences. settings: hdp, capacity, layers_per_stage
 // (the memory budget of check_plan), cost (b1 with any per-token all-to-all the
 // planners add, the embedding's and head's seconds per token, the copy rates, the
-// window) and offload.enabled. stage_layers: each pipeline stage's layers
+// window), offload.enabled and recompute.max_layers. stage_layers: each pipeline stage's layers
 // (settings.pipeline_stages of them). tail_seconds: per stage, what every rank of it
 // runs after its last backward (the simulator's gradient synchronisation); empty
 // for nothing. Throws std::invalid_argument for a stage count or tail list that does

@@ -25,16 +25,24 @@ StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
   settings_.cost.b1 += expert_all_to_all_seconds_per_token(config, cost);
   // The rerun of the stage's recomputed layers (train.recompute on the first
   // train.recompute_layers of each of its model chunks, all by default), at the rate
-  // the layer's cost implies and as a share of the smallest stage's layers, which the
-  // planners multiply by them: a micro-batch is predicted to take l T(s) + k R(s) per
-  // stage.
+  // the layer's cost implies and as a share of a stage's layers, which the planners
+  // multiply by them: a micro-batch is predicted to take l T(s) + k R(s) per stage.
+  // The prediction takes the smallest stage's share (its memory budget is the
+  // planners'); the lower bound the least share of any stage, so that l_s times it
+  // never exceeds what stage s reruns (planning/step_bound.h).
+  CostModel bound_cost = settings_.cost;
   const ModelShape shape = config.model.shape();
   const double rate = implied_flops_per_second(cost, shape, config.parallel.tp);
   if (config.train.recompute != RecomputeMode::None && rate > 0) {
-    const int64_t stage = settings_.layers_per_stage;
-    const int64_t recomputed = smallest_stage_recomputed_layers(config);
+    const std::vector<int64_t> recomputed = recomputed_layers_per_stage(config);
+    const size_t smallest = static_cast<size_t>(
+        std::min_element(stage_layers_.begin(), stage_layers_.end()) - stage_layers_.begin());
+    double least = 1;
+    for (size_t s = 0; s < recomputed.size(); ++s)
+      least = std::min(least, static_cast<double>(recomputed[s]) / static_cast<double>(stage_layers_[s]));
     price_recomputation(settings_.cost, shape, config.parallel.tp, config.train.recompute, rate,
-                        static_cast<double>(recomputed) / static_cast<double>(stage));
+                        static_cast<double>(recomputed[smallest]) / static_cast<double>(stage_layers_[smallest]));
+    price_recomputation(bound_cost, shape, config.parallel.tp, config.train.recompute, rate, least);
   }
   settings_.ep = config.parallel.ep;
   settings_.offload.enabled = config.offload.enabled;
@@ -52,6 +60,8 @@ StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
                         "; lower data.max_seq_len, or raise parallel.hdp or data.micro_batch_tokens, or enable offload");
     }
   }
+  bound_settings_ = settings_;
+  bound_settings_.cost = bound_cost;
 }
 
 StepPlan StepPlanner::plan(std::span<const int64_t> lengths) const {
@@ -76,7 +86,7 @@ void StepPlanner::predict(const StepPlan& plan, std::span<const int64_t> lengths
   const std::vector<double> seconds = predicted_rank_seconds(plan, lengths, settings_);
   batch.planned_busy_s = seconds[hdp_rank];
   batch.planned_max_busy_s = *std::max_element(seconds.begin(), seconds.end());
-  batch.planned_bound_s = step_lower_bound(lengths, settings_, stage_layers_).seconds();
+  batch.planned_bound_s = step_lower_bound(lengths, bound_settings_, stage_layers_).seconds();
 }
 
 GlobalBatch StepPlanner::next_local_batch(BatchSampler& sampler, const TokenDataset& dataset, int hdp_rank) const {

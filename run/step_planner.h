@@ -54,6 +54,7 @@ class StepPlanner {
   int cp_;
   int chunks_;  // parallel.vpp: the ring order is checked in the interleaved 1F1B order
   PlannerSettings settings_;
+  PlannerSettings bound_settings_;  // settings_ with the rerun priced for the lower bound
   std::vector<int64_t> stage_layers_;  // layers of each pipeline stage
   BalanceSettings balance_;
 };

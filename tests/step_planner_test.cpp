@@ -90,15 +90,36 @@ TEST(StepPlanner, RecomputedLayersCountPerModelChunk) {
   c.parallel.pp = 2;
   c.train.recompute = RecomputeMode::Full;
   c.train.recompute_layers = 1;
-  EXPECT_EQ(smallest_stage_layers(c), 2);
-  EXPECT_EQ(smallest_stage_recomputed_layers(c), 1);
+  EXPECT_EQ(recomputed_layers_per_stage(c), (std::vector<int64_t>{1, 1}));
   c.parallel.vpp = 2;
   EXPECT_EQ(smallest_stage_layers(c), 2);
-  EXPECT_EQ(smallest_stage_recomputed_layers(c), 2);
+  EXPECT_EQ(recomputed_layers_per_stage(c), (std::vector<int64_t>{2, 2}));
   c.train.recompute_layers.reset();
-  EXPECT_EQ(smallest_stage_recomputed_layers(c), 2);
+  EXPECT_EQ(recomputed_layers_per_stage(c), (std::vector<int64_t>{2, 2}));
   c.train.recompute = RecomputeMode::None;
-  EXPECT_EQ(smallest_stage_recomputed_layers(c), 0);
+  EXPECT_EQ(recomputed_layers_per_stage(c), (std::vector<int64_t>{0, 0}));
+}
+
+// The lower bound prices a stage's rerun at the least share of its layers any stage
+// recomputes, so it never charges a stage more reruns than it makes. Stages of 1 and 3
+// layers with train.recompute_layers 1 rerun 1 layer each: the last stage, which binds
+// the bound here, is charged a third of what recomputing all its 3 layers adds (the
+// smallest stage's share, 1 of 1, would charge it all 3).
+TEST(StepPlanner, TheBoundChargesNoStageMoreRerunsThanItMakes) {
+  const std::vector<int64_t> lengths = {200, 200};
+  auto bound = [&](RecomputeMode mode, std::optional<int64_t> layers) {
+    Config c = two_ranks(2);
+    c.train.recompute = mode;
+    c.train.recompute_layers = layers;
+    StepPlanner planner(c, costs());
+    GlobalBatch batch;
+    planner.predict(planner.plan(lengths), lengths, 0, batch);
+    return batch.planned_bound_s;
+  };
+  const double none = bound(RecomputeMode::None, std::nullopt);
+  const double one = bound(RecomputeMode::Full, 1) - none, all = bound(RecomputeMode::Full, std::nullopt) - none;
+  EXPECT_GT(one, 0);
+  EXPECT_NEAR(3 * one, all, 1e-12);
 }
 
 }  // namespace
