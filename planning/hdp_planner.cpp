@@ -986,7 +986,7 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   for (const LongSequence& ls : split.longs) pool.push_back(one_rank_micro_batch(ls, lengths));
   std::vector<WorkItem> packed;
   for (PlannedMicroBatch& mb : split.packed) {
-    double seconds = rerun_seconds(mb, st);
+    double seconds = 0;  // packed micro-batches fit the capacity: nothing recomputes
     for (const PlannedPiece& p : mb.pieces) seconds += sequence_seconds(p.length, st);
     packed.push_back({seconds, 1, -1, 0.0, pool.size()});
     pool.push_back(std::move(mb));

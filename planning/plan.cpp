@@ -320,6 +320,8 @@ void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t 
   // Micro-batches: limits, pieces, row order, ring chunks.
   std::vector<std::vector<std::pair<int64_t, int64_t>>> covered(num_sequences);
   std::vector<std::vector<int>> ring_micro_batch(num_rings);  // [ring][position] -> micro-batch index
+  if (!(plan.recomputed_layer_share > 0.0 && plan.recomputed_layer_share <= 1.0))
+    fail("the recomputed layer share " + std::to_string(plan.recomputed_layer_share) + " is outside (0, 1]");
   for (int R = 0; R < num_rings; ++R) ring_micro_batch[R].assign(plan.rings[R].ranks.size(), -1);
   for (int r = 0; r < hdp; ++r) {
     for (size_t m = 0; m < plan.ranks[r].size(); ++m) {
@@ -329,8 +331,6 @@ void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t 
         fail(where + " has offload ratio " + std::to_string(mb.offload_ratio) + ", outside [0, 1]");
       if (mb.recompute_layers < 0 || mb.recompute_layers > layers_per_stage)
         fail(where + " recomputes " + str(mb.recompute_layers) + " layers, outside [0, " + str(layers_per_stage) + "]");
-      if (!(plan.recomputed_layer_share > 0.0 && plan.recomputed_layer_share <= 1.0))
-        fail("the recomputed layer share " + std::to_string(plan.recomputed_layer_share) + " is outside (0, 1]");
       const int64_t limit = max_micro_batch_tokens(plan.capacity, layers_per_stage, mb.offload_ratio,
                                                    mb.recompute_layers, plan.recomputed_layer_share);
       if (mb.tokens() > limit) {
