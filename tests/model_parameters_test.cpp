@@ -117,7 +117,6 @@ TEST(ModelSlice, RefusesPartitionsThatDoNotSplitTheConfig) {
   EXPECT_EQ(slice.vocab, 6);
 }
 
-}  // namespace
 // Interleaved 1F1B: stage 0 of pp 2 x vpp 2 over 4 layers holds chunks of layers 0
 // and 2 (virtual stages 0 and 2), numbered 0 and 1 on the rank, under their global
 // names; the chunks' ranges are checked like one range.
@@ -164,4 +163,5 @@ TEST(ModelSlice, ASlotHoldsOneChunksLayers) {
                std::invalid_argument);
 }
 
+}  // namespace
 }  // namespace hdp

@@ -359,7 +359,9 @@ class ChunkedStage final : public PipelineStage {
     const int v = record('B', i, slot);
     const Tensor g_out = tensor(kOutputGradient, slot), g_in = tensor(kInputGradient, slot);
     for (int64_t e = 0; e < g_in.numel(); ++e) {
-      const float g = v == stages_ * chunks_ - 1 ? 1.0f : g_out.f32()[e];
+      // The last virtual stage seeds micro-batch i's gradient with i + 1, so gradients
+      // that travel to another micro-batch's slot or tag show.
+      const float g = v == stages_ * chunks_ - 1 ? static_cast<float>(i + 1) : g_out.f32()[e];
       g_in.f32()[e] = g * static_cast<float>(v + 2);
     }
     if (v == 0) gradients[i] = g_in.f32()[0];
@@ -430,7 +432,7 @@ TEST(PipelineExecutor, InterleavedChunksPassEveryVirtualStageInOrder) {
         ASSERT_EQ(gradients.size(), static_cast<size_t>(m)) << what;
         for (int i = 0; i < m; ++i) {
           EXPECT_EQ(outputs[i], static_cast<float>(ChunkedStage::input_value(stages * chunks, i))) << what;
-          EXPECT_EQ(gradients[i], static_cast<float>(product)) << what;
+          EXPECT_EQ(gradients[i], static_cast<float>((i + 1) * product)) << what;
         }
       }
     }
