@@ -41,7 +41,7 @@ inline constexpr EnumName<ResumeMode> kResumeModeNames[] = {
 enum class CheckpointWhenBusy { Defer, Wait };
 inline constexpr EnumName<CheckpointWhenBusy> kCheckpointWhenBusyNames[] = {
     {CheckpointWhenBusy::Defer, "defer",
-     "put it off to the first step after the write finished; training never waits for a write"},
+     "put it off to the first step after the write finished; training waits only at the last step and on a stop"},
     {CheckpointWhenBusy::Wait, "wait", "wait for the write, then save: exactly every checkpoint_every steps"}};
 
 // scheduler.policy: naive is ByteScale's Algorithm 1, balance its Algorithm 2.
