@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `trainer supervise` restarts a real training run: a 2-rank tiny-llama (hdp 2,
-# a checkpoint every 2 steps) whose rank 1 dies at step 5 on the first run
+# a checkpoint every 2 steps, each waited for: deferred ones may all still be in
+# flight at the fault under load) whose rank 1 dies at step 5 on the first run
 # (HDP_FAULT_INJECT, base/fault_injection.h; set only while HDP_SUPERVISE_RESTART
 # is 0, so the restart runs clean). The supervisor must restart it once, the
 # restart must resume from a checkpoint, and the run must end with the loss and
@@ -18,7 +19,8 @@ fail() { echo "supervise_train_test: $*"; exit 1; }
 "$trainer" make-corpus --output corpus.h5 --documents 300 > corpus.log 2>&1 || { cat corpus.log; exit 1; }
 train=(mpirun --oversubscribe -np 2 "$trainer" train "$root/configs/tiny-llama.yaml" --set data.path=corpus.h5
        --set parallel.hdp=2 --set train.steps=8 --set train.log_every=1 --set train.checkpoint_every=2
-       --set train.threads=1 --set data.global_batch_tokens=2048 --set data.micro_batch_tokens=1024)
+       --set train.threads=1 --set data.global_batch_tokens=2048 --set data.micro_batch_tokens=1024
+       --set train.checkpoint_when_busy=wait)
 
 "${train[@]}" --set train.run_dir=ref --set train.checkpoint_dir=ref/checkpoints > ref.log 2>&1 ||
   { tail -20 ref.log; fail "the uninterrupted run failed"; }
