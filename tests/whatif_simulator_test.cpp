@@ -661,7 +661,8 @@ TEST(StepSimulation, PlannersOutputReplays) {
 // four identical pipelines. By hand, forward 40, 60, 100 and backward 80, 120, 200:
 // stage 1 runs F0 [40, 80], B0 [80, 160], F1 [160, 220], B1 [220, 340], F2 [340,
 // 440], B2 [440, 640]; stage 0 F0 [0, 40], F1 [40, 100], B0 [160, 240], F2 [240,
-// 340], B1 [340, 460], B2 [640, 840]: the step is 840 s, and no ring waits.
+// 340], B1 [340, 460], B2 [640, 840]: the step is 840 s, and no ring waits, nor
+// under interleaved 1F1B.
 TEST(StepSimulation, RingWavesRunEveryPipelineAlike) {
   const StepCosts k = hand_costs(4, 2, 1.0 / 3.0);
   PlannerSettings st;
@@ -694,6 +695,17 @@ TEST(StepSimulation, RingWavesRunEveryPipelineAlike) {
   const StepSimulation o = simulate_step(old, lengths, k);
   EXPECT_GT(o.ring_wait_seconds, 0);
   EXPECT_GT(o.step_seconds, 840);
+  // Interleaved 1F1B (two chunks of one layer per stage): the identical pipelines
+  // still meet every ring together; Algorithm 2's still wait, and take longer.
+  StepCosts chunked = k;
+  chunked.stage_layers.assign(2, 2);
+  chunked.chunk_layers.assign(4, 1);
+  check_plan(waves, lengths, 1, 2, 2);
+  const StepSimulation i = simulate_step(waves, lengths, chunked);
+  EXPECT_DOUBLE_EQ(i.ring_wait_seconds, 0);
+  const StepSimulation oi = simulate_step(old, lengths, chunked);
+  EXPECT_GT(oi.ring_wait_seconds, 0);
+  EXPECT_GT(oi.step_seconds, i.step_seconds);
 }
 
 // Mixtral-8x7B (Jiang et al. 2024, "Mixtral of Experts"): 8 experts of FFN 14336, top 2.
