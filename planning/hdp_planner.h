@@ -170,8 +170,9 @@ struct BalanceSettings {
 // without offload where they fit: the sequences that need rings, longest first,
 // packed first-fit by their choose_ranks counts into waves of at most hdp ranks; in
 // a wave the ring whose members cost most (seconds / ranks) takes one more rank at a
-// time (as widen allows, at the offload ratio or recomputation those ranks need)
-// until the wave holds every rank, so its rings cost their members about one amount.
+// time (up to widen's limits, hdp and length / (widen_min_fill C) ranks, whether or
+// not widen is set; at the offload ratio or recomputation those ranks need) until
+// the wave holds every rank, so its rings cost their members about one amount.
 // Wave by wave the rings take consecutive ranks from rank 0, so every rank runs one
 // ring micro-batch per wave at the wave's index and all pipelines run the same costs
 // until their last ring: each ring's members reach it together, in 1F1B and in the

@@ -505,6 +505,17 @@ TEST(Randomized, BalancedPlansAreValidNoWorseThanNaiveAndNearTheIdeal) {
       // Every token once, limits, ring chunks and orders (1F1B with 2 or 3 stages).
       ASSERT_NO_THROW(check_plan(p, lengths, layers, stages));
       ASSERT_EQ(p.ranks.size(), static_cast<size_t>(hdp));
+      // With a step measure (here the busiest rank) every candidate passes check_plan,
+      // with pipelines PP-Balance's waves among them.
+      BalanceSettings measured{mode, threshold, widen};
+      int candidates = 0;
+      measured.step_seconds = [&](const StepPlan& c) {
+        ++candidates;
+        EXPECT_NO_THROW(check_plan(c, lengths, layers, stages));
+        return max_of(predicted_rank_seconds(c, lengths, s));
+      };
+      ASSERT_NO_THROW(check_plan(plan_balance(lengths, s, measured), lengths, layers, stages));
+      EXPECT_GE(candidates, 2);
       // Long sequences keep at least choose_ranks's ranks (exactly, without widening).
       const auto holders = ranks_per_sequence(p, lengths.size());
       for (size_t q = 0; q < lengths.size(); ++q) {
