@@ -864,9 +864,9 @@ BalanceWork balance_work(std::span<const int64_t> lengths, const PlannerSettings
     double seconds = 0;  // packed micro-batches fit the capacity: nothing recomputes
     for (const PlannedPiece& p : mb.pieces) seconds += sequence_seconds(p.length, st);
     work.packed.push_back({seconds, 1, -1, 0.0, work.pool.size()});
-    work.pool.push_back(mb);
+    work.pool.push_back(std::move(mb));
   }
-  work.split.packed.clear();
+  work.split.packed.clear();  // moved into the pool
   return work;
 }
 
