@@ -114,6 +114,7 @@ struct TrainConfig {
   AttentionImpl attention = AttentionImpl::Auto;  // cuda: our attention kernels or cuDNN's (kernels/attention_impl.h)
   RecomputeMode recompute = RecomputeMode::None;  // none | selective | full (spec/model_shape.h)
   std::optional<int64_t> recompute_layers;  // layers of each stage that recompute, from its first; null: all
+  bool recompute_per_micro_batch = false;   // recompute_layers is the most; the step planner chooses per micro-batch
   DType precision = DType::F32;          // fp32 | bf16 (mixed precision: bf16 compute weights and activations,
                                          // fp32 master weights, gradients and moments; docs/configuration.md)
   double spike_factor = 3;               // skip a step whose loss exceeds this x the recent median; 0 = off
@@ -230,6 +231,14 @@ std::vector<ConfigDifference> config_differences(const std::string& yaml, const 
 inline bool may_offload(const Config& config) {
   return config.offload.enabled && config.scheduler.policy != SchedulerPolicy::Static &&
          config.data.max_seq_len > config.data.micro_batch_tokens;
+}
+
+// Whether this config's plans may recompute layers of the micro-batches above the
+// capacity (train.recompute_per_micro_batch; planning/activation_mix.h): as offload,
+// only for sequences longer than a micro-batch under the naive or balance policy.
+inline bool may_plan_recompute(const Config& config) {
+  return config.train.recompute_per_micro_batch && config.train.recompute != RecomputeMode::None &&
+         config.scheduler.policy != SchedulerPolicy::Static && config.data.max_seq_len > config.data.micro_batch_tokens;
 }
 
 // data.format as the dataset reader's enum.

@@ -270,6 +270,11 @@ const std::vector<Section> kSchema = {
             "the stage's first layer (under `parallel.vpp` > 1, of each model chunk from its first); null: all; "
             "the others may offload",
             stated("null, or 0 to the smallest stage's (model chunk's) layers")),
+      field("recompute_per_micro_batch", &Config::train, &TrainConfig::recompute_per_micro_batch,
+            "false: every micro-batch recomputes `recompute_layers` layers; true: that many at most, chosen per "
+            "micro-batch by the step planner with its offload ratio as the cheapest mix that fits (ByteScale's "
+            "offload extended by recomputation; docs/planning.md), none in the micro-batches within "
+            "`data.micro_batch_tokens`"),
       field("spike_factor", &Config::train, &TrainConfig::spike_factor,
             "a step whose loss exceeds this factor times the median of the recent good steps (from the second "
             "step on) is bad; 0: off",

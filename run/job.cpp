@@ -211,11 +211,13 @@ void log_stage(TrainingEngine& engine, const MemoryReport& memory, const GridCoo
                mib(memory.pipeline), mib(memory.ring), mib(memory.host_pool));
   const LlamaModel& model = engine.model();
   const int64_t recomputed = model.recompute_layers(), stage_layers = model.num_layers();
-  spdlog::info("stage {}: activations saved per token and layer: {:.0f} bytes in the {} layers that recompute ({}), "
+  spdlog::info("stage {}: activations saved per token and layer: {:.0f} bytes in the {} layers that recompute ({}){}, "
                "{:.0f} bytes in the other {}{}",
                coords.pp_rank, model.saved_bytes_per_token(0), recomputed,
-               enum_name(kRecomputeModeNames, model.recompute_mode()), model.saved_bytes_per_token(stage_layers - 1),
-               stage_layers - recomputed,
+               enum_name(kRecomputeModeNames, model.recompute_mode()),
+               model.planned_recompute() ? " in the micro-batches the step planner chooses, all of them in the others"
+                                         : "",
+               model.saved_bytes_per_token(stage_layers - 1), stage_layers - recomputed,
                model.sequence_parallel() ? "; sequence parallel: the norms' and residual stream's for 1/tp of the tokens"
                                          : "");
 }
