@@ -239,17 +239,25 @@ void ModelActivations::lay_out(Arena& arena) {
   // limit guarantees fits, up to the small per-token tensors, which are never
   // offloaded. The planner's limit counts every layer of the stage as offloaded
   // (planning/plan.h, max_micro_batch_tokens), so the recomputed layers' blocks come
-  // on top of that budget. Planned recomputation: a micro-batch within the capacity
-  // recomputes nothing, and one above it recomputes k <= R layers with the limit's
-  // t (k rho + min(2, L - k) + (L - k - 2)+ (1 - r)) <= L C, so its other layers' rows
-  // fit the L capacities at any k and ratio, its recomputed blocks (at most R of
-  // them, of at most max_tokens) on top, as above.
+  // on top of that budget.
+  // Planned recomputation: a micro-batch within the capacity recomputes nothing, and
+  // one above it recomputes k <= R layers under the limit
+  //   t (k rho + min(2, L - k) + (L - k - 2)+ (1 - r)) <= L C
+  // with rho the recomputed layer's bytes per token over a whole layer's, which the
+  // step planner takes from the same formula as these blocks (spec/model_shape.h,
+  // saved_bytes_per_token; a ring layer's when the model has rings). So at any k and
+  // ratio the micro-batch's bytes per token times its tokens are within L capacities'
+  // whole blocks, up to the small tensors of the offloaded layers and, per layer, the
+  // 64-byte alignment of each tensor, the kept rows rounded to whole rows and the
+  // sequence shards rounded up: two blocks of one row and one token cover those.
   // In bytes (activations in the model's precision, the small tensors in fp32).
   const TensorSet kept = kept_tensors(rings_);
   const int64_t fewest = fewest_recompute_layers();
   size_t region = static_cast<size_t>(fewest) * layer_block_bytes(capacity_, capacity_, kept) +
                   static_cast<size_t>(L - fewest) * layer_block_bytes(capacity_, capacity_, kAllTensors);
-  if ((offload_ && L >= 3) || (planned_recompute_ && T > capacity_)) {
+  if (planned_recompute_ && T > capacity_) {
+    region += static_cast<size_t>(L) * (layer_block_bytes(0, T, kAllTensors) + 2 * layer_block_bytes(1, 1, kAllTensors));
+  } else if (offload_ && L >= 3) {
     // Slack: the kept rows of each layer are rounded to whole rows. A stage whose
     // layers all recompute or run their backward at once holds such micro-batches
     // whole in the same memory (the planner's limit is at most L / 2 capacities).

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/ops.h"
@@ -305,8 +306,11 @@ TEST(PlannedRecompute, EachMicroBatchsOwnCountGivesThePlainGradientsBitForBit) {
 TEST(PlannedRecompute, TheArenaHoldsEveryMixTheMemoryLimitAdmits) {
   const ModelConfig c = small_config("llama");
   const int64_t C = 128, L = c.num_layers;
-  for (const RecomputeMode mode : {RecomputeMode::Full, RecomputeMode::Selective}) {
-    const double rho = saved_bytes_per_token(c.shape(), 1, 4, mode) / saved_bytes_per_token(c.shape(), 1, 4);
+  for (const auto& [mode, precision] : {std::pair{RecomputeMode::Full, DType::F32},
+                                        std::pair{RecomputeMode::Selective, DType::F32},
+                                        std::pair{RecomputeMode::Selective, DType::BF16}}) {
+    const int bytes = static_cast<int>(dtype_size(precision));
+    const double rho = saved_bytes_per_token(c.shape(), 1, bytes, mode) / saved_bytes_per_token(c.shape(), 1, bytes);
     for (const bool offload : {true, false}) {
       const std::vector<double> ratios = offload ? std::vector<double>{0, 0.25, 0.5, 1} : std::vector<double>{0};
       int64_t most = C;
@@ -315,14 +319,15 @@ TEST(PlannedRecompute, TheArenaHoldsEveryMixTheMemoryLimitAdmits) {
       LongSequenceOptions long_sequences;
       long_sequences.max_tokens = most;
       long_sequences.offload = offload;
-      LlamaModel model(c, C, {}, 1, nullptr, long_sequences, Device::CPU, DType::F32, nullptr, {mode, 3, true});
+      LlamaModel model(c, C, {}, 1, nullptr, long_sequences, Device::CPU, precision, nullptr, {mode, 3, true});
       for (int64_t k = 0; k <= 3; ++k) {
         for (double r : ratios) {
           const int64_t T = max_micro_batch_tokens(C, L, r, k, rho);
           const Batch b = random_documents<Batch>({static_cast<int>(T)}, 61, 4);
           MicroBatchView view = b.view(r);
           view.recompute_layers = k;
-          EXPECT_NO_THROW(model.set_batch(0, view)) << enum_name(kRecomputeModeNames, mode) << " k " << k << " r " << r;
+          EXPECT_NO_THROW(model.set_batch(0, view))
+              << enum_name(kRecomputeModeNames, mode) << " " << dtype_name(precision) << " k " << k << " r " << r;
         }
       }
       EXPECT_LE(model.activation_usage().device_peak_bytes, model.activation_bytes());
