@@ -16,7 +16,8 @@
 // gradient norms (the same kernels in the same order). Against the run that does
 // neither and holds 512 tokens per micro-batch instead (sequences of 257 to 512
 // tokens then sit whole on one rank beside others, so sums run in another order):
-// equal within fp32 round-off, measured and bounded. The same under two pipeline
+// equal within fp32 round-off, measured and bounded. A remote loader's plan carries
+// the counts over its wire to the same results. The same under two pipeline
 // stages of 3 layers (one rank per stage, sequences up to 512 tokens, 2 layers
 // recomputing).
 
@@ -72,10 +73,15 @@ TEST(PlannedRecompute, Hdp2RingsEqualTheRunWithoutRecomputationOrOffload) {
                         "the first 6 layers"),
             std::string::npos)
       << output;
+  // The plan crosses the remote loader's wire (one server, which also schedules):
+  // each micro-batch's count arrives with it, or the long ones would not fit.
+  const std::string remote = scratch_dir("planned-recompute-hdp2-remote");
+  train_five_steps(remote, 1, 1, 2, data + kPlanned + " --set offload.enabled=false", "remote loader", 1);
   for (const std::string key : {"loss", "grad_norm"}) {
     const std::vector<double> got = metric_values(mixed, key);
     ASSERT_EQ(got.size(), 5u) << key;
     EXPECT_EQ(got, metric_values(alone, key)) << key;
+    EXPECT_EQ(metric_values(remote, key), metric_values(alone, key)) << key;
     const double difference = largest_relative_difference(mixed, plain, key);
     std::printf("hdp 2 rings, %s: largest relative difference to the plain run %.3g\n", key.c_str(), difference);
     EXPECT_LT(difference, 1e-6) << key;
