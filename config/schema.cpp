@@ -268,7 +268,7 @@ const std::vector<Section> kSchema = {
       field("recompute_layers", &Config::train, &TrainConfig::recompute_layers,
             "with `recompute` selective or full: how many layers of each pipeline stage recompute, counted from "
             "the stage's first layer (under `parallel.vpp` > 1, of each model chunk from its first); null: all; "
-            "the others may offload",
+            "the others may offload; with `recompute_per_micro_batch`, the most a micro-batch recomputes",
             stated("null, or 0 to the smallest stage's (model chunk's) layers")),
       field("recompute_per_micro_batch", &Config::train, &TrainConfig::recompute_per_micro_batch,
             "false: every micro-batch recomputes `recompute_layers` layers; true: that many at most, chosen per "
