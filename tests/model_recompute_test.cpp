@@ -255,7 +255,8 @@ TEST(RecomputeMemory, ARingMicroBatchKeepsTheFormulasRingBytes) {
 // 1's rows in host memory beside a recomputed layer 0, one offloading layers 0 and
 // 1 without recomputation), one after another through the same slot, each give the
 // loss and gradients of the model that keeps everything bit for bit, and of the
-// model that recomputes the same count in every micro-batch.
+// model that recomputes the same count in every micro-batch (on the CPU, and on the
+// guarded device, whose memory the host may touch only through ops, as a GPU's).
 TEST(PlannedRecompute, EachMicroBatchsOwnCountGivesThePlainGradientsBitForBit) {
   struct Planned {
     int64_t recompute_layers;
@@ -267,15 +268,17 @@ TEST(PlannedRecompute, EachMicroBatchsOwnCountGivesThePlainGradientsBitForBit) {
   offload.max_tokens = 512;
   offload.offload = true;
   const Batch b = random_documents<Batch>({120, 50, 22}, 61, 4);  // 192 tokens: 96-row halves stay aligned
-  for (const RecomputeMode mode : {RecomputeMode::Full, RecomputeMode::Selective}) {
-    LlamaModel plain(c, 256, {}, 1, nullptr, {}, Device::CPU);
-    LlamaModel planned(c, 256, {}, 1, nullptr, offload, Device::CPU, DType::F32, nullptr, {mode, 2, true});
+  for (const auto& [mode, device] : {std::pair{RecomputeMode::Full, Device::CPU},
+                                     std::pair{RecomputeMode::Selective, Device::CPU},
+                                     std::pair{RecomputeMode::Full, Device::Guarded}}) {
+    LlamaModel plain(c, 256, {}, 1, nullptr, {}, device);
+    LlamaModel planned(c, 256, {}, 1, nullptr, offload, device, DType::F32, nullptr, {mode, 2, true});
     plain.init_weights(9);
     planned.init_weights(9);
     for (const Planned& m : mixes) {
-      const std::string what = enum_name(kRecomputeModeNames, mode) + std::string(" k ") +
+      const std::string what = enum_name(kRecomputeModeNames, mode) + std::string(" ") + device_name(device) + " k " +
                                std::to_string(m.recompute_layers) + " r " + std::to_string(m.offload_ratio);
-      LlamaModel fixed(c, 256, {}, 1, nullptr, offload, Device::CPU, DType::F32, nullptr, {mode, m.recompute_layers});
+      LlamaModel fixed(c, 256, {}, 1, nullptr, offload, device, DType::F32, nullptr, {mode, m.recompute_layers});
       fixed.init_weights(9);
       for (LlamaModel* model : {&plain, &planned, &fixed}) model->zero_grad();
       MicroBatchView view = b.view(m.offload_ratio);
