@@ -222,9 +222,12 @@ const std::vector<Section> kSchema = {
             rule(">= 1", [](double v) { return v >= 1; }, "{value} is less than 1", "keep at least 1 checkpoint")),
       field("async_checkpoints", &Config::train, &TrainConfig::async_checkpoints,
             "write a checkpoint in a background thread from a host snapshot while training goes on"),
-      enum_field("checkpoint_when_busy", &Config::train, &TrainConfig::checkpoint_when_busy,
-                 kCheckpointWhenBusyNames, "choice",
-                 "a checkpoint that falls due while the previous one is still being written in the background"),
+      field("checkpoint_budget", &Config::train, &TrainConfig::checkpoint_budget,
+            "the share of the run's time checkpoints may cost (the training thread's wait and the background "
+            "writer's CPU time, measured): a due checkpoint is deferred until its cost / this has passed since the "
+            "previous one started; the last step and a stop are always saved; 0: every due checkpoint, waiting for "
+            "the write in flight",
+            below_one("choose a fraction of the run's time, e.g. 0.02, or 0 to save every due checkpoint")),
       field("reuse_checkpoint_dir", &Config::train, &TrainConfig::reuse_checkpoint_dir,
             "accept a `checkpoint_dir` whose newest checkpoint another run wrote"),
       enum_field("resume", &Config::train, &TrainConfig::resume, kResumeModeNames, "mode",

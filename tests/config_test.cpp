@@ -1001,6 +1001,18 @@ TEST(ConfigErrors, UnknownOverrideKey) {
   EXPECT_CONTAINS(msg, "model.hidden_size.x: unknown key in section 'model'");
 }
 
+// train.checkpoint_when_busy (defer | wait) was folded into train.checkpoint_budget:
+// a config naming it is refused with the way to say it now, in a file or an override.
+TEST(ConfigErrors, ARetiredKeyIsRefusedNamingWhatReplacedIt) {
+  Scratch s("retired_key");
+  const std::string path = s.config(std::string(kMinimalConfig) + "train:\n  checkpoint_when_busy: wait\n");
+  EXPECT_CONTAINS(load_error(path, {}), "train.checkpoint_when_busy: this key is no longer read; it was replaced by "
+                                        "train.checkpoint_budget: `wait` is `checkpoint_budget: 0`");
+  const std::string plain = s.config(kMinimalConfig);
+  EXPECT_CONTAINS(load_error(plain, {"train.checkpoint_when_busy=defer"}),
+                  "--set train.checkpoint_when_busy=defer: train.checkpoint_when_busy: this key is no longer read");
+}
+
 TEST(Config, ParallelDegreesAndStageLayers) {
   Scratch s("parallel-ok");
   const std::string path = s.config(
