@@ -57,7 +57,9 @@
 // - backward, 1 upload of the router's logit gradient [T, E].
 // The backward read and its upload would go with a device kernel for the router's
 // backward (the probabilities and choices are small: [T, E], [T, k]); the forward's
-// read stays. tests/mpi_parallel_test.cpp counts them (MixtralRoutingReadsPerLayerAndMicroBatch).
+// read stays. The uploads could go through a pinned staging buffer as a micro-batch's
+// tokens do (kernels/upload_staging.h); each follows a read that drained the stream,
+// so it waits only for its own small copy. tests/mpi_parallel_test.cpp counts them (MixtralRoutingReadsPerLayerAndMicroBatch).
 // Tested standalone against a naive reference (tests/model_moe_test.cpp), in bf16
 // against fp32 and on the guarded device against the CPU.
 
