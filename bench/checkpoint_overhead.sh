@@ -3,6 +3,8 @@
 # configs/bench-llama.yaml (one process each) trained with no checkpoints, with
 # train.checkpoint_every: 1 and asynchronous writes (the default), and with
 # synchronous writes, in one run of this script, on the same byte-level corpus.
+# Every due checkpoint is written (train.checkpoint_budget: 0), so that each step
+# has one; bench/checkpoint_step_cost.sh measures the default budget.
 #
 # The figure that matters is measured inside each run, so that load from other
 # processes (which moves step times by several x on a shared machine) cancels:
@@ -34,7 +36,8 @@ run() {  # config steps mode -> "median_step_ms median_wait_ms checkpoint_mb med
   [ "$mode" = sync ] && async=false
   "$trainer" train "$root/configs/$config" --set data.path="$work/corpus.h5" --set train.steps="$steps" \
     --set train.run_dir="$dir" --set train.checkpoint_dir="$dir/ckpt" --set train.checkpoint_every=$every \
-    --set train.async_checkpoints=$async --set train.keep_checkpoints=2 --set train.log_every=1 \
+    --set train.async_checkpoints=$async --set train.checkpoint_budget=0 --set train.keep_checkpoints=2 \
+    --set train.log_every=1 \
     --set train.resume=never --set train.peak_flops=1e11 >"$dir.log" 2>&1 ||
     { echo "run $config/$mode failed, see below" >&2; cat "$dir.log" >&2; exit 1; }
   local step_ms wait_ms=0 write_ms=0 mb=0

@@ -2,7 +2,10 @@
 # What every-step checkpoints cost as a user feels it: the median wall time per step
 # (from one step's end to the next, metrics.jsonl's "time": a wait for the previous
 # write included) of a config trained with train.checkpoint_every: 1 (asynchronous
-# writes, the default) against the same config without checkpoints. The runs alternate (none, every
+# writes and train.checkpoint_budget, the defaults: checkpoints as often as the
+# budget allows) against the same config without checkpoints. A run's first
+# checkpoint is written at step 1, before its cost is known; runs several budget
+# intervals long show the steady state. The runs alternate (none, every
 # step, none, every step, ...) in one run of this script, so that load from other
 # processes falls on both alike; each row is one such pair, and the last compares
 # the medians of all their steps. Unlike bench/checkpoint_overhead.sh (the time the

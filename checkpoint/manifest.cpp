@@ -26,6 +26,7 @@ std::string emit_manifest(const Manifest& m, bool literal_config) {
   out << YAML::Key << "data_seed" << YAML::Value << m.progress.data_seed;
   out << YAML::Key << "skipped_steps" << YAML::Value << m.progress.skipped_steps;
   out << YAML::Key << "rollbacks" << YAML::Value << m.progress.rollbacks;
+  out << YAML::Key << "checkpoints_deferred" << YAML::Value << m.progress.checkpoints_deferred;
   // Three numbers per skipped batch: epoch, cursor, document_offset of its start.
   out << YAML::Key << "skipped_batches" << YAML::Value << YAML::Flow << YAML::BeginSeq;
   for (const SamplerState& s : m.progress.skipped_batches) {
@@ -88,6 +89,8 @@ Manifest read_manifest_map(const YamlMap& root) {
   m.progress.skipped_steps = root.get_or<int64_t>("skipped_steps", 0);
   // Absent from manifests written before rollbacks: none, and an empty window.
   m.progress.rollbacks = root.get_or<int64_t>("rollbacks", 0);
+  // Absent from manifests written before checkpoints were deferred: none.
+  m.progress.checkpoints_deferred = root.get_or<int64_t>("checkpoints_deferred", 0);
   const auto skipped = root.get_or<std::vector<int64_t>>("skipped_batches", {});
   if (skipped.size() % 3 != 0) {
     root.fail("skipped_batches", "holds " + std::to_string(skipped.size()) + " numbers",

@@ -26,6 +26,9 @@ struct TrainingProgress {
   // one starts (a resumed run skips them too).
   int64_t rollbacks = 0;
   std::vector<SamplerState> skipped_batches;
+  // Due checkpoints not written at their step so far, to keep their cost within
+  // train.checkpoint_budget (run/training_loop.h).
+  int64_t checkpoints_deferred = 0;
   // The numerical guard's windows of recent good losses and gradient norms, oldest
   // first, so that a resumed run judges spikes like one that never stopped.
   std::vector<double> loss_window;

@@ -88,17 +88,19 @@ void CheckpointWriter::save(const LlamaModel& model, const ZeroAdamW& optimizer,
   join_and_rethrow();  // one snapshot buffer: the previous write must be done with it
   take_snapshot(model, optimizer, progress, layout_, snapshot_);
   const int64_t step = progress.step;
+  last_blocking_ms_ = ms_since(t0);
   if (async_) {
     done_.store(false, std::memory_order_release);
-    thread_ = std::thread([this, step] {
+    thread_ = std::thread([this, step, blocking_ms = last_blocking_ms_] {
       yield_the_cores_to_training();
-      write(step);
+      write(step, blocking_ms);
     });
   } else {
-    write(step);
+    write(step, last_blocking_ms_);
     join_and_rethrow();
+    last_blocking_ms_ = ms_since(t0);
+    last_cost_ms_.store(last_blocking_ms_, std::memory_order_release);  // the whole write's wall time
   }
-  last_blocking_ms_ = ms_since(t0);
 }
 
 void CheckpointWriter::wait() {
@@ -110,16 +112,18 @@ void CheckpointWriter::check() {
   if (done_.load(std::memory_order_acquire)) join_and_rethrow();
 }
 
-void CheckpointWriter::write(int64_t step) {
+void CheckpointWriter::write(int64_t step, double blocking_ms) {
   try {
     const auto t0 = Clock::now();
     const double cpu0 = thread_cpu_ms();
     const CheckpointHooks hooks = hooks_ ? hooks_(step) : CheckpointHooks{};
     const std::string path = save_checkpoint(checkpoint_dir_, snapshot_, config_yaml_, keep_, layout_, hooks,
                                                tokenizer_ ? &*tokenizer_ : nullptr);
+    const double cpu_ms = thread_cpu_ms() - cpu0;
+    if (async_) last_cost_ms_.store(blocking_ms + cpu_ms, std::memory_order_release);
     if (announce_) {
-      spdlog::info("checkpoint {} written in {:.0f} ms ({:.0f} ms of CPU){}", path, ms_since(t0),
-                   thread_cpu_ms() - cpu0, async_ ? " (in the background)" : "");
+      spdlog::info("checkpoint {} written in {:.0f} ms ({:.0f} ms of CPU){}", path, ms_since(t0), cpu_ms,
+                   async_ ? " (in the background)" : "");
     }
   } catch (...) {
     error_ = std::current_exception();

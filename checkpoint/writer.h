@@ -13,11 +13,13 @@
 // by no other thread), so their collectives never mix with training's.
 //
 // A new snapshot waits only if the previous write still runs (one snapshot buffer,
-// reused); busy() tells the caller beforehand, so that it can put the checkpoint
-// off instead (run/training_loop.h, train.checkpoint_when_busy). An error of a
-// background write is rethrown by the next check(), save() or wait() (a CheckpointError naming the path: exit code 2), never lost. Stops
-// and the end of training wait for the write in flight.
+// reused). cost_ms() says what a checkpoint costs the run, so that the caller can
+// space them to keep within a budget (run/training_loop.h, train.checkpoint_budget).
+// An error of a background write is rethrown by the next check(), save() or wait()
+// (a CheckpointError naming the path: exit code 2), never lost. Stops and the end
+// of training wait for the write in flight.
 
+#include <algorithm>
 #include <atomic>
 #include <exception>
 #include <functional>
@@ -58,14 +60,20 @@ class CheckpointWriter {
   void check();
 
   bool async() const { return async_; }
-  // A background write is still running: a save() now would wait for it.
-  bool busy() const { return async_ && !done_.load(std::memory_order_acquire); }
   // Milliseconds the last save() blocked the training thread (waiting for the previous
   // write, then the snapshot; the whole write when synchronous).
   double last_blocking_ms() const { return last_blocking_ms_; }
+  // What a checkpoint costs the run, in ms: the training thread's wait in save()
+  // plus, when asynchronous, the CPU time of the writer thread, which it takes from
+  // the cores that train (its wall time under nice 19 does not show that); the
+  // last finished checkpoint's, and while one is being written at least its wait.
+  // 0 before the first save().
+  double cost_ms() const { return std::max(last_cost_ms_.load(std::memory_order_acquire), last_blocking_ms_); }
 
  private:
-  void write(int64_t step);  // the snapshot, on the background thread or the caller's
+  // The snapshot, on the background thread or the caller's; blocking_ms: what its
+  // save() took from the training thread.
+  void write(int64_t step, double blocking_ms);
   void join_and_rethrow();
 
   std::string checkpoint_dir_;
@@ -82,6 +90,7 @@ class CheckpointWriter {
   std::atomic<bool> done_{true};
   std::exception_ptr error_;
   double last_blocking_ms_ = 0;
+  std::atomic<double> last_cost_ms_{0};  // set by the writer thread
 };
 
 }  // namespace hdp

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <optional>
 #include <system_error>
 
@@ -137,6 +138,39 @@ void check_recompute_layers(const Checker& c) {
                         : " layers of the smallest pipeline stage"),
             "choose at most " + std::to_string(smallest) + ", or null for all of each stage's layers",
             {"parallel.pp_layers", "parallel.pp", "parallel.vpp", "model.num_layers"});
+}
+
+// train.recompute_per_micro_batch x train.recompute, parallel.vpp, offload.ratio and
+// the stages' layers: the planners choose how many of a stage's first layers
+// recompute (planning/activation_mix.h) under the mode, with one model chunk per
+// stage, beside an offload ratio they choose too, and budget every stage's memory as
+// the smallest stage's (which the activation memory's worst case relies on).
+void check_planned_recompute(const Checker& c) {
+  const Config& config = c.config;
+  if (!config.train.recompute_per_micro_batch) return;
+  c.require(config.train.recompute != RecomputeMode::None, "train.recompute_per_micro_batch",
+            c.shown("train.recompute_per_micro_batch") + " with train.recompute " + c.shown("train.recompute") +
+                ": there is no recomputation to choose",
+            "set train.recompute: selective or full, or train.recompute_per_micro_batch: false", {"train.recompute"});
+  c.require(config.parallel.vpp == 1, "train.recompute_per_micro_batch",
+            c.shown("train.recompute_per_micro_batch") + " with parallel.vpp " + c.shown("parallel.vpp") +
+                ": the planners count a micro-batch's recomputed layers from its stage's first, one model chunk per "
+                "stage",
+            "set parallel.vpp: 1, or train.recompute_per_micro_batch: false", {"parallel.vpp"});
+  c.require(!(config.offload.enabled && config.offload.ratio >= 0), "train.recompute_per_micro_batch",
+            c.shown("train.recompute_per_micro_batch") + " with offload.ratio " + c.shown("offload.ratio") +
+                ": a forced offload ratio leaves the planners nothing to choose",
+            "set offload.ratio: -1 (chosen by the cost model), or train.recompute_per_micro_batch: false",
+            {"offload.ratio", "offload.enabled"});
+  const std::vector<int64_t> layers = pipeline_layers(config);
+  c.require(std::adjacent_find(layers.begin(), layers.end(), std::not_equal_to<>()) == layers.end(),
+            "train.recompute_per_micro_batch",
+            c.shown("train.recompute_per_micro_batch") + " with pipeline stages of unequal layers: the planners "
+                "budget every stage's memory as the smallest's, which a larger stage recomputing as many layers "
+                "can exceed",
+            "set parallel.pp_layers to equal counts (model.num_layers a multiple of parallel.pp), or "
+            "train.recompute_per_micro_batch: false",
+            {"parallel.pp_layers", "parallel.pp", "model.num_layers"});
 }
 
 // parallel.sequence_parallel x parallel.tp, model.arch and offload (which moves the
@@ -333,6 +367,7 @@ void check_config(const Config& config, bool check_files) {
   check_interleaving(c);
   check_pipeline_split(c);
   check_recompute_layers(c);
+  check_planned_recompute(c);
   check_sequence_parallel(c);
   check_communicator(c, check_files);
   check_attention(c);

@@ -36,14 +36,6 @@ inline constexpr EnumName<ResumeMode> kResumeModeNames[] = {
     {ResumeMode::Auto, "auto", "continue from the newest checkpoint in checkpoint_dir, if any"},
     {ResumeMode::Never, "never"}};
 
-// What a checkpoint that falls due while the previous one is still being written
-// in the background does (run/training_loop.h).
-enum class CheckpointWhenBusy { Defer, Wait };
-inline constexpr EnumName<CheckpointWhenBusy> kCheckpointWhenBusyNames[] = {
-    {CheckpointWhenBusy::Defer, "defer",
-     "put it off to the first step after the write finished; training waits only at the last step and on a stop"},
-    {CheckpointWhenBusy::Wait, "wait", "wait for the write, then save: exactly every checkpoint_every steps"}};
-
 // scheduler.policy: naive is ByteScale's Algorithm 1, balance its Algorithm 2.
 enum class SchedulerPolicy { Naive, Balance, Static };
 inline constexpr EnumName<SchedulerPolicy> kSchedulerPolicyNames[] = {
@@ -100,7 +92,8 @@ struct TrainConfig {
   std::string checkpoint_dir;            // empty: RUN_DIR/checkpoints (resolved_checkpoint_dir)
   int64_t keep_checkpoints = 3;          // newest K complete checkpoints are kept (and the newest confirmed one)
   bool async_checkpoints = true;          // write checkpoints in a background thread from a host snapshot
-  CheckpointWhenBusy checkpoint_when_busy = CheckpointWhenBusy::Defer;  // a checkpoint due during a write
+  double checkpoint_budget = 0.02;       // the share of the run's time checkpoints may cost (run/training_loop.h);
+                                         // 0: every due checkpoint, waiting for the write in flight
   bool reuse_checkpoint_dir = false;      // accept a checkpoint_dir holding another run's checkpoints
   ResumeMode resume = ResumeMode::Auto;
   bool allow_schedule_change = false;    // resume although the learning rate would jump (run/job.cpp)
@@ -114,6 +107,7 @@ struct TrainConfig {
   AttentionImpl attention = AttentionImpl::Auto;  // cuda: our attention kernels or cuDNN's (kernels/attention_impl.h)
   RecomputeMode recompute = RecomputeMode::None;  // none | selective | full (spec/model_shape.h)
   std::optional<int64_t> recompute_layers;  // layers of each stage that recompute, from its first; null: all
+  bool recompute_per_micro_batch = false;   // recompute_layers is the most; the step planner chooses per micro-batch
   DType precision = DType::F32;          // fp32 | bf16 (mixed precision: bf16 compute weights and activations,
                                          // fp32 master weights, gradients and moments; docs/configuration.md)
   double spike_factor = 3;               // skip a step whose loss exceeds this x the recent median; 0 = off
@@ -230,6 +224,14 @@ std::vector<ConfigDifference> config_differences(const std::string& yaml, const 
 inline bool may_offload(const Config& config) {
   return config.offload.enabled && config.scheduler.policy != SchedulerPolicy::Static &&
          config.data.max_seq_len > config.data.micro_batch_tokens;
+}
+
+// Whether this config's plans may recompute layers of the micro-batches above the
+// capacity (train.recompute_per_micro_batch; planning/activation_mix.h): as offload,
+// only for sequences longer than a micro-batch under the naive or balance policy.
+inline bool may_plan_recompute(const Config& config) {
+  return config.train.recompute_per_micro_batch && config.train.recompute != RecomputeMode::None &&
+         config.scheduler.policy != SchedulerPolicy::Static && config.data.max_seq_len > config.data.micro_batch_tokens;
 }
 
 // data.format as the dataset reader's enum.

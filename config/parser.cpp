@@ -25,9 +25,26 @@ std::string misplaced_key_hint(const std::string& name) {
   throw_config_error(where, name, "unknown section", hint + "valid sections: " + join_names(section_names()));
 }
 
+// Keys this build no longer reads, with what replaced them: a config written for an
+// earlier build is refused with the way to say it now.
+struct RetiredKey {
+  const char* path;
+  const char* replacement;
+};
+constexpr RetiredKey kRetiredKeys[] = {
+    {"train.checkpoint_when_busy",
+     "it was replaced by train.checkpoint_budget: `wait` is `checkpoint_budget: 0`; `defer` is the default budget "
+     "(0.02), which spaces checkpoints by their measured cost"},
+};
+
 // `other_keys`: keys the document allows beside the section's (a model file's name).
 [[noreturn]] void unknown_key(const std::string& where, const Section& section, const std::string& key,
                               const std::vector<std::string>& other_keys = {}) {
+  for (const RetiredKey& retired : kRetiredKeys) {
+    if (section.name + "." + key == retired.path) {
+      throw_config_error(where, retired.path, "this key is no longer read", retired.replacement);
+    }
+  }
   std::vector<std::string> valid = key_names(section);
   valid.insert(valid.end(), other_keys.begin(), other_keys.end());
   throw_config_error(where, section.name + "." + key, "unknown key in section '" + section.name + "'",

@@ -222,9 +222,12 @@ const std::vector<Section> kSchema = {
             rule(">= 1", [](double v) { return v >= 1; }, "{value} is less than 1", "keep at least 1 checkpoint")),
       field("async_checkpoints", &Config::train, &TrainConfig::async_checkpoints,
             "write a checkpoint in a background thread from a host snapshot while training goes on"),
-      enum_field("checkpoint_when_busy", &Config::train, &TrainConfig::checkpoint_when_busy,
-                 kCheckpointWhenBusyNames, "choice",
-                 "a checkpoint that falls due while the previous one is still being written in the background"),
+      field("checkpoint_budget", &Config::train, &TrainConfig::checkpoint_budget,
+            "the share of the run's time checkpoints may cost (the training thread's wait and the background "
+            "writer's CPU time, measured): a due checkpoint is deferred until its cost / this has passed since the "
+            "previous one started; the last step and a stop are always saved; 0: every due checkpoint, waiting for "
+            "the write in flight",
+            below_one("choose a fraction of the run's time, e.g. 0.02, or 0 to save every due checkpoint")),
       field("reuse_checkpoint_dir", &Config::train, &TrainConfig::reuse_checkpoint_dir,
             "accept a `checkpoint_dir` whose newest checkpoint another run wrote"),
       enum_field("resume", &Config::train, &TrainConfig::resume, kResumeModeNames, "mode",
@@ -268,8 +271,13 @@ const std::vector<Section> kSchema = {
       field("recompute_layers", &Config::train, &TrainConfig::recompute_layers,
             "with `recompute` selective or full: how many layers of each pipeline stage recompute, counted from "
             "the stage's first layer (under `parallel.vpp` > 1, of each model chunk from its first); null: all; "
-            "the others may offload",
+            "the others may offload; with `recompute_per_micro_batch`, the most a micro-batch recomputes",
             stated("null, or 0 to the smallest stage's (model chunk's) layers")),
+      field("recompute_per_micro_batch", &Config::train, &TrainConfig::recompute_per_micro_batch,
+            "false: every micro-batch recomputes `recompute_layers` layers; true: that many at most, chosen per "
+            "micro-batch by the step planner with its offload ratio as the cheapest mix that fits (ByteScale's "
+            "offload extended by recomputation; docs/planning.md), none in the micro-batches within "
+            "`data.micro_batch_tokens`"),
       field("spike_factor", &Config::train, &TrainConfig::spike_factor,
             "a step whose loss exceeds this factor times the median of the recent good steps (from the second "
             "step on) is bad; 0: off",

@@ -49,6 +49,7 @@ struct PackedMicroBatch {
   int ring = -1;                    // index of the step plan's ring, -1 for none
   RingLayout ring_layout;           // that ring's members and their rows, from this rank's view
   double offload_ratio = 0;         // fraction of rows whose saved activations go to host memory
+  int64_t recompute_layers = 0;     // the stage's first layers that recompute for it (planned per micro-batch)
 
   int64_t num_tokens() const { return static_cast<int64_t>(tokens.size()); }
   int64_t num_predictions() const;

@@ -12,6 +12,7 @@ PackedMicroBatch materialize_planned(const TokenReader& read, std::span<const Se
   PackedMicroBatch mb;
   mb.ring = planned.ring;
   mb.offload_ratio = planned.offload_ratio;
+  mb.recompute_layers = planned.recompute_layers;
   const int64_t total = planned.tokens();
   // Rows, positions and cu_seqlens are int32 (the kernels' index type).
   if (total > std::numeric_limits<int32_t>::max()) {

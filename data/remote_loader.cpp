@@ -79,6 +79,7 @@ std::vector<int64_t> encode_work(const RankWork& work) {
     const PlannedMicroBatch& mb = m.planned;
     w.put(static_cast<int64_t>(mb.ring));
     w.put(mb.offload_ratio);
+    w.put(mb.recompute_layers);
     w.put(static_cast<int64_t>(mb.pieces.size()));
     for (const PlannedPiece& p : mb.pieces) {
       w.put(p.sequence);
@@ -124,6 +125,7 @@ RankWork decode_work(std::span<const int64_t> payload) {
     PlannedMicroBatch& mb = rank_mb.planned;
     mb.ring = static_cast<int>(r.get());
     mb.offload_ratio = r.get_double();
+    mb.recompute_layers = r.get();
     mb.pieces.resize(r.count());
     for (PlannedPiece& p : mb.pieces) {
       p.sequence = r.get();

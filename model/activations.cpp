@@ -118,6 +118,7 @@ ModelActivations::ModelActivations(const ModelConfig& config, const ModelPartiti
       max_tokens_(capacity.max_tokens),
       recompute_(capacity.recompute),
       recompute_layers_(capacity.recompute == RecomputeMode::None ? 0 : capacity.recompute_layers),
+      planned_recompute_(capacity.planned_recompute && recompute_layers_ > 0),
       rings_(capacity.rings),
       offload_(capacity.offload),
       sequence_shards_(slice.sequence_shards),
@@ -139,7 +140,7 @@ ModelActivations::ModelActivations(const ModelConfig& config, const ModelPartiti
   scratch_.head_chunk_tokens = head_chunk_for(vocab_, max_tokens_);
   // Layers [recompute_layers, layers - 2) may offload: the last two run their
   // backward at once, recomputed layers keep little.
-  const int64_t offloadable = layers_ - 2 - recompute_layers_;
+  const int64_t offloadable = layers_ - 2 - fewest_recompute_layers();
   if (capacity.offload && offloadable > 0) {
     copy_engine_ = std::make_unique<CopyEngine>(device);
     const size_t host_layer_bytes = static_cast<size_t>(offloadable) * layer_block_bytes(max_tokens_, 0, kAllTensors);
@@ -218,14 +219,14 @@ LayerActivations ModelActivations::carve_layer(char* base, int64_t rows, int64_t
 }
 
 double ModelActivations::saved_bytes_per_token(int64_t layer) const {
-  return (recomputed(layer) ? kept_widths_ : widths_)
+  return (layer < recompute_layers_ ? kept_widths_ : widths_)
       .bytes_per_token(static_cast<int>(dtype_size(precision_)), sequence_shards_);
 }
 
 int64_t ModelActivations::saved_floats_per_token() const {
   auto floats = [&](const ActivationWidths& w) { return w.bytes_per_token(4, sequence_shards_) / 4; };
   if (layers_ == 0) return static_cast<int64_t>(std::ceil(floats(widths_)));
-  const int64_t R = recompute_layers_;
+  const int64_t R = fewest_recompute_layers();
   const double total = static_cast<double>(R) * floats(kept_widths_) + static_cast<double>(layers_ - R) * floats(widths_);
   return static_cast<int64_t>(std::ceil(total / static_cast<double>(layers_)));
 }
@@ -242,11 +243,24 @@ void ModelActivations::lay_out(Arena& arena) {
   // offloaded. The planner's limit counts every layer of the stage as offloaded
   // (planning/plan.h, max_micro_batch_tokens), so the recomputed layers' blocks come
   // on top of that budget.
+  // Planned recomputation: a micro-batch within the capacity recomputes nothing, and
+  // one above it recomputes k <= R layers under the limit
+  //   t (k rho + min(2, L - k) + (L - k - 2)+ (1 - r)) <= L C
+  // with rho the recomputed layer's bytes per token over a whole layer's, which the
+  // step planner takes from the same formula as these blocks (spec/model_shape.h,
+  // saved_bytes_per_token; a ring layer's when the model has rings). So at any k and
+  // ratio the micro-batch's bytes per token times its tokens are within L capacities'
+  // whole blocks, up to the small tensors of the offloaded layers and, per layer, the
+  // 64-byte alignment of each tensor, the kept rows rounded to whole rows and the
+  // sequence shards rounded up: two blocks of one row and one token cover those.
   // In bytes (activations in the model's precision, the small tensors in fp32).
   const TensorSet kept = kept_tensors(rings_);
-  size_t region = static_cast<size_t>(R) * layer_block_bytes(capacity_, capacity_, kept) +
-                  static_cast<size_t>(L - R) * layer_block_bytes(capacity_, capacity_, kAllTensors);
-  if (offload_ && L >= 3) {
+  const int64_t fewest = fewest_recompute_layers();
+  size_t region = static_cast<size_t>(fewest) * layer_block_bytes(capacity_, capacity_, kept) +
+                  static_cast<size_t>(L - fewest) * layer_block_bytes(capacity_, capacity_, kAllTensors);
+  if (planned_recompute_ && T > capacity_) {
+    region += static_cast<size_t>(L) * (layer_block_bytes(0, T, kAllTensors) + 2 * layer_block_bytes(1, 1, kAllTensors));
+  } else if (offload_ && L >= 3) {
     // Slack: the kept rows of each layer are rounded to whole rows. A stage whose
     // layers all recompute or run their backward at once holds such micro-batches
     // whole in the same memory (the planner's limit is at most L / 2 capacities).
@@ -322,6 +336,13 @@ void ModelActivations::load(int slot, const MicroBatchView& batch) {
   staging.upload(s.targets, batch.targets);
   staging.upload(s.positions, batch.positions);
   staging.upload(s.cu_seqlens, batch.cu_seqlens);
+  if (batch.recompute_layers != 0 &&
+      (!planned_recompute_ || batch.recompute_layers < 0 || batch.recompute_layers > recompute_layers_)) {
+    throw std::invalid_argument("micro-batch recomputing " + std::to_string(batch.recompute_layers) + " layers, but " +
+                                (planned_recompute_ ? "the model recomputes at most " + std::to_string(recompute_layers_)
+                                                    : std::string("the model does not plan recomputation per micro-batch")));
+  }
+  s.recompute_layers = planned_recompute_ ? batch.recompute_layers : recompute_layers_;
   lay_out_micro_batch(s, batch.offload_ratio);
 }
 
@@ -333,7 +354,7 @@ void ModelActivations::load(int slot, const MicroBatchView& batch) {
 // the other rows to the host pool, and come back to their working block before
 // their backward.
 void ModelActivations::lay_out_micro_batch(MicroBatchSlot& s, double offload_ratio) {
-  const int64_t T = s.tokens_used, L = layers_, R = recompute_layers_;
+  const int64_t T = s.tokens_used, L = layers_, R = s.recompute_layers;
   char* region = reinterpret_cast<char*>(s.region.raw());  // sizes below are in bytes
   const size_t capacity = s.region.bytes();
   const int64_t offloadable = L - 2 - R;
@@ -387,7 +408,7 @@ void ModelActivations::lay_out_micro_batch(MicroBatchSlot& s, double offload_rat
 }
 
 bool ModelActivations::offloaded_layer(const MicroBatchSlot& s, int64_t layer) const {
-  return s.offloaded && layer >= recompute_layers_ && layer < layers_ - 2;
+  return s.offloaded && layer >= s.recompute_layers && layer < layers_ - 2;
 }
 
 const CopyEvent& ModelActivations::output_block_free(const MicroBatchSlot& s, int64_t layer) const {

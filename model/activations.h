@@ -10,12 +10,14 @@
 // its layers saved to a host pool during forward and bring them back during backward,
 // on a copy engine (kernels/copy_engine.h) whose copies overlap the compute.
 //
-// Activation recomputation (spec/model_shape.h, RecomputeMode): the stage's first
-// recompute_layers layers keep only part of what they save in their own blocks; the
-// rest of their tensors live in one shared layer block, which each of them
-// overwrites in forward and which backward rebuilds for one layer at a time
+// Activation recomputation (spec/model_shape.h, RecomputeMode): a micro-batch's
+// first recompute_layers layers keep only part of what they save in their own
+// blocks; the rest of their tensors live in one shared layer block, which each of
+// them overwrites in forward and which backward rebuilds for one layer at a time
 // (DecoderBlocks' *_recompute). Recomputed layers are never offloaded: offload and
-// recomputation are alternatives per layer.
+// recomputation are alternatives per layer. The count is the model's for every
+// micro-batch, or (ActivationCapacity::planned_recompute) each micro-batch's own,
+// as the step planner chose it with its offload ratio (planning/activation_mix.h).
 //
 // Sequence parallelism (ModelSlice::shard_rows): the norms' and the residual
 // stream's tensors (x_in, ln1, x_mid, ln2 and the two 1/rms; the stage output and
@@ -49,6 +51,10 @@ struct MicroBatchView {
   std::span<const int32_t> cu_seqlens;  // boundaries of the whole sequences: first 0, last = ring_begin
   const RingLayout* ring = nullptr;     // rows [cu_seqlens.back(), tokens.size()) are ring rows
   double offload_ratio = 0;             // fraction of rows whose saved activations go to host memory
+  // With ActivationCapacity::planned_recompute: how many of the slot's first layers
+  // recompute for this micro-batch (0 .. ActivationCapacity::recompute_layers); 0
+  // otherwise (the model's count applies).
+  int64_t recompute_layers = 0;
 };
 
 // Activation memory actually used, for reports and tests.
@@ -86,6 +92,7 @@ struct MicroBatchSlot {
   std::vector<LayerActivations> layers;
   std::vector<LayerActivations> kept, parked;
   std::vector<CopyEvent> offload_done, restore_done;
+  int64_t recompute_layers = 0;  // the micro-batch's first layers that recompute
   int64_t keep_rows = 0;         // rows that stay on the device for offloaded layers
   bool offloaded = false;        // layers [recompute_layers, num_layers - 2) go through host memory
   Tensor x_out, rstd_final, ln_final;  // stage output; final norm on the last stage (shard_rows rows)
@@ -117,6 +124,10 @@ struct ActivationCapacity {
   bool rings = false;           // micro-batches may take part in ring attention
   RecomputeMode recompute = RecomputeMode::None;
   int64_t recompute_layers = 0; // the stage's first layers that recompute (0 .. its layers)
+  // false: every micro-batch recomputes recompute_layers layers; true: each says how
+  // many (MicroBatchView::recompute_layers, at most recompute_layers), and the arena
+  // holds the worst case the planners' memory limit admits.
+  bool planned_recompute = false;
 };
 
 class ModelActivations {
@@ -150,15 +161,19 @@ class ModelActivations {
   size_t bytes() const { return arena_.capacity(); }
   const ActivationUsage& usage() const { return usage_; }
   // Floats one layer saves per token for backward (Act(s) = 4 x this x s bytes),
-  // averaged over the stage's layers, recomputed or not (rounded up).
+  // averaged over the stage's layers, recomputed or not (rounded up); with planned
+  // recomputation a whole layer's (what a micro-batch within the capacity saves).
   int64_t saved_floats_per_token() const;
-  // Whether layer `layer` of the stage reruns part of its forward in backward, and how.
-  bool recomputed(int64_t layer) const { return layer < recompute_layers_; }
+  // Whether layer `layer` of the slot's micro-batch reruns part of its forward in
+  // backward, and how.
+  static bool recomputed(const MicroBatchSlot& s, int64_t layer) { return layer < s.recompute_layers; }
   RecomputeMode recompute_mode() const { return recompute_; }
+  // The layers every micro-batch recomputes, or with planned_recompute() the most any does.
   int64_t recompute_layers() const { return recompute_layers_; }
-  // Bytes per token that `layer` saves for backward: spec/model_shape.h's
-  // saved_bytes_per_token in this precision, for its mode (a ring micro-batch's,
-  // when the model has rings).
+  bool planned_recompute() const { return planned_recompute_; }
+  // Bytes per token that `layer` saves for backward when it recomputes (it is below
+  // recompute_layers()) or not: spec/model_shape.h's saved_bytes_per_token in this
+  // precision, for its mode (a ring micro-batch's, when the model has rings).
   double saved_bytes_per_token(int64_t layer) const;
 
   // Which of a layer's saved tensors a block holds: one bit per tensor, in the
@@ -172,6 +187,7 @@ class ModelActivations {
   TensorSet kept_tensors(bool ring) const;
   bool offloaded_layer(const MicroBatchSlot& s, int64_t layer) const;
   void lay_out_micro_batch(MicroBatchSlot& s, double offload_ratio);
+  int64_t fewest_recompute_layers() const { return planned_recompute_ ? 0 : recompute_layers_; }
   void park_layer(MicroBatchSlot& s, int64_t layer);
   void restore_layer(MicroBatchSlot& s, int64_t layer);
 
@@ -181,6 +197,7 @@ class ModelActivations {
   ActivationWidths widths_, kept_widths_;  // values per token of a layer's / a recomputed layer's tensors
   RecomputeMode recompute_;
   int64_t recompute_layers_;
+  bool planned_recompute_;
   bool rings_;
   bool offload_;  // micro-batches beyond the capacity may offload (ActivationCapacity)
   int sequence_shards_;  // ModelSlice::sequence_shards

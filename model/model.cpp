@@ -81,7 +81,7 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
       ring_attention_(ring_attention_for(config, slice_, long_sequences.hdp, max_tokens_, device, precision)),
       activations_(config, partition, slot_slice(slice_),
                    {capacity_tokens, max_tokens_, activation_slots, long_sequences.offload, ring_attention_ != nullptr,
-                    recompute.mode, checked_recompute_layers(slice_, recompute)},
+                    recompute.mode, checked_recompute_layers(slice_, recompute), recompute.planned},
                    device, precision),
       blocks_(config, slice_, tp, ring_attention_.get(), activations_.scratch()),
       slot_chunks_(static_cast<size_t>(activation_slots), 0),
@@ -91,9 +91,12 @@ LlamaModel::LlamaModel(const ModelConfig& config, int64_t capacity_tokens, const
   // last two, which for a chunk smaller than the slot are not the chunk's last two,
   // and the planners budget offload for a stage's layers as one range), and
   // Mixtral's routing statistics, which pool on the last stage's one pass (MoeLayers).
-  if (slice_.chunks.size() > 1 && (long_sequences.offload || config.moe()))
+  // Nor recomputation planned per micro-batch: the planners count a micro-batch's
+  // recomputed layers from its stage's first (planning/activation_mix.h).
+  if (slice_.chunks.size() > 1 && (long_sequences.offload || config.moe() || recompute.planned))
     throw std::invalid_argument("model: " + std::to_string(slice_.chunks.size()) +
-                                " model chunks per stage run neither offload nor a mixture of experts");
+                                " model chunks per stage run neither offload, recomputation planned per micro-batch "
+                                "nor a mixture of experts");
 }
 
 int64_t LlamaModel::recompute_layers() const {
@@ -230,7 +233,7 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
     activations_.restore_before_backward(s, k);
     const LayerParameters& p = parameters_.layer(l);
     const LayerActivations& a = s.layers[k];
-    if (activations_.recomputed(k)) {
+    if (ModelActivations::recomputed(s, k)) {
       const RecomputeMode mode = activations_.recompute_mode();
       blocks_.attention_block_recompute(s, p.weights, a, mode);
       if (moe_) {

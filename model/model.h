@@ -45,9 +45,13 @@ struct LongSequenceOptions {
 // Activation recomputation (spec/model_shape.h, RecomputeMode): the mode, and how
 // many of the stage's layers recompute, counted from the stage's first layer; with
 // several model chunks, from each chunk's first layer (nullopt: all of them).
+// planned: `layers` is the most; each micro-batch says how many of them recompute
+// for it (MicroBatchView::recompute_layers, as the step planner chose), and the
+// activation memory holds the worst case (ActivationCapacity::planned_recompute).
 struct RecomputeOptions {
   RecomputeMode mode = RecomputeMode::None;
   std::optional<int64_t> layers;
+  bool planned = false;
 };
 
 // Called during backward: gradients at flat offsets >= `offset` are final for this pass.
@@ -163,8 +167,10 @@ class LlamaModel {
   // averaged over the stage's layers when some recompute.
   int64_t saved_floats_per_token() const { return activations_.saved_floats_per_token(); }
   RecomputeMode recompute_mode() const { return activations_.recompute_mode(); }
-  // The stage's layers that recompute (each chunk's first recompute.layers).
+  // The stage's layers that recompute (each chunk's first recompute.layers); planned
+  // per micro-batch, the most that do.
   int64_t recompute_layers() const;
+  bool planned_recompute() const { return activations_.planned_recompute(); }
   // Bytes per token that layer `layer` of the stage saves for backward (its mode's
   // saved_bytes_per_token, spec/model_shape.h).
   double saved_bytes_per_token(int64_t layer) const;

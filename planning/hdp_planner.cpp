@@ -6,6 +6,7 @@
 #include <numeric>
 #include <functional>
 #include <optional>
+#include <queue>
 #include <set>
 #include <utility>
 #include <vector>
@@ -845,6 +846,182 @@ std::optional<Assignment> lock_step_rows(const std::vector<WorkItem>& items, int
   return a;
 }
 
+// The batch as the balance scheduler's work: split exactly as plan_naive splits it,
+// and a pool of micro-batches holding every long sequence's micro-batch of its own
+// (long sequence i at index i, used while it runs on one rank), then the packed
+// micro-batches, which `packed` prices as one-rank items.
+struct BalanceWork {
+  SplitBatch split;
+  std::vector<PlannedMicroBatch> pool;
+  std::vector<WorkItem> packed;
+};
+
+BalanceWork balance_work(std::span<const int64_t> lengths, const PlannerSettings& st) {
+  BalanceWork work;
+  work.split = split_batch(lengths, st);
+  for (const LongSequence& ls : work.split.longs) work.pool.push_back(one_rank_micro_batch(ls, lengths));
+  for (PlannedMicroBatch& mb : work.split.packed) {
+    double seconds = 0;  // packed micro-batches fit the capacity: nothing recomputes
+    for (const PlannedPiece& p : mb.pieces) seconds += sequence_seconds(p.length, st);
+    work.packed.push_back({seconds, 1, -1, 0.0, work.pool.size()});
+    work.pool.push_back(std::move(mb));
+  }
+  work.split.packed.clear();  // moved into the pool
+  return work;
+}
+
+// The items of the long sequences with these choices (in work.split.longs's order)
+// and the packed micro-batches, sorted (sort_items).
+std::vector<WorkItem> work_items(const std::vector<LongSequence>& chosen, const BalanceWork& work,
+                                 std::span<const int64_t> lengths, const PlannerSettings& st) {
+  std::vector<WorkItem> items;
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    const LongSequence& ls = chosen[i];
+    const double seconds = sequence_seconds(lengths[ls.sequence], st, ls.choice.ranks > 1);
+    if (ls.choice.ranks == 1) {
+      items.push_back({seconds + rerun_seconds(work.pool[i], st), 1, -1, 0.0, i});
+    } else {
+      // The busiest member's rerun (the ring runs in lock step).
+      PlannedMicroBatch member;
+      member.pieces.push_back({ls.sequence, 0, zigzag_max_member_tokens(lengths[ls.sequence], ls.choice.ranks), 0});
+      member.recompute_layers = ls.choice.recompute_layers;
+      items.push_back({seconds / ls.choice.ranks + rerun_seconds(member, st), ls.choice.ranks, ls.sequence,
+                       ls.choice.ratio, SIZE_MAX, ls.choice.recompute_layers});
+    }
+  }
+  items.insert(items.end(), work.packed.begin(), work.packed.end());
+  sort_items(items);
+  return items;
+}
+
+// A long sequence on d ranks instead of its own count (more than it): the offload
+// ratio and recomputed layers those ranks need, the smallest ratio as choose_ranks
+// takes (a forced ratio stays what it is, plan_naive's rule for every long
+// sequence). False, and the choice unchanged, if they do not hold it.
+bool widen_ring(LongSequence& ls, int d, std::span<const int64_t> lengths, const PlannerSettings& st) {
+  if (mixes_recomputation(st)) {
+    const std::optional<ActivationMix> mix = ring_mix(lengths[ls.sequence], d, st, activation_mix_settings(st));
+    if (!mix) return false;
+    ls.choice = {mix->offload_ratio, d, mix->recompute_layers};
+    return true;
+  }
+  const bool forced = st.offload.enabled && st.offload.forced_ratio >= 0;
+  const double r = ratio_for_ranks(lengths[ls.sequence], d, ls.choice.ratio, forced, st);
+  if (r < 0) return false;
+  ls.choice = {r, d, 0};
+  return true;
+}
+
+// ByteScale's PP-Balance for rings (Ge et al., 2025): under pipelines a ring is a
+// synchronisation point between its members' pipelines, each of which 1F1B brings
+// to it when its own earlier micro-batches are done, so a member that comes late
+// stalls its partners and then their other stages. Waves make every pipeline run
+// the same costs up to its last ring: the sequences that need rings, longest first,
+// are packed first-fit by their ranks (choose_ranks's count) into waves of at most
+// hdp ranks; in each wave the ring whose members cost most, sequence_seconds / D,
+// takes one more rank at a time (widen_ring) while the wave has ranks left and the
+// ring is below its most, hdp and length / (widen_min_fill C) as widen allows. A
+// wave's rings then cost their members about one amount, the wave's, and every rank
+// runs one of them per wave at the wave's index. Returns the waves in order, each
+// the indices into `longs` of its sequences, whose choices it sets.
+std::vector<std::vector<size_t>> ring_waves(std::vector<LongSequence>& longs, std::span<const int64_t> lengths,
+                                            const PlannerSettings& st, const BalanceSettings& balance) {
+  const int hdp = st.hdp;
+  std::vector<size_t> order;
+  for (size_t i = 0; i < longs.size(); ++i)
+    if (longs[i].choice.ranks > 1) order.push_back(i);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](size_t a, size_t b) { return lengths[longs[a].sequence] > lengths[longs[b].sequence]; });
+  std::vector<std::vector<size_t>> waves;
+  std::vector<int> used;  // per wave: its rings' ranks
+  for (size_t i : order) {
+    const int d = longs[i].choice.ranks;
+    size_t w = 0;
+    while (w < waves.size() && used[w] + d > hdp) ++w;
+    if (w == waves.size()) {
+      waves.emplace_back();
+      used.push_back(0);
+    }
+    waves[w].push_back(i);
+    used[w] += d;
+  }
+  const double fill = std::max(1.0, balance.widen_min_fill * static_cast<double>(st.capacity));
+  std::vector<double> wave_cost(waves.size(), 0.0);  // its costliest ring's member seconds
+  for (size_t w = 0; w < waves.size(); ++w) {
+    const std::vector<size_t>& wave = waves[w];
+    std::vector<int> width(wave.size()), most(wave.size());
+    std::vector<double> work(wave.size());
+    std::priority_queue<std::pair<double, size_t>> costliest;  // (member seconds, position in the wave)
+    for (size_t j = 0; j < wave.size(); ++j) {
+      const LongSequence& ls = longs[wave[j]];
+      const int64_t length = lengths[ls.sequence];
+      width[j] = ls.choice.ranks;
+      work[j] = sequence_seconds(length, st, true);
+      most[j] = std::max(width[j], static_cast<int>(std::min(static_cast<double>(hdp),
+                                                               std::floor(static_cast<double>(length) / fill))));
+      if (width[j] < most[j]) costliest.push({work[j] / width[j], j});
+    }
+    for (int spare = hdp - used[w]; spare > 0 && !costliest.empty(); --spare) {
+      const size_t j = costliest.top().second;
+      costliest.pop();
+      if (++width[j] < most[j]) costliest.push({work[j] / width[j], j});
+    }
+    for (size_t j = 0; j < wave.size(); ++j) {
+      if (width[j] != longs[wave[j]].choice.ranks && !widen_ring(longs[wave[j]], width[j], lengths, st))
+        width[j] = longs[wave[j]].choice.ranks;
+      wave_cost[w] = std::max(wave_cost[w], work[j] / width[j]);
+    }
+  }
+  // Costliest first, then the first pp waves reversed: stage 0 runs pp - 1 other
+  // micro-batches' forwards and as many backwards while the costliest wave's
+  // micro-batch passes the later stages and comes back (one_f_one_b), and these
+  // are then the next costliest waves; the pipeline fills on the cheapest of them.
+  std::vector<size_t> by_cost(waves.size());
+  std::iota(by_cost.begin(), by_cost.end(), size_t{0});
+  std::stable_sort(by_cost.begin(), by_cost.end(), [&](size_t a, size_t b) { return wave_cost[a] > wave_cost[b]; });
+  const size_t k = std::min(static_cast<size_t>(st.pipeline_stages), by_cost.size());
+  std::reverse(by_cost.begin(), by_cost.begin() + static_cast<std::ptrdiff_t>(k));
+  std::vector<std::vector<size_t>> ordered;
+  for (size_t w : by_cost) ordered.push_back(std::move(waves[w]));
+  return ordered;
+}
+
+// The waves as an assignment: each wave's rings on consecutive ranks from rank 0,
+// numbered wave by wave; then the one-rank items, most expensive first, each to the
+// least loaded rank (ties: the lower), so pipelines with less ring work take more
+// micro-batches.
+Assignment wave_assignment(const std::vector<WorkItem>& items, const std::vector<std::vector<size_t>>& waves,
+                           const std::vector<LongSequence>& longs, size_t sequences, int hdp) {
+  Assignment a(hdp);
+  std::vector<size_t> item_of(sequences, SIZE_MAX);
+  for (size_t i = 0; i < items.size(); ++i)
+    if (items[i].ranks > 1) item_of[items[i].sequence] = i;
+  for (const std::vector<size_t>& wave : waves) {
+    int next = 0;
+    for (size_t j : wave) {
+      const size_t i = item_of[longs[j].sequence];
+      std::vector<int> members;
+      for (int k = 0; k < items[i].ranks; ++k, ++next) {
+        members.push_back(next);
+        a.seconds[next] += items[i].cost;
+      }
+      a.ring_item.push_back(i);
+      a.ring_ranks.push_back(std::move(members));
+    }
+  }
+  std::priority_queue<std::pair<double, int>, std::vector<std::pair<double, int>>, std::greater<>> least;
+  for (int r = 0; r < hdp; ++r) least.push({a.seconds[r], r});
+  for (size_t i = 0; i < items.size(); ++i) {
+    if (items[i].ranks != 1) continue;
+    const int r = least.top().second;
+    least.pop();
+    a.local[r].push_back(i);
+    a.seconds[r] += items[i].cost;
+    least.push({a.seconds[r], r});
+  }
+  return a;
+}
+
 // Where a ring sits in a rank's list: its slot index and the ring.
 struct RingCell {
   size_t slot;
@@ -905,6 +1082,25 @@ StepPlan lay_out(const std::vector<WorkItem>& items, std::vector<PlannedMicroBat
     while (next_local < mine.size()) out.push_back(std::move(pool[items[mine[next_local++]].micro_batch]));
   }
   return plan;
+}
+
+// PP-Balance's candidates (ring_waves, wave_assignment) for a batch under these
+// settings, laid out both ways (lay_out: holes filled, and rings first); none when
+// no sequence needs a ring.
+std::vector<StepPlan> wave_plans(std::span<const int64_t> lengths, const PlannerSettings& st,
+                                 const BalanceSettings& balance) {
+  BalanceWork work = balance_work(lengths, st);
+  std::vector<LongSequence> longs = work.split.longs;
+  const std::vector<std::vector<size_t>> waves = ring_waves(longs, lengths, st, balance);
+  if (waves.empty()) return {};
+  const std::vector<WorkItem> items = work_items(longs, work, lengths, st);
+  Assignment a = wave_assignment(items, waves, longs, lengths.size(), st.hdp);
+  std::vector<StepPlan> plans;
+  for (bool rings_first : {false, true}) {
+    std::vector<PlannedMicroBatch> copy = work.pool;
+    plans.push_back(lay_out(items, copy, a, lengths, st, rings_first));
+  }
+  return plans;
 }
 
 }  // namespace
@@ -978,41 +1174,12 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   const int hdp = st.hdp;
   const int64_t C = st.capacity;
 
-  // Work items: the batch split exactly as plan_naive splits it. The pool holds
-  // every long sequence's micro-batch of its own (long sequence i at index i,
-  // used while it runs on one rank), then the packed micro-batches.
-  SplitBatch split = split_batch(lengths, st);
-  std::vector<PlannedMicroBatch> pool;
-  for (const LongSequence& ls : split.longs) pool.push_back(one_rank_micro_batch(ls, lengths));
-  std::vector<WorkItem> packed;
-  for (PlannedMicroBatch& mb : split.packed) {
-    double seconds = 0;  // packed micro-batches fit the capacity: nothing recomputes
-    for (const PlannedPiece& p : mb.pieces) seconds += sequence_seconds(p.length, st);
-    packed.push_back({seconds, 1, -1, 0.0, pool.size()});
-    pool.push_back(std::move(mb));
-  }
+  BalanceWork work = balance_work(lengths, st);
+  const SplitBatch& split = work.split;
+  std::vector<PlannedMicroBatch>& pool = work.pool;
   double total_seconds = 0;
   for (int64_t length : lengths) total_seconds += sequence_seconds(length, st);
-  auto make_items = [&](const std::vector<LongSequence>& chosen) {
-    std::vector<WorkItem> items;
-    for (size_t i = 0; i < chosen.size(); ++i) {
-      const LongSequence& ls = chosen[i];
-      const double seconds = sequence_seconds(lengths[ls.sequence], st, ls.choice.ranks > 1);
-      if (ls.choice.ranks == 1) {
-        items.push_back({seconds + rerun_seconds(pool[i], st), 1, -1, 0.0, i});
-      } else {
-        // The busiest member's rerun (the ring runs in lock step).
-        PlannedMicroBatch member;
-        member.pieces.push_back({ls.sequence, 0, zigzag_max_member_tokens(lengths[ls.sequence], ls.choice.ranks), 0});
-        member.recompute_layers = ls.choice.recompute_layers;
-        items.push_back({seconds / ls.choice.ranks + rerun_seconds(member, st), ls.choice.ranks, ls.sequence,
-                         ls.choice.ratio, SIZE_MAX, ls.choice.recompute_layers});
-      }
-    }
-    items.insert(items.end(), packed.begin(), packed.end());
-    sort_items(items);
-    return items;
-  };
+  auto make_items = [&](const std::vector<LongSequence>& chosen) { return work_items(chosen, work, lengths, st); };
 
   // A candidate's predicted step: its busiest rank, or with expert parallelism the
   // busiest ep group in lock step, which needs the lists' order: lay_out of a copy
@@ -1040,8 +1207,6 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   std::optional<Assignment> wide;
   if (balance.widen) {
     const double mean_load = total_seconds / hdp;
-    // A forced offload ratio stays what it is (plan_naive's rule for every long sequence).
-    const bool forced = st.offload.enabled && st.offload.forced_ratio >= 0;
     std::vector<LongSequence> widened = split.longs;
     bool changed = false;
     for (LongSequence& ls : widened) {
@@ -1051,16 +1216,7 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
       const double most = std::min(static_cast<double>(hdp), std::floor(static_cast<double>(lengths[ls.sequence]) / fill));
       const int d = std::max(ls.choice.ranks, static_cast<int>(std::min(most, std::ceil(seconds / mean_load))));
       if (d == ls.choice.ranks) continue;
-      if (mixes_recomputation(st)) {
-        const std::optional<ActivationMix> mix = ring_mix(lengths[ls.sequence], d, st, activation_mix_settings(st));
-        if (!mix) continue;
-        ls.choice = {mix->offload_ratio, d, mix->recompute_layers};
-      } else {
-        const double r = ratio_for_ranks(lengths[ls.sequence], d, ls.choice.ratio, forced, st);
-        if (r < 0) continue;
-        ls.choice = {r, d, 0};
-      }
-      changed = true;
+      if (widen_ring(ls, d, lengths, st)) changed = true;
     }
     if (changed) {
       wide_items = make_items(widened);
@@ -1121,12 +1277,17 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
       consider(lay_out(*candidate_items, copy, *assignment, lengths, st, rings_first));
     }
   consider(plan_naive(lengths, st));
+  // With pipelines, PP-Balance's waves.
+  if (st.pipeline_stages > 1)
+    for (StepPlan& plan : wave_plans(lengths, st, balance)) consider(std::move(plan));
   // And without offload where it fits: wider rings that copy nothing can be faster.
   if (st.offload.enabled && st.offload.forced_ratio < 0) {
     PlannerSettings without = st;
     without.offload.enabled = false;
     try {
       consider(plan_naive(lengths, without));
+      if (st.pipeline_stages > 1)
+        for (StepPlan& plan : wave_plans(lengths, without, balance)) consider(std::move(plan));
     } catch (const std::invalid_argument&) {
       // a sequence needs offload to fit
     }

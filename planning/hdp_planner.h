@@ -165,6 +165,22 @@ struct BalanceSettings {
 // plan itself is a candidate, so the result's step is never longer than
 // plan_naive's by that measure, and so is plan_naive's without offload (rings sized
 // by device memory alone) when offload is on, not forced, and it fits.
+// With several pipeline stages the measure also sees ByteScale's PP-Balance (Ge et
+// al., 2025) as waves, laid out both ways, from these settings and from those
+// without offload where they fit: the sequences that need rings, longest first,
+// packed first-fit by their choose_ranks counts into waves of at most hdp ranks; in
+// a wave the ring whose members cost most (seconds / ranks) takes one more rank at a
+// time (up to widen's limits, hdp and length / (widen_min_fill C) ranks, whether or
+// not widen is set; at the offload ratio or recomputation those ranks need) until
+// the wave holds every rank, so its rings cost their members about one amount.
+// Wave by wave the rings take consecutive ranks from rank 0, so every rank runs one
+// ring micro-batch per wave at the wave's index and all pipelines run the same costs
+// until their last ring: each ring's members reach it together, in 1F1B and in the
+// interleaved order alike. Waves go costliest first, except that the first pp of them
+// are reversed: while the costliest wave's micro-batch passes the later stages and
+// comes back, 1F1B runs pp - 1 other forwards and backwards on stage 0, and these
+// are then the next costliest. The one-rank micro-batches follow, each (most
+// expensive first) to the least loaded rank, so pipelines take different numbers.
 StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& settings, const BalanceSettings& balance);
 
 // The busy seconds of ranks coupled by expert parallelism. seconds[r][i] is rank r's

@@ -20,6 +20,7 @@
 #include "planning/plan.h"
 #include "model/lr_schedule.h"
 #include "config/pipeline_layers.h"
+#include "run/step_planner.h"
 #include "planning/stage_split.h"
 
 namespace hdp {
@@ -39,15 +40,31 @@ double slow_rank_factor(int rank) {
 
 int64_t largest_micro_batch(const Config& config) {
   const int64_t capacity = config.data.micro_batch_tokens;
-  if (!may_offload(config)) return capacity;
-  // An offloaded micro-batch holds pieces of one long sequence (whole, or its ring
-  // chunks): at most the longest sequence, and at most what the memory formula allows.
+  if (!may_offload(config) && !may_plan_recompute(config)) return capacity;
+  // An offloaded (or recomputing) micro-batch holds pieces of one long sequence
+  // (whole, or its ring chunks): at most the longest sequence, and at most what the
+  // memory formula allows for any count of recomputed layers the planners may choose.
   const OffloadConfig& o = config.offload;
-  const int64_t memory_limit = max_micro_batch_tokens(capacity, smallest_stage_layers(config), o.ratio >= 0 ? o.ratio : 1.0);
+  const double ratio = !may_offload(config) ? 0.0 : o.ratio >= 0 ? o.ratio : 1.0;
+  const int64_t layers = smallest_stage_layers(config);
+  int64_t memory_limit = capacity;
+  for (int64_t k = 0; k <= most_planned_recompute_layers(config); ++k) {
+    memory_limit =
+        std::max(memory_limit, max_micro_batch_tokens(capacity, layers, ratio, k, recomputed_bytes_share(config)));
+  }
   return std::max(capacity, std::min(memory_limit, config.data.max_seq_len));
 }
 
 namespace {
+
+// The model's recomputation: train.recompute_layers in every micro-batch, or planned
+// per micro-batch up to most_planned_recompute_layers (none when the plans never
+// recompute).
+RecomputeOptions recompute_options(const Config& config) {
+  const TrainConfig& t = config.train;
+  if (!t.recompute_per_micro_batch) return {t.recompute, t.recompute_layers};
+  return {t.recompute, most_planned_recompute_layers(config), true};
+}
 
 // A micro-batch without tokens (expert parallelism's padding, TrainingEngine::forward_backward).
 PackedMicroBatch no_tokens() {
@@ -82,7 +99,7 @@ class TrainingEngine::Stage final : public PipelineStage {
     const PackedMicroBatch& b = batch(i);
     model_.set_batch(slot,
                      MicroBatchView{b.tokens, b.targets, b.positions, b.cu_seqlens,
-                                    b.ring >= 0 ? &b.ring_layout : nullptr, b.offload_ratio},
+                                    b.ring >= 0 ? &b.ring_layout : nullptr, b.offload_ratio, b.recompute_layers},
                      chunk);
   }
   // The stage's layers and, on the last stage, the loss together with its gradient
@@ -203,7 +220,7 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups)
                                                  device, chunks);
   model_ = std::make_unique<LlamaModel>(config.model, capacity, partition, pipeline_->slots(), &groups.tp(),
                                         long_sequences, device, config.train.precision, groups.ep(),
-                                        RecomputeOptions{config.train.recompute, config.train.recompute_layers});
+                                        recompute_options(config));
   const int64_t bucket_floats = std::max<int64_t>(1, config.parallel.bucket_mb * (1 << 20) / 4);
   optimizer_ = std::make_unique<ZeroAdamW>(flat_parameters(model_->parameter_table()),
                                            model_->flat_parameters().numel(), config.optim, groups.hdp(),

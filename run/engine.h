@@ -27,8 +27,8 @@ namespace hdp {
 double slow_rank_factor(int rank);
 
 // The most tokens one of this config's micro-batches can hold (more than
-// data.micro_batch_tokens when offload lets a rank hold more of a long sequence,
-// may_offload, config/config.h).
+// data.micro_batch_tokens when offload or planned recomputation lets a rank hold
+// more of a long sequence, may_offload and may_plan_recompute, config/config.h).
 int64_t largest_micro_batch(const Config& config);
 
 // What forward_backward() learned of the step, before any update.

@@ -211,13 +211,23 @@ void log_stage(TrainingEngine& engine, const MemoryReport& memory, const GridCoo
                mib(memory.pipeline), mib(memory.ring), mib(memory.host_pool));
   const LlamaModel& model = engine.model();
   const int64_t recomputed = model.recompute_layers(), stage_layers = model.num_layers();
+  const char* sequence_parallel =
+      model.sequence_parallel() ? "; sequence parallel: the norms' and residual stream's for 1/tp of the tokens" : "";
+  const std::string mode = enum_name(kRecomputeModeNames, model.recompute_mode());
+  if (model.planned_recompute()) {
+    const double whole = saved_bytes_per_token(model.config().shape(), model.partition().tp_size,
+                                               static_cast<int>(dtype_size(model.precision())), RecomputeMode::None,
+                                               false, model.sequence_parallel());
+    spdlog::info("stage {}: activations saved per token and layer: {:.0f} bytes in a layer that keeps everything, "
+                 "{:.0f} bytes in one that recomputes ({}): up to the first {} layers of a micro-batch above the "
+                 "capacity, as the step planner chooses{}",
+                 coords.pp_rank, whole, model.saved_bytes_per_token(0), mode, recomputed, sequence_parallel);
+    return;
+  }
   spdlog::info("stage {}: activations saved per token and layer: {:.0f} bytes in the {} layers that recompute ({}), "
                "{:.0f} bytes in the other {}{}",
-               coords.pp_rank, model.saved_bytes_per_token(0), recomputed,
-               enum_name(kRecomputeModeNames, model.recompute_mode()), model.saved_bytes_per_token(stage_layers - 1),
-               stage_layers - recomputed,
-               model.sequence_parallel() ? "; sequence parallel: the norms' and residual stream's for 1/tp of the tokens"
-                                         : "");
+               coords.pp_rank, model.saved_bytes_per_token(0), recomputed, mode,
+               model.saved_bytes_per_token(stage_layers - 1), stage_layers - recomputed, sequence_parallel);
 }
 
 // The schedule the run of `checkpoint` followed: recorded in its manifest, or in

@@ -68,8 +68,9 @@ struct StepMetrics {
   // (run/training_loop.cpp); both carried over a resume.
   int64_t rollbacks = 0;
   int64_t skipped_batches = 0;
-  // Steps of this run (since its start or resume) whose due checkpoint was deferred
-  // because a background write was still running (train.checkpoint_when_busy).
+  // Due checkpoints (steps that are multiples of train.checkpoint_every) not written
+  // at their step so far, to keep checkpoints within train.checkpoint_budget
+  // (run/training_loop.h); carried over a resume by the checkpoint.
   int64_t checkpoints_deferred = 0;
 };
 

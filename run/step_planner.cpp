@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "data/materialize.h"
+#include "kernels/dtype.h"
 #include "planning/step_bound.h"
 #include "config/pipeline_layers.h"
 #include "run/planner_cost.h"
@@ -33,7 +34,15 @@ StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
   CostModel bound_cost = settings_.cost;
   const ModelShape shape = config.model.shape();
   const double rate = implied_flops_per_second(cost, shape, config.parallel.tp);
-  if (config.train.recompute != RecomputeMode::None && rate > 0) {
+  if (may_plan_recompute(config)) {
+    RecomputeOption& r = settings_.recompute;
+    r.max_layers = most_planned_recompute_layers(config);
+    r.recomputed = settings_.cost;
+    const double share = recomputed_bytes_share(config);
+    r.recomputed.a2 *= share;
+    r.recomputed.b2 *= share;
+    if (rate > 0) price_recomputation(r.recomputed, shape, config.parallel.tp, config.train.recompute, rate);
+  } else if (config.train.recompute != RecomputeMode::None && !config.train.recompute_per_micro_batch && rate > 0) {
     const std::vector<int64_t> recomputed = recomputed_layers_per_stage(config);
     const size_t smallest = static_cast<size_t>(
         std::min_element(stage_layers_.begin(), stage_layers_.end()) - stage_layers_.begin());
@@ -70,6 +79,20 @@ StepPlan StepPlanner::plan(std::span<const int64_t> lengths) const {
                                                         : plan_naive(lengths, settings_);
   check_plan(plan, lengths, settings_.layers_per_stage, settings_.pipeline_stages, chunks_);
   return plan;
+}
+
+int64_t most_planned_recompute_layers(const Config& config) {
+  if (!may_plan_recompute(config)) return 0;
+  const std::vector<int64_t> recomputed = recomputed_layers_per_stage(config);
+  return *std::min_element(recomputed.begin(), recomputed.end());
+}
+
+double recomputed_bytes_share(const Config& config) {
+  const ModelShape shape = config.model.shape();
+  const int tp = config.parallel.tp, bytes = static_cast<int>(dtype_size(config.train.precision));
+  const bool sp = config.parallel.sequence_parallel, rings = config.parallel.hdp > 1;
+  return saved_bytes_per_token(shape, tp, bytes, config.train.recompute, rings, sp) /
+         saved_bytes_per_token(shape, tp, bytes, RecomputeMode::None, false, sp);
 }
 
 SamplerOptions sampler_options(const DataConfig& data) {

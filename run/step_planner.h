@@ -26,6 +26,16 @@ namespace hdp {
 // The sampler options of the data config.
 SamplerOptions sampler_options(const DataConfig& data);
 
+// Recomputation planned per micro-batch (train.recompute_per_micro_batch,
+// may_plan_recompute): the most of a stage's first layers a micro-batch may
+// recompute (train.recompute_layers, all by default, of the smallest stage; 0 when
+// the config plans none), and the share of a whole layer's saved bytes per token a
+// recomputed layer keeps under train.recompute (spec/model_shape.h's
+// saved_bytes_per_token in train.precision, a ring layer's when rings may form:
+// the larger), which is the planners' rho (recomputed_layer_share).
+int64_t most_planned_recompute_layers(const Config& config);
+double recomputed_bytes_share(const Config& config);
+
 class StepPlanner {
  public:
   // cost: the planner's cost model (planning/cost_file.h); under parallel.ep > 1 the
@@ -33,7 +43,12 @@ class StepPlanner {
   // group's predicted times (PlannerSettings::ep). With train.recompute it prices the
   // rerun of the recomputed layers (price_recomputation at the FLOP rate the cost's
   // linear term implies, as the share train.recompute_layers is of the smallest
-  // stage's layers), which the cost files and the derived model leave out. Throws ConfigError when
+  // stage's layers), which the cost files and the derived model leave out. With
+  // may_plan_recompute instead every layer's cost is a whole layer's, and the
+  // planners choose per micro-batch above the capacity how many layers recompute
+  // (PlannerSettings::recompute: up to most_planned_recompute_layers, keeping
+  // recomputed_bytes_share of cost.a2 and b2, rerunning at that rate) beside the
+  // offload ratio, by planning/activation_mix.h's rule. Throws ConfigError when
   // the longest sequence (data.max_seq_len) cannot be placed on parallel.hdp ranks.
   StepPlanner(const Config& config, const CostModel& cost);
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -179,7 +180,7 @@ void TrainingLoop::run_step(int64_t step) {
     engine_.apply_update(measured.lr, update_number);
   }
   measured.step_ms = ms_since(t0);
-  const bool save = measured.updated && checkpoint_now(step);
+  const bool save = measured.updated && checkpoint_now(step, measured.step_ms);
   measured.offloaded_bytes = engine_.model().activation_usage().offloaded_bytes - offloaded_before;
 
   const StepMetrics m = step_metrics(measured, batch);
@@ -216,15 +217,18 @@ void TrainingLoop::run_step(int64_t step) {
 
 bool TrainingLoop::agree_on_update(const StepResult& result) {
   // The most severe verdict of any rank (StepFault is ordered by severity).
-  std::array<int64_t, 3> flags = {static_cast<int64_t>(guard_.inspect(result.loss, result.grad_norm)), stop_signal(),
-                                  writer_ && writer_->busy() ? 1 : 0};
+  // The checkpoint cost in whole microseconds, rounded up, so that the maximum is exact.
+  std::array<int64_t, 4> flags = {static_cast<int64_t>(guard_.inspect(result.loss, result.grad_norm)), stop_signal(),
+                                  writer_ && !checkpoint_within_budget() ? 1 : 0,
+                                  writer_ ? static_cast<int64_t>(std::ceil(writer_->cost_ms() * 1e3)) : 0};
   {
-    Phase phase(trace_ops::kUpdateAgreement.data(), "bad-step, stop and writer-busy flags all-reduce");
+    Phase phase(trace_ops::kUpdateAgreement.data(), "bad-step, stop and checkpoint-budget flags all-reduce");
     if (phase.tracer()) phase.set_group(phase.tracer()->world_group("agree"));
     groups_.world().all_reduce(std::span<int64_t>(flags), ReduceOp::Max);
   }
   stop_signal_ = static_cast<int>(flags[1]);
-  writer_busy_ = flags[2] != 0;
+  checkpoint_over_budget_ = flags[2] != 0;
+  checkpoint_cost_ms_ = static_cast<double>(flags[3]) / 1e3;
   step_fault_ = static_cast<StepFault>(flags[0]);
   fault_description_ = guard_.describe(step_fault_, result.loss, result.grad_norm);
   too_many_bad_ = guard_.record(step_fault_, result.loss, result.grad_norm);
@@ -389,7 +393,7 @@ StepMetrics TrainingLoop::step_metrics(const StepMeasurement& measured, const Gl
   m.host_pool_bytes = static_cast<int64_t>(engine_.model().activation_usage().host_pool_bytes);
   m.skipped_steps = progress_.skipped_steps;
   m.rollbacks = progress_.rollbacks;
-  m.checkpoints_deferred = checkpoints_deferred_;
+  m.checkpoints_deferred = progress_.checkpoints_deferred;
   m.skipped_batches = static_cast<int64_t>(progress_.skipped_batches.size());
   return m;
 }
@@ -409,19 +413,41 @@ bool TrainingLoop::checkpoint_due(int64_t step) const {
          (step % config_.train.checkpoint_every == 0 || step == config_.train.steps);
 }
 
-bool TrainingLoop::checkpoint_now(int64_t step) {
+bool TrainingLoop::checkpoint_now(int64_t step, double step_ms) {
   if (config_.train.checkpoint_every == 0) return false;
-  if (!checkpoint_due(step) && !checkpoint_deferred_ && stop_signal_ == 0) return false;
-  const bool must = step == config_.train.steps || stop_signal_ != 0 ||
-                    config_.train.checkpoint_when_busy == CheckpointWhenBusy::Wait;
-  checkpoint_deferred_ = writer_busy_ && !must;
-  if (!checkpoint_deferred_) return true;
-  ++checkpoints_deferred_;
-  if (process_.rank == 0) {
-    spdlog::info("step {}: checkpoint deferred: the previous one is still being written (train.checkpoint_when_busy: "
-                 "defer)", step);
+  const bool due = checkpoint_due(step);
+  if (!due && !checkpoint_deferred_ && stop_signal_ == 0) return false;
+  const bool must = step == config_.train.steps || stop_signal_ != 0;
+  if (must || !checkpoint_over_budget_) {
+    checkpoint_deferred_ = false;
+    return true;
   }
+  if (due) ++progress_.checkpoints_deferred;
+  if (!checkpoint_deferred_ && process_.rank == 0) report_deferral(step, step_ms);
+  checkpoint_deferred_ = true;
   return false;
+}
+
+bool TrainingLoop::checkpoint_within_budget() const {
+  const double budget = config_.train.checkpoint_budget;
+  return budget == 0 ||
+         ms_since(last_checkpoint_start_) * budget >= writer_->cost_ms();
+}
+
+void TrainingLoop::report_deferral(int64_t step, double step_ms) {
+  const double interval_ms = checkpoint_cost_ms_ / config_.train.checkpoint_budget;
+  const int64_t every = std::max<int64_t>(
+      config_.train.checkpoint_every,
+      static_cast<int64_t>(std::ceil(interval_ms / std::max(step_ms, 1e-3))));
+  if (reported_interval_steps_ > 0 && every < 2 * reported_interval_steps_ && 2 * every > reported_interval_steps_) {
+    return;
+  }
+  reported_interval_steps_ = every;
+  spdlog::info("step {}: checkpoint deferred: one costs this run about {:.0f} ms (the training thread's wait and the "
+               "writer's CPU time), and train.checkpoint_budget {} allows one every {:.1f} s: about every {} steps at "
+               "this pace, so a failure loses at most about {} steps (`checkpoints_deferred` in the metrics counts "
+               "the due checkpoints passed over)",
+               step, checkpoint_cost_ms_, config_.train.checkpoint_budget, interval_ms / 1e3, every, 2 * every);
 }
 
 void TrainingLoop::confirm_checkpoints_once_warm() {
@@ -443,6 +469,7 @@ void TrainingLoop::save_checkpoint_at(int64_t step, const GlobalBatch& batch) {
   progress_.guard_confirmed = guard_.warm();
   awaiting_confirmation_ = awaiting_confirmation_ || !progress_.guard_confirmed;
   progress_.lr_schedule = RunSchedule{config_.optim, config_.train.steps};
+  last_checkpoint_start_ = Clock::now();
   writer_->save(engine_.model(), engine_.optimizer(), progress_);
   if (process_.rank == 0) {
     spdlog::info("checkpoint for step {}: training waited {:.0f} ms ({})", step, writer_->last_blocking_ms(),

@@ -6,6 +6,7 @@
 // run/signals.h) and applies it or skips it, records its metrics (rank 0 writes
 // them) and, when due, writes a checkpoint. Bad steps in a row roll the run back.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -64,10 +65,10 @@ class TrainingLoop {
 
   // Between the engine's forward_backward and apply_update, on every rank, once the
   // step's loss and gradient norm are known: one all-reduce (max) of this rank's
-  // verdict, of whether it received a stop signal and of whether its checkpoint
-  // writer is still busy, so that every rank skips the same updates, stops after
-  // the same step and puts off the same checkpoints. Returns whether to apply the
-  // update.
+  // verdict, of whether it received a stop signal, of whether a checkpoint now
+  // would exceed its train.checkpoint_budget and of its checkpoint cost, so that
+  // every rank skips the same updates, stops after the same step and defers the
+  // same checkpoints. Returns whether to apply the update.
   bool agree_on_update(const StepResult& result);
 
   // A step whose update was skipped: say why on rank 0, with the batch's
@@ -105,14 +106,26 @@ class TrainingLoop {
   bool checkpoint_due(int64_t step) const;
 
   // Whether a step the guard passed saves a checkpoint: one due now, one deferred
-  // before, or a stop signal's. With train.checkpoint_when_busy: defer (the
-  // default), a checkpoint that falls due while some rank's previous write still
-  // runs (as agree_on_update found) is deferred to the first step at which no
-  // rank's writer is busy, so that training never waits for a write: the interval
-  // between checkpoints becomes at least the write's duration. Every rank decides
-  // alike from agreed flags, so all save the same steps. The last step and a stop
-  // signal's step are always saved, waiting for the write in flight.
-  bool checkpoint_now(int64_t step);
+  // before, or a stop signal's. A checkpoint costs the run what the writer says
+  // (checkpoint/writer.h: the training thread's wait plus the writer's CPU time);
+  // with train.checkpoint_budget B > 0 a due checkpoint is written only once cost
+  // / B has passed since the previous one started, on every rank (the veto of any
+  // rank, agreed in agree_on_update), else it is deferred to the first step at
+  // which that holds. So checkpoints take at most about B of the run's time, and
+  // one starts at least every max(checkpoint_every steps, cost / B + a step); a
+  // write in flight when the next starts is waited for, so at most the steps of
+  // two such intervals are lost to a failure. The last step and a stop signal's
+  // step are always saved, waiting for the write in flight; B = 0 saves every due
+  // checkpoint.
+  bool checkpoint_now(int64_t step, double step_ms);
+
+  // This rank's side of the budget: since the previous checkpoint started, at least
+  // its cost / train.checkpoint_budget has passed.
+  bool checkpoint_within_budget() const;
+
+  // Rank 0, when a deferral begins: what a checkpoint costs and how far apart the
+  // budget puts them; said again only when that interval changes twofold.
+  void report_deferral(int64_t step, double step_ms);
 
   // Once the guard is warm, rank 0 marks the checkpoints saved before as confirmed
   // (after the write in flight, which may be one of them).
@@ -146,9 +159,11 @@ class TrainingLoop {
   std::string fault_description_;
   bool too_many_bad_ = false;  // max_bad_steps bad steps in a row
   int stop_signal_ = 0;        // a stop signal some rank received, agreed by all
-  bool writer_busy_ = false;   // some rank's checkpoint writer was busy in this step, agreed by all
-  bool checkpoint_deferred_ = false;    // a due checkpoint waits for the writers (checkpoint_now)
-  int64_t checkpoints_deferred_ = 0;    // steps of this run whose checkpoint was deferred
+  bool checkpoint_over_budget_ = false;  // some rank's checkpoint now would exceed the budget, agreed by all
+  double checkpoint_cost_ms_ = 0;       // the most a checkpoint costs any rank (CheckpointWriter::cost_ms)
+  std::chrono::steady_clock::time_point last_checkpoint_start_{};  // this rank's; the epoch before the first
+  bool checkpoint_deferred_ = false;    // a due checkpoint waits for the budget (checkpoint_now)
+  int64_t reported_interval_steps_ = 0;  // report_deferral's last interval, 0 before it said one
   int64_t last_step_ = 0;
   int64_t next_step_ = 1;
   int64_t last_poisoned_step_ = 0;  // HDP_FAULT_INJECT=R:S-L:nan: the last step poisoned

@@ -834,6 +834,31 @@ TEST(Config, RecomputeChoice) {
   EXPECT_CONTAINS(load_error(path, {"train.recompute=partial"}), "train.recompute: unknown mode 'partial'");
 }
 
+// train.recompute_per_micro_batch: off by default (train.recompute_layers in every
+// micro-batch, as before); on, it needs a mode, one model chunk per stage, an offload
+// ratio the planners choose and stages of equal layers.
+TEST(Config, RecomputePerMicroBatchChoice) {
+  Scratch s("recompute_per_micro_batch");
+  const std::string path = s.config(
+      "model:\n"
+      "  num_layers: 6\n"
+      "data:\n"
+      "  path: DATA\n");
+  EXPECT_FALSE(load_config(path).train.recompute_per_micro_batch);
+  const std::string on = "train.recompute_per_micro_batch=true";
+  EXPECT_TRUE(load_config(path, {"train.recompute=full", on}).train.recompute_per_micro_batch);
+  EXPECT_TRUE(load_config(path, {"train.recompute=selective", "parallel.pp=2", "train.recompute_layers=2", on})
+                  .train.recompute_per_micro_batch);
+  EXPECT_CONTAINS(load_error(path, {on}), "train.recompute_per_micro_batch: true with train.recompute 'none'");
+  EXPECT_CONTAINS(load_error(path, {"train.recompute=full", "parallel.pp=3", "parallel.vpp=2",
+                                    "offload.enabled=false", on}),
+                  "train.recompute_per_micro_batch: true with parallel.vpp 2");
+  EXPECT_CONTAINS(load_error(path, {"train.recompute=full", "offload.ratio=0.5", on}),
+                  "train.recompute_per_micro_batch: true with offload.ratio 0.5");
+  EXPECT_CONTAINS(load_error(path, {"train.recompute=full", "parallel.pp=2", "parallel.pp_layers=[2, 4]", on}),
+                  "train.recompute_per_micro_batch: true with pipeline stages of unequal layers");
+}
+
 TEST(Config, SequenceParallelChoice) {
   Scratch s("sequence_parallel");
   const std::string path = s.config(
@@ -974,6 +999,18 @@ TEST(ConfigErrors, UnknownOverrideKey) {
                              "'optim.lr'?");
   msg = load_error(path, {"model.hidden_size.x=1"});
   EXPECT_CONTAINS(msg, "model.hidden_size.x: unknown key in section 'model'");
+}
+
+// train.checkpoint_when_busy (defer | wait) was folded into train.checkpoint_budget:
+// a config naming it is refused with the way to say it now, in a file or an override.
+TEST(ConfigErrors, ARetiredKeyIsRefusedNamingWhatReplacedIt) {
+  Scratch s("retired_key");
+  const std::string path = s.config(std::string(kMinimalConfig) + "train:\n  checkpoint_when_busy: wait\n");
+  EXPECT_CONTAINS(load_error(path, {}), "train.checkpoint_when_busy: this key is no longer read; it was replaced by "
+                                        "train.checkpoint_budget: `wait` is `checkpoint_budget: 0`");
+  const std::string plain = s.config(kMinimalConfig);
+  EXPECT_CONTAINS(load_error(plain, {"train.checkpoint_when_busy=defer"}),
+                  "--set train.checkpoint_when_busy=defer: train.checkpoint_when_busy: this key is no longer read");
 }
 
 TEST(Config, ParallelDegreesAndStageLayers) {

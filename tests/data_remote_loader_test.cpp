@@ -26,6 +26,7 @@ RankWork sample_work() {
   RankMicroBatch ring;
   ring.planned.ring = 0;
   ring.planned.offload_ratio = 0.75;
+  ring.planned.recompute_layers = 3;
   ring.planned.pieces = {{0, 2, 3, 0}, {0, 5, 2, 0}};
   ring.ring_layout = zigzag_ring_layout(std::vector<int>{2, 5}, std::vector<int64_t>{10}, 1);
   work.micro_batches = {local, ring};
@@ -52,6 +53,7 @@ TEST(DataRemoteLoader, WorkSurvivesEncodeAndDecode) {
     const RankMicroBatch& b = out.micro_batches[m];
     EXPECT_EQ(b.planned.ring, a.planned.ring);
     EXPECT_EQ(b.planned.offload_ratio, a.planned.offload_ratio);
+    EXPECT_EQ(b.planned.recompute_layers, a.planned.recompute_layers);
     ASSERT_EQ(b.planned.pieces.size(), a.planned.pieces.size());
     for (size_t p = 0; p < a.planned.pieces.size(); ++p) {
       EXPECT_EQ(b.planned.pieces[p].sequence, a.planned.pieces[p].sequence);

@@ -8,14 +8,17 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/ops.h"
 #include "model/model.h"
 #include "parallel/local_communicator.h"
+#include "planning/plan.h"
 #include "planning/ring_layout.h"
 #include "small_model.h"
 #include "test_util.h"
@@ -244,6 +247,104 @@ TEST(RecomputeMemory, ARingMicroBatchKeepsTheFormulasRingBytes) {
     EXPECT_GT(measured, saved_bytes_per_token(c.shape(), 1, bytes, RecomputeMode::Full));
     EXPECT_EQ(model.saved_bytes_per_token(0), measured);
   }
+}
+
+// Recomputation planned per micro-batch (RecomputeOptions::planned): each
+// micro-batch's view says how many of the first layers recompute, beside its
+// offload ratio. Micro-batches recomputing 0, 1 and 2 layers (one with half of layer
+// 1's rows in host memory beside a recomputed layer 0, one offloading layers 0 and
+// 1 without recomputation), one after another through the same slot, each give the
+// loss and gradients of the model that keeps everything bit for bit, and of the
+// model that recomputes the same count in every micro-batch (on the CPU, and on the
+// guarded device, whose memory the host may touch only through ops, as a GPU's).
+TEST(PlannedRecompute, EachMicroBatchsOwnCountGivesThePlainGradientsBitForBit) {
+  struct Planned {
+    int64_t recompute_layers;
+    double offload_ratio;
+  };
+  const std::vector<Planned> mixes = {{0, 0}, {1, 0.5}, {2, 0}, {0, 0.5}, {1, 0}};
+  const ModelConfig c = small_config("llama");
+  LongSequenceOptions offload;
+  offload.max_tokens = 512;
+  offload.offload = true;
+  const Batch b = random_documents<Batch>({120, 50, 22}, 61, 4);  // 192 tokens: 96-row halves stay aligned
+  for (const auto& [mode, device] : {std::pair{RecomputeMode::Full, Device::CPU},
+                                     std::pair{RecomputeMode::Selective, Device::CPU},
+                                     std::pair{RecomputeMode::Full, Device::Guarded}}) {
+    LlamaModel plain(c, 256, {}, 1, nullptr, {}, device);
+    LlamaModel planned(c, 256, {}, 1, nullptr, offload, device, DType::F32, nullptr, {mode, 2, true});
+    plain.init_weights(9);
+    planned.init_weights(9);
+    for (const Planned& m : mixes) {
+      const std::string what = enum_name(kRecomputeModeNames, mode) + std::string(" ") + device_name(device) + " k " +
+                               std::to_string(m.recompute_layers) + " r " + std::to_string(m.offload_ratio);
+      LlamaModel fixed(c, 256, {}, 1, nullptr, offload, device, DType::F32, nullptr, {mode, m.recompute_layers});
+      fixed.init_weights(9);
+      for (LlamaModel* model : {&plain, &planned, &fixed}) model->zero_grad();
+      MicroBatchView view = b.view(m.offload_ratio);
+      const double loss_fixed = fixed.forward_backward(view, 0.01f);
+      const double loss_plain = plain.forward_backward(b.view(), 0.01f);
+      view.recompute_layers = m.recompute_layers;
+      const double loss_planned = planned.forward_backward(view, 0.01f);
+      EXPECT_EQ(loss_planned, loss_plain) << what;
+      EXPECT_EQ(loss_planned, loss_fixed) << what;
+      const std::vector<float> gp = to_host(plain.flat_gradients()), gm = to_host(planned.flat_gradients()),
+                               gf = to_host(fixed.flat_gradients());
+      for (size_t i = 0; i < gp.size(); ++i) {
+        ASSERT_EQ(gm[i], gp[i]) << what << " gradient " << i;
+        ASSERT_EQ(gm[i], gf[i]) << what << " gradient " << i;
+      }
+    }
+    // Two micro-batches went through host memory, each half of its offloadable layers'
+    // rows (2 layers without recomputation, 1 beside a recomputed layer).
+    EXPECT_EQ(planned.activation_usage().offloaded_bytes, (2 + 1) * 96 * 320 * 4);
+  }
+}
+
+// The arena holds the worst case the planners' memory limit admits (planning/plan.h,
+// max_micro_batch_tokens with the arena's own rho): for every count of recomputed
+// layers up to the most and every ratio, a micro-batch of the limit's tokens loads,
+// with offload and without (recomputation alone then lets a micro-batch exceed the
+// capacity).
+TEST(PlannedRecompute, TheArenaHoldsEveryMixTheMemoryLimitAdmits) {
+  const ModelConfig c = small_config("llama");
+  const int64_t C = 128, L = c.num_layers;
+  for (const auto& [mode, precision] : {std::pair{RecomputeMode::Full, DType::F32},
+                                        std::pair{RecomputeMode::Selective, DType::F32},
+                                        std::pair{RecomputeMode::Selective, DType::BF16}}) {
+    const int bytes = static_cast<int>(dtype_size(precision));
+    const double rho = saved_bytes_per_token(c.shape(), 1, bytes, mode) / saved_bytes_per_token(c.shape(), 1, bytes);
+    for (const bool offload : {true, false}) {
+      const std::vector<double> ratios = offload ? std::vector<double>{0, 0.25, 0.5, 1} : std::vector<double>{0};
+      int64_t most = C;
+      for (int64_t k = 0; k <= 3; ++k)
+        for (double r : ratios) most = std::max(most, max_micro_batch_tokens(C, L, r, k, rho));
+      LongSequenceOptions long_sequences;
+      long_sequences.max_tokens = most;
+      long_sequences.offload = offload;
+      LlamaModel model(c, C, {}, 1, nullptr, long_sequences, Device::CPU, precision, nullptr, {mode, 3, true});
+      for (int64_t k = 0; k <= 3; ++k) {
+        for (double r : ratios) {
+          const int64_t T = max_micro_batch_tokens(C, L, r, k, rho);
+          const Batch b = random_documents<Batch>({static_cast<int>(T)}, 61, 4);
+          MicroBatchView view = b.view(r);
+          view.recompute_layers = k;
+          EXPECT_NO_THROW(model.set_batch(0, view))
+              << enum_name(kRecomputeModeNames, mode) << " " << dtype_name(precision) << " k " << k << " r " << r;
+        }
+      }
+      EXPECT_LE(model.activation_usage().device_peak_bytes, model.activation_bytes());
+    }
+  }
+  // A count above the most, or one for a model that does not plan per micro-batch: refused.
+  LlamaModel planned(c, C, {}, 1, nullptr, {}, Device::CPU, DType::F32, nullptr, {RecomputeMode::Full, 2, true});
+  LlamaModel fixed(c, C, {}, 1, nullptr, {}, Device::CPU, DType::F32, nullptr, {RecomputeMode::Full, 2});
+  const Batch b = random_documents<Batch>({64}, 61, 4);
+  MicroBatchView view = b.view();
+  view.recompute_layers = 3;
+  EXPECT_NE(testing::thrown_message([&] { planned.set_batch(0, view); }).find("at most 2"), std::string::npos);
+  view.recompute_layers = 1;
+  EXPECT_NE(testing::thrown_message([&] { fixed.set_batch(0, view); }).find("does not plan"), std::string::npos);
 }
 
 // recompute_layers above the stage's layers, or negative: refused.

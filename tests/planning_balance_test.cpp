@@ -339,6 +339,68 @@ TEST(PlanBalance, AGivenStepMeasureDecides) {
   EXPECT_EQ(rings_after_locals(first), 0);
 }
 
+// PP-Balance's waves (ByteScale: Ge et al., 2025): with pipelines and a step
+// measure, the rings go in waves that every rank runs alike. T(s) = s^2, capacity
+// 100, no offload, 4 ranks, 2 stages. Sequences of 300 and 200 tokens need rings of
+// 3 and 2 ranks (costing 30,000 and 20,000 per member), which share a rank however
+// they are placed, so every candidate but the waves has a rank at 50,000 or more.
+// Waves: 300 alone (3 + 2 > 4 ranks), then 200; each grows to all 4 ranks: 22,500
+// and 10,000 per member. Costliest first, then the first pp waves reversed: the
+// 200-token ring at index 0, the 300-token one at index 1 on every rank. The one-rank
+// micro-batches (100, 100, 60, 60, 60 tokens: 10,000 and 3,600) go to the least
+// loaded rank, most expensive first: ranks 0 and 1 one of 10,000, rank 2 two of
+// 3,600, rank 3 one; so the pipelines run 3, 3, 4 and 3 micro-batches.
+TEST(PlanBalance, PipelinesRunRingsInWavesOfEqualCost) {
+  PlannerSettings s = settings(4, 100, 1, 1.0, 0.0);
+  s.offload.enabled = false;
+  s.pipeline_stages = 2;
+  const std::vector<int64_t> lengths = {100, 300, 60, 200, 60, 100, 60};
+  // The measure: the busiest rank plus, per ring, how far apart its members'
+  // earlier micro-batches' seconds end (what a member that comes late makes the
+  // others wait).
+  BalanceSettings balance;
+  balance.step_seconds = [&](const StepPlan& p) {
+    double wait = 0;
+    for (size_t R = 0; R < p.rings.size(); ++R) {
+      double lo = 1e300, hi = 0;
+      for (int rank : p.rings[R].ranks) {
+        StepPlan before;
+        before.ranks.resize(1);
+        before.rings = p.rings;
+        for (const PlannedMicroBatch& mb : p.ranks[rank]) {
+          if (mb.ring == static_cast<int>(R)) break;
+          before.ranks[0].push_back(mb);
+        }
+        const double t = predicted_rank_seconds(before, lengths, settings(1, 100, 1, 1.0, 0.0))[0];
+        lo = std::min(lo, t);
+        hi = std::max(hi, t);
+      }
+      wait += hi - lo;
+    }
+    return max_of(predicted_rank_seconds(p, lengths, s)) + wait;
+  };
+  const StepPlan p = plan_balance(lengths, s, balance);
+  ASSERT_NO_THROW(check_plan(p, lengths, 1, 2));
+  ASSERT_EQ(p.rings.size(), 2u);
+  EXPECT_EQ(p.rings[0].sequences, (std::vector<int64_t>{3}));
+  EXPECT_EQ(p.rings[1].sequences, (std::vector<int64_t>{1}));
+  for (int R = 0; R < 2; ++R) {
+    EXPECT_EQ(p.rings[R].ranks, (std::vector<int>{0, 1, 2, 3}));
+    for (int rank = 0; rank < 4; ++rank) {
+      ASSERT_GT(p.ranks[rank].size(), static_cast<size_t>(R));
+      EXPECT_EQ(p.ranks[rank][R].ring, R) << "rank " << rank;
+    }
+  }
+  EXPECT_EQ(sequences_of(p, 0), (std::vector<std::vector<int64_t>>{{3}, {1}, {0}}));
+  EXPECT_EQ(sequences_of(p, 1), (std::vector<std::vector<int64_t>>{{3}, {1}, {5}}));
+  EXPECT_EQ(sequences_of(p, 2), (std::vector<std::vector<int64_t>>{{3}, {1}, {2}, {6}}));
+  EXPECT_EQ(sequences_of(p, 3), (std::vector<std::vector<int64_t>>{{3}, {1}, {4}}));
+  EXPECT_EQ(predicted_rank_seconds(p, lengths, s), (std::vector<double>{42500, 42500, 39700, 36100}));
+  // Without the measure the candidates compare their busiest ranks, and the waves
+  // are not among them.
+  EXPECT_GE(max_of(predicted_rank_seconds(plan_balance(lengths, s, {}), lengths, s)), 50000);
+}
+
 TEST(PlanBalance, EmptyBatchesAndBadSettings) {
   PlannerSettings s = settings(3, 100, 1, 1.0, 0.0);
   const StepPlan p = plan_balance(std::vector<int64_t>{}, s, {});
@@ -443,6 +505,17 @@ TEST(Randomized, BalancedPlansAreValidNoWorseThanNaiveAndNearTheIdeal) {
       // Every token once, limits, ring chunks and orders (1F1B with 2 or 3 stages).
       ASSERT_NO_THROW(check_plan(p, lengths, layers, stages));
       ASSERT_EQ(p.ranks.size(), static_cast<size_t>(hdp));
+      // With a step measure (here the busiest rank) every candidate passes check_plan,
+      // with pipelines PP-Balance's waves among them.
+      BalanceSettings measured{mode, threshold, widen};
+      int candidates = 0;
+      measured.step_seconds = [&](const StepPlan& c) {
+        ++candidates;
+        EXPECT_NO_THROW(check_plan(c, lengths, layers, stages));
+        return max_of(predicted_rank_seconds(c, lengths, s));
+      };
+      ASSERT_NO_THROW(check_plan(plan_balance(lengths, s, measured), lengths, layers, stages));
+      EXPECT_GE(candidates, 2);
       // Long sequences keep at least choose_ranks's ranks (exactly, without widening).
       const auto holders = ranks_per_sequence(p, lengths.size());
       for (size_t q = 0; q < lengths.size(); ++q) {

@@ -10,6 +10,8 @@
 #include "config/config.h"
 #include "config/pipeline_layers.h"
 #include "data/batch.h"
+#include "planning/activation_mix.h"
+#include "planning/hdp_planner.h"
 #include "run/step_planner.h"
 
 namespace hdp {
@@ -120,6 +122,69 @@ TEST(StepPlanner, TheBoundChargesNoStageMoreRerunsThanItMakes) {
   const double one = bound(RecomputeMode::Full, 1) - none, all = bound(RecomputeMode::Full, std::nullopt) - none;
   EXPECT_GT(one, 0);
   EXPECT_NEAR(3 * one, all, 1e-12);
+}
+
+// Recomputation planned per micro-batch (train.recompute_per_micro_batch): the step
+// planner chooses, for a micro-batch above the capacity, the mix of recomputed layers
+// and offload ratio that planning/activation_mix.h's rule prices cheapest. One rank,
+// the default model's 4 layers (fp32: a whole layer saves 8 x 128 + 2 x 352 = 1728
+// row values and 6 small ones per token, 6936 bytes; full keeps the 128-value input,
+// 512 bytes, rho = 512 / 6936), C = 512. A 600-token sequence needs l C / t =
+// 2048 / 600 = 3.41 layers' worth held: without recomputation the two offloadable
+// layers must send r >= 1 - 1.41 / 2 = 0.293 of their rows to the host; one
+// recomputed layer fits with r = 0 (rho + 3 <= 3.41). Its rerun, R(600) = (256 x
+// 600^2 + 311,552 x 600) / 1.204992e9 = 0.2316 s (the FLOPs of the test above), is
+// cheaper than copies at 1 MB/s (each offloaded layer's 0.293 x 6936 x 600 bytes take
+// 1.22 s each way, beyond the layer's forward (0.32 s) and backward (0.64 s) of
+// T(600) = 0.96 s) but not than copies at 1 GB/s, which hide under the compute. The
+// 300-token sequence fits the capacity: nothing recomputes or offloads.
+TEST(StepPlanner, ChoosesTheMixOfRecomputationAndOffloadTheCostRulePrices) {
+  const std::vector<int64_t> lengths = {600, 300};
+  auto plan_with = [&](double copy_bytes_per_s, std::optional<int64_t> most_layers) {
+    Config c = two_ranks(1);
+    c.parallel.hdp = 1;
+    c.data.max_seq_len = 600;
+    c.train.recompute = RecomputeMode::Full;
+    c.train.recompute_layers = most_layers;
+    c.train.recompute_per_micro_batch = true;
+    CostModel cost = costs();
+    cost.a2 = 6936;
+    cost.d2h_bytes_per_s = cost.h2d_bytes_per_s = copy_bytes_per_s;
+    const StepPlanner planner(c, cost);
+    EXPECT_DOUBLE_EQ(recomputed_bytes_share(c), 512.0 / 6936.0);
+    EXPECT_EQ(most_planned_recompute_layers(c), most_layers.value_or(4));
+    const StepPlan plan = planner.plan(lengths);
+    // The rule itself, for the long micro-batch on its own.
+    const ActivationMixSettings ms = activation_mix_settings(planner.settings());
+    const std::optional<ActivationMix> rule = choose_activation_mix(600, false, cost.compute_seconds(600), ms);
+    EXPECT_TRUE(rule.has_value());
+    const PlannedMicroBatch* long_mb = nullptr;
+    for (const PlannedMicroBatch& mb : plan.ranks.at(0)) {
+      if (mb.tokens() == 600) {
+        long_mb = &mb;
+      } else {
+        EXPECT_EQ(mb.recompute_layers, 0);
+        EXPECT_EQ(mb.offload_ratio, 0);
+      }
+    }
+    EXPECT_NE(long_mb, nullptr);
+    if (long_mb != nullptr && rule && most_layers != 0) {
+      EXPECT_EQ(long_mb->recompute_layers, rule->recompute_layers);
+      EXPECT_EQ(long_mb->offload_ratio, rule->offload_ratio);
+    }
+    return long_mb != nullptr ? *long_mb : PlannedMicroBatch{};
+  };
+  const PlannedMicroBatch slow = plan_with(1e6, std::nullopt);
+  EXPECT_EQ(slow.recompute_layers, 1);
+  EXPECT_EQ(slow.offload_ratio, 0);
+  const PlannedMicroBatch fast = plan_with(1e9, std::nullopt);
+  EXPECT_EQ(fast.recompute_layers, 0);
+  EXPECT_NEAR(fast.offload_ratio, 1 - 1.41333333333 / 2, 1e-9);
+  // train.recompute_layers bounds the choice: 0 layers leaves offload alone (as
+  // ByteScale plans it: the smallest ratio that fits on as few ranks).
+  const PlannedMicroBatch none = plan_with(1e9, 0);
+  EXPECT_EQ(none.recompute_layers, 0);
+  EXPECT_NEAR(none.offload_ratio, 1 - 1.41333333333 / 2, 1e-9);
 }
 
 }  // namespace

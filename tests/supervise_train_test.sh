@@ -20,7 +20,7 @@ fail() { echo "supervise_train_test: $*"; exit 1; }
 train=(mpirun --oversubscribe -np 2 "$trainer" train "$root/configs/tiny-llama.yaml" --set data.path=corpus.h5
        --set parallel.hdp=2 --set train.steps=8 --set train.log_every=1 --set train.checkpoint_every=2
        --set train.threads=1 --set data.global_batch_tokens=2048 --set data.micro_batch_tokens=1024
-       --set train.checkpoint_when_busy=wait)
+       --set train.checkpoint_budget=0)
 
 "${train[@]}" --set train.run_dir=ref --set train.checkpoint_dir=ref/checkpoints > ref.log 2>&1 ||
   { tail -20 ref.log; fail "the uninterrupted run failed"; }

@@ -68,16 +68,20 @@ inline std::string small_model_overrides() {
 }
 
 // A 5-step run of configs/tiny-llama.yaml on the small corpus with
-// small_model_overrides under mpirun of tp x pp x hdp ranks, in `dir`, with `settings`
-// after the layout; its output. Throws naming `what` when the run fails.
+// small_model_overrides under mpirun of tp x pp x hdp ranks (and loader_servers more,
+// the remote loader's, when above 0), in `dir`, with `settings` after the layout; its
+// output. Throws naming `what` when the run fails.
 inline std::string train_five_steps(const std::string& dir, int tp, int pp, int hdp, const std::string& settings,
-                                    const std::string& what) {
+                                    const std::string& what, int loader_servers = 0) {
   const std::string args = "train " + std::string(HDP_SOURCE_DIR) + "/configs/tiny-llama.yaml --set data.path=" +
                            small_corpus() + " --set train.run_dir=" + dir + " --set train.checkpoint_dir=" + dir +
                            "/ckpt --set train.steps=5" + small_model_overrides() + " --set parallel.tp=" +
                            std::to_string(tp) + " --set parallel.pp=" + std::to_string(pp) + " --set parallel.hdp=" +
-                           std::to_string(hdp) + " " + settings;
-  auto r = run_command(mpirun(tp * pp * hdp) + " " + args);
+                           std::to_string(hdp) + " " + settings +
+                           (loader_servers > 0 ? " --set loader.mode=remote --set loader.servers=" +
+                                                     std::to_string(loader_servers)
+                                               : std::string());
+  auto r = run_command(mpirun(tp * pp * hdp + loader_servers) + " " + args);
   if (r.exit_code != 0) throw std::runtime_error(what + " run failed: " + r.output);
   return r.output;
 }

@@ -4,11 +4,13 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <sstream>
+#include <thread>
 
 #include <sched.h>
 #include <signal.h>
@@ -312,6 +314,69 @@ TEST(Training, SigtermStopsAtAStepBoundaryWithACheckpointAndResumesBitIdenticall
   expect_same_checkpoint(step_dir(straight, n + 3), step_dir(stopped, n + 3));
 }
 
+// A stop signal while a checkpoint is being written: every checkpoint write takes
+// kSlowCheckpointMs longer (HDP_FAULT_INJECT=0:1-100000:slow-checkpoint), and
+// SIGTERM is sent as soon as the write of a checkpoint after the first (step K)
+// begins, so it arrives while that write runs (a step takes far less than the
+// write). The step it stops after comes later than K, when the default
+// train.checkpoint_budget defers checkpoints (one was just written); the stop step
+// is saved all the same, after the write in flight, which is completed and not
+// abandoned; the process exits 0 only once both are committed, and the run resumed
+// from the stop step goes on exactly like one that never stopped.
+TEST(Training, SigtermDuringACheckpointWriteWaitsForItThenSavesTheStopStepAndResumesBitIdentically) {
+  const std::string stopped = scratch_dir("training-sigterm-busy"), straight = scratch_dir("training-sigterm-busy-straight");
+  const std::string common = "--set data.global_batch_tokens=1024 --set optim.min_lr=2e-3 --set optim.warmup_steps=2 "
+                             "--set train.checkpoint_every=1 --set train.keep_checkpoints=100000 ";
+  testing::BackgroundRun run("env HDP_FAULT_INJECT=0:1-100000:slow-checkpoint " + std::string(HDP_TRAINER_BINARY) +
+                                 " " + run_args(stopped, 100000, common),
+                             stopped + "/log.txt");
+  const std::regex begins("sleeps [0-9]+ ms before writing its part of the checkpoint of step ([0-9]+)");
+  int64_t k = 0;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(300);
+  while (k < 2 && run.running() && std::chrono::steady_clock::now() < end) {
+    const std::string text = testing::file_text(stopped + "/log.txt");
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), begins); it != std::sregex_iterator(); ++it) {
+      k = std::max<int64_t>(k, std::stoll((*it)[1]));
+    }
+    if (k < 2) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_GE(k, 2) << testing::file_text(stopped + "/log.txt");
+  kill(run.pid(), SIGTERM);
+  ASSERT_EQ(run.wait(300), 0) << testing::file_text(stopped + "/log.txt");
+  const std::string log = testing::file_text(stopped + "/log.txt");
+  const int64_t n = static_cast<int64_t>(metric_lines(stopped).size());
+  ASSERT_GT(n, k) << log;
+  EXPECT_TRUE(fs::exists(step_dir(stopped, k) + "/manifest.yaml")) << log;
+  EXPECT_NE(log.find("stopped by SIGTERM after step " + std::to_string(n) + " of 100000"), std::string::npos) << log;
+  ASSERT_TRUE(fs::exists(step_dir(stopped, n) + "/manifest.yaml")) << log;
+  EXPECT_NE(log.find("rank 0 sleeps " + std::to_string(kSlowCheckpointMs) + " ms before writing its part of the "
+                     "checkpoint of step " + std::to_string(n)),
+            std::string::npos) << log;
+  // Every checkpoint begun was completed: none is left half-written.
+  int64_t complete = 0;
+  for (const auto& entry : fs::directory_iterator(stopped + "/ckpt")) {
+    if (entry.path().filename().string().rfind("step-", 0) != 0) continue;
+    EXPECT_EQ(entry.path().extension(), "") << entry.path();
+    complete += fs::exists(entry.path() / "manifest.yaml");
+  }
+  size_t begun = 0;
+  for (size_t at = 0; (at = log.find("ms before writing its part", at)) != std::string::npos; ++at) ++begun;
+  EXPECT_EQ(static_cast<size_t>(complete), begun) << log;
+  EXPECT_GE(complete, 3) << "step 1's, step K's and the stop step's: " << log;
+
+  auto resumed = run_trainer(run_args(stopped, static_cast<int>(n) + 3, common));
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + step_dir(stopped, n) + " at step " + std::to_string(n)),
+            std::string::npos) << resumed.output;
+  auto whole = run_trainer(run_args(straight, static_cast<int>(n) + 3, common));
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  const auto la = metric_lines(straight), lb = metric_lines(stopped);
+  ASSERT_EQ(la.size(), static_cast<size_t>(n + 3));
+  ASSERT_EQ(lb.size(), static_cast<size_t>(n + 3));
+  for (size_t i = 0; i < la.size(); ++i) EXPECT_EQ(field(la[i], "loss"), field(lb[i], "loss")) << "step " << i + 1;
+  expect_same_checkpoint(step_dir(straight, n + 3), step_dir(stopped, n + 3));
+}
+
 // A run that crashed after its last checkpoint reruns the steps since; each
 // step is in metrics.jsonl once, with the values of the rerun.
 TEST(Training, MetricsAfterACrashAndResumeHoldEachStepOnce) {
@@ -335,7 +400,7 @@ TEST(Training, MetricsAfterACrashAndResumeHoldEachStepOnce) {
 TEST(Training, ANanLossSkipsTheStepsUpdateAndTrainingContinues) {
   const std::string dir = scratch_dir("training-nan");
   const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
-                             "--set train.checkpoint_when_busy=wait --set train.keep_checkpoints=10 ";
+                             "--set train.checkpoint_budget=0 --set train.keep_checkpoints=10 ";
   auto r = testing::run_command("HDP_FAULT_INJECT=0:3:nan " + std::string(HDP_TRAINER_BINARY) + " " + run_args(dir, 6, common));
   ASSERT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("step 3: update skipped (loss nan"), std::string::npos) << r.output;
@@ -386,7 +451,7 @@ std::string manifest_field(const std::string& manifest, const std::string& key) 
 TEST(Training, MaxBadStepsInARowRollBackToTheLastGoodCheckpointAndSkipTheirBatches) {
   const std::string dir = scratch_dir("training-rollback"), resumed = scratch_dir("training-rollback-resumed");
   const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
-                             "--set train.checkpoint_when_busy=wait "
+                             "--set train.checkpoint_budget=0 "
                              "--set train.keep_checkpoints=10 --set train.max_bad_steps=2 ";
   auto r = testing::run_command("HDP_FAULT_INJECT=0:3-4:nan " + std::string(HDP_TRAINER_BINARY) + " " +
                                 run_args(dir, 6, common));
@@ -439,7 +504,7 @@ TEST(Training, MaxBadStepsInARowRollBackToTheLastGoodCheckpointAndSkipTheirBatch
 TEST(Training, ASkippedStepDoesNotAdvanceTheAdamWStepCounter) {
   const std::string x = scratch_dir("training-adam-skip"), y = scratch_dir("training-adam-skipped-batch");
   const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
-                             "--set train.checkpoint_when_busy=wait "
+                             "--set train.checkpoint_budget=0 "
                              "--set train.keep_checkpoints=10 --set optim.warmup_steps=1 --set optim.lr=2e-3 "
                              "--set optim.min_lr=2e-3 ";
   auto rx = testing::run_command("HDP_FAULT_INJECT=0:3:nan " + std::string(HDP_TRAINER_BINARY) + " " + run_args(x, 4, common));
@@ -471,7 +536,7 @@ TEST(Training, AsyncCheckpointsEqualSyncOnesAndAKillDuringAWriteLeavesNoHalfChec
   const std::string straight = scratch_dir("training-async-straight"), sync = scratch_dir("training-async-sync"),
                     killed = scratch_dir("training-async-killed");
   const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
-                             "--set train.checkpoint_when_busy=wait "
+                             "--set train.checkpoint_budget=0 "
                              "--set train.keep_checkpoints=10 ";
   auto a = run_trainer(run_args(straight, 6, common));
   ASSERT_EQ(a.exit_code, 0) << a.output;
@@ -508,7 +573,7 @@ TEST(Training, AFailedBackgroundCheckpointWriteEndsTheRunWithCode2NamingThePath)
   const std::string log = dir + "/log.txt";
   testing::BackgroundRun run(std::string(HDP_TRAINER_BINARY) + " " +
                                  run_args(dir, 100000, "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
-                                                       "--set train.checkpoint_when_busy=wait"),
+                                                       "--set train.checkpoint_budget=0"),
                              log);
   ASSERT_TRUE(testing::wait_for_steps(run, dir, 1, 300)) << testing::file_text(log);
   for (int step = 1; step <= 400; ++step) std::ofstream(step_dir(dir, step) + ".tmp") << "in the way\n";
@@ -538,7 +603,7 @@ TEST(Training, AFullDiskDuringACheckpointEndsTheRunWithCode2AndLosesNothing) {
     SCOPED_TRACE(async ? "async" : "sync");
     const std::string dir = scratch_dir(std::string("training-full-disk-checkpoint-") + (async ? "async" : "sync"));
     const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=1 "
-                                                                  "--set train.checkpoint_when_busy=wait "
+                                                                  "--set train.checkpoint_budget=0 "
                                "--set train.keep_checkpoints=10 --set train.async_checkpoints=" +
                                (async ? "true" : "false");
     auto full = testing::run_command("HDP_FAULT_INJECT=0:2:full-checkpoint " + std::string(HDP_TRAINER_BINARY) + " " +
@@ -561,13 +626,14 @@ TEST(Training, AFullDiskDuringACheckpointEndsTheRunWithCode2AndLosesNothing) {
   }
 }
 
-// train.checkpoint_when_busy: wait keeps the exact interval: with step 2's write
-// made slow (HDP_FAULT_INJECT=0:2:slow-checkpoint), step 3's checkpoint waits for it
-// instead of being deferred, and every step is saved. ParallelCheckpoints (training_parallel_test.cpp) tests `defer`.
-TEST(Training, CheckpointWhenBusyWaitSavesEveryDueStepWaitingForTheWriteInFlight) {
-  const std::string dir = scratch_dir("training-checkpoint-when-busy-wait");
+// train.checkpoint_budget: 0 keeps the exact interval: with step 2's write made
+// slow (HDP_FAULT_INJECT=0:2:slow-checkpoint), step 3's checkpoint waits for it
+// instead of being deferred, and every step is saved. ParallelCheckpoints
+// (training_parallel_test.cpp) tests the budget.
+TEST(Training, ACheckpointBudgetOfZeroSavesEveryDueStepWaitingForTheWriteInFlight) {
+  const std::string dir = scratch_dir("training-checkpoint-budget-zero");
   const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=1 "
-                             "--set train.keep_checkpoints=10 --set train.checkpoint_when_busy=wait";
+                             "--set train.keep_checkpoints=10 --set train.checkpoint_budget=0";
   auto r = testing::run_command("HDP_FAULT_INJECT=0:2:slow-checkpoint " + std::string(HDP_TRAINER_BINARY) + " " +
                                 run_args(dir, 4, common));
   ASSERT_EQ(r.exit_code, 0) << r.output;
@@ -613,7 +679,7 @@ TEST(Training, AFileSizeLimitHalfWayThroughACheckpointPartIsReportedLikeAFullDis
     auto r = testing::run_command("bash -c 'ulimit -f 8192 && exec " + std::string(HDP_TRAINER_BINARY) + " " +
                                   run_args(dir, 3, std::string("--set data.global_batch_tokens=1024 --set "
                                                                "train.checkpoint_every=1 "
-                                                               "--set train.checkpoint_when_busy=wait --set train.async_checkpoints=") +
+                                                               "--set train.checkpoint_budget=0 --set train.async_checkpoints=") +
                                                        (async ? "true" : "false")) +
                                   "'");
     ASSERT_EQ(r.exit_code, 2) << r.output;
@@ -633,7 +699,7 @@ TEST(Training, AFileSizeLimitHalfWayThroughACheckpointPartIsReportedLikeAFullDis
 TEST(Training, AStepDirectoryWithoutAManifestIsWarnedAboutAndNeverOverwritten) {
   const std::string dir = scratch_dir("training-manifestless");
   const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=1 "
-                                                                "--set train.checkpoint_when_busy=wait "
+                                                                "--set train.checkpoint_budget=0 "
                              "--set train.keep_checkpoints=1";
   for (int step : {2, 9}) {
     fs::create_directories(step_dir(dir, step));
@@ -667,7 +733,7 @@ TEST(Training, AStepDirectoryWithoutAManifestIsWarnedAboutAndNeverOverwritten) {
 TEST(Training, ASecondJobIsKeptOutOfACheckpointDirectoryInUse) {
   const std::string dir = scratch_dir("training-lock"), other = scratch_dir("training-lock-other");
   const std::string common = "--set data.global_batch_tokens=1024 --set train.checkpoint_every=1 "
-                             "--set train.checkpoint_when_busy=wait ";
+                             "--set train.checkpoint_budget=0 ";
   const std::string log = dir + "/log.txt";
   testing::BackgroundRun first(std::string(HDP_TRAINER_BINARY) + " " + run_args(dir, 100000, common), log);
   ASSERT_TRUE(testing::wait_for_steps(first, dir, 1, 300)) << testing::file_text(log);
@@ -801,7 +867,7 @@ TEST(Training, ADivergingRunCheckpointsNoFlaggedStepAndSuperviseDoesNotRestartIt
   auto r = run_trainer("supervise --max-restarts 3 --backoff-s 0 --run-dir " + dir + " -- " + HDP_TRAINER_BINARY +
                        " " + run_args(dir, 30, "--set data.global_batch_tokens=1024 --set optim.lr=30 "
                                                "--set train.checkpoint_every=1 "
-                                               "--set train.checkpoint_when_busy=wait --set train.keep_checkpoints=30"));
+                                               "--set train.checkpoint_budget=0 --set train.keep_checkpoints=30"));
   EXPECT_EQ(r.exit_code, 3) << r.output;
   EXPECT_NE(r.output.find("the run diverges: step 4: 3 bad step(s) in a row"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("stopping: no confirmed checkpoint before step 2 in " + dir + "/ckpt to roll back to "
@@ -828,7 +894,7 @@ TEST(Training, ADivergingRunCheckpointsNoFlaggedStepAndSuperviseDoesNotRestartIt
 TEST(Training, ACheckpointFoundBadLaterIsMarkedSuspectAndTheRollbackGoesPastIt) {
   const std::string dir = scratch_dir("training-suspect");
   const std::string common = "--set data.global_batch_tokens=1024 --set optim.lr=3 --set train.checkpoint_every=1 "
-                             "--set train.checkpoint_when_busy=wait "
+                             "--set train.checkpoint_budget=0 "
                              "--set train.max_bad_steps=2 ";
   auto r = run_trainer(run_args(dir, 30, common));
   EXPECT_EQ(r.exit_code, 3) << r.output;
@@ -904,8 +970,7 @@ TEST(Training, AJobResumingFromACheckpointDirectoryHoldsItsLock) {
                                 log);
   ASSERT_TRUE(testing::wait_for_steps(reader, dir, 3, 300)) << testing::file_text(log);
   EXPECT_NE(testing::file_text(log).find("resumed from " + step_dir(dir, 2)), std::string::npos);
-  auto writer = run_trainer(run_args(other, 4, common + "--set train.checkpoint_every=1 "
-                                                        "--set train.checkpoint_when_busy=wait --set train.checkpoint_dir=" +
+  auto writer = run_trainer(run_args(other, 4, common + "--set train.checkpoint_every=1 --set train.checkpoint_dir=" +
                                                    dir + "/ckpt"));
   EXPECT_EQ(writer.exit_code, 2) << writer.output;
   EXPECT_NE(writer.output.find("train.checkpoint_dir '" + dir + "/ckpt' is in use by another job"), std::string::npos)

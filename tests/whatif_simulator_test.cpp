@@ -649,6 +649,65 @@ TEST(StepSimulation, PlannersOutputReplays) {
   }
 }
 
+// PP-Balance's waves in the step simulator: 4 ranks, 2 stages, T(s) = 3 s per stage
+// (forward a third), free transfers, capacity 100, no offload. Sequences of 240 and
+// 160 tokens need rings of 3 and 2 ranks (80 tokens, 240 s per member and stage);
+// four of 100 tokens are micro-batches of their own (300 s). Algorithm 2's choice
+// gives the two rings a common rank, rank 0, and puts the 160-token ring at index 1
+// on ranks 0 and 3, after the 240-token ring on rank 0 and after a 300 s
+// micro-batch on rank 3: rank 0 comes to it first and waits. The waves put the
+// 160-token ring (40 tokens per member, 120 s) at index 0 and the 240-token one (60
+// tokens, 180 s) at index 1 on every rank, then one 100-token micro-batch each:
+// four identical pipelines. By hand, forward 40, 60, 100 and backward 80, 120, 200:
+// stage 1 runs F0 [40, 80], B0 [80, 160], F1 [160, 220], B1 [220, 340], F2 [340,
+// 440], B2 [440, 640]; stage 0 F0 [0, 40], F1 [40, 100], B0 [160, 240], F2 [240,
+// 340], B1 [340, 460], B2 [640, 840]: the step is 840 s, and no ring waits, nor
+// under interleaved 1F1B.
+TEST(StepSimulation, RingWavesRunEveryPipelineAlike) {
+  const StepCosts k = hand_costs(4, 2, 1.0 / 3.0);
+  PlannerSettings st;
+  st.hdp = 4;
+  st.capacity = 100;
+  st.layers_per_stage = 1;
+  st.pipeline_stages = 2;
+  st.cost = k.cost;
+  st.offload.enabled = false;
+  const std::vector<int64_t> lengths = {100, 240, 100, 160, 100, 100};
+  BalanceSettings balance;
+  balance.step_seconds = [&](const StepPlan& p) { return simulate_step(p, lengths, k).step_seconds; };
+  const StepPlan waves = plan_balance(lengths, st, balance);
+  check_plan(waves, lengths, 1, 2);
+  ASSERT_EQ(waves.rings.size(), 2u);
+  for (const Ring& ring : waves.rings) EXPECT_EQ(ring.ranks, (std::vector<int>{0, 1, 2, 3}));
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_EQ(waves.ranks[r].size(), 3u);
+    EXPECT_EQ(waves.ranks[r][0].ring, 0);
+    EXPECT_EQ(waves.ranks[r][1].ring, 1);
+    EXPECT_EQ(waves.ranks[r][2].tokens(), 100);
+  }
+  const StepSimulation s = simulate_step(waves, lengths, k);
+  EXPECT_DOUBLE_EQ(s.step_seconds, 840);
+  EXPECT_DOUBLE_EQ(s.ring_wait_seconds, 0);
+  // Algorithm 2's choice by its busiest rank (no step measure): a ring waits, and
+  // the step is longer (simulated: 100 s of waits over the processes, 1,140 s).
+  const StepPlan old = plan_balance(lengths, st, {});
+  check_plan(old, lengths, 1, 2);
+  const StepSimulation o = simulate_step(old, lengths, k);
+  EXPECT_GT(o.ring_wait_seconds, 0);
+  EXPECT_GT(o.step_seconds, 840);
+  // Interleaved 1F1B (two chunks of one layer per stage): the identical pipelines
+  // still meet every ring together; Algorithm 2's still wait, and take longer.
+  StepCosts chunked = k;
+  chunked.stage_layers.assign(2, 2);
+  chunked.chunk_layers.assign(4, 1);
+  check_plan(waves, lengths, 1, 2, 2);
+  const StepSimulation i = simulate_step(waves, lengths, chunked);
+  EXPECT_DOUBLE_EQ(i.ring_wait_seconds, 0);
+  const StepSimulation oi = simulate_step(old, lengths, chunked);
+  EXPECT_GT(oi.ring_wait_seconds, 0);
+  EXPECT_GT(oi.step_seconds, i.step_seconds);
+}
+
 // Mixtral-8x7B (Jiang et al. 2024, "Mixtral of Experts"): 8 experts of FFN 14336, top 2.
 ModelShape mixtral8x7b() {
   ModelShape m = llama7b();
