@@ -14,7 +14,8 @@
 #   bench     bench-llama-1b (4 x 4096-token sequences a step), TF32, bf16 with our
 #             attention and bf16 with cuDNN's (train.attention own / cudnn): medians
 #             of steps 3..10 of tokens/s, MFU (model FLOPs / 989 TFLOP/s, the H100's
-#             dense BF16 peak; target 50% in bf16) and peak memory
+#             dense BF16 peak; target 50% in bf16) and peak memory; for bf16 also
+#             busy_ms (device time from events, read at the step's end) against the step
 #   optimes   bench-llama-1b in bf16, device time per op (HDP_CUDA_OP_TIMES=1)
 #   pytorch   the same shape in Hugging Face LlamaForCausalLM, bf16 autocast, eager and
 #             torch.compile (when torch and transformers import)
@@ -153,6 +154,17 @@ if has_step bench; then
     local tps mfu step_ms mem
     read -r tps mfu step_ms mem < "$out/bench-1b-$name.median"
     echo "$name: ${tps:-?} tokens/s, MFU ${mfu:-?}, step ${step_ms:-?} ms, peak ${mem:-?} GB"
+    if [ "$name" = bf16 ]; then
+      # busy_ms is device time from events recorded around each forward and backward and
+      # read after the step's one read-back (no synchronize inside the step): above 0, and
+      # at most the step on one GPU.
+      local busy
+      busy="$(grep -o '"busy_ms_max": [0-9.]*' $m 2>/dev/null | sed 's/.*: //' | tail -n +3 | sort -g |
+        awk '{a[NR] = $1} END {if (NR) print a[int((NR + 1) / 2)]}')"
+      record "bench-llama-1b bf16: busy_ms from device events (median of steps 3-10)" \
+        "${busy:-missing} ms of a ${step_ms:-?} ms step" "0 < busy <= step" \
+        "$(awk -v b="${busy:-0}" -v s="${step_ms:-0}" 'BEGIN {print (b > 0 && b <= s) ? "yes" : "NO"}')"
+    fi
     if [[ "$name" == bf16* ]]; then
       record "bench-llama-1b $name: MFU (median of steps 3-10)" \
         "${mfu:-missing} (${tps:-?} tokens/s, ${step_ms:-?} ms, ${mem:-?} GB)" ">= 0.50" \

@@ -5,10 +5,13 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <initializer_list>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "kernels/attention_impl.h"
 #include "kernels/cpu/cpu_ops.h"
@@ -133,11 +136,17 @@ void require(bool cond, const char* op, const std::string& msg) {
 }
 
 // Host reads per device (kernels/ops.h), this thread's.
-thread_local std::array<int64_t, 3> t_host_reads{}, t_staged_host_reads{};
+thread_local std::array<int64_t, 3> t_host_reads{}, t_staged_host_reads{}, t_host_waits{};
 thread_local int t_staging = 0;  // StagedCopies alive in this thread
+
+// Host waits (kernels/ops.h), this thread's; the communicator's staging is not counted.
+void count_host_wait(Device device) {
+  if (t_staging == 0) ++t_host_waits[static_cast<size_t>(device)];
+}
 
 void count_host_read(Device device) {
   ++(t_staging > 0 ? t_staged_host_reads : t_host_reads)[static_cast<size_t>(device)];
+  count_host_wait(device);
 }
 
 }  // namespace
@@ -227,6 +236,16 @@ void fill(Tensor y, float value) {
   }
 }
 
+namespace {
+// An index copy the host makes itself: in CPU memory, or with the guarded device's
+// memory opened for it.
+void host_copy_index(IndexTensor dst, const IndexTensor& src) {
+  std::optional<guarded::Access> open;
+  if (dst.device == Device::Guarded || src.device == Device::Guarded) open.emplace();
+  std::copy_n(src.data, src.numel(), dst.data);
+}
+}  // namespace
+
 // Copies between devices go through the device's backend (host memory is the CPU's).
 template <class T>
 Device copy_backend(const char* op, const TensorOf<T>& dst, const TensorOf<T>& src) {
@@ -235,6 +254,7 @@ Device copy_backend(const char* op, const TensorOf<T>& dst, const TensorOf<T>& s
     fail(op, std::string("no copy between ") + device_name(src.device) + " and " + device_name(dst.device) +
                  " memory");
   if (dst.device == Device::CPU && src.device != Device::CPU) count_host_read(src.device);
+  if (dst.device != Device::CPU && src.device == Device::CPU) count_host_wait(dst.device);
   return dst.device != Device::CPU ? dst.device : src.device;
 }
 
@@ -257,12 +277,22 @@ void copy(IndexTensor dst, const IndexTensor& src) {
   const char* op = "copy";
   [[maybe_unused]] const DType dtype_ = DType::F32;  // 4-byte elements, as the CUDA case expects
   switch (copy_backend(op, dst, src)) {
-    case Device::CPU: return static_cast<void>(std::copy_n(src.data, src.numel(), dst.data));
+    case Device::CPU:
+    case Device::Guarded: return host_copy_index(dst, src);
     HDP_CUDA_CASE(copy_index(dst, src))
-    case Device::Guarded: {
-      const guarded::Access guarded_access_;
-      return static_cast<void>(std::copy_n(src.data, src.numel(), dst.data));
-    }
+    default: throw UnsupportedDevice(op, dst.device);
+  }
+}
+
+void copy_async(IndexTensor dst, const IndexTensor& src) {
+  const char* op = "copy_async";
+  [[maybe_unused]] const DType dtype_ = DType::F32;  // 4-byte elements
+  require_same_shape(op, "dst", dst, "src", src);
+  require(src.device == Device::CPU, op, std::string("src must be host memory, not ") + device_name(src.device));
+  switch (dst.device) {
+    case Device::CPU:
+    case Device::Guarded: return host_copy_index(dst, src);
+    HDP_CUDA_CASE(copy_index_async(dst, src))
     default: throw UnsupportedDevice(op, dst.device);
   }
 }
@@ -283,6 +313,7 @@ double sum_squares(const Tensor& x) {
 void synchronize(Device device) {
   const char* op = "synchronize";
   [[maybe_unused]] const DType dtype_ = DType::F32;
+  count_host_wait(device);
   switch (device) {
     case Device::CPU:
     case Device::Guarded: return;  // the CPU kernels finish before they return
@@ -293,8 +324,69 @@ void synchronize(Device device) {
 
 int64_t host_reads(Device device) { return t_host_reads[static_cast<size_t>(device)]; }
 int64_t staged_host_reads(Device device) { return t_staged_host_reads[static_cast<size_t>(device)]; }
+int64_t host_waits(Device device) { return t_host_waits[static_cast<size_t>(device)]; }
 StagedCopies::StagedCopies() { ++t_staging; }
 StagedCopies::~StagedCopies() { --t_staging; }
+
+// ---- events and device time --------------------------------------------------------
+
+DeviceEvent::DeviceEvent(Device device) : device_(device) {
+  if (device == Device::CUDA) event_ = cuda::timing_event_create();
+}
+
+DeviceEvent::~DeviceEvent() { cuda::timing_event_destroy(event_); }
+
+DeviceEvent::DeviceEvent(DeviceEvent&& other) noexcept
+    : device_(other.device_), event_(std::exchange(other.event_, nullptr)), host_ns_(other.host_ns_) {}
+
+DeviceEvent& DeviceEvent::operator=(DeviceEvent&& other) noexcept {
+  if (this != &other) {
+    cuda::timing_event_destroy(event_);
+    device_ = other.device_;
+    event_ = std::exchange(other.event_, nullptr);
+    host_ns_ = other.host_ns_;
+  }
+  return *this;
+}
+
+void DeviceEvent::record() {
+  if (event_ != nullptr) return cuda::event_record(event_);
+  host_ns_ = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                 std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+void DeviceEvent::wait() const {
+  if (event_ == nullptr || cuda::event_done(event_)) return;
+  count_host_wait(device_);
+  cuda::event_synchronize(event_);
+}
+
+double elapsed_ms(const DeviceEvent& start, const DeviceEvent& end) {
+  if (start.device_ != end.device_) fail("elapsed_ms", "events of different devices");
+  if (end.event_ == nullptr) return static_cast<double>(end.host_ns_ - start.host_ns_) * 1e-6;
+  end.wait();
+  return cuda::event_elapsed_ms(start.event_, end.event_);
+}
+
+void DeviceTimer::start() {
+  if (recorded_ % 2 != 0) throw std::logic_error("DeviceTimer: start() twice without a stop()");
+  if (recorded_ == events_.size()) events_.emplace_back(device_);
+  events_[recorded_++].record();
+}
+
+void DeviceTimer::stop() {
+  if (recorded_ % 2 == 0) throw std::logic_error("DeviceTimer: stop() without a start()");
+  if (recorded_ == events_.size()) events_.emplace_back(device_);
+  events_[recorded_++].record();
+}
+
+double DeviceTimer::take_ms() {
+  if (recorded_ % 2 != 0) throw std::logic_error("DeviceTimer: take_ms() inside a stretch (no stop())");
+  double total = 0;
+  for (size_t i = 0; i < recorded_; i += 2) total += elapsed_ms(events_[i], events_[i + 1]);
+  recorded_ = 0;
+  return total;
+}
 
 // ---- sums on the device ------------------------------------------------------------
 

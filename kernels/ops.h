@@ -45,9 +45,15 @@ void copy(IndexTensor dst, const IndexTensor& src);
 // sum of x^2 accumulated in double
 double sum_squares(const Tensor& x);
 // Returns when the device has finished the work enqueued so far (ops on a GPU run
-// asynchronously; a no-op on the CPU). Timers of device work call it before
-// reading the clock.
+// asynchronously; a no-op on the CPU). A host wait (below): a training step times
+// its device work with events instead (DeviceTimer).
 void synchronize(Device device);
+// dst <- src from host memory into device memory without waiting for the device: on a
+// GPU the copy is enqueued on the compute stream, ordered before the ops enqueued after
+// it, and src must be page-locked host memory (pinned_host_allocator) left unchanged
+// until the copy has run (an event recorded after it has completed: UploadStaging).
+// On the CPU and the guarded device it copies at once, as copy() does.
+void copy_async(IndexTensor dst, const IndexTensor& src);
 
 // ---- host reads ------------------------------------------------------------------
 // A host read is an op that brings a value computed on `device` back to the host: a
@@ -75,6 +81,65 @@ class StagedCopies {
   StagedCopies& operator=(const StagedCopies&) = delete;
 };
 int64_t staged_host_reads(Device device);
+
+// ---- host waits ----------------------------------------------------------------------
+// A host wait is an op that blocks the host until the device has run work enqueued
+// before it, which on a GPU stalls the kernel launches behind it: every host read
+// (above), `synchronize`, a copy from host into device memory (copy(): the CUDA backend
+// waits until the host buffer may be reused), and a DeviceEvent wait that finds its
+// work not yet done. A training step keeps them to its one read-back at its end
+// (docs/internals.md, "Host reads"). Counted per device and thread as host reads are,
+// the communicator's staging (StagedCopies) apart: it is in staged_host_reads.
+int64_t host_waits(Device device);
+
+// ---- events and device time -------------------------------------------------------
+// A point in a device's queue of work. On a GPU a CUDA event recorded on the compute
+// stream; on the CPU and the guarded device, whose ops finish before they return, the
+// host clock at record(). Created once and recorded again as often as needed.
+class DeviceEvent {
+ public:
+  explicit DeviceEvent(Device device);
+  ~DeviceEvent();
+  DeviceEvent(DeviceEvent&& other) noexcept;
+  DeviceEvent& operator=(DeviceEvent&& other) noexcept;
+  DeviceEvent(const DeviceEvent&) = delete;
+  DeviceEvent& operator=(const DeviceEvent&) = delete;
+
+  // Marks the point after the work enqueued so far (the host need not wait for it).
+  void record();
+  // Returns once the work before the last record() has run: a host wait (counted)
+  // only when it had not yet; never on the CPU and the guarded device.
+  void wait() const;
+  Device device() const { return device_; }
+
+ private:
+  friend double elapsed_ms(const DeviceEvent& start, const DeviceEvent& end);
+  Device device_;
+  void* event_ = nullptr;  // CUDA: a cudaEvent_t
+  int64_t host_ns_ = 0;    // CPU and guarded: steady_clock at record()
+};
+// Device time from start's record() to end's, in milliseconds; waits for end first (wait()).
+double elapsed_ms(const DeviceEvent& start, const DeviceEvent& end);
+
+// Device time of stretches of work, measured without waiting for them: start() and
+// stop() record events around each stretch, and take_ms() reads them all at once, the
+// sum of the stretches since the last take_ms(). Read after the step's read-back, the
+// events have completed and take_ms() waits for nothing. The events are kept and
+// recorded again after take_ms(), so steps of a shape seen before create none.
+class DeviceTimer {
+ public:
+  explicit DeviceTimer(Device device) : device_(device) {}
+  void start();
+  void stop();
+  double take_ms();
+  // Forgets the stretches since the last take_ms() unread (after an exception).
+  void discard() { recorded_ = 0; }
+
+ private:
+  Device device_;
+  std::vector<DeviceEvent> events_;  // start, stop, start, stop, ...
+  size_t recorded_ = 0;              // events recorded since the last take_ms()
+};
 
 // ---- sums on the device ------------------------------------------------------------
 // A training step adds up its loss and its gradient's sum of squares on the device, in

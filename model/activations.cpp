@@ -160,6 +160,9 @@ ModelActivations::ModelActivations(const ModelConfig& config, const ModelPartiti
   // token was had: for an impossible capacity the arena's OutOfMemory (bad input,
   // naming the bytes) comes first, not a bare std::bad_alloc from here.
   for (MicroBatchSlot& s : slots_) s.local_blocks.reserve(static_cast<size_t>(max_tokens_));
+  // A slot's uploads: tokens, targets and positions (T each) and cu_seqlens (at most T + 1).
+  uploads_.reserve(slots_.size());
+  for (size_t i = 0; i < slots_.size(); ++i) uploads_.emplace_back(device, 4 * max_tokens_ + 1);
 }
 
 ModelActivations::~ModelActivations() {
@@ -326,15 +329,13 @@ void ModelActivations::load(int slot, const MicroBatchView& batch) {
       if (e > b) s.local_blocks.push_back({b, e, b, e, 0, 0});
     }
   }
-  // Host spans into the slot's device tensors.
-  auto upload = [](IndexTensor dst, std::span<const int32_t> src) {
-    const int64_t n = static_cast<int64_t>(src.size());
-    copy(dst.rows(0, n), IndexTensor(const_cast<int32_t*>(src.data()), {n}, Device::CPU));
-  };
-  upload(s.tokens, batch.tokens);
-  upload(s.targets, batch.targets);
-  upload(s.positions, batch.positions);
-  upload(s.cu_seqlens, batch.cu_seqlens);
+  // Host spans into the slot's device tensors, through its staging buffer: no host wait.
+  UploadStaging& staging = uploads_.at(static_cast<size_t>(slot));
+  staging.begin();
+  staging.upload(s.tokens, batch.tokens);
+  staging.upload(s.targets, batch.targets);
+  staging.upload(s.positions, batch.positions);
+  staging.upload(s.cu_seqlens, batch.cu_seqlens);
   if (batch.recompute_layers != 0 &&
       (!planned_recompute_ || batch.recompute_layers < 0 || batch.recompute_layers > recompute_layers_)) {
     throw std::invalid_argument("micro-batch recomputing " + std::to_string(batch.recompute_layers) + " layers, but " +

@@ -33,6 +33,7 @@
 #include "kernels/copy_engine.h"
 #include "kernels/ops.h"
 #include "kernels/tensor.h"
+#include "kernels/upload_staging.h"
 #include "model/partition.h"
 #include "planning/ring_layout.h"
 #include "spec/model_config.h"
@@ -206,6 +207,7 @@ class ModelActivations {
   Arena host_arena_;
   std::unique_ptr<CopyEngine> copy_engine_;
   std::vector<MicroBatchSlot> slots_;
+  std::vector<UploadStaging> uploads_;  // per slot: its micro-batch's index lists on their way up (load)
   ActivationScratch scratch_;
   ActivationUsage usage_;
 };

@@ -174,7 +174,7 @@ Tensor LlamaModel::input_gradient(int slot) const {
   return activations_.scratch().residual_grad.rows(0, activations_.slot(slot).shard_rows);
 }
 
-DoubleTensor LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
+std::optional<DoubleTensor> LlamaModel::forward(int slot, float loss_scale, bool with_backward) {
   const ChunkRun run = chunk_run(slot);
   MicroBatchSlot& s = activations_.slot(slot);
   const int64_t T = s.tokens_used;
@@ -203,8 +203,8 @@ DoubleTensor LlamaModel::forward(int slot, float loss_scale, bool with_backward)
   const double aux_term =
       moe_ ? moe_->pool_load_balancing(slot, loss_scale, T, ring_attention_.get(), s.has_ring ? &s.ring : nullptr)
            : 0.0;
+  if (!run.head) return std::nullopt;
   fill(loss_sum_, 0.0);
-  if (!run.head) return loss_sum_;
   blocks_.head_forward(s, ends, loss_scale, with_backward, loss_sum_);
   if (moe_) add_scalar(loss_sum_, aux_term);
   head_gradient_pending_ = with_backward ? slot : -1;
@@ -258,14 +258,14 @@ void LlamaModel::backward(int slot, const GradientsReady& ready) {
 
 double LlamaModel::forward_backward(const MicroBatchView& batch, float loss_scale, const GradientsReady& ready) {
   set_batch(0, batch);
-  const DoubleTensor loss = forward(0, loss_scale, true);
+  const DoubleTensor loss = forward(0, loss_scale, true).value();
   backward(0, ready);
   return read_back(loss)[0];
 }
 
 double LlamaModel::forward_loss(const MicroBatchView& batch) {
   set_batch(0, batch);
-  return read_back(forward(0, 1.0f, false))[0];
+  return read_back(forward(0, 1.0f, false).value())[0];
 }
 
 }  // namespace hdp

@@ -130,10 +130,11 @@ class LlamaModel {
   // Runs the stage's layers. On the last stage also the final norm, LM head and loss,
   // whose gradient (scaled by loss_scale) is computed right away when with_backward;
   // then backward(slot) must follow before the next forward. Returns the sum of the
-  // cross-entropies of the predicted tokens (0 on other stages) where it was added up:
-  // on the device, [1] fp64 (kernels/ops.h, "sums on the device"), valid until the
-  // next forward; nothing is read back to the host.
-  DoubleTensor forward(int slot, float loss_scale, bool with_backward = true);
+  // cross-entropies of the predicted tokens where it was added up: on the device, [1]
+  // fp64 (kernels/ops.h, "sums on the device"), valid until the next forward; nothing
+  // is read back to the host. A slot whose chunk has no head has no loss: nothing is
+  // returned and nothing launched for it.
+  std::optional<DoubleTensor> forward(int slot, float loss_scale, bool with_backward = true);
   // Backward of the stage, adding into the gradients.
   void backward(int slot, const GradientsReady& ready = {});
 

@@ -42,6 +42,24 @@
 // which come back once per forward (a device synchronisation: the sizes of the
 // experts' GEMMs depend on them, as in every dropless implementation that runs one
 // GEMM per expert), and the router's gradient [T, E] goes back once per backward.
+//
+// Host waits (kernels/ops.h), per MoE layer and micro-batch, each needed where it is:
+// - forward, the router's logits [T, E] read (MoeBlock::route): the top-k choice and the
+//   grouping by expert decide the experts' GEMM sizes and the rows they gather, so
+//   nothing of the block can be enqueued before it; it cannot be deferred.
+// - forward, 4 uploads of what routing decided (row -> token, token -> rows, the rows'
+//   and the choices' weights; 2 more under ep), from pageable host memory just after
+//   the read, when the device has nothing else queued.
+// - backward, <dout, Y> [T, k] read: the router's gradient (the renormalised top-k's
+//   and the softmax's backward, with the load-balancing loss's gradient) is computed on
+//   the host from the routing kept there, under tp after the host all-reduce of the
+//   partial dots; the router's GEMM backward and the block's input gradient need it.
+// - backward, 1 upload of the router's logit gradient [T, E].
+// The backward read and its upload would go with a device kernel for the router's
+// backward (the probabilities and choices are small: [T, E], [T, k]); the forward's
+// read stays. The uploads could go through a pinned staging buffer as a micro-batch's
+// tokens do (kernels/upload_staging.h); each follows a read that drained the stream,
+// so it waits only for its own small copy. tests/mpi_parallel_test.cpp counts them (MixtralRoutingReadsPerLayerAndMicroBatch).
 // Tested standalone against a naive reference (tests/model_moe_test.cpp), in bf16
 // against fp32 and on the guarded device against the CPU.
 

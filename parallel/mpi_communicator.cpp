@@ -153,7 +153,10 @@ class MpiPending final : public CommRequest::Pending {
       const int rc = MPI_Wait(&request, &status);
       if (rc != MPI_SUCCESS || expected >= 0) check_arrived(rc, status);
     }
-    for (const CopyBack& c : copy_back) copy(c.destination, c.staged);
+    {
+      const StagedCopies staged_copy;  // the communicator's wait, not the computation's (kernels/ops.h)
+      for (const CopyBack& c : copy_back) copy(c.destination, c.staged);
+    }
     copy_back.clear();
     release_blocks();
   }

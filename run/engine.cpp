@@ -81,8 +81,9 @@ class TrainingEngine::Stage final : public PipelineStage {
   // count >= batches.size(): micro-batches past the pipeline's own are empty (expert
   // parallelism's padding, TrainingEngine::forward_backward). The micro-batches' losses
   // are added into loss_sum[0] on the device, in micro-batch order.
+  // Forward and backward are timed on `busy` (device time, read at the step's end).
   Stage(LlamaModel& model, ZeroAdamW& optimizer, std::span<const PackedMicroBatch> batches, int count,
-        float loss_scale, int poisoned, double slow_factor, DoubleTensor loss_sum)
+        float loss_scale, int poisoned, double slow_factor, DoubleTensor loss_sum, DeviceTimer& busy)
       : model_(model),
         optimizer_(optimizer),
         batches_(batches),
@@ -90,7 +91,8 @@ class TrainingEngine::Stage final : public PipelineStage {
         loss_scale_(loss_scale),
         poisoned_(poisoned),
         slow_factor_(slow_factor),
-        loss_sum_(loss_sum) {}
+        loss_sum_(loss_sum),
+        busy_(busy) {}
 
   int64_t rows(int i) const override { return model_.residual_rows(batch(i).num_tokens()); }
   void prepare(int i, int chunk, int slot) override {
@@ -107,16 +109,18 @@ class TrainingEngine::Stage final : public PipelineStage {
   // final norm.
   void forward(int i, int slot) override {
     Phase phase(trace_ops::kForwardCompute.data(), "forward", i);
+    busy_.start();
     const auto t0 = Clock::now();
     constexpr bool with_loss_gradient = true;
+    // Only a chunk holding the head has a loss to add (stages before it launch nothing here).
     if (i == poisoned_) {
       // A NaN loss scale seeds backward with NaN, as an overflow in the loss would, and
       // the loss is NaN too.
       constexpr float nan = std::numeric_limits<float>::quiet_NaN();
-      add_inplace(loss_sum_, model_.forward(slot, nan, with_loss_gradient));
+      if (const auto loss = model_.forward(slot, nan, with_loss_gradient)) add_inplace(loss_sum_, *loss);
       add_scalar(loss_sum_, nan);
-    } else {
-      add_inplace(loss_sum_, model_.forward(slot, loss_scale_, with_loss_gradient));
+    } else if (const auto loss = model_.forward(slot, loss_scale_, with_loss_gradient)) {
+      add_inplace(loss_sum_, *loss);
     }
     if (model_.config().moe() && model_.partition().has_head) {
       // The last stage's statistics cover every layer of the micro-batch.
@@ -126,12 +130,12 @@ class TrainingEngine::Stage final : public PipelineStage {
       expert_tokens_.resize(model_.expert_tokens().size(), 0);
       for (size_t e = 0; e < expert_tokens_.size(); ++e) expert_tokens_[e] += model_.expert_tokens()[e];
     }
-    synchronize(model_.device());  // busy time is device time: GPU ops return before they run
     stretch(t0);
-    busy_ += Clock::now() - t0;
+    busy_.stop();
   }
   void backward(int i, int slot) override {
     Phase phase(trace_ops::kBackwardCompute.data(), "backward", i);
+    busy_.start();
     const auto t0 = Clock::now();
     // Gradients become final during the last micro-batch's backward: reduce them
     // bucket by bucket while the rest of backward runs. With model chunks, each
@@ -143,9 +147,8 @@ class TrainingEngine::Stage final : public PipelineStage {
     } else {
       model_.backward(slot);
     }
-    synchronize(model_.device());
     stretch(t0);
-    busy_ += Clock::now() - t0;
+    busy_.stop();
   }
   Tensor input_activation(int slot) override { return model_.input_activation(slot); }
   Tensor output_activation(int slot) override { return model_.output_activation(slot); }
@@ -156,7 +159,6 @@ class TrainingEngine::Stage final : public PipelineStage {
   Tensor side_backward(int slot) override { return model_.routing_totals(slot); }
   double aux_sum() const { return aux_sum_; }
   const std::vector<int64_t>& expert_tokens() const { return expert_tokens_; }
-  double busy_ms() const { return std::chrono::duration<double, std::milli>(busy_).count(); }
 
  private:
   using Clock = std::chrono::steady_clock;
@@ -164,10 +166,12 @@ class TrainingEngine::Stage final : public PipelineStage {
     return i < static_cast<int>(batches_.size()) ? batches_[static_cast<size_t>(i)] : empty_;
   }
   // HDP_SLOW_RANK: this rank computes slow_factor_ times slower, as a slow GPU would.
+  // A test knob, so it may wait: the sleep is a multiple of the device's time since t0.
   void stretch(Clock::time_point t0) const {
-    if (slow_factor_ > 1) std::this_thread::sleep_for((Clock::now() - t0) * (slow_factor_ - 1));
+    if (slow_factor_ <= 1) return;
+    synchronize(model_.device());
+    std::this_thread::sleep_for((Clock::now() - t0) * (slow_factor_ - 1));
   }
-  Clock::duration busy_{};
   LlamaModel& model_;
   ZeroAdamW& optimizer_;
   std::span<const PackedMicroBatch> batches_;
@@ -177,6 +181,7 @@ class TrainingEngine::Stage final : public PipelineStage {
   int poisoned_;  // forward_backward's poisoned_micro_batch
   double slow_factor_;  // slow_rank_factor()
   DoubleTensor loss_sum_;  // on the device: the step's sums (TrainingEngine::step_sums_)
+  DeviceTimer& busy_;      // TrainingEngine::busy_timer_
   double aux_sum_ = 0;                  // Mixtral: aux loss x predictions, summed over micro-batches
   std::vector<int64_t> expert_tokens_;  // Mixtral: per expert, over layers and micro-batches
 };
@@ -185,7 +190,8 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups)
     : config_(config),
       groups_(groups),
       sums_arena_(config.train.device, Arena::kAlignment, "step sums"),
-      step_sums_(sums_arena_.double_tensor({2})) {
+      step_sums_(sums_arena_.double_tensor({2})),
+      busy_timer_(config.train.device) {
   const GridCoords& c = groups.coords();
   const int pp = config.parallel.pp, chunks = config.parallel.vpp;
   const std::vector<int64_t> virtual_layers = virtual_stage_layers(config);
@@ -253,8 +259,9 @@ StepResult TrainingEngine::forward_backward(std::span<const PackedMicroBatch> mi
     ep->all_reduce(std::span<int64_t>(&count, 1), ReduceOp::Max);
   }
   fill(step_sums_, 0.0);
+  busy_timer_.discard();  // what a step that ended in an exception left
   Stage stage(*model_, *optimizer_, micro_batches, static_cast<int>(count), loss_scale, poisoned_micro_batch,
-              slow_factor_, step_sums_.rows(0, 1));
+              slow_factor_, step_sums_.rows(0, 1), busy_timer_);
   pipeline_->run(stage, static_cast<int>(count));
 
   // Tied embeddings split over the first and last stage: their two gradient parts
@@ -272,6 +279,8 @@ StepResult TrainingEngine::forward_backward(std::span<const PackedMicroBatch> mi
   // Their all-reduces follow on the host as before, in the same order.
   std::array<double, 2> host_sums{};  // loss, squared gradient norm
   read_back(step_sums_, host_sums);
+  // The forward and backward timings' events have run by now: reading them waits for nothing.
+  result.busy_ms = busy_timer_.take_ms();
   result.grad_norm = optimizer_->gradient_norm(host_sums[1]);
 
   // The loss is known on the last stage; tp ranks hold identical copies.
@@ -303,7 +312,6 @@ StepResult TrainingEngine::forward_backward(std::span<const PackedMicroBatch> mi
     result.expert_tokens.resize(E);
     for (int64_t e = 0; e < E; ++e) result.expert_tokens[e] = static_cast<int64_t>(std::llround(sums[e + 1]));
   }
-  result.busy_ms = stage.busy_ms();
   pending_grad_norm_ = result.grad_norm;
   return result;
 }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "data/batch.h"
+#include "kernels/ops.h"
 #include "parallel/pipeline.h"
 #include "parallel/process_groups.h"
 #include "parallel/zero_optimizer.h"
@@ -35,7 +36,7 @@ struct StepResult {
   double loss = 0;           // global token-level loss: sum of cross-entropies / predictions
   double grad_norm = 0;      // before clipping
   int64_t predictions = 0;   // predicted tokens in the global batch
-  double busy_ms = 0;        // this rank's time in forward and backward (ring transfers included)
+  double busy_ms = 0;        // this rank's device time in forward and backward (ring transfers included)
   // Mixtral: the load-balancing loss of the step (each micro-batch's, weighted by its
   // share of the predictions; already in `loss` times model.router_aux_loss_coef), and
   // the (token, choice) pairs each expert received over all layers and micro-batches.
@@ -90,6 +91,9 @@ class TrainingEngine {
   // squared norm (this rank's part), read back together once at the step's end.
   Arena sums_arena_;
   DoubleTensor step_sums_;
+  // Device time of each micro-batch's forward and backward (StepResult::busy_ms),
+  // recorded as events and read after the read-back, so timing waits for nothing.
+  DeviceTimer busy_timer_;
   // The global norm of the gradients forward_backward reduced, until apply_update uses them.
   std::optional<double> pending_grad_norm_;
 };

@@ -182,7 +182,7 @@ TEST(GuardedModel, AnOffloadedMicroBatchGivesTheCpuLossAndGradientsBitForBit) {
   dev.zero_grad();
   const double loss_cpu = cpu.forward_backward(b.view(), 0.01f);
   dev.set_batch(0, with);
-  const double loss_dev = read_back(dev.forward(0, 0.01f, true))[0];
+  const double loss_dev = read_back(dev.forward(0, 0.01f, true).value())[0];
   dev.backward(0);
   EXPECT_EQ(loss_cpu, loss_dev);
   EXPECT_GT(dev.activation_usage().offloaded_bytes, 0);

@@ -5,13 +5,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "kernels/allocator.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
+#include "kernels/upload_staging.h"
 #include "test_util.h"
 
 namespace {
@@ -118,6 +121,104 @@ TEST(HostReads, CountTheOpsThatBringADeviceValueBack) {
     }
     EXPECT_EQ(hdp::host_reads(device), start + (device == Device::CPU ? 2 : 3));
     EXPECT_EQ(hdp::staged_host_reads(device), device == Device::CPU ? 0 : 1);
+  }
+}
+
+// kernels/ops.h's host waits: every host read, a synchronize and a copy from host into
+// device memory make the host wait for the device; copy_async, events and a timer read
+// after the work has run do not. The guarded device stands for a GPU.
+TEST(HostWaits, CountTheOpsThatWaitForTheDevice) {
+  for (Device device : {Device::Guarded, Device::CPU}) {
+    SCOPED_TRACE(hdp::device_name(device));
+    hdp::Arena arena(device, 1 << 16, "host waits");
+    const Tensor x = arena.tensor({4});
+    const IndexTensor index = arena.index_tensor({3});
+    const hdp::DoubleTensor sums = arena.double_tensor({1});
+    std::vector<float> host(4, 0.5f);
+    std::vector<int32_t> host_index = {7, 8, 9};
+    const int64_t start = hdp::host_waits(device);
+    const int64_t upload = device == Device::CPU ? 0 : 1;  // CPU memory to CPU memory waits for nothing
+    hdp::copy(x, Tensor(host.data(), {4}, Device::CPU));
+    EXPECT_EQ(hdp::host_waits(device), start + upload);
+    hdp::copy_async(index, IndexTensor(host_index.data(), {3}, Device::CPU));
+    hdp::fill(sums, 1.0);
+    EXPECT_EQ(hdp::host_waits(device), start + upload) << "copy_async waits for nothing";
+    hdp::synchronize(device);
+    EXPECT_EQ(hdp::host_waits(device), start + upload + 1);
+    EXPECT_EQ(hdp::read_back(sums), std::vector<double>{1.0});  // a read is a wait
+    EXPECT_EQ(hdp::host_waits(device), start + upload + 2);
+    std::vector<int32_t> back(3);
+    hdp::copy(IndexTensor(back.data(), {3}, Device::CPU), index);
+    EXPECT_EQ(back, host_index) << "copy_async moved the values";
+    EXPECT_EQ(hdp::host_waits(device), start + 2 * upload + 2);
+    {
+      const hdp::StagedCopies staged;  // a communicator's staging waits count apart
+      hdp::copy(x, Tensor(host.data(), {4}, Device::CPU));
+    }
+    EXPECT_EQ(hdp::host_waits(device), start + 2 * upload + 2);
+  }
+}
+
+// A DeviceTimer sums the device time of its stretches, read at once by take_ms(), and
+// waits for nothing; on the CPU and the guarded device its events are the host clock.
+TEST(DeviceTimer, SumsItsStretchesWithoutWaiting) {
+  for (Device device : {Device::Guarded, Device::CPU}) {
+    SCOPED_TRACE(hdp::device_name(device));
+    hdp::DeviceTimer timer(device);
+    const int64_t start = hdp::host_waits(device);
+    using std::chrono::milliseconds, std::this_thread::sleep_for;
+    for (int round = 0; round < 2; ++round) {
+      timer.start();
+      sleep_for(milliseconds(30));
+      timer.stop();
+      sleep_for(milliseconds(200));  // between stretches: not counted
+      timer.start();
+      sleep_for(milliseconds(20));
+      timer.stop();
+      const double ms = timer.take_ms();
+      EXPECT_GE(ms, 50.0) << "round " << round;
+      EXPECT_LT(ms, 200.0) << "round " << round << ": the 200 ms between the stretches counted";
+      EXPECT_EQ(timer.take_ms(), 0.0) << "take_ms() forgets what it read";
+    }
+    timer.start();
+    EXPECT_THROW(timer.start(), std::logic_error);
+    EXPECT_THROW(timer.take_ms(), std::logic_error);
+    timer.discard();
+    EXPECT_THROW(timer.stop(), std::logic_error);
+    EXPECT_EQ(hdp::host_waits(device), start);
+  }
+}
+
+// UploadStaging moves a set of host lists into device tensors through one buffer,
+// without a host wait, and refuses a set larger than the buffer.
+TEST(UploadStaging, UploadsSetsThroughItsBufferWithoutWaiting) {
+  for (Device device : {Device::Guarded, Device::CPU}) {
+    SCOPED_TRACE(hdp::device_name(device));
+    hdp::Arena arena(device, 1 << 16, "uploads");
+    const IndexTensor a = arena.index_tensor({4}), b = arena.index_tensor({4});
+    hdp::UploadStaging staging(device, 6);
+    const auto values = [](const IndexTensor& t, int64_t n) {
+      std::vector<int32_t> v(static_cast<size_t>(n));
+      hdp::copy(IndexTensor(v.data(), {n}, Device::CPU), t.rows(0, n));
+      return v;
+    };
+    const int64_t start = hdp::host_waits(device);
+    for (int32_t set = 0; set < 3; ++set) {
+      std::vector<int32_t> first = {set, set + 1, set + 2, set + 3}, second = {-set, 10};
+      staging.begin();
+      staging.upload(a, first);
+      staging.upload(b, second);
+      first.assign(4, -99);  // the host lists may change at once: the buffer holds them
+      second.assign(2, -99);
+      EXPECT_EQ(hdp::host_waits(device), start + (device == Device::CPU ? 0 : 2 * set));
+      EXPECT_EQ(values(a, 4), (std::vector<int32_t>{set, set + 1, set + 2, set + 3}));
+      EXPECT_EQ(values(b, 2), (std::vector<int32_t>{-set, 10}));
+    }
+    if (device != Device::CPU) {
+      staging.begin();
+      staging.upload(a, std::vector<int32_t>{1, 2, 3, 4});
+      EXPECT_THROW(staging.upload(b, std::vector<int32_t>{5, 6, 7}), std::logic_error);
+    }
   }
 }
 

@@ -204,7 +204,7 @@ TEST(ModelBf16, OffloadMovesBf16RowsAndChangesNoBit) {
   offloaded.zero_grad();
   const double loss_plain = plain.forward_backward(batch.view(), 1.0f / 505);
   offloaded.set_batch(0, with);
-  const double loss_offloaded = read_back(offloaded.forward(0, 1.0f / 505, true))[0];
+  const double loss_offloaded = read_back(offloaded.forward(0, 1.0f / 505, true).value())[0];
   offloaded.backward(0);
   EXPECT_EQ(loss_plain, loss_offloaded);
   for (int64_t i = 0; i < plain.flat_gradients().numel(); ++i) {

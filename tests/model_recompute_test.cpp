@@ -136,7 +136,7 @@ TEST(RecomputeWithOffload, RecomputedAndOffloadedLayersGiveThePlainGradientsBitF
       const Batch b = random_documents<Batch>({120, 50, 22}, 61, 4);
       const double loss_plain = plain.forward_backward(b.view(), 0.01f);
       both.set_batch(0, b.view(0.5));
-      const double loss_both = read_back(both.forward(0, 0.01f, true))[0];
+      const double loss_both = read_back(both.forward(0, 0.01f, true).value())[0];
       both.backward(0);
       EXPECT_EQ(loss_plain, loss_both);
       // Only layer 1 went through host memory: its 96 rows of 320 saved values.

@@ -342,7 +342,7 @@ TEST(Offload, GradientsAreBitIdenticalAndTheDevicePeakFallsByTheOffloadedBytes) 
   offloaded.zero_grad();
   const double loss_plain = plain.forward_backward(without, 0.01f);
   offloaded.set_batch(0, with);
-  const double loss_offloaded = read_back(offloaded.forward(0, 0.01f, true))[0];
+  const double loss_offloaded = read_back(offloaded.forward(0, 0.01f, true).value())[0];
   offloaded.backward(0);
   EXPECT_EQ(loss_plain, loss_offloaded);
   for (int64_t i = 0; i < plain.flat_gradients().numel(); ++i) {
@@ -376,7 +376,7 @@ TEST(Offload, AMicroBatchAboveTheCapacityRunsWithOffload) {
   small.zero_grad();
   large.zero_grad();
   small.set_batch(0, v);
-  const double loss = read_back(small.forward(0, 0.01f, true))[0];
+  const double loss = read_back(small.forward(0, 0.01f, true).value())[0];
   small.backward(0);
   EXPECT_EQ(loss, large.forward_backward(view(b), 0.01f));
   for (int64_t i = 0; i < large.flat_gradients().numel(); ++i) {

@@ -298,18 +298,18 @@ TEST(TrainingEngine, UnevenMicroBatchCountsGiveTheSameGradients) {
   }
 }
 
-// The host reads (kernels/ops.h) of one training step: forward_backward over three
-// micro-batches and the update, counted on this rank for the second step (the
-// first may size buffers). The CPU counts the logical reads a GPU would pay, and the
-// guarded device (device memory closed to the host) must count the same; the copies
-// MPI stages collectives through count apart (staged).
+// The host reads and host waits (kernels/ops.h) of one training step: forward_backward
+// over three micro-batches and the update, counted on this rank for the second step
+// (the first may size buffers). The CPU counts the logical reads and waits a GPU would
+// pay, and the guarded device (device memory closed to the host) must count the same;
+// the copies MPI stages collectives through count apart (staged).
 struct StepReads {
-  int64_t reads = 0, staged = 0;
+  int64_t reads = 0, staged = 0, waits = 0;
 };
-StepReads host_reads_of_a_step(const char* parallel, Device device) {
+StepReads host_reads_of_a_step(const char* parallel, Device device, const std::string& model_extra = "") {
   const Config config = engine_config(parallel, "{path: unused.h5, max_seq_len: 64, micro_batch_tokens: 96, "
                                                 "global_batch_tokens: 1024}",
-                                      "", std::string("{device: ") + device_name(device) + "}");
+                                      model_extra, std::string("{device: ") + device_name(device) + "}");
   ProcessGroups groups(config.parallel, false);
   TrainingEngine engine(config, groups);
   engine.model().init_weights(3);
@@ -318,12 +318,14 @@ StepReads host_reads_of_a_step(const char* parallel, Device device) {
                                                  micro_batch({30, 30, 30}, seed + 3)};
   StepReads before;
   for (int64_t step = 1; step <= 2; ++step) {
-    before = {host_reads(device), staged_host_reads(device)};
+    before = {host_reads(device), staged_host_reads(device), host_waits(device)};
     const StepResult result = engine.forward_backward(batches);
     EXPECT_TRUE(std::isfinite(result.loss) && result.loss > 0) << parallel;
+    EXPECT_GT(result.busy_ms, 0.0) << parallel << ": forward and backward timed on device events";
     engine.apply_update(1e-3, step);
   }
-  return {host_reads(device) - before.reads, staged_host_reads(device) - before.staged};
+  return {host_reads(device) - before.reads, staged_host_reads(device) - before.staged,
+          host_waits(device) - before.waits};
 }
 
 TEST(TrainingEngine, AStepReadsTheDeviceBackOnce) {
@@ -337,6 +339,44 @@ TEST(TrainingEngine, AStepReadsTheDeviceBackOnce) {
     EXPECT_EQ(guarded.reads, 1) << parallel << " rank " << world_rank();
     EXPECT_EQ(cpu.staged, 0) << parallel << ": MPI stages nothing of host memory";
     EXPECT_GT(guarded.staged, 0) << parallel << ": MPI stages the collectives of device memory, counted apart";
+  }
+}
+
+// Nothing in a step waits for the device but its one read-back at the end. Before
+// (main at c8990fe) a step of 3 micro-batches waited 19 times on the guarded device
+// and 7 on the CPU under each layout: a synchronize after each micro-batch's forward
+// and backward (6, timing busy_ms), and on a device, the upload of each micro-batch's
+// tokens, targets, positions and document boundaries from pageable host memory (12).
+TEST(TrainingEngine, AStepWaitsForTheDeviceOnlyAtItsEnd) {
+  for (const char* parallel : {"{hdp: 4}", "{tp: 2, hdp: 2}", "{pp: 2, hdp: 2}"}) {
+    for (Device device : {Device::CPU, Device::Guarded}) {
+      const StepReads step = host_reads_of_a_step(parallel, device);
+      // The one wait: read_back of the loss and the squared gradient norm.
+      EXPECT_EQ(step.waits, 1) << parallel << " " << device_name(device) << " rank " << world_rank();
+    }
+  }
+}
+
+// Mixtral's routing brings values to the host in every MoE layer of every micro-batch
+// (model/moe.h, "Host waits"): the router's logits in forward, since the experts' GEMM
+// sizes depend on them, and <dout, Y> in backward for the router's gradient, which is
+// computed on the host from the routing kept there; each is followed by uploads of the
+// routing it decided (from pageable host memory: waits too). Counted on the guarded
+// device (on the CPU the routing's copies stay in CPU memory: no reads) so that a
+// change shows: 4 layers of 4 experts, top-2, 3 micro-batches, no ep.
+TEST(TrainingEngine, MixtralRoutingReadsPerLayerAndMicroBatch) {
+  constexpr int64_t layers = 4, micro_batches = 3;
+  const std::string mixtral = ", arch: mixtral, num_experts: 4, experts_per_token: 2";
+  for (const char* parallel : {"{hdp: 4}", "{pp: 2, hdp: 2}"}) {
+    const int64_t stage_layers = std::string(parallel).find("pp") != std::string::npos ? layers / 2 : layers;
+    const StepReads step = host_reads_of_a_step(parallel, Device::Guarded, mixtral);
+    // Two reads per MoE layer and micro-batch, and the step's read-back.
+    EXPECT_EQ(step.reads, 2 * stage_layers * micro_batches + 1) << parallel;
+    // Each layer's forward uploads 4 routing tensors, its backward 1.
+    EXPECT_EQ(step.waits, step.reads + 5 * stage_layers * micro_batches) << parallel;
+    const StepReads cpu = host_reads_of_a_step(parallel, Device::CPU, mixtral);
+    EXPECT_EQ(cpu.reads, 1) << parallel;
+    EXPECT_EQ(cpu.waits, 1) << parallel;
   }
 }
 

@@ -21,6 +21,7 @@
 #include "kernels/copy_engine.h"
 #include "kernels/cuda/cuda_runtime.h"
 #include "kernels/ops.h"
+#include "kernels/upload_staging.h"
 #include "model/model.h"
 #include "parallel/zero_optimizer.h"
 
@@ -210,6 +211,49 @@ std::vector<OpCheck> check_offload(Device device, uint64_t seed) {
                         static_cast<double>(engine.events_created()), static_cast<double>(events_after_first)));
   }
 
+  // A micro-batch's uploads without a host wait (kernels/upload_staging.h): each round
+  // refills one staging buffer with other token ids and the embedding reads them on
+  // the device, adding into `sum`: an upload that ran after the embedding, or a buffer
+  // refilled before its copy had run, adds other rows. Device events time the rounds
+  // (DeviceTimer, as busy_ms): some device time, read without a wait.
+  {
+    const int64_t vocab = 64, H = 32, T = 8192, rounds = 8;
+    const std::string shape = "T=" + std::to_string(T) + " H=" + std::to_string(H) + " rounds=" + std::to_string(rounds);
+    Arena dev(device, static_cast<size_t>(vocab + 2 * T) * H * sizeof(float) + T * sizeof(int32_t) + 8 * Arena::kAlignment,
+              "selftest uploads");
+    const Tensor table = dev.tensor({vocab, H}), rows = dev.tensor({T, H}), sum = dev.tensor({T, H});
+    const IndexTensor tokens = dev.index_tensor({T});
+    std::vector<float> host_table(static_cast<size_t>(vocab * H)), want(static_cast<size_t>(T * H), 0.0f);
+    std::mt19937 rng(static_cast<uint32_t>(seed));
+    std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+    for (float& v : host_table) v = uniform(rng);
+    copy(table, Tensor(host_table.data(), {vocab, H}, Device::CPU));
+    fill(sum, 0.0f);
+    UploadStaging staging(device, T);
+    DeviceTimer timer(device);
+    std::vector<int32_t> ids(static_cast<size_t>(T));
+    for (int64_t r = 0; r < rounds; ++r) {
+      for (int64_t t = 0; t < T; ++t) {
+        ids[static_cast<size_t>(t)] = static_cast<int32_t>((t * 7 + r * 13) % vocab);
+        for (int64_t j = 0; j < H; ++j) want[static_cast<size_t>(t * H + j)] += host_table[static_cast<size_t>(ids[static_cast<size_t>(t)] * H + j)];
+      }
+      timer.start();
+      staging.begin();
+      staging.upload(tokens, ids);
+      embedding_forward(rows, tokens, table, 0);
+      add_inplace(sum, rows);
+      timer.stop();
+    }
+    out.push_back(compare_tensors("uploads through staging, read by the embedding", shape, sum,
+                                  Tensor(want.data(), {T, H}, Device::CPU), 1e-6));
+    const int64_t waits = host_waits(device);
+    const double busy_ms = timer.take_ms();  // after compare_tensors' read: the events have run
+    OpCheck timed = exact("device time of the rounds (events) read without a wait", shape,
+                          static_cast<double>(host_waits(device) - waits), 0);
+    timed.pass = timed.pass && busy_ms > 0;
+    out.push_back(timed);
+  }
+
   // Selective activation offload: two micro-batches with half their rows parked in
   // (pinned) host memory for layers 0 and 1 of 4, gradients accumulated, against
   // the CPU model without offload and against the device model without offload
@@ -241,7 +285,7 @@ std::vector<OpCheck> check_offload(Device device, uint64_t seed) {
     const double cpu_loss = cpu_model.forward_backward(batch.view(), scale);
     const double plain_loss = dev_plain.forward_backward(batch.view(), scale);
     dev_offload.set_batch(0, with);
-    const double loss = read_back(dev_offload.forward(0, scale, true))[0];
+    const double loss = read_back(dev_offload.forward(0, scale, true).value())[0];
     dev_offload.backward(0);
     const std::string mb = "offload mb " + std::to_string(i + 1);
     const double diff = std::abs(loss - cpu_loss);

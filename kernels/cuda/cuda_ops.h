@@ -33,6 +33,8 @@ void fill(Tensor y, float value);
 // Either side may be on the host (Device::CPU) or on the GPU.
 void copy(Tensor dst, const Tensor& src);
 void copy_index(IndexTensor dst, const IndexTensor& src);
+// From page-locked host memory, enqueued on the compute stream without a wait.
+void copy_index_async(IndexTensor dst, const IndexTensor& src);
 double sum_squares(const Tensor& x);
 // Sums on the device (kernels/ops.h): fp64 elements, added into by single-thread or
 // single-block kernels in a fixed order.

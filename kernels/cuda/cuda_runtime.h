@@ -58,6 +58,15 @@ void compute_wait_event(void* event);
 // Blocks the host until everything enqueued on `stream` has finished.
 void copy_stream_synchronize(void* stream);
 
+// Timing events on the compute stream (kernels/ops.h, DeviceEvent): opaque
+// cudaEvent_t handles created with timing enabled.
+void* timing_event_create();
+void timing_event_destroy(void* event);  // null allowed; never throws
+void event_record(void* event);          // on the compute stream
+bool event_done(void* event);            // cudaEventQuery: the work before its record has run
+void event_synchronize(void* event);     // blocks the host until it has
+float event_elapsed_ms(void* start, void* end);  // both done
+
 // fp32 GEMMs: exact fp32 (default) or TF32 tensor cores (faster, ~1e-3 relative).
 void set_tf32(bool enabled);
 bool tf32();

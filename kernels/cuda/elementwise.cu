@@ -3,7 +3,8 @@
 // add/scale/fill are memory-bound grid-stride loops (one element per thread per
 // step, coalesced). copy is a cudaMemcpyAsync with cudaMemcpyDefault so either side
 // may be host or device memory; when one side is on the host the stream is
-// synchronized before returning, so the caller may read/reuse the host buffer.
+// synchronized before returning, so the caller may read/reuse the host buffer
+// (copy_index_async does not wait: its host side is pinned and kept by the caller).
 // sum_squares accumulates in double and reduces in two fixed stages (per-block
 // partials into a static device array, then one block), so for a given n the
 // summation order, and hence the result, is the same on every run.
@@ -202,6 +203,10 @@ void copy_index(IndexTensor dst, const IndexTensor& src) {
   const int64_t n = dst.numel();
   if (n == 0 || dst.data == src.data) return;
   copy_bytes(dst.data, src.data, dst.bytes(), dst.device == Device::CPU || src.device == Device::CPU);
+}
+
+void copy_index_async(IndexTensor dst, const IndexTensor& src) {
+  if (dst.numel() > 0) copy_bytes(dst.data, src.data, dst.bytes(), false);
 }
 
 namespace {

@@ -35,6 +35,12 @@ void copy_event_destroy(void*) {}
 void copy_after_compute(void*, void*, void*, void*, const void*, size_t) { absent(); }
 void compute_wait_event(void*) { absent(); }
 void copy_stream_synchronize(void*) {}
+void* timing_event_create() { absent(); }
+void timing_event_destroy(void*) {}
+void event_record(void*) { absent(); }
+bool event_done(void*) { return true; }
+void event_synchronize(void*) {}
+float event_elapsed_ms(void*, void*) { absent(); }
 void set_tf32(bool) {}
 bool op_times_enabled() { return false; }
 OpTimer::OpTimer(const char* op) : op_(op) {}

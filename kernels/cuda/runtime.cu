@@ -153,6 +153,38 @@ std::string device_bus_id() {
   return id;
 }
 
+// ---- timing events ------------------------------------------------------------------
+
+void* timing_event_create() {
+  compute_stream();  // the device is chosen
+  cudaEvent_t e = nullptr;
+  HDP_CUDA_CHECK(cudaEventCreate(&e));
+  return e;
+}
+
+void timing_event_destroy(void* event) {
+  if (!event) return;
+  cudaEventDestroy(static_cast<cudaEvent_t>(event));  // from destructors: errors dropped
+  cudaGetLastError();
+}
+
+void event_record(void* event) { HDP_CUDA_CHECK(cudaEventRecord(static_cast<cudaEvent_t>(event), compute_stream())); }
+
+bool event_done(void* event) {
+  const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
+  if (err == cudaErrorNotReady) return false;
+  HDP_CUDA_CHECK(err);
+  return true;
+}
+
+void event_synchronize(void* event) { HDP_CUDA_CHECK(cudaEventSynchronize(static_cast<cudaEvent_t>(event))); }
+
+float event_elapsed_ms(void* start, void* end) {
+  float ms = 0;
+  HDP_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cudaEvent_t>(start), static_cast<cudaEvent_t>(end)));
+  return ms;
+}
+
 // ---- per-op device times ----------------------------------------------------------
 namespace {
 
