@@ -912,6 +912,13 @@ bool widen_ring(LongSequence& ls, int d, std::span<const int64_t> lengths, const
   return true;
 }
 
+// The most ranks widening gives a ring of this length: hdp, and no member below
+// widen_min_fill of the capacity (each member keeps length / ranks tokens).
+int widest_ring(int64_t length, const PlannerSettings& st, const BalanceSettings& balance) {
+  const double fill = std::max(1.0, balance.widen_min_fill * static_cast<double>(st.capacity));
+  return static_cast<int>(std::min(static_cast<double>(st.hdp), std::floor(static_cast<double>(length) / fill)));
+}
+
 // ByteScale's PP-Balance for rings (Ge et al., 2025): under pipelines a ring is a
 // synchronisation point between its members' pipelines, each of which 1F1B brings
 // to it when its own earlier micro-batches are done, so a member that comes late
@@ -945,7 +952,6 @@ std::vector<std::vector<size_t>> ring_waves(std::vector<LongSequence>& longs, st
     waves[w].push_back(i);
     used[w] += d;
   }
-  const double fill = std::max(1.0, balance.widen_min_fill * static_cast<double>(st.capacity));
   std::vector<double> wave_cost(waves.size(), 0.0);  // its costliest ring's member seconds
   for (size_t w = 0; w < waves.size(); ++w) {
     const std::vector<size_t>& wave = waves[w];
@@ -957,8 +963,7 @@ std::vector<std::vector<size_t>> ring_waves(std::vector<LongSequence>& longs, st
       const int64_t length = lengths[ls.sequence];
       width[j] = ls.choice.ranks;
       work[j] = sequence_seconds(length, st, true);
-      most[j] = std::max(width[j], static_cast<int>(std::min(static_cast<double>(hdp),
-                                                               std::floor(static_cast<double>(length) / fill))));
+      most[j] = std::max(width[j], widest_ring(length, st, balance));
       if (width[j] < most[j]) costliest.push({work[j] / width[j], j});
     }
     for (int spare = hdp - used[w]; spare > 0 && !costliest.empty(); --spare) {
@@ -1085,18 +1090,23 @@ StepPlan lay_out(const std::vector<WorkItem>& items, std::vector<PlannedMicroBat
 }
 
 // PP-Balance's candidates (ring_waves, wave_assignment) for a batch under these
-// settings, laid out both ways (lay_out: holes filled, and rings first); none when
-// no sequence needs a ring.
-std::vector<StepPlan> wave_plans(std::span<const int64_t> lengths, const PlannerSettings& st,
-                                 const BalanceSettings& balance) {
-  BalanceWork work = balance_work(lengths, st);
+// settings (work: balance_work of the batch under them), laid out both ways
+// (lay_out: holes filled, and rings first), or once where every wave holds every
+// rank: no rank then has a hole before its last ring, so both ways are one plan.
+// None when no sequence needs a ring.
+std::vector<StepPlan> wave_plans(const BalanceWork& work, std::span<const int64_t> lengths,
+                                 const PlannerSettings& st, const BalanceSettings& balance) {
   std::vector<LongSequence> longs = work.split.longs;
   const std::vector<std::vector<size_t>> waves = ring_waves(longs, lengths, st, balance);
   if (waves.empty()) return {};
   const std::vector<WorkItem> items = work_items(longs, work, lengths, st);
   Assignment a = wave_assignment(items, waves, longs, lengths.size(), st.hdp);
+  size_t ring_cells = 0;  // each wave holds at most hdp ranks: this many only if each holds all
+  for (const std::vector<int>& members : a.ring_ranks) ring_cells += members.size();
+  const bool holes = ring_cells < waves.size() * static_cast<size_t>(st.hdp);
   std::vector<StepPlan> plans;
   for (bool rings_first : {false, true}) {
+    if (rings_first && !holes) continue;
     std::vector<PlannedMicroBatch> copy = work.pool;
     plans.push_back(lay_out(items, copy, a, lengths, st, rings_first));
   }
@@ -1172,7 +1182,6 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
     throw std::invalid_argument("plan_balance: widen_min_fill must be in [0, 1], got " +
                                 std::to_string(balance.widen_min_fill));
   const int hdp = st.hdp;
-  const int64_t C = st.capacity;
 
   BalanceWork work = balance_work(lengths, st);
   const SplitBatch& split = work.split;
@@ -1212,8 +1221,7 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
     for (LongSequence& ls : widened) {
       const double seconds = sequence_seconds(lengths[ls.sequence], st);
       if (!(mean_load > 0) || !(seconds / ls.choice.ranks > mean_load) || ls.choice.ranks >= hdp) continue;
-      const double fill = std::max(1.0, balance.widen_min_fill * static_cast<double>(C));
-      const double most = std::min(static_cast<double>(hdp), std::floor(static_cast<double>(lengths[ls.sequence]) / fill));
+      const double most = widest_ring(lengths[ls.sequence], st, balance);
       const int d = std::max(ls.choice.ranks, static_cast<int>(std::min(most, std::ceil(seconds / mean_load))));
       if (d == ls.choice.ranks) continue;
       if (widen_ring(ls, d, lengths, st)) changed = true;
@@ -1279,7 +1287,7 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   consider(plan_naive(lengths, st));
   // With pipelines, PP-Balance's waves.
   if (st.pipeline_stages > 1)
-    for (StepPlan& plan : wave_plans(lengths, st, balance)) consider(std::move(plan));
+    for (StepPlan& plan : wave_plans(work, lengths, st, balance)) consider(std::move(plan));
   // And without offload where it fits: wider rings that copy nothing can be faster.
   if (st.offload.enabled && st.offload.forced_ratio < 0) {
     PlannerSettings without = st;
@@ -1287,7 +1295,8 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
     try {
       consider(plan_naive(lengths, without));
       if (st.pipeline_stages > 1)
-        for (StepPlan& plan : wave_plans(lengths, without, balance)) consider(std::move(plan));
+        for (StepPlan& plan : wave_plans(balance_work(lengths, without), lengths, without, balance))
+          consider(std::move(plan));
     } catch (const std::invalid_argument&) {
       // a sequence needs offload to fit
     }

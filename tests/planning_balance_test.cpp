@@ -506,16 +506,31 @@ TEST(Randomized, BalancedPlansAreValidNoWorseThanNaiveAndNearTheIdeal) {
       ASSERT_NO_THROW(check_plan(p, lengths, layers, stages));
       ASSERT_EQ(p.ranks.size(), static_cast<size_t>(hdp));
       // With a step measure (here the busiest rank) every candidate passes check_plan,
-      // with pipelines PP-Balance's waves among them.
+      // with pipelines PP-Balance's waves among them. With pipelines every candidate
+      // (lay_out's and plan_naive's alike, the waves' too) puts each ring at one
+      // micro-batch index on all its members, so their 1F1B schedules meet it together.
       BalanceSettings measured{mode, threshold, widen};
       int candidates = 0;
       measured.step_seconds = [&](const StepPlan& c) {
         ++candidates;
         EXPECT_NO_THROW(check_plan(c, lengths, layers, stages));
+        if (stages > 1)
+          for (size_t R = 0; R < c.rings.size(); ++R) {
+            std::set<size_t> at;
+            for (int rank : c.rings[R].ranks)
+              for (size_t i = 0; i < c.ranks[rank].size(); ++i)
+                if (c.ranks[rank][i].ring == static_cast<int>(R)) at.insert(i);
+            EXPECT_EQ(at.size(), 1u) << "ring " << R;
+          }
         return max_of(predicted_rank_seconds(c, lengths, s));
       };
       ASSERT_NO_THROW(check_plan(plan_balance(lengths, s, measured), lengths, layers, stages));
       EXPECT_GE(candidates, 2);
+      // With pipelines and rings: Algorithm 2 both ways, plan_naive's plan and at
+      // least one layout of the waves.
+      if (stages > 1 && !naive.rings.empty()) {
+        EXPECT_GE(candidates, 4);
+      }
       // Long sequences keep at least choose_ranks's ranks (exactly, without widening).
       const auto holders = ranks_per_sequence(p, lengths.size());
       for (size_t q = 0; q < lengths.size(); ++q) {
