@@ -922,15 +922,16 @@ int widest_ring(int64_t length, const PlannerSettings& st, const BalanceSettings
 // ByteScale's PP-Balance for rings (Ge et al., 2025): under pipelines a ring is a
 // synchronisation point between its members' pipelines, each of which 1F1B brings
 // to it when its own earlier micro-batches are done, so a member that comes late
-// stalls its partners and then their other stages. Waves make every pipeline run
-// the same costs up to its last ring: the sequences that need rings, longest first,
-// are packed first-fit by their ranks (choose_ranks's count) into waves of at most
-// hdp ranks; in each wave the ring whose members cost most, sequence_seconds / D,
-// takes one more rank at a time (widen_ring) while the wave has ranks left and the
-// ring is below its most, hdp and length / (widen_min_fill C) as widen allows. A
-// wave's rings then cost their members about one amount, the wave's, and every rank
-// runs one of them per wave at the wave's index. Returns the waves in order, each
-// the indices into `longs` of its sequences, whose choices it sets.
+// stalls its partners and then their other stages. Waves make the pipelines run the
+// same costs up to their last rings where every wave holds every rank: the
+// sequences that need rings, longest first, are packed first-fit by their ranks
+// (choose_ranks's count) into waves of at most hdp ranks; in each wave the ring
+// whose members cost most, sequence_seconds / D, takes one more rank at a time
+// (widen_ring) while the wave has ranks left and the ring is below its most
+// (widest_ring, whether or not widen is set). A wave's rings then cost their
+// members about one amount, the wave's; a wave whose rings all reach their most
+// before it holds every rank stays partial. Returns the waves in
+// order, each the indices into `longs` of its sequences, whose choices it sets.
 std::vector<std::vector<size_t>> ring_waves(std::vector<LongSequence>& longs, std::span<const int64_t> lengths,
                                             const PlannerSettings& st, const BalanceSettings& balance) {
   const int hdp = st.hdp;
@@ -991,7 +992,8 @@ std::vector<std::vector<size_t>> ring_waves(std::vector<LongSequence>& longs, st
   return ordered;
 }
 
-// The waves as an assignment: each wave's rings on consecutive ranks from rank 0,
+// The waves as an assignment: each wave's rings on consecutive ranks from rank 0
+// (a partial wave leaves its last ranks out, and lay_out a hole there),
 // numbered wave by wave; then the one-rank items, most expensive first, each to the
 // least loaded rank (ties: the lower), so pipelines with less ring work take more
 // micro-batches.

@@ -116,6 +116,8 @@ struct BalanceSettings {
   // more than the mean rank's load over more ranks: ceil(its seconds / mean load),
   // at most hdp, and at most as many as leave each member widen_min_fill x capacity
   // tokens (so that ring steps keep attention work to hide their transfers under).
+  // PP-Balance's waves (plan_balance, with pipelines and step_seconds) widen their
+  // rings within the same limits (hdp, widen_min_fill) whether or not this is set.
   bool widen = true;
   double widen_min_fill = 0.25;
   // When set, the candidates are compared by this instead: a plan's step seconds.
@@ -172,15 +174,19 @@ struct BalanceSettings {
 // a wave the ring whose members cost most (seconds / ranks) takes one more rank at a
 // time (up to widen's limits, hdp and length / (widen_min_fill C) ranks, whether or
 // not widen is set; at the offload ratio or recomputation those ranks need) until
-// the wave holds every rank, so its rings cost their members about one amount.
-// Wave by wave the rings take consecutive ranks from rank 0, so every rank runs one
-// ring micro-batch per wave at the wave's index and all pipelines run the same costs
-// until their last ring: each ring's members reach it together, in 1F1B and in the
-// interleaved order alike. Waves go costliest first, except that the first pp of them
-// are reversed: while the costliest wave's micro-batch passes the later stages and
-// comes back, 1F1B runs pp - 1 other forwards and backwards on stage 0, and these
-// are then the next costliest. The one-rank micro-batches follow, each (most
-// expensive first) to the least loaded rank, so pipelines take different numbers.
+// the wave holds every rank or each of its rings has its most ranks, so its rings
+// cost their members about one amount. Wave by wave the rings take consecutive
+// ranks from rank 0 and each ring sits at one index on all its members, so they
+// reach it together, in 1F1B and in the interleaved order alike. Where every wave
+// holds every rank, every rank runs one ring micro-batch per wave at the wave's index
+// and all pipelines run the same costs until their last ring; a partial wave leaves
+// its last ranks a hole (an empty micro-batch, or one of their own), and a later ring
+// sits at the highest of its members' next slots. Waves go costliest first, except
+// that the first pp of them are reversed: while the costliest wave's micro-batch
+// passes the later stages and comes back, 1F1B runs pp - 1 other forwards and
+// backwards on stage 0, and these are then the next costliest. The one-rank
+// micro-batches follow, each (most expensive first) to the least loaded rank, so
+// pipelines take different numbers.
 StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& settings, const BalanceSettings& balance);
 
 // The busy seconds of ranks coupled by expert parallelism. seconds[r][i] is rank r's
