@@ -128,6 +128,9 @@ struct ActivationCapacity {
   // many (MicroBatchView::recompute_layers, at most recompute_layers), and the arena
   // holds the worst case the planners' memory limit admits.
   bool planned_recompute = false;
+  // The largest micro-batch that offloads: the host pool holds its rows of every
+  // offloadable layer (0: max_tokens).
+  int64_t offloaded_tokens = 0;
 };
 
 class ModelActivations {

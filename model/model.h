@@ -39,6 +39,10 @@ namespace hdp {
 struct LongSequenceOptions {
   int64_t max_tokens = 0;          // the largest micro-batch (0: the capacity)
   bool offload = false;            // keep a host pool and a copy engine for offloaded micro-batches
+  // The largest micro-batch that offloads, which sizes the host pool (0: max_tokens).
+  // Below max_tokens under planned recomputation: the micro-batches above the
+  // offload-only limit recompute layers, and their fewer offloaded layers park fewer rows.
+  int64_t offloaded_tokens = 0;
   Communicator* hdp = nullptr;     // the ring attention communicator; nullptr: no rings
 };
 

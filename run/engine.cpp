@@ -55,6 +55,14 @@ int64_t largest_micro_batch(const Config& config) {
   return std::max(capacity, std::min(memory_limit, config.data.max_seq_len));
 }
 
+int64_t largest_offloaded_micro_batch(const Config& config) {
+  const int64_t capacity = config.data.micro_batch_tokens;
+  if (!may_offload(config)) return capacity;
+  const double ratio = config.offload.ratio >= 0 ? config.offload.ratio : 1.0;
+  const int64_t memory_limit = max_micro_batch_tokens(capacity, smallest_stage_layers(config), ratio);
+  return std::max(capacity, std::min(memory_limit, config.data.max_seq_len));
+}
+
 namespace {
 
 // The model's recomputation: train.recompute_layers in every micro-batch, or planned
@@ -214,6 +222,7 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups)
   LongSequenceOptions long_sequences;
   long_sequences.max_tokens = largest_micro_batch(config);
   long_sequences.offload = may_offload(config);
+  long_sequences.offloaded_tokens = largest_offloaded_micro_batch(config);
   long_sequences.hdp = &groups.hdp();
   const Device device = config.train.device;
   pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), long_sequences.max_tokens, config.model.hidden_size,
