@@ -229,6 +229,10 @@ double ModelActivations::saved_bytes_per_token(int64_t layer) const {
       .bytes_per_token(static_cast<int>(dtype_size(precision_)), sequence_shards_);
 }
 
+double ModelActivations::whole_layer_bytes_per_token() const {
+  return widths_.bytes_per_token(static_cast<int>(dtype_size(precision_)), sequence_shards_);
+}
+
 int64_t ModelActivations::saved_floats_per_token() const {
   auto floats = [&](const ActivationWidths& w) { return w.bytes_per_token(4, sequence_shards_) / 4; };
   if (layers_ == 0) return static_cast<int64_t>(std::ceil(floats(widths_)));

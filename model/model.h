@@ -178,6 +178,9 @@ class LlamaModel {
   // Bytes per token that layer `layer` of the stage saves for backward (its mode's
   // saved_bytes_per_token, spec/model_shape.h).
   double saved_bytes_per_token(int64_t layer) const;
+  // The same for a layer that keeps everything (the share a recomputed layer keeps is
+  // saved_bytes_per_token over it).
+  double whole_layer_bytes_per_token() const { return activations_.whole_layer_bytes_per_token(); }
 
  private:
   ModelConfig config_;

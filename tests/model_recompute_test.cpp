@@ -373,6 +373,19 @@ TEST(PlannedRecompute, TheArenaHoldsEveryMixTheMemoryLimitAdmits) {
   EXPECT_NE(testing::thrown_message([&] { fixed.set_batch(0, view); }).find("does not plan"), std::string::npos);
 }
 
+// A stage whose layers all recompute still reports a whole layer's bytes per token
+// (the run's log prints both): spec/model_shape.h's, in the model's precision.
+TEST(PlannedRecompute, AWholeLayersBytesPerTokenWhenEveryLayerRecomputes) {
+  const ModelConfig c = small_config("llama");
+  for (const DType precision : {DType::F32, DType::BF16}) {
+    const LlamaModel model(c, 128, {}, 1, nullptr, {}, Device::CPU, precision, nullptr,
+                           {RecomputeMode::Full, c.num_layers, true});
+    const int bytes = static_cast<int>(dtype_size(precision));
+    EXPECT_DOUBLE_EQ(model.whole_layer_bytes_per_token(), saved_bytes_per_token(c.shape(), 1, bytes));
+    EXPECT_LT(model.saved_bytes_per_token(c.num_layers - 1), model.whole_layer_bytes_per_token());
+  }
+}
+
 // recompute_layers above the stage's layers, or negative: refused.
 TEST(RecomputeLayers, OutsideTheStagesLayersAreRefused) {
   const ModelConfig c = small_config("llama");
