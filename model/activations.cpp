@@ -143,7 +143,13 @@ ModelActivations::ModelActivations(const ModelConfig& config, const ModelPartiti
   const int64_t offloadable = layers_ - 2 - fewest_recompute_layers();
   if (capacity.offload && offloadable > 0) {
     copy_engine_ = std::make_unique<CopyEngine>(device);
-    const size_t host_layer_bytes = static_cast<size_t>(offloadable) * layer_block_bytes(max_tokens_, 0, kAllTensors);
+    // A micro-batch that recomputes k layers parks its rows of L - 2 - k layers, and
+    // the memory limit lets it hold no more tokens per parked layer than the largest
+    // offloading micro-batch without recomputation (planning/plan.h): the pool holds
+    // that one's rows of every offloadable layer, which lay_out_micro_batch checks.
+    const int64_t host_tokens =
+        capacity.offloaded_tokens > 0 ? std::min(capacity.offloaded_tokens, max_tokens_) : max_tokens_;
+    const size_t host_layer_bytes = static_cast<size_t>(offloadable) * layer_block_bytes(host_tokens, 0, kAllTensors);
     // Pinned on CUDA, so the copy stream moves rows asynchronously at full bandwidth.
     const size_t host_bytes = host_layer_bytes * slots_.size();
     host_arena_ = device == Device::CUDA ? Arena::pinned_host(host_bytes, "offloaded activations")
@@ -221,6 +227,10 @@ LayerActivations ModelActivations::carve_layer(char* base, int64_t rows, int64_t
 double ModelActivations::saved_bytes_per_token(int64_t layer) const {
   return (layer < recompute_layers_ ? kept_widths_ : widths_)
       .bytes_per_token(static_cast<int>(dtype_size(precision_)), sequence_shards_);
+}
+
+double ModelActivations::whole_layer_bytes_per_token() const {
+  return widths_.bytes_per_token(static_cast<int>(dtype_size(precision_)), sequence_shards_);
 }
 
 int64_t ModelActivations::saved_floats_per_token() const {
@@ -395,6 +405,11 @@ void ModelActivations::lay_out_micro_batch(MicroBatchSlot& s, double offload_rat
                                   std::to_string(offload_ratio) + " does not fit the activation memory");
     }
     const size_t parked = layer_block_bytes(off, 0, kAllTensors);
+    if (static_cast<size_t>(offloadable) * parked > s.host.bytes()) {
+      throw std::invalid_argument("micro-batch of " + std::to_string(T) + " tokens with offload ratio " +
+                                  std::to_string(offload_ratio) + " recomputing " + std::to_string(R) +
+                                  " layers does not fit the host pool");
+    }
     for (int64_t i = R; i < L; ++i) {
       s.layers[i] = carve_layer(rest + ((i - R) % 2) * work, T, T, kAllTensors);
       if (i < L - 2) {

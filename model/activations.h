@@ -128,6 +128,9 @@ struct ActivationCapacity {
   // many (MicroBatchView::recompute_layers, at most recompute_layers), and the arena
   // holds the worst case the planners' memory limit admits.
   bool planned_recompute = false;
+  // The largest micro-batch that offloads: the host pool holds its rows of every
+  // offloadable layer (0: max_tokens).
+  int64_t offloaded_tokens = 0;
 };
 
 class ModelActivations {
@@ -175,6 +178,8 @@ class ModelActivations {
   // recompute_layers()) or not: spec/model_shape.h's saved_bytes_per_token in this
   // precision, for its mode (a ring micro-batch's, when the model has rings).
   double saved_bytes_per_token(int64_t layer) const;
+  // The same for a layer that keeps everything, whether or not one of the stage does.
+  double whole_layer_bytes_per_token() const;
 
   // Which of a layer's saved tensors a block holds: one bit per tensor, in the
   // order of LayerActivations (kAllTensors: all of them).

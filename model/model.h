@@ -39,6 +39,10 @@ namespace hdp {
 struct LongSequenceOptions {
   int64_t max_tokens = 0;          // the largest micro-batch (0: the capacity)
   bool offload = false;            // keep a host pool and a copy engine for offloaded micro-batches
+  // The largest micro-batch that offloads, which sizes the host pool (0: max_tokens).
+  // Below max_tokens under planned recomputation: the micro-batches above the
+  // offload-only limit recompute layers, and their fewer offloaded layers park fewer rows.
+  int64_t offloaded_tokens = 0;
   Communicator* hdp = nullptr;     // the ring attention communicator; nullptr: no rings
 };
 
@@ -174,6 +178,9 @@ class LlamaModel {
   // Bytes per token that layer `layer` of the stage saves for backward (its mode's
   // saved_bytes_per_token, spec/model_shape.h).
   double saved_bytes_per_token(int64_t layer) const;
+  // The same for a layer that keeps everything (the share a recomputed layer keeps is
+  // saved_bytes_per_token over it).
+  double whole_layer_bytes_per_token() const { return activations_.whole_layer_bytes_per_token(); }
 
  private:
   ModelConfig config_;

@@ -77,4 +77,12 @@ std::optional<ActivationMix> choose_activation_mix(int64_t tokens, bool ring, do
   return best;
 }
 
+int64_t largest_mix_tokens(const ActivationMixSettings& s) {
+  const double share = recomputed_layer_share(s);
+  int64_t most = s.capacity;
+  for (int64_t k = 0; k <= std::min(s.recompute.max_layers, s.layers); ++k)
+    most = std::max(most, max_micro_batch_tokens(s.capacity, s.layers, s.offload ? 1.0 : 0.0, k, share));
+  return most;
+}
+
 }  // namespace hdp

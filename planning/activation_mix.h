@@ -62,4 +62,10 @@ double activation_mix_seconds(int64_t tokens, bool ring, double layer_seconds, c
 std::optional<ActivationMix> choose_activation_mix(int64_t tokens, bool ring, double layer_seconds,
                                                    const ActivationMixSettings& settings);
 
+// The most tokens any mix fits into the device memory, at least the capacity:
+// max_micro_batch_tokens at r = 1 (0 without offload) for k in [0, min(max_layers, l)]
+// at recomputed_layer_share. No micro-batch choose_activation_mix admits holds more:
+// the planners' bound on a ring's size, and the engine's activation memory.
+int64_t largest_mix_tokens(const ActivationMixSettings& settings);
+
 }  // namespace hdp

@@ -100,11 +100,8 @@ std::optional<ActivationMix> ring_mix(int64_t length, int d, const PlannerSettin
 // choose_ranks with recomputation as offload's alternative.
 LongSequenceChoice choose_mixed_ranks(int64_t length, const PlannerSettings& st) {
   const ActivationMixSettings ms = activation_mix_settings(st);
-  const double share = recomputed_layer_share(ms);
   // No mix holds more than `most` tokens, so fewer ranks than length / most cannot.
-  int64_t most = st.capacity;
-  for (int64_t k = 0; k <= std::min(st.recompute.max_layers, st.layers_per_stage); ++k)
-    most = std::max(most, max_micro_batch_tokens(st.capacity, st.layers_per_stage, ms.offload ? 1.0 : 0.0, k, share));
+  const int64_t most = largest_mix_tokens(ms);
   for (int64_t d = std::max<int64_t>(1, ceil_div(length, most)); d <= st.hdp; ++d) {
     const std::optional<ActivationMix> mix = ring_mix(length, static_cast<int>(d), st, ms);
     if (mix && mix->seconds <= 0) return {mix->offload_ratio, static_cast<int>(d), mix->recompute_layers};

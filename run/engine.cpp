@@ -17,6 +17,8 @@
 #include "parallel/op_tracer.h"
 #include "parallel/phase.h"
 #include "parallel/progress.h"
+#include "planning/activation_mix.h"
+#include "planning/hdp_planner.h"
 #include "planning/plan.h"
 #include "model/lr_schedule.h"
 #include "config/pipeline_layers.h"
@@ -43,15 +45,21 @@ int64_t largest_micro_batch(const Config& config) {
   if (!may_offload(config) && !may_plan_recompute(config)) return capacity;
   // An offloaded (or recomputing) micro-batch holds pieces of one long sequence
   // (whole, or its ring chunks): at most the longest sequence, and at most what the
-  // memory formula allows for any count of recomputed layers the planners may choose.
-  const OffloadConfig& o = config.offload;
-  const double ratio = !may_offload(config) ? 0.0 : o.ratio >= 0 ? o.ratio : 1.0;
-  const int64_t layers = smallest_stage_layers(config);
-  int64_t memory_limit = capacity;
-  for (int64_t k = 0; k <= most_planned_recompute_layers(config); ++k) {
-    memory_limit =
-        std::max(memory_limit, max_micro_batch_tokens(capacity, layers, ratio, k, recomputed_bytes_share(config)));
-  }
+  // memory formula allows at the forced ratio, or for any mix the planners may choose,
+  // under the step planner's settings. Their cost enters only as the recomputed
+  // layer's share of a whole layer's a2 (recomputed_layer_share): a2 x share / a2,
+  // recomputed_bytes_share for any a2 up to its rounding, and exactly so for an a2 of 1.
+  CostModel layer;
+  layer.a2 = 1;
+  const int64_t mix_limit = largest_mix_tokens(activation_mix_settings(memory_planner_settings(config, layer, 0)));
+  return std::max(largest_offloaded_micro_batch(config), std::min(mix_limit, config.data.max_seq_len));
+}
+
+int64_t largest_offloaded_micro_batch(const Config& config) {
+  const int64_t capacity = config.data.micro_batch_tokens;
+  if (!may_offload(config)) return capacity;
+  const double ratio = config.offload.ratio >= 0 ? config.offload.ratio : 1.0;
+  const int64_t memory_limit = max_micro_batch_tokens(capacity, smallest_stage_layers(config), ratio);
   return std::max(capacity, std::min(memory_limit, config.data.max_seq_len));
 }
 
@@ -214,6 +222,7 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups)
   LongSequenceOptions long_sequences;
   long_sequences.max_tokens = largest_micro_batch(config);
   long_sequences.offload = may_offload(config);
+  long_sequences.offloaded_tokens = largest_offloaded_micro_batch(config);
   long_sequences.hdp = &groups.hdp();
   const Device device = config.train.device;
   pipeline_ = std::make_unique<PipelineExecutor>(groups.pp(), long_sequences.max_tokens, config.model.hidden_size,

@@ -31,6 +31,12 @@ double slow_rank_factor(int rank);
 // more of a long sequence, may_offload and may_plan_recompute, config/config.h).
 int64_t largest_micro_batch(const Config& config);
 
+// The most tokens of one of this config's micro-batches that offloads (the host
+// pool's rows per offloadable layer): the memory limit without recomputation at the
+// run's ratio, within the longest sequence. A micro-batch that recomputes k layers
+// may hold more tokens, but parks them from k fewer layers, never more in all.
+int64_t largest_offloaded_micro_batch(const Config& config);
+
 // What forward_backward() learned of the step, before any update.
 struct StepResult {
   double loss = 0;           // global token-level loss: sum of cross-entropies / predictions

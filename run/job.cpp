@@ -215,9 +215,7 @@ void log_stage(TrainingEngine& engine, const MemoryReport& memory, const GridCoo
       model.sequence_parallel() ? "; sequence parallel: the norms' and residual stream's for 1/tp of the tokens" : "";
   const std::string mode = enum_name(kRecomputeModeNames, model.recompute_mode());
   if (model.planned_recompute()) {
-    const double whole = saved_bytes_per_token(model.config().shape(), model.partition().tp_size,
-                                               static_cast<int>(dtype_size(model.precision())), RecomputeMode::None,
-                                               false, model.sequence_parallel());
+    const double whole = model.whole_layer_bytes_per_token();
     spdlog::info("stage {}: activations saved per token and layer: {:.0f} bytes in a layer that keeps everything, "
                  "{:.0f} bytes in one that recomputes ({}): up to the first {} layers of a micro-batch above the "
                  "capacity, as the step planner chooses{}",

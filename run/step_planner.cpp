@@ -14,16 +14,15 @@ namespace hdp {
 
 StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
     : policy_(config.scheduler.policy), cp_(static_cast<int>(config.scheduler.cp)), chunks_(config.parallel.vpp) {
-  settings_.hdp = config.parallel.hdp;
-  settings_.capacity = config.data.micro_batch_tokens;
   stage_layers_ = pipeline_layers(config);
-  settings_.layers_per_stage = smallest_stage_layers(config);
-  settings_.pipeline_stages = config.parallel.pp;
   // Under expert parallelism every MoE layer's all-to-alls block it as its compute
   // does (a per-token term of the layer), and the ranks of an ep group run their
   // micro-batches in lock step.
-  settings_.cost = cost;
-  settings_.cost.b1 += expert_all_to_all_seconds_per_token(config, cost);
+  CostModel layer = cost;
+  layer.b1 += expert_all_to_all_seconds_per_token(config, cost);
+  const ModelShape shape = config.model.shape();
+  const double rate = implied_flops_per_second(cost, shape, config.parallel.tp);
+  settings_ = memory_planner_settings(config, layer, rate);
   // The rerun of the stage's recomputed layers (train.recompute on the first
   // train.recompute_layers of each of its model chunks, all by default), at the rate
   // the layer's cost implies and as a share of a stage's layers, which the planners
@@ -32,17 +31,7 @@ StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
   // planners'); the lower bound the least share of any stage, so that l_s times it
   // never exceeds what stage s reruns (planning/step_bound.h).
   CostModel bound_cost = settings_.cost;
-  const ModelShape shape = config.model.shape();
-  const double rate = implied_flops_per_second(cost, shape, config.parallel.tp);
-  if (may_plan_recompute(config)) {
-    RecomputeOption& r = settings_.recompute;
-    r.max_layers = most_planned_recompute_layers(config);
-    r.recomputed = settings_.cost;
-    const double share = recomputed_bytes_share(config);
-    r.recomputed.a2 *= share;
-    r.recomputed.b2 *= share;
-    if (rate > 0) price_recomputation(r.recomputed, shape, config.parallel.tp, config.train.recompute, rate);
-  } else if (config.train.recompute != RecomputeMode::None && !config.train.recompute_per_micro_batch && rate > 0) {
+  if (config.train.recompute != RecomputeMode::None && !config.train.recompute_per_micro_batch && rate > 0) {
     const std::vector<int64_t> recomputed = recomputed_layers_per_stage(config);
     const size_t smallest = static_cast<size_t>(
         std::min_element(stage_layers_.begin(), stage_layers_.end()) - stage_layers_.begin());
@@ -54,8 +43,6 @@ StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
     price_recomputation(bound_cost, shape, config.parallel.tp, config.train.recompute, rate, least);
   }
   settings_.ep = config.parallel.ep;
-  settings_.offload.enabled = config.offload.enabled;
-  settings_.offload.forced_ratio = config.offload.ratio;
   const SchedulerBalance balance = config.scheduler.balance;
   balance_.mode = balance == SchedulerBalance::Pipeline || (balance == SchedulerBalance::Auto && config.parallel.pp > 1)
                       ? BalanceMode::Pipeline
@@ -79,6 +66,30 @@ StepPlan StepPlanner::plan(std::span<const int64_t> lengths) const {
                                                         : plan_naive(lengths, settings_);
   check_plan(plan, lengths, settings_.layers_per_stage, settings_.pipeline_stages, chunks_);
   return plan;
+}
+
+PlannerSettings memory_planner_settings(const Config& config, const CostModel& layer, double flops_per_second) {
+  PlannerSettings st;
+  st.hdp = config.parallel.hdp;
+  st.capacity = config.data.micro_batch_tokens;
+  st.layers_per_stage = smallest_stage_layers(config);
+  st.pipeline_stages = config.parallel.pp;
+  st.cost = layer;
+  st.offload.enabled = config.offload.enabled;
+  st.offload.forced_ratio = config.offload.ratio;
+  if (may_plan_recompute(config)) {
+    RecomputeOption& r = st.recompute;
+    r.max_layers = most_planned_recompute_layers(config);
+    r.recomputed = layer;
+    const double share = recomputed_bytes_share(config);
+    r.recomputed.a2 *= share;
+    r.recomputed.b2 *= share;
+    if (flops_per_second > 0) {
+      price_recomputation(r.recomputed, config.model.shape(), config.parallel.tp, config.train.recompute,
+                          flops_per_second);
+    }
+  }
+  return st;
 }
 
 int64_t most_planned_recompute_layers(const Config& config) {

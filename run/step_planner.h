@@ -36,6 +36,14 @@ SamplerOptions sampler_options(const DataConfig& data);
 int64_t most_planned_recompute_layers(const Config& config);
 double recomputed_bytes_share(const Config& config);
 
+// The planner settings the memory limits read, one definition for StepPlanner and
+// the engine's activation memory (largest_micro_batch): the capacity, the smallest
+// stage's layers, the pipeline stages, offload (data.*, parallel.*, offload.*), the
+// cost `layer` of a whole layer, and under may_plan_recompute the recomputation
+// (up to most_planned_recompute_layers, keeping recomputed_bytes_share of layer's a2
+// and b2, its rerun priced at flops_per_second when that is positive).
+PlannerSettings memory_planner_settings(const Config& config, const CostModel& layer, double flops_per_second);
+
 class StepPlanner {
  public:
   // cost: the planner's cost model (planning/cost_file.h); under parallel.ep > 1 the

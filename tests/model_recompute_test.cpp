@@ -305,7 +305,9 @@ TEST(PlannedRecompute, EachMicroBatchsOwnCountGivesThePlainGradientsBitForBit) {
 // max_micro_batch_tokens with the arena's own rho): for every count of recomputed
 // layers up to the most and every ratio, a micro-batch of the limit's tokens loads,
 // with offload and without (recomputation alone then lets a micro-batch exceed the
-// capacity).
+// capacity). The host pool holds only what the largest offloading micro-batch
+// without recomputation parks: one recomputing layers holds more tokens, but parks
+// them from fewer layers.
 TEST(PlannedRecompute, TheArenaHoldsEveryMixTheMemoryLimitAdmits) {
   const ModelConfig c = small_config("llama");
   const int64_t C = 128, L = c.num_layers;
@@ -322,6 +324,7 @@ TEST(PlannedRecompute, TheArenaHoldsEveryMixTheMemoryLimitAdmits) {
       LongSequenceOptions long_sequences;
       long_sequences.max_tokens = most;
       long_sequences.offload = offload;
+      if (offload) long_sequences.offloaded_tokens = max_micro_batch_tokens(C, L, 1.0);
       LlamaModel model(c, C, {}, 1, nullptr, long_sequences, Device::CPU, precision, nullptr, {mode, 3, true});
       for (int64_t k = 0; k <= 3; ++k) {
         for (double r : ratios) {
@@ -334,6 +337,29 @@ TEST(PlannedRecompute, TheArenaHoldsEveryMixTheMemoryLimitAdmits) {
         }
       }
       EXPECT_LE(model.activation_usage().device_peak_bytes, model.activation_bytes());
+      if (!offload) continue;
+      // The pool is an offload-only model's at its limit, (L - 2) of its blocks of
+      // max_micro_batch_tokens(C, L, 1) rows, which the mix k = 0, r = 1 fills.
+      LongSequenceOptions offload_only;
+      offload_only.max_tokens = max_micro_batch_tokens(C, L, 1.0);
+      offload_only.offload = true;
+      const LlamaModel reference(c, C, {}, 1, nullptr, offload_only, Device::CPU, precision);
+      const ActivationUsage& usage = model.activation_usage();
+      EXPECT_EQ(usage.host_pool_bytes, reference.activation_usage().host_pool_bytes);
+      EXPECT_EQ(usage.host_peak_bytes, usage.host_pool_bytes);
+      // Full recomputation keeps so little that recomputing micro-batches exceed the
+      // offload-only limit: the pool is below one for `most` tokens per layer.
+      if (mode != RecomputeMode::Full) continue;
+      EXPECT_GT(most, max_micro_batch_tokens(C, L, 1.0));
+      long_sequences.offloaded_tokens = 0;
+      const LlamaModel by_most(c, C, {}, 1, nullptr, long_sequences, Device::CPU, precision, nullptr, {mode, 3, true});
+      EXPECT_LT(usage.host_pool_bytes, by_most.activation_usage().host_pool_bytes);
+      // A pool sized for fewer tokens refuses the mix that parks more.
+      long_sequences.offloaded_tokens = max_micro_batch_tokens(C, L, 1.0) - 1;
+      LlamaModel short_pool(c, C, {}, 1, nullptr, long_sequences, Device::CPU, precision, nullptr, {mode, 3, true});
+      const Batch largest = random_documents<Batch>({static_cast<int>(max_micro_batch_tokens(C, L, 1.0))}, 61, 4);
+      EXPECT_NE(testing::thrown_message([&] { short_pool.set_batch(0, largest.view(1.0)); }).find("host pool"),
+                std::string::npos);
     }
   }
   // A count above the most, or one for a model that does not plan per micro-batch: refused.
@@ -345,6 +371,19 @@ TEST(PlannedRecompute, TheArenaHoldsEveryMixTheMemoryLimitAdmits) {
   EXPECT_NE(testing::thrown_message([&] { planned.set_batch(0, view); }).find("at most 2"), std::string::npos);
   view.recompute_layers = 1;
   EXPECT_NE(testing::thrown_message([&] { fixed.set_batch(0, view); }).find("does not plan"), std::string::npos);
+}
+
+// A stage whose layers all recompute still reports a whole layer's bytes per token
+// (the run's log prints both): spec/model_shape.h's, in the model's precision.
+TEST(PlannedRecompute, AWholeLayersBytesPerTokenWhenEveryLayerRecomputes) {
+  const ModelConfig c = small_config("llama");
+  for (const DType precision : {DType::F32, DType::BF16}) {
+    const LlamaModel model(c, 128, {}, 1, nullptr, {}, Device::CPU, precision, nullptr,
+                           {RecomputeMode::Full, c.num_layers, true});
+    const int bytes = static_cast<int>(dtype_size(precision));
+    EXPECT_DOUBLE_EQ(model.whole_layer_bytes_per_token(), saved_bytes_per_token(c.shape(), 1, bytes));
+    EXPECT_LT(model.saved_bytes_per_token(c.num_layers - 1), model.whole_layer_bytes_per_token());
+  }
 }
 
 // recompute_layers above the stage's layers, or negative: refused.

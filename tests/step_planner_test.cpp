@@ -12,6 +12,7 @@
 #include "data/batch.h"
 #include "planning/activation_mix.h"
 #include "planning/hdp_planner.h"
+#include "run/engine.h"
 #include "run/step_planner.h"
 
 namespace hdp {
@@ -185,6 +186,27 @@ TEST(StepPlanner, ChoosesTheMixOfRecomputationAndOffloadTheCostRulePrices) {
   const PlannedMicroBatch none = plan_with(1e9, 0);
   EXPECT_EQ(none.recompute_layers, 0);
   EXPECT_NEAR(none.offload_ratio, 1 - 1.41333333333 / 2, 1e-9);
+}
+
+// The engine sizes its activation memory by the planners' bound on a mix's tokens
+// (largest_mix_tokens of the step planner's settings), within the longest sequence,
+// and its host pool by the offload-only limit, l C / 2 = 1024 tokens at C = 512 and
+// 4 layers: micro-batches above it recompute layers and park rows of fewer layers.
+TEST(StepPlanner, TheEngineHoldsTheLargestMixThePlannersAdmit) {
+  for (const int64_t longest : {int64_t{4000}, int64_t{1200}}) {
+    Config c = two_ranks(1);
+    c.data.max_seq_len = longest;
+    c.offload.enabled = true;
+    c.train.recompute = RecomputeMode::Full;
+    c.train.recompute_per_micro_batch = true;
+    CostModel cost = costs();
+    cost.a2 = 6936;
+    const StepPlanner planner(c, cost);
+    const int64_t most = largest_mix_tokens(activation_mix_settings(planner.settings()));
+    EXPECT_GT(most, 1200);
+    EXPECT_EQ(largest_micro_batch(c), std::min(most, longest)) << longest;
+    EXPECT_EQ(largest_offloaded_micro_batch(c), 1024) << longest;
+  }
 }
 
 }  // namespace
