@@ -430,8 +430,10 @@ bool TrainingLoop::checkpoint_now(int64_t step, double step_ms) {
 
 bool TrainingLoop::checkpoint_within_budget() const {
   const double budget = config_.train.checkpoint_budget;
+  // Not while a write is in flight: its cost is not known yet (the first one's is only its
+  // wait so far), and a save now would block on the rest of it, outside the budget.
   return budget == 0 ||
-         ms_since(last_checkpoint_start_) * budget >= writer_->cost_ms();
+         (!writer_->writing() && ms_since(last_checkpoint_start_) * budget >= writer_->cost_ms());
 }
 
 void TrainingLoop::report_deferral(int64_t step, double step_ms) {

@@ -110,17 +110,18 @@ class TrainingLoop {
   // (checkpoint/writer.h: the training thread's wait plus the writer's CPU time);
   // with train.checkpoint_budget B > 0 a due checkpoint is written only once cost
   // / B has passed since the previous one started, on every rank (the veto of any
-  // rank, agreed in agree_on_update), else it is deferred to the first step at
-  // which that holds. So checkpoints take at most about B of the run's time, and
-  // one starts at least every max(checkpoint_every steps, cost / B + a step); a
-  // write in flight when the next starts is waited for, so at most the steps of
-  // two such intervals are lost to a failure. The last step and a stop signal's
+  // rank, agreed in agree_on_update), and no rank's previous write is still in
+  // flight, else it is deferred to the first step at which that holds. So
+  // checkpoints take at most about B of the run's time and do not wait for one
+  // another, and one starts at least every max(checkpoint_every steps, cost / B,
+  // the previous write's time) + a step, so at most the steps of two such
+  // intervals are lost to a failure. The last step and a stop signal's
   // step are always saved, waiting for the write in flight; B = 0 saves every due
   // checkpoint.
   bool checkpoint_now(int64_t step, double step_ms);
 
-  // This rank's side of the budget: since the previous checkpoint started, at least
-  // its cost / train.checkpoint_budget has passed.
+  // This rank's side of the budget: no write is in flight, and since the previous
+  // checkpoint started at least its cost / train.checkpoint_budget has passed.
   bool checkpoint_within_budget() const;
 
   // Rank 0, when a deferral begins: what a checkpoint costs and how far apart the
