@@ -124,8 +124,9 @@ class TrainingLoop {
   // checkpoint started at least its cost / train.checkpoint_budget has passed.
   bool checkpoint_within_budget() const;
 
-  // Rank 0, when a deferral begins: what a checkpoint costs and how far apart the
-  // budget puts them; said again only when that interval changes twofold.
+  // Rank 0, once in a deferral (at its first step with no write of its own in flight,
+  // so that the cost is known): what a checkpoint costs and how far apart the budget
+  // puts them; said again only when that interval changes twofold.
   void report_deferral(int64_t step, double step_ms);
 
   // Once the guard is warm, rank 0 marks the checkpoints saved before as confirmed
@@ -164,6 +165,7 @@ class TrainingLoop {
   double checkpoint_cost_ms_ = 0;       // the most a checkpoint costs any rank (CheckpointWriter::cost_ms)
   std::chrono::steady_clock::time_point last_checkpoint_start_{};  // this rank's; the epoch before the first
   bool checkpoint_deferred_ = false;    // a due checkpoint waits for the budget (checkpoint_now)
+  bool deferral_reported_ = false;      // rank 0 said the current deferral (report_deferral)
   int64_t reported_interval_steps_ = 0;  // report_deferral's last interval, 0 before it said one
   int64_t last_step_ = 0;
   int64_t next_step_ = 1;
