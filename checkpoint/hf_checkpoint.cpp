@@ -492,7 +492,7 @@ std::string export_hf(const std::string& checkpoint, const std::string& output_d
   if (options.dtype == SafetensorsDtype::F16) throw UsageError("--dtype: export-hf writes bf16 or fp32");
   const std::string path = checkpoint_or_latest(checkpoint);
   const CheckpointContents contents = checkpoint_contents(path);
-  const Config config = parse_config_text(contents.config, path + "/manifest.yaml (config)", {}, false);
+  const Config config = parse_manifest_config(contents.config, path);
   const ModelConfig& m = config.model;
 
   std::error_code ec;

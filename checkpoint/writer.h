@@ -69,6 +69,8 @@ class CheckpointWriter {
   // last finished checkpoint's, and while one is being written at least its wait.
   // 0 before the first save().
   double cost_ms() const { return std::max(last_cost_ms_.load(std::memory_order_acquire), last_blocking_ms_); }
+  // Whether an asynchronous write has not finished yet: a save() now would block on it.
+  bool writing() const { return !done_.load(std::memory_order_acquire); }
 
  private:
   // The snapshot, on the background thread or the caller's; blocking_ms: what its

@@ -53,8 +53,9 @@ void decide_auto_hdp(Config& config, int job_ranks) {
 }
 
 Config read_config(const YamlDocument& document, const std::vector<std::string>& overrides, bool check_files,
-                   int job_ranks) {
+                   int job_ranks, bool skip_retired_keys = false) {
   ConfigParser parser;
+  parser.skip_retired_keys = skip_retired_keys;
   parser.source = document.source();
   parser.config.source = document.source();
   parser.read_document(document);
@@ -86,6 +87,11 @@ std::string emit_config_yaml(const Config& config) {
 Config parse_config_text(const std::string& yaml_text, const std::string& source_name,
                          const std::vector<std::string>& overrides, bool check_files) {
   return read_config(YamlDocument::parse(yaml_text, source_name), overrides, check_files, 0);
+}
+
+Config parse_manifest_config(const std::string& yaml_text, const std::string& checkpoint) {
+  return read_config(YamlDocument::parse(yaml_text, checkpoint + "/manifest.yaml (config)"), {}, /*check_files=*/false, 0,
+                     /*skip_retired_keys=*/true);
 }
 
 Config load_config(const std::string& path, const std::vector<std::string>& overrides, bool check_files,

@@ -202,6 +202,11 @@ Config load_config(const std::string& path, const std::vector<std::string>& over
 // so a config stored in a checkpoint can be read on another machine.
 Config parse_config_text(const std::string& yaml_text, const std::string& source_name,
                          const std::vector<std::string>& overrides = {}, bool check_files = true);
+// The config stored in the manifest of `checkpoint` (Manifest::config), named
+// "<checkpoint>/manifest.yaml (config)", read as parse_config_text with check_files =
+// false, except that keys this build retired are skipped, not refused: a manifest holds
+// every key of the build that wrote it, so refusing them would strand older checkpoints.
+Config parse_manifest_config(const std::string& yaml_text, const std::string& checkpoint);
 
 // The config as YAML with every key, in schema order (what Config::yaml holds).
 // parse_config_text(emit_config_yaml(c), ...) gives back the same values.

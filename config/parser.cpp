@@ -38,6 +38,13 @@ constexpr RetiredKey kRetiredKeys[] = {
 };
 
 // `other_keys`: keys the document allows beside the section's (a model file's name).
+// Whether `section.key` is one of kRetiredKeys.
+bool is_retired(const Section& section, const std::string& key) {
+  for (const RetiredKey& retired : kRetiredKeys)
+    if (section.name + "." + key == retired.path) return true;
+  return false;
+}
+
 [[noreturn]] void unknown_key(const std::string& where, const Section& section, const std::string& key,
                               const std::vector<std::string>& other_keys = {}) {
   for (const RetiredKey& retired : kRetiredKeys) {
@@ -81,6 +88,7 @@ void ConfigParser::read_keys(const YamlMap& keys, const Section& section, const 
   for (const YamlEntry& entry : keys.entries()) {
     if (std::find(other_keys.begin(), other_keys.end(), entry.key) != other_keys.end()) continue;
     const Field* f = find_field(section, entry.key);
+    if (!f && skip_retired_keys && is_retired(section, entry.key)) continue;
     if (!f) unknown_key(entry.where, section, entry.key, other_keys);
     const std::string path = section.name + "." + entry.key;
     assign(f->ref(config), entry.value, entry.where, path);  // at the key's line, also for values on later lines

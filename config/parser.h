@@ -17,6 +17,9 @@ namespace hdp {
 struct ConfigParser {
   std::string source;  // named in messages
   Config config;
+  // Keys this build retired (parser.cpp: kRetiredKeys) are skipped instead of refused: set
+  // for a config stored in a checkpoint, which holds every key of the build that wrote it.
+  bool skip_retired_keys = false;
 
   // Every section of `document`; an unknown section or key is an error that
   // suggests the closest name.

@@ -233,7 +233,7 @@ void log_stage(TrainingEngine& engine, const MemoryReport& memory, const GridCoo
 std::optional<RunSchedule> checkpoint_schedule(const std::string& checkpoint, const Manifest& manifest) {
   if (manifest.progress.lr_schedule) return manifest.progress.lr_schedule;
   try {
-    const Config theirs = parse_config_text(manifest.config, checkpoint + "/manifest.yaml (config)", {}, false);
+    const Config theirs = parse_manifest_config(manifest.config, checkpoint);
     return RunSchedule{theirs.optim, theirs.train.steps};
   } catch (const ConfigError& e) {
     spdlog::warn("{}: cannot read the config it was written with ({}); not checking that the learning-rate schedule "
@@ -311,8 +311,7 @@ void check_schedule_continues(const Config& config, const std::string& checkpoin
 // another rope_theta, norm_eps or window train silently under this config's.
 void check_init_from_model(const Config& config, int rank) {
   const std::string& checkpoint = config.train.init_from;
-  const Config theirs = parse_config_text(read_manifest(checkpoint).config, checkpoint + "/manifest.yaml (config)", {},
-                                          /*check_files=*/false);
+  const Config theirs = parse_manifest_config(read_manifest(checkpoint).config, checkpoint);
   std::vector<ModelKeyDifference> shape, numerics;
   for (const ModelKeyDifference& d : model_differences(theirs, config))
     (d.kind == ModelKeyKind::Shape ? shape : numerics).push_back(d);

@@ -325,6 +325,7 @@ void TrainingLoop::rollback(const std::string& target, const std::string& what) 
   awaiting_confirmation_ = !guard_.warm();
   streak_.clear();
   checkpoint_deferred_ = false;  // it belonged to the abandoned trajectory
+  deferral_reported_ = false;
   batches_.restart(restored.sampler, skipped);
   if (metrics_) metrics_.emplace(config_.train.run_dir, restored.step);
   if (tensorboard_) tensorboard_->restart_after(restored.step);
@@ -420,18 +421,26 @@ bool TrainingLoop::checkpoint_now(int64_t step, double step_ms) {
   const bool must = step == config_.train.steps || stop_signal_ != 0;
   if (must || !checkpoint_over_budget_) {
     checkpoint_deferred_ = false;
+    deferral_reported_ = false;
     return true;
   }
   if (due) ++progress_.checkpoints_deferred;
-  if (!checkpoint_deferred_ && process_.rank == 0) report_deferral(step, step_ms);
+  // Said once the previous write is done: until then its cost is only its wait, which
+  // would put the interval far too short.
+  if (!deferral_reported_ && process_.rank == 0 && !writer_->writing()) {
+    report_deferral(step, step_ms);
+    deferral_reported_ = true;
+  }
   checkpoint_deferred_ = true;
   return false;
 }
 
 bool TrainingLoop::checkpoint_within_budget() const {
   const double budget = config_.train.checkpoint_budget;
+  // Not while a write is in flight: its cost is not known yet (the first one's is only its
+  // wait so far), and a save now would block on the rest of it, outside the budget.
   return budget == 0 ||
-         ms_since(last_checkpoint_start_) * budget >= writer_->cost_ms();
+         (!writer_->writing() && ms_since(last_checkpoint_start_) * budget >= writer_->cost_ms());
 }
 
 void TrainingLoop::report_deferral(int64_t step, double step_ms) {

@@ -110,21 +110,23 @@ class TrainingLoop {
   // (checkpoint/writer.h: the training thread's wait plus the writer's CPU time);
   // with train.checkpoint_budget B > 0 a due checkpoint is written only once cost
   // / B has passed since the previous one started, on every rank (the veto of any
-  // rank, agreed in agree_on_update), else it is deferred to the first step at
-  // which that holds. So checkpoints take at most about B of the run's time, and
-  // one starts at least every max(checkpoint_every steps, cost / B + a step); a
-  // write in flight when the next starts is waited for, so at most the steps of
-  // two such intervals are lost to a failure. The last step and a stop signal's
+  // rank, agreed in agree_on_update), and no rank's previous write is still in
+  // flight, else it is deferred to the first step at which that holds. So
+  // checkpoints take at most about B of the run's time and do not wait for one
+  // another, and one starts at least every max(checkpoint_every steps, cost / B,
+  // the previous write's time) + a step, so at most the steps of two such
+  // intervals are lost to a failure. The last step and a stop signal's
   // step are always saved, waiting for the write in flight; B = 0 saves every due
   // checkpoint.
   bool checkpoint_now(int64_t step, double step_ms);
 
-  // This rank's side of the budget: since the previous checkpoint started, at least
-  // its cost / train.checkpoint_budget has passed.
+  // This rank's side of the budget: no write is in flight, and since the previous
+  // checkpoint started at least its cost / train.checkpoint_budget has passed.
   bool checkpoint_within_budget() const;
 
-  // Rank 0, when a deferral begins: what a checkpoint costs and how far apart the
-  // budget puts them; said again only when that interval changes twofold.
+  // Rank 0, once in a deferral (at its first step with no write of its own in flight,
+  // so that the cost is known): what a checkpoint costs and how far apart the budget
+  // puts them; said again only when that interval changes twofold.
   void report_deferral(int64_t step, double step_ms);
 
   // Once the guard is warm, rank 0 marks the checkpoints saved before as confirmed
@@ -163,6 +165,7 @@ class TrainingLoop {
   double checkpoint_cost_ms_ = 0;       // the most a checkpoint costs any rank (CheckpointWriter::cost_ms)
   std::chrono::steady_clock::time_point last_checkpoint_start_{};  // this rank's; the epoch before the first
   bool checkpoint_deferred_ = false;    // a due checkpoint waits for the budget (checkpoint_now)
+  bool deferral_reported_ = false;      // rank 0 said the current deferral (report_deferral)
   int64_t reported_interval_steps_ = 0;  // report_deferral's last interval, 0 before it said one
   int64_t last_step_ = 0;
   int64_t next_step_ = 1;

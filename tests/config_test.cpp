@@ -1013,6 +1013,25 @@ TEST(ConfigErrors, ARetiredKeyIsRefusedNamingWhatReplacedIt) {
                   "--set train.checkpoint_when_busy=defer: train.checkpoint_when_busy: this key is no longer read");
 }
 
+// A checkpoint written before the key was retired stores it in its manifest (the
+// effective config holds every key): eval, generate, export-hf and init_from read that
+// config through parse_manifest_config, which skips it, so older checkpoints stay readable.
+TEST(ConfigErrors, AManifestsRetiredKeyIsSkipped) {
+  Scratch s("retired_manifest");
+  const Config c = load_config(s.config(kMinimalConfig), {"train.checkpoint_every=7"}, false);
+  std::string old_manifest_config = c.yaml;
+  const size_t key = old_manifest_config.find("  checkpoint_every: 7\n");
+  ASSERT_NE(key, std::string::npos);
+  old_manifest_config.insert(key, "  checkpoint_when_busy: defer\n");
+  const Config back = parse_manifest_config(old_manifest_config, "runs/old/step_00000007");
+  EXPECT_EQ(back.train.checkpoint_every, 7);
+  EXPECT_EQ(back.yaml, c.yaml);
+  EXPECT_EQ(back.source, "runs/old/step_00000007/manifest.yaml (config)");
+  // A user's text still refuses it.
+  EXPECT_CONTAINS(error_of([&] { parse_config_text(old_manifest_config, "stored", {}, false); }),
+                  "train.checkpoint_when_busy: this key is no longer read");
+}
+
 TEST(Config, ParallelDegreesAndStageLayers) {
   Scratch s("parallel-ok");
   const std::string path = s.config(

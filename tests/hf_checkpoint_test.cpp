@@ -26,6 +26,7 @@
 #include "data/dataset.h"
 #include "reference_llama.h"
 #include "test_util.h"
+#include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
 #include "trainer_runs.h"
 
@@ -555,6 +556,29 @@ namespace {
 // shape key is refused with both values; numerics keys (here rope_theta, norm_eps,
 // the architecture and the window) too, unless train.allow_model_change, which logs
 // each. Once a checkpoint made with another window trained silently under the config's.
+// A checkpoint written before train.checkpoint_when_busy was retired names it in its
+// manifest's config, which holds every key of the build that wrote it: eval,
+// export-hf and train.init_from read that config (config/config.h:
+// parse_manifest_config) and still take the checkpoint.
+TEST(HfCheckpoint, ACheckpointWhoseConfigNamesARetiredKeyStillEvaluatesExportsAndInitializes) {
+  const std::string dir = scratch_dir("hf-retired-key");
+  const std::string ckpt = trained_checkpoint(dir + "/run");
+  Manifest manifest = read_manifest(ckpt);
+  const size_t at = manifest.config.find("  checkpoint_every: 2\n");
+  ASSERT_NE(at, std::string::npos) << manifest.config;
+  manifest.config.insert(at, "  checkpoint_when_busy: defer\n");
+  write_manifest(ckpt, manifest);
+  ASSERT_NE(checkpoint_config(ckpt).find("checkpoint_when_busy: defer"), std::string::npos);
+
+  auto r = run_trainer("eval " + ckpt + " --data " + small_corpus() + " --max-seq-len 64 --max-documents 8 --threads 1");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "predicted tokens: loss");
+  r = run_trainer("export-hf " + ckpt + " --output " + dir + "/hf --dtype fp32");
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_TRUE(fs::exists(dir + "/hf/config.json"));
+  EXPECT_NO_THROW(trained_checkpoint(dir + "/again", "--set train.init_from=" + ckpt));
+}
+
 TEST(InitFrom, RefusesAnotherModelNamingEachKey) {
   const std::string dir = scratch_dir("init-from");
   const std::string ckpt = trained_checkpoint(dir + "/run");

@@ -779,10 +779,12 @@ TEST(ParallelFailures, AFullDiskUnderOneRanksCheckpointPartEndsTheJobWithCode2) 
 // previous one started, agreed by every rank. Rank 1's parts of the checkpoints
 // from step 2 on take kSlowCheckpointMs longer to write
 // (HDP_FAULT_INJECT=1:2-30:slow-checkpoint; from step 2 so that the guard's
-// confirmation, at step 2, does not wait for one): a checkpoint allowed while such
-// a write runs waits for it, and that wait, part of its cost, spaces the next ones
-// at least 50 times as far apart, so checkpoints are deferred however fast the
-// steps are. Each step is either saved, with both parts committed, or deferred
+// confirmation, at step 2, does not wait for one): while such a write runs on
+// rank 1, rank 1 vetoes the next checkpoint (its cost is not known yet), so
+// checkpoints are deferred however fast the steps are, and a deferred one is
+// written before the last step once the write is done and the budget allows it
+// (the checkpoint of some step between the first deferral and the last, whose
+// manifest counts the deferrals before it). Each step is either saved, with both parts committed, or deferred
 // (counted in the metrics); rank 0 says a deferral once as it begins, not at every
 // step; the count is carried over a resume by the checkpoint, and the run resumed
 // from the newest checkpoint before the last step goes on bit-identically.
@@ -824,9 +826,14 @@ TEST(ParallelCheckpoints, CheckpointsDeferredToKeepWithinTheBudgetAreAlikeOnEver
   EXPECT_NE(r.output.find("train.checkpoint_budget 0.02 allows one every"), std::string::npos) << r.output;
   EXPECT_EQ(saved.front(), 1);
   EXPECT_EQ(saved.back(), steps);
-  // The newest checkpoint before the last step; its manifest holds the count so far.
+  // The newest checkpoint before the last step: a deferred one, written after the first
+  // deferral; its manifest holds the count so far.
   ASSERT_GE(saved.size(), 2u);
   const int from = saved[saved.size() - 2];
+  const auto first_deferred = std::find_if(deferred.begin(), deferred.end(), [](double d) { return d > 0; });
+  const int first_deferral = static_cast<int>(first_deferred - deferred.begin()) + 1;
+  EXPECT_GT(from, first_deferral) << r.output;
+  EXPECT_GT(deferred[from - 1], 0) << r.output;
   char from_name[32];
   std::snprintf(from_name, sizeof(from_name), "/ckpt/step-%08d", from);
   const std::string manifest = testing::file_text(dir + from_name + "/manifest.yaml");

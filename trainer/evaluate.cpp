@@ -22,8 +22,7 @@ EvalResult evaluate_checkpoint(const std::string& checkpoint, const std::string&
   EvalResult result;
   result.checkpoint = checkpoint_or_latest(checkpoint);
   const Manifest manifest = read_manifest(result.checkpoint);
-  Config config = parse_config_text(manifest.config, result.checkpoint + "/manifest.yaml (config)", {},
-                                    /*check_files=*/false);
+  Config config = parse_manifest_config(manifest.config, result.checkpoint);
   const int64_t max_seq_len = options.max_seq_len > 0 ? options.max_seq_len : config.data.max_seq_len;
   configure_threads(options.threads, ProcessInfo{});
 

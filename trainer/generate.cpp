@@ -26,8 +26,7 @@ GenerateResult generate_text(const std::string& checkpoint, const std::string& p
   GenerateResult result;
   result.checkpoint = checkpoint_or_latest(checkpoint);
   const Manifest manifest = read_manifest(result.checkpoint);
-  const Config config = parse_config_text(manifest.config, result.checkpoint + "/manifest.yaml (config)", {},
-                                          /*check_files=*/false);
+  const Config config = parse_manifest_config(manifest.config, result.checkpoint);
   const ModelConfig& m = config.model;
   configure_threads(options.threads, ProcessInfo{});
   const std::unique_ptr<Tokenizer> tokenizer =
