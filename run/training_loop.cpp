@@ -444,7 +444,10 @@ bool TrainingLoop::checkpoint_within_budget() const {
 }
 
 void TrainingLoop::report_deferral(int64_t step, double step_ms) {
-  const double interval_ms = checkpoint_cost_ms_ / config_.train.checkpoint_budget;
+  // The cost agreed this step may predate the end of the write just finished: take that
+  // write's own, now known, where it is larger.
+  const double cost_ms = std::max(checkpoint_cost_ms_, writer_->cost_ms());
+  const double interval_ms = cost_ms / config_.train.checkpoint_budget;
   const int64_t every = std::max<int64_t>(
       config_.train.checkpoint_every,
       static_cast<int64_t>(std::ceil(interval_ms / std::max(step_ms, 1e-3))));
@@ -456,7 +459,7 @@ void TrainingLoop::report_deferral(int64_t step, double step_ms) {
                "writer's CPU time), and train.checkpoint_budget {} allows one every {:.1f} s: about every {} steps at "
                "this pace, so a failure loses at most about {} steps (`checkpoints_deferred` in the metrics counts "
                "the due checkpoints passed over)",
-               step, checkpoint_cost_ms_, config_.train.checkpoint_budget, interval_ms / 1e3, every, 2 * every);
+               step, cost_ms, config_.train.checkpoint_budget, interval_ms / 1e3, every, 2 * every);
 }
 
 void TrainingLoop::confirm_checkpoints_once_warm() {
