@@ -792,7 +792,8 @@ TEST(ParallelCheckpoints, CheckpointsDeferredToKeepWithinTheBudgetAreAlikeOnEver
   const Layout hdp2{"hdp2", 1, 1, 2};
   const std::string dir = scratch_dir("parallel-deferred-checkpoint");
   const int steps = 30;
-  const std::string args = train_args(dir, hdp2, steps, "--set train.checkpoint_every=1 --set train.keep_checkpoints=100");
+  const std::string args = train_args(dir, hdp2, steps, "--set train.checkpoint_every=1 --set train.keep_checkpoints=100 "
+                                                                 "--set train.checkpoint_budget=0.5");
   auto r = run_command("HDP_FAULT_INJECT=1:2-30:slow-checkpoint " + mpirun(2) + " " + args);
   ASSERT_EQ(r.exit_code, 0) << r.output;
 
@@ -823,7 +824,7 @@ TEST(ParallelCheckpoints, CheckpointsDeferredToKeepWithinTheBudgetAreAlikeOnEver
   for (size_t at = 0; (at = r.output.find(": checkpoint deferred", at)) != std::string::npos; ++at) ++said;
   EXPECT_GE(said, 1u) << r.output;
   EXPECT_LE(said, begun) << r.output;
-  EXPECT_NE(r.output.find("train.checkpoint_budget 0.02 allows one every"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("train.checkpoint_budget 0.5 allows one every"), std::string::npos) << r.output;
   EXPECT_EQ(saved.front(), 1);
   EXPECT_EQ(saved.back(), steps);
   // The newest checkpoint before the last step: a deferred one, written after the first
