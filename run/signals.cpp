@@ -13,7 +13,11 @@
 namespace hdp {
 namespace {
 
-// Lock-free, so reading and writing it in a signal handler is safe.
+// Lock-free, so reading and writing them in a signal handler is safe. The first
+// signal claims g_first_signal, announces itself, and only then publishes
+// g_stop_signal: whoever sees the stop has the announcement on stderr already (a
+// process that exits at once on the stop lost it otherwise).
+std::atomic<int> g_first_signal{0};
 std::atomic<int> g_stop_signal{0};
 static_assert(std::atomic<int>::is_always_lock_free);
 std::atomic<bool> g_announce{false};
@@ -31,13 +35,14 @@ void write_stderr(const char* text) {
 
 void on_stop_signal(int signal) {
   int none = 0;
-  if (g_stop_signal.compare_exchange_strong(none, signal)) {
+  if (g_first_signal.compare_exchange_strong(none, signal)) {
     if (g_announce.load()) {
       write_stderr("trainer: ");
       write_stderr(signal_name(signal));
       write_stderr(" received: finishing the current step, writing a checkpoint, then stopping "
                    "(a second signal stops at once, without a checkpoint)\n");
     }
+    g_stop_signal.store(signal);
     return;
   }
   write_stderr("trainer: ");
