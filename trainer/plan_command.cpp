@@ -13,6 +13,7 @@
 #include "base/yaml_reader.h"
 #include "data/length_distributions.h"
 #include "whatif/simulator.h"
+#include "whatif/step_measure.h"
 #include "planning/pipeline_schedule.h"
 #include "planning/stage_split.h"
 #include "trainer/command_line.h"
@@ -272,14 +273,7 @@ const std::vector<std::pair<std::string, Planner>>& plan_policies() {
       {policy_name(SchedulerPolicy::Balance),
        [](std::span<const int64_t> l, const PlanSetup& s) {
          BalanceSettings balance = s.balance;
-         // A candidate layout whose rings deadlock never wins.
-         balance.step_seconds = [&](const StepPlan& plan) {
-           try {
-             return simulate_step(plan, l, s.costs).step_seconds;
-           } catch (const sim::SimulationError&) {
-             return std::numeric_limits<double>::infinity();
-           }
-         };
+         balance.step_seconds = simulated_step_measure(l, s.costs);
          return plan_balance(l, s.settings, balance);
        }},
   };
