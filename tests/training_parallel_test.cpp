@@ -458,18 +458,22 @@ TEST(MixtralLayouts, LongSequencesOverRingsAndOffloadEqualOneProcess) {
 
 TEST(BalanceScheduler, EqualsOneProcessWithAndWithoutPipelines) {
   // Long and short sequences mixed; the balance scheduler gives ranks different
-  // numbers of micro-batches. pp = 1 uses DP-Balance, pp = 2 PP-Balance, its
-  // candidates compared by the simulated step of the run's costs (run/step_planner.h)
-  // and sequences of up to 1024 tokens on rings of 2 (2 layers per stage: offload
-  // frees nothing).
+  // numbers of micro-batches. pp = 1 uses DP-Balance, pp = 2 PP-Balance (also under
+  // interleaved 1F1B), its candidates compared by the simulated step of the run's
+  // costs (run/step_planner.h), and sequences of up to 1024 tokens on rings of 2 (2
+  // layers per stage: offload frees nothing).
   const std::string data = "--set data.path=" + long_corpus() + " --set data.max_seq_len=1024 " +
                            "--set data.global_batch_tokens=4096 ";
   const RunResult want =
       train(scratch_dir("parallel-balance-single"), {"single", 1, 1, 1}, data + "--set data.micro_batch_tokens=1024");
-  for (const Layout& l : {Layout{"balance_hdp4", 1, 1, 4}, Layout{"balance_pp2_hdp2", 1, 2, 2}}) {
+  // Interleaved 1F1B (2 chunks of 1 layer per stage) offloads no chunk's activations.
+  for (const auto& [l, extra] : std::vector<std::pair<Layout, std::string>>{
+           {{"balance_hdp4", 1, 1, 4}, ""},
+           {{"balance_pp2_hdp2", 1, 2, 2}, ""},
+           {{"balance_pp2_vpp2_hdp2", 1, 2, 2}, " --set parallel.vpp=2 --set offload.enabled=false"}}) {
     const std::string dir = scratch_dir("parallel-" + l.name);
-    expect_same_run(train(dir, l, data + "--set data.micro_batch_tokens=512 --set scheduler.policy=balance"), want,
-                    l.name);
+    expect_same_run(train(dir, l, data + "--set data.micro_batch_tokens=512 --set scheduler.policy=balance" + extra),
+                    want, l.name);
     // Each step reports every rank's planned and measured busy time.
     std::ifstream in(dir + "/metrics.jsonl");
     std::string line;
