@@ -3,9 +3,9 @@
 # simulator: configs/tiny-llama.yaml (hidden 128, 4 layers: 2 per stage) with
 # scheduler.policy balance, whose candidates under pp > 1 are compared by the step
 # simulator fed with the run's own costs (run/step_planner.h, run/step_costs.h): a
-# cost file `trainer profile` measures first, with one thread on an otherwise idle
-# process (scheduler.cost_file: profile would measure on every rank at once, each
-# rank's share of an oversubscribed core, and predict that share's speed). Per
+# cost file `trainer profile` measures first, alone and with one thread
+# (scheduler.cost_file: profile would measure on every rank at once, each rank's
+# share of an oversubscribed core, and predict that share's speed). Per
 # step, from metrics.jsonl: the measured step (step_ms) against the plan's simulated
 # step (planned_step_ms), and the busiest rank's measured busy time (busy_ms_max)
 # against its prediction (planned_busy_ms_max); then the medians over the steps
