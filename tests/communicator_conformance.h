@@ -451,7 +451,9 @@ TYPED_TEST_P(CommunicatorConformance, MessagesOfOneTagMatchInTheOrderSent) {
     const int64_t sizes[] = {2, 3000, 1};
     std::vector<Tensor> received, sent;
     std::vector<CommRequest> receives, sends;
-    auto value = [](int k, int rank, size_t i) { return static_cast<float>(10000 * k + 100 * rank + static_cast<int>(i % 97)); };
+    auto value = [](int k, int rank, size_t i) {
+      return static_cast<float>(10000 * k + 100 * rank + static_cast<int>(i % 97));
+    };
     received.push_back(b.make(sizes[0]));
     receives.push_back(comm.recv_async(received.back(), prev, 5));
     for (int k = 0; k < 3; ++k) {
@@ -468,7 +470,8 @@ TYPED_TEST_P(CommunicatorConformance, MessagesOfOneTagMatchInTheOrderSent) {
     for (CommRequest& s : sends) s.wait();
     for (int k = 0; k < 3; ++k) {
       const std::vector<float> got = b.get(received[static_cast<size_t>(k)]);
-      for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(got[i], value(k, prev, i)) << "message " << k << " element " << i;
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(got[i], value(k, prev, i)) << "message " << k << " element " << i;
     }
   });
 }

@@ -474,6 +474,22 @@ TEST(PipelineExecutor, ATransportWithTooFewTagsIsRefusedUpFront) {
   }
 }
 
+// The schedule and the slots of a micro-batch count are derived once, and kept
+// while that count recurs (a count between keeps its own).
+TEST(PipelineExecutor, DerivesThePlanOfAMicroBatchCountOnce) {
+  LocalCommunicator pp("pp");
+  PipelineExecutor executor(pp, 4, 8);
+  RecordingStage stage;
+  for (int step = 0; step < 3; ++step) executor.run(stage, 3);
+  EXPECT_EQ(executor.plans_built(), 1);
+  for (int m : {5, 3, 5, 3}) executor.run(stage, m);
+  EXPECT_EQ(executor.plans_built(), 2);
+  // The plans drive the runs as a fresh one would: the last run's calls.
+  stage.calls.clear();
+  executor.run(stage, 3);
+  EXPECT_EQ(stage.calls, "P0/0 F0/0 B0/0 P1/0 F1/0 B1/0 P2/0 F2/0 B2/0");
+}
+
 // One stage has nothing to interleave: the executor refuses chunks there.
 TEST(PipelineExecutor, ChunksOnOneStageThrow) {
   LocalCommunicator pp("pp");

@@ -34,7 +34,11 @@ class ThreadGroup {
   // max_tag: the largest tag its messages may carry (a small one stands for a
   // transport whose MPI_TAG_UB is low).
   explicit ThreadGroup(int size, int max_tag = INT_MAX)
-      : size_(size), max_tag_(max_tag), arrived_(size), posted_(static_cast<size_t>(size)), left_(static_cast<size_t>(size)) {}
+      : size_(size),
+        max_tag_(max_tag),
+        arrived_(size),
+        posted_(static_cast<size_t>(size)),
+        left_(static_cast<size_t>(size)) {}
   int size() const { return size_; }
   int max_tag() const { return max_tag_; }
   // A rank that failed outside a collective leaves: the collective the others are in
@@ -216,7 +220,8 @@ class ThreadCommunicator final : public Communicator {
         const auto it = waiting.find(number_);
         if (it == waiting.end())
           throw std::runtime_error(comm_.name_ + " recv from rank " + std::to_string(peer_) + " (tag " +
-                                   std::to_string(tag_) + "): rank " + std::to_string(peer_) + " left the group (it failed)");
+                                   std::to_string(tag_) + "): rank " + std::to_string(peer_) +
+                                   " left the group (it failed)");
         ThreadGroup::Message m = std::move(it->second);
         waiting.erase(it);
         lock.unlock();
