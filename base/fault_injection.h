@@ -1,5 +1,6 @@
 #pragma once
-// HDP_FAULT_INJECT=RANK:STEP[-LAST][:hang|:nan|:ckpt|:full-metrics|:full-checkpoint|:slow-checkpoint],
+// HDP_FAULT_INJECT=RANK:STEP[-LAST][:hang|:nan|:ckpt|:full-metrics|:full-checkpoint|:slow-checkpoint|
+// :defer-checkpoint],
 // read by the training loop
 // (run/training_loop.cpp: that rank exits abruptly, without MPI_Finalize, when the
 // step begins; with `:hang` it stops itself with SIGSTOP instead, a frozen
@@ -12,7 +13,9 @@
 // checkpoint part of step STEP, goes to /dev/full, whose writes fail with ENOSPC
 // as on a full disk; with `:slow-checkpoint` its checkpoint writer sleeps
 // kSlowCheckpointMs before writing its part of the checkpoints of steps
-// STEP..LAST, a slow disk) and by the remote loader's servers (data/remote_loader.cpp:
+// STEP..LAST, a slow disk; with `:defer-checkpoint` it finds a checkpoint over
+// train.checkpoint_budget at steps STEP..LAST, so a due one is deferred past them
+// (when the budget is not 0; a deferral without its timing)) and by the remote loader's servers (data/remote_loader.cpp:
 // that rank exits abruptly, or with `:hang` stops answering, when asked for the
 // tokens of step STEP). Tests use it to check that a job goes down promptly with
 // a message, or survives bad steps. An injected exit has exit code
@@ -44,8 +47,15 @@ struct FaultInjection {
   bool full_metrics = false;     // `:full-metrics`: its metrics line of that step meets a full disk
   bool full_checkpoint = false;  // `:full-checkpoint`: its checkpoint part of that step meets a full disk
   bool slow_checkpoint = false;  // `:slow-checkpoint`: its checkpoint parts of steps STEP..LAST are slow to write
+  bool defer_checkpoint = false;  // `:defer-checkpoint`: it defers the due checkpoints of steps STEP..LAST
+  // Whether `:defer-checkpoint` defers a checkpoint of rank on_rank at step at_step.
+  bool defers_checkpoint(int on_rank, int64_t at_step) const {
+    return defer_checkpoint && on_rank == rank && at_step >= step && at_step <= last_step;
+  }
   // The fault is an abrupt exit at STEP (a stop with `hang`), no other mode.
-  bool exits() const { return !nan && !checkpoint && !full_metrics && !full_checkpoint && !slow_checkpoint; }
+  bool exits() const {
+    return !nan && !checkpoint && !full_metrics && !full_checkpoint && !slow_checkpoint && !defer_checkpoint;
+  }
 };
 
 // The fault HDP_FAULT_INJECT asks for; none when it is unset. Throws
@@ -57,7 +67,7 @@ inline FaultInjection fault_injection_from_env() {
   auto bad = [spec] {
     throw std::invalid_argument(std::string("HDP_FAULT_INJECT='") + spec +
                                 "': expected RANK:STEP[-LAST][:hang|:nan|:ckpt|:full-metrics|:full-checkpoint|"
-                                ":slow-checkpoint]");
+                                ":slow-checkpoint|:defer-checkpoint]");
   };
   char* end = nullptr;
   const char* p = spec;
@@ -81,7 +91,8 @@ inline FaultInjection fault_injection_from_env() {
     bad();
   }
   if (!(mode.empty() || mode == "hang" || mode == "nan" || mode == "ckpt" || mode == "full-metrics" ||
-        mode == "full-checkpoint" || mode == "slow-checkpoint"))
+        mode == "full-checkpoint" || mode == "slow-checkpoint" ||
+        mode == "defer-checkpoint"))
     bad();
   f.rank = static_cast<int>(rank);
   f.step = step;
@@ -92,6 +103,7 @@ inline FaultInjection fault_injection_from_env() {
   f.full_metrics = mode == "full-metrics";
   f.full_checkpoint = mode == "full-checkpoint";
   f.slow_checkpoint = mode == "slow-checkpoint";
+  f.defer_checkpoint = mode == "defer-checkpoint";
   return f;
 }
 

@@ -173,7 +173,7 @@ void TrainingLoop::run_step(int64_t step) {
   // AdamW's bias correction counts the updates applied, not the steps: a skipped
   // step must not advance it (agree_on_update counts it after this number is taken).
   const int64_t update_number = step - progress_.skipped_steps;
-  measured.updated = agree_on_update(measured.result);
+  measured.updated = agree_on_update(measured.result, step);
   if (measured.updated) {
     newest_good_step_ = step;
     confirm_checkpoints_once_warm();
@@ -215,11 +215,11 @@ void TrainingLoop::run_step(int64_t step) {
   tracer_.end();
 }
 
-bool TrainingLoop::agree_on_update(const StepResult& result) {
+bool TrainingLoop::agree_on_update(const StepResult& result, int64_t step) {
   // The most severe verdict of any rank (StepFault is ordered by severity).
   // The checkpoint cost in whole microseconds, rounded up, so that the maximum is exact.
   std::array<int64_t, 4> flags = {static_cast<int64_t>(guard_.inspect(result.loss, result.grad_norm)), stop_signal(),
-                                  writer_ && !checkpoint_within_budget() ? 1 : 0,
+                                  writer_ && !checkpoint_within_budget(step) ? 1 : 0,
                                   writer_ ? static_cast<int64_t>(std::ceil(writer_->cost_ms() * 1e3)) : 0};
   {
     Phase phase(trace_ops::kUpdateAgreement.data(), "bad-step, stop and checkpoint-budget flags all-reduce");
@@ -435,8 +435,9 @@ bool TrainingLoop::checkpoint_now(int64_t step, double step_ms) {
   return false;
 }
 
-bool TrainingLoop::checkpoint_within_budget() const {
+bool TrainingLoop::checkpoint_within_budget(int64_t step) const {
   const double budget = config_.train.checkpoint_budget;
+  if (budget > 0 && fault_.defers_checkpoint(process_.rank, step)) return false;  // HDP_FAULT_INJECT
   // Not while a write is in flight: its cost is not known yet (the first one's is only its
   // wait so far), and a save now would block on the rest of it, outside the budget.
   return budget == 0 ||

@@ -863,6 +863,51 @@ TEST(ParallelCheckpoints, CheckpointsDeferredToKeepWithinTheBudgetAreAlikeOnEver
   EXPECT_LE(counted[from], deferred[from - 1] + 1) << resumed.output;
 }
 
+// A due checkpoint deferred (train.checkpoint_budget) lands on a step that is not a
+// multiple of train.checkpoint_every: rank 1 of two finds the checkpoints of steps 3
+// and 4 over the budget (HDP_FAULT_INJECT=1:3-4:defer-checkpoint: the veto a slow
+// write gives, without its timing), so step 3's is written at step 5, the first no
+// rank vetoes (no checkpoint came before it, so the budget itself allows it). It is
+// whole, its manifest records step 5 and the one due checkpoint passed over, and the
+// run resumed from it goes on bit-identically: the losses and the final weights of
+// the run that went on.
+TEST(ParallelCheckpoints, ADeferredCheckpointOffTheIntervalIsWholeAndResumesBitIdentically) {
+  const Layout hdp2{"hdp2", 1, 1, 2};
+  const std::string dir = scratch_dir("parallel-deferred-off-interval");
+  const int steps = 8;
+  const std::string args = train_args(dir, hdp2, steps, "--set train.checkpoint_every=3 --set train.keep_checkpoints=100 "
+                                                         "--set train.checkpoint_budget=0.5");
+  auto r = run_command("HDP_FAULT_INJECT=1:3-4:defer-checkpoint " + mpirun(2) + " " + args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  auto step_dir = [&](int step) {
+    char name[32];
+    std::snprintf(name, sizeof(name), "/ckpt/step-%08d", step);
+    return dir + name;
+  };
+  for (int step : {1, 2, 3, 4}) EXPECT_FALSE(std::filesystem::exists(step_dir(step))) << step;
+  const std::string deferred = step_dir(5);
+  for (const char* file : {"/manifest.yaml", "/rank-00000.h5", "/rank-00001.h5"}) {
+    EXPECT_TRUE(std::filesystem::exists(deferred + file)) << deferred + file << "\n" << r.output;
+  }
+  const std::string manifest = testing::file_text(deferred + "/manifest.yaml");
+  EXPECT_NE(manifest.find("\nstep: 5\n"), std::string::npos) << manifest;
+  EXPECT_NE(manifest.find("\ncheckpoints_deferred: 1\n"), std::string::npos) << manifest;
+  const std::vector<double> counted = metric_values(dir, "checkpoints_deferred");
+  ASSERT_EQ(counted.size(), static_cast<size_t>(steps));
+  EXPECT_EQ(std::vector<double>(counted.begin(), counted.begin() + 5), (std::vector<double>{0, 0, 1, 1, 1}));
+
+  const std::vector<double> want = losses(dir);
+  const auto want_weights = final_weights(dir, steps);
+  for (int step = 6; step <= steps; ++step) std::filesystem::remove_all(step_dir(step));
+  auto resumed = run_command(mpirun(2) + " " + args);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + deferred + " at step 5"), std::string::npos) << resumed.output;
+  const std::vector<double> got = losses(dir);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;
+  EXPECT_EQ(final_weights(dir, steps), want_weights);
+}
+
 TEST(ParallelFailures, ARankThatDiesEndsTheJobPromptly) {
   const std::string dir = scratch_dir("parallel-crash");
   const auto t0 = std::chrono::steady_clock::now();
