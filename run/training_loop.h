@@ -6,6 +6,7 @@
 // run/signals.h) and applies it or skips it, records its metrics (rank 0 writes
 // them) and, when due, writes a checkpoint. Bad steps in a row roll the run back.
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -153,6 +154,10 @@ class TrainingLoop {
   std::optional<TensorBoardWriter> tensorboard_;  // rank 0, with metrics.tensorboard
   ProgressMeter clock_;      // since run() began: the step line's elapsed time and ETA
   int64_t first_step_ = 0;   // the step run() started after
+  // The last step run_step finished (its metrics written), read by the writer thread
+  // under HDP_FAULT_INJECT=R:S-L:held-checkpoint; declared before writer_, which
+  // joins its thread when destroyed.
+  std::atomic<int64_t> finished_step_{0};
   std::optional<CheckpointWriter> writer_;  // train.checkpoint_every > 0
   FaultInjection fault_;
   NumericalGuard guard_;
