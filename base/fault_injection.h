@@ -1,5 +1,6 @@
 #pragma once
-// HDP_FAULT_INJECT=RANK:STEP[-LAST][:hang|:nan|:ckpt|:full-metrics|:full-checkpoint|:slow-checkpoint],
+// HDP_FAULT_INJECT=RANK:STEP[-LAST][:hang|:nan|:ckpt|:full-metrics|:full-checkpoint|:slow-checkpoint|
+// :defer-checkpoint|:held-checkpoint],
 // read by the training loop
 // (run/training_loop.cpp: that rank exits abruptly, without MPI_Finalize, when the
 // step begins; with `:hang` it stops itself with SIGSTOP instead, a frozen
@@ -12,7 +13,12 @@
 // checkpoint part of step STEP, goes to /dev/full, whose writes fail with ENOSPC
 // as on a full disk; with `:slow-checkpoint` its checkpoint writer sleeps
 // kSlowCheckpointMs before writing its part of the checkpoints of steps
-// STEP..LAST, a slow disk) and by the remote loader's servers (data/remote_loader.cpp:
+// STEP..LAST, a slow disk; with `:defer-checkpoint` it finds a checkpoint over
+// train.checkpoint_budget at steps STEP..LAST, so a due one is deferred past them
+// (when the budget is not 0; a deferral without its timing); with `:held-checkpoint`
+// its writer holds its part of the checkpoint of step STEP until the training
+// thread has finished step LAST, giving up after kHeldCheckpointLimitS, and says how
+// far training went meanwhile) and by the remote loader's servers (data/remote_loader.cpp:
 // that rank exits abruptly, or with `:hang` stops answering, when asked for the
 // tokens of step STEP). Tests use it to check that a job goes down promptly with
 // a message, or survives bad steps. An injected exit has exit code
@@ -34,6 +40,10 @@ inline constexpr int kInjectedExitCode = 75;
 // `:slow-checkpoint`: how long the writer sleeps before writing a part.
 inline constexpr int kSlowCheckpointMs = 1000;
 
+// `:held-checkpoint`: the longest the writer holds a part for the training thread
+// (a training thread that waits for the write would never come).
+inline constexpr int kHeldCheckpointLimitS = 60;
+
 struct FaultInjection {
   int rank = -1;      // -1: no fault injected
   int64_t step = -1;
@@ -44,8 +54,17 @@ struct FaultInjection {
   bool full_metrics = false;     // `:full-metrics`: its metrics line of that step meets a full disk
   bool full_checkpoint = false;  // `:full-checkpoint`: its checkpoint part of that step meets a full disk
   bool slow_checkpoint = false;  // `:slow-checkpoint`: its checkpoint parts of steps STEP..LAST are slow to write
+  bool defer_checkpoint = false;  // `:defer-checkpoint`: it defers the due checkpoints of steps STEP..LAST
+  bool held_checkpoint = false;   // `:held-checkpoint`: its writer holds step STEP's part until step LAST is done
+  // Whether `:defer-checkpoint` defers a checkpoint of rank on_rank at step at_step.
+  bool defers_checkpoint(int on_rank, int64_t at_step) const {
+    return defer_checkpoint && on_rank == rank && at_step >= step && at_step <= last_step;
+  }
   // The fault is an abrupt exit at STEP (a stop with `hang`), no other mode.
-  bool exits() const { return !nan && !checkpoint && !full_metrics && !full_checkpoint && !slow_checkpoint; }
+  bool exits() const {
+    return !nan && !checkpoint && !full_metrics && !full_checkpoint && !slow_checkpoint && !defer_checkpoint &&
+           !held_checkpoint;
+  }
 };
 
 // The fault HDP_FAULT_INJECT asks for; none when it is unset. Throws
@@ -57,7 +76,7 @@ inline FaultInjection fault_injection_from_env() {
   auto bad = [spec] {
     throw std::invalid_argument(std::string("HDP_FAULT_INJECT='") + spec +
                                 "': expected RANK:STEP[-LAST][:hang|:nan|:ckpt|:full-metrics|:full-checkpoint|"
-                                ":slow-checkpoint]");
+                                ":slow-checkpoint|:defer-checkpoint|:held-checkpoint]");
   };
   char* end = nullptr;
   const char* p = spec;
@@ -81,7 +100,8 @@ inline FaultInjection fault_injection_from_env() {
     bad();
   }
   if (!(mode.empty() || mode == "hang" || mode == "nan" || mode == "ckpt" || mode == "full-metrics" ||
-        mode == "full-checkpoint" || mode == "slow-checkpoint"))
+        mode == "full-checkpoint" || mode == "slow-checkpoint" || mode == "defer-checkpoint" ||
+        mode == "held-checkpoint"))
     bad();
   f.rank = static_cast<int>(rank);
   f.step = step;
@@ -92,6 +112,8 @@ inline FaultInjection fault_injection_from_env() {
   f.full_metrics = mode == "full-metrics";
   f.full_checkpoint = mode == "full-checkpoint";
   f.slow_checkpoint = mode == "slow-checkpoint";
+  f.defer_checkpoint = mode == "defer-checkpoint";
+  f.held_checkpoint = mode == "held-checkpoint";
   return f;
 }
 

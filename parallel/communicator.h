@@ -145,6 +145,12 @@ inline std::string reduce_scatter_part_error(const std::string& group, int rank,
          " elements, its part of " + std::to_string(n) + " has " + std::to_string(part);
 }
 
+// The largest message tag every MPI implementation accepts: the MPI standard
+// guarantees MPI_TAG_UB >= 32767 ("Tag values", among its environmental
+// inquiries); OpenMPI's ob1 allows 2^31 - 1, other transports less. Constant tags
+// stay below it; computed ones are checked against Communicator::max_tag().
+inline constexpr int kGuaranteedMaxTag = 32767;
+
 // One message of a grouped exchange (Communicator::exchange): what to send to
 // `peer`, or where to receive what `peer` sends, matched by tag as send/recv are.
 struct Transfer {
@@ -179,6 +185,9 @@ class Communicator {
                                          std::span<const int64_t> recv_counts) = 0;
   // A receive must be as large as the message it matches; a receive of another size
   // is an error naming the group, the peer and both sizes (thrown by wait()).
+  // Messages of one peer and tag match in order, as MPI's do (non-overtaking, MPI
+  // standard section 3.5): the k-th receive posted gets the k-th message sent. A
+  // tag outside [0, max_tag()] is refused (check_tag) before anything is posted.
   virtual CommRequest send_async(const Tensor& data, int peer, int tag) = 0;
   virtual CommRequest recv_async(Tensor data, int peer, int tag) = 0;
   // The sends and receives of one step of a pattern in which ranks both send and
@@ -222,7 +231,19 @@ class Communicator {
   const CommStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }
 
+  // The largest tag a message may carry (MPI: the communicator's MPI_TAG_UB).
+  // Default: what every MPI allows.
+  virtual int max_tag() const { return kGuaranteedMaxTag; }
+
  protected:
+  // Throws std::invalid_argument, naming the group, the operation and the peer, for
+  // a tag outside [0, max_tag()].
+  void check_tag(int tag, const char* op, int peer) const {
+    if (tag < 0 || tag > max_tag())
+      throw std::invalid_argument(name() + " " + op + " rank " + std::to_string(peer) + ": tag " +
+                                  std::to_string(tag) + " is outside 0.." + std::to_string(max_tag()) +
+                                  " (the communicator's largest tag)");
+  }
   CommStats stats_;
 };
 

@@ -244,6 +244,11 @@ MpiCommunicator::MpiCommunicator(MPI_Comm comm, std::string name)
   if (comm_ != MPI_COMM_WORLD) MPI_Comm_set_errhandler(comm_, MPI_ERRORS_RETURN);
   MPI_Comm_rank(comm_, &rank_);
   MPI_Comm_size(comm_, &size_);
+  // MPI_TAG_UB is an attribute of every communicator (a pointer to the int).
+  int* tag_ub = nullptr;
+  int found = 0;
+  MPI_Comm_get_attr(comm_, MPI_TAG_UB, &tag_ub, &found);
+  max_tag_ = found && tag_ub != nullptr ? *tag_ub : kGuaranteedMaxTag;
   // The world rank of every member, so that a wait names its peer as the job knows it.
   MPI_Group group = MPI_GROUP_NULL, world = MPI_GROUP_NULL;
   MPI_Comm_group(comm_, &group);
@@ -363,6 +368,7 @@ CommRequest MpiCommunicator::all_to_all_v_async(const Tensor& send, std::span<co
 CommRequest MpiCommunicator::send_async(const Tensor& data, int peer, int tag) {
   const int n = count_of(data, name_ + " send");
   check_message_dtype(data, "send to");
+  check_tag(tag, "send to", world_rank(peer));
   stats_.p2p_bytes += static_cast<int64_t>(data.bytes());
   ++stats_.p2p_messages;
   auto p = pending_with(staging_, "send to", name_, world_rank(peer));
@@ -374,6 +380,7 @@ CommRequest MpiCommunicator::send_async(const Tensor& data, int peer, int tag) {
 CommRequest MpiCommunicator::recv_async(Tensor data, int peer, int tag) {
   const int n = count_of(data, name_ + " recv");
   check_message_dtype(data, "recv from");
+  check_tag(tag, "recv from", world_rank(peer));
   auto p = pending_with(staging_, "recv from", name_, world_rank(peer));
   void* buffer = p->message_output(data, staged_message(data));
   p->expected = n;

@@ -47,6 +47,7 @@ class MpiCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   const std::string& name() const override { return name_; }
+  int max_tag() const override { return max_tag_; }
   MPI_Comm handle() const { return comm_; }
   // The MPI_COMM_WORLD rank of member `rank` of this communicator.
   int world_rank(int rank) const { return rank >= 0 && rank < size_ ? world_ranks_[rank] : -1; }
@@ -90,6 +91,7 @@ class MpiCommunicator final : public Communicator {
   std::string name_;
   int rank_ = 0;
   int size_ = 1;
+  int max_tag_ = kGuaranteedMaxTag;  // MPI_TAG_UB
   std::vector<int> world_ranks_;  // world_rank()
   std::shared_ptr<StagingPool> staging_;
   bool stage_host_ = false;

@@ -234,6 +234,8 @@ class NcclCommunicator final : public Communicator {
   int rank() const override { return mpi_->rank(); }
   int size() const override { return mpi_->size(); }
   const std::string& name() const override { return mpi_->name(); }
+  // Point-to-point travels through the MPI twin, whose tags are the limit.
+  int max_tag() const override { return mpi_->max_tag(); }
 
   std::unique_ptr<Communicator> split(int color, int key, std::string name) const {
     // Both splits are collective over this communicator's ranks, in the same order on each.

@@ -10,6 +10,30 @@
 #include "parallel/progress.h"
 
 namespace hdp {
+namespace {
+
+// What a message between virtual stages carries. Edge v joins virtual stage v to
+// v + 1: forward its activation and the side values that travel with it, backward
+// the gradient and the side values going back.
+enum class Carries { Activation, Gradient, SideForward, SideBackward };
+constexpr int kCarried = 4;
+
+// The tag of a message: its edge and what it carries, not its micro-batch, so tags
+// stay below 4 x pp x vpp however many micro-batches a step runs (with a tag per
+// micro-batch, thousands of them at a 1M-token batch of short sequences would pass
+// MPI_TAG_UB, which MPI guarantees only up to 32767). The messages of one edge and
+// kind between two ranks then share a tag, and the communicator matches them in
+// order (its non-overtaking contract, parallel/communicator.h): the k-th receive
+// posted gets the k-th message sent. Both ends take an edge's micro-batches in
+// increasing order (the sender as it runs its chunk's forwards or backwards, the
+// receiver as it posts the receives of its chunk's forwards), which plan() checks
+// of every schedule, so the k-th message of an edge is micro-batch k's.
+int message_tag(int edge, Carries what) { return kCarried * edge + static_cast<int>(what); }
+
+// Plans kept for micro-batch counts seen lately (a step's count varies with its data).
+constexpr size_t kCachedPlans = 8;
+
+}  // namespace
 
 PipelineExecutor::PipelineExecutor(Communicator& pp, int64_t capacity_rows, int64_t hidden, Device device,
                                    int chunks)
@@ -23,6 +47,12 @@ PipelineExecutor::PipelineExecutor(Communicator& pp, int64_t capacity_rows, int6
       arena_(Arena::counting(device, "pipeline")) {
   // Throws for chunks the schedule cannot interleave (one stage, no chunk).
   pipeline_schedule(stage_, stages_, chunks_, 0);
+  const int virtual_stages = stages_ * chunks_;
+  if (virtual_stages > 1 && message_tag(virtual_stages - 2, Carries::SideBackward) > pp.max_tag())
+    throw std::invalid_argument("pipeline stage " + std::to_string(stage_) + ": " + std::to_string(stages_) +
+                                " stages x " + std::to_string(chunks_) + " model chunks need message tags up to " +
+                                std::to_string(message_tag(virtual_stages - 2, Carries::SideBackward)) + ", above " +
+                                pp.name() + "'s largest, " + std::to_string(pp.max_tag()) + " (MPI_TAG_UB)");
   // Gradient buffers are needed only between (virtual) stages.
   const bool needs_in = stage_ < stages_ - 1 || chunks_ > 1, needs_out = stage_ > 0 || chunks_ > 1;
   const size_t per_slot = static_cast<size_t>(capacity_ * hidden_) * sizeof(float) + Arena::kAlignment;
@@ -33,45 +63,59 @@ PipelineExecutor::PipelineExecutor(Communicator& pp, int64_t capacity_rows, int6
   }
 }
 
-void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
-  progress::Context context("pipeline");
-  const int m = micro_batches, virtual_stages = stages_ * chunks_;
-  const std::vector<PipelineOp> ops = pipeline_schedule(stage_, stages_, chunks_, m);
-  // The ranks of the previous and next virtual stage (around the ring of stages).
-  const int previous_rank = (stage_ + stages_ - 1) % stages_, next_rank = (stage_ + 1) % stages_;
-  auto virtual_stage = [&](int chunk) { return chunk * stages_ + stage_; };
-  // One index per (micro-batch, chunk) pair, and per transfer: the edge from virtual
-  // stage v to v + 1 of micro-batch i carries its activation forward and its gradient
-  // back; the side values' tags follow all of them.
-  auto pair = [&](int i, int chunk) { return chunk * m + i; };
-  auto activation_tag = [&](int v, int i) { return 2 * (v * m + i); };
-  auto gradient_tag = [&](int v, int i) { return 2 * (v * m + i) + 1; };
-  auto side_tag = [&](int tag) { return 2 * virtual_stages * m + tag; };
-  auto has = [](const Tensor& t) { return t.data != nullptr; };
-
+const PipelineExecutor::Plan& PipelineExecutor::plan(int m) {
+  const auto cached = std::find_if(plans_.begin(), plans_.end(), [m](const auto& p) { return p.first == m; });
+  if (cached != plans_.end()) {
+    std::rotate(plans_.begin(), cached, cached + 1);  // most recently used first
+    return plans_.front().second;
+  }
+  Plan plan;
+  plan.ops = pipeline_schedule(stage_, stages_, chunks_, m);
   // Slots: a forward takes the lowest free slot, its backward frees it. needed[k]:
   // the backwards done before the k-th forward's slot is free (its previous holder's
   // backward). With one chunk this is slot i % slots, needed i - slots + 1.
-  std::vector<PipelineOp> forwards;
-  std::vector<int> slot_of(static_cast<size_t>(chunks_ * m), -1), needed;
-  {
-    std::vector<int> freed_after(static_cast<size_t>(slots_), 0);  // backwards done when the slot became free
-    std::vector<bool> busy(static_cast<size_t>(slots_), false);
-    int backwards = 0;
-    for (const PipelineOp& op : ops) {
-      int& slot = slot_of[static_cast<size_t>(pair(op.micro_batch, op.chunk))];
-      if (op.forward) {
-        slot = static_cast<int>(std::find(busy.begin(), busy.end(), false) - busy.begin());
-        if (slot == slots_) throw std::logic_error("pipeline: more pairs in flight than pipeline_slots");
-        busy[static_cast<size_t>(slot)] = true;
-        forwards.push_back(op);
-        needed.push_back(freed_after[static_cast<size_t>(slot)]);
-      } else {
-        busy[static_cast<size_t>(slot)] = false;
-        freed_after[static_cast<size_t>(slot)] = ++backwards;
-      }
+  plan.slot_of.assign(static_cast<size_t>(chunks_ * m), -1);
+  std::vector<int> freed_after(static_cast<size_t>(slots_), 0);  // backwards done when the slot became free
+  std::vector<bool> busy(static_cast<size_t>(slots_), false);
+  // The next micro-batch of each chunk forward and backward: message_tag's order.
+  std::vector<int> next_forward(static_cast<size_t>(chunks_), 0), next_backward(static_cast<size_t>(chunks_), 0);
+  int backwards = 0;
+  for (const PipelineOp& op : plan.ops) {
+    int& next = (op.forward ? next_forward : next_backward)[static_cast<size_t>(op.chunk)];
+    if (op.micro_batch != next++)
+      throw std::logic_error("pipeline: the schedule runs chunk " + std::to_string(op.chunk) + "'s micro-batches " +
+                             (op.forward ? "forward" : "backward") + " out of order, which message_tag needs");
+    int& slot = plan.slot_of[static_cast<size_t>(op.chunk * m + op.micro_batch)];
+    if (op.forward) {
+      slot = static_cast<int>(std::find(busy.begin(), busy.end(), false) - busy.begin());
+      if (slot == slots_) throw std::logic_error("pipeline: more pairs in flight than pipeline_slots");
+      busy[static_cast<size_t>(slot)] = true;
+      plan.forwards.push_back(op);
+      plan.needed.push_back(freed_after[static_cast<size_t>(slot)]);
+    } else {
+      busy[static_cast<size_t>(slot)] = false;
+      freed_after[static_cast<size_t>(slot)] = ++backwards;
     }
   }
+  ++plans_built_;
+  if (plans_.size() == kCachedPlans) plans_.pop_back();
+  plans_.insert(plans_.begin(), {m, std::move(plan)});
+  return plans_.front().second;
+}
+
+void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
+  progress::Context context("pipeline");
+  const int m = micro_batches, virtual_stages = stages_ * chunks_;
+  const Plan& plan = this->plan(m);
+  const std::vector<PipelineOp>& forwards = plan.forwards;
+  const std::vector<int>& slot_of = plan.slot_of;
+  const std::vector<int>& needed = plan.needed;
+  // The ranks of the previous and next virtual stage (around the ring of stages).
+  const int previous_rank = (stage_ + stages_ - 1) % stages_, next_rank = (stage_ + 1) % stages_;
+  auto virtual_stage = [&](int chunk) { return chunk * stages_ + stage_; };
+  // One index per (micro-batch, chunk) pair.
+  auto pair = [&](int i, int chunk) { return chunk * m + i; };
+  auto has = [](const Tensor& t) { return t.data != nullptr; };
   const int total_forwards = static_cast<int>(forwards.size());
 
   std::vector<CommRequest> activation_in(slot_of.size()), gradient_in(slot_of.size());
@@ -96,9 +140,10 @@ void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
       side_back_out[slot].wait();
       stage.prepare(i, op.chunk, slot);
       if (v == 0) continue;
-      activation_in[p] = pp_.recv_async(stage.input_activation(slot), previous_rank, activation_tag(v - 1, i));
+      activation_in[p] = pp_.recv_async(stage.input_activation(slot), previous_rank,
+                                        message_tag(v - 1, Carries::Activation));
       if (has(stage.side_input(slot)))
-        side_in[p] = pp_.recv_async(stage.side_input(slot), previous_rank, side_tag(activation_tag(v - 1, i)));
+        side_in[p] = pp_.recv_async(stage.side_input(slot), previous_rank, message_tag(v - 1, Carries::SideForward));
     }
   };
 
@@ -121,7 +166,7 @@ void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
   };
 
   int forwards_done = 0;
-  for (const PipelineOp& op : ops) {
+  for (const PipelineOp& op : plan.ops) {
     const int i = op.micro_batch, v = virtual_stage(op.chunk), p = pair(i, op.chunk);
     const int slot = slot_of[static_cast<size_t>(p)];
     const bool first = v == 0, last = v == virtual_stages - 1;
@@ -135,14 +180,17 @@ void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
       stage.forward(i, slot);
       ++forwards_done;
       if (!last) {
-        activation_out[slot] = pp_.send_async(stage.output_activation(slot), next_rank, activation_tag(v, i));
+        activation_out[slot] = pp_.send_async(stage.output_activation(slot), next_rank,
+                                              message_tag(v, Carries::Activation));
         if (has(stage.side_output(slot)))
-          side_out[slot] = pp_.send_async(stage.side_output(slot), next_rank, side_tag(activation_tag(v, i)));
+          side_out[slot] = pp_.send_async(stage.side_output(slot), next_rank, message_tag(v, Carries::SideForward));
         side_back_out[slot].wait();
         if (has(stage.side_backward(slot)))
-          side_back_in[p] = pp_.recv_async(stage.side_backward(slot), next_rank, side_tag(gradient_tag(v, i)));
+          side_back_in[p] = pp_.recv_async(stage.side_backward(slot), next_rank,
+                                           message_tag(v, Carries::SideBackward));
         traced_send(true, v, i);
-        gradient_in[p] = pp_.recv_async(grad_in_[slot].rows(0, rows), next_rank, gradient_tag(v, i));
+        gradient_in[p] = pp_.recv_async(grad_in_[slot].rows(0, rows), next_rank,
+                                        message_tag(v, Carries::Gradient));
       }
       prepare_ahead(forwards_done + 1);
     } else {
@@ -155,10 +203,11 @@ void PipelineExecutor::run(PipelineStage& stage, int micro_batches) {
       if (!first) {
         if (has(stage.side_backward(slot)))
           side_back_out[slot] =
-              pp_.send_async(stage.side_backward(slot), previous_rank, side_tag(gradient_tag(v - 1, i)));
+              pp_.send_async(stage.side_backward(slot), previous_rank, message_tag(v - 1, Carries::SideBackward));
         gradient_out[slot].wait();
         copy(grad_out_[slot].rows(0, rows), stage.input_gradient(slot));
-        gradient_out[slot] = pp_.send_async(grad_out_[slot].rows(0, rows), previous_rank, gradient_tag(v - 1, i));
+        gradient_out[slot] = pp_.send_async(grad_out_[slot].rows(0, rows), previous_rank,
+                                            message_tag(v - 1, Carries::Gradient));
         traced_send(false, v, i);
       }
       ++backwards_done;

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <utility>
 #include <vector>
 
 #include "kernels/allocator.h"
@@ -60,16 +61,31 @@ class PipelineExecutor {
   // Runs this stage's schedule, pipeline_schedule(stage, stages, chunks, m), over
   // m = `micro_batches` micro-batches.
   void run(PipelineStage& stage, int micro_batches);
+  // How many times run() derived a plan from a schedule: once per micro-batch count
+  // while that count recurs (the last few counts are kept).
+  int64_t plans_built() const { return plans_built_; }
   int chunks() const { return chunks_; }
   int slots() const { return slots_; }
   size_t buffer_bytes() const { return arena_.capacity(); }
 
  private:
+  // What run() derives from the schedule of m micro-batches, in time and memory
+  // linear in m: kept for the steps that follow with the same m.
+  struct Plan {
+    std::vector<PipelineOp> ops;       // pipeline_schedule(stage, stages, chunks, m)
+    std::vector<PipelineOp> forwards;  // its forwards, in order
+    std::vector<int> slot_of;          // per (micro-batch i, chunk c), at c x m + i: its slot
+    std::vector<int> needed;           // per forward: the backwards done before its slot is free
+  };
+  const Plan& plan(int micro_batches);
+
   Communicator& pp_;
   int stage_, stages_, chunks_, slots_;
   int64_t capacity_, hidden_;
   Arena arena_;
   std::vector<Tensor> grad_in_, grad_out_;  // per slot: received output gradients, sent input gradients
+  std::vector<std::pair<int, Plan>> plans_;  // by micro-batch count, the most recently used first
+  int64_t plans_built_ = 0;
 };
 
 }  // namespace hdp

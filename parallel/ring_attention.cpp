@@ -13,6 +13,7 @@ namespace {
 constexpr int kKeyValueTag = 1001;
 constexpr int kGradientTag = 1002;
 constexpr int kMemberSumTag = 1003;
+static_assert(kMemberSumTag <= kGuaranteedMaxTag, "ring attention's tags are constants every MPI allows");
 
 }  // namespace
 

@@ -48,14 +48,32 @@ std::string document_list(const GlobalBatch& batch) {
   return out + " (" + std::to_string(batch.sequences.size()) + " sequences)";
 }
 
-// HDP_FAULT_INJECT=RANK:STEP:ckpt, RANK:STEP:full-checkpoint and
-// RANK:STEP[-LAST]:slow-checkpoint on this rank: the checkpoint writer's hooks that
-// exit between writing the part and the commit, put the part on /dev/full, or sleep
-// before writing it. Empty (no hooks) for every other rank and fault.
-std::function<CheckpointHooks(int64_t)> checkpoint_fault_hooks(const FaultInjection& fault, int rank) {
-  if (!(fault.checkpoint || fault.full_checkpoint || fault.slow_checkpoint) || fault.rank != rank) return {};
-  return [rank, fault](int64_t step) {
+// HDP_FAULT_INJECT=RANK:STEP:ckpt, RANK:STEP:full-checkpoint,
+// RANK:STEP[-LAST]:slow-checkpoint and RANK:STEP-LAST:held-checkpoint on this rank: the
+// checkpoint writer's hooks that exit between writing the part and the commit, put
+// the part on /dev/full, sleep before writing it, or hold it until the training
+// thread has finished step LAST (`finished`: the last step it finished). Empty (no
+// hooks) for every other rank and fault.
+std::function<CheckpointHooks(int64_t)> checkpoint_fault_hooks(const FaultInjection& fault, int rank,
+                                                               const std::atomic<int64_t>* finished) {
+  if (!(fault.checkpoint || fault.full_checkpoint || fault.slow_checkpoint || fault.held_checkpoint) ||
+      fault.rank != rank)
+    return {};
+  return [rank, fault, finished](int64_t step) {
     CheckpointHooks h;
+    if (fault.held_checkpoint) {
+      if (step != fault.step) return h;
+      h.before_part = [rank, step, last = fault.last_step, finished](const std::string&) {
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(kHeldCheckpointLimitS);
+        while (finished->load() < last && std::chrono::steady_clock::now() < give_up)
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        const int64_t reached = finished->load();
+        spdlog::warn("fault injection: rank {} held its part of the checkpoint of step {} while the training thread "
+                     "finished {} steps (up to step {})",
+                     rank, step, reached - step, reached);
+      };
+      return h;
+    }
     if (fault.slow_checkpoint) {
       if (step < fault.step || step > fault.last_step) return h;
       h.before_part = [rank, step](const std::string&) {
@@ -115,7 +133,8 @@ TrainingLoop::TrainingLoop(const Config& config, const ProcessInfo& process, Pro
     std::optional<TokenizerFiles> tokenizer;
     if (process.rank == 0) tokenizer = dataset_tokenizer_copy(config.data.path, dataset_format(config.data));
     writer_.emplace(checkpoint_dir_, config.yaml, config.train.keep_checkpoints, layout_, async,
-                    process.rank == 0, checkpoint_fault_hooks(fault_, process.rank), std::move(tokenizer));
+                    process.rank == 0, checkpoint_fault_hooks(fault_, process.rank, &finished_step_),
+                    std::move(tokenizer));
   }
 }
 
@@ -173,7 +192,7 @@ void TrainingLoop::run_step(int64_t step) {
   // AdamW's bias correction counts the updates applied, not the steps: a skipped
   // step must not advance it (agree_on_update counts it after this number is taken).
   const int64_t update_number = step - progress_.skipped_steps;
-  measured.updated = agree_on_update(measured.result);
+  measured.updated = agree_on_update(measured.result, step);
   if (measured.updated) {
     newest_good_step_ = step;
     confirm_checkpoints_once_warm();
@@ -192,6 +211,7 @@ void TrainingLoop::run_step(int64_t step) {
   if (metrics_) metrics_->write(m);
   if (tensorboard_) tensorboard_->write(m);
   last_step_ = step;
+  finished_step_.store(step);
   if (measured.updated) {
     streak_.clear();
   } else {
@@ -215,11 +235,11 @@ void TrainingLoop::run_step(int64_t step) {
   tracer_.end();
 }
 
-bool TrainingLoop::agree_on_update(const StepResult& result) {
+bool TrainingLoop::agree_on_update(const StepResult& result, int64_t step) {
   // The most severe verdict of any rank (StepFault is ordered by severity).
   // The checkpoint cost in whole microseconds, rounded up, so that the maximum is exact.
   std::array<int64_t, 4> flags = {static_cast<int64_t>(guard_.inspect(result.loss, result.grad_norm)), stop_signal(),
-                                  writer_ && !checkpoint_within_budget() ? 1 : 0,
+                                  writer_ && !checkpoint_within_budget(step) ? 1 : 0,
                                   writer_ ? static_cast<int64_t>(std::ceil(writer_->cost_ms() * 1e3)) : 0};
   {
     Phase phase(trace_ops::kUpdateAgreement.data(), "bad-step, stop and checkpoint-budget flags all-reduce");
@@ -438,8 +458,9 @@ bool TrainingLoop::checkpoint_now(int64_t step, double step_ms) {
   return false;
 }
 
-bool TrainingLoop::checkpoint_within_budget() const {
+bool TrainingLoop::checkpoint_within_budget(int64_t step) const {
   const double budget = config_.train.checkpoint_budget;
+  if (budget > 0 && fault_.defers_checkpoint(process_.rank, step)) return false;  // HDP_FAULT_INJECT
   // Not while a write is in flight: its cost is not known yet (the first one's is only its
   // wait so far), and a save now would block on the rest of it, outside the budget.
   return budget == 0 ||

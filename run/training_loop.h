@@ -6,6 +6,7 @@
 // run/signals.h) and applies it or skips it, records its metrics (rank 0 writes
 // them) and, when due, writes a checkpoint. Bad steps in a row roll the run back.
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -69,7 +70,7 @@ class TrainingLoop {
   // would exceed its train.checkpoint_budget and of its checkpoint cost, so that
   // every rank skips the same updates, stops after the same step and defers the
   // same checkpoints. Returns whether to apply the update.
-  bool agree_on_update(const StepResult& result);
+  bool agree_on_update(const StepResult& result, int64_t step);
 
   // A step whose update was skipped: say why on rank 0, with the batch's
   // documents. At train.max_bad_steps in a row, roll back (every rank alike) to
@@ -121,8 +122,9 @@ class TrainingLoop {
   bool checkpoint_now(int64_t step, double step_ms);
 
   // This rank's side of the budget: no write is in flight, and since the previous
-  // checkpoint started at least its cost / train.checkpoint_budget has passed.
-  bool checkpoint_within_budget() const;
+  // checkpoint started at least its cost / train.checkpoint_budget has passed
+  // (at `step`, unless HDP_FAULT_INJECT=R:S-L:defer-checkpoint defers it).
+  bool checkpoint_within_budget(int64_t step) const;
 
   // Rank 0, once in a deferral (at its first step with no write of its own in flight,
   // so that the cost is known): what a checkpoint costs and how far apart the budget
@@ -152,6 +154,10 @@ class TrainingLoop {
   std::optional<TensorBoardWriter> tensorboard_;  // rank 0, with metrics.tensorboard
   ProgressMeter clock_;      // since run() began: the step line's elapsed time and ETA
   int64_t first_step_ = 0;   // the step run() started after
+  // The last step run_step finished (its metrics written), read by the writer thread
+  // under HDP_FAULT_INJECT=R:S-L:held-checkpoint; declared before writer_, which
+  // joins its thread when destroyed.
+  std::atomic<int64_t> finished_step_{0};
   std::optional<CheckpointWriter> writer_;  // train.checkpoint_every > 0
   FaultInjection fault_;
   NumericalGuard guard_;

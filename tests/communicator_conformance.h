@@ -24,6 +24,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <functional>
 #include <string>
 #include <vector>
@@ -440,10 +441,72 @@ TYPED_TEST_P(CommunicatorConformance, StatsCountBytesAsARingSends) {
   });
 }
 
+// Messages of one peer and tag match in the order sent, receive k taking message k
+// however the receives are waited for (what the pipeline's tags rely on, and MPI's
+// non-overtaking rule): three messages of one tag and different sizes, their
+// receives posted in order, one before the sends, and waited in reverse.
+TYPED_TEST_P(CommunicatorConformance, MessagesOfOneTagMatchInTheOrderSent) {
+  this->for_each_size(2, [](Communicator& comm, ConformanceBuffers& b) {
+    const int r = comm.rank(), n = comm.size(), next = (r + 1) % n, prev = (r + n - 1) % n;
+    const int64_t sizes[] = {2, 3000, 1};
+    std::vector<Tensor> received, sent;
+    std::vector<CommRequest> receives, sends;
+    auto value = [](int k, int rank, size_t i) {
+      return static_cast<float>(10000 * k + 100 * rank + static_cast<int>(i % 97));
+    };
+    received.push_back(b.make(sizes[0]));
+    receives.push_back(comm.recv_async(received.back(), prev, 5));
+    for (int k = 0; k < 3; ++k) {
+      std::vector<float> v(static_cast<size_t>(sizes[k]));
+      for (size_t i = 0; i < v.size(); ++i) v[i] = value(k, r, i);
+      sent.push_back(b.make(v));
+      sends.push_back(comm.send_async(sent.back(), next, 5));
+    }
+    for (int k = 1; k < 3; ++k) {
+      received.push_back(b.make(sizes[k]));
+      receives.push_back(comm.recv_async(received.back(), prev, 5));
+    }
+    for (int k = 2; k >= 0; --k) receives[static_cast<size_t>(k)].wait();
+    for (CommRequest& s : sends) s.wait();
+    for (int k = 0; k < 3; ++k) {
+      const std::vector<float> got = b.get(received[static_cast<size_t>(k)]);
+      for (size_t i = 0; i < got.size(); ++i)
+        ASSERT_EQ(got[i], value(k, prev, i)) << "message " << k << " element " << i;
+    }
+  });
+}
+
+// Tags run from 0 to max_tag(), at least what every MPI allows; one outside is
+// refused when the send or receive is made, naming the group and the tag.
+TYPED_TEST_P(CommunicatorConformance, TagsOutsideZeroToTheLargestAreRefused) {
+  this->for_each_size(2, [](Communicator& comm, ConformanceBuffers& b) {
+    EXPECT_GE(comm.max_tag(), kGuaranteedMaxTag);
+    const int peer = (comm.rank() + 1) % comm.size();
+    Tensor t = b.make(std::vector<float>{1, 2});
+    std::vector<int> bad = {-1};
+    if (comm.max_tag() < INT_MAX) bad.push_back(comm.max_tag() + 1);
+    for (int tag : bad) {
+      for (const bool send : {true, false}) {
+        try {
+          CommRequest request = send ? comm.send_async(t, peer, tag) : comm.recv_async(t, peer, tag);
+          ADD_FAILURE() << "tag " << tag << " accepted";
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find(comm.name() + (send ? " send to" : " recv from")), std::string::npos)
+              << e.what();
+          EXPECT_NE(std::string(e.what()).find("tag " + std::to_string(tag) + " is outside 0.." +
+                                               std::to_string(comm.max_tag())),
+                    std::string::npos) << e.what();
+        }
+      }
+    }
+  });
+}
+
 REGISTER_TYPED_TEST_SUITE_P(CommunicatorConformance, AllReduceSumAndMax, AllReduceOfBf16Tensors,
                             ReduceScatterWithUnevenParts, AllGatherWithUnevenParts, SendRecvPostedInAnyOrder,
                             GroupedExchange, GroupedExchangeOfBf16AndFp32Messages, AllToAllWithASizePerPeer, ZeroLengthMessagesAndCollectives, HostValueAllReduce,
                             MismatchedReceiveIsAnError, ReduceScatterOfTheWrongPartSizeIsAnError,
-                            MismatchedCollectiveSizesAreAnError, StatsCountBytesAsARingSends);
+                            MismatchedCollectiveSizesAreAnError, StatsCountBytesAsARingSends,
+                            MessagesOfOneTagMatchInTheOrderSent, TagsOutsideZeroToTheLargestAreRefused);
 
 }  // namespace hdp::testing

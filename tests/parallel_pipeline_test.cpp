@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <climits>
 #include <map>
 #include <numeric>
 #include <sstream>
@@ -403,40 +404,90 @@ std::string chunk_ops_string(const std::vector<PipelineOp>& ops) {
   return s;
 }
 
-// Every micro-batch passes all stages x chunks virtual stages in order forward and
-// back, each stage runs pipeline_schedule's order, within pipeline_slots slots;
-// micro-batch counts that are not a multiple of the stages included.
+// Runs `m` micro-batches through stages x chunks virtual stages over threads whose
+// tags end at `max_tag`: every micro-batch passes them all in order forward and
+// back, and each stage runs pipeline_schedule's order within pipeline_slots slots.
+void expect_pipeline_composes(int stages, int chunks, int m, int max_tag = INT_MAX) {
+  std::vector<std::string> calls(static_cast<size_t>(stages));
+  std::map<int, float> outputs, gradients;
+  testing::run_ranks(
+      stages,
+      [&](testing::ThreadCommunicator& pp) {
+        PipelineExecutor executor(pp, ChunkedStage::kRows, ChunkedStage::kHidden, Device::CPU, chunks);
+        EXPECT_EQ(executor.slots(), pipeline_slots(pp.rank(), stages, chunks));
+        ChunkedStage stage(pp.rank(), stages, chunks, executor.slots());
+        executor.run(stage, m);
+        calls[static_cast<size_t>(pp.rank())] = stage.calls;
+        if (pp.rank() == stages - 1) outputs = stage.outputs;
+        if (pp.rank() == 0) gradients = stage.gradients;
+      },
+      max_tag);
+  const std::string what = std::to_string(stages) + " stages x " + std::to_string(chunks) + " chunks, " +
+                           std::to_string(m) + " micro-batches";
+  for (int s = 0; s < stages; ++s)
+    EXPECT_EQ(calls[static_cast<size_t>(s)], chunk_ops_string(pipeline_schedule(s, stages, chunks, m)))
+        << what << ", stage " << s;
+  double product = 1;
+  for (int v = 0; v < stages * chunks; ++v) product *= v + 2;
+  ASSERT_EQ(outputs.size(), static_cast<size_t>(m)) << what;
+  ASSERT_EQ(gradients.size(), static_cast<size_t>(m)) << what;
+  for (int i = 0; i < m; ++i) {
+    EXPECT_EQ(outputs[i], static_cast<float>(ChunkedStage::input_value(stages * chunks, i))) << what;
+    EXPECT_EQ(gradients[i], static_cast<float>((i + 1) * product)) << what;
+  }
+}
+
+// Micro-batch counts that are not a multiple of the stages included.
 TEST(PipelineExecutor, InterleavedChunksPassEveryVirtualStageInOrder) {
   for (int stages : {2, 3}) {
     for (int chunks : {2, 3}) {
-      for (int m : {1, 2, 3, 4, 5, 7}) {
-        std::vector<std::string> calls(static_cast<size_t>(stages));
-        std::map<int, float> outputs, gradients;
-        testing::run_ranks(stages, [&](testing::ThreadCommunicator& pp) {
-          PipelineExecutor executor(pp, ChunkedStage::kRows, ChunkedStage::kHidden, Device::CPU, chunks);
-          EXPECT_EQ(executor.slots(), pipeline_slots(pp.rank(), stages, chunks));
-          ChunkedStage stage(pp.rank(), stages, chunks, executor.slots());
-          executor.run(stage, m);
-          calls[static_cast<size_t>(pp.rank())] = stage.calls;
-          if (pp.rank() == stages - 1) outputs = stage.outputs;
-          if (pp.rank() == 0) gradients = stage.gradients;
-        });
-        const std::string what = std::to_string(stages) + " stages x " + std::to_string(chunks) + " chunks, " +
-                                 std::to_string(m) + " micro-batches";
-        for (int s = 0; s < stages; ++s)
-          EXPECT_EQ(calls[static_cast<size_t>(s)], chunk_ops_string(pipeline_schedule(s, stages, chunks, m)))
-              << what << ", stage " << s;
-        double product = 1;
-        for (int v = 0; v < stages * chunks; ++v) product *= v + 2;
-        ASSERT_EQ(outputs.size(), static_cast<size_t>(m)) << what;
-        ASSERT_EQ(gradients.size(), static_cast<size_t>(m)) << what;
-        for (int i = 0; i < m; ++i) {
-          EXPECT_EQ(outputs[i], static_cast<float>(ChunkedStage::input_value(stages * chunks, i))) << what;
-          EXPECT_EQ(gradients[i], static_cast<float>((i + 1) * product)) << what;
-        }
-      }
+      for (int m : {1, 2, 3, 4, 5, 7}) expect_pipeline_composes(stages, chunks, m);
     }
   }
+}
+
+// A pipeline's message tags do not grow with the micro-batches: over a transport
+// whose largest tag is just what pp x vpp virtual stages need (4 per edge between
+// them: 4 (pp vpp - 1) - 1), 64 micro-batches run (a tag per micro-batch passed
+// that bound from the second one on), each still meeting its own activations and
+// gradients (the k-th message of an edge is micro-batch k's).
+TEST(PipelineExecutor, ManyMicroBatchesKeepTheTagsWithinASmallLargestTag) {
+  for (int stages : {2, 3}) {
+    for (int chunks : {1, 2}) {
+      SCOPED_TRACE(std::to_string(stages) + " stages x " + std::to_string(chunks) + " chunks");
+      expect_pipeline_composes(stages, chunks, 64, 4 * (stages * chunks - 1) - 1);
+    }
+  }
+}
+
+// A communicator whose largest tag is below what the virtual stages need is
+// refused when the executor is made, naming both numbers, not deep in a step.
+TEST(PipelineExecutor, ATransportWithTooFewTagsIsRefusedUpFront) {
+  testing::ThreadGroup group(3, 4 * (3 * 2 - 1) - 2);
+  testing::ThreadCommunicator pp(group, 1, "pp");
+  try {
+    PipelineExecutor executor(pp, 4, 8, Device::CPU, 2);
+    FAIL() << "no error";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_STREQ(e.what(), "pipeline stage 1: 3 stages x 2 model chunks need message tags up to 19, above pp's "
+                           "largest, 18 (MPI_TAG_UB)");
+  }
+}
+
+// The schedule and the slots of a micro-batch count are derived once, and kept
+// while that count recurs (a count between keeps its own).
+TEST(PipelineExecutor, DerivesThePlanOfAMicroBatchCountOnce) {
+  LocalCommunicator pp("pp");
+  PipelineExecutor executor(pp, 4, 8);
+  RecordingStage stage;
+  for (int step = 0; step < 3; ++step) executor.run(stage, 3);
+  EXPECT_EQ(executor.plans_built(), 1);
+  for (int m : {5, 3, 5, 3}) executor.run(stage, m);
+  EXPECT_EQ(executor.plans_built(), 2);
+  // The plans drive the runs as a fresh one would: the last run's calls.
+  stage.calls.clear();
+  executor.run(stage, 3);
+  EXPECT_EQ(stage.calls, "P0/0 F0/0 B0/0 P1/0 F1/0 B1/0 P2/0 F2/0 B2/0");
 }
 
 // One stage has nothing to interleave: the executor refuses chunks there.

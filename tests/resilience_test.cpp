@@ -164,6 +164,18 @@ TEST(FaultInjection, ParsesStepRangesAndModesAndRefusesTheRest) {
   EXPECT_TRUE(f.slow_checkpoint);
   EXPECT_EQ(f.last_step, 4);
   EXPECT_FALSE(f.full_checkpoint || f.exits());
+  setenv("HDP_FAULT_INJECT", "1:3-4:defer-checkpoint", 1);
+  f = fault_injection_from_env();
+  EXPECT_TRUE(f.defer_checkpoint);
+  EXPECT_FALSE(f.slow_checkpoint || f.exits());
+  EXPECT_FALSE(f.defers_checkpoint(1, 2));
+  EXPECT_TRUE(f.defers_checkpoint(1, 3) && f.defers_checkpoint(1, 4));
+  EXPECT_FALSE(f.defers_checkpoint(1, 5) || f.defers_checkpoint(0, 3));
+  setenv("HDP_FAULT_INJECT", "0:3-5:held-checkpoint", 1);
+  f = fault_injection_from_env();
+  EXPECT_TRUE(f.held_checkpoint);
+  EXPECT_EQ(f.last_step, 5);
+  EXPECT_FALSE(f.defer_checkpoint || f.defers_checkpoint(0, 3) || f.exits());
   for (const char* bad : {"2", "2:x", "2:5-3", "2:3:explode", "2:3-", "a:3", "0:2:full"}) {
     setenv("HDP_FAULT_INJECT", bad, 1);
     EXPECT_THROW(fault_injection_from_env(), std::invalid_argument) << bad;

@@ -6,13 +6,14 @@
 // the way back, as the MPI communicator's staging does), the all-to-all copies each
 // rank's parts out of the others' send buffers, sends are buffered (a
 // send completes at once, a receive waits for its message, matched by peer and
-// tag). It passes the communicator conformance suite (tests/communicator_conformance.h).
+// tag in order, as MPI matches them). It passes the communicator conformance
+// suite (tests/communicator_conformance.h).
 
 #include <algorithm>
 #include <barrier>
+#include <climits>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <map>
@@ -30,14 +31,28 @@ namespace hdp::testing {
 
 class ThreadGroup {
  public:
-  explicit ThreadGroup(int size) : size_(size), arrived_(size), posted_(static_cast<size_t>(size)) {}
+  // max_tag: the largest tag its messages may carry (a small one stands for a
+  // transport whose MPI_TAG_UB is low).
+  explicit ThreadGroup(int size, int max_tag = INT_MAX)
+      : size_(size),
+        max_tag_(max_tag),
+        arrived_(size),
+        posted_(static_cast<size_t>(size)),
+        left_(static_cast<size_t>(size)) {}
   int size() const { return size_; }
+  int max_tag() const { return max_tag_; }
   // A rank that failed outside a collective leaves: the collective the others are in
   // (or enter next) fails with this error instead of reading its stale contribution.
   void leave(int rank) {
     posted_[static_cast<size_t>(rank)] = Contribution{};
     posted_[static_cast<size_t>(rank)].error = "rank " + std::to_string(rank) + " left the group (it failed)";
     arrived_.arrive_and_drop();
+    {
+      // A receive from it that is still waiting fails too, instead of waiting forever.
+      std::lock_guard<std::mutex> lock(mail_mutex_);
+      left_[static_cast<size_t>(rank)] = true;
+    }
+    mail_arrived_.notify_all();
   }
 
  private:
@@ -57,12 +72,20 @@ class ThreadGroup {
     int64_t numel = 0;
     DType dtype = DType::F32;
   };
+  // The messages of one (from, to, tag): the k-th receive posted takes the k-th sent,
+  // as MPI matches them (non-overtaking), whatever order the receives are waited in.
+  struct Mailbox {
+    int64_t sent = 0, posted = 0;
+    std::map<int64_t, Message> waiting;  // by number, sent and not yet received
+  };
   int size_;
+  int max_tag_;
   std::barrier<> arrived_;
   std::vector<Contribution> posted_;
   std::mutex mail_mutex_;
   std::condition_variable mail_arrived_;
-  std::map<std::tuple<int, int, int>, std::deque<Message>> mail_;  // (from, to, tag) -> messages in order
+  std::map<std::tuple<int, int, int>, Mailbox> mail_;  // by (from, to, tag)
+  std::vector<bool> left_;                               // by rank: it left the group (leave)
 };
 
 class ThreadCommunicator final : public Communicator {
@@ -72,6 +95,7 @@ class ThreadCommunicator final : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return group_.size(); }
   const std::string& name() const override { return name_; }
+  int max_tag() const override { return group_.max_tag(); }
 
   CommRequest all_reduce_async(Tensor data, ReduceOp op) override {
     host_tensor(data, "all-reduce");
@@ -162,6 +186,7 @@ class ThreadCommunicator final : public Communicator {
   CommRequest send_async(const Tensor& data, int peer, int tag) override {
     host_tensor(data, "send");
     check_peer(peer, "send to");
+    check_tag(tag, "send to", peer);
     ThreadGroup::Message m;
     m.bytes.assign(static_cast<const char*>(data.raw()), static_cast<const char*>(data.raw()) + data.bytes());
     m.numel = data.numel();
@@ -170,7 +195,8 @@ class ThreadCommunicator final : public Communicator {
     ++stats_.p2p_messages;
     {
       std::lock_guard<std::mutex> lock(group_.mail_mutex_);
-      group_.mail_[{rank_, peer, tag}].push_back(std::move(m));
+      ThreadGroup::Mailbox& box = group_.mail_[{rank_, peer, tag}];
+      box.waiting.emplace(box.sent++, std::move(m));
     }
     group_.mail_arrived_.notify_all();
     return {};
@@ -179,16 +205,25 @@ class ThreadCommunicator final : public Communicator {
   CommRequest recv_async(Tensor data, int peer, int tag) override {
     host_tensor(data, "recv");
     check_peer(peer, "recv from");
+    check_tag(tag, "recv from", peer);
     class Receive final : public CommRequest::Pending {
      public:
-      Receive(ThreadCommunicator& comm, Tensor data, int peer, int tag) : comm_(comm), data_(data), peer_(peer), tag_(tag) {}
+      Receive(ThreadCommunicator& comm, Tensor data, int peer, int tag) : comm_(comm), data_(data), peer_(peer), tag_(tag) {
+        std::lock_guard<std::mutex> lock(comm.group_.mail_mutex_);
+        number_ = comm.group_.mail_[{peer, comm.rank_, tag}].posted++;
+      }
       void wait() override {
         ThreadGroup& g = comm_.group_;
         std::unique_lock<std::mutex> lock(g.mail_mutex_);
-        std::deque<ThreadGroup::Message>& queue = g.mail_[{peer_, comm_.rank_, tag_}];
-        g.mail_arrived_.wait(lock, [&] { return !queue.empty(); });
-        ThreadGroup::Message m = std::move(queue.front());
-        queue.pop_front();
+        std::map<int64_t, ThreadGroup::Message>& waiting = g.mail_[{peer_, comm_.rank_, tag_}].waiting;
+        g.mail_arrived_.wait(lock, [&] { return waiting.contains(number_) || g.left_[static_cast<size_t>(peer_)]; });
+        const auto it = waiting.find(number_);
+        if (it == waiting.end())
+          throw std::runtime_error(comm_.name_ + " recv from rank " + std::to_string(peer_) + " (tag " +
+                                   std::to_string(tag_) + "): rank " + std::to_string(peer_) +
+                                   " left the group (it failed)");
+        ThreadGroup::Message m = std::move(it->second);
+        waiting.erase(it);
         lock.unlock();
         if (m.numel != data_.numel() || m.dtype != data_.dtype) {
           throw std::runtime_error(comm_.name_ + " recv from rank " + std::to_string(peer_) + " (tag " +
@@ -203,6 +238,7 @@ class ThreadCommunicator final : public Communicator {
       ThreadCommunicator& comm_;
       Tensor data_;
       int peer_, tag_;
+      int64_t number_ = 0;  // this receive's place among those of its (peer, tag)
     };
     return CommRequest(std::make_unique<Receive>(*this, data, peer, tag));
   }
@@ -327,9 +363,10 @@ class ThreadCommunicator final : public Communicator {
 // Runs body(communicator) on `size` threads, one per rank, and rethrows the first
 // exception any of them threw. Every rank must make the same collectives: check
 // with EXPECT_*, whose failures do not leave the body. A rank that throws leaves
-// the group so that the others do not wait for it forever.
-inline void run_ranks(int size, const std::function<void(ThreadCommunicator&)>& body) {
-  ThreadGroup group(size);
+// the group so that the others do not wait for it forever. max_tag: the group's
+// largest message tag.
+inline void run_ranks(int size, const std::function<void(ThreadCommunicator&)>& body, int max_tag = INT_MAX) {
+  ThreadGroup group(size, max_tag);
   std::vector<std::exception_ptr> errors(static_cast<size_t>(size));
   std::vector<std::thread> threads;
   for (int r = 0; r < size; ++r) {

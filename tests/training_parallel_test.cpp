@@ -69,6 +69,30 @@ std::map<std::string, std::vector<float>> final_weights(const std::string& dir, 
   return read_weights(out);
 }
 
+// The checkpoint of `step` in dir/ckpt.
+std::string checkpoint_path(const std::string& dir, int step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "/ckpt/step-%08d", step);
+  return dir + name;
+}
+
+// The run of `args` on two ranks, resumed from the checkpoint of step `from` (those
+// after it removed), goes on bit-identically: the losses `want` and the final weights
+// `want_weights` of the run that went on.
+void expect_resume_goes_on_bit_identically(const std::string& dir, const std::string& args, int from, int steps,
+                                           const std::vector<double>& want,
+                                           const std::map<std::string, std::vector<float>>& want_weights) {
+  for (int step = from + 1; step <= steps; ++step) std::filesystem::remove_all(checkpoint_path(dir, step));
+  auto resumed = run_command(mpirun(2) + " " + args);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
+  EXPECT_NE(resumed.output.find("resumed from " + checkpoint_path(dir, from) + " at step " + std::to_string(from)),
+            std::string::npos) << resumed.output;
+  const std::vector<double> got = losses(dir);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;
+  EXPECT_EQ(final_weights(dir, steps), want_weights);
+}
+
 // Relative L2 distance of all weights together must be within `tolerance`, and
 // of every tensor within 10 x tolerance. Why not every tensor at `tolerance`:
 // AdamW divides by sqrt(v) + eps with eps = 1e-8, so an element whose gradient is
@@ -816,9 +840,7 @@ TEST(ParallelCheckpoints, CheckpointsDeferredToKeepWithinTheBudgetAreAlikeOnEver
 
   std::vector<int> saved;
   for (int step = 1; step <= steps; ++step) {
-    char name[32];
-    std::snprintf(name, sizeof(name), "/ckpt/step-%08d", step);
-    const std::string path = dir + name;
+    const std::string path = checkpoint_path(dir, step);
     EXPECT_FALSE(std::filesystem::exists(path + ".tmp")) << path;
     if (!std::filesystem::exists(path)) continue;
     saved.push_back(step);
@@ -852,32 +874,47 @@ TEST(ParallelCheckpoints, CheckpointsDeferredToKeepWithinTheBudgetAreAlikeOnEver
   const int first_deferral = static_cast<int>(first_deferred - deferred.begin()) + 1;
   EXPECT_GT(from, first_deferral) << r.output;
   EXPECT_GT(deferred[from - 1], 0) << r.output;
-  char from_name[32];
-  std::snprintf(from_name, sizeof(from_name), "/ckpt/step-%08d", from);
-  const std::string manifest = testing::file_text(dir + from_name + "/manifest.yaml");
+  const std::string manifest = testing::file_text(checkpoint_path(dir, from) + "/manifest.yaml");
   EXPECT_NE(manifest.find("checkpoints_deferred: " + std::to_string(static_cast<int64_t>(deferred[from - 1])) + "\n"),
             std::string::npos) << manifest;
 
-  const std::vector<double> want = losses(dir);
-  const auto want_weights = final_weights(dir, steps);
-  for (int step : saved) {
-    char name[32];
-    std::snprintf(name, sizeof(name), "/ckpt/step-%08d", step);
-    if (step > from) std::filesystem::remove_all(dir + name);
-  }
-  auto resumed = run_command(mpirun(2) + " " + args);
-  ASSERT_EQ(resumed.exit_code, 0) << resumed.output;
-  EXPECT_NE(resumed.output.find("resumed from " + dir + from_name + " at step " + std::to_string(from)),
-            std::string::npos) << resumed.output;
-  const std::vector<double> got = losses(dir);
-  ASSERT_EQ(got.size(), want.size());
-  for (size_t i = 0; i < got.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;
-  EXPECT_EQ(final_weights(dir, steps), want_weights);
+  expect_resume_goes_on_bit_identically(dir, args, from, steps, losses(dir), final_weights(dir, steps));
   // The resumed run counts on from the checkpoint's count (step `from + 1` may add one).
   const std::vector<double> counted = metric_values(dir, "checkpoints_deferred");
   ASSERT_EQ(counted.size(), static_cast<size_t>(steps));
-  EXPECT_GE(counted[from], deferred[from - 1]) << resumed.output;
-  EXPECT_LE(counted[from], deferred[from - 1] + 1) << resumed.output;
+  EXPECT_GE(counted[from], deferred[from - 1]) << "resumed from step " << from;
+  EXPECT_LE(counted[from], deferred[from - 1] + 1) << "resumed from step " << from;
+}
+
+// A due checkpoint deferred (train.checkpoint_budget) lands on a step that is not a
+// multiple of train.checkpoint_every: rank 1 of two finds the checkpoints of steps 3
+// and 4 over the budget (HDP_FAULT_INJECT=1:3-4:defer-checkpoint: the veto a slow
+// write gives, without its timing), so step 3's is written at step 5, the first no
+// rank vetoes (no checkpoint came before it, so the budget itself allows it). It is
+// whole, its manifest records step 5 and the one due checkpoint passed over, and the
+// run resumed from it goes on bit-identically: the losses and the final weights of
+// the run that went on.
+TEST(ParallelCheckpoints, ADeferredCheckpointOffTheIntervalIsWholeAndResumesBitIdentically) {
+  const Layout hdp2{"hdp2", 1, 1, 2};
+  const std::string dir = scratch_dir("parallel-deferred-off-interval");
+  const int steps = 8;
+  const std::string args = train_args(dir, hdp2, steps, "--set train.checkpoint_every=3 --set train.keep_checkpoints=100 "
+                                                         "--set train.checkpoint_budget=0.5");
+  auto r = run_command("HDP_FAULT_INJECT=1:3-4:defer-checkpoint " + mpirun(2) + " " + args);
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  for (int step : {1, 2, 3, 4}) EXPECT_FALSE(std::filesystem::exists(checkpoint_path(dir, step))) << step;
+  const std::string deferred = checkpoint_path(dir, 5);
+  for (const char* file : {"/manifest.yaml", "/rank-00000.h5", "/rank-00001.h5"}) {
+    EXPECT_TRUE(std::filesystem::exists(deferred + file)) << deferred + file << "\n" << r.output;
+  }
+  const std::string manifest = testing::file_text(deferred + "/manifest.yaml");
+  EXPECT_NE(manifest.find("\nstep: 5\n"), std::string::npos) << manifest;
+  EXPECT_NE(manifest.find("\ncheckpoints_deferred: 1\n"), std::string::npos) << manifest;
+  const std::vector<double> counted = metric_values(dir, "checkpoints_deferred");
+  ASSERT_EQ(counted.size(), static_cast<size_t>(steps));
+  EXPECT_EQ(std::vector<double>(counted.begin(), counted.begin() + 5), (std::vector<double>{0, 0, 1, 1, 1}));
+
+  expect_resume_goes_on_bit_identically(dir, args, 5, steps, losses(dir), final_weights(dir, steps));
 }
 
 TEST(ParallelFailures, ARankThatDiesEndsTheJobPromptly) {

@@ -647,6 +647,27 @@ TEST(Training, ACheckpointBudgetOfZeroSavesEveryDueStepWaitingForTheWriteInFligh
   EXPECT_GE((time[3] - time[1]) * 1e3, kSlowCheckpointMs) << r.output;
 }
 
+// The training thread does not wait for a checkpoint write in flight: the writer
+// holds its part of step 3's checkpoint until the training thread has finished step
+// 6 (HDP_FAULT_INJECT=0:3-6:held-checkpoint), and says how many steps finished
+// meanwhile: all three, 4 to 6. A training thread that waited for the write would
+// finish none of them before the writer gave up (after kHeldCheckpointLimitS); the
+// count, not a time, is what shows it. Step 6's checkpoint (train.checkpoint_budget
+// 0) waits for step 3's write, and both are whole.
+TEST(Training, StepsGoOnWhileACheckpointIsWrittenInTheBackground) {
+  const std::string dir = scratch_dir("training-steps-during-a-write");
+  const std::string common = testing::small_model_overrides() + " --set train.checkpoint_every=3 "
+                             "--set train.keep_checkpoints=10 --set train.checkpoint_budget=0";
+  auto r = testing::run_command("HDP_FAULT_INJECT=0:3-6:held-checkpoint " + std::string(HDP_TRAINER_BINARY) + " " +
+                                run_args(dir, 7, common));
+  ASSERT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("rank 0 held its part of the checkpoint of step 3 while the training thread finished 3 "
+                          "steps (up to step 6)"),
+            std::string::npos) << r.output;
+  for (int step : {3, 6, 7}) EXPECT_TRUE(fs::exists(step_dir(dir, step) + "/manifest.yaml")) << step << r.output;
+  EXPECT_EQ(metric_lines(dir).size(), 7u);
+}
+
 // A full disk under run_dir (HDP_FAULT_INJECT RANK:STEP:full-metrics) is an error,
 // never a run that reports success with its record cut: exit code 2 naming
 // metrics.jsonl and the step, every line in the file whole, and a resume continues it.
