@@ -1270,11 +1270,27 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   if (rows) candidates.push_back({&items, &*rows});
   std::optional<StepPlan> chosen;
   double chosen_seconds = 0;
-  auto consider = [&](StepPlan plan) {
+  auto score = [&](StepPlan plan) {
     const double seconds = balance.step_seconds(plan);
     if (!chosen || seconds < chosen_seconds * (1 - 1e-9)) {
       chosen = std::move(plan);
       chosen_seconds = seconds;
+    }
+  };
+  // Each candidate, and with deeper_warmup then the same candidate with the deepest
+  // warm-ups its memory allows where they are deeper than 1F1B's (ties keep 1F1B).
+  auto consider = [&](StepPlan plan) {
+    if (!balance.deeper_warmup || st.pipeline_stages == 1) return score(std::move(plan));
+    std::vector<int> warmups = plan_deepest_warmups(plan, st.layers_per_stage, st.pipeline_stages);
+    bool deeper = false;
+    for (int s = 0; s < st.pipeline_stages; ++s) deeper = deeper || warmups[s] > st.pipeline_stages - s - 1;
+    if (deeper) {
+      StepPlan deep = plan;
+      deep.warmups = std::move(warmups);
+      score(std::move(plan));
+      score(std::move(deep));
+    } else {
+      score(std::move(plan));
     }
   };
   for (const auto& [candidate_items, assignment] : candidates)

@@ -7,7 +7,11 @@
 namespace hdp {
 
 std::vector<PipelineOp> one_f_one_b(int stage, int stages, int micro_batches) {
-  const int warmup = std::min(stages - stage - 1, micro_batches);
+  return one_f_one_b_with_warmup(micro_batches, stages - stage - 1);
+}
+
+std::vector<PipelineOp> one_f_one_b_with_warmup(int micro_batches, int warmup_forwards) {
+  const int warmup = std::clamp(warmup_forwards, 0, std::max(micro_batches, 0));
   std::vector<PipelineOp> ops;
   for (int i = 0; i < warmup; ++i) ops.push_back({true, i});
   for (int k = 0; k < micro_batches - warmup; ++k) {
@@ -64,7 +68,60 @@ std::vector<PipelineOp> interleaved_one_f_one_b(int stage, int stages, int chunk
   return ops;
 }
 
-std::vector<PipelineOp> pipeline_schedule(int stage, int stages, int chunks, int micro_batches) {
+void validate_warmups(std::span<const int> warmups, int stages) {
+  if (static_cast<int>(warmups.size()) != stages)
+    throw std::invalid_argument("pipeline warm-ups: " + std::to_string(warmups.size()) + " counts for " +
+                                std::to_string(stages) + " stages");
+  for (int s = 0; s < stages; ++s)
+    if (warmups[s] < 0 || (s > 0 && warmups[s] > warmups[s - 1]))
+      throw std::invalid_argument("pipeline warm-ups: stage " + std::to_string(s) + " runs " +
+                                  std::to_string(warmups[s]) + " warm-up forwards" +
+                                  (s > 0 ? ", stage " + std::to_string(s - 1) + " " + std::to_string(warmups[s - 1])
+                                         : std::string()) +
+                                  "; counts must be non-negative and non-increasing along the stages");
+}
+
+bool warmup_fits(const std::vector<std::vector<double>>& kept, int stage, int stages, int warmup) {
+  const double budget = static_cast<double>(stages - stage) * (1 + 1e-9);
+  for (const std::vector<double>& rank : kept) {
+    const size_t window = std::min(rank.size(), static_cast<size_t>(std::max(warmup, 0)) + 1);
+    double sum = 0;
+    for (size_t i = 0; i < rank.size(); ++i) {
+      sum += rank[i];
+      if (i >= window) sum -= rank[i - window];
+      if (i + 1 >= window && sum > budget) return false;
+    }
+  }
+  return true;
+}
+
+std::vector<int> deepest_warmups(const std::vector<std::vector<double>>& kept, int stages) {
+  int most = 0;
+  for (const std::vector<double>& rank : kept) most = std::max(most, static_cast<int>(rank.size()));
+  std::vector<int> warmups;
+  for (int s = 0; s < stages; ++s) {
+    const int least = stages - s - 1;
+    int w = least;
+    // Deeper warm-ups hold supersets of the shallower ones' windows: the first that
+    // does not fit ends the search.
+    // The last stage's backward needs only its own forward: a warm-up there would only
+    // hold the gradients back from the earlier stages.
+    if (s + 1 < stages && warmup_fits(kept, s, stages, least))
+      while (w + 1 < most && warmup_fits(kept, s, stages, w + 1)) ++w;
+    warmups.push_back(s > 0 ? std::min(w, warmups.back() - 1) : w);
+  }
+  return warmups;
+}
+
+std::vector<PipelineOp> pipeline_schedule(int stage, int stages, int chunks, int micro_batches,
+                                          std::span<const int> warmups) {
+  if (!warmups.empty()) {
+    if (chunks != 1)
+      throw std::invalid_argument("pipeline warm-ups: a deeper warm-up is for one model chunk per stage, not " +
+                                  std::to_string(chunks));
+    validate_warmups(warmups, stages);
+    return one_f_one_b_with_warmup(micro_batches, warmups[stage]);
+  }
   return chunks == 1 ? one_f_one_b(stage, stages, micro_batches)
                      : interleaved_one_f_one_b(stage, stages, chunks, micro_batches);
 }

@@ -1,11 +1,14 @@
 // Interleaved 1F1B (planning/pipeline_schedule.h): hand-worked orders, the
 // invariants every order must keep, deadlock freedom when the stages wait for
 // each other's transfers, and the bubble a replay of the order measures against
-// Narayanan et al. 2021's (p - 1) / (vpp m).
+// Narayanan et al. 2021's (p - 1) / (vpp m). 1F1B with deeper warm-ups: orders,
+// the rule that keeps them free of deadlock, the depth memory allows, and
+// check_plan's memory check of a plan's warm-ups.
 
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <functional>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -13,6 +16,7 @@
 #include <vector>
 
 #include "planning/pipeline_schedule.h"
+#include "planning/plan.h"
 
 namespace hdp {
 namespace {
@@ -61,10 +65,12 @@ TEST(PipelineSchedule, RefusesChunksWithoutStagesToInterleave) {
 // seconds per chunk and free transfers: an op starts when its stage is free and the
 // op it waits for (the previous virtual stage's forward, the next one's backward,
 // its own forward) has ended. Returns the makespan; fails the test on a deadlock.
-double replay(int stages, int chunks, int m, double forward, double backward, const std::string& what) {
+// With warm-ups, one chunk per stage and those warm-up counts.
+double replay(int stages, int chunks, int m, double forward, double backward, const std::string& what,
+              const std::vector<int>& warmups = {}) {
   const int virtual_stages = stages * chunks;
   std::vector<std::vector<PipelineOp>> orders;
-  for (int s = 0; s < stages; ++s) orders.push_back(pipeline_schedule(s, stages, chunks, m));
+  for (int s = 0; s < stages; ++s) orders.push_back(pipeline_schedule(s, stages, chunks, m, warmups));
   std::map<std::tuple<bool, int, int>, double> end;  // (forward, micro-batch, virtual stage) -> end
   std::vector<size_t> next(stages, 0);
   std::vector<double> free(stages, 0.0);
@@ -153,6 +159,138 @@ TEST(PipelineBubble, ReplayedOrderMeetsTheFormula) {
         const double ideal = 3.0 * m;
         EXPECT_NEAR((step - ideal) / ideal, pipeline_bubble_fraction(stages, chunks, m), 1e-9) << what;
       }
+}
+
+// "F0 F1 B0 ..." of a one-chunk order.
+std::string flat_string(const std::vector<PipelineOp>& ops) {
+  std::string s;
+  for (const PipelineOp& op : ops) s += (s.empty() ? "" : " ") + std::string(op.forward ? "F" : "B") + std::to_string(op.micro_batch);
+  return s;
+}
+
+TEST(DeeperWarmup, HandWrittenOrders) {
+  EXPECT_EQ(flat_string(one_f_one_b_with_warmup(5, 4)), "F0 F1 F2 F3 F4 B0 B1 B2 B3 B4");
+  EXPECT_EQ(flat_string(one_f_one_b_with_warmup(5, 3)), "F0 F1 F2 F3 B0 F4 B1 B2 B3 B4");
+  EXPECT_EQ(flat_string(one_f_one_b_with_warmup(5, 2)), "F0 F1 F2 B0 F3 B1 F4 B2 B3 B4");
+  EXPECT_EQ(flat_string(one_f_one_b_with_warmup(3, 0)), "F0 B0 F1 B1 F2 B2");
+  EXPECT_EQ(flat_string(one_f_one_b_with_warmup(3, 9)), "F0 F1 F2 B0 B1 B2");  // at most m
+  const std::vector<int> warmups{3, 1, 0};
+  EXPECT_EQ(flat_string(pipeline_schedule(0, 3, 1, 5, warmups)), "F0 F1 F2 F3 B0 F4 B1 B2 B3 B4");
+  EXPECT_EQ(flat_string(pipeline_schedule(1, 3, 1, 5, warmups)), "F0 F1 B0 F2 B1 F3 B2 F4 B3 B4");
+  // 1F1B's counts give 1F1B's orders.
+  for (int stages = 1; stages <= 4; ++stages)
+    for (int s = 0; s < stages; ++s)
+      for (int m = 0; m <= 6; ++m) {
+        std::vector<int> one_f_one_b_counts;
+        for (int t = 0; t < stages; ++t) one_f_one_b_counts.push_back(stages - t - 1);
+        EXPECT_EQ(flat_string(pipeline_schedule(s, stages, 1, m, one_f_one_b_counts)),
+                  flat_string(one_f_one_b(s, stages, m)));
+      }
+}
+
+TEST(DeeperWarmup, OnlyNonIncreasingCountsOfOneChunkAreValid) {
+  EXPECT_NO_THROW(validate_warmups(std::vector<int>{5, 5, 2, 0}, 4));
+  EXPECT_THROW(validate_warmups(std::vector<int>{3, 4, 1, 0}, 4), std::invalid_argument);  // increases
+  EXPECT_THROW(validate_warmups(std::vector<int>{3, 2, 1, -1}, 4), std::invalid_argument);
+  EXPECT_THROW(validate_warmups(std::vector<int>{3, 2, 1}, 4), std::invalid_argument);  // a count per stage
+  EXPECT_THROW(pipeline_schedule(0, 2, 2, 4, std::vector<int>{3, 0}), std::invalid_argument);  // interleaved
+}
+
+// Every valid choice of counts (non-increasing, each at most m) replays without a
+// deadlock, with these forward and backward times. (An increasing pair, which
+// validate_warmups refuses, can deadlock: with 0, 1 stage 1 waits for forward 1
+// before its backward 0, and stage 0 sends forward 1 only after that backward.)
+TEST(DeeperWarmup, NonIncreasingCountsNeverDeadlock) {
+  for (int stages = 2; stages <= 4; ++stages)
+    for (int m = 1; m <= 6; ++m) {
+      std::vector<int> w(stages, 0);
+      // Every non-increasing w with w[0] <= m.
+      std::function<void(int, int)> each = [&](int s, int most) {
+        if (s == stages) {
+          std::string what = "pp " + std::to_string(stages) + " m " + std::to_string(m) + " warm-ups";
+          for (int c : w) what += " " + std::to_string(c);
+          replay(stages, 1, m, 1.0, 2.0, what, w);
+          replay(stages, 1, m, 3.0, 0.5, what, w);
+          return;
+        }
+        for (int c = 0; c <= most; ++c) w[s] = c, each(s + 1, c);
+      };
+      each(0, m);
+    }
+}
+
+TEST(DeeperWarmup, DeepestCountsTheMemoryAllows) {
+  // Two stages, budgets 2 and 1 micro-batches at capacity. Rank 0: a full micro-batch,
+  // then quarters: all five fit stage 0's budget at once (1 + 4 x 0.25 = 2).
+  EXPECT_EQ(deepest_warmups({{1, 0.25, 0.25, 0.25, 0.25}}, 2), (std::vector<int>{4, 0}));
+  // Halves: 1 + 0.5 + 0.5 fit, a fourth does not: warm-up 2.
+  EXPECT_EQ(deepest_warmups({{1, 0.5, 0.5, 0.5, 0.5}}, 2), (std::vector<int>{2, 0}));
+  // Every rank must fit: rank 1's full micro-batches leave 1F1B's counts.
+  EXPECT_EQ(deepest_warmups({{1, 0.25, 0.25, 0.25, 0.25}, {1, 1, 1}}, 2), (std::vector<int>{1, 0}));
+  // Three stages, budgets 3, 2, 1: four of these fit stage 0 (2.8), two stage 1.
+  EXPECT_EQ(deepest_warmups({{1, 1, 0.4, 0.4, 0.4, 0.4}}, 3), (std::vector<int>{3, 1, 0}));
+  EXPECT_EQ(deepest_warmups({{0.5, 0.5, 0.5, 0.5, 0.5, 0.5}}, 3), (std::vector<int>{5, 3, 0}));
+  // All six fit both stages (at most m - 1 = 5): stage 1 stays one below stage 0.
+  EXPECT_EQ(deepest_warmups({{0.1, 0.1, 0.1, 0.1, 0.1, 0.1}}, 3), (std::vector<int>{5, 4, 0}));
+  // Where 1F1B's own windows exceed the budget (a plan over its capacity), 1F1B's.
+  EXPECT_EQ(deepest_warmups({{1.5, 0.6, 0.1}}, 2), (std::vector<int>{1, 0}));
+  EXPECT_TRUE(warmup_fits({{1, 0.5, 0.5, 0.5}}, 0, 2, 2));
+  EXPECT_FALSE(warmup_fits({{1, 0.5, 0.5, 0.5}}, 0, 2, 3));
+  EXPECT_TRUE(warmup_fits({{1, 0.5, 0.5, 0.5}}, 1, 2, 0));
+  EXPECT_FALSE(warmup_fits({{1, 0.5, 0.5, 0.5}}, 1, 2, 1));
+}
+
+// One rank, capacity 4, one layer per stage: a micro-batch of 4 tokens, then `shorts`
+// of `tokens` each, with warm-ups `warmups`.
+StepPlan long_then_short_plan(int shorts, int64_t tokens, std::vector<int> warmups, std::vector<int64_t>& lengths) {
+  StepPlan plan;
+  plan.capacity = 4;
+  plan.ranks.resize(1);
+  lengths = {4};
+  for (int i = 0; i < shorts; ++i) lengths.push_back(tokens);
+  for (size_t q = 0; q < lengths.size(); ++q) {
+    PlannedMicroBatch mb;
+    mb.pieces.push_back({static_cast<int64_t>(q), 0, lengths[q], -1});
+    plan.ranks[0].push_back(mb);
+  }
+  plan.warmups = std::move(warmups);
+  return plan;
+}
+
+TEST(DeeperWarmup, CheckPlanRefusesWarmupsMemoryDoesNotHold) {
+  std::vector<int64_t> lengths;
+  // Quarters: the device shares are 1, 0.25 x 4; stage 0 holds all five at once.
+  StepPlan plan = long_then_short_plan(4, 1, {4, 0}, lengths);
+  EXPECT_EQ(plan_deepest_warmups(plan, 1, 2), (std::vector<int>{4, 0}));
+  EXPECT_NO_THROW(check_plan(plan, lengths, 1, 2));
+  // Halves: 1 + 0.5 x 4 = 3 micro-batches at capacity, stage 0 holds 2.
+  plan = long_then_short_plan(4, 2, {4, 0}, lengths);
+  EXPECT_EQ(plan_deepest_warmups(plan, 1, 2), (std::vector<int>{2, 0}));
+  try {
+    check_plan(plan, lengths, 1, 2);
+    ADD_FAILURE() << "warm-up 4 over halves passed";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("stage 0's 4 warm-up forwards keep more in flight than its 2 micro-batches"),
+              std::string::npos)
+        << e.what();
+  }
+  plan.warmups = {2, 0};
+  EXPECT_NO_THROW(check_plan(plan, lengths, 1, 2));
+  // The last stage's budget is one micro-batch: warm-up 1 there holds 1.5.
+  plan.warmups = {2, 1};
+  EXPECT_THROW(check_plan(plan, lengths, 1, 2), std::invalid_argument);
+  plan.warmups = {1, 2};  // increasing
+  EXPECT_THROW(check_plan(plan, lengths, 1, 2), std::invalid_argument);
+  plan.warmups = {2, 0};
+  EXPECT_THROW(check_plan(plan, lengths, 1, 2, 2), std::invalid_argument);  // interleaved
+  // Recomputed layers keep less: with 20 layers, 10 recomputing at share 0.2 and no
+  // offload, a micro-batch holds (10 x 0.2 + 2 + 8) / 20 = 0.6 of its tokens' whole bytes.
+  PlannedMicroBatch mb;
+  mb.pieces.push_back({0, 0, 4, -1});
+  mb.recompute_layers = 10;
+  EXPECT_DOUBLE_EQ(micro_batch_device_share(mb, 4, 20, 0.2), 0.6);
+  mb.offload_ratio = 0.5;  // and half of the 8 offloadable layers' rows leave: (2 + 2 + 4) / 20
+  EXPECT_DOUBLE_EQ(micro_batch_device_share(mb, 4, 20, 0.2), 0.4);
 }
 
 }  // namespace
