@@ -285,6 +285,31 @@ TEST(PlanBalance, PipelinesPutARingAtOneIndexOnEveryMember) {
   }
 }
 
+// With deeper_warmup every candidate also competes with the deepest warm-ups its
+// memory allows (plan_deepest_warmups), and the measure decides: one rank, three
+// stages, capacity 100; the sequences pack into micro-batches of 100, 60, 60, 60, 60
+// tokens, whose shares 1 + 3 x 0.6 = 2.8 fit stage 0's budget of 3 (four in flight:
+// warm-up 3 instead of 1F1B's 2); stage 1 stays at 1 (1 + 0.6 fit its 2, 2.2 do not).
+TEST(PlanBalance, DeeperWarmupsCompeteWhenAsked) {
+  PlannerSettings s = settings(1, 100, 1, 0.0, 1.0);
+  s.offload.enabled = false;
+  s.pipeline_stages = 3;
+  const std::vector<int64_t> lengths = {100, 60, 60, 60, 60};
+  BalanceSettings balance;
+  // A measure that prefers any deeper warm-up.
+  balance.step_seconds = [&](const StepPlan& p) { return p.warmups.empty() ? 2.0 : 1.0; };
+  EXPECT_TRUE(plan_balance(lengths, s, balance).warmups.empty());  // not asked
+  balance.deeper_warmup = true;
+  const StepPlan deep = plan_balance(lengths, s, balance);
+  EXPECT_EQ(deep.warmups, (std::vector<int>{3, 1, 0}));
+  EXPECT_NO_THROW(check_plan(deep, lengths, 1, 3));
+  // A measure that prefers 1F1B, or ties, keeps 1F1B.
+  balance.step_seconds = [&](const StepPlan& p) { return p.warmups.empty() ? 1.0 : 2.0; };
+  EXPECT_TRUE(plan_balance(lengths, s, balance).warmups.empty());
+  balance.step_seconds = [&](const StepPlan&) { return 1.0; };
+  EXPECT_TRUE(plan_balance(lengths, s, balance).warmups.empty());
+}
+
 // BalanceSettings::step_seconds decides between the candidates, each laid out (with
 // pipelines also rings first), plan_naive's plan among them. The batch and layout of
 // PipelinesPutARingAtOneIndexOnEveryMember.
