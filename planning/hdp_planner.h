@@ -126,8 +126,8 @@ struct BalanceSettings {
   // the trainer leaves it empty.
   std::function<double(const StepPlan&)> step_seconds;
   // With step_seconds and several pipeline stages: also try every candidate with the
-  // deepest warm-ups its micro-batches' memory allows (StepPlan::warmups,
-  // plan_deepest_warmups). The trainer's executor runs 1F1B only, so only `trainer
+  // deepest forward limits its micro-batches' memory allows (StepPlan::forward_limits,
+  // plan_deepest_forward_limits). The trainer's executor runs 1F1B only, so only `trainer
   // plan`'s balance-deep policy sets it.
   bool deeper_warmup = false;
 };
@@ -192,7 +192,7 @@ struct BalanceSettings {
 // backwards on stage 0, and these are then the next costliest. The one-rank
 // micro-batches follow, each (most expensive first) to the least loaded rank, so
 // pipelines take different numbers. With BalanceSettings::deeper_warmup each
-// candidate competes also with the deepest warm-ups its memory allows.
+// candidate competes also with the deepest forward limits its memory allows.
 StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& settings, const BalanceSettings& balance);
 
 // The busy seconds of ranks coupled by expert parallelism. seconds[r][i] is rank r's

@@ -7,11 +7,7 @@
 namespace hdp {
 
 std::vector<PipelineOp> one_f_one_b(int stage, int stages, int micro_batches) {
-  return one_f_one_b_with_warmup(micro_batches, stages - stage - 1);
-}
-
-std::vector<PipelineOp> one_f_one_b_with_warmup(int micro_batches, int warmup_forwards) {
-  const int warmup = std::clamp(warmup_forwards, 0, std::max(micro_batches, 0));
+  const int warmup = std::min(stages - stage - 1, micro_batches);
   std::vector<PipelineOp> ops;
   for (int i = 0; i < warmup; ++i) ops.push_back({true, i});
   for (int k = 0; k < micro_batches - warmup; ++k) {
@@ -19,6 +15,25 @@ std::vector<PipelineOp> one_f_one_b_with_warmup(int micro_batches, int warmup_fo
     ops.push_back({false, k});
   }
   for (int k = micro_batches - warmup; k < micro_batches; ++k) ops.push_back({false, k});
+  return ops;
+}
+
+std::vector<PipelineOp> forwards_ahead_of_backwards(int micro_batches, std::span<const int> last_forward) {
+  const int m = micro_batches;
+  if (static_cast<int>(last_forward.size()) < m)
+    throw std::invalid_argument("pipeline limits: " + std::to_string(last_forward.size()) + " entries for " +
+                                std::to_string(m) + " micro-batches");
+  for (int k = 0; k < m; ++k)
+    if (last_forward[k] < k || (k > 0 && last_forward[k] < last_forward[k - 1]))
+      throw std::invalid_argument("pipeline limits: backward " + std::to_string(k) + " after forward " +
+                                  std::to_string(last_forward[k]) +
+                                  "; each must be at least its backward and none below the one before");
+  std::vector<PipelineOp> ops;
+  int forwards = 0;
+  for (int k = 0; k < m; ++k) {
+    for (; forwards <= std::min(last_forward[k], m - 1); ++forwards) ops.push_back({true, forwards});
+    ops.push_back({false, k});
+  }
   return ops;
 }
 
@@ -68,59 +83,78 @@ std::vector<PipelineOp> interleaved_one_f_one_b(int stage, int stages, int chunk
   return ops;
 }
 
-void validate_warmups(std::span<const int> warmups, int stages) {
-  if (static_cast<int>(warmups.size()) != stages)
-    throw std::invalid_argument("pipeline warm-ups: " + std::to_string(warmups.size()) + " counts for " +
+void validate_forward_limits(const std::vector<std::vector<int>>& limits, int stages, int micro_batches) {
+  if (static_cast<int>(limits.size()) != stages)
+    throw std::invalid_argument("pipeline limits: " + std::to_string(limits.size()) + " stages' limits for " +
                                 std::to_string(stages) + " stages");
-  for (int s = 0; s < stages; ++s)
-    if (warmups[s] < 0 || (s > 0 && warmups[s] > warmups[s - 1]))
-      throw std::invalid_argument("pipeline warm-ups: stage " + std::to_string(s) + " runs " +
-                                  std::to_string(warmups[s]) + " warm-up forwards" +
-                                  (s > 0 ? ", stage " + std::to_string(s - 1) + " " + std::to_string(warmups[s - 1])
-                                         : std::string()) +
-                                  "; counts must be non-negative and non-increasing along the stages");
+  for (int s = 0; s < stages; ++s) {
+    try {
+      forwards_ahead_of_backwards(micro_batches, limits[s]);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("stage " + std::to_string(s) + ": " + e.what());
+    }
+    if (s == 0) continue;
+    for (int k = 0; k < micro_batches; ++k)
+      if (limits[s][k] > limits[s - 1][k])
+        throw std::invalid_argument("pipeline limits: stage " + std::to_string(s) + " runs forward " +
+                                    std::to_string(limits[s][k]) + " before backward " + std::to_string(k) +
+                                    ", stage " + std::to_string(s - 1) + " only " +
+                                    std::to_string(limits[s - 1][k]) + "; no stage may run ahead of the one before");
+  }
 }
 
-bool warmup_fits(const std::vector<std::vector<double>>& kept, int stage, int stages, int warmup) {
-  const double budget = static_cast<double>(stages - stage) * (1 + 1e-9);
+namespace {
+
+// Whether micro-batches k ... last (clamped to each rank's) keep at most `budget` on every rank.
+bool window_fits(const std::vector<std::vector<double>>& kept, int k, int last, double budget) {
   for (const std::vector<double>& rank : kept) {
-    const size_t window = std::min(rank.size(), static_cast<size_t>(std::max(warmup, 0)) + 1);
     double sum = 0;
-    for (size_t i = 0; i < rank.size(); ++i) {
-      sum += rank[i];
-      if (i >= window) sum -= rank[i - window];
-      if (i + 1 >= window && sum > budget) return false;
-    }
+    for (int i = k; i <= last && i < static_cast<int>(rank.size()); ++i) sum += rank[i];
+    if (sum > budget * (1 + 1e-9)) return false;
   }
   return true;
 }
 
-std::vector<int> deepest_warmups(const std::vector<std::vector<double>>& kept, int stages) {
+}  // namespace
+
+bool forward_limits_fit(const std::vector<std::vector<double>>& kept, int stage, int stages,
+                        std::span<const int> last_forward) {
+  for (int k = 0; k < static_cast<int>(last_forward.size()); ++k)
+    if (last_forward[k] > k + stages - stage - 1 && !window_fits(kept, k, last_forward[k], stages - stage))
+      return false;
+  return true;
+}
+
+std::vector<std::vector<int>> deepest_forward_limits(const std::vector<std::vector<double>>& kept, int stages) {
   int most = 0;
   for (const std::vector<double>& rank : kept) most = std::max(most, static_cast<int>(rank.size()));
-  std::vector<int> warmups;
+  std::vector<std::vector<int>> limits(static_cast<size_t>(stages));
   for (int s = 0; s < stages; ++s) {
-    const int least = stages - s - 1;
-    int w = least;
-    // Deeper warm-ups hold supersets of the shallower ones' windows: the first that
-    // does not fit ends the search.
-    // The last stage's backward needs only its own forward: a warm-up there would only
-    // hold the gradients back from the earlier stages.
-    if (s + 1 < stages && warmup_fits(kept, s, stages, least))
-      while (w + 1 < most && warmup_fits(kept, s, stages, w + 1)) ++w;
-    warmups.push_back(s > 0 ? std::min(w, warmups.back() - 1) : w);
+    const double budget = stages - s;
+    int deepest = 0;  // the memory's W(k), non-decreasing in k: the search resumes where it stopped
+    for (int k = 0; k < most; ++k) {
+      const int least = std::min(k + stages - s - 1, most - 1);
+      int w = least;
+      if (s + 1 < stages && window_fits(kept, k, least, budget)) {
+        deepest = std::max(deepest, least);
+        while (deepest + 1 < most && window_fits(kept, k, deepest + 1, budget)) ++deepest;
+        w = deepest;
+        if (s > 0) w = std::max(least, std::min(w, limits[s - 1][k] - 1));
+      }
+      limits[s].push_back(w);
+    }
   }
-  return warmups;
+  return limits;
 }
 
 std::vector<PipelineOp> pipeline_schedule(int stage, int stages, int chunks, int micro_batches,
-                                          std::span<const int> warmups) {
-  if (!warmups.empty()) {
+                                          const std::vector<std::vector<int>>& limits) {
+  if (!limits.empty()) {
     if (chunks != 1)
-      throw std::invalid_argument("pipeline warm-ups: a deeper warm-up is for one model chunk per stage, not " +
+      throw std::invalid_argument("pipeline limits: forwards ahead of 1F1B's are for one model chunk per stage, not " +
                                   std::to_string(chunks));
-    validate_warmups(warmups, stages);
-    return one_f_one_b_with_warmup(micro_batches, warmups[stage]);
+    validate_forward_limits(limits, stages, micro_batches);
+    return forwards_ahead_of_backwards(micro_batches, limits[stage]);
   }
   return chunks == 1 ? one_f_one_b(stage, stages, micro_batches)
                      : interleaved_one_f_one_b(stage, stages, chunks, micro_batches);

@@ -12,10 +12,11 @@
 //   virtual stage c x pp + s of pp x vpp, so a micro-batch passes every stage vpp
 //   times and the fill and drain shrink by vpp: the bubble is (pp - 1) / (vpp m)
 //   of the ideal step instead of (pp - 1) / m;
-// - 1F1B with a deeper warm-up (deepest_warmups): stage s runs more than
-//   pp - s - 1 forwards before its first backward where the activations in flight
-//   fit its memory, so that a long micro-batch's round trip through the later
-//   stages leaves stage 0 less idle. Backwards stay in micro-batch order.
+// - 1F1B with deeper warm-ups (deepest_forward_limits): before its backward k, stage
+//   s may have run more than 1F1B's forwards 0 ... k + p - s - 1 where the
+//   activations in flight fit its memory, so that a long micro-batch's round trip
+//   through the later stages leaves the stage less idle. Forwards and backwards each
+//   stay in micro-batch order (the gradient sums keep their order).
 
 #include <span>
 #include <vector>
@@ -31,40 +32,45 @@ struct PipelineOp {
 // One forward-one backward: stage s of p runs min(p - s - 1, m) warm-up forwards,
 // then alternates forward and backward, then drains the remaining backwards.
 std::vector<PipelineOp> one_f_one_b(int stage, int stages, int micro_batches);
-// The same order with min(warmup, m) warm-up forwards: before backward k the stage
-// has run forwards 0 ... min(warmup + k, m - 1), so micro-batches k ... warmup + k are
-// in flight (warmup + 1 of them).
-std::vector<PipelineOp> one_f_one_b_with_warmup(int micro_batches, int warmup);
+// Forwards and backwards each in micro-batch order, backward k right after forward
+// min(last_forward[k], m - 1) (or after backward k - 1 when that forward ran earlier):
+// before backward k the stage has run forwards 0 ... last_forward[k], so micro-batches
+// k ... last_forward[k] are in flight. 1F1B is last_forward[k] = k + p - s - 1.
+// Throws std::invalid_argument unless last_forward has at least m entries, each at
+// least k and none below the one before.
+std::vector<PipelineOp> forwards_ahead_of_backwards(int micro_batches, std::span<const int> last_forward);
 
-// Per-stage warm-up counts (one per stage, empty: 1F1B's p - s - 1) are valid when
-// none is negative and none is larger than the previous stage's. That rule is what
-// keeps the stages free of deadlock, whatever their transfers' buffering: stage s
-// runs backward k after forwards up to w_s + k; stage s + 1 needs forwards up to
-// w_(s+1) + k <= w_s + k from stage s before its own backward k, so stage s has sent
-// them before it waits for that backward (by induction from the last stage, whose
-// backward k needs only its own forward k). Throws std::invalid_argument naming the
-// first stage that breaks it, or a count of entries other than `stages`.
-void validate_warmups(std::span<const int> warmups, int stages);
+// Per stage the last forward before each backward k, for k below the most
+// micro-batches of a rank (StepPlan::forward_limits); empty: 1F1B's. Valid when each
+// stage's list is one forwards_ahead_of_backwards takes and no stage's entry exceeds
+// the previous stage's. That rule is what keeps the stages free of deadlock, whatever
+// their transfers' buffering: stage s runs backward k after forwards up to W_s(k);
+// stage s + 1 needs forwards up to W_(s+1)(k) <= W_s(k) from stage s before its own
+// backward k, so stage s has sent them before it waits for that backward (by
+// induction from the last stage, whose backward k needs only its own forward k).
+// Throws std::invalid_argument naming the first stage and backward that break it.
+void validate_forward_limits(const std::vector<std::vector<int>>& limits, int stages, int micro_batches);
 
-// The deepest warm-ups the stages' memory allows. kept[r][i]: what micro-batch i of
-// hdp rank r keeps on the device until its backward, as a share of one micro-batch at
-// the capacity with every layer whole (planning/plan.h, micro_batch_device_share);
-// stage s's budget is 1F1B's, p - s such micro-batches. Per stage but the last the
-// largest w (at least 1F1B's p - s - 1, at most the most micro-batches of a rank less
-// one) such that on every rank every w + 1 consecutive micro-batches together keep at
-// most p - s; then each stage's count is lowered to one below the previous stage's,
-// as in 1F1B: with equal counts stage s + 1's backward k waits for stage s's forward
-// w + k, which stage s runs only after its backward k - 1, so every backward waits for
-// a round trip between the two (simulated: LLaMA-70B, pp 4, GitHub 1M, warm-ups
-// 5, 5, 5, 0 take twice 5, 4, 3, 0's step). The last stage keeps 1F1B's 0: its
-// backward needs only its own forward, and a warm-up there would only hold the
-// gradients back.
-// Shares above 1 (a plan over its capacity) leave 1F1B's counts.
-std::vector<int> deepest_warmups(const std::vector<std::vector<double>>& kept, int stages);
-// Whether warm-up w on stage s of p keeps every rank's forwards in flight within the
-// budget of deepest_warmups: every min(w + 1, m) consecutive shares sum to at most
-// p - s (with a relative tolerance of 1e-9 for rounding).
-bool warmup_fits(const std::vector<std::vector<double>>& kept, int stage, int stages, int warmup);
+// The deepest limits the stages' memory allows. kept[r][i]: what micro-batch i of hdp
+// rank r keeps on the device until its backward, as a share of one micro-batch at the
+// capacity with every layer whole (planning/plan.h, micro_batch_device_share); stage
+// s's budget is 1F1B's, p - s such micro-batches. For every stage but the last and
+// every backward k, the largest W (at least 1F1B's min(k + p - s - 1, M - 1), M the
+// most micro-batches of a rank) such that on every rank micro-batches k ... W keep at
+// most p - s together; then lowered to one below the previous stage's W, as in 1F1B:
+// with equal limits stage s + 1's backward k waits for stage s's forward W(k), which
+// stage s runs only after its backward k - 1, so every backward waits for a round trip
+// between the two (simulated: LLaMA-70B, pp 4, GitHub 1M, constant warm-ups 5, 5, 5, 0
+// take twice 5, 4, 3, 0's step). The last stage keeps 1F1B's W(k) = k: its backward
+// needs only its own forward, and running ahead there would only hold the gradients
+// back. Where 1F1B's own windows exceed a budget (shares above 1), 1F1B's.
+std::vector<std::vector<int>> deepest_forward_limits(const std::vector<std::vector<double>>& kept, int stages);
+// Whether stage s of p keeps every rank's forwards in flight within the budget of
+// deepest_forward_limits wherever last_forward runs ahead of 1F1B: micro-batches
+// k ... min(last_forward[k], m - 1) keep at most p - s (relative tolerance 1e-9).
+bool forward_limits_fit(const std::vector<std::vector<double>>& kept, int stage, int stages,
+                        std::span<const int> last_forward);
+
 // Micro-batches whose forward can be in flight before their backward on that stage
 // (stages - stage); with `chunks` > 1, the (micro-batch, chunk) pairs of the
 // interleaved order: its warm-up plus one.
@@ -82,10 +88,10 @@ int pipeline_slots(int stage, int stages, int chunks = 1);
 std::vector<PipelineOp> interleaved_one_f_one_b(int stage, int stages, int chunks, int micro_batches);
 
 // The schedule of a stage: one_f_one_b for one chunk, interleaved_one_f_one_b for more;
-// with warm-up counts (validate_warmups; one chunk only, else std::invalid_argument)
-// one_f_one_b_with_warmup(m, warmups[stage]).
+// with limits (validate_forward_limits; one chunk only, else std::invalid_argument)
+// forwards_ahead_of_backwards(m, limits[stage]).
 std::vector<PipelineOp> pipeline_schedule(int stage, int stages, int chunks, int micro_batches,
-                                          std::span<const int> warmups = {});
+                                          const std::vector<std::vector<int>>& limits = {});
 
 // The pipeline bubble over the ideal step (every stage busy with its m micro-batches'
 // forward and backward), for equal micro-batches and free transfers: (p - 1) / (vpp m).

@@ -139,8 +139,9 @@ std::vector<std::vector<double>> device_shares(const StepPlan& plan, int64_t lay
 
 }  // namespace
 
-std::vector<int> plan_deepest_warmups(const StepPlan& plan, int64_t layers_per_stage, int pipeline_stages) {
-  return deepest_warmups(device_shares(plan, layers_per_stage), pipeline_stages);
+std::vector<std::vector<int>> plan_deepest_forward_limits(const StepPlan& plan, int64_t layers_per_stage,
+                                                          int pipeline_stages) {
+  return deepest_forward_limits(device_shares(plan, layers_per_stage), pipeline_stages);
 }
 
 namespace {
@@ -192,7 +193,7 @@ void check_ring_order(const StepPlan& plan, const std::vector<std::set<int>>& me
     std::vector<std::vector<ScheduledOp>> ops(hdp);
     for (int r = 0; r < hdp; ++r) {
       const int m = static_cast<int>(plan.ranks[r].size());
-      for (const PipelineOp& op : pipeline_schedule(s, stages, chunks, m, plan.warmups)) {
+      for (const PipelineOp& op : pipeline_schedule(s, stages, chunks, m, plan.forward_limits)) {
         const int ring = plan.ranks[r][op.micro_batch].ring;
         if (ring < 0 || (stages == 1 && !op.forward)) continue;
         ops[r].push_back({r, op.chunk * stages + s, op.micro_batch, op.forward, ring});
@@ -255,7 +256,7 @@ std::optional<std::string> deadlock_cycle(const StepPlan& plan, int stages, int 
     const int m = static_cast<int>(plan.ranks[r].size());
     for (int s = 0; s < stages; ++s) {
       int previous = -1;
-      for (const PipelineOp& op : pipeline_schedule(s, stages, chunks, m, plan.warmups)) {
+      for (const PipelineOp& op : pipeline_schedule(s, stages, chunks, m, plan.forward_limits)) {
         const int v = op.chunk * stages + s;
         const int node = node_of({r, v, op.micro_batch, op.forward, plan.ranks[r][op.micro_batch].ring});
         node_at[r][v][{op.micro_batch, op.forward}] = node;
@@ -449,20 +450,21 @@ void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t 
     if (next != lengths[q]) fail("sequence " + str(q) + " tokens from " + str(next) + " are missing");
   }
 
-  if (!plan.warmups.empty()) {
-    if (chunks != 1) fail("warm-ups are for one model chunk per stage, the plan runs " + str(chunks));
+  if (!plan.forward_limits.empty()) {
+    if (chunks != 1) fail("forward limits are for one model chunk per stage, the plan runs " + str(chunks));
+    int most = 0;
+    for (const auto& mbs : plan.ranks) most = std::max(most, static_cast<int>(mbs.size()));
     try {
-      validate_warmups(plan.warmups, pipeline_stages);
+      validate_forward_limits(plan.forward_limits, pipeline_stages, most);
     } catch (const std::invalid_argument& e) {
       fail(e.what());
     }
     const std::vector<std::vector<double>> kept = device_shares(plan, layers_per_stage);
     for (int s = 0; s < pipeline_stages; ++s)
-      if (!warmup_fits(kept, s, pipeline_stages, plan.warmups[s]))
-        fail("stage " + str(s) + "'s " + str(plan.warmups[s]) + " warm-up forwards keep more in flight than its " +
-             str(pipeline_stages - s) + " micro-batches of capacity " + str(plan.capacity) + " (" +
-             str(layers_per_stage) + " layers per stage); the deepest warm-ups give it " +
-             str(deepest_warmups(kept, pipeline_stages)[s]));
+      if (!forward_limits_fit(kept, s, pipeline_stages, plan.forward_limits[s]))
+        fail("stage " + str(s) + "'s forward limits keep more in flight than its " + str(pipeline_stages - s) +
+             " micro-batches of capacity " + str(plan.capacity) + " (" + str(layers_per_stage) +
+             " layers per stage)");
   }
   if (const std::optional<std::string> cycle = deadlock_cycle(plan, pipeline_stages, chunks)) {
     check_ring_order(plan, members, pipeline_stages, chunks);

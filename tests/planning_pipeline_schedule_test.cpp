@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <random>
 #include <map>
 #include <stdexcept>
 #include <string>
@@ -65,12 +66,12 @@ TEST(PipelineSchedule, RefusesChunksWithoutStagesToInterleave) {
 // seconds per chunk and free transfers: an op starts when its stage is free and the
 // op it waits for (the previous virtual stage's forward, the next one's backward,
 // its own forward) has ended. Returns the makespan; fails the test on a deadlock.
-// With warm-ups, one chunk per stage and those warm-up counts.
+// With limits, one chunk per stage and those forward limits.
 double replay(int stages, int chunks, int m, double forward, double backward, const std::string& what,
-              const std::vector<int>& warmups = {}) {
+              const std::vector<std::vector<int>>& limits = {}) {
   const int virtual_stages = stages * chunks;
   std::vector<std::vector<PipelineOp>> orders;
-  for (int s = 0; s < stages; ++s) orders.push_back(pipeline_schedule(s, stages, chunks, m, warmups));
+  for (int s = 0; s < stages; ++s) orders.push_back(pipeline_schedule(s, stages, chunks, m, limits));
   std::map<std::tuple<bool, int, int>, double> end;  // (forward, micro-batch, virtual stage) -> end
   std::vector<size_t> next(stages, 0);
   std::vector<double> free(stages, 0.0);
@@ -168,81 +169,98 @@ std::string flat_string(const std::vector<PipelineOp>& ops) {
   return s;
 }
 
+// Forward limits of a constant warm-up w over m backwards: k + w.
+std::vector<int> ahead(int m, int w) {
+  std::vector<int> limits;
+  for (int k = 0; k < m; ++k) limits.push_back(k + w);
+  return limits;
+}
+
 TEST(DeeperWarmup, HandWrittenOrders) {
-  EXPECT_EQ(flat_string(one_f_one_b_with_warmup(5, 4)), "F0 F1 F2 F3 F4 B0 B1 B2 B3 B4");
-  EXPECT_EQ(flat_string(one_f_one_b_with_warmup(5, 3)), "F0 F1 F2 F3 B0 F4 B1 B2 B3 B4");
-  EXPECT_EQ(flat_string(one_f_one_b_with_warmup(5, 2)), "F0 F1 F2 B0 F3 B1 F4 B2 B3 B4");
-  EXPECT_EQ(flat_string(one_f_one_b_with_warmup(3, 0)), "F0 B0 F1 B1 F2 B2");
-  EXPECT_EQ(flat_string(one_f_one_b_with_warmup(3, 9)), "F0 F1 F2 B0 B1 B2");  // at most m
-  const std::vector<int> warmups{3, 1, 0};
-  EXPECT_EQ(flat_string(pipeline_schedule(0, 3, 1, 5, warmups)), "F0 F1 F2 F3 B0 F4 B1 B2 B3 B4");
-  EXPECT_EQ(flat_string(pipeline_schedule(1, 3, 1, 5, warmups)), "F0 F1 B0 F2 B1 F3 B2 F4 B3 B4");
-  // 1F1B's counts give 1F1B's orders.
+  EXPECT_EQ(flat_string(forwards_ahead_of_backwards(5, ahead(5, 4))), "F0 F1 F2 F3 F4 B0 B1 B2 B3 B4");
+  EXPECT_EQ(flat_string(forwards_ahead_of_backwards(5, ahead(5, 3))), "F0 F1 F2 F3 B0 F4 B1 B2 B3 B4");
+  EXPECT_EQ(flat_string(forwards_ahead_of_backwards(5, ahead(5, 0))), "F0 B0 F1 B1 F2 B2 F3 B3 F4 B4");
+  // Limits that grow: three forwards before backward 0, then all of them.
+  EXPECT_EQ(flat_string(forwards_ahead_of_backwards(5, std::vector<int>{2, 4, 4, 4, 4})),
+            "F0 F1 F2 B0 F3 F4 B1 B2 B3 B4");
+  // Entries beyond m, and limits beyond m - 1, change nothing.
+  EXPECT_EQ(flat_string(forwards_ahead_of_backwards(3, std::vector<int>{9, 9, 9, 9})), "F0 F1 F2 B0 B1 B2");
+  const std::vector<std::vector<int>> limits{{3, 4, 4, 4, 4}, {1, 2, 3, 4, 4}, {0, 1, 2, 3, 4}};
+  EXPECT_EQ(flat_string(pipeline_schedule(0, 3, 1, 5, limits)), "F0 F1 F2 F3 B0 F4 B1 B2 B3 B4");
+  EXPECT_EQ(flat_string(pipeline_schedule(1, 3, 1, 5, limits)), "F0 F1 B0 F2 B1 F3 B2 F4 B3 B4");
+  // 1F1B's limits give 1F1B's orders.
   for (int stages = 1; stages <= 4; ++stages)
-    for (int s = 0; s < stages; ++s)
-      for (int m = 0; m <= 6; ++m) {
-        std::vector<int> one_f_one_b_counts;
-        for (int t = 0; t < stages; ++t) one_f_one_b_counts.push_back(stages - t - 1);
-        EXPECT_EQ(flat_string(pipeline_schedule(s, stages, 1, m, one_f_one_b_counts)),
+    for (int m = 0; m <= 6; ++m) {
+      std::vector<std::vector<int>> one_f_one_b_limits;
+      for (int t = 0; t < stages; ++t) one_f_one_b_limits.push_back(ahead(m, stages - t - 1));
+      for (int s = 0; s < stages; ++s)
+        EXPECT_EQ(flat_string(pipeline_schedule(s, stages, 1, m, one_f_one_b_limits)),
                   flat_string(one_f_one_b(s, stages, m)));
-      }
-}
-
-TEST(DeeperWarmup, OnlyNonIncreasingCountsOfOneChunkAreValid) {
-  EXPECT_NO_THROW(validate_warmups(std::vector<int>{5, 5, 2, 0}, 4));
-  EXPECT_THROW(validate_warmups(std::vector<int>{3, 4, 1, 0}, 4), std::invalid_argument);  // increases
-  EXPECT_THROW(validate_warmups(std::vector<int>{3, 2, 1, -1}, 4), std::invalid_argument);
-  EXPECT_THROW(validate_warmups(std::vector<int>{3, 2, 1}, 4), std::invalid_argument);  // a count per stage
-  EXPECT_THROW(pipeline_schedule(0, 2, 2, 4, std::vector<int>{3, 0}), std::invalid_argument);  // interleaved
-}
-
-// Every valid choice of counts (non-increasing, each at most m) replays without a
-// deadlock, with these forward and backward times. (An increasing pair, which
-// validate_warmups refuses, can deadlock: with 0, 1 stage 1 waits for forward 1
-// before its backward 0, and stage 0 sends forward 1 only after that backward.)
-TEST(DeeperWarmup, NonIncreasingCountsNeverDeadlock) {
-  for (int stages = 2; stages <= 4; ++stages)
-    for (int m = 1; m <= 6; ++m) {
-      std::vector<int> w(stages, 0);
-      // Every non-increasing w with w[0] <= m.
-      std::function<void(int, int)> each = [&](int s, int most) {
-        if (s == stages) {
-          std::string what = "pp " + std::to_string(stages) + " m " + std::to_string(m) + " warm-ups";
-          for (int c : w) what += " " + std::to_string(c);
-          replay(stages, 1, m, 1.0, 2.0, what, w);
-          replay(stages, 1, m, 3.0, 0.5, what, w);
-          return;
-        }
-        for (int c = 0; c <= most; ++c) w[s] = c, each(s + 1, c);
-      };
-      each(0, m);
     }
 }
 
-TEST(DeeperWarmup, DeepestCountsTheMemoryAllows) {
-  // Two stages, budgets 2 and 1 micro-batches at capacity. Rank 0: a full micro-batch,
-  // then quarters: all five fit stage 0's budget at once (1 + 4 x 0.25 = 2).
-  EXPECT_EQ(deepest_warmups({{1, 0.25, 0.25, 0.25, 0.25}}, 2), (std::vector<int>{4, 0}));
-  // Halves: 1 + 0.5 + 0.5 fit, a fourth does not: warm-up 2.
-  EXPECT_EQ(deepest_warmups({{1, 0.5, 0.5, 0.5, 0.5}}, 2), (std::vector<int>{2, 0}));
-  // Every rank must fit: rank 1's full micro-batches leave 1F1B's counts.
-  EXPECT_EQ(deepest_warmups({{1, 0.25, 0.25, 0.25, 0.25}, {1, 1, 1}}, 2), (std::vector<int>{1, 0}));
-  // Three stages, budgets 3, 2, 1: four of these fit stage 0 (2.8), two stage 1.
-  EXPECT_EQ(deepest_warmups({{1, 1, 0.4, 0.4, 0.4, 0.4}}, 3), (std::vector<int>{3, 1, 0}));
-  EXPECT_EQ(deepest_warmups({{0.5, 0.5, 0.5, 0.5, 0.5, 0.5}}, 3), (std::vector<int>{5, 3, 0}));
-  // All six fit both stages (at most m - 1 = 5): stage 1 stays one below stage 0.
-  EXPECT_EQ(deepest_warmups({{0.1, 0.1, 0.1, 0.1, 0.1, 0.1}}, 3), (std::vector<int>{5, 4, 0}));
-  // Where 1F1B's own windows exceed the budget (a plan over its capacity), 1F1B's.
-  EXPECT_EQ(deepest_warmups({{1.5, 0.6, 0.1}}, 2), (std::vector<int>{1, 0}));
-  EXPECT_TRUE(warmup_fits({{1, 0.5, 0.5, 0.5}}, 0, 2, 2));
-  EXPECT_FALSE(warmup_fits({{1, 0.5, 0.5, 0.5}}, 0, 2, 3));
-  EXPECT_TRUE(warmup_fits({{1, 0.5, 0.5, 0.5}}, 1, 2, 0));
-  EXPECT_FALSE(warmup_fits({{1, 0.5, 0.5, 0.5}}, 1, 2, 1));
+TEST(DeeperWarmup, OnlyLimitsNoStageRunsAheadOfTheOneBeforeAreValid) {
+  EXPECT_NO_THROW(validate_forward_limits({{2, 3, 3}, {2, 2, 3}}, 2, 3));  // equal is valid
+  EXPECT_THROW(validate_forward_limits({{1, 2, 3}, {2, 2, 3}}, 2, 3), std::invalid_argument);  // stage 1 ahead
+  EXPECT_THROW(validate_forward_limits({{2, 3}, {1, 2}}, 2, 3), std::invalid_argument);  // too few entries
+  EXPECT_THROW(validate_forward_limits({{2, 3, 3}}, 2, 3), std::invalid_argument);  // a list per stage
+  EXPECT_THROW(forwards_ahead_of_backwards(2, std::vector<int>{0, 0}), std::invalid_argument);  // backward 1 before its forward
+  EXPECT_THROW(forwards_ahead_of_backwards(3, std::vector<int>{2, 1, 2}), std::invalid_argument);  // decreasing
+  EXPECT_THROW(pipeline_schedule(0, 2, 2, 2, {{1, 2}, {0, 1}}), std::invalid_argument);  // interleaved
+}
+
+// Random valid limits (each stage's at most the previous stage's) replay without a
+// deadlock, with these forward and backward times. (Limits that run ahead of the
+// previous stage's, which validate_forward_limits refuses, can deadlock: with 0, 1
+// and 1, 1 stage 1 waits for forward 1 before its backward 0, and stage 0 sends
+// forward 1 only after that backward.)
+TEST(DeeperWarmup, ValidLimitsNeverDeadlock) {
+  std::mt19937 rng(7);
+  for (int stages = 2; stages <= 4; ++stages)
+    for (int m = 1; m <= 7; ++m)
+      for (int trial = 0; trial < 50; ++trial) {
+        std::vector<std::vector<int>> limits(stages, std::vector<int>(m));
+        std::string what = "pp " + std::to_string(stages) + " m " + std::to_string(m) + " limits";
+        for (int s = 0; s < stages; ++s) {
+          for (int k = 0; k < m; ++k) {
+            const int low = std::max(k, k > 0 ? limits[s][k - 1] : 0);
+            const int high = s > 0 ? limits[s - 1][k] : m + 1;
+            limits[s][k] = std::uniform_int_distribution<int>(low, high)(rng);
+            what += " " + std::to_string(limits[s][k]);
+          }
+          what += " |";
+        }
+        replay(stages, 1, m, 1.0, 2.0, what, limits);
+        replay(stages, 1, m, 3.0, 0.5, what, limits);
+      }
+}
+
+TEST(DeeperWarmup, DeepestLimitsTheMemoryAllows) {
+  // Two stages, budgets 2 and 1 micro-batches at capacity. A full micro-batch, then
+  // quarters: all five fit stage 0's budget at once (1 + 4 x 0.25 = 2).
+  using Limits = std::vector<std::vector<int>>;
+  EXPECT_EQ(deepest_forward_limits({{1, 0.25, 0.25, 0.25, 0.25}}, 2), (Limits{{4, 4, 4, 4, 4}, {0, 1, 2, 3, 4}}));
+  // Halves: 1 + 0.5 + 0.5 fit before backward 0, then all of them.
+  EXPECT_EQ(deepest_forward_limits({{1, 0.5, 0.5, 0.5, 0.5}}, 2), (Limits{{2, 4, 4, 4, 4}, {0, 1, 2, 3, 4}}));
+  // Every rank must fit; beyond a rank's last micro-batch it holds nothing.
+  EXPECT_EQ(deepest_forward_limits({{1, 0.25, 0.25, 0.25, 0.25}, {1, 1, 1}}, 2),
+            (Limits{{1, 4, 4, 4, 4}, {0, 1, 2, 3, 4}}));
+  // Three stages, budgets 3, 2, 1; stage 1 stays one below stage 0 where memory would
+  // let it run as far (backwards 2 and 3), and at 1F1B's at least (backward 4).
+  EXPECT_EQ(deepest_forward_limits({{1, 1, 0.4, 0.4, 0.4, 0.4}}, 3),
+            (Limits{{3, 5, 5, 5, 5, 5}, {1, 3, 4, 4, 5, 5}, {0, 1, 2, 3, 4, 5}}));
+  // Where 1F1B's own window exceeds a budget (a plan over its capacity), 1F1B's there.
+  EXPECT_EQ(deepest_forward_limits({{1.5, 0.6, 0.1}}, 2), (Limits{{1, 2, 2}, {0, 1, 2}}));
+  EXPECT_TRUE(forward_limits_fit({{1, 0.5, 0.5, 0.5}}, 0, 2, std::vector<int>{2, 3, 3, 3}));
+  EXPECT_FALSE(forward_limits_fit({{1, 0.5, 0.5, 0.5}}, 0, 2, std::vector<int>{3, 3, 3, 3}));
+  EXPECT_TRUE(forward_limits_fit({{1, 0.5, 0.5, 0.5}}, 1, 2, std::vector<int>{0, 1, 2, 3}));
+  EXPECT_FALSE(forward_limits_fit({{1, 0.5, 0.5, 0.5}}, 1, 2, std::vector<int>{1, 1, 2, 3}));
 }
 
 // One rank, capacity 4, one layer per stage: a micro-batch of 4 tokens, then `shorts`
-// of `tokens` each, with warm-ups `warmups`.
-StepPlan long_then_short_plan(int shorts, int64_t tokens, std::vector<int> warmups, std::vector<int64_t>& lengths) {
+// of `tokens` each, with forward limits `limits`.
+StepPlan long_then_short_plan(int shorts, int64_t tokens, std::vector<std::vector<int>> limits,
+                              std::vector<int64_t>& lengths) {
   StepPlan plan;
   plan.capacity = 4;
   plan.ranks.resize(1);
@@ -253,35 +271,36 @@ StepPlan long_then_short_plan(int shorts, int64_t tokens, std::vector<int> warmu
     mb.pieces.push_back({static_cast<int64_t>(q), 0, lengths[q], -1});
     plan.ranks[0].push_back(mb);
   }
-  plan.warmups = std::move(warmups);
+  plan.forward_limits = std::move(limits);
   return plan;
 }
 
-TEST(DeeperWarmup, CheckPlanRefusesWarmupsMemoryDoesNotHold) {
+TEST(DeeperWarmup, CheckPlanRefusesLimitsMemoryDoesNotHold) {
   std::vector<int64_t> lengths;
+  const std::vector<int> last_stage = ahead(5, 0);
   // Quarters: the device shares are 1, 0.25 x 4; stage 0 holds all five at once.
-  StepPlan plan = long_then_short_plan(4, 1, {4, 0}, lengths);
-  EXPECT_EQ(plan_deepest_warmups(plan, 1, 2), (std::vector<int>{4, 0}));
+  StepPlan plan = long_then_short_plan(4, 1, {ahead(5, 4), last_stage}, lengths);
+  EXPECT_EQ(plan_deepest_forward_limits(plan, 1, 2), (std::vector<std::vector<int>>{{4, 4, 4, 4, 4}, last_stage}));
   EXPECT_NO_THROW(check_plan(plan, lengths, 1, 2));
   // Halves: 1 + 0.5 x 4 = 3 micro-batches at capacity, stage 0 holds 2.
-  plan = long_then_short_plan(4, 2, {4, 0}, lengths);
-  EXPECT_EQ(plan_deepest_warmups(plan, 1, 2), (std::vector<int>{2, 0}));
+  plan = long_then_short_plan(4, 2, {ahead(5, 4), last_stage}, lengths);
+  EXPECT_EQ(plan_deepest_forward_limits(plan, 1, 2), (std::vector<std::vector<int>>{{2, 4, 4, 4, 4}, last_stage}));
   try {
     check_plan(plan, lengths, 1, 2);
-    ADD_FAILURE() << "warm-up 4 over halves passed";
+    ADD_FAILURE() << "five halves in flight passed";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("stage 0's 4 warm-up forwards keep more in flight than its 2 micro-batches"),
+    EXPECT_NE(std::string(e.what()).find("stage 0's forward limits keep more in flight than its 2 micro-batches"),
               std::string::npos)
         << e.what();
   }
-  plan.warmups = {2, 0};
+  plan.forward_limits = {{2, 4, 4, 4, 4}, last_stage};
   EXPECT_NO_THROW(check_plan(plan, lengths, 1, 2));
-  // The last stage's budget is one micro-batch: warm-up 1 there holds 1.5.
-  plan.warmups = {2, 1};
+  // The last stage's budget is one micro-batch: a forward ahead there holds 1.5.
+  plan.forward_limits = {{2, 4, 4, 4, 4}, ahead(5, 1)};
   EXPECT_THROW(check_plan(plan, lengths, 1, 2), std::invalid_argument);
-  plan.warmups = {1, 2};  // increasing
+  plan.forward_limits = {ahead(5, 1), {2, 4, 4, 4, 4}};  // stage 1 ahead of stage 0
   EXPECT_THROW(check_plan(plan, lengths, 1, 2), std::invalid_argument);
-  plan.warmups = {2, 0};
+  plan.forward_limits = {{2, 4, 4, 4, 4}, last_stage};
   EXPECT_THROW(check_plan(plan, lengths, 1, 2, 2), std::invalid_argument);  // interleaved
   // Recomputed layers keep less: with 20 layers, 10 recomputing at share 0.2 and no
   // offload, a micro-batch holds (10 x 0.2 + 2 + 8) / 20 = 0.6 of its tokens' whole bytes.

@@ -247,7 +247,7 @@ TEST(StepSimulation, OneFOneBWithCommunication) {
 // F1 [4, 5], then waits for B0, which stage 1 ends at 16 (F0 [4, 8], B0 [8, 16]); B0 runs
 // [16, 24], and every later forward and backward of stage 0 waits for stage 1 in turn:
 // F2 [24, 25], B1 [25, 27], F3 [27, 28], B2 [28, 30], F4 [30, 31], B3 [31, 33], and B4
-// after stage 1's [32, 34]: [34, 36]. With warm-up 4 on stage 0 (all five in flight: at
+// after stage 1's [32, 34]: [34, 36]. With all five forwards before backward 0 on stage 0 (at
 // capacity 4 the shares are 1 + 4 x 0.25 = 2, stage 0's budget) its forwards end at 8,
 // stage 1 runs without a gap from 4 to 28 (F0, B0 [8, 16], then F1 B1 ... B4 [26, 28]),
 // and stage 0's backwards run [16, 24], [24, 26], [26, 28], [28, 30], [30, 32]: 32.
@@ -263,12 +263,12 @@ TEST(StepSimulation, ADeeperWarmupFillsTheWindowOfALongMicroBatch) {
     plan.ranks[0].push_back(mb);
   }
   EXPECT_DOUBLE_EQ(simulate_step(plan, lengths, k).step_seconds, 36);
-  plan.warmups = plan_deepest_warmups(plan, 1, 2);
-  ASSERT_EQ(plan.warmups, (std::vector<int>{4, 0}));
+  plan.forward_limits = plan_deepest_forward_limits(plan, 1, 2);
+  ASSERT_EQ(plan.forward_limits, (std::vector<std::vector<int>>{{4, 4, 4, 4, 4}, {0, 1, 2, 3, 4}}));
   check_plan(plan, lengths, 1, 2);
   EXPECT_DOUBLE_EQ(simulate_step(plan, lengths, k).step_seconds, 32);
-  // 1F1B's counts, given explicitly, are 1F1B.
-  plan.warmups = {1, 0};
+  // 1F1B's limits, given explicitly, are 1F1B.
+  plan.forward_limits = {{1, 2, 3, 4, 5}, {0, 1, 2, 3, 4}};
   EXPECT_DOUBLE_EQ(simulate_step(plan, lengths, k).step_seconds, 36);
 }
 
