@@ -105,12 +105,22 @@ void validate_forward_limits(const std::vector<std::vector<int>>& limits, int st
 
 namespace {
 
-// Whether micro-batches k ... last (clamped to each rank's) keep at most `budget` on every rank.
-bool window_fits(const std::vector<std::vector<double>>& kept, int k, int last, double budget) {
+// Per rank the running sums of the shares: micro-batches [a, b) keep sums[b] - sums[a].
+std::vector<std::vector<double>> running_sums(const std::vector<std::vector<double>>& kept) {
+  std::vector<std::vector<double>> sums;
   for (const std::vector<double>& rank : kept) {
-    double sum = 0;
-    for (int i = k; i <= last && i < static_cast<int>(rank.size()); ++i) sum += rank[i];
-    if (sum > budget * (1 + 1e-9)) return false;
+    sums.emplace_back(1, 0.0);
+    for (double share : rank) sums.back().push_back(sums.back().back() + share);
+  }
+  return sums;
+}
+
+// Whether micro-batches k ... last (clamped to each rank's) keep at most `budget` on every rank.
+bool window_fits(const std::vector<std::vector<double>>& sums, int k, int last, double budget) {
+  for (const std::vector<double>& rank : sums) {
+    const int m = static_cast<int>(rank.size()) - 1;
+    if (k >= m) continue;
+    if (rank[std::min(last, m - 1) + 1] - rank[k] > budget * (1 + 1e-9)) return false;
   }
   return true;
 }
@@ -119,8 +129,9 @@ bool window_fits(const std::vector<std::vector<double>>& kept, int k, int last, 
 
 bool forward_limits_fit(const std::vector<std::vector<double>>& kept, int stage, int stages,
                         std::span<const int> last_forward) {
+  const std::vector<std::vector<double>> sums = running_sums(kept);
   for (int k = 0; k < static_cast<int>(last_forward.size()); ++k)
-    if (last_forward[k] > k + stages - stage - 1 && !window_fits(kept, k, last_forward[k], stages - stage))
+    if (last_forward[k] > k + stages - stage - 1 && !window_fits(sums, k, last_forward[k], stages - stage))
       return false;
   return true;
 }
@@ -128,6 +139,7 @@ bool forward_limits_fit(const std::vector<std::vector<double>>& kept, int stage,
 std::vector<std::vector<int>> deepest_forward_limits(const std::vector<std::vector<double>>& kept, int stages) {
   int most = 0;
   for (const std::vector<double>& rank : kept) most = std::max(most, static_cast<int>(rank.size()));
+  const std::vector<std::vector<double>> sums = running_sums(kept);
   std::vector<std::vector<int>> limits(static_cast<size_t>(stages));
   for (int s = 0; s < stages; ++s) {
     const double budget = stages - s;
@@ -135,9 +147,9 @@ std::vector<std::vector<int>> deepest_forward_limits(const std::vector<std::vect
     for (int k = 0; k < most; ++k) {
       const int least = std::min(k + stages - s - 1, most - 1);
       int w = least;
-      if (s + 1 < stages && window_fits(kept, k, least, budget)) {
+      if (s + 1 < stages && window_fits(sums, k, least, budget)) {
         deepest = std::max(deepest, least);
-        while (deepest + 1 < most && window_fits(kept, k, deepest + 1, budget)) ++deepest;
+        while (deepest + 1 < most && window_fits(sums, k, deepest + 1, budget)) ++deepest;
         w = deepest;
         if (s > 0) w = std::max(least, std::min(w, limits[s - 1][k] - 1));
       }
