@@ -66,6 +66,7 @@ struct GlobalBatch {
   double planned_busy_s = 0;
   double planned_max_busy_s = 0;
   double planned_bound_s = 0;  // the step no plan beats (planning/step_bound.h)
+  double planned_step_s = 0;   // the plan's simulated step (run/step_planner.h's StepPrediction)
 };
 
 }  // namespace hdp

@@ -68,6 +68,7 @@ std::vector<int64_t> encode_work(const RankWork& work) {
   w.put(work.batch.planned_busy_s);
   w.put(work.batch.planned_max_busy_s);
   w.put(work.batch.planned_bound_s);
+  w.put(work.batch.planned_step_s);
   w.put(static_cast<int64_t>(work.batch.sequences.size()));
   for (const SequenceSpan& s : work.batch.sequences) {
     w.put(s.document);
@@ -113,6 +114,7 @@ RankWork decode_work(std::span<const int64_t> payload) {
   work.batch.planned_busy_s = r.get_double();
   work.batch.planned_max_busy_s = r.get_double();
   work.batch.planned_bound_s = r.get_double();
+  work.batch.planned_step_s = r.get_double();
   work.batch.sequences.resize(r.count());
   for (SequenceSpan& s : work.batch.sequences) {
     s.document = r.get();

@@ -123,7 +123,7 @@ struct BalanceSettings {
   // When set, the candidates are compared by this instead: a plan's step seconds.
   // `trainer plan` passes the step simulator's (whatif/step_simulation.h), which
   // sees pipeline bubbles and ring waits that the predicted busiest rank does not;
-  // the trainer leaves it empty.
+  // so does the trainer under pipelines, with its own costs (run/step_planner.h).
   std::function<double(const StepPlan&)> step_seconds;
   // With step_seconds and several pipeline stages: also try every candidate with the
   // deepest forward limits its micro-batches' memory allows (StepPlan::forward_limits,

@@ -28,9 +28,10 @@ void schedule(const Config& config, const TokenDataset& dataset, MessageChannel&
     work.batch = sampler.next();
     const std::vector<int64_t> lengths = sequence_lengths(work.batch.sequences);
     const StepPlan plan = planner.plan(lengths);
+    const StepPrediction prediction = planner.predict(plan, lengths);
     for (int rank = 0; rank < training_ranks; ++rank) {
       const int hdp_rank = config.parallel.coords(rank).hdp_rank;
-      planner.predict(plan, lengths, hdp_rank, work.batch);
+      prediction.fill(hdp_rank, work.batch);
       work.micro_batches = rank_work(plan, lengths, hdp_rank);
       channel.send(rank, kLoaderWorkTag, encode_work(work));
     }

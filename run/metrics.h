@@ -46,6 +46,11 @@ struct StepMetrics {
   // (planning/step_bound.h), without the gradient synchronisation: step_ms over it
   // says how far the run is from its best possible step.
   double planned_bound_ms = 0;
+  // The plan's step as the step simulator replays it under the same cost model
+  // (run/step_costs.h), and its relative error against the measured step_ms,
+  // step_ms / planned_step_ms - 1.
+  double planned_step_ms = 0;
+  double planned_step_error = 0;
   // Per training rank: measured and planned busy time.
   std::vector<double> busy_ms;
   std::vector<double> planned_busy_ms;
@@ -106,6 +111,8 @@ void for_each_metric(const StepMetrics& m, Visitor& v) {
   v.number("planned_busy_ms_max", m.planned_busy_ms_max);
   v.number("cost_model_error", m.cost_model_error);
   v.number("planned_bound_ms", m.planned_bound_ms);
+  v.number("planned_step_ms", m.planned_step_ms);
+  v.number("planned_step_error", m.planned_step_error);
   v.per_rank("busy_ms", m.busy_ms);
   v.per_rank("planned_busy_ms", m.planned_busy_ms);
   v.count("activation_peak_bytes", m.activation_peak_bytes);

@@ -9,6 +9,8 @@
 #include "planning/step_bound.h"
 #include "config/pipeline_layers.h"
 #include "run/planner_cost.h"
+#include "run/step_costs.h"
+#include "whatif/step_measure.h"
 
 namespace hdp {
 
@@ -58,11 +60,19 @@ StepPlanner::StepPlanner(const Config& config, const CostModel& cost)
   }
   bound_settings_ = settings_;
   bound_settings_.cost = bound_cost;
+  // The simulator runs the all-to-alls as transfers of their own: its layer is the
+  // planners' without them.
+  CostModel simulated = settings_.cost;
+  simulated.b1 = cost.b1;
+  step_costs_ = run_step_costs(config, simulated, settings_.recompute.recomputed);
+  simulate_candidates_ = policy_ == SchedulerPolicy::Balance && config.parallel.pp > 1;
 }
 
 StepPlan StepPlanner::plan(std::span<const int64_t> lengths) const {
+  BalanceSettings balance = balance_;
+  if (simulate_candidates_) balance.step_seconds = simulated_step_measure(lengths, step_costs_);
   StepPlan plan = policy_ == SchedulerPolicy::Static    ? plan_static(lengths, settings_, cp_)
-                  : policy_ == SchedulerPolicy::Balance ? plan_balance(lengths, settings_, balance_)
+                  : policy_ == SchedulerPolicy::Balance ? plan_balance(lengths, settings_, balance)
                                                         : plan_naive(lengths, settings_);
   check_plan(plan, lengths, settings_.layers_per_stage, settings_.pipeline_stages, chunks_);
   return plan;
@@ -115,12 +125,24 @@ SamplerOptions sampler_options(const DataConfig& data) {
   return o;
 }
 
+StepPrediction StepPlanner::predict(const StepPlan& plan, std::span<const int64_t> lengths) const {
+  StepPrediction p;
+  p.busy_s = predicted_rank_seconds(plan, lengths, settings_);
+  p.bound_s = step_lower_bound(lengths, bound_settings_, stage_layers_).seconds();
+  p.step_s = simulated_step_seconds(plan, lengths, step_costs_);
+  return p;
+}
+
+void StepPrediction::fill(int hdp_rank, GlobalBatch& batch) const {
+  batch.planned_busy_s = busy_s[hdp_rank];
+  batch.planned_max_busy_s = *std::max_element(busy_s.begin(), busy_s.end());
+  batch.planned_bound_s = bound_s;
+  batch.planned_step_s = step_s;
+}
+
 void StepPlanner::predict(const StepPlan& plan, std::span<const int64_t> lengths, int hdp_rank,
                           GlobalBatch& batch) const {
-  const std::vector<double> seconds = predicted_rank_seconds(plan, lengths, settings_);
-  batch.planned_busy_s = seconds[hdp_rank];
-  batch.planned_max_busy_s = *std::max_element(seconds.begin(), seconds.end());
-  batch.planned_bound_s = step_lower_bound(lengths, bound_settings_, stage_layers_).seconds();
+  predict(plan, lengths).fill(hdp_rank, batch);
 }
 
 GlobalBatch StepPlanner::next_local_batch(BatchSampler& sampler, const TokenDataset& dataset, int hdp_rank) const {

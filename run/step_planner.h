@@ -20,6 +20,7 @@
 #include "planning/cost_model.h"
 #include "planning/hdp_planner.h"
 #include "planning/plan.h"
+#include "whatif/step_simulation.h"
 
 namespace hdp {
 
@@ -44,6 +45,22 @@ double recomputed_bytes_share(const Config& config);
 // and b2, its rerun priced at flops_per_second when that is positive).
 PlannerSettings memory_planner_settings(const Config& config, const CostModel& layer, double flops_per_second);
 
+// What the cost model predicts of a step's plan.
+struct StepPrediction {
+  std::vector<double> busy_s;  // per hdp rank: forward and backward seconds (predicted_rank_seconds)
+  // The step time no plan of these sequences beats under the run's costs
+  // (planning/step_bound.h; the gradient synchronisation, which the costs do not
+  // price, left out).
+  double bound_s = 0;
+  // The plan's step as the step simulator replays it with the run's costs
+  // (run/step_costs.h): pipeline bubbles, ring waits, transfers and the gradient
+  // synchronisation included.
+  double step_s = 0;
+  // Puts hdp rank `hdp_rank`'s and the busiest rank's busy seconds, the bound and the
+  // simulated step into the batch.
+  void fill(int hdp_rank, GlobalBatch& batch) const;
+};
+
 class StepPlanner {
  public:
   // cost: the planner's cost model (planning/cost_file.h); under parallel.ep > 1 the
@@ -60,17 +77,24 @@ class StepPlanner {
   // the longest sequence (data.max_seq_len) cannot be placed on parallel.hdp ranks.
   StepPlanner(const Config& config, const CostModel& cost);
 
-  // The plan of a global batch with sequences of these lengths, checked.
+  // The plan of a global batch with sequences of these lengths, checked. Under the
+  // balance policy with parallel.pp > 1 the candidates are compared by their
+  // simulated steps (BalanceSettings::step_seconds, whatif/step_measure.h, with
+  // step_costs()), which see PP-Balance's waves, pipeline bubbles and ring waits, as
+  // `trainer plan` compares them; with one stage by the busiest rank's predicted time
+  // (DP-Balance's own measure). The simulation is deterministic: every rank, given the
+  // same sequences and cost model, makes the same plan.
   StepPlan plan(std::span<const int64_t> lengths) const;
-  // Puts the plan's predicted busy seconds of hdp rank `hdp_rank` and of the busiest
-  // rank into the batch, and the step time no plan of these sequences beats under the
-  // run's costs (planning/step_bound.h; the gradient synchronisation, which the costs
-  // do not price, left out).
+  // The plan's predictions (one simulation of its step).
+  StepPrediction predict(const StepPlan& plan, std::span<const int64_t> lengths) const;
+  // predict(plan, lengths).fill(hdp_rank, batch).
   void predict(const StepPlan& plan, std::span<const int64_t> lengths, int hdp_rank, GlobalBatch& batch) const;
   // The next global batch with this rank's planned micro-batches read.
   GlobalBatch next_local_batch(BatchSampler& sampler, const TokenDataset& dataset, int hdp_rank) const;
 
   const PlannerSettings& settings() const { return settings_; }
+  const BalanceSettings& balance_settings() const { return balance_; }  // without the step measure
+  const StepCosts& step_costs() const { return step_costs_; }
 
  private:
   SchedulerPolicy policy_;
@@ -80,6 +104,8 @@ class StepPlanner {
   PlannerSettings bound_settings_;  // settings_ with the rerun priced for the lower bound
   std::vector<int64_t> stage_layers_;  // layers of each pipeline stage
   BalanceSettings balance_;
+  StepCosts step_costs_;               // the step simulator's, of this run (run/step_costs.h)
+  bool simulate_candidates_ = false;   // balance with pp > 1: candidates compared by the simulated step
 };
 
 }  // namespace hdp

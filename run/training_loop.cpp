@@ -390,6 +390,8 @@ StepMetrics TrainingLoop::step_metrics(const StepMeasurement& measured, const Gl
   m.planned_busy_ms_max = batch.planned_max_busy_s * 1e3;
   m.planned_bound_ms = batch.planned_bound_s * 1e3;
   m.cost_model_error = m.planned_busy_ms_max > 0 ? (m.busy_ms_max - m.planned_busy_ms_max) / m.planned_busy_ms_max : 0;
+  m.planned_step_ms = batch.planned_step_s * 1e3;
+  m.planned_step_error = m.planned_step_ms > 0 ? m.step_ms / m.planned_step_ms - 1 : 0;
   m.activation_peak_bytes = static_cast<int64_t>(engine_.model().activation_usage().device_peak_bytes);
   m.host_pool_bytes = static_cast<int64_t>(engine_.model().activation_usage().host_pool_bytes);
   m.skipped_steps = progress_.skipped_steps;
@@ -403,10 +405,11 @@ void TrainingLoop::log_step(const StepMetrics& m) const {
   // The time left at this run's pace so far (its steps, not the ones before a resume).
   const double done = static_cast<double>(m.step - first_step_) / static_cast<double>(config_.train.steps - first_step_);
   spdlog::info("step {:>6}/{} | loss {:.4f} | lr {:.3e} | grad norm {:.3f} | {:.0f} tok/s | {:.0f} ms | mfu {:.1f}% | "
-               "busy {:.0f}-{:.0f} ms (planned max {:.0f}, cost model {:+.0f}%) idle {:.0f}% | {}",
+               "busy {:.0f}-{:.0f} ms (planned max {:.0f}, cost model {:+.0f}%) idle {:.0f}% | simulated step {:.0f} "
+               "ms ({:+.0f}%) | {}",
                m.step, config_.train.steps, m.loss, m.lr, m.grad_norm, m.tokens_per_s, m.step_ms, 100 * m.mfu,
                m.busy_ms_min, m.busy_ms_max, m.planned_busy_ms_max, 100 * m.cost_model_error,
-               100 * m.idle_fraction, clock_.elapsed_and_left(done));
+               100 * m.idle_fraction, m.planned_step_ms, 100 * m.planned_step_error, clock_.elapsed_and_left(done));
 }
 
 bool TrainingLoop::checkpoint_due(int64_t step) const {

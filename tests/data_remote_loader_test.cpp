@@ -21,6 +21,7 @@ RankWork sample_work() {
   work.batch.planned_busy_s = 0.25;
   work.batch.planned_max_busy_s = 0.5;
   work.batch.planned_bound_s = 0.375;
+  work.batch.planned_step_s = 0.625;
   RankMicroBatch local;
   local.planned.pieces = {{1, 0, 4, -1}};
   RankMicroBatch ring;
@@ -47,6 +48,7 @@ TEST(DataRemoteLoader, WorkSurvivesEncodeAndDecode) {
   EXPECT_EQ(out.batch.planned_busy_s, 0.25);
   EXPECT_EQ(out.batch.planned_max_busy_s, 0.5);
   EXPECT_EQ(out.batch.planned_bound_s, 0.375);
+  EXPECT_EQ(out.batch.planned_step_s, 0.625);
   ASSERT_EQ(out.micro_batches.size(), 2u);
   for (size_t m = 0; m < 2; ++m) {
     const RankMicroBatch& a = in.micro_batches[m];

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every command of README.md's ```bash blocks runs, as README writes it, in README's
-# order, from a scratch directory that links configs/, docs/, scripts/ and the built
+# order, from a scratch directory that links configs/, docs/, scripts/, bench/ and the built
 # trainer as build/trainer/trainer (so the commands' relative paths resolve as from the
 # repository root, and what they write stays in the scratch directory).
 #
@@ -26,7 +26,7 @@ train_args="${README_CI_TRAIN_ARGS:---set train.steps=2 --set train.checkpoint_e
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
 scratch="$(mktemp -d "${TMPDIR:-/tmp}/readme-commands.XXXXXX")"
 trap 'rm -rf "$scratch"' EXIT
-for dir in configs docs scripts; do ln -s "$root/$dir" "$scratch/$dir"; done
+for dir in configs docs scripts bench; do ln -s "$root/$dir" "$scratch/$dir"; done
 mkdir -p "$scratch/build/trainer"
 ln -s "$trainer" "$scratch/build/trainer/trainer"
 

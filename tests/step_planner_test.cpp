@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <optional>
+#include <sstream>
+#include <string>
 #include <vector>
 
 #include "config/config.h"
@@ -13,7 +15,11 @@
 #include "planning/activation_mix.h"
 #include "planning/hdp_planner.h"
 #include "run/engine.h"
+#include "run/step_costs.h"
 #include "run/step_planner.h"
+#include "trainer/plan_command.h"
+#include "whatif/step_measure.h"
+#include "whatif/step_simulation.h"
 
 namespace hdp {
 namespace {
@@ -207,6 +213,97 @@ TEST(StepPlanner, TheEngineHoldsTheLargestMixThePlannersAdmit) {
     EXPECT_EQ(largest_micro_batch(c), std::min(most, longest)) << longest;
     EXPECT_EQ(largest_offloaded_micro_batch(c), 1024) << longest;
   }
+}
+
+
+// The step the plan is predicted to take, as the step simulator replays it with the
+// run's costs (planned_step_ms). One rank holds both sequences in one micro-batch: 2.72
+// s of compute (the prediction test above), then the optimizer on the whole model,
+// 32 bytes of traffic per parameter at the copy bandwidth (1e9 bytes/s), no gradient
+// synchronisation over one rank. The default model holds 4 x (128 x 384 + 128 x 128 +
+// 3 x 128 x 352 + 2 x 128) + 2 x 258 x 128 + 128 = 870,016 parameters.
+TEST(StepPlanner, PredictionCarriesTheSimulatedStep) {
+  const std::vector<int64_t> lengths = {200, 200};
+  Config c = two_ranks(1);
+  c.parallel.hdp = 1;
+  const StepPlanner planner(c, costs());
+  const StepPrediction p = planner.predict(planner.plan(lengths), lengths);
+  EXPECT_NEAR(p.step_s, 2.72 + 32 * 870'016 / 1e9, 1e-9);
+  GlobalBatch batch;
+  p.fill(0, batch);
+  EXPECT_EQ(batch.planned_step_s, p.step_s);
+  EXPECT_EQ(batch.planned_bound_s, p.bound_s);
+  EXPECT_EQ(batch.planned_max_busy_s, 2.72);
+}
+
+// The run's step costs: the run's own layer, embedding and head times; transfers at
+// the copy bandwidth without latency; bytes in train.precision (fp32 here: K and V of
+// 4 KV heads of 32 are 1,024 bytes per token and layer, the 128-value activation
+// between stages 512).
+TEST(StepPlanner, TheSimulatorRunsOnTheRunsOwnCostsAndCopyBandwidth) {
+  CostModel cost = costs();
+  cost.embedding_seconds_per_token = 1e-4;
+  cost.d2h_bytes_per_s = 3e9;
+  const StepCosts k = run_step_costs(two_ranks(2), cost, CostModel{});
+  EXPECT_EQ(k.cost.a1, cost.a1);
+  EXPECT_EQ(k.cost.b1, cost.b1);
+  EXPECT_EQ(k.embedding_seconds_per_token, 1e-4);
+  EXPECT_EQ(k.head_seconds_per_token, 2e-3);
+  EXPECT_EQ(k.stage_layers, (std::vector<int64_t>{1, 3}));
+  EXPECT_EQ(k.hardware.link_bytes_per_s(0, 3), 1e9);
+  EXPECT_EQ(k.hardware.link_latency_s(0, 3), 0);
+  EXPECT_EQ(k.kv_bytes_per_token, 1024);
+  EXPECT_EQ(k.boundary_bytes_per_token, 512);
+  cost.h2d_bytes_per_s = 0;
+  EXPECT_THROW(run_step_costs(two_ranks(2), cost, CostModel{}), ConfigError);
+}
+
+// Every rank of hdp rank r's sequences, micro-batches and rings, in order.
+std::string describe(const StepPlan& plan) {
+  std::ostringstream out;
+  for (size_t r = 0; r < plan.ranks.size(); ++r) {
+    out << "rank " << r << ":";
+    for (const PlannedMicroBatch& mb : plan.ranks[r]) {
+      out << " [";
+      for (const PlannedPiece& p : mb.pieces) out << " " << p.sequence << "@" << p.offset << "+" << p.length << "r" << p.ring;
+      out << " ] ";
+    }
+    out << "\n";
+  }
+  for (const Ring& g : plan.rings) {
+    out << "ring:";
+    for (int r : g.ranks) out << " " << r;
+    out << "\n";
+  }
+  return out.str();
+}
+
+// Under pipelines the balance policy compares its candidates by the simulated step of
+// the run's costs, as `trainer plan`'s balance does: given the trainer's settings and
+// step costs, `trainer plan`'s balance makes the trainer's plan. For these sequences
+// (long ones needing rings of 2 to 4 of the 4 ranks, and short ones) the measure
+// changes the plan: without it plan_balance picks another one, so the check fails
+// when the step planner does not pass the measure.
+TEST(StepPlanner, BalanceUnderPipelinesIsTrainerPlansBalanceOnTheRunsCosts) {
+  Config c = two_ranks(2);
+  c.parallel.hdp = 4;
+  c.scheduler.policy = SchedulerPolicy::Balance;
+  c.data.max_seq_len = 2000;
+  c.offload.enabled = false;
+  const StepPlanner planner(c, costs());
+  const std::vector<int64_t> lengths = {1900, 1500, 1100, 700, 600, 300, 200, 200, 100, 100, 60};
+  PlanSetup setup;
+  setup.settings = planner.settings();
+  setup.costs = planner.step_costs();
+  setup.balance = planner.balance_settings();
+  ASSERT_EQ(setup.balance.mode, BalanceMode::Pipeline);
+  const StepPlan trainer = planner.plan(lengths);
+  EXPECT_EQ(describe(trainer), describe(plan_policy("balance")(lengths, setup)));
+  const StepPlan unmeasured = plan_balance(lengths, setup.settings, setup.balance);
+  EXPECT_NE(describe(trainer), describe(unmeasured));
+  const auto step = simulated_step_measure(lengths, setup.costs);
+  EXPECT_LT(step(trainer), step(unmeasured));
+  std::printf("simulated step: %.3f s with the measure, %.3f s without\n", step(trainer), step(unmeasured));
 }
 
 }  // namespace

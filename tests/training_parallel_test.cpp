@@ -458,15 +458,22 @@ TEST(MixtralLayouts, LongSequencesOverRingsAndOffloadEqualOneProcess) {
 
 TEST(BalanceScheduler, EqualsOneProcessWithAndWithoutPipelines) {
   // Long and short sequences mixed; the balance scheduler gives ranks different
-  // numbers of micro-batches. pp = 1 uses DP-Balance, pp = 2 PP-Balance.
+  // numbers of micro-batches. pp = 1 uses DP-Balance, pp = 2 PP-Balance (also under
+  // interleaved 1F1B), its candidates compared by the simulated step of the run's
+  // costs (run/step_planner.h), and sequences of up to 1024 tokens on rings of 2 (2
+  // layers per stage: offload frees nothing).
   const std::string data = "--set data.path=" + long_corpus() + " --set data.max_seq_len=1024 " +
                            "--set data.global_batch_tokens=4096 ";
   const RunResult want =
       train(scratch_dir("parallel-balance-single"), {"single", 1, 1, 1}, data + "--set data.micro_batch_tokens=1024");
-  for (const Layout& l : {Layout{"balance_hdp4", 1, 1, 4}, Layout{"balance_pp2_hdp2", 1, 2, 2}}) {
+  // Interleaved 1F1B (2 chunks of 1 layer per stage) offloads no chunk's activations.
+  for (const auto& [l, extra] : std::vector<std::pair<Layout, std::string>>{
+           {{"balance_hdp4", 1, 1, 4}, ""},
+           {{"balance_pp2_hdp2", 1, 2, 2}, ""},
+           {{"balance_pp2_vpp2_hdp2", 1, 2, 2}, " --set parallel.vpp=2 --set offload.enabled=false"}}) {
     const std::string dir = scratch_dir("parallel-" + l.name);
-    expect_same_run(train(dir, l, data + "--set data.micro_batch_tokens=512 --set scheduler.policy=balance"), want,
-                    l.name);
+    expect_same_run(train(dir, l, data + "--set data.micro_batch_tokens=512 --set scheduler.policy=balance" + extra),
+                    want, l.name);
     // Each step reports every rank's planned and measured busy time.
     std::ifstream in(dir + "/metrics.jsonl");
     std::string line;
@@ -478,11 +485,21 @@ TEST(BalanceScheduler, EqualsOneProcessWithAndWithoutPipelines) {
     const std::vector<double> planned_max = metric_values(dir, "planned_busy_ms_max");
     ASSERT_EQ(bound.size(), planned_max.size()) << l.name;
     ASSERT_FALSE(bound.empty()) << l.name;
+    // and the plan's simulated step under them, which no plan beats the bound of.
+    const std::vector<double> simulated = metric_values(dir, "planned_step_ms");
+    const std::vector<double> measured = metric_values(dir, "step_ms");
+    const std::vector<double> error = metric_values(dir, "planned_step_error");
+    ASSERT_EQ(simulated.size(), bound.size()) << l.name;
+    ASSERT_EQ(error.size(), bound.size()) << l.name;
     for (size_t i = 0; i < bound.size(); ++i) {
       EXPECT_GT(bound[i], 0) << l.name << " step " << i + 1;
       // Without pipelines the busiest rank's planned busy time is a plan's step.
       if (l.name == "balance_hdp4") EXPECT_LE(bound[i], planned_max[i] * (1 + 1e-8)) << l.name << " step " << i + 1;
+      EXPECT_GE(simulated[i], bound[i] * (1 - 1e-8)) << l.name << " step " << i + 1;
+      EXPECT_NEAR(error[i], measured[i] / simulated[i] - 1, 1e-6 * (1 + std::fabs(error[i]))) << l.name;
     }
+    const std::vector<double> ring_bytes = metric_values(dir, "attention_bytes");
+    EXPECT_GT(*std::max_element(ring_bytes.begin(), ring_bytes.end()), 0) << l.name << ": no rings";
   }
 }
 

@@ -13,6 +13,7 @@
 #include "base/yaml_reader.h"
 #include "data/length_distributions.h"
 #include "whatif/simulator.h"
+#include "whatif/step_measure.h"
 #include "planning/pipeline_schedule.h"
 #include "planning/stage_split.h"
 #include "trainer/command_line.h"
@@ -261,14 +262,7 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
 StepPlan simulated_balance(std::span<const int64_t> l, const PlanSetup& s, bool deeper_warmup) {
   BalanceSettings balance = s.balance;
   balance.deeper_warmup = deeper_warmup;
-  // A candidate layout whose rings deadlock never wins.
-  balance.step_seconds = [&](const StepPlan& plan) {
-    try {
-      return simulate_step(plan, l, s.costs).step_seconds;
-    } catch (const sim::SimulationError&) {
-      return std::numeric_limits<double>::infinity();
-    }
-  };
+  balance.step_seconds = simulated_step_measure(l, s.costs);
   return plan_balance(l, s.settings, balance);
 }
 
