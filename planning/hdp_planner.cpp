@@ -1172,6 +1172,58 @@ std::vector<double> predicted_rank_seconds(const StepPlan& plan, std::span<const
   return lock_step_seconds(seconds, st.ep);
 }
 
+namespace {
+
+// Sets plan.forward_limits to the deepest its memory allows (plan_deepest_forward_limits);
+// whether they run ahead of 1F1B's anywhere (else it leaves them empty).
+bool set_deepest_forward_limits(StepPlan& plan, const PlannerSettings& st) {
+  const int pp = st.pipeline_stages;
+  std::vector<std::vector<int>> limits = plan_deepest_forward_limits(plan, st.layers_per_stage, pp);
+  const int most = limits.empty() ? 0 : static_cast<int>(limits[0].size());
+  for (int s = 0; s < pp; ++s)
+    for (int k = 0; k < most; ++k)
+      if (limits[s][k] > std::min(k + pp - s - 1, most - 1)) {
+        plan.forward_limits = std::move(limits);
+        return true;
+      }
+  return false;
+}
+
+// The plan with up to `count` micro-batches after its costliest ring (per member, by
+// sequence_seconds) on every rank recomputing all the layers recomputation may take,
+// where that keeps less of them on the device and still fits max_micro_batch_tokens
+// (their offload ratio stays, for the layers that do not recompute). Unchanged without
+// rings.
+StepPlan recompute_after_costliest_ring(StepPlan plan, std::span<const int64_t> lengths, const PlannerSettings& st,
+                                        int count) {
+  int costliest = -1;
+  double most = 0;
+  for (size_t g = 0; g < plan.rings.size(); ++g) {
+    double seconds = 0;
+    for (int64_t q : plan.rings[g].sequences) seconds += sequence_seconds(lengths[q], st, true);
+    seconds /= static_cast<double>(plan.rings[g].ranks.size());
+    if (seconds > most) most = seconds, costliest = static_cast<int>(g);
+  }
+  if (costliest < 0) return plan;
+  const auto& first_member = plan.ranks[plan.rings[costliest].ranks.front()];
+  size_t at = 0;
+  while (first_member[at].ring != costliest) ++at;
+  const int64_t layers = std::min(st.recompute.max_layers, st.layers_per_stage);
+  for (auto& mbs : plan.ranks)
+    for (size_t i = at + 1; i < mbs.size() && i <= at + static_cast<size_t>(count); ++i)
+      if (mbs[i].tokens() > 0 && mbs[i].recompute_layers < layers) {
+        PlannedMicroBatch mb = mbs[i];
+        mb.recompute_layers = layers;
+        const double share = micro_batch_device_share(mb, plan.capacity, st.layers_per_stage, plan.recomputed_layer_share);
+        if (share <= 1 && share < micro_batch_device_share(mbs[i], plan.capacity, st.layers_per_stage,
+                                                           plan.recomputed_layer_share))
+          mbs[i] = std::move(mb);
+      }
+  return plan;
+}
+
+}  // namespace
+
 StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& st, const BalanceSettings& balance) {
   validate(st, "plan_balance");
   validate_lengths(lengths, "plan_balance");
@@ -1270,12 +1322,20 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   if (rows) candidates.push_back({&items, &*rows});
   std::optional<StepPlan> chosen;
   double chosen_seconds = 0;
-  auto consider = [&](StepPlan plan) {
+  auto score = [&](StepPlan plan) {
     const double seconds = balance.step_seconds(plan);
     if (!chosen || seconds < chosen_seconds * (1 - 1e-9)) {
       chosen = std::move(plan);
       chosen_seconds = seconds;
     }
+  };
+  // Each candidate, and with deeper_warmup then the same candidate with the deepest
+  // forward limits its memory allows where they run ahead of 1F1B's (ties keep 1F1B).
+  auto consider = [&](StepPlan plan) {
+    if (!balance.deeper_warmup || st.pipeline_stages == 1) return score(std::move(plan));
+    StepPlan deep = plan;
+    score(std::move(plan));
+    if (set_deepest_forward_limits(deep, st)) score(std::move(deep));
   };
   for (const auto& [candidate_items, assignment] : candidates)
     for (bool rings_first : {false, true}) {
@@ -1298,6 +1358,17 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
           consider(std::move(plan));
     } catch (const std::invalid_argument&) {
       // a sequence needs offload to fit
+    }
+  }
+  // The winner with the micro-batches after its costliest ring recomputing every layer,
+  // more of them each time, so that more fit in flight while that ring's micro-batch
+  // travels: the rerun costs time, the simulated step decides.
+  if (balance.deeper_warmup && st.pipeline_stages > 1 && st.recompute.max_layers > 0) {
+    StepPlan base = *chosen;
+    base.forward_limits.clear();
+    for (int count = st.pipeline_stages; count <= 8 * st.pipeline_stages; count *= 2) {
+      StepPlan plan = recompute_after_costliest_ring(base, lengths, st, count);
+      if (set_deepest_forward_limits(plan, st)) score(std::move(plan));
     }
   }
   return std::move(*chosen);

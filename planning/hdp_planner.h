@@ -125,6 +125,11 @@ struct BalanceSettings {
   // sees pipeline bubbles and ring waits that the predicted busiest rank does not;
   // so does the trainer under pipelines, with its own costs (run/step_planner.h).
   std::function<double(const StepPlan&)> step_seconds;
+  // With step_seconds and several pipeline stages: also try every candidate with the
+  // deepest forward limits its micro-batches' memory allows (StepPlan::forward_limits,
+  // plan_deepest_forward_limits). The trainer's executor runs 1F1B only, so only `trainer
+  // plan`'s balance-deep policy sets it.
+  bool deeper_warmup = false;
 };
 // Work items: short sequences packed best-fit decreasing into C tokens and long
 // ones with choose_ranks's ranks and offload ratio, exactly as plan_naive; an item
@@ -186,7 +191,8 @@ struct BalanceSettings {
 // passes the later stages and comes back, 1F1B runs pp - 1 other forwards and
 // backwards on stage 0, and these are then the next costliest. The one-rank
 // micro-batches follow, each (most expensive first) to the least loaded rank, so
-// pipelines take different numbers.
+// pipelines take different numbers. With BalanceSettings::deeper_warmup each
+// candidate competes also with the deepest forward limits its memory allows.
 StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& settings, const BalanceSettings& balance);
 
 // The busy seconds of ranks coupled by expert parallelism. seconds[r][i] is rank r's

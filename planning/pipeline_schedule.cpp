@@ -18,6 +18,25 @@ std::vector<PipelineOp> one_f_one_b(int stage, int stages, int micro_batches) {
   return ops;
 }
 
+std::vector<PipelineOp> forwards_ahead_of_backwards(int micro_batches, std::span<const int> last_forward) {
+  const int m = micro_batches;
+  if (static_cast<int>(last_forward.size()) < m)
+    throw std::invalid_argument("pipeline limits: " + std::to_string(last_forward.size()) + " entries for " +
+                                std::to_string(m) + " micro-batches");
+  for (int k = 0; k < m; ++k)
+    if (last_forward[k] < k || (k > 0 && last_forward[k] < last_forward[k - 1]))
+      throw std::invalid_argument("pipeline limits: backward " + std::to_string(k) + " after forward " +
+                                  std::to_string(last_forward[k]) +
+                                  "; each must be at least its backward and none below the one before");
+  std::vector<PipelineOp> ops;
+  int forwards = 0;
+  for (int k = 0; k < m; ++k) {
+    for (; forwards <= std::min(last_forward[k], m - 1); ++forwards) ops.push_back({true, forwards});
+    ops.push_back({false, k});
+  }
+  return ops;
+}
+
 namespace {
 
 // Megatron-LM's warm-up: the last stage's first backward needs the first group's
@@ -64,7 +83,91 @@ std::vector<PipelineOp> interleaved_one_f_one_b(int stage, int stages, int chunk
   return ops;
 }
 
-std::vector<PipelineOp> pipeline_schedule(int stage, int stages, int chunks, int micro_batches) {
+void validate_forward_limits(const std::vector<std::vector<int>>& limits, int stages, int micro_batches) {
+  if (static_cast<int>(limits.size()) != stages)
+    throw std::invalid_argument("pipeline limits: " + std::to_string(limits.size()) + " stages' limits for " +
+                                std::to_string(stages) + " stages");
+  for (int s = 0; s < stages; ++s) {
+    try {
+      forwards_ahead_of_backwards(micro_batches, limits[s]);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument("stage " + std::to_string(s) + ": " + e.what());
+    }
+    if (s == 0) continue;
+    for (int k = 0; k < micro_batches; ++k)
+      if (limits[s][k] > limits[s - 1][k])
+        throw std::invalid_argument("pipeline limits: stage " + std::to_string(s) + " runs forward " +
+                                    std::to_string(limits[s][k]) + " before backward " + std::to_string(k) +
+                                    ", stage " + std::to_string(s - 1) + " only " +
+                                    std::to_string(limits[s - 1][k]) + "; no stage may run ahead of the one before");
+  }
+}
+
+namespace {
+
+// Per rank the running sums of the shares: micro-batches [a, b) keep sums[b] - sums[a].
+std::vector<std::vector<double>> running_sums(const std::vector<std::vector<double>>& kept) {
+  std::vector<std::vector<double>> sums;
+  for (const std::vector<double>& rank : kept) {
+    sums.emplace_back(1, 0.0);
+    for (double share : rank) sums.back().push_back(sums.back().back() + share);
+  }
+  return sums;
+}
+
+// Whether micro-batches k ... last (clamped to each rank's) keep at most `budget` on every rank.
+bool window_fits(const std::vector<std::vector<double>>& sums, int k, int last, double budget) {
+  for (const std::vector<double>& rank : sums) {
+    const int m = static_cast<int>(rank.size()) - 1;
+    if (k >= m) continue;
+    if (rank[std::min(last, m - 1) + 1] - rank[k] > budget * (1 + 1e-9)) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+bool forward_limits_fit(const std::vector<std::vector<double>>& kept, int stage, int stages,
+                        std::span<const int> last_forward) {
+  const std::vector<std::vector<double>> sums = running_sums(kept);
+  for (int k = 0; k < static_cast<int>(last_forward.size()); ++k)
+    if (last_forward[k] > k + stages - stage - 1 && !window_fits(sums, k, last_forward[k], stages - stage))
+      return false;
+  return true;
+}
+
+std::vector<std::vector<int>> deepest_forward_limits(const std::vector<std::vector<double>>& kept, int stages) {
+  int most = 0;
+  for (const std::vector<double>& rank : kept) most = std::max(most, static_cast<int>(rank.size()));
+  const std::vector<std::vector<double>> sums = running_sums(kept);
+  std::vector<std::vector<int>> limits(static_cast<size_t>(stages));
+  for (int s = 0; s < stages; ++s) {
+    const double budget = stages - s;
+    int deepest = 0;  // the memory's W(k), non-decreasing in k: the search resumes where it stopped
+    for (int k = 0; k < most; ++k) {
+      const int least = std::min(k + stages - s - 1, most - 1);
+      int w = least;
+      if (s + 1 < stages && window_fits(sums, k, least, budget)) {
+        deepest = std::max(deepest, least);
+        while (deepest + 1 < most && window_fits(sums, k, deepest + 1, budget)) ++deepest;
+        w = deepest;
+        if (s > 0) w = std::max(least, std::min(w, limits[s - 1][k] - 1));
+      }
+      limits[s].push_back(w);
+    }
+  }
+  return limits;
+}
+
+std::vector<PipelineOp> pipeline_schedule(int stage, int stages, int chunks, int micro_batches,
+                                          const std::vector<std::vector<int>>& limits) {
+  if (!limits.empty()) {
+    if (chunks != 1)
+      throw std::invalid_argument("pipeline limits: forwards ahead of 1F1B's are for one model chunk per stage, not " +
+                                  std::to_string(chunks));
+    validate_forward_limits(limits, stages, micro_batches);
+    return forwards_ahead_of_backwards(micro_batches, limits[stage]);
+  }
   return chunks == 1 ? one_f_one_b(stage, stages, micro_batches)
                      : interleaved_one_f_one_b(stage, stages, chunks, micro_batches);
 }

@@ -90,6 +90,18 @@ std::vector<RankMicroBatch> rank_work(const StepPlan& plan, std::span<const int6
   return work;
 }
 
+namespace {
+
+// The whole layers a micro-batch's token keeps on the device: k rho + h + m (1 - r).
+double held_layers(int64_t layers, double offload_ratio, int64_t recompute_layers, double recomputed_share) {
+  const int64_t k = recompute_layers;
+  const int64_t whole = std::min<int64_t>(2, layers - k), offloaded = std::max<int64_t>(0, layers - k - 2);
+  return static_cast<double>(k) * recomputed_share + static_cast<double>(whole) +
+         static_cast<double>(offloaded) * (1.0 - offload_ratio);
+}
+
+}  // namespace
+
 int64_t max_micro_batch_tokens(int64_t capacity, int64_t layers, double offload_ratio, int64_t recompute_layers,
                                double recomputed_share) {
   if (capacity < 1 || layers < 1 || !(offload_ratio >= 0.0 && offload_ratio <= 1.0) || recompute_layers < 0 ||
@@ -99,14 +111,37 @@ int64_t max_micro_batch_tokens(int64_t capacity, int64_t layers, double offload_
                                 ", recompute layers " + std::to_string(recompute_layers) + ", recomputed share " +
                                 std::to_string(recomputed_share));
   }
-  const int64_t k = recompute_layers;
-  const int64_t whole = std::min<int64_t>(2, layers - k), offloaded = std::max<int64_t>(0, layers - k - 2);
-  const double held = static_cast<double>(k) * recomputed_share + static_cast<double>(whole) +
-                      static_cast<double>(offloaded) * (1.0 - offload_ratio);
+  const double held = held_layers(layers, offload_ratio, recompute_layers, recomputed_share);
   if (held >= static_cast<double>(layers)) return capacity;  // nothing freed
   const double limit = static_cast<double>(layers) * static_cast<double>(capacity) / held;
   // The relative nudge keeps an exact integer quotient from flooring one below after rounding.
   return std::max(capacity, static_cast<int64_t>(std::floor(limit * (1.0 + 1e-12))));
+}
+
+double micro_batch_device_share(const PlannedMicroBatch& mb, int64_t capacity, int64_t layers,
+                                double recomputed_share) {
+  const double held = held_layers(layers, mb.offload_ratio, std::min(mb.recompute_layers, layers), recomputed_share);
+  return static_cast<double>(mb.tokens()) * held / (static_cast<double>(layers) * static_cast<double>(capacity));
+}
+
+namespace {
+
+// micro_batch_device_share of every micro-batch, per rank.
+std::vector<std::vector<double>> device_shares(const StepPlan& plan, int64_t layers) {
+  std::vector<std::vector<double>> kept;
+  for (const auto& mbs : plan.ranks) {
+    kept.emplace_back();
+    for (const PlannedMicroBatch& mb : mbs)
+      kept.back().push_back(micro_batch_device_share(mb, plan.capacity, layers, plan.recomputed_layer_share));
+  }
+  return kept;
+}
+
+}  // namespace
+
+std::vector<std::vector<int>> plan_deepest_forward_limits(const StepPlan& plan, int64_t layers_per_stage,
+                                                          int pipeline_stages) {
+  return deepest_forward_limits(device_shares(plan, layers_per_stage), pipeline_stages);
 }
 
 namespace {
@@ -158,7 +193,7 @@ void check_ring_order(const StepPlan& plan, const std::vector<std::set<int>>& me
     std::vector<std::vector<ScheduledOp>> ops(hdp);
     for (int r = 0; r < hdp; ++r) {
       const int m = static_cast<int>(plan.ranks[r].size());
-      for (const PipelineOp& op : pipeline_schedule(s, stages, chunks, m)) {
+      for (const PipelineOp& op : pipeline_schedule(s, stages, chunks, m, plan.forward_limits)) {
         const int ring = plan.ranks[r][op.micro_batch].ring;
         if (ring < 0 || (stages == 1 && !op.forward)) continue;
         ops[r].push_back({r, op.chunk * stages + s, op.micro_batch, op.forward, ring});
@@ -221,7 +256,7 @@ std::optional<std::string> deadlock_cycle(const StepPlan& plan, int stages, int 
     const int m = static_cast<int>(plan.ranks[r].size());
     for (int s = 0; s < stages; ++s) {
       int previous = -1;
-      for (const PipelineOp& op : pipeline_schedule(s, stages, chunks, m)) {
+      for (const PipelineOp& op : pipeline_schedule(s, stages, chunks, m, plan.forward_limits)) {
         const int v = op.chunk * stages + s;
         const int node = node_of({r, v, op.micro_batch, op.forward, plan.ranks[r][op.micro_batch].ring});
         node_at[r][v][{op.micro_batch, op.forward}] = node;
@@ -415,6 +450,22 @@ void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t 
     if (next != lengths[q]) fail("sequence " + str(q) + " tokens from " + str(next) + " are missing");
   }
 
+  if (!plan.forward_limits.empty()) {
+    if (chunks != 1) fail("forward limits are for one model chunk per stage, the plan runs " + str(chunks));
+    int most = 0;
+    for (const auto& mbs : plan.ranks) most = std::max(most, static_cast<int>(mbs.size()));
+    try {
+      validate_forward_limits(plan.forward_limits, pipeline_stages, most);
+    } catch (const std::invalid_argument& e) {
+      fail(e.what());
+    }
+    const std::vector<std::vector<double>> kept = device_shares(plan, layers_per_stage);
+    for (int s = 0; s < pipeline_stages; ++s)
+      if (!forward_limits_fit(kept, s, pipeline_stages, plan.forward_limits[s]))
+        fail("stage " + str(s) + "'s forward limits keep more in flight than its " + str(pipeline_stages - s) +
+             " micro-batches of capacity " + str(plan.capacity) + " (" + str(layers_per_stage) +
+             " layers per stage)");
+  }
   if (const std::optional<std::string> cycle = deadlock_cycle(plan, pipeline_stages, chunks)) {
     check_ring_order(plan, members, pipeline_stages, chunks);
     fail("the step deadlocks, each of these ops must run before the next: " + *cycle);

@@ -55,6 +55,11 @@ struct StepPlan {
   // What a micro-batch's recomputed layer keeps per token, as a share of a whole
   // layer's saved bytes (1: recomputation frees nothing, or none is planned).
   double recomputed_layer_share = 1;
+  // Per pipeline stage, the last forward it runs before each backward k
+  // (planning/pipeline_schedule.h, deepest_forward_limits; one model chunk per stage
+  // only); empty: 1F1B's. Only the step simulator runs limits other than 1F1B's: the
+  // trainer's executor (parallel/pipeline.h) runs 1F1B.
+  std::vector<std::vector<int>> forward_limits;
 };
 
 // One micro-batch of one hdp rank's share of a plan: the planned micro-batch and,
@@ -89,6 +94,18 @@ std::vector<PlannedPiece> zigzag_ring_pieces(const Ring& ring, int ring_index, i
 int64_t max_micro_batch_tokens(int64_t capacity, int64_t layers, double offload_ratio, int64_t recompute_layers = 0,
                                double recomputed_share = 1);
 
+// What micro-batch mb keeps on the device until its backward on a stage of `layers`
+// layers, as a share of a micro-batch of `capacity` tokens with every layer whole:
+// tokens x (k rho + h + m (1 - r)) / (l C), the memory model of
+// max_micro_batch_tokens (1 for a micro-batch at that limit, 0 for an empty one).
+double micro_batch_device_share(const PlannedMicroBatch& mb, int64_t capacity, int64_t layers,
+                                double recomputed_share);
+// The deepest forward limits (planning/pipeline_schedule.h, deepest_forward_limits) of
+// the plan's micro-batches, whose shares micro_batch_device_share gives at the plan's
+// capacity and recomputed layer share.
+std::vector<std::vector<int>> plan_deepest_forward_limits(const StepPlan& plan, int64_t layers_per_stage,
+                                                          int pipeline_stages);
+
 // Best-fit decreasing over lengths: items sorted by length descending (stable
 // in input order); each goes into the open bin with the least remaining room
 // that still fits (ties: the bin opened first), else into a new bin. Returns,
@@ -101,13 +118,16 @@ std::vector<std::vector<size_t>> best_fit_decreasing(std::span<const int64_t> le
 // - a micro-batch above max_micro_batch_tokens(capacity, layers, its ratio, its
 //   recompute layers, the plan's recomputed_layer_share), a ratio outside [0, 1], or
 //   recompute layers outside [0, layers];
+// - forward limits (StepPlan::forward_limits) that are not valid
+//   (validate_forward_limits, one chunk per stage) or whose forwards in flight do not
+//   fit a stage's memory (forward_limits_fit of micro_batch_device_share);
 // - a ring whose members do not each hold exactly their zig-zag chunks of its
 //   sequences, in the row order above, in exactly one micro-batch;
 // - ranks that share rings reaching them in different orders. With pipeline
 //   stages > 1 the order is that of the 1F1B schedule of each rank's micro-batch
-//   count (planning/pipeline_schedule.h; with chunks > 1 model chunks per stage, the
-//   interleaved order over the stages x chunks virtual stages), so ring micro-batches
-//   must meet in every (virtual) stage.
+//   count (planning/pipeline_schedule.h; with the plan's forward limits where it has them;
+//   with chunks > 1 model chunks per stage, the interleaved order over the stages x
+//   chunks virtual stages), so ring micro-batches must meet in every (virtual) stage.
 void check_plan(const StepPlan& plan, std::span<const int64_t> sequence_lengths, int64_t layers_per_stage,
                 int pipeline_stages, int chunks = 1);
 

@@ -285,6 +285,33 @@ TEST(PlanBalance, PipelinesPutARingAtOneIndexOnEveryMember) {
   }
 }
 
+// With deeper_warmup every candidate also competes with the deepest forward limits its
+// memory allows (plan_deepest_forward_limits), and the measure decides: one rank,
+// three stages, capacity 100; the sequences pack into micro-batches of 100, 60, 60,
+// 60, 60 tokens (shares 1, 0.6, ...). Stage 0 (budget 3) runs forwards 0 ... 3 before
+// backward 0 (2.8; 1F1B: 0 ... 2), then all; stage 1 (budget 2) 0 ... 1, then 0 ... 3
+// (1.8), one below stage 0 until its 1F1B limits catch up.
+TEST(PlanBalance, DeeperWarmupsCompeteWhenAsked) {
+  PlannerSettings s = settings(1, 100, 1, 0.0, 1.0);
+  s.offload.enabled = false;
+  s.pipeline_stages = 3;
+  const std::vector<int64_t> lengths = {100, 60, 60, 60, 60};
+  BalanceSettings balance;
+  // A measure that prefers any deeper warm-up.
+  balance.step_seconds = [&](const StepPlan& p) { return p.forward_limits.empty() ? 2.0 : 1.0; };
+  EXPECT_TRUE(plan_balance(lengths, s, balance).forward_limits.empty());  // not asked
+  balance.deeper_warmup = true;
+  const StepPlan deep = plan_balance(lengths, s, balance);
+  EXPECT_EQ(deep.forward_limits,
+            (std::vector<std::vector<int>>{{3, 4, 4, 4, 4}, {1, 3, 3, 4, 4}, {0, 1, 2, 3, 4}}));
+  EXPECT_NO_THROW(check_plan(deep, lengths, 1, 3));
+  // A measure that prefers 1F1B, or ties, keeps 1F1B.
+  balance.step_seconds = [&](const StepPlan& p) { return p.forward_limits.empty() ? 1.0 : 2.0; };
+  EXPECT_TRUE(plan_balance(lengths, s, balance).forward_limits.empty());
+  balance.step_seconds = [&](const StepPlan&) { return 1.0; };
+  EXPECT_TRUE(plan_balance(lengths, s, balance).forward_limits.empty());
+}
+
 // BalanceSettings::step_seconds decides between the candidates, each laid out (with
 // pipelines also rings first), plan_naive's plan among them. The batch and layout of
 // PipelinesPutARingAtOneIndexOnEveryMember.

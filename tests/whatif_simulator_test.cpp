@@ -242,6 +242,36 @@ TEST(StepSimulation, OneFOneBWithCommunication) {
   EXPECT_DOUBLE_EQ(simulate_step(plan, lengths, k).step_seconds, 10);
 }
 
+// A long micro-batch first (4 tokens: F = 4, B = 8 per stage), then four short ones
+// (1 token: F = 1, B = 2), two stages, free transfers. 1F1B: stage 0 runs F0 [0, 4] and
+// F1 [4, 5], then waits for B0, which stage 1 ends at 16 (F0 [4, 8], B0 [8, 16]); B0 runs
+// [16, 24], and every later forward and backward of stage 0 waits for stage 1 in turn:
+// F2 [24, 25], B1 [25, 27], F3 [27, 28], B2 [28, 30], F4 [30, 31], B3 [31, 33], and B4
+// after stage 1's [32, 34]: [34, 36]. With all five forwards before backward 0 on stage 0 (at
+// capacity 4 the shares are 1 + 4 x 0.25 = 2, stage 0's budget) its forwards end at 8,
+// stage 1 runs without a gap from 4 to 28 (F0, B0 [8, 16], then F1 B1 ... B4 [26, 28]),
+// and stage 0's backwards run [16, 24], [24, 26], [26, 28], [28, 30], [30, 32]: 32.
+TEST(StepSimulation, ADeeperWarmupFillsTheWindowOfALongMicroBatch) {
+  const StepCosts k = hand_costs(1, 2, 1.0 / 3.0);
+  StepPlan plan;
+  plan.capacity = 4;
+  plan.ranks.resize(1);
+  const std::vector<int64_t> lengths{4, 1, 1, 1, 1};
+  for (size_t q = 0; q < lengths.size(); ++q) {
+    PlannedMicroBatch mb;
+    mb.pieces.push_back({static_cast<int64_t>(q), 0, lengths[q], -1});
+    plan.ranks[0].push_back(mb);
+  }
+  EXPECT_DOUBLE_EQ(simulate_step(plan, lengths, k).step_seconds, 36);
+  plan.forward_limits = plan_deepest_forward_limits(plan, 1, 2);
+  ASSERT_EQ(plan.forward_limits, (std::vector<std::vector<int>>{{4, 4, 4, 4, 4}, {0, 1, 2, 3, 4}}));
+  check_plan(plan, lengths, 1, 2);
+  EXPECT_DOUBLE_EQ(simulate_step(plan, lengths, k).step_seconds, 32);
+  // 1F1B's limits, given explicitly, are 1F1B.
+  plan.forward_limits = {{1, 2, 3, 4, 5}, {0, 1, 2, 3, 4}};
+  EXPECT_DOUBLE_EQ(simulate_step(plan, lengths, k).step_seconds, 36);
+}
+
 // Interleaved 1F1B (Narayanan et al. 2021, section 2.2.2): pp stages of two layers
 // each, equal micro-batches, F + B = 6 s per micro-batch and stage, free transfers.
 // 1F1B idles (p - 1)(F + B); two chunks of one layer per stage idle half of it: the

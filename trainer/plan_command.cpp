@@ -80,8 +80,11 @@ each long sequence spans.
                           the sequence (parallel.sequence_parallel), which divides
                           their saved activations by tp; no offload with it. Off by
                           default, as in the trainer's config
-  --policies LIST         comma-separated, from static, naive, naive-no-offload and
-                          balance (default static,naive,balance)
+  --policies LIST         comma-separated, from static, naive, naive-no-offload,
+                          balance and balance-deep (default static,naive,balance);
+                          balance-deep also tries each candidate with the deepest
+                          pipeline warm-ups memory allows, a schedule only the
+                          simulator runs (the trainer runs 1F1B)
   --no-check              skip check_plan on each plan (slow for very large rings;
                           the simulator still detects deadlocks)
   --trace FILE.json       Chrome trace of the simulated step (one file per policy:
@@ -255,6 +258,14 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   return s;
 }
 
+// plan_balance with the simulated step as its measure; deeper_warmup as BalanceSettings'.
+StepPlan simulated_balance(std::span<const int64_t> l, const PlanSetup& s, bool deeper_warmup) {
+  BalanceSettings balance = s.balance;
+  balance.deeper_warmup = deeper_warmup;
+  balance.step_seconds = simulated_step_measure(l, s.costs);
+  return plan_balance(l, s.settings, balance);
+}
+
 const std::vector<std::pair<std::string, Planner>>& plan_policies() {
   static const std::vector<std::pair<std::string, Planner>> policies = {
       {policy_name(SchedulerPolicy::Static),
@@ -271,11 +282,10 @@ const std::vector<std::pair<std::string, Planner>>& plan_policies() {
        }},
       // The balance scheduler comparing its candidates by the simulated step.
       {policy_name(SchedulerPolicy::Balance),
-       [](std::span<const int64_t> l, const PlanSetup& s) {
-         BalanceSettings balance = s.balance;
-         balance.step_seconds = simulated_step_measure(l, s.costs);
-         return plan_balance(l, s.settings, balance);
-       }},
+       [](std::span<const int64_t> l, const PlanSetup& s) { return simulated_balance(l, s, false); }},
+      // The same with deeper pipeline warm-ups as candidates (simulated only).
+      {"balance-deep",
+       [](std::span<const int64_t> l, const PlanSetup& s) { return simulated_balance(l, s, s.layout.vpp == 1); }},
   };
   return policies;
 }

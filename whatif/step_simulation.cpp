@@ -523,7 +523,7 @@ int StepGraphBuilder::ring_group_of(size_t g, int v, bool forward) {
 void StepGraphBuilder::add_compute(int r, int s) {
   const auto& mbs = plan_.ranks[r];
   sim::OpId prev = kNone, pending_copy = kNone;
-  for (const PipelineOp& op : pipeline_schedule(s, grid_.pp, vpp_, static_cast<int>(mbs.size()))) {
+  for (const PipelineOp& op : pipeline_schedule(s, grid_.pp, vpp_, static_cast<int>(mbs.size()), plan_.forward_limits)) {
     const int v = op.chunk * grid_.pp + s;
     const double l = layers_of(v);
     const PlannedMicroBatch& mb = mbs[op.micro_batch];
@@ -619,7 +619,7 @@ void StepGraphBuilder::add_pipeline_transfers(int r, int s) {
   const double bw = hw.link_bytes_per_s(a, b), lat = hw.link_latency_s(a, b);
   const auto& mbs = plan_.ranks[r];
   const int m = static_cast<int>(mbs.size());
-  for (const PipelineOp& op : pipeline_schedule(s, grid_.pp, vpp_, m)) {
+  for (const PipelineOp& op : pipeline_schedule(s, grid_.pp, vpp_, m, plan_.forward_limits)) {
     const int v = op.chunk * grid_.pp + s, i = op.micro_batch;
     if (!op.forward || v + 1 == virtual_stages_) continue;
     const double bytes = k_.boundary_bytes_per_token * static_cast<double>(mbs[i].tokens());
@@ -635,7 +635,7 @@ void StepGraphBuilder::add_pipeline_transfers(int r, int s) {
     graph_.add_dependency(forward_ops_[hi], recv);
     if (d2h_ops_[hi] != kNone) graph_.add_dependency(d2h_ops_[hi], recv);
   }
-  for (const PipelineOp& op : pipeline_schedule(next, grid_.pp, vpp_, m)) {
+  for (const PipelineOp& op : pipeline_schedule(next, grid_.pp, vpp_, m, plan_.forward_limits)) {
     const int v = op.chunk * grid_.pp + next, i = op.micro_batch;
     if (op.forward || v == 0) continue;
     const double bytes = k_.boundary_bytes_per_token * static_cast<double>(mbs[i].tokens());

@@ -14,7 +14,8 @@
 // (activation offload copies).
 //
 // Per pipeline stage and hdp rank, the rank's planned micro-batches run in the
-// 1F1B order of planning/pipeline_schedule.h, or with vpp model chunks per stage
+// 1F1B order of planning/pipeline_schedule.h (with the plan's forward limits where
+// it has them, StepPlan::forward_limits), or with vpp model chunks per stage
 // (StepCosts::chunk_layers) in its interleaved order over the pp x vpp virtual
 // stages. Forward of micro-batch i on virtual stage v > 0 waits for the activation
 // receive paired with virtual stage v-1's send (a group: the transfer starts when
