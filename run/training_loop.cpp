@@ -411,7 +411,10 @@ StepMetrics TrainingLoop::step_metrics(const StepMeasurement& measured, const Gl
   m.planned_bound_ms = batch.planned_bound_s * 1e3;
   m.cost_model_error = m.planned_busy_ms_max > 0 ? (m.busy_ms_max - m.planned_busy_ms_max) / m.planned_busy_ms_max : 0;
   m.planned_step_ms = batch.planned_step_s * 1e3;
-  m.planned_step_error = m.planned_step_ms > 0 ? m.step_ms / m.planned_step_ms - 1 : 0;
+  // A plan whose rings the simulator finds deadlocked has no simulated step (written
+  // as null), and so no error.
+  m.planned_step_error =
+      std::isfinite(m.planned_step_ms) && m.planned_step_ms > 0 ? m.step_ms / m.planned_step_ms - 1 : 0;
   m.activation_peak_bytes = static_cast<int64_t>(engine_.model().activation_usage().device_peak_bytes);
   m.host_pool_bytes = static_cast<int64_t>(engine_.model().activation_usage().host_pool_bytes);
   m.skipped_steps = progress_.skipped_steps;

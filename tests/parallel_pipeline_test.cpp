@@ -326,12 +326,19 @@ TEST(PipelineExecutor, FirstOfTwoStagesSendsAfterItsFirstForward) {
 // micro-batch i, and the last one's output gradient is 1: after every virtual
 // stage the value is a known composition, and the gradient reaching virtual stage 0
 // is the product of all the factors. Each pair's slot must be free when prepared.
+// Side values travel too, one per (virtual stage, micro-batch) each way.
 class ChunkedStage final : public PipelineStage {
  public:
   static constexpr int64_t kRows = 2, kHidden = 3;
   ChunkedStage(int stage, int stages, int chunks, int slots)
       : stage_(stage), stages_(stages), chunks_(chunks), buffers_(4 * slots * kRows * kHidden, 0.0f),
-        pairs_(static_cast<size_t>(slots), {-1, -1}) {}
+        side_(3 * static_cast<size_t>(slots), 0.0f), pairs_(static_cast<size_t>(slots), {-1, -1}) {}
+
+  // The side value virtual stage v sends on with micro-batch i, forward and back (as
+  // Mixtral's routing statistics travel): one per (v, i), so a side message that
+  // reaches another micro-batch's slot, tag or edge shows.
+  static float side_forward_value(int v, int i) { return static_cast<float>(1000 * (v + 1) + i); }
+  static float side_backward_value(int v, int i) { return static_cast<float>(-1000 * (v + 1) - i); }
 
   // The value every element holds on entering virtual stage v with micro-batch i.
   static double input_value(int v, int i) {
@@ -355,6 +362,10 @@ class ChunkedStage final : public PipelineStage {
       y.f32()[e] = x.f32()[e] * static_cast<float>(v + 2) + 1;
     }
     if (v == stages_ * chunks_ - 1) outputs[i] = y.f32()[0];
+    if (v > 0) {
+      EXPECT_EQ(side(kSideIn, slot)[0], side_forward_value(v - 1, i)) << "virtual stage " << v;
+    }
+    side(kSideOut, slot)[0] = side_forward_value(v, i);
   }
   void backward(int i, int slot) override {
     const int v = record('B', i, slot);
@@ -366,18 +377,27 @@ class ChunkedStage final : public PipelineStage {
       g_in.f32()[e] = g * static_cast<float>(v + 2);
     }
     if (v == 0) gradients[i] = g_in.f32()[0];
+    if (v < stages_ * chunks_ - 1) {
+      EXPECT_EQ(side(kSideBack, slot)[0], side_backward_value(v + 1, i)) << "virtual stage " << v;
+    }
+    side(kSideBack, slot)[0] = side_backward_value(v, i);
     pairs_[slot] = {-1, -1};
   }
   Tensor input_activation(int slot) override { return tensor(kInput, slot); }
   Tensor output_activation(int slot) override { return tensor(kOutput, slot); }
   Tensor output_gradient(int slot) override { return tensor(kOutputGradient, slot); }
   Tensor input_gradient(int slot) override { return tensor(kInputGradient, slot); }
+  Tensor side_input(int slot) override { return Tensor(side(kSideIn, slot), {1}); }
+  Tensor side_output(int slot) override { return Tensor(side(kSideOut, slot), {1}); }
+  Tensor side_backward(int slot) override { return Tensor(side(kSideBack, slot), {1}); }
 
   std::string calls;
   std::map<int, float> outputs, gradients;  // of the last virtual stage / virtual stage 0, per micro-batch
 
  private:
   enum Buffer { kInput, kOutput, kOutputGradient, kInputGradient };
+  enum Side { kSideIn, kSideOut, kSideBack };
+  float* side(Side what, int slot) { return side_.data() + static_cast<size_t>(what) * pairs_.size() + slot; }
   int virtual_stage(int chunk) const { return chunk * stages_ + stage_; }
   // Appends "F0.1 " (what, micro-batch, the slot's chunk) to calls; the slot's virtual stage.
   int record(char what, int i, int slot) {
@@ -393,6 +413,7 @@ class ChunkedStage final : public PipelineStage {
   static void fill(Tensor t, float value) { std::fill(t.f32(), t.f32() + t.numel(), value); }
   int stage_, stages_, chunks_;
   std::vector<float> buffers_;
+  std::vector<float> side_;                 // side values in, out and back, one per slot each
   std::vector<std::pair<int, int>> pairs_;  // (micro-batch, chunk) per slot; -1: free
 };
 
