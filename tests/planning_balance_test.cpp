@@ -357,7 +357,9 @@ TEST(PlanBalance, DeeperWarmupsRecomputeAfterTheCostliestRing) {
   balance.step_seconds = [&](const StepPlan& p) { return p.forward_limits.empty() ? 2.0 : 1.0; };
   expect_recomputed_after_ring(plan_balance(lengths, s, balance), 2);
   // One that also favours recomputation: 8 pp.
-  balance.step_seconds = [&](const StepPlan& p) { return p.forward_limits.empty() ? 2.0 : 1.0 - 1e-3 * recomputing(p); };
+  balance.step_seconds = [&](const StepPlan& p) {
+    return p.forward_limits.empty() ? 2.0 : 1.0 - 1e-3 * recomputing(p);
+  };
   expect_recomputed_after_ring(plan_balance(lengths, s, balance), 16);
 }
 

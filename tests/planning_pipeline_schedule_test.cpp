@@ -293,6 +293,17 @@ StepPlan long_then_short_plan(int shorts, int64_t tokens, std::vector<std::vecto
   return plan;
 }
 
+// check_plan refuses the plan with a message that contains `why`.
+void expect_check_plan_refuses(const StepPlan& plan, const std::vector<int64_t>& lengths, int64_t layers, int stages,
+                               const std::string& why) {
+  try {
+    check_plan(plan, lengths, layers, stages);
+    ADD_FAILURE() << "check_plan passed; expected: " << why;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+}
+
 TEST(DeeperWarmup, CheckPlanRefusesLimitsMemoryDoesNotHold) {
   std::vector<int64_t> lengths;
   const std::vector<int> last_stage = ahead(5, 0);
@@ -303,14 +314,8 @@ TEST(DeeperWarmup, CheckPlanRefusesLimitsMemoryDoesNotHold) {
   // Halves: 1 + 0.5 x 4 = 3 micro-batches at capacity, stage 0 holds 2.
   plan = long_then_short_plan(4, 2, {ahead(5, 4), last_stage}, lengths);
   EXPECT_EQ(plan_deepest_forward_limits(plan, 1, 2), (std::vector<std::vector<int>>{{2, 4, 4, 4, 4}, last_stage}));
-  try {
-    check_plan(plan, lengths, 1, 2);
-    ADD_FAILURE() << "five halves in flight passed";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("stage 0's forward limits keep more in flight than its 2 micro-batches"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_check_plan_refuses(plan, lengths, 1, 2,
+                            "stage 0's forward limits keep more in flight than its 2 micro-batches");
   plan.forward_limits = {{2, 4, 4, 4, 4}, last_stage};
   EXPECT_NO_THROW(check_plan(plan, lengths, 1, 2));
   // The last stage's budget is one micro-batch: a forward ahead there holds 1.5.
@@ -346,14 +351,7 @@ TEST(DeeperWarmup, CheckPlanRefusesMoreOffloadingMicroBatchesInFlightThan1F1Bs) 
   recomputing.recompute_layers = 1;  // 3 - 1 - 2 = 0 layers left to offload
   EXPECT_FALSE(micro_batch_offloads(recomputing, 3));
   EXPECT_EQ(plan_deepest_forward_limits(plan, 3, 2), (std::vector<std::vector<int>>{{2, 2, 3, 4, 4}, last_stage}));
-  try {
-    check_plan(plan, lengths, 3, 2);
-    ADD_FAILURE() << "four offloading micro-batches in flight passed";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("or more than 2 micro-batches that offload rows to host memory"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_check_plan_refuses(plan, lengths, 3, 2, "or more than 2 micro-batches that offload rows to host memory");
   plan.forward_limits = plan_deepest_forward_limits(plan, 3, 2);
   EXPECT_NO_THROW(check_plan(plan, lengths, 3, 2));
 }

@@ -566,8 +566,8 @@ TEST(RankWork, RefusesAPlanRunningForwardsAheadOf1F1B) {
     rank_work(p, kHandLengths, 0);
     ADD_FAILURE() << "a plan with forward limits reached a rank";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("ahead of 1F1B (StepPlan::forward_limits), which only the step simulator runs; "
-                                         "the trainer's executor runs 1F1B"),
+    EXPECT_NE(std::string(e.what()).find("ahead of 1F1B (StepPlan::forward_limits), which only the step simulator "
+                                         "runs; the trainer's executor runs 1F1B"),
               std::string::npos)
         << e.what();
   }
