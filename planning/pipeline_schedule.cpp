@@ -105,51 +105,77 @@ void validate_forward_limits(const std::vector<std::vector<int>>& limits, int st
 
 namespace {
 
-// Per rank the running sums of the shares: micro-batches [a, b) keep sums[b] - sums[a].
-std::vector<std::vector<double>> running_sums(const std::vector<std::vector<double>>& kept) {
-  std::vector<std::vector<double>> sums;
-  for (const std::vector<double>& rank : kept) {
-    sums.emplace_back(1, 0.0);
-    for (double share : rank) sums.back().push_back(sums.back().back() + share);
+// Per rank the running sums of the values: micro-batches [a, b) hold sums[b] - sums[a].
+template <typename T>
+std::vector<std::vector<T>> running_sums(const std::vector<std::vector<T>>& values) {
+  std::vector<std::vector<T>> sums;
+  for (const std::vector<T>& rank : values) {
+    sums.emplace_back(1, T{0});
+    for (T value : rank) sums.back().push_back(sums.back().back() + value);
   }
   return sums;
 }
 
-// Whether micro-batches k ... last (clamped to each rank's) keep at most `budget` on every rank.
-bool window_fits(const std::vector<std::vector<double>>& sums, int k, int last, double budget) {
-  for (const std::vector<double>& rank : sums) {
-    const int m = static_cast<int>(rank.size()) - 1;
-    if (k >= m) continue;
-    if (rank[std::min(last, m - 1) + 1] - rank[k] > budget * (1 + 1e-9)) return false;
+// What windows of a stage's forwards in flight hold, per rank as running sums
+// (running_sums) of the device shares and of the micro-batches that offload.
+struct InFlight {
+  std::vector<std::vector<double>> device;
+  std::vector<std::vector<int>> offloading;
+
+  InFlight(const std::vector<std::vector<double>>& kept, const std::vector<std::vector<int>>& offloads)
+      : device(running_sums(kept)) {
+    if (offloads.empty()) {
+      for (const std::vector<double>& rank : kept) offloading.emplace_back(rank.size() + 1, 0);
+      return;
+    }
+    bool same_shape = offloads.size() == kept.size();
+    for (size_t r = 0; same_shape && r < kept.size(); ++r) same_shape = offloads[r].size() == kept[r].size();
+    if (!same_shape)
+      throw std::invalid_argument("pipeline limits: the offloading micro-batches' lists are not one per rank with one "
+                                  "entry per micro-batch, as the device shares'");
+    offloading = running_sums(offloads);
   }
-  return true;
-}
+
+  // Whether micro-batches k ... last (clamped to each rank's) keep at most `budget`
+  // micro-batches' worth on the device, and at most `budget` of them offload, on every rank.
+  bool fits(int k, int last, int budget) const {
+    for (size_t r = 0; r < device.size(); ++r) {
+      const int m = static_cast<int>(device[r].size()) - 1;
+      if (k >= m) continue;
+      const int end = std::min(last, m - 1) + 1;
+      if (device[r][end] - device[r][k] > budget * (1 + 1e-9) || offloading[r][end] - offloading[r][k] > budget)
+        return false;
+    }
+    return true;
+  }
+};
 
 }  // namespace
 
-bool forward_limits_fit(const std::vector<std::vector<double>>& kept, int stage, int stages,
-                        std::span<const int> last_forward) {
-  const std::vector<std::vector<double>> sums = running_sums(kept);
+bool forward_limits_fit(const std::vector<std::vector<double>>& kept, const std::vector<std::vector<int>>& offloads,
+                        int stage, int stages, std::span<const int> last_forward) {
+  const InFlight in_flight(kept, offloads);
   for (int k = 0; k < static_cast<int>(last_forward.size()); ++k)
-    if (last_forward[k] > k + stages - stage - 1 && !window_fits(sums, k, last_forward[k], stages - stage))
+    if (last_forward[k] > k + stages - stage - 1 && !in_flight.fits(k, last_forward[k], stages - stage))
       return false;
   return true;
 }
 
-std::vector<std::vector<int>> deepest_forward_limits(const std::vector<std::vector<double>>& kept, int stages) {
+std::vector<std::vector<int>> deepest_forward_limits(const std::vector<std::vector<double>>& kept,
+                                                     const std::vector<std::vector<int>>& offloads, int stages) {
   int most = 0;
   for (const std::vector<double>& rank : kept) most = std::max(most, static_cast<int>(rank.size()));
-  const std::vector<std::vector<double>> sums = running_sums(kept);
+  const InFlight in_flight(kept, offloads);
   std::vector<std::vector<int>> limits(static_cast<size_t>(stages));
   for (int s = 0; s < stages; ++s) {
-    const double budget = stages - s;
+    const int budget = stages - s;
     int deepest = 0;  // the memory's W(k), non-decreasing in k: the search resumes where it stopped
     for (int k = 0; k < most; ++k) {
       const int least = std::min(k + stages - s - 1, most - 1);
       int w = least;
-      if (s + 1 < stages && window_fits(sums, k, least, budget)) {
+      if (s + 1 < stages && in_flight.fits(k, least, budget)) {
         deepest = std::max(deepest, least);
-        while (deepest + 1 < most && window_fits(sums, k, deepest + 1, budget)) ++deepest;
+        while (deepest + 1 < most && in_flight.fits(k, deepest + 1, budget)) ++deepest;
         w = deepest;
         if (s > 0) w = std::max(least, std::min(w, limits[s - 1][k] - 1));
       }

@@ -43,8 +43,10 @@ std::vector<PipelineOp> forwards_ahead_of_backwards(int micro_batches, std::span
 // Per stage the last forward before each backward k, for k below the most
 // micro-batches of a rank (StepPlan::forward_limits); empty: 1F1B's. Valid when each
 // stage's list is one forwards_ahead_of_backwards takes and no stage's entry exceeds
-// the previous stage's. That rule is what keeps the stages free of deadlock, whatever
-// their transfers' buffering: stage s runs backward k after forwards up to W_s(k);
+// the previous stage's. That rule is what keeps the stages free of deadlock with sends
+// that do not block the sender (the simulator's; the executor's send_async with
+// receives posted in advance; blocking rendezvous sends deadlock even 1F1B at p 2):
+// stage s runs backward k after forwards up to W_s(k);
 // stage s + 1 needs forwards up to W_(s+1)(k) <= W_s(k) from stage s before its own
 // backward k, so stage s has sent them before it waits for that backward (by
 // induction from the last stage, whose backward k needs only its own forward k).
@@ -53,11 +55,17 @@ void validate_forward_limits(const std::vector<std::vector<int>>& limits, int st
 
 // The deepest limits the stages' memory allows. kept[r][i]: what micro-batch i of hdp
 // rank r keeps on the device until its backward, as a share of one micro-batch at the
-// capacity with every layer whole (planning/plan.h, micro_batch_device_share); stage
-// s's budget is 1F1B's, p - s such micro-batches. For every stage but the last and
-// every backward k, the largest W (at least 1F1B's min(k + p - s - 1, M - 1), M the
-// most micro-batches of a rank) such that on every rank micro-batches k ... W keep at
-// most p - s together; then lowered to one below the previous stage's W, as in 1F1B:
+// capacity with every layer whole (planning/plan.h, micro_batch_device_share);
+// offloads[r][i]: 1 where it parks rows in host memory (micro_batch_offloads), else 0
+// (kept's shape; empty: none does). Stage s's budget is 1F1B's, p - s such
+// micro-batches on the device and at most p - s offloading ones: the planner sized
+// each micro-batch's offload so that host memory holds the p in flight on 1F1B's
+// stage 0 (choose_ranks, activation_mix_settings), which a small device share does
+// not bound (each stage keeps to its own 1F1B count, as on the device). For every
+// stage but the last and every backward k, the largest W (at least 1F1B's
+// min(k + p - s - 1, M - 1), M the most micro-batches of a rank) such that on every
+// rank micro-batches k ... W keep at most p - s together and at most p - s of them
+// offload; then lowered to one below the previous stage's W, as in 1F1B:
 // with equal limits stage s + 1's backward k waits for stage s's forward W(k), which
 // stage s runs only after its backward k - 1, so every backward waits for a round trip
 // between the two (simulated: LLaMA-70B, pp 4, GitHub 1M, constant warm-ups 5, 5, 5, 0
@@ -65,12 +73,15 @@ void validate_forward_limits(const std::vector<std::vector<int>>& limits, int st
 // 1F1B on one). The last stage keeps 1F1B's W(k) = k: its backward
 // needs only its own forward, and running ahead there would only hold the gradients
 // back. Where 1F1B's own windows exceed a budget (shares above 1), 1F1B's.
-std::vector<std::vector<int>> deepest_forward_limits(const std::vector<std::vector<double>>& kept, int stages);
+// Throws std::invalid_argument for offloads of another shape than kept's.
+std::vector<std::vector<int>> deepest_forward_limits(const std::vector<std::vector<double>>& kept,
+                                                     const std::vector<std::vector<int>>& offloads, int stages);
 // Whether stage s of p keeps every rank's forwards in flight within the budget of
 // deepest_forward_limits wherever last_forward runs ahead of 1F1B: micro-batches
-// k ... min(last_forward[k], m - 1) keep at most p - s (relative tolerance 1e-9).
-bool forward_limits_fit(const std::vector<std::vector<double>>& kept, int stage, int stages,
-                        std::span<const int> last_forward);
+// k ... min(last_forward[k], m - 1) keep at most p - s (relative tolerance 1e-9) and
+// at most p - s of them offload. Throws as deepest_forward_limits.
+bool forward_limits_fit(const std::vector<std::vector<double>>& kept, const std::vector<std::vector<int>>& offloads,
+                        int stage, int stages, std::span<const int> last_forward);
 
 // Micro-batches whose forward can be in flight before their backward on that stage
 // (stages - stage); with `chunks` > 1, the (micro-batch, chunk) pairs of the

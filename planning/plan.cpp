@@ -69,6 +69,11 @@ std::vector<RankMicroBatch> rank_work(const StepPlan& plan, std::span<const int6
     throw std::invalid_argument("rank_work: hdp rank " + std::to_string(hdp_rank) + " outside a plan of " +
                                 std::to_string(plan.ranks.size()) + " ranks");
   }
+  if (!plan.forward_limits.empty()) {
+    throw std::invalid_argument(
+        "rank_work: the plan runs forwards ahead of 1F1B (StepPlan::forward_limits), which only the step simulator "
+        "runs; the trainer's executor runs 1F1B");
+  }
   std::vector<RankMicroBatch> work;
   work.reserve(plan.ranks[hdp_rank].size());
   std::vector<int64_t> ring_lengths;
@@ -124,15 +129,29 @@ double micro_batch_device_share(const PlannedMicroBatch& mb, int64_t capacity, i
   return static_cast<double>(mb.tokens()) * held / (static_cast<double>(layers) * static_cast<double>(capacity));
 }
 
+bool micro_batch_offloads(const PlannedMicroBatch& mb, int64_t layers) {
+  return mb.tokens() > 0 && mb.offload_ratio > 0 && layers - std::min(mb.recompute_layers, layers) - 2 > 0;
+}
+
 namespace {
 
-// micro_batch_device_share of every micro-batch, per rank.
-std::vector<std::vector<double>> device_shares(const StepPlan& plan, int64_t layers) {
-  std::vector<std::vector<double>> kept;
+// What every micro-batch keeps in flight, per rank: micro_batch_device_share and
+// micro_batch_offloads (1 or 0), as deepest_forward_limits takes them.
+struct KeptInFlight {
+  std::vector<std::vector<double>> device_shares;
+  std::vector<std::vector<int>> offloads;
+};
+
+KeptInFlight kept_in_flight(const StepPlan& plan, int64_t layers) {
+  KeptInFlight kept;
   for (const auto& mbs : plan.ranks) {
-    kept.emplace_back();
-    for (const PlannedMicroBatch& mb : mbs)
-      kept.back().push_back(micro_batch_device_share(mb, plan.capacity, layers, plan.recomputed_layer_share));
+    kept.device_shares.emplace_back();
+    kept.offloads.emplace_back();
+    for (const PlannedMicroBatch& mb : mbs) {
+      kept.device_shares.back().push_back(
+          micro_batch_device_share(mb, plan.capacity, layers, plan.recomputed_layer_share));
+      kept.offloads.back().push_back(micro_batch_offloads(mb, layers) ? 1 : 0);
+    }
   }
   return kept;
 }
@@ -141,7 +160,8 @@ std::vector<std::vector<double>> device_shares(const StepPlan& plan, int64_t lay
 
 std::vector<std::vector<int>> plan_deepest_forward_limits(const StepPlan& plan, int64_t layers_per_stage,
                                                           int pipeline_stages) {
-  return deepest_forward_limits(device_shares(plan, layers_per_stage), pipeline_stages);
+  const KeptInFlight kept = kept_in_flight(plan, layers_per_stage);
+  return deepest_forward_limits(kept.device_shares, kept.offloads, pipeline_stages);
 }
 
 namespace {
@@ -459,12 +479,13 @@ void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t 
     } catch (const std::invalid_argument& e) {
       fail(e.what());
     }
-    const std::vector<std::vector<double>> kept = device_shares(plan, layers_per_stage);
+    const KeptInFlight kept = kept_in_flight(plan, layers_per_stage);
     for (int s = 0; s < pipeline_stages; ++s)
-      if (!forward_limits_fit(kept, s, pipeline_stages, plan.forward_limits[s]))
+      if (!forward_limits_fit(kept.device_shares, kept.offloads, s, pipeline_stages, plan.forward_limits[s]))
         fail("stage " + str(s) + "'s forward limits keep more in flight than its " + str(pipeline_stages - s) +
              " micro-batches of capacity " + str(plan.capacity) + " (" + str(layers_per_stage) +
-             " layers per stage)");
+             " layers per stage) on the device, or more than " + str(pipeline_stages - s) +
+             " micro-batches that offload rows to host memory");
   }
   if (const std::optional<std::string> cycle = deadlock_cycle(plan, pipeline_stages, chunks)) {
     check_ring_order(plan, members, pipeline_stages, chunks);

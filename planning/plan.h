@@ -58,7 +58,8 @@ struct StepPlan {
   // Per pipeline stage, the last forward it runs before each backward k
   // (planning/pipeline_schedule.h, deepest_forward_limits; one model chunk per stage
   // only); empty: 1F1B's. Only the step simulator runs limits other than 1F1B's: the
-  // trainer's executor (parallel/pipeline.h) runs 1F1B.
+  // trainer's executor (parallel/pipeline.h) runs 1F1B, and rank_work, the one way a
+  // plan reaches training ranks, refuses a plan with limits.
   std::vector<std::vector<int>> forward_limits;
 };
 
@@ -73,7 +74,8 @@ struct RankMicroBatch {
 // The micro-batches of hdp rank `hdp_rank` of `plan`, in the plan's order; lengths
 // are the global batch's sequence lengths. What the rank trains on, without its
 // tokens (data/materialize.h reads them). Throws std::invalid_argument for a rank
-// outside the plan or a ring that does not count this rank among its members.
+// outside the plan, a ring that does not count this rank among its members, or a plan
+// with forward limits (StepPlan::forward_limits: the trainer's executor runs 1F1B).
 std::vector<RankMicroBatch> rank_work(const StepPlan& plan, std::span<const int64_t> lengths, int hdp_rank);
 
 
@@ -100,9 +102,13 @@ int64_t max_micro_batch_tokens(int64_t capacity, int64_t layers, double offload_
 // max_micro_batch_tokens (1 for a micro-batch at that limit, 0 for an empty one).
 double micro_batch_device_share(const PlannedMicroBatch& mb, int64_t capacity, int64_t layers,
                                 double recomputed_share);
+// Whether micro-batch mb parks rows in host memory until its backward on a stage of
+// `layers` layers: it has tokens, an offload ratio above 0 and layers to offload
+// (l - k - 2 > 0, k its recomputed layers; max_micro_batch_tokens's memory model).
+bool micro_batch_offloads(const PlannedMicroBatch& mb, int64_t layers);
 // The deepest forward limits (planning/pipeline_schedule.h, deepest_forward_limits) of
 // the plan's micro-batches, whose shares micro_batch_device_share gives at the plan's
-// capacity and recomputed layer share.
+// capacity and recomputed layer share, and whose offloading ones micro_batch_offloads.
 std::vector<std::vector<int>> plan_deepest_forward_limits(const StepPlan& plan, int64_t layers_per_stage,
                                                           int pipeline_stages);
 
@@ -120,7 +126,8 @@ std::vector<std::vector<size_t>> best_fit_decreasing(std::span<const int64_t> le
 //   recompute layers outside [0, layers];
 // - forward limits (StepPlan::forward_limits) that are not valid
 //   (validate_forward_limits, one chunk per stage) or whose forwards in flight do not
-//   fit a stage's memory (forward_limits_fit of micro_batch_device_share);
+//   fit a stage's memory (forward_limits_fit of micro_batch_device_share and
+//   micro_batch_offloads);
 // - a ring whose members do not each hold exactly their zig-zag chunks of its
 //   sequences, in the row order above, in exactly one micro-batch;
 // - ranks that share rings reaching them in different orders. With pipeline

@@ -442,6 +442,20 @@ TEST(PlanSetupTest, InterleavedPipelineShrinksTheBubble) {
   EXPECT_THROW(make_plan_setup(h, m, 1024, 8, 4, 8 * K, 0, 1, 21), PlanInputError);  // 84 virtual stages > 80 layers
 }
 
+// Forward limits run one model chunk per stage, so balance-deep refuses --vpp rather
+// than run as balance under its own name.
+TEST(PlanSetupTest, BalanceDeepRefusesInterleavedPipelines) {
+  const PlanSetup s = make_plan_setup(load_cluster_file(config("cluster/h100.yaml")),
+                                      load_model_file(config("models/llama-70b.yaml")), 1024, 8, 4, 8 * K, 8 * K, 1, 2);
+  const std::vector<int64_t> lengths(256, 8 * K);
+  try {
+    plan_policy("balance-deep")(lengths, s);
+    ADD_FAILURE() << "balance-deep planned with vpp 2";
+  } catch (const PlanInputError& e) {
+    EXPECT_STREQ(e.what(), "--policies balance-deep runs one model chunk per stage; drop --vpp");
+  }
+}
+
 
 // No plan beats the step's lower bound: every policy's simulated step is at least
 // simulated_step_bound over random batches (two distributions, seeds, and uniform

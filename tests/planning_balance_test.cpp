@@ -312,6 +312,57 @@ TEST(PlanBalance, DeeperWarmupsCompeteWhenAsked) {
   EXPECT_TRUE(plan_balance(lengths, s, balance).forward_limits.empty());
 }
 
+// With deeper_warmup and recomputation allowed, the winner also competes with the pp,
+// 2 pp, 4 pp and 8 pp micro-batches after its costliest ring recomputing the first
+// min(max_layers, l) layers (recompute_after_costliest_ring), so that more fit in
+// flight: two ranks, two stages of 4 layers, capacity 100, max_layers 6 (so all 4
+// recompute) keeping a quarter each; a 200-token ring (a member of 100 tokens, nothing
+// recomputed) and pairs of 50-token sequences, micro-batches of 100 (shares 1: no room
+// to run ahead; recomputing, 0.25: stage 0 then runs the ring and two of them at once).
+TEST(PlanBalance, DeeperWarmupsRecomputeAfterTheCostliestRing) {
+  PlannerSettings s = settings(2, 100, 4, 0.0, 1.0);
+  s.offload.enabled = false;
+  s.pipeline_stages = 2;
+  s.recompute.max_layers = 6;
+  s.recompute.recomputed.a2 = 0.25;
+  s.recompute.recomputed.rb = s.recompute.recomputed.rb_ring = 1e-3;
+  std::vector<int64_t> lengths = {200};
+  lengths.resize(81, 50);
+  BalanceSettings balance;
+  balance.deeper_warmup = true;
+  auto recomputing = [](const StepPlan& p) {
+    int n = 0;
+    for (const auto& mbs : p.ranks)
+      for (const PlannedMicroBatch& mb : mbs) n += mb.recompute_layers > 0;
+    return n;
+  };
+  // The ring at one index on both members; the `count` micro-batches after it recompute
+  // min(max_layers, l) = 4 layers, the others none; the plan runs ahead and passes check_plan.
+  auto expect_recomputed_after_ring = [&](const StepPlan& p, size_t count) {
+    ASSERT_EQ(p.rings.size(), 1u);
+    ASSERT_FALSE(p.forward_limits.empty());
+    EXPECT_NO_THROW(check_plan(p, lengths, 4, 2));
+    size_t at = 0;
+    while (p.ranks[0][at].ring != 0) ++at;
+    for (size_t r = 0; r < 2; ++r) {
+      ASSERT_EQ(p.ranks[r][at].ring, 0);
+      ASSERT_GT(p.ranks[r].size(), at + count + 1) << "rank " << r;  // some after the count stay as they were
+      for (size_t i = 0; i < p.ranks[r].size(); ++i)
+        EXPECT_EQ(p.ranks[r][i].recompute_layers, i > at && i <= at + count ? 4 : 0)
+            << "rank " << r << " micro-batch " << i << " (ring at " << at << ")";
+    }
+  };
+  // A measure that favours limits alone: the first variant that runs ahead, pp
+  // micro-batches (ties keep the earlier).
+  balance.step_seconds = [&](const StepPlan& p) { return p.forward_limits.empty() ? 2.0 : 1.0; };
+  expect_recomputed_after_ring(plan_balance(lengths, s, balance), 2);
+  // One that also favours recomputation: 8 pp.
+  balance.step_seconds = [&](const StepPlan& p) {
+    return p.forward_limits.empty() ? 2.0 : 1.0 - 1e-3 * recomputing(p);
+  };
+  expect_recomputed_after_ring(plan_balance(lengths, s, balance), 16);
+}
+
 // BalanceSettings::step_seconds decides between the candidates, each laid out (with
 // pipelines also rings first), plan_naive's plan among them. The batch and layout of
 // PipelinesPutARingAtOneIndexOnEveryMember.

@@ -239,22 +239,40 @@ TEST(DeeperWarmup, DeepestLimitsTheMemoryAllows) {
   // Two stages, budgets 2 and 1 micro-batches at capacity. A full micro-batch, then
   // quarters: all five fit stage 0's budget at once (1 + 4 x 0.25 = 2).
   using Limits = std::vector<std::vector<int>>;
-  EXPECT_EQ(deepest_forward_limits({{1, 0.25, 0.25, 0.25, 0.25}}, 2), (Limits{{4, 4, 4, 4, 4}, {0, 1, 2, 3, 4}}));
+  EXPECT_EQ(deepest_forward_limits({{1, 0.25, 0.25, 0.25, 0.25}}, {}, 2), (Limits{{4, 4, 4, 4, 4}, {0, 1, 2, 3, 4}}));
   // Halves: 1 + 0.5 + 0.5 fit before backward 0, then all of them.
-  EXPECT_EQ(deepest_forward_limits({{1, 0.5, 0.5, 0.5, 0.5}}, 2), (Limits{{2, 4, 4, 4, 4}, {0, 1, 2, 3, 4}}));
+  EXPECT_EQ(deepest_forward_limits({{1, 0.5, 0.5, 0.5, 0.5}}, {}, 2), (Limits{{2, 4, 4, 4, 4}, {0, 1, 2, 3, 4}}));
   // Every rank must fit; beyond a rank's last micro-batch it holds nothing.
-  EXPECT_EQ(deepest_forward_limits({{1, 0.25, 0.25, 0.25, 0.25}, {1, 1, 1}}, 2),
+  EXPECT_EQ(deepest_forward_limits({{1, 0.25, 0.25, 0.25, 0.25}, {1, 1, 1}}, {}, 2),
             (Limits{{1, 4, 4, 4, 4}, {0, 1, 2, 3, 4}}));
   // Three stages, budgets 3, 2, 1; stage 1 stays one below stage 0 where memory would
   // let it run as far (backwards 2 and 3), and at 1F1B's at least (backward 4).
-  EXPECT_EQ(deepest_forward_limits({{1, 1, 0.4, 0.4, 0.4, 0.4}}, 3),
+  EXPECT_EQ(deepest_forward_limits({{1, 1, 0.4, 0.4, 0.4, 0.4}}, {}, 3),
             (Limits{{3, 5, 5, 5, 5, 5}, {1, 3, 4, 4, 5, 5}, {0, 1, 2, 3, 4, 5}}));
   // Where 1F1B's own window exceeds a budget (a plan over its capacity), 1F1B's there.
-  EXPECT_EQ(deepest_forward_limits({{1.5, 0.6, 0.1}}, 2), (Limits{{1, 2, 2}, {0, 1, 2}}));
-  EXPECT_TRUE(forward_limits_fit({{1, 0.5, 0.5, 0.5}}, 0, 2, std::vector<int>{2, 3, 3, 3}));
-  EXPECT_FALSE(forward_limits_fit({{1, 0.5, 0.5, 0.5}}, 0, 2, std::vector<int>{3, 3, 3, 3}));
-  EXPECT_TRUE(forward_limits_fit({{1, 0.5, 0.5, 0.5}}, 1, 2, std::vector<int>{0, 1, 2, 3}));
-  EXPECT_FALSE(forward_limits_fit({{1, 0.5, 0.5, 0.5}}, 1, 2, std::vector<int>{1, 1, 2, 3}));
+  EXPECT_EQ(deepest_forward_limits({{1.5, 0.6, 0.1}}, {}, 2), (Limits{{1, 2, 2}, {0, 1, 2}}));
+  EXPECT_TRUE(forward_limits_fit({{1, 0.5, 0.5, 0.5}}, {}, 0, 2, std::vector<int>{2, 3, 3, 3}));
+  EXPECT_FALSE(forward_limits_fit({{1, 0.5, 0.5, 0.5}}, {}, 0, 2, std::vector<int>{3, 3, 3, 3}));
+  EXPECT_TRUE(forward_limits_fit({{1, 0.5, 0.5, 0.5}}, {}, 1, 2, std::vector<int>{0, 1, 2, 3}));
+  EXPECT_FALSE(forward_limits_fit({{1, 0.5, 0.5, 0.5}}, {}, 1, 2, std::vector<int>{1, 1, 2, 3}));
+}
+
+// Host memory holds offloaded rows for 1F1B's count in flight only (the planner sized
+// each micro-batch's offload for it), so a window running ahead of 1F1B may hold at
+// most p - s micro-batches that offload, however little they keep on the device.
+TEST(DeeperWarmup, OffloadingMicroBatchesInFlightStayWithin1F1BsCount) {
+  using Limits = std::vector<std::vector<int>>;
+  const std::vector<std::vector<double>> quarters = {{1, 0.25, 0.25, 0.25, 0.25}};
+  // The device holds all five before backward 0 (as above), but four offload: stage 0
+  // runs forwards 0 ... 2 before backward 0 (two of them offload), then 1F1B's.
+  EXPECT_EQ(deepest_forward_limits(quarters, {{0, 1, 1, 1, 1}}, 2), (Limits{{2, 2, 3, 4, 4}, {0, 1, 2, 3, 4}}));
+  EXPECT_EQ(deepest_forward_limits(quarters, {{0, 1, 0, 0, 1}}, 2), (Limits{{4, 4, 4, 4, 4}, {0, 1, 2, 3, 4}}));
+  EXPECT_FALSE(forward_limits_fit(quarters, {{0, 1, 1, 1, 1}}, 0, 2, std::vector<int>{4, 4, 4, 4, 4}));
+  EXPECT_TRUE(forward_limits_fit(quarters, {{0, 1, 1, 1, 1}}, 0, 2, std::vector<int>{2, 2, 3, 4, 4}));
+  // 1F1B's own windows are never refused: they hold at most p - s micro-batches.
+  EXPECT_TRUE(forward_limits_fit(quarters, {{1, 1, 1, 1, 1}}, 0, 2, std::vector<int>{1, 2, 3, 4, 4}));
+  EXPECT_THROW(deepest_forward_limits(quarters, {{0, 1, 1, 1}}, 2), std::invalid_argument);  // not kept's shape
+  EXPECT_THROW(forward_limits_fit(quarters, {{0}, {0}}, 0, 2, std::vector<int>{1, 2, 3, 4, 4}), std::invalid_argument);
 }
 
 // One rank, capacity 4, one layer per stage: a micro-batch of 4 tokens, then `shorts`
@@ -275,6 +293,17 @@ StepPlan long_then_short_plan(int shorts, int64_t tokens, std::vector<std::vecto
   return plan;
 }
 
+// check_plan refuses the plan with a message that contains `why`.
+void expect_check_plan_refuses(const StepPlan& plan, const std::vector<int64_t>& lengths, int64_t layers, int stages,
+                               const std::string& why) {
+  try {
+    check_plan(plan, lengths, layers, stages);
+    ADD_FAILURE() << "check_plan passed; expected: " << why;
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+}
+
 TEST(DeeperWarmup, CheckPlanRefusesLimitsMemoryDoesNotHold) {
   std::vector<int64_t> lengths;
   const std::vector<int> last_stage = ahead(5, 0);
@@ -285,14 +314,8 @@ TEST(DeeperWarmup, CheckPlanRefusesLimitsMemoryDoesNotHold) {
   // Halves: 1 + 0.5 x 4 = 3 micro-batches at capacity, stage 0 holds 2.
   plan = long_then_short_plan(4, 2, {ahead(5, 4), last_stage}, lengths);
   EXPECT_EQ(plan_deepest_forward_limits(plan, 1, 2), (std::vector<std::vector<int>>{{2, 4, 4, 4, 4}, last_stage}));
-  try {
-    check_plan(plan, lengths, 1, 2);
-    ADD_FAILURE() << "five halves in flight passed";
-  } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("stage 0's forward limits keep more in flight than its 2 micro-batches"),
-              std::string::npos)
-        << e.what();
-  }
+  expect_check_plan_refuses(plan, lengths, 1, 2,
+                            "stage 0's forward limits keep more in flight than its 2 micro-batches");
   plan.forward_limits = {{2, 4, 4, 4, 4}, last_stage};
   EXPECT_NO_THROW(check_plan(plan, lengths, 1, 2));
   // The last stage's budget is one micro-batch: a forward ahead there holds 1.5.
@@ -310,6 +333,27 @@ TEST(DeeperWarmup, CheckPlanRefusesLimitsMemoryDoesNotHold) {
   EXPECT_DOUBLE_EQ(micro_batch_device_share(mb, 4, 20, 0.2), 0.6);
   mb.offload_ratio = 0.5;  // and half of the 8 offloadable layers' rows leave: (2 + 2 + 4) / 20
   EXPECT_DOUBLE_EQ(micro_batch_device_share(mb, 4, 20, 0.2), 0.4);
+}
+
+// Offloading short micro-batches keep little on the device but park rows in host
+// memory, which holds 1F1B's count in flight: 3 layers per stage, a full micro-batch
+// then four of one token offloading all they can (each keeps 1 x 2 / (3 x 4) = 1/6:
+// 1 + 4/6 fits stage 0's 2 on the device, but four offload where host memory holds 2).
+TEST(DeeperWarmup, CheckPlanRefusesMoreOffloadingMicroBatchesInFlightThan1F1Bs) {
+  std::vector<int64_t> lengths;
+  const std::vector<int> last_stage = ahead(5, 0);
+  StepPlan plan = long_then_short_plan(4, 1, {ahead(5, 4), last_stage}, lengths);
+  for (size_t i = 1; i < 5; ++i) plan.ranks[0][i].offload_ratio = 1;
+  EXPECT_TRUE(micro_batch_offloads(plan.ranks[0][1], 3));
+  EXPECT_FALSE(micro_batch_offloads(plan.ranks[0][0], 3));  // ratio 0
+  EXPECT_FALSE(micro_batch_offloads(plan.ranks[0][1], 2));  // no layer to offload (l - 2 = 0)
+  PlannedMicroBatch recomputing = plan.ranks[0][1];
+  recomputing.recompute_layers = 1;  // 3 - 1 - 2 = 0 layers left to offload
+  EXPECT_FALSE(micro_batch_offloads(recomputing, 3));
+  EXPECT_EQ(plan_deepest_forward_limits(plan, 3, 2), (std::vector<std::vector<int>>{{2, 2, 3, 4, 4}, last_stage}));
+  expect_check_plan_refuses(plan, lengths, 3, 2, "or more than 2 micro-batches that offload rows to host memory");
+  plan.forward_limits = plan_deepest_forward_limits(plan, 3, 2);
+  EXPECT_NO_THROW(check_plan(plan, lengths, 3, 2));
 }
 
 }  // namespace

@@ -557,6 +557,22 @@ TEST(RankWork, EachRankGetsItsMicroBatchesAndItsViewOfTheirRings) {
   EXPECT_THROW(rank_work(p, kHandLengths, 1), std::invalid_argument);
 }
 
+// A plan that runs forwards ahead of 1F1B never reaches a training rank: the trainer's
+// executor would run it as 1F1B, so rank_work refuses it rather than drop the limits.
+TEST(RankWork, RefusesAPlanRunningForwardsAheadOf1F1B) {
+  StepPlan p = hand_plan();
+  p.forward_limits = {{1}, {0}};
+  try {
+    rank_work(p, kHandLengths, 0);
+    ADD_FAILURE() << "a plan with forward limits reached a rank";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("ahead of 1F1B (StepPlan::forward_limits), which only the step simulator "
+                                         "runs; the trainer's executor runs 1F1B"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(BestFitDecreasing, Placement) {
   std::vector<int64_t> lengths = {5, 3, 7, 2, 4, 1};
   auto bins = best_fit_decreasing(lengths, 10);

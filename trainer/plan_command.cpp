@@ -285,7 +285,11 @@ const std::vector<std::pair<std::string, Planner>>& plan_policies() {
        [](std::span<const int64_t> l, const PlanSetup& s) { return simulated_balance(l, s, false); }},
       // The same with deeper pipeline warm-ups as candidates (simulated only).
       {"balance-deep",
-       [](std::span<const int64_t> l, const PlanSetup& s) { return simulated_balance(l, s, s.layout.vpp == 1); }},
+       [](std::span<const int64_t> l, const PlanSetup& s) {
+         if (s.layout.vpp > 1)
+           throw PlanInputError("--policies balance-deep runs one model chunk per stage; drop --vpp");
+         return simulated_balance(l, s, true);
+       }},
   };
   return policies;
 }
