@@ -75,15 +75,17 @@ each long sequence spans.
                           auto also trying none+selective and none+full: a
                           micro-batch above C recomputes some layers in that mode
                           and offloads others, whichever mix the cost model
-                          predicts cheapest
-  --sequence-parallel SP  on, off, or auto (default): with --tp above 1 and a dense
-                          model, the norms and residual adds hold 1/tp of the
-                          sequence (parallel.sequence_parallel), which divides their
-                          saved activations and the stage boundaries' sends by tp;
-                          no offload with it, as the trainer runs it. auto plans
-                          each recompute setup with it and without it, per policy
-                          keeping the shortest step (the recompute column says
-                          "+sp" where it won); off where tp is 1
+                          predicts cheapest; under --sequence-parallel auto (the
+                          default here) each also with sequence parallelism
+  --sequence-parallel SP  on, off or auto: with --tp above 1 and a dense model, the
+                          norms and residual adds hold 1/tp of the sequence
+                          (parallel.sequence_parallel), which divides their saved
+                          activations and the stage boundaries' sends by tp; no
+                          offload with it, as the trainer runs it. auto plans each
+                          recompute setup with it and without it, per policy keeping
+                          the shortest step (the recompute column says "+sp" where
+                          it won); off where tp is 1. Default: auto under
+                          --recompute auto, off with a fixed mode
   --policies LIST         comma-separated, from static, naive, naive-no-offload,
                           balance and balance-deep (default static,naive,balance);
                           balance-deep also tries each candidate with the deepest
@@ -381,7 +383,8 @@ PlanRequest read_plan_request(Arguments& args) {
     if (!r.recompute)
       throw UsageError("--recompute '" + recompute + "': choose auto, " + enum_choices(kRecomputeModeNames));
   }
-  const std::string sequence_parallel = args.option("--sequence-parallel").value_or("auto");
+  // A fixed --recompute plans the setup asked for: sequence parallelism off unless asked.
+  const std::string sequence_parallel = args.option("--sequence-parallel").value_or(r.recompute ? "off" : "auto");
   if (sequence_parallel == "on" || sequence_parallel == "off") {
     r.sequence_parallel = sequence_parallel == "on";
   } else if (sequence_parallel != "auto") {
