@@ -3,8 +3,9 @@
 // lengths files and their errors, the cluster and model files (and their
 // errors, naming file and key), the step's lower bound against every policy's
 // simulated step, and the command end to end (exit codes, the table, the Chrome
-// trace, Mixtral with its expert-parallel degree chosen, --recompute and its
-// capacities).
+// trace, Mixtral with its expert-parallel degree chosen, --recompute and
+// --sequence-parallel, their capacities, and the stage boundaries' sends under
+// sequence parallelism).
 
 #include <gtest/gtest.h>
 
