@@ -734,11 +734,17 @@ TEST(PlanCommand, AutoIsNeverSlowerThanAFixedSetup) {
       for (const auto& [policy, row] : fixed) {
         EXPECT_EQ(row.first, label);
         EXPECT_LE(chosen.at(policy).second, row.second) << policy << " under " << label;
-        if (row.first == chosen.at(policy).first) EXPECT_EQ(chosen.at(policy).second, row.second) << policy;
+        if (row.first == chosen.at(policy).first) {
+          EXPECT_EQ(chosen.at(policy).second, row.second) << policy;
+        }
         ++placed;
       }
-      if (label == "none" || label == "selective") EXPECT_EQ(fixed.count("static"), 0u) << label;  // does not fit
-      if (label == "selective") EXPECT_TRUE(fixed.empty());
+      if (label == "none" || label == "selective") {
+        EXPECT_EQ(fixed.count("static"), 0u) << label;  // does not fit
+      }
+      if (label == "selective") {
+        EXPECT_TRUE(fixed.empty());
+      }
     }
   }
   EXPECT_EQ(placed, 3 * 6 - 3 - 1);
