@@ -3,8 +3,9 @@
 // lengths files and their errors, the cluster and model files (and their
 // errors, naming file and key), the step's lower bound against every policy's
 // simulated step, and the command end to end (exit codes, the table, the Chrome
-// trace, Mixtral with its expert-parallel degree chosen, --recompute and its
-// capacities).
+// trace, Mixtral with its expert-parallel degree chosen, --recompute and
+// --sequence-parallel, their capacities, and the stage boundaries' sends under
+// sequence parallelism).
 
 #include <gtest/gtest.h>
 
@@ -343,12 +344,6 @@ TEST(PlanSetupTest, RecomputeRaisesTheCapacity) {
   EXPECT_DOUBLE_EQ(bytes(RecomputeMode::Full), 18'464);
 }
 
-// Sequence parallelism holds the norms' and the residual stream's saved tensors for
-// 1/tp of the tokens: LLaMA-70B at tp 8, pp 2 saves 27,169 B per token and layer
-// without recomputation (84,520 less 7/8 of four hidden-wide bf16 rows of 8,192 and of
-// two fp32 1/rms), 23,072 B selective (two rows) and 4,128 B full (a ring layer's:
-// the input row), so C grows by as much; offload is off with it (the trainer refuses
-// offload under it), and without tp it is refused.
 // Recomputation mixed into offload (PlanSetup::mixed, planning/activation_mix.h):
 // LLaMA-70B on 128 GPUs (tp 8, pp 2, hdp 8) at 128K, C = 6,162 tokens without
 // recomputation. Rings sized by device memory alone (naive-no-offload) cannot hold a
@@ -389,6 +384,13 @@ TEST(PlanSetupTest, RecomputationMixedIntoOffloadPlacesWhatMemoryAloneCannot) {
                PlanInputError);
 }
 
+// Sequence parallelism holds the norms' and the residual stream's saved tensors for
+// 1/tp of the tokens: LLaMA-70B at tp 8, pp 2 saves 27,169 B per token and layer
+// without recomputation (84,520 less 7/8 of four hidden-wide bf16 rows of 8,192 and of
+// two fp32 1/rms), 23,072 B selective (two rows) and 4,128 B full (a ring layer's:
+// the input row), so C grows by as much; offload is off with it (the trainer refuses
+// offload under it, so recomputation mixed into offload is refused with it too), and
+// it is refused where the trainer refuses it: without tp, and for a mixture of experts.
 TEST(PlanSetupTest, SequenceParallelismRaisesTheCapacity) {
   const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
   const ModelShape m = load_model_file(config("models/llama-70b.yaml"));
@@ -404,6 +406,37 @@ TEST(PlanSetupTest, SequenceParallelismRaisesTheCapacity) {
     EXPECT_FALSE(s.settings.offload.enabled);
   }
   EXPECT_THROW(make_plan_setup(h, m, 128, 1, 2, 128 * K, 0, 1, 1, RecomputeMode::None, true), PlanInputError);
+  EXPECT_THROW(make_plan_setup(h, m, 128, 8, 2, 128 * K, 0, 1, 1, RecomputeMode::None, true, RecomputeMode::Full),
+               PlanInputError);
+  EXPECT_THROW(make_plan_setup(h, load_model_file(config("models/mistral-8x7b.yaml")), 64, 8, 1, 64 * K, 0, 1, 1,
+                               RecomputeMode::None, true),
+               PlanInputError);
+}
+
+// Under sequence parallelism a stage boundary carries each tp rank's 1/tp of the
+// residual stream's rows (the trainer's LlamaModel::residual_rows), not the whole
+// sequence. LLaMA-7B on 16 GPUs (tp 8, pp 2, hdp 1), one sequence of 4,096 tokens:
+// each GPU sends 4,096 x 4,096 x 2 B = 32 MiB forward and its gradient back, 4 MiB
+// each with sequence parallelism. Both sends are on the step's critical path (one
+// micro-batch) and cross nodes (a tp 8 group fills one) at 50 GB/s, so the step
+// shortens by 2 x 4,096 x (8,192 - 1,024) B / 50e9 B/s = 1.1744 ms; the compute is
+// the same.
+TEST(PlanSetupTest, SequenceParallelismSendsAShardAcrossStages) {
+  const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
+  const ModelShape m = load_model_file(config("models/llama-7b.yaml"));
+  const std::vector<int64_t> lengths = {4096};
+  const PlanSetup plain = make_plan_setup(h, m, 16, 8, 2, 4096);
+  const PlanSetup sp = make_plan_setup(h, m, 16, 8, 2, 4096, 0, 1, 1, RecomputeMode::None, true);
+  EXPECT_DOUBLE_EQ(plain.costs.boundary_bytes_per_token, 8192);
+  EXPECT_DOUBLE_EQ(sp.costs.boundary_bytes_per_token, 1024);
+  const StepSimulation a = simulate_step(plan_policy("naive")(lengths, plain), lengths, plain.costs);
+  const StepSimulation b = simulate_step(plan_policy("naive")(lengths, sp), lengths, sp.costs);
+  // Both directions, from every GPU of the tp group.
+  EXPECT_DOUBLE_EQ(a.pipeline_bytes, 2.0 * 8192 * 4096 * 8);
+  EXPECT_DOUBLE_EQ(b.pipeline_bytes, 2.0 * 1024 * 4096 * 8);
+  EXPECT_DOUBLE_EQ(a.compute_seconds, b.compute_seconds);
+  ASSERT_DOUBLE_EQ(h.internode_bytes_per_s, 50e9);
+  EXPECT_NEAR(a.step_seconds - b.step_seconds, 2 * 4096.0 * (8192 - 1024) / 50e9, 1e-12);
 }
 
 // Interleaved 1F1B in `trainer plan` (--vpp): LLaMA-70B over pp 4 on 1,024 GPUs, 8
@@ -670,19 +703,23 @@ TEST(PlanCommand, MixtralPlansWithExpertParallelism) {
   EXPECT_NE(unfit.output.find("does not fit"), std::string::npos) << unfit.output;
 }
 
-// --recompute auto plans each policy under none, selective and full and keeps the
-// shortest simulated step, so it is never slower than any fixed mode, and the
-// table says which mode each policy used. LLaMA-70B on 128 GPUs at 128K: static
-// fits only under full (C 6,162 and 10,065 tokens hold no 128K sequence over 8
-// ranks), naive with offload is fastest without recomputation.
-TEST(PlanCommand, RecomputeAutoIsNeverSlowerThanAFixedMode) {
+// --recompute auto and --sequence-parallel auto (the defaults) plan each policy under
+// every setup (none, selective, full; none also with selective or full layers mixed
+// into offload; with tp above 1 each mode also with sequence parallelism, which has no
+// offload) and keep the shortest simulated step, so auto is never slower than any
+// fixed setup, and the table says which setup each policy used. LLaMA-70B on 128 GPUs
+// (tp 8, pp 2, hdp 8) at 128K: without sequence parallelism static fits only under
+// full (C 6,162 and 10,065 tokens hold no 128K sequence over 8 ranks), and neither
+// naive nor balance under selective; with it every mode fits, static is fastest under
+// selective+sp (C 22,574 tokens), naive and balance under none+sp (19,170 tokens, without offload).
+TEST(PlanCommand, AutoIsNeverSlowerThanAFixedSetup) {
   const std::string base = "plan --cluster " + config("cluster/h100.yaml") + " --model " +
                            config("models/llama-70b.yaml") +
                            " --gpus 128 --tp 8 --pp 2 --context 128K --global-batch-tokens 4M --lengths byted "
-                           "--seed 1 --policies static,naive,balance --recompute ";
-  // policy -> (mode column, step seconds as printed) of one run's table.
-  auto table = [&](const std::string& mode) {
-    const auto r = run_trainer(base + mode);
+                           "--seed 1 --policies static,naive,balance";
+  // policy -> (setup column, step seconds as printed) of one run's table.
+  auto table = [&](const std::string& setup) {
+    const auto r = run_trainer(base + setup);
     std::map<std::string, std::pair<std::string, double>> rows;
     std::istringstream in(r.output);
     for (std::string line; std::getline(in, line);) {
@@ -690,34 +727,123 @@ TEST(PlanCommand, RecomputeAutoIsNeverSlowerThanAFixedMode) {
       std::string policy, column, plan_seconds;
       double step = 0;
       if (!(words >> policy >> column >> plan_seconds >> step)) continue;
-      for (const char* mode : {"none", "selective", "full", "none+selective", "none+full"})
-        if (column == mode) rows[policy] = {column, step};
+      for (const char* label : {"none", "selective", "full", "none+selective", "none+full", "none+sp", "selective+sp",
+                                "full+sp"})
+        if (column == label) rows[policy] = {column, step};
     }
-    // No policy places the batch: exit 2 (selective here: 10,065 tokens over 8 ranks).
+    // No policy places the batch: exit 2.
     EXPECT_EQ(r.exit_code, rows.empty() ? 2 : 0) << r.output;
     return rows;
   };
-  const auto chosen = table("auto");
+  const auto chosen = table("");
   ASSERT_EQ(chosen.size(), 3u);
-  EXPECT_EQ(chosen.at("static").first, "full");
-  EXPECT_EQ(chosen.at("naive").first, "none");
+  EXPECT_EQ(chosen.at("static").first, "selective+sp");
+  EXPECT_EQ(chosen.at("naive").first, "none+sp");
+  EXPECT_EQ(chosen.at("balance").first, "none+sp");
+  int placed = 0;
   for (const char* mode : {"none", "selective", "full"}) {
-    const auto fixed = table(mode);
-    for (const auto& [policy, row] : fixed) {
-      EXPECT_EQ(row.first, mode);
-      EXPECT_LE(chosen.at(policy).second, row.second) << policy << " under " << mode;
-    }
-    if (std::string(mode) == "full") {
-      EXPECT_EQ(chosen.at("static").second, fixed.at("static").second);
-    }
-    if (std::string(mode) == "none") {
-      EXPECT_EQ(fixed.count("static"), 0u);  // does not fit
-      EXPECT_EQ(chosen.at("naive").second, fixed.at("naive").second);
+    for (const bool sp : {false, true}) {
+      const std::string label = std::string(mode) + (sp ? "+sp" : "");
+      const auto fixed = table(std::string(" --recompute ") + mode + " --sequence-parallel " + (sp ? "on" : "off"));
+      for (const auto& [policy, row] : fixed) {
+        EXPECT_EQ(row.first, label);
+        EXPECT_LE(chosen.at(policy).second, row.second) << policy << " under " << label;
+        if (row.first == chosen.at(policy).first) {
+          EXPECT_EQ(chosen.at(policy).second, row.second) << policy;
+        }
+        ++placed;
+      }
+      if (label == "none" || label == "selective") {
+        EXPECT_EQ(fixed.count("static"), 0u) << label;  // does not fit
+      }
+      if (label == "selective") {
+        EXPECT_TRUE(fixed.empty());
+      }
     }
   }
-  const auto bad = run_trainer(base + "partial");
+  EXPECT_EQ(placed, 3 * 6 - 3 - 1);
+  // A fixed mode plans what it names (sequence parallelism off) unless
+  // --sequence-parallel auto asks for the faster of the two.
+  const auto none = table(" --recompute none");
+  EXPECT_EQ(none.at("naive").first, "none");
+  const auto either = table(" --recompute none --sequence-parallel auto");
+  EXPECT_EQ(either.at("naive").first, "none+sp");
+  EXPECT_EQ(either.at("naive").second, chosen.at("naive").second);
+  const auto bad = run_trainer(base + " --recompute partial");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--recompute 'partial': choose auto, none"), std::string::npos) << bad.output;
+}
+
+// With tp 1 there is no sequence parallelism to choose: auto never tries it, and
+// --sequence-parallel on is refused, as it is for a mixture of experts (the trainer
+// runs it for dense models only). The bare flag of before is refused naming its
+// replacement.
+TEST(PlanCommand, SequenceParallelismOnlyWithTensorParallelismAndADenseModel) {
+  const std::string cluster = "plan --cluster " + config("cluster/h100.yaml");
+  const std::string dense = cluster + " --model " + config("models/llama-7b.yaml") +
+                            " --gpus 8 --context 32K --global-batch-tokens 256K --lengths byted --seed 1";
+  const auto alone = run_trainer(dense);
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  EXPECT_NE(alone.output.find("setups   per policy the shortest simulated step of: C = none "), std::string::npos)
+      << alone.output;
+  EXPECT_EQ(alone.output.find("+sp"), std::string::npos) << alone.output;
+  const auto split = run_trainer(dense + " --tp 8");
+  ASSERT_EQ(split.exit_code, 0) << split.output;
+  EXPECT_NE(split.output.find(", full+sp "), std::string::npos) << split.output;
+  const auto on = run_trainer(dense + " --sequence-parallel on");
+  EXPECT_EQ(on.exit_code, 2) << on.output;
+  EXPECT_NE(on.output.find("--sequence-parallel on: sequence parallelism needs tp above 1, not 1"), std::string::npos)
+      << on.output;
+  const auto bare = run_trainer(dense + " --tp 8 --sequence-parallel --recompute full");
+  EXPECT_EQ(bare.exit_code, 2) << bare.output;
+  EXPECT_NE(bare.output.find("--sequence-parallel takes a value now: on (what the bare flag meant)"),
+            std::string::npos)
+      << bare.output;
+  const auto last = run_trainer(dense + " --tp 8 --sequence-parallel");
+  EXPECT_EQ(last.exit_code, 2) << last.output;
+  EXPECT_NE(last.output.find("--sequence-parallel takes a value now"), std::string::npos) << last.output;
+  const auto other = run_trainer(dense + " --tp 8 --sequence-parallel yes");
+  EXPECT_EQ(other.exit_code, 2) << other.output;
+  EXPECT_NE(other.output.find("--sequence-parallel 'yes': choose auto, on or off"), std::string::npos) << other.output;
+  const auto moe = run_trainer(cluster + " --model " + config("models/mistral-8x7b.yaml") +
+                               " --gpus 64 --tp 8 --context 64K --global-batch-tokens 2M --lengths github "
+                               "--sequence-parallel on");
+  EXPECT_EQ(moe.exit_code, 2) << moe.output;
+  EXPECT_NE(moe.output.find("--sequence-parallel on: sequence parallelism is for dense models"), std::string::npos)
+      << moe.output;
+}
+
+// A sequence that fits only with sequence parallelism (the LLaMA-70B Byted 2M cell of
+// docs/performance.md in small): LLaMA-70B on 128 GPUs (tp 8, pp 4, hdp 4), one 512K
+// document among 4K ones. Without sequence parallelism a GPU holds at most 36,864
+// tokens (full), so the document needs 15 ranks of the 4; with it full holds 164,888
+// tokens and 4 ranks hold the document, so auto places it under every policy.
+TEST(PlanCommand, AutoChoosesSequenceParallelismWhereOnlyItFits) {
+  const std::string dir = scratch_dir("plan_command_sp");
+  {
+    std::ofstream lengths(dir + "/lengths.txt");
+    lengths << 512 * K << "\n";
+    for (int i = 0; i < 64; ++i) lengths << 4 * K << "\n";
+  }
+  const std::string base = "plan --cluster " + config("cluster/h100.yaml") + " --model " +
+                           config("models/llama-70b.yaml") +
+                           " --gpus 128 --tp 8 --pp 4 --context 512K --global-batch-tokens 1M --lengths " + dir +
+                           "/lengths.txt --policies static,naive,balance";
+  const auto without = run_trainer(base + " --sequence-parallel off");
+  EXPECT_EQ(without.exit_code, 2) << without.output;
+  EXPECT_NE(without.output.find("needs 15 ranks (capacity 36864 tokens"), std::string::npos) << without.output;
+  const auto chosen = run_trainer(base);
+  ASSERT_EQ(chosen.exit_code, 0) << chosen.output;
+  EXPECT_NE(chosen.output.find("full+sp 164,888 (4.1 KB per token and layer)"), std::string::npos) << chosen.output;
+  EXPECT_EQ(chosen.output.find("does not fit"), std::string::npos) << chosen.output;
+  for (const char* policy : {"static ", "naive ", "balance "}) {
+    const size_t row = chosen.output.find(std::string("\n") + policy);
+    ASSERT_NE(row, std::string::npos) << policy << chosen.output;
+    std::istringstream words(chosen.output.substr(row + 1));
+    std::string name, column;
+    words >> name >> column;
+    EXPECT_EQ(column, "full+sp") << policy;
+  }
 }
 
 // balance-deep: balance whose candidates also run ahead of 1F1B where memory allows

@@ -75,11 +75,17 @@ each long sequence spans.
                           auto also trying none+selective and none+full: a
                           micro-batch above C recomputes some layers in that mode
                           and offloads others, whichever mix the cost model
-                          predicts cheapest
-  --sequence-parallel     with --tp above 1: the norms and residual adds hold 1/tp of
-                          the sequence (parallel.sequence_parallel), which divides
-                          their saved activations by tp; no offload with it. Off by
-                          default, as in the trainer's config
+                          predicts cheapest; under --sequence-parallel auto (the
+                          default here) each also with sequence parallelism
+  --sequence-parallel SP  on, off or auto: with --tp above 1 and a dense model, the
+                          norms and residual adds hold 1/tp of the sequence
+                          (parallel.sequence_parallel), which divides their saved
+                          activations and the stage boundaries' sends by tp; no
+                          offload with it, as the trainer runs it. auto plans each
+                          recompute setup with it and without it, per policy keeping
+                          the shortest step (the recompute column says "+sp" where
+                          it won); off where tp is 1. Default: auto under
+                          --recompute auto, off with a fixed mode
   --policies LIST         comma-separated, from static, naive, naive-no-offload,
                           balance and balance-deep (default static,naive,balance);
                           balance-deep also tries each candidate with the deepest
@@ -127,6 +133,17 @@ std::string trace_path(const std::string& path, const std::string& policy, bool 
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// Why the trainer would not run sequence parallelism for this model at this tp (its
+// config checks refuse parallel.sequence_parallel with tp 1 and with a mixture of
+// experts, whose experts make their own tensor-parallel collectives); none: it would.
+std::optional<std::string> sequence_parallel_issue(const ModelShape& model, int tp) {
+  if (tp < 2) return "sequence parallelism needs tp above 1, not " + std::to_string(tp);
+  if (model.experts > 1)
+    return "sequence parallelism is for dense models: the trainer refuses parallel.sequence_parallel with " +
+           model.name + "'s " + std::to_string(model.experts) + " experts";
+  return std::nullopt;
 }
 
 }  // namespace
@@ -212,7 +229,11 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   // A micro-batch's recomputed layers are the first of its stage: one chunk per stage.
   if (mixed != RecomputeMode::None && vpp > 1)
     throw PlanInputError("recomputation mixed with offload is planned with one model chunk per stage (vpp 1)");
-  if (sequence_parallel && tp < 2) throw PlanInputError("sequence parallelism needs tp > 1");
+  if (sequence_parallel) {
+    if (const std::optional<std::string> issue = sequence_parallel_issue(model, tp)) throw PlanInputError(*issue);
+    if (mixed != RecomputeMode::None)
+      throw PlanInputError("recomputation mixed with offload needs offload, which sequence parallelism excludes");
+  }
   if (gpus % (tp * pp) != 0)
     throw PlanInputError(std::to_string(gpus) + " GPUs are not a multiple of tp x pp = " + std::to_string(tp * pp));
   PlanSetup s;
@@ -317,7 +338,7 @@ struct PlanRequest {
   int64_t gpus = 0, context = 0, batch_tokens = 0, seed = 1, tp = 1, pp = 1, vpp = 1, capacity = 0, cp = 0;
   int64_t ep = 0;  // 0: every ep the model allows is tried (1 for a dense model)
   std::optional<RecomputeMode> recompute;  // none: auto, every mode tried per policy
-  bool sequence_parallel = false;          // --sequence-parallel
+  std::optional<bool> sequence_parallel;   // --sequence-parallel on or off; none: auto
   std::optional<std::string> trace;
   bool check = true;
   std::vector<std::string> policies;  // known, each once, in the order given
@@ -334,6 +355,15 @@ std::vector<std::string> policy_list(const std::string& list) {
   }
   if (policies.empty()) throw UsageError("--policies names no policy");
   return policies;
+}
+
+// --sequence-parallel was a flag: without a value (last, or before another option) it
+// is refused, naming what it meant, before Arguments reads a neighbour as its value.
+void refuse_bare_sequence_parallel(const std::vector<std::string>& raw) {
+  for (size_t i = 0; i < raw.size(); ++i)
+    if (raw[i] == "--sequence-parallel" && (i + 1 == raw.size() || raw[i + 1].rfind("--", 0) == 0))
+      throw UsageError("--sequence-parallel takes a value now: on (what the bare flag meant), off or auto (the "
+                       "default)");
 }
 
 PlanRequest read_plan_request(Arguments& args) {
@@ -357,14 +387,19 @@ PlanRequest read_plan_request(Arguments& args) {
     if (!r.recompute)
       throw UsageError("--recompute '" + recompute + "': choose auto, " + enum_choices(kRecomputeModeNames));
   }
-  r.sequence_parallel = args.flag("--sequence-parallel");
+  // A fixed --recompute plans the setup asked for: sequence parallelism off unless asked.
+  const std::string sequence_parallel = args.option("--sequence-parallel").value_or(r.recompute ? "off" : "auto");
+  if (sequence_parallel == "on" || sequence_parallel == "off") {
+    r.sequence_parallel = sequence_parallel == "on";
+  } else if (sequence_parallel != "auto") {
+    throw UsageError("--sequence-parallel '" + sequence_parallel + "': choose auto, on or off");
+  }
   r.trace = args.option("--trace");
   r.check = !args.flag("--no-check");
   const std::string policies = args.option("--policies").value_or("static,naive,balance");
   args.expect_empty();
   if (r.gpus > 1 << 24 || r.tp > 1 << 10 || r.pp > 1 << 10 || r.vpp > 1 << 10 || r.ep > 1 << 20)
     throw UsageError("--gpus, --tp, --pp, --vpp or --ep is implausibly large");
-  if (r.sequence_parallel && r.tp < 2) throw UsageError("--sequence-parallel needs --tp above 1");
   r.policies = policy_list(policies);
   return r;
 }
@@ -469,10 +504,11 @@ void print_batch(const PlanRequest& r, const PlanBatch& b) {
 }
 
 // "none", "selective", "full", or with recomputation mixed into offload (PlanSetup::mixed)
-// "none+selective", "none+full".
-std::string recompute_label(const PlanSetup& s) {
+// "none+selective", "none+full"; "+sp" under sequence parallelism ("full+sp").
+std::string setup_label(const PlanSetup& s) {
   std::string label = enum_name(kRecomputeModeNames, s.recompute);
   if (s.mixed != RecomputeMode::None) label += std::string("+") + enum_name(kRecomputeModeNames, s.mixed);
+  if (s.sequence_parallel) label += "+sp";
   return label;
 }
 
@@ -502,7 +538,7 @@ ActivationMixStats activation_mix_stats(const StepPlan& plan) {
 struct PolicyOutcome {
   std::string name;
   std::string failure;  // non-empty: the planner could not place the batch
-  std::string recompute;  // the setup's (recompute_label)
+  std::string recompute;  // the setup's (setup_label)
   ActivationMixStats mixes;
   double plan_seconds = 0, check_seconds = 0, simulate_seconds = 0;
   StepSimulation sim;
@@ -528,7 +564,7 @@ PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const Pl
                          std::span<const int64_t> lengths) {
   PolicyOutcome o;
   o.name = name;
-  o.recompute = recompute_label(setup);
+  o.recompute = setup_label(setup);
   StepPlan plan;
   auto t0 = std::chrono::steady_clock::now();
   try {
@@ -662,8 +698,8 @@ struct ExpertChoice {
 // (expert_parallel_candidates) whose fastest policy simulates the shortest step
 // (ties: the smaller ep; a candidate that fits beats one that does not), under
 // --recompute's mode (none under auto: the mode is then chosen per policy for the
-// chosen ep). The
-// candidates run without traces.
+// chosen ep), without sequence parallelism (the trainer runs it for dense models
+// only). The candidates run without traces.
 ExpertChoice choose_expert_parallel(const PlanRequest& r, const HardwareProfile& hardware, const ModelShape& model,
                                     std::span<const int64_t> lengths) {
   if (r.ep > 0) return {static_cast<int>(r.ep), ""};
@@ -679,7 +715,7 @@ ExpertChoice choose_expert_parallel(const PlanRequest& r, const HardwareProfile&
     try {
       setup = make_plan_setup(hardware, model, static_cast<int>(r.gpus), static_cast<int>(r.tp),
                               static_cast<int>(r.pp), r.context, r.capacity, ep, static_cast<int>(r.vpp),
-                              r.recompute.value_or(RecomputeMode::None), r.sequence_parallel);
+                              r.recompute.value_or(RecomputeMode::None), false);
     } catch (const PlanInputError& e) {
       choice.report += "ep       " + std::to_string(ep) + ": does not fit: " + e.what() + "\n";
       failures += (failures.empty() ? "" : "; ") + std::string(e.what());
@@ -703,40 +739,60 @@ ExpertChoice choose_expert_parallel(const PlanRequest& r, const HardwareProfile&
   return choice;
 }
 
-// The setups a run compares: --recompute's mode alone, or under auto none, none
-// with selective and with full layers mixed into offload above the capacity
-// (PlanSetup::mixed), selective and full, in that order (ties then go to less
-// recomputation), leaving out a mode whose memory cannot hold the model.
-std::vector<PlanSetup> recompute_setups(const PlanRequest& r, const HardwareProfile& hardware, const ModelShape& model,
+// The setups a run compares, in this order (ties then go to the earlier: no sequence
+// parallelism, less recomputation): without sequence parallelism --recompute's mode
+// alone, or under auto none, none with selective and with full layers mixed into
+// offload above the capacity (PlanSetup::mixed), selective and full; then, under
+// --sequence-parallel on or (where the trainer runs it: tp above 1, a dense model)
+// auto, the same modes with sequence parallelism but without the mixed ones, as it
+// excludes offload (the trainer refuses offload under it: its offload moves the same
+// rows of every saved tensor, which sequence parallelism shards). A setup whose
+// memory cannot hold the model is left out, unless it is the only one asked for.
+std::vector<PlanSetup> candidate_setups(const PlanRequest& r, const HardwareProfile& hardware, const ModelShape& model,
                                         int ep) {
-  using Modes = std::pair<RecomputeMode, RecomputeMode>;  // every layer's, mixed
+  struct Candidate {
+    RecomputeMode mode, mixed;  // every layer's, and mixed into offload
+    bool sequence_parallel;
+  };
   constexpr RecomputeMode none = RecomputeMode::None, selective = RecomputeMode::Selective, full = RecomputeMode::Full;
-  const std::vector<Modes> modes =
-      r.recompute ? std::vector<Modes>{{*r.recompute, none}}
-                  : std::vector<Modes>{{none, none}, {none, selective}, {none, full}, {selective, none}, {full, none}};
+  const std::vector<std::pair<RecomputeMode, RecomputeMode>> modes =
+      r.recompute ? std::vector<std::pair<RecomputeMode, RecomputeMode>>{{*r.recompute, none}}
+                  : std::vector<std::pair<RecomputeMode, RecomputeMode>>{
+                        {none, none}, {none, selective}, {none, full}, {selective, none}, {full, none}};
+  std::vector<bool> sequence_parallel = {false};
+  if (r.sequence_parallel) {
+    sequence_parallel = {*r.sequence_parallel};
+  } else if (!sequence_parallel_issue(model, static_cast<int>(r.tp))) {
+    sequence_parallel = {false, true};
+  }
+  std::vector<Candidate> candidates;
+  for (const bool sp : sequence_parallel)
+    for (const auto& [mode, mixed] : modes)
+      if (!sp || mixed == none) candidates.push_back({mode, mixed, sp});
   std::vector<PlanSetup> setups;
   std::string failures;
-  for (const auto& [mode, mixed] : modes) {
+  for (const Candidate& c : candidates) {
     try {
       setups.push_back(make_plan_setup(hardware, model, static_cast<int>(r.gpus), static_cast<int>(r.tp),
-                                       static_cast<int>(r.pp), r.context, r.capacity, ep, static_cast<int>(r.vpp), mode,
-                                       r.sequence_parallel, mixed));
+                                       static_cast<int>(r.pp), r.context, r.capacity, ep, static_cast<int>(r.vpp),
+                                       c.mode, c.sequence_parallel, c.mixed));
     } catch (const PlanInputError& e) {
-      if (r.recompute) throw;
-      failures += (failures.empty() ? "" : "; ") + std::string(enum_name(kRecomputeModeNames, mode)) + ": " + e.what();
+      if (candidates.size() == 1) throw;
+      failures += (failures.empty() ? "" : "; ") + std::string(enum_name(kRecomputeModeNames, c.mode)) +
+                  (c.sequence_parallel ? "+sp" : "") + ": " + e.what();
       continue;
     }
     setups.back().static_cp = static_cast<int>(r.cp);
   }
-  if (setups.empty()) throw PlanInputError("no recompute mode fits: " + failures);
+  if (setups.empty()) throw PlanInputError("no recompute setup fits: " + failures);
   return setups;
 }
 
 // One policy under each setup: the shortest simulated step wins (ties: the first);
-// when none places the batch, the last setup's failure (the most memory). Only the
-// winner is traced.
-PolicyOutcome fastest_recompute(const std::string& name, const PlanRequest& r, const std::vector<PlanSetup>& setups,
-                                std::span<const int64_t> lengths) {
+// when none places the batch, the last setup's failure (the least memory per token).
+// Only the winner is traced.
+PolicyOutcome fastest_setup(const std::string& name, const PlanRequest& r, const std::vector<PlanSetup>& setups,
+                            std::span<const int64_t> lengths) {
   if (setups.size() == 1) return run_policy(name, r, setups.front(), lengths);
   PlanRequest quiet = r;
   quiet.trace.reset();
@@ -753,20 +809,24 @@ PolicyOutcome fastest_recompute(const std::string& name, const PlanRequest& r, c
   return *best;
 }
 
-// Under auto: each mode's capacity, and the bound no plan under any of them beats.
-void print_recompute_modes(const std::vector<PlanSetup>& setups) {
+// With several setups: each one's capacity (the mixed ones have none's).
+void print_setups(const std::vector<PlanSetup>& setups) {
   if (setups.size() < 2) return;
-  std::string modes;
+  std::string capacities;
+  bool mixes = false, sequence_parallel = false;
   for (const PlanSetup& s : setups) {
-    if (s.mixed != RecomputeMode::None) continue;  // its capacity is none's
+    mixes = mixes || s.mixed != RecomputeMode::None;
+    sequence_parallel = sequence_parallel || s.sequence_parallel;
+    if (s.mixed != RecomputeMode::None) continue;
     const ModelCosts costs = model_costs(s.model, s.layout.tp, s.layout.pp, s.recompute, s.sequence_parallel);
-    modes += std::string(modes.empty() ? "" : ", ") + enum_name(kRecomputeModeNames, s.recompute) + " " +
-             grouped(static_cast<double>(s.settings.capacity)) + " (" + fixed(costs.saved_bytes_per_token / 1e3, 1) +
-             " KB per token and layer)";
+    capacities += std::string(capacities.empty() ? "" : ", ") + setup_label(s) + " " +
+                  grouped(static_cast<double>(s.settings.capacity)) + " (" +
+                  fixed(costs.saved_bytes_per_token / 1e3, 1) + " KB per token and layer)";
   }
-  std::printf("recompute auto, per policy the shortest simulated step of: C = %s tokens; offload with none only, "
-              "which may also recompute (none+selective, none+full) some layers of a micro-batch above C\n\n",
-              modes.c_str());
+  std::printf("setups   per policy the shortest simulated step of: C = %s tokens; offload only under none%s%s\n\n",
+              capacities.c_str(),
+              mixes ? ", which may also recompute (none+selective, none+full) some layers of a micro-batch above C" : "",
+              sequence_parallel ? "; +sp: sequence parallelism, without offload" : "");
 }
 
 StepBound least_bound(const std::vector<PlanSetup>& setups, std::span<const int64_t> lengths) {
@@ -787,20 +847,24 @@ int command_plan(const std::vector<std::string>& raw) {
     return kExitSuccess;
   }
   return run_subcommand("plan", [&] {
+    refuse_bare_sequence_parallel(raw);
     const PlanRequest request = read_plan_request(args);
     const HardwareProfile hardware = load_cluster_file(request.cluster_path);
     const ModelShape model = load_model_file(request.model_path);
+    if (request.sequence_parallel.value_or(false))
+      if (const std::optional<std::string> issue = sequence_parallel_issue(model, static_cast<int>(request.tp)))
+        throw PlanInputError("--sequence-parallel on: " + *issue);
     const PlanBatch batch = draw_batch(request);
     const ExpertChoice experts = choose_expert_parallel(request, hardware, model, batch.lengths);
-    const std::vector<PlanSetup> setups = recompute_setups(request, hardware, model, experts.ep);
+    const std::vector<PlanSetup> setups = candidate_setups(request, hardware, model, experts.ep);
     const PlanSetup& setup = setups.front();
     print_model_and_cluster(request, setup);
     print_batch(request, batch);
     std::fputs(experts.report.c_str(), stdout);
-    print_recompute_modes(setups);
+    print_setups(setups);
     std::vector<PolicyOutcome> outcomes;
     for (const std::string& name : request.policies)
-      outcomes.push_back(fastest_recompute(name, request, setups, batch.lengths));
+      outcomes.push_back(fastest_setup(name, request, setups, batch.lengths));
     if (request.trace) std::printf("\n");
     const StepBound bound = least_bound(setups, batch.lengths);
     print_bound(bound);

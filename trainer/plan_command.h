@@ -2,7 +2,8 @@
 // `trainer plan`: plans one global batch with several policies (static, naive,
 // balance; planning/hdp_planner.h) for a described cluster and model, simulates
 // the training step of each plan (whatif/step_simulation.h; under --recompute
-// auto once per recompute mode, keeping the fastest) and prints the mode, step
+// auto once per recompute setup, with tp above 1 also with sequence parallelism,
+// keeping the fastest) and prints the setup, step
 // time and its multiple of the lower bound no plan beats (planning/step_bound.h),
 // tokens/s, idle fraction, attention traffic, ring sizes and the speed-up over
 // static. docs/planning.md describes it.
@@ -73,15 +74,16 @@ struct PlanSetup {
   // None: offload alone.
   RecomputeMode mixed = RecomputeMode::None;
   // Sequence parallelism over tp (parallel.sequence_parallel): the norms' and
-  // residual stream's saved tensors for 1/tp of the tokens; no offload with it, as
-  // the trainer refuses offload under it.
+  // residual stream's saved tensors, and the stage boundaries' sends, for 1/tp of the
+  // tokens; no offload (and so no mixed) with it, as the trainer refuses offload under it.
   bool sequence_parallel = false;
 };
 // context: the longest sequence (the stage split counts attention at it, as the
 // trainer does at data.max_seq_len). vpp > 1: interleaved 1F1B with vpp model chunks per
 // stage (planning/pipeline_schedule.h); stage_layers are then each stage's chunks together. Throws PlanInputError if gpus is not a
 // multiple of tp x pp, or the model does not allow the layout or ep
-// (validate_expert_parallel) or does not fit the GPUs' memory. The planners' cost
+// (validate_expert_parallel) or does not fit the GPUs' memory, or sequence_parallel
+// where the trainer refuses it (tp 1, a mixture of experts) or with mixed. The planners' cost
 // model adds the layer's expert all-to-alls per token (all_to_all_seconds_per_token)
 // to the linear term: they block the layer as compute does; its ep couples the
 // predicted times of an ep group's ranks (PlannerSettings::ep). mixed (with

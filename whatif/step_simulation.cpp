@@ -31,7 +31,7 @@ ModelCosts model_costs(const ModelShape& m, int tp, int pp, RecomputeMode recomp
   c.head_flops_per_token = head_flops_per_token(m, tp);
   c.saved_bytes_per_token = saved_bytes_per_token(m, tp, kActivationBytes, recompute, true, sequence_parallel);
   c.kv_bytes_per_token = kv_bytes_per_token(m, tp, kActivationBytes);
-  c.boundary_bytes_per_token = boundary_bytes_per_token(m, kActivationBytes);
+  c.boundary_bytes_per_token = boundary_bytes_per_token(m, kActivationBytes) / (sequence_parallel ? tp : 1);
   c.expert_parameters = expert_parameters(m);
   if (m.experts > 1) {
     c.all_to_all_bytes_per_token =

@@ -91,9 +91,13 @@ struct ModelCosts {
 };
 // recompute: what every layer keeps for backward (saved_bytes_per_token's mode);
 // sequence_parallel: the norms' and residual stream's part of it for 1/tp of the
-// tokens. Sequence parallelism changes no other cost here: the simulator does not
-// model tp's collectives, and its all-gather and reduce-scatter move the bytes of
-// the all-reduce they replace (Korthikanti et al. 2022, section 4.2.2).
+// tokens, and the stage boundary's send: each rank of tp sends its 1/tp of the
+// residual stream's rows, as the trainer does (model/model.h residual_rows; with
+// whole rows per rank, the padding of a micro-batch to a multiple of tp, at most
+// tp - 1 rows, is not counted). Sequence parallelism changes no other cost here: the
+// simulator does not model tp's collectives, and its all-gather and reduce-scatter
+// move the bytes of the all-reduce they replace (Korthikanti et al. 2022, section
+// 4.2.2).
 ModelCosts model_costs(const ModelShape& model, int tp, int pp, RecomputeMode recompute = RecomputeMode::None,
                        bool sequence_parallel = false);
 
