@@ -21,6 +21,10 @@
 #             torch.compile (when torch and transformers import)
 #   nccl      the communicator conformance suite on a one-rank NCCL communicator
 #             (needs bin/mpi_communicator_conformance_test in the bundle)
+#   recompute bench-llama-1b in bf16 with train.recompute selective and full (every
+#             layer): tokens/s, MFU, step time and peak memory beside the bench step's
+#             bf16 row without recomputation (issue 25's GPU figures); last, so a
+#             sitting short of time loses only this
 #
 #   bench/gpu_session.sh BUNDLE OUTDIR [steps...]   (default: all, in this order)
 # BUNDLE is a directory made by scripts/bundle.sh from a CUDA build (bench/gpu_check.sh
@@ -31,7 +35,7 @@ bundle="$(cd "$1" && pwd)"
 out="$2"
 shift 2
 steps=("$@")
-[ ${#steps[@]} -eq 0 ] && steps=(selftest losses bf16 bench optimes pytorch nccl)
+[ ${#steps[@]} -eq 0 ] && steps=(selftest losses bf16 bench optimes pytorch nccl recompute)
 mkdir -p "$out"
 out="$(cd "$out" && pwd)"
 has_step() { local s; for s in "${steps[@]}"; do [ "$s" = "$1" ] && return 0; done; return 1; }
@@ -126,14 +130,14 @@ if has_step bf16; then
   record "tiny-llama bf16 step time on the GPU" "${ms:-?} ms" "-" "-"
 fi
 
-if has_step bench || has_step optimes; then
+if has_step bench || has_step optimes || has_step recompute; then
   # Documents of exactly 4096 tokens (4095 bytes + BOS): every micro-batch is one
   # full causal 4096-token sequence, the work the PyTorch baseline does.
   mkdir -p data-cache
   [ -f data-cache/bench-4096.h5 ] || trainer make-corpus --output data-cache/bench-4096.h5 --documents 400 \
     --min-length 4095 --median-length 4095 --max-length 4095 >/dev/null 2>&1
 fi
-if has_step bench; then
+if has_step bench || has_step recompute; then
   # NAME then settings: 10 steps; medians of steps 3..10 (the first two include start-up
   # work) of tokens/s, MFU, step time and the device memory of all arenas.
   bench_run() {
@@ -165,7 +169,7 @@ if has_step bench; then
         "${busy:-missing} ms of a ${step_ms:-?} ms step" "0 < busy <= step" \
         "$(awk -v b="${busy:-0}" -v s="${step_ms:-0}" 'BEGIN {print (b > 0 && b <= s) ? "yes" : "NO"}')"
     fi
-    if [[ "$name" == bf16* ]]; then
+    if [[ "$name" == bf16* && "$name" != *recompute* ]]; then
       record "bench-llama-1b $name: MFU (median of steps 3-10)" \
         "${mfu:-missing} (${tps:-?} tokens/s, ${step_ms:-?} ms, ${mem:-?} GB)" ">= 0.50" \
         "$([ "${tps:-missing}" != missing ] && awk -v m="${mfu:-0}" 'BEGIN {print (m >= 0.5) ? "yes" : "NO"}' || echo NO)"
@@ -175,6 +179,8 @@ if has_step bench; then
         "$([ "${tps:-missing}" != missing ] && echo ran || echo NO)"
     fi
   }
+fi
+if has_step bench; then
   bench_run tf32 --set train.tf32=true
   # bf16 attention (d = 128) runs on the bf16 tensor-core kernels (mma m16n8k16)
   # whatever train.tf32 says; the flag only moves fp32 products to TF32.
@@ -221,6 +227,14 @@ if has_step nccl; then
   else
     record "communicator conformance, one rank" "bin/mpi_communicator_conformance_test not in the bundle" "-" "skipped"
   fi
+fi
+
+if has_step recompute; then
+  # The recomputation modes at the bench shape: the rerun's cost (step time) and what it
+  # saves (peak memory), against the bench step's bf16 row.
+  for mode in selective full; do
+    bench_run bf16-recompute-$mode --set train.precision=bf16 --set train.tf32=true --set train.recompute=$mode
+  done
 fi
 
 echo
