@@ -1,6 +1,7 @@
 #include "trainer/plan_command.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -9,6 +10,7 @@
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "base/yaml_reader.h"
 #include "data/length_distributions.h"
@@ -543,6 +545,10 @@ struct PolicyOutcome {
   double plan_seconds = 0, check_seconds = 0, simulate_seconds = 0;
   StepSimulation sim;
   RingStats rings;
+  // Under several setups: how they were searched, and the setup whose equal plan
+  // was checked and simulated for this one (search_policy); empty: its own.
+  SetupSearch search;
+  std::string shared_with;
 };
 
 void write_trace(const std::string& path, PolicyOutcome& o) {
@@ -557,24 +563,40 @@ void write_trace(const std::string& path, PolicyOutcome& o) {
   std::printf("trace    %s: %s\n", o.name.c_str(), path.c_str());
 }
 
-// Plans the batch with one policy, checks the plan and simulates the step. A
-// policy that cannot place the batch is an outcome with its failure; a plan that
-// fails check_plan is a planner bug (std::runtime_error).
-PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const PlanSetup& setup,
-                         std::span<const int64_t> lengths) {
+// One policy's plan of the batch under one setup, or why it could not place it.
+struct PolicyPlan {
+  StepPlan plan;
+  std::string failure;  // non-empty: the planner could not place the batch
+  double seconds = 0;
+};
+
+PolicyPlan plan_with(const std::string& name, const PlanSetup& setup, std::span<const int64_t> lengths) {
+  PolicyPlan p;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    p.plan = plan_policy(name)(lengths, setup);
+  } catch (const std::invalid_argument& e) {
+    p.failure = e.what();
+  }
+  p.seconds = seconds_since(t0);
+  return p;
+}
+
+// Checks a policy's plan and simulates the step. A policy that cannot place the
+// batch is an outcome with its failure; a plan that fails check_plan is a planner
+// bug (std::runtime_error).
+PolicyOutcome simulate_plan(const std::string& name, const PlanRequest& r, const PlanSetup& setup,
+                            std::span<const int64_t> lengths, const PolicyPlan& planned) {
   PolicyOutcome o;
   o.name = name;
   o.recompute = setup_label(setup);
-  StepPlan plan;
-  auto t0 = std::chrono::steady_clock::now();
-  try {
-    plan = plan_policy(name)(lengths, setup);
-  } catch (const std::invalid_argument& e) {
-    o.failure = e.what();
+  if (!planned.failure.empty()) {
+    o.failure = planned.failure;
     return o;
   }
-  o.plan_seconds = seconds_since(t0);
-  t0 = std::chrono::steady_clock::now();
+  const StepPlan& plan = planned.plan;
+  o.plan_seconds = planned.seconds;
+  auto t0 = std::chrono::steady_clock::now();
   try {
     if (r.check)
       check_plan(plan, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages, setup.layout.vpp);
@@ -589,6 +611,12 @@ PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const Pl
   o.mixes = activation_mix_stats(plan);
   if (r.trace) write_trace(trace_path(*r.trace, name, r.policies.size() > 1), o);
   return o;
+}
+
+// Plans the batch with one policy, checks the plan and simulates the step.
+PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const PlanSetup& setup,
+                         std::span<const int64_t> lengths) {
+  return simulate_plan(name, r, setup, lengths, plan_with(name, setup, lengths));
 }
 
 // The bound every policy's step is measured against.
@@ -668,9 +696,20 @@ void print_details(const std::vector<PolicyOutcome>& outcomes) {
     if (o.sim.all_to_all_bytes > 0)
       std::printf("%-16s expert all-to-all %.1f GB, %.3f s per rank\n", "", o.sim.all_to_all_bytes / 1e9,
                   o.sim.all_to_all_seconds / o.sim.processes);
-    std::printf("%-16s timing: plan %.3f s, check_plan %.3f s, simulate %.3f s (%s operations, %s dependencies)\n", "",
-                o.plan_seconds, o.check_seconds, o.simulate_seconds, grouped(static_cast<double>(o.sim.operations)).c_str(),
-                grouped(static_cast<double>(o.sim.dependencies)).c_str());
+    if (o.shared_with.empty())
+      std::printf("%-16s timing: plan %.3f s, check_plan %.3f s, simulate %.3f s (%s operations, %s dependencies)\n",
+                  "", o.plan_seconds, o.check_seconds, o.simulate_seconds,
+                  grouped(static_cast<double>(o.sim.operations)).c_str(),
+                  grouped(static_cast<double>(o.sim.dependencies)).c_str());
+    else
+      std::printf("%-16s timing: plan %.3f s; the plan is %s's, checked and simulated there (%s operations, %s "
+                  "dependencies)\n",
+                  "", o.plan_seconds, o.shared_with.c_str(), grouped(static_cast<double>(o.sim.operations)).c_str(),
+                  grouped(static_cast<double>(o.sim.dependencies)).c_str());
+    const SetupSearch& q = o.search;
+    if (q.simulated + q.shared + q.pruned > 1)
+      std::printf("%-16s setups: %d simulated, %d with a plan equal to a simulated one, %d pruned by their bound\n", "",
+                  q.simulated, q.shared, q.pruned);
   }
 }
 
@@ -788,25 +827,143 @@ std::vector<PlanSetup> candidate_setups(const PlanRequest& r, const HardwareProf
   return setups;
 }
 
+// A plan simulated under a setup, which a later setup's equal plan may share.
+struct SimulatedPlan {
+  size_t setup;
+  StepPlan plan;
+};
+
+// Whether two setups' StepCosts can differ only in `recomputed`: make_plan_setup
+// derives every other cost from the recompute mode and sequence parallelism alone,
+// and the mixed mode's model is `recomputed`, which the simulator reads for a
+// micro-batch that recomputes layers only (StepCosts::recomputed).
+bool same_costs_but_mixed(const PlanSetup& a, const PlanSetup& b) {
+  return a.recompute == b.recompute && a.sequence_parallel == b.sequence_parallel;
+}
+
+bool recomputes_layers(const StepPlan& plan) {
+  for (const auto& rank : plan.ranks)
+    for (const PlannedMicroBatch& mb : rank)
+      if (mb.recompute_layers > 0) return true;
+  return false;
+}
+
+// A relative margin on the bound for rounding: the bound and the simulated step add
+// the same times in different orders, so a step equal to its bound may come out a
+// few ulps below it. A setup is pruned only when its bound exceeds the best step by
+// more, so no setup that could win or tie is skipped.
+constexpr double kBoundRounding = 1e-9;
+
 // One policy under each setup: the shortest simulated step wins (ties: the first);
 // when none places the batch, the last setup's failure (the least memory per token).
-// Only the winner is traced.
-PolicyOutcome fastest_setup(const std::string& name, const PlanRequest& r, const std::vector<PlanSetup>& setups,
-                            std::span<const int64_t> lengths) {
-  if (setups.size() == 1) return run_policy(name, r, setups.front(), lengths);
+// Unless exhaustive, the setups go in ascending order of their bound
+// (simulated_step_bound): one whose bound exceeds the shortest step simulated so far
+// is pruned, since its own step is at least its bound; and one whose plan equals a
+// plan already simulated under the same costs, the mixed mode aside, with no
+// micro-batch recomputing layers, takes that outcome (the same check, the same
+// simulation). Neither changes the winner: a pruned setup's step exceeds it, and a
+// shared outcome is the one its simulation would give. Never traced.
+PolicyOutcome search_policy(const std::string& name, const PlanRequest& r, std::span<const PlanSetup> setups,
+                            std::span<const int64_t> lengths, bool exhaustive) {
   PlanRequest quiet = r;
   quiet.trace.reset();
-  std::optional<PolicyOutcome> best;
-  size_t chosen = 0;
-  for (size_t i = 0; i < setups.size(); ++i) {
-    PolicyOutcome o = run_policy(name, quiet, setups[i], lengths);
-    // A placed step replaces a failure or a slower step; a failure only a failure.
-    const bool keep = !best || !best->failure.empty() ||
-                      (o.failure.empty() && o.sim.step_seconds < best->sim.step_seconds);
-    if (keep) best = std::move(o), chosen = i;
+  const size_t n = setups.size();
+  std::vector<double> bounds(n);
+  for (size_t i = 0; i < n; ++i) bounds[i] = simulated_step_bound(setups[i], lengths).seconds();
+  std::vector<size_t> order(n);
+  for (size_t i = 0; i < n; ++i) order[i] = i;
+  if (!exhaustive)
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return bounds[a] < bounds[b]; });
+  std::vector<std::optional<PolicyOutcome>> outcomes(n);
+  std::vector<SimulatedPlan> simulated;
+  SetupSearch search;
+  double best = std::numeric_limits<double>::infinity();
+  for (const size_t i : order) {
+    if (!exhaustive && bounds[i] * (1 - kBoundRounding) > best) {
+      ++search.pruned;
+      continue;
+    }
+    PolicyPlan planned = plan_with(name, setups[i], lengths);
+    const SimulatedPlan* same = nullptr;
+    if (!exhaustive && planned.failure.empty() && !recomputes_layers(planned.plan))
+      for (const SimulatedPlan& s : simulated)
+        if (same_costs_but_mixed(setups[s.setup], setups[i]) && s.plan == planned.plan) same = &s;
+    if (same) {
+      PolicyOutcome o = *outcomes[same->setup];
+      o.recompute = setup_label(setups[i]);
+      o.shared_with = setup_label(setups[same->setup]);
+      o.plan_seconds = planned.seconds;
+      o.check_seconds = o.simulate_seconds = 0;
+      outcomes[i] = std::move(o);
+      ++search.shared;
+    } else {
+      outcomes[i] = simulate_plan(name, quiet, setups[i], lengths, planned);
+      ++search.simulated;
+      if (!exhaustive && planned.failure.empty()) simulated.push_back({i, std::move(planned.plan)});
+    }
+    if (outcomes[i]->failure.empty()) best = std::min(best, outcomes[i]->sim.step_seconds);
   }
-  if (r.trace && best->failure.empty()) return run_policy(name, r, setups[chosen], lengths);
-  return *best;
+  // In the setups' order: a placed step replaces a failure or a slower step; a failure only a failure.
+  std::optional<size_t> chosen;
+  for (size_t i = 0; i < n; ++i) {
+    if (!outcomes[i]) continue;
+    const PolicyOutcome& o = *outcomes[i];
+    const PolicyOutcome* kept = chosen ? &*outcomes[*chosen] : nullptr;
+    if (!kept || !kept->failure.empty() || (o.failure.empty() && o.sim.step_seconds < kept->sim.step_seconds))
+      chosen = i;
+  }
+  PolicyOutcome o = std::move(*outcomes[*chosen]);
+  search.chosen = *chosen;
+  search.placed = o.failure.empty();
+  search.step_seconds = search.placed ? o.sim.step_seconds : 0;
+  o.search = search;
+  return o;
+}
+
+// f(i) for every i below n on up to hardware_concurrency threads (the caller's
+// among them), the results in index order and the first exception by index
+// rethrown: what the threads return does not depend on how they are scheduled.
+template <class T, class F>
+std::vector<T> map_on_threads(size_t n, const F& f) {
+  std::vector<std::optional<T>> results(n);
+  std::vector<std::exception_ptr> errors(n);
+  std::atomic<size_t> next{0};
+  const auto work = [&] {
+    for (size_t i; (i = next++) < n;) {
+      try {
+        results[i] = f(i);
+      } catch (...) {
+        errors[i] = std::current_exception();
+      }
+    }
+  };
+  const size_t threads = std::min<size_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+  for (const std::exception_ptr& e : errors)
+    if (e) std::rethrow_exception(e);
+  std::vector<T> out;
+  for (std::optional<T>& x : results) out.push_back(std::move(*x));
+  return out;
+}
+
+// Every policy of the request searched over the setups (search_policy), the
+// policies on threads; with --trace each winner is then planned and simulated again,
+// in the policies' order, to write its trace.
+std::vector<PolicyOutcome> search_policies(const PlanRequest& r, std::span<const PlanSetup> setups,
+                                           std::span<const int64_t> lengths) {
+  std::vector<PolicyOutcome> outcomes = map_on_threads<PolicyOutcome>(
+      r.policies.size(), [&](size_t p) { return search_policy(r.policies[p], r, setups, lengths, false); });
+  if (r.trace)
+    for (PolicyOutcome& o : outcomes)
+      if (o.failure.empty()) {
+        const SetupSearch search = o.search;
+        o = run_policy(o.name, r, setups[search.chosen], lengths);
+        o.search = search;
+      }
+  return outcomes;
 }
 
 // With several setups: each one's capacity (the mixed ones have none's).
@@ -840,6 +997,14 @@ StepBound least_bound(const std::vector<PlanSetup>& setups, std::span<const int6
 
 }  // namespace
 
+SetupSearch search_setups(const std::string& policy, std::span<const PlanSetup> setups,
+                          std::span<const int64_t> lengths, bool exhaustive) {
+  if (setups.empty()) throw std::invalid_argument("search_setups needs a setup");
+  PlanRequest r;
+  r.policies = {policy};
+  return search_policy(policy, r, setups, lengths, exhaustive).search;
+}
+
 int command_plan(const std::vector<std::string>& raw) {
   Arguments args(raw);
   if (args.wants_help()) {
@@ -862,9 +1027,7 @@ int command_plan(const std::vector<std::string>& raw) {
     print_batch(request, batch);
     std::fputs(experts.report.c_str(), stdout);
     print_setups(setups);
-    std::vector<PolicyOutcome> outcomes;
-    for (const std::string& name : request.policies)
-      outcomes.push_back(fastest_setup(name, request, setups, batch.lengths));
+    const std::vector<PolicyOutcome> outcomes = search_policies(request, setups, batch.lengths);
     if (request.trace) std::printf("\n");
     const StepBound bound = least_bound(setups, batch.lengths);
     print_bound(bound);
