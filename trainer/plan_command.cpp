@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -546,7 +547,7 @@ struct PolicyOutcome {
   StepSimulation sim;
   RingStats rings;
   // Under several setups: how they were searched, and the setup whose equal plan
-  // was checked and simulated for this one (search_policy); empty: its own.
+  // was checked and simulated for this one (PolicySearch); empty: its own.
   SetupSearch search;
   std::string shared_with;
 };
@@ -827,12 +828,6 @@ std::vector<PlanSetup> candidate_setups(const PlanRequest& r, const HardwareProf
   return setups;
 }
 
-// A plan simulated under a setup, which a later setup's equal plan may share.
-struct SimulatedPlan {
-  size_t setup;
-  StepPlan plan;
-};
-
 // Whether two setups' StepCosts can differ only in `recomputed`: make_plan_setup
 // derives every other cost from the recompute mode and sequence parallelism alone,
 // and the mixed mode's model is `recomputed`, which the simulator reads for a
@@ -854,108 +849,200 @@ bool recomputes_layers(const StepPlan& plan) {
 // more, so no setup that could win or tie is skipped.
 constexpr double kBoundRounding = 1e-9;
 
-// One policy under each setup: the shortest simulated step wins (ties: the first);
-// when none places the batch, the last setup's failure (the least memory per token).
-// Unless exhaustive, the setups go in ascending order of their bound
-// (simulated_step_bound): one whose bound exceeds the shortest step simulated so far
-// is pruned, since its own step is at least its bound; and one whose plan equals a
-// plan already simulated under the same costs, the mixed mode aside, with no
-// micro-batch recomputing layers, takes that outcome (the same check, the same
-// simulation). Neither changes the winner: a pruned setup's step exceeds it, and a
-// shared outcome is the one its simulation would give. Never traced.
-PolicyOutcome search_policy(const std::string& name, const PlanRequest& r, std::span<const PlanSetup> setups,
-                            std::span<const int64_t> lengths, bool exhaustive) {
-  PlanRequest quiet = r;
-  quiet.trace.reset();
-  const size_t n = setups.size();
-  std::vector<double> bounds(n);
-  for (size_t i = 0; i < n; ++i) bounds[i] = simulated_step_bound(setups[i], lengths).seconds();
-  std::vector<size_t> order(n);
-  for (size_t i = 0; i < n; ++i) order[i] = i;
-  if (!exhaustive)
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return bounds[a] < bounds[b]; });
-  std::vector<std::optional<PolicyOutcome>> outcomes(n);
-  std::vector<SimulatedPlan> simulated;
-  SetupSearch search;
-  double best = std::numeric_limits<double>::infinity();
-  for (const size_t i : order) {
-    if (!exhaustive && bounds[i] * (1 - kBoundRounding) > best) {
-      ++search.pruned;
-      continue;
+// One policy's search of the setups (search_policies), which threads fill in.
+//
+// The search it gives is sequential: the setups in ascending order of their bound
+// (simulated_step_bound; exhaustive: as given); a setup whose bound exceeds the
+// shortest step of those before it is pruned, since its own step is at least its
+// bound; a setup whose plan equals a plan simulated before it under the same costs,
+// the mixed mode aside, with no micro-batch recomputing layers, takes that outcome
+// (the same check, the same simulation). Neither changes the winner: a pruned
+// setup's step exceeds it, and a shared outcome is what its simulation would give.
+// The threads run a policy's setups side by side, each skipping what is pruned
+// already given the setups before it that have finished (what the sequential
+// search prunes too, as the steps before can only lower the best), and finish()
+// then decides from the results in order, so the outcome, the counts and the
+// first error do not depend on the scheduling.
+struct PolicySearch {
+  std::string name;
+  bool exhaustive = false;
+  std::vector<double> bounds;                  // by setup
+  std::vector<size_t> order;                   // setups in search order
+  std::vector<std::optional<PolicyOutcome>> outcomes;  // by position in order
+  std::vector<std::optional<StepPlan>> plans;  // placed plans, by position (not exhaustive)
+  std::vector<std::exception_ptr> errors;      // by position
+  std::vector<bool> done;                      // by position
+
+  PolicySearch(std::string policy, std::span<const PlanSetup> setups, std::span<const int64_t> lengths,
+               bool exhaustive_search)
+      : name(std::move(policy)), exhaustive(exhaustive_search), bounds(setups.size()), order(setups.size()),
+        outcomes(setups.size()), plans(setups.size()), errors(setups.size()), done(setups.size()) {
+    for (size_t i = 0; i < setups.size(); ++i) {
+      bounds[i] = simulated_step_bound(setups[i], lengths).seconds();
+      order[i] = i;
     }
-    PolicyPlan planned = plan_with(name, setups[i], lengths);
-    const SimulatedPlan* same = nullptr;
-    if (!exhaustive && planned.failure.empty() && !recomputes_layers(planned.plan))
-      for (const SimulatedPlan& s : simulated)
-        if (same_costs_but_mixed(setups[s.setup], setups[i]) && s.plan == planned.plan) same = &s;
-    if (same) {
-      PolicyOutcome o = *outcomes[same->setup];
-      o.recompute = setup_label(setups[i]);
-      o.shared_with = setup_label(setups[same->setup]);
-      o.plan_seconds = planned.seconds;
-      o.check_seconds = o.simulate_seconds = 0;
-      outcomes[i] = std::move(o);
-      ++search.shared;
-    } else {
-      outcomes[i] = simulate_plan(name, quiet, setups[i], lengths, planned);
-      ++search.simulated;
-      if (!exhaustive && planned.failure.empty()) simulated.push_back({i, std::move(planned.plan)});
+    if (!exhaustive)
+      std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return bounds[x] < bounds[y]; });
+  }
+
+  bool pruned(size_t position, double best) const {
+    return !exhaustive && bounds[order[position]] * (1 - kBoundRounding) > best;
+  }
+
+  // The setup at `position` unless what has finished before it prunes it; `lock`
+  // guards this search's state (run outside it: planning, checking, simulating).
+  void run(size_t position, const PlanRequest& quiet, std::span<const PlanSetup> setups,
+           std::span<const int64_t> lengths, std::mutex& lock) {
+    const PlanSetup& setup = setups[order[position]];
+    try {
+      {
+        const std::lock_guard<std::mutex> guard(lock);
+        double best = std::numeric_limits<double>::infinity();
+        for (size_t j = 0; j < position; ++j)
+          if (done[j] && outcomes[j] && outcomes[j]->failure.empty()) best = std::min(best, outcomes[j]->sim.step_seconds);
+        if (pruned(position, best)) return;
+      }
+      PolicyPlan planned = plan_with(name, setup, lengths);
+      std::optional<PolicyOutcome> outcome;
+      // Kept for sharing only where another setup has the same costs but the mixed mode.
+      const bool shareable =
+          !exhaustive && planned.failure.empty() &&
+          std::count_if(setups.begin(), setups.end(), [&](const PlanSetup& x) { return same_costs_but_mixed(x, setup); }) > 1 &&
+          !recomputes_layers(planned.plan);
+      if (shareable) {
+        const std::lock_guard<std::mutex> guard(lock);
+        for (size_t j = 0; j < position && !outcome; ++j)
+          if (done[j] && plans[j] && same_costs_but_mixed(setups[order[j]], setup) && *plans[j] == planned.plan) {
+            outcome = *outcomes[j];
+            outcome->recompute = setup_label(setup);
+            outcome->plan_seconds = planned.seconds;
+            outcome->check_seconds = outcome->simulate_seconds = 0;
+          }
+      }
+      if (!outcome) outcome = simulate_plan(name, quiet, setup, lengths, planned);
+      const std::lock_guard<std::mutex> guard(lock);
+      outcomes[position] = std::move(outcome);
+      if (shareable) plans[position] = std::move(planned.plan);
+      done[position] = true;
+    } catch (...) {
+      const std::lock_guard<std::mutex> guard(lock);
+      errors[position] = std::current_exception();
+      done[position] = true;
     }
-    if (outcomes[i]->failure.empty()) best = std::min(best, outcomes[i]->sim.step_seconds);
   }
-  // In the setups' order: a placed step replaces a failure or a slower step; a failure only a failure.
-  std::optional<size_t> chosen;
-  for (size_t i = 0; i < n; ++i) {
-    if (!outcomes[i]) continue;
-    const PolicyOutcome& o = *outcomes[i];
-    const PolicyOutcome* kept = chosen ? &*outcomes[*chosen] : nullptr;
-    if (!kept || !kept->failure.empty() || (o.failure.empty() && o.sim.step_seconds < kept->sim.step_seconds))
-      chosen = i;
+
+  // The sequential search's outcome from the results: the shortest step wins (ties:
+  // the first setup as given); when none places the batch, the last setup's failure
+  // (the least memory per token). Rethrows the first error the sequential search meets.
+  PolicyOutcome finish(std::span<const PlanSetup> setups) {
+    SetupSearch search;
+    double best = std::numeric_limits<double>::infinity();
+    std::vector<std::optional<PolicyOutcome>> by_setup(setups.size());
+    std::vector<size_t> simulated;  // positions
+    for (size_t position = 0; position < order.size(); ++position) {
+      if (pruned(position, best)) {
+        ++search.pruned;
+        continue;
+      }
+      if (errors[position]) std::rethrow_exception(errors[position]);
+      if (!outcomes[position]) throw std::logic_error("plan: setup " + std::to_string(position) + " of " + name +
+                                                      " was skipped but is not pruned");
+      PolicyOutcome& o = *outcomes[position];
+      const PlanSetup& setup = setups[order[position]];
+      std::optional<size_t> same;
+      if (plans[position])
+        for (const size_t j : simulated)
+          if (!same && plans[j] && same_costs_but_mixed(setups[order[j]], setup) && *plans[j] == *plans[position])
+            same = j;
+      if (same) {
+        o.shared_with = setup_label(setups[order[*same]]);
+        ++search.shared;
+      } else {
+        simulated.push_back(position);
+        ++search.simulated;
+      }
+      if (o.failure.empty()) best = std::min(best, o.sim.step_seconds);
+      by_setup[order[position]] = std::move(o);
+    }
+    // In the setups' order: a placed step replaces a failure or a slower step; a failure only a failure.
+    std::optional<size_t> chosen;
+    for (size_t i = 0; i < by_setup.size(); ++i) {
+      if (!by_setup[i]) continue;
+      const PolicyOutcome& o = *by_setup[i];
+      const PolicyOutcome* kept = chosen ? &*by_setup[*chosen] : nullptr;
+      if (!kept || !kept->failure.empty() || (o.failure.empty() && o.sim.step_seconds < kept->sim.step_seconds))
+        chosen = i;
+    }
+    PolicyOutcome o = std::move(*by_setup[*chosen]);
+    search.chosen = *chosen;
+    search.placed = o.failure.empty();
+    search.step_seconds = search.placed ? o.sim.step_seconds : 0;
+    o.search = search;
+    return o;
   }
-  PolicyOutcome o = std::move(*outcomes[*chosen]);
-  search.chosen = *chosen;
-  search.placed = o.failure.empty();
-  search.step_seconds = search.placed ? o.sim.step_seconds : 0;
-  o.search = search;
-  return o;
-}
+};
 
 // f(i) for every i below n on up to hardware_concurrency threads (the caller's
-// among them), the results in index order and the first exception by index
-// rethrown: what the threads return does not depend on how they are scheduled.
-template <class T, class F>
-std::vector<T> map_on_threads(size_t n, const F& f) {
-  std::vector<std::optional<T>> results(n);
-  std::vector<std::exception_ptr> errors(n);
+// among them), taking the i in order.
+template <class F>
+void run_on_threads(size_t n, const F& f) {
   std::atomic<size_t> next{0};
   const auto work = [&] {
-    for (size_t i; (i = next++) < n;) {
-      try {
-        results[i] = f(i);
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
-    }
+    for (size_t i; (i = next++) < n;) f(i);
   };
   const size_t threads = std::min<size_t>(n, std::max(1u, std::thread::hardware_concurrency()));
   std::vector<std::thread> pool;
   for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
   work();
   for (std::thread& t : pool) t.join();
-  for (const std::exception_ptr& e : errors)
-    if (e) std::rethrow_exception(e);
-  std::vector<T> out;
-  for (std::optional<T>& x : results) out.push_back(std::move(*x));
-  return out;
 }
 
-// Every policy of the request searched over the setups (search_policy), the
-// policies on threads; with --trace each winner is then planned and simulated again,
-// in the policies' order, to write its trace.
+// Each policy searched over the setups (PolicySearch) by tasks on threads. Never traced.
+std::vector<PolicyOutcome> search_all(const PlanRequest& r, std::span<const std::string> policies,
+                                      std::span<const PlanSetup> setups, std::span<const int64_t> lengths,
+                                      bool exhaustive) {
+  PlanRequest quiet = r;
+  quiet.trace.reset();
+  std::vector<PolicySearch> searches;
+  for (const std::string& name : policies) searches.emplace_back(name, setups, lengths, exhaustive);
+  // A task: one policy's setups of the same costs but the mixed mode (same_costs_but_mixed),
+  // in search order, one after another, so that a later one finds an equal plan of an
+  // earlier one finished; the policies' first tasks before their second.
+  struct Task {
+    size_t search;
+    std::vector<size_t> positions;
+  };
+  std::vector<std::vector<Task>> by_policy(searches.size());
+  for (size_t k = 0; k < searches.size(); ++k) {
+    const PolicySearch& search = searches[k];
+    for (size_t position = 0; position < search.order.size(); ++position) {
+      const PlanSetup& setup = setups[search.order[position]];
+      auto same = std::find_if(by_policy[k].begin(), by_policy[k].end(), [&](const Task& t) {
+        return same_costs_but_mixed(setups[search.order[t.positions.front()]], setup);
+      });
+      if (same == by_policy[k].end()) same = by_policy[k].insert(by_policy[k].end(), Task{k, {}});
+      same->positions.push_back(position);
+    }
+  }
+  std::vector<Task> tasks;
+  for (size_t round = 0; round < setups.size(); ++round)
+    for (const std::vector<Task>& policy_tasks : by_policy)
+      if (round < policy_tasks.size()) tasks.push_back(policy_tasks[round]);
+  std::mutex lock;
+  run_on_threads(tasks.size(), [&](size_t t) {
+    for (const size_t position : tasks[t].positions) searches[tasks[t].search].run(position, quiet, setups, lengths, lock);
+  });
+  std::vector<PolicyOutcome> outcomes;
+  for (PolicySearch& s : searches) outcomes.push_back(s.finish(setups));
+  return outcomes;
+}
+
+// Every policy of the request searched over the setups (search_all); with --trace
+// each winner is then planned and simulated again, in the policies' order, to write
+// its trace.
 std::vector<PolicyOutcome> search_policies(const PlanRequest& r, std::span<const PlanSetup> setups,
                                            std::span<const int64_t> lengths) {
-  std::vector<PolicyOutcome> outcomes = map_on_threads<PolicyOutcome>(
-      r.policies.size(), [&](size_t p) { return search_policy(r.policies[p], r, setups, lengths, false); });
+  std::vector<PolicyOutcome> outcomes = search_all(r, r.policies, setups, lengths, false);
   if (r.trace)
     for (PolicyOutcome& o : outcomes)
       if (o.failure.empty()) {
@@ -1002,7 +1089,7 @@ SetupSearch search_setups(const std::string& policy, std::span<const PlanSetup> 
   if (setups.empty()) throw std::invalid_argument("search_setups needs a setup");
   PlanRequest r;
   r.policies = {policy};
-  return search_policy(policy, r, setups, lengths, exhaustive).search;
+  return search_all(r, r.policies, setups, lengths, exhaustive).front().search;
 }
 
 int command_plan(const std::vector<std::string>& raw) {
