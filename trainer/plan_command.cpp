@@ -849,7 +849,7 @@ bool recomputes_layers(const StepPlan& plan) {
 // more, so no setup that could win or tie is skipped.
 constexpr double kBoundRounding = 1e-9;
 
-// One policy's search of the setups (search_policies), which threads fill in.
+// One policy's search of the setups (search_all), which threads fill in.
 //
 // The search it gives is sequential: the setups in ascending order of their bound
 // (simulated_step_bound; exhaustive: as given); a setup whose bound exceeds the
