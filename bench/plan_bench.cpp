@@ -12,6 +12,9 @@
 // BM_CheckPlan: check_plan of that plan.
 // BM_Simulate: building and replaying the step's op graph.
 // BM_Bound: the step's lower bound (planning/step_bound.h).
+// BM_SearchSetups: one policy's search of `--recompute auto`'s setups (five at tp 1,
+// eight at tp 8: search_setups, trainer/plan_command.h), pruned by the bound and
+// sharing equal plans; counters simulated, shared, pruned.
 // BM_SimulateMany/<gpus>: a graph with many micro-batches (tp 1, pp 4,
 // capacity 4,096 tokens, 2M) to show the replay's cost per operation.
 // Counters: ops (graph operations), step_s (simulated step).
@@ -130,6 +133,46 @@ void BM_Bound(benchmark::State& state) {
   state.counters["bound_s"] = b.seconds();
 }
 BENCHMARK(BM_Bound)->ArgsProduct({kGpus, kContexts})->Unit(benchmark::kMillisecond);
+
+// --recompute auto's setups of a case: none, none+selective, none+full, selective,
+// full, and at tp above 1 none, selective and full with sequence parallelism (those
+// memory cannot hold left out).
+const std::vector<PlanSetup>& get_auto_setups(int gpus, int64_t context, int tp) {
+  static std::map<std::tuple<int, int64_t, int>, std::vector<PlanSetup>> setups;
+  auto key = std::make_tuple(gpus, context, tp);
+  auto it = setups.find(key);
+  if (it == setups.end()) {
+    const PlanSetup& base = get_case(gpus, context, tp).setup;
+    constexpr RecomputeMode none = RecomputeMode::None, selective = RecomputeMode::Selective,
+                            full = RecomputeMode::Full;
+    const std::tuple<RecomputeMode, RecomputeMode, bool> modes[] = {
+        {none, none, false},      {none, selective, false}, {none, full, false}, {selective, none, false},
+        {full, none, false},      {none, none, true},       {selective, none, true}, {full, none, true}};
+    std::vector<PlanSetup> list;
+    for (const auto& [mode, mixed, sp] : modes) {
+      if (sp && tp == 1) continue;
+      try {
+        list.push_back(make_plan_setup(base.hardware, base.model, gpus, tp, 1, context, 0, 1, 1, mode, sp, mixed));
+      } catch (const PlanInputError&) {
+      }
+    }
+    it = setups.emplace(key, std::move(list)).first;
+  }
+  return it->second;
+}
+
+void BM_SearchSetups(benchmark::State& state) {
+  const Args a = args(state);
+  const std::vector<PlanSetup>& setups = get_auto_setups(a.gpus, a.context, a.tp);
+  const std::vector<int64_t>& lengths = get_case(a.gpus, a.context, a.tp).lengths;
+  SetupSearch search;
+  for (auto _ : state) search = search_setups(kPolicies[a.policy], setups, lengths);
+  state.counters["simulated"] = search.simulated;
+  state.counters["shared"] = search.shared;
+  state.counters["pruned"] = search.pruned;
+  state.counters["step_s"] = search.step_seconds;
+}
+BENCHMARK(BM_SearchSetups)->ArgsProduct({{0, 1, 2}, kGpus, kContexts, kTps})->Unit(benchmark::kMillisecond);
 
 // Many small micro-batches through a 4-stage pipeline: the graph grows with the
 // number of micro-batches; time per operation stays flat.

@@ -381,25 +381,26 @@ void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t 
   for (int r = 0; r < hdp; ++r) {
     for (size_t m = 0; m < plan.ranks[r].size(); ++m) {
       const PlannedMicroBatch& mb = plan.ranks[r][m];
-      const std::string where = "rank " + str(r) + " micro-batch " + str(static_cast<int64_t>(m));
+      // Built only for a failure: a plan has a micro-batch per rank and a piece per ring sequence.
+      const auto where = [&] { return "rank " + str(r) + " micro-batch " + str(static_cast<int64_t>(m)); };
       if (!(mb.offload_ratio >= 0.0 && mb.offload_ratio <= 1.0))
-        fail(where + " has offload ratio " + std::to_string(mb.offload_ratio) + ", outside [0, 1]");
+        fail(where() + " has offload ratio " + std::to_string(mb.offload_ratio) + ", outside [0, 1]");
       if (mb.recompute_layers < 0 || mb.recompute_layers > layers_per_stage)
-        fail(where + " recomputes " + str(mb.recompute_layers) + " layers, outside [0, " + str(layers_per_stage) + "]");
+        fail(where() + " recomputes " + str(mb.recompute_layers) + " layers, outside [0, " + str(layers_per_stage) + "]");
       const int64_t limit = max_micro_batch_tokens(plan.capacity, layers_per_stage, mb.offload_ratio,
                                                    mb.recompute_layers, plan.recomputed_layer_share);
       if (mb.tokens() > limit) {
-        fail(where + " holds " + str(mb.tokens()) + " tokens, its limit is " + str(limit) + " (capacity " +
+        fail(where() + " holds " + str(mb.tokens()) + " tokens, its limit is " + str(limit) + " (capacity " +
              str(plan.capacity) + ", " + str(layers_per_stage) + " layers per stage, offload ratio " +
              std::to_string(mb.offload_ratio) + ", " + str(mb.recompute_layers) + " layers recompute)");
       }
       int ring_position = -1;
       if (mb.ring != -1) {
         if (mb.ring < 0 || mb.ring >= num_rings)
-          fail(where + " takes part in ring " + str(mb.ring) + ", the plan has " + str(num_rings) + " rings");
+          fail(where() + " takes part in ring " + str(mb.ring) + ", the plan has " + str(num_rings) + " rings");
         auto it = position[mb.ring].find(r);
         if (it == position[mb.ring].end())
-          fail(where + " takes part in ring " + str(mb.ring) + ", which rank " + str(r) + " is not a member of");
+          fail(where() + " takes part in ring " + str(mb.ring) + ", which rank " + str(r) + " is not a member of");
         ring_position = it->second;
         int& earlier = ring_micro_batch[mb.ring][ring_position];
         if (earlier != -1) {
@@ -411,20 +412,20 @@ void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t 
       std::vector<PlannedPiece> ring_pieces;
       for (size_t i = 0; i < mb.pieces.size(); ++i) {
         const PlannedPiece& p = mb.pieces[i];
-        const std::string at = where + " piece " + str(static_cast<int64_t>(i));
+        const auto at = [&] { return where() + " piece " + str(static_cast<int64_t>(i)); };
         if (p.sequence < 0 || p.sequence >= num_sequences)
-          fail(at + " names sequence " + str(p.sequence) + ", the batch has " + str(num_sequences));
-        if (p.length < 1) fail(at + " (sequence " + str(p.sequence) + ") has length " + str(p.length));
+          fail(at() + " names sequence " + str(p.sequence) + ", the batch has " + str(num_sequences));
+        if (p.length < 1) fail(at() + " (sequence " + str(p.sequence) + ") has length " + str(p.length));
         if (p.offset < 0 || p.offset > lengths[p.sequence] - p.length) {
-          fail(at + " covers tokens [" + str(p.offset) + ", " + str(p.offset + p.length) + ") of sequence " +
+          fail(at() + " covers tokens [" + str(p.offset) + ", " + str(p.offset + p.length) + ") of sequence " +
                str(p.sequence) + ", which has " + str(lengths[p.sequence]) + " tokens");
         }
         if (p.ring == -1) {
           if (!ring_pieces.empty())
-            fail(at + " (sequence " + str(p.sequence) + ") is local but follows ring pieces; local pieces come first");
+            fail(at() + " (sequence " + str(p.sequence) + ") is local but follows ring pieces; local pieces come first");
         } else {
           if (p.ring != mb.ring) {
-            fail(at + " (sequence " + str(p.sequence) + ") names ring " + str(p.ring) + " but the micro-batch " +
+            fail(at() + " (sequence " + str(p.sequence) + ") names ring " + str(p.ring) + " but the micro-batch " +
                  (mb.ring == -1 ? std::string("takes part in no ring") : "takes part in ring " + str(mb.ring)));
           }
           ring_pieces.push_back(p);
@@ -434,14 +435,16 @@ void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t 
       if (mb.ring != -1) {
         const std::vector<PlannedPiece> expected =
             zigzag_ring_pieces(plan.rings[mb.ring], mb.ring, ring_position, lengths);
-        const std::string member = "position " + str(ring_position) + " of ring " + str(mb.ring) + " (" +
-                                   str(static_cast<int64_t>(plan.rings[mb.ring].ranks.size())) + " ranks)";
+        const auto member = [&] {
+          return "position " + str(ring_position) + " of ring " + str(mb.ring) + " (" +
+                 str(static_cast<int64_t>(plan.rings[mb.ring].ranks.size())) + " ranks)";
+        };
         for (size_t i = 0; i < std::max(expected.size(), ring_pieces.size()); ++i) {
-          if (i >= expected.size()) fail(where + " has ring piece " + piece_string(ring_pieces[i]) + " beyond the chunks of " + member);
-          if (i >= ring_pieces.size()) fail(where + " lacks ring piece " + piece_string(expected[i]) + " of " + member);
+          if (i >= expected.size()) fail(where() + " has ring piece " + piece_string(ring_pieces[i]) + " beyond the chunks of " + member());
+          if (i >= ring_pieces.size()) fail(where() + " lacks ring piece " + piece_string(expected[i]) + " of " + member());
           if (!same_piece(expected[i], ring_pieces[i])) {
-            fail(where + " ring piece " + str(static_cast<int64_t>(i)) + " is " + piece_string(ring_pieces[i]) + ", " +
-                 member + " needs " + piece_string(expected[i]) + " there");
+            fail(where() + " ring piece " + str(static_cast<int64_t>(i)) + " is " + piece_string(ring_pieces[i]) + ", " +
+                 member() + " needs " + piece_string(expected[i]) + " there");
           }
         }
       }

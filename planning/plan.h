@@ -25,6 +25,7 @@ struct PlannedPiece {
   int64_t offset = 0;
   int64_t length = 0;
   int ring = -1;  // index into StepPlan::rings, or -1 for a whole local sequence
+  bool operator==(const PlannedPiece&) const = default;
 };
 
 // Row order of a micro-batch: its local pieces first, then its ring pieces: for
@@ -39,6 +40,7 @@ struct PlannedMicroBatch {
   // the capacity. They are never offloaded; offload_ratio applies to the others.
   int64_t recompute_layers = 0;
   int64_t tokens() const;
+  bool operator==(const PlannedMicroBatch&) const = default;
 };
 
 // The hdp ranks (in ring order) that run one micro-batch slot together, and the
@@ -46,6 +48,7 @@ struct PlannedMicroBatch {
 struct Ring {
   std::vector<int> ranks;
   std::vector<int64_t> sequences;
+  bool operator==(const Ring&) const = default;
 };
 
 struct StepPlan {
@@ -61,6 +64,7 @@ struct StepPlan {
   // trainer's executor (parallel/pipeline.h) runs 1F1B, and rank_work, the one way a
   // plan reaches training ranks, refuses a plan with limits.
   std::vector<std::vector<int>> forward_limits;
+  bool operator==(const StepPlan&) const = default;
 };
 
 // One micro-batch of one hdp rank's share of a plan: the planned micro-batch and,

@@ -2,7 +2,8 @@
 // the published token-share statistics, global batches are cut at the context,
 // lengths files and their errors, the cluster and model files (and their
 // errors, naming file and key), the step's lower bound against every policy's
-// simulated step, and the command end to end (exit codes, the table, the Chrome
+// simulated step, the search of a policy's setups (pruned by the bound, equal plans
+// simulated once) against the exhaustive one, and the command end to end (exit codes, the table, the Chrome
 // trace, Mixtral with its expert-parallel degree chosen, --recompute and
 // --sequence-parallel, their capacities, and the stage boundaries' sends under
 // sequence parallelism).
@@ -553,6 +554,72 @@ TEST(PlanBound, NoPolicyBeatsTheBound) {
     EXPECT_GT(offloading, 0) << cluster;  // some batch had a sequence that must offload
     EXPECT_GT(pipelined, 0) << cluster;
   }
+}
+
+// `trainer plan` searches each policy's setups in ascending order of their bound,
+// skipping a setup whose bound exceeds a step already simulated and reusing the
+// outcome of an equal plan under the same costs (search_setups): the setup chosen
+// and its step are the exhaustive search's, on layouts where both happen.
+TEST(PlanSearch, PruningAndSharedPlansNeverChangeTheChoice) {
+  const HardwareProfile h = load_cluster_file(config("cluster/h100.yaml"));
+  struct Layout {
+    const char* model;
+    int gpus, tp, pp;
+    int64_t context;
+  };
+  const Layout layouts[] = {{"llama-7b", 64, 8, 1, 256 * K},
+                            {"llama-7b", 16, 1, 1, 64 * K},
+                            {"llama-70b", 128, 8, 2, 64 * K},
+                            {"llama-70b", 256, 8, 4, 256 * K}};
+  constexpr RecomputeMode none = RecomputeMode::None, selective = RecomputeMode::Selective,
+                          full = RecomputeMode::Full;
+  struct Mode {
+    RecomputeMode recompute, mixed;
+    bool sequence_parallel;
+  };
+  const Mode modes[] = {{none, none, false},      {none, selective, false}, {none, full, false},
+                        {selective, none, false}, {full, none, false},      {none, none, true},
+                        {selective, none, true},  {full, none, true}};
+  int searches = 0, pruned = 0, shared = 0, placed = 0;
+  for (const Layout& l : layouts) {
+    const ModelShape model = load_model_file(config("models/" + std::string(l.model) + ".yaml"));
+    std::vector<PlanSetup> setups;
+    for (const Mode& m : modes) {
+      if (m.sequence_parallel && l.tp == 1) continue;
+      try {
+        setups.push_back(make_plan_setup(h, model, l.gpus, l.tp, l.pp, l.context, 0, 1, 1, m.recompute,
+                                         m.sequence_parallel, m.mixed));
+      } catch (const PlanInputError&) {
+        // memory cannot hold the model under this setup
+      }
+    }
+    ASSERT_GE(setups.size(), 4u) << l.model;
+    for (const char* lengths_source : {"byted", "github"}) {
+      const std::vector<int64_t> lengths = global_batch_lengths(lengths_source, l.context, 4 * M, 1);
+      for (const auto& [policy, planner] : plan_policies()) {
+        const SetupSearch fast = search_setups(policy, setups, lengths);
+        const SetupSearch all = search_setups(policy, setups, lengths, true);
+        const std::string where = std::string(l.model) + " on " + std::to_string(l.gpus) + " GPUs, pp " +
+                                  std::to_string(l.pp) + ", " + lengths_source + ", " + policy;
+        EXPECT_EQ(all.simulated, static_cast<int>(setups.size())) << where;
+        EXPECT_EQ(all.shared + all.pruned, 0) << where;
+        EXPECT_EQ(fast.simulated + fast.shared + fast.pruned, static_cast<int>(setups.size())) << where;
+        EXPECT_EQ(fast.placed, all.placed) << where;
+        EXPECT_EQ(fast.chosen, all.chosen) << where;
+        EXPECT_EQ(fast.step_seconds, all.step_seconds) << where;
+        ++searches;
+        pruned += fast.pruned;
+        shared += fast.shared;
+        placed += fast.placed;
+      }
+    }
+  }
+  EXPECT_EQ(searches, 4 * 2 * static_cast<int>(plan_policies().size()));
+  // Both shortcuts were taken (37 setups pruned and 8 shared when written), and
+  // every search placed the batch.
+  EXPECT_GT(pruned, 20);
+  EXPECT_GT(shared, 4);
+  EXPECT_EQ(placed, searches);
 }
 
 // `trainer plan`'s balance compares its candidates by the simulated step, plan_naive's

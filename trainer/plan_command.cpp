@@ -1,14 +1,17 @@
 #include "trainer/plan_command.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <optional>
 #include <sstream>
+#include <thread>
 
 #include "base/yaml_reader.h"
 #include "data/length_distributions.h"
@@ -543,6 +546,10 @@ struct PolicyOutcome {
   double plan_seconds = 0, check_seconds = 0, simulate_seconds = 0;
   StepSimulation sim;
   RingStats rings;
+  // Under several setups: how they were searched, and the setup whose equal plan
+  // was checked and simulated for this one (PolicySearch); empty: its own.
+  SetupSearch search;
+  std::string shared_with;
 };
 
 void write_trace(const std::string& path, PolicyOutcome& o) {
@@ -557,24 +564,40 @@ void write_trace(const std::string& path, PolicyOutcome& o) {
   std::printf("trace    %s: %s\n", o.name.c_str(), path.c_str());
 }
 
-// Plans the batch with one policy, checks the plan and simulates the step. A
-// policy that cannot place the batch is an outcome with its failure; a plan that
-// fails check_plan is a planner bug (std::runtime_error).
-PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const PlanSetup& setup,
-                         std::span<const int64_t> lengths) {
+// One policy's plan of the batch under one setup, or why it could not place it.
+struct PolicyPlan {
+  StepPlan plan;
+  std::string failure;  // non-empty: the planner could not place the batch
+  double seconds = 0;
+};
+
+PolicyPlan plan_with(const std::string& name, const PlanSetup& setup, std::span<const int64_t> lengths) {
+  PolicyPlan p;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    p.plan = plan_policy(name)(lengths, setup);
+  } catch (const std::invalid_argument& e) {
+    p.failure = e.what();
+  }
+  p.seconds = seconds_since(t0);
+  return p;
+}
+
+// Checks a policy's plan and simulates the step. A policy that cannot place the
+// batch is an outcome with its failure; a plan that fails check_plan is a planner
+// bug (std::runtime_error).
+PolicyOutcome simulate_plan(const std::string& name, const PlanRequest& r, const PlanSetup& setup,
+                            std::span<const int64_t> lengths, const PolicyPlan& planned) {
   PolicyOutcome o;
   o.name = name;
   o.recompute = setup_label(setup);
-  StepPlan plan;
-  auto t0 = std::chrono::steady_clock::now();
-  try {
-    plan = plan_policy(name)(lengths, setup);
-  } catch (const std::invalid_argument& e) {
-    o.failure = e.what();
+  if (!planned.failure.empty()) {
+    o.failure = planned.failure;
     return o;
   }
-  o.plan_seconds = seconds_since(t0);
-  t0 = std::chrono::steady_clock::now();
+  const StepPlan& plan = planned.plan;
+  o.plan_seconds = planned.seconds;
+  auto t0 = std::chrono::steady_clock::now();
   try {
     if (r.check)
       check_plan(plan, lengths, setup.settings.layers_per_stage, setup.settings.pipeline_stages, setup.layout.vpp);
@@ -589,6 +612,12 @@ PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const Pl
   o.mixes = activation_mix_stats(plan);
   if (r.trace) write_trace(trace_path(*r.trace, name, r.policies.size() > 1), o);
   return o;
+}
+
+// Plans the batch with one policy, checks the plan and simulates the step.
+PolicyOutcome run_policy(const std::string& name, const PlanRequest& r, const PlanSetup& setup,
+                         std::span<const int64_t> lengths) {
+  return simulate_plan(name, r, setup, lengths, plan_with(name, setup, lengths));
 }
 
 // The bound every policy's step is measured against.
@@ -668,9 +697,20 @@ void print_details(const std::vector<PolicyOutcome>& outcomes) {
     if (o.sim.all_to_all_bytes > 0)
       std::printf("%-16s expert all-to-all %.1f GB, %.3f s per rank\n", "", o.sim.all_to_all_bytes / 1e9,
                   o.sim.all_to_all_seconds / o.sim.processes);
-    std::printf("%-16s timing: plan %.3f s, check_plan %.3f s, simulate %.3f s (%s operations, %s dependencies)\n", "",
-                o.plan_seconds, o.check_seconds, o.simulate_seconds, grouped(static_cast<double>(o.sim.operations)).c_str(),
-                grouped(static_cast<double>(o.sim.dependencies)).c_str());
+    if (o.shared_with.empty())
+      std::printf("%-16s timing: plan %.3f s, check_plan %.3f s, simulate %.3f s (%s operations, %s dependencies)\n",
+                  "", o.plan_seconds, o.check_seconds, o.simulate_seconds,
+                  grouped(static_cast<double>(o.sim.operations)).c_str(),
+                  grouped(static_cast<double>(o.sim.dependencies)).c_str());
+    else
+      std::printf("%-16s timing: plan %.3f s; the plan is %s's, checked and simulated there (%s operations, %s "
+                  "dependencies)\n",
+                  "", o.plan_seconds, o.shared_with.c_str(), grouped(static_cast<double>(o.sim.operations)).c_str(),
+                  grouped(static_cast<double>(o.sim.dependencies)).c_str());
+    const SetupSearch& q = o.search;
+    if (q.simulated + q.shared + q.pruned > 1)
+      std::printf("%-16s setups: %d simulated, %d with a plan equal to a simulated one, %d pruned by their bound\n", "",
+                  q.simulated, q.shared, q.pruned);
   }
 }
 
@@ -788,25 +828,229 @@ std::vector<PlanSetup> candidate_setups(const PlanRequest& r, const HardwareProf
   return setups;
 }
 
-// One policy under each setup: the shortest simulated step wins (ties: the first);
-// when none places the batch, the last setup's failure (the least memory per token).
-// Only the winner is traced.
-PolicyOutcome fastest_setup(const std::string& name, const PlanRequest& r, const std::vector<PlanSetup>& setups,
-                            std::span<const int64_t> lengths) {
-  if (setups.size() == 1) return run_policy(name, r, setups.front(), lengths);
+// Whether two setups' StepCosts can differ only in `recomputed`: make_plan_setup
+// derives every other cost from the recompute mode and sequence parallelism alone,
+// and the mixed mode's model is `recomputed`, which the simulator reads for a
+// micro-batch that recomputes layers only (StepCosts::recomputed).
+bool same_costs_but_mixed(const PlanSetup& a, const PlanSetup& b) {
+  return a.recompute == b.recompute && a.sequence_parallel == b.sequence_parallel;
+}
+
+bool recomputes_layers(const StepPlan& plan) {
+  for (const auto& rank : plan.ranks)
+    for (const PlannedMicroBatch& mb : rank)
+      if (mb.recompute_layers > 0) return true;
+  return false;
+}
+
+// A relative margin on the bound for rounding: the bound and the simulated step add
+// the same times in different orders, so a step equal to its bound may come out a
+// few ulps below it. A setup is pruned only when its bound exceeds the best step by
+// more, so no setup that could win or tie is skipped.
+constexpr double kBoundRounding = 1e-9;
+
+// One policy's search of the setups (search_all), which threads fill in.
+//
+// The search it gives is sequential: the setups in ascending order of their bound
+// (simulated_step_bound; exhaustive: as given); a setup whose bound exceeds the
+// shortest step of those before it is pruned, since its own step is at least its
+// bound; a setup whose plan equals a plan simulated before it under the same costs,
+// the mixed mode aside, with no micro-batch recomputing layers, takes that outcome
+// (the same check, the same simulation). Neither changes the winner: a pruned
+// setup's step exceeds it, and a shared outcome is what its simulation would give.
+// The threads run a policy's setups side by side, each skipping what is pruned
+// already given the setups before it that have finished (what the sequential
+// search prunes too, as the steps before can only lower the best), and finish()
+// then decides from the results in order, so the outcome, the counts and the
+// first error do not depend on the scheduling.
+struct PolicySearch {
+  std::string name;
+  bool exhaustive = false;
+  std::vector<double> bounds;                  // by setup
+  std::vector<size_t> order;                   // setups in search order
+  std::vector<std::optional<PolicyOutcome>> outcomes;  // by position in order
+  std::vector<std::optional<StepPlan>> plans;  // placed plans, by position (not exhaustive)
+  std::vector<std::exception_ptr> errors;      // by position
+  std::vector<bool> done;                      // by position
+
+  PolicySearch(std::string policy, std::span<const PlanSetup> setups, std::span<const int64_t> lengths,
+               bool exhaustive_search)
+      : name(std::move(policy)), exhaustive(exhaustive_search), bounds(setups.size()), order(setups.size()),
+        outcomes(setups.size()), plans(setups.size()), errors(setups.size()), done(setups.size()) {
+    for (size_t i = 0; i < setups.size(); ++i) {
+      bounds[i] = simulated_step_bound(setups[i], lengths).seconds();
+      order[i] = i;
+    }
+    if (!exhaustive)
+      std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return bounds[x] < bounds[y]; });
+  }
+
+  bool pruned(size_t position, double best) const {
+    return !exhaustive && bounds[order[position]] * (1 - kBoundRounding) > best;
+  }
+
+  // The setup at `position` unless what has finished before it prunes it; `lock`
+  // guards this search's state (run outside it: planning, checking, simulating).
+  void run(size_t position, const PlanRequest& quiet, std::span<const PlanSetup> setups,
+           std::span<const int64_t> lengths, std::mutex& lock) {
+    const PlanSetup& setup = setups[order[position]];
+    try {
+      {
+        const std::lock_guard<std::mutex> guard(lock);
+        double best = std::numeric_limits<double>::infinity();
+        for (size_t j = 0; j < position; ++j)
+          if (done[j] && outcomes[j] && outcomes[j]->failure.empty()) best = std::min(best, outcomes[j]->sim.step_seconds);
+        if (pruned(position, best)) return;
+      }
+      PolicyPlan planned = plan_with(name, setup, lengths);
+      std::optional<PolicyOutcome> outcome;
+      // Kept for sharing only where another setup has the same costs but the mixed mode.
+      const bool shareable =
+          !exhaustive && planned.failure.empty() &&
+          std::count_if(setups.begin(), setups.end(), [&](const PlanSetup& x) { return same_costs_but_mixed(x, setup); }) > 1 &&
+          !recomputes_layers(planned.plan);
+      if (shareable) {
+        const std::lock_guard<std::mutex> guard(lock);
+        for (size_t j = 0; j < position && !outcome; ++j)
+          if (done[j] && plans[j] && same_costs_but_mixed(setups[order[j]], setup) && *plans[j] == planned.plan) {
+            outcome = *outcomes[j];
+            outcome->recompute = setup_label(setup);
+            outcome->plan_seconds = planned.seconds;
+            outcome->check_seconds = outcome->simulate_seconds = 0;
+          }
+      }
+      if (!outcome) outcome = simulate_plan(name, quiet, setup, lengths, planned);
+      const std::lock_guard<std::mutex> guard(lock);
+      outcomes[position] = std::move(outcome);
+      if (shareable) plans[position] = std::move(planned.plan);
+      done[position] = true;
+    } catch (...) {
+      const std::lock_guard<std::mutex> guard(lock);
+      errors[position] = std::current_exception();
+      done[position] = true;
+    }
+  }
+
+  // The sequential search's outcome from the results: the shortest step wins (ties:
+  // the first setup as given); when none places the batch, the last setup's failure
+  // (the least memory per token). Rethrows the first error the sequential search meets.
+  PolicyOutcome finish(std::span<const PlanSetup> setups) {
+    SetupSearch search;
+    double best = std::numeric_limits<double>::infinity();
+    std::vector<std::optional<PolicyOutcome>> by_setup(setups.size());
+    std::vector<size_t> simulated;  // positions
+    for (size_t position = 0; position < order.size(); ++position) {
+      if (pruned(position, best)) {
+        ++search.pruned;
+        continue;
+      }
+      if (errors[position]) std::rethrow_exception(errors[position]);
+      if (!outcomes[position]) throw std::logic_error("plan: setup " + std::to_string(position) + " of " + name +
+                                                      " was skipped but is not pruned");
+      PolicyOutcome& o = *outcomes[position];
+      const PlanSetup& setup = setups[order[position]];
+      std::optional<size_t> same;
+      if (plans[position])
+        for (const size_t j : simulated)
+          if (!same && plans[j] && same_costs_but_mixed(setups[order[j]], setup) && *plans[j] == *plans[position])
+            same = j;
+      if (same) {
+        o.shared_with = setup_label(setups[order[*same]]);
+        ++search.shared;
+      } else {
+        simulated.push_back(position);
+        ++search.simulated;
+      }
+      if (o.failure.empty()) best = std::min(best, o.sim.step_seconds);
+      by_setup[order[position]] = std::move(o);
+    }
+    // In the setups' order: a placed step replaces a failure or a slower step; a failure only a failure.
+    std::optional<size_t> chosen;
+    for (size_t i = 0; i < by_setup.size(); ++i) {
+      if (!by_setup[i]) continue;
+      const PolicyOutcome& o = *by_setup[i];
+      const PolicyOutcome* kept = chosen ? &*by_setup[*chosen] : nullptr;
+      if (!kept || !kept->failure.empty() || (o.failure.empty() && o.sim.step_seconds < kept->sim.step_seconds))
+        chosen = i;
+    }
+    PolicyOutcome o = std::move(*by_setup[*chosen]);
+    search.chosen = *chosen;
+    search.placed = o.failure.empty();
+    search.step_seconds = search.placed ? o.sim.step_seconds : 0;
+    o.search = search;
+    return o;
+  }
+};
+
+// f(i) for every i below n on up to hardware_concurrency threads (the caller's
+// among them), taking the i in order.
+template <class F>
+void run_on_threads(size_t n, const F& f) {
+  std::atomic<size_t> next{0};
+  const auto work = [&] {
+    for (size_t i; (i = next++) < n;) f(i);
+  };
+  const size_t threads = std::min<size_t>(n, std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < threads; ++t) pool.emplace_back(work);
+  work();
+  for (std::thread& t : pool) t.join();
+}
+
+// Each policy searched over the setups (PolicySearch) by tasks on threads. Never traced.
+std::vector<PolicyOutcome> search_all(const PlanRequest& r, std::span<const std::string> policies,
+                                      std::span<const PlanSetup> setups, std::span<const int64_t> lengths,
+                                      bool exhaustive) {
   PlanRequest quiet = r;
   quiet.trace.reset();
-  std::optional<PolicyOutcome> best;
-  size_t chosen = 0;
-  for (size_t i = 0; i < setups.size(); ++i) {
-    PolicyOutcome o = run_policy(name, quiet, setups[i], lengths);
-    // A placed step replaces a failure or a slower step; a failure only a failure.
-    const bool keep = !best || !best->failure.empty() ||
-                      (o.failure.empty() && o.sim.step_seconds < best->sim.step_seconds);
-    if (keep) best = std::move(o), chosen = i;
+  std::vector<PolicySearch> searches;
+  for (const std::string& name : policies) searches.emplace_back(name, setups, lengths, exhaustive);
+  // A task: one policy's setups of the same costs but the mixed mode (same_costs_but_mixed),
+  // in search order, one after another, so that a later one finds an equal plan of an
+  // earlier one finished; the policies' first tasks before their second.
+  struct Task {
+    size_t search;
+    std::vector<size_t> positions;
+  };
+  std::vector<std::vector<Task>> by_policy(searches.size());
+  for (size_t k = 0; k < searches.size(); ++k) {
+    const PolicySearch& search = searches[k];
+    for (size_t position = 0; position < search.order.size(); ++position) {
+      const PlanSetup& setup = setups[search.order[position]];
+      auto same = std::find_if(by_policy[k].begin(), by_policy[k].end(), [&](const Task& t) {
+        return same_costs_but_mixed(setups[search.order[t.positions.front()]], setup);
+      });
+      if (same == by_policy[k].end()) same = by_policy[k].insert(by_policy[k].end(), Task{k, {}});
+      same->positions.push_back(position);
+    }
   }
-  if (r.trace && best->failure.empty()) return run_policy(name, r, setups[chosen], lengths);
-  return *best;
+  std::vector<Task> tasks;
+  for (size_t round = 0; round < setups.size(); ++round)
+    for (const std::vector<Task>& policy_tasks : by_policy)
+      if (round < policy_tasks.size()) tasks.push_back(policy_tasks[round]);
+  std::mutex lock;
+  run_on_threads(tasks.size(), [&](size_t t) {
+    for (const size_t position : tasks[t].positions) searches[tasks[t].search].run(position, quiet, setups, lengths, lock);
+  });
+  std::vector<PolicyOutcome> outcomes;
+  for (PolicySearch& s : searches) outcomes.push_back(s.finish(setups));
+  return outcomes;
+}
+
+// Every policy of the request searched over the setups (search_all); with --trace
+// each winner is then planned and simulated again, in the policies' order, to write
+// its trace.
+std::vector<PolicyOutcome> search_policies(const PlanRequest& r, std::span<const PlanSetup> setups,
+                                           std::span<const int64_t> lengths) {
+  std::vector<PolicyOutcome> outcomes = search_all(r, r.policies, setups, lengths, false);
+  if (r.trace)
+    for (PolicyOutcome& o : outcomes)
+      if (o.failure.empty()) {
+        const SetupSearch search = o.search;
+        o = run_policy(o.name, r, setups[search.chosen], lengths);
+        o.search = search;
+      }
+  return outcomes;
 }
 
 // With several setups: each one's capacity (the mixed ones have none's).
@@ -840,6 +1084,14 @@ StepBound least_bound(const std::vector<PlanSetup>& setups, std::span<const int6
 
 }  // namespace
 
+SetupSearch search_setups(const std::string& policy, std::span<const PlanSetup> setups,
+                          std::span<const int64_t> lengths, bool exhaustive) {
+  if (setups.empty()) throw std::invalid_argument("search_setups needs a setup");
+  PlanRequest r;
+  r.policies = {policy};
+  return search_all(r, r.policies, setups, lengths, exhaustive).front().search;
+}
+
 int command_plan(const std::vector<std::string>& raw) {
   Arguments args(raw);
   if (args.wants_help()) {
@@ -862,9 +1114,7 @@ int command_plan(const std::vector<std::string>& raw) {
     print_batch(request, batch);
     std::fputs(experts.report.c_str(), stdout);
     print_setups(setups);
-    std::vector<PolicyOutcome> outcomes;
-    for (const std::string& name : request.policies)
-      outcomes.push_back(fastest_setup(name, request, setups, batch.lengths));
+    const std::vector<PolicyOutcome> outcomes = search_policies(request, setups, batch.lengths);
     if (request.trace) std::printf("\n");
     const StepBound bound = least_bound(setups, batch.lengths);
     print_bound(bound);

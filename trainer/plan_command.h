@@ -101,6 +101,26 @@ const std::vector<std::pair<std::string, Planner>>& plan_policies();
 // Throws PlanInputError for an unknown name.
 const Planner& plan_policy(const std::string& name);
 
+// How `trainer plan` searched one policy's setups (each a recompute mode, a mix and
+// sequence parallelism on one layout) for the shortest simulated step.
+struct SetupSearch {
+  size_t chosen = 0;  // the setup of the shortest step (ties: the first); none placed: the last
+  bool placed = false;
+  double step_seconds = 0;  // the chosen setup's simulated step, if placed
+  int simulated = 0;  // planned, checked and simulated
+  // Planned; the plan equals one simulated under the same costs but the mixed mode's,
+  // and no micro-batch of it recomputes layers, so it takes that one's outcome.
+  int shared = 0;
+  // Not planned: its simulated_step_bound exceeds a step already simulated.
+  int pruned = 0;
+};
+// The setups in ascending order of their bound, pruned and shared as above (the
+// result is the exhaustive search's), or, exhaustive, each planned, checked and
+// simulated in order. Throws PlanInputError for an unknown policy, std::runtime_error
+// for a plan that fails check_plan.
+SetupSearch search_setups(const std::string& policy, std::span<const PlanSetup> setups,
+                          std::span<const int64_t> lengths, bool exhaustive = false);
+
 // The step time no plan of these sequences beats on the setup's cluster and layout
 // (planning/step_bound.h), each stage's gradient synchronisation (gradient_sync) as
 // its tail: every simulated step of a plan that passes check_plan is at least this.
