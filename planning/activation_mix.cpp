@@ -17,8 +17,6 @@ double recomputed_layer_share(const ActivationMixSettings& s) {
 
 namespace {
 
-int64_t offloaded_layers(int64_t layers, int64_t k) { return std::max<int64_t>(0, layers - k - 2); }
-
 // The smallest ratio at which k recomputed layers fit `tokens`; > 1 when none does.
 double smallest_ratio(int64_t tokens, int64_t k, double share, const ActivationMixSettings& s) {
   auto fits = [&](double r) {

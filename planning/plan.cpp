@@ -95,12 +95,16 @@ std::vector<RankMicroBatch> rank_work(const StepPlan& plan, std::span<const int6
   return work;
 }
 
+int64_t offloaded_layers(int64_t layers, int64_t recompute_layers) {
+  return std::max<int64_t>(0, layers - recompute_layers - 2);
+}
+
 namespace {
 
 // The whole layers a micro-batch's token keeps on the device: k rho + h + m (1 - r).
 double held_layers(int64_t layers, double offload_ratio, int64_t recompute_layers, double recomputed_share) {
   const int64_t k = recompute_layers;
-  const int64_t whole = std::min<int64_t>(2, layers - k), offloaded = std::max<int64_t>(0, layers - k - 2);
+  const int64_t whole = std::min<int64_t>(2, layers - k), offloaded = offloaded_layers(layers, k);
   return static_cast<double>(k) * recomputed_share + static_cast<double>(whole) +
          static_cast<double>(offloaded) * (1.0 - offload_ratio);
 }
@@ -130,7 +134,7 @@ double micro_batch_device_share(const PlannedMicroBatch& mb, int64_t capacity, i
 }
 
 bool micro_batch_offloads(const PlannedMicroBatch& mb, int64_t layers) {
-  return mb.tokens() > 0 && mb.offload_ratio > 0 && layers - std::min(mb.recompute_layers, layers) - 2 > 0;
+  return mb.tokens() > 0 && mb.offload_ratio > 0 && offloaded_layers(layers, std::min(mb.recompute_layers, layers)) > 0;
 }
 
 namespace {

@@ -100,6 +100,10 @@ std::vector<PlannedPiece> zigzag_ring_pieces(const Ring& ring, int ring_index, i
 int64_t max_micro_batch_tokens(int64_t capacity, int64_t layers, double offload_ratio, int64_t recompute_layers = 0,
                                double recomputed_share = 1);
 
+// m = max(0, l - k - 2): the layers of a stage of l whose saved rows may be offloaded
+// when its first k recompute (the last two stay whole on the device).
+int64_t offloaded_layers(int64_t layers, int64_t recompute_layers);
+
 // What micro-batch mb keeps on the device until its backward on a stage of `layers`
 // layers, as a share of a micro-batch of `capacity` tokens with every layer whole:
 // tokens x (k rho + h + m (1 - r)) / (l C), the memory model of

@@ -139,6 +139,23 @@ std::vector<float> lse_to_stats(const std::vector<float>& lse, int64_t T, int64_
   return stats;
 }
 
+// cuDNN takes each ragged table as 16-byte aligned without checking: for every batch
+// each table starts on a 16-byte boundary, holds its entries, and none overlaps the
+// next (packed back to back, the second table of a batch of 8 began at 72 bytes).
+TEST(KernelsCudnnPlan, EachRaggedTableStartsOnASixteenByteBoundary) {
+  for (int64_t batch : {1, 2, 3, 7, 8, 64}) {
+    const plan::RaggedTablesLayout l = plan::ragged_tables_layout(batch);
+    const size_t offsets_bytes = static_cast<size_t>(batch + 1) * sizeof(int64_t);
+    EXPECT_EQ(l.q_offset, 0u);
+    for (size_t start : {l.kv_offset, l.stats_offset, l.length}) EXPECT_EQ(start % 16, 0u) << "batch " << batch;
+    EXPECT_GE(l.kv_offset, l.q_offset + offsets_bytes) << "batch " << batch;
+    EXPECT_GE(l.stats_offset, l.kv_offset + offsets_bytes) << "batch " << batch;
+    EXPECT_GE(l.length, l.stats_offset + offsets_bytes) << "batch " << batch;
+    EXPECT_EQ(l.bytes, l.length + static_cast<size_t>(batch) * sizeof(int32_t)) << "batch " << batch;
+  }
+  EXPECT_EQ(plan::ragged_tables_layout(8).kv_offset, 80u);  // 9 entries, padded to 80 bytes
+}
+
 TEST(KernelsCudnnPlan, StatisticsTransposeToHeadMajorLse) {
   // cuDNN's stats [T = 3, Hq = 2] token-major; our lse [Hq, T] head-major.
   const std::vector<float> stats = {10, 11, 20, 21, 30, 31};  // value = 10 (t + 1) + h

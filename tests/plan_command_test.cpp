@@ -476,21 +476,6 @@ TEST(PlanSetupTest, InterleavedPipelineShrinksTheBubble) {
   EXPECT_THROW(make_plan_setup(h, m, 1024, 8, 4, 8 * K, 0, 1, 21), PlanInputError);  // 84 virtual stages > 80 layers
 }
 
-// Forward limits run one model chunk per stage, so balance-deep refuses --vpp rather
-// than run as balance under its own name.
-TEST(PlanSetupTest, BalanceDeepRefusesInterleavedPipelines) {
-  const PlanSetup s = make_plan_setup(load_cluster_file(config("cluster/h100.yaml")),
-                                      load_model_file(config("models/llama-70b.yaml")), 1024, 8, 4, 8 * K, 8 * K, 1, 2);
-  const std::vector<int64_t> lengths(256, 8 * K);
-  try {
-    plan_policy("balance-deep")(lengths, s);
-    ADD_FAILURE() << "balance-deep planned with vpp 2";
-  } catch (const PlanInputError& e) {
-    EXPECT_STREQ(e.what(), "--policies balance-deep runs one model chunk per stage; drop --vpp");
-  }
-}
-
-
 // No plan beats the step's lower bound: every policy's simulated step is at least
 // simulated_step_bound over random batches (two distributions, seeds, and uniform
 // lengths) on layouts with rings, pipelines, forced offload, a sliding window and
@@ -839,6 +824,19 @@ TEST(PlanCommand, AutoIsNeverSlowerThanAFixedSetup) {
   const auto bad = run_trainer(base + " --recompute partial");
   EXPECT_EQ(bad.exit_code, 2) << bad.output;
   EXPECT_NE(bad.output.find("--recompute 'partial': choose auto, none"), std::string::npos) << bad.output;
+}
+
+// balance-deep runs one model chunk per stage: with --vpp above 1 the command is
+// refused before it plans or prints anything (exit 2, naming both flags).
+TEST(PlanCommand, BalanceDeepIsRefusedWithInterleavedPipelinesBeforeAnyPlanning) {
+  const auto r = run_trainer("plan --cluster " + config("cluster/h100.yaml") + " --model " +
+                             config("models/llama-70b.yaml") +
+                             " --gpus 1024 --tp 8 --pp 4 --vpp 2 --context 32K --global-batch-tokens 1M "
+                             "--lengths byted --seed 1 --policies balance,balance-deep");
+  EXPECT_EQ(r.exit_code, 2) << r.output;
+  EXPECT_NE(r.output.find("--policies balance-deep runs one model chunk per stage; drop --vpp"), std::string::npos)
+      << r.output;
+  EXPECT_EQ(r.output.find("policy "), std::string::npos) << "planned before refusing:\n" << r.output;
 }
 
 // With tp 1 there is no sequence parallelism to choose: auto never tries it, and

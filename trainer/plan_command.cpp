@@ -87,7 +87,8 @@ each long sequence spans.
                           offload with it, as the trainer runs it. auto plans each
                           recompute setup with it and without it, per policy keeping
                           the shortest step (the recompute column says "+sp" where
-                          it won); off where tp is 1. Default: auto under
+                          it won); off where tp is 1 or the model has
+                          experts. Default: auto under
                           --recompute auto, off with a fixed mode
   --policies LIST         comma-separated, from static, naive, naive-no-offload,
                           balance and balance-deep (default static,naive,balance);
@@ -310,8 +311,8 @@ const std::vector<std::pair<std::string, Planner>>& plan_policies() {
       // The same with deeper pipeline warm-ups as candidates (simulated only).
       {"balance-deep",
        [](std::span<const int64_t> l, const PlanSetup& s) {
-         if (s.layout.vpp > 1)
-           throw PlanInputError("--policies balance-deep runs one model chunk per stage; drop --vpp");
+         // read_plan_request refuses it with --vpp above 1.
+         if (s.layout.vpp > 1) throw std::logic_error("balance-deep with interleaved pipeline stages");
          return simulated_balance(l, s, true);
        }},
   };
@@ -404,6 +405,8 @@ PlanRequest read_plan_request(Arguments& args) {
   if (r.gpus > 1 << 24 || r.tp > 1 << 10 || r.pp > 1 << 10 || r.vpp > 1 << 10 || r.ep > 1 << 20)
     throw UsageError("--gpus, --tp, --pp, --vpp or --ep is implausibly large");
   r.policies = policy_list(policies);
+  if (r.vpp > 1 && std::ranges::count(r.policies, std::string("balance-deep")) > 0)
+    throw UsageError("--policies balance-deep runs one model chunk per stage; drop --vpp");
   return r;
 }
 
@@ -1057,9 +1060,10 @@ std::vector<PolicyOutcome> search_policies(const PlanRequest& r, std::span<const
 void print_setups(const std::vector<PlanSetup>& setups) {
   if (setups.size() < 2) return;
   std::string capacities;
-  bool mixes = false, sequence_parallel = false;
+  bool mixes = false, sequence_parallel = false, offloads = false;
   for (const PlanSetup& s : setups) {
     mixes = mixes || s.mixed != RecomputeMode::None;
+    offloads = offloads || s.settings.offload.enabled;
     sequence_parallel = sequence_parallel || s.sequence_parallel;
     if (s.mixed != RecomputeMode::None) continue;
     const ModelCosts costs = model_costs(s.model, s.layout.tp, s.layout.pp, s.recompute, s.sequence_parallel);
@@ -1067,8 +1071,8 @@ void print_setups(const std::vector<PlanSetup>& setups) {
                   grouped(static_cast<double>(s.settings.capacity)) + " (" +
                   fixed(costs.saved_bytes_per_token / 1e3, 1) + " KB per token and layer)";
   }
-  std::printf("setups   per policy the shortest simulated step of: C = %s tokens; offload only under none%s%s\n\n",
-              capacities.c_str(),
+  std::printf("setups   per policy the shortest simulated step of: C = %s tokens%s%s%s\n\n", capacities.c_str(),
+              offloads ? "; offload only under none" : "",
               mixes ? ", which may also recompute (none+selective, none+full) some layers of a micro-batch above C" : "",
               sequence_parallel ? "; +sp: sequence parallelism, without offload" : "");
 }

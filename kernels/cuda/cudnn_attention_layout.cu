@@ -49,10 +49,12 @@ DeviceScratch g_tables, g_stats, g_workspace;
 
 CudnnRaggedTables cudnn_ragged_tables(const int32_t* cu_seqlens, int64_t docs, int64_t batch, int64_t q_heads,
                                       int64_t kv_heads, int64_t head_dim) {
-  const size_t offsets = static_cast<size_t>(batch + 1);
-  int64_t* off = static_cast<int64_t*>(
-      g_tables.get(3 * offsets * sizeof(int64_t) + static_cast<size_t>(batch) * sizeof(int32_t)));
-  const CudnnRaggedTables t{off, off + offsets, off + 2 * offsets, reinterpret_cast<int32_t*>(off + 3 * offsets)};
+  const cudnn_plan::RaggedTablesLayout layout = cudnn_plan::ragged_tables_layout(batch);
+  char* base = static_cast<char*>(g_tables.get(layout.bytes));
+  const CudnnRaggedTables t{reinterpret_cast<int64_t*>(base + layout.q_offset),
+                            reinterpret_cast<int64_t*>(base + layout.kv_offset),
+                            reinterpret_cast<int64_t*>(base + layout.stats_offset),
+                            reinterpret_cast<int32_t*>(base + layout.length)};
   ragged_tables_kernel<<<blocks_for(batch + 1, kThreads), kThreads, 0, compute_stream()>>>(
       cu_seqlens, docs, batch, q_heads, kv_heads, head_dim, t);
   HDP_CUDA_CHECK_LAUNCH("cudnn attention: ragged tables");

@@ -113,6 +113,25 @@ HDP_HD inline RaggedEntry ragged_entry(const int32_t* cu_seqlens, int64_t docs, 
   return {start * q_heads * head_dim, start * kv_heads * head_dim, start * q_heads, length};
 }
 
+// Where the four ragged tables of a call sit in one buffer, in bytes from its start:
+// the three int64 offset tables of batch + 1 entries, then the int32 lengths of
+// batch. cuDNN's frontend declares every tensor 16-byte aligned and its kernels do
+// not check it (a misaligned operand reads wrong values on sm90), so each table
+// starts on a 16-byte boundary of a buffer that does (cudaMalloc's).
+struct RaggedTablesLayout {
+  size_t q_offset = 0, kv_offset = 0, stats_offset = 0, length = 0, bytes = 0;
+};
+inline RaggedTablesLayout ragged_tables_layout(int64_t batch) {
+  auto aligned = [](size_t bytes) { return (bytes + 15) / 16 * 16; };
+  const size_t offsets = aligned(static_cast<size_t>(batch + 1) * sizeof(int64_t));
+  RaggedTablesLayout l;
+  l.kv_offset = offsets;
+  l.stats_offset = 2 * offsets;
+  l.length = 3 * offsets;
+  l.bytes = l.length + static_cast<size_t>(batch) * sizeof(int32_t);
+  return l;
+}
+
 // The transposes between cuDNN's statistics stats [T, Hq] and our lse [Hq, T]:
 // the index each element is read from, for the element i it writes. Into lse only
 // the rows of documents are written (in_documents).

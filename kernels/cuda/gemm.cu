@@ -21,6 +21,7 @@
 #include <stdexcept>
 #include <string>
 #include <tuple>
+#include <utility>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -37,12 +38,28 @@ void check(cublasStatus_t status, const char* what) {
   }
 }
 
-// Column-major problem: C[m, n] = alpha * op(A) op(B) + beta * C.
+// The largest power of two up to 256 dividing the address. cuBLASLt assumes 256-byte
+// aligned operands unless told otherwise, and an algorithm chosen under that
+// assumption fails (CUBLAS_STATUS_NOT_SUPPORTED) or faults on a less aligned pointer:
+// arena views start on 64-byte boundaries, bf16 parameters on 32, an expert's rows
+// anywhere on a row.
+uint32_t pointer_alignment(const void* p) {
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  uint32_t alignment = 256;
+  while (alignment > 1 && address % alignment != 0) alignment /= 2;
+  return alignment;
+}
+
+// Column-major problem: C[m, n] = alpha * op(A) op(B) + beta * C, with the operands'
+// alignments (a plan holds for every pointer at least as aligned as its key's).
 struct GemmKey {
   bool trans_a, trans_b, tf32;
   int64_t m, n, k, lda, ldb, ldc;
   bool ab_bf16 = false, c_bf16 = false;  // element types of A and B, and of C
-  auto tie() const { return std::tie(trans_a, trans_b, tf32, m, n, k, lda, ldb, ldc, ab_bf16, c_bf16); }
+  uint32_t align_a = 256, align_b = 256, align_c = 256;
+  auto tie() const {
+    return std::tie(trans_a, trans_b, tf32, m, n, k, lda, ldb, ldc, ab_bf16, c_bf16, align_a, align_b, align_c);
+  }
   bool operator<(const GemmKey& o) const { return tie() < o.tie(); }
 };
 
@@ -82,6 +99,13 @@ class Blas {
     check(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &kWorkspaceBytes,
                                                sizeof kWorkspaceBytes),
           "workspace preference");
+    const std::pair<cublasLtMatmulPreferenceAttributes_t, uint32_t> alignments[] = {
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_a},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_b},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c},
+        {CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c}};
+    for (const auto& [attribute, bytes] : alignments)
+      check(cublasLtMatmulPreferenceSetAttribute(pref, attribute, &bytes, sizeof bytes), "alignment preference");
     cublasLtMatmulHeuristicResult_t result{};
     int found = 0;
     check(cublasLtMatmulAlgoGetHeuristic(handle_, p.desc, p.a, p.b, p.c, p.c, pref, 1, &result, &found),
@@ -133,6 +157,9 @@ void gemm_row_major(const Tensor& c, const Tensor& a, bool transpose_a, const Te
   GemmKey key{transpose_b, transpose_a, tf32(), N, M, K, ldb, lda, N};
   key.ab_bf16 = a.dtype == DType::BF16;
   key.c_bf16 = c.dtype == DType::BF16;
+  key.align_a = pointer_alignment(b.raw());
+  key.align_b = pointer_alignment(a.raw());
+  key.align_c = pointer_alignment(c.raw());
   Blas& B = blas();
   B.run(B.plan(key), b.raw(), a.raw(), c.raw(), alpha, beta);
 }
