@@ -203,23 +203,30 @@ struct SplitBatch {
   std::vector<LongSequence> longs;
 };
 
+// The sequences of at most C tokens packed best-fit decreasing into micro-batches
+// of `target` tokens (at most C); one longer than the target fills a micro-batch of
+// its own (it still fits C).
+std::vector<PlannedMicroBatch> pack_short(std::span<const int64_t> lengths, int64_t capacity, int64_t target) {
+  std::vector<int64_t> bin_lengths, short_sequence;
+  for (size_t q = 0; q < lengths.size(); ++q)
+    if (lengths[q] <= capacity) {
+      bin_lengths.push_back(std::min(lengths[q], target));
+      short_sequence.push_back(static_cast<int64_t>(q));
+    }
+  std::vector<PlannedMicroBatch> packed;
+  for (const std::vector<size_t>& bin : best_fit_decreasing(bin_lengths, target)) {
+    PlannedMicroBatch mb;
+    for (size_t i : bin) mb.pieces.push_back({short_sequence[i], 0, lengths[short_sequence[i]], -1});
+    packed.push_back(std::move(mb));
+  }
+  return packed;
+}
+
 SplitBatch split_batch(std::span<const int64_t> lengths, const PlannerSettings& st) {
   SplitBatch split;
-  std::vector<int64_t> short_lengths, short_sequence;
-  for (size_t q = 0; q < lengths.size(); ++q) {
-    const int64_t seq = static_cast<int64_t>(q);
-    if (lengths[q] <= st.capacity) {
-      short_lengths.push_back(lengths[q]);
-      short_sequence.push_back(seq);
-    } else {
-      split.longs.push_back({seq, choose_ranks(lengths[q], st)});
-    }
-  }
-  for (const std::vector<size_t>& bin : best_fit_decreasing(short_lengths, st.capacity)) {
-    PlannedMicroBatch mb;
-    for (size_t i : bin) mb.pieces.push_back({short_sequence[i], 0, short_lengths[i], -1});
-    split.packed.push_back(std::move(mb));
-  }
+  split.packed = pack_short(lengths, st.capacity, st.capacity);
+  for (size_t q = 0; q < lengths.size(); ++q)
+    if (lengths[q] > st.capacity) split.longs.push_back({static_cast<int64_t>(q), choose_ranks(lengths[q], st)});
   return split;
 }
 
@@ -843,7 +850,7 @@ std::optional<Assignment> lock_step_rows(const std::vector<WorkItem>& items, int
   return a;
 }
 
-// The batch as the balance scheduler's work: split exactly as plan_naive splits it,
+// The batch as the balance scheduler's work: split (split_batch, as plan_naive splits it),
 // and a pool of micro-batches holding every long sequence's micro-batch of its own
 // (long sequence i at index i, used while it runs on one rank), then the packed
 // micro-batches, which `packed` prices as one-rank items.
@@ -853,9 +860,9 @@ struct BalanceWork {
   std::vector<WorkItem> packed;
 };
 
-BalanceWork balance_work(std::span<const int64_t> lengths, const PlannerSettings& st) {
+BalanceWork balance_work(SplitBatch split, std::span<const int64_t> lengths, const PlannerSettings& st) {
   BalanceWork work;
-  work.split = split_batch(lengths, st);
+  work.split = std::move(split);
   for (const LongSequence& ls : work.split.longs) work.pool.push_back(one_rank_micro_batch(ls, lengths));
   for (PlannedMicroBatch& mb : work.split.packed) {
     double seconds = 0;  // packed micro-batches fit the capacity: nothing recomputes
@@ -1234,7 +1241,7 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
                                 std::to_string(balance.widen_min_fill));
   const int hdp = st.hdp;
 
-  BalanceWork work = balance_work(lengths, st);
+  BalanceWork work = balance_work(split_batch(lengths, st), lengths, st);
   const SplitBatch& split = work.split;
   std::vector<PlannedMicroBatch>& pool = work.pool;
   double total_seconds = 0;
@@ -1354,10 +1361,37 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
     try {
       consider(plan_naive(lengths, without));
       if (st.pipeline_stages > 1)
-        for (StepPlan& plan : wave_plans(balance_work(lengths, without), lengths, without, balance))
+        for (StepPlan& plan :
+             wave_plans(balance_work(split_batch(lengths, without), lengths, without), lengths, without, balance))
           consider(std::move(plan));
     } catch (const std::invalid_argument&) {
       // a sequence needs offload to fit
+    }
+  }
+  // With pipelines, the short sequences also packed into smaller micro-batches: at
+  // C a pipeline may get only a few huge ones, and 1F1B's bubble, (pp - 1) / (m +
+  // pp - 1) of the step for m micro-batches (Narayanan et al., 2021), is then
+  // large; smaller ones are more and shrink it, at some cost in per-micro-batch
+  // efficiency, which the measure weighs. Targets C/2, C/4 and C/8 (a sequence
+  // above the target runs alone; rings and memory keep the real C, which a smaller
+  // micro-batch always fits), each scheduled like candidate 1 and as waves, laid
+  // out both ways. Only when packing at C gives fewer than 4 pp micro-batches per
+  // rank, where the bubble matters; a target that adds no micro-batch is skipped.
+  if (st.pipeline_stages > 1 && work.packed.size() < static_cast<size_t>(4 * st.pipeline_stages) * hdp) {
+    size_t previous = work.packed.size();
+    for (int64_t target = st.capacity / 2; target >= std::max<int64_t>(1, st.capacity / 8); target /= 2) {
+      SplitBatch smaller{pack_short(lengths, st.capacity, target), split.longs};
+      if (smaller.packed.size() == previous) continue;  // as many micro-batches as the last target
+      previous = smaller.packed.size();
+      const BalanceWork small_work = balance_work(std::move(smaller), lengths, st);
+      const std::vector<WorkItem> small_items = work_items(small_work.split.longs, small_work, lengths, st);
+      Assignment a = assign_rounds(small_items, hdp, balance);
+      refine(small_items, a);
+      for (bool rings_first : {false, true}) {
+        std::vector<PlannedMicroBatch> copy = small_work.pool;
+        consider(lay_out(small_items, copy, a, lengths, st, rings_first));
+      }
+      for (StepPlan& plan : wave_plans(small_work, lengths, st, balance)) consider(std::move(plan));
     }
   }
   // The winner with the micro-batches after its costliest ring recomputing every layer,

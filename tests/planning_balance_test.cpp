@@ -479,6 +479,59 @@ TEST(PlanBalance, PipelinesRunRingsInWavesOfEqualCost) {
   EXPECT_GE(max_of(predicted_rank_seconds(plan_balance(lengths, s, {}), lengths, s)), 50000);
 }
 
+// With pipelines and a step measure, short sequences are also packed into
+// micro-batches of C/2, C/4 and C/8 tokens. T(s) = s, capacity 100, 2 ranks, 4
+// stages, eight sequences of 25 tokens: packed at C each rank runs one micro-batch
+// of 100 tokens. The measure is 1F1B's: a rank's busy seconds plus pp - 1 times its
+// largest micro-batch (the warm-up and cool-down while it passes the other stages;
+// Narayanan et al., 2021). At C: 100 + 3 x 100 = 400; at C/2 two micro-batches of
+// 50: 100 + 150 = 250; at C/4 four of 25: 100 + 75 = 175, the winner (C/8 holds one
+// sequence per micro-batch as C/4 does, and is skipped).
+TEST(PlanBalance, PipelinesPackShortSequencesSmallerWhenTheBubbleShrinks) {
+  PlannerSettings s = settings(2, 100, 1, 0.0, 1.0);
+  s.offload.enabled = false;
+  s.pipeline_stages = 4;
+  const std::vector<int64_t> lengths(8, 25);
+  auto bubble_measure = [&](const PlannerSettings& st) {
+    return [&s, &lengths, st](const StepPlan& p) {
+      const std::vector<double> busy = predicted_rank_seconds(p, lengths, st);
+      double step = 0;
+      for (size_t r = 0; r < p.ranks.size(); ++r) {
+        int64_t largest = 0;
+        for (const PlannedMicroBatch& mb : p.ranks[r]) largest = std::max(largest, mb.tokens());
+        step = std::max(step, busy[r] + static_cast<double>(st.pipeline_stages - 1) * static_cast<double>(largest));
+      }
+      return step;
+    };
+  };
+  auto sizes = [](const StepPlan& p, int rank) {
+    std::vector<int64_t> out;
+    for (const PlannedMicroBatch& mb : p.ranks[rank]) out.push_back(mb.tokens());
+    return out;
+  };
+  BalanceSettings balance;
+  balance.step_seconds = bubble_measure(s);
+  const StepPlan p = plan_balance(lengths, s, balance);
+  ASSERT_NO_THROW(check_plan(p, lengths, 1, 4));
+  EXPECT_EQ(p.capacity, 100);  // memory and rings keep the real C
+  EXPECT_DOUBLE_EQ(balance.step_seconds(p), 175);
+  for (int rank = 0; rank < 2; ++rank) EXPECT_EQ(sizes(p, rank), (std::vector<int64_t>{25, 25, 25, 25}));
+  // Without the measure, or with one stage, nothing changes: one micro-batch of C each.
+  const StepPlan unmeasured = plan_balance(lengths, s, {});
+  PlannerSettings one_stage = s;
+  one_stage.pipeline_stages = 1;
+  balance.step_seconds = bubble_measure(one_stage);
+  const StepPlan flat = plan_balance(lengths, one_stage, balance);
+  // A measure without a bubble ties every packing: the existing candidates win.
+  balance.step_seconds = [&](const StepPlan& c) { return max_of(predicted_rank_seconds(c, lengths, s)); };
+  const StepPlan tied = plan_balance(lengths, s, balance);
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(sizes(unmeasured, rank), (std::vector<int64_t>{100}));
+    EXPECT_EQ(sizes(flat, rank), (std::vector<int64_t>{100}));
+    EXPECT_EQ(sizes(tied, rank), (std::vector<int64_t>{100}));
+  }
+}
+
 TEST(PlanBalance, EmptyBatchesAndBadSettings) {
   PlannerSettings s = settings(3, 100, 1, 1.0, 0.0);
   const StepPlan p = plan_balance(std::vector<int64_t>{}, s, {});
