@@ -1374,23 +1374,25 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   // large; smaller ones are more and shrink it, at some cost in per-micro-batch
   // efficiency, which the measure weighs. Targets C/2, C/4 and C/8 (a sequence
   // above the target runs alone; rings and memory keep the real C, which a smaller
-  // micro-batch always fits), each scheduled like candidate 1 and as waves, laid
-  // out both ways. Only when packing at C gives fewer than 4 pp micro-batches per
-  // rank, where the bubble matters; a target that adds no micro-batch is skipped.
-  if (st.pipeline_stages > 1 && work.packed.size() < static_cast<size_t>(4 * st.pipeline_stages) * hdp) {
+  // micro-batch always fits), each scheduled like candidate 1 (holes filled) and as
+  // waves; a target that adds no micro-batch is skipped. Only where the ranks
+  // average fewer than pp micro-batches at C (packed ones and ring cells), so the
+  // bubble is about half the step or more: each target costs the measure up to
+  // three plans.
+  size_t cells_at_capacity = work.packed.size();
+  for (const LongSequence& ls : split.longs) cells_at_capacity += static_cast<size_t>(ls.choice.ranks);
+  if (st.pipeline_stages > 1 && cells_at_capacity < static_cast<size_t>(st.pipeline_stages) * hdp) {
     size_t previous = work.packed.size();
     for (int64_t target = st.capacity / 2; target >= std::max<int64_t>(1, st.capacity / 8); target /= 2) {
       SplitBatch smaller{pack_short(lengths, st.capacity, target), split.longs};
-      if (smaller.packed.size() == previous) continue;  // as many micro-batches as the last target
+      if (smaller.packed.size() == previous) continue;
       previous = smaller.packed.size();
       const BalanceWork small_work = balance_work(std::move(smaller), lengths, st);
       const std::vector<WorkItem> small_items = work_items(small_work.split.longs, small_work, lengths, st);
       Assignment a = assign_rounds(small_items, hdp, balance);
       refine(small_items, a);
-      for (bool rings_first : {false, true}) {
-        std::vector<PlannedMicroBatch> copy = small_work.pool;
-        consider(lay_out(small_items, copy, a, lengths, st, rings_first));
-      }
+      std::vector<PlannedMicroBatch> copy = small_work.pool;
+      consider(lay_out(small_items, copy, a, lengths, st));
       for (StepPlan& plan : wave_plans(small_work, lengths, st, balance)) consider(std::move(plan));
     }
   }
