@@ -1267,33 +1267,38 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   const std::vector<WorkItem>* winner_items = &items;
 
   // Candidate 2 (widen): a long sequence whose share on each of its ranks would
-  // cost more than the mean rank's load (all seconds / hdp) gets ceil(its seconds /
-  // that mean) ranks instead, at most hdp and at most length / (widen_min_fill C),
-  // at the smallest offload ratio they need.
-  std::vector<WorkItem> wide_items;
-  std::optional<Assignment> wide;
-  if (balance.widen) {
-    const double mean_load = total_seconds / hdp;
+  // cost more than `load` gets ceil(its seconds / load) ranks instead, at most hdp
+  // and at most length / (widen_min_fill C), at the smallest offload ratio they
+  // need; load is the mean rank's (all seconds / hdp). Returns the choices, or none
+  // when no ring changes.
+  auto widened_longs = [&](double load) -> std::optional<std::vector<LongSequence>> {
     std::vector<LongSequence> widened = split.longs;
     bool changed = false;
     for (LongSequence& ls : widened) {
       const double seconds = sequence_seconds(lengths[ls.sequence], st);
-      if (!(mean_load > 0) || !(seconds / ls.choice.ranks > mean_load) || ls.choice.ranks >= hdp) continue;
+      if (!(load > 0) || !(seconds / ls.choice.ranks > load) || ls.choice.ranks >= hdp) continue;
       const double most = widest_ring(lengths[ls.sequence], st, balance);
-      const int d = std::max(ls.choice.ranks, static_cast<int>(std::min(most, std::ceil(seconds / mean_load))));
+      const int d = std::max(ls.choice.ranks, static_cast<int>(std::min(most, std::ceil(seconds / load))));
       if (d == ls.choice.ranks) continue;
       if (widen_ring(ls, d, lengths, st)) changed = true;
     }
-    if (changed) {
-      wide_items = make_items(widened);
-      wide = assign_rounds(wide_items, hdp, balance);
-      refine(wide_items, *wide);
-      const double wide_max = predicted_max(wide_items, *wide);
-      if (wide_max < best_max * (1 - 1e-9)) {
-        best_max = wide_max;
-        winner = &*wide;
-        winner_items = &wide_items;
-      }
+    if (!changed) return std::nullopt;
+    return widened;
+  };
+  const double mean_load = total_seconds / hdp;
+  std::vector<WorkItem> wide_items;
+  std::optional<Assignment> wide;
+  std::optional<std::vector<LongSequence>> widened;
+  if (balance.widen) widened = widened_longs(mean_load);
+  if (widened) {
+    wide_items = make_items(*widened);
+    wide = assign_rounds(wide_items, hdp, balance);
+    refine(wide_items, *wide);
+    const double wide_max = predicted_max(wide_items, *wide);
+    if (wide_max < best_max * (1 - 1e-9)) {
+      best_max = wide_max;
+      winner = &*wide;
+      winner_items = &wide_items;
     }
   }
 
@@ -1366,6 +1371,24 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
           consider(std::move(plan));
     } catch (const std::invalid_argument&) {
       // a sequence needs offload to fit
+    }
+  }
+  // With pipelines, candidate 2 once more against the mean load over pp: a ring's
+  // micro-batch runs the pp stages' forwards and then their backwards one after
+  // another (1F1B; Narayanan et al., 2021), so it spans pp times its members'
+  // seconds per stage, and to stay within the mean rank's load it needs pp times
+  // the ranks. Candidate 2's rule misses this: LLaMA-70B Byted 2M, 1,024 GPUs, pp 4
+  // ran its 2M document on 12 of 32 ranks, 2.9 times the bound (docs/performance.md).
+  // Laid out both ways, after the others, so ties keep them.
+  std::optional<std::vector<LongSequence>> pipeline_widened;
+  if (balance.widen && st.pipeline_stages > 1) pipeline_widened = widened_longs(mean_load / st.pipeline_stages);
+  if (pipeline_widened) {
+    const std::vector<WorkItem> pipeline_items = make_items(*pipeline_widened);
+    Assignment a = assign_rounds(pipeline_items, hdp, balance);
+    refine(pipeline_items, a);
+    for (bool rings_first : {false, true}) {
+      std::vector<PlannedMicroBatch> copy = pool;
+      consider(lay_out(pipeline_items, copy, a, lengths, st, rings_first));
     }
   }
   // With pipelines, the short sequences also packed into smaller micro-batches: at

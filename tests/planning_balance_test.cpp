@@ -532,6 +532,48 @@ TEST(PlanBalance, PipelinesPackShortSequencesSmallerWhenTheBubbleShrinks) {
   }
 }
 
+// With pipelines and a step measure, rings are also widened against the mean load
+// over pp: a ring's micro-batch passes every stage's forward and backward in turn.
+// T(s) = s, capacity 100, 8 ranks, 4 stages, two sequences of 400 tokens (4 ranks
+// each) and eight of 100: mean load 200, so candidate 2 widens nothing (100 per
+// member), and PP-Balance's one wave already holds all 8 ranks. Against 200 / 4 = 50
+// each ring needs ceil(400 / 50) = 8 ranks, the most widen_min_fill allows (400 /
+// 25 = 16) capped at hdp. The measure charges the busiest rank and, pp - 1 times,
+// the costliest ring member's seconds: 200 + 3 x 100 = 500 with rings of 4, 200 + 3
+// x 50 = 350 with rings of 8.
+TEST(PlanBalance, PipelinesWidenRingsAgainstTheMeanLoadOverStages) {
+  PlannerSettings s = settings(8, 100, 1, 0.0, 1.0);
+  s.offload.enabled = false;
+  s.pipeline_stages = 4;
+  const std::vector<int64_t> lengths = {400, 100, 100, 100, 100, 400, 100, 100, 100, 100};
+  auto ring_measure = [&](const PlannerSettings& st) {
+    return [&lengths, st](const StepPlan& p) {
+      double costliest = 0;
+      for (const Ring& ring : p.rings)
+        for (int64_t q : ring.sequences)
+          costliest = std::max(costliest, static_cast<double>(lengths[q]) / static_cast<double>(ring.ranks.size()));
+      return max_of(predicted_rank_seconds(p, lengths, st)) + (st.pipeline_stages - 1) * costliest;
+    };
+  };
+  auto ring_sizes = [](const StepPlan& p) {
+    std::vector<size_t> out;
+    for (const Ring& ring : p.rings) out.push_back(ring.ranks.size());
+    return out;
+  };
+  BalanceSettings balance;
+  balance.step_seconds = ring_measure(s);
+  const StepPlan p = plan_balance(lengths, s, balance);
+  ASSERT_NO_THROW(check_plan(p, lengths, 1, 4));
+  EXPECT_EQ(ring_sizes(p), (std::vector<size_t>{8, 8}));
+  EXPECT_DOUBLE_EQ(balance.step_seconds(p), 350);
+  // Without the measure, or with one stage, the rings keep 4 ranks.
+  EXPECT_EQ(ring_sizes(plan_balance(lengths, s, {})), (std::vector<size_t>{4, 4}));
+  PlannerSettings one_stage = s;
+  one_stage.pipeline_stages = 1;
+  balance.step_seconds = ring_measure(one_stage);
+  EXPECT_EQ(ring_sizes(plan_balance(lengths, one_stage, balance)), (std::vector<size_t>{4, 4}));
+}
+
 TEST(PlanBalance, EmptyBatchesAndBadSettings) {
   PlannerSettings s = settings(3, 100, 1, 1.0, 0.0);
   const StepPlan p = plan_balance(std::vector<int64_t>{}, s, {});
