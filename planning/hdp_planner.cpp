@@ -1399,12 +1399,15 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   // above the target runs alone; rings and memory keep the real C, which a smaller
   // micro-batch always fits), each scheduled like candidate 1 (holes filled) and as
   // waves; a target that adds no micro-batch is skipped. Only where the ranks
-  // average fewer than pp micro-batches at C (packed ones and ring cells), so the
-  // bubble is about half the step or more: each target costs the measure up to
-  // three plans.
-  size_t cells_at_capacity = work.packed.size();
-  for (const LongSequence& ls : split.longs) cells_at_capacity += static_cast<size_t>(ls.choice.ranks);
-  if (st.pipeline_stages > 1 && cells_at_capacity < static_cast<size_t>(st.pipeline_stages) * hdp) {
+  // average fewer than pp micro-batches at C, so the bubble is about half the step
+  // or more, and the packed ones are at least half of them (ring cells the rest), so
+  // their size sets it: each target costs the measure up to three plans, which at
+  // LLaMA-70B, 12,288 GPUs, pp 4 cost 40% more planning time without winning.
+  size_t ring_cells = 0;
+  for (const LongSequence& ls : split.longs) ring_cells += static_cast<size_t>(ls.choice.ranks);
+  const size_t packed_cells = work.packed.size();
+  if (st.pipeline_stages > 1 && packed_cells >= ring_cells &&
+      packed_cells + ring_cells < static_cast<size_t>(st.pipeline_stages) * hdp) {
     size_t previous = work.packed.size();
     for (int64_t target = st.capacity / 2; target >= std::max<int64_t>(1, st.capacity / 8); target /= 2) {
       SplitBatch smaller{pack_short(lengths, st.capacity, target), split.longs};
