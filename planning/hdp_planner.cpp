@@ -1401,8 +1401,9 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   // waves; a target that adds no micro-batch is skipped. Only where the ranks
   // average fewer than pp micro-batches at C, so the bubble is about half the step
   // or more, and the packed ones are at least half of them (ring cells the rest), so
-  // their size sets it: each target costs the measure up to three plans, which at
-  // LLaMA-70B, 12,288 GPUs, pp 4 cost 40% more planning time without winning.
+  // their size sets it: each target costs the measure up to three plans, and a looser
+  // gate (fewer than 4 pp packed per rank) cost LLaMA-70B at 12,288 GPUs, pp 4, 40%
+  // more planning time without winning a setup.
   size_t ring_cells = 0;
   for (const LongSequence& ls : split.longs) ring_cells += static_cast<size_t>(ls.choice.ranks);
   const size_t packed_cells = work.packed.size();

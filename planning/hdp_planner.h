@@ -197,11 +197,11 @@ struct BalanceSettings {
 // them): the widen candidate once more against the mean load over pp (a ring's
 // micro-batch passes every stage's forward and backward in turn under 1F1B, so it
 // spans pp times its members' seconds per stage), laid out both ways; and, where the
-// ranks average fewer than pp micro-batches at C (packed ones and ring cells), the
-// short sequences packed best-fit decreasing into C/2, C/4 and C/8 tokens (one above
-// the target alone; memory and rings keep C), each target that adds micro-batches
-// scheduled as candidate 1 (holes filled) and as waves: more, smaller micro-batches
-// shrink 1F1B's bubble.
+// ranks average fewer than pp micro-batches at C and at least half are packed (ring
+// cells the rest), the short sequences packed best-fit decreasing into C/2, C/4 and
+// C/8 tokens (one above the target alone; memory and rings keep C), each target that
+// adds micro-batches scheduled as candidate 1 (holes filled) and as waves: more,
+// smaller micro-batches shrink 1F1B's bubble.
 StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& settings, const BalanceSettings& balance);
 
 // The busy seconds of ranks coupled by expert parallelism. seconds[r][i] is rank r's
