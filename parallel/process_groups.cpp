@@ -83,6 +83,7 @@ ProcessGroups::ProcessGroups(const ParallelDegrees& degrees, bool tie_first_last
   };
   tp_ = group(GridAxis::Tp, "tp");
   hdp_ = group(GridAxis::Hdp, "hdp");
+  gradients_ = group(GridAxis::Hdp, "hdp-gradients");
   pp_ = group(GridAxis::Pp, "pp");
   if (degrees.ep > 1) {
     if (degrees.hdp % degrees.ep != 0) {

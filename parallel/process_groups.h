@@ -56,11 +56,19 @@ class ProcessGroups {
   Communicator& tp() const { return *tp_; }
   Communicator& pp() const { return *pp_; }
   Communicator& hdp() const { return *hdp_; }
+  // ZeRO-1's collectives (the gradient buckets' reduce-scatters, the parameters'
+  // all-gathers): the hdp ranks again, as a communicator of their own. NCCL runs a
+  // communicator's operations in order on one stream, so on hdp itself a ring
+  // attention exchange queued behind a bucket's reduce-scatter (started during the
+  // last micro-batch's backward) would wait for every hdp rank to reach that bucket,
+  // while a rank whose last micro-batch is not that ring waits inside the ring for
+  // it: a deadlock that MPI, which progresses each operation on its own, never shows.
+  Communicator& gradients() const { return *gradients_; }
   // Expert parallelism (parallel_degrees.h): the ep hdp ranks that share the experts
   // out (nullptr when ep = 1), and the hdp / ep ranks that hold the same experts and
-  // reduce their gradients (the hdp group itself when ep = 1).
+  // reduce their gradients, ZeRO-1's only (gradients() when ep = 1).
   Communicator* ep() const { return ep_.get(); }
-  Communicator& expert_dp() const { return expert_dp_ ? *expert_dp_ : *hdp_; }
+  Communicator& expert_dp() const { return expert_dp_ ? *expert_dp_ : *gradients_; }
   // The first and last stage of this pipeline (same tp and hdp rank), or nullptr
   // when this rank is on neither or pp = 1.
   Communicator* tied() const { return tied_.get(); }
@@ -74,7 +82,7 @@ class ProcessGroups {
   GridCoords coords_;
   CommBackend backend_;
   std::unique_ptr<Communicator> nccl_world_;  // the groups' parent under NCCL
-  std::unique_ptr<Communicator> world_, tp_, pp_, hdp_, tied_, ep_, expert_dp_;
+  std::unique_ptr<Communicator> world_, tp_, pp_, hdp_, gradients_, tied_, ep_, expert_dp_;
 };
 
 }  // namespace hdp

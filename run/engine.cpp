@@ -232,7 +232,7 @@ TrainingEngine::TrainingEngine(const Config& config, ProcessGroups& groups)
                                         recompute_options(config));
   const int64_t bucket_floats = std::max<int64_t>(1, config.parallel.bucket_mb * (1 << 20) / 4);
   optimizer_ = std::make_unique<ZeroAdamW>(flat_parameters(model_->parameter_table()),
-                                           model_->flat_parameters().numel(), config.optim, groups.hdp(),
+                                           model_->flat_parameters().numel(), config.optim, groups.gradients(),
                                            groups.world(), bucket_floats, device, &groups.expert_dp());
   slow_factor_ = slow_rank_factor(groups.world().rank());
 }

@@ -177,6 +177,7 @@ void TrainingLoop::run_step(int64_t step) {
   groups_.tp().reset_stats();
   groups_.pp().reset_stats();
   groups_.hdp().reset_stats();
+  groups_.gradients().reset_stats();
   if (Communicator* ep = groups_.ep()) {
     ep->reset_stats();
     groups_.expert_dp().reset_stats();
@@ -388,9 +389,9 @@ StepMetrics TrainingLoop::step_metrics(const StepMeasurement& measured, const Gl
   auto sent = [](const Communicator& c) { return c.stats().p2p_bytes + c.stats().collective_bytes; };
   m.tp_bytes = sent(groups_.tp());
   m.pp_bytes = sent(groups_.pp());
-  // Expert parallelism: the experts' gradient reduction runs on their own
-  // expert-data-parallel group, part of the data-parallel traffic.
-  m.hdp_bytes = sent(groups_.hdp()) + (groups_.ep() ? sent(groups_.expert_dp()) : 0);
+  // The data-parallel traffic: ring attention's on hdp, ZeRO-1's on its own copy of
+  // hdp and, under expert parallelism, the experts' on their expert-data-parallel group.
+  m.hdp_bytes = sent(groups_.hdp()) + sent(groups_.gradients()) + (groups_.ep() ? sent(groups_.expert_dp()) : 0);
   m.ep_bytes = groups_.ep() ? sent(*groups_.ep()) : 0;
   std::vector<double> totals = {static_cast<double>(groups_.hdp().stats().p2p_bytes),
                                 static_cast<double>(measured.offloaded_bytes)};

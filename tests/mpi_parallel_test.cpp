@@ -173,12 +173,17 @@ TEST(ProcessGroups, EachGroupIsTheRanksThatDifferAlongItsAxis) {
     expect_axis(groups.tp(), GridAxis::Tp);
     expect_axis(groups.pp(), GridAxis::Pp);
     expect_axis(groups.hdp(), GridAxis::Hdp);
+    // ZeRO-1's copy of hdp: the same ranks in the same order, a communicator of its own.
+    expect_axis(groups.gradients(), GridAxis::Hdp);
+    EXPECT_NE(&groups.gradients(), &groups.hdp());
+    EXPECT_EQ(groups.gradients().name(), "hdp-gradients");
     if (degrees.ep > 1) {
       ASSERT_NE(groups.ep(), nullptr);
       expect_axis(*groups.ep(), GridAxis::Ep);
       expect_axis(groups.expert_dp(), GridAxis::ExpertDp);
     } else {
       EXPECT_EQ(groups.ep(), nullptr);
+      EXPECT_EQ(&groups.expert_dp(), &groups.gradients());
     }
   }
 }
