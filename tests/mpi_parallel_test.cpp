@@ -492,6 +492,35 @@ TEST(RingAttention, ADocumentSplitOver2To4RanksGivesTheWholeDocumentsGradients) 
   }
 }
 
+// ZeRO-1's gradient reduce-scatters travel on their own copy of the hdp group, ring
+// attention's exchanges on hdp itself (ProcessGroups::gradients: NCCL runs one
+// communicator's operations in order on one stream, where a ring exchange queued behind
+// a bucket another member has not reached would wait for it). On the engine's step over
+// a ring of 4: hdp carries the ring's point-to-point traffic and no more collective
+// bytes than the token count's all-reduce; the gradients group carries the buckets.
+TEST(RingAttention, GradientBucketsTravelApartFromTheRingsExchanges) {
+  const RingData data = ring_data("apart", {4096});
+  const Config config = engine_config(
+      "{hdp: 4}", "{path: unused.h5, max_seq_len: 4096, micro_batch_tokens: 4096, global_batch_tokens: 16384}");
+  ProcessGroups groups(ParallelDegrees{1, 1, 4}, false);
+  TrainingEngine engine(config, groups);
+  StepPlan ring{4096, std::vector<std::vector<PlannedMicroBatch>>(4), {Ring{{}, {0}}}};
+  for (int j = 0; j < 4; ++j) ring.rings[0].ranks.push_back(j);
+  for (int j = 0; j < 4; ++j) ring.ranks[j].push_back(ring_member(data.sequences, ring.rings[0], j));
+  const std::vector<int64_t> lengths = sequence_lengths(data.sequences);
+  const TokenDataset dataset(data.path);
+  const std::vector<PackedMicroBatch> batches = materialize_rank_work(
+      dataset_reader(dataset), data.sequences, rank_work(ring, lengths, groups.coords().hdp_rank));
+  engine.model().init_weights(5);
+  groups.hdp().reset_stats();
+  groups.gradients().reset_stats();
+  engine.forward_backward(batches);
+  EXPECT_GT(groups.hdp().stats().p2p_bytes, 0);
+  EXPECT_LE(groups.hdp().stats().collective_bytes, 64);  // the token count (an int64)
+  const int64_t parameter_bytes = engine.model().flat_gradients().numel() * 4;
+  EXPECT_GE(groups.gradients().stats().collective_bytes, parameter_bytes / 2);  // reduce-scatter: (n - 1) / n of them
+}
+
 // bf16 values as their ordered integers: consecutive bf16 values differ by 1.
 int32_t bf16_order(bf16 x) { return (x.bits & 0x8000) ? -static_cast<int32_t>(x.bits & 0x7fff) : x.bits; }
 
