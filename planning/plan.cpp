@@ -51,16 +51,28 @@ std::vector<std::vector<size_t>> best_fit_decreasing(std::span<const int64_t> le
   return bins;
 }
 
-std::vector<PlannedPiece> zigzag_ring_pieces(const Ring& ring, int ring_index, int position,
-                                             std::span<const int64_t> lengths) {
+namespace {
+
+// f(piece) for each of zigzag_ring_pieces' pieces in order, without a vector of them
+// (check_plan compares millions at scale).
+template <class F>
+void for_each_zigzag_ring_piece(const Ring& ring, int ring_index, int position, std::span<const int64_t> lengths,
+                                F&& f) {
   const int k = static_cast<int>(ring.ranks.size());
-  std::vector<PlannedPiece> pieces;
   for (int64_t q : ring.sequences) {
     for (int c : {position, 2 * k - 1 - position}) {
       const int64_t begin = zigzag_chunk_begin(lengths[q], c, k), end = zigzag_chunk_begin(lengths[q], c + 1, k);
-      if (end > begin) pieces.push_back({q, begin, end - begin, ring_index});
+      if (end > begin) f(PlannedPiece{q, begin, end - begin, ring_index});
     }
   }
+}
+
+}  // namespace
+
+std::vector<PlannedPiece> zigzag_ring_pieces(const Ring& ring, int ring_index, int position,
+                                             std::span<const int64_t> lengths) {
+  std::vector<PlannedPiece> pieces;
+  for_each_zigzag_ring_piece(ring, ring_index, position, lengths, [&](const PlannedPiece& p) { pieces.push_back(p); });
   return pieces;
 }
 
@@ -413,7 +425,7 @@ void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t 
         }
         earlier = static_cast<int>(m);
       }
-      std::vector<PlannedPiece> ring_pieces;
+      size_t ring_pieces = 0;  // the last ones: mb.pieces[first_ring + j] is ring piece j
       for (size_t i = 0; i < mb.pieces.size(); ++i) {
         const PlannedPiece& p = mb.pieces[i];
         const auto at = [&] { return where() + " piece " + str(static_cast<int64_t>(i)); };
@@ -425,32 +437,37 @@ void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t 
                str(p.sequence) + ", which has " + str(lengths[p.sequence]) + " tokens");
         }
         if (p.ring == -1) {
-          if (!ring_pieces.empty())
+          if (ring_pieces > 0)
             fail(at() + " (sequence " + str(p.sequence) + ") is local but follows ring pieces; local pieces come first");
         } else {
           if (p.ring != mb.ring) {
             fail(at() + " (sequence " + str(p.sequence) + ") names ring " + str(p.ring) + " but the micro-batch " +
                  (mb.ring == -1 ? std::string("takes part in no ring") : "takes part in ring " + str(mb.ring)));
           }
-          ring_pieces.push_back(p);
+          ++ring_pieces;
         }
         covered[p.sequence].push_back({p.offset, p.offset + p.length});
       }
       if (mb.ring != -1) {
-        const std::vector<PlannedPiece> expected =
-            zigzag_ring_pieces(plan.rings[mb.ring], mb.ring, ring_position, lengths);
+        const size_t first_ring = mb.pieces.size() - ring_pieces;
         const auto member = [&] {
           return "position " + str(ring_position) + " of ring " + str(mb.ring) + " (" +
                  str(static_cast<int64_t>(plan.rings[mb.ring].ranks.size())) + " ranks)";
         };
-        for (size_t i = 0; i < std::max(expected.size(), ring_pieces.size()); ++i) {
-          if (i >= expected.size()) fail(where() + " has ring piece " + piece_string(ring_pieces[i]) + " beyond the chunks of " + member());
-          if (i >= ring_pieces.size()) fail(where() + " lacks ring piece " + piece_string(expected[i]) + " of " + member());
-          if (!same_piece(expected[i], ring_pieces[i])) {
-            fail(where() + " ring piece " + str(static_cast<int64_t>(i)) + " is " + piece_string(ring_pieces[i]) + ", " +
-                 member() + " needs " + piece_string(expected[i]) + " there");
+        size_t i = 0;  // ring pieces compared
+        for_each_zigzag_ring_piece(plan.rings[mb.ring], mb.ring, ring_position, lengths,
+                                   [&](const PlannedPiece& expected) {
+          if (i >= ring_pieces) fail(where() + " lacks ring piece " + piece_string(expected) + " of " + member());
+          const PlannedPiece& piece = mb.pieces[first_ring + i];
+          if (!same_piece(expected, piece)) {
+            fail(where() + " ring piece " + str(static_cast<int64_t>(i)) + " is " + piece_string(piece) + ", " +
+                 member() + " needs " + piece_string(expected) + " there");
           }
-        }
+          ++i;
+        });
+        if (i < ring_pieces)
+          fail(where() + " has ring piece " + piece_string(mb.pieces[first_ring + i]) + " beyond the chunks of " +
+               member());
       }
     }
   }

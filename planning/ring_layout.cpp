@@ -12,17 +12,10 @@ int64_t RingLayout::rows(int member) const {
   return n;
 }
 
-int64_t zigzag_chunk_begin(int64_t length, int chunk, int ring_size) {
-  if (ring_size < 1 || chunk < 0 || chunk > 2 * ring_size || length < 0) {
-    throw std::invalid_argument("zigzag_chunk_begin: chunk " + std::to_string(chunk) + " of " +
-                                std::to_string(2 * static_cast<int64_t>(ring_size)) + " chunks of a sequence of " +
-                                std::to_string(length) + " tokens");
-  }
-  // chunk <= 2 ring_size < 2^32: below 2^31 tokens the product fits 64 bits, and the
-  // 128-bit division (a library call) is the planner's and check_plan's hot spot.
-  const int64_t chunks = 2 * static_cast<int64_t>(ring_size);
-  if (length < (int64_t{1} << 31)) return length * chunk / chunks;
-  return static_cast<int64_t>(static_cast<__int128>(length) * chunk / chunks);
+void throw_outside_zigzag_chunks(int64_t length, int chunk, int ring_size) {
+  throw std::invalid_argument("zigzag_chunk_begin: chunk " + std::to_string(chunk) + " of " +
+                              std::to_string(2 * static_cast<int64_t>(ring_size)) + " chunks of a sequence of " +
+                              std::to_string(length) + " tokens");
 }
 
 RingLayout zigzag_ring_layout(std::span<const int> peers, std::span<const int64_t> sequence_lengths, int self) {
@@ -118,22 +111,30 @@ RingStepRows ring_step_rows(std::span<const int64_t> lengths, int n, int64_t win
   std::vector<SequenceChunks> others;
   for (int64_t length : lengths) {
     if (length >= 2 * static_cast<int64_t>(n) && (window <= 0 || window >= length)) {
+      const SequenceChunks s = sequence_chunks(length, n);
       for (int q = 0; q < n; ++q) {
-        first_rows[q] += zigzag_chunk_begin(length, q + 1, n) - zigzag_chunk_begin(length, q, n);
-        second_rows[q] += zigzag_chunk_begin(length, 2 * n - q, n) - zigzag_chunk_begin(length, 2 * n - 1 - q, n);
+        first_rows[q] += s.bounds[q + 1] - s.bounds[q];
+        second_rows[q] += s.bounds[2 * n - q] - s.bounds[2 * n - 1 - q];
       }
     } else {
       others.push_back(sequence_chunks(length, n));
     }
   }
+  // The others' rows, by step t and reader p at t x n + p: only members holding a
+  // chunk read or are read, so pairs of holders (fewer than n x holders when a short
+  // sequence leaves members without a row).
+  std::vector<int64_t> others_read(others.empty() ? 0 : static_cast<size_t>(n) * n, 0);
+  for (const SequenceChunks& s : others)
+    for (int q : s.holders)
+      for (int p : s.holders)
+        if (p != q) others_read[static_cast<size_t>(p >= q ? p - q : p - q + n) * n + p] += rows_read(s, n, window, q, p);
   std::vector<int64_t> read(n);
   for (int t = 1; t < n; ++t) {
     for (int p = 0; p < n; ++p) {
       const int q = p >= t ? p - t : p - t + n;  // q > p exactly when p < t
       read[p] = first_rows[q] + (p < t ? second_rows[q] : 0);
+      if (!others.empty()) read[p] += others_read[static_cast<size_t>(t) * n + p];
     }
-    for (const SequenceChunks& s : others)
-      for (int p : s.holders) read[p] += rows_read(s, n, window, p >= t ? p - t : p - t + n, p);
     for (int p = 0; p < n; ++p) {
       out.most[t] = std::max(out.most[t], read[p]);
       out.total += read[p];

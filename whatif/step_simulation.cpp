@@ -280,6 +280,7 @@ class StepGraphBuilder {
     last_compute_.assign(processes, kNone);
     last_copy_.assign(processes, kNone);
     ring_group_.assign(plan.rings.size() * virtual_stages_ * 2, -1);
+    sum_pieces();
     measure_rings();
     time_ring_groups();
     add_streams();
@@ -314,15 +315,29 @@ class StepGraphBuilder {
     return static_cast<double>(k_.chunk_layers.empty() ? k_.stage_layers[v] : k_.chunk_layers[v]);
   }
 
+  // What a micro-batch's pieces add up to, per layer: summed once (sum_pieces), since
+  // every stage and both directions of a micro-batch read them, and a static plan at
+  // thousands of GPUs holds millions of pieces.
+  struct PieceSums {
+    double tokens = 0;
+    double linear = 0;        // GEMMs and local attention at the large-kernel rate
+    double small = 0;         // what small kernels add to it
+    double rerun = 0;         // recomputation of the costs' mode, in backward
+    double mixed_rerun = 0;   // one layer's rerun under StepCosts::recomputed
+  };
+  void sum_pieces();
+  const PieceSums& sums(int r, int i) const { return sums_[first_[r] + static_cast<size_t>(i)]; }
+  double tokens(int r, int i) const { return sums(r, i).tokens; }
   void measure_rings();
   void time_ring_groups();
   void add_streams();
-  LayerWork layer_work(const PlannedMicroBatch& mb, int s) const;
-  // The rerun of mb's recomputed layers among `layers` (StepCosts::recomputed), in backward.
-  double mix_rerun(const PlannedMicroBatch& mb, double layers) const;
-  void add_ring_work(const PlannedMicroBatch& mb, int s, LayerWork& w) const;
+  LayerWork layer_work(int r, int i, int s) const;
+  // The rerun of micro-batch i's recomputed layers among `layers` (StepCosts::recomputed), in backward.
+  double mix_rerun(int r, int i, double layers) const;
+  // What ring g adds to a member's layer at a stage whose ring steps transfer for x[t].
+  LayerWork ring_work(size_t g, const std::vector<double>& x) const;
   // Forward + backward seconds of the embedding (first virtual stage) and the head (last).
-  double extra_seconds(const PlannedMicroBatch& mb, int v) const;
+  double extra_seconds(int r, int i, int v) const;
   int ring_group_of(size_t g, int v, bool forward);
   // The expert all-to-alls of micro-batch op after its compute on the dp stream
   // (two per layer forward, four backward); kNone for a dense model, ep 1 or no tokens.
@@ -338,9 +353,10 @@ class StepGraphBuilder {
   const int vpp_, virtual_stages_;  // model chunks per stage; pp x vpp
   const double f_;  // forward's share of compute
   std::vector<size_t> first_{0};  // micro-batch offsets: (rank r, micro-batch i) is first_[r] + i
-  // Per ring and stage (ring_at): each ring step's transfer time (measure_rings); per
+  std::vector<PieceSums> sums_;   // per micro-batch, at first_[r] + i
+  // Per ring and stage (ring_at): what the ring adds to a member's layer (measure_rings); per
   // ring and virtual stage (ring_chunk_at): its forward and backward time (its slowest member's).
-  std::vector<std::vector<double>> ring_transfer_;
+  std::vector<LayerWork> ring_work_;
   std::vector<double> ring_fwd_, ring_bwd_;
   std::vector<double> ring_step_;       // per ring: one member's one computing ring step
   // per ring: the same step at the rate of its attention blocks' size (HardwareProfile::attention_seconds)
@@ -371,7 +387,7 @@ void StepGraphBuilder::measure_rings() {
   const int pp = grid_.pp;
   const HardwareProfile& hw = k_.hardware;
   const size_t R = plan_.rings.size();
-  ring_transfer_.assign(R * pp, {});
+  ring_work_.assign(R * pp, {});
   ring_step_.resize(R);
   ring_step_busy_.resize(R);
   ring_sent_rows_.resize(R);
@@ -399,21 +415,60 @@ void StepGraphBuilder::measure_rings() {
     ring_step_[g] = n > 0 ? attention / (static_cast<double>(n) * active) : 0;
     ring_step_busy_[g] = n > 0 ? attention_busy / (static_cast<double>(n) * active) : 0;
     ring_sent_rows_[g] = n > 0 ? static_cast<double>(traffic.total) / n : 0;
+    std::vector<long> gpus(static_cast<size_t>(n)), nodes(static_cast<size_t>(n));
     for (int s = 0; s < pp; ++s) {
-      std::vector<double>& xfer = ring_transfer_[ring_at(g, s)];
-      xfer.assign(n + 1, 0.0);  // xfer[t]: step t's transfer; 0 at t = 0 and t = n
+      for (int p = 0; p < n; ++p) {
+        gpus[p] = gpu(ring.ranks[p], s);
+        nodes[p] = gpus[p] / hw.gpus_per_node;
+      }
+      // Members on nodes of their own (a tp group fills a node) link across nodes only.
+      std::vector<long> sorted = nodes;
+      std::sort(sorted.begin(), sorted.end());
+      const bool own_nodes = std::adjacent_find(sorted.begin(), sorted.end()) == sorted.end();
+      std::vector<double> xfer(n + 1, 0.0);  // xfer[t]: step t's transfer; 0 at t = 0 and t = n
       for (int t = 1; t < n; ++t) {
         if (rows[t] == 0) continue;
+        // A link is within a node or across nodes: the step's slowest link and
+        // longest latency are those of the kinds its pairs use (a pair of each).
+        int within = -1, across = own_nodes ? 0 : -1;
+        for (int p = 0; !own_nodes && p < n && (within < 0 || across < 0); ++p)
+          (nodes[p >= t ? p - t : p - t + n] == nodes[p] ? within : across) = p;
         double bw = std::numeric_limits<double>::infinity(), lat = 0;
-        for (int p = 0; p < n; ++p) {
-          const long a = gpu(ring.ranks[(p - t + n) % n], s), b = gpu(ring.ranks[p], s);
+        for (int p : {within, across}) {
+          if (p < 0) continue;
+          const long a = gpus[(p - t + n) % n], b = gpus[p];
           bw = std::min(bw, hw.link_bytes_per_s(a, b));
           lat = std::max(lat, hw.link_latency_s(a, b));
         }
         xfer[t] = lat + k_.kv_bytes_per_token * static_cast<double>(rows[t]) / bw;
       }
+      ring_work_[ring_at(g, s)] = ring_work(g, xfer);
     }
   }
+}
+
+// Ring attention (Liu et al., 2023) as the trainer runs it: n steps of one member's
+// rows against each member's key rows, the next step's rows arriving during the
+// current step's compute, so a step takes the longer of the two; a step without rows
+// neither computes nor waits. Backward sends each step's key/value gradients back
+// to their owner after that step's compute. xfer[t]: step t's transfer.
+LayerWork StepGraphBuilder::ring_work(size_t g, const std::vector<double>& x) const {
+  const int n = static_cast<int>(plan_.rings[g].ranks.size());
+  const double step = ring_step_[g], busy = ring_step_busy_[g];
+  const double sequences = static_cast<double>(plan_.rings[g].sequences.size());
+  LayerWork w;
+  w.forward = f_ * k_.cost.g * sequences;
+  w.backward = (1 - f_) * k_.cost.g * sequences;
+  w.pure = k_.cost.g * sequences;
+  for (int t = 0; t < n; ++t) {
+    if (t > 0 && x[t] == 0) continue;  // nothing to read at this step
+    w.pure += step;
+    w.forward += std::max(f_ * busy, x[t + 1]);
+    w.backward += std::max((1 - f_) * busy + x[t], x[t + 1]);
+  }
+  // Forward K/V, backward K/V and backward K/V gradients: the same rows three times.
+  w.attention_bytes = 3 * k_.kv_bytes_per_token * ring_sent_rows_[g];
+  return w;
 }
 
 // A ring's members run in lock step: each ring operation takes the slowest member's time.
@@ -423,13 +478,14 @@ void StepGraphBuilder::time_ring_groups() {
   for (int v = 0; v < virtual_stages_; ++v) {
     const double l = layers_of(v);
     for (int r = 0; r < grid_.hdp; ++r)
-      for (const PlannedMicroBatch& mb : plan_.ranks[r]) {
+      for (int i = 0; i < static_cast<int>(plan_.ranks[r].size()); ++i) {
+        const PlannedMicroBatch& mb = plan_.ranks[r][i];
         if (mb.ring < 0) continue;
-        const LayerWork w = layer_work(mb, stage_of(v));
-        const double e = extra_seconds(mb, v);
+        const LayerWork w = layer_work(r, i, stage_of(v));
+        const double e = extra_seconds(r, i, v);
         const size_t g = ring_chunk_at(static_cast<size_t>(mb.ring), v);
         ring_fwd_[g] = std::max(ring_fwd_[g], l * w.forward + f_ * e);
-        ring_bwd_[g] = std::max(ring_bwd_[g], l * w.backward + (1 - f_) * e + mix_rerun(mb, l));
+        ring_bwd_[g] = std::max(ring_bwd_[g], l * w.backward + (1 - f_) * e + mix_rerun(r, i, l));
       }
   }
 }
@@ -447,70 +503,59 @@ void StepGraphBuilder::add_streams() {
     }
 }
 
-LayerWork StepGraphBuilder::layer_work(const PlannedMicroBatch& mb, int s) const {
+void StepGraphBuilder::sum_pieces() {
   const HardwareProfile& hw = k_.hardware;
-  LayerWork w;
-  // linear: at the large-kernel rate; small: what small kernels add to it (the
-  // layer's GEMMs run over the micro-batch's tokens, a local sequence's attention
-  // over its own rows).
-  double linear = 0, small = 0, tokens = 0;
-  double rerun = 0;  // recomputation, in backward only
-  for (const PlannedPiece& p : mb.pieces) {
-    tokens += static_cast<double>(p.length);
-    if (p.ring < 0) {
-      linear += k_.cost.compute_seconds(p.length);
-      rerun += k_.cost.recompute_seconds(p.length, false);
-      const double attention = k_.cost.a1 * k_.cost.attention_term(p.length);
-      small += hw.attention_seconds(attention, static_cast<double>(p.length)) - attention;
-    } else {
-      linear += k_.cost.b1 * static_cast<double>(p.length);
-      rerun += k_.cost.recompute_seconds(p.length, true);
+  sums_.reserve(first_.back());
+  for (const auto& mbs : plan_.ranks)
+    for (const PlannedMicroBatch& mb : mbs) {
+      // The layer's GEMMs run over the micro-batch's tokens, a local sequence's
+      // attention over its own rows.
+      PieceSums sum;
+      for (const PlannedPiece& p : mb.pieces) {
+        sum.tokens += static_cast<double>(p.length);
+        if (mb.recompute_layers > 0) sum.mixed_rerun += k_.recomputed.recompute_seconds(p.length, p.ring >= 0);
+        if (p.ring < 0) {
+          sum.linear += k_.cost.compute_seconds(p.length);
+          sum.rerun += k_.cost.recompute_seconds(p.length, false);
+          const double attention = k_.cost.a1 * k_.cost.attention_term(p.length);
+          sum.small += hw.attention_seconds(attention, static_cast<double>(p.length)) - attention;
+        } else {
+          sum.linear += k_.cost.b1 * static_cast<double>(p.length);
+          sum.rerun += k_.cost.recompute_seconds(p.length, true);
+        }
+      }
+      sum.small += hw.gemm_seconds(k_.cost.b1 * sum.tokens, sum.tokens) - k_.cost.b1 * sum.tokens;
+      sums_.push_back(sum);
     }
-  }
-  small += hw.gemm_seconds(k_.cost.b1 * tokens, tokens) - k_.cost.b1 * tokens;
-  w.forward = f_ * (linear + small);
-  w.backward = (1 - f_) * (linear + small) + rerun;
-  w.pure = linear + rerun;
-  if (mb.ring >= 0) add_ring_work(mb, s, w);
+}
+
+LayerWork StepGraphBuilder::layer_work(int r, int i, int s) const {
+  const PieceSums& sum = sums(r, i);
+  LayerWork w;
+  w.forward = f_ * (sum.linear + sum.small);
+  w.backward = (1 - f_) * (sum.linear + sum.small) + sum.rerun;
+  w.pure = sum.linear + sum.rerun;
+  const int ring = plan_.ranks[r][i].ring;
+  if (ring < 0) return w;
+  const LayerWork& x = ring_work_[ring_at(static_cast<size_t>(ring), s)];
+  w.forward += x.forward;
+  w.backward += x.backward;
+  w.pure += x.pure;
+  w.attention_bytes = x.attention_bytes;
   return w;
 }
 
-// Ring attention (Liu et al., 2023) as the trainer runs it: n steps of one member's
-// rows against each member's key rows, the next step's rows arriving during the
-// current step's compute, so a step takes the longer of the two; a step without rows
-// neither computes nor waits. Backward sends each step's key/value gradients back
-// to their owner after that step's compute.
-void StepGraphBuilder::add_ring_work(const PlannedMicroBatch& mb, int s, LayerWork& w) const {
-  const size_t g = static_cast<size_t>(mb.ring);
-  const int n = static_cast<int>(plan_.rings[g].ranks.size());
-  const double step = ring_step_[g], busy = ring_step_busy_[g];
-  const double sequences = static_cast<double>(plan_.rings[g].sequences.size());
-  const std::vector<double>& x = ring_transfer_[ring_at(g, s)];
-  w.forward += f_ * k_.cost.g * sequences;
-  w.backward += (1 - f_) * k_.cost.g * sequences;
-  w.pure += k_.cost.g * sequences;
-  for (int t = 0; t < n; ++t) {
-    if (t > 0 && x[t] == 0) continue;  // nothing to read at this step
-    w.pure += step;
-    w.forward += std::max(f_ * busy, x[t + 1]);
-    w.backward += std::max((1 - f_) * busy + x[t], x[t + 1]);
-  }
-  // Forward K/V, backward K/V and backward K/V gradients: the same rows three times.
-  w.attention_bytes = 3 * k_.kv_bytes_per_token * ring_sent_rows_[g];
+double StepGraphBuilder::mix_rerun(int r, int i, double layers) const {
+  const int recomputed = plan_.ranks[r][i].recompute_layers;
+  if (recomputed <= 0) return 0;
+  return std::min(layers, static_cast<double>(recomputed)) * sums(r, i).mixed_rerun;
 }
 
-double StepGraphBuilder::mix_rerun(const PlannedMicroBatch& mb, double layers) const {
-  if (mb.recompute_layers <= 0) return 0;
-  double per_layer = 0;
-  for (const PlannedPiece& p : mb.pieces) per_layer += k_.recomputed.recompute_seconds(p.length, p.ring >= 0);
-  return std::min(layers, static_cast<double>(mb.recompute_layers)) * per_layer;
-}
-
-double StepGraphBuilder::extra_seconds(const PlannedMicroBatch& mb, int v) const {
+double StepGraphBuilder::extra_seconds(int r, int i, int v) const {
   double e = 0;
-  const double tokens = static_cast<double>(mb.tokens());
-  if (v == 0) e += k_.embedding_seconds_per_token * tokens;
-  if (v == virtual_stages_ - 1) e += k_.head_seconds_per_token * tokens;
+  const double t = tokens(r, i);
+  if (v == 0) e += k_.embedding_seconds_per_token * t;
+  if (v == virtual_stages_ - 1) e += k_.head_seconds_per_token * t;
   return e;
 }
 
@@ -527,8 +572,8 @@ void StepGraphBuilder::add_compute(int r, int s) {
     const int v = op.chunk * grid_.pp + s;
     const double l = layers_of(v);
     const PlannedMicroBatch& mb = mbs[op.micro_batch];
-    const LayerWork w = layer_work(mb, s);
-    const double e = extra_seconds(mb, v);
+    const LayerWork w = layer_work(r, op.micro_batch, s);
+    const double e = extra_seconds(r, op.micro_batch, v);
     double seconds;
     int group = -1;
     if (mb.ring >= 0) {
@@ -536,10 +581,10 @@ void StepGraphBuilder::add_compute(int r, int s) {
       seconds = op.forward ? ring_fwd_[g] : ring_bwd_[g];
       group = ring_group_of(static_cast<size_t>(mb.ring), v, op.forward);
     } else {
-      seconds = op.forward ? l * w.forward + f_ * e : l * w.backward + (1 - f_) * e + mix_rerun(mb, l);
+      seconds = op.forward ? l * w.forward + f_ * e : l * w.backward + (1 - f_) * e + mix_rerun(r, op.micro_batch, l);
     }
     if (op.forward) {
-      out_.compute_seconds += l * w.pure + e + mix_rerun(mb, l);
+      out_.compute_seconds += l * w.pure + e + mix_rerun(r, op.micro_batch, l);
       out_.attention_bytes += l * w.attention_bytes * grid_.tp;
     }
     const uint32_t label = mb.ring >= 0 ? (op.forward ? L_ring_fwd : L_ring_bwd) : (op.forward ? L_fwd : L_bwd);
@@ -561,7 +606,7 @@ void StepGraphBuilder::add_compute(int r, int s) {
 
 sim::OpId StepGraphBuilder::add_all_to_all(int r, int s, const PipelineOp& op, sim::OpId compute) {
   const int ep = k_.ep;
-  const double tokens = static_cast<double>(plan_.ranks[r][op.micro_batch].tokens());
+  const double tokens = this->tokens(r, op.micro_batch);
   if (ep <= 1 || !(k_.all_to_all_bytes_per_token > 0) || !(tokens > 0)) return kNone;
   const double l = layers_of(op.chunk * grid_.pp + s);
   // What model/moe.h runs per layer: forward the count exchange, then dispatch and
@@ -590,9 +635,10 @@ sim::OpId StepGraphBuilder::add_offload_copy(int r, int s, const PipelineOp& op,
   const double ratio = mb.offload_ratio;
   // Its recomputed layers offload nothing.
   const double offloaded = layers - 2 - std::min(layers, static_cast<double>(mb.recompute_layers));
-  if (!(ratio > 0 && offloaded > 0 && mb.tokens() > 0)) return kNone;
+  const int64_t mb_tokens = static_cast<int64_t>(tokens(r, op.micro_batch));
+  if (!(ratio > 0 && offloaded > 0 && mb_tokens > 0)) return kNone;
   const size_t idx = at(r, v, op.micro_batch);
-  const double bytes = ratio * offloaded * k_.cost.activation_bytes(mb.tokens());
+  const double bytes = ratio * offloaded * k_.cost.activation_bytes(mb_tokens);
   std::vector<sim::OpId> deps;
   if (previous_compute != kNone) deps.push_back(previous_compute);
   if (op.forward) {
@@ -622,7 +668,7 @@ void StepGraphBuilder::add_pipeline_transfers(int r, int s) {
   for (const PipelineOp& op : pipeline_schedule(s, grid_.pp, vpp_, m, plan_.forward_limits)) {
     const int v = op.chunk * grid_.pp + s, i = op.micro_batch;
     if (!op.forward || v + 1 == virtual_stages_) continue;
-    const double bytes = k_.boundary_bytes_per_token * static_cast<double>(mbs[i].tokens());
+    const double bytes = k_.boundary_bytes_per_token * tokens(r, i);
     const double seconds = sim::p2p_seconds(bytes, bw, lat);
     out_.pipeline_bytes += 2 * bytes * grid_.tp;
     const size_t lo = at(r, v, i), hi = at(r, v + 1, i);
@@ -638,7 +684,7 @@ void StepGraphBuilder::add_pipeline_transfers(int r, int s) {
   for (const PipelineOp& op : pipeline_schedule(next, grid_.pp, vpp_, m, plan_.forward_limits)) {
     const int v = op.chunk * grid_.pp + next, i = op.micro_batch;
     if (op.forward || v == 0) continue;
-    const double bytes = k_.boundary_bytes_per_token * static_cast<double>(mbs[i].tokens());
+    const double bytes = k_.boundary_bytes_per_token * tokens(r, i);
     const double seconds = sim::p2p_seconds(bytes, bw, lat);
     const size_t lo = at(r, v - 1, i), hi = at(r, v, i);
     // Backward: virtual stage v sends the input gradient, v - 1 (on stage s) receives it.
