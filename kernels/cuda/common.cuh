@@ -76,25 +76,33 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
   return warp_max(v);
 }
 
-// A device buffer that only grows, for an op's scratch: get() returns at least
-// `bytes`; a larger request frees the old buffer after the compute stream has
-// drained its last reader. One per role (a function-local static); a caller whose
-// uses could overlap (several threads) serializes them itself.
+// Grows a compute-stream scratch buffer to at least `bytes` (to 1.5 times its old
+// capacity when that is more), stream-ordered: the old buffer is freed after the stream's earlier
+// kernels that read it, the new one is usable by the stream's later ones. Not cudaFree,
+// which waits for the whole device: mid-step that includes NCCL kernels waiting for
+// peers that may wait for this rank's next collective, a hang (a scratch grows in the
+// step that first sees a longer micro-batch, while gradient buckets are in flight).
+inline void grow_stream_buffer(void** buffer, size_t* capacity, size_t bytes) {
+  if (bytes <= *capacity) return;
+  const size_t grown = std::max(bytes, *capacity + *capacity / 2);
+  cudaStream_t stream = compute_stream();
+  if (*buffer) {
+    HDP_CUDA_CHECK(cudaFreeAsync(*buffer, stream));
+    *buffer = nullptr;
+    *capacity = 0;
+  }
+  HDP_CUDA_CHECK(cudaMallocAsync(buffer, grown, stream));
+  *capacity = grown;
+}
+
+// A device buffer that only grows, for an op's scratch on the compute stream: get()
+// returns at least `bytes` (grow_stream_buffer). One per role (a function-local
+// static); a caller whose uses could overlap (several threads) serializes them itself.
 class DeviceScratch {
  public:
   void* get(size_t bytes) {
     std::lock_guard<std::mutex> lock(grow_);
-    if (bytes > capacity_) {
-      const size_t grown = std::max(bytes, capacity_ + capacity_ / 2);
-      if (buffer_) {
-        HDP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
-        HDP_CUDA_CHECK(cudaFree(buffer_));
-        buffer_ = nullptr;
-        capacity_ = 0;
-      }
-      HDP_CUDA_CHECK(cudaMalloc(&buffer_, grown));
-      capacity_ = grown;
-    }
+    grow_stream_buffer(&buffer_, &capacity_, bytes);
     return buffer_;
   }
  private:

@@ -31,19 +31,10 @@ constexpr int64_t kTargetBlocks = 1024;  // blocks the dw partial kernel aims fo
 
 // Persistent scratch for the dw partials; grows only when a larger size is needed.
 double* g_partials = nullptr;
-size_t g_partials_count = 0;
+size_t g_partials_bytes = 0;
 
 double* partials(size_t count) {
-  if (count > g_partials_count) {
-    if (g_partials) {
-      HDP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
-      HDP_CUDA_CHECK(cudaFree(g_partials));
-      g_partials = nullptr;
-      g_partials_count = 0;
-    }
-    HDP_CUDA_CHECK(cudaMalloc(&g_partials, count * sizeof(double)));
-    g_partials_count = count;
-  }
+  grow_stream_buffer(reinterpret_cast<void**>(&g_partials), &g_partials_bytes, count * sizeof(double));
   return g_partials;
 }
 

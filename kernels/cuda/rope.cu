@@ -34,7 +34,7 @@ struct InvFreq {
 
 // inv_freq for d/2 > kMaxHalf; grows only when a larger table is needed.
 float* g_inv_freq = nullptr;
-int64_t g_inv_freq_count = 0;
+size_t g_inv_freq_bytes = 0;
 
 template <class E>
 __global__ void rope_kernel(E* __restrict__ x, const int32_t* __restrict__ positions, int64_t T, int64_t heads,
@@ -77,16 +77,7 @@ void rope_rotate(Tensor x, const IndexTensor& positions, const RopeSettings& rop
   if (half <= kMaxHalf) {
     for (int64_t j = 0; j < half; ++j) inv_freq.v[j] = table[j];
   } else {
-    if (half > g_inv_freq_count) {
-      if (g_inv_freq) {
-        HDP_CUDA_CHECK(cudaStreamSynchronize(stream));
-        HDP_CUDA_CHECK(cudaFree(g_inv_freq));
-        g_inv_freq = nullptr;
-        g_inv_freq_count = 0;
-      }
-      HDP_CUDA_CHECK(cudaMalloc(&g_inv_freq, static_cast<size_t>(half) * sizeof(float)));
-      g_inv_freq_count = half;
-    }
+    grow_stream_buffer(reinterpret_cast<void**>(&g_inv_freq), &g_inv_freq_bytes, static_cast<size_t>(half) * sizeof(float));
     // Stream-ordered after earlier kernels that read the buffer; a pageable source
     // is staged before the call returns, so `table` may be rewritten at once.
     HDP_CUDA_CHECK(cudaMemcpyAsync(g_inv_freq, table.data(), static_cast<size_t>(half) * sizeof(float),

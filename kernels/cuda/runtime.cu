@@ -172,7 +172,12 @@ void event_record(void* event) { HDP_CUDA_CHECK(cudaEventRecord(static_cast<cuda
 
 bool event_done(void* event) {
   const cudaError_t err = cudaEventQuery(static_cast<cudaEvent_t>(event));
-  if (err == cudaErrorNotReady) return false;
+  if (err == cudaErrorNotReady) {
+    // "Not ready" is an answer, not a failure; runtimes that keep it as the last error
+    // would have the next launch check (cudaGetLastError) report it as the kernel's.
+    if (cudaPeekAtLastError() == cudaErrorNotReady) (void)cudaGetLastError();
+    return false;
+  }
   HDP_CUDA_CHECK(err);
   return true;
 }
@@ -253,7 +258,12 @@ OpTimer::~OpTimer() {
   OpTimes& t = op_times();
   std::lock_guard<std::mutex> lock(t.mutex);
   cudaEvent_t e = t.take();
-  if (cudaEventRecord(e, compute_stream()) != cudaSuccess) return;  // no throwing from a destructor
+  if (cudaEventRecord(e, compute_stream()) != cudaSuccess) {  // no throwing from a destructor
+    (void)cudaGetLastError();  // not left for the next launch check to report as its own
+    t.free_events.push_back(e);
+    t.free_events.push_back(static_cast<cudaEvent_t>(start_));
+    return;
+  }
   t.pending.push_back({op_, static_cast<cudaEvent_t>(start_), e});
   if (t.pending.size() >= 16384) t.drain();
 }
