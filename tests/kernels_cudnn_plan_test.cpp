@@ -52,6 +52,15 @@ TEST(KernelsCudnnPlan, EqualShapesGiveEqualKeys) {
   // A window no pair of the T rows is apart is no window.
   EXPECT_EQ(a, plan::graph_key(false, 4096, 5, 32, 8, 128, 4096, kCudnn925));
   EXPECT_EQ(a, plan::graph_key(false, 4096, 5, 32, 8, 128, 1 << 20, kCudnn925));
+  // 2049..4096 packed rows share the graph of 4096 rows (upper bounds for the ragged
+  // sequences); 4097 rows take the next.
+  EXPECT_EQ(a, plan::graph_key(false, 2049, 5, 32, 8, 128, 0, kCudnn925));
+  EXPECT_EQ(a, plan::graph_key(false, 3000, 8, 32, 8, 128, 0, kCudnn925));
+  EXPECT_EQ(plan::graph_key(false, 4097, 5, 32, 8, 128, 0, kCudnn925).tokens, 8192);
+  EXPECT_EQ(plan::graph_key(false, 1, 1, 32, 8, 128, 0, kCudnn925).tokens, 1);
+  // A window of at least the graph's rows is none; one between T and the graph's rows
+  // stays (it masks no pair of the T rows either).
+  EXPECT_EQ(plan::graph_key(false, 3000, 5, 32, 8, 128, 3500, kCudnn925).window, 3500);
   // Before cuDNN 9.25 every number of documents has its graph.
   EXPECT_NE(plan::graph_key(false, 4096, 5, 32, 8, 128, 0, kCudnn919),
             plan::graph_key(false, 4096, 8, 32, 8, 128, 0, kCudnn919));

@@ -231,7 +231,9 @@ class Call {
         graph_(graph_for(key_)) {
     if (!graph_.refused.empty()) return;
     tables_ = cudnn_ragged_tables(cu_seqlens.data, docs, key_.batch, q_heads, key_.kv_heads, key_.head_dim);
-    stats = cudnn_stats_buffer(tokens, q_heads);
+    // For the graph's rows, not T: the graph declares its statistics for that many
+    // (rows past T are never read back).
+    stats = cudnn_stats_buffer(key_.tokens, q_heads);
   }
 
   // Whether cuDNN refused the graph; then `why` says how.
@@ -252,7 +254,7 @@ class Call {
   }
 
   const int64_t tokens, q_heads, docs;
-  float* stats = nullptr;  // cuDNN's statistics [T, Hq]
+  float* stats = nullptr;  // cuDNN's statistics [graph rows >= T, Hq]; the first T rows are the op's
 
  private:
   const GraphKey key_;

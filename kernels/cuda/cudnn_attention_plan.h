@@ -56,17 +56,31 @@ inline int64_t graph_batch(int64_t docs, int64_t cudnn_version) {
   return batch;
 }
 
-// The window a graph applies (kernels/ops.h: a query sees the keys less than W
-// positions back): none (kNoWindow, 0) also for W >= T, which no pair of rows of
-// the micro-batch is apart, so such calls share the graph of full causal attention.
-inline int64_t graph_window(int64_t window, int64_t tokens) { return window >= tokens ? 0 : window; }
+// The rows of a graph for a micro-batch of `tokens` packed rows: the next power of
+// two (at least 1). A graph is built for an upper bound of the rows (its S, the
+// longest a document may be, and the total of the ragged sequences; the offsets
+// place the real rows), and a micro-batch's T varies with the documents packed into
+// it: with T itself in the key nearly every micro-batch would build a graph (each
+// build validates, queries heuristics and compiles plans), and the cache would grow
+// without bound.
+inline int64_t graph_tokens(int64_t tokens) {
+  int64_t rows = 1;
+  while (rows < tokens) rows *= 2;
+  return rows;
+}
+
+// The window a graph of `rows` rows applies (kernels/ops.h: a query sees the keys
+// less than W positions back): none (kNoWindow, 0) also for W >= rows, which no pair
+// of rows of the micro-batch is apart, so such calls share the graph of full causal
+// attention. (A window between T and the graph's rows changes no result either.)
+inline int64_t graph_window(int64_t window, int64_t rows) { return window >= rows ? 0 : window; }
 
 // Everything a built graph depends on. The dtype is not here: cuDNN runs bf16
 // only (kernels/attention_impl.h), and the scale is d^-0.5, fixed by head_dim.
 struct GraphKey {
   bool backward = false;
   int64_t batch = 0;     // graph_batch(documents, cuDNN's version)
-  int64_t tokens = 0;    // T: the packed rows, and S, the longest a document can be
+  int64_t tokens = 0;    // graph_tokens(T) for T packed rows: S and the ragged total, upper bounds
   int64_t q_heads = 0;
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
@@ -76,8 +90,8 @@ struct GraphKey {
 
 inline GraphKey graph_key(bool backward, int64_t tokens, int64_t docs, int64_t q_heads, int64_t kv_heads,
                           int64_t head_dim, int64_t window, int64_t cudnn_version) {
-  return {backward, graph_batch(docs, cudnn_version), tokens, q_heads, kv_heads, head_dim,
-          graph_window(window, tokens)};
+  const int64_t rows = graph_tokens(tokens);
+  return {backward, graph_batch(docs, cudnn_version), rows, q_heads, kv_heads, head_dim, graph_window(window, rows)};
 }
 
 struct GraphKeyHash {
