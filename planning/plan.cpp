@@ -446,7 +446,9 @@ void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t 
           }
           ++ring_pieces;
         }
-        covered[p.sequence].push_back({p.offset, p.offset + p.length});
+        // A ring's pieces are its zig-zag chunks exactly (checked below): they count as
+        // their whole sequence once, after every member is known to hold its chunks.
+        if (p.ring == -1) covered[p.sequence].push_back({p.offset, p.offset + p.length});
       }
       if (mb.ring != -1) {
         const size_t first_ring = mb.pieces.size() - ring_pieces;
@@ -479,6 +481,12 @@ void check_plan(const StepPlan& plan, std::span<const int64_t> lengths, int64_t 
       }
     }
   }
+
+  // Every member of every ring holds exactly its zig-zag chunks, which together are
+  // each of the ring's sequences once: whole sequences, not 2n chunks each to sort
+  // (a static plan at 12,288 GPUs has rings of 256 members).
+  for (const Ring& ring : plan.rings)
+    for (int64_t q : ring.sequences) covered[q].push_back({0, lengths[q]});
 
   // Every token exactly once.
   for (int64_t q = 0; q < num_sequences; ++q) {
