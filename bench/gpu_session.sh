@@ -136,8 +136,9 @@ if begin_step selftest; then
   rc=$?
   tail -3 "$out/selftest.txt"
   line="$(grep -Eo '[0-9]+ passed, [0-9]+ failed' "$out/selftest.txt" | tail -1)"
+  # Without a usable GPU selftest checks nothing and exits 0: a pass needs its count line.
   record "trainer selftest (fp32, TF32, bf16, training steps)" "${line:-no summary line}" "all pass" \
-    "$([ $rc -eq 0 ] && echo yes || echo NO)"
+    "$([ $rc -eq 0 ] && [[ "$line" == *" 0 failed" ]] && echo yes || echo NO)"
 fi
 
 # first5 NAME PRECISION LIMIT TAG [GPU SETTINGS...]: the first 5 losses of tiny-llama
