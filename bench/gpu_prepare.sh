@@ -14,7 +14,8 @@ build="$root/build-gpu"
 bash "$root/scripts/install-deps.sh"
 mkdir -p "$build"
 cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DHDP_NATIVE=OFF -DHDP_CUDA_ARCHITECTURES="$arch" \
-  -DHDP_BUILD_BENCH=OFF -DHDP_CUDNN=ON > "$build/configure.log"
+  -DHDP_BUILD_BENCH=OFF -DHDP_CUDNN=ON > "$build/configure.log" ||
+  { tail -20 "$build/configure.log" >&2; echo "gpu_prepare: configure failed (log: $build/configure.log)" >&2; exit 1; }
 cache="$build/CMakeCache.txt"
 grep -q '^CMAKE_CUDA_COMPILER:[A-Z]*=/' "$cache" ||
   { echo "gpu_prepare: no CUDA compiler found; the bundle would have no GPU backend" >&2; exit 1; }
