@@ -52,7 +52,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 trainer() { "$bundle/run.sh" "$@"; }
 run_trainer="$bundle/run.sh"  # what run_logged runs (timeout runs programs, not shell functions)
 echo "CUDA libraries from: ${cuda_dirs:-the system}"
-nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv | tee "$out/gpu.txt"
+timeout 30 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv 2>&1 | tee "$out/gpu.txt"
 
 deadline="${HDP_GPU_DEADLINE:-}"
 results="${HDP_GPU_RESULTS:-}"
