@@ -26,7 +26,7 @@
 # working tree. gzip, not zstd (which packs the same bundle a third smaller), because
 # every machine can unpack it: a GPU image without zstd could not (the bundle is about
 # 140 MB; gzip -9 packs it to about 46 MiB, -1 to 52 MiB, zstd -19 to 32 MiB, xz -9 to
-# 21 MiB, measured 2026-11-28). --level is gzip's (default 9; 1 packs in 2 seconds,
+# 26 MiB, measured 2026-11-28). --level is gzip's (default 9; 1 packs in 2 seconds,
 # which the suite uses to check the size: a higher level only packs smaller).
 # Unpack with `tar -xzf FILE.tar.gz`.
 #
