@@ -1,26 +1,34 @@
 #!/usr/bin/env bash
 # The one call to make on a lent GPU machine (the `device` tool runs it from the
-# repository root, with gpu-carry/ carried):
+# repository root, with gpu-carry/ carried, under its 600 s limit):
 #   bash bench/gpu_check.sh [steps...]        (steps: see bench/gpu_session.sh; default all)
-# Unpacks gpu-carry/bundle.tar.zst (made on the development machine by
+# Unpacks gpu-carry/bundle.tar.gz (made on the development machine by
 # bench/gpu_prepare.sh) under /tmp, runs bench/gpu_session.sh, and leaves in $OUT
 # (./gpu-logs where OUT is unset) summary.txt and logs.tar.gz: the device tool
-# brings back at most 8 files, so every log travels in the one archive.
+# brings back at most 8 files, so every log travels in the one archive. The session
+# rewrites both after every row of the summary, so a sitting killed at the device's
+# limit still brings back what finished.
+# HDP_GPU_DEADLINE (seconds since the epoch; default 540 s after the start, which
+# leaves a minute of the device's 600 s for packing and the transfer) is when the
+# session stops starting steps and cuts each step's time limit to what is left.
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-cd "$root"
-archive="$root/gpu-carry/bundle.tar.zst"
+cd "$root" || exit 2
+start=$(date +%s)
+export HDP_GPU_DEADLINE="${HDP_GPU_DEADLINE:-$((start + 540))}"
+archive="$root/gpu-carry/bundle.tar.gz"
 results="${OUT:-$root/gpu-logs}"
-mkdir -p "$results"
+mkdir -p "$results" || { echo "gpu_check: cannot create $results" >&2; exit 2; }
 [ -f "$archive" ] || { echo "gpu_check: $archive is missing: run bench/gpu_prepare.sh here and carry gpu-carry" >&2; exit 2; }
 work=/tmp/hdp-gpu
-rm -rf "$work" && mkdir -p "$work"
-start=$(date +%s)
-if command -v zstd >/dev/null; then zstd -dc "$archive" | tar -C "$work" -x
-else tar --zstd -C "$work" -xf "$archive"; fi || { echo "gpu_check: cannot unpack $archive (zstd missing?)" >&2; exit 2; }
-echo "gpu_check: unpacked the bundle in $(( $(date +%s) - start )) s"
-bash "$root/bench/gpu_session.sh" "$work/bundle" "$work/logs" "$@"
+rm -rf "$work" && mkdir -p "$work" || { echo "gpu_check: cannot make a fresh $work" >&2; exit 2; }
+# gzip: every image has it (zstd, which packs smaller, may be missing).
+tar -C "$work" -xzf "$archive" || { echo "gpu_check: cannot unpack $archive (tar -xzf failed; truncated in transfer?)" >&2; exit 2; }
+[ -x "$work/bundle/run.sh" ] || { echo "gpu_check: $archive holds no bundle/run.sh" >&2; exit 2; }
+echo "gpu_check: unpacked the bundle in $(( $(date +%s) - start )) s; deadline in $(( HDP_GPU_DEADLINE - $(date +%s) )) s"
+HDP_GPU_RESULTS="$results" bash "$root/bench/gpu_session.sh" "$work/bundle" "$work/logs" "$@"
 rc=$?
+# Again at the end: the session's last copy may predate its last log lines.
 cp "$work/logs/summary.txt" "$results/" 2>/dev/null
 tar -C "$work" -czf "$results/logs.tar.gz" logs
 echo "gpu_check: $(( $(date +%s) - start )) s in all; summary.txt and logs.tar.gz in $results"

@@ -35,25 +35,40 @@
 # conformance and ring-bench cases it must hold those programs too:
 #   scripts/bundle.sh BUNDLE build/trainer/trainer build/tests/mpi_communicator_conformance_test \
 #       build/bench/ring_exchange_bench
+# (ring-bench is reported as skipped when the bundle has no bin/ring_exchange_bench).
 # Cases default to "tp2 pp2 hdp2 long conformance nccl1 tp2-nccl pp2-nccl hdp2-nccl
-# long-nccl ring-bench". OUTDIR receives one log per run and summary.txt; run directories go
-# to runs/gpc-*. Exit status: 0 when every case ran (or was skipped for want of
+# long-nccl ring-bench". Each run has 120 s. OUTDIR (e.g. the device's $OUT, which
+# brings back at most 8 files) receives summary.txt, written as the cases run, and
+# logs.tar.gz, every run's log (kept in /tmp/hdp-gpc-logs), packed again after each
+# case, so a call killed at its limit still brings back what finished. Run
+# directories go to runs/gpc-*, removed first. Exit status: 0 when every case ran (or was skipped for want of
 # GPUs) and is within 1e-4, 1 otherwise. HDP_CHECK_DEVICE=cpu runs the same checks
 # on the CPU (to try the script on a machine without a GPU; the NCCL cases then
 # fail at start-up with exit 2, as parallel.comm=nccl on train.device cpu must).
 set -uo pipefail
 bundle="$(cd "$1" && pwd)"
-out="$2"
+results="$2"
 shift 2
 cases=("$@")
 [ ${#cases[@]} -eq 0 ] && cases=(tp2 pp2 hdp2 long conformance nccl1 tp2-nccl pp2-nccl hdp2-nccl long-nccl ring-bench)
-mkdir -p "$out"
+out=/tmp/hdp-gpc-logs  # the runs' logs, packed into $results/logs.tar.gz
+rm -rf "$out"
+mkdir -p "$out" "$results"
+run_limit=120  # seconds for one run: tiny-llama's 5 steps take a few seconds
+# runs/ outlives a call on a warm machine: a run that dies at start-up (or the long1
+# reference long-nccl reuses) must not be read from the last call.
+rm -rf runs/gpc-*
 
 source "$(dirname "${BASH_SOURCE[0]}")/gpu_env.sh"
 trainer() { "$bundle/run.sh" "$@"; }
-summary="$out/summary.txt"
+summary="$results/summary.txt"
 : > "$summary"
 say() { echo "$*" | tee -a "$summary"; }
+# pack_logs: every log so far into $results/logs.tar.gz (written aside and renamed).
+pack_logs() {
+  tar -C "$(dirname "$out")" -czf "$results/logs.tar.gz.part" "$(basename "$out")" &&
+    mv -f "$results/logs.tar.gz.part" "$results/logs.tar.gz"
+}
 say "CUDA libraries from: ${cuda_dirs:-the system}"
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | tee -a "$summary"
 
@@ -81,9 +96,9 @@ run() {
   local args=(train "${common[@]}" --set train.run_dir="runs/gpc-$name" --set train.checkpoint_dir="runs/gpc-$name/ckpt" "$@")
   local rc
   if [ "$n" -eq 1 ]; then
-    timeout 600 "$bundle/run.sh" "${args[@]}" > "$out/$name.log" 2>&1
+    timeout --kill-after=10 "$run_limit" "$bundle/run.sh" "${args[@]}" > "$out/$name.log" 2>&1
   else
-    timeout 600 "$bundle/mpirun.sh" --oversubscribe -np "$n" "$bundle/run.sh" "${args[@]}" > "$out/$name.log" 2>&1
+    timeout --kill-after=10 "$run_limit" "$bundle/mpirun.sh" --oversubscribe -np "$n" "$bundle/run.sh" "${args[@]}" > "$out/$name.log" 2>&1
   fi
   rc=$?
   grep -h 'GPU [0-9]* of [0-9]* visible' "$out/$name.log" | sed 's/.*\] *//' | sort -u | sed 's/^/  /' | tee -a "$summary"
@@ -116,6 +131,7 @@ compare() {
 
 say "== 1 rank (reference)"
 run single 1 || failed=1
+pack_logs
 for c in "${cases[@]}"; do
   case "$c" in
     tp2)  say "== tp2 (2 ranks)";  run tp2 2 --set parallel.tp=2 --set parallel.comm=mpi && compare tp2 single || failed=1 ;;
@@ -125,7 +141,8 @@ for c in "${cases[@]}"; do
       # Groups of 1 and 2 ranks; the test program prints why a backend or size is skipped.
       for n in 1 2; do
         say "== communicator conformance, $n rank(s): NCCL and MPI with CUDA buffers"
-        timeout 600 "$bundle/mpirun.sh" --oversubscribe -np "$n" "$bundle/run.sh" --bin mpi_communicator_conformance_test \
+        timeout --kill-after=10 "$run_limit" "$bundle/mpirun.sh" --oversubscribe -np "$n" "$bundle/run.sh" \
+          --bin mpi_communicator_conformance_test \
           --gtest_filter='Nccl/*:MpiCuda/*' > "$out/conformance-$n.log" 2>&1
         rc=$?
         grep -E '^\[  (PASSED|SKIPPED|FAILED) ' "$out/conformance-$n.log" | sort | uniq -c | sed 's/^/  /' | tee -a "$summary"
@@ -181,6 +198,12 @@ for c in "${cases[@]}"; do
       fi
       ;;
     ring-bench)
+      # bench/gpu_prepare.sh's bundle leaves the benchmarks out (HDP_BUILD_BENCH=OFF).
+      if [ ! -x "$bundle/bin/ring_exchange_bench" ]; then
+        say "== ring exchange bench: skipped, no bin/ring_exchange_bench in the bundle"
+        pack_logs
+        continue
+      fi
       # mpi with CUDA buffers: staged through pinned host memory; nccl: one GPU per rank.
       for setting in "mpi 2" "nccl 2" "nccl 4"; do
         read -r comm n <<< "$setting"
@@ -189,7 +212,7 @@ for c in "${cases[@]}"; do
           continue
         fi
         say "== ring exchange bench, $comm, $n ranks (bench-llama-1b's K/V blocks)"
-        timeout 600 "$bundle/mpirun.sh" --oversubscribe -np "$n" "$bundle/run.sh" --bin ring_exchange_bench \
+        timeout --kill-after=10 "$run_limit" "$bundle/mpirun.sh" --oversubscribe -np "$n" "$bundle/run.sh" --bin ring_exchange_bench \
           --comm "$comm" --device "${HDP_CHECK_DEVICE:-cuda}" --tokens 4096,16384 > "$out/ring-bench-$comm-$n.log" 2>&1
         rc=$?
         sed 's/^/  /' "$out/ring-bench-$comm-$n.log" | tee -a "$summary"
@@ -198,6 +221,7 @@ for c in "${cases[@]}"; do
       ;;
     *) say "unknown case $c (tp2 pp2 hdp2 long conformance nccl1 tp2-nccl pp2-nccl hdp2-nccl long-nccl ring-bench)"; failed=1 ;;
   esac
+  pack_logs
 done
 say "== $([ $failed -eq 0 ] && echo 'all layouts within 1e-4 of one rank' || echo 'SOME LAYOUTS FAILED or differ') (summary in $summary)"
 exit $failed

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bundle.sh [--archive FILE.tar.zst [--max-mib N] [--level L]] OUTDIR [BINARY...]
+# bundle.sh [--archive FILE.tar.gz [--max-mib N] [--level L]] OUTDIR [BINARY...]
 #
 # Makes a relocatable copy of the trainer for a machine that lacks this build
 # host's (Debian 12) libraries, e.g. a GPU node running another distribution:
@@ -21,12 +21,14 @@
 #   OUTDIR/mpirun.sh   runs the bundled mpirun, e.g.
 #                        OUTDIR/mpirun.sh -np 2 OUTDIR/run.sh train CONFIG.yaml
 #
-# --archive FILE.tar.zst also packs OUTDIR into one zstd -19 archive (the lent GPU
-# machines take at most 64 MiB with the working tree: the bundle is about 120 MB,
-# its archive about 27-31 MiB) and fails if the archive exceeds --max-mib (default
-# 56). --level is zstd's (default 19; 3 packs in a second to about 38 MiB, which the
-# suite uses to check the size: a higher level only packs smaller).
-# Unpack with `tar --zstd -xf FILE.tar.zst` (or `zstd -dc FILE | tar -x`).
+# --archive FILE.tar.gz also packs OUTDIR into one gzip -9 archive and fails if it
+# exceeds --max-mib (default 56): the lent GPU machines take at most 64 MiB with the
+# working tree. gzip, not zstd (which packs the same bundle a third smaller), because
+# every machine can unpack it: a GPU image without zstd could not (the bundle is about
+# 140 MB; gzip -9 packs it to about 46 MiB, -1 to 52 MiB, zstd -19 to 32 MiB, xz -9 to
+# 26 MiB, measured 2026-11-28). --level is gzip's (default 9; 1 packs in 2 seconds,
+# which the suite uses to check the size: a higher level only packs smaller).
+# Unpack with `tar -xzf FILE.tar.gz`.
 #
 # Nothing is rewritten in the binaries (no patchelf): run.sh sets
 # LD_LIBRARY_PATH (bundle first, then the caller's, so the target's CUDA
@@ -42,21 +44,20 @@ fi
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 archive=""
 max_mib=56
-level=19
+level=9
 while [ $# -gt 0 ]; do
   case "$1" in
     --archive) [ $# -ge 2 ] || { echo "bundle.sh: --archive needs a file name" >&2; exit 2; }
                archive="$2"; shift 2 ;;
     --max-mib) [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "bundle.sh: --max-mib needs a whole number" >&2; exit 2; }
                max_mib="$2"; shift 2 ;;
-    --level) [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "bundle.sh: --level needs zstd's level, 1 to 19" >&2; exit 2; }
+    --level) [[ "${2:-}" =~ ^[1-9]$ ]] || { echo "bundle.sh: --level needs gzip's level, 1 to 9" >&2; exit 2; }
              level="$2"; shift 2 ;;
     *) break ;;
   esac
 done
 [ $# -ge 1 ] || { echo "bundle.sh: OUTDIR is missing (see bundle.sh --help)" >&2; exit 2; }
 if [ -n "$archive" ]; then
-  command -v zstd >/dev/null || { echo "bundle.sh: --archive needs zstd (apt-get install zstd)" >&2; exit 2; }
   archive="$(cd "$(dirname "$archive")" && pwd)/$(basename "$archive")"
 fi
 out="$1"; shift
@@ -310,10 +311,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   printf '  %s\n' "${missing[@]}" | sort -u >&2
 fi
 if [ -n "$archive" ]; then
-  tar -C "$(dirname "$out")" -cf - "$(basename "$out")" | zstd -q -"$level" -T0 -f -o "$archive"
+  tar -C "$(dirname "$out")" -cf - "$(basename "$out")" | gzip -"$level" > "$archive"
   bytes=$(stat -c %s "$archive")
   mib=$(( (bytes + 1048575) / 1048576 ))
-  echo "  archive: $archive ($mib MiB at zstd level $level, limit $max_mib MiB)"
+  echo "  archive: $archive ($mib MiB at gzip level $level, limit $max_mib MiB)"
   if [ "$mib" -gt "$max_mib" ]; then
     echo "bundle.sh: the archive is $mib MiB, above --max-mib $max_mib (a lent GPU machine takes 64 MiB with the working tree)" >&2
     exit 1
