@@ -134,7 +134,9 @@ TEST(InterleavedOneFOneB, EveryOrderIsCompleteAndDeadlockFree) {
           for (const auto& [key, n] : seen) EXPECT_EQ(n, 2) << what;
           // The executor keeps a buffer per in-flight (micro-batch, chunk): never more than its slots.
           EXPECT_LE(max_in_flight, pipeline_slots(s, stages, chunks)) << what;
-          if (m % stages == 0) EXPECT_EQ(max_in_flight, std::min(pipeline_slots(s, stages, chunks), chunks * m)) << what;
+          if (m % stages == 0) {
+            EXPECT_EQ(max_in_flight, std::min(pipeline_slots(s, stages, chunks), chunks * m)) << what;
+          }
         }
         replay(stages, chunks, m, 1.0, 2.0, what);
       }
