@@ -400,10 +400,11 @@ StepPlan plan_static(std::span<const int64_t> lengths, const PlannerSettings& st
   std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return lengths[a] > lengths[b]; });
   const int64_t row_capacity = static_cast<int64_t>(cp) * C;
   std::set<std::pair<int64_t, size_t>> open;  // (room, row)
-  std::vector<int64_t> share(cp);
+  std::vector<int64_t> share(cp), bounds(2 * static_cast<size_t>(cp) + 1);  // member_tokens, from one set of bounds
   for (size_t q : order) {
     const int64_t len = lengths[q];
-    for (int j = 0; j < cp; ++j) share[j] = member_tokens(len, j, cp);
+    for (int c = 0; c <= 2 * cp; ++c) bounds[c] = zigzag_chunk_begin(len, c, cp);
+    for (int j = 0; j < cp; ++j) share[j] = bounds[j + 1] - bounds[j] + bounds[2 * cp - j] - bounds[2 * cp - 1 - j];
     size_t chosen = rows.size();
     for (auto it = open.lower_bound({len, 0}); it != open.end(); ++it) {
       const Row& row = rows[it->second];
@@ -450,9 +451,10 @@ StepPlan plan_static(std::span<const int64_t> lengths, const PlannerSettings& st
     for (int j = 0; j < cp; ++j) ring.ranks.push_back(g * cp + j);
     ring.sequences = row.sequences;
     const int ring_index = static_cast<int>(plan.rings.size());
+    std::vector<std::vector<PlannedPiece>> pieces = zigzag_ring_pieces_by_member(ring, ring_index, lengths);
     for (int j = 0; j < cp; ++j) {
       PlannedMicroBatch mb;
-      mb.pieces = zigzag_ring_pieces(ring, ring_index, j, lengths);
+      mb.pieces = std::move(pieces[j]);
       mb.ring = ring_index;
       plan.ranks[ring.ranks[j]].push_back(std::move(mb));
     }

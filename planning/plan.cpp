@@ -76,6 +76,21 @@ std::vector<PlannedPiece> zigzag_ring_pieces(const Ring& ring, int ring_index, i
   return pieces;
 }
 
+std::vector<std::vector<PlannedPiece>> zigzag_ring_pieces_by_member(const Ring& ring, int ring_index,
+                                                                    std::span<const int64_t> lengths) {
+  const int k = static_cast<int>(ring.ranks.size());
+  std::vector<std::vector<PlannedPiece>> pieces(static_cast<size_t>(k));
+  for (std::vector<PlannedPiece>& member : pieces) member.reserve(2 * ring.sequences.size());
+  std::vector<int64_t> bounds(2 * static_cast<size_t>(k) + 1);
+  for (int64_t q : ring.sequences) {
+    for (int c = 0; c <= 2 * k; ++c) bounds[c] = zigzag_chunk_begin(lengths[q], c, k);
+    for (int position = 0; position < k; ++position)
+      for (int c : {position, 2 * k - 1 - position})
+        if (bounds[c + 1] > bounds[c]) pieces[position].push_back({q, bounds[c], bounds[c + 1] - bounds[c], ring_index});
+  }
+  return pieces;
+}
+
 std::vector<RankMicroBatch> rank_work(const StepPlan& plan, std::span<const int64_t> lengths, int hdp_rank) {
   if (hdp_rank < 0 || hdp_rank >= static_cast<int>(plan.ranks.size())) {
     throw std::invalid_argument("rank_work: hdp rank " + std::to_string(hdp_rank) + " outside a plan of " +

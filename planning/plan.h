@@ -87,6 +87,11 @@ std::vector<RankMicroBatch> rank_work(const StepPlan& plan, std::span<const int6
 // plan), in row order; lengths are the global batch's sequence lengths.
 std::vector<PlannedPiece> zigzag_ring_pieces(const Ring& ring, int ring_index, int position,
                                              std::span<const int64_t> lengths);
+// zigzag_ring_pieces of every member, by position: each sequence's chunk bounds
+// computed once for all members (static plans at thousands of GPUs have rings of
+// hundreds of members).
+std::vector<std::vector<PlannedPiece>> zigzag_ring_pieces_by_member(const Ring& ring, int ring_index,
+                                                                    std::span<const int64_t> lengths);
 
 // The most tokens a micro-batch may hold when a pipeline stage has `layers` layers
 // (l), its first k = recompute_layers of them recompute and keep a share rho =
