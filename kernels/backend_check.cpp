@@ -455,6 +455,10 @@ void check_attention(Checker& c, DType dt, AttentionImpl impl) {
     std::vector<int32_t> doc_lengths;
     int64_t Hq, Hkv, d;
     int64_t window = kNoWindow;
+    // The inputs are the first T rows of buffers of 2T whose other rows are NaN: a
+    // kernel that loads rows past its documents (cuDNN's graphs are built for T
+    // rounded up to a power of two) must not let them into a result.
+    bool nan_past_t = false;
   };
   const std::vector<Case> cases = {
       {{1, 17, 64, 130, 3}, 4, 2, 16},
@@ -470,6 +474,8 @@ void check_attention(Checker& c, DType dt, AttentionImpl impl) {
       {{1000}, 4, 1, 128, 256},
       // Empty documents (a data loader's zero-length ones) at both ends and between.
       {{0, 40, 0, 200, 77, 0}, 8, 2, 128},
+      {{1500}, 4, 1, 128, kNoWindow, true},
+      {{5, 250, 1, 96}, 8, 2, 128, kNoWindow, true},
   };
   for (const Case& k : cases) {
     std::vector<int32_t> cu{0};
@@ -477,12 +483,21 @@ void check_attention(Checker& c, DType dt, AttentionImpl impl) {
     const int64_t T = cu.back();
     const int64_t docs = static_cast<int64_t>(k.doc_lengths.size());
     const std::string shape =
-        with_window(dims({{"T", T}, {"docs", docs}, {"Hq", k.Hq}, {"Hkv", k.Hkv}, {"d", k.d}}), k.window);
+        with_window(dims({{"T", T}, {"docs", docs}, {"Hq", k.Hq}, {"Hkv", k.Hkv}, {"d", k.d}}), k.window) +
+        (k.nan_past_t ? " NaN past T" : "");
     Workspace w = c.workspace();
     const double tol = attention_tolerance(c, dt, k.d, impl);  // out, dq, dk, dv; lse is fp32 in either precision
     const IndexTwin cs = w.indices(cu);
-    const Twin q = w.random_as(dt, {T, k.Hq, k.d}, -2, 2), kk = w.random_as(dt, {T, k.Hkv, k.d}, -2, 2),
-               v = w.random_as(dt, {T, k.Hkv, k.d}), out = w.random_as(dt, {T, k.Hq, k.d}), lse = w.random({k.Hq, T});
+    // An input of T rows (Case::nan_past_t: the first T of 2T, the rest NaN).
+    auto input = [&](int64_t heads, float lo, float hi) {
+      if (!k.nan_past_t) return w.random_as(dt, {T, heads, k.d}, lo, hi);
+      const Twin whole = w.random_as(dt, {2 * T, heads, k.d}, lo, hi);
+      fill(whole.host.rows(T, 2 * T), std::numeric_limits<float>::quiet_NaN());
+      fill(whole.dev.rows(T, 2 * T), std::numeric_limits<float>::quiet_NaN());
+      return Twin{whole.host.rows(0, T), whole.dev.rows(0, T)};
+    };
+    const Twin q = input(k.Hq, -2, 2), kk = input(k.Hkv, -2, 2), v = input(k.Hkv, -1, 1),
+               out = w.random_as(dt, {T, k.Hq, k.d}), lse = w.random({k.Hq, T});
     attention_forward(out.host, lse.host, q.host, kk.host, v.host, cs.host, k.window);
     try {
       attention_forward(out.dev, lse.dev, q.dev, kk.dev, v.dev, cs.dev, k.window);
@@ -494,7 +509,7 @@ void check_attention(Checker& c, DType dt, AttentionImpl impl) {
     c.compare(named("attention_forward lse", dt, impl), shape, lse, kTolReduction);
     c.share_reference(dt, out);
     c.share_reference(dt, lse);
-    const Twin dout = w.random_as(dt, {T, k.Hq, k.d}), dq = w.random_as(dt, {T, k.Hq, k.d}),
+    const Twin dout = input(k.Hq, -1, 1), dq = w.random_as(dt, {T, k.Hq, k.d}),
                dk = w.random_as(dt, {T, k.Hkv, k.d}), dv = w.random_as(dt, {T, k.Hkv, k.d});
     attention_backward(dq.host, dk.host, dv.host, dout.host, q.host, kk.host, v.host, out.host, lse.host, cs.host,
                        k.window);

@@ -114,7 +114,7 @@ TensorAttr index_tensor(fe::graph::Graph& g, const char* name, int64_t uid, int6
       {1, 1, 1, 1}).set_data_type(type));
 }
 
-// A [T, heads, width] tensor as B packed sequences of at most S = T rows.
+// A [T, heads, width] tensor as B packed sequences of at most S = graph_tokens(T) rows.
 void set_packed(fe::graph::Tensor_attributes& t, const GraphKey& key, int64_t heads, int64_t width,
                 const TensorAttr& offset) {
   t.set_dim({key.batch, heads, key.tokens, width})

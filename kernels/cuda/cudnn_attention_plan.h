@@ -22,9 +22,13 @@
 //       micro-batches with 5..8 documents share the graph of 8. Older cuDNN gets
 //       a graph per number of documents, and an empty document in cu_seqlens
 //       reaches it as a zero-length sequence (the trainer's sampler packs none);
-//   S = T: no document is longer than the micro-batch, and the longest one is on
-//       the device only (cu_seqlens is never copied to the host); tiles of a
-//       document past its length cost an early exit in cuDNN's kernels.
+//   S = graph_tokens(T), T rounded up to a power of two: no document is longer
+//       than the micro-batch, and the longest one is on the device only (cu_seqlens
+//       is never copied to the host); tiles of a document past its length cost an
+//       early exit in cuDNN's kernels. A bound, not T itself, so that micro-batches
+//       of varying packed lengths share graphs. Whether cuDNN loads rows past a
+//       document up to S (masked, but NaN x 0 is NaN) is what the selftest's
+//       "NaN past T" attention rows check on a GPU (kernels/backend_check.cpp).
 // Rows past the documents (ring attention's rows, kernels/ops.h: cu_seqlens may end
 // before T) belong to no sequence: cuDNN neither reads nor writes them, and their
 // lse is left as it is.
@@ -84,7 +88,7 @@ struct GraphKey {
   int64_t q_heads = 0;
   int64_t kv_heads = 0;
   int64_t head_dim = 0;
-  int64_t window = 0;    // graph_window(window, T); 0: full causal attention
+  int64_t window = 0;    // graph_window(window, tokens); 0: full causal attention
   bool operator==(const GraphKey&) const = default;
 };
 
