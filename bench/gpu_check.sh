@@ -11,6 +11,8 @@
 # HDP_GPU_DEADLINE (seconds since the epoch; default 540 s after the start, which
 # leaves a minute of the device's 600 s for packing and the transfer) is when the
 # session stops starting steps and cuts each step's time limit to what is left.
+# Where the device grants a shorter limit (its reply's limit_s, when little device
+# time is left), start it as HDP_GPU_DEADLINE=$(( $(date +%s) + LIMIT - 60 )) bash ...
 set -uo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root" || exit 2
@@ -29,7 +31,8 @@ echo "gpu_check: unpacked the bundle in $(( $(date +%s) - start )) s; deadline i
 HDP_GPU_RESULTS="$results" bash "$root/bench/gpu_session.sh" "$work/bundle" "$work/logs" "$@"
 rc=$?
 # Again at the end: the session's last copy may predate its last log lines.
+# Written aside and renamed: a kill during the tar keeps the archive already there.
 cp "$work/logs/summary.txt" "$results/" 2>/dev/null
-tar -C "$work" -czf "$results/logs.tar.gz" logs
+tar -C "$work" -czf "$results/logs.tar.gz.part" logs && mv -f "$results/logs.tar.gz.part" "$results/logs.tar.gz"
 echo "gpu_check: $(( $(date +%s) - start )) s in all; summary.txt and logs.tar.gz in $results"
 exit $rc

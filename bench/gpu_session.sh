@@ -76,7 +76,8 @@ publish() {
   tar -C "$(dirname "$out")" -czf "$results/logs.tar.gz.part" "$(basename "$out")" &&
     mv -f "$results/logs.tar.gz.part" "$results/logs.tar.gz"
 }
-record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" >> "$summary"; publish; }
+# An empty field would merge with the next under `column`: "-" stands in for it.
+record() { printf '%s\t%s\t%s\t%s\n' "${1:--}" "${2:--}" "${3:--}" "${4:--}" >> "$summary"; publish; }
 # begin_step STEP [PART]: whether to run STEP (or that part of it): asked for, and
 # time left (else a row says so).
 begin_step() {

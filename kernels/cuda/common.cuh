@@ -82,16 +82,33 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
 // which waits for the whole device: mid-step that includes NCCL kernels waiting for
 // peers that may wait for this rank's next collective, a hang (a scratch grows in the
 // step that first sees a longer micro-batch, while gradient buckets are in flight).
+// A device without stream-ordered allocation (cudaDevAttrMemoryPoolsSupported 0:
+// some virtualised GPUs) gets the synchronising path: drain the stream, free, allocate.
 inline void grow_stream_buffer(void** buffer, size_t* capacity, size_t bytes) {
   if (bytes <= *capacity) return;
+  static const bool pools = [] {
+    int device = 0, supported = 0;
+    HDP_CUDA_CHECK(cudaGetDevice(&device));
+    HDP_CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
+    return supported != 0;
+  }();
   const size_t grown = std::max(bytes, *capacity + *capacity / 2);
   cudaStream_t stream = compute_stream();
   if (*buffer) {
-    HDP_CUDA_CHECK(cudaFreeAsync(*buffer, stream));
+    if (pools) {
+      HDP_CUDA_CHECK(cudaFreeAsync(*buffer, stream));
+    } else {
+      HDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+      HDP_CUDA_CHECK(cudaFree(*buffer));
+    }
     *buffer = nullptr;
     *capacity = 0;
   }
-  HDP_CUDA_CHECK(cudaMallocAsync(buffer, grown, stream));
+  if (pools) {
+    HDP_CUDA_CHECK(cudaMallocAsync(buffer, grown, stream));
+  } else {
+    HDP_CUDA_CHECK(cudaMalloc(buffer, grown));
+  }
   *capacity = grown;
 }
 

@@ -257,15 +257,22 @@ OpTimer::~OpTimer() {
   if (start_ == nullptr) return;
   OpTimes& t = op_times();
   std::lock_guard<std::mutex> lock(t.mutex);
-  cudaEvent_t e = t.take();
-  if (cudaEventRecord(e, compute_stream()) != cudaSuccess) {  // no throwing from a destructor
-    (void)cudaGetLastError();  // not left for the next launch check to report as its own
-    t.free_events.push_back(e);
-    t.free_events.push_back(static_cast<cudaEvent_t>(start_));
-    return;
+  // No throwing from a destructor (during unwinding it would end the process): after
+  // a CUDA error the interval is dropped, and the error is not left for the next
+  // launch check to report as its own.
+  try {
+    cudaEvent_t e = t.take();
+    if (cudaEventRecord(e, compute_stream()) != cudaSuccess) {
+      (void)cudaGetLastError();
+      t.free_events.push_back(e);
+      t.free_events.push_back(static_cast<cudaEvent_t>(start_));
+      return;
+    }
+    t.pending.push_back({op_, static_cast<cudaEvent_t>(start_), e});
+    if (t.pending.size() >= 16384) t.drain();
+  } catch (const std::exception&) {
+    (void)cudaGetLastError();
   }
-  t.pending.push_back({op_, static_cast<cudaEvent_t>(start_), e});
-  if (t.pending.size() >= 16384) t.drain();
 }
 
 std::string op_times_report() {
