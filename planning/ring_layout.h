@@ -67,7 +67,7 @@ struct RingStepRows {
   std::vector<int64_t> most;  // [t], ring_size entries: the most key rows a member reads at step t; most[0] = 0
   int64_t total = 0;          // key rows read by all members over all steps
 };
-// O(ring_size x sequences + ring_size^2 + ring_size x the members holding rows of
+// O(ring_size x sequences + ring_size^2 + the pairs of members holding rows of
 // sequences shorter than 2 x ring_size or cut by the window): the simulator prices
 // rings of hundreds of members over hundreds of sequences with it.
 RingStepRows ring_step_rows(std::span<const int64_t> sequence_lengths, int ring_size, int64_t window);
