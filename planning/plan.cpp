@@ -80,7 +80,6 @@ std::vector<std::vector<PlannedPiece>> zigzag_ring_pieces_by_member(const Ring& 
                                                                     std::span<const int64_t> lengths) {
   const int k = static_cast<int>(ring.ranks.size());
   std::vector<std::vector<PlannedPiece>> pieces(static_cast<size_t>(k));
-  for (std::vector<PlannedPiece>& member : pieces) member.reserve(2 * ring.sequences.size());
   std::vector<int64_t> bounds(2 * static_cast<size_t>(k) + 1);
   for (int64_t q : ring.sequences) {
     for (int c = 0; c <= 2 * k; ++c) bounds[c] = zigzag_chunk_begin(lengths[q], c, k);

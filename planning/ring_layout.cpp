@@ -103,6 +103,7 @@ RingStepRows ring_step_rows(std::span<const int64_t> lengths, int n, int64_t win
   if (n < 0) throw std::invalid_argument("ring_step_rows: a ring of " + std::to_string(n) + " members");
   RingStepRows out;
   out.most.assign(n, 0);
+  if (n == 0) return out;  // no member reads anything
   // A sequence of at least 2n rows that no window cuts gives every member both
   // chunks and every chunk is read whole by everyone holding a later one: member p
   // reads source q's first chunk always and its second when p < q. Their rows add
