@@ -30,7 +30,6 @@ case "$profile" in
       libgtest-dev
       libbenchmark-dev
       slurm-wlm munge   # launch tests (scripts/slurm/selftest.sh)
-      zstd              # the GPU bundle's archive (scripts/bundle.sh --archive)
       # scripts/fuzz.sh: Clang (14 on Debian 12) with libFuzzer and the sanitizer
       # runtimes, Clang's OpenMP, and llvm-symbolizer for readable reports
       clang libclang-rt-dev libomp-dev llvm
