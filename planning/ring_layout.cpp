@@ -110,6 +110,7 @@ RingStepRows ring_step_rows(std::span<const int64_t> lengths, int n, int64_t win
   // up over such sequences per source; the others are counted one by one.
   std::vector<int64_t> first_rows(n, 0), second_rows(n, 0);
   std::vector<SequenceChunks> others;
+  std::vector<bool> others_windowed;  // cut by the window (else: shorter than 2n)
   for (int64_t length : lengths) {
     if (length >= 2 * static_cast<int64_t>(n) && (window <= 0 || window >= length)) {
       const SequenceChunks s = sequence_chunks(length, n);
@@ -119,16 +120,46 @@ RingStepRows ring_step_rows(std::span<const int64_t> lengths, int n, int64_t win
       }
     } else {
       others.push_back(sequence_chunks(length, n));
+      others_windowed.push_back(window > 0 && window < length);
     }
   }
   // The others' rows, by step t and reader p at t x n + p: only members holding a
   // chunk read or are read, so pairs of holders (fewer than n x holders when a short
   // sequence leaves members without a row).
+  // Without a window, rows_read reduces to the chunks' sizes: a reader p holding its
+  // second chunk (2n - 1 - p, later than every first chunk) reads q's first chunk
+  // whole and q's second when q > p; a reader holding only its first chunk p reads
+  // q's first chunk when q < p; a sequence of static's rings at 12,288 GPUs has
+  // tens of thousands of such pairs.
   std::vector<int64_t> others_read(others.empty() ? 0 : static_cast<size_t>(n) * n, 0);
-  for (const SequenceChunks& s : others)
-    for (int q : s.holders)
-      for (int p : s.holders)
-        if (p != q) others_read[static_cast<size_t>(p >= q ? p - q : p - q + n) * n + p] += rows_read(s, n, window, q, p);
+  std::vector<int64_t> first_size(n), second_size(n);
+  for (size_t i = 0; i < others.size(); ++i) {
+    const SequenceChunks& s = others[i];
+    auto at = [&](int q, int p) -> int64_t& {
+      return others_read[static_cast<size_t>(p >= q ? p - q : p - q + n) * n + p];
+    };
+    if (others_windowed[i]) {
+      for (int q : s.holders)
+        for (int p : s.holders)
+          if (p != q) at(q, p) += rows_read(s, n, window, q, p);
+      continue;
+    }
+    for (int m : s.holders) {
+      first_size[m] = s.bounds[m + 1] - s.bounds[m];
+      second_size[m] = s.bounds[2 * n - m] - s.bounds[2 * n - 1 - m];
+    }
+    for (int p : s.holders) {
+      if (second_size[p] > 0) {
+        for (int q : s.holders)
+          if (q != p) at(q, p) += first_size[q] + (q > p ? second_size[q] : 0);
+      } else {
+        for (int q : s.holders) {
+          if (q >= p) break;  // holders ascend
+          at(q, p) += first_size[q];
+        }
+      }
+    }
+  }
   std::vector<int64_t> read(n);
   for (int t = 1; t < n; ++t) {
     for (int p = 0; p < n; ++p) {
