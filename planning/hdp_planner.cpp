@@ -1267,6 +1267,16 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   double best_max = predicted_max(items, best);
   Assignment* winner = &best;
   const std::vector<WorkItem>* winner_items = &items;
+  // A candidate refined, and the winner where it predicts a shorter step (ties: the earlier).
+  auto refine_and_compare = [&](const std::vector<WorkItem>& candidate_items, Assignment& a) {
+    refine(candidate_items, a);
+    const double candidate_max = predicted_max(candidate_items, a);
+    if (candidate_max < best_max * (1 - 1e-9)) {
+      best_max = candidate_max;
+      winner = &a;
+      winner_items = &candidate_items;
+    }
+  };
 
   // Candidate 2 (widen): a long sequence whose share on each of its ranks would
   // cost more than `load` gets ceil(its seconds / load) ranks instead, at most hdp
@@ -1295,13 +1305,7 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   if (widened) {
     wide_items = make_items(*widened);
     wide = assign_rounds(wide_items, hdp, balance);
-    refine(wide_items, *wide);
-    const double wide_max = predicted_max(wide_items, *wide);
-    if (wide_max < best_max * (1 - 1e-9)) {
-      best_max = wide_max;
-      winner = &*wide;
-      winner_items = &wide_items;
-    }
+    refine_and_compare(wide_items, *wide);
   }
 
   // Candidate 3: plan_naive's assignment of the same items, refined, so that the
@@ -1311,15 +1315,7 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   std::optional<Assignment> naive;
   if (best_max > floor_of_items * (1 + 1e-9))
     naive = naive_assignment(plan_naive(lengths, st), items, pool, lengths.size(), hdp);
-  if (naive) {
-    refine(items, *naive);
-    const double naive_max = predicted_max(items, *naive);
-    if (naive_max < best_max * (1 - 1e-9)) {
-      best_max = naive_max;
-      winner = &*naive;
-      winner_items = &items;
-    }
-  }
+  if (naive) refine_and_compare(items, *naive);
   // Candidate 4, with expert parallelism: lock_step_rows, for a batch without rings.
   std::optional<Assignment> rows;
   if (st.ep > 1) rows = lock_step_rows(items, hdp, st.ep);

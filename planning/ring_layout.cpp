@@ -109,8 +109,7 @@ RingStepRows ring_step_rows(std::span<const int64_t> lengths, int n, int64_t win
   // reads source q's first chunk always and its second when p < q. Their rows add
   // up over such sequences per source; the others are counted one by one.
   std::vector<int64_t> first_rows(n, 0), second_rows(n, 0);
-  std::vector<SequenceChunks> others;
-  std::vector<bool> others_windowed;  // cut by the window (else: shorter than 2n)
+  std::vector<SequenceChunks> others;  // cut by the window, or shorter than 2n
   for (int64_t length : lengths) {
     if (length >= 2 * static_cast<int64_t>(n) && (window <= 0 || window >= length)) {
       const SequenceChunks s = sequence_chunks(length, n);
@@ -120,7 +119,6 @@ RingStepRows ring_step_rows(std::span<const int64_t> lengths, int n, int64_t win
       }
     } else {
       others.push_back(sequence_chunks(length, n));
-      others_windowed.push_back(window > 0 && window < length);
     }
   }
   // The others' rows, by step t and reader p at t x n + p: only members holding a
@@ -133,12 +131,11 @@ RingStepRows ring_step_rows(std::span<const int64_t> lengths, int n, int64_t win
   // tens of thousands of such pairs.
   std::vector<int64_t> others_read(others.empty() ? 0 : static_cast<size_t>(n) * n, 0);
   std::vector<int64_t> first_size(n), second_size(n);
-  for (size_t i = 0; i < others.size(); ++i) {
-    const SequenceChunks& s = others[i];
+  for (const SequenceChunks& s : others) {
     auto at = [&](int q, int p) -> int64_t& {
       return others_read[static_cast<size_t>(p >= q ? p - q : p - q + n) * n + p];
     };
-    if (others_windowed[i]) {
+    if (window > 0 && window < s.bounds.back()) {  // cut by the window (bounds.back(): its length)
       for (int q : s.holders)
         for (int p : s.holders)
           if (p != q) at(q, p) += rows_read(s, n, window, q, p);

@@ -77,8 +77,9 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
 }
 
 // Grows a compute-stream scratch buffer to at least `bytes` (to 1.5 times its old
-// capacity when that is more), stream-ordered: the old buffer is freed after the stream's earlier
-// kernels that read it, the new one is usable by the stream's later ones. Not cudaFree,
+// capacity when that is more), stream-ordered: the old buffer is freed after the
+// stream's earlier kernels that read it, the new one is usable by the stream's later
+// ones. Not cudaFree,
 // which waits for the whole device: mid-step that includes NCCL kernels waiting for
 // peers that may wait for this rank's next collective, a hang (a scratch grows in the
 // step that first sees a longer micro-batch, while gradient buckets are in flight).
