@@ -52,6 +52,15 @@ void decide_auto_hdp(Config& config, int job_ranks) {
   p.hdp_auto = false;
 }
 
+// train.precision not given: bf16 on cuda (the CUDA bf16 path equals the CPU's bf16
+// and runs at tensor-core speed: docs/performance.md, an H200 on 2026-11-28), fp32
+// elsewhere, where bf16 is slower than fp32 on most CPUs. The effective config
+// names the choice, so a checkpoint resumes with it.
+void decide_default_precision(Config& config) {
+  if (config.origins.count("train.precision")) return;
+  config.train.precision = config.train.device == Device::CUDA ? DType::BF16 : DType::F32;
+}
+
 Config read_config(const YamlDocument& document, const std::vector<std::string>& overrides, bool check_files,
                    int job_ranks, bool skip_retired_keys = false) {
   ConfigParser parser;
@@ -61,6 +70,7 @@ Config read_config(const YamlDocument& document, const std::vector<std::string>&
   parser.read_document(document);
   for (const std::string& o : overrides) parser.apply_override(o);
   decide_auto_hdp(parser.config, job_ranks);
+  decide_default_precision(parser.config);
   check_config(parser.config, check_files);
   parser.config.yaml = emit_config_yaml(parser.config);
   return parser.config;

@@ -261,10 +261,10 @@ const std::vector<Section> kSchema = {
                  "where a rank computes (`cuda`: the GPU of its local rank modulo the GPUs visible)"),
       field("tf32", &Config::train, &TrainConfig::tf32, "`cuda` only: fp32 GEMMs on TF32 tensor cores"),
       enum_field("attention", &Config::train, &TrainConfig::attention, kAttentionImplNames, "implementation",
-                 "`cuda` only: which kernels run attention (`cudnn`: bf16, compiled only until a GPU session "
-                 "measures it)"),
+                 "`cuda` only: which kernels run attention (cuDNN's in bf16 on sm_90 and newer; its backward "
+                 "is not bit-reproducible, so `own` where resume must be bit-exact)"),
       enum_field("precision", &Config::train, &TrainConfig::precision, kPrecisionNames, "precision",
-                 "the compute precision"),
+                 "the compute precision; not given: `bf16` on `cuda`, `fp32` on the other devices"),
       enum_field("recompute", &Config::train, &TrainConfig::recompute, kRecomputeModeNames, "mode",
                  "activation recomputation: what a layer keeps for backward and reruns in it (Korthikanti et al. "
                  "2022; docs/performance.md)"),

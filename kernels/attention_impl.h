@@ -8,16 +8,18 @@
 //   own    our kernels for every call.
 //   cudnn  cuDNN for every call; a call it cannot take is an error that says why
 //          (CudnnAttentionRefused), so a measurement of cuDNN measures cuDNN.
-//   auto   our kernels, for now. cuDNN has not run on a GPU yet, and its backward
-//          is not deterministic (below), while ours are and make resume
-//          bit-exact; a GPU session measures both on the shapes training runs
-//          (bench/gpu_session.sh: the selftest's [bf16, cudnn] rows and
-//          bench-llama-1b with train.attention own and cudnn), and auto is then
-//          set from that measurement.
+//   auto   cuDNN where it runs the call (bf16 on sm_90 or sm_100 with cuDNN 9.10.2
+//          or newer, cudnn_attention_supported below, and a graph cuDNN builds),
+//          our kernels for the rest (fp32, ring attention's blocks, older GPUs).
+//          Set by measurement: on an H200 (bench/gpu_session.sh, 2026-11-28) the
+//          selftest's [bf16, cudnn] rows pass, tiny-llama's first 5 bf16 losses
+//          equal the CPU's to 1.2e-5, and bench-llama-1b's bf16 step takes 224 ms
+//          with cuDNN's attention against 527 ms with ours (docs/performance.md).
 //
 // cuDNN's backward accumulates dQ with atomics, so unlike our kernels its
 // gradients are not bit-identical from run to run (a deterministic cuDNN backward
-// on packed documents needs a workspace quadratic in T).
+// on packed documents needs a workspace quadratic in T): a bf16 run on a GPU that
+// must resume bit-exactly sets train.attention: own.
 
 #include <cstdint>
 #include <stdexcept>
@@ -32,7 +34,7 @@ enum class AttentionImpl { Auto, Cudnn, Own };
 
 // The names a config writes (train.attention).
 inline constexpr EnumName<AttentionImpl> kAttentionImplNames[] = {
-    {AttentionImpl::Auto, "auto", "our kernels until a GPU measurement chooses (kernels/attention_impl.h)"},
+    {AttentionImpl::Auto, "auto", "cuDNN where it runs the call, our kernels elsewhere (kernels/attention_impl.h)"},
     {AttentionImpl::Cudnn, "cudnn", "cuDNN's fused attention, an error where it cannot run"},
     {AttentionImpl::Own, "own", "our FlashAttention-2 kernels"}};
 

@@ -582,20 +582,22 @@ void check_window(const char* op, int64_t window) {
 
 #if HDP_HAVE_CUDA
 // On CUDA an attention call runs cuDNN's fused attention or our kernels, as the
-// process-wide choice says (kernels/attention_impl.h): whether cuDNN takes `call`;
-// under AttentionImpl::Cudnn a call it cannot take throws, saying why. cuDNN's
-// calls are timed as "attention_forward (cudnn)" and "attention_backward (cudnn)"
-// (HDP_CUDA_OP_TIMES), so a step's report tells the two apart.
+// process-wide choice says (kernels/attention_impl.h): whether cuDNN takes `call`.
+// Under AttentionImpl::Cudnn a call it cannot take throws, saying why; under auto
+// our kernels take it. cuDNN's calls are timed as "attention_forward (cudnn)" and
+// "attention_backward (cudnn)" (HDP_CUDA_OP_TIMES), so a step's report tells the
+// two apart.
 bool cudnn_takes(const char* op, const CudnnAttentionCall& call) {
   const AttentionImpl impl = attention_impl();
-  if (impl != AttentionImpl::Cudnn) return false;  // auto runs our kernels until measured (attention_impl.h)
+  if (impl == AttentionImpl::Own) return false;
   std::string why;
   if (cudnn_attention_supported(cuda::cudnn_runtime(), call, &why)) return true;
-  throw CudnnAttentionRefused(op, why);
+  if (impl == AttentionImpl::Cudnn) throw CudnnAttentionRefused(op, why);
+  return false;
 }
 
 // After cuDNN refused the graph of a call it was to take: an error under
-// AttentionImpl::Cudnn (the only choice that sends calls to cuDNN for now).
+// AttentionImpl::Cudnn; under auto our kernels run the call.
 void cudnn_refused_graph(const char* op, const std::string& why) {
   if (attention_impl() == AttentionImpl::Cudnn) throw CudnnAttentionRefused(op, why);
 }

@@ -145,12 +145,10 @@ void bind_gpu(const TrainConfig& train, const ProcessInfo& process) {
   spdlog::info("rank {} (local rank {}): GPU {} of {} visible{}, {}{}", process.rank, process.local_rank, gpu,
                visible, process.local_size > visible ? " (shared by the node's ranks)" : "",
                cuda::device_description(), train.tf32 ? ", fp32 GEMMs on TF32 tensor cores" : "");
-  if (train.attention == AttentionImpl::Cudnn && process.rank == 0)
-    spdlog::warn("train.attention: cudnn runs cuDNN's fused attention, compiled only until a GPU session measures it "
-                 "(`trainer selftest` compares it with the CPU); its backward is not bit-reproducible");
-  if (train.precision == DType::BF16 && process.rank == 0)
-    spdlog::warn("train.precision: bf16 on cuda runs the CUDA bf16 kernels, which are unverified until `trainer "
-                 "selftest` passes on this GPU (it compares every bf16 op and bf16 training steps with the CPU)");
+  if (train.precision == DType::BF16 && train.attention != AttentionImpl::Own && process.rank == 0)
+    spdlog::info("train.attention: {}: bf16 attention runs on cuDNN's fused kernels where they take the call, whose "
+                 "backward is not bit-reproducible (train.attention: own for bit-exact resume)",
+                 enum_name(kAttentionImplNames, train.attention));
 }
 
 // parallel.comm resolved on the training ranks (collective over `training_world`, or
@@ -406,12 +404,7 @@ int set_up_process(const Config& config, const ProcessInfo& process) {
   check_world_size(config.parallel, remote, remote ? static_cast<int>(config.loader.servers) : 0, process);
   check_threads(config, process);
   const int threads = configure_threads(config.train.threads, process);
-  if (config.train.device == Device::CUDA) {
-    bind_gpu(config.train, process);
-    if (config.model.moe() && process.rank == 0)
-      spdlog::warn("model.arch: mixtral on cuda runs the MoE block's row-movement kernels (gather_rows, "
-                   "combine_rows), which are unverified until `trainer selftest` passes on this GPU");
-  }
+  if (config.train.device == Device::CUDA) bind_gpu(config.train, process);
   return threads;
 }
 

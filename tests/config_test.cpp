@@ -799,8 +799,28 @@ TEST(Config, AttentionChoice) {
   const std::string on_cpu = load_error(path, {"train.attention=cudnn"});
   EXPECT_CONTAINS(on_cpu, "train.attention: 'cudnn' needs train.device: cuda and train.precision: bf16");
   EXPECT_CONTAINS(on_cpu, "use train.attention: auto or own");
-  EXPECT_CONTAINS(load_error(path, {"train.attention=cudnn", "train.device=cuda"}), "train.precision");
+  EXPECT_CONTAINS(load_error(path, {"train.attention=cudnn", "train.device=cuda", "train.precision=fp32"}),
+                  "train.precision");
   EXPECT_CONTAINS(load_error(path, {"train.attention=flash"}), "train.attention: unknown implementation 'flash'");
+}
+
+// train.precision not given: bf16 on cuda, fp32 elsewhere; given, as given. The
+// effective config names the choice (a checkpoint resumes with it).
+TEST(Config, PrecisionDefaultsToBf16OnCudaOnly) {
+  Scratch s("precision");
+  const std::string path = s.config(kMinimalConfig);
+  EXPECT_EQ(load_config(path).train.precision, DType::F32);
+  EXPECT_EQ(load_config(path, {"train.device=guarded"}).train.precision, DType::F32);
+  const Config cuda = load_config(path, {"train.device=cuda"});
+  EXPECT_EQ(cuda.train.precision, DType::BF16);
+  EXPECT_CONTAINS(cuda.yaml, "precision: \"bf16\"");
+  EXPECT_EQ(load_config(path, {"train.device=cuda", "train.precision=fp32"}).train.precision, DType::F32);
+  EXPECT_EQ(load_config(path, {"train.precision=bf16"}).train.precision, DType::BF16);
+  const std::string in_yaml =
+      s.config(std::string(kMinimalConfig) + "train:\n  device: cuda\n  precision: fp32\n", "fp32-on-cuda.yaml");
+  EXPECT_EQ(load_config(in_yaml).train.precision, DType::F32);
+  // Read back, the effective config keeps bf16 whatever device the reader names.
+  EXPECT_EQ(parse_config_text(cuda.yaml, "stored", {"train.device=cpu"}, false).train.precision, DType::BF16);
 }
 
 TEST(Config, RecomputeChoice) {

@@ -28,33 +28,45 @@
 namespace hdp {
 namespace {
 
-// A device tensor against its CPU twin. Elementwise: max |a - b| relative to
-// max |b|. Norm-wise: ||a - b|| / ||b||, for weights after AdamW steps, where an
-// element whose gradient is near zero turns reduction-order noise into a whole
-// step of lr (the parallel equality tests compare weights the same way).
-enum class Measure { Elementwise, NormWise };
-
+// A device tensor against its CPU twin: max |a - b| relative to max |b|.
 OpCheck compare_tensors(const std::string& what, const std::string& shape, const Tensor& dev, const Tensor& cpu,
-                        double tolerance, Measure measure = Measure::Elementwise) {
+                        double tolerance) {
   std::vector<float> got(static_cast<size_t>(dev.numel()));
   copy(Tensor(got.data(), {dev.numel()}, Device::CPU), dev.view({dev.numel()}));
   OpCheck c{what, shape, 0, 0, tolerance, true, {}};
-  double scale = 0, diff_sq = 0, ref_sq = 0;
+  double scale = 0;
   for (int64_t i = 0; i < cpu.numel(); ++i) {
     const double x = got[static_cast<size_t>(i)], ref = cpu.data[i];
     if (!std::isfinite(x)) c.pass = false;
     c.max_abs = std::max(c.max_abs, std::abs(x - ref));
     scale = std::max(scale, std::abs(ref));
-    diff_sq += (x - ref) * (x - ref);
-    ref_sq += ref * ref;
   }
-  if (measure == Measure::NormWise) {
-    c.op += " (norm-wise)";
-    c.max_rel = ref_sq > 0 ? std::sqrt(diff_sq / ref_sq) : std::sqrt(diff_sq);
-  } else {
-    c.max_rel = scale > 0 ? c.max_abs / scale : c.max_abs;
-  }
+  c.max_rel = scale > 0 ? c.max_abs / scale : c.max_abs;
   c.pass = c.pass && c.max_rel <= tolerance;
+  return c;
+}
+
+// Weights after AdamW steps on both devices from the same `initial` weights:
+// ||dev - cpu|| / ||cpu - initial||, the difference as a share of what the steps
+// moved. AdamW normalises each element's step, so an element whose gradient is
+// near zero turns a rounding difference into a whole step of lr the other way: a
+// few such elements are noise, while a wrong optimizer or gradient moves the
+// weights elsewhere altogether (a difference of the order of the movement, 1).
+OpCheck compare_weight_updates(const std::string& what, const std::string& shape, const Tensor& dev,
+                               const Tensor& cpu, const std::vector<float>& initial, double tolerance) {
+  std::vector<float> got(static_cast<size_t>(dev.numel()));
+  copy(Tensor(got.data(), {dev.numel()}, Device::CPU), dev.view({dev.numel()}));
+  OpCheck c{what + " (norm-wise, of the updates)", shape, 0, 0, tolerance, true, {}};
+  double diff_sq = 0, moved_sq = 0;
+  for (int64_t i = 0; i < cpu.numel(); ++i) {
+    const double x = got[static_cast<size_t>(i)], ref = cpu.data[i];
+    if (!std::isfinite(x)) c.pass = false;
+    c.max_abs = std::max(c.max_abs, std::abs(x - ref));
+    diff_sq += (x - ref) * (x - ref);
+    moved_sq += (ref - initial[static_cast<size_t>(i)]) * (ref - initial[static_cast<size_t>(i)]);
+  }
+  c.max_rel = moved_sq > 0 ? std::sqrt(diff_sq / moved_sq) : std::sqrt(diff_sq);
+  c.pass = c.pass && moved_sq > 0 && c.max_rel <= tolerance;
   return c;
 }
 
@@ -96,14 +108,17 @@ ModelConfig small_gqa_model(int64_t layers) {
 // order (~1e-7 per op). bf16: both round the same fp32 values to bf16, but a value
 // that the summation order puts on the other side of a rounding boundary moves by
 // a bf16 step (2^-8 of it, ~3e4 times the fp32 noise), and later layers carry it:
-// rare steps of 2^-8 in the gradients (1e-2 of the largest) and, through AdamW's
-// normalised updates, ~1e-3 of the weights' norm; a wrong kernel is far off.
+// rare steps of 2^-8 in the gradients (1e-2 of the largest). The weights are
+// compared as a share of what 5 AdamW steps moved them (6.3% of their norm here),
+// where a wrong optimizer or gradient is off by the order of 1: measured on an
+// H200, the GPU differed from the CPU by 8.8e-5 of the movement in fp32 and 2.8e-2
+// in bf16, and on the CPU bf16 itself differs from fp32 by 4.1e-2 of it.
 struct TrainingTolerances {
   double loss, gradients, weights;
 };
 TrainingTolerances training_tolerances(DType precision) {
-  if (precision == DType::BF16) return {1e-4, 1e-2, 1e-3};
-  return {1e-5, 1e-4, 1e-5};
+  if (precision == DType::BF16) return {1e-4, 1e-2, 1e-1};
+  return {1e-5, 1e-4, 1e-3};
 }
 
 }  // namespace
@@ -128,6 +143,7 @@ std::vector<OpCheck> check_model_training(Device device, uint64_t seed, DType pr
   cpu_model.init_weights(seed);
   dev_model.init_weights(seed);
   const int64_t n = cpu_model.flat_parameters().numel();
+  const std::vector<float> initial(cpu_model.flat_parameters().data, cpu_model.flat_parameters().data + n);
   std::vector<float> cpu_m(n, 0.0f), cpu_v(n, 0.0f);
   Arena moments(device, 2 * static_cast<size_t>(n) * sizeof(float) + 2 * Arena::kAlignment, "selftest moments");
   const Tensor dev_m = moments.tensor({n}), dev_v = moments.tensor({n});
@@ -160,8 +176,8 @@ std::vector<OpCheck> check_model_training(Device device, uint64_t seed, DType pr
                  Tensor(cpu_v.data(), {n}, Device::CPU), s);
     adamw_update(dev_model.flat_parameters(), dev_model.flat_gradients(), dev_m, dev_v, s);
   }
-  out.push_back(compare_tensors("model weights after 5 steps" + tag, shape, dev_model.flat_parameters(),
-                                cpu_model.flat_parameters(), tol.weights, Measure::NormWise));
+  out.push_back(compare_weight_updates("model weights after 5 steps" + tag, shape, dev_model.flat_parameters(),
+                                       cpu_model.flat_parameters(), initial, tol.weights));
   return out;
 }
 
