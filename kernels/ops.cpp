@@ -32,8 +32,16 @@
     const cuda::OpTimer op_timer_(op);  \
     return cuda::call;                  \
   }
+// A GEMM op: its device time is named by its shape (cuda::GemmShape).
+#define HDP_CUDA_GEMM_CASE(call, ...)                    \
+  case Device::CUDA: {                                   \
+    cuda::require_device(op);                            \
+    const cuda::OpTimer op_timer_(op, {__VA_ARGS__});    \
+    return cuda::call;                                   \
+  }
 #else
 #define HDP_CUDA_CASE(call)
+#define HDP_CUDA_GEMM_CASE(call, ...)
 #endif
 
 // The CPU backend and the test-only guarded device (the CPU kernels behind a
@@ -165,7 +173,7 @@ void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool t
     fail(op, "c=" + c.shape_string() + " = op(a=" + a.shape_string() + (transpose_a ? "^T" : "") + ") * op(b=" +
                  b.shape_string() + (transpose_b ? "^T" : "") + ") does not match");
   switch (common_device(op, c, a, b)) {
-    HDP_CUDA_CASE(matmul(c, a, transpose_a, b, transpose_b, alpha, beta))
+    HDP_CUDA_GEMM_CASE(matmul(c, a, transpose_a, b, transpose_b, alpha, beta), M, N, K, 1)
     HDP_CPU_CASES(matmul(c, a, transpose_a, b, transpose_b, alpha, beta))
     default: throw UnsupportedDevice(op, c.device);
   }
@@ -178,7 +186,7 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w) {
   require_dims(op, "w", w, {-1, x.dim(1)});
   require_dims(op, "y", y, {x.dim(0), w.dim(0)});
   switch (common_device(op, y, x, w)) {
-    HDP_CUDA_CASE(linear_forward(y, x, w))
+    HDP_CUDA_GEMM_CASE(linear_forward(y, x, w), x.dim(0), w.dim(0), x.dim(1), 1)
     HDP_CPU_CASES(linear_forward(y, x, w))
     default: throw UnsupportedDevice(op, y.device);
   }
@@ -197,7 +205,8 @@ void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, co
                                 : check_dtypes(op, {{"dx", dx}, {"dy", dy}, {"x", x}, {"w", w}}, {{"dw", dw}});
   const Device dev = skip_dx ? common_device(op, dw, dy, x, w) : common_device(op, dx, dw, dy, x, w);
   switch (dev) {
-    HDP_CUDA_CASE(linear_backward(dx, dw, dy, x, w, accumulate_dx))
+    HDP_CUDA_GEMM_CASE(linear_backward(dx, dw, dy, x, w, accumulate_dx), x.dim(0), w.dim(0), x.dim(1),
+                       skip_dx ? 1 : 2)
     HDP_CPU_CASES(linear_backward(dx, dw, dy, x, w, accumulate_dx))
     default: throw UnsupportedDevice(op, dev);
   }

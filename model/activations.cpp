@@ -9,13 +9,17 @@ namespace hdp {
 namespace {
 
 constexpr int64_t kActivationAlignBytes = 64;  // of every saved activation tensor
-constexpr int64_t kLogitsBudgetFloats = int64_t{1} << 24;
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-// Tokens per LM-head chunk: bounds the [chunk, vocab] logits buffer.
-int64_t head_chunk_for(int64_t vocab, int64_t capacity) {
-  int64_t chunk = std::max<int64_t>(1, kLogitsBudgetFloats / std::max<int64_t>(1, vocab));
+// Tokens per LM-head chunk: bounds the [chunk, vocab] logits buffer, to 2^24 values
+// on the CPU and 2^27 on a GPU (256 MB in bf16). Each chunk's weight-gradient GEMM
+// reads and writes the whole fp32 gradient of the head [vocab, hidden]: with 512-token
+// chunks (2^24 values at a 32K vocabulary) that traffic bounds the GEMM on a GPU,
+// where with 4096 tokens it runs at the tensor cores' rate (docs/performance.md).
+int64_t head_chunk_for(int64_t vocab, int64_t capacity, Device device) {
+  const int64_t budget = int64_t{1} << (device == Device::CUDA ? 27 : 24);
+  int64_t chunk = std::max<int64_t>(1, budget / std::max<int64_t>(1, vocab));
   if (chunk >= 64) chunk = chunk / 64 * 64;
   return std::min(chunk, capacity);
 }
@@ -137,7 +141,7 @@ ModelActivations::ModelActivations(const ModelConfig& config, const ModelPartiti
   }
   widths_ = activation_widths(config.shape(), partition.tp_size);
   kept_widths_ = activation_widths(config.shape(), partition.tp_size, recompute_, rings_);
-  scratch_.head_chunk_tokens = head_chunk_for(vocab_, max_tokens_);
+  scratch_.head_chunk_tokens = head_chunk_for(vocab_, max_tokens_, device);
   // Layers [recompute_layers, layers - 2) may offload: the last two run their
   // backward at once, recomputed layers keep little.
   const int64_t offloadable = layers_ - 2 - fewest_recompute_layers();

@@ -20,6 +20,7 @@
 #include "checkpoint/directory.h"
 #include "checkpoint/protocol.h"
 #include "data/dataset.h"
+#include "kernels/cuda/cuda_runtime.h"
 #include "model/lr_schedule.h"
 #include "parallel/phase.h"
 #include "parallel/progress.h"
@@ -222,6 +223,9 @@ void TrainingLoop::run_step(int64_t step) {
   if (process_.rank == 0 && (step % config_.train.log_every == 0 || step == 1 || step == config_.train.steps)) {
     log_step(m);
   }
+  // The per-op device times (HDP_CUDA_OP_TIMES=1) leave out the first step's one-time work.
+  if (config_.train.device == Device::CUDA && step == first_step_ + 1 && step < config_.train.steps)
+    cuda::op_times_reset();
   const bool wants_checkpoint = checkpoint_due(step) || (stop_signal_ != 0 && config_.train.checkpoint_every > 0);
   if (save) {
     save_checkpoint_at(step, batch);

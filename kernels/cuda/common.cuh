@@ -7,6 +7,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <initializer_list>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -85,28 +87,36 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
 // step that first sees a longer micro-batch, while gradient buckets are in flight).
 // A device without stream-ordered allocation (cudaDevAttrMemoryPoolsSupported 0:
 // some virtualised GPUs) gets the synchronising path: drain the stream, free, allocate.
-inline void grow_stream_buffer(void** buffer, size_t* capacity, size_t bytes) {
-  if (bytes <= *capacity) return;
-  static const bool pools = [] {
-    int device = 0, supported = 0;
+inline bool memory_pools() {
+  static const bool supported = [] {
+    int device = 0, value = 0;
     HDP_CUDA_CHECK(cudaGetDevice(&device));
-    HDP_CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
-    return supported != 0;
+    HDP_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMemoryPoolsSupported, device));
+    return value != 0;
   }();
-  const size_t grown = std::max(bytes, *capacity + *capacity / 2);
-  cudaStream_t stream = compute_stream();
+  return supported;
+}
+
+// Frees a buffer of grow_stream_buffer's in stream order (the same two paths).
+inline void release_stream_buffer(void** buffer, size_t* capacity) {
   if (*buffer) {
-    if (pools) {
-      HDP_CUDA_CHECK(cudaFreeAsync(*buffer, stream));
+    if (memory_pools()) {
+      HDP_CUDA_CHECK(cudaFreeAsync(*buffer, compute_stream()));
     } else {
-      HDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+      HDP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
       HDP_CUDA_CHECK(cudaFree(*buffer));
     }
-    *buffer = nullptr;
-    *capacity = 0;
   }
-  if (pools) {
-    HDP_CUDA_CHECK(cudaMallocAsync(buffer, grown, stream));
+  *buffer = nullptr;
+  *capacity = 0;
+}
+
+inline void grow_stream_buffer(void** buffer, size_t* capacity, size_t bytes) {
+  if (bytes <= *capacity) return;
+  const size_t grown = std::max(bytes, *capacity + *capacity / 2);
+  release_stream_buffer(buffer, capacity);
+  if (memory_pools()) {
+    HDP_CUDA_CHECK(cudaMallocAsync(buffer, grown, compute_stream()));
   } else {
     HDP_CUDA_CHECK(cudaMalloc(buffer, grown));
   }
@@ -157,6 +167,24 @@ E* elements(const Tensor& t) {
     static_assert(std::is_same_v<E, __nv_bfloat16>, "fp32 or bf16");
     return reinterpret_cast<__nv_bfloat16*>(t.bf16_data());
   }
+}
+
+// K consecutive elements that one thread loads or stores with one instruction. The
+// memory-bound kernels take 16 bytes at a time (kPack<E>: 8 bf16 or 4 floats) where
+// their rows and pointers allow: with one bf16 per thread too few bytes are in flight
+// to reach HBM's bandwidth (an H200 ran SwiGLU's forward at about 1.3 TB/s of 4.3 so).
+template <class E, int K>
+struct alignas(sizeof(E) * K) Elements {
+  E v[K];
+};
+template <class E>
+inline constexpr int kPack = 16 / static_cast<int>(sizeof(E));
+
+// Whether every pointer is 16-byte aligned (the packed loads' requirement).
+inline bool aligned16(std::initializer_list<const void*> pointers) {
+  for (const void* p : pointers)
+    if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
+  return true;
 }
 
 // Calls f(float{}) or f(__nv_bfloat16{}) for an fp32 or bf16 dtype: launchers

@@ -6,6 +6,7 @@
 // when the build has no CUDA compiler, so callers need no #ifdef.
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 
 namespace hdp::cuda {
@@ -75,20 +76,31 @@ bool tf32();
 // variable HDP_CUDA_OP_TIMES=1 every op dispatched to the CUDA backend is bracketed
 // by two CUDA events on the compute stream (kernels/ops.cpp), and
 // op_times_report() sums the elapsed times per op name. Off by default: the
-// events cost a few microseconds per op.
+// events cost a few microseconds per op. A GEMM's row names its shape and its
+// FLOPs give it a TFLOP/s figure, so the table says which shapes run slowly.
 bool op_times_enabled();
+struct GemmShape {
+  int64_t m = 0, n = 0, k = 0;  // C [m, n] = A [m, k] B [k, n]
+  int products = 1;             // GEMMs of this shape in the op (a backward's dx and dw: 2)
+};
 class OpTimer {
  public:
   explicit OpTimer(const char* op);
+  OpTimer(const char* op, const GemmShape& gemm);
   ~OpTimer();
   OpTimer(const OpTimer&) = delete;
   OpTimer& operator=(const OpTimer&) = delete;
 
  private:
-  const char* op_;
+  std::string name_;
+  double flops_ = 0;
   void* start_ = nullptr;  // the start event (a cudaEvent_t); null when timing is off
 };
-// A table: op, calls, total ms, share of the timed total; empty when timing is off.
+// Forgets the times so far (the trainer calls it after its first step, whose times
+// include one-time work: cuBLASLt's and cuDNN's plans, the upload of the weights).
+void op_times_reset();
+// A table: op, calls, total ms, share of the timed total, TFLOP/s where the op's
+// FLOPs are known; empty when timing is off.
 std::string op_times_report();
 
 }  // namespace hdp::cuda

@@ -54,9 +54,22 @@ __global__ void fill_kernel(float* __restrict__ y, float value, int64_t n) {
 
 // bf16 twins (kernels/cpu/bf16.cpp is their reference): fp32 arithmetic, one
 // round-to-nearest-even (__float2bfloat16_rn, as hdp::to_bf16) on store.
-__global__ void add_bf16_kernel(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+// The residual adds and the rounding of the master weights into their bf16 copy run
+// on every layer or step: 16-byte packs of bf16 (common.cuh: Elements) for the first
+// `packs` x 8 elements where the pointers allow, then one by one.
+__global__ void add_bf16_kernel(__nv_bfloat16* __restrict__ y, const __nv_bfloat16* __restrict__ x, int64_t n,
+                                int64_t packs) {
+  using P = Elements<__nv_bfloat16, 8>;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = first; p < packs; p += stride) {
+    P yv = reinterpret_cast<P*>(y)[p];
+    const P xv = reinterpret_cast<const P*>(x)[p];
+#pragma unroll
+    for (int j = 0; j < 8; ++j) yv.v[j] = __float2bfloat16_rn(__bfloat162float(yv.v[j]) + __bfloat162float(xv.v[j]));
+    reinterpret_cast<P*>(y)[p] = yv;
+  }
+  for (int64_t i = packs * 8 + first; i < n; i += stride)
     y[i] = __float2bfloat16_rn(__bfloat162float(y[i]) + __bfloat162float(x[i]));
 }
 
@@ -73,10 +86,20 @@ __global__ void fill_bf16_kernel(__nv_bfloat16* __restrict__ y, float value, int
     y[i] = v;
 }
 
-__global__ void round_to_bf16_kernel(__nv_bfloat16* __restrict__ y, const float* __restrict__ x, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    y[i] = __float2bfloat16_rn(x[i]);
+__global__ void round_to_bf16_kernel(__nv_bfloat16* __restrict__ y, const float* __restrict__ x, int64_t n,
+                                     int64_t packs) {
+  using In = Elements<float, 4>;
+  using Out = Elements<__nv_bfloat16, 4>;
+  const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t p = first; p < packs; p += stride) {
+    const In xv = reinterpret_cast<const In*>(x)[p];
+    Out yv;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) yv.v[j] = __float2bfloat16_rn(xv.v[j]);
+    reinterpret_cast<Out*>(y)[p] = yv;
+  }
+  for (int64_t i = packs * 4 + first; i < n; i += stride) y[i] = __float2bfloat16_rn(x[i]);
 }
 
 __global__ void widen_bf16_kernel(float* __restrict__ y, const __nv_bfloat16* __restrict__ x, int64_t n) {
@@ -131,8 +154,9 @@ void add_inplace(Tensor y, const Tensor& x) {
   const int64_t n = y.numel();
   if (n == 0) return;
   if (y.dtype == DType::BF16) {
-    add_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, compute_stream()>>>(elements<__nv_bfloat16>(y),
-                                                                                 elements<__nv_bfloat16>(x), n);
+    const int64_t packs = aligned16({y.raw(), x.raw()}) ? n / 8 : 0;
+    add_bf16_kernel<<<blocks_for(packs > 0 ? packs : n, kThreads), kThreads, 0, compute_stream()>>>(
+        elements<__nv_bfloat16>(y), elements<__nv_bfloat16>(x), n, packs);
     HDP_CUDA_CHECK_LAUNCH("add_inplace (bf16)");
     return;
   }
@@ -188,7 +212,10 @@ void copy(Tensor dst, const Tensor& src) {
   }
   cudaStream_t stream = compute_stream();
   if (to.dtype == DType::BF16) {
-    round_to_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(elements<__nv_bfloat16>(to), from.f32(), n);
+    // 4 floats in (16 bytes), 4 bf16 out (8 bytes).
+    const int64_t packs = aligned16({to.raw(), from.raw()}) ? n / 4 : 0;
+    round_to_bf16_kernel<<<blocks_for(packs > 0 ? packs : n, kThreads), kThreads, 0, stream>>>(
+        elements<__nv_bfloat16>(to), from.f32(), n, packs);
   } else {
     widen_bf16_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream>>>(to.f32(), elements<__nv_bfloat16>(from), n);
   }

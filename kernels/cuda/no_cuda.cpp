@@ -43,8 +43,10 @@ void event_synchronize(void*) {}
 float event_elapsed_ms(void*, void*) { absent(); }
 void set_tf32(bool) {}
 bool op_times_enabled() { return false; }
-OpTimer::OpTimer(const char* op) : op_(op) {}
+OpTimer::OpTimer(const char*) {}
+OpTimer::OpTimer(const char*, const GemmShape&) {}
 OpTimer::~OpTimer() = default;
+void op_times_reset() {}
 std::string op_times_report() { return {}; }
 bool tf32() { return false; }
 

@@ -9,7 +9,8 @@
 // persistent device buffer (a small host-to-device copy per call).
 // One block per token (grid-stride): the block first computes cos/sin of its
 // token's d/2 angles (float32 sincosf) into shared memory, then rotates every head
-// of the token with them, threads running along contiguous elements of the row.
+// of the token with them, threads running along contiguous elements of the row (16
+// bytes of each half a thread where d/2 and the address allow).
 // The rotation uses _rn intrinsics in the CPU's evaluation order (no FMA
 // contraction by nvcc; a CPU build with FMA may still differ in the last bit).
 // bf16 (E = __nv_bfloat16, common.cuh): each pair is read widened, rotated in fp32
@@ -36,10 +37,13 @@ struct InvFreq {
 float* g_inv_freq = nullptr;
 size_t g_inv_freq_bytes = 0;
 
-template <class E>
+// K pairs a thread at once: 16-byte packs of the low and high halves where d / 2 is
+// a multiple of K and x is aligned (the same formula per pair), else K = 1.
+template <class E, int K>
 __global__ void rope_kernel(E* __restrict__ x, const int32_t* __restrict__ positions, int64_t T, int64_t heads,
                             int64_t d, float sign, const __grid_constant__ InvFreq inv_freq,
                             const float* __restrict__ inv_freq_buffer) {
+  using P = Elements<E, K>;
   extern __shared__ float cs_sn[];  // cos [half] then sign * sin [half]
   const int64_t half = d / 2;
   float* cs = cs_sn;
@@ -56,13 +60,19 @@ __global__ void rope_kernel(E* __restrict__ x, const int32_t* __restrict__ posit
     }
     __syncthreads();
     E* row = x + t * heads * d;
-    for (int64_t idx = threadIdx.x; idx < heads * half; idx += blockDim.x) {
-      const int64_t h = idx / half, j = idx - h * half;
-      E* lo = row + h * d + j;
-      E* hi = lo + half;
-      const float x1 = to_f32(*lo), x2 = to_f32(*hi);
-      *lo = from_f32<E>(__fsub_rn(__fmul_rn(x1, cs[j]), __fmul_rn(x2, sn[j])));
-      *hi = from_f32<E>(__fadd_rn(__fmul_rn(x2, cs[j]), __fmul_rn(x1, sn[j])));
+    for (int64_t idx = threadIdx.x; idx < heads * half / K; idx += blockDim.x) {
+      const int64_t h = idx * K / half, j0 = idx * K - h * half;
+      P* lo = reinterpret_cast<P*>(row + h * d + j0);
+      P* hi = reinterpret_cast<P*>(row + h * d + j0 + half);
+      P a = *lo, b = *hi;
+#pragma unroll
+      for (int q = 0; q < K; ++q) {
+        const float x1 = to_f32(a.v[q]), x2 = to_f32(b.v[q]), c = cs[j0 + q], sv = sn[j0 + q];
+        a.v[q] = from_f32<E>(__fsub_rn(__fmul_rn(x1, c), __fmul_rn(x2, sv)));
+        b.v[q] = from_f32<E>(__fadd_rn(__fmul_rn(x2, c), __fmul_rn(x1, sv)));
+      }
+      *lo = a;
+      *hi = b;
     }
   }
 }
@@ -88,8 +98,14 @@ void rope_rotate(Tensor x, const IndexTensor& positions, const RopeSettings& rop
   const size_t shared = 2 * static_cast<size_t>(half) * sizeof(float);
   with_element_type(x.dtype, [&](auto e) {
     using E = decltype(e);
-    rope_kernel<<<blocks, kThreads, shared, stream>>>(elements<E>(x), positions.data, T, heads, d,
-                                                      inverse ? -1.0f : 1.0f, inv_freq, buffer);
+    const float sign = inverse ? -1.0f : 1.0f;
+    if (half % kPack<E> == 0 && aligned16({x.raw()})) {
+      rope_kernel<E, kPack<E>><<<blocks, kThreads, shared, stream>>>(elements<E>(x), positions.data, T, heads, d,
+                                                                     sign, inv_freq, buffer);
+    } else {
+      rope_kernel<E, 1><<<blocks, kThreads, shared, stream>>>(elements<E>(x), positions.data, T, heads, d, sign,
+                                                              inv_freq, buffer);
+    }
   });
   HDP_CUDA_CHECK_LAUNCH(op);
 }

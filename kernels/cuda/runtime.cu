@@ -197,11 +197,17 @@ struct OpTimes {
   std::mutex mutex;
   std::vector<cudaEvent_t> free_events;
   struct Interval {
-    const char* op;
+    std::string op;
+    double flops;
     cudaEvent_t start, end;
   };
   std::vector<Interval> pending;  // recorded, not yet read
-  std::map<std::string, std::pair<int64_t, double>> totals;  // op -> calls, milliseconds
+  struct Total {
+    int64_t calls = 0;
+    double ms = 0, flops = 0;
+  };
+  std::map<std::string, Total> totals;  // by op name
+  bool reset = false;                   // op_times_reset() has dropped the first times
 
   cudaEvent_t take() {
     if (free_events.empty()) {
@@ -219,9 +225,10 @@ struct OpTimes {
     for (const Interval& i : pending) {
       float ms = 0;
       HDP_CUDA_CHECK(cudaEventElapsedTime(&ms, i.start, i.end));
-      auto& t = totals[i.op];
-      t.first += 1;
-      t.second += ms;
+      Total& t = totals[i.op];
+      t.calls += 1;
+      t.ms += ms;
+      t.flops += i.flops;
       free_events.push_back(i.start);
       free_events.push_back(i.end);
     }
@@ -244,13 +251,21 @@ bool op_times_enabled() {
   return enabled;
 }
 
-OpTimer::OpTimer(const char* op) : op_(op) {
+OpTimer::OpTimer(const char* op) {
   if (!op_times_enabled()) return;
+  name_ = op;
   OpTimes& t = op_times();
   std::lock_guard<std::mutex> lock(t.mutex);
   cudaEvent_t e = t.take();
   HDP_CUDA_CHECK(cudaEventRecord(e, compute_stream()));
   start_ = e;
+}
+
+OpTimer::OpTimer(const char* op, const GemmShape& gemm) : OpTimer(op) {
+  if (start_ == nullptr) return;
+  name_ += " M=" + std::to_string(gemm.m) + " N=" + std::to_string(gemm.n) + " K=" + std::to_string(gemm.k);
+  flops_ = 2.0 * static_cast<double>(gemm.m) * static_cast<double>(gemm.n) * static_cast<double>(gemm.k) *
+           gemm.products;
 }
 
 OpTimer::~OpTimer() {
@@ -268,11 +283,20 @@ OpTimer::~OpTimer() {
       t.free_events.push_back(static_cast<cudaEvent_t>(start_));
       return;
     }
-    t.pending.push_back({op_, static_cast<cudaEvent_t>(start_), e});
+    t.pending.push_back({name_, flops_, static_cast<cudaEvent_t>(start_), e});
     if (t.pending.size() >= 16384) t.drain();
   } catch (const std::exception&) {
     (void)cudaGetLastError();
   }
+}
+
+void op_times_reset() {
+  if (!op_times_enabled()) return;
+  OpTimes& t = op_times();
+  std::lock_guard<std::mutex> lock(t.mutex);
+  t.drain();
+  t.totals.clear();
+  t.reset = true;
 }
 
 std::string op_times_report() {
@@ -280,20 +304,23 @@ std::string op_times_report() {
   OpTimes& t = op_times();
   std::lock_guard<std::mutex> lock(t.mutex);
   t.drain();
-  std::vector<std::pair<std::string, std::pair<int64_t, double>>> rows(t.totals.begin(), t.totals.end());
-  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.second > b.second.second; });
+  std::vector<std::pair<std::string, OpTimes::Total>> rows(t.totals.begin(), t.totals.end());
+  std::sort(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.second.ms > b.second.ms; });
   double total = 0;
-  for (const auto& r : rows) total += r.second.second;
-  std::string out = "device time per op (HDP_CUDA_OP_TIMES=1):\n";
-  char line[160];
-  std::snprintf(line, sizeof line, "  %-34s %9s %12s %7s\n", "op", "calls", "total ms", "share");
+  for (const auto& r : rows) total += r.second.ms;
+  std::string out = std::string("device time per op (HDP_CUDA_OP_TIMES=1") +
+                    (t.reset ? ", the steps after the first" : "") + "):\n";
+  char line[200];
+  std::snprintf(line, sizeof line, "  %-46s %9s %12s %7s %9s\n", "op", "calls", "total ms", "share", "TFLOP/s");
   out += line;
   for (const auto& [op, v] : rows) {
-    std::snprintf(line, sizeof line, "  %-34s %9lld %12.1f %6.1f%%\n", op.c_str(), static_cast<long long>(v.first),
-                  v.second, total > 0 ? 100.0 * v.second / total : 0.0);
+    char rate[32] = "";
+    if (v.flops > 0 && v.ms > 0) std::snprintf(rate, sizeof rate, "%9.1f", v.flops / (v.ms * 1e-3) / 1e12);
+    std::snprintf(line, sizeof line, "  %-46s %9lld %12.1f %6.1f%% %s\n", op.c_str(), static_cast<long long>(v.calls),
+                  v.ms, total > 0 ? 100.0 * v.ms / total : 0.0, rate);
     out += line;
   }
-  std::snprintf(line, sizeof line, "  %-34s %9s %12.1f\n", "timed total", "", total);
+  std::snprintf(line, sizeof line, "  %-46s %9s %12.1f\n", "timed total", "", total);
   return out + line;
 }
 
