@@ -78,7 +78,7 @@ if [[ " ${cases[*]} " == *" long "* ]] && [ ! -f data-cache/long-corpus.h5 ]; th
   trainer make-corpus --output data-cache/long-corpus.h5 --documents 400 --max-length 6000 --seed 7 >/dev/null 2>&1
 fi
 
-common=(configs/tiny-llama.yaml --set train.steps=5 --set train.device="${HDP_CHECK_DEVICE:-cuda}" --set train.tf32=false
+common=(configs/tiny-llama.yaml --set train.steps=5 --set train.device="${HDP_CHECK_DEVICE:-cuda}" --set train.precision=fp32 --set train.tf32=false
         --set train.log_every=1 --set train.checkpoint_every=0 --set train.resume=never)
 # How many GPUs this machine has (0 without nvidia-smi): the NCCL layouts need one per rank.
 gpus="$(nvidia-smi --list-gpus 2>/dev/null | grep -c "^GPU" || true)"

@@ -42,6 +42,18 @@ inline constexpr EnumName<AttentionImpl> kAttentionImplNames[] = {
 void set_attention_impl(AttentionImpl impl);
 AttentionImpl attention_impl();
 
+// The process-wide choice within a scope; the previous one is restored after.
+class AttentionImplScope {
+ public:
+  explicit AttentionImplScope(AttentionImpl impl) : previous_(attention_impl()) { set_attention_impl(impl); }
+  ~AttentionImplScope() { set_attention_impl(previous_); }
+  AttentionImplScope(const AttentionImplScope&) = delete;
+  AttentionImplScope& operator=(const AttentionImplScope&) = delete;
+
+ private:
+  AttentionImpl previous_;
+};
+
 // What cuDNN the process can use (kernels/cuda/cudnn_attention.h probes it once).
 struct CudnnRuntime {
   std::string unavailable;  // why cuDNN cannot be used at all; empty when it can

@@ -46,18 +46,6 @@ std::string named(const char* op, DType dtype, AttentionImpl impl = AttentionImp
   return marks.empty() ? op : std::string(op) + " [" + marks + "]";
 }
 
-// The attention implementation of a scope's checks; the previous one is restored after.
-class AttentionImplScope {
- public:
-  explicit AttentionImplScope(AttentionImpl impl) : previous_(attention_impl()) { set_attention_impl(impl); }
-  ~AttentionImplScope() { set_attention_impl(previous_); }
-  AttentionImplScope(const AttentionImplScope&) = delete;
-  AttentionImplScope& operator=(const AttentionImplScope&) = delete;
-
- private:
-  AttentionImpl previous_;
-};
-
 // The same tensor on the CPU and on the device under test.
 struct Twin {
   Tensor host, dev;

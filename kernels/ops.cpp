@@ -599,6 +599,8 @@ void check_window(const char* op, int64_t window) {
 bool cudnn_takes(const char* op, const CudnnAttentionCall& call) {
   const AttentionImpl impl = attention_impl();
   if (impl == AttentionImpl::Own) return false;
+  // Under auto, what cuDNN never takes goes to our kernels without asking it.
+  if (impl == AttentionImpl::Auto && (call.dtype != DType::BF16 || call.blocks)) return false;
   std::string why;
   if (cudnn_attention_supported(cuda::cudnn_runtime(), call, &why)) return true;
   if (impl == AttentionImpl::Cudnn) throw CudnnAttentionRefused(op, why);

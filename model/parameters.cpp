@@ -219,17 +219,22 @@ namespace {
 // This rank's slice of `p`'s initial values: ones, or normals of standard deviation
 // `std` from a stream of the parameter's own (its name and the seed), drawn for the
 // whole tensor, then a block of rows, or of columns of every row, cut from it.
+int64_t global_numel(const ParameterInfo& p) {
+  int64_t n = 1;
+  for (int64_t x : p.global_shape) n *= x;
+  return n;
+}
+
 std::vector<float> initial_slice(const ParameterInfo& p, uint64_t seed, double std) {
-  int64_t global_numel = 1;
-  for (int64_t x : p.global_shape) global_numel *= x;
-  std::vector<float> whole(global_numel);
+  const int64_t whole_numel = global_numel(p);
+  std::vector<float> whole(whole_numel);
   if (p.ones_init) {
     std::fill(whole.begin(), whole.end(), 1.0f);
   } else {
     NormalStream normal(hash_name(p.name, seed));
     for (float& x : whole) x = static_cast<float>(normal.next() * std);
   }
-  if (p.numel == global_numel) return whole;
+  if (p.numel == whole_numel) return whole;
   std::vector<float> local(p.numel);
   const int64_t cols = p.global_shape.size() > 1 ? p.global_shape[1] : 1;
   if (p.shard_dim == 1) {
@@ -245,17 +250,26 @@ std::vector<float> initial_slice(const ParameterInfo& p, uint64_t seed, double s
 }  // namespace
 
 // Every parameter has a stream of its own, so the parameters are drawn in parallel,
-// as many at a time as there are threads (drawing a 1B model's 886M values takes a
-// thread 20 s), and copied to the device in order on this thread: the same weights
-// as one thread draws.
+// as many at a time as there are threads and kInitGroupFloats allow (drawing a 1B
+// model's 886M values takes a thread 20 s; a 70B model's vocabulary matrix alone
+// holds 1G), and copied to the device in order on this thread: the same weights as
+// one thread draws.
+constexpr int64_t kInitGroupFloats = int64_t{1} << 28;  // 1 GiB of drawn values at a time
+
 void ParameterTable::init_weights(uint64_t seed) {
   fill(params_, 0.0f);
   const double std_out = config_.init_std / std::sqrt(2.0 * static_cast<double>(config_.num_layers));
   const int64_t n = static_cast<int64_t>(entries_.size());
-  const int64_t group = std::max(1, omp_get_max_threads());
-  std::vector<std::vector<float>> slices(static_cast<size_t>(group));
-  for (int64_t first = 0; first < n; first += group) {
-    const int64_t count = std::min(group, n - first);
+  const int64_t threads = std::max(1, omp_get_max_threads());
+  std::vector<std::vector<float>> slices(static_cast<size_t>(threads));
+  for (int64_t first = 0, count = 0; first < n; first += count) {
+    // The next parameters, at least one, within the thread count and kInitGroupFloats.
+    int64_t floats = 0;
+    for (count = 0; first + count < n && count < threads; ++count) {
+      const int64_t numel = global_numel(entries_[static_cast<size_t>(first + count)]);
+      if (count > 0 && floats + numel > kInitGroupFloats) break;
+      floats += numel;
+    }
     std::exception_ptr failure;
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t i = 0; i < count; ++i) {

@@ -18,6 +18,7 @@
 #include "checkpoint/directory.h"
 #include "checkpoint/protocol.h"
 #include "checkpoint/tokenizer_copy.h"
+#include "config/checks.h"
 #include "config/model_agreement.h"
 #include "kernels/cpu/gemm.h"
 #include "kernels/cuda/cuda_runtime.h"
@@ -398,13 +399,37 @@ void keep_run_record(const Config& config, int rank) {
                "checkpoints in {}", config.train.run_dir, resolved_checkpoint_dir(config.train));
 }
 
+void keep_resumed_precision(Config& config, int rank) {
+  if (config.train.resume != ResumeMode::Auto || config.origins.count("train.precision")) return;
+  const std::optional<std::string> latest = latest_resumable_checkpoint(resolved_checkpoint_dir(config.train), nullptr);
+  if (!latest) return;
+  DType before;
+  try {
+    before = parse_manifest_config(read_manifest(*latest).config, *latest).train.precision;
+  } catch (const ConfigError&) {
+    return;  // an unreadable config: resuming reports it where it reads the checkpoint
+  }
+  if (before == config.train.precision) return;
+  if (rank == 0)
+    spdlog::info("train.precision: {}, as {} was trained (not given here, where the default is {})",
+                 enum_name(kPrecisionNames, before), *latest, enum_name(kPrecisionNames, config.train.precision));
+  config.train.precision = before;
+  check_config(config, /*check_files=*/false);
+  config.yaml = emit_config_yaml(config);
+}
+
 int set_up_process(const Config& config, const ProcessInfo& process) {
   const bool remote = config.loader.mode == LoaderMode::Remote;
   check_ranks_agree_on_config(config, process);
   check_world_size(config.parallel, remote, remote ? static_cast<int>(config.loader.servers) : 0, process);
   check_threads(config, process);
   const int threads = configure_threads(config.train.threads, process);
-  if (config.train.device == Device::CUDA) bind_gpu(config.train, process);
+  if (config.train.device == Device::CUDA) {
+    bind_gpu(config.train, process);
+    if (config.model.moe() && process.rank == 0)
+      spdlog::warn("model.arch: mixtral on cuda: the MoE block's kernels pass `trainer selftest` on an H200 (fp32 "
+                   "training steps, bf16 ops), but no Mixtral run has trained on a GPU yet");
+  }
   return threads;
 }
 

@@ -27,6 +27,13 @@ namespace hdp {
 // config.yaml cannot be written.
 void keep_run_record(const Config& config, int rank);
 
+// train.precision not given and train.resume auto with a checkpoint to resume: the
+// precision its run trained in (its effective config names it) rather than this
+// device's default (config/config.cpp: bf16 on cuda), so a run started in fp32 goes
+// on in fp32; rank 0 logs a change. Throws ConfigError where the kept precision
+// conflicts with another key (train.attention: cudnn needs bf16).
+void keep_resumed_precision(Config& config, int rank);
+
 // Checks that every rank of the job runs the same config (a collective over
 // MPI_COMM_WORLD: the hashes of the effective configs; ConfigError naming the
 // keys and ranks that differ), that the job's ranks are the grid's plus

@@ -161,6 +161,23 @@ TEST(TrainingBf16, OtherPrecisionsAreRefusedAtStartUp) {
   EXPECT_NE(r.output.find("bf16"), std::string::npos) << r.output;
 }
 
+// Not given, the precision is bf16 on cuda (config/config.cpp), but a run resumed
+// from a checkpoint goes on in the precision it was trained in: 2 fp32 steps on the
+// CPU, then the same run on cuda says it keeps fp32 (before the GPU is bound: without
+// one the run then stops, naming it). Given on the command line, the precision is
+// taken as given.
+TEST(TrainingBf16, AResumedRunKeepsThePrecisionOfItsCheckpoint) {
+  const std::string dir = scratch_dir("bf16-resume-keeps");
+  ASSERT_EQ(run_trainer(train_args(dir, 2, "", 1)).exit_code, 0);
+  const auto kept = run_trainer(train_args(dir, 3, "--set train.device=cuda", 1));
+  EXPECT_NE(kept.output.find("train.precision: fp32, as " + dir + "/ckpt/step-00000002 was trained (not given here, "
+                             "where the default is bf16)"),
+            std::string::npos)
+      << kept.output;
+  const auto given = run_trainer(train_args(dir, 3, "--set train.device=cuda --set train.precision=bf16", 1));
+  EXPECT_EQ(given.output.find("was trained (not given here"), std::string::npos) << given.output;
+}
+
 // Mixtral (tiny-mixtral's shape: 4 experts of FFN 176, top 2, aux coefficient 0.02)
 // in bf16: the MoE blocks' router logits, expert rows and all-to-all rows are bf16,
 // the routing (softmax, top k) and its statistics fp32. 100 steps track fp32 (every

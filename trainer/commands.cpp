@@ -21,6 +21,7 @@
 #include "trainer/evaluate.h"
 #include "trainer/generate.h"
 #include "checkpoint/hf_checkpoint.h"
+#include "run/job.h"
 #include "run/profiler.h"
 #include "trainer/selftest.h"
 #include "trainer/supervisor.h"
@@ -238,7 +239,8 @@ int command_train(int argc, char** argv, const std::vector<std::string>& raw) {
       overrides.push_back("train.resume=auto");
       if (process.rank == 0) spdlog::info("restart {} under trainer supervise: train.resume=auto", restart);
     }
-    const Config config = load_config(files[0], overrides, /*check_files=*/true, process.world_size);
+    Config config = load_config(files[0], overrides, /*check_files=*/true, process.world_size);
+    keep_resumed_precision(config, process.rank);
     if (process.rank == 0) spdlog::info("config {} ({} ranks)", files[0], process.world_size);
     run_training(config, process);
     return kExitSuccess;

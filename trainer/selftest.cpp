@@ -20,6 +20,7 @@
 #include "kernels/backend_check.h"
 #include "kernels/copy_engine.h"
 #include "kernels/cuda/cuda_runtime.h"
+#include "kernels/cuda/cudnn_attention.h"
 #include "kernels/ops.h"
 #include "kernels/upload_staging.h"
 #include "model/model.h"
@@ -123,7 +124,9 @@ TrainingTolerances training_tolerances(DType precision) {
 
 }  // namespace
 
-std::vector<OpCheck> check_model_training(Device device, uint64_t seed, DType precision, bool mixtral) {
+std::vector<OpCheck> check_model_training(Device device, uint64_t seed, DType precision, bool mixtral,
+                                          AttentionImpl attention) {
+  const AttentionImplScope attention_scope(attention);
   ModelConfig m = small_gqa_model(3);
   std::string shape = "L=3 H=128 Hq=4 Hkv=2 V=300 T=450";
   if (mixtral) {
@@ -134,7 +137,8 @@ std::vector<OpCheck> check_model_training(Device device, uint64_t seed, DType pr
     m.router_aux_loss_coef = 0.02;
     shape += " E=4 k=2 F=176";
   }
-  const std::string tag = std::string(mixtral ? " [mixtral]" : "") + (precision == DType::BF16 ? " [bf16]" : "");
+  const std::string tag = std::string(mixtral ? " [mixtral]" : "") + (precision == DType::BF16 ? " [bf16" : "") +
+                          (attention == AttentionImpl::Cudnn ? ", cudnn]" : precision == DType::BF16 ? "]" : "");
   const TrainingTolerances tol = training_tolerances(precision);
   const std::vector<int32_t> lengths = {1, 200, 37, 150, 62};
   const int64_t capacity = 512;
@@ -342,6 +346,13 @@ int run_selftest(const SelftestOptions& options) {
   std::vector<OpCheck> checks = check_backend(Device::CUDA, options.seed);
   for (DType precision : {DType::F32, DType::BF16}) {
     const std::vector<OpCheck> model = check_model_training(Device::CUDA, options.seed, precision);
+    checks.insert(checks.end(), model.begin(), model.end());
+  }
+  // bf16 training with attention on cuDNN, what train.attention: auto runs where cuDNN
+  // takes the model's calls (4 query heads over 2 of dimension 32, packed documents).
+  if (cudnn_attention_supported(cuda::cudnn_runtime(), {DType::BF16, 450, 4, 2, 32, false, true}, nullptr)) {
+    const std::vector<OpCheck> model =
+        check_model_training(Device::CUDA, options.seed, DType::BF16, false, AttentionImpl::Cudnn);
     checks.insert(checks.end(), model.begin(), model.end());
   }
   // Mixtral in fp32 (in bf16 a router logit that the summation order puts on the other

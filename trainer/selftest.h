@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "kernels/attention_impl.h"
 #include "kernels/backend_check.h"
 #include "kernels/device.h"
 #include "kernels/dtype.h"
@@ -20,9 +21,10 @@ struct SelftestOptions {
 // precision against the CPU's bf16 path): each step's loss, the first gradients
 // and the final (fp32 master) weights compared. With `mixtral`, every MLP is a sparse
 // mixture of 4 experts, top 2 (the MoE block's routing, row movement and
-// load-balancing loss on the device).
+// load-balancing loss on the device). Attention runs on `attention`'s kernels
+// (kernels/attention_impl.h; the CPU and the guarded device always run their own).
 std::vector<OpCheck> check_model_training(Device device, uint64_t seed, DType precision = DType::F32,
-                                          bool mixtral = false);
+                                          bool mixtral = false, AttentionImpl attention = AttentionImpl::Own);
 
 // The copy engine on `device` (round trips through host memory, pinned on CUDA,
 // whose result depends on every ordering between the copy and compute streams;

@@ -130,6 +130,10 @@ __global__ void rmsnorm_backward_dw_partial_kernel(double* __restrict__ partial,
   double acc[K];
 #pragma unroll
   for (int j = 0; j < K; ++j) acc[j] = 0.0;
+  // Unrolled so that several rows' loads are in flight at once (the sums still add
+  // row by row, in order): with 16-byte packs the kernel has few threads (about 128
+  // blocks), each walking 32 rows, and one load at a time leaves it waiting on memory.
+#pragma unroll 8
   for (int64_t t = t0; t < t1; ++t) {
     const float r = rstd[t];
     const P dyv = *reinterpret_cast<const P*>(dy + t * H + c), xv = *reinterpret_cast<const P*>(x + t * H + c);
@@ -147,6 +151,7 @@ __global__ void rmsnorm_backward_dw_final_kernel(float* __restrict__ dw, const d
   for (int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; c < H;
        c += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     double acc = 0.0;
+#pragma unroll 8
     for (int64_t k = 0; k < chunks; ++k) acc += partial[k * H + c];
     dw[c] += static_cast<float>(acc);
   }
