@@ -401,7 +401,8 @@ void keep_run_record(const Config& config, int rank) {
 
 void keep_resumed_precision(Config& config, int rank) {
   if (config.train.resume != ResumeMode::Auto || config.origins.count("train.precision")) return;
-  const std::optional<std::string> latest = latest_resumable_checkpoint(resolved_checkpoint_dir(config.train), nullptr);
+  std::vector<std::string> suspect;  // restore_or_init logs them
+  const std::optional<std::string> latest = latest_resumable_checkpoint(resolved_checkpoint_dir(config.train), &suspect);
   if (!latest) return;
   DType before;
   try {
