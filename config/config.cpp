@@ -53,9 +53,9 @@ void decide_auto_hdp(Config& config, int job_ranks) {
 }
 
 // train.precision not given: bf16 on cuda (the CUDA bf16 path equals the CPU's bf16
-// and runs at tensor-core speed: docs/performance.md, an H200 on 2026-11-28), fp32
-// elsewhere, where bf16 is slower than fp32 on most CPUs. The effective config
-// names the choice, so a checkpoint resumes with it.
+// and runs at tensor-core speed: docs/performance.md, an H200 on 2026-11-28), fp32,
+// the reference path, elsewhere. The effective config names the choice; a resumed run
+// keeps its checkpoint's (run/job.h: keep_resumed_precision).
 void decide_default_precision(Config& config) {
   if (config.origins.count("train.precision")) return;
   config.train.precision = config.train.device == Device::CUDA ? DType::BF16 : DType::F32;

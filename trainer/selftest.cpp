@@ -29,11 +29,17 @@
 namespace hdp {
 namespace {
 
+// A device tensor's values, read back.
+std::vector<float> on_host(const Tensor& dev) {
+  std::vector<float> got(static_cast<size_t>(dev.numel()));
+  copy(Tensor(got.data(), {dev.numel()}, Device::CPU), dev.view({dev.numel()}));
+  return got;
+}
+
 // A device tensor against its CPU twin: max |a - b| relative to max |b|.
 OpCheck compare_tensors(const std::string& what, const std::string& shape, const Tensor& dev, const Tensor& cpu,
                         double tolerance) {
-  std::vector<float> got(static_cast<size_t>(dev.numel()));
-  copy(Tensor(got.data(), {dev.numel()}, Device::CPU), dev.view({dev.numel()}));
+  const std::vector<float> got = on_host(dev);
   OpCheck c{what, shape, 0, 0, tolerance, true, {}};
   double scale = 0;
   for (int64_t i = 0; i < cpu.numel(); ++i) {
@@ -55,8 +61,7 @@ OpCheck compare_tensors(const std::string& what, const std::string& shape, const
 // weights elsewhere altogether (a difference of the order of the movement, 1).
 OpCheck compare_weight_updates(const std::string& what, const std::string& shape, const Tensor& dev,
                                const Tensor& cpu, const std::vector<float>& initial, double tolerance) {
-  std::vector<float> got(static_cast<size_t>(dev.numel()));
-  copy(Tensor(got.data(), {dev.numel()}, Device::CPU), dev.view({dev.numel()}));
+  const std::vector<float> got = on_host(dev);
   OpCheck c{what + " (norm-wise, of the updates)", shape, 0, 0, tolerance, true, {}};
   double diff_sq = 0, moved_sq = 0;
   for (int64_t i = 0; i < cpu.numel(); ++i) {
@@ -137,8 +142,10 @@ std::vector<OpCheck> check_model_training(Device device, uint64_t seed, DType pr
     m.router_aux_loss_coef = 0.02;
     shape += " E=4 k=2 F=176";
   }
-  const std::string tag = std::string(mixtral ? " [mixtral]" : "") + (precision == DType::BF16 ? " [bf16" : "") +
-                          (attention == AttentionImpl::Cudnn ? ", cudnn]" : precision == DType::BF16 ? "]" : "");
+  std::string marks = precision == DType::BF16 ? "bf16" : "";
+  if (attention != AttentionImpl::Own)
+    marks += std::string(marks.empty() ? "" : ", ") + enum_name(kAttentionImplNames, attention);
+  const std::string tag = std::string(mixtral ? " [mixtral]" : "") + (marks.empty() ? "" : " [" + marks + "]");
   const TrainingTolerances tol = training_tolerances(precision);
   const std::vector<int32_t> lengths = {1, 200, 37, 150, 62};
   const int64_t capacity = 512;
@@ -349,8 +356,10 @@ int run_selftest(const SelftestOptions& options) {
     checks.insert(checks.end(), model.begin(), model.end());
   }
   // bf16 training with attention on cuDNN, what train.attention: auto runs where cuDNN
-  // takes the model's calls (4 query heads over 2 of dimension 32, packed documents).
-  if (cudnn_attention_supported(cuda::cudnn_runtime(), {DType::BF16, 450, 4, 2, 32, false, true}, nullptr)) {
+  // takes the model's calls (its packed batch holds 450 tokens).
+  const ModelConfig m = small_gqa_model(3);
+  if (cudnn_attention_supported(cuda::cudnn_runtime(),
+                                {DType::BF16, 450, m.num_heads, m.num_kv_heads, m.head_dim(), false, true}, nullptr)) {
     const std::vector<OpCheck> model =
         check_model_training(Device::CUDA, options.seed, DType::BF16, false, AttentionImpl::Cudnn);
     checks.insert(checks.end(), model.begin(), model.end());

@@ -85,7 +85,7 @@ void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const Ad
   s.eps = st.eps;
   s.grad_scale = st.grad_scale;
   s.lerp_low = s.w1 < 0.5f;
-  const int64_t packs = aligned16({param.raw(), grad.raw(), m.raw(), v.raw()}) ? n / 4 : 0;
+  const int64_t packs = whole_packs(n, 4, {param.raw(), grad.raw(), m.raw(), v.raw()});
   adamw_kernel<<<blocks_for(packs > 0 ? packs : n, kThreads), kThreads, 0, compute_stream()>>>(
       param.data, grad.data, m.data, v.data, n, packs, s);
   HDP_CUDA_CHECK_LAUNCH("adamw_update");

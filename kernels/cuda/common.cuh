@@ -79,44 +79,35 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
 }
 
 // Grows a compute-stream scratch buffer to at least `bytes` (to 1.5 times its old
-// capacity when that is more), stream-ordered: the old buffer is freed after the
-// stream's earlier kernels that read it, the new one is usable by the stream's later
-// ones. Not cudaFree,
+// capacity when that is more), stream-ordered: the old buffer is freed after the stream's earlier
+// kernels that read it, the new one is usable by the stream's later ones. Not cudaFree,
 // which waits for the whole device: mid-step that includes NCCL kernels waiting for
 // peers that may wait for this rank's next collective, a hang (a scratch grows in the
 // step that first sees a longer micro-batch, while gradient buckets are in flight).
 // A device without stream-ordered allocation (cudaDevAttrMemoryPoolsSupported 0:
 // some virtualised GPUs) gets the synchronising path: drain the stream, free, allocate.
-inline bool memory_pools() {
-  static const bool supported = [] {
-    int device = 0, value = 0;
-    HDP_CUDA_CHECK(cudaGetDevice(&device));
-    HDP_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMemoryPoolsSupported, device));
-    return value != 0;
-  }();
-  return supported;
-}
-
-// Frees a buffer of grow_stream_buffer's in stream order (the same two paths).
-inline void release_stream_buffer(void** buffer, size_t* capacity) {
-  if (*buffer) {
-    if (memory_pools()) {
-      HDP_CUDA_CHECK(cudaFreeAsync(*buffer, compute_stream()));
-    } else {
-      HDP_CUDA_CHECK(cudaStreamSynchronize(compute_stream()));
-      HDP_CUDA_CHECK(cudaFree(*buffer));
-    }
-  }
-  *buffer = nullptr;
-  *capacity = 0;
-}
-
 inline void grow_stream_buffer(void** buffer, size_t* capacity, size_t bytes) {
   if (bytes <= *capacity) return;
+  static const bool pools = [] {
+    int device = 0, supported = 0;
+    HDP_CUDA_CHECK(cudaGetDevice(&device));
+    HDP_CUDA_CHECK(cudaDeviceGetAttribute(&supported, cudaDevAttrMemoryPoolsSupported, device));
+    return supported != 0;
+  }();
   const size_t grown = std::max(bytes, *capacity + *capacity / 2);
-  release_stream_buffer(buffer, capacity);
-  if (memory_pools()) {
-    HDP_CUDA_CHECK(cudaMallocAsync(buffer, grown, compute_stream()));
+  cudaStream_t stream = compute_stream();
+  if (*buffer) {
+    if (pools) {
+      HDP_CUDA_CHECK(cudaFreeAsync(*buffer, stream));
+    } else {
+      HDP_CUDA_CHECK(cudaStreamSynchronize(stream));
+      HDP_CUDA_CHECK(cudaFree(*buffer));
+    }
+    *buffer = nullptr;
+    *capacity = 0;
+  }
+  if (pools) {
+    HDP_CUDA_CHECK(cudaMallocAsync(buffer, grown, stream));
   } else {
     HDP_CUDA_CHECK(cudaMalloc(buffer, grown));
   }
@@ -185,6 +176,23 @@ inline bool aligned16(std::initializer_list<const void*> pointers) {
   for (const void* p : pointers)
     if (reinterpret_cast<uintptr_t>(p) % 16 != 0) return false;
   return true;
+}
+
+// The whole packs of K elements in n where every pointer is 16-byte aligned, else 0
+// (an elementwise kernel then takes its first packs x K elements K at a time).
+inline int64_t whole_packs(int64_t n, int k, std::initializer_list<const void*> pointers) {
+  return aligned16(pointers) ? n / k : 0;
+}
+
+// Calls f(std::integral_constant<int, K>) with K = kPack<E> where n (a row's length)
+// is a multiple of it and every pointer 16-byte aligned (rows then start aligned
+// too), else K = 1: for kernels that take whole packs only.
+template <class E, class F>
+void with_pack(int64_t n, std::initializer_list<const void*> pointers, F&& f) {
+  if (n % kPack<E> == 0 && aligned16(pointers))
+    f(std::integral_constant<int, kPack<E>>{});
+  else
+    f(std::integral_constant<int, 1>{});
 }
 
 // Calls f(float{}) or f(__nv_bfloat16{}) for an fp32 or bf16 dtype: launchers

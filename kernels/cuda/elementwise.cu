@@ -154,7 +154,7 @@ void add_inplace(Tensor y, const Tensor& x) {
   const int64_t n = y.numel();
   if (n == 0) return;
   if (y.dtype == DType::BF16) {
-    const int64_t packs = aligned16({y.raw(), x.raw()}) ? n / 8 : 0;
+    const int64_t packs = whole_packs(n, 8, {y.raw(), x.raw()});
     add_bf16_kernel<<<blocks_for(packs > 0 ? packs : n, kThreads), kThreads, 0, compute_stream()>>>(
         elements<__nv_bfloat16>(y), elements<__nv_bfloat16>(x), n, packs);
     HDP_CUDA_CHECK_LAUNCH("add_inplace (bf16)");
@@ -213,7 +213,7 @@ void copy(Tensor dst, const Tensor& src) {
   cudaStream_t stream = compute_stream();
   if (to.dtype == DType::BF16) {
     // 4 floats in (16 bytes), 4 bf16 out (8 bytes).
-    const int64_t packs = aligned16({to.raw(), from.raw()}) ? n / 4 : 0;
+    const int64_t packs = whole_packs(n, 4, {to.raw(), from.raw()});
     round_to_bf16_kernel<<<blocks_for(packs > 0 ? packs : n, kThreads), kThreads, 0, stream>>>(
         elements<__nv_bfloat16>(to), from.f32(), n, packs);
   } else {

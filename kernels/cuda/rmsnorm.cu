@@ -19,8 +19,6 @@
 // sum dx + update) are rounded once on store, as the CPU twin does.
 
 #include <cstdint>
-#include <initializer_list>
-#include <type_traits>
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_ops.h"
@@ -155,16 +153,6 @@ __global__ void rmsnorm_backward_dw_final_kernel(float* __restrict__ dw, const d
     for (int64_t k = 0; k < chunks; ++k) acc += partial[k * H + c];
     dw[c] += static_cast<float>(acc);
   }
-}
-
-// Calls f(std::integral_constant<int, K>) with K = kPack<E> where H is a multiple of
-// it and every pointer 16-byte aligned (rows then start aligned too), else K = 1.
-template <class E, class F>
-void with_pack(int64_t H, std::initializer_list<const void*> pointers, F&& f) {
-  if (H % kPack<E> == 0 && aligned16(pointers))
-    f(std::integral_constant<int, kPack<E>>{});
-  else
-    f(std::integral_constant<int, 1>{});
 }
 
 }  // namespace

@@ -98,14 +98,10 @@ void rope_rotate(Tensor x, const IndexTensor& positions, const RopeSettings& rop
   const size_t shared = 2 * static_cast<size_t>(half) * sizeof(float);
   with_element_type(x.dtype, [&](auto e) {
     using E = decltype(e);
-    const float sign = inverse ? -1.0f : 1.0f;
-    if (half % kPack<E> == 0 && aligned16({x.raw()})) {
-      rope_kernel<E, kPack<E>><<<blocks, kThreads, shared, stream>>>(elements<E>(x), positions.data, T, heads, d,
-                                                                     sign, inv_freq, buffer);
-    } else {
-      rope_kernel<E, 1><<<blocks, kThreads, shared, stream>>>(elements<E>(x), positions.data, T, heads, d, sign,
-                                                              inv_freq, buffer);
-    }
+    with_pack<E>(half, {x.raw()}, [&](auto k) {
+      rope_kernel<E, decltype(k)::value><<<blocks, kThreads, shared, stream>>>(
+          elements<E>(x), positions.data, T, heads, d, inverse ? -1.0f : 1.0f, inv_freq, buffer);
+    });
   });
   HDP_CUDA_CHECK_LAUNCH(op);
 }

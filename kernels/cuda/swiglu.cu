@@ -71,11 +71,6 @@ __global__ void swiglu_backward_kernel(E* __restrict__ dgate, E* __restrict__ du
   for (int64_t i = packs * K + first; i < n; i += stride) swiglu_gradients(dgate[i], dup[i], dout[i], gate[i], up[i]);
 }
 
-// Packs of 16 bytes where every operand is aligned to them, else none.
-int64_t packs_of(int64_t n, int k, std::initializer_list<const void*> pointers) {
-  return aligned16(pointers) ? n / k : 0;
-}
-
 }  // namespace
 
 void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) {
@@ -84,7 +79,7 @@ void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) {
   with_element_type(out.dtype, [&](auto e) {
     using E = decltype(e);
     constexpr int K = kPack<E>;
-    const int64_t packs = packs_of(n, K, {out.raw(), gate.raw(), up.raw()});
+    const int64_t packs = whole_packs(n, K, {out.raw(), gate.raw(), up.raw()});
     swiglu_forward_kernel<E, K><<<blocks_for(packs > 0 ? packs : n, kThreads), kThreads, 0, compute_stream()>>>(
         elements<E>(out), elements<E>(gate), elements<E>(up), n, packs);
   });
@@ -97,7 +92,7 @@ void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor&
   with_element_type(gate.dtype, [&](auto e) {
     using E = decltype(e);
     constexpr int K = kPack<E>;
-    const int64_t packs = packs_of(n, K, {dgate.raw(), dup.raw(), dout.raw(), gate.raw(), up.raw()});
+    const int64_t packs = whole_packs(n, K, {dgate.raw(), dup.raw(), dout.raw(), gate.raw(), up.raw()});
     swiglu_backward_kernel<E, K><<<blocks_for(packs > 0 ? packs : n, kThreads), kThreads, 0, compute_stream()>>>(
         elements<E>(dgate), elements<E>(dup), elements<E>(dout), elements<E>(gate), elements<E>(up), n, packs);
   });
