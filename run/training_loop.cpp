@@ -451,6 +451,9 @@ bool TrainingLoop::checkpoint_now(int64_t step, double step_ms) {
   if (!due && !checkpoint_deferred_ && stop_signal_ == 0) return false;
   const bool must = step == config_.train.steps || stop_signal_ != 0;
   if (must || !checkpoint_over_budget_) {
+    // A deferral that ends before rank 0's own write did (its steps all came while that
+    // write ran) is said as it ends, with the write's cost now known.
+    if (checkpoint_deferred_ && !deferral_reported_ && process_.rank == 0) report_deferral(step, step_ms);
     checkpoint_deferred_ = false;
     deferral_reported_ = false;
     return true;
