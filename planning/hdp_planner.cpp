@@ -1041,21 +1041,87 @@ struct RingCell {
   int ring;
 };
 
-// Each rank's list. Rings in their order, each at one slot on all its members:
-// the first after every member's earlier rings. The rank's own micro-batches,
-// most expensive first, fill the holes before its rings and then follow them.
-// Holes left over stay as empty micro-batches with several pipeline stages (a ring
-// then sits at the same index on every member, so its members' 1F1B schedules
-// meet it together) and are dropped with one (rings keep their order).
-// rings_first: the holes stay empty and every own micro-batch follows the rank's
-// last ring.
+// How lay_out orders a rank's list.
+enum class Layout {
+  // Rings in their order, each at one slot on all its members: the first after every
+  // member's earlier rings. The rank's own micro-batches, most expensive first, fill
+  // the holes before its rings and then follow them. Holes left over stay as empty
+  // micro-batches with several pipeline stages (a ring then sits at the same index on
+  // every member, so its members' 1F1B schedules meet it together) and are dropped
+  // with one (rings keep their order).
+  HolesFilled,
+  // The same slots, the holes left empty: every own micro-batch follows the rank's
+  // last ring (long sequences first, as ByteScale's PP-Balance orders them).
+  RingsFirst,
+  // One stage: by predicted time instead of slots. Each rank keeps a clock of the
+  // seconds of what its list holds so far; a ring starts at the latest of its
+  // members' clocks, and each member first fills its wait with its own micro-batches
+  // that fit in it (most expensive first), so that the members reach the ring
+  // together; the rest follow the rank's last ring. Slot-aligned lists leave a member
+  // whose earlier rings were cheaper waiting: LLaMA-70B, pp 1, Byted 1M
+  // (docs/performance.md), where Algorithm 2 balances the predicted busy time to
+  // 111-118 s and the step simulated 150 s.
+  Timed,
+};
+
+// The layouts a candidate is scored in: holes filled, and rings first with pipeline
+// stages or timed with one.
+std::vector<Layout> layouts(const PlannerSettings& st) {
+  if (st.pipeline_stages > 1) return {Layout::HolesFilled, Layout::RingsFirst};
+  return {Layout::HolesFilled, Layout::Timed};
+}
+
+// Rank `r`'s micro-batch of ring X (its zig-zag chunks of the ring's sequence).
+PlannedMicroBatch ring_micro_batch(const std::vector<WorkItem>& items, const Assignment& a, const StepPlan& plan,
+                                   int X, int r, std::span<const int64_t> lengths) {
+  const Ring& ring = plan.rings[X];
+  const int position = static_cast<int>(std::lower_bound(ring.ranks.begin(), ring.ranks.end(), r) - ring.ranks.begin());
+  PlannedMicroBatch mb;
+  mb.pieces = zigzag_ring_pieces(ring, X, position, lengths);
+  mb.ring = X;
+  mb.offload_ratio = items[a.ring_item[X]].ratio;
+  mb.recompute_layers = items[a.ring_item[X]].recompute_layers;
+  return mb;
+}
+
+// Each rank's list, as `layout` says (Timed needs one pipeline stage).
 StepPlan lay_out(const std::vector<WorkItem>& items, std::vector<PlannedMicroBatch>& pool, Assignment& a,
-                 std::span<const int64_t> lengths, const PlannerSettings& st, bool rings_first = false) {
+                 std::span<const int64_t> lengths, const PlannerSettings& st, Layout layout = Layout::HolesFilled) {
   const int hdp = static_cast<int>(a.seconds.size());
   StepPlan plan;
   plan.capacity = st.capacity;
   plan.recomputed_layer_share = recomputed_layer_share(activation_mix_settings(st));
   plan.ranks.resize(hdp);
+  for (size_t X = 0; X < a.ring_ranks.size(); ++X)
+    plan.rings.push_back(Ring{a.ring_ranks[X], {items[a.ring_item[X]].sequence}});
+  for (std::vector<size_t>& mine : a.local) std::sort(mine.begin(), mine.end());  // item order: most expensive first
+
+  if (layout == Layout::Timed) {
+    if (st.pipeline_stages != 1) throw std::logic_error("lay_out: a timed layout needs one pipeline stage");
+    std::vector<double> clock(hdp, 0.0);
+    std::vector<std::vector<bool>> used(hdp);
+    for (int r = 0; r < hdp; ++r) used[r].assign(a.local[r].size(), false);
+    for (size_t X = 0; X < a.ring_ranks.size(); ++X) {
+      double start = 0;
+      for (int r : a.ring_ranks[X]) start = std::max(start, clock[r]);
+      for (int r : a.ring_ranks[X]) {
+        const std::vector<size_t>& mine = a.local[r];
+        for (size_t j = 0; j < mine.size() && clock[r] < start; ++j) {
+          if (used[r][j] || clock[r] + items[mine[j]].cost > start) continue;
+          used[r][j] = true;
+          clock[r] += items[mine[j]].cost;
+          plan.ranks[r].push_back(std::move(pool[items[mine[j]].micro_batch]));
+        }
+        plan.ranks[r].push_back(ring_micro_batch(items, a, plan, static_cast<int>(X), r, lengths));
+        clock[r] = start + items[a.ring_item[X]].cost;
+      }
+    }
+    for (int r = 0; r < hdp; ++r)
+      for (size_t j = 0; j < a.local[r].size(); ++j)
+        if (!used[r][j]) plan.ranks[r].push_back(std::move(pool[items[a.local[r][j]].micro_batch]));
+    return plan;
+  }
+
   std::vector<size_t> slots(hdp, 0);
   std::vector<std::vector<RingCell>> cells(hdp);  // per rank: its rings, slots increasing
   for (size_t X = 0; X < a.ring_ranks.size(); ++X) {
@@ -1065,28 +1131,17 @@ StepPlan lay_out(const std::vector<WorkItem>& items, std::vector<PlannedMicroBat
       cells[r].push_back({slot, static_cast<int>(X)});
       slots[r] = slot + 1;
     }
-    plan.rings.push_back(Ring{a.ring_ranks[X], {items[a.ring_item[X]].sequence}});
   }
   const bool aligned = st.pipeline_stages > 1;
   for (int r = 0; r < hdp; ++r) {
-    std::vector<size_t>& mine = a.local[r];
-    std::sort(mine.begin(), mine.end());  // item order: most expensive first
+    const std::vector<size_t>& mine = a.local[r];
     std::vector<PlannedMicroBatch>& out = plan.ranks[r];
     out.reserve(slots[r] + mine.size());
     size_t next_local = 0, next_ring = 0;
     for (size_t t = 0; t < slots[r]; ++t) {
       if (next_ring < cells[r].size() && cells[r][next_ring].slot == t) {
-        const int X = cells[r][next_ring++].ring;
-        const Ring& ring = plan.rings[X];
-        const int position =
-            static_cast<int>(std::lower_bound(ring.ranks.begin(), ring.ranks.end(), r) - ring.ranks.begin());
-        PlannedMicroBatch mb;
-        mb.pieces = zigzag_ring_pieces(ring, X, position, lengths);
-        mb.ring = X;
-        mb.offload_ratio = items[a.ring_item[X]].ratio;
-        mb.recompute_layers = items[a.ring_item[X]].recompute_layers;
-        out.push_back(std::move(mb));
-      } else if (!rings_first && next_local < mine.size()) {
+        out.push_back(ring_micro_batch(items, a, plan, cells[r][next_ring++].ring, r, lengths));
+      } else if (layout == Layout::HolesFilled && next_local < mine.size()) {
         out.push_back(std::move(pool[items[mine[next_local++]].micro_batch]));
       } else if (aligned) {
         out.emplace_back();
@@ -1113,10 +1168,10 @@ std::vector<StepPlan> wave_plans(const BalanceWork& work, std::span<const int64_
   for (const std::vector<int>& members : a.ring_ranks) ring_cells += members.size();
   const bool holes = ring_cells < waves.size() * static_cast<size_t>(st.hdp);
   std::vector<StepPlan> plans;
-  for (bool rings_first : {false, true}) {
-    if (rings_first && !holes) continue;
+  for (Layout layout : layouts(st)) {
+    if (layout == Layout::RingsFirst && !holes) continue;
     std::vector<PlannedMicroBatch> copy = work.pool;
-    plans.push_back(lay_out(items, copy, a, lengths, st, rings_first));
+    plans.push_back(lay_out(items, copy, a, lengths, st, layout));
   }
   return plans;
 }
@@ -1323,7 +1378,12 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
     winner = &*rows;
     winner_items = &items;
   }
-  if (!balance.step_seconds) return lay_out(*winner_items, pool, *winner, lengths, st);
+  // Without a step measure (the trainer with one stage): timed with one stage, where
+  // ring members then reach their rings together by the predicted times; with expert
+  // parallelism the lists stay most expensive first, which lock_step_seconds assumes.
+  if (!balance.step_seconds)
+    return lay_out(*winner_items, pool, *winner, lengths, st,
+                   st.pipeline_stages == 1 && st.ep == 1 ? Layout::Timed : Layout::HolesFilled);
 
   // Every candidate laid out (each from a copy of the pool), scored by the given step.
   std::vector<std::pair<const std::vector<WorkItem>*, Assignment*>> candidates = {{&items, &best}};
@@ -1348,25 +1408,23 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
     if (set_deepest_forward_limits(deep, st)) score(std::move(deep));
   };
   for (const auto& [candidate_items, assignment] : candidates)
-    for (bool rings_first : {false, true}) {
-      if (rings_first && st.pipeline_stages == 1) continue;
+    for (Layout layout : layouts(st)) {
       std::vector<PlannedMicroBatch> copy = pool;
-      consider(lay_out(*candidate_items, copy, *assignment, lengths, st, rings_first));
+      consider(lay_out(*candidate_items, copy, *assignment, lengths, st, layout));
     }
   consider(plan_naive(lengths, st));
-  // With pipelines, PP-Balance's waves.
-  if (st.pipeline_stages > 1)
-    for (StepPlan& plan : wave_plans(work, lengths, st, balance)) consider(std::move(plan));
+  // PP-Balance's waves; with one stage too, timed, where they keep a wave's rings
+  // meeting together (docs/planning.md, "Reading the results").
+  for (StepPlan& plan : wave_plans(work, lengths, st, balance)) consider(std::move(plan));
   // And without offload where it fits: wider rings that copy nothing can be faster.
   if (st.offload.enabled && st.offload.forced_ratio < 0) {
     PlannerSettings without = st;
     without.offload.enabled = false;
     try {
       consider(plan_naive(lengths, without));
-      if (st.pipeline_stages > 1)
-        for (StepPlan& plan :
-             wave_plans(balance_work(split_batch(lengths, without), lengths, without), lengths, without, balance))
-          consider(std::move(plan));
+      for (StepPlan& plan :
+           wave_plans(balance_work(split_batch(lengths, without), lengths, without), lengths, without, balance))
+        consider(std::move(plan));
     } catch (const std::invalid_argument&) {
       // a sequence needs offload to fit
     }
@@ -1384,9 +1442,9 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
     const std::vector<WorkItem> pipeline_items = make_items(*pipeline_widened);
     Assignment a = assign_rounds(pipeline_items, hdp, balance);
     refine(pipeline_items, a);
-    for (bool rings_first : {false, true}) {
+    for (Layout layout : layouts(st)) {
       std::vector<PlannedMicroBatch> copy = pool;
-      consider(lay_out(pipeline_items, copy, a, lengths, st, rings_first));
+      consider(lay_out(pipeline_items, copy, a, lengths, st, layout));
     }
   }
   // With pipelines, the short sequences also packed into smaller micro-batches: at

@@ -164,16 +164,22 @@ struct BalanceSettings {
 // before its rings and then follow them. With several pipeline stages left-over
 // holes stay as empty micro-batches, so a ring sits at one index on all its members
 // (their 1F1B schedules then meet it together; micro-batch counts may differ);
-// with one stage they are dropped. Passes check_plan.
+// with one stage they are dropped. With one stage (and ep = 1) the result is laid
+// out by predicted time instead ("timed"): each rank keeps a clock of its list's
+// predicted seconds, a ring starts at the latest of its members' clocks, and a
+// member first runs those of its own micro-batches (most expensive first) that fit
+// in its wait, so members reach a ring together and own work never delays one; the
+// rest follow its last ring. Passes check_plan.
 // With BalanceSettings::step_seconds every candidate is laid out and that decides
-// (ties: the first); with several pipeline stages each candidate is also laid out
-// with its rings first (a rank's own micro-batches after its last ring, holes left
-// empty: long sequences first, as ByteScale's PP-Balance orders them); plan_naive's
+// (ties: the first), each both with the holes filled and, with several pipeline
+// stages, with its rings first (a rank's own micro-batches after its last ring,
+// holes left empty: long sequences first, as ByteScale's PP-Balance orders them), or
+// with one stage timed; plan_naive's
 // plan itself is a candidate, so the result's step is never longer than
 // plan_naive's by that measure, and so is plan_naive's without offload (rings sized
 // by device memory alone) when offload is on, not forced, and it fits.
-// With several pipeline stages the measure also sees ByteScale's PP-Balance (Ge et
-// al., 2025) as waves, laid out both ways, from these settings and from those
+// The measure also sees ByteScale's PP-Balance (Ge et al., 2025) as waves (with
+// one stage too), laid out both ways, from these settings and from those
 // without offload where they fit: the sequences that need rings, longest first,
 // packed first-fit by their choose_ranks counts into waves of at most hdp ranks; in
 // a wave the ring whose members cost most (seconds / ranks) takes one more rank at a

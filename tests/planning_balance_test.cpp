@@ -769,5 +769,105 @@ TEST(Randomized, BalancedPlansAreValidNoWorseThanNaiveAndNearTheIdeal) {
               better, trials, worst_vs_naive, sum_vs_naive / trials, widened);
 }
 
+// Rank `rank`'s micro-batch i alone, as predicted_rank_seconds prices it.
+double micro_batch_seconds(const StepPlan& p, int rank, size_t i, const std::vector<int64_t>& lengths,
+                           const PlannerSettings& s) {
+  StepPlan one = p;
+  one.ranks.assign(1, {p.ranks[rank][i]});
+  return predicted_rank_seconds(one, lengths, s)[0];
+}
+
+// One stage's lists replayed with predicted times: each micro-batch after its rank's
+// previous one, a ring when its last member reaches it. Returns each ring's start;
+// without own work the ranks' one-rank micro-batches are left out.
+std::vector<double> ring_starts(const StepPlan& p, const std::vector<int64_t>& lengths, const PlannerSettings& s,
+                                bool own_work) {
+  const size_t hdp = p.ranks.size();
+  std::vector<size_t> next(hdp, 0);
+  std::vector<double> clock(hdp, 0.0), starts(p.rings.size(), -1.0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (size_t r = 0; r < hdp; ++r) {
+      while (next[r] < p.ranks[r].size()) {
+        const PlannedMicroBatch& mb = p.ranks[r][next[r]];
+        if (mb.ring < 0) {
+          if (own_work) clock[r] += micro_batch_seconds(p, static_cast<int>(r), next[r], lengths, s);
+          ++next[r];
+          progress = true;
+          continue;
+        }
+        // A ring: every member must have reached it.
+        const Ring& ring = p.rings[mb.ring];
+        bool all = true;
+        double start = 0;
+        for (int m : ring.ranks) {
+          const size_t n = next[m];
+          all = all && n < p.ranks[m].size() && p.ranks[m][n].ring == mb.ring;
+          if (all) start = std::max(start, clock[m]);
+        }
+        if (!all) break;
+        starts[mb.ring] = start;
+        for (int m : ring.ranks) {
+          clock[m] = start + micro_batch_seconds(p, m, next[m], lengths, s);
+          ++next[m];
+        }
+        progress = true;
+      }
+    }
+  }
+  return starts;
+}
+
+TEST(Randomized, OneStageListsFillRingWaitsWithoutDelayingARing) {
+  // With one stage and no step measure, balance lays its lists out by predicted
+  // time: a rank's own micro-batches go before a ring only where they fit in its
+  // wait for the ring's last member. So every ring starts when it would if the ranks
+  // had no own work at all, and some own work does run in such waits.
+  std::mt19937_64 rng(20261128);
+  int filled = 0, rings = 0;
+  for (int trial = 0; trial < 200; ++trial) {
+    const int hdp = 2 + static_cast<int>(rng() % 15);
+    const int64_t capacity = 256 + static_cast<int64_t>(rng() % 3841);
+    PlannerSettings s;
+    s.hdp = hdp;
+    s.capacity = capacity;
+    s.layers_per_stage = 1 + static_cast<int64_t>(rng() % 8);
+    s.cost = analytic_cost_model(testing::kSmallLayer, 1, 4.0 * 16 * 512, 2e11, 1e10);
+    s.offload.enabled = rng() % 2 == 0;
+    const std::vector<int64_t> lengths = skewed(rng, capacity, hdp, [&](int64_t len) {
+      try {
+        choose_ranks(len, s);
+        return true;
+      } catch (const std::invalid_argument&) {
+        return false;
+      }
+    });
+    SCOPED_TRACE("trial " + std::to_string(trial) + ": hdp " + std::to_string(hdp) + ", capacity " +
+                 std::to_string(capacity));
+    const StepPlan p = plan_balance(lengths, s, {});
+    ASSERT_NO_THROW(check_plan(p, lengths, s.layers_per_stage, 1));
+    const std::vector<double> with = ring_starts(p, lengths, s, true), without = ring_starts(p, lengths, s, false);
+    ASSERT_EQ(with.size(), p.rings.size());
+    for (size_t X = 0; X < with.size(); ++X) {
+      ASSERT_GE(with[X], 0.0) << "ring " << X << " never started";
+      EXPECT_NEAR(with[X], without[X], 1e-9 * std::max(1.0, without[X])) << "ring " << X;
+    }
+    rings += static_cast<int>(p.rings.size());
+    for (const std::vector<PlannedMicroBatch>& list : p.ranks) {
+      bool own_before_ring = false;
+      for (const PlannedMicroBatch& mb : list) {
+        if (mb.ring < 0) own_before_ring = true;
+        else if (own_before_ring) {
+          ++filled;
+          break;
+        }
+      }
+    }
+  }
+  EXPECT_GT(rings, 100);
+  EXPECT_GT(filled, 20);
+  std::printf("%d rings; %d ranks ran own micro-batches while waiting for a ring\n", rings, filled);
+}
+
 }  // namespace
 }  // namespace hdp

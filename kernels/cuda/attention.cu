@@ -1471,16 +1471,6 @@ int bucket(int d, const char* op) {
                               " > 256 is not supported by the CUDA backend");
 }
 
-// Opts a kernel into `bytes` of dynamic shared memory, once per kernel (the flag is
-// per template instance, i.e. per kernel).
-template <auto Kernel>
-void allow_smem(size_t bytes) {
-  static std::once_flag once;
-  std::call_once(once, [&] {
-    HDP_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes)));
-  });
-}
-
 unsigned tiles(long long rows, int tile) { return static_cast<unsigned>((rows + tile - 1) / tile); }
 
 template <int D, int BQ, int BK, class E, class O>
@@ -1488,7 +1478,7 @@ void launch_forward(const char* op, O* out, float* lse, const E* q, const E* k, 
                     const Shape& s, bool merge) {
   constexpr size_t smem = fwd_smem_bytes<D, BQ, BK>();
   constexpr auto kernel = attention_forward_kernel<D, BQ, BK, E, O>;
-  allow_smem<kernel>(smem);
+  allow_max_shared_memory<kernel>();
   const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, BQ), static_cast<unsigned>(s.Hq));
   kernel<<<grid, kThreads, smem, compute_stream()>>>(out, lse, q, k, v, g, s.T, s.Hq, s.Hkv, s.d, s.scale, merge);
   HDP_CUDA_CHECK_LAUNCH(op);
@@ -1500,7 +1490,7 @@ void launch_backward(const char* op, O* dq, O* dk, O* dv, const E* dout, const E
   {
     constexpr size_t smem = dkdv_smem_bytes<D, BQ, BK>();
     constexpr auto kernel = attention_backward_dkdv_kernel<D, BQ, BK, E, O>;
-    allow_smem<kernel>(smem);
+    allow_max_shared_memory<kernel>();
     const dim3 grid(tiles(static_cast<long long>(g.k_end) - g.k_begin, BK), static_cast<unsigned>(s.Hkv));
     kernel<<<grid, kThreads, smem, compute_stream()>>>(dk, dv, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
                                                        s.scale, accumulate);
@@ -1509,7 +1499,7 @@ void launch_backward(const char* op, O* dq, O* dk, O* dv, const E* dout, const E
   {
     constexpr size_t smem = dq_smem_bytes<D, BQ, BK>();
     constexpr auto kernel = attention_backward_dq_kernel<D, BQ, BK, E, O>;
-    allow_smem<kernel>(smem);
+    allow_max_shared_memory<kernel>();
     const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, BQ), static_cast<unsigned>(s.Hq));
     kernel<<<grid, kThreads, smem, compute_stream()>>>(dq, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
                                                        s.scale, accumulate);
@@ -1523,7 +1513,7 @@ void launch_forward_tc(const char* op, O* out, float* lse, const typename Mma::O
                        bool merge) {
   constexpr size_t smem = fwd_tc_smem_bytes<Mma, D, BK>();
   constexpr auto kernel = attention_forward_tc_kernel<Mma, D, BK, O>;
-  allow_smem<kernel>(smem);
+  allow_max_shared_memory<kernel>();
   const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, kTcRows), static_cast<unsigned>(s.Hq));
   kernel<<<grid, kTcThreads, smem, compute_stream()>>>(out, lse, q, k, v, g, s.T, s.Hq, s.Hkv, s.d, s.scale, merge);
   HDP_CUDA_CHECK_LAUNCH(op);
@@ -1536,7 +1526,7 @@ void launch_backward_tc(const char* op, O* dq, O* dk, O* dv, const typename Mma:
   {
     constexpr size_t smem = dkdv_tc_smem_bytes<Mma, D, BQ>();
     constexpr auto kernel = attention_backward_dkdv_tc_kernel<Mma, D, BQ, O>;
-    allow_smem<kernel>(smem);
+    allow_max_shared_memory<kernel>();
     const dim3 grid(tiles(static_cast<long long>(g.k_end) - g.k_begin, kTcRows), static_cast<unsigned>(s.Hkv));
     kernel<<<grid, kTcThreads, smem, compute_stream()>>>(dk, dv, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
                                                          s.scale, accumulate);
@@ -1545,7 +1535,7 @@ void launch_backward_tc(const char* op, O* dq, O* dk, O* dv, const typename Mma:
   {
     constexpr size_t smem = dq_tc_smem_bytes<Mma, D, BK>();
     constexpr auto kernel = attention_backward_dq_tc_kernel<Mma, D, BK, O>;
-    allow_smem<kernel>(smem);
+    allow_max_shared_memory<kernel>();
     const dim3 grid(tiles(static_cast<long long>(g.q_end) - g.q_begin, kTcRows), static_cast<unsigned>(s.Hq));
     kernel<<<grid, kTcThreads, smem, compute_stream()>>>(dq, dout, q, k, v, lse, dvec, g, s.T, s.Hq, s.Hkv, s.d,
                                                          s.scale, accumulate);

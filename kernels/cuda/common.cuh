@@ -78,6 +78,28 @@ __device__ __forceinline__ float block_max(float v, float* shared) {
   return warp_max(v);
 }
 
+// This GPU's most dynamic shared memory per block (what a kernel may use once it has
+// opted in; without, 48 KB).
+inline size_t max_shared_memory_per_block() {
+  static const size_t bytes = [] {
+    int device = 0, value = 0;
+    HDP_CUDA_CHECK(cudaGetDevice(&device));
+    HDP_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return static_cast<size_t>(value);
+  }();
+  return bytes;
+}
+
+// Opts a kernel into all of it, once per kernel (the flag is per template instance).
+template <auto Kernel>
+void allow_max_shared_memory() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    HDP_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(max_shared_memory_per_block())));
+  });
+}
+
 // Grows a compute-stream scratch buffer to at least `bytes` (to 1.5 times its old
 // capacity when that is more), stream-ordered: the old buffer is freed after the stream's earlier
 // kernels that read it, the new one is usable by the stream's later ones. Not cudaFree,
