@@ -36,19 +36,22 @@ double smallest_ratio(int64_t tokens, int64_t k, double share, const ActivationM
 
 }  // namespace
 
+double activation_copy_seconds(int64_t tokens, double layer_seconds, const ActivationMix& mix,
+                               const ActivationMixSettings& s) {
+  const int64_t m = offloaded_layers(s.layers, mix.recompute_layers);
+  if (!(mix.offload_ratio > 0) || m <= 0) return 0;
+  if (!(s.cost.d2h_bytes_per_s > 0) || !(s.cost.h2d_bytes_per_s > 0)) return std::numeric_limits<double>::infinity();
+  const double bytes = mix.offload_ratio * s.cost.activation_bytes(tokens);
+  const double f = s.forward_fraction;
+  const double out = std::max(0.0, bytes / s.cost.d2h_bytes_per_s - f * layer_seconds);
+  const double back = std::max(0.0, bytes / s.cost.h2d_bytes_per_s - (1 - f) * layer_seconds);
+  return static_cast<double>(m) * (out + back);
+}
+
 double activation_mix_seconds(int64_t tokens, bool ring, double layer_seconds, const ActivationMix& mix,
                               const ActivationMixSettings& s) {
-  double seconds = static_cast<double>(mix.recompute_layers) * s.recompute.recomputed.recompute_seconds(tokens, ring);
-  const int64_t m = offloaded_layers(s.layers, mix.recompute_layers);
-  if (mix.offload_ratio > 0 && m > 0) {
-    if (!(s.cost.d2h_bytes_per_s > 0) || !(s.cost.h2d_bytes_per_s > 0)) return std::numeric_limits<double>::infinity();
-    const double bytes = mix.offload_ratio * s.cost.activation_bytes(tokens);
-    const double f = s.forward_fraction;
-    const double out = std::max(0.0, bytes / s.cost.d2h_bytes_per_s - f * layer_seconds);
-    const double back = std::max(0.0, bytes / s.cost.h2d_bytes_per_s - (1 - f) * layer_seconds);
-    seconds += static_cast<double>(m) * (out + back);
-  }
-  return seconds;
+  return static_cast<double>(mix.recompute_layers) * s.recompute.recomputed.recompute_seconds(tokens, ring) +
+         activation_copy_seconds(tokens, layer_seconds, mix, s);
 }
 
 std::optional<ActivationMix> choose_activation_mix(int64_t tokens, bool ring, double layer_seconds,

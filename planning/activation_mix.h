@@ -53,6 +53,10 @@ double recomputed_layer_share(const ActivationMixSettings& settings);
 // f = forward_fraction. Infinite when it copies without a copy rate.
 double activation_mix_seconds(int64_t tokens, bool ring, double layer_seconds, const ActivationMix& mix,
                               const ActivationMixSettings& settings);
+// Its copy terms alone: the m offloaded layers' copies beyond the compute they run
+// beside (the rerun is the planners' rerun_seconds).
+double activation_copy_seconds(int64_t tokens, double layer_seconds, const ActivationMix& mix,
+                               const ActivationMixSettings& settings);
 
 // The mix that fits `tokens` into the device memory (max_micro_batch_tokens) with
 // the fewest added seconds (activation_mix_seconds; ties: fewer recomputed layers):

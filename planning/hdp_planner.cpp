@@ -8,6 +8,7 @@
 #include <optional>
 #include <queue>
 #include <set>
+#include <tuple>
 #include <utility>
 #include <vector>
 #include <stdexcept>
@@ -467,6 +468,19 @@ StepPlan plan_static(std::span<const int64_t> lengths, const PlannerSettings& st
 
 namespace {
 
+// What an offloaded micro-batch's copies add beyond the compute they run beside: its
+// `tokens`, whose layers each compute for `layer_seconds` (a ring member: its share
+// of the ring's), at `ratio` with `recompute_layers` recomputed (activation_copy_seconds).
+// choose_ranks's ratio rule (ByteScale's) hides the copies under forward and backward
+// together, but the copy out runs beside the forward alone: the step simulator, like
+// the trainer, stalls the micro-batch by the difference.
+double copy_stall_seconds(int64_t tokens, double layer_seconds, double ratio, int64_t recompute_layers,
+                          const PlannerSettings& st) {
+  if (!(ratio > 0)) return 0;
+  const ActivationMix mix{std::min(recompute_layers, st.layers_per_stage), ratio, 0};
+  return activation_copy_seconds(tokens, layer_seconds, mix, activation_mix_settings(st));
+}
+
 // Forward and backward seconds of a whole sequence of s tokens on one rank: the
 // stage's layers, plus the embedding and head per token when the rank holds the
 // whole model (one pipeline stage). ring: the sequence runs in a ring, whose
@@ -877,22 +891,32 @@ BalanceWork balance_work(SplitBatch split, std::span<const int64_t> lengths, con
 }
 
 // The items of the long sequences with these choices (in work.split.longs's order)
-// and the packed micro-batches, sorted (sort_items).
+// and the packed micro-batches, sorted (sort_items). With price_copies an offloaded
+// item also costs its copy stall (copy_stall_seconds), which predicted_rank_seconds
+// leaves out.
 std::vector<WorkItem> work_items(const std::vector<LongSequence>& chosen, const BalanceWork& work,
-                                 std::span<const int64_t> lengths, const PlannerSettings& st) {
+                                 std::span<const int64_t> lengths, const PlannerSettings& st,
+                                 bool price_copies = false) {
   std::vector<WorkItem> items;
   for (size_t i = 0; i < chosen.size(); ++i) {
     const LongSequence& ls = chosen[i];
-    const double seconds = sequence_seconds(lengths[ls.sequence], st, ls.choice.ranks > 1);
-    if (ls.choice.ranks == 1) {
-      items.push_back({seconds + rerun_seconds(work.pool[i], st), 1, -1, 0.0, i});
+    const int64_t length = lengths[ls.sequence];
+    const int ranks = ls.choice.ranks;
+    const double seconds = sequence_seconds(length, st, ranks > 1);
+    // The busiest member's tokens (the ring runs in lock step).
+    const int64_t tokens = ranks == 1 ? length : zigzag_max_member_tokens(length, ranks);
+    const double stall =
+        price_copies ? copy_stall_seconds(tokens, st.cost.compute_seconds(length) / ranks, ls.choice.ratio,
+                                          ls.choice.recompute_layers, st)
+                     : 0.0;
+    if (ranks == 1) {
+      items.push_back({seconds + rerun_seconds(work.pool[i], st) + stall, 1, -1, 0.0, i});
     } else {
-      // The busiest member's rerun (the ring runs in lock step).
       PlannedMicroBatch member;
-      member.pieces.push_back({ls.sequence, 0, zigzag_max_member_tokens(lengths[ls.sequence], ls.choice.ranks), 0});
+      member.pieces.push_back({ls.sequence, 0, tokens, 0});
       member.recompute_layers = ls.choice.recompute_layers;
-      items.push_back({seconds / ls.choice.ranks + rerun_seconds(member, st), ls.choice.ranks, ls.sequence,
-                       ls.choice.ratio, SIZE_MAX, ls.choice.recompute_layers});
+      items.push_back({seconds / ranks + rerun_seconds(member, st) + stall, ranks, ls.sequence, ls.choice.ratio,
+                       SIZE_MAX, ls.choice.recompute_layers});
     }
   }
   items.insert(items.end(), work.packed.begin(), work.packed.end());
@@ -1062,13 +1086,17 @@ enum class Layout {
   // (docs/performance.md), where Algorithm 2 balances the predicted busy time to
   // 111-118 s and the step simulated 150 s.
   Timed,
+  // Timed, with the rings taken in the order they can start (the one whose last
+  // member is free first) instead of the assignment's: a ring then no longer waits
+  // for earlier rings of its members' that could have run later.
+  TimedEarliest,
 };
 
 // The layouts a candidate is scored in: holes filled, and rings first with pipeline
-// stages or timed with one.
+// stages or timed both ways with one.
 std::vector<Layout> layouts(const PlannerSettings& st) {
   if (st.pipeline_stages > 1) return {Layout::HolesFilled, Layout::RingsFirst};
-  return {Layout::HolesFilled, Layout::Timed};
+  return {Layout::HolesFilled, Layout::Timed, Layout::TimedEarliest};
 }
 
 // Rank `r`'s micro-batch of ring X (its zig-zag chunks of the ring's sequence).
@@ -1096,14 +1124,35 @@ StepPlan lay_out(const std::vector<WorkItem>& items, std::vector<PlannedMicroBat
     plan.rings.push_back(Ring{a.ring_ranks[X], {items[a.ring_item[X]].sequence}});
   for (std::vector<size_t>& mine : a.local) std::sort(mine.begin(), mine.end());  // item order: most expensive first
 
-  if (layout == Layout::Timed) {
+  if (layout == Layout::Timed || layout == Layout::TimedEarliest) {
     if (st.pipeline_stages != 1) throw std::logic_error("lay_out: a timed layout needs one pipeline stage");
     std::vector<double> clock(hdp, 0.0);
     std::vector<std::vector<bool>> used(hdp);
     for (int r = 0; r < hdp; ++r) used[r].assign(a.local[r].size(), false);
-    for (size_t X = 0; X < a.ring_ranks.size(); ++X) {
+    auto start_of = [&](size_t X) {
       double start = 0;
       for (int r : a.ring_ranks[X]) start = std::max(start, clock[r]);
+      return start;
+    };
+    // TimedEarliest: the ring that can start first next. A ring's start only grows as
+    // its members' clocks do, so a heap entry whose start has grown goes back in.
+    using Entry = std::tuple<double, size_t>;
+    std::priority_queue<Entry, std::vector<Entry>, std::greater<>> ready;
+    if (layout == Layout::TimedEarliest)
+      for (size_t X = 0; X < a.ring_ranks.size(); ++X) ready.push({0.0, X});
+    auto nth_ring = [&](size_t n) {
+      if (layout != Layout::TimedEarliest) return n;
+      for (;;) {
+        const auto [known, X] = ready.top();
+        ready.pop();
+        const double start = start_of(X);
+        if (start <= known) return X;
+        ready.push({start, X});
+      }
+    };
+    for (size_t n = 0; n < a.ring_ranks.size(); ++n) {
+      const size_t X = nth_ring(n);
+      const double start = start_of(X);
       for (int r : a.ring_ranks[X]) {
         const std::vector<size_t>& mine = a.local[r];
         for (size_t j = 0; j < mine.size() && clock[r] < start; ++j) {
@@ -1153,16 +1202,17 @@ StepPlan lay_out(const std::vector<WorkItem>& items, std::vector<PlannedMicroBat
 }
 
 // PP-Balance's candidates (ring_waves, wave_assignment) for a batch under these
-// settings (work: balance_work of the batch under them), laid out both ways
-// (lay_out: holes filled, and rings first), or once where every wave holds every
-// rank: no rank then has a hole before its last ring, so both ways are one plan.
-// None when no sequence needs a ring.
+// settings (work: balance_work of the batch under them), in each of layouts(st)'s
+// layouts, but rings first only where some wave leaves a rank out (where every wave
+// holds every rank no rank has a hole before its last ring, and rings first is the
+// holes-filled plan); price_copies: as work_items. None when no sequence needs a ring.
 std::vector<StepPlan> wave_plans(const BalanceWork& work, std::span<const int64_t> lengths,
-                                 const PlannerSettings& st, const BalanceSettings& balance) {
+                                 const PlannerSettings& st, const BalanceSettings& balance,
+                                 bool price_copies = false) {
   std::vector<LongSequence> longs = work.split.longs;
   const std::vector<std::vector<size_t>> waves = ring_waves(longs, lengths, st, balance);
   if (waves.empty()) return {};
-  const std::vector<WorkItem> items = work_items(longs, work, lengths, st);
+  const std::vector<WorkItem> items = work_items(longs, work, lengths, st, price_copies);
   Assignment a = wave_assignment(items, waves, longs, lengths.size(), st.hdp);
   size_t ring_cells = 0;  // each wave holds at most hdp ranks: this many only if each holds all
   for (const std::vector<int>& members : a.ring_ranks) ring_cells += members.size();
@@ -1390,6 +1440,24 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   if (wide) candidates.push_back({&wide_items, &*wide});
   if (naive) candidates.push_back({&items, &*naive});
   if (rows) candidates.push_back({&items, &*rows});
+  // Where offload's copies stall (copy_stall_seconds), Algorithm 2 and plan_naive's
+  // assignment once more with the offloaded items costing their stall too, and the
+  // waves below likewise: balanced by what the simulator charges them.
+  const std::vector<WorkItem> priced_items = work_items(split.longs, work, lengths, st, true);
+  double stalls = 0;
+  for (const WorkItem& it : priced_items) stalls += it.cost;
+  for (const WorkItem& it : items) stalls -= it.cost;
+  std::optional<Assignment> priced, priced_naive;
+  if (stalls > 0) {
+    priced = assign_rounds(priced_items, hdp, balance);
+    refine(priced_items, *priced);
+    candidates.push_back({&priced_items, &*priced});
+    priced_naive = naive_assignment(plan_naive(lengths, st), priced_items, pool, lengths.size(), hdp);
+    if (priced_naive) {
+      refine(priced_items, *priced_naive);
+      candidates.push_back({&priced_items, &*priced_naive});
+    }
+  }
   std::optional<StepPlan> chosen;
   double chosen_seconds = 0;
   auto score = [&](StepPlan plan) {
@@ -1416,6 +1484,8 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   // PP-Balance's waves; with one stage too, timed, where they keep a wave's rings
   // meeting together (docs/planning.md, "Reading the results").
   for (StepPlan& plan : wave_plans(work, lengths, st, balance)) consider(std::move(plan));
+  if (stalls > 0)
+    for (StepPlan& plan : wave_plans(work, lengths, st, balance, true)) consider(std::move(plan));
   // And without offload where it fits: wider rings that copy nothing can be faster.
   if (st.offload.enabled && st.offload.forced_ratio < 0) {
     PlannerSettings without = st;

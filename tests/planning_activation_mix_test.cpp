@@ -67,6 +67,13 @@ TEST(ActivationMix, ExposedCopiesLoseToRecomputation) {
   const ActivationMixSettings s = settings(10, 0.001);
   EXPECT_NEAR(activation_mix_seconds(200, false, 0.3, {0, 0.625, 0}, s), 17.6, 1e-12);
   EXPECT_NEAR(activation_mix_seconds(200, false, 0.3, {6, 0.25, 0}, s), 2.6, 1e-12);
+  // The copy terms alone (what the planners charge an offloaded micro-batch beyond
+  // its rerun): the 6 recomputed layers' 6 x 0.2 = 1.2 s leave 1.4 s.
+  EXPECT_NEAR(activation_copy_seconds(200, 0.3, {6, 0.25, 0}, s), 1.4, 1e-12);
+  EXPECT_NEAR(activation_copy_seconds(200, 0.3, {0, 0.625, 0}, s), 17.6, 1e-12);
+  // Copies that hide under their layer's forward and backward add nothing; no copies, nothing.
+  EXPECT_EQ(activation_copy_seconds(200, 10, {0, 0.625, 0}, s), 0);
+  EXPECT_EQ(activation_copy_seconds(200, 0.3, {7, 0, 0}, s), 0);
   const auto mix = choose_activation_mix(200, false, 0.3, s);
   ASSERT_TRUE(mix);
   EXPECT_EQ(mix->recompute_layers, 7);
