@@ -1092,11 +1092,12 @@ enum class Layout {
   TimedEarliest,
 };
 
-// The layouts a candidate is scored in: holes filled, and rings first with pipeline
-// stages or timed both ways with one.
+// The layouts a candidate is scored in: with pipeline stages holes filled and rings
+// first; with one timed, both ways (holes filled never simulated shorter than both:
+// LLaMA-7B and LLaMA-70B, docs/performance.md's tables).
 std::vector<Layout> layouts(const PlannerSettings& st) {
   if (st.pipeline_stages > 1) return {Layout::HolesFilled, Layout::RingsFirst};
-  return {Layout::HolesFilled, Layout::Timed, Layout::TimedEarliest};
+  return {Layout::Timed, Layout::TimedEarliest};
 }
 
 // Rank `r`'s micro-batch of ring X (its zig-zag chunks of the ring's sequence).
@@ -1110,6 +1111,51 @@ PlannedMicroBatch ring_micro_batch(const std::vector<WorkItem>& items, const Ass
   mb.offload_ratio = items[a.ring_item[X]].ratio;
   mb.recompute_layers = items[a.ring_item[X]].recompute_layers;
   return mb;
+}
+
+// The order a timed layout takes the rings in: the assignment's, or (earliest) the
+// ring that can start first next. Own micro-batches only fill waits, so the rings
+// alone decide when each starts: at the latest of its members' ends of their earlier
+// rings. A ring's start only grows as its members' rings are placed, so a heap entry
+// whose start has grown goes back in.
+std::vector<size_t> timed_ring_order(const std::vector<WorkItem>& items, const Assignment& a, bool earliest) {
+  std::vector<size_t> order(a.ring_ranks.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  if (!earliest) return order;
+  std::vector<double> end(a.seconds.size(), 0.0);
+  auto start_of = [&](size_t X) {
+    double start = 0;
+    for (int r : a.ring_ranks[X]) start = std::max(start, end[r]);
+    return start;
+  };
+  using Entry = std::tuple<double, size_t>;
+  std::priority_queue<Entry, std::vector<Entry>, std::greater<>> ready;
+  for (size_t X = 0; X < a.ring_ranks.size(); ++X) ready.push({0.0, X});
+  for (size_t& next : order) {
+    for (;;) {
+      const auto [known, X] = ready.top();
+      ready.pop();
+      const double start = start_of(X);
+      if (start > known) {
+        ready.push({start, X});
+        continue;
+      }
+      next = X;
+      for (int r : a.ring_ranks[X]) end[r] = start + items[a.ring_item[X]].cost;
+      break;
+    }
+  }
+  return order;
+}
+
+// Whether `layout` would lay this assignment out as another of layouts(st) does:
+// TimedEarliest where the rings can start in the assignment's order (Timed's plan).
+bool repeats_a_layout(Layout layout, const std::vector<WorkItem>& items, const Assignment& a) {
+  if (layout != Layout::TimedEarliest) return false;
+  const std::vector<size_t> order = timed_ring_order(items, a, true);
+  for (size_t n = 0; n < order.size(); ++n)
+    if (order[n] != n) return false;
+  return true;
 }
 
 // Each rank's list, as `layout` says (Timed needs one pipeline stage).
@@ -1129,30 +1175,9 @@ StepPlan lay_out(const std::vector<WorkItem>& items, std::vector<PlannedMicroBat
     std::vector<double> clock(hdp, 0.0);
     std::vector<std::vector<bool>> used(hdp);
     for (int r = 0; r < hdp; ++r) used[r].assign(a.local[r].size(), false);
-    auto start_of = [&](size_t X) {
+    for (const size_t X : timed_ring_order(items, a, layout == Layout::TimedEarliest)) {
       double start = 0;
       for (int r : a.ring_ranks[X]) start = std::max(start, clock[r]);
-      return start;
-    };
-    // TimedEarliest: the ring that can start first next. A ring's start only grows as
-    // its members' clocks do, so a heap entry whose start has grown goes back in.
-    using Entry = std::tuple<double, size_t>;
-    std::priority_queue<Entry, std::vector<Entry>, std::greater<>> ready;
-    if (layout == Layout::TimedEarliest)
-      for (size_t X = 0; X < a.ring_ranks.size(); ++X) ready.push({0.0, X});
-    auto nth_ring = [&](size_t n) {
-      if (layout != Layout::TimedEarliest) return n;
-      for (;;) {
-        const auto [known, X] = ready.top();
-        ready.pop();
-        const double start = start_of(X);
-        if (start <= known) return X;
-        ready.push({start, X});
-      }
-    };
-    for (size_t n = 0; n < a.ring_ranks.size(); ++n) {
-      const size_t X = nth_ring(n);
-      const double start = start_of(X);
       for (int r : a.ring_ranks[X]) {
         const std::vector<size_t>& mine = a.local[r];
         for (size_t j = 0; j < mine.size() && clock[r] < start; ++j) {
@@ -1219,7 +1244,7 @@ std::vector<StepPlan> wave_plans(const BalanceWork& work, std::span<const int64_
   const bool holes = ring_cells < waves.size() * static_cast<size_t>(st.hdp);
   std::vector<StepPlan> plans;
   for (Layout layout : layouts(st)) {
-    if (layout == Layout::RingsFirst && !holes) continue;
+    if ((layout == Layout::RingsFirst && !holes) || repeats_a_layout(layout, items, a)) continue;
     std::vector<PlannedMicroBatch> copy = work.pool;
     plans.push_back(lay_out(items, copy, a, lengths, st, layout));
   }
@@ -1477,6 +1502,7 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
   };
   for (const auto& [candidate_items, assignment] : candidates)
     for (Layout layout : layouts(st)) {
+      if (repeats_a_layout(layout, *candidate_items, *assignment)) continue;
       std::vector<PlannedMicroBatch> copy = pool;
       consider(lay_out(*candidate_items, copy, *assignment, lengths, st, layout));
     }
