@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <numeric>
 #include <random>
@@ -369,7 +370,9 @@ TEST(PlanSetupTest, RecomputationMixedIntoOffloadPlacesWhatMemoryAloneCannot) {
     for (const PlannedMicroBatch& mb : rank) {
       EXPECT_EQ(mb.offload_ratio, 0);
       EXPECT_LE(mb.recompute_layers, 40);
-      if (mb.tokens() <= 6162) EXPECT_EQ(mb.recompute_layers, 0);
+      if (mb.tokens() <= 6162) {
+        EXPECT_EQ(mb.recompute_layers, 0);
+      }
       recomputing += mb.recompute_layers > 0;
     }
   EXPECT_GT(recomputing, 0);
@@ -933,6 +936,60 @@ TEST(PlanCommand, BalanceDeepRunsAheadOfOneFOneBWhereMemoryAllows) {
   }
   ASSERT_EQ(step.size(), 2u) << r.output;
   EXPECT_LT(step.at("balance-deep"), step.at("balance") * 0.99) << r.output;
+}
+
+// --pp auto plans every pipeline degree whose tp x pp divides the GPUs (at most the
+// layers), reports each one's fastest step and keeps the shortest: the same steps as
+// the layouts given one by one. LLaMA-7B (32 layers), 64 GPUs at tp 8: pp 1, 2, 4, 8.
+TEST(PlanCommand, PipelineAutoKeepsTheFastestLayout) {
+  const std::string base = "plan --cluster " + config("cluster/h100.yaml") + " --model " +
+                           config("models/llama-7b.yaml") +
+                           " --gpus 64 --tp 8 --context 128K --global-batch-tokens 2M --lengths byted --seed 2 "
+                           "--policies naive,balance --recompute none";
+  const auto automatic = run_trainer(base + " --pp auto");
+  ASSERT_EQ(automatic.exit_code, 0) << automatic.output;
+  // The fastest step of a layout given by hand, as its table prints it.
+  auto fastest = [&](int pp) {
+    const auto r = run_trainer(base + " --pp " + std::to_string(pp));
+    EXPECT_EQ(r.exit_code, 0) << r.output;
+    double best = std::numeric_limits<double>::infinity();
+    std::istringstream lines(r.output);
+    for (std::string line; std::getline(lines, line);) {
+      std::istringstream in(line);
+      std::string policy, recompute;
+      double plan_seconds = 0, step = 0;
+      if ((line.rfind("naive ", 0) == 0 || line.rfind("balance ", 0) == 0) && in >> policy >> recompute >> plan_seconds >> step)
+        best = std::min(best, step);
+    }
+    return best;
+  };
+  double best = std::numeric_limits<double>::infinity();
+  int chosen = 0;
+  for (int pp : {1, 2, 4}) {
+    const std::string label = "pp       " + std::to_string(pp) + " (hdp " + std::to_string(8 / pp) + "): step ";
+    const size_t at = automatic.output.find(label);
+    ASSERT_NE(at, std::string::npos) << label << "\n" << automatic.output;
+    const double step = std::stod(automatic.output.substr(at + label.size()));
+    EXPECT_NEAR(step, fastest(pp), 0.006) << "pp " << pp;
+    if (step < best) best = step, chosen = pp;
+  }
+  // pp 8 leaves one rank, which holds no 116,552-token sequence; pp 16 would leave half a rank.
+  EXPECT_NE(automatic.output.find("pp       8 (hdp 1): does not fit: naive: a sequence of 116552 tokens needs 2 ranks"),
+            std::string::npos)
+      << automatic.output;
+  EXPECT_EQ(automatic.output.find("pp       16"), std::string::npos) << automatic.output;
+  EXPECT_NE(automatic.output.find("pp       " + std::to_string(chosen) + " chosen"), std::string::npos)
+      << automatic.output;
+  EXPECT_NE(automatic.output.find("tp 8 x pp " + std::to_string(chosen) + " x hdp " + std::to_string(8 / chosen)),
+            std::string::npos)
+      << automatic.output;
+  // With --vpp the stage count must be given.
+  const auto interleaved = run_trainer(base + " --pp auto --vpp 2");
+  EXPECT_EQ(interleaved.exit_code, 2) << interleaved.output;
+  EXPECT_NE(interleaved.output.find("--pp auto tries one model chunk per stage"), std::string::npos)
+      << interleaved.output;
+  const auto unknown = run_trainer(base + " --pp some");
+  EXPECT_EQ(unknown.exit_code, 2) << unknown.output;
 }
 
 TEST(PlanCommand, BadInputExitsWithTwo) {

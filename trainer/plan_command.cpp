@@ -66,7 +66,10 @@ each long sequence spans.
   --lengths DIST          byted | github (built-in distributions), a file of document
                           lengths (one per line), or an HDF5 token dataset
   --seed S                sampling seed (default 1)
-  --tp T --pp P           tensor and pipeline parallel degrees (default 1, 1)
+  --tp T --pp P           tensor and pipeline parallel degrees (default 1, 1); --pp auto
+                          plans every pp whose tp x pp divides the GPUs (at most the
+                          layers) and keeps the one whose fastest policy simulates
+                          the shortest step
   --vpp V                 model chunks per pipeline stage: interleaved 1F1B over
                           pp x V virtual stages (default 1: 1F1B; V > 1 needs pp > 1)
   --capacity C            tokens per rank and micro-batch (default: derived from memory)
@@ -342,7 +345,8 @@ namespace {
 // What `trainer plan` is asked to do.
 struct PlanRequest {
   std::string cluster_path, model_path, lengths_source;
-  int64_t gpus = 0, context = 0, batch_tokens = 0, seed = 1, tp = 1, pp = 1, vpp = 1, capacity = 0, cp = 0;
+  int64_t gpus = 0, context = 0, batch_tokens = 0, seed = 1, tp = 1, vpp = 1, capacity = 0, cp = 0;
+  int64_t pp = 1;  // 0: auto, every pipeline degree the GPUs and layers allow is tried
   int64_t ep = 0;  // 0: every ep the model allows is tried (1 for a dense model)
   std::optional<RecomputeMode> recompute;  // none: auto, every mode tried per policy
   std::optional<bool> sequence_parallel;   // --sequence-parallel on or off; none: auto
@@ -383,7 +387,8 @@ PlanRequest read_plan_request(Arguments& args) {
   r.lengths_source = args.required("--lengths");
   r.seed = args.integer("--seed", 1, 0);
   r.tp = args.integer("--tp", 1, 1);
-  r.pp = args.integer("--pp", 1, 1);
+  const std::string pp = args.option("--pp").value_or("1");
+  r.pp = pp == "auto" ? 0 : Arguments({"--pp", pp}).integer("--pp", 1, 1);
   r.vpp = args.integer("--vpp", 1, 1);
   r.capacity = args.integer("--capacity", 0, 0);
   r.cp = args.integer("--cp", 0, 0);
@@ -408,6 +413,8 @@ PlanRequest read_plan_request(Arguments& args) {
   if (r.gpus > 1 << 24 || r.tp > 1 << 10 || r.pp > 1 << 10 || r.vpp > 1 << 10 || r.ep > 1 << 20)
     throw UsageError("--gpus, --tp, --pp, --vpp or --ep is implausibly large");
   r.policies = policy_list(policies);
+  if (r.pp == 0 && r.vpp > 1)
+    throw UsageError("--pp auto tries one model chunk per stage; drop --vpp or give --pp");
   if (r.vpp > 1 && std::ranges::count(r.policies, std::string("balance-deep")) > 0)
     throw UsageError("--policies balance-deep runs one model chunk per stage; drop --vpp");
   return r;
@@ -1080,6 +1087,58 @@ void print_setups(const std::vector<PlanSetup>& setups) {
               sequence_parallel ? "; +sp: sequence parallelism, without offload" : "");
 }
 
+// The pipeline degrees --pp auto tries: every pp whose tp x pp divides the GPUs and
+// that leaves each stage a layer.
+std::vector<int> pipeline_candidates(const PlanRequest& r, const ModelShape& model) {
+  std::vector<int> out;
+  for (int64_t pp = 1; pp <= model.layers && r.tp * pp <= r.gpus; ++pp)
+    if (r.gpus % (r.tp * pp) == 0) out.push_back(static_cast<int>(pp));
+  return out;
+}
+
+// The pp to plan with under --pp auto, and one line per candidate: the one whose
+// fastest policy simulates the shortest step over its setups (ties: the smaller pp),
+// each planned as the request asks (its ep chosen as choose_expert_parallel does, every
+// recompute setup searched), without traces. A layout the model does not fit is
+// reported and skipped; none fitting is a PlanInputError naming why.
+struct PipelineChoice {
+  int pp = 1;
+  std::string report;
+};
+
+PipelineChoice choose_pipeline_stages(const PlanRequest& r, const HardwareProfile& hardware, const ModelShape& model,
+                                      std::span<const int64_t> lengths) {
+  PipelineChoice choice;
+  double best = std::numeric_limits<double>::infinity();
+  std::string failures;
+  for (const int pp : pipeline_candidates(r, model)) {
+    PlanRequest q = r;
+    q.trace.reset();
+    q.pp = pp;
+    const std::string label = "pp       " + std::to_string(pp) + " (hdp " + std::to_string(r.gpus / (r.tp * pp)) + ")";
+    try {
+      const ExpertChoice experts = choose_expert_parallel(q, hardware, model, lengths);
+      const std::vector<PlanSetup> setups = candidate_setups(q, hardware, model, experts.ep);
+      double step = std::numeric_limits<double>::infinity();
+      std::string fastest, failure;
+      for (const PolicyOutcome& o : search_all(q, q.policies, setups, lengths, false)) {
+        if (!o.failure.empty() && failure.empty()) failure = o.name + ": " + o.failure;
+        if (o.failure.empty() && o.sim.step_seconds < step)
+          step = o.sim.step_seconds, fastest = o.name + ", " + setup_label(setups[o.search.chosen]);
+      }
+      if (!std::isfinite(step)) throw PlanInputError(failure);
+      choice.report += label + ": step " + fixed(step, 2) + " s (" + fastest + ")\n";
+      if (step < best) choice.pp = pp, best = step;
+    } catch (const PlanInputError& e) {
+      choice.report += label + ": does not fit: " + e.what() + "\n";
+      failures += (failures.empty() ? "" : "; ") + std::string("pp ") + std::to_string(pp) + ": " + e.what();
+    }
+  }
+  if (!std::isfinite(best)) throw PlanInputError("no pipeline degree places the batch: " + failures);
+  choice.report += "pp       " + std::to_string(choice.pp) + " chosen\n\n";
+  return choice;
+}
+
 StepBound least_bound(const std::vector<PlanSetup>& setups, std::span<const int64_t> lengths) {
   std::optional<StepBound> least;
   for (const PlanSetup& s : setups) {
@@ -1115,18 +1174,24 @@ int command_plan(const std::vector<std::string>& raw) {
   }
   return run_subcommand("plan", [&] {
     refuse_bare_sequence_parallel(raw);
-    const PlanRequest request = read_plan_request(args);
+    PlanRequest request = read_plan_request(args);
     const HardwareProfile hardware = load_cluster_file(request.cluster_path);
     const ModelShape model = load_model_file(request.model_path);
     if (request.sequence_parallel.value_or(false))
       if (const std::optional<std::string> issue = sequence_parallel_issue(model, static_cast<int>(request.tp)))
         throw PlanInputError("--sequence-parallel on: " + *issue);
     const PlanBatch batch = draw_batch(request);
+    PipelineChoice pipeline;
+    if (request.pp == 0) {
+      pipeline = choose_pipeline_stages(request, hardware, model, batch.lengths);
+      request.pp = pipeline.pp;
+    }
     const ExpertChoice experts = choose_expert_parallel(request, hardware, model, batch.lengths);
     const std::vector<PlanSetup> setups = candidate_setups(request, hardware, model, experts.ep);
     const PlanSetup& setup = setups.front();
     print_model_and_cluster(request, setup);
     print_batch(request, batch);
+    std::fputs(pipeline.report.c_str(), stdout);
     std::fputs(experts.report.c_str(), stdout);
     print_setups(setups);
     const std::vector<PolicyOutcome> outcomes = search_policies(request, setups, batch.lengths);
