@@ -608,6 +608,18 @@ std::vector<int64_t> skewed(std::mt19937_64& rng, int64_t capacity, int hdp, Fit
   return lengths;
 }
 
+// skewed lengths at s's capacity and hdp that choose_ranks can place.
+std::vector<int64_t> skewed_placeable(std::mt19937_64& rng, const PlannerSettings& s) {
+  return skewed(rng, s.capacity, s.hdp, [&](int64_t len) {
+    try {
+      choose_ranks(len, s);
+      return true;
+    } catch (const std::invalid_argument&) {
+      return false;
+    }
+  });
+}
+
 // The costliest micro-batch of a plan, as predicted_rank_seconds defines costs.
 double costliest_micro_batch(const StepPlan& p, const std::vector<int64_t>& lengths, const PlannerSettings& s) {
   const double extra =
@@ -656,14 +668,7 @@ TEST(Randomized, BalancedPlansAreValidNoWorseThanNaiveAndNearTheIdeal) {
       case 1: s.offload.forced_ratio = static_cast<double>(rng() % 11) / 10; break;
       default: break;
     }
-    const std::vector<int64_t> lengths = skewed(rng, capacity, hdp, [&](int64_t len) {
-      try {
-        choose_ranks(len, s);
-        return true;
-      } catch (const std::invalid_argument&) {
-        return false;
-      }
-    });
+    const std::vector<int64_t> lengths = skewed_placeable(rng, s);
     const StepPlan naive = plan_naive(lengths, s);
     const double naive_max = max_of(predicted_rank_seconds(naive, lengths, s));
     for (BalanceMode mode : {BalanceMode::DataParallel, BalanceMode::Pipeline}) {
@@ -834,14 +839,7 @@ TEST(Randomized, OneStageListsFillRingWaitsWithoutDelayingARing) {
     s.layers_per_stage = 1 + static_cast<int64_t>(rng() % 8);
     s.cost = analytic_cost_model(testing::kSmallLayer, 1, 4.0 * 16 * 512, 2e11, 1e10);
     s.offload.enabled = rng() % 2 == 0;
-    const std::vector<int64_t> lengths = skewed(rng, capacity, hdp, [&](int64_t len) {
-      try {
-        choose_ranks(len, s);
-        return true;
-      } catch (const std::invalid_argument&) {
-        return false;
-      }
-    });
+    const std::vector<int64_t> lengths = skewed_placeable(rng, s);
     SCOPED_TRACE("trial " + std::to_string(trial) + ": hdp " + std::to_string(hdp) + ", capacity " +
                  std::to_string(capacity));
     const StepPlan p = plan_balance(lengths, s, {});
