@@ -121,9 +121,10 @@ RingStepRows ring_step_rows(std::span<const int64_t> lengths, int n, int64_t win
       others.push_back(sequence_chunks(length, n));
     }
   }
-  // The others' rows, by step t and reader p at t x n + p: only members holding a
-  // chunk read or are read, so pairs of holders (fewer than n x holders when a short
-  // sequence leaves members without a row).
+  // The others' rows, by reader p and step t at p x n + t (a reader's steps side by
+  // side: the loops below walk one reader's sources, whose steps are consecutive): only
+  // members holding a chunk read or are read, so pairs of holders (fewer than n x
+  // holders when a short sequence leaves members without a row).
   // Without a window, rows_read reduces to the chunks' sizes: a reader p holding its
   // second chunk (2n - 1 - p, later than every first chunk) reads q's first chunk
   // whole and q's second when q > p; a reader holding only its first chunk p reads
@@ -133,7 +134,7 @@ RingStepRows ring_step_rows(std::span<const int64_t> lengths, int n, int64_t win
   std::vector<int64_t> first_size(n), second_size(n);
   for (const SequenceChunks& s : others) {
     auto at = [&](int q, int p) -> int64_t& {
-      return others_read[static_cast<size_t>(p >= q ? p - q : p - q + n) * n + p];
+      return others_read[static_cast<size_t>(p) * n + (p >= q ? p - q : p - q + n)];
     };
     if (window > 0 && window < s.bounds.back()) {  // cut by the window (bounds.back(): its length)
       for (int q : s.holders)
@@ -162,7 +163,7 @@ RingStepRows ring_step_rows(std::span<const int64_t> lengths, int n, int64_t win
     for (int p = 0; p < n; ++p) {
       const int q = p >= t ? p - t : p - t + n;  // q > p exactly when p < t
       read[p] = first_rows[q] + (p < t ? second_rows[q] : 0);
-      if (!others.empty()) read[p] += others_read[static_cast<size_t>(t) * n + p];
+      if (!others.empty()) read[p] += others_read[static_cast<size_t>(p) * n + t];
     }
     for (int p = 0; p < n; ++p) {
       out.most[t] = std::max(out.most[t], read[p]);
