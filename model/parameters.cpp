@@ -216,15 +216,16 @@ int64_t ParameterTable::num_parameters() const {
 }
 
 namespace {
-// This rank's slice of `p`'s initial values: ones, or normals of standard deviation
-// `std` from a stream of the parameter's own (its name and the seed), drawn for the
-// whole tensor, then a block of rows, or of columns of every row, cut from it.
+// The elements of `p` over all ranks (its global shape's product).
 int64_t global_numel(const ParameterInfo& p) {
   int64_t n = 1;
   for (int64_t x : p.global_shape) n *= x;
   return n;
 }
 
+// This rank's slice of `p`'s initial values: ones, or normals of standard deviation
+// `std` from a stream of the parameter's own (its name and the seed), drawn for the
+// whole tensor, then a block of rows, or of columns of every row, cut from it.
 std::vector<float> initial_slice(const ParameterInfo& p, uint64_t seed, double std) {
   const int64_t whole_numel = global_numel(p);
   std::vector<float> whole(whole_numel);

@@ -101,11 +101,12 @@ void allow_max_shared_memory() {
 }
 
 // Grows a compute-stream scratch buffer to at least `bytes` (to 1.5 times its old
-// capacity when that is more), stream-ordered: the old buffer is freed after the stream's earlier
-// kernels that read it, the new one is usable by the stream's later ones. Not cudaFree,
-// which waits for the whole device: mid-step that includes NCCL kernels waiting for
-// peers that may wait for this rank's next collective, a hang (a scratch grows in the
-// step that first sees a longer micro-batch, while gradient buckets are in flight).
+// capacity when that is more), stream-ordered: the old buffer is freed after the
+// stream's earlier kernels that read it, the new one is usable by the stream's later
+// ones. Not cudaFree, which waits for the whole device: mid-step that includes NCCL
+// kernels waiting for peers that may wait for this rank's next collective, a hang (a
+// scratch grows in the step that first sees a longer micro-batch, while gradient
+// buckets are in flight).
 // A device without stream-ordered allocation (cudaDevAttrMemoryPoolsSupported 0:
 // some virtualised GPUs) gets the synchronising path: drain the stream, free, allocate.
 inline void grow_stream_buffer(void** buffer, size_t* capacity, size_t bytes) {
