@@ -39,14 +39,6 @@ void validate_lengths(std::span<const int64_t> lengths, const std::string& who) 
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-int64_t chunk_size(int64_t length, int chunk, int ring_size) {
-  return zigzag_chunk_begin(length, chunk + 1, ring_size) - zigzag_chunk_begin(length, chunk, ring_size);
-}
-
-int64_t member_tokens(int64_t length, int position, int ring_size) {
-  return chunk_size(length, position, ring_size) + chunk_size(length, 2 * ring_size - 1 - position, ring_size);
-}
-
 // Fewest ranks for a sequence of s tokens at offload ratio r (see choose_ranks).
 int64_t ranks_needed(int64_t s, double r, const PlannerSettings& st) {
   const int64_t C = st.capacity, l = st.layers_per_stage;
@@ -69,8 +61,13 @@ int64_t ranks_needed(int64_t s, double r, const PlannerSettings& st) {
 }  // namespace
 
 int64_t zigzag_max_member_tokens(int64_t length, int ring_size) {
+  if (ring_size < 1) return 0;
+  std::vector<int64_t> bounds;
+  zigzag_chunk_bounds(length, ring_size, bounds);
+  const size_t last = bounds.size() - 1;  // 2 ring_size: member j holds chunks j and last - 1 - j
   int64_t most = 0;
-  for (int j = 0; j < ring_size; ++j) most = std::max(most, member_tokens(length, j, ring_size));
+  for (size_t j = 0; j < static_cast<size_t>(ring_size); ++j)
+    most = std::max(most, bounds[j + 1] - bounds[j] + bounds[last - j] - bounds[last - 1 - j]);
   return most;
 }
 
@@ -404,7 +401,7 @@ StepPlan plan_static(std::span<const int64_t> lengths, const PlannerSettings& st
   std::vector<int64_t> share(cp), bounds(2 * static_cast<size_t>(cp) + 1);  // member_tokens, from one set of bounds
   for (size_t q : order) {
     const int64_t len = lengths[q];
-    for (int c = 0; c <= 2 * cp; ++c) bounds[c] = zigzag_chunk_begin(len, c, cp);
+    zigzag_chunk_bounds(len, cp, bounds);
     for (int j = 0; j < cp; ++j) share[j] = bounds[j + 1] - bounds[j] + bounds[2 * cp - j] - bounds[2 * cp - 1 - j];
     size_t chosen = rows.size();
     for (auto it = open.lower_bound({len, 0}); it != open.end(); ++it) {
@@ -523,13 +520,13 @@ struct WorkItem {
   int64_t recompute_layers = 0;    // ring items: its recomputed layers
 };
 
-// Most expensive first; ties: wider rings first, then the given order.
-void sort_items(std::vector<WorkItem>& items) {
-  std::stable_sort(items.begin(), items.end(), [](const WorkItem& a, const WorkItem& b) {
-    if (a.cost != b.cost) return a.cost > b.cost;
-    return a.ranks > b.ranks;
-  });
+// The items' order: most expensive first; ties: wider rings first (then, stably sorted,
+// the given order).
+bool costlier(const WorkItem& a, const WorkItem& b) {
+  if (a.cost != b.cost) return a.cost > b.cost;
+  return a.ranks > b.ranks;
 }
+void sort_items(std::vector<WorkItem>& items) { std::stable_sort(items.begin(), items.end(), costlier); }
 
 // Ranks by accumulated seconds: a binary min-heap of (seconds, rank), ties to the lower rank.
 class RankHeap {
@@ -1226,6 +1223,91 @@ StepPlan lay_out(const std::vector<WorkItem>& items, std::vector<PlannedMicroBat
   return plan;
 }
 
+// A one-stage plan's work as items that cost what `seconds` says (per rank and list
+// index: BalanceSettings::micro_batch_seconds) plus, where offloaded, their copy
+// stall (copy_stall_seconds, which the simulator charges beside the compute): a ring
+// its slowest member's, a one-rank micro-batch its own; with the plan's assignment of
+// them (its rings in its order). Empty micro-batches are left out.
+struct MeasuredWork {
+  std::vector<PlannedMicroBatch> pool;
+  std::vector<WorkItem> items;  // sorted (sort_items)
+  Assignment assignment;
+};
+MeasuredWork measured_work(const StepPlan& plan, const std::vector<std::vector<double>>& seconds,
+                           const PlannerSettings& st) {
+  const int hdp = static_cast<int>(plan.ranks.size());
+  MeasuredWork w{{}, {}, Assignment(hdp)};
+  const double layers = static_cast<double>(st.layers_per_stage);
+  auto cost = [&](const PlannedMicroBatch& mb, double measured) {
+    int64_t tokens = 0;
+    for (const PlannedPiece& p : mb.pieces) tokens += p.length;
+    return measured + copy_stall_seconds(tokens, measured / layers, mb.offload_ratio, mb.recompute_layers, st);
+  };
+  std::vector<WorkItem> items(plan.rings.size());
+  std::vector<int> owner(plan.rings.size(), -1);  // per item: the rank of a one-rank one
+  for (size_t X = 0; X < plan.rings.size(); ++X) {
+    items[X].ranks = static_cast<int>(plan.rings[X].ranks.size());
+    items[X].sequence = plan.rings[X].sequences.front();
+  }
+  for (int r = 0; r < hdp; ++r)
+    for (size_t i = 0; i < plan.ranks[r].size(); ++i) {
+      const PlannedMicroBatch& mb = plan.ranks[r][i];
+      if (mb.ring >= 0) {
+        WorkItem& ring = items[static_cast<size_t>(mb.ring)];
+        ring.cost = std::max(ring.cost, cost(mb, seconds[r][i]));
+        ring.ratio = mb.offload_ratio;
+        ring.recompute_layers = mb.recompute_layers;
+      } else if (!mb.pieces.empty()) {
+        items.push_back({cost(mb, seconds[r][i]), 1, -1, 0.0, w.pool.size()});
+        owner.push_back(r);
+        w.pool.push_back(mb);
+      }
+    }
+  std::vector<size_t> order(items.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return costlier(items[a], items[b]); });
+  std::vector<size_t> sorted_at(items.size());
+  for (size_t n = 0; n < order.size(); ++n) {
+    sorted_at[order[n]] = n;
+    w.items.push_back(items[order[n]]);
+  }
+  Assignment& a = w.assignment;
+  for (size_t X = 0; X < plan.rings.size(); ++X) {
+    std::vector<int> members = plan.rings[X].ranks;
+    std::sort(members.begin(), members.end());
+    for (int r : members) a.seconds[r] += items[X].cost;
+    a.ring_item.push_back(sorted_at[X]);
+    a.ring_ranks.push_back(std::move(members));
+  }
+  for (size_t j = plan.rings.size(); j < items.size(); ++j) {
+    a.seconds[owner[j]] += items[j].cost;
+    a.local[owner[j]].push_back(sorted_at[j]);
+  }
+  return w;
+}
+
+// The plans a one-stage plan re-timed by measured seconds (measured_work) becomes:
+// its own assignment, then refined, then its items balanced anew (assign_rounds and
+// refine), each laid out by time both ways (layouts).
+std::vector<StepPlan> retimed_plans(const StepPlan& plan, const std::vector<std::vector<double>>& seconds,
+                                    std::span<const int64_t> lengths, const PlannerSettings& st,
+                                    const BalanceSettings& balance) {
+  MeasuredWork w = measured_work(plan, seconds, st);
+  const int hdp = static_cast<int>(plan.ranks.size());
+  Assignment refined = w.assignment;
+  refine(w.items, refined);
+  Assignment anew = assign_rounds(w.items, hdp, balance);
+  refine(w.items, anew);
+  std::vector<StepPlan> plans;
+  for (Assignment* a : {&w.assignment, &refined, &anew})
+    for (Layout layout : layouts(st)) {
+      if (repeats_a_layout(layout, w.items, *a)) continue;
+      std::vector<PlannedMicroBatch> copy = w.pool;
+      plans.push_back(lay_out(w.items, copy, *a, lengths, st, layout));
+    }
+  return plans;
+}
+
 // PP-Balance's candidates (ring_waves, wave_assignment) for a batch under these
 // settings (work: balance_work of the batch under them), in each of layouts(st)'s
 // layouts, but rings first only where some wave leaves a rank out (where every wave
@@ -1575,6 +1657,20 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
       for (StepPlan& plan : wave_plans(small_work, lengths, st, balance)) consider(std::move(plan));
     }
   }
+  // With one stage, the chosen plan re-timed by what the simulator says its
+  // micro-batches take (BalanceSettings::micro_batch_seconds, retimed_plans), again
+  // while that shortens the step, at most three rounds: LLaMA-70B, pp 1, Byted 2M
+  // (docs/performance.md) had candidates that predicted 134-142 s on every rank and
+  // simulated 160-175 s, rings waiting for members whose clocks the cost model had
+  // put ahead.
+  if (balance.micro_batch_seconds && st.pipeline_stages == 1 && st.ep == 1)
+    for (int round = 0; round < 3; ++round) {
+      const double before = chosen_seconds;
+      const std::vector<std::vector<double>> seconds = balance.micro_batch_seconds(*chosen);
+      if (seconds.empty()) break;
+      for (StepPlan& plan : retimed_plans(*chosen, seconds, lengths, st, balance)) score(std::move(plan));
+      if (!(chosen_seconds < before * (1 - 1e-9))) break;
+    }
   // The winner with the micro-batches after its costliest ring recomputing every layer,
   // more of them each time, so that more fit in flight while that ring's micro-batch
   // travels: the rerun costs time, the simulated step decides.

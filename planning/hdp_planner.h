@@ -130,6 +130,13 @@ struct BalanceSettings {
   // plan_deepest_forward_limits). The trainer's executor runs 1F1B only, so only `trainer
   // plan`'s balance-deep policy sets it.
   bool deeper_warmup = false;
+  // With step_seconds, one pipeline stage and ep 1: what each rank's micro-batches
+  // take, per rank and list index, as the step simulator sees them
+  // (StepSimulation::micro_batch_seconds: its small-kernel rates and exposed ring
+  // transfers, which the cost model leaves out). The chosen plan is then re-timed by
+  // them (plan_balance), since a timed layout aligns a ring's members only as well as
+  // its costs predict their clocks.
+  std::function<std::vector<std::vector<double>>(const StepPlan&)> micro_batch_seconds;
 };
 // Work items: short sequences packed best-fit decreasing into C tokens and long
 // ones with choose_ranks's ranks and offload ratio, exactly as plan_naive; an item

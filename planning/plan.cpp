@@ -80,9 +80,10 @@ std::vector<std::vector<PlannedPiece>> zigzag_ring_pieces_by_member(const Ring& 
                                                                     std::span<const int64_t> lengths) {
   const int k = static_cast<int>(ring.ranks.size());
   std::vector<std::vector<PlannedPiece>> pieces(static_cast<size_t>(k));
+  for (std::vector<PlannedPiece>& mine : pieces) mine.reserve(2 * ring.sequences.size());  // two chunks each at most
   std::vector<int64_t> bounds(2 * static_cast<size_t>(k) + 1);
   for (int64_t q : ring.sequences) {
-    for (int c = 0; c <= 2 * k; ++c) bounds[c] = zigzag_chunk_begin(lengths[q], c, k);
+    zigzag_chunk_bounds(lengths[q], k, bounds);
     for (int position = 0; position < k; ++position)
       for (int c : {position, 2 * k - 1 - position})
         if (bounds[c + 1] > bounds[c]) pieces[position].push_back({q, bounds[c], bounds[c + 1] - bounds[c], ring_index});

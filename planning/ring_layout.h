@@ -40,6 +40,12 @@ inline int64_t zigzag_chunk_begin(int64_t length, int chunk, int ring_size) {
   return static_cast<int64_t>(static_cast<__int128>(length) * chunk / chunks);
 }
 
+// All 2k + 1 chunk starts of a sequence at once, bounds[c] = zigzag_chunk_begin(length,
+// c, k) for c in [0, 2k]: by adding length / 2k and carrying the remainder, without a
+// division per chunk (static's plans at 12,288 GPUs cut every sequence into 1,536
+// chunks). `bounds` is resized to 2k + 1. Throws as zigzag_chunk_begin for k < 1.
+void zigzag_chunk_bounds(int64_t length, int ring_size, std::vector<int64_t>& bounds);
+
 // The layout of a ring over sequences of these lengths for the member at
 // position `self`: member j holds chunks j and 2k-1-j of every sequence, in order.
 RingLayout zigzag_ring_layout(std::span<const int> peers, std::span<const int64_t> sequence_lengths, int self);

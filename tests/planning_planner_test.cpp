@@ -62,6 +62,18 @@ TEST(Zigzag, ChunkBoundaries) {
   EXPECT_THROW(zigzag_chunk_begin(10, 5, 2), std::invalid_argument);
   EXPECT_THROW(zigzag_chunk_begin(10, -1, 2), std::invalid_argument);
   EXPECT_THROW(zigzag_chunk_begin(10, 0, 0), std::invalid_argument);
+  // All bounds at once (zigzag_chunk_bounds, by adding instead of dividing) equal
+  // the chunk starts one by one, above 2^31 tokens too.
+  std::mt19937_64 rng(31);
+  std::vector<int64_t> bounds;
+  for (int trial = 0; trial < 300; ++trial) {
+    const int k = 1 + static_cast<int>(rng() % 800);
+    const int64_t length = trial % 3 == 0 ? static_cast<int64_t>(rng() % (int64_t{1} << 42)) : static_cast<int64_t>(rng() % 5000);
+    zigzag_chunk_bounds(length, k, bounds);
+    ASSERT_EQ(bounds.size(), 2 * static_cast<size_t>(k) + 1);
+    for (int c = 0; c <= 2 * k; ++c) ASSERT_EQ(bounds[c], zigzag_chunk_begin(length, c, k)) << length << " " << k << " " << c;
+  }
+  EXPECT_THROW(zigzag_chunk_bounds(10, 0, bounds), std::invalid_argument);
   // Members 0 and 1 of a 10-token ring of 2 hold 2 + 3 and 3 + 2 tokens.
   EXPECT_EQ(zigzag_max_member_tokens(10, 2), 5);
   // Rounding: 3191 tokens over 8 ranks leave one member 400 tokens, not ceil(3191 / 8) = 399.
@@ -113,14 +125,18 @@ TEST(RingStepRows, HandComputedRings) {
 }
 
 // ring_step_rows counts what key_rows_needed gives every member at every step, for
-// rings with short sequences (empty chunks), long ones and windows that cut or not.
+// rings with short sequences (empty chunks), long ones and windows that cut or not;
+// every tenth ring with more than 64 sequences, most of them short (several words of
+// ring_step_rows's bits).
 TEST(RingStepRows, EqualsKeyRowsNeededMemberByMember) {
   std::mt19937_64 rng(7);
   std::vector<ChunkRows> runs;
   for (int trial = 0; trial < 400; ++trial) {
     const int n = std::uniform_int_distribution<int>(1, 9)(rng);
-    std::vector<int64_t> lengths(std::uniform_int_distribution<int>(1, 6)(rng));
-    for (int64_t& len : lengths) len = std::uniform_int_distribution<int64_t>(1, trial % 2 ? 60 : 3 * n)(rng);
+    const bool many = trial % 10 == 9;
+    std::vector<int64_t> lengths(std::uniform_int_distribution<int>(many ? 65 : 1, many ? 150 : 6)(rng));
+    for (int64_t& len : lengths)
+      len = std::uniform_int_distribution<int64_t>(1, many ? 2 * n + 2 : trial % 2 ? 60 : 3 * n)(rng);
     const int64_t window = trial % 3 == 0 ? 0 : std::uniform_int_distribution<int64_t>(1, 30)(rng);
     std::vector<int> peers(n);
     std::iota(peers.begin(), peers.end(), 0);

@@ -369,6 +369,14 @@ TEST(StepSimulation, RingMicroBatch) {
   const StepSimulation w = simulate_step(late, more, k);
   EXPECT_DOUBLE_EQ(w.step_seconds, 15);
   EXPECT_DOUBLE_EQ(w.ring_wait_seconds, 4);
+  // Each micro-batch's forward and backward without the wait: the ring 3 + 8 on both
+  // members, rank 1's local one 1 + 3.
+  ASSERT_EQ(w.micro_batch_seconds.size(), 2u);
+  ASSERT_EQ(w.micro_batch_seconds[0].size(), 1u);
+  ASSERT_EQ(w.micro_batch_seconds[1].size(), 2u);
+  EXPECT_DOUBLE_EQ(w.micro_batch_seconds[0][0], 11);
+  EXPECT_DOUBLE_EQ(w.micro_batch_seconds[1][0], 4);
+  EXPECT_DOUBLE_EQ(w.micro_batch_seconds[1][1], 11);
   const RingStats st = ring_stats(plan, lengths);
   EXPECT_EQ(st.rings, 1);
   EXPECT_EQ(st.spread_sequences, 1);

@@ -289,11 +289,13 @@ PlanSetup make_plan_setup(const HardwareProfile& hardware, const ModelShape& mod
   return s;
 }
 
-// plan_balance with the simulated step as its measure; deeper_warmup as BalanceSettings'.
+// plan_balance with the simulated step as its measure (and its micro-batches' seconds
+// to re-time one-stage plans by); deeper_warmup as BalanceSettings'.
 StepPlan simulated_balance(std::span<const int64_t> l, const PlanSetup& s, bool deeper_warmup) {
   BalanceSettings balance = s.balance;
   balance.deeper_warmup = deeper_warmup;
   balance.step_seconds = simulated_step_measure(l, s.costs);
+  balance.micro_batch_seconds = simulated_micro_batch_measure(l, s.costs);
   return plan_balance(l, s.settings, balance);
 }
 
@@ -849,6 +851,10 @@ bool same_costs_but_mixed(const PlanSetup& a, const PlanSetup& b) {
   return a.recompute == b.recompute && a.sequence_parallel == b.sequence_parallel;
 }
 
+// Whether a policy's plan ignores the mixed mode: plan_static reads the ranks, the
+// capacity and cp alone, so setups of the same costs but the mixed mode get one plan.
+bool plans_blind_to_mixed_mode(const std::string& policy) { return policy == policy_name(SchedulerPolicy::Static); }
+
 bool recomputes_layers(const StepPlan& plan) {
   for (const auto& rank : plan.ranks)
     for (const PlannedMicroBatch& mb : rank)
@@ -869,7 +875,8 @@ constexpr double kBoundRounding = 1e-9;
 // shortest step of those before it is pruned, since its own step is at least its
 // bound; a setup whose plan equals a plan simulated before it under the same costs,
 // the mixed mode aside, with no micro-batch recomputing layers, takes that outcome
-// (the same check, the same simulation). Neither changes the winner: a pruned
+// (the same check, the same simulation). A policy blind to the mixed mode
+// (plans_blind_to_mixed_mode) takes it without planning. Neither changes the winner: a pruned
 // setup's step exceeds it, and a shared outcome is what its simulation would give.
 // The threads run a policy's setups side by side, each skipping what is pruned
 // already given the setups before it that have finished (what the sequential
@@ -883,13 +890,14 @@ struct PolicySearch {
   std::vector<size_t> order;                   // setups in search order
   std::vector<std::optional<PolicyOutcome>> outcomes;  // by position in order
   std::vector<std::optional<StepPlan>> plans;  // placed plans, by position (not exhaustive)
+  std::vector<std::optional<size_t>> taken_from;  // by position: whose outcome a mixed-blind policy took
   std::vector<std::exception_ptr> errors;      // by position
   std::vector<bool> done;                      // by position
 
   PolicySearch(std::string policy, std::span<const PlanSetup> setups, std::span<const int64_t> lengths,
                bool exhaustive_search)
       : name(std::move(policy)), exhaustive(exhaustive_search), bounds(setups.size()), order(setups.size()),
-        outcomes(setups.size()), plans(setups.size()), errors(setups.size()), done(setups.size()) {
+        outcomes(setups.size()), plans(setups.size()), taken_from(setups.size()), errors(setups.size()), done(setups.size()) {
     for (size_t i = 0; i < setups.size(); ++i) {
       bounds[i] = simulated_step_bound(setups[i], lengths).seconds();
       order[i] = i;
@@ -914,12 +922,22 @@ struct PolicySearch {
         for (size_t j = 0; j < position; ++j)
           if (done[j] && outcomes[j] && outcomes[j]->failure.empty()) best = std::min(best, outcomes[j]->sim.step_seconds);
         if (pruned(position, best)) return;
+        if (!exhaustive && plans_blind_to_mixed_mode(name))
+          for (size_t j = 0; j < position; ++j)
+            if (done[j] && outcomes[j] && !taken_from[j] && same_costs_but_mixed(setups[order[j]], setup)) {
+              outcomes[position] = outcomes[j];
+              outcomes[position]->recompute = setup_label(setup);
+              outcomes[position]->check_seconds = outcomes[position]->simulate_seconds = 0;
+              taken_from[position] = j;
+              done[position] = true;
+              return;
+            }
       }
       PolicyPlan planned = plan_with(name, setup, lengths);
       std::optional<PolicyOutcome> outcome;
       // Kept for sharing only where another setup has the same costs but the mixed mode.
       const bool shareable =
-          !exhaustive && planned.failure.empty() &&
+          !exhaustive && planned.failure.empty() && !plans_blind_to_mixed_mode(name) &&
           std::count_if(setups.begin(), setups.end(), [&](const PlanSetup& x) { return same_costs_but_mixed(x, setup); }) > 1 &&
           !recomputes_layers(planned.plan);
       if (shareable) {
@@ -963,6 +981,8 @@ struct PolicySearch {
       PolicyOutcome& o = *outcomes[position];
       const PlanSetup& setup = setups[order[position]];
       std::optional<size_t> same;
+      if (taken_from[position] && std::find(simulated.begin(), simulated.end(), *taken_from[position]) != simulated.end())
+        same = taken_from[position];
       if (plans[position])
         for (const size_t j : simulated)
           if (!same && plans[j] && same_costs_but_mixed(setups[order[j]], setup) && *plans[j] == *plans[position])

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <vector>
 
 #include "planning/plan.h"
 #include "whatif/step_simulation.h"
@@ -22,5 +23,11 @@ double simulated_step_seconds(const StepPlan& plan, std::span<const int64_t> len
 // sequences and the costs are referred to, not copied: they must outlive it.
 std::function<double(const StepPlan&)> simulated_step_measure(std::span<const int64_t> lengths,
                                                               const StepCosts& costs);
+
+// Each rank's micro-batches' simulated seconds (StepSimulation::micro_batch_seconds) as
+// the balance scheduler's re-timing measure (BalanceSettings::micro_batch_seconds);
+// empty for a layout whose rings deadlock. The same references as above.
+std::function<std::vector<std::vector<double>>(const StepPlan&)> simulated_micro_batch_measure(
+    std::span<const int64_t> lengths, const StepCosts& costs);
 
 }  // namespace hdp

@@ -749,6 +749,15 @@ StepSimulation StepGraphBuilder::replay(bool keep_graph) {
   double rs_start = 0;
   for (sim::OpId a : reduce_scatter_ops_) rs_start = std::max(rs_start, result.start[a]);
   out.gradient_sync_seconds = out.step_seconds - rs_start;
+  out.micro_batch_seconds.resize(grid_.hdp);
+  for (int r = 0; r < grid_.hdp; ++r) {
+    const int n = static_cast<int>(plan_.ranks[r].size());
+    out.micro_batch_seconds[r].assign(n, 0.0);
+    for (int i = 0; i < n; ++i)
+      for (int v = 0; v < virtual_stages_; ++v)
+        for (sim::OpId op : {forward_ops_[at(r, v, i)], backward_ops_[at(r, v, i)]})
+          if (op != kNone) out.micro_batch_seconds[r][i] += graph_.duration(op);
+  }
   if (keep_graph) {
     out.graph = std::move(graph_);
     out.replay = std::move(result);

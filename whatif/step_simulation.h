@@ -219,6 +219,10 @@ struct StepSimulation {
   // Time compute streams spend inside ring operations waiting for the ring's last
   // member to arrive, summed over processes (part of the idle time).
   double ring_wait_seconds = 0;
+  // Per hdp rank, per micro-batch of its list: its forward and backward compute
+  // seconds summed over the stages, without waits and offload stalls (a ring's are the
+  // ring's, its slowest member's, as its members run it in lock step).
+  std::vector<std::vector<double>> micro_batch_seconds;
   size_t operations = 0, dependencies = 0;
   std::optional<sim::OpGraph> graph;  // kept when asked for (traces)
   std::optional<sim::Replay> replay;
