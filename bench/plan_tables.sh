@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The simulated plan tables of docs/performance.md as markdown rows: for each model,
 # data set and context one `trainer plan` run at 1,024 GPUs, tp 8, seed 1, 32M tokens,
-# and one row: the step's lower bound, then per policy its step, its multiple of the
+# and one row: with MODEL:auto (`--pp auto`) the pipeline degree chosen, the step's
+# lower bound, then per policy its step, its multiple of the
 # bound, tokens/s in millions, its speed-up over static (not in static's own cell
 # unless --setup) and with --setup the setup that won (the recompute column); a
 # run where no policy places the batch gives "does not fit" throughout.
@@ -35,6 +36,7 @@ for layout in ${layouts//,/ }; do
         --gpus 1024 --tp 8 --pp "$pp" --context "$context" --global-batch-tokens 32M --lengths "$data" --seed 1 \
         --policies "$policies" "$@" 2>/dev/null)" || failed=1
       awk -v policies="$policies" -v setup="$setup" -v failed="$failed" -v row="| $label | $data | $context |" '
+        $1 == "pp" && $3 == "chosen" { row = row " pp " $2 " |" }
         $1 == "bound" { row = row " " $2 " s |" }
         # A policy summary line: the first line naming it (its detail lines follow later).
         !($1 in seen) && index("," policies ",", "," $1 ",") {
