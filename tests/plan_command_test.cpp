@@ -938,6 +938,37 @@ TEST(PlanCommand, BalanceDeepRunsAheadOfOneFOneBWhereMemoryAllows) {
   EXPECT_LT(step.at("balance-deep"), step.at("balance") * 0.99) << r.output;
 }
 
+// With one stage there is nothing to run ahead in: balance-deep is balance, and where
+// both are asked for it takes balance's outcome (search_all) with the step and setup
+// that balance-deep alone plans and simulates.
+TEST(PlanCommand, BalanceDeepWithOneStageIsBalance) {
+  const std::string command = "plan --cluster " + config("cluster/h100.yaml") + " --model " +
+                              config("models/llama-7b.yaml") +
+                              " --gpus 64 --tp 8 --context 256K --global-batch-tokens 4M --lengths byted --seed 1 ";
+  auto summaries = [](const std::string& output) {
+    std::map<std::string, std::pair<std::string, double>> found;  // policy -> (setup, step)
+    std::istringstream in(output);
+    for (std::string line; std::getline(in, line);) {
+      std::istringstream words(line);
+      std::string policy, setup, plan_seconds;
+      double seconds = 0;
+      if (words >> policy >> setup >> plan_seconds >> seconds && policy.rfind("balance", 0) == 0 && !found.count(policy))
+        found[policy] = {setup, seconds};
+    }
+    return found;
+  };
+  const auto both = run_trainer(command + "--policies balance,balance-deep");
+  const auto alone = run_trainer(command + "--policies balance-deep");
+  ASSERT_EQ(both.exit_code, 0) << both.output;
+  ASSERT_EQ(alone.exit_code, 0) << alone.output;
+  const auto b = summaries(both.output), a = summaries(alone.output);
+  ASSERT_EQ(b.size(), 2u) << both.output;
+  ASSERT_EQ(a.size(), 1u) << alone.output;
+  EXPECT_GT(b.at("balance").second, 0);
+  EXPECT_EQ(b.at("balance-deep"), b.at("balance"));
+  EXPECT_EQ(a.at("balance-deep"), b.at("balance"));
+}
+
 // --pp auto plans every pipeline degree whose tp x pp divides the GPUs (at most the
 // layers), reports each one's fastest step and keeps the shortest: the same steps as
 // the layouts given one by one. LLaMA-7B (32 layers), 64 GPUs at tp 8: pp 1, 2, 4, 8.

@@ -1037,7 +1037,14 @@ std::vector<PolicyOutcome> search_all(const PlanRequest& r, std::span<const std:
   PlanRequest quiet = r;
   quiet.trace.reset();
   std::vector<PolicySearch> searches;
-  for (const std::string& name : policies) searches.emplace_back(name, setups, lengths, exhaustive);
+  // With one pipeline stage balance-deep is balance (deeper warm-ups need stages to
+  // run ahead in): where both are asked for it takes balance's outcome instead of
+  // repeating the search.
+  const std::string balance = policy_name(SchedulerPolicy::Balance), deep = "balance-deep";
+  const bool deep_is_balance = !setups.empty() && setups.front().layout.pp == 1 &&
+                               std::find(policies.begin(), policies.end(), balance) != policies.end();
+  for (const std::string& name : policies)
+    if (!(deep_is_balance && name == deep)) searches.emplace_back(name, setups, lengths, exhaustive);
   // A task: one policy's setups of the same costs but the mixed mode (same_costs_but_mixed),
   // in search order, one after another, so that a later one finds an equal plan of an
   // earlier one finished; the policies' first tasks before their second.
@@ -1065,8 +1072,15 @@ std::vector<PolicyOutcome> search_all(const PlanRequest& r, std::span<const std:
   run_on_threads(tasks.size(), [&](size_t t) {
     for (const size_t position : tasks[t].positions) searches[tasks[t].search].run(position, quiet, setups, lengths, lock);
   });
+  std::vector<PolicyOutcome> searched;
+  for (PolicySearch& s : searches) searched.push_back(s.finish(setups));
   std::vector<PolicyOutcome> outcomes;
-  for (PolicySearch& s : searches) outcomes.push_back(s.finish(setups));
+  for (const std::string& name : policies) {
+    const std::string& source = deep_is_balance && name == deep ? balance : name;
+    outcomes.push_back(*std::find_if(searched.begin(), searched.end(),
+                                     [&](const PolicyOutcome& o) { return o.name == source; }));
+    outcomes.back().name = name;
+  }
   return outcomes;
 }
 
