@@ -135,10 +135,10 @@ RingStepRows ring_step_rows(std::span<const int64_t> lengths, int n, int64_t win
   // sequence: what p reads from q is then the popcount of two words' AND, n^2 x
   // words in all, where pairs of holders cost the square of each sequence's length
   // (static's rings at 12,288 GPUs: hundreds of such sequences over 768 members).
-  std::vector<size_t> short_ones;
-  for (size_t j = 0; j < lengths.size(); ++j)
-    if (lengths[j] < 2 * static_cast<int64_t>(n) && uncut(lengths[j])) short_ones.push_back(j);
-  const size_t words = (short_ones.size() + 63) / 64;
+  const size_t short_ones = static_cast<size_t>(std::count_if(lengths.begin(), lengths.end(), [&](int64_t length) {
+    return length < 2 * static_cast<int64_t>(n) && uncut(length);
+  }));
+  const size_t words = (short_ones + 63) / 64;
   // Per member m at m x words: first chunk holds a row; second does; reader holds its
   // second chunk; reader holds its first chunk only.
   std::vector<uint64_t> first_held(members * words, 0), second_held(members * words, 0);

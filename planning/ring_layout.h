@@ -73,9 +73,10 @@ struct RingStepRows {
   std::vector<int64_t> most;  // [t], ring_size entries: the most key rows a member reads at step t; most[0] = 0
   int64_t total = 0;          // key rows read by all members over all steps
 };
-// O(ring_size x sequences + ring_size^2 + the pairs of members holding rows of
-// sequences shorter than 2 x ring_size or cut by the window): the simulator prices
-// rings of hundreds of members over hundreds of sequences with it.
+// O(ring_size x sequences) for sequences of at least 2 x ring_size rows that no
+// window cuts; plus ring_size^2 x ceil(S / 64) for S shorter ones, and the pairs of
+// members holding rows of each sequence the window cuts: the simulator prices rings
+// of hundreds of members over hundreds of sequences with it.
 RingStepRows ring_step_rows(std::span<const int64_t> sequence_lengths, int ring_size, int64_t window);
 
 }  // namespace hdp
