@@ -1236,6 +1236,9 @@ struct MeasuredWork {
 MeasuredWork measured_work(const StepPlan& plan, const std::vector<std::vector<double>>& seconds,
                            const PlannerSettings& st) {
   const int hdp = static_cast<int>(plan.ranks.size());
+  bool shaped = seconds.size() == plan.ranks.size();
+  for (size_t r = 0; shaped && r < seconds.size(); ++r) shaped = seconds[r].size() == plan.ranks[r].size();
+  if (!shaped) throw std::invalid_argument("BalanceSettings::micro_batch_seconds gave no time for every micro-batch of the plan");
   MeasuredWork w{{}, {}, Assignment(hdp)};
   const double layers = static_cast<double>(st.layers_per_stage);
   auto cost = [&](const PlannedMicroBatch& mb, double measured) {
@@ -1292,6 +1295,10 @@ MeasuredWork measured_work(const StepPlan& plan, const std::vector<std::vector<d
 std::vector<StepPlan> retimed_plans(const StepPlan& plan, const std::vector<std::vector<double>>& seconds,
                                     std::span<const int64_t> lengths, const PlannerSettings& st,
                                     const BalanceSettings& balance) {
+  // Balance's rings each hold one long sequence, which the items carry; a plan with
+  // a ring of several (none of balance's candidates) is left as it is.
+  for (const Ring& ring : plan.rings)
+    if (ring.sequences.size() != 1) return {};
   MeasuredWork w = measured_work(plan, seconds, st);
   const int hdp = static_cast<int>(plan.ranks.size());
   Assignment refined = w.assignment;
