@@ -1665,19 +1665,16 @@ StepPlan plan_balance(std::span<const int64_t> lengths, const PlannerSettings& s
     }
   }
   // With one stage, the chosen plan re-timed by what the simulator says its
-  // micro-batches take (BalanceSettings::micro_batch_seconds, retimed_plans), again
-  // while that shortens the step, at most three rounds: LLaMA-70B, pp 1, Byted 2M
-  // (docs/performance.md) had candidates that predicted 134-142 s on every rank and
-  // simulated 160-175 s, rings waiting for members whose clocks the cost model had
-  // put ahead.
-  if (balance.micro_batch_seconds && st.pipeline_stages == 1 && st.ep == 1)
-    for (int round = 0; round < 3; ++round) {
-      const double before = chosen_seconds;
-      const std::vector<std::vector<double>> seconds = balance.micro_batch_seconds(*chosen);
-      if (seconds.empty()) break;
+  // micro-batches take (BalanceSettings::micro_batch_seconds, retimed_plans): LLaMA-70B,
+  // pp 1, Byted 2M (docs/performance.md) had candidates that predicted 134-142 s on
+  // every rank and simulated 160-175 s, rings waiting for members whose clocks the
+  // cost model had put ahead. Once: a second round, re-timing its winner, shortened no
+  // step of LLaMA-70B pp 1 at 1,024 or 12,288 GPUs (2M, Byted and GitHub, every setup).
+  if (balance.micro_batch_seconds && st.pipeline_stages == 1 && st.ep == 1) {
+    const std::vector<std::vector<double>> seconds = balance.micro_batch_seconds(*chosen);
+    if (!seconds.empty())
       for (StepPlan& plan : retimed_plans(*chosen, seconds, lengths, st, balance)) score(std::move(plan));
-      if (!(chosen_seconds < before * (1 - 1e-9))) break;
-    }
+  }
   // The winner with the micro-batches after its costliest ring recomputing every layer,
   // more of them each time, so that more fit in flight while that ring's micro-batch
   // travels: the rerun costs time, the simulated step decides.
