@@ -260,6 +260,10 @@ void check_dense(Checker& c) {
     linear_backward(Tensor(), dw.host, dy.host, x.host, wt.host, false);
     linear_backward(Tensor(), dw.dev, dy.dev, x.dev, wt.dev, false);
     c.compare("linear_backward dw (no dx)", shape, dw, kTolReduction);
+    const Twin dx = w.random({T, in});
+    linear_backward(dx.host, Tensor(), dy.host, x.host, wt.host, true);
+    linear_backward(dx.dev, Tensor(), dy.dev, x.dev, wt.dev, true);
+    c.compare("linear_backward dx (no dw)", shape, dx, kTolReduction);
   }
 }
 
@@ -364,6 +368,12 @@ void check_swiglu(Checker& c, DType dt) {
     swiglu_backward(dgate.dev, dup.dev, dout.dev, gate.dev, up.dev);
     c.compare(named("swiglu_backward dgate", dt), shape, dgate, stored_tolerance(dt, kTolPointwise * 5));
     c.compare(named("swiglu_backward dup", dt), shape, dup, stored_tolerance(dt, kTolPointwise * 5));
+    // The MLP's backward: the forward's output recomputed by the backward kernel.
+    const Twin recomputed = w.random_as(dt, {T, F});
+    swiglu_backward(dgate.host, dup.host, dout.host, gate.host, up.host, recomputed.host);
+    swiglu_backward(dgate.dev, dup.dev, dout.dev, gate.dev, up.dev, recomputed.dev);
+    c.compare(named("swiglu_backward out (recomputed)", dt), shape, recomputed, stored_tolerance(dt, kTolPointwise * 5));
+    c.compare(named("swiglu_backward dgate (with out)", dt), shape, dgate, stored_tolerance(dt, kTolPointwise * 5));
   }
 }
 

@@ -197,16 +197,23 @@ void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, co
   require_dims(op, "x", x, {-1, -1});
   require_dims(op, "w", w, {-1, x.dim(1)});
   require_dims(op, "dy", dy, {x.dim(0), w.dim(0)});
-  require_dims(op, "dw", dw, {w.dim(0), w.dim(1)});
-  // An empty dx (Tensor{}) skips the input gradient.
-  const bool skip_dx = dx.ndim == 0 && dx.data == nullptr;
+  // An empty dx or dw (Tensor{}) skips that gradient; not both.
+  const bool skip_dx = dx.ndim == 0 && dx.data == nullptr, skip_dw = dw.ndim == 0 && dw.data == nullptr;
+  if (skip_dx && skip_dw) throw std::invalid_argument(std::string(op) + ": both dx and dw are empty");
   if (!skip_dx) require_dims(op, "dx", dx, {x.dim(0), x.dim(1)});
-  [[maybe_unused]] const DType dtype_ = skip_dx ? check_dtypes(op, {{"dy", dy}, {"x", x}, {"w", w}}, {{"dw", dw}})
-                                : check_dtypes(op, {{"dx", dx}, {"dy", dy}, {"x", x}, {"w", w}}, {{"dw", dw}});
-  const Device dev = skip_dx ? common_device(op, dw, dy, x, w) : common_device(op, dx, dw, dy, x, w);
+  if (!skip_dw) require_dims(op, "dw", dw, {w.dim(0), w.dim(1)});
+  // dw is the fp32 gradient buffer: its dtype is checked apart from the compute dtype.
+  [[maybe_unused]] const DType dtype_ = [&] {
+    if (skip_dx) return check_dtypes(op, {{"dy", dy}, {"x", x}, {"w", w}}, {{"dw", dw}});
+    if (skip_dw) return check_dtypes(op, {{"dx", dx}, {"dy", dy}, {"x", x}, {"w", w}});
+    return check_dtypes(op, {{"dx", dx}, {"dy", dy}, {"x", x}, {"w", w}}, {{"dw", dw}});
+  }();
+  const Device dev = skip_dx   ? common_device(op, dw, dy, x, w)
+                     : skip_dw ? common_device(op, dx, dy, x, w)
+                               : common_device(op, dx, dw, dy, x, w);
   switch (dev) {
     HDP_CUDA_GEMM_CASE(linear_backward(dx, dw, dy, x, w, accumulate_dx), x.dim(0), w.dim(0), x.dim(1),
-                       skip_dx ? 1 : 2)
+                       (skip_dx || skip_dw) ? 1 : 2)
     HDP_CPU_CASES(linear_backward(dx, dw, dy, x, w, accumulate_dx))
     default: throw UnsupportedDevice(op, dev);
   }
@@ -805,16 +812,22 @@ void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) {
   }
 }
 
-void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) {
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor out) {
   const char* op = "swiglu_backward";
-  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"dgate", dgate}, {"dup", dup}, {"dout", dout}, {"gate", gate}, {"up", up}});
+  const bool with_out = out.data != nullptr;
+  [[maybe_unused]] const DType dtype_ =
+      with_out ? check_dtypes(op, {{"dgate", dgate}, {"dup", dup}, {"dout", dout}, {"gate", gate}, {"up", up}, {"out", out}})
+               : check_dtypes(op, {{"dgate", dgate}, {"dup", dup}, {"dout", dout}, {"gate", gate}, {"up", up}});
   require_same_shape(op, "gate", gate, "up", up);
   require_same_shape(op, "dout", dout, "gate", gate);
   require_same_shape(op, "dgate", dgate, "gate", gate);
   require_same_shape(op, "dup", dup, "up", up);
-  switch (common_device(op, dgate, dup, dout, gate, up)) {
-    HDP_CUDA_CASE(swiglu_backward(dgate, dup, dout, gate, up))
-    HDP_CPU_CASES(swiglu_backward(dgate, dup, dout, gate, up))
+  if (with_out) require_same_shape(op, "out", out, "gate", gate);
+  const Device device =
+      with_out ? common_device(op, dgate, dup, dout, gate, up, out) : common_device(op, dgate, dup, dout, gate, up);
+  switch (device) {
+    HDP_CUDA_CASE(swiglu_backward(dgate, dup, dout, gate, up, out))
+    HDP_CPU_CASES(swiglu_backward(dgate, dup, dout, gate, up, out))
     default: throw UnsupportedDevice(op, dgate.device);
   }
 }

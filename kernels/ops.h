@@ -32,6 +32,9 @@ void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool t
 // y[T, out] = x[T, in] * w[out, in]^T
 void linear_forward(Tensor y, const Tensor& x, const Tensor& w);
 // dx[T, in] = dy * w (adds into dx when accumulate_dx); dw[out, in] adds dy^T * x.
+// An empty dx or dw (Tensor()) skips that gradient; x is then read for its shape only
+// when dw is skipped (a caller may compute x after the dx half, as the SwiGLU MLP
+// recomputes its activation from the gradient's loads).
 void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, bool accumulate_dx);
 
 // y += x (same shape)
@@ -243,8 +246,12 @@ void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& do
 // ---- SwiGLU -------------------------------------------------------------------
 // out = silu(gate) * up, all [T, F]
 void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
-// Overwrites dgate and dup.
-void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
+// Overwrites dgate and dup. Given `out`, also writes the forward's output into it,
+// the same values as swiglu_forward from the same loads: a backward that recomputes
+// the output instead of keeping it (it feeds the down projection's weight gradient)
+// then reads gate and up once, not twice.
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up,
+                     Tensor out = Tensor());
 
 // ---- mixture-of-experts row movement ----------------------------------------------
 // The sparse MoE block (Shazeer et al. 2017, "Outrageously Large Neural Networks";

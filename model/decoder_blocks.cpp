@@ -206,10 +206,14 @@ void DecoderBlocks::mlp_block_backward(const MicroBatchSlot& s, const LayerTenso
   const Tensor dres = sc.residual_grad.rows(0, s.shard_rows), dnorm = sc.norm_grad.rows(0, T);
   const Tensor act = sc.ffn_act.rows(0, T), dact = sc.dffn_act.rows(0, T), dgate = sc.dgate.rows(0, T),
                dup = sc.dup.rows(0, T);
-  // dres is the gradient of the layer output.
-  swiglu_forward(act, a.gate, a.up);  // recomputed rather than stored
-  linear_backward(dact, dw.down, leave_backward(regions_.mlp_output, s, dres), act, w.down, false);
-  swiglu_backward(dgate, dup, dact, a.gate, a.up);
+  // dres is the gradient of the layer output. The SwiGLU output is recomputed rather
+  // than stored, by the backward kernel from its own loads of gate and up, between
+  // the down projection's input gradient (which does not need it) and its weight
+  // gradient (which does).
+  const Tensor dy = leave_backward(regions_.mlp_output, s, dres);
+  linear_backward(dact, Tensor(), dy, act, w.down, false);
+  swiglu_backward(dgate, dup, dact, a.gate, a.up, act);
+  linear_backward(Tensor(), dw.down, dy, act, w.down, false);
   const Tensor mlp_in = enter(regions_.mlp_input, s, a.ln2);
   linear_backward(dnorm, dw.gate, dgate, mlp_in, w.gate, false);
   linear_backward(dnorm, dw.up, dup, mlp_in, w.up, true);

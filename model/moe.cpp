@@ -321,9 +321,11 @@ void MoeBlock::backward(Tensor dx, const MoeTensors& grads, const Tensor& dout, 
     const Tensor xe = xs_.rows(b, b + n), g = gate_.rows(b, b + n), u = up_.rows(b, b + n),
                  a = ws_.act.rows(b, b + n), da = ws_.dact.rows(b, b + n), dg = ws_.dgate.rows(b, b + n),
                  du = ws_.dup.rows(b, b + n), dxe = ws_.expert_dx.rows(b, b + n);
-    swiglu_forward(a, g, u);  // recomputed rather than kept, as the dense MLP does
-    linear_backward(da, grads.w2[e], expert_dy.rows(b, b + n), a, w.w2[e], false);
-    swiglu_backward(dg, du, da, g, u);
+    // a is recomputed rather than kept, as the dense MLP does (decoder_blocks.cpp).
+    const Tensor dy = expert_dy.rows(b, b + n);
+    linear_backward(da, Tensor(), dy, a, w.w2[e], false);
+    swiglu_backward(dg, du, da, g, u, a);
+    linear_backward(Tensor(), grads.w2[e], dy, a, w.w2[e], false);
     linear_backward(dxe, grads.w1[e], dg, xe, w.w1[e], false);
     linear_backward(dxe, grads.w3[e], du, xe, w.w3[e], true);
   }

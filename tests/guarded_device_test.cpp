@@ -207,6 +207,7 @@ TEST(GuardedSelftest, EveryOpMatchesTheCpu) {
         "embedding_forward [bf16]", "embedding_backward [bf16]", "rmsnorm_forward y [bf16]",
         "rmsnorm_backward dx [bf16]", "rmsnorm_backward dw [bf16]", "rope_forward [bf16]", "rope_backward [bf16]",
         "swiglu_forward [bf16]", "swiglu_backward dgate [bf16]", "swiglu_backward dup [bf16]",
+        "swiglu_backward out (recomputed) [bf16]", "swiglu_backward dgate (with out) [bf16]",
         "gather_rows (dispatch) [bf16]", "gather_rows (scale) [bf16]", "combine_rows [bf16]",
         "combine_rows (no weights) [bf16]", "combine_rows_weight_backward [bf16]",
         "cross_entropy_stats sumexp [bf16]", "cross_entropy_backward_inplace [bf16]",

@@ -188,6 +188,15 @@ TEST(Bf16Twins, LinearAndMatmul) {
   hdp::linear_backward(dx.B, Tensor(dw_b.data(), {10, 24}), dy.B, x.B, w.B, true);
   expect_rounded(dx, "linear_backward dx");
   expect_equal(dw_f, dw_b, "linear_backward dw");
+  // The two halves apart (dw skipped, then dx skipped) equal the whole call.
+  Pair dx2 = make({13, 24}, 5);
+  std::vector<float> dw_halves(240, 0.25f), dw_whole(240, 0.25f);
+  Pair dx3 = make({13, 24}, 5);
+  hdp::linear_backward(dx2.B, Tensor(), dy.B, x.B, w.B, true);
+  hdp::linear_backward(Tensor(), Tensor(dw_halves.data(), {10, 24}), dy.B, x.B, w.B, false);
+  hdp::linear_backward(dx3.B, Tensor(dw_whole.data(), {10, 24}), dy.B, x.B, w.B, true);
+  EXPECT_EQ(dw_halves, dw_whole);
+  for (int64_t i = 0; i < dx2.B.numel(); ++i) ASSERT_EQ(to_float(dx2.b[i]), to_float(dx3.b[i])) << i;
 
   for (bool ta : {false, true})
     for (bool tb : {false, true}) {
@@ -275,6 +284,18 @@ TEST(Bf16Twins, EmbeddingRmsnormRopeSwiglu) {
   hdp::swiglu_backward(dg.B, du.B, act.B, gate.B, up.B);
   expect_rounded(dg, "swiglu_backward dgate");
   expect_rounded(du, "swiglu_backward dup");
+  // With the output recomputed by the backward: the same three bf16 results.
+  Pair dg2 = make({9, 40}, 14), du2 = make({9, 40}, 15), act2 = make({9, 40}, 16);
+  hdp::swiglu_backward(dg2.B, du2.B, act.B, gate.B, up.B, act2.B);
+  const auto bits = [](const Tensor& t) {
+    return std::vector<uint16_t>(reinterpret_cast<const uint16_t*>(t.raw()),
+                                 reinterpret_cast<const uint16_t*>(t.raw()) + t.numel());
+  };
+  EXPECT_EQ(bits(dg2.B), bits(dg.B));
+  EXPECT_EQ(bits(du2.B), bits(du.B));
+  Pair act3 = make({9, 40}, 17);
+  hdp::swiglu_forward(act3.B, gate.B, up.B);
+  EXPECT_EQ(bits(act2.B), bits(act3.B));
 }
 
 TEST(Bf16Twins, AttentionWholeAndBlocks) {

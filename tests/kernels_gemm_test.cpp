@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <limits>
 #include <string>
 #include <cmath>
 #include <random>
@@ -125,6 +126,23 @@ TEST(KernelsGemm, LinearForwardAndBackward) {
   std::vector<double> dwe = dwref;
   for (size_t i = 0; i < dwe.size(); ++i) dwe[i] += dw0[i];
   expect_close(dw, dwe, 1e-5, "dw without dx");
+  // An empty dw skips the weight gradient: x is not read (here it holds NaNs), and dx
+  // equals what the full call gives, bit for bit.
+  {
+    std::vector<float> dx_alone = dx0, dx_full = dx0, dw_full = dw0;
+    const std::vector<float> unread(x.size(), std::numeric_limits<float>::quiet_NaN());
+    hdp::linear_backward(Tensor(dx_alone.data(), {T, in}), Tensor(), Tensor(const_cast<float*>(dy.data()), {T, out}),
+                         Tensor(const_cast<float*>(unread.data()), {T, in}),
+                         Tensor(const_cast<float*>(w.data()), {out, in}), true);
+    hdp::linear_backward(Tensor(dx_full.data(), {T, in}), Tensor(dw_full.data(), {out, in}),
+                         Tensor(const_cast<float*>(dy.data()), {T, out}), Tensor(const_cast<float*>(x.data()), {T, in}),
+                         Tensor(const_cast<float*>(w.data()), {out, in}), true);
+    EXPECT_EQ(dx_alone, dx_full);
+    EXPECT_THROW(hdp::linear_backward(Tensor(), Tensor(), Tensor(const_cast<float*>(dy.data()), {T, out}),
+                                      Tensor(const_cast<float*>(x.data()), {T, in}),
+                                      Tensor(const_cast<float*>(w.data()), {out, in}), false),
+                 std::invalid_argument);
+  }
   EXPECT_THROW(hdp::linear_forward(Tensor(y.data(), {T, out}), Tensor(const_cast<float*>(x.data()), {T, in}),
                                    Tensor(const_cast<float*>(w.data()), {out, in + 1})),
                std::invalid_argument);

@@ -87,3 +87,27 @@ TEST(KernelsSwiglu, VectorBodyEqualsScalarTailBitForBit) {
     ASSERT_EQ(std::bit_cast<uint32_t>(du[i]), std::bit_cast<uint32_t>(du1)) << i << " g=" << g[i];
   }
 }
+
+TEST(KernelsSwiglu, BackwardWithOutputEqualsForwardThenBackwardBitForBit) {
+  // The MLP's backward recomputes the forward's output inside the backward kernel:
+  // it must be what swiglu_forward gives, and the gradients what the plain backward
+  // gives, bit for bit (threaded, vectorised, and a partial last vector).
+  for (const int64_t n : {int64_t{1}, int64_t{13}, int64_t{5 * 4096 + 21}}) {
+    const auto g = random_floats(n, 21, -20, 20), u = random_floats(n, 22, -2, 2), G = random_floats(n, 23, -1, 1);
+    auto T = [](const float* p, int64_t len) { return Tensor(const_cast<float*>(p), {len}); };
+    std::vector<float> out(n), dg(n), du(n), out2(n, 7.0f), dg2(n, 7.0f), du2(n, 7.0f);
+    hdp::swiglu_forward(T(out.data(), n), T(g.data(), n), T(u.data(), n));
+    hdp::swiglu_backward(T(dg.data(), n), T(du.data(), n), T(G.data(), n), T(g.data(), n), T(u.data(), n));
+    hdp::swiglu_backward(T(dg2.data(), n), T(du2.data(), n), T(G.data(), n), T(g.data(), n), T(u.data(), n),
+                         T(out2.data(), n));
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(std::bit_cast<uint32_t>(out[i]), std::bit_cast<uint32_t>(out2[i])) << n << " " << i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(dg[i]), std::bit_cast<uint32_t>(dg2[i])) << n << " " << i;
+      ASSERT_EQ(std::bit_cast<uint32_t>(du[i]), std::bit_cast<uint32_t>(du2[i])) << n << " " << i;
+    }
+  }
+  std::vector<float> a(8), b(8), c(9);
+  EXPECT_THROW(hdp::swiglu_backward(Tensor(a.data(), {8}), Tensor(a.data(), {8}), Tensor(a.data(), {8}),
+                                    Tensor(b.data(), {8}), Tensor(b.data(), {8}), Tensor(c.data(), {9})),
+               std::invalid_argument);
+}

@@ -96,7 +96,8 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w) {
 // dw is fp32 (the gradient buffer) and accumulates in fp32 across micro-batches.
 void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, bool accumulate_dx) {
   const bool skip_dx = dx.ndim == 0 && dx.data == nullptr;
-  const Tensor DY = widen(dy, 0), X = widen(x, 1), W = widen(w, 2);
+  // x is read for dw only; w for dx only.
+  const Tensor DY = widen(dy, 0), X = dw.data ? widen(x, 1) : x, W = skip_dx ? w : widen(w, 2);
   const Tensor DX = skip_dx ? Tensor{} : accumulate_dx ? widen(dx, 3) : output(dx, 3);
   cpu::linear_backward(DX, dw, DY, X, W, accumulate_dx);
   if (!skip_dx) store(dx, DX);
@@ -249,12 +250,13 @@ void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) {
   store(out, OUT);
 }
 
-void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) {
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor out) {
   const Tensor DOUT = widen(dout, 0), G = widen(gate, 1), U = widen(up, 2), DG = output(dgate, 3),
-               DU = output(dup, 4);
-  cpu::swiglu_backward(DG, DU, DOUT, G, U);
+               DU = output(dup, 4), OUT = out.data ? output(out, 5) : Tensor();
+  cpu::swiglu_backward(DG, DU, DOUT, G, U, OUT);
   store(dgate, DG);
   store(dup, DU);
+  if (out.data) store(out, OUT);
 }
 
 // ---- mixture-of-experts row movement: scale, weights and dweights fp32 -----------------

@@ -51,7 +51,8 @@ void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& do
                                std::span<const AttentionBlock> blocks, int64_t window);
 
 void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
-void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up,
+                     Tensor out);
 
 void gather_rows(Tensor out, const Tensor& x, const IndexTensor& index, const Tensor& scale);
 void combine_rows(Tensor out, const Tensor& rows, const IndexTensor& index, const Tensor& weights);
@@ -106,7 +107,8 @@ void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& do
                                const Tensor& v, const Tensor& out, const Tensor& lse,
                                std::span<const AttentionBlock> blocks, int64_t window);
 void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
-void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up,
+                     Tensor out);
 void gather_rows(Tensor out, const Tensor& x, const IndexTensor& index, const Tensor& scale);
 void combine_rows(Tensor out, const Tensor& rows, const IndexTensor& index, const Tensor& weights);
 void combine_rows_weight_backward(Tensor dweights, const Tensor& dout, const Tensor& rows, const IndexTensor& index);

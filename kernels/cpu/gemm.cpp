@@ -192,7 +192,7 @@ void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, co
           in);
   }
   // dw[out, in] += dy^T x
-  sgemm(kGemmLibrary, true, false, out, in, T, 1.0f, dy.data, out, x.data, in, 1.0f, dw.data, in);
+  if (dw.data) sgemm(kGemmLibrary, true, false, out, in, T, 1.0f, dy.data, out, x.data, in, 1.0f, dw.data, in);
 }
 
 }  // namespace hdp::cpu

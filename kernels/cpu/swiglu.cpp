@@ -47,20 +47,35 @@ void vector_range(const float* const (&in)[kIn], float* const (&out)[kOut], int6
   for (int a = 0; a < kOut; ++a) std::copy(out_pad[a], out_pad[a] + rest, out[a] + i);
 }
 
+// 1 + exp(-g): the forward divides g by it, the backward's sigmoid is its inverse.
+vf one_plus_exp_minus(vf g) { return add(set1(1.0f), exp(sub(zero(), g))); }
+
 // in = {gate, up}, out = {out}
 void swiglu_forward_vector(const float* const (&in)[2], float* const (&out)[1], int64_t i) {
-  const vf g = load(in[0] + i), one = set1(1.0f);
-  store(out[0] + i, mul(div(g, add(one, exp(sub(zero(), g)))), load(in[1] + i)));
+  const vf g = load(in[0] + i);
+  store(out[0] + i, mul(div(g, one_plus_exp_minus(g)), load(in[1] + i)));
 }
 
 // With s = sigmoid(g): d silu / dg = s * (1 + g * (1 - s)).
 //   dgate = dout * up * s * (1 + g * (1 - s)),   dup = dout * g * s
-// in = {dout, gate, up}, out = {dgate, dup}
-void swiglu_backward_vector(const float* const (&in)[3], float* const (&out)[2], int64_t i) {
-  const vf dy = load(in[0] + i), g = load(in[1] + i), one = set1(1.0f);
-  const vf s = div(one, add(one, exp(sub(zero(), g))));
+// in = {dout, gate, up}, out = {dgate, dup} or {dgate, dup, out}: with a third output
+// it also stores the forward's value, by the forward's own operations.
+template <int kOut>
+void swiglu_backward_vector(const float* const (&in)[3], float* const (&out)[kOut], int64_t i) {
+  const vf dy = load(in[0] + i), g = load(in[1] + i), u = load(in[2] + i), one = set1(1.0f);
+  const vf denominator = one_plus_exp_minus(g);
+  if constexpr (kOut == 3) store(out[2] + i, mul(div(g, denominator), u));
+  const vf s = div(one, denominator);
   store(out[1] + i, mul(dy, mul(g, s)));
-  store(out[0] + i, mul(mul(dy, load(in[2] + i)), mul(s, add(one, mul(g, sub(one, s))))));
+  store(out[0] + i, mul(mul(dy, u), mul(s, add(one, mul(g, sub(one, s))))));
+}
+
+template <int kOut>
+void swiglu_backward_ranges(const float* const (&in)[3], float* const (&result)[kOut], int64_t n) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+#pragma omp parallel for schedule(static) if (n >= kParallelMin)
+  for (int64_t c = 0; c < chunks; ++c)
+    vector_range(in, result, c * kChunk, std::min(n, (c + 1) * kChunk), swiglu_backward_vector<kOut>);
 }
 
 }  // namespace
@@ -74,13 +89,15 @@ void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up) {
     vector_range(in, result, c * kChunk, std::min(n, (c + 1) * kChunk), swiglu_forward_vector);
 }
 
-void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up) {
-  const int64_t n = gate.numel(), chunks = (n + kChunk - 1) / kChunk;
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up, Tensor out) {
   const float* const in[3] = {dout.data, gate.data, up.data};
-  float* const result[2] = {dgate.data, dup.data};
-#pragma omp parallel for schedule(static) if (n >= kParallelMin)
-  for (int64_t c = 0; c < chunks; ++c)
-    vector_range(in, result, c * kChunk, std::min(n, (c + 1) * kChunk), swiglu_backward_vector);
+  if (out.data) {
+    float* const result[3] = {dgate.data, dup.data, out.data};
+    swiglu_backward_ranges(in, result, gate.numel());
+  } else {
+    float* const result[2] = {dgate.data, dup.data};
+    swiglu_backward_ranges(in, result, gate.numel());
+  }
 }
 
 }  // namespace hdp::cpu

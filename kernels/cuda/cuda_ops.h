@@ -66,7 +66,8 @@ void attention_backward_blocks(Tensor dq, Tensor dk, Tensor dv, const Tensor& do
                                std::span<const AttentionBlock> blocks, int64_t window);
 
 void swiglu_forward(Tensor out, const Tensor& gate, const Tensor& up);
-void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up);
+void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor& gate, const Tensor& up,
+                     Tensor out);
 
 void gather_rows(Tensor out, const Tensor& x, const IndexTensor& index, const Tensor& scale);
 void combine_rows(Tensor out, const Tensor& rows, const IndexTensor& index, const Tensor& weights);

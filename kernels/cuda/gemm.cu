@@ -177,7 +177,7 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w) { cuda::matmul(y
 // dx[T, in] (+)= dy[T, out] w[out, in] (skipped when dx has no data);  dw[out, in] += dy^T x
 void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, bool accumulate_dx) {
   if (dx.data) cuda::matmul(dx, dy, false, w, false, 1.0f, accumulate_dx ? 1.0f : 0.0f);
-  cuda::matmul(dw, dy, true, x, false, 1.0f, 1.0f);
+  if (dw.data) cuda::matmul(dw, dy, true, x, false, 1.0f, 1.0f);
 }
 
 }  // namespace hdp::cuda
