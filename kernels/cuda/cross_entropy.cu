@@ -1,9 +1,9 @@
 // Softmax cross-entropy over a (possibly vocabulary-sharded) logits block on the GPU.
 //
 // Statistics: one block per row (grid-stride over rows). Each thread streams its
-// strided share of the row once with an on-line max and a double sum of
-// exp(x - max) (rescaled by exp(old - new) when the max grows); the block then
-// merges the threads' (max, sum) pairs. Rows without a target (-1) get the CPU's
+// strided share of the row once, 16 bytes at a time where the row allows, with an
+// on-line max and a double sum of exp(x - max) (rescaled by exp(old - new) when a
+// pack raises the max); the block then merges the threads' (max, sum) pairs. Rows without a target (-1) get the CPU's
 // cheap finite stats (max 0, sumexp 1, target logit 0) without reading the row.
 //
 // Backward: grad_scale * exp(x - lse), minus grad_scale at the local target, written
@@ -59,21 +59,33 @@ __device__ __forceinline__ void merge(float& m, double& s, float m2, double s2) 
   m = M;
 }
 
-// On-line max and sum of exp(x - max) of row x[0, V) over the block; every thread
-// gets the result. `sm`, `ss` hold 32 entries each.
-template <class E>
+// On-line max and sum of exp(x - max) of row x[0, V) over the block, K elements at a
+// time (16-byte packs where V and the row allow, common.cuh: with_pack; V % K == 0):
+// each pack's max first, the running sum rescaled once per pack that raises it. Every
+// thread gets the result. `sm`, `ss` hold 32 entries each.
+template <class E, int K>
 __device__ void row_stats(const E* __restrict__ x, int64_t V, float& row_max, double& row_sum, float* sm,
                           double* ss) {
+  using P = Elements<E, K>;
   float m = -INFINITY;
   double s = 0.0;
-  for (int64_t i = threadIdx.x; i < V; i += blockDim.x) {
-    const float v = to_f32(x[i]);
-    if (v > m) {
-      s = s * static_cast<double>(expf(m - v)) + 1.0;  // m = -inf at first: expf(-inf) = 0
-      m = v;
-    } else if (v > -INFINITY) {  // a -inf logit adds nothing (and must not make exp(-inf - -inf) = NaN)
-      s += static_cast<double>(expf(v - m));
+  for (int64_t p = threadIdx.x; p < V / K; p += blockDim.x) {
+    const P pack = reinterpret_cast<const P*>(x)[p];
+    float v[K], pack_max = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      v[j] = to_f32(pack.v[j]);
+      pack_max = fmaxf(pack_max, v[j]);
     }
+    if (pack_max > m) {
+      s *= static_cast<double>(expf(m - pack_max));  // m = -inf at first: expf(-inf) = 0
+      m = pack_max;
+    }
+    // A -inf logit adds nothing (and must not make exp(-inf - -inf) = NaN); the max
+    // adds exactly 1 (also an infinite one, where exp(inf - inf) would be NaN).
+#pragma unroll
+    for (int j = 0; j < K; ++j)
+      if (v[j] > -INFINITY) s += v[j] == m ? 1.0 : static_cast<double>(expf(v[j] - m));
   }
   for (int o = 16; o > 0; o >>= 1) {
     const float m2 = __shfl_xor_sync(0xffffffffu, m, o);
@@ -111,7 +123,7 @@ __device__ __forceinline__ int64_t local_target(int32_t tgt, int64_t vocab_begin
   return local >= 0 && local < V ? local : -1;
 }
 
-template <class E>
+template <class E, int K>
 __global__ void stats_kernel(float* __restrict__ row_max, float* __restrict__ row_sumexp,
                              float* __restrict__ target_logit, const E* __restrict__ logits,
                              const int32_t* __restrict__ targets, int64_t T, int64_t V, int64_t vocab_begin) {
@@ -130,7 +142,7 @@ __global__ void stats_kernel(float* __restrict__ row_max, float* __restrict__ ro
     const E* x = logits + t * V;
     float m;
     double s;
-    row_stats(x, V, m, s, sm, ss);
+    row_stats<E, K>(x, V, m, s, sm, ss);
     if (threadIdx.x == 0) {
       row_max[t] = m;
       row_sumexp[t] = static_cast<float>(s);
@@ -165,15 +177,18 @@ __global__ void backward_kernel(E* __restrict__ logits, const float* __restrict_
   }
 }
 
-// Both passes per row; scratch rows: row_max, row_sumexp, target_logit.
-template <class E>
+// Both passes per row, K elements at a time as row_stats; scratch rows: row_max,
+// row_sumexp, target_logit.
+template <class E, int K>
 __global__ void forward_backward_kernel(E* __restrict__ logits, const int32_t* __restrict__ targets,
                                         float* __restrict__ row_max, float* __restrict__ row_sumexp,
                                         float* __restrict__ target_logit, int64_t T, int64_t V, float grad_scale) {
+  using P = Elements<E, K>;
   __shared__ float sm[32];
   __shared__ double ss[32];
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x) {
     E* x = logits + t * V;
+    P* xp = reinterpret_cast<P*>(x);
     const int32_t tgt = targets[t];
     if (tgt < 0) {  // uniform over the block
       if (threadIdx.x == 0) {
@@ -189,7 +204,7 @@ __global__ void forward_backward_kernel(E* __restrict__ logits, const int32_t* _
     const float tl = lt >= 0 ? to_f32(x[lt]) : 0.0f;
     float m;
     double s;
-    row_stats(x, V, m, s, sm, ss);
+    row_stats<E, K>(x, V, m, s, sm, ss);
     const float sumexp = static_cast<float>(s);
     if (threadIdx.x == 0) {
       row_max[t] = m;
@@ -197,8 +212,12 @@ __global__ void forward_backward_kernel(E* __restrict__ logits, const int32_t* _
       target_logit[t] = tl;
     }
     const float lse = __fadd_rn(m, logf(sumexp));  // _rn: no FMA contraction with logf's last step
-    for (int64_t i = threadIdx.x; i < V; i += blockDim.x)
-      x[i] = from_f32<E>(grad_value(to_f32(x[i]), lse, grad_scale, i == lt));
+    for (int64_t p = threadIdx.x; p < V / K; p += blockDim.x) {
+      P pack = xp[p];
+#pragma unroll
+      for (int j = 0; j < K; ++j) pack.v[j] = from_f32<E>(grad_value(to_f32(pack.v[j]), lse, grad_scale, p * K + j == lt));
+      xp[p] = pack;
+    }
   }
 }
 
@@ -300,9 +319,10 @@ void cross_entropy_stats(Tensor row_max, Tensor row_sumexp, Tensor target_logit,
   if (T == 0) return;
   with_element_type(logits.dtype, [&](auto e) {
     using E = decltype(e);
-    stats_kernel<<<row_blocks(T), kRowThreads, 0, compute_stream()>>>(row_max.f32(), row_sumexp.f32(),
-                                                                      target_logit.f32(), elements<E>(logits),
-                                                                      targets.data, T, V, vocab_begin);
+    with_pack<E>(V, {logits.raw()}, [&](auto k) {
+      stats_kernel<E, decltype(k)::value><<<row_blocks(T), kRowThreads, 0, compute_stream()>>>(
+          row_max.f32(), row_sumexp.f32(), target_logit.f32(), elements<E>(logits), targets.data, T, V, vocab_begin);
+    });
   });
   HDP_CUDA_CHECK_LAUNCH("cross_entropy_stats");
 }
@@ -332,8 +352,10 @@ void enqueue_forward_backward(Tensor logits, const IndexTensor& targets, float g
   float* target_logit = row_max + 2 * T;
   with_element_type(logits.dtype, [&](auto e) {
     using E = decltype(e);
-    forward_backward_kernel<<<row_blocks(T), kRowThreads, 0, stream>>>(elements<E>(logits), targets.data, row_max,
-                                                                       row_sumexp, target_logit, T, V, grad_scale);
+    with_pack<E>(V, {logits.raw()}, [&](auto k) {
+      forward_backward_kernel<E, decltype(k)::value><<<row_blocks(T), kRowThreads, 0, stream>>>(
+          elements<E>(logits), targets.data, row_max, row_sumexp, target_logit, T, V, grad_scale);
+    });
   });
   HDP_CUDA_CHECK_LAUNCH("cross_entropy_forward_backward (rows)");
   loss_kernel<<<1, kLossThreads, 0, stream>>>(row_max, row_sumexp, target_logit, targets.data, T, out, accumulate);

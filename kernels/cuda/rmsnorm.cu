@@ -1,7 +1,8 @@
 // RMSNorm as Hugging Face LlamaRMSNorm on the GPU: y = w * (x * rsqrt(mean(x^2) + eps)).
 //
-// Forward: one block per row (grid-stride over rows, 16-byte packs of a row per
-// thread where H allows). Backward: one block per chunk of rows, each row's dx as the
+// Forward: one warp per row with the row in registers where it fits (up to 16 packs
+// a lane: 4096 bf16 columns, 2048 fp32), else one block per row (grid-stride over
+// rows); 16-byte packs of a row per thread where H allows. Backward: one block per chunk of rows, each row's dx as the
 // forward's row, and dw's partial sums over the chunk from the same loads (below).
 // The row statistics are accumulated in double (products of two floats are exact in
 // double, so only the summation order differs from the CPU) and rstd is rounded to
@@ -86,6 +87,55 @@ __global__ void rmsnorm_forward_kernel(E* __restrict__ y, float* __restrict__ rs
   }
 }
 
+// Rows of at most 32 x kLanePacks packs: one warp per row, each lane holding its
+// packs (p = lane, lane + 32, ...) in registers from the one load to the store, the
+// sum of squares reduced by shuffles. A block of kRowThreads takes 8 rows, so a
+// thread has its whole share of a row in flight at once instead of one pack before a
+// block-wide barrier (the block kernel above: 256 threads on a row of 256 packs, as
+// bench-llama-1b's 2048 bf16 columns are).
+template <class E, int K, int kLanePacks>
+__global__ void rmsnorm_forward_warp_kernel(E* __restrict__ y, float* __restrict__ rstd, const E* __restrict__ x,
+                                            const E* __restrict__ w, int64_t T, int64_t H, float eps) {
+  using P = Elements<E, K>;
+  const int64_t packs = H / K;
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  const P* wp = reinterpret_cast<const P*>(w);
+  for (int64_t t = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5); t < T; t += warps) {
+    const P* xr = reinterpret_cast<const P*>(x + t * H);
+    P* yr = reinterpret_cast<P*>(y + t * H);
+    P xv[kLanePacks];
+    double acc = 0.0;
+#pragma unroll
+    for (int i = 0; i < kLanePacks; ++i) {
+      const int64_t p = lane + 32 * i;
+      if (p < packs) xv[i] = xr[p];
+    }
+#pragma unroll
+    for (int i = 0; i < kLanePacks; ++i) {
+      if (lane + 32 * i >= packs) continue;
+#pragma unroll
+      for (int j = 0; j < K; ++j) {
+        const double v = static_cast<double>(to_f32(xv[i].v[j]));
+        acc += v * v;
+      }
+    }
+    const double mean = warp_sum(acc) / static_cast<double>(H);
+    const float r = static_cast<float>(1.0 / sqrt(mean + static_cast<double>(eps)));
+    if (lane == 0) rstd[t] = r;
+#pragma unroll
+    for (int i = 0; i < kLanePacks; ++i) {
+      const int64_t p = lane + 32 * i;
+      if (p >= packs) continue;
+      const P wv = wp[p];
+      P yv;
+#pragma unroll
+      for (int j = 0; j < K; ++j) yv.v[j] = from_f32<E>(__fmul_rn(to_f32(wv.v[j]), __fmul_rn(to_f32(xv[i].v[j]), r)));
+      yr[p] = yv;
+    }
+  }
+}
+
 // Block b takes rows [b R, (b + 1) R): per row dx += r * (w * dy) - c * x with
 // c = r^3 * sum((w * dy) * x) / H, and for each column the double sum over its rows
 // of dy * (x * r), kept in shared memory (each thread its own columns, [K][packs] so
@@ -160,8 +210,22 @@ void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, fl
   with_element_type(x.dtype, [&](auto e) {
     using E = decltype(e);
     with_pack<E>(H, {y.raw(), x.raw(), w.raw()}, [&](auto k) {
-      rmsnorm_forward_kernel<E, decltype(k)::value><<<row_blocks(T), kRowThreads, 0, compute_stream()>>>(
-          elements<E>(y), rstd.f32(), elements<E>(x), elements<E>(w), T, H, eps);
+      constexpr int K = decltype(k)::value;
+      const int64_t lane_packs = (H / K + 31) / 32;
+      constexpr int64_t kRowsPerBlock = kRowThreads / 32;
+      const unsigned warp_blocks = row_blocks((T + kRowsPerBlock - 1) / kRowsPerBlock);
+      cudaStream_t stream = compute_stream();
+      if (lane_packs <= 8) {
+        rmsnorm_forward_warp_kernel<E, K, 8><<<warp_blocks, kRowThreads, 0, stream>>>(
+            elements<E>(y), rstd.f32(), elements<E>(x), elements<E>(w), T, H, eps);
+      } else if (lane_packs <= 16) {
+        rmsnorm_forward_warp_kernel<E, K, 16><<<warp_blocks, kRowThreads, 0, stream>>>(
+            elements<E>(y), rstd.f32(), elements<E>(x), elements<E>(w), T, H, eps);
+      } else {
+        rmsnorm_forward_kernel<E, K><<<row_blocks(T), kRowThreads, 0, stream>>>(elements<E>(y), rstd.f32(),
+                                                                               elements<E>(x), elements<E>(w), T, H,
+                                                                               eps);
+      }
     });
   });
   HDP_CUDA_CHECK_LAUNCH("rmsnorm_forward");
