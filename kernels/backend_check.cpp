@@ -248,6 +248,10 @@ void check_dense(Checker& c) {
     linear_forward(y.host, x.host, wt.host);
     linear_forward(y.dev, x.dev, wt.dev);
     c.compare("linear_forward", shape, y, kTolReduction);
+    const Twin residual = w.random({T, out_features}), with_residual = w.random({T, out_features});
+    linear_forward(with_residual.host, x.host, wt.host, residual.host);
+    linear_forward(with_residual.dev, x.dev, wt.dev, residual.dev);
+    c.compare("linear_forward (residual)", shape, with_residual, kTolReduction);
     for (bool accumulate : {false, true}) {
       const Twin dy = w.random({T, out_features}), dx = w.random({T, in}), dw = w.random({out_features, in});
       linear_backward(dx.host, dw.host, dy.host, x.host, wt.host, accumulate);
@@ -690,6 +694,10 @@ void check_bf16_dense_and_elementwise(Checker& c) {
     linear_forward(y.host, x.host, wt.host);
     linear_forward(y.dev, x.dev, wt.dev);
     c.compare("linear_forward [bf16]", shape, y, kTolBf16);
+    const Twin residual = w.random_bf16({T, out_features}), with_residual = w.random_bf16({T, out_features});
+    linear_forward(with_residual.host, x.host, wt.host, residual.host);
+    linear_forward(with_residual.dev, x.dev, wt.dev, residual.dev);
+    c.compare("linear_forward (residual) [bf16]", shape, with_residual, kTolBf16);
     const Twin dy = w.random_bf16({T, out_features}), dx = w.random_bf16({T, in});
     const Twin dw = w.random({out_features, in});  // weight gradients stay fp32
     linear_backward(dx.host, dw.host, dy.host, x.host, wt.host, true);

@@ -179,15 +179,25 @@ void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool t
   }
 }
 
-void linear_forward(Tensor y, const Tensor& x, const Tensor& w) {
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& residual) {
   const char* op = "linear_forward";
-  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"y", y}, {"x", x}, {"w", w}});
+  const bool with_residual = residual.data != nullptr;
+  [[maybe_unused]] const DType dtype_ = with_residual
+                                            ? check_dtypes(op, {{"y", y}, {"x", x}, {"w", w}, {"residual", residual}})
+                                            : check_dtypes(op, {{"y", y}, {"x", x}, {"w", w}});
   require_dims(op, "x", x, {-1, -1});
   require_dims(op, "w", w, {-1, x.dim(1)});
   require_dims(op, "y", y, {x.dim(0), w.dim(0)});
-  switch (common_device(op, y, x, w)) {
-    HDP_CUDA_GEMM_CASE(linear_forward(y, x, w), x.dim(0), w.dim(0), x.dim(1), 1)
-    HDP_CPU_CASES(linear_forward(y, x, w))
+  if (with_residual) {
+    require_same_shape(op, "residual", residual, "y", y);
+    // The CPU writes the product into y before it adds the residual. (Empty views of
+    // different tensors may share an address.)
+    if (residual.data == y.data && y.numel() > 0) throw std::invalid_argument(std::string(op) + ": the residual is y itself");
+  }
+  const Device device = with_residual ? common_device(op, y, x, w, residual) : common_device(op, y, x, w);
+  switch (device) {
+    HDP_CUDA_GEMM_CASE(linear_forward(y, x, w, residual), x.dim(0), w.dim(0), x.dim(1), 1)
+    HDP_CPU_CASES(linear_forward(y, x, w, residual))
     default: throw UnsupportedDevice(op, y.device);
   }
 }

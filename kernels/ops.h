@@ -29,8 +29,11 @@ namespace hdp {
 void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, float alpha = 1.0f,
             float beta = 0.0f);
 
-// y[T, out] = x[T, in] * w[out, in]^T
-void linear_forward(Tensor y, const Tensor& x, const Tensor& w);
+// y[T, out] = x[T, in] * w[out, in]^T, plus `residual` (y's shape, not y itself) when
+// given: the residual stream's add after a projection, done by the GEMM's epilogue on
+// a GPU (no pass of its own). In bf16 the product and the residual are added in fp32
+// and rounded once (the CPU twin does the same).
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& residual = Tensor());
 // dx[T, in] = dy * w (adds into dx when accumulate_dx); dw[out, in] adds dy^T * x.
 // An empty dx or dw (Tensor()) skips that gradient; x is then read for its shape only
 // when dw is skipped (a caller may compute x after the dx half, as the SwiGLU MLP

@@ -112,19 +112,18 @@ std::span<const float> CachedDecoder::append(std::span<const int32_t> tokens) {
     attention_reset_rows(attn.view({T, Hq, d}), lse, 0, T);
     attention_forward_blocks(attn.view({T, Hq, d}), lse, q.view({T, Hq, d}), keys.rows(0, end).view({end, Hkv, d}),
                              values.rows(0, end).view({end, Hkv, d}), std::span(&block, 1), c.attention_window());
-    linear_forward(mid, attn, w.o);
-    add_inplace(mid, x);
+    linear_forward(mid, attn, w.o, x);
     rmsnorm_forward(normed, rstd, mid, w.post_norm, eps);
     if (c.moe()) {
       moe_->forward(x, normed, w.moe);
+      add_inplace(x, mid);
     } else {
       const Tensor gate(gate_.data(), {T, F}), up(up_.data(), {T, F}), act(act_.data(), {T, F});
       linear_forward(gate, normed, w.gate);
       linear_forward(up, normed, w.up);
       swiglu_forward(act, gate, up);
-      linear_forward(x, act, w.down);
+      linear_forward(x, act, w.down, mid);
     }
-    add_inplace(x, mid);
   }
   length_ = end;
   // The final norm and the LM head for the last position only.

@@ -116,10 +116,16 @@ void DecoderBlocks::attention_core(const MicroBatchSlot& s, const LayerActivatio
   }
 }
 
+void DecoderBlocks::row_parallel_residual(const TensorParallelExit& x, const MicroBatchSlot& s, Tensor out,
+                                          const Tensor& in, const Tensor& w, const Tensor& residual) const {
+  if (tp_ == nullptr || tp_->size() == 1) return linear_forward(out, in, w, residual);
+  linear_forward(leave_output(s, out), in, w);
+  leave(x, s, out);
+  add_inplace(out, residual);
+}
+
 void DecoderBlocks::attention_residual(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a) {
-  linear_forward(leave_output(s, a.x_mid), a.attn, w.o);
-  leave(regions_.attention_output, s, a.x_mid);
-  add_inplace(a.x_mid, a.x_in);
+  row_parallel_residual(regions_.attention_output, s, a.x_mid, a.attn, w.o, a.x_in);
 }
 
 void DecoderBlocks::attention_block_forward(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a) {
@@ -185,9 +191,7 @@ void DecoderBlocks::mlp_block_forward(Tensor out, const MicroBatchSlot& s, const
   mlp_projections(s, w, a);
   swiglu_forward(act, a.gate, a.up);
   out_free.wait();
-  linear_forward(leave_output(s, out), act, w.down);
-  leave(regions_.mlp_output, s, out);
-  add_inplace(out, a.x_mid);
+  row_parallel_residual(regions_.mlp_output, s, out, act, w.down, a.x_mid);
 }
 
 void DecoderBlocks::mlp_block_recompute(const MicroBatchSlot& s, const LayerTensors& w, const LayerActivations& a,

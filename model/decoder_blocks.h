@@ -155,6 +155,12 @@ class DecoderBlocks {
   // Backward of leave: the gradient of the partial output, whole (the residual
   // gradient itself, or its shards all-gathered); its first T rows.
   Tensor leave_backward(const TensorParallelExit& x, const MicroBatchSlot& s, const Tensor& out_grad) const;
+  // out = the row-parallel layer (in w^T) through exit x, plus the residual stream.
+  // Without tensor parallelism the GEMM adds the residual in its epilogue
+  // (kernels/ops.h: one pass fewer and, in bf16, one rounding fewer); with it the
+  // ranks' partial outputs are summed (leave) before the add.
+  void row_parallel_residual(const TensorParallelExit& x, const MicroBatchSlot& s, Tensor out, const Tensor& in,
+                             const Tensor& w, const Tensor& residual) const;
   // RMSNorm's backward, its weight gradient summed over tp under sequence parallelism.
   void norm_backward(Tensor dres, Tensor dw, const Tensor& dnorm, const Tensor& x, const Tensor& w,
                      const Tensor& rstd) const;

@@ -202,7 +202,7 @@ TEST(GuardedSelftest, EveryOpMatchesTheCpu) {
   const std::vector<OpCheck> checks = check_backend(Device::Guarded, 1);
   expect_checks_pass(checks);
   for (const char* op :
-       {"matmul NT [bf16]", "linear_forward [bf16]", "linear_backward dx (accumulate) [bf16]", "add_inplace [bf16]",
+       {"matmul NT [bf16]", "linear_forward [bf16]", "linear_forward (residual) [bf16]", "linear_backward dx (accumulate) [bf16]", "add_inplace [bf16]",
         "copy fp32 (host) -> bf16", "copy bf16 -> fp32 (host)",
         "embedding_forward [bf16]", "embedding_backward [bf16]", "rmsnorm_forward y [bf16]",
         "rmsnorm_backward dx [bf16]", "rmsnorm_backward dw [bf16]", "rope_forward [bf16]", "rope_backward [bf16]",

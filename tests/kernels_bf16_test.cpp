@@ -180,6 +180,22 @@ TEST(Bf16Twins, LinearAndMatmul) {
   hdp::linear_forward(y.F, x.F, w.F);
   hdp::linear_forward(y.B, x.B, w.B);
   expect_rounded(y, "linear_forward y");
+  // With a residual: the fp32 product plus the residual, rounded once (not the
+  // rounded product plus the residual, rounded again).
+  {
+    Pair r = make({13, 10}, 21), yr = make({13, 10}, 22);
+    hdp::linear_forward(yr.F, x.F, w.F, r.F);  // fp32: product, then the add
+    hdp::linear_forward(yr.B, x.B, w.B, r.B);
+    std::vector<float> product(130);
+    hdp::linear_forward(Tensor(product.data(), {13, 10}), x.F, w.F);
+    int twice_rounded_differs = 0;
+    for (int64_t i = 0; i < 130; ++i) {
+      ASSERT_EQ(to_float(yr.b[i]), to_float(to_bf16(yr.f[i]))) << i;
+      twice_rounded_differs += to_float(yr.b[i]) != to_float(to_bf16(to_float(to_bf16(product[i])) + r.f[i]));
+    }
+    EXPECT_GT(twice_rounded_differs, 0);  // the test can tell the two roundings apart
+    EXPECT_THROW(hdp::linear_forward(yr.B, x.B, w.B, yr.B), std::invalid_argument);
+  }
 
   // Backward: dx accumulates (bf16 in, fp32 sum, one rounding); dw is an fp32 gradient.
   Pair dy = make({13, 10}, 4), dx = make({13, 24}, 5);

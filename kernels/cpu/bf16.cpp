@@ -87,9 +87,10 @@ void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool t
   store(c, C);
 }
 
-void linear_forward(Tensor y, const Tensor& x, const Tensor& w) {
+// With a residual: the fp32 product plus the widened residual, rounded once.
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& residual) {
   const Tensor X = widen(x, 0), W = widen(w, 1), Y = output(y, 2);
-  cpu::linear_forward(Y, X, W);
+  cpu::linear_forward(Y, X, W, residual.data ? widen(residual, 3) : Tensor());
   store(y, Y);
 }
 

@@ -179,9 +179,12 @@ void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool t
   sgemm(kGemmLibrary, transpose_a, transpose_b, M, N, K, alpha, a.data, a.dim(1), b.data, b.dim(1), beta, c.data, N);
 }
 
-void linear_forward(Tensor y, const Tensor& x, const Tensor& w) {
+// The residual is added after the product (y rounded, then the sum rounded), as a
+// GPU's epilogue adds it to the finished fp32 product.
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& residual) {
   const int64_t T = x.dim(0), in = x.dim(1), out = w.dim(0);
   sgemm(kGemmLibrary, false, true, T, out, in, 1.0f, x.data, in, w.data, in, 0.0f, y.data, out);
+  if (residual.data) cpu::add_inplace(y, residual);
 }
 
 void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, bool accumulate_dx) {

@@ -24,7 +24,7 @@
 namespace hdp::cuda {
 
 void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, float alpha, float beta);
-void linear_forward(Tensor y, const Tensor& x, const Tensor& w);
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& residual);
 void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, bool accumulate_dx);
 
 void add_inplace(Tensor y, const Tensor& x);

@@ -15,6 +15,7 @@
 
 #include <cublasLt.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <mutex>
@@ -119,8 +120,9 @@ class Blas {
     return plans_.emplace(key, p).first->second;
   }
 
-  void run(const GemmPlan& p, const void* A, const void* B, void* C, float alpha, float beta) {
-    check(cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, C, p.c, &p.algo, workspace_,
+  // D = alpha * op(A) op(B) + beta * C; C and D share a layout and may be one buffer.
+  void run(const GemmPlan& p, const void* A, const void* B, const void* C, void* D, float alpha, float beta) {
+    check(cublasLtMatmul(handle_, p.desc, &alpha, A, p.a, B, p.b, &beta, C, p.c, D, p.c, &p.algo, workspace_,
                          kWorkspaceBytes, compute_stream()),
           "cublasLtMatmul");
   }
@@ -137,12 +139,16 @@ Blas& blas() {
   return b;
 }
 
-// Row-major c[M, N] = alpha * op(a) op(b) + beta * c, with a, b, c contiguous; a and b
-// share one dtype (fp32 or bf16), c is fp32 or bf16.
+// Row-major c[M, N] = alpha * op(a) op(b) + beta * c_in, with a, b, c contiguous; a and
+// b share one dtype (fp32 or bf16), c is fp32 or bf16; c_in is c unless given (a
+// tensor of c's shape and dtype, read by the epilogue: c = op(a) op(b) + c_in in one pass).
 void gemm_row_major(const Tensor& c, const Tensor& a, bool transpose_a, const Tensor& b, bool transpose_b, int64_t M,
-                    int64_t N, int64_t K, int64_t lda, int64_t ldb, float alpha, float beta) {
+                    int64_t N, int64_t K, int64_t lda, int64_t ldb, float alpha, float beta,
+                    const Tensor& c_in = Tensor()) {
   if (M == 0 || N == 0) return;
+  const Tensor& source = c_in.data ? c_in : c;
   if (K == 0) {
+    if (c_in.data) cuda::copy(c, c_in);
     // An empty sum: c = beta * c.
     const Tensor t = c.view({M * N});
     if (beta == 0.0f) {
@@ -159,9 +165,9 @@ void gemm_row_major(const Tensor& c, const Tensor& a, bool transpose_a, const Te
   key.c_bf16 = c.dtype == DType::BF16;
   key.align_a = pointer_alignment(b.raw());
   key.align_b = pointer_alignment(a.raw());
-  key.align_c = pointer_alignment(c.raw());
+  key.align_c = std::min(pointer_alignment(c.raw()), pointer_alignment(source.raw()));
   Blas& B = blas();
-  B.run(B.plan(key), b.raw(), a.raw(), c.raw(), alpha, beta);
+  B.run(B.plan(key), b.raw(), a.raw(), source.raw(), c.raw(), alpha, beta);
 }
 
 }  // namespace
@@ -172,7 +178,11 @@ void matmul(Tensor c, const Tensor& a, bool transpose_a, const Tensor& b, bool t
 }
 
 // y[T, out] = x[T, in] w[out, in]^T
-void linear_forward(Tensor y, const Tensor& x, const Tensor& w) { cuda::matmul(y, x, false, w, true, 1.0f, 0.0f); }
+// With a residual: y = x w^T + residual by the epilogue (beta = 1, C = residual, D = y).
+void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& residual) {
+  if (!residual.data) return cuda::matmul(y, x, false, w, true, 1.0f, 0.0f);
+  gemm_row_major(y, x, false, w, true, y.dim(0), y.dim(1), x.dim(1), x.dim(1), w.dim(1), 1.0f, 1.0f, residual);
+}
 
 // dx[T, in] (+)= dy[T, out] w[out, in] (skipped when dx has no data);  dw[out, in] += dy^T x
 void linear_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, bool accumulate_dx) {
