@@ -286,6 +286,9 @@ void check_elementwise(Checker& c) {
     fill(y.host, 0.3f);
     fill(y.dev, 0.3f);
     c.compare("fill", shape, y, 0);
+    fill(y.host, 0.0f);  // zero: a memset on CUDA
+    fill(y.dev, 0.0f);
+    c.compare("fill zero", shape, y, 0);
     const Twin z = w.random({n});
     copy(y.dev, z.dev);  // device to device
     copy(y.host, z.host);
@@ -722,6 +725,9 @@ void check_bf16_dense_and_elementwise(Checker& c) {
     fill(y.host, 0.3f);
     fill(y.dev, 0.3f);
     c.compare("fill [bf16]", shape, y, 0);
+    fill(y.host, 0.0f);
+    fill(y.dev, 0.0f);
+    c.compare("fill zero [bf16]", shape, y, 0);
     // fp32 -> bf16 (rounding to nearest even) and back (exact), on the device.
     const Twin f = w.random({n}, -100.0f, 100.0f), g = w.random({n});
     copy(y.host, f.host);
