@@ -683,6 +683,17 @@ void check_adamw(Checker& c) {
   c.compare("adamw_update param", shape, p, kTolPointwise);
   c.compare("adamw_update m", shape, m, kTolPointwise);
   c.compare("adamw_update v", shape, v, kTolPointwise);
+  // With mixed precision's bf16 copy written by the same pass, from element offset 0
+  // and 2 of it (on CUDA its 4-element packs are 8-byte aligned at 0, not at 2).
+  for (int64_t offset : {int64_t{0}, int64_t{2}}) {
+    const std::string at = " (copy at offset " + std::to_string(offset) + ")";
+    const Twin copy = w.random_bf16({n + 2}), p2 = w.random({n});
+    s.step = 8;
+    adamw_update(p2.host, g.host, m.host, v.host, s, copy.host.rows(offset, offset + n));
+    adamw_update(p2.dev, g.dev, m.dev, v.dev, s, copy.dev.rows(offset, offset + n));
+    c.compare("adamw_update param" + at, shape, p2, kTolPointwise);
+    c.compare("adamw_update bf16 copy" + at + " [bf16]", shape, copy, kTolBf16);
+  }
 }
 
 // The bf16 GEMMs (on CUDA: cuBLASLt with bf16 operands and fp32 accumulation), the

@@ -1091,18 +1091,25 @@ void cross_entropy_forward_backward(Tensor logits, const IndexTensor& targets, f
 
 // ---- AdamW -----------------------------------------------------------------------
 
-void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s) {
+void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s, Tensor param_bf16) {
   const char* op = "adamw_update";
   [[maybe_unused]] const DType dtype_ = check_dtypes(op, {}, {{"param", param}, {"grad", grad}, {"m", m}, {"v", v}});
   require_same_shape(op, "param", param, "grad", grad);
   require_same_shape(op, "m", m, "param", param);
   require_same_shape(op, "v", v, "param", param);
+  const bool with_bf16 = param_bf16.data != nullptr;
+  if (with_bf16) {
+    require_same_shape(op, "param_bf16", param_bf16, "param", param);
+    require(param_bf16.dtype == DType::BF16, op, "param_bf16 must be bf16");
+  }
   require(s.step >= 1, op, "step must be >= 1 (got " + std::to_string(s.step) + ")");
   require(s.beta1 >= 0 && s.beta1 < 1 && s.beta2 >= 0 && s.beta2 < 1, op, "betas must lie in [0, 1)");
-  switch (common_device(op, param, grad, m, v)) {
-    case Device::CPU: return cpu::adamw_update(param, grad, m, v, s);
-    HDP_CUDA_CASE(adamw_update(param, grad, m, v, s))
-    HDP_GUARDED_CASE(adamw_update(param, grad, m, v, s))
+  const Device device =
+      with_bf16 ? common_device(op, param, grad, m, v, param_bf16) : common_device(op, param, grad, m, v);
+  switch (device) {
+    case Device::CPU: return cpu::adamw_update(param, grad, m, v, s, param_bf16);
+    HDP_CUDA_CASE(adamw_update(param, grad, m, v, s, param_bf16))
+    HDP_GUARDED_CASE(adamw_update(param, grad, m, v, s, param_bf16))
     default: throw UnsupportedDevice(op, param.device);
   }
 }

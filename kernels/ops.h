@@ -326,7 +326,11 @@ struct AdamWStep {
   int64_t step = 1;         // 1-based, for bias correction
   float grad_scale = 1.0f;  // applied to grad first (gradient clipping)
 };
-// param, grad, m, v have equal shapes; m and v are the first and second moments.
-void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s);
+// param, grad, m, v have equal shapes (fp32); m and v are the first and second moments.
+// Given param_bf16 (bf16, param's shape), also stores each updated parameter rounded
+// to it (to nearest even, as copy does): mixed precision's compute copy refreshed in
+// the update's pass instead of a pass of its own over the fp32 weights.
+void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s,
+                  Tensor param_bf16 = Tensor());
 
 }  // namespace hdp

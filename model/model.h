@@ -100,8 +100,12 @@ class LlamaModel {
   Tensor compute_parameters() const { return parameters_.compute_weights(); }
   // Rounds the fp32 master weights into the bf16 copy (nothing to do in fp32). Run
   // after every change of the master weights: init_weights does; the trainer runs
-  // it at the start of every step, which covers the optimizer update and loads.
+  // it at the start of every step, which covers loads. It skips the pass while the
+  // copy is current: right after the optimizer's update, which rounds what it writes
+  // and says so (compute_parameters_written), unless the master weights were handed
+  // out since (ParameterTable::master_weights).
   void refresh_compute_weights() { parameters_.refresh_compute_weights(); }
+  void compute_parameters_written() { parameters_.compute_weights_written(); }
   int64_t num_parameters() const { return parameters_.num_parameters(); }  // this rank's, excluding alignment padding
   int64_t num_layers() const { return slice_.num_layers; }
 

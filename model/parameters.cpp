@@ -201,7 +201,13 @@ const ParameterInfo& ParameterTable::find(const std::string& name) const {
   throw std::out_of_range("model has no parameter '" + name + "'");
 }
 
+Tensor ParameterTable::master_weights() const {
+  compute_current_ = false;
+  return params_;
+}
+
 Tensor ParameterTable::master_weight(const ParameterInfo& p) const {
+  compute_current_ = false;
   return Tensor(params_.data + p.offset, {p.numel}, device_);
 }
 
@@ -294,7 +300,9 @@ void ParameterTable::init_weights(uint64_t seed) {
 }
 
 void ParameterTable::refresh_compute_weights() {
-  if (precision_ == DType::BF16) copy(compute_params_, params_);  // rounds to nearest even
+  if (precision_ != DType::BF16 || compute_current_) return;
+  copy(compute_params_, params_);  // rounds to nearest even
+  compute_current_ = true;
 }
 
 void ParameterTable::zero_grad() { fill(grads_, 0.0f); }

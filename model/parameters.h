@@ -7,6 +7,7 @@
 // each layer's tensors that the blocks take; and the initialisation. Everything is
 // sized at construction.
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -80,15 +81,23 @@ class ParameterTable {
   const ModelPartition& partition() const { return partition_; }
   bool tie_embeddings() const { return config_.tie_embeddings; }
 
-  Tensor master_weights() const { return params_; }  // fp32
-  Tensor gradients() const { return grads_; }        // fp32
+  // The fp32 master weights, whole or one parameter's [numel]. Handing them out, to
+  // read or to write, marks the bf16 copy stale (refresh_compute_weights).
+  Tensor master_weights() const;
+  Tensor master_weight(const ParameterInfo& p) const;
+  Tensor gradients() const { return grads_; }   // fp32
+  Tensor gradient(const ParameterInfo& p) const;  // [numel] in the gradients
   // bf16: the weights forward and backward read, rounded from the master weights by
   // refresh_compute_weights(). fp32: the master weights.
   Tensor compute_weights() const { return precision_ == DType::BF16 ? compute_params_ : params_; }
-  Tensor master_weight(const ParameterInfo& p) const;  // [numel] in the master weights
-  Tensor gradient(const ParameterInfo& p) const;       // [numel] in the gradients
-  // Rounds the master weights into the bf16 copy (nothing to do in fp32).
+  // Rounds the master weights into the bf16 copy unless it is current (nothing to do
+  // in fp32).
   void refresh_compute_weights();
+  // The caller has just left the bf16 copy equal to the master weights rounded (the
+  // optimizer's update, which rounds what it writes: ZeroAdamW::step), having taken
+  // the master weights for that update: the next refresh has nothing to do, unless
+  // they are handed out again before it.
+  void compute_weights_written() { compute_current_ = true; }
   // Normal(0, init_std) per whole tensor from a stream keyed by (seed, tensor name),
   // then this rank's slice: the weights do not depend on the layout or the partition.
   void init_weights(uint64_t seed);
@@ -117,6 +126,11 @@ class ParameterTable {
   Arena grad_arena_;
   Tensor params_, grads_;
   Tensor compute_params_;  // bf16 copy of params_ (empty in fp32)
+  // Whether compute_params_ equals params_ rounded. A flag on the accessors because a
+  // view of the master weights can be written by anyone who holds it: every hand-out
+  // clears it, so a refresh is skipped only right after the optimizer's own update
+  // (the bf16 pass that saves: the whole fp32 buffer read once a step).
+  mutable std::atomic<bool> compute_current_ = false;
   std::vector<LayerParameters> layers_;
   EndParameters ends_;
 };

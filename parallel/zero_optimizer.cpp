@@ -144,15 +144,17 @@ double ZeroAdamW::gradient_norm(double local_sum_squares) {
   return std::sqrt(norm_group_.all_reduce_sum(local_sum_squares));
 }
 
-void ZeroAdamW::step(Tensor params, double lr, float grad_scale, int64_t step) {
+void ZeroAdamW::step(Tensor params, double lr, float grad_scale, int64_t step, Tensor compute_params) {
   AdamWStep s = adamw_step(adamw_, lr, step, grad_scale);
   const float weight_decay = s.weight_decay;
+  const bool refresh = compute_params.data != nullptr;
   std::optional<TraceSpan> update(std::in_place, trace_ops::kOptimizer.data());
   for (const Segment& seg : segments_) {
     s.weight_decay = parameters_[seg.parameter].weight_decay ? weight_decay : 0.0f;
     const int64_t a = seg.state_offset, b = seg.state_offset + seg.length;
-    adamw_update(Tensor(params.data + seg.flat_offset, {seg.length}, params.device), grad_shard_.rows(a, b),
-                 m_.rows(a, b), v_.rows(a, b), s);
+    const int64_t begin = seg.flat_offset, end = seg.flat_offset + seg.length;
+    adamw_update(params.rows(begin, end), grad_shard_.rows(a, b), m_.rows(a, b), v_.rows(a, b), s,
+                 refresh ? compute_params.rows(begin, end) : Tensor());
   }
   update.reset();
   Phase phase(trace_ops::kParamsSync.data(), "parameter all-gather");
@@ -163,6 +165,13 @@ void ZeroAdamW::step(Tensor params, double lr, float grad_scale, int64_t step) {
     gathers.push_back(b.group->all_gather_async(Tensor(params.data + b.begin, {b.end - b.begin}, params.device)));
   }
   for (CommRequest& r : gathers) r.wait();
+  // The other ranks' parts came in fp32: their compute copy is rounded here.
+  if (refresh && sharded_) {
+    for (const Bucket& b : buckets_) {
+      copy(compute_params.rows(b.begin, b.part_begin), params.rows(b.begin, b.part_begin));
+      copy(compute_params.rows(b.part_end, b.end), params.rows(b.part_end, b.end));
+    }
+  }
   grads_ = Tensor();
 }
 

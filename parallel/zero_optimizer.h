@@ -83,8 +83,11 @@ class ZeroAdamW {
   void finish_gradients(DoubleTensor squared_norm);
   // The global L2 norm from this rank's part, read back: the sum over the norm group.
   double gradient_norm(double local_sum_squares);
-  // AdamW on this rank's shard with the reduced gradients, then all-gather.
-  void step(Tensor params, double lr, float grad_scale, int64_t step);
+  // AdamW on this rank's shard with the reduced gradients, then all-gather. Given
+  // compute_params (mixed precision's bf16 copy, params' layout), also leaves every
+  // element of it equal to the updated params rounded: the shard by the update's own
+  // pass, the gathered parts by a rounding copy.
+  void step(Tensor params, double lr, float grad_scale, int64_t step, Tensor compute_params = Tensor());
 
  private:
   struct Bucket {

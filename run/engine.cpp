@@ -253,7 +253,8 @@ StepResult TrainingEngine::forward_backward(std::span<const PackedMicroBatch> mi
   const float loss_scale = result.predictions > 0 ? 1.0f / static_cast<float>(result.predictions) : 0.0f;
 
   // Mixed precision: forward and backward read the bf16 copy of the fp32 master
-  // weights, rounded here once per step (after the last update or a checkpoint load).
+  // weights, rounded here where anything but the last update changed them (a
+  // checkpoint load); the update rounds what it writes itself (apply_update).
   model_->refresh_compute_weights();
   model_->zero_grad();
   optimizer_->begin_reduction(model_->flat_gradients());
@@ -329,7 +330,12 @@ void TrainingEngine::apply_update(double lr, int64_t update_number) {
   if (!pending_grad_norm_) throw std::logic_error("TrainingEngine: apply_update without a forward_backward before it");
   const float clip = clip_factor(*pending_grad_norm_, config_.optim.grad_clip);
   pending_grad_norm_.reset();
-  optimizer_->step(model_->flat_parameters(), lr, clip, update_number);
+  // Mixed precision: the update also rounds what it writes into the bf16 copy, so the
+  // next step's refresh has nothing to do.
+  const bool mixed = config_.train.precision == DType::BF16;
+  optimizer_->step(model_->flat_parameters(), lr, clip, update_number,
+                   mixed ? model_->compute_parameters() : Tensor());
+  if (mixed) model_->compute_parameters_written();
 }
 
 MemoryReport TrainingEngine::memory() const {

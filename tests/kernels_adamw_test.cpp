@@ -106,3 +106,46 @@ TEST(KernelsAdamw, RejectsBadArguments) {
                                  Tensor(a.data(), {4}), s),
                std::invalid_argument);
 }
+
+TEST(KernelsAdamw, TheBf16CopyIsTheUpdatedParameterRounded) {
+  // Mixed precision's compute copy written by the update's own pass: each element
+  // the updated fp32 parameter rounded to nearest even, as copy rounds it; the fp32
+  // results the same as without the copy, bit for bit.
+  const int64_t n = 70001;  // threaded, and not a whole number of packs
+  std::mt19937 rng(2);
+  std::uniform_real_distribution<float> u(-1, 1);
+  std::vector<float> p(n), g(n), m(n), v(n);
+  for (int64_t i = 0; i < n; ++i) {
+    p[i] = u(rng);
+    g[i] = u(rng);
+    m[i] = 0.1f * u(rng);
+    v[i] = 0.01f * std::fabs(u(rng));
+  }
+  std::vector<float> p2 = p, m2 = m, v2 = v;
+  std::vector<hdp::bf16> copy(n, hdp::to_bf16(5.0f)), rounded(n);
+  hdp::AdamWStep s;
+  s.lr = 1e-2f;
+  s.beta1 = 0.9f;
+  s.beta2 = 0.95f;
+  s.eps = 1e-8f;
+  s.weight_decay = 0.1f;
+  s.step = 3;
+  hdp::adamw_update(Tensor(p.data(), {n}), Tensor(g.data(), {n}), Tensor(m.data(), {n}), Tensor(v.data(), {n}), s,
+                    Tensor::of_bf16(copy.data(), {n}));
+  hdp::adamw_update(Tensor(p2.data(), {n}), Tensor(g.data(), {n}), Tensor(m2.data(), {n}), Tensor(v2.data(), {n}), s);
+  hdp::copy(Tensor::of_bf16(rounded.data(), {n}), Tensor(p2.data(), {n}));
+  for (int64_t i = 0; i < n; ++i) {
+    ASSERT_EQ(std::memcmp(&p[i], &p2[i], 4), 0) << i;
+    ASSERT_EQ(std::memcmp(&m[i], &m2[i], 4), 0) << i;
+    ASSERT_EQ(std::memcmp(&v[i], &v2[i], 4), 0) << i;
+    ASSERT_EQ(copy[i].bits, rounded[i].bits) << i;
+  }
+  // The copy must be bf16 and of the parameter's shape.
+  std::vector<float> wrong(n);
+  EXPECT_THROW(hdp::adamw_update(Tensor(p.data(), {n}), Tensor(g.data(), {n}), Tensor(m.data(), {n}),
+                                 Tensor(v.data(), {n}), s, Tensor(wrong.data(), {n})),
+               std::invalid_argument);
+  EXPECT_THROW(hdp::adamw_update(Tensor(p.data(), {n}), Tensor(g.data(), {n}), Tensor(m.data(), {n}),
+                                 Tensor(v.data(), {n}), s, Tensor::of_bf16(copy.data(), {n - 1})),
+               std::invalid_argument);
+}

@@ -163,5 +163,42 @@ TEST(ModelSlice, ASlotHoldsOneChunksLayers) {
                std::invalid_argument);
 }
 
+// Mixed precision's bf16 copy is rounded again by every refresh unless the optimizer
+// has just written it (compute_parameters_written) and nobody took the master weights
+// since: a write through any view of them is never missed.
+TEST(ComputeWeights, ARefreshSkipsOnlyRightAfterTheUpdateWroteTheCopy) {
+  LlamaModel model(tiny(false), 4, ModelPartition{}, 1, nullptr, {}, Device::CPU, DType::BF16);
+  model.init_weights(3);
+  const int64_t n = model.flat_parameters().numel();
+  auto copy_equals_master_rounded = [&] {
+    const Tensor master = model.flat_parameters(), compute = model.compute_parameters();
+    for (int64_t i = 0; i < n; ++i)
+      if (compute.bf16_data()[i].bits != to_bf16(master.data[i]).bits) return false;
+    return true;
+  };
+  EXPECT_TRUE(copy_equals_master_rounded());  // init_weights refreshed
+  // The update's protocol: take the master weights, write both, say so.
+  Tensor master = model.flat_parameters();
+  for (int64_t i = 0; i < n; ++i) {
+    master.data[i] += 0.5f;
+    model.compute_parameters().bf16_data()[i] = to_bf16(master.data[i]);
+  }
+  model.compute_parameters_written();
+  // Skipped now (what the copy holds stays, even where it is not the rounding).
+  model.compute_parameters().bf16_data()[0] = to_bf16(123.0f);
+  model.refresh_compute_weights();
+  EXPECT_EQ(model.compute_parameters().bf16_data()[0].bits, to_bf16(123.0f).bits);
+  // A view of the master weights handed out since (a checkpoint load writes through
+  // one): the refresh rounds again, the whole buffer or one parameter's view alike.
+  model.compute_parameters_written();
+  model.flat_parameters().data[1] = 7.0f;
+  model.refresh_compute_weights();
+  EXPECT_TRUE(copy_equals_master_rounded());
+  model.compute_parameters_written();
+  model.parameter_tensor(model.parameters().back()).data[0] = -3.0f;
+  model.refresh_compute_weights();
+  EXPECT_TRUE(copy_equals_master_rounded());
+}
+
 }  // namespace
 }  // namespace hdp

@@ -215,6 +215,11 @@ TEST(ZeroAdamW, ShardedStepEqualsUnshardedStep) {
 
   std::vector<float> sharded_params(flat), plain_params(flat);
   for (int64_t i = 0; i < flat; ++i) sharded_params[i] = plain_params[i] = std::sin(0.01f * static_cast<float>(i));
+  // Mixed precision's bf16 copies, rounded from the start as a refresh leaves them; the
+  // step keeps them equal to the parameters rounded (its shard by the update, the
+  // gathered parts by a copy).
+  std::vector<bf16> sharded_copy(flat), plain_copy(flat);
+  for (int64_t i = 0; i < flat; ++i) sharded_copy[i] = plain_copy[i] = to_bf16(sharded_params[i]);
   LocalCommunicator local("hdp"), local_world("world");
   ZeroAdamW sharded(params, flat, adamw, world, world, 300);
   ZeroAdamW plain(params, flat, adamw, local, local_world, 300);
@@ -244,9 +249,13 @@ TEST(ZeroAdamW, ShardedStepEqualsUnshardedStep) {
     plain.finish_gradients(DoubleTensor(&plain_squares, {1}));
     const double plain_norm = plain.gradient_norm(plain_squares);
     EXPECT_NEAR(norm, plain_norm, 1e-9 * plain_norm);
-    sharded.step(Tensor(sharded_params.data(), {flat}), 1e-2, 0.5f, step);
-    plain.step(Tensor(plain_params.data(), {flat}), 1e-2, 0.5f, step);
-    for (int64_t i = 0; i < flat; ++i) ASSERT_EQ(sharded_params[i], plain_params[i]) << "step " << step << " element " << i;
+    sharded.step(Tensor(sharded_params.data(), {flat}), 1e-2, 0.5f, step, Tensor::of_bf16(sharded_copy.data(), {flat}));
+    plain.step(Tensor(plain_params.data(), {flat}), 1e-2, 0.5f, step, Tensor::of_bf16(plain_copy.data(), {flat}));
+    for (int64_t i = 0; i < flat; ++i) {
+      ASSERT_EQ(sharded_params[i], plain_params[i]) << "step " << step << " element " << i;
+      ASSERT_EQ(sharded_copy[i].bits, to_bf16(sharded_params[i]).bits) << "step " << step << " element " << i;
+      ASSERT_EQ(plain_copy[i].bits, to_bf16(plain_params[i]).bits) << "step " << step << " element " << i;
+    }
   }
 }
 

@@ -6,6 +6,8 @@
 //   param.addcdiv_(m, denom, -lr / (1 - beta1^step))
 // with g = grad * grad_scale. Scalars are formed in double and rounded to float
 // once, as torch does with its Python-float hyper-parameters; elementwise math is float.
+// With param_bf16, each updated parameter is also stored rounded to bf16 (the compute
+// copy of mixed precision, kernels/ops.h).
 
 #include <omp.h>
 
@@ -15,7 +17,7 @@
 
 namespace hdp::cpu {
 
-void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s) {
+void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s, Tensor param_bf16) {
   const int64_t n = param.numel();
   const double lr = s.lr, b1 = s.beta1, b2 = s.beta2;
   const double step = static_cast<double>(s.step);
@@ -30,6 +32,7 @@ void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const Ad
   const float* __restrict gr = grad.data;
   float* __restrict mm = m.data;
   float* __restrict vv = v.data;
+  hdp::bf16* __restrict pb = param_bf16.data ? param_bf16.bf16_data() : nullptr;
   const bool lerp_low = w1 < 0.5f;
 #pragma omp parallel for schedule(static) if (n >= (1 << 15))
   for (int64_t i = 0; i < n; ++i) {
@@ -42,6 +45,7 @@ void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const Ad
     mm[i] = mi;
     vv[i] = vi;
     p[i] = pi - step_size * (mi / denom);
+    if (pb) pb[i] = to_bf16(p[i]);
   }
 }
 

@@ -67,7 +67,7 @@ void cross_entropy_rescale_sumexp(Tensor row_sumexp, const Tensor& row_max, cons
 double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
                                  const Tensor& target_logit, const IndexTensor& targets);
 
-void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s);
+void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s, Tensor param_bf16);
 
 // The attention tile sizes (exposed for tests and benchmarks): queries per tile
 // and keys per tile.

@@ -9,7 +9,10 @@
 // step of a grid-stride loop where the pointers allow, with _rn intrinsics in the CPU's evaluation order so nvcc does
 // not contract it into FMAs; division and sqrtf are IEEE (no fast-math). GCC with
 // -march=native may contract the CPU's formulas, so results can differ in the last
-// bit (about 1e-7 relative) from the CPU backend.
+// bit (about 1e-7 relative) from the CPU backend. With a bf16 copy of the parameters,
+// each updated value is also rounded into it (__float2bfloat16_rn, as copy rounds).
+
+#include <cuda_bf16.h>
 
 #include <cmath>
 #include <cstdint>
@@ -49,10 +52,14 @@ __device__ __forceinline__ void adamw_element(float& p, float gr, float& mm, flo
 }
 
 // The first `packs` x 4 elements 4 at a time (16-byte loads of each array), then the
-// rest one by one: the same update either way.
+// rest one by one: the same update either way. kWithBf16: pb (else unused) receives
+// each updated parameter rounded to bf16.
+template <bool kWithBf16>
 __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ gr, float* __restrict__ mm,
-                             float* __restrict__ vv, int64_t n, int64_t packs, AdamWScalars s) {
+                             float* __restrict__ vv, __nv_bfloat16* __restrict__ pb, int64_t n, int64_t packs,
+                             AdamWScalars s) {
   using P = Elements<float, 4>;
+  using B = Elements<__nv_bfloat16, 4>;
   const int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
   for (int64_t i = first; i < packs; i += stride) {
@@ -63,13 +70,22 @@ __global__ void adamw_kernel(float* __restrict__ p, const float* __restrict__ gr
     reinterpret_cast<P*>(p)[i] = pv;
     reinterpret_cast<P*>(mm)[i] = mv;
     reinterpret_cast<P*>(vv)[i] = vvv;
+    if constexpr (kWithBf16) {
+      B bv;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) bv.v[j] = __float2bfloat16_rn(pv.v[j]);
+      reinterpret_cast<B*>(pb)[i] = bv;
+    }
   }
-  for (int64_t i = packs * 4 + first; i < n; i += stride) adamw_element(p[i], gr[i], mm[i], vv[i], s);
+  for (int64_t i = packs * 4 + first; i < n; i += stride) {
+    adamw_element(p[i], gr[i], mm[i], vv[i], s);
+    if constexpr (kWithBf16) pb[i] = __float2bfloat16_rn(p[i]);
+  }
 }
 
 }  // namespace
 
-void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& st) {
+void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& st, Tensor param_bf16) {
   const int64_t n = param.numel();
   if (n == 0) return;
   const double lr = st.lr, b1 = st.beta1, b2 = st.beta2;
@@ -85,9 +101,18 @@ void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const Ad
   s.eps = st.eps;
   s.grad_scale = st.grad_scale;
   s.lerp_low = s.w1 < 0.5f;
-  const int64_t packs = whole_packs(n, 4, {param.raw(), grad.raw(), m.raw(), v.raw()});
-  adamw_kernel<<<blocks_for(packs > 0 ? packs : n, kThreads), kThreads, 0, compute_stream()>>>(
-      param.data, grad.data, m.data, v.data, n, packs, s);
+  // The bf16 copy's packs of 4 are 8 bytes: aligned to them where its element offset
+  // is a multiple of 4, which 16-byte alignment of the fp32 side does not imply.
+  const bool bf16_packs = !param_bf16.data || reinterpret_cast<uintptr_t>(param_bf16.raw()) % 8 == 0;
+  const int64_t packs = bf16_packs ? whole_packs(n, 4, {param.raw(), grad.raw(), m.raw(), v.raw()}) : 0;
+  const unsigned blocks = blocks_for(packs > 0 ? packs : n, kThreads);
+  if (param_bf16.data) {
+    adamw_kernel<true><<<blocks, kThreads, 0, compute_stream()>>>(param.data, grad.data, m.data, v.data,
+                                                                  elements<__nv_bfloat16>(param_bf16), n, packs, s);
+  } else {
+    adamw_kernel<false><<<blocks, kThreads, 0, compute_stream()>>>(param.data, grad.data, m.data, v.data, nullptr, n,
+                                                                   packs, s);
+  }
   HDP_CUDA_CHECK_LAUNCH("adamw_update");
 }
 

@@ -86,6 +86,6 @@ double cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Ten
 void cross_entropy_global_loss(Tensor lse, const Tensor& global_max, const Tensor& row_sumexp,
                                const Tensor& target_logit, const IndexTensor& targets, DoubleTensor loss_sum);
 
-void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s);
+void adamw_update(Tensor param, const Tensor& grad, Tensor m, Tensor v, const AdamWStep& s, Tensor param_bf16);
 
 }  // namespace hdp::cuda
