@@ -15,7 +15,24 @@
 
 namespace {
 using hdp::Tensor;
+
+// Parameters, gradients and moments of n elements as training has them (v >= 0).
+struct AdamwState {
+  std::vector<float> p, g, m, v;
+};
+AdamwState random_state(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-1, 1);
+  AdamwState s{std::vector<float>(n), std::vector<float>(n), std::vector<float>(n), std::vector<float>(n)};
+  for (int64_t i = 0; i < n; ++i) {
+    s.p[i] = u(rng);
+    s.g[i] = u(rng);
+    s.m[i] = 0.1f * u(rng);
+    s.v[i] = 0.01f * std::fabs(u(rng));
+  }
+  return s;
 }
+}  // namespace
 
 TEST(KernelsAdamw, ThreeStepsAgainstHandComputation) {
   hdp::AdamWStep s;
@@ -55,15 +72,7 @@ TEST(KernelsAdamw, ThreeStepsAgainstHandComputation) {
 
 TEST(KernelsAdamw, LargeTensorMatchesSerialFloatSequence) {
   const int64_t n = 100000;
-  std::mt19937 rng(1);
-  std::uniform_real_distribution<float> u(-1, 1);
-  std::vector<float> p(n), g(n), m(n), v(n);
-  for (int64_t i = 0; i < n; ++i) {
-    p[i] = u(rng);
-    g[i] = u(rng);
-    m[i] = 0.1f * u(rng);
-    v[i] = 0.01f * std::fabs(u(rng));
-  }
+  auto [p, g, m, v] = random_state(n, 1);
   std::vector<float> p2 = p, m2 = m, v2 = v;
   hdp::AdamWStep s;
   s.lr = 3e-4f;
@@ -112,15 +121,7 @@ TEST(KernelsAdamw, TheBf16CopyIsTheUpdatedParameterRounded) {
   // the updated fp32 parameter rounded to nearest even, as copy rounds it; the fp32
   // results the same as without the copy, bit for bit.
   const int64_t n = 70001;  // threaded, and not a whole number of packs
-  std::mt19937 rng(2);
-  std::uniform_real_distribution<float> u(-1, 1);
-  std::vector<float> p(n), g(n), m(n), v(n);
-  for (int64_t i = 0; i < n; ++i) {
-    p[i] = u(rng);
-    g[i] = u(rng);
-    m[i] = 0.1f * u(rng);
-    v[i] = 0.01f * std::fabs(u(rng));
-  }
+  auto [p, g, m, v] = random_state(n, 2);
   std::vector<float> p2 = p, m2 = m, v2 = v;
   std::vector<hdp::bf16> copy(n, hdp::to_bf16(5.0f)), rounded(n);
   hdp::AdamWStep s;
