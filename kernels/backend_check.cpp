@@ -357,6 +357,16 @@ void check_rope(Checker& c, DType dt) {
     rope_backward(x.host, p.host, 10000.0f);
     rope_backward(x.dev, p.dev, 10000.0f);
     c.compare(named("rope_backward", dt), shape, x, stored_tolerance(dt, 1e-5));
+    // Queries and keys in one call (2 key heads after the 3 query heads).
+    const Twin keys = w.random_as(dt, {T, 2, d});
+    rope_forward(x.host, p.host, 10000.0f, keys.host);
+    rope_forward(x.dev, p.dev, 10000.0f, keys.dev);
+    c.compare(named("rope_forward (queries and keys) q", dt), shape, x, stored_tolerance(dt, 1e-5));
+    c.compare(named("rope_forward (queries and keys) k", dt), shape, keys, stored_tolerance(dt, 1e-5));
+    rope_backward(x.host, p.host, 10000.0f, keys.host);
+    rope_backward(x.dev, p.dev, 10000.0f, keys.dev);
+    c.compare(named("rope_backward (queries and keys) q", dt), shape, x, stored_tolerance(dt, 1e-5));
+    c.compare(named("rope_backward (queries and keys) k", dt), shape, keys, stored_tolerance(dt, 1e-5));
   }
 }
 

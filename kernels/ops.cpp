@@ -568,33 +568,41 @@ void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, c
 // ---- RoPE ------------------------------------------------------------------------
 
 namespace {
-void check_rope(const char* op, const Tensor& x, const IndexTensor& positions, const RopeSettings& rope) {
+// The checks of x and, when given, of x2 (the same tokens, head size, dtype and device).
+DType check_rope(const char* op, const Tensor& x, const Tensor& x2, const IndexTensor& positions,
+                 const RopeSettings& rope) {
+  const bool with_x2 = x2.data != nullptr;
+  const DType dtype = with_x2 ? check_dtypes(op, {{"x", x}, {"x2", x2}}) : check_dtypes(op, {{"x", x}});
   require_dims(op, "x", x, {-1, -1, -1});
   require_dims(op, "positions", positions, {x.dim(0)});
   require(x.dim(2) % 2 == 0, op, "head dim of x=" + x.shape_string() + " must be even");
   require(rope.rope_theta > 0, op, "theta must be > 0");
-  common_device(op, x, positions);
+  if (with_x2) {
+    require_dims(op, "x2", x2, {x.dim(0), -1, x.dim(2)});
+    common_device(op, x, x2, positions);
+  } else {
+    common_device(op, x, positions);
+  }
+  return dtype;
 }
 }  // namespace
 
-void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope) {
+void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope, Tensor x2) {
   const char* op = "rope_forward";
-  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"x", x}});
-  check_rope(op, x, positions, rope);
+  [[maybe_unused]] const DType dtype_ = check_rope(op, x, x2, positions, rope);
   switch (x.device) {
-    HDP_CUDA_CASE(rope_forward(x, positions, rope))
-    HDP_CPU_CASES(rope_forward(x, positions, rope))
+    HDP_CUDA_CASE(rope_forward(x, positions, rope, x2))
+    HDP_CPU_CASES(rope_forward(x, positions, rope, x2))
     default: throw UnsupportedDevice(op, x.device);
   }
 }
 
-void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope) {
+void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope, Tensor dx2) {
   const char* op = "rope_backward";
-  [[maybe_unused]] const DType dtype_ = check_dtypes(op, {{"dx", dx}});
-  check_rope(op, dx, positions, rope);
+  [[maybe_unused]] const DType dtype_ = check_rope(op, dx, dx2, positions, rope);
   switch (dx.device) {
-    HDP_CUDA_CASE(rope_backward(dx, positions, rope))
-    HDP_CPU_CASES(rope_backward(dx, positions, rope))
+    HDP_CUDA_CASE(rope_backward(dx, positions, rope, dx2))
+    HDP_CPU_CASES(rope_backward(dx, positions, rope, dx2))
     default: throw UnsupportedDevice(op, dx.device);
   }
 }

@@ -185,10 +185,12 @@ void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, fl
 void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd);
 
 // ---- rotary position embedding (rotate-half pairing: element i with i + d/2) ----
-// x [T, heads, d] rotated in place by angle positions[t] * f_j, f = rope.inverse_frequencies(d).
-void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope);
-// The inverse rotation applied in place to a gradient.
-void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope);
+// x [T, heads, d] rotated in place by angle positions[t] * f_j, f = rope.inverse_frequencies(d);
+// and x2 [T, heads2, d] when given (the keys of x's queries) by the same angles in the
+// same call: a GPU computes each token's cos and sin once for both.
+void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope, Tensor x2 = Tensor());
+// The inverse rotation applied in place to a gradient (and to dx2 when given).
+void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope, Tensor dx2 = Tensor());
 
 // ---- causal attention over packed documents ------------------------------------
 // On CUDA these two may run cuDNN's fused attention instead of our kernels, as the

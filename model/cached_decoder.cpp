@@ -107,8 +107,7 @@ std::span<const float> CachedDecoder::append(std::span<const int32_t> tokens) {
     linear_forward(q, normed, w.q);
     linear_forward(new_keys, normed, w.k);
     linear_forward(new_values, normed, w.v);
-    rope_forward(q.view({T, Hq, d}), positions, c);
-    rope_forward(new_keys.view({T, Hkv, d}), positions, c);
+    rope_forward(q.view({T, Hq, d}), positions, c, new_keys.view({T, Hkv, d}));
     attention_reset_rows(attn.view({T, Hq, d}), lse, 0, T);
     attention_forward_blocks(attn.view({T, Hq, d}), lse, q.view({T, Hq, d}), keys.rows(0, end).view({end, Hkv, d}),
                              values.rows(0, end).view({end, Hkv, d}), std::span(&block, 1), c.attention_window());

@@ -101,8 +101,7 @@ void DecoderBlocks::attention_projections(const MicroBatchSlot& s, const LayerTe
   linear_forward(a.q, attention_in, w.q);
   linear_forward(a.k, attention_in, w.k);
   linear_forward(a.v, attention_in, w.v);
-  rope_forward(a.q.view({T, heads_, head_dim_}), positions, rope_);
-  rope_forward(a.k.view({T, kv_heads_, head_dim_}), positions, rope_);
+  rope_forward(a.q.view({T, heads_, head_dim_}), positions, rope_, a.k.view({T, kv_heads_, head_dim_}));
 }
 
 void DecoderBlocks::attention_core(const MicroBatchSlot& s, const LayerActivations& a) {
@@ -163,8 +162,7 @@ void DecoderBlocks::attention_block_backward(const MicroBatchSlot& s, const Laye
   } else {
     attention_backward(dq3, dk3, dv3, dout, q, k, v, out, a.lse, s.cu_seqlens.rows(0, s.num_sequences + 1), window_);
   }
-  rope_backward(dq3, positions, rope_);
-  rope_backward(dk3, positions, rope_);
+  rope_backward(dq3, positions, rope_, dk3);
   const Tensor attention_in = enter(regions_.attention_input, s, a.ln1);
   linear_backward(dnorm, dw.q, dq, attention_in, w.q, false);
   linear_backward(dnorm, dw.k, dk, attention_in, w.k, true);

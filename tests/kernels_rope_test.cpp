@@ -106,6 +106,30 @@ TEST(KernelsRope, BackwardIsGradientOfForward) {
   }
 }
 
+TEST(KernelsRope, QueriesAndKeysInOneCallEqualTwoCalls) {
+  const int64_t T = 33, heads = 4, kv_heads = 2, d = 64;
+  std::vector<int32_t> pos(T);
+  for (int64_t t = 0; t < T; ++t) pos[t] = static_cast<int32_t>((t * 331) % 5000);
+  const IndexTensor positions(pos.data(), {T});
+  const auto q0 = random_floats(T * heads * d, 11), k0 = random_floats(T * kv_heads * d, 12);
+  std::vector<float> q = q0, k = k0, q1 = q0, k1 = k0;
+  for (const bool backward : {false, true}) {
+    const auto rotate = backward ? hdp::rope_backward : hdp::rope_forward;
+    rotate(Tensor(q.data(), {T, heads, d}), positions, 10000.0f, Tensor(k.data(), {T, kv_heads, d}));
+    rotate(Tensor(q1.data(), {T, heads, d}), positions, 10000.0f, Tensor());
+    rotate(Tensor(k1.data(), {T, kv_heads, d}), positions, 10000.0f, Tensor());
+    EXPECT_EQ(q, q1);
+    EXPECT_EQ(k, k1);
+  }
+  // The keys must have the queries' tokens and head size.
+  EXPECT_THROW(hdp::rope_forward(Tensor(q.data(), {T, heads, d}), positions, 10000.0f,
+                                 Tensor(k.data(), {T, kv_heads * 2, d / 2})),
+               std::invalid_argument);
+  EXPECT_THROW(hdp::rope_forward(Tensor(q.data(), {T, heads, d}), positions, 10000.0f,
+                                 Tensor(k.data(), {T - 1, kv_heads, d})),
+               std::invalid_argument);
+}
+
 TEST(KernelsRope, RejectsOddHeadDimAndWrongPositions) {
   std::vector<float> buf(100);
   std::vector<int32_t> pos(5);

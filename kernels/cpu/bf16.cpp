@@ -183,16 +183,18 @@ void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, c
 
 // ---- RoPE ---------------------------------------------------------------------------
 
-void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope) {
-  const Tensor X = widen(x, 0);
-  cpu::rope_forward(X, positions, rope);
+void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope, Tensor x2) {
+  const Tensor X = widen(x, 0), X2 = x2.data ? widen(x2, 1) : Tensor();
+  cpu::rope_forward(X, positions, rope, X2);
   store(x, X);
+  if (x2.data) store(x2, X2);
 }
 
-void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope) {
-  const Tensor DX = widen(dx, 0);
-  cpu::rope_backward(DX, positions, rope);
+void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope, Tensor dx2) {
+  const Tensor DX = widen(dx, 0), DX2 = dx2.data ? widen(dx2, 1) : Tensor();
+  cpu::rope_backward(DX, positions, rope, DX2);
   store(dx, DX);
+  if (dx2.data) store(dx2, DX2);
 }
 
 // ---- attention: scores, softmax and log-sum-exp in fp32 --------------------------------

@@ -35,8 +35,8 @@ void embedding_backward(Tensor dtable, const IndexTensor& tokens, const Tensor& 
 void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps);
 void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd);
 
-void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope);
-void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope);
+void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope, Tensor x2);
+void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope, Tensor dx2);
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const IndexTensor& cu_seqlens, int64_t window);
@@ -93,8 +93,8 @@ void embedding_forward(Tensor out, const IndexTensor& tokens, const Tensor& tabl
 void embedding_backward(Tensor dtable, const IndexTensor& tokens, const Tensor& dout, int64_t vocab_begin);
 void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps);
 void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd);
-void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope);
-void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope);
+void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope, Tensor x2);
+void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope, Tensor dx2);
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const IndexTensor& cu_seqlens, int64_t window);
 void attention_backward(Tensor dq, Tensor dk, Tensor dv, const Tensor& dout, const Tensor& q, const Tensor& k,

@@ -92,8 +92,14 @@ void rope_rotate(Tensor x, const IndexTensor& positions, const RopeSettings& rop
 
 }  // namespace
 
-void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope) { rope_rotate(x, positions, rope, false); }
+void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope, Tensor x2) {
+  rope_rotate(x, positions, rope, false);
+  if (x2.data) rope_rotate(x2, positions, rope, false);
+}
 
-void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope) { rope_rotate(dx, positions, rope, true); }
+void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope, Tensor dx2) {
+  rope_rotate(dx, positions, rope, true);
+  if (dx2.data) rope_rotate(dx2, positions, rope, true);
+}
 
 }  // namespace hdp::cpu

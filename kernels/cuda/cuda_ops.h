@@ -50,8 +50,8 @@ void embedding_backward(Tensor dtable, const IndexTensor& tokens, const Tensor& 
 void rmsnorm_forward(Tensor y, Tensor rstd, const Tensor& x, const Tensor& w, float eps);
 void rmsnorm_backward(Tensor dx, Tensor dw, const Tensor& dy, const Tensor& x, const Tensor& w, const Tensor& rstd);
 
-void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope);
-void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope);
+void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope, Tensor x2);
+void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope, Tensor dx2);
 
 void attention_forward(Tensor out, Tensor lse, const Tensor& q, const Tensor& k, const Tensor& v,
                        const IndexTensor& cu_seqlens, int64_t window);

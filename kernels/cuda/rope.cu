@@ -9,7 +9,8 @@
 // persistent device buffer (a small host-to-device copy per call).
 // One block per token (grid-stride): the block first computes cos/sin of its
 // token's d/2 angles (float32 sincosf) into shared memory, then rotates every head
-// of the token with them, threads running along contiguous elements of the row (16
+// of the token with them (the query's and the key's heads in one call where both
+// are given), threads running along contiguous elements of the row (16
 // bytes of each half a thread where d/2 and the address allow).
 // The rotation uses _rn intrinsics in the CPU's evaluation order (no FMA
 // contraction by nvcc; a CPU build with FMA may still differ in the last bit).
@@ -38,11 +39,13 @@ float* g_inv_freq = nullptr;
 size_t g_inv_freq_bytes = 0;
 
 // K pairs a thread at once: 16-byte packs of the low and high halves where d / 2 is
-// a multiple of K and x is aligned (the same formula per pair), else K = 1.
+// a multiple of K and x (and x2) are aligned (the same formula per pair), else K = 1.
+// A token's heads of x, then its heads2 heads of x2 (none without x2), share its
+// cos and sin.
 template <class E, int K>
-__global__ void rope_kernel(E* __restrict__ x, const int32_t* __restrict__ positions, int64_t T, int64_t heads,
-                            int64_t d, float sign, const __grid_constant__ InvFreq inv_freq,
-                            const float* __restrict__ inv_freq_buffer) {
+__global__ void rope_kernel(E* __restrict__ x, E* __restrict__ x2, const int32_t* __restrict__ positions, int64_t T,
+                            int64_t heads, int64_t heads2, int64_t d, float sign,
+                            const __grid_constant__ InvFreq inv_freq, const float* __restrict__ inv_freq_buffer) {
   using P = Elements<E, K>;
   extern __shared__ float cs_sn[];  // cos [half] then sign * sin [half]
   const int64_t half = d / 2;
@@ -60,10 +63,12 @@ __global__ void rope_kernel(E* __restrict__ x, const int32_t* __restrict__ posit
     }
     __syncthreads();
     E* row = x + t * heads * d;
-    for (int64_t idx = threadIdx.x; idx < heads * half / K; idx += blockDim.x) {
+    E* row2 = x2 + t * heads2 * d;  // unused without x2 (heads2 = 0)
+    for (int64_t idx = threadIdx.x; idx < (heads + heads2) * half / K; idx += blockDim.x) {
       const int64_t h = idx * K / half, j0 = idx * K - h * half;
-      P* lo = reinterpret_cast<P*>(row + h * d + j0);
-      P* hi = reinterpret_cast<P*>(row + h * d + j0 + half);
+      E* head = h < heads ? row + h * d : row2 + (h - heads) * d;
+      P* lo = reinterpret_cast<P*>(head + j0);
+      P* hi = reinterpret_cast<P*>(head + j0 + half);
       P a = *lo, b = *hi;
 #pragma unroll
       for (int q = 0; q < K; ++q) {
@@ -77,9 +82,10 @@ __global__ void rope_kernel(E* __restrict__ x, const int32_t* __restrict__ posit
   }
 }
 
-void rope_rotate(Tensor x, const IndexTensor& positions, const RopeSettings& rope, bool inverse, const char* op) {
-  const int64_t T = x.dim(0), heads = x.dim(1), d = x.dim(2), half = d / 2;
-  if (T == 0 || heads == 0 || half == 0) return;
+void rope_rotate(Tensor x, Tensor x2, const IndexTensor& positions, const RopeSettings& rope, bool inverse,
+                 const char* op) {
+  const int64_t T = x.dim(0), heads = x.dim(1), heads2 = x2.data ? x2.dim(1) : 0, d = x.dim(2), half = d / 2;
+  if (T == 0 || heads + heads2 == 0 || half == 0) return;
   cudaStream_t stream = compute_stream();
   const std::vector<float> table = rope.inverse_frequencies(d);
   InvFreq inv_freq{};
@@ -98,9 +104,10 @@ void rope_rotate(Tensor x, const IndexTensor& positions, const RopeSettings& rop
   const size_t shared = 2 * static_cast<size_t>(half) * sizeof(float);
   with_element_type(x.dtype, [&](auto e) {
     using E = decltype(e);
-    with_pack<E>(half, {x.raw()}, [&](auto k) {
+    E* second = x2.data ? elements<E>(x2) : nullptr;
+    with_pack<E>(half, {x.raw(), x2.data ? x2.raw() : x.raw()}, [&](auto k) {
       rope_kernel<E, decltype(k)::value><<<blocks, kThreads, shared, stream>>>(
-          elements<E>(x), positions.data, T, heads, d, inverse ? -1.0f : 1.0f, inv_freq, buffer);
+          elements<E>(x), second, positions.data, T, heads, heads2, d, inverse ? -1.0f : 1.0f, inv_freq, buffer);
     });
   });
   HDP_CUDA_CHECK_LAUNCH(op);
@@ -108,12 +115,12 @@ void rope_rotate(Tensor x, const IndexTensor& positions, const RopeSettings& rop
 
 }  // namespace
 
-void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope) {
-  rope_rotate(x, positions, rope, false, "rope_forward");
+void rope_forward(Tensor x, const IndexTensor& positions, const RopeSettings& rope, Tensor x2) {
+  rope_rotate(x, x2, positions, rope, false, "rope_forward");
 }
 
-void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope) {
-  rope_rotate(dx, positions, rope, true, "rope_backward");
+void rope_backward(Tensor dx, const IndexTensor& positions, const RopeSettings& rope, Tensor dx2) {
+  rope_rotate(dx, dx2, positions, rope, true, "rope_backward");
 }
 
 }  // namespace hdp::cuda
