@@ -124,13 +124,7 @@ TEST(KernelsAdamw, TheBf16CopyIsTheUpdatedParameterRounded) {
   auto [p, g, m, v] = random_state(n, 2);
   std::vector<float> p2 = p, m2 = m, v2 = v;
   std::vector<hdp::bf16> copy(n, hdp::to_bf16(5.0f)), rounded(n);
-  hdp::AdamWStep s;
-  s.lr = 1e-2f;
-  s.beta1 = 0.9f;
-  s.beta2 = 0.95f;
-  s.eps = 1e-8f;
-  s.weight_decay = 0.1f;
-  s.step = 3;
+  const hdp::AdamWStep s{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .step = 3};
   hdp::adamw_update(Tensor(p.data(), {n}), Tensor(g.data(), {n}), Tensor(m.data(), {n}), Tensor(v.data(), {n}), s,
                     Tensor::of_bf16(copy.data(), {n}));
   hdp::adamw_update(Tensor(p2.data(), {n}), Tensor(g.data(), {n}), Tensor(m2.data(), {n}), Tensor(v2.data(), {n}), s);
