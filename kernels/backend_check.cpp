@@ -389,7 +389,8 @@ void check_swiglu(Checker& c, DType dt) {
     const Twin recomputed = w.random_as(dt, {T, F});
     swiglu_backward(dgate.host, dup.host, dout.host, gate.host, up.host, recomputed.host);
     swiglu_backward(dgate.dev, dup.dev, dout.dev, gate.dev, up.dev, recomputed.dev);
-    c.compare(named("swiglu_backward out (recomputed)", dt), shape, recomputed, stored_tolerance(dt, kTolPointwise * 5));
+    c.compare(named("swiglu_backward out (recomputed)", dt), shape, recomputed,
+              stored_tolerance(dt, kTolPointwise * 5));
     c.compare(named("swiglu_backward dgate (with out)", dt), shape, dgate, stored_tolerance(dt, kTolPointwise * 5));
   }
 }

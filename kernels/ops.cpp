@@ -192,7 +192,8 @@ void linear_forward(Tensor y, const Tensor& x, const Tensor& w, const Tensor& re
     require_same_shape(op, "residual", residual, "y", y);
     // The CPU writes the product into y before it adds the residual. (Empty views of
     // different tensors may share an address.)
-    if (residual.data == y.data && y.numel() > 0) throw std::invalid_argument(std::string(op) + ": the residual is y itself");
+    if (residual.data == y.data && y.numel() > 0)
+      throw std::invalid_argument(std::string(op) + ": the residual is y itself");
   }
   const Device device = with_residual ? common_device(op, y, x, w, residual) : common_device(op, y, x, w);
   switch (device) {
@@ -834,8 +835,9 @@ void swiglu_backward(Tensor dgate, Tensor dup, const Tensor& dout, const Tensor&
   const char* op = "swiglu_backward";
   const bool with_out = out.data != nullptr;
   [[maybe_unused]] const DType dtype_ =
-      with_out ? check_dtypes(op, {{"dgate", dgate}, {"dup", dup}, {"dout", dout}, {"gate", gate}, {"up", up}, {"out", out}})
-               : check_dtypes(op, {{"dgate", dgate}, {"dup", dup}, {"dout", dout}, {"gate", gate}, {"up", up}});
+      with_out
+          ? check_dtypes(op, {{"dgate", dgate}, {"dup", dup}, {"dout", dout}, {"gate", gate}, {"up", up}, {"out", out}})
+          : check_dtypes(op, {{"dgate", dgate}, {"dup", dup}, {"dout", dout}, {"gate", gate}, {"up", up}});
   require_same_shape(op, "gate", gate, "up", up);
   require_same_shape(op, "dout", dout, "gate", gate);
   require_same_shape(op, "dgate", dgate, "gate", gate);

@@ -117,7 +117,7 @@ void DecoderBlocks::attention_core(const MicroBatchSlot& s, const LayerActivatio
 
 void DecoderBlocks::row_parallel_residual(const TensorParallelExit& x, const MicroBatchSlot& s, Tensor out,
                                           const Tensor& in, const Tensor& w, const Tensor& residual) const {
-  if (tp_ == nullptr || tp_->size() == 1) return linear_forward(out, in, w, residual);
+  if (!splits(tp_)) return linear_forward(out, in, w, residual);
   linear_forward(leave_output(s, out), in, w);
   leave(x, s, out);
   add_inplace(out, residual);

@@ -7,9 +7,10 @@
 #include "parallel/op_tracer.h"
 
 namespace hdp {
-namespace {
 
 bool splits(const Communicator* tp) { return tp != nullptr && tp->size() > 1; }
+
+namespace {
 
 // The rows of every rank's shard, in rank order, into gathered (parallel/tensor_parallel.h,
 // sequence parallelism); one rank: a copy.

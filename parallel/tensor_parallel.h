@@ -23,6 +23,10 @@
 
 namespace hdp {
 
+// Whether tp splits the layers: a communicator of more than one rank. Otherwise every
+// region below is the identity (a caller may then fuse across it).
+bool splits(const Communicator* tp);
+
 // Megatron's f: the input of column-parallel layers.
 class CopyToTensorParallelRegion {
  public:

@@ -3,8 +3,9 @@
 // Statistics: one block per row (grid-stride over rows). Each thread streams its
 // strided share of the row once, 16 bytes at a time where the row allows, with an
 // on-line max and a double sum of exp(x - max) (rescaled by exp(old - new) when a
-// pack raises the max); the block then merges the threads' (max, sum) pairs. Rows without a target (-1) get the CPU's
-// cheap finite stats (max 0, sumexp 1, target logit 0) without reading the row.
+// pack raises the max); the block then merges the threads' (max, sum) pairs. Rows
+// without a target (-1) get the CPU's cheap finite stats (max 0, sumexp 1, target
+// logit 0) without reading the row.
 //
 // Backward: grad_scale * exp(x - lse), minus grad_scale at the local target, written
 // in one pass by whichever thread owns the element (no read-modify-write race);
@@ -215,7 +216,8 @@ __global__ void forward_backward_kernel(E* __restrict__ logits, const int32_t* _
     for (int64_t p = threadIdx.x; p < V / K; p += blockDim.x) {
       P pack = xp[p];
 #pragma unroll
-      for (int j = 0; j < K; ++j) pack.v[j] = from_f32<E>(grad_value(to_f32(pack.v[j]), lse, grad_scale, p * K + j == lt));
+      for (int j = 0; j < K; ++j)
+        pack.v[j] = from_f32<E>(grad_value(to_f32(pack.v[j]), lse, grad_scale, p * K + j == lt));
       xp[p] = pack;
     }
   }

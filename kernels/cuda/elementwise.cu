@@ -1,9 +1,10 @@
 // Elementwise ops, copies and the sum of squares on the GPU.
 //
-// add/scale/fill are memory-bound grid-stride loops (one element per thread per
-// step, coalesced). copy is a cudaMemcpyAsync with cudaMemcpyDefault so either side
-// may be host or device memory; when one side is on the host the stream is
-// synchronized before returning, so the caller may read/reuse the host buffer
+// add/scale/fill are memory-bound grid-stride loops (coalesced; 16 bytes a thread
+// where the kernel says so); fill with zero is a cudaMemsetAsync. copy is a
+// cudaMemcpyAsync with cudaMemcpyDefault so either side may be host or device
+// memory; when one side is on the host the stream is synchronized before returning,
+// so the caller may read/reuse the host buffer
 // (copy_index_async does not wait: its host side is pinned and kept by the caller).
 // sum_squares accumulates in double and reduces in two fixed stages (per-block
 // partials into a static device array, then one block), so for a given n the
